@@ -1,0 +1,82 @@
+//! kvcm-index: the metadata index, block key → entry, for one instance's key space.
+//!
+//! One trait, [`MetaIndex`], several backends (local sharded memory now; a WAL, Redis later),
+//! and one conformance suite that every backend must pass.
+//!
+//! Invariants every backend keeps:
+//! - a batch call is atomic per key, and `read_modify_write` is atomic over all its keys:
+//!   no other writer observes or changes any of them between the read and the write;
+//! - results come back in the order of the keys asked for (duplicates answered each time).
+
+/// A block key: a signed 64-bit prefix hash (see the wire fact sheet §9).
+pub type BlockKey = i64;
+
+/// What `read_modify_write` does with one key after looking at its current value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Modify<V> {
+    /// Leave the key as it is.
+    Keep,
+    /// Store this value (insert or replace).
+    Put(V),
+    /// Remove the key.
+    Delete,
+}
+
+/// Position of a scan; start with `ScanCursor::START`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ScanCursor(pub u64);
+
+impl ScanCursor {
+    /// The cursor that starts a scan.
+    pub const START: ScanCursor = ScanCursor(0);
+}
+
+/// One page of a scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanPage {
+    /// Keys of this page (each key present for the whole scan is returned exactly once).
+    pub keys: Vec<BlockKey>,
+    /// Where the next page starts; `None` when the scan is complete.
+    pub next: Option<ScanCursor>,
+}
+
+/// Errors of an index backend.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// The index holds `max` keys and the write would add more.
+    #[error("index is full: {max} keys")]
+    Full {
+        /// The configured key cap.
+        max: u64,
+    },
+    /// The backend failed (I/O, connection, corrupt data).
+    #[error("index backend failed: {0}")]
+    Backend(String),
+}
+
+/// The metadata index of one key space. `V` is the stored entry (cheap to clone: use an `Arc`).
+pub trait MetaIndex<V>: Send + Sync {
+    /// Values of `keys`, in order; `None` for an absent key.
+    fn get(&self, keys: &[BlockKey]) -> Result<Vec<Option<V>>, IndexError>;
+    /// Inserts or replaces every entry.
+    fn put(&self, entries: Vec<(BlockKey, V)>) -> Result<(), IndexError>;
+    /// Removes the keys; returns how many were present.
+    fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError>;
+    /// Calls `f` once per key (in key order) with its current value while every key of the
+    /// batch is locked, then applies what `f` returned.
+    fn read_modify_write(
+        &self,
+        keys: &[BlockKey],
+        f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
+    ) -> Result<(), IndexError>;
+    /// Up to `limit` keys from `cursor` on.
+    fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError>;
+    /// Up to `count` distinct keys drawn uniformly at random.
+    fn sample(&self, count: usize) -> Result<Vec<BlockKey>, IndexError>;
+    /// Number of keys stored.
+    fn len(&self) -> Result<u64, IndexError>;
+    /// True when no key is stored.
+    fn is_empty(&self) -> Result<bool, IndexError> {
+        Ok(self.len()? == 0)
+    }
+}

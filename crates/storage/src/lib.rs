@@ -1,0 +1,178 @@
+//! kvcm-storage: data storage backends. A backend turns "these new blocks of this instance"
+//! into location URIs (wire fact sheet §14), creates what the tier needs (directories, files),
+//! and frees a block's bytes on delete without touching its neighbours.
+//!
+//! The control plane holds backends as `Arc<dyn DataStorage>`; it never parses a URI itself.
+
+/// A block key: a signed 64-bit prefix hash.
+pub type BlockKey = i64;
+
+/// The kind of a backend; decides the URI scheme (`file`, `hf3fs`, `mooncake`, `pace`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StorageKind {
+    /// NFS or a local directory (`file://`).
+    Nfs,
+    /// A 3FS mount (`hf3fs://`).
+    ThreeFs,
+    /// VCNS 3FS (`hf3fs://`); not available in open source.
+    VcnsThreeFs,
+    /// Mooncake store (`mooncake://`); URIs only, nothing allocated here.
+    Mooncake,
+    /// Tair memory pool (`pace://`); not available in open source.
+    TairMemPool,
+}
+
+/// Backend-specific settings (field names as in the reference protos).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageSpec {
+    /// NFS / local directory.
+    Nfs {
+        /// Directory prefix, concatenated verbatim with object names.
+        root_path: String,
+        /// Blocks packed per file (≤ 0 means 1).
+        key_count_per_file: i32,
+    },
+    /// 3FS mount.
+    ThreeFs {
+        /// Informational.
+        cluster_name: String,
+        /// Mount path.
+        mountpoint: String,
+        /// Data directory below the mount point.
+        root_dir: String,
+        /// Blocks packed per file (≤ 0 means 1).
+        key_count_per_file: i32,
+        /// Create the (empty) file and its parents at allocation time.
+        touch_file_when_create: bool,
+    },
+    /// VCNS 3FS: the 3FS fields plus a remote metadata service.
+    VcnsThreeFs {
+        /// 3FS mount path.
+        mountpoint: String,
+        /// Data directory below the mount point.
+        root_dir: String,
+        /// Remote host.
+        remote_host: String,
+        /// Remote port.
+        remote_port: i32,
+        /// Metadata storage URI.
+        meta_storage_uri: String,
+    },
+    /// Mooncake store.
+    Mooncake {
+        /// host[:port] of the server-side Mooncake client.
+        local_hostname: String,
+        /// Mooncake metadata service address.
+        metadata_connstring: String,
+        /// `rdma` or `tcp`.
+        protocol: String,
+        /// NIC name(s); required when protocol is `rdma`.
+        rdma_device: String,
+        /// Mooncake master address.
+        master_service_entry: String,
+    },
+    /// Tair memory pool.
+    TairMemPool {
+        /// Pool metadata service domain.
+        domain: String,
+        /// Connect / request timeout.
+        timeout: i32,
+        /// Name-service discovery switch.
+        enable_vipserver: bool,
+    },
+}
+
+/// One registered storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageConfig {
+    /// Storage id; the host part of every URI on it.
+    pub global_unique_name: String,
+    /// Backend settings.
+    pub spec: StorageSpec,
+    /// Verify the tier is reachable when the backend is opened.
+    pub check_storage_available_when_open: bool,
+}
+
+/// One part of a block as the instance registered it (e.g. one per TP rank).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockSpec {
+    /// Part name.
+    pub name: String,
+    /// Bytes of this part per block.
+    pub size: i64,
+}
+
+/// One new block to place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockToAllocate {
+    /// The block key.
+    pub key: BlockKey,
+    /// Indexes into `AllocationRequest::specs` of the parts this block carries, ascending
+    /// (all of them, or those of the block's location spec group).
+    pub spec_indexes: Vec<usize>,
+}
+
+/// The new blocks of one StartWriteCache call (the allocation unit).
+#[derive(Debug, Clone, Copy)]
+pub struct AllocationRequest<'a> {
+    /// Owning instance (first component of object names).
+    pub instance_id: &'a str,
+    /// The instance's parts, in registration order.
+    pub specs: &'a [BlockSpec],
+    /// The blocks to place, in request order.
+    pub blocks: &'a [BlockToAllocate],
+}
+
+/// Where one part of one block lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedSpec {
+    /// Part name.
+    pub name: String,
+    /// Location URI (§14).
+    pub uri: String,
+}
+
+/// Errors of a storage backend.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The configuration is invalid; the message names the field.
+    #[error("invalid storage config: {0}")]
+    InvalidConfig(String),
+    /// This backend kind cannot be opened in this build.
+    #[error("storage type {0:?} is not supported")]
+    Unsupported(StorageKind),
+    /// A URI is not one this backend produced.
+    #[error("invalid location uri {uri:?}: {reason}")]
+    InvalidUri {
+        /// The offending URI.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The tier failed.
+    #[error("storage i/o failed on {path}: {source}")]
+    Io {
+        /// File or directory involved.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A data storage backend.
+pub trait DataStorage: Send + Sync + std::fmt::Debug {
+    /// The configuration this backend was opened with.
+    fn config(&self) -> &StorageConfig;
+    /// The backend kind.
+    fn kind(&self) -> StorageKind;
+    /// Places the blocks: one entry per block, in request order; each lists the block's parts
+    /// (in `spec_indexes` order) with their URIs.
+    fn allocate(
+        &self,
+        request: &AllocationRequest<'_>,
+    ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError>;
+    /// Frees the bytes of these locations (URIs this backend produced).
+    fn delete(&self, uris: &[String]) -> Result<(), StorageError>;
+    /// Probes the tier (mount present, directory writable, ...).
+    fn check_health(&self) -> Result<(), StorageError>;
+}
