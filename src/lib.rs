@@ -5,3 +5,6 @@
 //! `kvcm-index` (metadata index), `kvcm-storage` (block location allocation),
 //! `kvcm-transport` (verbs-shaped RDMA API) and `kvcm-optimizer` (trace replay).
 //! See docs/ARCHITECTURE.md for the module map.
+
+pub mod proto;
+pub mod manager;

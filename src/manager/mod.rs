@@ -1,0 +1,169 @@
+//! The manager: storages, instance groups, instances, accounts, block metadata and write
+//! sessions — every rule of the control plane that is not about the wire.
+//!
+//! Invariants:
+//! - each instance owns one index key space; entries are `Arc<KeyEntry>` and only change
+//!   through `read_modify_write` compare-and-set steps (state machine in [`entry`]);
+//! - a location is WRITING only while its session is open: Finish, expiry or demotion moves
+//!   it to SERVING or DELETING exactly once;
+//! - a DELETING location is never readable and is removed by the deleter thread;
+//! - every state transition is published on the change feed.
+//!
+//! Operations are synchronous and short; background work runs on two threads (session
+//! expiry, deleter) that stop when the manager is dropped.
+
+mod accounts;
+mod deleter;
+pub mod entry;
+mod error;
+pub mod feed;
+mod groups;
+mod instance;
+pub mod keys;
+mod leader;
+pub mod mask;
+pub mod query;
+mod read;
+mod remove;
+mod sessions;
+mod storages;
+mod write;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use kvcm_index::MetaIndex;
+
+pub use accounts::Account;
+pub use entry::{Entry, KeyEntry, Location, LocationState};
+pub use error::{ManagerError, ManagerResult};
+pub use feed::{ChangeFeed, StateChange};
+pub use instance::Instance;
+pub use leader::Leadership;
+pub use read::CacheMeta;
+pub use remove::TrimStrategy;
+pub use sessions::SESSION_ID_LEN;
+pub use storages::{StorageOpener, StorageRecord};
+pub use write::WriteStart;
+
+use crate::proto::admin;
+use deleter::DeleteJob;
+use sessions::SessionTable;
+use storages::StorageTable;
+
+/// Creates the index of a new instance from its group's indexer settings.
+pub type IndexFactory = Arc<
+    dyn Fn(&admin::MetaIndexerConfig) -> ManagerResult<Arc<dyn MetaIndex<Entry>>> + Send + Sync,
+>;
+
+/// What the manager is built from.
+pub struct ManagerDeps {
+    /// Opens storage backends.
+    pub open_storage: StorageOpener,
+    /// Creates instance indexes.
+    pub open_index: IndexFactory,
+    /// This node's id (HA reports).
+    pub node_id: String,
+}
+
+/// The control plane's state and rules.
+pub struct Manager {
+    storages: Arc<StorageTable>,
+    groups: RwLock<BTreeMap<String, admin::InstanceGroup>>,
+    instances: RwLock<HashMap<String, Arc<Instance>>>,
+    accounts: Mutex<BTreeMap<String, Account>>,
+    sessions: Arc<SessionTable>,
+    deletes: Sender<DeleteJob>,
+    feed: ChangeFeed,
+    leadership: Leadership,
+    open_index: IndexFactory,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager").finish_non_exhaustive()
+    }
+}
+
+impl Manager {
+    /// A manager with no storages, groups or instances; starts its background threads.
+    pub fn new(deps: ManagerDeps) -> std::io::Result<Arc<Manager>> {
+        let storages = Arc::new(StorageTable::new(deps.open_storage));
+        let feed = ChangeFeed::default();
+        let (deletes, jobs) = mpsc::channel();
+        deleter::spawn_deleter(jobs, storages.clone(), feed.clone())?;
+        let sessions = Arc::new(SessionTable::default());
+        let manager = Arc::new(Manager {
+            storages,
+            groups: RwLock::default(),
+            instances: RwLock::default(),
+            accounts: Mutex::default(),
+            sessions: sessions.clone(),
+            deletes,
+            feed,
+            leadership: Leadership::new(deps.node_id),
+            open_index: deps.open_index,
+        });
+        let weak: Weak<Manager> = Arc::downgrade(&manager);
+        sessions::spawn_expiry(sessions, move |session| {
+            if let Some(manager) = weak.upgrade() {
+                manager.fail_session(session);
+            }
+        })?;
+        Ok(manager)
+    }
+
+    /// Subscribes to the change feed.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<StateChange> {
+        self.feed.subscribe()
+    }
+
+    /// This node's leadership.
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
+    }
+
+    /// Steps down: fails every open write session. False when not leader.
+    pub fn demote(&self) -> bool {
+        if !self.leadership.demote() {
+            return false;
+        }
+        for session in self.sessions.take_all() {
+            self.fail_session(session);
+        }
+        true
+    }
+
+    /// The registered instance with this id.
+    pub fn instance(&self, instance_id: &str) -> Option<Arc<Instance>> {
+        read_lock(&self.instances).get(instance_id).cloned()
+    }
+
+    /// The instance or `InstanceNotExist`.
+    pub fn require_instance(&self, instance_id: &str) -> ManagerResult<Arc<Instance>> {
+        self.instance(instance_id)
+            .ok_or_else(|| ManagerError::InstanceNotExist(instance_id.to_string()))
+    }
+
+    /// Number of open write sessions.
+    pub fn open_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        self.sessions.shutdown();
+    }
+}
+
+/// Shared lock that survives poisoning (writers never leave a map half-updated).
+fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Exclusive lock that survives poisoning.
+fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,154 @@
+//! Write sessions (wire fact sheet §12): StartWriteCache opens one, FinishWriteCache or the
+//! expiry thread consumes it exactly once. The expiry thread sleeps until the earliest
+//! deadline (or a newer, earlier one), so a session fails within milliseconds of its deadline.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use kvcm_index::BlockKey;
+
+use super::error::{ManagerError, ManagerResult};
+use super::instance::Instance;
+use super::leader::lock;
+
+/// Length of a session id (lower-case letters and digits).
+pub const SESSION_ID_LEN: usize = 32;
+
+/// One block a session allocated.
+#[derive(Debug, Clone)]
+pub struct PendingWrite {
+    /// The block key.
+    pub key: BlockKey,
+    /// The WRITING location created for it.
+    pub location_id: Arc<str>,
+}
+
+/// An open write session.
+#[derive(Debug)]
+pub struct Session {
+    /// The instance whose key space holds the blocks.
+    pub instance: Arc<Instance>,
+    /// The blocks to write, in the order of the StartWriteCache answer.
+    pub writes: Vec<PendingWrite>,
+    /// When the session fails on its own.
+    pub deadline: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<String, Session>,
+    deadlines: BTreeSet<(Instant, String)>,
+    shutdown: bool,
+}
+
+/// All open sessions.
+#[derive(Default)]
+pub struct SessionTable {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+impl SessionTable {
+    /// Stores a session under a fresh random id and returns the id.
+    pub fn open(&self, session: Session) -> String {
+        let mut state = lock(&self.state);
+        let id = loop {
+            let candidate = random_id(SESSION_ID_LEN);
+            if !state.sessions.contains_key(&candidate) {
+                break candidate;
+            }
+        };
+        state.deadlines.insert((session.deadline, id.clone()));
+        state.sessions.insert(id.clone(), session);
+        drop(state);
+        self.wake.notify_all();
+        id
+    }
+
+    /// Removes and returns session `id` if `check` accepts it; a rejected session stays open.
+    pub fn take_checked(
+        &self,
+        id: &str,
+        check: impl FnOnce(&Session) -> ManagerResult<()>,
+    ) -> ManagerResult<Session> {
+        let mut state = lock(&self.state);
+        let session = state.sessions.remove(id).ok_or_else(|| {
+            ManagerError::NotFound(format!("write_session_id {id:?} has been deleted"))
+        })?;
+        if let Err(rejected) = check(&session) {
+            state.sessions.insert(id.to_string(), session);
+            return Err(rejected);
+        }
+        state.deadlines.remove(&(session.deadline, id.to_string()));
+        Ok(session)
+    }
+
+    /// Removes and returns every open session.
+    pub fn take_all(&self) -> Vec<Session> {
+        let mut state = lock(&self.state);
+        state.deadlines.clear();
+        state.sessions.drain().map(|(_, s)| s).collect()
+    }
+
+    /// Number of open sessions.
+    pub fn len(&self) -> usize {
+        lock(&self.state).sessions.len()
+    }
+
+    /// Stops the expiry thread.
+    pub fn shutdown(&self) {
+        lock(&self.state).shutdown = true;
+        self.wake.notify_all();
+    }
+
+    /// Blocks until a session expires (returned, removed) or the table shuts down (`None`).
+    fn next_expired(&self) -> Option<Session> {
+        let mut state = lock(&self.state);
+        loop {
+            if state.shutdown {
+                return None;
+            }
+            let now = Instant::now();
+            match state.deadlines.first().cloned() {
+                Some((deadline, id)) if deadline <= now => {
+                    state.deadlines.remove(&(deadline, id.clone()));
+                    if let Some(session) = state.sessions.remove(&id) {
+                        return Some(session);
+                    }
+                }
+                Some((deadline, _)) => {
+                    state = self
+                        .wake
+                        .wait_timeout(state, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                None => state = self.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
+            }
+        }
+    }
+}
+
+/// Starts the thread that hands every expired session to `on_expire`.
+pub fn spawn_expiry(
+    table: Arc<SessionTable>,
+    on_expire: impl Fn(Session) + Send + 'static,
+) -> std::io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("kvcm-session-expiry".into())
+        .spawn(move || {
+            while let Some(session) = table.next_expired() {
+                on_expire(session);
+            }
+        })
+}
+
+/// A random string of lower-case letters and digits.
+pub fn random_id(len: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..len)
+        .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
+        .collect()
+}

@@ -1,0 +1,415 @@
+//! Two-phase writes (wire fact sheet §12): StartWriteCache allocates WRITING locations for
+//! absent keys under a session; FinishWriteCache commits the successful ones (SERVING) and
+//! hands the rest to the deleter. Expiry and demotion fail a whole session.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvcm_index::{BlockKey, Modify};
+use kvcm_storage::{AllocationRequest, BlockToAllocate, DataStorage, StorageKind};
+
+use super::deleter::{self, DeleteJob};
+use super::entry::{Entry, KeyEntry, Location, LocationState};
+use super::error::{invalid, ManagerError, ManagerResult};
+use super::feed::StateChange;
+use super::instance::Instance;
+use super::mask::BlockMask;
+use super::sessions::{random_id, PendingWrite, Session};
+use super::{read_lock, Manager};
+use crate::proto::{admin, meta, storage as wire};
+
+/// How long a session with nothing to write is kept.
+const EMPTY_SESSION_LIFETIME: Duration = Duration::from_secs(10);
+
+/// StartWriteCache's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteStart {
+    /// The session to finish.
+    pub session_id: String,
+    /// Which requested blocks are already present (§10.3).
+    pub mask: BlockMask,
+    /// One location per block to write, in request order.
+    pub locations: Vec<meta::CacheLocation>,
+}
+
+impl Manager {
+    /// Opens a write session for the absent keys among `keys`. `spec_groups`, when non-empty,
+    /// names one location spec group per key, restricting the parts allocated for it.
+    pub fn start_write(
+        &self,
+        instance: &Arc<Instance>,
+        keys: Vec<BlockKey>,
+        spec_groups: &[String],
+        timeout_seconds: i32,
+    ) -> ManagerResult<WriteStart> {
+        let spec_indexes = spec_indexes_per_key(instance, keys.len(), spec_groups)?;
+        let present: Vec<bool> = instance
+            .index
+            .get(&keys)?
+            .iter()
+            .map(|e| e.as_ref().is_some_and(|e| !e.locations.is_empty()))
+            .collect();
+        let blocks: Vec<BlockToAllocate> = keys
+            .iter()
+            .zip(&present)
+            .enumerate()
+            .filter(|(_, (_, &present))| !present)
+            .map(|(i, (&key, _))| BlockToAllocate {
+                key,
+                spec_indexes: spec_indexes[i].clone(),
+            })
+            .collect();
+        let mask = BlockMask::from_presence(present);
+        if blocks.is_empty() {
+            let session_id = self.sessions.open(Session {
+                instance: instance.clone(),
+                writes: Vec::new(),
+                deadline: Instant::now() + EMPTY_SESSION_LIFETIME,
+            });
+            return Ok(WriteStart {
+                session_id,
+                mask,
+                locations: Vec::new(),
+            });
+        }
+        let (storage_name, backend) = self.choose_backend(instance)?;
+        let new_locations = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
+        self.insert_writing(instance, backend.as_ref(), &new_locations)?;
+        let deadline = Instant::now() + Duration::from_secs(timeout_seconds.max(0) as u64);
+        let writes = new_locations
+            .iter()
+            .map(|(key, l)| PendingWrite {
+                key: *key,
+                location_id: l.id.clone(),
+            })
+            .collect();
+        let session_id = self.sessions.open(Session {
+            instance: instance.clone(),
+            writes,
+            deadline,
+        });
+        let locations = new_locations
+            .into_iter()
+            .map(|(_, l)| l.cache_location)
+            .collect();
+        Ok(WriteStart {
+            session_id,
+            mask,
+            locations,
+        })
+    }
+
+    /// Commits the session's blocks in `success` (positions in the session's location list)
+    /// and deletes the others. An invalid mask leaves the session open.
+    pub fn finish_write(
+        &self,
+        instance: &Instance,
+        session_id: &str,
+        success: &BlockMask,
+    ) -> ManagerResult<()> {
+        let session = self.sessions.take_checked(session_id, |session| {
+            if session.instance.id() != instance.id() {
+                return Err(ManagerError::InvalidArgument(format!(
+                    "{{FinishWriteCache: {{instance_id}}}}: session belongs to {}",
+                    session.instance.id()
+                )));
+            }
+            success
+                .check_len(session.writes.len())
+                .map_err(ManagerError::InvalidArgument)
+        })?;
+        let (committed, failed): (Vec<_>, Vec<_>) = session
+            .writes
+            .iter()
+            .enumerate()
+            .partition(|(j, _)| success.contains(*j));
+        let committed: Vec<&PendingWrite> = committed.into_iter().map(|(_, w)| w).collect();
+        let failed: Vec<&PendingWrite> = failed.into_iter().map(|(_, w)| w).collect();
+        let moved = self.move_writes(&session.instance, &committed, LocationState::Serving)?;
+        self.fail_writes(&session.instance, &failed)?;
+        if moved.len() < committed.len() {
+            return Err(ManagerError::Partial(format!(
+                "{} of {} committed blocks vanished before FinishWriteCache",
+                committed.len() - moved.len(),
+                committed.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fails every block of an expired or abandoned session.
+    pub(crate) fn fail_session(&self, session: Session) {
+        let writes: Vec<&PendingWrite> = session.writes.iter().collect();
+        if let Err(error) = self.fail_writes(&session.instance, &writes) {
+            tracing::warn!(%error, "failing an expired write session");
+        }
+    }
+
+    /// WRITING → DELETING for these writes, then queues their deletion.
+    fn fail_writes(&self, instance: &Arc<Instance>, writes: &[&PendingWrite]) -> ManagerResult<()> {
+        let moved = self.move_writes(instance, writes, LocationState::Deleting)?;
+        let jobs = moved
+            .into_iter()
+            .map(|(key, location)| DeleteJob {
+                instance: instance.clone(),
+                key,
+                location,
+            })
+            .collect();
+        deleter::enqueue(&self.deletes, jobs);
+        Ok(())
+    }
+
+    /// Moves the WRITING locations of `writes` to `to`; returns those that moved.
+    fn move_writes(
+        &self,
+        instance: &Instance,
+        writes: &[&PendingWrite],
+        to: LocationState,
+    ) -> ManagerResult<Vec<(BlockKey, Location)>> {
+        let mut ids: HashMap<BlockKey, Vec<Arc<str>>> = HashMap::new();
+        for write in writes {
+            ids.entry(write.key).or_default().push(write.location_id.clone());
+        }
+        let keys: Vec<BlockKey> = ids.keys().copied().collect();
+        self.move_locations(instance, &keys, to, &|key, location| {
+            location.state == LocationState::Writing
+                && ids.get(&key).is_some_and(|ids| ids.contains(&location.id))
+        })
+    }
+
+    /// Moves every location selected by `select` to state `to` (one compare-and-set per
+    /// key) and publishes the changes; returns the moved locations in their new state.
+    pub(crate) fn move_locations(
+        &self,
+        instance: &Instance,
+        keys: &[BlockKey],
+        to: LocationState,
+        select: &dyn Fn(BlockKey, &Location) -> bool,
+    ) -> ManagerResult<Vec<(BlockKey, Location)>> {
+        let mut moved = Vec::new();
+        let mut changes = Vec::new();
+        instance
+            .index
+            .read_modify_write(keys, &mut |key, current: Option<&Entry>| {
+                let Some(entry) = current else {
+                    return Modify::Keep;
+                };
+                let mut locations = entry.locations.clone();
+                for location in locations.iter_mut().filter(|l| select(key, l)) {
+                    changes.push((key, location.id.clone(), location.state));
+                    location.state = to;
+                    moved.push((key, location.clone()));
+                }
+                if locations == entry.locations {
+                    Modify::Keep
+                } else {
+                    Modify::Put(Arc::new(KeyEntry { locations }))
+                }
+            })?;
+        for (key, location_id, from) in changes {
+            self.feed.publish(StateChange {
+                instance_id: instance.id().clone(),
+                key,
+                location_id,
+                from: Some(from),
+                to: Some(to),
+            });
+        }
+        Ok(moved)
+    }
+
+    /// Adds one WRITING location per allocated block; on failure frees the allocation.
+    fn insert_writing(
+        &self,
+        instance: &Instance,
+        backend: &dyn DataStorage,
+        new_locations: &[(BlockKey, Location)],
+    ) -> ManagerResult<()> {
+        let mut by_key: HashMap<BlockKey, Vec<&Location>> = HashMap::new();
+        for (key, location) in new_locations {
+            by_key.entry(*key).or_default().push(location);
+        }
+        let keys: Vec<BlockKey> = by_key.keys().copied().collect();
+        let inserted = instance
+            .index
+            .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
+                let mut entry = current.map(|e| (**e).clone()).unwrap_or_default();
+                entry
+                    .locations
+                    .extend(by_key.get(&key).into_iter().flatten().map(|l| (*l).clone()));
+                Modify::Put(Arc::new(entry))
+            });
+        if let Err(error) = inserted {
+            let uris: Vec<String> = new_locations
+                .iter()
+                .flat_map(|(_, l)| l.cache_location.location_specs.iter().map(|s| s.uri.clone()))
+                .collect();
+            if let Err(free_error) = backend.delete(&uris) {
+                tracing::warn!(%free_error, "freeing an unused allocation failed");
+            }
+            return Err(error.into());
+        }
+        for (key, location) in new_locations {
+            self.feed.publish(StateChange {
+                instance_id: instance.id().clone(),
+                key: *key,
+                location_id: location.id.clone(),
+                from: None,
+                to: Some(LocationState::Writing),
+            });
+        }
+        Ok(())
+    }
+
+    /// The storage a write of this instance goes to (wire fact sheet §16.3): the group quota
+    /// must have room; candidates are the group's registered, available storages; the
+    /// group's preference strategy picks among them.
+    fn choose_backend(&self, instance: &Instance) -> ManagerResult<(Arc<str>, Arc<dyn DataStorage>)> {
+        let group = self.group(instance.group())?;
+        self.check_group_quota(&group)?;
+        let view = self.storages.read();
+        let candidates: Vec<_> = group
+            .storage_candidates
+            .iter()
+            .filter_map(|name| view.get(name))
+            .filter(|record| record.available)
+            .collect();
+        let strategy = group
+            .cache_config
+            .as_ref()
+            .map_or(0, |c| c.data_storage_strategy);
+        let (wanted, strict) = preferred_kind(strategy);
+        let preferred = candidates
+            .iter()
+            .find(|r| Some(r.backend.kind()) == wanted);
+        let chosen = match (preferred, strict) {
+            (Some(record), _) => Some(record),
+            (None, true) => None,
+            (None, false) => candidates.first(),
+        };
+        let record = chosen.ok_or_else(|| {
+            ManagerError::NoSpace(format!(
+                "no available storage of group {:?} fits its strategy",
+                group.name
+            ))
+        })?;
+        Ok((
+            record.config.global_unique_name.as_str().into(),
+            record.backend.clone(),
+        ))
+    }
+
+    /// Refuses writes when the group's byte usage reached its capacity (capacity 0 = none).
+    fn check_group_quota(&self, group: &admin::InstanceGroup) -> ManagerResult<()> {
+        let capacity = group.quota.as_ref().map_or(0, |q| q.capacity);
+        let mut usage = 0i64;
+        for instance in read_lock(&self.instances).values() {
+            if instance.group() == group.name {
+                let keys = instance.index.len()? as i64;
+                usage = usage.saturating_add(keys.saturating_mul(instance.block_bytes()));
+            }
+        }
+        if capacity < 0 || usage >= capacity {
+            return Err(ManagerError::NoSpace(format!(
+                "group {:?} uses {usage} of its {capacity} bytes",
+                group.name
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The backend kind a `CachePreferStrategy` asks for, and whether it is required (ALWAYS_*)
+/// rather than preferred (PREFER_*).
+fn preferred_kind(strategy: i32) -> (Option<StorageKind>, bool) {
+    use admin::CachePreferStrategy as Cps;
+    match Cps::try_from(strategy).unwrap_or(Cps::CpsUnspecified) {
+        Cps::CpsUnspecified => (None, false),
+        Cps::CpsAlways3fs => (Some(StorageKind::ThreeFs), true),
+        Cps::CpsPrefer3fs => (Some(StorageKind::ThreeFs), false),
+        Cps::CpsAlwaysMooncake => (Some(StorageKind::Mooncake), true),
+        Cps::CpsPreferMooncake => (Some(StorageKind::Mooncake), false),
+        Cps::CpsAlwaysTairMempool => (Some(StorageKind::TairMemPool), true),
+        Cps::CpsPreferTairMempool => (Some(StorageKind::TairMemPool), false),
+        Cps::CpsAlwaysVcns3fs => (Some(StorageKind::VcnsThreeFs), true),
+        Cps::CpsPreferVcns3fs => (Some(StorageKind::VcnsThreeFs), false),
+    }
+}
+
+/// For each of `key_count` keys, the indexes of the specs to allocate: all of them, or
+/// those of the key's location spec group.
+fn spec_indexes_per_key(
+    instance: &Instance,
+    key_count: usize,
+    spec_groups: &[String],
+) -> ManagerResult<Vec<Vec<usize>>> {
+    let all: Vec<usize> = (0..instance.specs().len()).collect();
+    if spec_groups.is_empty() {
+        return Ok(vec![all; key_count]);
+    }
+    if spec_groups.len() != key_count {
+        return Err(invalid("StartWriteCache", "location_spec_group_names"));
+    }
+    spec_groups
+        .iter()
+        .map(|name| {
+            let group = instance
+                .info()
+                .location_spec_groups
+                .iter()
+                .find(|g| &g.name == name)
+                .ok_or_else(|| invalid("StartWriteCache", "location_spec_group_names"))?;
+            Ok(all
+                .iter()
+                .copied()
+                .filter(|&i| group.spec_names.contains(&instance.specs()[i].name))
+                .collect())
+        })
+        .collect()
+}
+
+/// Allocates URIs for the blocks and builds their WRITING locations.
+fn allocate(
+    instance: &Instance,
+    storage_name: &Arc<str>,
+    backend: &dyn DataStorage,
+    blocks: &[BlockToAllocate],
+) -> ManagerResult<Vec<(BlockKey, Location)>> {
+    let request = AllocationRequest {
+        instance_id: instance.id(),
+        specs: instance.specs(),
+        blocks,
+    };
+    let allocated = backend.allocate(&request)?;
+    if allocated.len() != blocks.len() {
+        return Err(ManagerError::Partial(format!(
+            "storage {storage_name} placed {} of {} blocks",
+            allocated.len(),
+            blocks.len()
+        )));
+    }
+    let storage_type = wire::wire_type(backend.kind()) as i32;
+    Ok(blocks
+        .iter()
+        .zip(allocated)
+        .map(|(block, specs)| {
+            let cache_location = meta::CacheLocation {
+                r#type: storage_type,
+                spec_size: specs.len() as i32,
+                location_specs: specs
+                    .into_iter()
+                    .map(|s| meta::LocationSpec { name: s.name, uri: s.uri })
+                    .collect(),
+            };
+            let location = Location {
+                id: random_id(8).into(),
+                state: LocationState::Writing,
+                storage_name: storage_name.clone(),
+                cache_location,
+            };
+            (block.key, location)
+        })
+        .collect())
+}

@@ -1,0 +1,173 @@
+//! Conversions between the admin wire `StorageConfig` and the storage crate's typed config,
+//! and the `storage_configs` JSON of RegisterInstance (wire fact sheet §15).
+
+use kvcm_storage::{StorageConfig, StorageKind, StorageSpec};
+use serde_json::{json, Value};
+
+use super::admin::storage_config::StorageSpec as WireSpec;
+use super::{admin, meta};
+
+/// Why a wire storage config cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageConfigError {
+    /// No backend-specific spec is set.
+    #[error("storage {0:?} has no storage spec")]
+    MissingSpec(String),
+    /// The `local` spec has no backend.
+    #[error("storage {0:?}: the local storage type is not supported")]
+    LocalUnsupported(String),
+}
+
+/// The typed config of a wire storage config.
+pub fn from_wire(wire: &admin::StorageConfig) -> Result<StorageConfig, StorageConfigError> {
+    let name = wire.global_unique_name.clone();
+    let spec = match wire.storage_spec.clone() {
+        None => return Err(StorageConfigError::MissingSpec(name)),
+        Some(WireSpec::Local(_)) => return Err(StorageConfigError::LocalUnsupported(name)),
+        Some(WireSpec::Nfs(nfs)) => StorageSpec::Nfs {
+            root_path: nfs.root_path,
+            key_count_per_file: nfs.key_count_per_file,
+        },
+        Some(WireSpec::Threefs(fs)) => StorageSpec::ThreeFs {
+            cluster_name: fs.cluster_name,
+            mountpoint: fs.mountpoint,
+            root_dir: fs.root_dir,
+            key_count_per_file: fs.key_count_per_file,
+            touch_file_when_create: fs.touch_file_when_create,
+        },
+        Some(WireSpec::Vcnsthreefs(fs)) => StorageSpec::VcnsThreeFs {
+            mountpoint: fs.mountpoint,
+            root_dir: fs.root_dir,
+            remote_host: fs.remote_host,
+            remote_port: fs.remote_port,
+            meta_storage_uri: fs.meta_storage_uri,
+        },
+        Some(WireSpec::Mooncake(mc)) => StorageSpec::Mooncake {
+            local_hostname: mc.local_hostname,
+            metadata_connstring: mc.metadata_connstring,
+            protocol: mc.protocol,
+            rdma_device: mc.rdma_device,
+            master_service_entry: mc.master_service_entry,
+        },
+        Some(WireSpec::TairMemPool(pool)) => StorageSpec::TairMemPool {
+            domain: pool.domain,
+            timeout: pool.timeout,
+            enable_vipserver: pool.enable_vipserver,
+        },
+    };
+    Ok(StorageConfig {
+        global_unique_name: name,
+        spec,
+        check_storage_available_when_open: wire.check_storage_available_when_open,
+    })
+}
+
+/// The wire storage type of a backend kind (the `type` of a CacheLocation).
+pub fn wire_type(kind: StorageKind) -> meta::StorageType {
+    match kind {
+        StorageKind::Nfs => meta::StorageType::StNfs,
+        StorageKind::ThreeFs => meta::StorageType::St3fs,
+        StorageKind::VcnsThreeFs => meta::StorageType::StVcns3fs,
+        StorageKind::Mooncake => meta::StorageType::StMooncake,
+        StorageKind::TairMemPool => meta::StorageType::StTairmempool,
+    }
+}
+
+/// One element of the `storage_configs` JSON array.
+pub fn storage_config_json(config: &StorageConfig, is_available: bool) -> Value {
+    let (kind, spec) = match &config.spec {
+        StorageSpec::Nfs {
+            root_path,
+            key_count_per_file,
+        } => (
+            "file",
+            json!({"root_path": root_path, "key_count_per_file": key_count_per_file}),
+        ),
+        StorageSpec::ThreeFs {
+            cluster_name,
+            mountpoint,
+            root_dir,
+            key_count_per_file,
+            ..
+        } => (
+            "hf3fs",
+            json!({"cluster_name": cluster_name, "mountpoint": mountpoint,
+                   "root_dir": root_dir, "key_count_per_file": key_count_per_file}),
+        ),
+        StorageSpec::VcnsThreeFs {
+            mountpoint,
+            root_dir,
+            remote_host,
+            remote_port,
+            meta_storage_uri,
+        } => (
+            "vcns_hf3fs",
+            json!({"cluster_name": "", "mountpoint": mountpoint, "root_dir": root_dir,
+                   "key_count_per_file": 1, "remote_host": remote_host,
+                   "remote_port": remote_port, "meta_storage_uri": meta_storage_uri}),
+        ),
+        StorageSpec::Mooncake {
+            local_hostname,
+            metadata_connstring,
+            protocol,
+            rdma_device,
+            master_service_entry,
+        } => (
+            "mooncake",
+            json!({"local_hostname": local_hostname, "metadata_connstring": metadata_connstring,
+                   "protocol": protocol, "rdma_device": rdma_device,
+                   "master_server_entry": master_service_entry}),
+        ),
+        StorageSpec::TairMemPool {
+            domain,
+            timeout,
+            enable_vipserver,
+        } => (
+            "pace",
+            json!({"enable_vipserver": enable_vipserver, "domain": domain, "timeout": timeout}),
+        ),
+    };
+    json!({"type": kind, "is_available": is_available,
+           "global_unique_name": config.global_unique_name, "storage_spec": spec})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nfs_round_trip_and_json_shape() {
+        let wire = admin::StorageConfig {
+            global_unique_name: "nfs_01".into(),
+            storage_spec: Some(WireSpec::Nfs(admin::NfsStorageSpec {
+                root_path: "/tmp/nfs/".into(),
+                key_count_per_file: 8,
+            })),
+            check_storage_available_when_open: false,
+        };
+        let config = from_wire(&wire).expect("valid nfs config");
+        let value = storage_config_json(&config, true);
+        assert_eq!(value["type"], "file");
+        assert_eq!(value["is_available"], true);
+        assert_eq!(value["global_unique_name"], "nfs_01");
+        assert_eq!(value["storage_spec"]["root_path"], "/tmp/nfs/");
+        assert_eq!(value["storage_spec"]["key_count_per_file"], 8);
+    }
+
+    #[test]
+    fn missing_and_local_specs_are_rejected() {
+        let mut wire = admin::StorageConfig {
+            global_unique_name: "x".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            from_wire(&wire),
+            Err(StorageConfigError::MissingSpec(_))
+        ));
+        wire.storage_spec = Some(WireSpec::Local(admin::LocalStorageSpec {}));
+        assert!(matches!(
+            from_wire(&wire),
+            Err(StorageConfigError::LocalUnsupported(_))
+        ));
+    }
+}
