@@ -1,0 +1,105 @@
+//! Tests specific to the local backend (the shared behaviour is in the conformance suite).
+
+use super::*;
+
+fn index(shard_bits: u32, max_key_count: u64) -> LocalIndex<u64> {
+    LocalIndex::new(LocalIndexConfig {
+        shard_bits,
+        max_key_count,
+    })
+    .expect("valid config")
+}
+
+#[test]
+fn too_many_shard_bits_is_rejected() {
+    let config = LocalIndexConfig {
+        shard_bits: MAX_SHARD_BITS + 1,
+        max_key_count: 10,
+    };
+    let err = LocalIndex::<u64>::new(config).expect_err("17 bits must be refused");
+    assert!(matches!(err, IndexError::InvalidArgument(ref m) if m.contains("shard_bits")));
+}
+
+#[test]
+fn zero_shard_bits_means_one_shard() {
+    let index = index(0, u64::MAX);
+    index.put(vec![(1, 10), (-1, 20)]).expect("put");
+    assert_eq!(
+        index.get(&[-1, 1, 2]).expect("get"),
+        vec![Some(20), Some(10), None]
+    );
+    let page = index.scan(ScanCursor::START, 10).expect("scan");
+    assert_eq!(page.keys.len(), 2);
+    assert_eq!(page.next, None);
+}
+
+#[test]
+fn put_over_the_cap_changes_nothing() {
+    let index = index(4, 3);
+    index.put(vec![(1, 1), (2, 2)]).expect("put");
+    let err = index
+        .put(vec![(3, 3), (1, 100), (4, 4)])
+        .expect_err("4 keys > cap 3");
+    assert!(matches!(err, IndexError::Full { max: 3 }));
+    assert_eq!(index.len().expect("len"), 2);
+    assert_eq!(
+        index.get(&[1, 3, 4]).expect("get"),
+        vec![Some(1), None, None]
+    );
+    // Replacing and deleting while at the cap is fine; so is a batch whose net growth fits.
+    index
+        .put(vec![(3, 3), (1, 100)])
+        .expect("reaches the cap exactly");
+    index
+        .read_modify_write(&[1, 5], &mut |key, _| {
+            if key == 1 {
+                Modify::Delete
+            } else {
+                Modify::Put(5)
+            }
+        })
+        .expect("net growth zero");
+    assert_eq!(index.len().expect("len"), 3);
+    assert_eq!(index.get(&[1, 5]).expect("get"), vec![None, Some(5)]);
+}
+
+#[test]
+fn rmw_sees_earlier_calls_of_the_same_batch() {
+    let index = index(2, u64::MAX);
+    let mut seen = Vec::new();
+    index
+        .read_modify_write(&[9, 9, 9], &mut |_, current| {
+            seen.push(current.copied());
+            Modify::Put(current.map_or(1, |n| n + 1))
+        })
+        .expect("rmw");
+    assert_eq!(seen, vec![None, Some(1), Some(2)]);
+    assert_eq!(index.get(&[9]).expect("get"), vec![Some(3)]);
+    assert_eq!(index.len().expect("len"), 1);
+}
+
+#[test]
+fn delete_counts_distinct_present_keys() {
+    let index = index(3, u64::MAX);
+    index.put(vec![(1, 1), (2, 2)]).expect("put");
+    assert_eq!(index.delete(&[1, 1, 3]).expect("delete"), 1);
+    assert_eq!(index.len().expect("len"), 1);
+}
+
+#[test]
+fn a_panicking_closure_leaves_the_index_usable_and_unchanged() {
+    let index = std::sync::Arc::new(index(2, u64::MAX));
+    index.put(vec![(1, 1)]).expect("put");
+    let clone = index.clone();
+    let result = std::thread::spawn(move || {
+        clone.read_modify_write(&[1, 2], &mut |key, _| {
+            assert_ne!(key, 2, "closure panics on purpose");
+            Modify::Put(7)
+        })
+    })
+    .join();
+    assert!(result.is_err(), "the closure panicked");
+    assert_eq!(index.get(&[1, 2]).expect("get"), vec![Some(1), None]);
+    index.put(vec![(2, 2)]).expect("put after poison");
+    assert_eq!(index.len().expect("len"), 2);
+}
