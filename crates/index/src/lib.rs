@@ -8,6 +8,8 @@
 //!   no other writer observes or changes any of them between the read and the write;
 //! - results come back in the order of the keys asked for (duplicates answered each time).
 
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod local;
 
 pub use local::{LocalIndex, LocalIndexConfig, MAX_SHARD_BITS};

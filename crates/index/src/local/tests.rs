@@ -103,3 +103,47 @@ fn a_panicking_closure_leaves_the_index_usable_and_unchanged() {
     index.put(vec![(2, 2)]).expect("put after poison");
     assert_eq!(index.len().expect("len"), 2);
 }
+
+#[test]
+fn reads_of_other_shards_do_not_wait_for_a_running_write() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let index = std::sync::Arc::new(index(8, u64::MAX));
+    let (held, other) = (1, 2);
+    let shard = |key| key_order::shard_of(position_of(key), 8);
+    assert_ne!(
+        shard(held),
+        shard(other),
+        "the test needs keys of two shards"
+    );
+    index.put(vec![(other, 2)]).expect("put");
+
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let writer_index = index.clone();
+    let writer = std::thread::spawn(move || {
+        writer_index.read_modify_write(&[held], &mut |_, _| {
+            inside_tx.send(()).expect("signal");
+            let _ = release_rx.recv_timeout(Duration::from_secs(30));
+            Modify::Put(1)
+        })
+    });
+    inside_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("writer holds its shard");
+
+    let (read_tx, read_rx) = mpsc::channel();
+    let reader_index = index.clone();
+    std::thread::spawn(move || {
+        let values = reader_index.get(&[other]).expect("get");
+        let _ = read_tx.send((values, reader_index.len().expect("len")));
+    });
+    let read = read_rx.recv_timeout(Duration::from_secs(30));
+    let _ = release_tx.send(());
+    writer.join().expect("writer").expect("rmw");
+    assert_eq!(
+        read.expect("the read finished while the write ran"),
+        (vec![Some(2)], 1)
+    );
+    assert_eq!(index.get(&[held]).expect("get"), vec![Some(1)]);
+}
