@@ -8,6 +8,12 @@
 //!   no other writer observes or changes any of them between the read and the write;
 //! - results come back in the order of the keys asked for (duplicates answered each time).
 
+#[cfg(feature = "testing")]
+pub mod conformance;
+mod local;
+
+pub use local::{LocalIndex, LocalIndexConfig, MAX_SHARD_BITS};
+
 /// A block key: a signed 64-bit prefix hash (see the wire fact sheet §9).
 pub type BlockKey = i64;
 
@@ -49,6 +55,9 @@ pub enum IndexError {
         /// The configured key cap.
         max: u64,
     },
+    /// An argument or setting is out of range (the message names it); nothing changed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
     /// The backend failed (I/O, connection, corrupt data).
     #[error("index backend failed: {0}")]
     Backend(String),

@@ -1,0 +1,201 @@
+//! The local (embedded) index: the key space in `2^shard_bits` shards, each a sorted map
+//! behind its own `RwLock`.
+//!
+//! - Reads group their keys by shard and read-lock one shard at a time.
+//! - Writes (`put`, `delete`, `read_modify_write`) lock every shard of the batch for writing,
+//!   in ascending shard order (no deadlock), stage a [`WriteBatch`] and apply it in
+//!   [`LocalIndex::commit`], the single place every mutation goes through.
+//! - The key count is kept in an atomic that changes only inside `commit`, under the locks of
+//!   the shards it accounts for, so it never exceeds `max_key_count`.
+//!
+//! Within one `read_modify_write` the closure is called once per key occurrence, in request
+//! order, and sees the effect of the earlier calls of the same batch (a key listed twice is
+//! modified twice, as if the calls ran one after the other).
+
+mod key_order;
+mod locked_shards;
+mod sample;
+mod scan;
+mod write_batch;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use self::key_order::position_of;
+use self::locked_shards::{group_by_shard, read_shard, LockedShards, Shard};
+use self::write_batch::{Mutation, WriteBatch};
+use crate::{BlockKey, IndexError, MetaIndex, Modify, ScanCursor, ScanPage};
+
+/// The largest accepted `shard_bits` (65 536 shards).
+pub const MAX_SHARD_BITS: u32 = 16;
+
+/// Settings of a [`LocalIndex`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalIndexConfig {
+    /// The index has `2^shard_bits` shards; at most [`MAX_SHARD_BITS`].
+    pub shard_bits: u32,
+    /// Writes that would store more keys than this fail with [`IndexError::Full`];
+    /// `u64::MAX` for no cap.
+    pub max_key_count: u64,
+}
+
+impl Default for LocalIndexConfig {
+    /// 256 shards, no key cap.
+    fn default() -> Self {
+        Self {
+            shard_bits: 8,
+            max_key_count: u64::MAX,
+        }
+    }
+}
+
+/// The in-memory sharded index.
+#[derive(Debug)]
+pub struct LocalIndex<V> {
+    shards: Box<[Shard<V>]>,
+    config: LocalIndexConfig,
+    key_count: AtomicU64,
+}
+
+impl<V> LocalIndex<V> {
+    /// An empty index; fails when `shard_bits` exceeds [`MAX_SHARD_BITS`].
+    pub fn new(config: LocalIndexConfig) -> Result<Self, IndexError> {
+        if config.shard_bits > MAX_SHARD_BITS {
+            return Err(IndexError::InvalidArgument(format!(
+                "shard_bits is {}, at most {MAX_SHARD_BITS} is allowed",
+                config.shard_bits
+            )));
+        }
+        let shards = (0..1usize << config.shard_bits)
+            .map(|_| RwLock::new(BTreeMap::new()))
+            .collect();
+        Ok(Self {
+            shards,
+            config,
+            key_count: AtomicU64::new(0),
+        })
+    }
+
+    /// The settings this index was built with.
+    pub fn config(&self) -> LocalIndexConfig {
+        self.config
+    }
+
+    /// Locks the shards of `keys`, lets `decide` choose each key's fate, and commits.
+    fn write(
+        &self,
+        keys: &[BlockKey],
+        decide: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
+    ) -> Result<(), IndexError> {
+        let mut locked = LockedShards::lock(&self.shards, keys, self.config.shard_bits);
+        let mut batch = WriteBatch::with_capacity(keys.len());
+        for &key in keys {
+            let modify = match batch.staged(key) {
+                Some(staged) => decide(key, staged),
+                None => decide(key, locked.get(key)?),
+            };
+            match modify {
+                Modify::Keep => {}
+                Modify::Put(value) => batch.record(key, Mutation::Put(value)),
+                Modify::Delete => batch.record(key, Mutation::Delete),
+            }
+        }
+        self.commit(&mut locked, batch)
+    }
+
+    /// Applies a staged batch to its locked shards: the one place every mutation goes through.
+    /// Checks the key cap first; on `Full` nothing changes.
+    fn commit(
+        &self,
+        locked: &mut LockedShards<'_, V>,
+        batch: WriteBatch<V>,
+    ) -> Result<(), IndexError> {
+        let (mut added, mut removed) = (0u64, 0u64);
+        for (key, mutation) in batch.records() {
+            match (mutation, locked.get(*key)?.is_some()) {
+                (Mutation::Put(_), false) => added += 1,
+                (Mutation::Delete, true) => removed += 1,
+                _ => {}
+            }
+        }
+        self.reserve(added, removed)?;
+        // A write-ahead log appends `batch` here: after the cap check, before memory changes.
+        for (key, mutation) in batch.into_records() {
+            locked.apply(key, mutation)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the key count by `added - removed`, refusing to pass `max_key_count`.
+    fn reserve(&self, added: u64, removed: u64) -> Result<(), IndexError> {
+        if added <= removed {
+            self.key_count.fetch_sub(removed - added, Ordering::AcqRel);
+            return Ok(());
+        }
+        let max = self.config.max_key_count;
+        let grow = added - removed;
+        self.key_count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| {
+                count.checked_add(grow).filter(|&total| total <= max)
+            })
+            .map(|_| ())
+            .map_err(|_| IndexError::Full { max })
+    }
+}
+
+impl<V: Clone + Send + Sync> MetaIndex<V> for LocalIndex<V> {
+    fn get(&self, keys: &[BlockKey]) -> Result<Vec<Option<V>>, IndexError> {
+        let mut values = vec![None; keys.len()];
+        let groups = group_by_shard(keys, self.config.shard_bits);
+        for group in groups.chunk_by(|a, b| a.0 == b.0) {
+            let map = read_shard(&self.shards[group[0].0]);
+            for &(_, index) in group {
+                values[index] = map.get(&position_of(keys[index])).cloned();
+            }
+        }
+        Ok(values)
+    }
+
+    fn put(&self, entries: Vec<(BlockKey, V)>) -> Result<(), IndexError> {
+        let keys: Vec<BlockKey> = entries.iter().map(|(key, _)| *key).collect();
+        let mut values = entries.into_iter().map(|(_, value)| value);
+        // `write` calls the closure exactly once per key, in order: values stay aligned.
+        self.write(&keys, &mut |_, _| match values.next() {
+            Some(value) => Modify::Put(value),
+            None => Modify::Keep,
+        })
+    }
+
+    fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError> {
+        let mut present = 0;
+        self.write(keys, &mut |_, current| {
+            present += usize::from(current.is_some());
+            Modify::Delete
+        })?;
+        Ok(present)
+    }
+
+    fn read_modify_write(
+        &self,
+        keys: &[BlockKey],
+        f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
+    ) -> Result<(), IndexError> {
+        self.write(keys, f)
+    }
+
+    fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError> {
+        scan::scan(&self.shards, self.config.shard_bits, cursor, limit)
+    }
+
+    fn sample(&self, count: usize) -> Result<Vec<BlockKey>, IndexError> {
+        Ok(sample::sample(&self.shards, count))
+    }
+
+    fn len(&self) -> Result<u64, IndexError> {
+        Ok(self.key_count.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,149 @@
+//! Tests specific to the local backend (the shared behaviour is in the conformance suite).
+
+use super::*;
+
+fn index(shard_bits: u32, max_key_count: u64) -> LocalIndex<u64> {
+    LocalIndex::new(LocalIndexConfig {
+        shard_bits,
+        max_key_count,
+    })
+    .expect("valid config")
+}
+
+#[test]
+fn too_many_shard_bits_is_rejected() {
+    let config = LocalIndexConfig {
+        shard_bits: MAX_SHARD_BITS + 1,
+        max_key_count: 10,
+    };
+    let err = LocalIndex::<u64>::new(config).expect_err("17 bits must be refused");
+    assert!(matches!(err, IndexError::InvalidArgument(ref m) if m.contains("shard_bits")));
+}
+
+#[test]
+fn zero_shard_bits_means_one_shard() {
+    let index = index(0, u64::MAX);
+    index.put(vec![(1, 10), (-1, 20)]).expect("put");
+    assert_eq!(
+        index.get(&[-1, 1, 2]).expect("get"),
+        vec![Some(20), Some(10), None]
+    );
+    let page = index.scan(ScanCursor::START, 10).expect("scan");
+    assert_eq!(page.keys.len(), 2);
+    assert_eq!(page.next, None);
+}
+
+#[test]
+fn put_over_the_cap_changes_nothing() {
+    let index = index(4, 3);
+    index.put(vec![(1, 1), (2, 2)]).expect("put");
+    let err = index
+        .put(vec![(3, 3), (1, 100), (4, 4)])
+        .expect_err("4 keys > cap 3");
+    assert!(matches!(err, IndexError::Full { max: 3 }));
+    assert_eq!(index.len().expect("len"), 2);
+    assert_eq!(
+        index.get(&[1, 3, 4]).expect("get"),
+        vec![Some(1), None, None]
+    );
+    // Replacing and deleting while at the cap is fine; so is a batch whose net growth fits.
+    index
+        .put(vec![(3, 3), (1, 100)])
+        .expect("reaches the cap exactly");
+    index
+        .read_modify_write(&[1, 5], &mut |key, _| {
+            if key == 1 {
+                Modify::Delete
+            } else {
+                Modify::Put(5)
+            }
+        })
+        .expect("net growth zero");
+    assert_eq!(index.len().expect("len"), 3);
+    assert_eq!(index.get(&[1, 5]).expect("get"), vec![None, Some(5)]);
+}
+
+#[test]
+fn rmw_sees_earlier_calls_of_the_same_batch() {
+    let index = index(2, u64::MAX);
+    let mut seen = Vec::new();
+    index
+        .read_modify_write(&[9, 9, 9], &mut |_, current| {
+            seen.push(current.copied());
+            Modify::Put(current.map_or(1, |n| n + 1))
+        })
+        .expect("rmw");
+    assert_eq!(seen, vec![None, Some(1), Some(2)]);
+    assert_eq!(index.get(&[9]).expect("get"), vec![Some(3)]);
+    assert_eq!(index.len().expect("len"), 1);
+}
+
+#[test]
+fn delete_counts_distinct_present_keys() {
+    let index = index(3, u64::MAX);
+    index.put(vec![(1, 1), (2, 2)]).expect("put");
+    assert_eq!(index.delete(&[1, 1, 3]).expect("delete"), 1);
+    assert_eq!(index.len().expect("len"), 1);
+}
+
+#[test]
+fn a_panicking_closure_leaves_the_index_usable_and_unchanged() {
+    let index = std::sync::Arc::new(index(2, u64::MAX));
+    index.put(vec![(1, 1)]).expect("put");
+    let clone = index.clone();
+    let result = std::thread::spawn(move || {
+        clone.read_modify_write(&[1, 2], &mut |key, _| {
+            assert_ne!(key, 2, "closure panics on purpose");
+            Modify::Put(7)
+        })
+    })
+    .join();
+    assert!(result.is_err(), "the closure panicked");
+    assert_eq!(index.get(&[1, 2]).expect("get"), vec![Some(1), None]);
+    index.put(vec![(2, 2)]).expect("put after poison");
+    assert_eq!(index.len().expect("len"), 2);
+}
+
+#[test]
+fn reads_of_other_shards_do_not_wait_for_a_running_write() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let index = std::sync::Arc::new(index(8, u64::MAX));
+    let (held, other) = (1, 2);
+    let shard = |key| key_order::shard_of(position_of(key), 8);
+    assert_ne!(
+        shard(held),
+        shard(other),
+        "the test needs keys of two shards"
+    );
+    index.put(vec![(other, 2)]).expect("put");
+
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let writer_index = index.clone();
+    let writer = std::thread::spawn(move || {
+        writer_index.read_modify_write(&[held], &mut |_, _| {
+            inside_tx.send(()).expect("signal");
+            let _ = release_rx.recv_timeout(Duration::from_secs(30));
+            Modify::Put(1)
+        })
+    });
+    inside_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("writer holds its shard");
+
+    let (read_tx, read_rx) = mpsc::channel();
+    let reader_index = index.clone();
+    std::thread::spawn(move || {
+        let values = reader_index.get(&[other]).expect("get");
+        let _ = read_tx.send((values, reader_index.len().expect("len")));
+    });
+    let read = read_rx.recv_timeout(Duration::from_secs(30));
+    let _ = release_tx.send(());
+    writer.join().expect("writer").expect("rmw");
+    assert_eq!(
+        read.expect("the read finished while the write ran"),
+        (vec![Some(2)], 1)
+    );
+    assert_eq!(index.get(&[held]).expect("get"), vec![Some(1)]);
+}
