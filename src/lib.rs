@@ -8,3 +8,4 @@
 
 pub mod proto;
 pub mod manager;
+pub mod service;

@@ -1,0 +1,348 @@
+//! AdminService (wire fact sheet §4, §16): storages, groups, instances, accounts, HA and
+//! metrics. Admin rules: validation failures are INVALID_ARGUMENT, every other manager
+//! failure INTERNAL_ERROR.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::convert::transcode;
+use super::core::{Core, Outcome, Rules};
+use super::meta as meta_calls;
+use crate::manager::{Account, ManagerError};
+use crate::proto::{admin, meta};
+
+/// Handlers of AdminService.
+#[derive(Debug, Clone)]
+pub struct AdminHandler {
+    core: Arc<Core>,
+}
+
+/// An admin call that answers a plain CommonResponse.
+fn done(message: &str) -> Outcome<admin::CommonResponse> {
+    Ok((admin::CommonResponse::default(), message.to_string()))
+}
+
+fn missing(api: &str, field: &str) -> ManagerError {
+    ManagerError::InvalidArgument(format!("{{{api}: {{{field}}}}}"))
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl AdminHandler {
+    /// Handlers over the shared core.
+    pub fn new(core: Arc<Core>) -> Self {
+        AdminHandler { core }
+    }
+
+    fn leader<R: super::reply::Reply>(
+        &self,
+        api: &'static str,
+        trace_id: &str,
+        op: impl FnOnce(&Core) -> Outcome<R>,
+    ) -> R {
+        self.core.call(api, trace_id, Rules::Admin, true, || op(&self.core))
+    }
+
+    fn any_node<R: super::reply::Reply>(
+        &self,
+        api: &'static str,
+        trace_id: &str,
+        op: impl FnOnce(&Core) -> Outcome<R>,
+    ) -> R {
+        self.core.call(api, trace_id, Rules::Admin, false, || op(&self.core))
+    }
+
+    /// AddStorage.
+    pub fn add_storage(&self, request: admin::AddStorageRequest) -> admin::CommonResponse {
+        self.leader("AddStorage", &request.trace_id, |core| {
+            let storage = request.storage.clone().ok_or_else(|| missing("AddStorage", "storage"))?;
+            core.manager.add_storage(storage)?;
+            done("Storage added successfully")
+        })
+    }
+
+    /// EnableStorage.
+    pub fn enable_storage(&self, request: admin::EnableStorageRequest) -> admin::CommonResponse {
+        self.leader("EnableStorage", &request.trace_id, |core| {
+            core.manager.set_storage_available(&request.storage_unique_name, true)?;
+            done("Storage enabled successfully")
+        })
+    }
+
+    /// DisableStorage.
+    pub fn disable_storage(&self, request: admin::DisableStorageRequest) -> admin::CommonResponse {
+        self.leader("DisableStorage", &request.trace_id, |core| {
+            core.manager.set_storage_available(&request.storage_unique_name, false)?;
+            done("Storage disabled successfully")
+        })
+    }
+
+    /// RemoveStorage.
+    pub fn remove_storage(&self, request: admin::RemoveStorageRequest) -> admin::CommonResponse {
+        self.leader("RemoveStorage", &request.trace_id, |core| {
+            core.manager.remove_storage(&request.storage_unique_name)?;
+            done("Storage removed successfully")
+        })
+    }
+
+    /// UpdateStorage.
+    pub fn update_storage(&self, request: admin::UpdateStorageRequest) -> admin::CommonResponse {
+        self.leader("UpdateStorage", &request.trace_id, |core| {
+            let storage = request.storage.clone().ok_or_else(|| missing("UpdateStorage", "storage"))?;
+            core.manager.update_storage(storage)?;
+            done("Storage updated successfully")
+        })
+    }
+
+    /// ListStorage.
+    pub fn list_storage(&self, request: admin::ListStorageRequest) -> admin::ListStorageResponse {
+        self.leader("ListStorage", &request.trace_id, |core| {
+            let storage = core.manager.list_storages();
+            Ok((admin::ListStorageResponse { header: None, storage }, String::new()))
+        })
+    }
+
+    /// CreateInstanceGroup.
+    pub fn create_instance_group(&self, request: admin::CreateInstanceGroupRequest) -> admin::CommonResponse {
+        self.leader("CreateInstanceGroup", &request.trace_id, |core| {
+            let group = request
+                .instance_group
+                .clone()
+                .ok_or_else(|| missing("CreateInstanceGroup", "instance_group"))?;
+            core.manager.create_group(group)?;
+            done("Instance group created successfully")
+        })
+    }
+
+    /// UpdateInstanceGroup.
+    pub fn update_instance_group(&self, request: admin::UpdateInstanceGroupRequest) -> admin::CommonResponse {
+        self.leader("UpdateInstanceGroup", &request.trace_id, |core| {
+            let group = request
+                .instance_group
+                .clone()
+                .ok_or_else(|| missing("UpdateInstanceGroup", "instance_group"))?;
+            core.manager.update_group(group, request.current_version)?;
+            done("Instance group updated successfully")
+        })
+    }
+
+    /// RemoveInstanceGroup.
+    pub fn remove_instance_group(&self, request: admin::RemoveInstanceGroupRequest) -> admin::CommonResponse {
+        self.leader("RemoveInstanceGroup", &request.trace_id, |core| {
+            core.manager.remove_group(&request.name)?;
+            done("Instance group removed successfully")
+        })
+    }
+
+    /// GetInstanceGroup.
+    pub fn get_instance_group(&self, request: admin::GetInstanceGroupRequest) -> admin::GetInstanceGroupResponse {
+        self.leader("GetInstanceGroup", &request.trace_id, |core| {
+            let group = core.manager.group(&request.name)?;
+            let reply = admin::GetInstanceGroupResponse { header: None, instance_group: Some(group) };
+            Ok((reply, String::new()))
+        })
+    }
+
+    /// GetCacheMeta (meta semantics, admin status rules).
+    pub fn get_cache_meta(&self, request: admin::GetCacheMetaRequest) -> admin::GetCacheMetaResponse {
+        self.leader("GetCacheMeta", &request.trace_id, |core| {
+            let instance = core.manager.require_instance(&request.instance_id)?;
+            let (reply, message) = meta_calls::get_cache_meta(core, &instance, transcode(&request))?;
+            Ok((transcode(&reply), message))
+        })
+    }
+
+    /// RemoveCache (meta semantics, admin status rules).
+    pub fn remove_cache(&self, request: admin::RemoveCacheRequest) -> admin::CommonResponse {
+        self.leader("RemoveCache", &request.trace_id, |core| {
+            let instance = core.manager.require_instance(&request.instance_id)?;
+            let (_, message) = meta_calls::remove_cache(core, &instance, transcode(&request))?;
+            Ok((admin::CommonResponse::default(), message))
+        })
+    }
+
+    /// RegisterInstance (meta semantics, CommonResponse, admin status rules).
+    pub fn register_instance(&self, request: admin::RegisterInstanceRequest) -> admin::CommonResponse {
+        self.leader("RegisterInstance", &request.trace_id, |core| {
+            let request: meta::RegisterInstanceRequest = transcode(&request);
+            let (_, message) = meta_calls::register_instance(core, request)?;
+            Ok((admin::CommonResponse::default(), message))
+        })
+    }
+
+    /// RemoveInstance: unregisters and deletes all its cache.
+    pub fn remove_instance(&self, request: admin::RemoveInstanceRequest) -> admin::CommonResponse {
+        self.leader("RemoveInstance", &request.trace_id, |core| {
+            if request.instance_id.is_empty() {
+                return Err(missing("RemoveInstance", "instance_id"));
+            }
+            core.manager.remove_instance(&request.instance_id)?;
+            done("Instance removed successfully")
+        })
+    }
+
+    /// GetInstanceInfo.
+    pub fn get_instance_info(&self, request: admin::GetInstanceInfoRequest) -> admin::GetInstanceInfoResponse {
+        self.leader("GetInstanceInfo", &request.trace_id, |core| {
+            let instance = core.manager.require_instance(&request.instance_id)?;
+            let reply = admin::GetInstanceInfoResponse {
+                header: None,
+                instance_info: Some(transcode(instance.info())),
+            };
+            Ok((reply, String::new()))
+        })
+    }
+
+    /// ListInstanceInfo: the instances of one group.
+    pub fn list_instance_info(&self, request: admin::ListInstanceInfoRequest) -> admin::ListInstanceInfoResponse {
+        self.leader("ListInstanceInfo", &request.trace_id, |core| {
+            if request.instance_group_name.is_empty() {
+                return Err(missing("ListInstanceInfo", "instance_group_name"));
+            }
+            let instance_info = core
+                .manager
+                .list_instances(&request.instance_group_name)
+                .iter()
+                .map(transcode)
+                .collect();
+            Ok((admin::ListInstanceInfoResponse { header: None, instance_info }, String::new()))
+        })
+    }
+
+    /// AddAccount.
+    pub fn add_account(&self, request: admin::AddAccountRequest) -> admin::CommonResponse {
+        self.leader("AddAccount", &request.trace_id, |core| {
+            core.manager.add_account(Account {
+                user_name: request.user_name.clone(),
+                password: request.password.clone(),
+                role: request.role,
+            })?;
+            done("Account added successfully")
+        })
+    }
+
+    /// DeleteAccount.
+    pub fn delete_account(&self, request: admin::DeleteAccountRequest) -> admin::CommonResponse {
+        self.leader("DeleteAccount", &request.trace_id, |core| {
+            core.manager.delete_account(&request.user_name)?;
+            done("Account deleted successfully")
+        })
+    }
+
+    /// ListAccount (passwords are never returned).
+    pub fn list_account(&self, request: admin::ListAccountRequest) -> admin::ListAccountResponse {
+        self.leader("ListAccount", &request.trace_id, |core| {
+            let accounts = core
+                .manager
+                .list_accounts()
+                .into_iter()
+                .map(|a| admin::Account { user_name: a.user_name, role: a.role })
+                .collect();
+            Ok((admin::ListAccountResponse { header: None, accounts }, String::new()))
+        })
+    }
+
+    /// GenConfigSnapshot: not implemented (as in the reference).
+    pub fn gen_config_snapshot(&self, request: admin::GenConfigSnapshotRequest) -> admin::ConfigSnapShotResponse {
+        self.leader("GenConfigSnapshot", &request.trace_id, |_| {
+            Err(ManagerError::Unsupported("GenConfigSnapshot is not implemented".into()))
+        })
+    }
+
+    /// LoadConfigSnapshot: not implemented (as in the reference).
+    pub fn load_config_snapshot(&self, request: admin::LoadConfigSnapshotRequest) -> admin::CommonResponse {
+        self.leader("LoadConfigSnapshot", &request.trace_id, |_| {
+            Err(ManagerError::Unsupported("LoadConfigSnapshot is not implemented".into()))
+        })
+    }
+
+    /// GetMetrics.
+    pub fn get_metrics(&self, request: admin::GetMetricsRequest) -> admin::GetMetricsResponse {
+        self.any_node("GetMetrics", &request.trace_id, |core| {
+            let reply = admin::GetMetricsResponse {
+                header: None,
+                timestamp: now_ms(),
+                metrics: core.metrics.to_wire(),
+                extra_data: String::new(),
+            };
+            Ok((reply, String::new()))
+        })
+    }
+
+    /// CheckHealth.
+    pub fn check_health(&self, request: admin::CheckHealthRequest) -> admin::CheckHealthResponse {
+        self.any_node("CheckHealth", &request.trace_id, |core| {
+            let reply = admin::CheckHealthResponse {
+                header: None,
+                is_leader: core.manager.leadership().is_leader(),
+                is_health: true,
+                elector_last_loop_time_ms: now_ms(),
+            };
+            Ok((reply, String::new()))
+        })
+    }
+
+    /// GetManagerClusterInfo.
+    pub fn get_manager_cluster_info(&self, request: admin::GetManagerClusterInfoRequest) -> admin::GetManagerClusterInfoResponse {
+        self.any_node("GetManagerClusterInfo", &request.trace_id, |core| {
+            let leadership = core.manager.leadership();
+            let is_leader = leadership.is_leader();
+            let reply = admin::GetManagerClusterInfoResponse {
+                header: None,
+                info_updated_time: 0,
+                self_leader_expiration_time: leadership.lease_expiration_us(),
+                self_node_id: leadership.node_id().to_string(),
+                leader_node_id: if is_leader { leadership.node_id().to_string() } else { String::new() },
+            };
+            Ok((reply, String::new()))
+        })
+    }
+
+    /// LeaderDemote: steps down (open write sessions fail); SERVER_NOT_LEADER on a follower.
+    pub fn leader_demote(&self, request: admin::LeaderDemoteRequest) -> admin::CommonResponse {
+        self.any_node("LeaderDemote", &request.trace_id, |core| {
+            if !core.manager.demote() {
+                return Err(ManagerError::NotLeader);
+            }
+            done("Leader demoted successfully")
+        })
+    }
+
+    /// GetLeaderElectorConfig.
+    pub fn get_leader_elector_config(&self, request: admin::GetLeaderElectorConfigRequest) -> admin::GetLeaderElectorConfigResponse {
+        self.any_node("GetLeaderElectorConfig", &request.trace_id, |core| {
+            let reply = admin::GetLeaderElectorConfigResponse {
+                header: None,
+                campaign_delay_time_ms: core.manager.leadership().campaign_delay_ms(),
+            };
+            Ok((reply, String::new()))
+        })
+    }
+
+    /// UpdateLeaderElectorConfig.
+    pub fn update_leader_elector_config(&self, request: admin::UpdateLeaderElectorConfigRequest) -> admin::CommonResponse {
+        self.any_node("UpdateLeaderElectorConfig", &request.trace_id, |core| {
+            if request.campaign_delay_time_ms < 0 {
+                return Err(missing("UpdateLeaderElectorConfig", "campaign_delay_time_ms"));
+            }
+            core.manager.leadership().set_campaign_delay_ms(request.campaign_delay_time_ms);
+            done("Leader elector config updated successfully")
+        })
+    }
+
+    /// UpdateLogger: accepts DEBUG / INFO / WARN / ERROR (case-insensitive).
+    pub fn update_logger(&self, request: admin::UpdateLoggerRequest) -> admin::CommonResponse {
+        self.any_node("UpdateLogger", &request.trace_id, |_| {
+            let level = request.log_level.to_ascii_uppercase();
+            if !["DEBUG", "INFO", "WARN", "ERROR"].contains(&level.as_str()) {
+                return Err(missing("UpdateLogger", "log_level"));
+            }
+            tracing::info!(%level, "log level change requested (the level is fixed at start)");
+            done("Logger updated successfully")
+        })
+    }
+}

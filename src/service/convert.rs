@@ -1,0 +1,106 @@
+//! Wire ↔ domain conversions of the meta service's request fields, with the validation
+//! that belongs to them (every failure names the API and field).
+
+use prost::Message;
+
+use crate::manager::mask::BlockMask;
+use crate::manager::query::QueryKind;
+use crate::manager::{ManagerError, ManagerResult, TrimStrategy};
+use crate::proto::meta;
+
+fn invalid(api: &str, field: &str, detail: impl std::fmt::Display) -> ManagerError {
+    ManagerError::InvalidArgument(format!("{{{api}: {{{field}}}}}: {detail}"))
+}
+
+/// A wire mask (absent = masks nothing); a negative offset is invalid.
+pub fn mask_from_wire(mask: Option<&meta::BlockMask>, api: &str, field: &str) -> ManagerResult<BlockMask> {
+    use meta::block_mask::Info;
+    match mask.and_then(|m| m.info.as_ref()) {
+        None => Ok(BlockMask::default()),
+        Some(Info::BoolMasks(values)) => Ok(BlockMask::Bools(values.values.clone())),
+        Some(Info::Offset(offset)) => usize::try_from(*offset)
+            .map(BlockMask::Offset)
+            .map_err(|_| invalid(api, field, format!("offset {offset} is negative"))),
+    }
+}
+
+/// The wire form of a mask.
+pub fn mask_to_wire(mask: BlockMask) -> meta::BlockMask {
+    use meta::block_mask::Info;
+    let info = match mask {
+        BlockMask::Offset(n) => Info::Offset(i32::try_from(n).unwrap_or(i32::MAX)),
+        BlockMask::Bools(values) => Info::BoolMasks(meta::BoolMasksType { values }),
+    };
+    meta::BlockMask { info: Some(info) }
+}
+
+/// The query kind of a GetCacheLocation request.
+pub fn query_kind(query_type: i32, sw_size: i32) -> ManagerResult<QueryKind> {
+    const API: &str = "GetCacheLocation";
+    match meta::QueryType::try_from(query_type) {
+        Ok(meta::QueryType::QtBatchGet) => Ok(QueryKind::BatchGet),
+        Ok(meta::QueryType::QtPrefixMatch) => Ok(QueryKind::PrefixMatch),
+        Ok(meta::QueryType::QtReverseRollSwMatch) => usize::try_from(sw_size)
+            .map(|sw_size| QueryKind::SlidingWindow { sw_size })
+            .map_err(|_| invalid(API, "sw_size", format!("{sw_size} is negative"))),
+        _ => Err(invalid(API, "query_type", format!("{query_type} is not a query type"))),
+    }
+}
+
+/// The trim strategy of a TrimCache request.
+pub fn trim_strategy(strategy: i32) -> ManagerResult<TrimStrategy> {
+    match meta::TrimStrategy::try_from(strategy) {
+        Ok(meta::TrimStrategy::TsRemoveAllCache) => Ok(TrimStrategy::RemoveAllCache),
+        Ok(meta::TrimStrategy::TsRemoveAllMeta) => Ok(TrimStrategy::RemoveAllMeta),
+        Ok(meta::TrimStrategy::TsTimestamp) => Ok(TrimStrategy::Timestamp),
+        _ => Err(invalid("TrimCache", "strategy", format!("{strategy} is not a trim strategy"))),
+    }
+}
+
+/// Re-reads a message as another package's message with the same field numbers (the admin
+/// and meta packages share several message shapes).
+pub fn transcode<From: Message, To: Message + Default>(message: &From) -> To {
+    To::decode(message.encode_to_vec().as_slice()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::admin;
+
+    #[test]
+    fn masks_round_trip_and_reject_negative_offsets() {
+        let wire = mask_to_wire(BlockMask::Offset(3));
+        assert_eq!(mask_from_wire(Some(&wire), "A", "m").unwrap(), BlockMask::Offset(3));
+        let wire = mask_to_wire(BlockMask::Bools(vec![true, false]));
+        assert_eq!(
+            mask_from_wire(Some(&wire), "A", "m").unwrap(),
+            BlockMask::Bools(vec![true, false])
+        );
+        assert_eq!(mask_from_wire(None, "A", "m").unwrap(), BlockMask::default());
+        let negative = meta::BlockMask {
+            info: Some(meta::block_mask::Info::Offset(-1)),
+        };
+        assert!(mask_from_wire(Some(&negative), "A", "m").is_err());
+    }
+
+    #[test]
+    fn query_kinds() {
+        assert_eq!(query_kind(2, 0).unwrap(), QueryKind::PrefixMatch);
+        assert_eq!(query_kind(3, 4).unwrap(), QueryKind::SlidingWindow { sw_size: 4 });
+        assert!(query_kind(3, -1).is_err());
+        assert!(query_kind(0, 0).is_err());
+        assert!(query_kind(9, 0).is_err());
+    }
+
+    #[test]
+    fn transcode_keeps_shared_fields() {
+        let info = meta::InstanceInfo {
+            instance_id: "i".into(),
+            block_size: 16,
+            ..Default::default()
+        };
+        let admin_info: admin::InstanceInfo = transcode(&info);
+        assert_eq!((admin_info.instance_id.as_str(), admin_info.block_size), ("i", 16));
+    }
+}

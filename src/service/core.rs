@@ -1,0 +1,107 @@
+//! The call machinery shared by every RPC of every transport: instance pre-check, leader
+//! gate, fault injection, the manager call, the status mapping (done here, once) and the
+//! metrics. Handlers only convert wire requests into manager calls and results back.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::faults::Faults;
+use super::metrics::Metrics;
+use super::reply::Reply;
+use crate::manager::{Instance, Manager, ManagerError, ManagerResult};
+use crate::proto::meta::ErrorCode;
+
+/// APIs subject to debug fault injection (as in the reference).
+const FAULTABLE: [&str; 3] = ["GetCacheLocation", "StartWriteCache", "FinishWriteCache"];
+
+/// Which service's status rules apply (wire fact sheet §8.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rules {
+    /// Meta: manager errors map to their specific codes.
+    Meta,
+    /// Admin: validation → INVALID_ARGUMENT, every other failure → INTERNAL_ERROR.
+    Admin,
+}
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct Core {
+    /// The manager.
+    pub manager: Arc<Manager>,
+    /// Per-API metrics.
+    pub metrics: Metrics,
+    /// Debug fault injection.
+    pub faults: Faults,
+}
+
+/// A successful result and its status message.
+pub type Outcome<R> = ManagerResult<(R, String)>;
+
+impl Core {
+    /// Runs one RPC: leader gate (when `leader_only`), fault injection, `op`, header, metrics.
+    pub fn call<R: Reply>(
+        &self,
+        api: &'static str,
+        trace_id: &str,
+        rules: Rules,
+        leader_only: bool,
+        op: impl FnOnce() -> Outcome<R>,
+    ) -> R {
+        let started = Instant::now();
+        let result = if leader_only && !self.manager.leadership().is_leader() {
+            let error = ManagerError::NotLeader;
+            Err((ErrorCode::ServerNotLeader, error.to_string()))
+        } else if FAULTABLE.contains(&api) && self.faults.fires(api, trace_id) {
+            Err((ErrorCode::InternalError, format!("{api} fail due to fault injection")))
+        } else {
+            op().map_err(|error| (status_code(&error, rules), error.to_string()))
+        };
+        let (mut reply, code, message) = match result {
+            Ok((reply, message)) => (reply, ErrorCode::Ok, message),
+            Err((code, message)) => (R::default(), code, message),
+        };
+        reply.set_header(code, message, request_id(trace_id));
+        self.metrics.record(api, started.elapsed());
+        reply
+    }
+
+    /// A meta RPC on one instance: unknown instance → INSTANCE_NOT_EXIST before anything
+    /// else (with an empty request id), then as [`Core::call`].
+    pub fn instance_call<R: Reply>(
+        &self,
+        api: &'static str,
+        trace_id: &str,
+        instance_id: &str,
+        op: impl FnOnce(Arc<Instance>) -> Outcome<R>,
+    ) -> R {
+        let Some(instance) = self.manager.instance(instance_id) else {
+            let mut reply = R::default();
+            let message = format!("get {api} metrics collector failed");
+            reply.set_header(ErrorCode::InstanceNotExist, message, String::new());
+            self.metrics.record(api, std::time::Duration::ZERO);
+            return reply;
+        };
+        self.call(api, trace_id, Rules::Meta, true, || op(instance))
+    }
+}
+
+/// The wire code of a manager error under a service's rules.
+pub fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
+    match (error, rules) {
+        (ManagerError::InvalidArgument(_), _) => ErrorCode::InvalidArgument,
+        (ManagerError::NotLeader, _) => ErrorCode::ServerNotLeader,
+        (_, Rules::Admin) => ErrorCode::InternalError,
+        (ManagerError::Unsupported(_), Rules::Meta) => ErrorCode::Unsupported,
+        (ManagerError::Duplicate(_), Rules::Meta) => ErrorCode::DuplicateEntity,
+        (ManagerError::InstanceNotExist(_), Rules::Meta) => ErrorCode::InstanceNotExist,
+        (_, Rules::Meta) => ErrorCode::InternalError,
+    }
+}
+
+/// `<trace_id>_<unix time in µs>`.
+fn request_id(trace_id: &str) -> String {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    format!("{trace_id}_{micros}")
+}

@@ -1,0 +1,84 @@
+//! The service edge: MetaService, AdminService and DebugService over gRPC (tonic) and HTTP
+//! JSON (axum). Handlers are transport-neutral; [`core::Core`] applies the reference's order
+//! of checks, maps manager errors to wire codes (once) and records metrics.
+
+pub mod admin;
+mod convert;
+pub mod core;
+pub mod debug;
+pub mod faults;
+mod grpc;
+pub mod http;
+pub mod meta;
+pub mod metrics;
+mod reply;
+
+use std::sync::Arc;
+
+use crate::manager::Manager;
+
+/// Every API name, for the metrics registry.
+pub const API_NAMES: [&str; 32] = [
+    "RegisterInstance",
+    "GetInstanceInfo",
+    "GetCacheMeta",
+    "GetCacheLocation",
+    "StartWriteCache",
+    "FinishWriteCache",
+    "RemoveCache",
+    "TrimCache",
+    "AddStorage",
+    "EnableStorage",
+    "DisableStorage",
+    "RemoveStorage",
+    "UpdateStorage",
+    "ListStorage",
+    "CreateInstanceGroup",
+    "UpdateInstanceGroup",
+    "RemoveInstanceGroup",
+    "GetInstanceGroup",
+    "RemoveInstance",
+    "ListInstanceInfo",
+    "AddAccount",
+    "DeleteAccount",
+    "ListAccount",
+    "GenConfigSnapshot",
+    "LoadConfigSnapshot",
+    "GetMetrics",
+    "CheckHealth",
+    "GetManagerClusterInfo",
+    "LeaderDemote",
+    "GetLeaderElectorConfig",
+    "UpdateLeaderElectorConfig",
+    "UpdateLogger",
+];
+
+/// The three handlers over one shared core.
+#[derive(Debug, Clone)]
+pub struct Handlers {
+    /// Shared state.
+    pub core: Arc<core::Core>,
+    /// MetaService.
+    pub meta: meta::MetaHandler,
+    /// AdminService.
+    pub admin: admin::AdminHandler,
+    /// DebugService.
+    pub debug: debug::DebugHandler,
+}
+
+impl Handlers {
+    /// Handlers serving this manager.
+    pub fn new(manager: Arc<Manager>) -> Self {
+        let core = Arc::new(core::Core {
+            manager,
+            metrics: metrics::Metrics::new(&API_NAMES),
+            faults: faults::Faults::default(),
+        });
+        Handlers {
+            meta: meta::MetaHandler::new(core.clone()),
+            admin: admin::AdminHandler::new(core.clone()),
+            debug: debug::DebugHandler::new(core.clone()),
+            core,
+        }
+    }
+}

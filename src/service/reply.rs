@@ -1,0 +1,63 @@
+//! Response headers: every response message of the three packages gets its status and
+//! request id through one trait, so the call machinery stays generic.
+
+use crate::proto::{admin, debug, meta};
+
+/// A response message with a `header`.
+pub trait Reply: Default {
+    /// Sets `header.status` and `header.request_id`.
+    fn set_header(&mut self, code: meta::ErrorCode, message: String, request_id: String);
+}
+
+macro_rules! meta_replies {
+    ($($response:ty),* $(,)?) => {$(
+        impl Reply for $response {
+            fn set_header(&mut self, code: meta::ErrorCode, message: String, request_id: String) {
+                self.header = Some(meta::CommonResponseHeader {
+                    status: Some(meta::Status { code: code as i32, message }),
+                    request_id,
+                    tracer_result: String::new(),
+                });
+            }
+        }
+    )*};
+}
+
+macro_rules! plain_replies {
+    ($package:ident: $($response:ty),* $(,)?) => {$(
+        impl Reply for $response {
+            fn set_header(&mut self, code: meta::ErrorCode, message: String, request_id: String) {
+                self.header = Some($package::CommonResponseHeader {
+                    status: Some($package::Status { code: code as i32, message }),
+                    request_id,
+                });
+            }
+        }
+    )*};
+}
+
+meta_replies!(
+    meta::CommonResponse,
+    meta::RegisterInstanceResponse,
+    meta::GetInstanceInfoResponse,
+    meta::GetCacheMetaResponse,
+    meta::GetCacheLocationResponse,
+    meta::StartWriteCacheResponse,
+);
+
+plain_replies!(admin:
+    admin::CommonResponse,
+    admin::ListStorageResponse,
+    admin::GetInstanceGroupResponse,
+    admin::GetCacheMetaResponse,
+    admin::GetInstanceInfoResponse,
+    admin::ListInstanceInfoResponse,
+    admin::ListAccountResponse,
+    admin::ConfigSnapShotResponse,
+    admin::GetMetricsResponse,
+    admin::CheckHealthResponse,
+    admin::GetManagerClusterInfoResponse,
+    admin::GetLeaderElectorConfigResponse,
+);
+
+plain_replies!(debug: debug::CommonResponse);
