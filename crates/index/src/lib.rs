@@ -8,10 +8,12 @@
 //!   no other writer observes or changes any of them between the read and the write;
 //! - results come back in the order of the keys asked for (duplicates answered each time).
 
+mod cache;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod local;
 
+pub use cache::{CacheConfig, CacheStats, CachedIndex};
 pub use local::{LocalIndex, LocalIndexConfig, MAX_SHARD_BITS};
 
 /// A block key: a signed 64-bit prefix hash (see the wire fact sheet §9).

@@ -4,6 +4,17 @@
 //!
 //! The control plane holds backends as `Arc<dyn DataStorage>`; it never parses a URI itself.
 
+mod backends;
+mod block_file;
+mod kind;
+mod names;
+mod packing;
+mod uri;
+mod validate;
+
+pub use backends::open;
+pub use uri::BlockUri;
+
 /// A block key: a signed 64-bit prefix hash.
 pub type BlockKey = i64;
 
@@ -138,6 +149,10 @@ pub enum StorageError {
     /// The configuration is invalid; the message names the field.
     #[error("invalid storage config: {0}")]
     InvalidConfig(String),
+    /// An allocation request is malformed (bad names, sizes, part indexes, repeated keys);
+    /// nothing was allocated.
+    #[error("invalid allocation request: {0}")]
+    InvalidRequest(String),
     /// This backend kind cannot be opened in this build.
     #[error("storage type {0:?} is not supported")]
     Unsupported(StorageKind),

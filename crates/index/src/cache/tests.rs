@@ -1,0 +1,133 @@
+//! Cache-specific behaviour (the shared behaviour is in the conformance suite).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::*;
+use crate::{LocalIndex, LocalIndexConfig};
+
+fn cached(capacity: usize) -> CachedIndex<LocalIndex<u64>, u64> {
+    let inner = LocalIndex::new(LocalIndexConfig::default()).expect("inner");
+    CachedIndex::new(
+        inner,
+        CacheConfig {
+            shard_bits: 2,
+            capacity,
+        },
+    )
+    .expect("cache")
+}
+
+#[test]
+fn too_many_shard_bits_is_rejected() {
+    let inner = LocalIndex::<u64>::new(LocalIndexConfig::default()).expect("inner");
+    let config = CacheConfig {
+        shard_bits: MAX_SHARD_BITS + 1,
+        capacity: 1,
+    };
+    let err = CachedIndex::<_, u64>::new(inner, config).expect_err("refused");
+    assert!(matches!(err, IndexError::InvalidArgument(ref m) if m.contains("shard_bits")));
+}
+
+#[test]
+fn repeated_gets_hit_the_cache_including_absent_keys() {
+    let index = cached(100);
+    index.put(vec![(1, 10)]).expect("put");
+    assert_eq!(index.get(&[1, 2]).expect("get"), vec![Some(10), None]);
+    assert_eq!(index.stats(), CacheStats { hits: 0, misses: 2 });
+    assert_eq!(index.get(&[2, 1]).expect("get"), vec![None, Some(10)]);
+    assert_eq!(index.stats(), CacheStats { hits: 2, misses: 2 });
+}
+
+#[test]
+fn every_write_through_the_cache_invalidates_its_keys() {
+    let index = cached(100);
+    index.put(vec![(1, 10), (2, 20)]).expect("put");
+    index.get(&[1, 2, 3]).expect("warm");
+    index.put(vec![(1, 11), (3, 30)]).expect("put");
+    assert_eq!(
+        index.get(&[1, 2, 3]).expect("get"),
+        vec![Some(11), Some(20), Some(30)]
+    );
+    index.delete(&[2]).expect("delete");
+    assert_eq!(index.get(&[2]).expect("get"), vec![None]);
+    index
+        .read_modify_write(&[3], &mut |_, v| Modify::Put(v.map_or(0, |n| n + 1)))
+        .expect("rmw");
+    assert_eq!(index.get(&[3]).expect("get"), vec![Some(31)]);
+}
+
+#[test]
+fn capacity_bounds_what_is_cached() {
+    let index = cached(4);
+    let keys: Vec<BlockKey> = (0..64).collect();
+    index.get(&keys).expect("first pass");
+    index.get(&keys).expect("second pass");
+    let stats = index.stats();
+    assert_eq!(stats.misses + stats.hits, 128);
+    assert!(
+        stats.hits <= 4,
+        "at most 4 entries can be cached: {stats:?}"
+    );
+}
+
+#[test]
+fn failed_writes_still_invalidate() {
+    let inner = LocalIndex::new(LocalIndexConfig {
+        shard_bits: 2,
+        max_key_count: 1,
+    })
+    .expect("inner");
+    let index = CachedIndex::new(
+        inner,
+        CacheConfig {
+            shard_bits: 1,
+            capacity: 8,
+        },
+    )
+    .expect("cache");
+    index.put(vec![(1, 1)]).expect("put");
+    index.get(&[1, 2]).expect("warm");
+    assert!(matches!(
+        index.put(vec![(1, 5), (2, 2)]),
+        Err(IndexError::Full { max: 1 })
+    ));
+    assert_eq!(index.get(&[1, 2]).expect("get"), vec![Some(1), None]);
+    assert_eq!(
+        index.stats().misses,
+        4,
+        "the failed write dropped both keys"
+    );
+}
+
+/// Readers racing a writer must never leave a stale value in the cache.
+#[test]
+fn no_stale_value_survives_concurrent_reads_and_writes() {
+    let index = Arc::new(cached(1_000));
+    let keys: Vec<BlockKey> = (0..8).collect();
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (index, keys, done) = (index.clone(), keys.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Acquire) {
+                    index.get(&keys).expect("get");
+                }
+            })
+        })
+        .collect();
+    for round in 1..=5_000 {
+        index
+            .read_modify_write(&keys, &mut |_, v| Modify::Put(v.map_or(1, |n| n + 1)))
+            .expect("rmw");
+        let seen = index.get(&keys).expect("get after the write");
+        assert_eq!(seen, vec![Some(round); 8], "a read after write {round} saw a stale value");
+    }
+    done.store(true, Ordering::Release);
+    readers
+        .into_iter()
+        .for_each(|reader| reader.join().expect("reader"));
+    let truth = index.inner().get(&keys).expect("inner get");
+    assert_eq!(truth, vec![Some(5_000); 8]);
+    assert_eq!(index.get(&keys).expect("cached get"), truth);
+}

@@ -1,0 +1,327 @@
+//! The `file` (NFS or local directory) and `hf3fs` (3FS mount) backends: blocks packed into
+//! few big files under a base path (see `packing`), freed by punching holes.
+//!
+//! The base is the string every object name is appended to: NFS `root_path` verbatim (plain
+//! concatenation, §14); 3FS `mountpoint/root_dir/` (a filesystem join). Allocation creates
+//! the files' directories (and, with `touch_file_when_create`, the empty files).
+//!
+//! Invariant: `delete` only touches paths below the base, named by URIs with this backend's
+//! scheme and storage name; all URIs are checked before any is acted on.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::block_file::{self, BlockRange};
+use crate::packing::{check_request, pack};
+use crate::uri::BlockUri;
+use crate::{
+    AllocatedSpec, AllocationRequest, DataStorage, StorageConfig, StorageError, StorageKind,
+    StorageSpec,
+};
+
+/// A storage of blocks in files below a base path.
+#[derive(Debug)]
+pub(crate) struct BlockFileStorage {
+    config: StorageConfig,
+    kind: StorageKind,
+    base: String,
+    /// The directory that must exist for the storage to be healthy.
+    anchor: PathBuf,
+    key_count_per_file: i32,
+    touch_files: bool,
+}
+
+impl BlockFileStorage {
+    /// The backend of a validated `Nfs` or `ThreeFs` config.
+    pub(crate) fn new(config: StorageConfig) -> Result<Self, StorageError> {
+        let (kind, base, anchor, key_count_per_file, touch_files) = match &config.spec {
+            StorageSpec::Nfs {
+                root_path,
+                key_count_per_file,
+            } => {
+                let anchor = nfs_anchor(root_path);
+                (
+                    StorageKind::Nfs,
+                    root_path.clone(),
+                    anchor,
+                    *key_count_per_file,
+                    false,
+                )
+            }
+            StorageSpec::ThreeFs {
+                mountpoint,
+                root_dir,
+                key_count_per_file,
+                touch_file_when_create,
+                ..
+            } => {
+                let base = three_fs_base(mountpoint, root_dir);
+                let anchor = PathBuf::from(mountpoint);
+                (
+                    StorageKind::ThreeFs,
+                    base,
+                    anchor,
+                    *key_count_per_file,
+                    *touch_file_when_create,
+                )
+            }
+            other => return Err(StorageError::Unsupported(other.kind())),
+        };
+        Ok(Self {
+            config,
+            kind,
+            base,
+            anchor,
+            key_count_per_file,
+            touch_files,
+        })
+    }
+
+    fn uri(&self, file_name: &str, blkid: usize, size: i64) -> String {
+        let mut params = std::collections::BTreeMap::new();
+        if self.key_count_per_file > 1 {
+            params.insert("blkid".to_string(), blkid.to_string());
+        }
+        params.insert("size".to_string(), size.to_string());
+        let uri = BlockUri {
+            scheme: self.kind.scheme().to_string(),
+            storage_name: self.config.global_unique_name.clone(),
+            path: format!("{}{file_name}", self.base),
+            params,
+        };
+        uri.to_string()
+    }
+
+    /// The files an allocation uses and the URIs of its parts; touches nothing.
+    fn plan(
+        &self,
+        request: &AllocationRequest<'_>,
+    ) -> Result<(BTreeSet<PathBuf>, Vec<Vec<AllocatedSpec>>), StorageError> {
+        check_request(request)?;
+        let files = pack(request, self.key_count_per_file);
+        let mut placed: Vec<Vec<AllocatedSpec>> = request
+            .blocks
+            .iter()
+            .map(|block| {
+                let names = block
+                    .spec_indexes
+                    .iter()
+                    .map(|&spec| &request.specs[spec].name);
+                let unplaced = |name: &String| AllocatedSpec {
+                    name: name.clone(),
+                    uri: String::new(),
+                };
+                names.map(unplaced).collect()
+            })
+            .collect();
+        let mut paths = BTreeSet::new();
+        for file in &files {
+            paths.insert(PathBuf::from(format!("{}{}", self.base, file.name)));
+            for (blkid, member) in file.members.iter().enumerate() {
+                let size = request.specs[member.spec].size;
+                placed[member.block][member.slot].uri = self.uri(&file.name, blkid, size);
+            }
+        }
+        Ok((paths, placed))
+    }
+
+    /// The file and byte range a URI of this storage names.
+    fn locate(&self, text: &str) -> Result<(PathBuf, Option<BlockRange>), StorageError> {
+        let uri = BlockUri::parse(text)?;
+        let invalid = |reason: &str| StorageError::InvalidUri {
+            uri: text.to_string(),
+            reason: reason.to_string(),
+        };
+        if uri.scheme != self.kind.scheme() || uri.storage_name != self.config.global_unique_name {
+            return Err(invalid("not a location of this storage"));
+        }
+        let relative = uri
+            .path
+            .strip_prefix(&self.base)
+            .ok_or_else(|| invalid("outside the storage"))?;
+        if relative.is_empty() || relative.split('/').any(|part| part == ".." || part == ".") {
+            return Err(invalid("not a block file path"));
+        }
+        let size = uri
+            .param_u64("size")?
+            .filter(|&size| size > 0)
+            .ok_or_else(|| invalid("no positive size"))?;
+        let range = match uri.param_u64("blkid")? {
+            None => None,
+            Some(blkid) => {
+                Some(block_range(blkid, size).ok_or_else(|| invalid("blkid × size overflows"))?)
+            }
+        };
+        Ok((PathBuf::from(&uri.path), range))
+    }
+}
+
+fn block_range(blkid: u64, size: u64) -> Option<BlockRange> {
+    let offset = i64::try_from(blkid.checked_mul(size)?).ok()?;
+    let len = i64::try_from(size).ok()?;
+    offset.checked_add(len)?;
+    Some(BlockRange { offset, len })
+}
+
+/// NFS: the directory `root_path` names or lies in.
+fn nfs_anchor(root_path: &str) -> PathBuf {
+    if root_path.ends_with('/') {
+        return PathBuf::from(root_path);
+    }
+    Path::new(root_path)
+        .parent()
+        .map_or_else(|| PathBuf::from("/"), Path::to_path_buf)
+}
+
+/// 3FS: `mountpoint/root_dir/` with single slashes.
+fn three_fs_base(mountpoint: &str, root_dir: &str) -> String {
+    let mount = mountpoint.trim_end_matches('/');
+    let dir = root_dir.trim_matches('/');
+    if dir.is_empty() {
+        return format!("{mount}/");
+    }
+    format!("{mount}/{dir}/")
+}
+
+impl DataStorage for BlockFileStorage {
+    fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    fn kind(&self) -> StorageKind {
+        self.kind
+    }
+
+    fn allocate(
+        &self,
+        request: &AllocationRequest<'_>,
+    ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
+        let (paths, placed) = self.plan(request)?;
+        for path in &paths {
+            block_file::create_parents(path)?;
+            if self.touch_files {
+                block_file::touch(path)?;
+            }
+        }
+        Ok(placed)
+    }
+
+    fn delete(&self, uris: &[String]) -> Result<(), StorageError> {
+        let located: Vec<_> = uris
+            .iter()
+            .map(|uri| self.locate(uri))
+            .collect::<Result<_, _>>()?;
+        let mut first_error = None;
+        for (path, range) in located {
+            if let Err(error) = block_file::free_block(&path, range) {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn check_health(&self) -> Result<(), StorageError> {
+        block_file::probe_directory(&self.anchor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BlockSpec, BlockToAllocate};
+
+    fn nfs_01(key_count_per_file: i32) -> BlockFileStorage {
+        let config = StorageConfig {
+            global_unique_name: "nfs_01".to_string(),
+            spec: StorageSpec::Nfs {
+                root_path: "/tmp/nfs/".to_string(),
+                key_count_per_file,
+            },
+            check_storage_available_when_open: false,
+        };
+        BlockFileStorage::new(config).expect("nfs config")
+    }
+
+    fn uris_of(storage: &BlockFileStorage, keys: &[i64]) -> Vec<String> {
+        let specs = [BlockSpec {
+            name: "tp0".to_string(),
+            size: 1024,
+        }];
+        let blocks: Vec<BlockToAllocate> = keys
+            .iter()
+            .map(|&key| BlockToAllocate {
+                key,
+                spec_indexes: vec![0],
+            })
+            .collect();
+        let request = AllocationRequest {
+            instance_id: "instance1",
+            specs: &specs,
+            blocks: &blocks,
+        };
+        let (_, placed) = storage.plan(&request).expect("plan");
+        placed.into_iter().flatten().map(|spec| spec.uri).collect()
+    }
+
+    #[test]
+    fn fact_sheet_example_one_key() {
+        assert_eq!(
+            uris_of(&nfs_01(8), &[123]),
+            vec!["file://nfs_01/tmp/nfs/instance1/tp0/7b?blkid=0&size=1024"]
+        );
+    }
+
+    #[test]
+    fn fact_sheet_example_three_keys() {
+        let names = "instance1/tp0/64|instance1/tp0/65|instance1/tp0/66";
+        let hash = xxhash_rust::xxh3::xxh3_64_with_seed(names.as_bytes(), 42);
+        let file = format!("file://nfs_01/tmp/nfs/instance1/tp0/64_{hash:016x}");
+        assert_eq!(
+            uris_of(&nfs_01(8), &[100, 101, 102]),
+            vec![
+                format!("{file}?blkid=0&size=1024"),
+                format!("{file}?blkid=1&size=1024"),
+                format!("{file}?blkid=2&size=1024"),
+            ]
+        );
+    }
+
+    #[test]
+    fn one_key_per_file_has_no_blkid() {
+        for key_count_per_file in [1, 0, -3] {
+            assert_eq!(
+                uris_of(&nfs_01(key_count_per_file), &[123, -1]),
+                vec![
+                    "file://nfs_01/tmp/nfs/instance1/tp0/7b?size=1024",
+                    "file://nfs_01/tmp/nfs/instance1/tp0/ffffffffffffffff?size=1024",
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn three_fs_base_joins_with_single_slashes() {
+        assert_eq!(three_fs_base("/mnt/3fs", "kv"), "/mnt/3fs/kv/");
+        assert_eq!(three_fs_base("/mnt/3fs/", "/kv/data/"), "/mnt/3fs/kv/data/");
+        assert_eq!(three_fs_base("/", "kv"), "/kv/");
+    }
+
+    #[test]
+    fn nfs_anchor_is_the_directory_of_root_path() {
+        assert_eq!(nfs_anchor("/tmp/nfs/"), PathBuf::from("/tmp/nfs/"));
+        assert_eq!(nfs_anchor("/tmp/nfs/prefix_"), PathBuf::from("/tmp/nfs"));
+    }
+
+    #[test]
+    fn block_ranges_refuse_overflow() {
+        assert_eq!(
+            block_range(2, 1024),
+            Some(BlockRange {
+                offset: 2048,
+                len: 1024
+            })
+        );
+        assert_eq!(block_range(u64::MAX, 2), None);
+        assert_eq!(block_range(1, i64::MAX as u64), None);
+    }
+}

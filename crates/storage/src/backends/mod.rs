@@ -1,0 +1,33 @@
+//! The backends behind [`crate::DataStorage`], one file each, and [`open`], which picks one
+//! for a config.
+//!
+//! Every backend: checks the allocation request (`packing::check_request`) before acting;
+//! emits URIs through `BlockUri` (§14); refuses, on delete, URIs of another scheme or
+//! storage with `InvalidUri` before freeing anything.
+
+mod block_files;
+mod mooncake;
+
+use std::sync::Arc;
+
+use crate::{DataStorage, StorageConfig, StorageError, StorageSpec};
+
+/// Validates `config`, opens its backend and, when `check_storage_available_when_open` is
+/// set, probes it. VCNS 3FS and Tair MemPool are `Unsupported` in this build.
+pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError> {
+    config.validate()?;
+    let probe = config.check_storage_available_when_open;
+    let storage: Arc<dyn DataStorage> = match &config.spec {
+        StorageSpec::Nfs { .. } | StorageSpec::ThreeFs { .. } => {
+            Arc::new(block_files::BlockFileStorage::new(config)?)
+        }
+        StorageSpec::Mooncake { .. } => Arc::new(mooncake::MooncakeStorage::new(config)),
+        StorageSpec::VcnsThreeFs { .. } | StorageSpec::TairMemPool { .. } => {
+            return Err(StorageError::Unsupported(config.spec.kind()));
+        }
+    };
+    if probe {
+        storage.check_health()?;
+    }
+    Ok(storage)
+}

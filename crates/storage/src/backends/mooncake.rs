@@ -1,0 +1,96 @@
+//! The `mooncake` backend: URIs only (`mooncake://<name>/?key=<object name>&size=<bytes>`);
+//! the Mooncake store itself is driven by the clients, nothing is allocated or freed here.
+
+use std::collections::BTreeMap;
+
+use crate::names::object_name;
+use crate::packing::check_request;
+use crate::uri::BlockUri;
+use crate::{
+    AllocatedSpec, AllocationRequest, DataStorage, StorageConfig, StorageError, StorageKind,
+};
+
+/// A Mooncake store as seen by the manager: a namespace of object keys.
+#[derive(Debug)]
+pub(crate) struct MooncakeStorage {
+    config: StorageConfig,
+}
+
+impl MooncakeStorage {
+    /// The backend of a validated `Mooncake` config.
+    pub(crate) fn new(config: StorageConfig) -> Self {
+        Self { config }
+    }
+
+    fn uri(&self, object: String, size: i64) -> String {
+        let params = BTreeMap::from([
+            ("key".to_string(), object),
+            ("size".to_string(), size.to_string()),
+        ]);
+        let uri = BlockUri {
+            scheme: StorageKind::Mooncake.scheme().to_string(),
+            storage_name: self.config.global_unique_name.clone(),
+            path: "/".to_string(),
+            params,
+        };
+        uri.to_string()
+    }
+
+    fn check_uri(&self, text: &str) -> Result<(), StorageError> {
+        let uri = BlockUri::parse(text)?;
+        let ours = uri.scheme == StorageKind::Mooncake.scheme()
+            && uri.storage_name == self.config.global_unique_name
+            && uri.path == "/"
+            && uri.param("key").is_some_and(|key| !key.is_empty());
+        if !ours {
+            return Err(StorageError::InvalidUri {
+                uri: text.to_string(),
+                reason: "not a mooncake location of this storage".to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl DataStorage for MooncakeStorage {
+    fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    fn kind(&self) -> StorageKind {
+        StorageKind::Mooncake
+    }
+
+    fn allocate(
+        &self,
+        request: &AllocationRequest<'_>,
+    ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
+        check_request(request)?;
+        let placed = request.blocks.iter().map(|block| {
+            let specs = block
+                .spec_indexes
+                .iter()
+                .map(|&index| &request.specs[index]);
+            specs
+                .map(|spec| AllocatedSpec {
+                    name: spec.name.clone(),
+                    uri: self.uri(
+                        object_name(request.instance_id, &spec.name, block.key),
+                        spec.size,
+                    ),
+                })
+                .collect()
+        });
+        Ok(placed.collect())
+    }
+
+    /// Checks the URIs; the objects live in Mooncake and are removed by its clients.
+    fn delete(&self, uris: &[String]) -> Result<(), StorageError> {
+        uris.iter().try_for_each(|uri| self.check_uri(uri))
+    }
+
+    /// Nothing to probe from here: Mooncake is reached by the clients only.
+    fn check_health(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,94 @@
+//! `StorageConfig::validate`: the checks of AddStorage (§16.1), each error naming its field.
+//!
+//! Beyond the reference: the storage name must be usable as a URI host, paths that become
+//! URI paths must be absolute, and port / protocol values must be in range.
+
+use crate::names::check_name;
+use crate::{StorageConfig, StorageError, StorageSpec};
+
+fn required(field: &str, value: &str) -> Result<(), String> {
+    if value.trim().is_empty() {
+        return Err(format!("{field} is empty"));
+    }
+    Ok(())
+}
+
+fn absolute_path(field: &str, value: &str) -> Result<(), String> {
+    required(field, value)?;
+    if !value.starts_with('/') {
+        return Err(format!("{field} {value:?} is not an absolute path"));
+    }
+    if value.split('/').any(|part| part == "..") {
+        return Err(format!("{field} {value:?} contains \"..\""));
+    }
+    Ok(())
+}
+
+fn check_spec(spec: &StorageSpec) -> Result<(), String> {
+    match spec {
+        StorageSpec::Nfs { root_path, .. } => absolute_path("storage_spec.root_path", root_path),
+        StorageSpec::ThreeFs {
+            mountpoint,
+            root_dir,
+            ..
+        } => {
+            absolute_path("storage_spec.mountpoint", mountpoint)?;
+            required("storage_spec.root_dir", root_dir)?;
+            absolute_path("storage_spec.root_dir", &format!("/{root_dir}"))
+        }
+        StorageSpec::VcnsThreeFs {
+            mountpoint,
+            root_dir,
+            remote_host,
+            remote_port,
+            meta_storage_uri,
+        } => {
+            absolute_path("storage_spec.mountpoint", mountpoint)?;
+            required("storage_spec.root_dir", root_dir)?;
+            required("storage_spec.remote_host", remote_host)?;
+            if !(1..=65_535).contains(remote_port) {
+                return Err(format!(
+                    "storage_spec.remote_port {remote_port} is not a port"
+                ));
+            }
+            required("storage_spec.meta_storage_uri", meta_storage_uri)
+        }
+        StorageSpec::Mooncake { .. } => check_mooncake(spec),
+        StorageSpec::TairMemPool { domain, .. } => required("storage_spec.domain", domain),
+    }
+}
+
+fn check_mooncake(spec: &StorageSpec) -> Result<(), String> {
+    let StorageSpec::Mooncake {
+        local_hostname,
+        metadata_connstring,
+        protocol,
+        rdma_device,
+        master_service_entry,
+    } = spec
+    else {
+        return Ok(());
+    };
+    required("storage_spec.local_hostname", local_hostname)?;
+    required("storage_spec.metadata_connstring", metadata_connstring)?;
+    required("storage_spec.master_service_entry", master_service_entry)?;
+    match protocol.as_str() {
+        "tcp" => Ok(()),
+        "rdma" => required("storage_spec.rdma_device (protocol rdma)", rdma_device),
+        other => Err(format!(
+            "storage_spec.protocol {other:?} is neither \"rdma\" nor \"tcp\""
+        )),
+    }
+}
+
+impl StorageConfig {
+    /// Checks the name and the backend settings; the error names the first bad field.
+    pub fn validate(&self) -> Result<(), StorageError> {
+        check_name("global_unique_name", &self.global_unique_name)
+            .and_then(|()| check_spec(&self.spec))
+            .map_err(StorageError::InvalidConfig)
+    }
+}
+
+#[cfg(test)]
+mod tests;

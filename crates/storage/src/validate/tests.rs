@@ -1,0 +1,127 @@
+//! One test per rule of `StorageConfig::validate`.
+
+use crate::{StorageConfig, StorageError, StorageSpec};
+
+fn config(spec: StorageSpec) -> StorageConfig {
+    StorageConfig {
+        global_unique_name: "store_1".to_string(),
+        spec,
+        check_storage_available_when_open: false,
+    }
+}
+
+fn nfs(root_path: &str) -> StorageSpec {
+    StorageSpec::Nfs {
+        root_path: root_path.to_string(),
+        key_count_per_file: 8,
+    }
+}
+
+fn three_fs(mountpoint: &str, root_dir: &str) -> StorageSpec {
+    StorageSpec::ThreeFs {
+        cluster_name: String::new(),
+        mountpoint: mountpoint.to_string(),
+        root_dir: root_dir.to_string(),
+        key_count_per_file: 8,
+        touch_file_when_create: false,
+    }
+}
+
+fn mooncake(protocol: &str, rdma_device: &str, master: &str) -> StorageSpec {
+    StorageSpec::Mooncake {
+        local_hostname: "host:1".to_string(),
+        metadata_connstring: "http://meta".to_string(),
+        protocol: protocol.to_string(),
+        rdma_device: rdma_device.to_string(),
+        master_service_entry: master.to_string(),
+    }
+}
+
+fn vcns(remote_port: i32, meta_storage_uri: &str) -> StorageSpec {
+    StorageSpec::VcnsThreeFs {
+        mountpoint: "/mnt/3fs".to_string(),
+        root_dir: "kv".to_string(),
+        remote_host: "h".to_string(),
+        remote_port,
+        meta_storage_uri: meta_storage_uri.to_string(),
+    }
+}
+
+/// Asserts `config` is refused with a message naming `field`.
+fn assert_refused(config: StorageConfig, field: &str) {
+    match config.validate() {
+        Err(StorageError::InvalidConfig(message)) => {
+            assert!(message.contains(field), "{message:?} should name {field}")
+        }
+        other => panic!("{config:?} should be refused naming {field}, got {other:?}"),
+    }
+}
+
+#[test]
+fn valid_configs_pass() {
+    for spec in [
+        nfs("/tmp/nfs/"),
+        three_fs("/mnt/3fs", "kvcache/data"),
+        three_fs("/mnt/3fs/", "/kv/"),
+        mooncake("tcp", "", "m:50051"),
+        mooncake("rdma", "mlx5_0", "m:50051"),
+        vcns(9000, "meta://x"),
+        StorageSpec::TairMemPool {
+            domain: "pool".to_string(),
+            timeout: 10,
+            enable_vipserver: false,
+        },
+    ] {
+        let config = config(spec);
+        assert!(config.validate().is_ok(), "{config:?}");
+    }
+}
+
+#[test]
+fn bad_storage_names_are_refused() {
+    for name in ["", "a/b", "a?b", "with space"] {
+        let mut bad = config(nfs("/tmp/nfs/"));
+        bad.global_unique_name = name.to_string();
+        assert_refused(bad, "global_unique_name");
+    }
+}
+
+#[test]
+fn nfs_needs_an_absolute_root_path() {
+    assert_refused(config(nfs("")), "root_path");
+    assert_refused(config(nfs("relative/dir/")), "root_path");
+    assert_refused(config(nfs("/tmp/../etc/")), "root_path");
+}
+
+#[test]
+fn three_fs_needs_mountpoint_and_root_dir() {
+    assert_refused(config(three_fs("", "kv")), "mountpoint");
+    assert_refused(config(three_fs("mnt", "kv")), "mountpoint");
+    assert_refused(config(three_fs("/mnt/3fs", "")), "root_dir");
+    assert_refused(config(three_fs("/mnt/3fs", "../escape")), "root_dir");
+}
+
+#[test]
+fn mooncake_needs_its_fields_and_a_known_protocol() {
+    assert_refused(config(mooncake("tcp", "", "")), "master_service_entry");
+    assert_refused(config(mooncake("rdma", "", "m:1")), "rdma_device");
+    assert_refused(config(mooncake("udp", "", "m:1")), "protocol");
+    let mut spec = mooncake("tcp", "", "m:1");
+    if let StorageSpec::Mooncake { local_hostname, .. } = &mut spec {
+        local_hostname.clear();
+    }
+    assert_refused(config(spec), "local_hostname");
+}
+
+#[test]
+fn vcns_and_pace_need_their_fields() {
+    assert_refused(config(vcns(0, "meta://x")), "remote_port");
+    assert_refused(config(vcns(70_000, "meta://x")), "remote_port");
+    assert_refused(config(vcns(9000, "")), "meta_storage_uri");
+    let pace = StorageSpec::TairMemPool {
+        domain: " ".to_string(),
+        timeout: 10,
+        enable_vipserver: false,
+    };
+    assert_refused(config(pace), "domain");
+}

@@ -1,0 +1,255 @@
+//! The `file` and `hf3fs` backends on real files in temporary directories.
+
+use std::fs;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use kvcm_storage::{
+    open, AllocationRequest, BlockSpec, BlockToAllocate, BlockUri, DataStorage, StorageConfig,
+    StorageError, StorageSpec,
+};
+
+const BLOCK: i64 = 64 * 1024;
+
+fn nfs(root: &Path, key_count_per_file: i32) -> std::sync::Arc<dyn DataStorage> {
+    open(StorageConfig {
+        global_unique_name: "nfs_01".to_string(),
+        spec: StorageSpec::Nfs {
+            root_path: format!("{}/", root.display()),
+            key_count_per_file,
+        },
+        check_storage_available_when_open: true,
+    })
+    .expect("open nfs")
+}
+
+fn three_fs(mount: &Path, touch: bool) -> std::sync::Arc<dyn DataStorage> {
+    open(StorageConfig {
+        global_unique_name: "3fs_a".to_string(),
+        spec: StorageSpec::ThreeFs {
+            cluster_name: "c".to_string(),
+            mountpoint: mount.display().to_string(),
+            root_dir: "kv/data".to_string(),
+            key_count_per_file: 4,
+            touch_file_when_create: touch,
+        },
+        check_storage_available_when_open: true,
+    })
+    .expect("open 3fs")
+}
+
+/// Allocates `keys` for one part `tp0` of `BLOCK` bytes; returns one URI per key.
+fn allocate(storage: &dyn DataStorage, keys: &[i64]) -> Vec<String> {
+    let specs = [BlockSpec {
+        name: "tp0".to_string(),
+        size: BLOCK,
+    }];
+    let blocks: Vec<BlockToAllocate> = keys
+        .iter()
+        .map(|&key| BlockToAllocate {
+            key,
+            spec_indexes: vec![0],
+        })
+        .collect();
+    let request = AllocationRequest {
+        instance_id: "instance1",
+        specs: &specs,
+        blocks: &blocks,
+    };
+    let placed = storage.allocate(&request).expect("allocate");
+    placed
+        .into_iter()
+        .map(|parts| parts[0].uri.clone())
+        .collect()
+}
+
+/// Writes the block a URI names as a client would: `fill` repeated at blkid × size.
+fn write_block(uri: &str, fill: u8) -> PathBuf {
+    let uri = BlockUri::parse(uri).expect("uri");
+    let size = uri.param_u64("size").expect("size").expect("size present");
+    let blkid = uri.param_u64("blkid").expect("blkid").unwrap_or(0);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&uri.path)
+        .expect("open");
+    file.write_all_at(&vec![fill; size as usize], blkid * size)
+        .expect("write");
+    file.sync_all().expect("sync");
+    PathBuf::from(uri.path)
+}
+
+fn read_block(path: &Path, blkid: u64) -> Vec<u8> {
+    let file = fs::File::open(path).expect("open");
+    let mut bytes = vec![0; BLOCK as usize];
+    file.read_exact_at(&mut bytes, blkid * BLOCK as u64)
+        .expect("read");
+    bytes
+}
+
+#[test]
+fn allocation_creates_directories_only() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let storage = nfs(root.path(), 8);
+    let uris = allocate(storage.as_ref(), &[123]);
+    let expected = format!(
+        "file://nfs_01{}/instance1/tp0/7b?blkid=0&size=65536",
+        root.path().display()
+    );
+    assert_eq!(uris, vec![expected]);
+    assert!(
+        root.path().join("instance1/tp0").is_dir(),
+        "directories are created"
+    );
+    assert!(
+        !root.path().join("instance1/tp0/7b").exists(),
+        "NFS files are the client's to create"
+    );
+}
+
+#[test]
+fn deleting_a_block_punches_a_hole_and_spares_neighbours() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let storage = nfs(root.path(), 4);
+    let uris = allocate(storage.as_ref(), &[100, 101, 102]);
+    let paths: Vec<PathBuf> = uris
+        .iter()
+        .zip([0xA1, 0xB2, 0xC3])
+        .map(|(uri, fill)| write_block(uri, fill))
+        .collect();
+    assert!(
+        paths.iter().all(|path| path == &paths[0]),
+        "three blocks share one file"
+    );
+    let file = &paths[0];
+    let blocks_before = fs::metadata(file).expect("stat").blocks();
+
+    storage
+        .delete(&uris[1..2])
+        .expect("delete the middle block");
+    let blocks_after = fs::metadata(file).expect("stat").blocks();
+    assert!(
+        blocks_before - blocks_after >= (BLOCK / 512) as u64,
+        "st_blocks {blocks_before} -> {blocks_after}: 64 KiB must be freed"
+    );
+    assert_eq!(
+        fs::metadata(file).expect("stat").len(),
+        3 * BLOCK as u64,
+        "size is kept"
+    );
+    assert_eq!(read_block(file, 0), vec![0xA1; BLOCK as usize]);
+    assert_eq!(read_block(file, 1), vec![0; BLOCK as usize]);
+    assert_eq!(read_block(file, 2), vec![0xC3; BLOCK as usize]);
+
+    storage
+        .delete(&[uris[0].clone()])
+        .expect("delete the first block");
+    assert!(file.exists(), "block 2 still holds data");
+    storage
+        .delete(&[uris[2].clone()])
+        .expect("delete the last block");
+    assert!(!file.exists(), "a file without data is unlinked");
+    storage.delete(&uris).expect("deleting again is a no-op");
+}
+
+#[test]
+fn single_block_files_are_unlinked_and_missing_files_are_fine() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let storage = nfs(root.path(), 1);
+    let uris = allocate(storage.as_ref(), &[7, 8]);
+    assert!(uris.iter().all(|uri| !uri.contains("blkid")), "{uris:?}");
+    let written = write_block(&uris[0], 1);
+    storage
+        .delete(&uris)
+        .expect("delete a written and a never-written block");
+    assert!(!written.exists());
+}
+
+#[test]
+fn bad_uris_are_refused_before_anything_is_freed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let storage = nfs(root.path(), 4);
+    let uris = allocate(storage.as_ref(), &[1, 2]);
+    let file = write_block(&uris[0], 9);
+    write_block(&uris[1], 9);
+    let file_path = uris[0].split('?').next().expect("path part").to_string();
+    let root_text = root.path().display().to_string();
+    let bad = [
+        uris[0].replace("file://", "hf3fs://"),
+        uris[0].replace("nfs_01", "nfs_02"),
+        format!("file://nfs_01/etc/passwd?size={BLOCK}"),
+        format!("file://nfs_01{root_text}/instance1/../../x?size={BLOCK}"),
+        format!("file://nfs_01{root_text}/?size={BLOCK}"),
+        format!("{file_path}?blkid=0"),
+        format!("{file_path}?blkid=0&size=0"),
+        format!("{file_path}?blkid=x&size={BLOCK}"),
+        format!("{file_path}?blkid=18446744073709551615&size={BLOCK}"),
+        "not a uri".to_string(),
+    ];
+    for uri in bad {
+        let result = storage.delete(&[uris[0].clone(), uri.clone()]);
+        assert!(
+            matches!(result, Err(StorageError::InvalidUri { .. })),
+            "{uri}: {result:?}"
+        );
+        assert_eq!(
+            read_block(&file, 0),
+            vec![9; BLOCK as usize],
+            "{uri} freed a block"
+        );
+    }
+}
+
+#[test]
+fn three_fs_joins_paths_and_touches_files_when_asked() {
+    let mount = tempfile::tempdir().expect("tempdir");
+    let mount_text = mount.path().display();
+    let touching = three_fs(mount.path(), true);
+    let uris = allocate(touching.as_ref(), &[123]);
+    assert_eq!(
+        uris,
+        vec![format!(
+            "hf3fs://3fs_a{mount_text}/kv/data/instance1/tp0/7b?blkid=0&size=65536"
+        )]
+    );
+    let touched = mount.path().join("kv/data/instance1/tp0/7b");
+    assert_eq!(fs::metadata(&touched).expect("touched file").len(), 0);
+
+    let lazy = three_fs(mount.path(), false);
+    allocate(lazy.as_ref(), &[124]);
+    assert!(!mount.path().join("kv/data/instance1/tp0/7c").exists());
+    write_block(&uris[0], 5);
+    touching.delete(&uris).expect("delete");
+    assert!(!touched.exists());
+}
+
+#[test]
+fn health_follows_the_directory() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let root = parent.path().join("store");
+    let config = |check| StorageConfig {
+        global_unique_name: "nfs_01".to_string(),
+        spec: StorageSpec::Nfs {
+            root_path: format!("{}/", root.display()),
+            key_count_per_file: 8,
+        },
+        check_storage_available_when_open: check,
+    };
+    let refused = open(config(true));
+    assert!(
+        matches!(refused, Err(StorageError::Io { .. })),
+        "{refused:?}"
+    );
+    let storage = open(config(false)).expect("opened without a probe");
+    assert!(storage.check_health().is_err());
+    fs::create_dir(&root).expect("mkdir");
+    storage
+        .check_health()
+        .expect("healthy once the directory exists");
+    assert_eq!(
+        fs::read_dir(&root).expect("ls").count(),
+        0,
+        "the probe leaves nothing behind"
+    );
+}
