@@ -6,6 +6,8 @@
 //! `kvcm-transport` (verbs-shaped RDMA API) and `kvcm-optimizer` (trace replay).
 //! See docs/ARCHITECTURE.md for the module map.
 
-pub mod proto;
+pub mod config;
 pub mod manager;
+pub mod proto;
+pub mod server;
 pub mod service;

@@ -1,6 +1,10 @@
 //! The `kvcm` binary: one executable, one subcommand per role.
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use kvcm::config::ServerConfig;
 
 #[derive(Parser)]
 #[command(
@@ -17,11 +21,78 @@ struct Cli {
 enum Command {
     /// Replay a trace, compare eviction policies and plan capacity.
     Optimize(kvcm_optimizer::cli::OptimizeArgs),
+    /// Run the manager: gRPC + HTTP control plane (embedded single-node default).
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML file with dotted keys (e.g. `[kvcm.service] rpc_port = 6381`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// One setting as `key=value` (the reference's dotted keys); repeatable.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Data directory (default ./kvcm-data); overrides every other layer.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Write `{"listener":"ip:port",...}` here once every listener is bound.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Optimize(args) => kvcm_optimizer::cli::run(args)?,
+        Command::Serve(args) => serve(args)?,
+    }
+    Ok(())
+}
+
+fn load_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
+    let mut config = ServerConfig::default();
+    if let Some(path) = &args.config {
+        config.apply_toml_file(path)?;
+    }
+    config.apply_pairs(&args.env)?;
+    config.apply_env(|name| std::env::var(name).ok())?;
+    if let Some(data_dir) = &args.data_dir {
+        config.data_dir = data_dir.clone();
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .init();
+    let config = load_config(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let manager = kvcm::server::embedded_manager(&config)?;
+        let server = kvcm::server::start(&config, manager).await?;
+        if let Some(path) = &args.ready_file {
+            server.write_ready_file(path)?;
+        }
+        wait_for_signal().await?;
+        tracing::info!("shutting down");
+        server.stop().await?;
+        anyhow::Ok(())
+    })
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
     }
     Ok(())
 }

@@ -63,22 +63,22 @@ fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
     }
     let id = &job.location.id;
     let mut removed = false;
-    let result = job
-        .instance
-        .index
-        .read_modify_write(&[job.key], &mut |_, current: Option<&Entry>| {
-            match current.and_then(|entry| entry.without_deleting(id)) {
-                None => Modify::Keep,
-                Some(rest) => {
-                    removed = true;
-                    if rest.locations.is_empty() {
-                        Modify::Delete
-                    } else {
-                        Modify::Put(Arc::new(rest))
-                    }
+    let result = job.instance.index.read_modify_write(&[job.key], &mut |_,
+                                                                        current: Option<
+        &Entry,
+    >| {
+        match current.and_then(|entry| entry.without_deleting(id)) {
+            None => Modify::Keep,
+            Some(rest) => {
+                removed = true;
+                if rest.locations.is_empty() {
+                    Modify::Delete
+                } else {
+                    Modify::Put(Arc::new(rest))
                 }
             }
-        });
+        }
+    });
     match result {
         Err(error) => tracing::warn!(%error, key = job.key, "removing a deleted location failed"),
         Ok(()) if removed => feed.publish(StateChange {

@@ -55,7 +55,9 @@ impl Manager {
     ) -> ManagerResult<()> {
         validate_group("UpdateInstanceGroup", &group)?;
         let mut groups = write_lock(&self.groups);
-        let stored = groups.get(&group.name).ok_or_else(|| unknown_group(&group.name))?;
+        let stored = groups
+            .get(&group.name)
+            .ok_or_else(|| unknown_group(&group.name))?;
         if stored.version != current_version || group.version <= stored.version {
             return Err(ManagerError::InvalidArgument(format!(
                 "version conflict: stored {}, current_version {current_version}, new {}",
@@ -84,7 +86,10 @@ impl Manager {
 
     /// Registers an instance (idempotent for an identical registration); returns the
     /// `storage_configs` JSON of its group.
-    pub fn register_instance(&self, request: meta::RegisterInstanceRequest) -> ManagerResult<String> {
+    pub fn register_instance(
+        &self,
+        request: meta::RegisterInstanceRequest,
+    ) -> ManagerResult<String> {
         let info = validated_registration(request)?;
         let group = self.group(&info.instance_group_name)?;
         let mut instances = write_lock(&self.instances);
@@ -96,7 +101,10 @@ impl Manager {
                 )));
             }
             let group = self.group(existing.group()).unwrap_or(group);
-            return Ok(self.storages.read().storage_configs_json(&group.storage_candidates));
+            return Ok(self
+                .storages
+                .read()
+                .storage_configs_json(&group.storage_candidates));
         }
         let indexer = group
             .cache_config
@@ -110,7 +118,10 @@ impl Manager {
         };
         let instance = Arc::new(Instance::new(info, index));
         instances.insert(instance.id().to_string(), instance);
-        Ok(self.storages.read().storage_configs_json(&group.storage_candidates))
+        Ok(self
+            .storages
+            .read()
+            .storage_configs_json(&group.storage_candidates))
     }
 
     /// Unregisters an instance and deletes all its cache.
@@ -143,8 +154,14 @@ fn validate_group(api: &str, group: &admin::InstanceGroup) -> ManagerResult<()> 
     let indexer = cache.and_then(|c| c.meta_indexer_config.as_ref());
     let checks = [
         (group.name.is_empty(), "instance_group.name"),
-        (group.storage_candidates.is_empty(), "instance_group.storage_candidates"),
-        (group.global_quota_group_name.is_empty(), "instance_group.global_quota_group_name"),
+        (
+            group.storage_candidates.is_empty(),
+            "instance_group.storage_candidates",
+        ),
+        (
+            group.global_quota_group_name.is_empty(),
+            "instance_group.global_quota_group_name",
+        ),
         (cache.is_none(), "instance_group.cache_config"),
         (
             cache.is_some_and(|c| c.data_storage_strategy == 0),
@@ -175,18 +192,32 @@ fn validate_group(api: &str, group: &admin::InstanceGroup) -> ManagerResult<()> 
 
 /// The stored form of a registration: required fields checked, spec groups sorted by name
 /// with sorted spec names that all name registered specs.
-fn validated_registration(request: meta::RegisterInstanceRequest) -> ManagerResult<meta::InstanceInfo> {
+fn validated_registration(
+    request: meta::RegisterInstanceRequest,
+) -> ManagerResult<meta::InstanceInfo> {
     const API: &str = "RegisterInstance";
     let model = request.model_deployment.as_ref();
     let checks = [
         (request.instance_group.is_empty(), "instance_group"),
         (request.instance_id.is_empty(), "instance_id"),
         (model.is_none(), "model_deployment"),
-        (model.is_some_and(|m| m.model_name.is_empty()), "model_deployment.model_name"),
-        (model.is_some_and(|m| m.dtype.is_empty()), "model_deployment.dtype"),
-        (request.location_spec_infos.is_empty(), "location_spec_infos"),
         (
-            request.location_spec_infos.iter().any(|s| s.name.is_empty()),
+            model.is_some_and(|m| m.model_name.is_empty()),
+            "model_deployment.model_name",
+        ),
+        (
+            model.is_some_and(|m| m.dtype.is_empty()),
+            "model_deployment.dtype",
+        ),
+        (
+            request.location_spec_infos.is_empty(),
+            "location_spec_infos",
+        ),
+        (
+            request
+                .location_spec_infos
+                .iter()
+                .any(|s| s.name.is_empty()),
             "location_spec_infos.name",
         ),
     ];

@@ -80,7 +80,9 @@ impl Leadership {
 /// Locks a mutex, recovering from poisoning (the guarded data stays consistent: every
 /// critical section here is a single assignment).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

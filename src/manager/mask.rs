@@ -69,9 +69,18 @@ mod tests {
     #[test]
     fn presence_becomes_offset_only_for_pure_prefixes() {
         assert_eq!(BlockMask::from_presence(vec![]), BlockMask::Offset(0));
-        assert_eq!(BlockMask::from_presence(vec![false, false]), BlockMask::Offset(0));
-        assert_eq!(BlockMask::from_presence(vec![true, true, false]), BlockMask::Offset(2));
-        assert_eq!(BlockMask::from_presence(vec![true, true]), BlockMask::Offset(2));
+        assert_eq!(
+            BlockMask::from_presence(vec![false, false]),
+            BlockMask::Offset(0)
+        );
+        assert_eq!(
+            BlockMask::from_presence(vec![true, true, false]),
+            BlockMask::Offset(2)
+        );
+        assert_eq!(
+            BlockMask::from_presence(vec![true, true]),
+            BlockMask::Offset(2)
+        );
         assert_eq!(
             BlockMask::from_presence(vec![false, true]),
             BlockMask::Bools(vec![false, true])

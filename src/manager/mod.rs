@@ -45,7 +45,7 @@ pub use leader::Leadership;
 pub use local_index::local_index_factory;
 pub use read::CacheMeta;
 pub use remove::TrimStrategy;
-pub use sessions::SESSION_ID_LEN;
+pub use sessions::{random_id, SESSION_ID_LEN};
 pub use storages::{StorageOpener, StorageRecord};
 pub use write::WriteStart;
 

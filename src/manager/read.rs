@@ -51,7 +51,10 @@ impl Manager {
             }
             QueryKind::BatchGet | QueryKind::SlidingWindow { .. } => {
                 let entries = instance.index.get(keys)?;
-                let found = entries.iter().map(|e| readable(e.as_ref(), &weights)).collect();
+                let found = entries
+                    .iter()
+                    .map(|e| readable(e.as_ref(), &weights))
+                    .collect();
                 match kind {
                     QueryKind::SlidingWindow { sw_size } => {
                         query::sliding_window(found, sw_size, instance.placeholder())
@@ -85,7 +88,9 @@ impl Manager {
                 }
                 None => {
                     answer.locations.push(meta::CacheLocation::default());
-                    answer.metas.push(r#"{"status":"CLS_NOT_FOUND"}"#.to_string());
+                    answer
+                        .metas
+                        .push(r#"{"status":"CLS_NOT_FOUND"}"#.to_string());
                 }
             }
         }

@@ -49,7 +49,11 @@ impl Manager {
     }
 
     /// Applies a trim strategy to an instance.
-    pub fn trim_cache(&self, instance: &Arc<Instance>, strategy: TrimStrategy) -> ManagerResult<()> {
+    pub fn trim_cache(
+        &self,
+        instance: &Arc<Instance>,
+        strategy: TrimStrategy,
+    ) -> ManagerResult<()> {
         match strategy {
             TrimStrategy::RemoveAllCache => self.remove_all(instance),
             TrimStrategy::RemoveAllMeta => Err(ManagerError::Unsupported(

@@ -112,7 +112,11 @@ impl StorageTable {
 
     /// Every registered storage's wire config, by name.
     pub fn list(&self) -> Vec<admin::StorageConfig> {
-        self.read().records.values().map(|r| r.wire.clone()).collect()
+        self.read()
+            .records
+            .values()
+            .map(|r| r.wire.clone())
+            .collect()
     }
 
     /// The backend holding a location, if still registered.
@@ -204,5 +208,10 @@ fn validated(wire_config: &admin::StorageConfig) -> ManagerResult<StorageConfig>
             "{AddStorage: {storage.global_unique_name}}".into(),
         ));
     }
-    wire::from_wire(wire_config).map_err(|e| ManagerError::InvalidArgument(e.to_string()))
+    let config =
+        wire::from_wire(wire_config).map_err(|e| ManagerError::InvalidArgument(e.to_string()))?;
+    config
+        .validate()
+        .map_err(|e| ManagerError::InvalidArgument(e.to_string()))?;
+    Ok(config)
 }

@@ -170,7 +170,9 @@ impl Manager {
     ) -> ManagerResult<Vec<(BlockKey, Location)>> {
         let mut ids: HashMap<BlockKey, Vec<Arc<str>>> = HashMap::new();
         for write in writes {
-            ids.entry(write.key).or_default().push(write.location_id.clone());
+            ids.entry(write.key)
+                .or_default()
+                .push(write.location_id.clone());
         }
         let keys: Vec<BlockKey> = ids.keys().copied().collect();
         self.move_locations(instance, &keys, to, &|key, location| {
@@ -232,19 +234,25 @@ impl Manager {
             by_key.entry(*key).or_default().push(location);
         }
         let keys: Vec<BlockKey> = by_key.keys().copied().collect();
-        let inserted = instance
-            .index
-            .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
-                let mut entry = current.map(|e| (**e).clone()).unwrap_or_default();
-                entry
-                    .locations
-                    .extend(by_key.get(&key).into_iter().flatten().map(|l| (*l).clone()));
-                Modify::Put(Arc::new(entry))
-            });
+        let inserted =
+            instance
+                .index
+                .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
+                    let mut entry = current.map(|e| (**e).clone()).unwrap_or_default();
+                    entry
+                        .locations
+                        .extend(by_key.get(&key).into_iter().flatten().map(|l| (*l).clone()));
+                    Modify::Put(Arc::new(entry))
+                });
         if let Err(error) = inserted {
             let uris: Vec<String> = new_locations
                 .iter()
-                .flat_map(|(_, l)| l.cache_location.location_specs.iter().map(|s| s.uri.clone()))
+                .flat_map(|(_, l)| {
+                    l.cache_location
+                        .location_specs
+                        .iter()
+                        .map(|s| s.uri.clone())
+                })
                 .collect();
             if let Err(free_error) = backend.delete(&uris) {
                 tracing::warn!(%free_error, "freeing an unused allocation failed");
@@ -266,7 +274,10 @@ impl Manager {
     /// The storage a write of this instance goes to (wire fact sheet §16.3): the group quota
     /// must have room; candidates are the group's registered, available storages; the
     /// group's preference strategy picks among them.
-    fn choose_backend(&self, instance: &Instance) -> ManagerResult<(Arc<str>, Arc<dyn DataStorage>)> {
+    fn choose_backend(
+        &self,
+        instance: &Instance,
+    ) -> ManagerResult<(Arc<str>, Arc<dyn DataStorage>)> {
         let group = self.group(instance.group())?;
         self.check_group_quota(&group)?;
         let view = self.storages.read();
@@ -281,9 +292,7 @@ impl Manager {
             .as_ref()
             .map_or(0, |c| c.data_storage_strategy);
         let (wanted, strict) = preferred_kind(strategy);
-        let preferred = candidates
-            .iter()
-            .find(|r| Some(r.backend.kind()) == wanted);
+        let preferred = candidates.iter().find(|r| Some(r.backend.kind()) == wanted);
         let chosen = match (preferred, strict) {
             (Some(record), _) => Some(record),
             (None, true) => None,
@@ -400,7 +409,10 @@ fn allocate(
                 spec_size: specs.len() as i32,
                 location_specs: specs
                     .into_iter()
-                    .map(|s| meta::LocationSpec { name: s.name, uri: s.uri })
+                    .map(|s| meta::LocationSpec {
+                        name: s.name,
+                        uri: s.uri,
+                    })
                     .collect(),
             };
             let location = Location {

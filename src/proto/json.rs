@@ -48,9 +48,9 @@ fn strip_nulls(value: &mut Value) -> bool {
             }
             changed
         }
-        Value::Array(items) => items.iter_mut().fold(false, |changed, item| {
-            strip_nulls(item) | changed
-        }),
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, item| strip_nulls(item) | changed),
         _ => false,
     }
 }

@@ -13,19 +13,28 @@ pub mod storage;
 #[allow(missing_docs, clippy::all)]
 pub mod meta {
     include!(concat!(env!("OUT_DIR"), "/kv_cache_manager.proto.meta.rs"));
-    include!(concat!(env!("OUT_DIR"), "/kv_cache_manager.proto.meta.serde.rs"));
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/kv_cache_manager.proto.meta.serde.rs"
+    ));
 }
 
 /// `kv_cache_manager.proto.admin`: the operator-facing AdminService.
 #[allow(missing_docs, clippy::all)]
 pub mod admin {
     include!(concat!(env!("OUT_DIR"), "/kv_cache_manager.proto.admin.rs"));
-    include!(concat!(env!("OUT_DIR"), "/kv_cache_manager.proto.admin.serde.rs"));
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/kv_cache_manager.proto.admin.serde.rs"
+    ));
 }
 
 /// `kv_cache_manager.proto.debug`: fault injection.
 #[allow(missing_docs, clippy::all)]
 pub mod debug {
     include!(concat!(env!("OUT_DIR"), "/kv_cache_manager.proto.debug.rs"));
-    include!(concat!(env!("OUT_DIR"), "/kv_cache_manager.proto.debug.serde.rs"));
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/kv_cache_manager.proto.debug.serde.rs"
+    ));
 }

@@ -44,7 +44,8 @@ impl AdminHandler {
         trace_id: &str,
         op: impl FnOnce(&Core) -> Outcome<R>,
     ) -> R {
-        self.core.call(api, trace_id, Rules::Admin, true, || op(&self.core))
+        self.core
+            .call(api, trace_id, Rules::Admin, true, || op(&self.core))
     }
 
     fn any_node<R: super::reply::Reply>(
@@ -53,13 +54,17 @@ impl AdminHandler {
         trace_id: &str,
         op: impl FnOnce(&Core) -> Outcome<R>,
     ) -> R {
-        self.core.call(api, trace_id, Rules::Admin, false, || op(&self.core))
+        self.core
+            .call(api, trace_id, Rules::Admin, false, || op(&self.core))
     }
 
     /// AddStorage.
     pub fn add_storage(&self, request: admin::AddStorageRequest) -> admin::CommonResponse {
         self.leader("AddStorage", &request.trace_id, |core| {
-            let storage = request.storage.clone().ok_or_else(|| missing("AddStorage", "storage"))?;
+            let storage = request
+                .storage
+                .clone()
+                .ok_or_else(|| missing("AddStorage", "storage"))?;
             core.manager.add_storage(storage)?;
             done("Storage added successfully")
         })
@@ -68,7 +73,8 @@ impl AdminHandler {
     /// EnableStorage.
     pub fn enable_storage(&self, request: admin::EnableStorageRequest) -> admin::CommonResponse {
         self.leader("EnableStorage", &request.trace_id, |core| {
-            core.manager.set_storage_available(&request.storage_unique_name, true)?;
+            core.manager
+                .set_storage_available(&request.storage_unique_name, true)?;
             done("Storage enabled successfully")
         })
     }
@@ -76,7 +82,8 @@ impl AdminHandler {
     /// DisableStorage.
     pub fn disable_storage(&self, request: admin::DisableStorageRequest) -> admin::CommonResponse {
         self.leader("DisableStorage", &request.trace_id, |core| {
-            core.manager.set_storage_available(&request.storage_unique_name, false)?;
+            core.manager
+                .set_storage_available(&request.storage_unique_name, false)?;
             done("Storage disabled successfully")
         })
     }
@@ -92,7 +99,10 @@ impl AdminHandler {
     /// UpdateStorage.
     pub fn update_storage(&self, request: admin::UpdateStorageRequest) -> admin::CommonResponse {
         self.leader("UpdateStorage", &request.trace_id, |core| {
-            let storage = request.storage.clone().ok_or_else(|| missing("UpdateStorage", "storage"))?;
+            let storage = request
+                .storage
+                .clone()
+                .ok_or_else(|| missing("UpdateStorage", "storage"))?;
             core.manager.update_storage(storage)?;
             done("Storage updated successfully")
         })
@@ -102,12 +112,21 @@ impl AdminHandler {
     pub fn list_storage(&self, request: admin::ListStorageRequest) -> admin::ListStorageResponse {
         self.leader("ListStorage", &request.trace_id, |core| {
             let storage = core.manager.list_storages();
-            Ok((admin::ListStorageResponse { header: None, storage }, String::new()))
+            Ok((
+                admin::ListStorageResponse {
+                    header: None,
+                    storage,
+                },
+                String::new(),
+            ))
         })
     }
 
     /// CreateInstanceGroup.
-    pub fn create_instance_group(&self, request: admin::CreateInstanceGroupRequest) -> admin::CommonResponse {
+    pub fn create_instance_group(
+        &self,
+        request: admin::CreateInstanceGroupRequest,
+    ) -> admin::CommonResponse {
         self.leader("CreateInstanceGroup", &request.trace_id, |core| {
             let group = request
                 .instance_group
@@ -119,7 +138,10 @@ impl AdminHandler {
     }
 
     /// UpdateInstanceGroup.
-    pub fn update_instance_group(&self, request: admin::UpdateInstanceGroupRequest) -> admin::CommonResponse {
+    pub fn update_instance_group(
+        &self,
+        request: admin::UpdateInstanceGroupRequest,
+    ) -> admin::CommonResponse {
         self.leader("UpdateInstanceGroup", &request.trace_id, |core| {
             let group = request
                 .instance_group
@@ -131,7 +153,10 @@ impl AdminHandler {
     }
 
     /// RemoveInstanceGroup.
-    pub fn remove_instance_group(&self, request: admin::RemoveInstanceGroupRequest) -> admin::CommonResponse {
+    pub fn remove_instance_group(
+        &self,
+        request: admin::RemoveInstanceGroupRequest,
+    ) -> admin::CommonResponse {
         self.leader("RemoveInstanceGroup", &request.trace_id, |core| {
             core.manager.remove_group(&request.name)?;
             done("Instance group removed successfully")
@@ -139,19 +164,29 @@ impl AdminHandler {
     }
 
     /// GetInstanceGroup.
-    pub fn get_instance_group(&self, request: admin::GetInstanceGroupRequest) -> admin::GetInstanceGroupResponse {
+    pub fn get_instance_group(
+        &self,
+        request: admin::GetInstanceGroupRequest,
+    ) -> admin::GetInstanceGroupResponse {
         self.leader("GetInstanceGroup", &request.trace_id, |core| {
             let group = core.manager.group(&request.name)?;
-            let reply = admin::GetInstanceGroupResponse { header: None, instance_group: Some(group) };
+            let reply = admin::GetInstanceGroupResponse {
+                header: None,
+                instance_group: Some(group),
+            };
             Ok((reply, String::new()))
         })
     }
 
     /// GetCacheMeta (meta semantics, admin status rules).
-    pub fn get_cache_meta(&self, request: admin::GetCacheMetaRequest) -> admin::GetCacheMetaResponse {
+    pub fn get_cache_meta(
+        &self,
+        request: admin::GetCacheMetaRequest,
+    ) -> admin::GetCacheMetaResponse {
         self.leader("GetCacheMeta", &request.trace_id, |core| {
             let instance = core.manager.require_instance(&request.instance_id)?;
-            let (reply, message) = meta_calls::get_cache_meta(core, &instance, transcode(&request))?;
+            let (reply, message) =
+                meta_calls::get_cache_meta(core, &instance, transcode(&request))?;
             Ok((transcode(&reply), message))
         })
     }
@@ -166,7 +201,10 @@ impl AdminHandler {
     }
 
     /// RegisterInstance (meta semantics, CommonResponse, admin status rules).
-    pub fn register_instance(&self, request: admin::RegisterInstanceRequest) -> admin::CommonResponse {
+    pub fn register_instance(
+        &self,
+        request: admin::RegisterInstanceRequest,
+    ) -> admin::CommonResponse {
         self.leader("RegisterInstance", &request.trace_id, |core| {
             let request: meta::RegisterInstanceRequest = transcode(&request);
             let (_, message) = meta_calls::register_instance(core, request)?;
@@ -186,7 +224,10 @@ impl AdminHandler {
     }
 
     /// GetInstanceInfo.
-    pub fn get_instance_info(&self, request: admin::GetInstanceInfoRequest) -> admin::GetInstanceInfoResponse {
+    pub fn get_instance_info(
+        &self,
+        request: admin::GetInstanceInfoRequest,
+    ) -> admin::GetInstanceInfoResponse {
         self.leader("GetInstanceInfo", &request.trace_id, |core| {
             let instance = core.manager.require_instance(&request.instance_id)?;
             let reply = admin::GetInstanceInfoResponse {
@@ -198,7 +239,10 @@ impl AdminHandler {
     }
 
     /// ListInstanceInfo: the instances of one group.
-    pub fn list_instance_info(&self, request: admin::ListInstanceInfoRequest) -> admin::ListInstanceInfoResponse {
+    pub fn list_instance_info(
+        &self,
+        request: admin::ListInstanceInfoRequest,
+    ) -> admin::ListInstanceInfoResponse {
         self.leader("ListInstanceInfo", &request.trace_id, |core| {
             if request.instance_group_name.is_empty() {
                 return Err(missing("ListInstanceInfo", "instance_group_name"));
@@ -209,7 +253,13 @@ impl AdminHandler {
                 .iter()
                 .map(transcode)
                 .collect();
-            Ok((admin::ListInstanceInfoResponse { header: None, instance_info }, String::new()))
+            Ok((
+                admin::ListInstanceInfoResponse {
+                    header: None,
+                    instance_info,
+                },
+                String::new(),
+            ))
         })
     }
 
@@ -240,23 +290,42 @@ impl AdminHandler {
                 .manager
                 .list_accounts()
                 .into_iter()
-                .map(|a| admin::Account { user_name: a.user_name, role: a.role })
+                .map(|a| admin::Account {
+                    user_name: a.user_name,
+                    role: a.role,
+                })
                 .collect();
-            Ok((admin::ListAccountResponse { header: None, accounts }, String::new()))
+            Ok((
+                admin::ListAccountResponse {
+                    header: None,
+                    accounts,
+                },
+                String::new(),
+            ))
         })
     }
 
     /// GenConfigSnapshot: not implemented (as in the reference).
-    pub fn gen_config_snapshot(&self, request: admin::GenConfigSnapshotRequest) -> admin::ConfigSnapShotResponse {
+    pub fn gen_config_snapshot(
+        &self,
+        request: admin::GenConfigSnapshotRequest,
+    ) -> admin::ConfigSnapShotResponse {
         self.leader("GenConfigSnapshot", &request.trace_id, |_| {
-            Err(ManagerError::Unsupported("GenConfigSnapshot is not implemented".into()))
+            Err(ManagerError::Unsupported(
+                "GenConfigSnapshot is not implemented".into(),
+            ))
         })
     }
 
     /// LoadConfigSnapshot: not implemented (as in the reference).
-    pub fn load_config_snapshot(&self, request: admin::LoadConfigSnapshotRequest) -> admin::CommonResponse {
+    pub fn load_config_snapshot(
+        &self,
+        request: admin::LoadConfigSnapshotRequest,
+    ) -> admin::CommonResponse {
         self.leader("LoadConfigSnapshot", &request.trace_id, |_| {
-            Err(ManagerError::Unsupported("LoadConfigSnapshot is not implemented".into()))
+            Err(ManagerError::Unsupported(
+                "LoadConfigSnapshot is not implemented".into(),
+            ))
         })
     }
 
@@ -287,7 +356,10 @@ impl AdminHandler {
     }
 
     /// GetManagerClusterInfo.
-    pub fn get_manager_cluster_info(&self, request: admin::GetManagerClusterInfoRequest) -> admin::GetManagerClusterInfoResponse {
+    pub fn get_manager_cluster_info(
+        &self,
+        request: admin::GetManagerClusterInfoRequest,
+    ) -> admin::GetManagerClusterInfoResponse {
         self.any_node("GetManagerClusterInfo", &request.trace_id, |core| {
             let leadership = core.manager.leadership();
             let is_leader = leadership.is_leader();
@@ -296,7 +368,11 @@ impl AdminHandler {
                 info_updated_time: 0,
                 self_leader_expiration_time: leadership.lease_expiration_us(),
                 self_node_id: leadership.node_id().to_string(),
-                leader_node_id: if is_leader { leadership.node_id().to_string() } else { String::new() },
+                leader_node_id: if is_leader {
+                    leadership.node_id().to_string()
+                } else {
+                    String::new()
+                },
             };
             Ok((reply, String::new()))
         })
@@ -313,7 +389,10 @@ impl AdminHandler {
     }
 
     /// GetLeaderElectorConfig.
-    pub fn get_leader_elector_config(&self, request: admin::GetLeaderElectorConfigRequest) -> admin::GetLeaderElectorConfigResponse {
+    pub fn get_leader_elector_config(
+        &self,
+        request: admin::GetLeaderElectorConfigRequest,
+    ) -> admin::GetLeaderElectorConfigResponse {
         self.any_node("GetLeaderElectorConfig", &request.trace_id, |core| {
             let reply = admin::GetLeaderElectorConfigResponse {
                 header: None,
@@ -324,12 +403,20 @@ impl AdminHandler {
     }
 
     /// UpdateLeaderElectorConfig.
-    pub fn update_leader_elector_config(&self, request: admin::UpdateLeaderElectorConfigRequest) -> admin::CommonResponse {
+    pub fn update_leader_elector_config(
+        &self,
+        request: admin::UpdateLeaderElectorConfigRequest,
+    ) -> admin::CommonResponse {
         self.any_node("UpdateLeaderElectorConfig", &request.trace_id, |core| {
             if request.campaign_delay_time_ms < 0 {
-                return Err(missing("UpdateLeaderElectorConfig", "campaign_delay_time_ms"));
+                return Err(missing(
+                    "UpdateLeaderElectorConfig",
+                    "campaign_delay_time_ms",
+                ));
             }
-            core.manager.leadership().set_campaign_delay_ms(request.campaign_delay_time_ms);
+            core.manager
+                .leadership()
+                .set_campaign_delay_ms(request.campaign_delay_time_ms);
             done("Leader elector config updated successfully")
         })
     }

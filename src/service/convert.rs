@@ -13,7 +13,11 @@ fn invalid(api: &str, field: &str, detail: impl std::fmt::Display) -> ManagerErr
 }
 
 /// A wire mask (absent = masks nothing); a negative offset is invalid.
-pub fn mask_from_wire(mask: Option<&meta::BlockMask>, api: &str, field: &str) -> ManagerResult<BlockMask> {
+pub fn mask_from_wire(
+    mask: Option<&meta::BlockMask>,
+    api: &str,
+    field: &str,
+) -> ManagerResult<BlockMask> {
     use meta::block_mask::Info;
     match mask.and_then(|m| m.info.as_ref()) {
         None => Ok(BlockMask::default()),
@@ -43,7 +47,11 @@ pub fn query_kind(query_type: i32, sw_size: i32) -> ManagerResult<QueryKind> {
         Ok(meta::QueryType::QtReverseRollSwMatch) => usize::try_from(sw_size)
             .map(|sw_size| QueryKind::SlidingWindow { sw_size })
             .map_err(|_| invalid(API, "sw_size", format!("{sw_size} is negative"))),
-        _ => Err(invalid(API, "query_type", format!("{query_type} is not a query type"))),
+        _ => Err(invalid(
+            API,
+            "query_type",
+            format!("{query_type} is not a query type"),
+        )),
     }
 }
 
@@ -53,7 +61,11 @@ pub fn trim_strategy(strategy: i32) -> ManagerResult<TrimStrategy> {
         Ok(meta::TrimStrategy::TsRemoveAllCache) => Ok(TrimStrategy::RemoveAllCache),
         Ok(meta::TrimStrategy::TsRemoveAllMeta) => Ok(TrimStrategy::RemoveAllMeta),
         Ok(meta::TrimStrategy::TsTimestamp) => Ok(TrimStrategy::Timestamp),
-        _ => Err(invalid("TrimCache", "strategy", format!("{strategy} is not a trim strategy"))),
+        _ => Err(invalid(
+            "TrimCache",
+            "strategy",
+            format!("{strategy} is not a trim strategy"),
+        )),
     }
 }
 
@@ -71,13 +83,19 @@ mod tests {
     #[test]
     fn masks_round_trip_and_reject_negative_offsets() {
         let wire = mask_to_wire(BlockMask::Offset(3));
-        assert_eq!(mask_from_wire(Some(&wire), "A", "m").unwrap(), BlockMask::Offset(3));
+        assert_eq!(
+            mask_from_wire(Some(&wire), "A", "m").unwrap(),
+            BlockMask::Offset(3)
+        );
         let wire = mask_to_wire(BlockMask::Bools(vec![true, false]));
         assert_eq!(
             mask_from_wire(Some(&wire), "A", "m").unwrap(),
             BlockMask::Bools(vec![true, false])
         );
-        assert_eq!(mask_from_wire(None, "A", "m").unwrap(), BlockMask::default());
+        assert_eq!(
+            mask_from_wire(None, "A", "m").unwrap(),
+            BlockMask::default()
+        );
         let negative = meta::BlockMask {
             info: Some(meta::block_mask::Info::Offset(-1)),
         };
@@ -87,7 +105,10 @@ mod tests {
     #[test]
     fn query_kinds() {
         assert_eq!(query_kind(2, 0).unwrap(), QueryKind::PrefixMatch);
-        assert_eq!(query_kind(3, 4).unwrap(), QueryKind::SlidingWindow { sw_size: 4 });
+        assert_eq!(
+            query_kind(3, 4).unwrap(),
+            QueryKind::SlidingWindow { sw_size: 4 }
+        );
         assert!(query_kind(3, -1).is_err());
         assert!(query_kind(0, 0).is_err());
         assert!(query_kind(9, 0).is_err());
@@ -101,6 +122,9 @@ mod tests {
             ..Default::default()
         };
         let admin_info: admin::InstanceInfo = transcode(&info);
-        assert_eq!((admin_info.instance_id.as_str(), admin_info.block_size), ("i", 16));
+        assert_eq!(
+            (admin_info.instance_id.as_str(), admin_info.block_size),
+            ("i", 16)
+        );
     }
 }

@@ -52,7 +52,10 @@ impl Core {
             let error = ManagerError::NotLeader;
             Err((ErrorCode::ServerNotLeader, error.to_string()))
         } else if FAULTABLE.contains(&api) && self.faults.fires(api, trace_id) {
-            Err((ErrorCode::InternalError, format!("{api} fail due to fault injection")))
+            Err((
+                ErrorCode::InternalError,
+                format!("{api} fail due to fault injection"),
+            ))
         } else {
             op().map_err(|error| (status_code(&error, rules), error.to_string()))
         };

@@ -29,7 +29,10 @@ impl DebugHandler {
     /// InjectFault: sets or replaces the fault of `api_name`.
     pub fn inject_fault(&self, request: debug::InjectFaultRequest) -> debug::CommonResponse {
         if request.api_name.is_empty() {
-            return answer(ErrorCode::InvalidArgument, "missing or invalid fields: {InjectFault: {api_name}}");
+            return answer(
+                ErrorCode::InvalidArgument,
+                "missing or invalid fields: {InjectFault: {api_name}}",
+            );
         }
         let trigger = match debug::FaultTriggerStrategy::try_from(request.fault_trigger_strategy) {
             Ok(debug::FaultTriggerStrategy::Once) => Trigger::AtCall(request.trigger_at_call),
@@ -44,7 +47,10 @@ impl DebugHandler {
         if self.core.faults.remove(&request.api_name) {
             answer(ErrorCode::Ok, "Fault removed")
         } else {
-            answer(ErrorCode::InvalidArgument, "no fault is set for this api_name")
+            answer(
+                ErrorCode::InvalidArgument,
+                "no fault is set for this api_name",
+            )
         }
     }
 

@@ -42,10 +42,12 @@ impl Faults {
         match active.get(api_name) {
             None => false,
             Some(Trigger::Always) => true,
-            Some(Trigger::AtCall(n)) => trace_id
-                .rsplit_once('_')
-                .and_then(|(_, suffix)| suffix.parse::<i32>().ok())
-                == Some(*n),
+            Some(Trigger::AtCall(n)) => {
+                trace_id
+                    .rsplit_once('_')
+                    .and_then(|(_, suffix)| suffix.parse::<i32>().ok())
+                    == Some(*n)
+            }
         }
     }
 

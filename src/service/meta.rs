@@ -21,7 +21,10 @@ impl MetaHandler {
     }
 
     /// RegisterInstance.
-    pub fn register_instance(&self, request: meta::RegisterInstanceRequest) -> meta::RegisterInstanceResponse {
+    pub fn register_instance(
+        &self,
+        request: meta::RegisterInstanceRequest,
+    ) -> meta::RegisterInstanceResponse {
         let trace_id = request.trace_id.clone();
         self.core
             .call("RegisterInstance", &trace_id, Rules::Meta, true, || {
@@ -30,9 +33,16 @@ impl MetaHandler {
     }
 
     /// GetInstanceInfo.
-    pub fn get_instance_info(&self, request: meta::GetInstanceInfoRequest) -> meta::GetInstanceInfoResponse {
-        self.core
-            .call("GetInstanceInfo", &request.trace_id, Rules::Meta, true, || {
+    pub fn get_instance_info(
+        &self,
+        request: meta::GetInstanceInfoRequest,
+    ) -> meta::GetInstanceInfoResponse {
+        self.core.call(
+            "GetInstanceInfo",
+            &request.trace_id,
+            Rules::Meta,
+            true,
+            || {
                 let instance = self.core.manager.require_instance(&request.instance_id)?;
                 let reply = meta::GetInstanceInfoResponse {
                     header: None,
@@ -40,11 +50,15 @@ impl MetaHandler {
                     instance_info: Some(instance.info().clone()),
                 };
                 Ok((reply, String::new()))
-            })
+            },
+        )
     }
 
     /// GetCacheMeta.
-    pub fn get_cache_meta(&self, mut request: meta::GetCacheMetaRequest) -> meta::GetCacheMetaResponse {
+    pub fn get_cache_meta(
+        &self,
+        mut request: meta::GetCacheMetaRequest,
+    ) -> meta::GetCacheMetaResponse {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
         core.instance_call("GetCacheMeta", &trace_id, &instance_id, move |instance| {
@@ -53,64 +67,99 @@ impl MetaHandler {
     }
 
     /// GetCacheLocation.
-    pub fn get_cache_location(&self, mut request: meta::GetCacheLocationRequest) -> meta::GetCacheLocationResponse {
+    pub fn get_cache_location(
+        &self,
+        mut request: meta::GetCacheLocationRequest,
+    ) -> meta::GetCacheLocationResponse {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
-        core.instance_call("GetCacheLocation", &trace_id, &instance_id, move |instance| {
-            const API: &str = "GetCacheLocation";
-            let kind = query_kind(request.query_type, request.sw_size)?;
-            let mask = mask_from_wire(request.block_mask.as_ref(), API, "block_mask")?;
-            let keys = instance.resolve_keys(API, request.block_keys, &request.token_ids)?;
-            let locations = core.manager.get_cache_location(
-                &instance,
-                kind,
-                &keys,
-                &mask,
-                &request.location_spec_names,
-            )?;
-            let reply = meta::GetCacheLocationResponse { header: None, locations };
-            Ok((reply, "Cache locations retrieved successfully".into()))
-        })
+        core.instance_call(
+            "GetCacheLocation",
+            &trace_id,
+            &instance_id,
+            move |instance| {
+                const API: &str = "GetCacheLocation";
+                let kind = query_kind(request.query_type, request.sw_size)?;
+                let mask = mask_from_wire(request.block_mask.as_ref(), API, "block_mask")?;
+                let keys = instance.resolve_keys(API, request.block_keys, &request.token_ids)?;
+                let locations = core.manager.get_cache_location(
+                    &instance,
+                    kind,
+                    &keys,
+                    &mask,
+                    &request.location_spec_names,
+                )?;
+                let reply = meta::GetCacheLocationResponse {
+                    header: None,
+                    locations,
+                };
+                Ok((reply, "Cache locations retrieved successfully".into()))
+            },
+        )
     }
 
     /// StartWriteCache.
-    pub fn start_write_cache(&self, mut request: meta::StartWriteCacheRequest) -> meta::StartWriteCacheResponse {
+    pub fn start_write_cache(
+        &self,
+        mut request: meta::StartWriteCacheRequest,
+    ) -> meta::StartWriteCacheResponse {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
-        core.instance_call("StartWriteCache", &trace_id, &instance_id, move |instance| {
-            let keys = instance.resolve_keys("StartWriteCache", request.block_keys, &request.token_ids)?;
-            let started = core.manager.start_write(
-                &instance,
-                keys,
-                &request.location_spec_group_names,
-                request.write_timeout_seconds,
-            )?;
-            let reply = meta::StartWriteCacheResponse {
-                header: None,
-                write_session_id: started.session_id,
-                block_mask: Some(mask_to_wire(started.mask)),
-                locations: started.locations,
-            };
-            Ok((reply, "Write session started successfully".into()))
-        })
+        core.instance_call(
+            "StartWriteCache",
+            &trace_id,
+            &instance_id,
+            move |instance| {
+                let keys = instance.resolve_keys(
+                    "StartWriteCache",
+                    request.block_keys,
+                    &request.token_ids,
+                )?;
+                let started = core.manager.start_write(
+                    &instance,
+                    keys,
+                    &request.location_spec_group_names,
+                    request.write_timeout_seconds,
+                )?;
+                let reply = meta::StartWriteCacheResponse {
+                    header: None,
+                    write_session_id: started.session_id,
+                    block_mask: Some(mask_to_wire(started.mask)),
+                    locations: started.locations,
+                };
+                Ok((reply, "Write session started successfully".into()))
+            },
+        )
     }
 
     /// FinishWriteCache.
-    pub fn finish_write_cache(&self, mut request: meta::FinishWriteCacheRequest) -> meta::CommonResponse {
+    pub fn finish_write_cache(
+        &self,
+        mut request: meta::FinishWriteCacheRequest,
+    ) -> meta::CommonResponse {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
-        core.instance_call("FinishWriteCache", &trace_id, &instance_id, move |instance| {
-            const API: &str = "FinishWriteCache";
-            if request.write_session_id.is_empty() {
-                return Err(missing(API, "write_session_id"));
-            }
-            let Some(success) = request.success_blocks.as_ref() else {
-                return Err(missing(API, "success_blocks"));
-            };
-            let success = mask_from_wire(Some(success), API, "success_blocks")?;
-            core.manager.finish_write(&instance, &request.write_session_id, &success)?;
-            Ok((meta::CommonResponse::default(), "Write session finished successfully".into()))
-        })
+        core.instance_call(
+            "FinishWriteCache",
+            &trace_id,
+            &instance_id,
+            move |instance| {
+                const API: &str = "FinishWriteCache";
+                if request.write_session_id.is_empty() {
+                    return Err(missing(API, "write_session_id"));
+                }
+                let Some(success) = request.success_blocks.as_ref() else {
+                    return Err(missing(API, "success_blocks"));
+                };
+                let success = mask_from_wire(Some(success), API, "success_blocks")?;
+                core.manager
+                    .finish_write(&instance, &request.write_session_id, &success)?;
+                Ok((
+                    meta::CommonResponse::default(),
+                    "Write session finished successfully".into(),
+                ))
+            },
+        )
     }
 
     /// RemoveCache.
@@ -129,7 +178,10 @@ impl MetaHandler {
         core.instance_call("TrimCache", &trace_id, &instance_id, move |instance| {
             let strategy = trim_strategy(request.strategy)?;
             core.manager.trim_cache(&instance, strategy)?;
-            Ok((meta::CommonResponse::default(), "Cache trimmed successfully".into()))
+            Ok((
+                meta::CommonResponse::default(),
+                "Cache trimmed successfully".into(),
+            ))
         })
     }
 }
@@ -144,14 +196,24 @@ fn missing(api: &str, field: &str) -> ManagerError {
 }
 
 /// RegisterInstance's manager call (shared with the admin service).
-pub fn register_instance(core: &Core, request: meta::RegisterInstanceRequest) -> Outcome<meta::RegisterInstanceResponse> {
+pub fn register_instance(
+    core: &Core,
+    request: meta::RegisterInstanceRequest,
+) -> Outcome<meta::RegisterInstanceResponse> {
     let storage_configs = core.manager.register_instance(request)?;
-    let reply = meta::RegisterInstanceResponse { header: None, storage_configs };
+    let reply = meta::RegisterInstanceResponse {
+        header: None,
+        storage_configs,
+    };
     Ok((reply, "Instance registered successfully".into()))
 }
 
 /// GetCacheMeta's manager call (shared with the admin service).
-pub fn get_cache_meta(core: &Core, instance: &Instance, request: meta::GetCacheMetaRequest) -> Outcome<meta::GetCacheMetaResponse> {
+pub fn get_cache_meta(
+    core: &Core,
+    instance: &Instance,
+    request: meta::GetCacheMetaRequest,
+) -> Outcome<meta::GetCacheMetaResponse> {
     const API: &str = "GetCacheMeta";
     let mask = mask_from_wire(request.block_mask.as_ref(), API, "block_mask")?;
     let keys = instance.resolve_keys(API, request.block_keys, &request.token_ids)?;
@@ -165,8 +227,15 @@ pub fn get_cache_meta(core: &Core, instance: &Instance, request: meta::GetCacheM
 }
 
 /// RemoveCache's manager call (shared with the admin service).
-pub fn remove_cache(core: &Core, instance: &Arc<Instance>, request: meta::RemoveCacheRequest) -> Outcome<meta::CommonResponse> {
+pub fn remove_cache(
+    core: &Core,
+    instance: &Arc<Instance>,
+    request: meta::RemoveCacheRequest,
+) -> Outcome<meta::CommonResponse> {
     let keys = instance.resolve_keys("RemoveCache", request.block_keys, &request.token_ids)?;
     core.manager.remove_cache(instance, &keys)?;
-    Ok((meta::CommonResponse::default(), "Cache removed successfully".into()))
+    Ok((
+        meta::CommonResponse::default(),
+        "Cache removed successfully".into(),
+    ))
 }

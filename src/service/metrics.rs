@@ -30,7 +30,10 @@ impl Metrics {
     /// Metrics for exactly these API names.
     pub fn new(api_names: &[&'static str]) -> Self {
         Metrics {
-            apis: api_names.iter().map(|&n| (n, ApiStats::default())).collect(),
+            apis: api_names
+                .iter()
+                .map(|&n| (n, ApiStats::default()))
+                .collect(),
         }
     }
 
@@ -111,7 +114,13 @@ mod tests {
         let wire = metrics.to_wire();
         assert_eq!(wire.len(), 2, "B was never served");
         let text = metrics.to_prometheus();
-        assert!(text.contains("service_query_counter{api_name=\"A\"} 2"), "{text}");
-        assert!(text.contains("service_query_rt_us{api_name=\"A\"} 20"), "{text}");
+        assert!(
+            text.contains("service_query_counter{api_name=\"A\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("service_query_rt_us{api_name=\"A\"} 20"),
+            "{text}"
+        );
     }
 }

@@ -1,0 +1,280 @@
+//! Server configuration: one typed struct, layered as
+//! defaults < TOML file (`--config`) < `--env key=value` < environment variables
+//! (`kvcm.service.rpc_port` ↔ `KVCM_SERVICE_RPC_PORT`) < explicit command-line flags,
+//! then validated. Keys are the reference's dotted names; a TOML file may nest them
+//! (`[kvcm.service] rpc_port = 6381`) or quote them (`"kvcm.service.rpc_port" = 6381`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Why a configuration cannot be used; every variant names the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The key is not a known setting.
+    #[error("unknown config key {0:?}")]
+    UnknownKey(String),
+    /// The value does not parse or is out of range.
+    #[error("config key {key:?}: {reason}")]
+    InvalidValue {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The TOML file cannot be read or parsed.
+    #[error("config file {path}: {reason}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// Everything `kvcm serve` needs to start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// `kvcm.service.rpc_port`: gRPC MetaService (0 = chosen by the OS).
+    pub rpc_port: u16,
+    /// `kvcm.service.admin_rpc_port`: separate gRPC Admin(+Debug) port; 0 or equal to
+    /// `rpc_port` = served on the main gRPC port.
+    pub admin_rpc_port: u16,
+    /// `kvcm.service.http_port`: meta HTTP (0 = chosen by the OS).
+    pub http_port: u16,
+    /// `kvcm.service.admin_http_port`: admin HTTP and `/metrics` (0 = chosen by the OS).
+    pub admin_http_port: u16,
+    /// `kvcm.service.enable_debug_service`: serve DebugService (HTTP on http_port + 3000).
+    pub enable_debug_service: bool,
+    /// `kvcm.service.http_max_body_bytes`: larger HTTP bodies get 413 `{}`.
+    pub http_max_body_bytes: usize,
+    /// `kvcm.data_dir`: where the embedded default storage keeps its block files.
+    pub data_dir: PathBuf,
+    /// `kvcm.leader_elector.node_id`: this node's id ("" = generated).
+    pub node_id: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            rpc_port: 6381,
+            admin_rpc_port: 0,
+            http_port: 6382,
+            admin_http_port: 6492,
+            enable_debug_service: false,
+            http_max_body_bytes: 4 << 20,
+            data_dir: PathBuf::from("./kvcm-data"),
+            node_id: String::new(),
+        }
+    }
+}
+
+/// Every key, in the order they are documented.
+pub const KEYS: [&str; 8] = [
+    "kvcm.service.rpc_port",
+    "kvcm.service.admin_rpc_port",
+    "kvcm.service.http_port",
+    "kvcm.service.admin_http_port",
+    "kvcm.service.enable_debug_service",
+    "kvcm.service.http_max_body_bytes",
+    "kvcm.data_dir",
+    "kvcm.leader_elector.node_id",
+];
+
+/// The environment variable of a key (`kvcm.service.rpc_port` → `KVCM_SERVICE_RPC_PORT`).
+pub fn env_name(key: &str) -> String {
+    key.replace('.', "_").to_ascii_uppercase()
+}
+
+impl ServerConfig {
+    /// Sets one key from its text form.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        match key {
+            "kvcm.service.rpc_port" => self.rpc_port = parse(key, value)?,
+            "kvcm.service.admin_rpc_port" => self.admin_rpc_port = parse(key, value)?,
+            "kvcm.service.http_port" => self.http_port = parse(key, value)?,
+            "kvcm.service.admin_http_port" => self.admin_http_port = parse(key, value)?,
+            "kvcm.service.enable_debug_service" => self.enable_debug_service = parse(key, value)?,
+            "kvcm.service.http_max_body_bytes" => self.http_max_body_bytes = parse(key, value)?,
+            "kvcm.data_dir" => self.data_dir = PathBuf::from(value),
+            "kvcm.leader_elector.node_id" => self.node_id = value.to_string(),
+            _ => return Err(ConfigError::UnknownKey(key.to_string())),
+        }
+        Ok(())
+    }
+
+    /// Applies every key of a TOML file.
+    pub fn apply_toml_file(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let file_error = |reason: String| ConfigError::File {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| file_error(e.to_string()))?;
+        let mut flat = BTreeMap::new();
+        flatten("", &toml::Value::Table(table), &mut flat);
+        for (key, value) in flat {
+            self.set(&key, &value)?;
+        }
+        Ok(())
+    }
+
+    /// Applies `key=value` pairs (the reference's `--env` form).
+    pub fn apply_pairs(&mut self, pairs: &[String]) -> Result<(), ConfigError> {
+        for pair in pairs {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| ConfigError::InvalidValue {
+                    key: pair.clone(),
+                    reason: "expected key=value".into(),
+                })?;
+            self.set(key.trim(), value.trim())?;
+        }
+        Ok(())
+    }
+
+    /// Applies the environment variables of known keys, read through `lookup`.
+    pub fn apply_env(
+        &mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        for key in KEYS {
+            if let Some(value) = lookup(&env_name(key)) {
+                self.set(key, &value)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks cross-key rules.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::InvalidValue {
+            key: key.to_string(),
+            reason: reason.to_string(),
+        };
+        if self.enable_debug_service && self.http_port != 0 && self.http_port > u16::MAX - 3000 {
+            return Err(invalid(
+                "kvcm.service.http_port",
+                "the debug HTTP port http_port + 3000 must be below 65536",
+            ));
+        }
+        if self.http_max_body_bytes == 0 {
+            return Err(invalid(
+                "kvcm.service.http_max_body_bytes",
+                "must be positive",
+            ));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(invalid("kvcm.data_dir", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// The debug HTTP port: `http_port + 3000`, or OS-chosen when `http_port` is 0.
+    pub fn debug_http_port(&self) -> u16 {
+        if self.http_port == 0 {
+            0
+        } else {
+            self.http_port.saturating_add(3000)
+        }
+    }
+
+    /// Whether Admin (and Debug) gRPC share the main gRPC listener.
+    pub fn admin_rpc_shared(&self) -> bool {
+        self.admin_rpc_port == 0 || self.admin_rpc_port == self.rpc_port
+    }
+}
+
+fn parse<T: std::str::FromStr>(key: &str, value: &str) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .parse()
+        .map_err(|e: T::Err| ConfigError::InvalidValue {
+            key: key.to_string(),
+            reason: format!("{value:?}: {e}"),
+        })
+}
+
+/// Dotted keys and text values of every leaf of a TOML value.
+fn flatten(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        toml::Value::Table(table) => {
+            for (name, child) in table {
+                let key = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}.{name}")
+                };
+                flatten(&key, child, out);
+            }
+        }
+        toml::Value::String(text) => {
+            out.insert(prefix.to_string(), text.clone());
+        }
+        toml::Value::Integer(number) => {
+            out.insert(prefix.to_string(), number.to_string());
+        }
+        toml::Value::Boolean(flag) => {
+            out.insert(prefix.to_string(), flag.to_string());
+        }
+        // Floats, dates and arrays fit no key; their debug text fails the key's parser.
+        other => {
+            out.insert(prefix.to_string(), format!("{other:?}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_apply_in_order_and_errors_name_the_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("kvcm.toml");
+        std::fs::write(
+            &file,
+            "[kvcm.service]\nrpc_port = 7000\nhttp_port = 7001\n\"enable_debug_service\" = true\n",
+        )
+        .expect("write config");
+        let mut config = ServerConfig::default();
+        config.apply_toml_file(&file).expect("toml");
+        assert_eq!((config.rpc_port, config.http_port), (7000, 7001));
+        assert!(config.enable_debug_service);
+        config
+            .apply_pairs(&["kvcm.service.http_port=7101".into()])
+            .expect("pairs");
+        assert_eq!(config.http_port, 7101);
+        config
+            .apply_env(|name| (name == "KVCM_SERVICE_HTTP_PORT").then(|| "7201".into()))
+            .expect("env");
+        assert_eq!(config.http_port, 7201);
+        assert_eq!(config.debug_http_port(), 10201);
+
+        let error = config.set("kvcm.service.rpc_port", "70000").unwrap_err();
+        assert!(
+            error.to_string().contains("kvcm.service.rpc_port"),
+            "{error}"
+        );
+        let error = config.set("kvcm.nope", "1").unwrap_err();
+        assert!(error.to_string().contains("kvcm.nope"), "{error}");
+        assert!(config.apply_pairs(&["no-equals".into()]).is_err());
+    }
+
+    #[test]
+    fn validate_rejects_a_debug_port_past_65535() {
+        let mut config = ServerConfig {
+            enable_debug_service: true,
+            http_port: 63000,
+            ..Default::default()
+        };
+        let error = config.validate().unwrap_err();
+        assert!(error.to_string().contains("kvcm.service.http_port"));
+        config.http_port = 0;
+        assert!(config.validate().is_ok());
+        assert_eq!(config.debug_http_port(), 0);
+    }
+}

@@ -1,0 +1,103 @@
+//! The embedded default: one node, leader at once, group `default` whose only storage is a
+//! `file` backend under the data directory.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::ServerError;
+use crate::config::ServerConfig;
+use crate::manager::{local_index_factory, Manager, ManagerDeps};
+use crate::proto::admin;
+
+/// Name of the embedded default group.
+pub const DEFAULT_GROUP: &str = "default";
+/// Name of the embedded default storage.
+pub const DEFAULT_STORAGE: &str = "default_file";
+/// Blocks packed per file by the default storage.
+const DEFAULT_KEYS_PER_FILE: i32 = 8;
+
+/// A manager with the embedded default storage and group registered.
+pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerError> {
+    let node_id = if config.node_id.is_empty() {
+        format!(
+            "local_ip_placeholder:{}_{}",
+            config.admin_http_port,
+            crate::manager::random_id(16)
+        )
+    } else {
+        config.node_id.clone()
+    };
+    let manager = Manager::new(ManagerDeps {
+        open_storage: Arc::new(|storage| kvcm_storage::open(storage.clone())),
+        open_index: local_index_factory(),
+        node_id,
+    })
+    .map_err(ServerError::Threads)?;
+    let root = block_root(&config.data_dir)?;
+    manager.add_storage(default_storage(&root))?;
+    manager.create_group(default_group())?;
+    Ok(manager)
+}
+
+/// `<data_dir>/blocks/` as an absolute path (created), ending in `/` as NFS roots must.
+fn block_root(data_dir: &Path) -> Result<String, ServerError> {
+    let blocks = data_dir.join("blocks");
+    std::fs::create_dir_all(&blocks).map_err(|source| ServerError::DataDir {
+        path: blocks.clone(),
+        source,
+    })?;
+    let absolute = blocks
+        .canonicalize()
+        .map_err(|source| ServerError::DataDir {
+            path: blocks,
+            source,
+        })?;
+    Ok(format!("{}/", absolute.display()))
+}
+
+fn default_storage(root_path: &str) -> admin::StorageConfig {
+    admin::StorageConfig {
+        global_unique_name: DEFAULT_STORAGE.into(),
+        storage_spec: Some(admin::storage_config::StorageSpec::Nfs(
+            admin::NfsStorageSpec {
+                root_path: root_path.into(),
+                key_count_per_file: DEFAULT_KEYS_PER_FILE,
+            },
+        )),
+        check_storage_available_when_open: true,
+    }
+}
+
+fn default_group() -> admin::InstanceGroup {
+    admin::InstanceGroup {
+        name: DEFAULT_GROUP.into(),
+        storage_candidates: vec![DEFAULT_STORAGE.into()],
+        global_quota_group_name: DEFAULT_GROUP.into(),
+        max_instance_count: 0,
+        quota: Some(admin::InstanceGroupQuota {
+            capacity: i64::MAX,
+            quota_config: Vec::new(),
+        }),
+        cache_config: Some(admin::CacheConfig {
+            reclaim_strategy: Some(admin::CacheReclaimStrategy {
+                storage_unique_name: DEFAULT_STORAGE.into(),
+                reclaim_policy: admin::ReclaimPolicy::PolicyLru as i32,
+                ..Default::default()
+            }),
+            // No strategy names NFS; PREFER_3FS falls back to the first candidate.
+            data_storage_strategy: admin::CachePreferStrategy::CpsPrefer3fs as i32,
+            meta_indexer_config: Some(admin::MetaIndexerConfig {
+                max_key_count: 0,
+                mutex_shard_num: 256,
+                batch_key_size: 64,
+                meta_storage_backend_config: Some(admin::MetaStorageBackendConfig {
+                    storage_type: "local".into(),
+                    storage_uri: String::new(),
+                }),
+                meta_cache_policy_config: None,
+            }),
+        }),
+        user_data: String::new(),
+        version: 1,
+    }
+}

@@ -1,0 +1,195 @@
+//! The listeners of one server and their shutdown.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::serve::ListenerExt;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
+use tonic::transport::Server;
+
+use super::ServerError;
+use crate::config::ServerConfig;
+use crate::manager::Manager;
+use crate::proto::admin::admin_service_server::AdminServiceServer;
+use crate::proto::debug::debug_service_server::DebugServiceServer;
+use crate::proto::meta::meta_service_server::MetaServiceServer;
+use crate::service::{http, Handlers};
+
+/// A started server.
+#[derive(Debug)]
+pub struct RunningServer {
+    /// Listener name → bound address.
+    pub addresses: BTreeMap<&'static str, SocketAddr>,
+    /// The handlers (shared with every listener).
+    pub handlers: Handlers,
+    stop: watch::Sender<bool>,
+    tasks: Vec<(&'static str, JoinHandle<Result<(), String>>)>,
+}
+
+impl RunningServer {
+    /// Stops every listener (in-flight requests finish) and waits for them.
+    pub async fn stop(self) -> Result<(), ServerError> {
+        // Receivers live as long as the tasks; a send error only means they all ended.
+        let _ = self.stop.send(true);
+        for (name, task) in self.tasks {
+            let outcome = task.await.map_err(|e| e.to_string()).and_then(|r| r);
+            outcome.map_err(|reason| ServerError::Serve { name, reason })?;
+        }
+        Ok(())
+    }
+}
+
+async fn bind(name: &'static str, port: u16) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(("0.0.0.0", port))
+        .await
+        .map_err(|source| ServerError::Bind { name, port, source })
+}
+
+fn stopped(mut stop: watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        // An error means the sender is gone: stop as well.
+        let _ = stop.wait_for(|&stop| stop).await;
+    }
+}
+
+/// Binds and serves every listener of `config` for `manager`.
+pub async fn start(
+    config: &ServerConfig,
+    manager: Arc<Manager>,
+) -> Result<RunningServer, ServerError> {
+    let handlers = Handlers::new(manager);
+    let (stop, stop_rx) = watch::channel(false);
+    let mut server = RunningServer {
+        addresses: BTreeMap::new(),
+        handlers: handlers.clone(),
+        stop,
+        tasks: Vec::new(),
+    };
+    let limit = config.http_max_body_bytes;
+    let debug = config.enable_debug_service;
+
+    let mut grpc = Server::builder().add_service(MetaServiceServer::new(handlers.meta.clone()));
+    if config.admin_rpc_shared() {
+        let admin = grpc.add_service(AdminServiceServer::new(handlers.admin.clone()));
+        grpc = if debug {
+            admin.add_service(DebugServiceServer::new(handlers.debug.clone()))
+        } else {
+            admin
+        };
+    }
+    server
+        .spawn_grpc("grpc", config.rpc_port, grpc, &stop_rx)
+        .await?;
+    if !config.admin_rpc_shared() {
+        let mut admin =
+            Server::builder().add_service(AdminServiceServer::new(handlers.admin.clone()));
+        if debug {
+            admin = admin.add_service(DebugServiceServer::new(handlers.debug.clone()));
+        }
+        server
+            .spawn_grpc("admin_grpc", config.admin_rpc_port, admin, &stop_rx)
+            .await?;
+    }
+    let meta_http = http::meta_router(handlers.meta.clone(), limit);
+    server
+        .spawn_http("http", config.http_port, meta_http, &stop_rx)
+        .await?;
+    let admin_http = http::admin_router(handlers.admin.clone(), handlers.core.clone(), limit);
+    server
+        .spawn_http("admin_http", config.admin_http_port, admin_http, &stop_rx)
+        .await?;
+    if debug {
+        let debug_http = http::debug_router(handlers.debug.clone(), limit);
+        server
+            .spawn_http("debug_http", config.debug_http_port(), debug_http, &stop_rx)
+            .await?;
+    }
+    Ok(server)
+}
+
+impl RunningServer {
+    async fn spawn_grpc(
+        &mut self,
+        name: &'static str,
+        port: u16,
+        router: tonic::transport::server::Router,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), ServerError> {
+        let listener = bind(name, port).await?;
+        self.announce(name, &listener)?;
+        let incoming = TcpListenerStream::new(listener).map(|stream| {
+            if let Ok(stream) = &stream {
+                // Small request/response pairs: never wait for Nagle.
+                let _ = stream.set_nodelay(true);
+            }
+            stream
+        });
+        let shutdown = stopped(stop.clone());
+        let task = tokio::spawn(async move {
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+                .map_err(|e| e.to_string())
+        });
+        self.tasks.push((name, task));
+        Ok(())
+    }
+
+    async fn spawn_http(
+        &mut self,
+        name: &'static str,
+        port: u16,
+        router: axum::Router,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), ServerError> {
+        let listener = bind(name, port).await?;
+        self.announce(name, &listener)?;
+        let listener = listener.tap_io(|stream| {
+            let _ = stream.set_nodelay(true);
+        });
+        let shutdown = stopped(stop.clone());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .map_err(|e| e.to_string())
+        });
+        self.tasks.push((name, task));
+        Ok(())
+    }
+
+    fn announce(&mut self, name: &'static str, listener: &TcpListener) -> Result<(), ServerError> {
+        let address = listener.local_addr().map_err(|source| ServerError::Bind {
+            name,
+            port: 0,
+            source,
+        })?;
+        tracing::info!("listening {name} on {address}");
+        self.addresses.insert(name, address);
+        Ok(())
+    }
+
+    /// Writes `{"<listener>":"<ip:port>",...}` to `path` (atomically, via a rename).
+    pub fn write_ready_file(&self, path: &Path) -> Result<(), ServerError> {
+        let map: BTreeMap<&str, String> = self
+            .addresses
+            .iter()
+            .map(|(name, address)| (*name, address.to_string()))
+            .collect();
+        let text = serde_json::to_string(&map).unwrap_or_default();
+        let partial = path.with_extension("partial");
+        let error = |source| ServerError::ReadyFile {
+            path: path.to_path_buf(),
+            source,
+        };
+        std::fs::write(&partial, text).map_err(error)?;
+        std::fs::rename(&partial, path).map_err(error)
+    }
+}

@@ -1,0 +1,59 @@
+//! `kvcm serve`: binds every listener (gRPC, meta HTTP, admin HTTP, debug HTTP), logs one
+//! line per listener with its real address (and optionally writes them to a ready file),
+//! and stops cleanly on SIGTERM / SIGINT.
+
+mod bootstrap;
+mod listeners;
+
+use std::path::PathBuf;
+
+pub use bootstrap::{embedded_manager, DEFAULT_GROUP, DEFAULT_STORAGE};
+pub use listeners::{start, RunningServer};
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The data directory cannot be created.
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Registering the embedded default failed.
+    #[error("embedded default: {0}")]
+    Bootstrap(#[from] crate::manager::ManagerError),
+    /// A background thread could not be started.
+    #[error("starting background threads: {0}")]
+    Threads(std::io::Error),
+    /// A listener cannot bind.
+    #[error("binding {name} on port {port}: {source}")]
+    Bind {
+        /// Listener name.
+        name: &'static str,
+        /// Requested port.
+        port: u16,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The ready file cannot be written.
+    #[error("writing ready file {path}: {source}")]
+    ReadyFile {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A listener failed while serving.
+    #[error("{name} stopped: {reason}")]
+    Serve {
+        /// Listener name.
+        name: &'static str,
+        /// What happened.
+        reason: String,
+    },
+}
