@@ -25,10 +25,12 @@ fn local_config(config: &admin::MetaIndexerConfig) -> ManagerResult<LocalIndexCo
     let shard_bits = match u64::try_from(config.mutex_shard_num) {
         Ok(0) => defaults.shard_bits,
         Ok(n) if n.is_power_of_two() && n.trailing_zeros() <= MAX_SHARD_BITS => n.trailing_zeros(),
-        _ => return Err(ManagerError::InvalidArgument(format!(
+        _ => {
+            return Err(ManagerError::InvalidArgument(format!(
             "meta_indexer_config.mutex_shard_num {} is not a power of two up to 2^{MAX_SHARD_BITS}",
             config.mutex_shard_num
-        ))),
+        )))
+        }
     };
     let max_key_count = u64::try_from(config.max_key_count)
         .ok()

@@ -77,7 +77,7 @@ pub fn filter_specs(locations: &mut [meta::CacheLocation], names: &[String]) {
     for location in locations {
         location
             .location_specs
-            .retain(|spec| names.iter().any(|name| *name == spec.name));
+            .retain(|spec| names.contains(&spec.name));
     }
 }
 

@@ -1,7 +1,6 @@
 //! The listeners of one server and their shutdown.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -52,11 +51,9 @@ async fn bind(name: &'static str, port: u16) -> Result<TcpListener, ServerError>
         .map_err(|source| ServerError::Bind { name, port, source })
 }
 
-fn stopped(mut stop: watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        // An error means the sender is gone: stop as well.
-        let _ = stop.wait_for(|&stop| stop).await;
-    }
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    // An error means the sender is gone: stop as well.
+    let _ = stop.wait_for(|&stop| stop).await;
 }
 
 /// Binds and serves every listener of `config` for `manager`.

@@ -1,0 +1,337 @@
+//! Test harness: runs the real `kvcm serve` binary on OS-chosen ports in a temp data
+//! directory and talks to it over real sockets (gRPC through the generated clients, HTTP
+//! through a minimal HTTP/1.1 client, so that raw and malformed bodies can be sent).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvcm::proto::admin::admin_service_client::AdminServiceClient;
+use kvcm::proto::meta::meta_service_client::MetaServiceClient;
+use kvcm::proto::{admin, meta};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::transport::Channel;
+
+/// A running `kvcm serve`, killed (SIGKILL) when dropped.
+pub struct TestServer {
+    child: Child,
+    /// The data directory (removed on drop).
+    pub dir: tempfile::TempDir,
+    addresses: HashMap<String, SocketAddr>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `probe` every 10 ms until it yields a value or `limit` passes.
+pub async fn wait_until<T>(
+    limit: Duration,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe().await {
+            return Some(value);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+impl TestServer {
+    /// Starts a server with every listener on port 0 and the debug service on.
+    pub async fn start() -> TestServer {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts a server with extra `--env key=value` settings.
+    pub async fn start_with(extra: &[&str]) -> TestServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ready = dir.path().join("ready.json");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kvcm"));
+        command
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir.path())
+            .arg("--ready-file")
+            .arg(&ready);
+        let defaults = [
+            "kvcm.service.rpc_port=0",
+            "kvcm.service.http_port=0",
+            "kvcm.service.admin_http_port=0",
+            "kvcm.service.enable_debug_service=true",
+        ];
+        for setting in defaults.iter().chain(extra) {
+            command.arg("--env").arg(setting);
+        }
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn kvcm serve");
+        let mut server = TestServer {
+            child,
+            dir,
+            addresses: HashMap::new(),
+        };
+        let text = wait_until(Duration::from_secs(30), async || {
+            std::fs::read_to_string(&ready).ok()
+        })
+        .await
+        .expect("server wrote its ready file");
+        let map: HashMap<String, String> = serde_json::from_str(&text).expect("ready json");
+        server.addresses = map
+            .into_iter()
+            .map(|(name, address)| {
+                let address: SocketAddr = address.parse().expect("address");
+                (name, SocketAddr::from(([127, 0, 0, 1], address.port())))
+            })
+            .collect();
+        server
+    }
+
+    /// The address of a listener (`grpc`, `http`, `admin_http`, `debug_http`).
+    pub fn address(&self, listener: &str) -> SocketAddr {
+        self.addresses[listener]
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        self.child.wait().expect("wait")
+    }
+
+    /// A MetaService gRPC client.
+    pub async fn meta(&self) -> MetaServiceClient<Channel> {
+        MetaServiceClient::connect(format!("http://{}", self.address("grpc")))
+            .await
+            .expect("grpc connect")
+    }
+
+    /// An AdminService gRPC client (shares the main gRPC port).
+    pub async fn admin(&self) -> AdminServiceClient<Channel> {
+        AdminServiceClient::connect(format!("http://{}", self.address("grpc")))
+            .await
+            .expect("grpc connect")
+    }
+
+    /// POSTs raw bytes; returns the HTTP status and body.
+    pub async fn post_raw(&self, listener: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+        http_request(self.address(listener), "POST", path, body).await
+    }
+
+    /// POSTs JSON to `/api/<rpc>`; asserts 200 and returns the parsed body.
+    pub async fn call(&self, listener: &str, rpc: &str, body: Value) -> Value {
+        let (status, bytes) = self
+            .post_raw(
+                listener,
+                &format!("/api/{rpc}"),
+                body.to_string().as_bytes(),
+            )
+            .await;
+        assert_eq!(status, 200, "{rpc}: {}", String::from_utf8_lossy(&bytes));
+        serde_json::from_slice(&bytes).expect("response is JSON")
+    }
+
+    /// Meta HTTP call.
+    pub async fn meta_http(&self, rpc: &str, body: Value) -> Value {
+        self.call("http", rpc, body).await
+    }
+
+    /// Admin HTTP call.
+    pub async fn admin_http(&self, rpc: &str, body: Value) -> Value {
+        self.call("admin_http", rpc, body).await
+    }
+
+    /// Registers `instance_id` in group `default` (one spec `tp0` of 1024 bytes).
+    pub async fn register(&self, instance_id: &str, block_size: i64) -> Value {
+        self.meta_http("registerInstance", registration(instance_id, block_size))
+            .await
+    }
+
+    /// StartWriteCache + FinishWriteCache (all succeed) over HTTP; returns the start answer.
+    pub async fn write_keys(&self, instance_id: &str, keys: &[i64]) -> Value {
+        let start = self
+            .meta_http(
+                "startWriteCache",
+                json!({"instance_id": instance_id, "block_keys": keys, "write_timeout_seconds": 30}),
+            )
+            .await;
+        assert_eq!(code(&start), "OK", "{start}");
+        let count = start["locations"].as_array().expect("locations").len();
+        let finish = self
+            .meta_http(
+                "finishWriteCache",
+                json!({"instance_id": instance_id,
+                       "write_session_id": start["write_session_id"],
+                       "success_blocks": {"offset": count}}),
+            )
+            .await;
+        assert_eq!(code(&finish), "OK", "{finish}");
+        start
+    }
+
+    /// GetCacheMeta statuses of `keys` over HTTP.
+    pub async fn statuses(&self, instance_id: &str, keys: &[i64]) -> Vec<String> {
+        let answer = self
+            .meta_http(
+                "getCacheMeta",
+                json!({"instance_id": instance_id, "block_keys": keys}),
+            )
+            .await;
+        answer["metas"]
+            .as_array()
+            .expect("metas")
+            .iter()
+            .map(|m| {
+                let meta: Value = serde_json::from_str(m.as_str().expect("string")).expect("json");
+                meta["status"].as_str().expect("status").to_string()
+            })
+            .collect()
+    }
+}
+
+/// A RegisterInstance body for group `default`.
+pub fn registration(instance_id: &str, block_size: i64) -> Value {
+    json!({
+        "trace_id": "reg",
+        "instance_group": "default",
+        "instance_id": instance_id,
+        "block_size": block_size,
+        "location_spec_infos": [{"name": "tp0", "size": 1024}],
+        "model_deployment": {"model_name": "model", "dtype": "FP8", "tp_size": 1}
+    })
+}
+
+/// The same registration as a gRPC request.
+pub fn registration_grpc(instance_id: &str, block_size: i32) -> meta::RegisterInstanceRequest {
+    meta::RegisterInstanceRequest {
+        trace_id: "reg".into(),
+        instance_group: "default".into(),
+        instance_id: instance_id.into(),
+        block_size,
+        location_spec_infos: vec![meta::LocationSpecInfo {
+            name: "tp0".into(),
+            size: 1024,
+        }],
+        model_deployment: Some(meta::ModelDeployment {
+            model_name: "model".into(),
+            dtype: "FP8".into(),
+            tp_size: 1,
+            ..Default::default()
+        }),
+        location_spec_groups: Vec::new(),
+    }
+}
+
+/// `header.status.code` of a JSON answer.
+pub fn code(answer: &Value) -> &str {
+    answer["header"]["status"]["code"]
+        .as_str()
+        .unwrap_or("<missing>")
+}
+
+/// `header.status.code` of a meta gRPC answer.
+pub fn grpc_code(header: &Option<meta::CommonResponseHeader>) -> meta::ErrorCode {
+    let code = header
+        .as_ref()
+        .and_then(|h| h.status.as_ref())
+        .map_or(0, |s| s.code);
+    meta::ErrorCode::try_from(code).expect("known code")
+}
+
+/// `header.status.code` of an admin gRPC answer.
+pub fn admin_code(header: &Option<admin::CommonResponseHeader>) -> admin::ErrorCode {
+    let code = header
+        .as_ref()
+        .and_then(|h| h.status.as_ref())
+        .map_or(0, |s| s.code);
+    admin::ErrorCode::try_from(code).expect("known code")
+}
+
+/// The URIs of a JSON `locations` array (first spec of each).
+pub fn uris(locations: &Value) -> Vec<String> {
+    locations
+        .as_array()
+        .expect("locations array")
+        .iter()
+        .map(|l| {
+            l["location_specs"][0]["uri"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect()
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns status and body.
+pub async fn http_request(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, Vec<u8>) {
+    let mut stream = TcpStream::connect(address).await.expect("connect");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    // The server may answer (413) and close before reading a large body.
+    let _ = stream.write_all(body).await;
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("complete response head");
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let mut body = response[split + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(line_end) = data.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&data[..line_end]).trim(), 16)
+            .unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = line_end + 2;
+        out.extend_from_slice(&data[start..start + size]);
+        data = &data[start + size + 2..];
+    }
+    out
+}
