@@ -200,6 +200,7 @@ fn validated_registration(
     let checks = [
         (request.instance_group.is_empty(), "instance_group"),
         (request.instance_id.is_empty(), "instance_id"),
+        (request.block_size <= 0, "block_size"),
         (model.is_none(), "model_deployment"),
         (
             model.is_some_and(|m| m.model_name.is_empty()),

@@ -43,6 +43,9 @@ impl MetaHandler {
             Rules::Meta,
             true,
             || {
+                if request.instance_id.is_empty() {
+                    return Err(missing("GetInstanceInfo", "instance_id"));
+                }
                 let instance = self.core.manager.require_instance(&request.instance_id)?;
                 let reply = meta::GetInstanceInfoResponse {
                     header: None,

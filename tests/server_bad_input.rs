@@ -1,0 +1,396 @@
+//! Bad input on every RPC: each gets the documented status code and a message, the server
+//! stays up, and its state is unchanged (asserted on a snapshot taken through the API).
+
+mod common;
+
+use common::{code, TestServer};
+use serde_json::{json, Value};
+
+/// Everything observable through the API about the fixture's state.
+async fn snapshot(server: &TestServer) -> Value {
+    let mut keys_state = Vec::new();
+    for instance in ["inst", "tokens"] {
+        keys_state.push(server.statuses(instance, &[1, 2, 3, 4]).await);
+    }
+    json!({
+        "storages": server.admin_http("listStorage", json!({})).await["storage"],
+        "group": server.admin_http("getInstanceGroup", json!({"name": "default"})).await["instance_group"],
+        "instances": server.admin_http("listInstanceInfo", json!({"instance_group_name": "default"})).await["instance_info"],
+        "accounts": server.admin_http("listAccount", json!({})).await["accounts"],
+        "keys": keys_state,
+    })
+}
+
+/// A server with instance `inst` holding SERVING keys 1 and 2 and an open session on 3, and
+/// instance `tokens` (block size 2) holding nothing.
+async fn fixture() -> (TestServer, String) {
+    let server = TestServer::start().await;
+    server.register("inst", 16).await;
+    server.register("tokens", 2).await;
+    server.write_keys("inst", &[1, 2]).await;
+    let open = server
+        .meta_http(
+            "startWriteCache",
+            json!({"instance_id": "inst", "block_keys": [3], "write_timeout_seconds": 600}),
+        )
+        .await;
+    let session = open["write_session_id"].as_str().unwrap().to_string();
+    (server, session)
+}
+
+async fn expect(server: &TestServer, listener: &str, rpc: &str, body: Value, expected: &str) {
+    let answer = server.call(listener, rpc, body.clone()).await;
+    assert_eq!(code(&answer), expected, "{rpc} {body} -> {answer}");
+    let message = answer["header"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        !message.is_empty(),
+        "{rpc} {body}: the error carries a message"
+    );
+}
+
+#[tokio::test]
+async fn bad_meta_requests_are_rejected_without_changing_state() {
+    let (server, session) = fixture().await;
+    let before = snapshot(&server).await;
+    let model = json!({"model_name": "m", "dtype": "FP8"});
+    let spec = json!([{"name": "tp0", "size": 1}]);
+    let meta_cases = [
+        (
+            "registerInstance",
+            json!({"instance_id": "n", "block_size": 4, "location_spec_infos": spec, "model_deployment": model}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "default", "block_size": 4, "location_spec_infos": spec, "model_deployment": model}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "default", "instance_id": "n", "block_size": 0, "location_spec_infos": spec, "model_deployment": model}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "default", "instance_id": "n", "block_size": -2, "location_spec_infos": spec, "model_deployment": model}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "default", "instance_id": "n", "block_size": 4, "location_spec_infos": spec}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "default", "instance_id": "n", "block_size": 4, "location_spec_infos": spec, "model_deployment": {"dtype": "x"}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "default", "instance_id": "n", "block_size": 4, "location_spec_infos": [], "model_deployment": model}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "default", "instance_id": "n", "block_size": 4, "location_spec_infos": [{"name": "", "size": 1}], "model_deployment": model}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "default", "instance_id": "n", "block_size": 4, "location_spec_infos": spec, "model_deployment": model,
+                                     "location_spec_groups": [{"name": "g", "spec_names": ["nope"]}]}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_group": "missing", "instance_id": "n", "block_size": 4, "location_spec_infos": spec, "model_deployment": model}),
+            "INTERNAL_ERROR",
+        ),
+        ("getInstanceInfo", json!({}), "INVALID_ARGUMENT"),
+        (
+            "getInstanceInfo",
+            json!({"instance_id": "nobody"}),
+            "INSTANCE_NOT_EXIST",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "nobody", "query_type": "QT_BATCH_GET", "block_keys": [1]}),
+            "INSTANCE_NOT_EXIST",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst", "query_type": "QT_BATCH_GET"}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst", "block_keys": [1]}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst", "query_type": "QT_NO_SUCH", "block_keys": [1]}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst", "query_type": "QT_REVERSE_ROLL_SW_MATCH", "block_keys": [1, 2], "sw_size": 0}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst", "query_type": "QT_REVERSE_ROLL_SW_MATCH", "block_keys": [1, 2], "sw_size": 3}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst", "query_type": "QT_REVERSE_ROLL_SW_MATCH", "block_keys": [1, 2], "sw_size": -1}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst", "query_type": "QT_PREFIX_MATCH", "block_keys": [1], "block_mask": {"offset": -1}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "getCacheMeta",
+            json!({"instance_id": "inst"}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "getCacheMeta",
+            json!({"instance_id": "nobody", "block_keys": [1]}),
+            "INSTANCE_NOT_EXIST",
+        ),
+        (
+            "startWriteCache",
+            json!({"instance_id": "inst", "write_timeout_seconds": 5}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "startWriteCache",
+            json!({"instance_id": "nobody", "block_keys": [9]}),
+            "INSTANCE_NOT_EXIST",
+        ),
+        (
+            "startWriteCache",
+            json!({"instance_id": "inst", "block_keys": [9, 10], "location_spec_group_names": ["a"]}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "startWriteCache",
+            json!({"instance_id": "inst", "block_keys": [9], "location_spec_group_names": ["unknown"]}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "finishWriteCache",
+            json!({"instance_id": "inst", "success_blocks": {"offset": 0}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": session}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": "nosuchsession", "success_blocks": {"offset": 0}}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": session, "success_blocks": {"offset": 2}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": session, "success_blocks": {"bool_masks": {"values": [true, true]}}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": session, "success_blocks": {"bool_masks": {"values": []}}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "finishWriteCache",
+            json!({"instance_id": "tokens", "write_session_id": session, "success_blocks": {"offset": 1}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "finishWriteCache",
+            json!({"instance_id": "nobody", "write_session_id": session, "success_blocks": {"offset": 1}}),
+            "INSTANCE_NOT_EXIST",
+        ),
+        (
+            "removeCache",
+            json!({"instance_id": "inst"}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "removeCache",
+            json!({"instance_id": "nobody", "block_keys": [1]}),
+            "INSTANCE_NOT_EXIST",
+        ),
+        (
+            "trimCache",
+            json!({"instance_id": "inst"}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "trimCache",
+            json!({"instance_id": "inst", "strategy": "TS_REMOVE_ALL_META"}),
+            "UNSUPPORTED",
+        ),
+        (
+            "trimCache",
+            json!({"instance_id": "nobody", "strategy": "TS_REMOVE_ALL_CACHE"}),
+            "INSTANCE_NOT_EXIST",
+        ),
+    ];
+    for (rpc, body, expected) in meta_cases {
+        expect(&server, "http", rpc, body, expected).await;
+    }
+    assert_eq!(
+        snapshot(&server).await,
+        before,
+        "bad requests changed nothing"
+    );
+
+    // The session survived every invalid finish (an invalid mask does not consume it).
+    let finish = server
+        .meta_http(
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": session, "success_blocks": {"offset": 1}}),
+        )
+        .await;
+    assert_eq!(code(&finish), "OK", "{finish}");
+}
+
+#[tokio::test]
+async fn bad_admin_and_debug_requests_are_rejected_without_changing_state() {
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let admin_cases = [
+        ("addStorage", json!({}), "INVALID_ARGUMENT"),
+        (
+            "addStorage",
+            json!({"storage": {"global_unique_name": "s"}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "addStorage",
+            json!({"storage": {"nfs": {"root_path": "/tmp/x/"}}}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "addStorage",
+            json!({"storage": {"global_unique_name": "s", "local": {}}}),
+            "INVALID_ARGUMENT",
+        ),
+        ("updateStorage", json!({}), "INVALID_ARGUMENT"),
+        (
+            "updateStorage",
+            json!({"storage": {"global_unique_name": "nope", "nfs": {"root_path": "/tmp/x/"}}}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "enableStorage",
+            json!({"storage_unique_name": "nope"}),
+            "INTERNAL_ERROR",
+        ),
+        ("disableStorage", json!({}), "INTERNAL_ERROR"),
+        (
+            "removeStorage",
+            json!({"storage_unique_name": "nope"}),
+            "INTERNAL_ERROR",
+        ),
+        ("createInstanceGroup", json!({}), "INVALID_ARGUMENT"),
+        (
+            "createInstanceGroup",
+            json!({"instance_group": {"name": "g"}}),
+            "INVALID_ARGUMENT",
+        ),
+        ("updateInstanceGroup", json!({}), "INVALID_ARGUMENT"),
+        (
+            "removeInstanceGroup",
+            json!({"name": "nope"}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "getInstanceGroup",
+            json!({"name": "nope"}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "getCacheMeta",
+            json!({"instance_id": "nobody", "block_keys": [1]}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "getCacheMeta",
+            json!({"instance_id": "inst"}),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            "removeCache",
+            json!({"instance_id": "nobody", "block_keys": [1]}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "registerInstance",
+            json!({"instance_id": "x"}),
+            "INVALID_ARGUMENT",
+        ),
+        ("removeInstance", json!({}), "INVALID_ARGUMENT"),
+        (
+            "removeInstance",
+            json!({"instance_id": "nobody"}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "getInstanceInfo",
+            json!({"instance_id": "nobody"}),
+            "INTERNAL_ERROR",
+        ),
+        ("listInstanceInfo", json!({}), "INVALID_ARGUMENT"),
+        ("addAccount", json!({}), "INVALID_ARGUMENT"),
+        (
+            "deleteAccount",
+            json!({"user_name": "nobody"}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "updateLeaderElectorConfig",
+            json!({"campaign_delay_time_ms": -1}),
+            "INVALID_ARGUMENT",
+        ),
+        ("updateLogger", json!({"log_level": ""}), "INVALID_ARGUMENT"),
+    ];
+    for (rpc, body, expected) in admin_cases {
+        expect(&server, "admin_http", rpc, body, expected).await;
+    }
+    let debug_cases = [
+        ("injectFault", json!({}), "INVALID_ARGUMENT"),
+        (
+            "removeFault",
+            json!({"api_name": "never-set"}),
+            "INVALID_ARGUMENT",
+        ),
+    ];
+    for (rpc, body, expected) in debug_cases {
+        expect(&server, "debug_http", rpc, body, expected).await;
+    }
+    for listener in ["http", "admin_http", "debug_http"] {
+        let (status, body) = server
+            .post_raw(listener, "/api/checkHealth", b"\xff{")
+            .await;
+        assert!(status == 400 || status == 404, "{listener}: {status}");
+        assert!(status == 404 || body == b"{}");
+    }
+    assert_eq!(
+        snapshot(&server).await,
+        before,
+        "bad requests changed nothing"
+    );
+}
