@@ -10,15 +10,6 @@ use kvcm_optimizer::rng::SplitMix64;
 use kvcm_optimizer::sim::{capacity_for_target, replay, Config, LruCurve};
 use kvcm_optimizer::trace::Request;
 
-fn request(blocks: &[u64], tokens: u64) -> Request {
-    Request {
-        timestamp_us: 0,
-        instance: String::new(),
-        input_tokens: tokens,
-        blocks: blocks.to_vec(),
-    }
-}
-
 /// Random requests whose keys come from a small alphabet, so prefixes are often shared.
 fn random_workload(seed: u64) -> Workload {
     let mut rng = SplitMix64::new(seed);
@@ -26,7 +17,7 @@ fn random_workload(seed: u64) -> Workload {
         .map(|_| {
             let len = 1 + rng.below(6);
             let blocks: Vec<u64> = (0..len).map(|_| rng.below(3) as u64).collect();
-            request(&blocks, len as u64 * 4 - rng.below(4) as u64)
+            Request::untimed(&blocks, len as u64 * 4 - rng.below(4) as u64)
         })
         .collect();
     Workload::from_requests(&requests, 4).unwrap()
@@ -44,9 +35,9 @@ fn prefix_hits_stop_at_the_first_missing_block() {
     // The accesses of request 2 evict b and c (LRU order a, x, c2 newest).
     // Request 3 [a b c]: a hits, b was evicted -> 1 hit. Tokens: 10 per block, last block 5.
     let requests = [
-        request(&[1, 2, 3], 25),
-        request(&[1, 9, 3], 25),
-        request(&[1, 2, 3], 25),
+        Request::untimed(&[1, 2, 3], 25),
+        Request::untimed(&[1, 9, 3], 25),
+        Request::untimed(&[1, 2, 3], 25),
     ];
     let workload = Workload::from_requests(&requests, 10).unwrap();
     let stats = replay(&workload, &Config::single(PolicyKind::Lru, 3), 1);
@@ -63,7 +54,7 @@ fn hand_computed_hit_rates_for_every_policy() {
     // Random-LRU depends on its samples; its hand-computed test (samples covering the cache)
     // is in policy/random_lru.rs.
     let blocks = [1, 2, 1, 3, 1, 2, 3];
-    let requests: Vec<Request> = blocks.iter().map(|&b| request(&[b], 1)).collect();
+    let requests: Vec<Request> = blocks.iter().map(|&b| Request::untimed(&[b], 1)).collect();
     let workload = Workload::from_requests(&requests, 1).unwrap();
     let expected = [
         (PolicyKind::Lru, 2),     // hits: the 2nd and 3rd access to 1
@@ -171,7 +162,10 @@ fn two_tier_counts_writes_per_tier_and_promotes_on_hit() {
     // Memory 1 block in front of main 2 blocks, LRU. Single-block requests 1 2 1:
     // 1 -> memory (write mem). 2 -> memory, 1 demoted to main (write mem, write main).
     // 1: hit in main -> promoted to memory (write mem), 2 demoted (write main).
-    let requests: Vec<Request> = [1, 2, 1].iter().map(|&b| request(&[b], 1)).collect();
+    let requests: Vec<Request> = [1, 2, 1]
+        .iter()
+        .map(|&b| Request::untimed(&[b], 1))
+        .collect();
     let workload = Workload::from_requests(&requests, 1).unwrap();
     let config = Config {
         policy: PolicyKind::Lru,

@@ -182,18 +182,9 @@ fn next_uses(accesses: &[BlockId], unique_blocks: usize) -> Vec<u32> {
 mod tests {
     use super::*;
 
-    fn request(blocks: &[u64], tokens: u64) -> Request {
-        Request {
-            timestamp_us: 0,
-            instance: String::new(),
-            input_tokens: tokens,
-            blocks: blocks.to_vec(),
-        }
-    }
-
     #[test]
     fn compiles_ranges_next_uses_and_token_hits() {
-        let requests = [request(&[1, 2], 20), request(&[1, 3], 15)];
+        let requests = [Request::untimed(&[1, 2], 20), Request::untimed(&[1, 3], 15)];
         let workload = Workload::from_requests(&requests, 10).unwrap();
         assert_eq!(workload.requests(), 2);
         assert_eq!(workload.accesses(), &[0, 1, 0, 2]);

@@ -139,21 +139,32 @@ impl LineParser {
 
 fn parse_mooncake(text: &str) -> Result<Parsed, String> {
     let line: MooncakeLine = from_json(text)?;
-    Ok(Parsed::Request(Request {
-        timestamp_us: scaled_timestamp(line.timestamp, 1_000.0)?,
-        instance: String::new(),
-        input_tokens: line.input_length,
-        blocks: line.hash_ids,
-    }))
+    single_instance_request(line.timestamp, 1_000.0, line.input_length, line.hash_ids)
 }
 
 fn parse_bailian(text: &str) -> Result<Parsed, String> {
     let line: BailianLine = from_json(text)?;
+    single_instance_request(
+        line.timestamp,
+        1_000_000.0,
+        line.input_length,
+        line.hash_ids,
+    )
+}
+
+/// A request of a single-instance trace whose timestamps count units of
+/// `micros_per_unit` microseconds.
+fn single_instance_request(
+    timestamp: f64,
+    micros_per_unit: f64,
+    input_tokens: u64,
+    blocks: Vec<u64>,
+) -> Result<Parsed, String> {
     Ok(Parsed::Request(Request {
-        timestamp_us: scaled_timestamp(line.timestamp, 1_000_000.0)?,
+        timestamp_us: scaled_timestamp(timestamp, micros_per_unit)?,
         instance: String::new(),
-        input_tokens: line.input_length,
-        blocks: line.hash_ids,
+        input_tokens,
+        blocks,
     }))
 }
 

@@ -28,3 +28,15 @@ pub struct Request {
     /// Block keys of the prompt, in prefix order.
     pub blocks: Vec<u64>,
 }
+
+impl Request {
+    /// A request of the default (unnamed) instance at time 0: for tests and generated traces.
+    pub fn untimed(blocks: &[u64], input_tokens: u64) -> Request {
+        Request {
+            timestamp_us: 0,
+            instance: String::new(),
+            input_tokens,
+            blocks: blocks.to_vec(),
+        }
+    }
+}
