@@ -180,3 +180,16 @@ fn two_tier_counts_writes_per_tier_and_promotes_on_hit() {
         (3, 2)
     );
 }
+
+#[test]
+fn extreme_timestamps_fall_in_the_first_and_last_window() {
+    let mut first = Request::untimed(&[1], 1);
+    let mut last = Request::untimed(&[1], 1);
+    first.timestamp_us = 0;
+    last.timestamp_us = u64::MAX;
+    let workload = Workload::from_requests(&[first, last], 1).unwrap();
+    let stats = replay(&workload, &Config::single(PolicyKind::Lru, 1), 4);
+    let requested: Vec<u64> = stats.windows.iter().map(|w| w.requested_blocks).collect();
+    assert_eq!(requested, [1, 0, 0, 1]);
+    assert_eq!(stats.windows[3].hit_blocks, 1);
+}

@@ -80,7 +80,7 @@ impl CapacitySpec {
             CapacitySpec::Percent(percent) => {
                 // Integer percents round down exactly; fractional ones via f64.
                 if percent.fract() == 0.0 {
-                    unique_blocks as u64 * percent as u64 / 100
+                    (unique_blocks as u64).saturating_mul(percent as u64) / 100
                 } else {
                     (unique_blocks as f64 * percent / 100.0).floor() as u64
                 }

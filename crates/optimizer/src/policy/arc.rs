@@ -73,7 +73,7 @@ impl Arc {
                 evicted.push(victim);
             }
         } else if total >= self.capacity {
-            if total >= 2 * self.capacity {
+            if total >= self.capacity.saturating_mul(2) {
                 self.lists.pop_back(B2);
             }
             self.replace(false, evicted);

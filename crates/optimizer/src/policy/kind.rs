@@ -100,4 +100,16 @@ mod tests {
             assert!(cache.access(Access::plain(2), &mut Vec::new()), "{kind:?}");
         }
     }
+
+    #[test]
+    fn huge_capacity_holds_everything_without_overflow() {
+        for kind in PolicyKind::ALL {
+            let mut cache = kind.build(usize::MAX);
+            let mut evicted = Vec::new();
+            let hits = (0..50)
+                .filter(|&i| cache.access(Access::plain(i % 7), &mut evicted))
+                .count();
+            assert_eq!((cache.len(), hits, evicted.len()), (7, 43, 0), "{kind:?}");
+        }
+    }
 }

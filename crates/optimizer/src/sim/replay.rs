@@ -93,9 +93,9 @@ fn record_request(
 fn window_function(workload: &Workload, windows: usize) -> impl Fn(usize) -> usize + '_ {
     let times = (0..workload.requests()).map(|r| workload.timestamp_us(r));
     let start = times.clone().min().unwrap_or(0);
-    let span = times.max().unwrap_or(0) - start + 1;
+    let span = u128::from(times.max().unwrap_or(0) - start) + 1;
     move |request| {
         let offset = u128::from(workload.timestamp_us(request) - start);
-        (offset * windows as u128 / u128::from(span)) as usize
+        (offset * windows as u128 / span) as usize
     }
 }
