@@ -140,6 +140,24 @@ impl SharedMemory {
         Ok(())
     }
 
+    /// Appends `len` bytes from `offset` to `out` (no zero-fill first).
+    pub(crate) fn append_to(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        self.check(offset, len)?;
+        out.reserve(len);
+        let start = out.len();
+        // SAFETY: the source range was bounds-checked; `reserve` made `len` bytes of spare
+        // capacity after `start`, which the copy initialises completely before `set_len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr().add(start),
+                len,
+            );
+            out.set_len(start + len);
+        }
+        Ok(())
+    }
+
     /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
     pub(crate) fn copy(
         src: &SharedMemory,
@@ -201,6 +219,11 @@ mod tests {
         let mut out = [0u8; 5];
         second.read(100, &mut out).unwrap();
         assert_eq!(&out, b"hello");
+        let mut appended = b"<".to_vec();
+        second.append_to(100, 5, &mut appended).unwrap();
+        assert_eq!(appended, b"<hello");
+        assert!(second.append_to(4094, 5, &mut appended).is_err());
+        assert_eq!(appended.len(), 6, "a refused append changes nothing");
         second.atomic_u64(8).unwrap().fetch_add(3, Ordering::SeqCst);
         assert_eq!(first.atomic_u64(8).unwrap().load(Ordering::SeqCst), 3);
     }

@@ -7,14 +7,18 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
-const READ_CHUNK: usize = 256 * 1024;
+const INITIAL_INPUT: usize = 256 * 1024;
 
 /// A buffered non-blocking stream.
+///
+/// Invariant: `input[consumed..filled]` is received, unparsed data; `input` is allocated
+/// (and zeroed) once and only grows, so reads never re-initialise memory.
 #[derive(Debug)]
 pub(crate) struct Conn {
     stream: TcpStream,
     input: Vec<u8>,
     consumed: usize,
+    filled: usize,
     /// Frames waiting to be written.
     pub output: Vec<u8>,
     written: usize,
@@ -25,10 +29,12 @@ impl Conn {
     pub(crate) fn new(stream: TcpStream) -> io::Result<Self> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
+        let input = vec![0; INITIAL_INPUT];
         Ok(Conn {
             stream,
-            input: Vec::new(),
+            input,
             consumed: 0,
+            filled: 0,
             output: Vec::new(),
             written: 0,
         })
@@ -40,21 +46,38 @@ impl Conn {
 
     /// Unparsed input.
     pub(crate) fn input(&self) -> &[u8] {
-        &self.input[self.consumed..]
+        &self.input[self.consumed..self.filled]
     }
 
     /// Unparsed input and the output buffer, borrowed together.
     pub(crate) fn parts(&mut self) -> (&[u8], &mut Vec<u8>) {
-        (&self.input[self.consumed..], &mut self.output)
+        (&self.input[self.consumed..self.filled], &mut self.output)
     }
 
     /// Marks `count` input bytes as parsed.
     pub(crate) fn consume(&mut self, count: usize) {
-        self.consumed += count;
-        if self.consumed == self.input.len() {
-            self.input.clear();
+        self.consumed = (self.consumed + count).min(self.filled);
+        if self.consumed == self.filled {
             self.consumed = 0;
+            self.filled = 0;
         }
+    }
+
+    /// Makes room for at least `want` unparsed bytes in total (a whole frame).
+    pub(crate) fn reserve_frame(&mut self, want: usize) {
+        if self.input.len() - self.consumed >= want {
+            return;
+        }
+        self.compact();
+        if self.input.len() < want {
+            self.input.resize(want.next_power_of_two(), 0);
+        }
+    }
+
+    fn compact(&mut self) {
+        self.input.copy_within(self.consumed..self.filled, 0);
+        self.filled -= self.consumed;
+        self.consumed = 0;
     }
 
     /// Whether output is still waiting for the kernel.
@@ -64,28 +87,26 @@ impl Conn {
 
     /// Reads what is available; Ok(true) if bytes arrived, an error on EOF or failure.
     pub(crate) fn fill(&mut self) -> io::Result<bool> {
-        if self.consumed > 0 && self.consumed * 2 >= self.input.len() {
-            self.input.drain(..self.consumed);
-            self.consumed = 0;
-        }
         let mut progress = false;
         loop {
-            let start = self.input.len();
-            self.input.resize(start + READ_CHUNK, 0);
-            let result = self.stream.read(&mut self.input[start..]);
-            let got = *result.as_ref().unwrap_or(&0);
-            self.input.truncate(start + got);
-            match result {
+            if self.filled == self.input.len() {
+                if self.consumed == 0 {
+                    return Ok(progress);
+                }
+                self.compact();
+            }
+            match self.stream.read(&mut self.input[self.filled..]) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) if n < READ_CHUNK => return Ok(true),
-                Ok(_) => progress = true,
+                Ok(n) => {
+                    self.filled += n;
+                    progress = true;
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progress),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
     }
-
     /// Writes buffered output; Ok(true) if bytes left, an error if the peer is gone.
     pub(crate) fn flush(&mut self) -> io::Result<bool> {
         let mut progress = false;

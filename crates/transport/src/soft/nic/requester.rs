@@ -98,6 +98,7 @@ impl RequesterLink {
             };
             let frame_len = frame::RESPONSE_LEN + response.len as usize;
             if input.len() < frame_len {
+                self.conn.reserve_frame(frame_len);
                 break;
             }
             if response.status != WcStatus::Success {

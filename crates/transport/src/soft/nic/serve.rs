@@ -50,6 +50,7 @@ impl ResponderLink {
             };
             let frame_len = frame::REQUEST_LEN + header.payload_len();
             if input.len() < frame_len {
+                self.conn.reserve_frame(frame_len);
                 return Ok(progress);
             }
             let payload = &input[frame::REQUEST_LEN..frame_len];
@@ -76,8 +77,8 @@ fn append_response(
 ) {
     response.encode(out);
     if let Some(target) = data {
-        let start = out.len();
-        out.resize(start + response.len as usize, 0);
-        let _ = target.mem.read(target.offset, &mut out[start..]);
+        let _ = target
+            .mem
+            .append_to(target.offset, response.len as usize, out);
     }
 }
