@@ -1,3 +1,17 @@
 //! kvcm-transport: one verbs-shaped API over several RDMA providers.
 //!
-//! Placeholder: the transport issue fills this crate in.
+//! - [`api`]: the object model (domain, memory, region, completion queue, queue pair) and
+//!   the work requests and completions every provider speaks.
+//! - [`soft`]: the userspace software-RDMA provider, always built: a NIC thread per domain
+//!   serving one-sided READ / WRITE / atomics over TCP, or over shared memory on one host.
+//! - `verbs` (feature `rdma`): the same API on libibverbs.
+//!
+//! See `docs/transport.md` for the design and how to run the suite on soft-RoCE.
+
+pub mod api;
+mod error;
+pub mod soft;
+mod sys;
+
+pub use api::*;
+pub use error::{Result, TransportError};

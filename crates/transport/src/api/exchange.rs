@@ -1,0 +1,71 @@
+//! Out-of-band exchange of queue-pair endpoints over a TCP stream.
+
+use crate::{Result, TransportError};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+/// Largest endpoint accepted from a peer.
+const MAX_ENDPOINT_LEN: usize = 4096;
+
+/// What a peer needs to connect to a queue pair: provider-defined bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QpEndpoint(pub Vec<u8>);
+
+/// Sends `local` and receives the peer's endpoint on `stream` (both sides call it).
+pub fn exchange_endpoints(stream: &mut TcpStream, local: &QpEndpoint) -> Result<QpEndpoint> {
+    let io = |e| TransportError::io("endpoint exchange", e);
+    let len = u32::try_from(local.0.len())
+        .ok()
+        .filter(|&len| len as usize <= MAX_ENDPOINT_LEN)
+        .ok_or(TransportError::InvalidArgument("endpoint too large"))?;
+    stream.write_all(&len.to_le_bytes()).map_err(io)?;
+    stream.write_all(&local.0).map_err(io)?;
+    let mut len_bytes = [0u8; 4];
+    stream.read_exact(&mut len_bytes).map_err(io)?;
+    let remote_len = u32::from_le_bytes(len_bytes) as usize;
+    if remote_len > MAX_ENDPOINT_LEN {
+        return Err(TransportError::BadEndpoint(format!(
+            "peer sent {remote_len} bytes"
+        )));
+    }
+    let mut remote = vec![0u8; remote_len];
+    stream.read_exact(&mut remote).map_err(io)?;
+    Ok(QpEndpoint(remote))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn both_sides_receive_the_other_endpoint() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            exchange_endpoints(&mut stream, &QpEndpoint(b"server".to_vec())).unwrap()
+        });
+        let mut client = TcpStream::connect(addr).unwrap();
+        let got = exchange_endpoints(&mut client, &QpEndpoint(b"client".to_vec())).unwrap();
+        assert_eq!(got.0, b"server");
+        assert_eq!(server.join().unwrap().0, b"client");
+    }
+
+    #[test]
+    fn oversized_peer_endpoint_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.write_all(&(1u32 << 20).to_le_bytes()).unwrap();
+            let mut sink = Vec::new();
+            let _ = stream.read_to_end(&mut sink);
+        });
+        let mut client = TcpStream::connect(addr).unwrap();
+        let err = exchange_endpoints(&mut client, &QpEndpoint(vec![1])).unwrap_err();
+        assert!(matches!(err, TransportError::BadEndpoint(_)), "{err}");
+        drop(client);
+        server.join().unwrap();
+    }
+}

@@ -1,0 +1,209 @@
+//! Soft domain (device + protection domain), memory and regions.
+
+use super::cq::SoftCq;
+use super::nic::{self, NicShared};
+use super::qp::SoftQp;
+use super::registry::{MemoryInner, Registry};
+use super::{SoftConfig, Wire};
+use crate::{Access, Domain, Memory, QpConfig, Region, Result, TransportError};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+/// What every handle of a domain keeps alive; dropping the last handle stops the NIC.
+#[derive(Debug)]
+pub(crate) struct DomainInner {
+    pub(crate) nic: Arc<NicShared>,
+    pub(crate) config: SoftConfig,
+    pub(crate) listen_addr: Option<SocketAddr>,
+    next_qpn: AtomicU32,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl DomainInner {
+    pub(crate) fn allocate_qpn(&self) -> u32 {
+        self.next_qpn.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Drop for DomainInner {
+    fn drop(&mut self) {
+        self.nic.stop();
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A soft device with its protection domain and NIC thread.
+#[derive(Clone, Debug)]
+pub struct SoftDomain {
+    inner: Arc<DomainInner>,
+}
+
+impl SoftDomain {
+    /// Opens a domain: starts its NIC thread (and TCP listener on the TCP wire).
+    pub fn open(config: SoftConfig) -> Result<Self> {
+        let registry = Arc::new(Registry::new()?);
+        let nic = Arc::new(NicShared::new(registry, config.idle)?);
+        let listener = match config.wire {
+            Wire::Tcp => Some(listen(&config)?),
+            Wire::Shm => None,
+        };
+        let listen_addr = listener.as_ref().and_then(|l| l.local_addr().ok());
+        let thread = nic::spawn(Arc::clone(&nic), listener)?;
+        let inner = DomainInner {
+            nic,
+            config,
+            listen_addr,
+            next_qpn: AtomicU32::new(1),
+            thread: Mutex::new(Some(thread)),
+        };
+        Ok(SoftDomain {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The address peers' NICs connect to (TCP wire).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.inner.listen_addr
+    }
+}
+
+fn listen(config: &SoftConfig) -> Result<TcpListener> {
+    let listener = TcpListener::bind((config.bind, 0))
+        .map_err(|e| TransportError::io("bind NIC listener", e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| TransportError::io("NIC listener", e))?;
+    Ok(listener)
+}
+
+impl Domain for SoftDomain {
+    type Memory = SoftMemory;
+    type Region = SoftRegion;
+    type Cq = SoftCq;
+    type Qp = SoftQp;
+
+    fn provider_name(&self) -> &'static str {
+        match self.inner.config.wire {
+            Wire::Tcp => "soft-tcp",
+            Wire::Shm => "soft-shm",
+        }
+    }
+
+    fn alloc(&self, len: usize) -> Result<SoftMemory> {
+        Ok(SoftMemory {
+            inner: Arc::new(MemoryInner::allocate(len)?),
+        })
+    }
+
+    fn register(
+        &self,
+        memory: &SoftMemory,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<SoftRegion> {
+        let (key, entry) = self
+            .inner
+            .nic
+            .registry
+            .register(&memory.inner, offset, len, access)?;
+        Ok(SoftRegion {
+            domain: Arc::clone(&self.inner),
+            key,
+            addr: entry.addr,
+            len,
+            access,
+        })
+    }
+
+    fn create_cq(&self) -> Result<SoftCq> {
+        SoftCq::new()
+    }
+
+    fn create_qp(&self, send_cq: &SoftCq, recv_cq: &SoftCq, config: QpConfig) -> Result<SoftQp> {
+        SoftQp::create(&self.inner, send_cq, recv_cq, config)
+    }
+}
+
+/// Memory of a soft domain: a memfd mapped in this process (and by same-host peers).
+#[derive(Clone, Debug)]
+pub struct SoftMemory {
+    inner: Arc<MemoryInner>,
+}
+
+impl Memory for SoftMemory {
+    fn addr(&self) -> u64 {
+        self.inner.shm.addr()
+    }
+
+    fn len(&self) -> usize {
+        self.inner.shm.len()
+    }
+
+    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.inner.shm.write(offset, data)
+    }
+
+    fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.inner.shm.read(offset, out)
+    }
+
+    fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
+        Ok(self
+            .inner
+            .shm
+            .atomic_u64(offset)?
+            .fetch_add(add, Ordering::SeqCst))
+    }
+
+    fn load_u64(&self, offset: usize) -> Result<u64> {
+        Ok(self.inner.shm.atomic_u64(offset)?.load(Ordering::SeqCst))
+    }
+}
+
+/// A registration of a soft domain; dropping it deregisters (its keys stop working).
+#[derive(Debug)]
+pub struct SoftRegion {
+    domain: Arc<DomainInner>,
+    key: u32,
+    addr: u64,
+    len: usize,
+    access: Access,
+}
+
+impl Region for SoftRegion {
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn lkey(&self) -> u32 {
+        self.key
+    }
+
+    fn rkey(&self) -> u32 {
+        self.key
+    }
+
+    fn access(&self) -> Access {
+        self.access
+    }
+}
+
+impl Drop for SoftRegion {
+    fn drop(&mut self) {
+        self.domain.nic.registry.deregister(self.key);
+    }
+}

@@ -1,0 +1,133 @@
+//! Text encoding of soft queue-pair endpoints, e.g.
+//! `soft-tcp qpn=3 addr=10.0.0.1:40123` or
+//! `soft-shm qpn=3 host=<boot id> pid=77 table=5 ring=9 ring_cap=4194304 bell=kvcm-nic-77-0`.
+
+use super::shm::ShmAddress;
+use crate::{QpEndpoint, Result, TransportError};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+/// Where a soft queue pair can be reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SoftEndpoint {
+    /// Over TCP: the peer NIC's listening address.
+    Tcp { qpn: u32, addr: SocketAddr },
+    /// Over shared memory on host `host` (a boot id).
+    Shm {
+        qpn: u32,
+        host: String,
+        address: ShmAddress,
+    },
+}
+
+impl SoftEndpoint {
+    pub(crate) fn encode(&self) -> QpEndpoint {
+        let text = match self {
+            SoftEndpoint::Tcp { qpn, addr } => format!("soft-tcp qpn={qpn} addr={addr}"),
+            SoftEndpoint::Shm {
+                qpn,
+                host,
+                address: a,
+            } => format!(
+                "soft-shm qpn={qpn} host={host} pid={} table={} ring={} ring_cap={} bell={}",
+                a.pid, a.table_fd, a.ring_fd, a.ring_capacity, a.doorbell
+            ),
+        };
+        QpEndpoint(text.into_bytes())
+    }
+
+    pub(crate) fn decode(endpoint: &QpEndpoint) -> Result<Self> {
+        let bad = |what: &str| TransportError::BadEndpoint(what.to_string());
+        let text = std::str::from_utf8(&endpoint.0).map_err(|_| bad("not UTF-8"))?;
+        let mut words = text.split_whitespace();
+        let kind = words.next().ok_or_else(|| bad("empty"))?;
+        let fields: HashMap<&str, &str> = words.filter_map(|word| word.split_once('=')).collect();
+        let field = |name: &str| {
+            fields
+                .get(name)
+                .copied()
+                .ok_or_else(|| bad(&format!("missing {name}")))
+        };
+        let number = |name: &str| {
+            field(name)?
+                .parse::<u64>()
+                .map_err(|_| bad(&format!("bad {name}")))
+        };
+        let qpn = u32::try_from(number("qpn")?).map_err(|_| bad("qpn"))?;
+        match kind {
+            "soft-tcp" => {
+                let addr = field("addr")?.parse().map_err(|_| bad("bad addr"))?;
+                Ok(SoftEndpoint::Tcp { qpn, addr })
+            }
+            "soft-shm" => {
+                let fd = |name: &str| i32::try_from(number(name)?).map_err(|_| bad(name));
+                let address = ShmAddress {
+                    pid: u32::try_from(number("pid")?).map_err(|_| bad("pid"))?,
+                    table_fd: fd("table")?,
+                    ring_fd: fd("ring")?,
+                    ring_capacity: usize::try_from(number("ring_cap")?)
+                        .map_err(|_| bad("ring_cap"))?,
+                    doorbell: field("bell")?.to_string(),
+                };
+                Ok(SoftEndpoint::Shm {
+                    qpn,
+                    host: field("host")?.to_string(),
+                    address,
+                })
+            }
+            other => Err(bad(&format!("unknown provider {other:?}"))),
+        }
+    }
+}
+
+/// This host's boot id: two processes share memory only if theirs match.
+pub(crate) fn host_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|id| id.trim().to_string())
+        .unwrap_or_else(|_| "unknown".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_kinds_round_trip() {
+        let tcp = SoftEndpoint::Tcp {
+            qpn: 3,
+            addr: "10.0.0.1:4000".parse().unwrap(),
+        };
+        assert_eq!(SoftEndpoint::decode(&tcp.encode()).unwrap(), tcp);
+        let address = ShmAddress {
+            pid: 7,
+            table_fd: 5,
+            ring_fd: 9,
+            ring_capacity: 1 << 22,
+            doorbell: "kvcm-nic-7-0".into(),
+        };
+        let shm = SoftEndpoint::Shm {
+            qpn: 4,
+            host: host_id(),
+            address,
+        };
+        assert_eq!(SoftEndpoint::decode(&shm.encode()).unwrap(), shm);
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        for text in [
+            "",
+            "soft-tcp qpn=1",
+            "soft-tcp qpn=x addr=1.2.3.4:5",
+            "rdma qpn=1",
+            "soft-shm qpn=1 pid=2",
+        ] {
+            let err = SoftEndpoint::decode(&QpEndpoint(text.as_bytes().to_vec())).unwrap_err();
+            assert!(
+                matches!(err, TransportError::BadEndpoint(_)),
+                "{text}: {err}"
+            );
+        }
+        assert!(SoftEndpoint::decode(&QpEndpoint(vec![0xff, 0xfe])).is_err());
+    }
+}

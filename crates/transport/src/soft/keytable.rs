@@ -1,0 +1,190 @@
+//! The key table: a memfd every same-host peer maps to validate rkeys without a round trip.
+//!
+//! Layout: a header page (the NIC's `parked` word), then `SLOTS` slots of 8 words each.
+//! A key is `generation << SLOT_BITS | slot`. Slot word 0 holds `key << 1 | 1` while the
+//! registration is live and 0 otherwise; the owner writes the other words before publishing
+//! word 0 (release) and clears word 0 first on deregistration, and readers re-check word 0
+//! after reading the rest (a seqlock), so a reader never trusts a half-written slot.
+
+use crate::sys::SharedMemory;
+use crate::{Access, Result, TransportError};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bits of a key that select the slot.
+pub(crate) const SLOT_BITS: u32 = 14;
+const SLOTS: usize = 1 << SLOT_BITS;
+const HEADER: usize = 4096;
+const SLOT_WORDS: usize = 8;
+/// Bytes of a key table memfd.
+pub(crate) const TABLE_LEN: usize = HEADER + SLOTS * SLOT_WORDS * 8;
+
+/// A published registration as peers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyEntry {
+    /// Address of the memory's byte 0 in the owner process.
+    pub mem_base: u64,
+    /// Length of the whole memory (memfd).
+    pub mem_len: u64,
+    /// First registered address in the owner process.
+    pub addr: u64,
+    /// Registered length.
+    pub len: u64,
+    /// Rights granted.
+    pub access: Access,
+    /// The memory's memfd number in the owner process.
+    pub fd: RawFd,
+}
+
+/// A key table mapping (own or a peer's).
+#[derive(Debug)]
+pub(crate) struct KeyTable {
+    memory: SharedMemory,
+}
+
+impl KeyTable {
+    /// Creates an empty table.
+    pub(crate) fn create() -> Result<Self> {
+        Ok(KeyTable {
+            memory: SharedMemory::create(c"kvcm-keytable", TABLE_LEN)?,
+        })
+    }
+
+    /// Maps the table of peer process `pid` whose memfd is `fd`.
+    pub(crate) fn open_peer(pid: u32, fd: RawFd) -> Result<Self> {
+        Ok(KeyTable {
+            memory: SharedMemory::open_peer(pid, fd, TABLE_LEN)?,
+        })
+    }
+
+    /// The memfd, for the endpoint.
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.memory.raw_fd()
+    }
+
+    /// The owner NIC's `parked` word: non-zero while it sleeps and needs a doorbell.
+    pub(crate) fn parked(&self) -> &AtomicU64 {
+        self.word(0).expect("header word 0 is in bounds")
+    }
+
+    fn word(&self, offset: usize) -> Result<&AtomicU64> {
+        self.memory.atomic_u64(offset)
+    }
+
+    fn slot_word(&self, key: u32, index: usize) -> Result<&AtomicU64> {
+        let slot = (key as usize) & (SLOTS - 1);
+        self.word(HEADER + (slot * SLOT_WORDS + index) * 8)
+    }
+
+    /// Publishes `entry` under `key` (owner only).
+    pub(crate) fn publish(&self, key: u32, entry: &KeyEntry) -> Result<()> {
+        let fields = [
+            entry.mem_base,
+            entry.mem_len,
+            entry.addr,
+            entry.len,
+            u64::from(entry.access.bits()) << 32 | u64::from(entry.fd as u32),
+        ];
+        for (index, value) in fields.into_iter().enumerate() {
+            self.slot_word(key, index + 1)?
+                .store(value, Ordering::Relaxed);
+        }
+        self.slot_word(key, 0)?
+            .store(u64::from(key) << 1 | 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Withdraws `key` (owner only).
+    pub(crate) fn withdraw(&self, key: u32) -> Result<()> {
+        self.slot_word(key, 0)?.store(0, Ordering::Release);
+        Ok(())
+    }
+
+    /// Reads the live entry for `key`, or `None` when the key is not registered.
+    pub(crate) fn lookup(&self, key: u32) -> Option<KeyEntry> {
+        let tag = u64::from(key) << 1 | 1;
+        let head = self.slot_word(key, 0).ok()?;
+        if head.load(Ordering::Acquire) != tag {
+            return None;
+        }
+        let mut fields = [0u64; 5];
+        for (index, field) in fields.iter_mut().enumerate() {
+            *field = self.slot_word(key, index + 1).ok()?.load(Ordering::Relaxed);
+        }
+        std::sync::atomic::fence(Ordering::Acquire);
+        if head.load(Ordering::Relaxed) != tag {
+            return None;
+        }
+        Some(KeyEntry {
+            mem_base: fields[0],
+            mem_len: fields[1],
+            addr: fields[2],
+            len: fields[3],
+            access: Access::from_bits_truncate((fields[4] >> 32) as u32),
+            fd: fields[4] as u32 as RawFd,
+        })
+    }
+
+    /// Whether `key` is still live (a cheap re-check after slow work).
+    pub(crate) fn is_live(&self, key: u32) -> bool {
+        let tag = u64::from(key) << 1 | 1;
+        self.slot_word(key, 0)
+            .is_ok_and(|head| head.load(Ordering::Acquire) == tag)
+    }
+}
+
+/// Checks that `[addr, addr + len)` lies in the registration and `need` is granted.
+pub(crate) fn check_access(entry: &KeyEntry, addr: u64, len: u64, need: Access) -> bool {
+    let in_bounds = addr >= entry.addr
+        && addr
+            .checked_add(len)
+            .is_some_and(|end| end <= entry.addr + entry.len);
+    in_bounds && entry.access.contains(need)
+}
+
+/// Error used when the table has no free slot.
+pub(crate) fn exhausted() -> TransportError {
+    TransportError::Exhausted("memory keys")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> KeyEntry {
+        KeyEntry {
+            mem_base: 4096,
+            mem_len: 8192,
+            addr: 4096 + 100,
+            len: 50,
+            access: Access::ALL,
+            fd: 7,
+        }
+    }
+
+    #[test]
+    fn published_entries_are_seen_by_a_peer_until_withdrawn() {
+        let own = KeyTable::create().unwrap();
+        let peer = KeyTable::open_peer(std::process::id(), own.raw_fd()).unwrap();
+        let key = 3 << SLOT_BITS | 5;
+        own.publish(key, &entry()).unwrap();
+        assert_eq!(peer.lookup(key), Some(entry()));
+        assert_eq!(peer.lookup(5), None, "same slot, other generation");
+        own.withdraw(key).unwrap();
+        assert_eq!(peer.lookup(key), None);
+        assert!(!peer.is_live(key));
+    }
+
+    #[test]
+    fn access_check_covers_bounds_overflow_and_rights() {
+        let e = KeyEntry {
+            access: Access::REMOTE_READ,
+            ..entry()
+        };
+        assert!(check_access(&e, e.addr, 50, Access::REMOTE_READ));
+        assert!(!check_access(&e, e.addr, 51, Access::REMOTE_READ));
+        assert!(!check_access(&e, e.addr - 1, 1, Access::REMOTE_READ));
+        assert!(!check_access(&e, u64::MAX, 2, Access::REMOTE_READ));
+        assert!(!check_access(&e, e.addr, 8, Access::REMOTE_WRITE));
+    }
+}

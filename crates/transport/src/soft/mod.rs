@@ -1,0 +1,87 @@
+//! The `soft` provider: software RDMA that runs on any Linux host.
+//!
+//! Each [`SoftDomain`] owns a userspace NIC thread (see `nic`) that serves remote READ /
+//! WRITE / atomics against the domain's registrations with no application thread on the
+//! path, checking rkeys, bounds and access rights as hardware does. Two wires:
+//! - [`Wire::Tcp`]: between hosts; framed requests, many per write, TCP_NODELAY.
+//! - [`Wire::Shm`]: same host; regions are memfds mapped by both processes, so one-sided
+//!   operations are memory accesses; SENDs travel through shared rings.
+//!
+//! Source layout: `domain` (domain, memory, region), `qp` (queue-pair handle), `cq`,
+//! `registry` + `keytable` (keys and checks), `scatter` (local lists), `responder`
+//! (request execution), `frame` + `endpoint` (encodings), `nic/` (the thread and TCP
+//! links), `shm/` (rings and inline one-sided execution).
+
+mod cq;
+mod domain;
+mod endpoint;
+mod frame;
+mod keytable;
+mod nic;
+mod qp;
+mod queue_pair;
+mod registry;
+mod responder;
+mod scatter;
+mod shm;
+
+pub use cq::SoftCq;
+pub use domain::{SoftDomain, SoftMemory, SoftRegion};
+pub use nic::IdlePolicy;
+pub use qp::SoftQp;
+
+use std::net::{IpAddr, Ipv4Addr};
+
+/// Which wire a soft domain's queue pairs use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// Framed TCP between NIC threads (works across hosts).
+    Tcp,
+    /// memfd shared memory and rings (same host only).
+    Shm,
+}
+
+/// Configuration of a soft domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoftConfig {
+    /// Wire of the domain's queue pairs. Default TCP.
+    pub wire: Wire,
+    /// Address the NIC listens on for TCP links (port chosen by the OS). Default 127.0.0.1.
+    pub bind: IpAddr,
+    /// What the NIC thread does when idle.
+    pub idle: IdlePolicy,
+    /// Bytes of each queue pair's inbound ring on the shared-memory wire (rounded up to a
+    /// power of two; the largest SEND is about half of it). Default 4 MiB.
+    pub ring_capacity: usize,
+}
+
+impl Default for SoftConfig {
+    fn default() -> Self {
+        SoftConfig {
+            wire: Wire::Tcp,
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            idle: IdlePolicy::default(),
+            ring_capacity: 4 << 20,
+        }
+    }
+}
+
+impl SoftConfig {
+    /// The default configuration on `wire`.
+    pub fn with_wire(wire: Wire) -> Self {
+        SoftConfig {
+            wire,
+            ..SoftConfig::default()
+        }
+    }
+
+    /// Sets the TCP listening address.
+    pub fn with_bind(self, bind: IpAddr) -> Self {
+        SoftConfig { bind, ..self }
+    }
+
+    /// Sets the idle policy.
+    pub fn with_idle(self, idle: IdlePolicy) -> Self {
+        SoftConfig { idle, ..self }
+    }
+}

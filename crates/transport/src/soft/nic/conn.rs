@@ -1,0 +1,129 @@
+//! A non-blocking TCP connection with input and output buffers, owned by the NIC thread.
+//!
+//! The NIC never blocks on a socket: it appends frames to `output` and writes what the
+//! kernel takes; it reads what is there into `input` and parses whole frames only.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+
+const INITIAL_INPUT: usize = 256 * 1024;
+
+/// A buffered non-blocking stream.
+///
+/// Invariant: `input[consumed..filled]` is received, unparsed data; `input` is allocated
+/// (and zeroed) once and only grows, so reads never re-initialise memory.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    stream: TcpStream,
+    input: Vec<u8>,
+    consumed: usize,
+    filled: usize,
+    /// Frames waiting to be written.
+    pub output: Vec<u8>,
+    written: usize,
+}
+
+impl Conn {
+    /// Wraps `stream`, switching it to non-blocking, no-delay mode.
+    pub(crate) fn new(stream: TcpStream) -> io::Result<Self> {
+        stream.set_nonblocking(true)?;
+        stream.set_nodelay(true)?;
+        let input = vec![0; INITIAL_INPUT];
+        Ok(Conn {
+            stream,
+            input,
+            consumed: 0,
+            filled: 0,
+            output: Vec::new(),
+            written: 0,
+        })
+    }
+
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Unparsed input.
+    pub(crate) fn input(&self) -> &[u8] {
+        &self.input[self.consumed..self.filled]
+    }
+
+    /// Unparsed input and the output buffer, borrowed together.
+    pub(crate) fn parts(&mut self) -> (&[u8], &mut Vec<u8>) {
+        (&self.input[self.consumed..self.filled], &mut self.output)
+    }
+
+    /// Marks `count` input bytes as parsed.
+    pub(crate) fn consume(&mut self, count: usize) {
+        self.consumed = (self.consumed + count).min(self.filled);
+        if self.consumed == self.filled {
+            self.consumed = 0;
+            self.filled = 0;
+        }
+    }
+
+    /// Makes room for at least `want` unparsed bytes in total (a whole frame).
+    pub(crate) fn reserve_frame(&mut self, want: usize) {
+        if self.input.len() - self.consumed >= want {
+            return;
+        }
+        self.compact();
+        if self.input.len() < want {
+            self.input.resize(want.next_power_of_two(), 0);
+        }
+    }
+
+    fn compact(&mut self) {
+        self.input.copy_within(self.consumed..self.filled, 0);
+        self.filled -= self.consumed;
+        self.consumed = 0;
+    }
+
+    /// Whether output is still waiting for the kernel.
+    pub(crate) fn has_output(&self) -> bool {
+        self.written < self.output.len()
+    }
+
+    /// Reads what is available; Ok(true) if bytes arrived, an error on EOF or failure.
+    pub(crate) fn fill(&mut self) -> io::Result<bool> {
+        let mut progress = false;
+        loop {
+            if self.filled == self.input.len() {
+                if self.consumed == 0 {
+                    return Ok(progress);
+                }
+                self.compact();
+            }
+            match self.stream.read(&mut self.input[self.filled..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    self.filled += n;
+                    progress = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progress),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    /// Writes buffered output; Ok(true) if bytes left, an error if the peer is gone.
+    pub(crate) fn flush(&mut self) -> io::Result<bool> {
+        let mut progress = false;
+        while self.has_output() {
+            match self.stream.write(&self.output[self.written..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.written += n;
+                    progress = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progress),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.output.clear();
+        self.written = 0;
+        Ok(progress)
+    }
+}

@@ -1,0 +1,311 @@
+//! The soft NIC: one thread per domain that owns every wire of the domain.
+//!
+//! It accepts inbound TCP links, issues requests posted on connected queue pairs, serves
+//! READ / WRITE / atomics / SEND arriving from peers against the domain's registrations,
+//! drains the shared-memory rings of same-host peers, and watches those peers' liveness.
+//! No application thread is on the responder path.
+//!
+//! Idle policy: after `spin` without work the thread parks in poll(2) on every socket,
+//! its doorbell eventfd and peer pidfds. While it is parked, the `parked` word in its key
+//! table is set, and whoever adds work (a post, a connection, a same-host peer) rings the
+//! doorbell; the flag is set before the last work check, so no wake-up is lost.
+
+mod conn;
+mod requester;
+mod serve;
+
+use super::frame;
+use super::queue_pair::QpShared;
+use super::registry::Registry;
+use crate::sys::{poll_readable, Doorbell};
+use conn::Conn;
+use requester::RequesterLink;
+use serve::ResponderLink;
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How often same-host peers' liveness is checked while the NIC is busy.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
+
+/// A link that is finished: its queue pair was closed or failed.
+#[derive(Debug)]
+pub(crate) struct LinkClosed;
+
+/// What the NIC thread does when it has no work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdlePolicy {
+    /// How long to keep polling (yielding the CPU between rounds) after the last work
+    /// before parking. Default 50 µs; zero parks at once.
+    pub spin: Duration,
+    /// Longest single park; the NIC re-checks its state after it. Default 100 ms.
+    pub park_timeout: Duration,
+}
+
+impl Default for IdlePolicy {
+    fn default() -> Self {
+        IdlePolicy {
+            spin: Duration::from_micros(50),
+            park_timeout: Duration::from_millis(100),
+        }
+    }
+}
+
+/// What the application side shares with the NIC thread.
+#[derive(Debug)]
+pub(crate) struct NicShared {
+    pub registry: Arc<Registry>,
+    doorbell: Doorbell,
+    new_qps: Mutex<Vec<Arc<QpShared>>>,
+    new_links: Mutex<Vec<(Arc<QpShared>, TcpStream)>>,
+    stop: AtomicBool,
+    idle: IdlePolicy,
+}
+
+impl NicShared {
+    pub(crate) fn new(registry: Arc<Registry>, idle: IdlePolicy) -> crate::Result<Self> {
+        Ok(NicShared {
+            registry,
+            doorbell: Doorbell::new()?,
+            new_qps: Mutex::default(),
+            new_links: Mutex::default(),
+            stop: AtomicBool::new(false),
+            idle,
+        })
+    }
+
+    /// Wakes the NIC if it is parked.
+    pub(crate) fn kick(&self) {
+        fence(Ordering::SeqCst);
+        if self.registry.table().parked().load(Ordering::SeqCst) != 0 {
+            self.doorbell.ring();
+        }
+    }
+
+    /// The doorbell name (same-host peers ring it).
+    pub(crate) fn doorbell_name(&self) -> &str {
+        self.doorbell.name()
+    }
+
+    /// Hands a new queue pair to the NIC.
+    pub(crate) fn adopt_qp(&self, qp: Arc<QpShared>) {
+        self.new_qps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(qp);
+        self.kick();
+    }
+
+    /// Hands the outbound connection of a queue pair to the NIC.
+    pub(crate) fn adopt_link(&self, qp: Arc<QpShared>, stream: TcpStream) {
+        self.new_links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((qp, stream));
+        self.kick();
+    }
+
+    /// Asks the NIC thread to exit.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.doorbell.ring();
+    }
+}
+
+/// Starts the NIC thread of a domain.
+pub(crate) fn spawn(
+    shared: Arc<NicShared>,
+    listener: Option<TcpListener>,
+) -> crate::Result<JoinHandle<()>> {
+    let nic = Nic {
+        shared,
+        listener,
+        qps: Vec::new(),
+        handshakes: Vec::new(),
+        requesters: Vec::new(),
+        responders: Vec::new(),
+        liveness_checked: Instant::now(),
+    };
+    std::thread::Builder::new()
+        .name("kvcm-soft-nic".into())
+        .spawn(move || nic.run())
+        .map_err(|e| crate::TransportError::io("spawn NIC thread", e))
+}
+
+struct Nic {
+    shared: Arc<NicShared>,
+    listener: Option<TcpListener>,
+    qps: Vec<Arc<QpShared>>,
+    handshakes: Vec<Conn>,
+    requesters: Vec<RequesterLink>,
+    responders: Vec<ResponderLink>,
+    liveness_checked: Instant,
+}
+
+impl Nic {
+    fn run(mut self) {
+        let mut idle_since = Instant::now();
+        while !self.shared.stop.load(Ordering::Acquire) {
+            if self.step() {
+                idle_since = Instant::now();
+            } else if idle_since.elapsed() < self.shared.idle.spin {
+                std::thread::yield_now();
+            } else {
+                self.park();
+                idle_since = Instant::now();
+            }
+        }
+    }
+
+    fn step(&mut self) -> bool {
+        let registry = Arc::clone(&self.shared.registry);
+        let mut progress = self.adopt() | self.accept() | self.handshake();
+        self.requesters
+            .retain_mut(|link| link.step(&registry).map(|p| progress |= p).is_ok());
+        self.responders
+            .retain_mut(|link| link.step(&registry).map(|p| progress |= p).is_ok());
+        for qp in &self.qps {
+            progress |= super::shm::drain_inbound(&registry, qp);
+        }
+        self.check_liveness();
+        progress
+    }
+
+    fn adopt(&mut self) -> bool {
+        let qps: Vec<_> = self
+            .shared
+            .new_qps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        let links: Vec<_> = self
+            .shared
+            .new_links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        let progress = !qps.is_empty() || !links.is_empty();
+        self.qps.extend(qps);
+        self.qps.retain(|qp| !qp.closed.load(Ordering::Acquire));
+        for (qp, stream) in links {
+            match Conn::new(stream) {
+                Ok(conn) => self.requesters.push(RequesterLink::new(qp, conn)),
+                Err(_) => qp.enter_error(),
+            }
+        }
+        progress
+    }
+
+    fn accept(&mut self) -> bool {
+        let Some(listener) = &self.listener else {
+            return false;
+        };
+        let mut progress = false;
+        while let Ok((stream, _)) = listener.accept() {
+            if let Ok(conn) = Conn::new(stream) {
+                self.handshakes.push(conn);
+                progress = true;
+            }
+        }
+        progress
+    }
+
+    /// Binds accepted connections to queue pairs once their hello has arrived.
+    fn handshake(&mut self) -> bool {
+        let mut progress = false;
+        let mut waiting = Vec::new();
+        for mut conn in self.handshakes.drain(..) {
+            if conn.fill().is_err() {
+                continue;
+            }
+            let Some(qpn) = frame::parse_hello(conn.input()) else {
+                if conn.input().len() < frame::HELLO_LEN {
+                    waiting.push(conn);
+                }
+                continue;
+            };
+            let qp = self
+                .qps
+                .iter()
+                .find(|qp| qp.qpn == qpn && !qp.closed.load(Ordering::Acquire));
+            if let Some(qp) = qp {
+                conn.consume(frame::HELLO_LEN);
+                self.responders.push(ResponderLink {
+                    qp: Arc::clone(qp),
+                    conn,
+                });
+                progress = true;
+            }
+        }
+        self.handshakes = waiting;
+        progress
+    }
+
+    fn check_liveness(&mut self) {
+        if self.liveness_checked.elapsed() < LIVENESS_PERIOD {
+            return;
+        }
+        self.liveness_checked = Instant::now();
+        for qp in &self.qps {
+            if qp.shm_peer.get().is_some_and(|peer| peer.gone())
+                && qp.state() != crate::QpState::Error
+            {
+                qp.enter_error();
+            }
+        }
+    }
+
+    fn has_work(&self) -> bool {
+        !self
+            .shared
+            .new_links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+            || !self
+                .shared
+                .new_qps
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
+            || self.requesters.iter().any(RequesterLink::busy)
+            || self.responders.iter().any(ResponderLink::busy)
+            || self.qps.iter().any(|qp| super::shm::inbound_ready(qp))
+    }
+
+    fn park(&mut self) {
+        let parked = self.shared.registry.table().parked();
+        parked.store(1, Ordering::SeqCst);
+        if !self.has_work() && !self.shared.stop.load(Ordering::Acquire) {
+            let fds = self.wait_fds();
+            let timeout = self
+                .shared
+                .idle
+                .park_timeout
+                .as_millis()
+                .clamp(1, i32::MAX as u128) as i32;
+            let _ = poll_readable(&fds, timeout);
+        }
+        parked.store(0, Ordering::SeqCst);
+        self.shared.doorbell.drain();
+    }
+
+    fn wait_fds(&self) -> Vec<RawFd> {
+        let mut fds = vec![self.shared.doorbell.raw_fd()];
+        fds.extend(self.listener.as_ref().map(|l| l.as_raw_fd()));
+        fds.extend(self.handshakes.iter().map(Conn::raw_fd));
+        fds.extend(self.requesters.iter().map(|link| link.conn.raw_fd()));
+        fds.extend(self.responders.iter().map(|link| link.conn.raw_fd()));
+        let live = self
+            .qps
+            .iter()
+            .filter(|qp| qp.state() != crate::QpState::Error);
+        fds.extend(live.filter_map(|qp| qp.shm_peer.get().map(|peer| peer.pid_fd())));
+        fds
+    }
+}

@@ -1,0 +1,205 @@
+//! The application's handle on a soft queue pair: connection and posting.
+
+use super::cq::SoftCq;
+use super::domain::DomainInner;
+use super::endpoint::{host_id, SoftEndpoint};
+use super::frame;
+use super::queue_pair::{PostedRecv, PostedSend, QpShared};
+use super::shm::{self, Ring, ShmAddress, ShmPeer};
+use super::Wire;
+use crate::api::{validate_recv_batch, validate_send_batch};
+use crate::{QpConfig, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr, TransportError};
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long `connect` waits for the peer NIC to accept a TCP link.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A reliable-connected queue pair of the soft provider. Dropping it closes its links; the
+/// peer's queue pair then fails its outstanding work with `RetryExceeded` / flushes.
+#[derive(Debug)]
+pub struct SoftQp {
+    domain: Arc<DomainInner>,
+    shared: Arc<QpShared>,
+}
+
+impl SoftQp {
+    pub(crate) fn create(
+        domain: &Arc<DomainInner>,
+        send_cq: &SoftCq,
+        recv_cq: &SoftCq,
+        config: QpConfig,
+    ) -> Result<Self> {
+        if config.max_send_wr == 0 || config.max_recv_wr == 0 || config.max_sge == 0 {
+            return Err(TransportError::InvalidArgument(
+                "queue depths and max_sge must be positive",
+            ));
+        }
+        let inbound = match domain.config.wire {
+            Wire::Shm => Some(Ring::create(domain.config.ring_capacity)?),
+            Wire::Tcp => None,
+        };
+        let cqs = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
+        let shared = Arc::new(QpShared::new(domain.allocate_qpn(), config, cqs, inbound));
+        domain.nic.adopt_qp(Arc::clone(&shared));
+        Ok(SoftQp {
+            domain: Arc::clone(domain),
+            shared,
+        })
+    }
+
+    fn refuse(&self, action: &'static str) -> TransportError {
+        TransportError::QpState {
+            qpn: self.shared.qpn,
+            state: self.shared.state(),
+            action,
+        }
+    }
+
+    fn connect_tcp(&self, qpn: u32, addr: SocketAddr) -> Result<()> {
+        let io = |e| TransportError::io("connect to peer NIC", e);
+        let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        stream.write_all(&frame::hello(qpn)).map_err(io)?;
+        self.domain.nic.adopt_link(Arc::clone(&self.shared), stream);
+        Ok(())
+    }
+
+    fn connect_shm(&self, host: &str, address: &ShmAddress) -> Result<()> {
+        if host != host_id() {
+            return Err(TransportError::BadEndpoint(
+                "shared-memory peer is on another host".into(),
+            ));
+        }
+        let peer = ShmPeer::open(address)?;
+        self.shared
+            .shm_peer
+            .set(peer)
+            .map_err(|_| self.refuse("connect"))
+    }
+}
+
+impl QueuePair for SoftQp {
+    fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    fn state(&self) -> QpState {
+        self.shared.state()
+    }
+
+    fn endpoint(&self) -> QpEndpoint {
+        let qpn = self.shared.qpn;
+        let endpoint = match (&self.shared.inbound, self.domain.listen_addr) {
+            (Some(ring), _) => SoftEndpoint::Shm {
+                qpn,
+                host: host_id(),
+                address: ShmAddress {
+                    pid: std::process::id(),
+                    table_fd: self.domain.nic.registry.table().raw_fd(),
+                    ring_fd: ring.raw_fd(),
+                    ring_capacity: ring.capacity(),
+                    doorbell: self.domain.nic.doorbell_name().to_string(),
+                },
+            },
+            (None, Some(addr)) => SoftEndpoint::Tcp { qpn, addr },
+            (None, None) => unreachable!("a TCP domain always has a listener"),
+        };
+        endpoint.encode()
+    }
+
+    fn connect(&self, remote: &QpEndpoint) -> Result<()> {
+        if self.shared.state() != QpState::Init {
+            return Err(self.refuse("connect"));
+        }
+        match (SoftEndpoint::decode(remote)?, self.domain.config.wire) {
+            (SoftEndpoint::Tcp { qpn, addr }, Wire::Tcp) => self.connect_tcp(qpn, addr)?,
+            (SoftEndpoint::Shm { host, address, .. }, Wire::Shm) => {
+                self.connect_shm(&host, &address)?
+            }
+            _ => return Err(TransportError::BadEndpoint("peer uses another wire".into())),
+        }
+        if !self.shared.mark_connected() {
+            return Err(self.refuse("connect"));
+        }
+        Ok(())
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        validate_send_batch(wrs, &self.shared.config)?;
+        if self.shared.state() != QpState::ReadyToSend {
+            return Err(self.refuse("post_send"));
+        }
+        if !self.shared.reserve_sends(wrs.len()) {
+            let depth = self.shared.config.max_send_wr;
+            return Err(TransportError::QueueFull {
+                queue: "send",
+                depth,
+            });
+        }
+        let posted = wrs.iter().map(|wr| PostedSend {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sg_list: wr.sg_list.to_vec(),
+            signaled: wr.signaled,
+        });
+        if let Some(peer) = self.shared.shm_peer.get() {
+            shm::post_inline(
+                &self.domain.nic.registry,
+                &self.shared,
+                peer,
+                posted.collect(),
+            );
+            return Ok(());
+        }
+        self.shared.lock_sq().extend(posted);
+        self.after_post();
+        Ok(())
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        validate_recv_batch(wrs, &self.shared.config)?;
+        if self.shared.state() == QpState::Error {
+            return Err(self.refuse("post_recv"));
+        }
+        {
+            let mut rq = self.shared.lock_rq();
+            let depth = self.shared.config.max_recv_wr;
+            if rq.len() + wrs.len() > depth {
+                return Err(TransportError::QueueFull {
+                    queue: "receive",
+                    depth,
+                });
+            }
+            rq.extend(wrs.iter().map(|wr| PostedRecv {
+                wr_id: wr.wr_id,
+                sg_list: wr.sg_list.to_vec(),
+            }));
+        }
+        self.after_post();
+        Ok(())
+    }
+}
+
+impl SoftQp {
+    /// Wakes the NIC, and flushes what was queued if the queue pair failed meanwhile.
+    fn after_post(&self) {
+        if self.shared.state() == QpState::Error {
+            self.shared.flush_queued();
+        }
+        self.domain.nic.kick();
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Release);
+        if let Some(ring) = &self.shared.inbound {
+            ring.mark_closed();
+        }
+        self.domain.nic.kick();
+    }
+}

@@ -1,0 +1,250 @@
+//! Memory and registrations of one soft domain, and the key checks the NIC applies.
+//!
+//! Invariants: a key maps to at most one live registration; registrations on one memory
+//! never overlap; a [`Target`] holds the memory alive, so a transfer that resolved its key
+//! finishes on live memory even if the region is deregistered meanwhile (as with hardware,
+//! the application must not deregister memory with work in flight if it wants the data).
+
+use super::keytable::{self, KeyEntry, KeyTable, SLOT_BITS};
+use crate::sys::SharedMemory;
+use crate::{Access, Result, TransportError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// Memory allocated by a soft domain: a memfd mapping plus the ranges registered on it.
+#[derive(Debug)]
+pub(crate) struct MemoryInner {
+    pub(crate) shm: Arc<SharedMemory>,
+    registered: Mutex<Vec<(usize, usize)>>,
+}
+
+impl MemoryInner {
+    pub(crate) fn allocate(len: usize) -> Result<Self> {
+        let shm = SharedMemory::create(c"kvcm-region", len)?;
+        Ok(MemoryInner {
+            shm: Arc::new(shm),
+            registered: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn claim(&self, offset: usize, end: usize) -> Result<()> {
+        let mut ranges = self
+            .registered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if ranges
+            .iter()
+            .any(|&(start, stop)| offset < stop && start < end)
+        {
+            return Err(TransportError::OverlappingRegistration { offset, end });
+        }
+        ranges.push((offset, end));
+        Ok(())
+    }
+
+    fn release(&self, offset: usize) {
+        let mut ranges = self
+            .registered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        ranges.retain(|&(start, _)| start != offset);
+    }
+}
+
+/// Where a checked access lands: `offset` bytes into `mem`.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub(crate) mem: Arc<SharedMemory>,
+    pub(crate) offset: usize,
+}
+
+#[derive(Debug)]
+struct Live {
+    memory: Arc<MemoryInner>,
+    entry: KeyEntry,
+}
+
+#[derive(Debug, Default)]
+struct SlotAllocator {
+    free: Vec<u32>,
+    generations: Vec<u32>,
+}
+
+/// The registrations of one domain: an in-process map for the NIC and a shared key table
+/// for same-host peers, changed together.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    table: KeyTable,
+    live: RwLock<HashMap<u32, Live>>,
+    slots: Mutex<SlotAllocator>,
+}
+
+impl Registry {
+    pub(crate) fn new() -> Result<Self> {
+        let slots = SlotAllocator {
+            free: (0..1u32 << SLOT_BITS).rev().collect(),
+            generations: vec![0; 1 << SLOT_BITS],
+        };
+        Ok(Registry {
+            table: KeyTable::create()?,
+            live: RwLock::default(),
+            slots: Mutex::new(slots),
+        })
+    }
+
+    /// The shared key table.
+    pub(crate) fn table(&self) -> &KeyTable {
+        &self.table
+    }
+
+    /// Registers `[offset, offset + len)` of `memory`; returns the key and entry.
+    pub(crate) fn register(
+        &self,
+        memory: &Arc<MemoryInner>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<(u32, KeyEntry)> {
+        access.validate()?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| len > 0 && end <= memory.shm.len());
+        let end = end.ok_or(TransportError::InvalidArgument(
+            "zero or out-of-bounds registration",
+        ))?;
+        memory.claim(offset, end)?;
+        let Some(key) = self.allocate_key() else {
+            memory.release(offset);
+            return Err(keytable::exhausted());
+        };
+        let entry = KeyEntry {
+            mem_base: memory.shm.addr(),
+            mem_len: memory.shm.len() as u64,
+            addr: memory.shm.addr() + offset as u64,
+            len: len as u64,
+            access,
+            fd: memory.shm.raw_fd(),
+        };
+        self.table.publish(key, &entry)?;
+        let live = Live {
+            memory: Arc::clone(memory),
+            entry,
+        };
+        self.live
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, live);
+        Ok((key, entry))
+    }
+
+    /// Withdraws `key`; later accesses with it fail.
+    pub(crate) fn deregister(&self, key: u32) {
+        let removed = self
+            .live
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
+        let Some(live) = removed else { return };
+        let _ = self.table.withdraw(key);
+        live.memory
+            .release((live.entry.addr - live.entry.mem_base) as usize);
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        slots.free.push(key & ((1 << SLOT_BITS) - 1));
+    }
+
+    fn allocate_key(&self) -> Option<u32> {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = slots.free.pop()?;
+        let generation = &mut slots.generations[slot as usize];
+        *generation = (*generation + 1) & ((1 << (32 - SLOT_BITS)) - 1);
+        Some(*generation << SLOT_BITS | slot)
+    }
+
+    /// Resolves `len` bytes at `addr` under `key`, if live, in bounds and allowed `need`.
+    pub(crate) fn resolve(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<Target> {
+        let live = self.live.read().unwrap_or_else(PoisonError::into_inner);
+        let found = live.get(&key)?;
+        if !keytable::check_access(&found.entry, addr, len, need) {
+            return None;
+        }
+        let offset = (addr - found.entry.mem_base) as usize;
+        Some(Target {
+            mem: Arc::clone(&found.memory.shm),
+            offset,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (Registry, Arc<MemoryInner>) {
+        (
+            Registry::new().unwrap(),
+            Arc::new(MemoryInner::allocate(8192).unwrap()),
+        )
+    }
+
+    #[test]
+    fn overlapping_registration_is_refused_and_changes_nothing() {
+        let (registry, memory) = setup();
+        let (key, _) = registry.register(&memory, 0, 4096, Access::ALL).unwrap();
+        let err = registry
+            .register(&memory, 4000, 100, Access::ALL)
+            .unwrap_err();
+        assert!(
+            matches!(err, TransportError::OverlappingRegistration { .. }),
+            "{err}"
+        );
+        assert!(registry.register(&memory, 4096, 4096, Access::ALL).is_ok());
+        assert!(registry
+            .resolve(key, memory.shm.addr(), 4096, Access::REMOTE_READ)
+            .is_some());
+    }
+
+    #[test]
+    fn zero_and_out_of_bounds_registrations_are_refused() {
+        let (registry, memory) = setup();
+        assert!(registry.register(&memory, 0, 0, Access::ALL).is_err());
+        assert!(registry.register(&memory, 8000, 200, Access::ALL).is_err());
+        assert!(registry
+            .register(&memory, usize::MAX, 2, Access::ALL)
+            .is_err());
+        assert!(registry
+            .register(&memory, 0, 8, Access::REMOTE_WRITE)
+            .is_err());
+    }
+
+    #[test]
+    fn deregistered_key_no_longer_resolves_and_range_is_free_again() {
+        let (registry, memory) = setup();
+        let (key, entry) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
+        registry.deregister(key);
+        assert!(registry.resolve(key, entry.addr, 8, Access::NONE).is_none());
+        assert!(registry.table().lookup(key).is_none());
+        let (again, _) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
+        assert_ne!(again, key, "a reused slot gets a new generation");
+    }
+
+    #[test]
+    fn resolve_checks_bounds_and_rights() {
+        let (registry, memory) = setup();
+        let (key, entry) = registry
+            .register(&memory, 64, 64, Access::REMOTE_READ)
+            .unwrap();
+        let target = registry
+            .resolve(key, entry.addr + 8, 8, Access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(target.offset, 72);
+        assert!(registry
+            .resolve(key, entry.addr + 60, 8, Access::REMOTE_READ)
+            .is_none());
+        assert!(registry
+            .resolve(key, entry.addr, 8, Access::REMOTE_WRITE)
+            .is_none());
+        assert!(registry
+            .resolve(key ^ 1, entry.addr, 8, Access::NONE)
+            .is_none());
+    }
+}

@@ -1,0 +1,140 @@
+//! The responder half of the NIC: executes an incoming request against this domain's
+//! registrations, exactly as hardware would, with no application thread involved.
+//!
+//! A request whose key, bounds, alignment or right is wrong gets an error response and
+//! touches nothing. A SEND or WRITE-with-immediate that finds no receive buffer is not
+//! executed (`None`): the caller retries it later, like an infinite RNR retry.
+
+use super::frame::{Op, RequestHeader, ResponseHeader};
+use super::queue_pair::QpShared;
+use super::registry::{Registry, Target};
+use super::scatter;
+use crate::{Access, WcOpcode, WcStatus};
+use std::sync::atomic::Ordering;
+
+/// What to send back: the header and, for a READ, where its data lies.
+pub(crate) type Reply = (ResponseHeader, Option<Target>);
+
+/// Executes `header` (+ `payload`) for queue pair `qp`; `None` means "no receive buffer yet".
+pub(crate) fn execute(
+    registry: &Registry,
+    qp: &QpShared,
+    header: &RequestHeader,
+    payload: &[u8],
+) -> Option<Reply> {
+    let len = u64::from(header.len);
+    let remote = header.remote;
+    let reply = match header.op {
+        Op::Read => match registry.resolve(remote.rkey, remote.addr, len, Access::REMOTE_READ) {
+            Some(target) => (status_reply(WcStatus::Success, header.len), Some(target)),
+            None => (status_reply(WcStatus::RemoteAccessError, 0), None),
+        },
+        Op::Write => (execute_write(registry, qp, header, payload)?, None),
+        Op::Send => (
+            deliver(registry, qp, header.imm, Some(payload), header.len)?,
+            None,
+        ),
+        Op::ImmNotify => (deliver(registry, qp, header.imm, None, header.len)?, None),
+        Op::CompareSwap | Op::FetchAdd => (execute_atomic(registry, header), None),
+    };
+    Some(reply)
+}
+
+fn status_reply(status: WcStatus, len: u32) -> ResponseHeader {
+    ResponseHeader {
+        status,
+        len,
+        value: 0,
+    }
+}
+
+fn execute_write(
+    registry: &Registry,
+    qp: &QpShared,
+    header: &RequestHeader,
+    payload: &[u8],
+) -> Option<ResponseHeader> {
+    if header.imm.is_some() && qp.lock_rq().is_empty() {
+        return None;
+    }
+    let remote = header.remote;
+    let target = registry.resolve(
+        remote.rkey,
+        remote.addr,
+        payload.len() as u64,
+        Access::REMOTE_WRITE,
+    );
+    let Some(target) = target else {
+        return Some(status_reply(WcStatus::RemoteAccessError, 0));
+    };
+    let _ = target.mem.write(target.offset, payload);
+    match header.imm {
+        Some(_) => deliver(registry, qp, header.imm, None, header.len),
+        None => Some(status_reply(WcStatus::Success, 0)),
+    }
+}
+
+fn execute_atomic(registry: &Registry, header: &RequestHeader) -> ResponseHeader {
+    let remote = header.remote;
+    let target = registry
+        .resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
+        .filter(|_| remote.addr % 8 == 0);
+    let Some(word) = target
+        .as_ref()
+        .and_then(|t| t.mem.atomic_u64(t.offset).ok())
+    else {
+        return status_reply(WcStatus::RemoteAccessError, 0);
+    };
+    let old = match header.op {
+        Op::CompareSwap => word
+            .compare_exchange(
+                header.operand,
+                header.swap,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .unwrap_or_else(|current| current),
+        _ => word.fetch_add(header.operand, Ordering::SeqCst),
+    };
+    ResponseHeader {
+        status: WcStatus::Success,
+        len: 0,
+        value: old,
+    }
+}
+
+/// Consumes the next receive buffer for a SEND (`payload`) or a WRITE with immediate
+/// (`payload` is `None`, `len` bytes were written); `None` when no buffer is posted.
+pub(crate) fn deliver(
+    registry: &Registry,
+    qp: &QpShared,
+    imm: Option<u32>,
+    payload: Option<&[u8]>,
+    len: u32,
+) -> Option<ResponseHeader> {
+    let recv = qp.lock_rq().pop_front()?;
+    let opcode = if payload.is_some() {
+        WcOpcode::Recv
+    } else {
+        WcOpcode::RecvRdmaWithImm
+    };
+    let outcome = match payload {
+        Some(data) => match scatter::resolve(registry, &recv.sg_list, Access::LOCAL_WRITE) {
+            Ok(pieces) if scatter::scatter_from_bytes(&pieces, data) => Ok(()),
+            Ok(_) => Err(WcStatus::LocalLengthError),
+            Err(status) => Err(status),
+        },
+        None => Ok(()),
+    };
+    match outcome {
+        Ok(()) => {
+            qp.complete_recv(&recv, opcode, WcStatus::Success, len, imm);
+            Some(status_reply(WcStatus::Success, 0))
+        }
+        Err(status) => {
+            qp.complete_recv(&recv, opcode, status, 0, imm);
+            qp.enter_error();
+            Some(status_reply(WcStatus::RemoteInvalidRequest, 0))
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Local scatter-gather: resolving lkeys and moving bytes between lists and buffers.
+//!
+//! Every element is checked (live lkey, bounds, local-write right where the NIC writes)
+//! before any byte moves, so a bad list fails with `LocalProtectionError` and no effect.
+
+use super::registry::{Registry, Target};
+use crate::sys::SharedMemory;
+use crate::{Access, Sge, WcStatus};
+
+/// A resolved scatter-gather element.
+#[derive(Clone, Debug)]
+pub(crate) struct Piece {
+    pub target: Target,
+    pub len: usize,
+}
+
+/// Resolves every element of `sg_list`; `need` is `LOCAL_WRITE` where the NIC writes.
+pub(crate) fn resolve(
+    registry: &Registry,
+    sg_list: &[Sge],
+    need: Access,
+) -> Result<Vec<Piece>, WcStatus> {
+    sg_list
+        .iter()
+        .map(|sge| {
+            let target = registry.resolve(sge.lkey, sge.addr, u64::from(sge.len), need);
+            let target = target.ok_or(WcStatus::LocalProtectionError)?;
+            Ok(Piece {
+                target,
+                len: sge.len as usize,
+            })
+        })
+        .collect()
+}
+
+/// Total bytes of resolved pieces.
+pub(crate) fn total_len(pieces: &[Piece]) -> usize {
+    pieces.iter().map(|piece| piece.len).sum()
+}
+
+/// Appends the bytes of `pieces` to `out`.
+pub(crate) fn gather_into(pieces: &[Piece], out: &mut Vec<u8>) {
+    for piece in pieces {
+        let start = out.len();
+        out.resize(start + piece.len, 0);
+        // Bounds were checked at resolve time; a failure here cannot happen.
+        let _ = piece
+            .target
+            .mem
+            .read(piece.target.offset, &mut out[start..]);
+    }
+}
+
+/// Copies `data` across `pieces` in order; returns false if `data` does not fit.
+pub(crate) fn scatter_from_bytes(pieces: &[Piece], mut data: &[u8]) -> bool {
+    if data.len() > total_len(pieces) {
+        return false;
+    }
+    for piece in pieces {
+        if data.is_empty() {
+            break;
+        }
+        let (head, rest) = data.split_at(piece.len.min(data.len()));
+        let _ = piece.target.mem.write(piece.target.offset, head);
+        data = rest;
+    }
+    true
+}
+
+/// Copies `len` bytes starting at `source` into `pieces` (memory to memory, no buffer).
+pub(crate) fn scatter_from_memory(pieces: &[Piece], source: &Target) {
+    let mut offset = source.offset;
+    for piece in pieces {
+        let _ = SharedMemory::copy(
+            &source.mem,
+            offset,
+            &piece.target.mem,
+            piece.target.offset,
+            piece.len,
+        );
+        offset += piece.len;
+    }
+}
+
+/// Copies `pieces` in order to `destination` (memory to memory, no buffer).
+pub(crate) fn gather_to_memory(pieces: &[Piece], destination: &Target) {
+    let mut offset = destination.offset;
+    for piece in pieces {
+        let _ = SharedMemory::copy(
+            &piece.target.mem,
+            piece.target.offset,
+            &destination.mem,
+            offset,
+            piece.len,
+        );
+        offset += piece.len;
+    }
+}

@@ -1,0 +1,147 @@
+//! The same-host shared-memory wire.
+//!
+//! A connected queue pair maps the peer's key table, its inbound frame ring and its NIC
+//! doorbell. One-sided operations run on the posting thread as plain memory accesses to
+//! the peer's memfd-backed regions (a READ is a memory read), after the peer's key table
+//! has vouched for the rkey, bounds and right; the peer's CPU is not involved. SENDs and
+//! WRITE-with-immediate notifications go through the peer's ring, drained by its NIC
+//! thread, which rings nothing back: the data is in place when the post returns.
+
+mod post;
+mod ring;
+
+pub(crate) use post::post_inline;
+pub(crate) use ring::Ring;
+
+use super::frame::{self, Op, RequestHeader};
+use super::keytable::{self, KeyTable};
+use super::queue_pair::QpShared;
+use super::registry::{Registry, Target};
+use super::responder;
+use crate::sys::{PidFd, RemoteDoorbell, SharedMemory};
+use crate::{Access, Result};
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Descriptor numbers and sizes a same-host peer publishes in its endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ShmAddress {
+    pub pid: u32,
+    pub table_fd: RawFd,
+    pub ring_fd: RawFd,
+    pub ring_capacity: usize,
+    pub doorbell: String,
+}
+
+/// The mapped state of a connected same-host peer.
+#[derive(Debug)]
+pub(crate) struct ShmPeer {
+    pid: u32,
+    table: KeyTable,
+    ring: Ring,
+    bell: RemoteDoorbell,
+    pid_fd: PidFd,
+    mappings: Mutex<HashMap<u32, Arc<SharedMemory>>>,
+    send_lock: Mutex<()>,
+}
+
+impl ShmPeer {
+    /// Maps what `address` names.
+    pub(crate) fn open(address: &ShmAddress) -> Result<Self> {
+        let pid = address.pid;
+        Ok(ShmPeer {
+            pid,
+            pid_fd: PidFd::open(pid)?,
+            table: KeyTable::open_peer(pid, address.table_fd)?,
+            ring: Ring::open_peer(pid, address.ring_fd, address.ring_capacity)?,
+            bell: RemoteDoorbell::new(&address.doorbell)?,
+            mappings: Mutex::default(),
+            send_lock: Mutex::default(),
+        })
+    }
+
+    /// Whether the peer is gone: its queue pair was destroyed or its process exited.
+    pub(crate) fn gone(&self) -> bool {
+        self.ring.is_closed() || self.pid_fd.exited()
+    }
+
+    pub(crate) fn pid_fd(&self) -> RawFd {
+        self.pid_fd.raw_fd()
+    }
+
+    /// Resolves `len` bytes at the peer's `addr` under `rkey` if its table allows `need`.
+    fn resolve(&self, rkey: u32, addr: u64, len: u64, need: Access) -> Option<Target> {
+        let entry = self.table.lookup(rkey)?;
+        if !keytable::check_access(&entry, addr, len, need) {
+            return None;
+        }
+        let mem = self.mapping(rkey, entry.fd, entry.mem_len as usize)?;
+        self.table.is_live(rkey).then(|| Target {
+            mem,
+            offset: (addr - entry.mem_base) as usize,
+        })
+    }
+
+    fn mapping(&self, rkey: u32, fd: RawFd, len: usize) -> Option<Arc<SharedMemory>> {
+        let mut mappings = self.mappings.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(mem) = mappings.get(&rkey) {
+            return Some(Arc::clone(mem));
+        }
+        let mem = Arc::new(SharedMemory::open_peer(self.pid, fd, len).ok()?);
+        mappings.insert(rkey, Arc::clone(&mem));
+        Some(mem)
+    }
+
+    /// Pushes a frame to the peer's ring and rings its doorbell if it sleeps; false if the
+    /// ring has no room now.
+    fn try_push(&self, parts: &[&[u8]]) -> bool {
+        if !self.ring.push(parts) {
+            return false;
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.table.parked().load(Ordering::SeqCst) != 0 {
+            self.bell.ring();
+        }
+        true
+    }
+}
+
+/// Delivers frames waiting in `qp`'s inbound ring to its receive queue; true on progress.
+pub(crate) fn drain_inbound(registry: &Registry, qp: &QpShared) -> bool {
+    let Some(ring) = &qp.inbound else {
+        return false;
+    };
+    if ring.is_empty() || qp.closed.load(Ordering::Acquire) {
+        return false;
+    }
+    let mut frame_bytes = Vec::new();
+    let mut progress = false;
+    while ring.peek(&mut frame_bytes) {
+        if let Some(header) = RequestHeader::decode(&frame_bytes) {
+            let payload = &frame_bytes[frame::REQUEST_LEN..];
+            let delivered = match header.op {
+                Op::Send if payload.len() == header.len as usize => {
+                    responder::deliver(registry, qp, header.imm, Some(payload), header.len)
+                        .is_some()
+                }
+                Op::ImmNotify => {
+                    responder::deliver(registry, qp, header.imm, None, header.len).is_some()
+                }
+                _ => true, // malformed: dropped
+            };
+            if !delivered {
+                break;
+            }
+        }
+        ring.pop(frame_bytes.len());
+        progress = true;
+    }
+    progress
+}
+
+/// Whether `qp` has inbound frames that a posted receive buffer can take now.
+pub(crate) fn inbound_ready(qp: &QpShared) -> bool {
+    qp.inbound.as_ref().is_some_and(|ring| !ring.is_empty()) && !qp.lock_rq().is_empty()
+}

@@ -1,0 +1,186 @@
+//! A single-producer single-consumer frame ring in a memfd shared by two processes.
+//!
+//! Layout: `head` (consumer position) at byte 0, `tail` (producer position) at byte 64,
+//! `closed` (the consumer's queue pair is gone) at byte 128, frames from byte 4096. Positions only grow; a frame is a u64 length word and the bytes,
+//! padded to 8. A length word of `WRAP` sends the consumer back to the ring start. The
+//! producer publishes `tail` with release after writing the frame; the consumer publishes
+//! `head` with release after copying it out, so neither reads bytes the other is writing.
+
+use crate::sys::SharedMemory;
+use crate::Result;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const DATA: usize = 4096;
+const WRAP: u64 = u64::MAX;
+
+/// One end of a ring (a process is either its producer or its consumer).
+#[derive(Debug)]
+pub(crate) struct Ring {
+    memory: SharedMemory,
+    capacity: usize,
+}
+
+fn padded(len: usize) -> usize {
+    8 + len.div_ceil(8) * 8
+}
+
+impl Ring {
+    /// Creates a ring with `capacity` bytes of frames (a power of two).
+    pub(crate) fn create(capacity: usize) -> Result<Self> {
+        let capacity = capacity.next_power_of_two();
+        Ok(Ring {
+            memory: SharedMemory::create(c"kvcm-ring", DATA + capacity)?,
+            capacity,
+        })
+    }
+
+    /// Maps the ring `fd` of process `pid` with `capacity` bytes of frames.
+    pub(crate) fn open_peer(pid: u32, fd: RawFd, capacity: usize) -> Result<Self> {
+        if !capacity.is_power_of_two() {
+            return Err(crate::TransportError::BadEndpoint("ring capacity".into()));
+        }
+        Ok(Ring {
+            memory: SharedMemory::open_peer(pid, fd, DATA + capacity)?,
+            capacity,
+        })
+    }
+
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.memory.raw_fd()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Largest frame `push` accepts.
+    pub(crate) fn max_frame(&self) -> usize {
+        self.capacity / 2 - 8
+    }
+
+    fn head(&self) -> &AtomicU64 {
+        self.memory.atomic_u64(0).expect("head word is in bounds")
+    }
+
+    fn tail(&self) -> &AtomicU64 {
+        self.memory.atomic_u64(64).expect("tail word is in bounds")
+    }
+
+    fn closed_word(&self) -> &AtomicU64 {
+        self.memory
+            .atomic_u64(128)
+            .expect("closed word is in bounds")
+    }
+
+    /// Marks the consumer gone (its queue pair was destroyed).
+    pub(crate) fn mark_closed(&self) {
+        self.closed_word().store(1, Ordering::Release);
+    }
+
+    /// Whether the consumer is gone.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed_word().load(Ordering::Acquire) != 0
+    }
+
+    /// Appends one frame made of `parts`; false if there is no room yet (or it can never fit).
+    pub(crate) fn push(&self, parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|part| part.len()).sum();
+        if len > self.max_frame() {
+            return false;
+        }
+        let need = padded(len) as u64;
+        let mut tail = self.tail().load(Ordering::Relaxed);
+        let free = self.capacity as u64 - (tail - self.head().load(Ordering::Acquire));
+        let index = (tail % self.capacity as u64) as usize;
+        let contiguous = (self.capacity - index) as u64;
+        let wraps = contiguous < need;
+        if free < need + if wraps { contiguous } else { 0 } {
+            return false;
+        }
+        if wraps {
+            let _ = self.memory.write(DATA + index, &WRAP.to_le_bytes());
+            tail += contiguous;
+        }
+        let mut at = DATA + (tail % self.capacity as u64) as usize;
+        let _ = self.memory.write(at, &(len as u64).to_le_bytes());
+        at += 8;
+        for part in parts {
+            let _ = self.memory.write(at, part);
+            at += part.len();
+        }
+        self.tail().store(tail + need, Ordering::Release);
+        true
+    }
+
+    /// Whether a frame is waiting.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head().load(Ordering::Relaxed) == self.tail().load(Ordering::Acquire)
+    }
+
+    /// Copies the next frame into `out` without consuming it; false if the ring is empty.
+    pub(crate) fn peek(&self, out: &mut Vec<u8>) -> bool {
+        loop {
+            let head = self.head().load(Ordering::Relaxed);
+            if head == self.tail().load(Ordering::Acquire) {
+                return false;
+            }
+            let index = (head % self.capacity as u64) as usize;
+            let mut word = [0u8; 8];
+            let _ = self.memory.read(DATA + index, &mut word);
+            let len = u64::from_le_bytes(word);
+            if len == WRAP {
+                self.head()
+                    .store(head + (self.capacity - index) as u64, Ordering::Release);
+                continue;
+            }
+            let len = (len as usize).min(self.max_frame());
+            out.clear();
+            out.resize(len, 0);
+            let _ = self.memory.read(DATA + index + 8, out);
+            return true;
+        }
+    }
+
+    /// Consumes the frame last peeked (of `len` bytes).
+    pub(crate) fn pop(&self, len: usize) {
+        let head = self.head().load(Ordering::Relaxed);
+        self.head()
+            .store(head + padded(len) as u64, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_cross_processes_in_order_and_wrap() {
+        let consumer = Ring::create(256).unwrap();
+        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 256).unwrap();
+        let mut out = Vec::new();
+        for round in 0..50u8 {
+            assert!(producer.push(&[&[round; 30], &[round + 1; 7]]));
+            assert!(consumer.peek(&mut out));
+            assert_eq!(out.len(), 37);
+            assert_eq!((out[0], out[36]), (round, round + 1));
+            consumer.pop(out.len());
+        }
+        assert!(!consumer.peek(&mut out));
+    }
+
+    #[test]
+    fn full_ring_refuses_until_consumed_and_oversize_never_fits() {
+        let ring = Ring::create(256).unwrap();
+        assert!(!ring.push(&[&[0; 200]]));
+        let mut pushed = 0;
+        while ring.push(&[&[1; 40]]) {
+            pushed += 1;
+        }
+        assert_eq!(pushed, 256 / 48);
+        let mut out = Vec::new();
+        assert!(ring.peek(&mut out));
+        ring.pop(out.len());
+        assert!(ring.push(&[&[1; 40]]));
+    }
+}

@@ -1,0 +1,13 @@
+//! Thin safe wrappers over the Linux calls the soft provider needs.
+//!
+//! All raw-pointer and libc work of the soft provider lives here, each `unsafe` block with a
+//! `// SAFETY:` comment. Everything exported is safe to call with any argument: bounds and
+//! alignment are checked before memory is touched.
+
+mod event;
+mod poll;
+mod shared_memory;
+
+pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};
+pub(crate) use poll::poll_readable;
+pub(crate) use shared_memory::SharedMemory;

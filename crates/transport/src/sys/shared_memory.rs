@@ -1,0 +1,247 @@
+//! memfd-backed shared memory mapped into this process.
+//!
+//! Invariant: `ptr` points to a live `MAP_SHARED` mapping of `len` bytes for the life of the
+//! value; every access is bounds-checked against `len` first. Other processes may map the
+//! same memfd and write concurrently; that is the RDMA contract (the application orders
+//! conflicting accesses with completions), so byte copies may observe torn data but never
+//! leave the mapping. Aligned 8-byte words are accessed through `AtomicU64` only.
+
+use crate::{Result, TransportError};
+use std::ffi::CStr;
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU64;
+
+/// A shared mapping of a whole memfd.
+#[derive(Debug)]
+pub(crate) struct SharedMemory {
+    fd: OwnedFd,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value; all accesses go through
+// bounds-checked copies or atomics, so sharing the handle between threads is sound.
+unsafe impl Send for SharedMemory {}
+// SAFETY: see `Send`; no method hands out references that alias mutable state.
+unsafe impl Sync for SharedMemory {}
+
+impl SharedMemory {
+    /// Creates a zeroed memfd of `len` bytes and maps it.
+    pub(crate) fn create(name: &CStr, len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(TransportError::InvalidArgument("zero-length memory"));
+        }
+        // SAFETY: `name` is a valid NUL-terminated string; flags are plain constants.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(TransportError::last_os("memfd_create"));
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        File::from(
+            fd.try_clone()
+                .map_err(|e| TransportError::io("dup memfd", e))?,
+        )
+        .set_len(len as u64)
+        .map_err(|e| TransportError::io("size memfd", e))?;
+        Self::map(fd, len)
+    }
+
+    /// Maps the memfd `fd` of process `pid` (same host), which must be `len` bytes long.
+    pub(crate) fn open_peer(pid: u32, fd: RawFd, len: usize) -> Result<Self> {
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| TransportError::io("open peer memfd", e))?;
+        let actual = file
+            .metadata()
+            .map_err(|e| TransportError::io("stat peer memfd", e))?
+            .len();
+        if actual != len as u64 {
+            return Err(TransportError::BadEndpoint(format!(
+                "{path} is {actual} bytes, expected {len}"
+            )));
+        }
+        Self::map(OwnedFd::from(file), len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(TransportError::InvalidArgument("zero-length memory"));
+        }
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) of a descriptor we own;
+        // it aliases no Rust object.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(TransportError::last_os("mmap"));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(TransportError::Exhausted("mappings"))?;
+        Ok(SharedMemory { fd, ptr, len })
+    }
+
+    /// Virtual address of byte 0 in this process.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The memfd (for peers to open through `/proc/<pid>/fd`).
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(TransportError::InvalidArgument("range outside the memory")),
+        }
+    }
+
+    /// Copies `data` to `offset`.
+    pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len())?;
+        // SAFETY: the range was bounds-checked; `data` is a separate Rust slice, so the two
+        // do not overlap (a slice into a mapping is never handed out).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies from `offset` into `out`.
+    pub(crate) fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check(offset, out.len())?;
+        // SAFETY: bounds-checked source inside the mapping; `out` is a distinct Rust slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Appends `len` bytes from `offset` to `out` (no zero-fill first).
+    pub(crate) fn append_to(&self, offset: usize, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        self.check(offset, len)?;
+        out.reserve(len);
+        let start = out.len();
+        // SAFETY: the source range was bounds-checked; `reserve` made `len` bytes of spare
+        // capacity after `start`, which the copy initialises completely before `set_len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr().add(start),
+                len,
+            );
+            out.set_len(start + len);
+        }
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
+    pub(crate) fn copy(
+        src: &SharedMemory,
+        src_offset: usize,
+        dst: &SharedMemory,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        src.check(src_offset, len)?;
+        dst.check(dst_offset, len)?;
+        // SAFETY: both ranges are bounds-checked; `copy` (memmove) tolerates the two
+        // mappings aliasing the same pages.
+        unsafe {
+            std::ptr::copy(
+                src.ptr.as_ptr().add(src_offset),
+                dst.ptr.as_ptr().add(dst_offset),
+                len,
+            )
+        };
+        Ok(())
+    }
+
+    /// The aligned 8-byte word at `offset` as an atomic.
+    pub(crate) fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
+        self.check(offset, 8)?;
+        if offset % 8 != 0 {
+            return Err(TransportError::InvalidArgument(
+                "atomic offset is not 8-byte aligned",
+            ));
+        }
+        // SAFETY: in bounds, 8-byte aligned (the mapping is page aligned), valid for the
+        // lifetime of `&self`; every concurrent access to this word in any process is atomic.
+        Ok(unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) })
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` describe the mapping made in `map`, unmapped exactly once here;
+        // no reference into it outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    fn memory(len: usize) -> SharedMemory {
+        SharedMemory::create(c"test", len).unwrap()
+    }
+
+    #[test]
+    fn writes_are_seen_through_a_second_mapping() {
+        let first = memory(4096);
+        let second = SharedMemory::open_peer(std::process::id(), first.raw_fd(), 4096).unwrap();
+        first.write(100, b"hello").unwrap();
+        let mut out = [0u8; 5];
+        second.read(100, &mut out).unwrap();
+        assert_eq!(&out, b"hello");
+        let mut appended = b"<".to_vec();
+        second.append_to(100, 5, &mut appended).unwrap();
+        assert_eq!(appended, b"<hello");
+        assert!(second.append_to(4094, 5, &mut appended).is_err());
+        assert_eq!(appended.len(), 6, "a refused append changes nothing");
+        second.atomic_u64(8).unwrap().fetch_add(3, Ordering::SeqCst);
+        assert_eq!(first.atomic_u64(8).unwrap().load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn out_of_bounds_and_unaligned_accesses_are_refused() {
+        let mem = memory(64);
+        assert!(mem.write(60, b"12345").is_err());
+        assert!(mem.read(usize::MAX, &mut [0u8; 2]).is_err());
+        assert!(mem.atomic_u64(4).is_err());
+        assert!(mem.atomic_u64(64).is_err());
+        assert!(SharedMemory::copy(&mem, 0, &mem, 40, 32).is_err());
+    }
+
+    #[test]
+    fn zero_length_and_wrong_size_peer_are_refused() {
+        assert!(SharedMemory::create(c"zero", 0).is_err());
+        let mem = memory(4096);
+        assert!(SharedMemory::open_peer(std::process::id(), mem.raw_fd(), 8192).is_err());
+    }
+}
