@@ -193,3 +193,31 @@ fn extreme_timestamps_fall_in_the_first_and_last_window() {
     assert_eq!(requested, [1, 0, 0, 1]);
     assert_eq!(stats.windows[3].hit_blocks, 1);
 }
+
+#[test]
+fn reuse_distances_count_distinct_blocks_since_the_last_use() {
+    // Blocks 1, 2, 1, 3, 2: the second 1 has depth 2 (1 and 2 since its use), the second 2
+    // has depth 3 (2, 1, 3). Three cold accesses.
+    let requests: Vec<Request> = [1, 2, 1, 3, 2]
+        .iter()
+        .map(|&b| Request::untimed(&[b], 1))
+        .collect();
+    let workload = Workload::from_requests(&requests, 1).unwrap();
+    let curve = LruCurve::compute(&workload);
+    assert_eq!(curve.cold_accesses(), 3);
+    assert_eq!(curve.reuse_distances().counts(), &[0, 0, 2]);
+    assert_eq!(curve.hit_blocks(2), 1);
+    assert_eq!(curve.hit_blocks(3), 2);
+}
+
+#[test]
+fn instances_never_share_blocks() {
+    let mut a = Request::untimed(&[1, 2], 2);
+    let mut b = Request::untimed(&[1, 2], 2);
+    a.instance = "a".to_string();
+    b.instance = "b".to_string();
+    let workload = Workload::from_requests(&[a, b], 1).unwrap();
+    assert_eq!((workload.instances(), workload.unique_blocks()), (2, 4));
+    let stats = replay(&workload, &Config::single(PolicyKind::Lru, 10), 1);
+    assert_eq!(stats.hit_blocks, 0);
+}
