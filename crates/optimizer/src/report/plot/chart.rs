@@ -205,8 +205,10 @@ fn time_chart(report: &Report) -> Chart {
     let series: Vec<Series> = by_policy(report)
         .into_iter()
         .filter_map(|(name, rows)| {
-            let largest = rows.iter().max_by_key(|r| r.capacity_blocks)?;
-            let points = largest
+            let mut by_capacity = rows.clone();
+            by_capacity.sort_by_key(|r| r.capacity_blocks);
+            let middle = by_capacity.get(by_capacity.len() / 2)?;
+            let points = middle
                 .stats
                 .windows
                 .iter()
@@ -215,7 +217,7 @@ fn time_chart(report: &Report) -> Chart {
                 .map(|(i, w)| (i as f64, w.hit_blocks as f64 / w.requested_blocks as f64))
                 .collect();
             Some(Series {
-                name: format!("{name} @{}", largest.capacity_blocks),
+                name: format!("{name} @{}", middle.capacity_blocks),
                 points,
                 style: SeriesStyle::Line,
             })
@@ -223,7 +225,7 @@ fn time_chart(report: &Report) -> Chart {
         .collect();
     let windows = report.results.first().map_or(1, |r| r.stats.windows.len());
     Chart {
-        title: "Block hit rate over time (largest capacity)".to_string(),
+        title: "Block hit rate over time (middle capacity)".to_string(),
         x_label: "time window".to_string(),
         y_label: "block hit rate".to_string(),
         x_range: (0.0, windows.saturating_sub(1).max(1) as f64),
