@@ -176,6 +176,12 @@ fn bad_values_are_line_errors() {
             1,
             "unknown variant `evict_all`",
         ),
+        (
+            TraceFormat::Events,
+            "{\"v\":2,\"ts_us\":1,\"event\":\"reclaim\",\"instance\":\"a\",\"keys\":[]}\n",
+            1,
+            "unsupported event log version 2",
+        ),
     ];
     for (index, (format, text, line, message)) in cases.into_iter().enumerate() {
         let path = write(dir.path(), &format!("case{index}.jsonl"), text);
