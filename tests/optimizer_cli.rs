@@ -272,3 +272,47 @@ fn bad_arguments_fail_with_a_clear_error() {
         );
     }
 }
+
+#[test]
+fn a_rotated_event_log_directory_replays_like_the_single_file() {
+    use kvcm_optimizer::trace::events::{Event, EventLogWriter, EventType, EVENT_LOG_VERSION};
+    let log = TempDir::new();
+    let mut writer = EventLogWriter::open(&log.0, 400, 10).unwrap();
+    let requests: [&[u64]; 5] = [&[1, 2, 3], &[1, 2, 4], &[1, 2, 3], &[5, 6], &[1, 2, 3]];
+    for (i, keys) in requests.iter().enumerate() {
+        let event = Event {
+            v: EVENT_LOG_VERSION,
+            ts_us: i as u64 * 1_000_000,
+            event: EventType::GetCacheLocation,
+            instance: "inst-a".to_string(),
+            keys: keys.to_vec(),
+            block_tokens: Some(512),
+            input_tokens: None,
+            write_session: None,
+        };
+        writer.write(&event).unwrap();
+    }
+    writer.flush().unwrap();
+    assert!(
+        log.0.join("events.1.jsonl").exists(),
+        "the log did not rotate"
+    );
+    let rates = |trace: &Path| {
+        let out = TempDir::new();
+        let output = optimize(&[
+            "--trace",
+            trace.to_str().unwrap(),
+            "--capacity",
+            "3,6",
+            "--out",
+            out.0.to_str().unwrap(),
+        ]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let csv = std::fs::read_to_string(out.0.join("results.csv")).unwrap();
+        csv_rates(&csv)
+            .into_iter()
+            .map(|r| r.2)
+            .collect::<Vec<f64>>()
+    };
+    assert_eq!(rates(&log.0), rates(&fixture("mooncake_small.jsonl")));
+}

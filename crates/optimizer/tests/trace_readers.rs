@@ -106,6 +106,8 @@ fn empty_blank_and_unknown_files_are_rejected() {
             .contains("unknown_format.jsonl:1: cannot detect"),
         "{error}"
     );
+    let no_log = Workload::load(&[dir.path().to_path_buf()], None, None).unwrap_err();
+    assert!(matches!(no_log, TraceError::NoEventLog { .. }), "{no_log}");
     let missing = TraceReader::open(&dir.path().join("missing.jsonl"), None)
         .err()
         .unwrap();
@@ -246,6 +248,9 @@ fn event_log_writer_rotates_by_size_and_replays_in_order() {
     assert!(timestamps.len() < 12);
     let workload = Workload::load(&files, None, None).unwrap();
     assert_eq!(workload.block_tokens(), 64);
+    let from_dir = Workload::load(&[dir.path().to_path_buf()], None, None).unwrap();
+    assert_eq!(from_dir.accesses(), workload.accesses());
+    assert_eq!(from_dir.timestamp_us(0), timestamps[0]);
 }
 
 #[test]
