@@ -23,7 +23,7 @@ fn random_step(
     }
     let access = Access {
         block,
-        parent: (block > 0 && rng.below(2) == 0).then(|| block / 2),
+        parent: (block > 0 && rng.below(2) == 0).then_some(block / 2),
         next_use: (rng.below(4) != 0).then(|| time + 1 + rng.below(50) as u64),
     };
     let mut evicted = Vec::new();
