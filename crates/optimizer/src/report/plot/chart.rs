@@ -97,6 +97,11 @@ impl Chart {
         nice_ticks(self.y_range)
     }
 
+    /// Half the pixel width of a bar: bars fill 80% of one x unit.
+    pub fn bar_half_width(&self) -> f64 {
+        0.4 * (self.to_pixel((1.0, 0.0)).0 - self.to_pixel((0.0, 0.0)).0)
+    }
+
     /// Pixel position of legend entry `index` (top-left of its colour swatch).
     pub fn legend_position(&self, index: usize) -> (f64, f64) {
         let (_, top, right, _) = self.plot_area();
