@@ -221,3 +221,30 @@ fn instances_never_share_blocks() {
     let stats = replay(&workload, &Config::single(PolicyKind::Lru, 10), 1);
     assert_eq!(stats.hit_blocks, 0);
 }
+
+#[test]
+fn two_tier_lru_hits_like_one_lru_of_the_combined_size() {
+    // Memory holds the most recent blocks, main the next most recent (demotions arrive in
+    // recency order), so exclusive LRU tiers hit exactly like one LRU of both sizes.
+    for seed in 200..220 {
+        let workload = random_workload(seed);
+        let curve = LruCurve::compute(&workload);
+        for (memory, main) in [(0, 3), (1, 2), (2, 5), (4, 1), (3, 0)] {
+            let config = Config {
+                policy: PolicyKind::Lru,
+                capacity: main,
+                memory_capacity: Some(memory),
+            };
+            let stats = replay(&workload, &config, 1);
+            assert_eq!(
+                stats.hit_blocks,
+                curve.hit_blocks(memory + main),
+                "seed {seed}"
+            );
+            assert!(stats.memory_hit_blocks <= stats.hit_blocks, "seed {seed}");
+            if memory == 0 {
+                assert_eq!(stats.memory_hit_blocks, 0, "seed {seed}");
+            }
+        }
+    }
+}
