@@ -248,3 +248,18 @@ fn two_tier_lru_hits_like_one_lru_of_the_combined_size() {
         }
     }
 }
+
+#[test]
+fn leaf_lru_keeps_the_prefix_that_lru_throws_away() {
+    // Capacity 2: [a b], [c], [a b]. LRU evicts a (the oldest) for c, leaving b without its
+    // prefix: 0 hits. Leaf-LRU may only evict leaves (b, c): it evicts b, keeps a: 1 hit.
+    let requests = [
+        Request::untimed(&[1, 2], 2),
+        Request::untimed(&[3], 1),
+        Request::untimed(&[1, 2], 2),
+    ];
+    let workload = Workload::from_requests(&requests, 1).unwrap();
+    let hits = |policy| replay(&workload, &Config::single(policy, 2), 1).hit_blocks;
+    assert_eq!(hits(PolicyKind::Lru), 0);
+    assert_eq!(hits(PolicyKind::LeafLru), 1);
+}
