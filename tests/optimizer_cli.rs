@@ -288,3 +288,20 @@ fn a_rotated_event_log_directory_replays_like_the_single_file() {
     };
     assert_eq!(rates(&log.0), rates(&fixture("mooncake_small.jsonl")));
 }
+
+#[test]
+fn an_output_path_that_is_a_file_fails_with_its_name() {
+    let trace = fixture("mooncake_small.jsonl");
+    let output = optimize(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--out",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(
+        message.contains("cannot write") && message.contains("mooncake_small.jsonl"),
+        "{message}"
+    );
+}
