@@ -50,6 +50,34 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// A successful run: its stdout and its output directory.
+struct Run {
+    stdout: String,
+    out: TempDir,
+}
+
+impl Run {
+    fn file(&self, name: &str) -> String {
+        std::fs::read_to_string(self.out.0.join(name)).unwrap()
+    }
+
+    fn rates(&self) -> Vec<(String, usize, f64, f64)> {
+        csv_rates(&self.file("results.csv"))
+    }
+}
+
+/// Runs `kvcm optimize --trace <trace> <args> --out <fresh dir>`; asserts it succeeded.
+fn optimize_ok(trace: &Path, args: &[&str]) -> Run {
+    let out = TempDir::new();
+    let mut all = vec!["--trace", trace.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--out", out.0.to_str().unwrap()]);
+    let output = optimize(&all);
+    assert!(output.status.success(), "{trace:?}: {}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    Run { stdout, out }
+}
+
 /// `policy,capacity -> (block_hit_rate, token_hit_rate)` from results.csv.
 fn csv_rates(csv: &str) -> Vec<(String, usize, f64, f64)> {
     let mut lines = csv.lines();
@@ -78,23 +106,12 @@ fn csv_rates(csv: &str) -> Vec<(String, usize, f64, f64)> {
 
 #[test]
 fn hand_made_trace_gives_hand_computed_rates_and_all_outputs() {
-    let out = TempDir::new();
     let trace = fixture("mooncake_small.jsonl");
-    let output = optimize(&[
-        "--trace",
-        trace.to_str().unwrap(),
-        "--policy",
-        "lru,fifo",
-        "--capacity",
-        "50%,6",
-        "--out",
-        out.0.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "{}", stderr(&output));
+    let run = optimize_ok(&trace, &["--policy", "lru,fifo", "--capacity", "50%,6"]);
     // LRU at 3 blocks: requests 2 and 3 hit [1,2]: 4 of 14 blocks, 2048 of 6996 tokens.
     // FIFO at 3 blocks: only request 2 hits [1,2]. At 6 blocks nothing is evicted:
     // 2 + 3 + 3 = 8 of 14 blocks, 1024 + 1400 + 1536 = 3960 of 6996 tokens.
-    let rates = csv_rates(&std::fs::read_to_string(out.0.join("results.csv")).unwrap());
+    let rates = run.rates();
     let expected = [
         ("lru", 3, 4.0 / 14.0, 2048.0 / 6996.0),
         ("lru", 6, 8.0 / 14.0, 3960.0 / 6996.0),
@@ -109,7 +126,7 @@ fn hand_made_trace_gives_hand_computed_rates_and_all_outputs() {
             "{row:?}"
         );
     }
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = &run.stdout;
     let printed_row = ["lru", "3", "0.2857", "0.2927"];
     assert!(
         stdout
@@ -122,15 +139,15 @@ fn hand_made_trace_gives_hand_computed_rates_and_all_outputs() {
         "hit_rate_over_time",
         "reuse_distance",
     ] {
-        let png = std::fs::read(out.0.join(format!("{name}.png"))).unwrap();
+        let png = std::fs::read(run.out.0.join(format!("{name}.png"))).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name}");
-        let svg = std::fs::read_to_string(out.0.join(format!("{name}.svg"))).unwrap();
+        let svg = run.file(&format!("{name}.svg"));
         assert!(
             svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
             "{name}"
         );
     }
-    let json = std::fs::read_to_string(out.0.join("results.json")).unwrap();
+    let json = run.file("results.json");
     assert!(json.contains("\"unique_blocks\": 6") && json.contains("\"lru_curve\""));
 }
 
@@ -143,24 +160,10 @@ fn every_format_of_the_same_workload_gives_the_same_block_hit_rates() {
         "events_small.jsonl",
         "native_small.jsonl",
     ] {
-        let out = TempDir::new();
-        let trace = fixture(name);
-        let output = optimize(&[
-            "--trace",
-            trace.to_str().unwrap(),
-            "--policy",
-            "lru,s3fifo,sieve,belady",
-            "--capacity",
-            "2,3,4",
-            "--out",
-            out.0.to_str().unwrap(),
-        ]);
-        assert!(output.status.success(), "{name}: {}", stderr(&output));
-        let csv = std::fs::read_to_string(out.0.join("results.csv")).unwrap();
-        let blocks: Vec<(String, usize, f64)> = csv_rates(&csv)
-            .into_iter()
-            .map(|r| (r.0, r.1, r.2))
-            .collect();
+        let args = ["--policy", "lru,s3fifo,sieve,belady", "--capacity", "2,3,4"];
+        let run = optimize_ok(&fixture(name), &args);
+        let blocks: Vec<(String, usize, f64)> =
+            run.rates().into_iter().map(|r| (r.0, r.1, r.2)).collect();
         all.push(blocks);
     }
     assert!(all.windows(2).all(|w| w[0] == w[1]), "{all:?}");
@@ -168,20 +171,13 @@ fn every_format_of_the_same_workload_gives_the_same_block_hit_rates() {
 
 #[test]
 fn fixture_lru_sweep_meets_the_acceptance_figures() {
-    let out = TempDir::new();
-    let trace = mooncake_fixture();
-    let output = optimize(&[
-        "--trace",
-        trace.to_str().unwrap(),
+    let args = [
         "--policy",
         "lru",
         "--capacity",
         "5%,10%,20%,40%,60%,80%,100%",
-        "--out",
-        out.0.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    let rates = csv_rates(&std::fs::read_to_string(out.0.join("results.csv")).unwrap());
+    ];
+    let rates = optimize_ok(&mooncake_fixture(), &args).rates();
     let expected = [
         (2_196, 0.1548),
         (4_392, 0.2598),
@@ -199,20 +195,9 @@ fn fixture_lru_sweep_meets_the_acceptance_figures() {
 
 #[test]
 fn two_tier_run_reports_writes_per_tier() {
-    let out = TempDir::new();
     let trace = fixture("mooncake_small.jsonl");
-    let output = optimize(&[
-        "--trace",
-        trace.to_str().unwrap(),
-        "--capacity",
-        "4",
-        "--memory-tier",
-        "1",
-        "--out",
-        out.0.to_str().unwrap(),
-    ]);
-    assert!(output.status.success(), "{}", stderr(&output));
-    let csv = std::fs::read_to_string(out.0.join("results.csv")).unwrap();
+    let run = optimize_ok(&trace, &["--capacity", "4", "--memory-tier", "1"]);
+    let csv = run.file("results.csv");
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
     assert_eq!(row[4], "1", "memory_tier_blocks: {csv}");
     let (written_main, written_memory): (u64, u64) =
@@ -271,4 +256,52 @@ fn bad_arguments_fail_with_a_clear_error() {
             stderr(&output)
         );
     }
+}
+
+#[test]
+fn a_rotated_event_log_directory_replays_like_the_single_file() {
+    use kvcm_optimizer::trace::events::{Event, EventLogWriter, EventType, EVENT_LOG_VERSION};
+    let log = TempDir::new();
+    let mut writer = EventLogWriter::open(&log.0, 400, 10).unwrap();
+    let requests: [&[u64]; 5] = [&[1, 2, 3], &[1, 2, 4], &[1, 2, 3], &[5, 6], &[1, 2, 3]];
+    for (i, keys) in requests.iter().enumerate() {
+        let event = Event {
+            v: EVENT_LOG_VERSION,
+            ts_us: i as u64 * 1_000_000,
+            event: EventType::GetCacheLocation,
+            instance: "inst-a".to_string(),
+            keys: keys.to_vec(),
+            block_tokens: Some(512),
+            input_tokens: None,
+            write_session: None,
+        };
+        writer.write(&event).unwrap();
+    }
+    writer.flush().unwrap();
+    assert!(
+        log.0.join("events.1.jsonl").exists(),
+        "the log did not rotate"
+    );
+    let rates = |trace: &Path| {
+        let run = optimize_ok(trace, &["--capacity", "3,6"]);
+        run.rates().into_iter().map(|r| r.2).collect::<Vec<f64>>()
+    };
+    assert_eq!(rates(&log.0), rates(&fixture("mooncake_small.jsonl")));
+}
+
+#[test]
+fn an_output_path_that_is_a_file_fails_with_its_name() {
+    let trace = fixture("mooncake_small.jsonl");
+    let output = optimize(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--out",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(
+        message.contains("cannot write") && message.contains("mooncake_small.jsonl"),
+        "{message}"
+    );
 }

@@ -193,3 +193,73 @@ fn extreme_timestamps_fall_in_the_first_and_last_window() {
     assert_eq!(requested, [1, 0, 0, 1]);
     assert_eq!(stats.windows[3].hit_blocks, 1);
 }
+
+#[test]
+fn reuse_distances_count_distinct_blocks_since_the_last_use() {
+    // Blocks 1, 2, 1, 3, 2: the second 1 has depth 2 (1 and 2 since its use), the second 2
+    // has depth 3 (2, 1, 3). Three cold accesses.
+    let requests: Vec<Request> = [1, 2, 1, 3, 2]
+        .iter()
+        .map(|&b| Request::untimed(&[b], 1))
+        .collect();
+    let workload = Workload::from_requests(&requests, 1).unwrap();
+    let curve = LruCurve::compute(&workload);
+    assert_eq!(curve.cold_accesses(), 3);
+    assert_eq!(curve.reuse_distances().counts(), &[0, 0, 2]);
+    assert_eq!(curve.hit_blocks(2), 1);
+    assert_eq!(curve.hit_blocks(3), 2);
+}
+
+#[test]
+fn instances_never_share_blocks() {
+    let mut a = Request::untimed(&[1, 2], 2);
+    let mut b = Request::untimed(&[1, 2], 2);
+    a.instance = "a".to_string();
+    b.instance = "b".to_string();
+    let workload = Workload::from_requests(&[a, b], 1).unwrap();
+    assert_eq!((workload.instances(), workload.unique_blocks()), (2, 4));
+    let stats = replay(&workload, &Config::single(PolicyKind::Lru, 10), 1);
+    assert_eq!(stats.hit_blocks, 0);
+}
+
+#[test]
+fn two_tier_lru_hits_like_one_lru_of_the_combined_size() {
+    // Memory holds the most recent blocks, main the next most recent (demotions arrive in
+    // recency order), so exclusive LRU tiers hit exactly like one LRU of both sizes.
+    for seed in 200..220 {
+        let workload = random_workload(seed);
+        let curve = LruCurve::compute(&workload);
+        for (memory, main) in [(0, 3), (1, 2), (2, 5), (4, 1), (3, 0)] {
+            let config = Config {
+                policy: PolicyKind::Lru,
+                capacity: main,
+                memory_capacity: Some(memory),
+            };
+            let stats = replay(&workload, &config, 1);
+            assert_eq!(
+                stats.hit_blocks,
+                curve.hit_blocks(memory + main),
+                "seed {seed}"
+            );
+            assert!(stats.memory_hit_blocks <= stats.hit_blocks, "seed {seed}");
+            if memory == 0 {
+                assert_eq!(stats.memory_hit_blocks, 0, "seed {seed}");
+            }
+        }
+    }
+}
+
+#[test]
+fn leaf_lru_keeps_the_prefix_that_lru_throws_away() {
+    // Capacity 2: [a b], [c], [a b]. LRU evicts a (the oldest) for c, leaving b without its
+    // prefix: 0 hits. Leaf-LRU may only evict leaves (b, c): it evicts b, keeps a: 1 hit.
+    let requests = [
+        Request::untimed(&[1, 2], 2),
+        Request::untimed(&[3], 1),
+        Request::untimed(&[1, 2], 2),
+    ];
+    let workload = Workload::from_requests(&requests, 1).unwrap();
+    let hits = |policy| replay(&workload, &Config::single(policy, 2), 1).hit_blocks;
+    assert_eq!(hits(PolicyKind::Lru), 0);
+    assert_eq!(hits(PolicyKind::LeafLru), 1);
+}

@@ -106,6 +106,8 @@ fn empty_blank_and_unknown_files_are_rejected() {
             .contains("unknown_format.jsonl:1: cannot detect"),
         "{error}"
     );
+    let no_log = Workload::load(&[dir.path().to_path_buf()], None, None).unwrap_err();
+    assert!(matches!(no_log, TraceError::NoEventLog { .. }), "{no_log}");
     let missing = TraceReader::open(&dir.path().join("missing.jsonl"), None)
         .err()
         .unwrap();
@@ -176,6 +178,12 @@ fn bad_values_are_line_errors() {
             1,
             "unknown variant `evict_all`",
         ),
+        (
+            TraceFormat::Events,
+            "{\"v\":2,\"ts_us\":1,\"event\":\"reclaim\",\"instance\":\"a\",\"keys\":[]}\n",
+            1,
+            "unsupported event log version 2",
+        ),
     ];
     for (index, (format, text, line, message)) in cases.into_iter().enumerate() {
         let path = write(dir.path(), &format!("case{index}.jsonl"), text);
@@ -240,6 +248,9 @@ fn event_log_writer_rotates_by_size_and_replays_in_order() {
     assert!(timestamps.len() < 12);
     let workload = Workload::load(&files, None, None).unwrap();
     assert_eq!(workload.block_tokens(), 64);
+    let from_dir = Workload::load(&[dir.path().to_path_buf()], None, None).unwrap();
+    assert_eq!(from_dir.accesses(), workload.accesses());
+    assert_eq!(from_dir.timestamp_us(0), timestamps[0]);
 }
 
 #[test]

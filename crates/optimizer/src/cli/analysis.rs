@@ -7,39 +7,18 @@ use crate::policy::PolicyKind;
 use crate::report::{CurvePoint, Report, ResultRow, TargetCapacity, TargetSummary, TraceSummary};
 use crate::sim::{capacity_for_target, replay, run_parallel, Config, LruCurve};
 
-use super::{OptimizeArgs, OptimizeError, Progress};
+use super::{CapacitySpec, OptimizeArgs, OptimizeError, Progress};
 
 /// Points of the LRU curve kept in the report.
 const CURVE_POINTS: usize = 200;
 
 /// Replays every policy × capacity, computes the LRU curve and the target capacities.
 pub fn analyse(workload: &Workload, args: &OptimizeArgs) -> Result<Report, OptimizeError> {
-    let unique = workload.unique_blocks();
-    let block_tokens = workload.block_tokens();
-    let to_blocks =
-        |spec: &super::CapacitySpec| spec.blocks(unique, block_tokens, args.bytes_per_token);
-    let capacities = args
-        .capacity
-        .iter()
-        .map(to_blocks)
-        .collect::<Result<Vec<_>, _>>()?;
-    let memory_capacity = args.memory_tier.as_ref().map(to_blocks).transpose()?;
-    let policies = distinct(&args.policy);
+    let configs = configs(workload, args)?;
     let threads = args
         .threads
         .unwrap_or_else(|| available_parallelism().map_or(1, |n| n.get()));
-
     let curve = LruCurve::compute(workload);
-    let configs: Vec<Config> = policies
-        .iter()
-        .flat_map(|&policy| {
-            capacities.iter().map(move |&capacity| Config {
-                policy,
-                capacity,
-                memory_capacity,
-            })
-        })
-        .collect();
     let progress = Progress::new("replay");
     let stats = run_parallel(
         &configs,
@@ -52,35 +31,77 @@ pub fn analyse(workload: &Workload, args: &OptimizeArgs) -> Result<Report, Optim
         .zip(stats)
         .map(|(c, s)| ResultRow::new(c.policy.name(), c.capacity, c.memory_capacity, s))
         .collect();
-
-    let infinite = curve.block_hit_rate(unique);
-    let target_rate = args.target * infinite;
-    let progress = Progress::new("target");
-    let needed = run_parallel(
-        &policies,
-        threads,
-        |&policy| capacity_for_target(workload, &curve, policy, target_rate),
-        |done, total| progress.update(done, total),
-    );
     Ok(Report {
         trace: summary(workload, args, &curve),
         results,
         lru_curve: sample_curve(&curve),
         reuse_distances: curve.reuse_distances().clone(),
         cold_accesses: curve.cold_accesses(),
-        target: TargetSummary {
-            fraction_of_infinite: args.target,
-            block_hit_rate: target_rate,
-            capacities: policies
-                .iter()
-                .zip(needed)
-                .map(|(p, capacity_blocks)| TargetCapacity {
-                    policy: p.name(),
-                    capacity_blocks,
-                })
-                .collect(),
-        },
+        target: targets(
+            workload,
+            &curve,
+            &distinct(&args.policy),
+            args.target,
+            threads,
+        ),
     })
+}
+
+/// Every policy × capacity configuration the arguments ask for, capacities in blocks.
+fn configs(workload: &Workload, args: &OptimizeArgs) -> Result<Vec<Config>, OptimizeError> {
+    let to_blocks = |spec: &CapacitySpec| {
+        spec.blocks(
+            workload.unique_blocks(),
+            workload.block_tokens(),
+            args.bytes_per_token,
+        )
+    };
+    let capacities = args
+        .capacity
+        .iter()
+        .map(to_blocks)
+        .collect::<Result<Vec<_>, _>>()?;
+    let memory_capacity = args.memory_tier.as_ref().map(to_blocks).transpose()?;
+    Ok(distinct(&args.policy)
+        .into_iter()
+        .flat_map(|policy| {
+            capacities.iter().map(move |&capacity| Config {
+                policy,
+                capacity,
+                memory_capacity,
+            })
+        })
+        .collect())
+}
+
+/// The capacity each policy needs for `fraction` of the infinite-cache hit rate.
+fn targets(
+    workload: &Workload,
+    curve: &LruCurve,
+    policies: &[PolicyKind],
+    fraction: f64,
+    threads: usize,
+) -> TargetSummary {
+    let hit_rate = fraction * curve.block_hit_rate(workload.unique_blocks());
+    let progress = Progress::new("target");
+    let needed = run_parallel(
+        policies,
+        threads,
+        |&policy| capacity_for_target(workload, curve, policy, hit_rate),
+        |done, total| progress.update(done, total),
+    );
+    TargetSummary {
+        fraction_of_infinite: fraction,
+        block_hit_rate: hit_rate,
+        capacities: policies
+            .iter()
+            .zip(needed)
+            .map(|(p, capacity_blocks)| TargetCapacity {
+                policy: p.name(),
+                capacity_blocks,
+            })
+            .collect(),
+    }
 }
 
 fn distinct(policies: &[PolicyKind]) -> Vec<PolicyKind> {

@@ -35,7 +35,7 @@ pub enum OptimizeError {
 /// Arguments of `kvcm optimize`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct OptimizeArgs {
-    /// Trace files, replayed in order (rotated event logs: oldest first).
+    /// Trace files, replayed in order; a directory means the rotated event log inside it.
     #[arg(long, required = true, num_args = 1..)]
     pub trace: Vec<PathBuf>,
     /// Trace format; detected from the first line when omitted.

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use super::PrefixTree;
 use crate::policy::BlockId;
-use crate::trace::{Request, TraceError, TraceFormat, TraceReader};
+use crate::trace::{expand_paths, Request, TraceError, TraceFormat, TraceReader};
 
 /// Marks an access whose block is never accessed again.
 pub const NEVER: u32 = u32::MAX;
@@ -28,8 +28,8 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Reads the trace files in order and compiles them. `block_tokens` overrides what the
-    /// trace declares or its format implies.
+    /// Reads the trace files in order and compiles them; a directory stands for the rotated
+    /// event log in it. `block_tokens` overrides what the trace declares or its format implies.
     pub fn load(
         paths: &[PathBuf],
         format: Option<TraceFormat>,
@@ -37,7 +37,7 @@ impl Workload {
     ) -> Result<Workload, TraceError> {
         let mut builder = Builder::default();
         let mut implied_block_tokens = None;
-        for path in paths {
+        for path in &expand_paths(paths)? {
             let mut reader = TraceReader::open(path, format)?;
             for request in reader.by_ref() {
                 builder

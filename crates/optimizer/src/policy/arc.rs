@@ -19,7 +19,7 @@ pub struct Arc {
     capacity: usize,
     /// Target size of T1.
     target_t1: usize,
-    lists: Lists<4>,
+    lists: Lists,
 }
 
 impl Arc {
@@ -28,7 +28,7 @@ impl Arc {
         Arc {
             capacity,
             target_t1: 0,
-            lists: Lists::new(),
+            lists: Lists::new(4),
         }
     }
 

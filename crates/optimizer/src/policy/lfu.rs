@@ -1,30 +1,47 @@
 //! LFU: evicts the held block with the fewest accesses since it was inserted; ties go to the
-//! least recently used. Counts restart when a block is evicted (in-cache LFU).
+//! least recently used. Counts restart when a block is evicted (in-cache LFU) and saturate
+//! at [`Lfu::MAX_COUNT`].
+//!
+//! O(1) per access: list `c` holds the blocks accessed `c` times, most recent first, and
+//! `min_count` is at or below the smallest non-empty list.
 
-use std::collections::BTreeSet;
-
-use super::{grow, Access, BlockId, EvictionPolicy};
+use super::list::Lists;
+use super::{Access, BlockId, EvictionPolicy};
 
 /// Least frequently used, LRU among equals.
 #[derive(Debug)]
 pub struct Lfu {
     capacity: usize,
-    clock: u64,
-    /// (accesses, last access) of each block; accesses 0 = not held.
-    rank: Vec<(u64, u64)>,
-    /// Held blocks ordered by (accesses, last access, block).
-    order: BTreeSet<(u64, u64, BlockId)>,
+    len: usize,
+    /// List `c`: held blocks with access count `c` (list 0 stays empty).
+    by_count: Lists,
+    min_count: usize,
 }
 
 impl Lfu {
+    /// Access counts stop growing here (bounds the number of lists).
+    pub const MAX_COUNT: usize = 1 << 16;
+
     /// An empty cache of `capacity` blocks.
     pub fn new(capacity: usize) -> Self {
         Lfu {
             capacity,
-            clock: 0,
-            rank: Vec::new(),
-            order: BTreeSet::new(),
+            len: 0,
+            by_count: Lists::new(2),
+            min_count: 1,
         }
+    }
+
+    fn pop_least(&mut self) -> Option<BlockId> {
+        while self.by_count.len(self.min_count) == 0 {
+            if self.min_count >= Self::MAX_COUNT {
+                return None;
+            }
+            self.min_count += 1;
+        }
+        let victim = self.by_count.pop_back(self.min_count)?;
+        self.len -= 1;
+        Some(victim)
     }
 }
 
@@ -34,42 +51,39 @@ impl EvictionPolicy for Lfu {
     }
 
     fn len(&self) -> usize {
-        self.order.len()
+        self.len
     }
 
     fn contains(&self, block: BlockId) -> bool {
-        self.rank.get(block as usize).is_some_and(|r| r.0 != 0)
+        self.by_count.which(block).is_some()
     }
 
     fn access(&mut self, access: Access, evicted: &mut Vec<BlockId>) -> bool {
         let block = access.block;
-        self.clock += 1;
-        grow(&mut self.rank, block, (0, 0));
-        let (count, last) = self.rank[block as usize];
-        let hit = count != 0;
-        if hit {
-            self.order.remove(&(count, last, block));
+        if let Some(count) = self.by_count.which(block) {
+            let next = (count + 1).min(Self::MAX_COUNT);
+            self.by_count.move_to_front(next, block);
+            if count == self.min_count && self.by_count.len(count) == 0 {
+                self.min_count = next;
+            }
+            return true;
         }
-        self.rank[block as usize] = (count + 1, self.clock);
-        self.order.insert((count + 1, self.clock, block));
-        while self.order.len() > self.capacity {
-            let Some((_, _, victim)) = self.order.pop_first() else {
+        self.by_count.push_front(1, block);
+        self.len += 1;
+        self.min_count = 1;
+        while self.len > self.capacity {
+            let Some(victim) = self.pop_least() else {
                 break;
             };
-            self.rank[victim as usize] = (0, 0);
             evicted.push(victim);
         }
-        hit
+        false
     }
 
     fn remove(&mut self, block: BlockId) -> bool {
-        if !self.contains(block) {
-            return false;
-        }
-        let (count, last) = self.rank[block as usize];
-        self.order.remove(&(count, last, block));
-        self.rank[block as usize] = (0, 0);
-        true
+        let removed = self.by_count.remove(block).is_some();
+        self.len -= usize::from(removed);
+        removed
     }
 }
 
@@ -85,5 +99,20 @@ mod tests {
         let trace = [1, 1, 2, 3, 4, 1];
         let outcome = run_plain(&mut Lfu::new(2), &trace);
         assert_eq!(outcome, Outcome::parse("m h m m(2) m(3) h"));
+    }
+
+    #[test]
+    fn counts_saturate_and_saturated_blocks_stay_lru_among_themselves() {
+        let mut cache = Lfu::new(2);
+        let mut evicted = Vec::new();
+        for _ in 0..Lfu::MAX_COUNT + 5 {
+            cache.access(Access::plain(1), &mut evicted);
+            cache.access(Access::plain(2), &mut evicted);
+        }
+        assert_eq!(cache.by_count.which(1), Some(Lfu::MAX_COUNT));
+        // A new block is the only one with count 1: it goes, the saturated blocks stay.
+        assert!(!cache.access(Access::plain(3), &mut evicted));
+        assert_eq!(evicted, vec![3]);
+        assert!(cache.contains(1) && cache.contains(2));
     }
 }

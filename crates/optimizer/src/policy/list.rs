@@ -1,12 +1,13 @@
-//! [`Lists`]: `N` intrusive doubly linked lists over block ids sharing one node arena.
+//! [`Lists`]: intrusive doubly linked lists over block ids sharing one node arena.
 //!
-//! A block is in at most one of the lists at a time. Front = most recently pushed, back =
+//! A block is in at most one of the lists at a time. Lists are numbered from 0; their count
+//! grows on demand. Front = most recently pushed, back =
 //! oldest. All operations are O(1); tables grow on demand.
 
 use super::{grow, BlockId};
 
 const NIL: BlockId = BlockId::MAX;
-const NOWHERE: u8 = u8::MAX;
+const NOWHERE: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
 struct Ends {
@@ -15,28 +16,29 @@ struct Ends {
     len: usize,
 }
 
-/// `N` linked lists of blocks.
+const EMPTY: Ends = Ends {
+    front: NIL,
+    back: NIL,
+    len: 0,
+};
+
+/// Linked lists of blocks.
 #[derive(Debug)]
-pub(crate) struct Lists<const N: usize> {
+pub(crate) struct Lists {
     newer: Vec<BlockId>,
     older: Vec<BlockId>,
-    owner: Vec<u8>,
-    ends: [Ends; N],
+    owner: Vec<u32>,
+    ends: Vec<Ends>,
 }
 
-impl<const N: usize> Lists<N> {
-    /// `N` empty lists.
-    pub(crate) fn new() -> Self {
-        let empty = Ends {
-            front: NIL,
-            back: NIL,
-            len: 0,
-        };
+impl Lists {
+    /// `count` empty lists (more appear when a block is pushed to a higher list number).
+    pub(crate) fn new(count: usize) -> Self {
         Lists {
             newer: Vec::new(),
             older: Vec::new(),
             owner: Vec::new(),
-            ends: [empty; N],
+            ends: vec![EMPTY; count],
         }
     }
 
@@ -50,12 +52,12 @@ impl<const N: usize> Lists<N> {
 
     /// Length of list `list`.
     pub(crate) fn len(&self, list: usize) -> usize {
-        self.ends[list].len
+        self.ends.get(list).map_or(0, |ends| ends.len)
     }
 
     /// The oldest block of list `list`.
     pub(crate) fn back(&self, list: usize) -> Option<BlockId> {
-        let back = self.ends[list].back;
+        let back = self.ends.get(list)?.back;
         (back != NIL).then_some(back)
     }
 
@@ -70,6 +72,9 @@ impl<const N: usize> Lists<N> {
         grow(&mut self.newer, block, NIL);
         grow(&mut self.older, block, NIL);
         grow(&mut self.owner, block, NOWHERE);
+        if self.ends.len() <= list {
+            self.ends.resize(list + 1, EMPTY);
+        }
         let old_front = self.ends[list].front;
         self.newer[block as usize] = NIL;
         self.older[block as usize] = old_front;
@@ -80,7 +85,7 @@ impl<const N: usize> Lists<N> {
         }
         self.ends[list].front = block;
         self.ends[list].len += 1;
-        self.owner[block as usize] = list as u8;
+        self.owner[block as usize] = list as u32;
     }
 
     /// Unlinks `block` from whichever list holds it; returns that list.
@@ -118,16 +123,18 @@ impl<const N: usize> Lists<N> {
 mod tests {
     use super::*;
 
-    fn drain(lists: &mut Lists<2>, list: usize) -> Vec<BlockId> {
+    fn drain(lists: &mut Lists, list: usize) -> Vec<BlockId> {
         std::iter::from_fn(|| lists.pop_back(list)).collect()
     }
 
     #[test]
     fn lists_keep_order_and_membership() {
-        let mut lists = Lists::<2>::new();
+        let mut lists = Lists::new(1);
         for block in [5, 1, 9] {
             lists.push_front(0, block);
         }
+        // List 1 is created on its first push.
+        assert_eq!(lists.len(1), 0);
         lists.push_front(1, 7);
         lists.move_to_front(0, 5);
         lists.move_to_front(1, 1);

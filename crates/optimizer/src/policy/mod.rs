@@ -7,6 +7,10 @@
 //!   just inserted may itself be evicted (capacity 0, or a policy's admission choice).
 //! - [`EvictionPolicy::remove`] drops a block without counting it as an eviction.
 //! - Nothing here knows about traces: the only per-access knowledge is [`Access`].
+//!
+//! For the server's reclaimer: give each cached block a stable slot id (its index slot) and
+//! keep it for the block's lifetime; policies with ghost entries (S3-FIFO, ARC) remember ids
+//! of evicted blocks, so an id reused for another block soon after is seen as a ghost hit.
 
 mod arc;
 mod belady;

@@ -13,7 +13,7 @@ pub type Fifo = Queue<false>;
 #[derive(Debug)]
 pub struct Queue<const REFRESH_ON_HIT: bool> {
     capacity: usize,
-    order: Lists<1>,
+    order: Lists,
 }
 
 impl<const REFRESH_ON_HIT: bool> Queue<REFRESH_ON_HIT> {
@@ -21,7 +21,7 @@ impl<const REFRESH_ON_HIT: bool> Queue<REFRESH_ON_HIT> {
     pub fn new(capacity: usize) -> Self {
         Queue {
             capacity,
-            order: Lists::new(),
+            order: Lists::new(1),
         }
     }
 }

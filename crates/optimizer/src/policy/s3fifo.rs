@@ -21,7 +21,7 @@ const MAX_FREQUENCY: u8 = 3;
 pub struct S3Fifo {
     capacity: usize,
     small_share: usize,
-    queues: Lists<3>,
+    queues: Lists,
     frequency: Vec<u8>,
 }
 
@@ -31,7 +31,7 @@ impl S3Fifo {
         S3Fifo {
             capacity,
             small_share: capacity.div_ceil(10),
-            queues: Lists::new(),
+            queues: Lists::new(3),
             frequency: Vec::new(),
         }
     }

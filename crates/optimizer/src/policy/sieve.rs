@@ -9,7 +9,7 @@ use super::{grow, Access, BlockId, EvictionPolicy};
 #[derive(Debug)]
 pub struct Sieve {
     capacity: usize,
-    queue: Lists<1>,
+    queue: Lists,
     visited: Vec<bool>,
     /// Where the next sweep starts; `None` = at the oldest block.
     hand: Option<BlockId>,
@@ -20,7 +20,7 @@ impl Sieve {
     pub fn new(capacity: usize) -> Self {
         Sieve {
             capacity,
-            queue: Lists::new(),
+            queue: Lists::new(1),
             visited: Vec::new(),
             hand: None,
         }

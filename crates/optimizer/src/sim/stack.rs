@@ -9,6 +9,7 @@
 use serde::Serialize;
 
 use crate::model::Workload;
+use crate::policy::BlockId;
 
 use super::stats::ratio;
 use super::Log2Histogram;
@@ -40,37 +41,37 @@ impl LruCurve {
             reuse_distances: Log2Histogram::default(),
             cold_accesses: 0,
         };
-        let mut marks = Fenwick::new(workload.total_accesses());
-        let mut last_use: Vec<Option<usize>> = vec![None; unique];
+        let mut stack = Stack::new(workload);
         for request in 0..workload.requests() {
-            curve.requested_tokens += workload.input_tokens(request);
-            let range = workload.request_range(request);
-            let mut deepest = 0;
-            for (index, position) in range.clone().enumerate() {
-                let block = workload.accesses()[position] as usize;
-                let depth = last_use[block].map(|last| marks.count_from(last, range.start));
-                match depth {
-                    Some(depth) => curve.reuse_distances.record(depth as u64),
-                    None => curve.cold_accesses += 1,
-                }
-                deepest = deepest.max(depth.unwrap_or(usize::MAX));
-                if deepest <= unique {
-                    curve.hit_blocks[deepest] += 1;
-                    curve.hit_tokens[deepest] += workload.hit_tokens(request, index + 1)
-                        - workload.hit_tokens(request, index);
-                }
-            }
-            for position in range {
-                let block = workload.accesses()[position] as usize;
-                if let Some(last) = last_use[block].replace(position) {
-                    marks.add(last, -1);
-                }
-                marks.add(position, 1);
+            curve.record_request(workload, request, &stack);
+            for position in workload.request_range(request) {
+                stack.touch(workload.accesses()[position], position);
             }
         }
         accumulate(&mut curve.hit_blocks);
         accumulate(&mut curve.hit_tokens);
         curve
+    }
+
+    /// Counts, at the depth from which on they hit, the blocks of `request` (before its
+    /// accesses change the stack).
+    fn record_request(&mut self, workload: &Workload, request: usize, stack: &Stack) {
+        self.requested_tokens += workload.input_tokens(request);
+        let range = workload.request_range(request);
+        let mut deepest = 0;
+        for (index, position) in range.clone().enumerate() {
+            let depth = stack.depth(workload.accesses()[position], range.start);
+            match depth {
+                Some(depth) => self.reuse_distances.record(depth as u64),
+                None => self.cold_accesses += 1,
+            }
+            deepest = deepest.max(depth.unwrap_or(usize::MAX));
+            if deepest < self.hit_blocks.len() {
+                self.hit_blocks[deepest] += 1;
+                self.hit_tokens[deepest] +=
+                    workload.hit_tokens(request, index + 1) - workload.hit_tokens(request, index);
+            }
+        }
     }
 
     /// Largest capacity the curve distinguishes (the number of unique blocks).
@@ -115,6 +116,35 @@ impl LruCurve {
 fn accumulate(counts: &mut [u64]) {
     for index in 1..counts.len() {
         counts[index] += counts[index - 1];
+    }
+}
+
+/// The LRU stack: a Fenwick tree over access positions with a 1 at each block's latest
+/// access, so a block's depth is the number of marks from its latest access on.
+struct Stack {
+    marks: Fenwick,
+    last_use: Vec<Option<usize>>,
+}
+
+impl Stack {
+    fn new(workload: &Workload) -> Stack {
+        Stack {
+            marks: Fenwick::new(workload.total_accesses()),
+            last_use: vec![None; workload.unique_blocks()],
+        }
+    }
+
+    /// Depth of `block` (1 = most recent) just before position `now`; `None` if never used.
+    fn depth(&self, block: BlockId, now: usize) -> Option<usize> {
+        self.last_use[block as usize].map(|last| self.marks.count_from(last, now))
+    }
+
+    /// Records an access to `block` at `position`.
+    fn touch(&mut self, block: BlockId, position: usize) {
+        if let Some(last) = self.last_use[block as usize].replace(position) {
+            self.marks.add(last, -1);
+        }
+        self.marks.add(position, 1);
     }
 }
 

@@ -43,4 +43,10 @@ pub enum TraceError {
         /// The trace file being read when the limit was reached.
         path: PathBuf,
     },
+    /// A directory was given as a trace but holds no event-log file.
+    #[error("{path}: directory holds no event log (events.jsonl, events.N.jsonl)")]
+    NoEventLog {
+        /// The directory.
+        path: PathBuf,
+    },
 }

@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::events::{Event, EventType};
+use super::events::{Event, EventType, EVENT_LOG_VERSION};
 use super::{Request, TraceFormat};
 
 /// What one line turned into.
@@ -110,6 +110,9 @@ impl LineParser {
 
     fn parse_event(&mut self, text: &str) -> Result<Parsed, String> {
         let event: Event = from_json(text)?;
+        if event.v != EVENT_LOG_VERSION {
+            return Err(format!("unsupported event log version {}", event.v));
+        }
         if event.event != EventType::GetCacheLocation {
             return Ok(Parsed::Skip);
         }

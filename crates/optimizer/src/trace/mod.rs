@@ -15,6 +15,8 @@ pub use error::TraceError;
 pub use format::TraceFormat;
 pub use reader::TraceReader;
 
+use std::path::PathBuf;
+
 /// One inference request as the optimizer replays it: a prefix lookup over `blocks`, followed
 /// by an access to every block in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,4 +41,22 @@ impl Request {
             blocks: blocks.to_vec(),
         }
     }
+}
+
+/// The files to read for `paths`, in order: a file stands for itself, a directory for the
+/// rotated event log inside it, oldest file first.
+pub fn expand_paths(paths: &[PathBuf]) -> Result<Vec<PathBuf>, TraceError> {
+    let mut files = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            files.push(path.clone());
+            continue;
+        }
+        let log = events::EventLogWriter::files_oldest_first(path);
+        if log.is_empty() {
+            return Err(TraceError::NoEventLog { path: path.clone() });
+        }
+        files.extend(log);
+    }
+    Ok(files)
 }

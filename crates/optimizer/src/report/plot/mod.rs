@@ -3,8 +3,10 @@
 
 mod canvas;
 mod chart;
+mod figures;
 mod font;
 pub(crate) mod png;
 pub(crate) mod svg;
 
-pub use chart::{charts, Chart, Series, SeriesStyle};
+pub use chart::{Chart, Series, SeriesStyle};
+pub use figures::charts;

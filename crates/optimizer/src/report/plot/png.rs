@@ -86,9 +86,9 @@ fn draw_series(
     let pixels: Vec<(f64, f64)> = points.iter().map(|&p| chart.to_pixel(p)).collect();
     if style == SeriesStyle::Bars {
         let (_, _, _, bottom) = chart.plot_area();
-        let width = chart.to_pixel((1.0, 0.0)).0 - chart.to_pixel((0.0, 0.0)).0;
+        let half = chart.bar_half_width();
         for (x, y) in pixels {
-            canvas.fill_rect((x - width * 0.4, y), (x + width * 0.4, bottom), colour);
+            canvas.fill_rect((x - half, y), (x + half, bottom), colour);
         }
         return;
     }

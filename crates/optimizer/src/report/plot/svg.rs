@@ -84,13 +84,13 @@ fn draw_series(
     let pixels: Vec<(f64, f64)> = points.iter().map(|&p| chart.to_pixel(p)).collect();
     if style == SeriesStyle::Bars {
         let (_, _, _, bottom) = chart.plot_area();
-        let width = chart.to_pixel((1.0, 0.0)).0 - chart.to_pixel((0.0, 0.0)).0;
+        let half = chart.bar_half_width();
         for (x, y) in pixels {
             let _ = writeln!(
                 svg,
                 "<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{colour}\"/>",
-                x - width * 0.4,
-                width * 0.8,
+                x - half,
+                2.0 * half,
                 bottom - y
             );
         }
