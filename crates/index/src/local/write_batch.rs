@@ -4,10 +4,14 @@
 //! shards are locked, then applied in one place (`LocalIndex::commit`). That one place is where
 //! a write-ahead log appends the batch before memory changes.
 //!
-//! Invariant: a batch holds at most one record per key, the last one staged for it.
+//! Invariants: a batch holds at most one record per key, the last one staged for it; each
+//! record remembers whether its key was stored before the batch, so the key-count change of
+//! the batch is known without looking the keys up again.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
+use super::key_order::position_of;
 use crate::BlockKey;
 
 /// One record of a write batch.
@@ -19,11 +23,32 @@ pub(crate) enum Mutation<V> {
     Delete,
 }
 
+/// Hashes a block key by its (fully mixed) position.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = position_of((self.0 << 8 | u64::from(byte)) as BlockKey);
+        }
+    }
+
+    fn write_i64(&mut self, key: i64) {
+        self.0 = position_of(key);
+    }
+}
+
 /// The records of one write, one per distinct key, in the order keys were first staged.
 #[derive(Debug)]
 pub(crate) struct WriteBatch<V> {
     records: Vec<(BlockKey, Mutation<V>)>,
-    slot_of_key: HashMap<BlockKey, usize>,
+    stored_before: Vec<bool>,
+    slot_of_key: HashMap<BlockKey, usize, BuildHasherDefault<KeyHasher>>,
 }
 
 impl<V> WriteBatch<V> {
@@ -31,7 +56,8 @@ impl<V> WriteBatch<V> {
     pub(crate) fn with_capacity(capacity: usize) -> Self {
         Self {
             records: Vec::with_capacity(capacity),
-            slot_of_key: HashMap::with_capacity(capacity),
+            stored_before: Vec::with_capacity(capacity),
+            slot_of_key: HashMap::with_capacity_and_hasher(capacity, Default::default()),
         }
     }
 
@@ -46,19 +72,30 @@ impl<V> WriteBatch<V> {
     }
 
     /// Stages `mutation` for `key`, replacing an earlier record of the same key.
-    pub(crate) fn record(&mut self, key: BlockKey, mutation: Mutation<V>) {
+    /// `stored_before` tells whether the index held `key` before the batch; it is only read
+    /// for the first record of a key.
+    pub(crate) fn record(&mut self, key: BlockKey, mutation: Mutation<V>, stored_before: bool) {
         match self.slot_of_key.get(&key) {
             Some(&slot) => self.records[slot].1 = mutation,
             None => {
                 self.slot_of_key.insert(key, self.records.len());
                 self.records.push((key, mutation));
+                self.stored_before.push(stored_before);
             }
         }
     }
 
-    /// The staged records.
-    pub(crate) fn records(&self) -> &[(BlockKey, Mutation<V>)] {
-        &self.records
+    /// How many keys the batch adds and removes.
+    pub(crate) fn key_count_change(&self) -> (u64, u64) {
+        let (mut added, mut removed) = (0, 0);
+        for ((_, mutation), &stored) in self.records.iter().zip(&self.stored_before) {
+            match (mutation, stored) {
+                (Mutation::Put(_), false) => added += 1,
+                (Mutation::Delete, true) => removed += 1,
+                _ => {}
+            }
+        }
+        (added, removed)
     }
 
     /// Consumes the batch into its records.
@@ -75,11 +112,12 @@ mod tests {
     fn later_record_of_a_key_replaces_the_earlier() {
         let mut batch = WriteBatch::with_capacity(2);
         assert_eq!(batch.staged(7), None);
-        batch.record(7, Mutation::Put(1));
-        batch.record(8, Mutation::Put(2));
+        batch.record(7, Mutation::Put(1), true);
+        batch.record(8, Mutation::Put(2), false);
         assert_eq!(batch.staged(7), Some(Some(&1)));
-        batch.record(7, Mutation::Delete);
+        batch.record(7, Mutation::Delete, false);
         assert_eq!(batch.staged(7), Some(None));
+        assert_eq!(batch.key_count_change(), (1, 1), "7 was stored, 8 was not");
         assert_eq!(
             batch.into_records(),
             vec![(7, Mutation::Delete), (8, Mutation::Put(2))]
