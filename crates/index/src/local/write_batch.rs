@@ -9,9 +9,8 @@
 //! the batch is known without looking the keys up again.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-use super::key_order::position_of;
+use super::key_order::BuildMixHasher;
 use crate::BlockKey;
 
 /// One record of a write batch.
@@ -23,32 +22,12 @@ pub(crate) enum Mutation<V> {
     Delete,
 }
 
-/// Hashes a block key by its (fully mixed) position.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = position_of((self.0 << 8 | u64::from(byte)) as BlockKey);
-        }
-    }
-
-    fn write_i64(&mut self, key: i64) {
-        self.0 = position_of(key);
-    }
-}
-
 /// The records of one write, one per distinct key, in the order keys were first staged.
 #[derive(Debug)]
 pub(crate) struct WriteBatch<V> {
     records: Vec<(BlockKey, Mutation<V>)>,
     stored_before: Vec<bool>,
-    slot_of_key: HashMap<BlockKey, usize, BuildHasherDefault<KeyHasher>>,
+    slot_of_key: HashMap<BlockKey, usize, BuildMixHasher>,
 }
 
 impl<V> WriteBatch<V> {
