@@ -98,6 +98,7 @@ impl BlockFileStorage {
         request: &AllocationRequest<'_>,
     ) -> Result<(BTreeSet<PathBuf>, Vec<Vec<AllocatedSpec>>), StorageError> {
         check_request(request)?;
+        self.check_offsets_fit(request)?;
         let files = pack(request, self.key_count_per_file);
         let mut placed: Vec<Vec<AllocatedSpec>> = request
             .blocks
@@ -123,6 +124,22 @@ impl BlockFileStorage {
             }
         }
         Ok((paths, placed))
+    }
+
+    /// Refuses parts so large that a block's end offset in a full file overflows `i64`.
+    fn check_offsets_fit(&self, request: &AllocationRequest<'_>) -> Result<(), StorageError> {
+        let per_file = i64::from(self.key_count_per_file.max(1));
+        match request
+            .specs
+            .iter()
+            .find(|spec| spec.size.checked_mul(per_file).is_none())
+        {
+            Some(spec) => Err(StorageError::InvalidRequest(format!(
+                "spec {:?} of {} bytes × {per_file} blocks per file overflows a file offset",
+                spec.name, spec.size
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The file and byte range a URI of this storage names.
@@ -283,6 +300,31 @@ mod tests {
                 format!("{file}?blkid=1&size=1024"),
                 format!("{file}?blkid=2&size=1024"),
             ]
+        );
+    }
+
+    #[test]
+    fn parts_too_big_for_a_file_are_refused() {
+        let specs = [BlockSpec {
+            name: "tp0".to_string(),
+            size: i64::MAX / 4,
+        }];
+        let blocks = [BlockToAllocate {
+            key: 1,
+            spec_indexes: vec![0],
+        }];
+        let request = AllocationRequest {
+            instance_id: "i",
+            specs: &specs,
+            blocks: &blocks,
+        };
+        let refused = nfs_01(8).plan(&request);
+        assert!(
+            matches!(refused, Err(StorageError::InvalidRequest(ref m)) if m.contains("overflows"))
+        );
+        assert!(
+            nfs_01(4).plan(&request).is_ok(),
+            "4 blocks of i64::MAX / 4 still fit"
         );
     }
 
