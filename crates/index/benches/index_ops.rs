@@ -3,7 +3,8 @@
 //! `std::collections::HashMap`. After each group the median time per batch of both, the
 //! throughput in keys per second per core and the ratio to the floor are printed.
 //!
-//! Run: `cargo bench -p kvcm-index --bench index_ops`
+//! Run: `cargo bench -p kvcm-index --bench index_ops` (`KVCM_BENCH_KEYS=4096` to measure with
+//! an index that fits in the CPU caches; default 1 Mi keys).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -19,8 +20,15 @@ use rand::{Rng, SeedableRng};
 /// A stored entry, shared like the manager's location entries.
 type Value = Arc<[u8; 32]>;
 
-/// Keys stored in both the index and the floor map.
+/// Keys stored in both the index and the floor map, unless `KVCM_BENCH_KEYS` says otherwise.
 const STORED_KEYS: usize = 1 << 20;
+
+fn stored_keys() -> usize {
+    let configured = std::env::var("KVCM_BENCH_KEYS")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    configured.filter(|&n| n > 256).unwrap_or(STORED_KEYS)
+}
 
 /// The same random keys, stored in a LocalIndex and in a HashMap.
 struct Fixture {
@@ -31,7 +39,7 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut keys: Vec<i64> = (0..STORED_KEYS).map(|_| rng.random()).collect();
+    let mut keys: Vec<i64> = (0..stored_keys()).map(|_| rng.random()).collect();
     keys.shuffle(&mut rng);
     let value: Value = Arc::new([1; 32]);
     let entries: Vec<(i64, Value)> = keys.iter().map(|&key| (key, value.clone())).collect();
