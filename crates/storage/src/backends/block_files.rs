@@ -34,47 +34,34 @@ pub(crate) struct BlockFileStorage {
 impl BlockFileStorage {
     /// The backend of a validated `Nfs` or `ThreeFs` config.
     pub(crate) fn new(config: StorageConfig) -> Result<Self, StorageError> {
-        let (kind, base, anchor, key_count_per_file, touch_files) = match &config.spec {
+        match &config.spec {
             StorageSpec::Nfs {
                 root_path,
                 key_count_per_file,
-            } => {
-                let anchor = nfs_anchor(root_path);
-                (
-                    StorageKind::Nfs,
-                    root_path.clone(),
-                    anchor,
-                    *key_count_per_file,
-                    false,
-                )
-            }
+            } => Ok(Self {
+                kind: StorageKind::Nfs,
+                base: root_path.clone(),
+                anchor: nfs_anchor(root_path),
+                key_count_per_file: *key_count_per_file,
+                touch_files: false,
+                config: config.clone(),
+            }),
             StorageSpec::ThreeFs {
                 mountpoint,
                 root_dir,
                 key_count_per_file,
                 touch_file_when_create,
                 ..
-            } => {
-                let base = three_fs_base(mountpoint, root_dir);
-                let anchor = PathBuf::from(mountpoint);
-                (
-                    StorageKind::ThreeFs,
-                    base,
-                    anchor,
-                    *key_count_per_file,
-                    *touch_file_when_create,
-                )
-            }
-            other => return Err(StorageError::Unsupported(other.kind())),
-        };
-        Ok(Self {
-            config,
-            kind,
-            base,
-            anchor,
-            key_count_per_file,
-            touch_files,
-        })
+            } => Ok(Self {
+                kind: StorageKind::ThreeFs,
+                base: three_fs_base(mountpoint, root_dir),
+                anchor: PathBuf::from(mountpoint),
+                key_count_per_file: *key_count_per_file,
+                touch_files: *touch_file_when_create,
+                config: config.clone(),
+            }),
+            other => Err(StorageError::Unsupported(other.kind())),
+        }
     }
 
     fn uri(&self, file_name: &str, blkid: usize, size: i64) -> String {
