@@ -1,5 +1,5 @@
-//! LocalIndex batch get (16 and 128 keys) and read_modify_write (16 keys) on one core, each
-//! beside its floor measured in the same run: the same batch against a plain single-threaded
+//! LocalIndex batch get (16 and 128 keys) and read_modify_write (16 keys) on one core, and a
+//! batch get of 16 through a warm `CachedIndex` (every key a hit), each beside its floor measured in the same run: the same batch against a plain single-threaded
 //! `std::collections::HashMap`. After each group the median time per batch of both, the
 //! throughput in keys per second per core and the ratio to the floor are printed.
 //!
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Bencher, Criterion, Throughput};
-use kvcm_index::{LocalIndex, LocalIndexConfig, MetaIndex, Modify};
+use kvcm_index::{CacheConfig, CachedIndex, LocalIndex, LocalIndexConfig, MetaIndex, Modify};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
@@ -30,11 +30,18 @@ fn stored_keys() -> usize {
     configured.filter(|&n| n > 256).unwrap_or(STORED_KEYS)
 }
 
-/// The same random keys, stored in a LocalIndex and in a HashMap.
+/// The same random keys, stored in a LocalIndex (behind a cache large enough for all of them)
+/// and in a HashMap.
 struct Fixture {
     keys: Vec<i64>,
-    index: LocalIndex<Value>,
+    cached: CachedIndex<LocalIndex<Value>, Value>,
     floor: HashMap<i64, Value>,
+}
+
+impl Fixture {
+    fn index(&self) -> &LocalIndex<Value> {
+        self.cached.inner()
+    }
 }
 
 fn fixture() -> Fixture {
@@ -47,8 +54,21 @@ fn fixture() -> Fixture {
     for chunk in entries.chunks(4096) {
         index.put(chunk.to_vec()).expect("fill");
     }
+    let capacity = keys.len();
+    let cached = CachedIndex::new(
+        index,
+        CacheConfig {
+            shard_bits: 8,
+            capacity,
+        },
+    )
+    .expect("cache");
     let floor = entries.into_iter().collect();
-    Fixture { keys, index, floor }
+    Fixture {
+        keys,
+        cached,
+        floor,
+    }
 }
 
 /// Batch number `n` of `size` keys: consecutive slices of the shuffled keys.
@@ -85,7 +105,7 @@ fn report(name: &str, batch_size: usize, local: &RefCell<Vec<f64>>, floor: &RefC
     let (local_ns, floor_ns) = (median(local), median(floor));
     let keys_per_s = |ns: f64| batch_size as f64 / ns * 1e3;
     println!(
-        "RESULT {name}: LocalIndex {local_ns:.0} ns/batch = {:.1} M keys/s/core; \
+        "RESULT {name}: index {local_ns:.0} ns/batch = {:.1} M keys/s/core; \
          floor HashMap {floor_ns:.0} ns/batch = {:.1} M keys/s; ratio {:.2}x the floor",
         keys_per_s(local_ns),
         keys_per_s(floor_ns),
@@ -93,19 +113,31 @@ fn report(name: &str, batch_size: usize, local: &RefCell<Vec<f64>>, floor: &RefC
     );
 }
 
-fn bench_get(c: &mut Criterion, fixture: &Fixture, batch_size: usize) {
-    let name = format!("get_{batch_size}");
+/// Where a get bench reads from.
+#[derive(Clone, Copy)]
+enum Reader {
+    Local,
+    WarmCache,
+}
+
+fn bench_get(c: &mut Criterion, fixture: &Fixture, batch_size: usize, reader: Reader) {
+    let name = match reader {
+        Reader::Local => format!("get_{batch_size}"),
+        Reader::WarmCache => format!("get_{batch_size}_cached_hits"),
+    };
+    let index: &dyn MetaIndex<Value> = match reader {
+        Reader::Local => fixture.index(),
+        Reader::WarmCache => {
+            fixture.cached.get(&fixture.keys).expect("warm the cache");
+            &fixture.cached
+        }
+    };
     let (local, floor) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
     let mut group = c.benchmark_group(&name);
     group.throughput(Throughput::Elements(batch_size as u64));
     group.bench_function("local_index", |b| {
         timed(b, &local, |n| {
-            black_box(
-                fixture
-                    .index
-                    .get(batch(&fixture.keys, batch_size, n))
-                    .expect("get"),
-            );
+            black_box(index.get(batch(&fixture.keys, batch_size, n)).expect("get"));
         })
     });
     group.bench_function("floor_hashmap", |b| {
@@ -132,7 +164,7 @@ fn bench_read_modify_write(c: &mut Criterion, fixture: &mut Fixture, batch_size:
             let mut replace =
                 |_, current: Option<&Value>| Modify::Put(current.unwrap_or(&fresh).clone());
             fixture
-                .index
+                .index()
                 .read_modify_write(keys, &mut replace)
                 .expect("rmw");
         })
@@ -159,8 +191,9 @@ fn main() {
         .sample_size(30)
         .configure_from_args();
     let mut fixture = fixture();
-    bench_get(&mut criterion, &fixture, 16);
-    bench_get(&mut criterion, &fixture, 128);
+    bench_get(&mut criterion, &fixture, 16, Reader::Local);
+    bench_get(&mut criterion, &fixture, 128, Reader::Local);
+    bench_get(&mut criterion, &fixture, 16, Reader::WarmCache);
     bench_read_modify_write(&mut criterion, &mut fixture, 16);
     criterion.final_summary();
 }
