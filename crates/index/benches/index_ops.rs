@@ -54,7 +54,7 @@ fn fixture() -> Fixture {
     for chunk in entries.chunks(4096) {
         index.put(chunk.to_vec()).expect("fill");
     }
-    let capacity = keys.len();
+    let capacity = keys.len() * 2; // room for uneven shards: every key stays cached
     let cached = CachedIndex::new(
         index,
         CacheConfig {
