@@ -43,8 +43,9 @@ impl RequesterLink {
         }
     }
 
-    /// One round: issue queued requests, move bytes, complete answered requests.
-    pub(crate) fn step(&mut self, registry: &Registry) -> Result<bool, LinkClosed> {
+    /// One round: issue queued requests, move bytes (reading only when `readable`),
+    /// complete answered requests.
+    pub(crate) fn step(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
         if self.qp.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LinkClosed);
         }
@@ -52,11 +53,11 @@ impl RequesterLink {
             return Err(self.fail_outstanding(WcStatus::WrFlushError));
         }
         let mut progress = self.issue(registry);
-        match self
+        let moved = self
             .conn
             .flush()
-            .and_then(|sent| Ok(sent | self.conn.fill()?))
-        {
+            .and_then(|sent| Ok(sent | (readable && self.conn.fill()?)));
+        match moved {
             Ok(moved) => progress |= moved,
             Err(_) => return Err(self.fail_outstanding(WcStatus::RetryExceeded)),
         }

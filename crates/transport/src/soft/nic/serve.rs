@@ -17,12 +17,17 @@ pub(crate) struct ResponderLink {
 }
 
 impl ResponderLink {
-    /// One round: read requests, execute what can run, write responses.
-    pub(crate) fn step(&mut self, registry: &Registry) -> Result<bool, LinkClosed> {
+    /// One round: read requests (when `readable`), execute what can run, write responses.
+    pub(crate) fn step(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
         if self.qp.closed.load(Ordering::Acquire) {
             return Err(LinkClosed);
         }
-        let mut progress = match self.conn.fill() {
+        let filled = if readable {
+            self.conn.fill()
+        } else {
+            Ok(false)
+        };
+        let mut progress = match filled {
             Ok(progress) => progress,
             Err(_) => return Err(self.peer_gone()),
         };

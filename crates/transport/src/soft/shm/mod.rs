@@ -67,10 +67,6 @@ impl ShmPeer {
         self.ring.is_closed() || self.pid_fd.exited()
     }
 
-    pub(crate) fn pid_fd(&self) -> RawFd {
-        self.pid_fd.raw_fd()
-    }
-
     /// Resolves `len` bytes at the peer's `addr` under `rkey` if its table allows `need`.
     fn resolve(&self, rkey: u32, addr: u64, len: u64, need: Access) -> Option<Target> {
         let entry = self.table.lookup(rkey)?;
