@@ -11,12 +11,10 @@
 //! The summary table at the end prints each figure, its floor and the ratio.
 
 use criterion::{criterion_group, Criterion, Throughput};
-use kvcm_transport::soft::{
-    IdlePolicy, SoftConfig, SoftCq, SoftDomain, SoftMemory, SoftQp, SoftRegion, Wire,
-};
+use kvcm_transport::soft::{IdlePolicy, SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
-    Access, CompletionQueue, Domain, QpConfig, QueuePair, Region, SendOp, SendWr, WcStatus,
-    WorkCompletion,
+    Access, CompletionQueue, Domain, HostMemory, QpConfig, QueuePair, Region, SendOp, SendWr,
+    WcStatus, WorkCompletion,
 };
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -31,9 +29,9 @@ const BLOCKS: [usize; 2] = [4096, 1 << 20];
 /// Two soft domains on one wire, with a connected queue pair and a region on each side.
 struct Link {
     _domains: (SoftDomain, SoftDomain),
-    _local: SoftMemory,
+    _local: HostMemory,
     local_region: SoftRegion,
-    _remote: SoftMemory,
+    _remote: HostMemory,
     remote_region: SoftRegion,
     cq: SoftCq,
     qp: SoftQp,

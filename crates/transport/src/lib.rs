@@ -10,8 +10,10 @@
 
 pub mod api;
 mod error;
+mod memory;
 pub mod soft;
 mod sys;
 
 pub use api::*;
 pub use error::{Result, TransportError};
+pub use memory::HostMemory;

@@ -7,7 +7,7 @@
 //! - [`Wire::Shm`]: same host; regions are memfds mapped by both processes, so one-sided
 //!   operations are memory accesses; SENDs travel through shared rings.
 //!
-//! Source layout: `domain` (domain, memory, region), `qp` (queue-pair handle), `cq`,
+//! Source layout: `domain` (domain, region), `qp` (queue-pair handle), `cq`,
 //! `registry` + `keytable` (keys and checks), `scatter` (local lists), `responder`
 //! (request execution), `frame` + `endpoint` (encodings), `nic/` (the thread and TCP
 //! links), `shm/` (rings and inline one-sided execution).
@@ -26,7 +26,7 @@ mod scatter;
 mod shm;
 
 pub use cq::SoftCq;
-pub use domain::{SoftDomain, SoftMemory, SoftRegion};
+pub use domain::{SoftDomain, SoftRegion};
 pub use nic::IdlePolicy;
 pub use qp::SoftQp;
 
