@@ -5,6 +5,7 @@
 //! - [`soft`]: the userspace software-RDMA provider, always built: a NIC thread per domain
 //!   serving one-sided READ / WRITE / atomics over TCP, or over shared memory on one host.
 //! - `verbs` (feature `rdma`): the same API on libibverbs.
+//! - [`HostMemory`]: registrable memory, common to all providers.
 //!
 //! See `docs/transport.md` for the design and how to run the suite on soft-RoCE.
 
@@ -13,6 +14,8 @@ mod error;
 mod memory;
 pub mod soft;
 mod sys;
+#[cfg(feature = "rdma")]
+pub mod verbs;
 
 pub use api::*;
 pub use error::{Result, TransportError};
