@@ -63,6 +63,8 @@ pub(crate) struct NicShared {
     doorbell: Doorbell,
     new_qps: Mutex<Vec<Arc<QpShared>>>,
     new_links: Mutex<Vec<(Arc<QpShared>, TcpStream)>>,
+    /// Set when `new_qps` or `new_links` gained an entry (checked without locking).
+    news: AtomicBool,
     stop: AtomicBool,
     idle: IdlePolicy,
 }
@@ -74,6 +76,7 @@ impl NicShared {
             doorbell: Doorbell::new()?,
             new_qps: Mutex::default(),
             new_links: Mutex::default(),
+            news: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             idle,
         })
@@ -98,6 +101,7 @@ impl NicShared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(qp);
+        self.news.store(true, Ordering::Release);
         self.kick();
     }
 
@@ -107,6 +111,7 @@ impl NicShared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push((qp, stream));
+        self.news.store(true, Ordering::Release);
         self.kick();
     }
 
@@ -205,6 +210,9 @@ impl Nic {
     }
 
     fn adopt(&mut self) -> bool {
+        if !self.shared.news.swap(false, Ordering::AcqRel) {
+            return false;
+        }
         let qps: Vec<_> = self
             .shared
             .new_qps
@@ -221,7 +229,6 @@ impl Nic {
             .collect();
         let progress = !qps.is_empty() || !links.is_empty();
         self.qps.extend(qps);
-        self.qps.retain(|qp| !qp.closed.load(Ordering::Acquire));
         for (qp, stream) in links {
             match Conn::new(stream) {
                 Ok(conn) if self.watch(&conn) => self.requesters.push(RequesterLink::new(qp, conn)),
@@ -288,6 +295,7 @@ impl Nic {
             return;
         }
         self.liveness_checked = Instant::now();
+        self.qps.retain(|qp| !qp.closed.load(Ordering::Acquire));
         for qp in &self.qps {
             if qp.shm_peer.get().is_some_and(|peer| peer.gone())
                 && qp.state() != crate::QpState::Error
@@ -298,18 +306,7 @@ impl Nic {
     }
 
     fn has_work(&self) -> bool {
-        !self
-            .shared
-            .new_links
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
-            || !self
-                .shared
-                .new_qps
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_empty()
+        self.shared.news.load(Ordering::Acquire)
             || self.requesters.iter().any(RequesterLink::busy)
             || self.responders.iter().any(ResponderLink::busy)
             || self.qps.iter().any(|qp| super::shm::inbound_ready(qp))
