@@ -163,6 +163,18 @@ pub trait QueuePair: Send + Sync + std::fmt::Debug {
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
 }
 
+/// Moves up to `out.len()` completions from the front of `queue` into `out`.
+pub(crate) fn drain_completions(
+    queue: &mut std::collections::VecDeque<WorkCompletion>,
+    out: &mut [WorkCompletion],
+) -> usize {
+    let count = out.len().min(queue.len());
+    for (slot, completion) in out.iter_mut().zip(queue.drain(..count)) {
+        *slot = completion;
+    }
+    count
+}
+
 /// Checks the parts of a send batch that need no provider state: no empty or oversized
 /// scatter lists, no zero lengths, aligned 8-byte atomics.
 pub fn validate_send_batch(wrs: &[SendWr<'_>], config: &QpConfig) -> Result<()> {

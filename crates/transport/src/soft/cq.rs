@@ -76,11 +76,7 @@ impl CompletionQueue for SoftCq {
             .queue
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let count = out.len().min(queue.len());
-        for (slot, completion) in out.iter_mut().zip(queue.drain(..count)) {
-            *slot = completion;
-        }
-        count
+        crate::api::drain_completions(&mut queue, out)
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool> {

@@ -10,6 +10,7 @@ use crate::memory::MemoryInner;
 use crate::sys::SharedMemory;
 use crate::{Access, Result};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// Where a checked access lands: `offset` bytes into `mem`.
@@ -17,6 +18,32 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 pub(crate) struct Target {
     pub(crate) mem: Arc<SharedMemory>,
     pub(crate) offset: usize,
+}
+
+/// An 8-byte remote atomic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    /// Store `swap` if the word equals `compare`.
+    CompareSwap { compare: u64, swap: u64 },
+    /// Add (wrapping).
+    FetchAdd(u64),
+}
+
+impl Target {
+    /// Runs `op` on the word here; `addr` is the word's address as the requester named it
+    /// and must be 8-byte aligned. Returns the old value, or `None` if unaligned.
+    pub(crate) fn run_atomic(&self, addr: u64, op: AtomicOp) -> Option<u64> {
+        if addr % 8 != 0 {
+            return None;
+        }
+        let word = self.mem.atomic_u64(self.offset).ok()?;
+        Some(match op {
+            AtomicOp::CompareSwap { compare, swap } => word
+                .compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
+                .unwrap_or_else(|current| current),
+            AtomicOp::FetchAdd(add) => word.fetch_add(add, Ordering::SeqCst),
+        })
+    }
 }
 
 #[derive(Debug)]

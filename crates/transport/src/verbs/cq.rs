@@ -134,11 +134,7 @@ impl CompletionQueue for VerbsCq {
         if buffered.len() < out.len() {
             self.poll_hardware(&mut buffered);
         }
-        let count = out.len().min(buffered.len());
-        for (slot, completion) in out.iter_mut().zip(buffered.drain(..count)) {
-            *slot = completion;
-        }
-        count
+        crate::api::drain_completions(&mut buffered, out)
     }
 
     fn wait(&self, timeout: Duration) -> Result<bool> {

@@ -360,39 +360,27 @@ pub fn misuse_is_refused_without_effect<D: Domain>(open: Open<D>) {
             "{result:?}"
         );
     };
+    let post_one = |op: SendOp, sg_list: &[Sge]| {
+        p.a.qp.post_send(&[SendWr {
+            wr_id: 1,
+            op,
+            sg_list,
+            signaled: true,
+        }])
+    };
     let zero = [p.a.sge(0, 0)];
-    invalid(p.a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: read(p.b.region.remote(0)),
-        sg_list: &zero,
-        signaled: true,
-    }]));
-    invalid(p.a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: read(p.b.region.remote(0)),
-        sg_list: &[],
-        signaled: true,
-    }]));
+    invalid(post_one(read(p.b.region.remote(0)), &zero));
+    invalid(post_one(read(p.b.region.remote(0)), &[]));
     let unaligned = SendOp::FetchAdd {
         remote: p.b.region.remote(4),
         add: 1,
     };
-    invalid(p.a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: unaligned,
-        sg_list: &[p.a.sge(0, 8)],
-        signaled: true,
-    }]));
+    invalid(post_one(unaligned, &[p.a.sge(0, 8)]));
     let wide = SendOp::FetchAdd {
         remote: p.b.region.remote(8),
         add: 1,
     };
-    invalid(p.a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: wide,
-        sg_list: &[p.a.sge(0, 16)],
-        signaled: true,
-    }]));
+    invalid(post_one(wide, &[p.a.sge(0, 16)]));
     invalid(p.a.qp.post_recv(&[RecvWr {
         wr_id: 1,
         sg_list: &zero,

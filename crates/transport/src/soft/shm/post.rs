@@ -7,10 +7,9 @@
 use super::ShmPeer;
 use crate::soft::frame::{Op, RequestHeader, REQUEST_LEN};
 use crate::soft::queue_pair::{PostedSend, QpShared};
-use crate::soft::registry::Registry;
+use crate::soft::registry::{AtomicOp, Registry};
 use crate::soft::scatter::{self, Piece};
 use crate::{Access, RemoteAddr, SendOp, WcStatus};
-use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
@@ -78,13 +77,13 @@ fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> (WcStatus, u32) {
             remote,
             compare,
             swap,
-        } => atomic(peer, remote, pieces, |word| {
-            word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
-                .unwrap_or_else(|old| old)
-        }),
-        SendOp::FetchAdd { remote, add } => atomic(peer, remote, pieces, |word| {
-            word.fetch_add(add, Ordering::SeqCst)
-        }),
+        } => atomic(
+            peer,
+            remote,
+            pieces,
+            AtomicOp::CompareSwap { compare, swap },
+        ),
+        SendOp::FetchAdd { remote, add } => atomic(peer, remote, pieces, AtomicOp::FetchAdd(add)),
     };
     (status, len32)
 }
@@ -133,22 +132,11 @@ fn push_frame(peer: &ShmPeer, header: &RequestHeader, payload: &[u8]) -> WcStatu
     WcStatus::Success
 }
 
-fn atomic(
-    peer: &ShmPeer,
-    remote: RemoteAddr,
-    pieces: &[Piece],
-    apply: impl FnOnce(&std::sync::atomic::AtomicU64) -> u64,
-) -> WcStatus {
-    let target = peer
-        .resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
-        .filter(|_| remote.addr % 8 == 0);
-    let Some(word) = target
-        .as_ref()
-        .and_then(|t| t.mem.atomic_u64(t.offset).ok())
-    else {
+fn atomic(peer: &ShmPeer, remote: RemoteAddr, pieces: &[Piece], op: AtomicOp) -> WcStatus {
+    let target = peer.resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC);
+    let Some(old) = target.and_then(|target| target.run_atomic(remote.addr, op)) else {
         return WcStatus::RemoteAccessError;
     };
-    let old = apply(word);
     scatter::scatter_from_bytes(pieces, &old.to_le_bytes());
     WcStatus::Success
 }
