@@ -6,10 +6,12 @@
 
 mod epoll;
 mod event;
+mod output;
 mod poll;
 mod shared_memory;
 
 pub(crate) use epoll::Epoll;
 pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};
+pub(crate) use output::OutputQueue;
 pub(crate) use poll::poll_readable;
 pub(crate) use shared_memory::SharedMemory;

@@ -633,6 +633,53 @@ pub fn transfers_of_64_mib<D: Domain>(open: Open<D>) {
     assert!(p.a.bytes(0, LEN) == expected, "64 MiB READ landed intact");
 }
 
+pub fn large_scatter_gather_and_large_errors<D: Domain>(open: Open<D>) {
+    const PIECE: usize = 100 << 10;
+    let p = Pair::new(open, 8 * PIECE);
+    p.b.fill(0, &pattern(3 * PIECE, 11));
+    let scatter = [
+        p.a.sge(PIECE, PIECE as u32),
+        p.a.sge(5 * PIECE, PIECE as u32),
+        p.a.sge(3 * PIECE, PIECE as u32),
+    ];
+    p.a.post(1, read(p.b.region.remote(0)), &scatter);
+    assert_eq!(completions(&p.a.send_cq, 1)[0].byte_len, 3 * PIECE as u32);
+    let mut got = p.a.bytes(PIECE, PIECE);
+    got.extend(p.a.bytes(5 * PIECE, PIECE));
+    got.extend(p.a.bytes(3 * PIECE, PIECE));
+    assert!(
+        got == pattern(3 * PIECE, 11),
+        "large READ scattered over three elements"
+    );
+    let gather = [
+        p.a.sge(3 * PIECE, PIECE as u32),
+        p.a.sge(PIECE, PIECE as u32),
+    ];
+    p.a.post(2, write(p.b.region.remote(4 * PIECE)), &gather);
+    completions(&p.a.send_cq, 1);
+    assert!(p.b.bytes(4 * PIECE, 2 * PIECE) == [&got[2 * PIECE..], &got[..PIECE]].concat());
+    let mut bad = p.b.region.remote(0);
+    bad.rkey ^= 0x33;
+    expect_failure(
+        &p.a,
+        write(bad),
+        &[p.a.sge(0, 4 * PIECE as u32)],
+        WcStatus::RemoteAccessError,
+    );
+    assert!(
+        p.b.bytes(0, PIECE) == pattern(PIECE, 11),
+        "a refused large WRITE wrote nothing"
+    );
+    let q = Pair::new(open, 8 * PIECE);
+    let beyond = q.b.region.remote(6 * PIECE);
+    expect_failure(
+        &q.a,
+        read(beyond),
+        &[q.a.sge(0, 4 * PIECE as u32)],
+        WcStatus::RemoteAccessError,
+    );
+}
+
 pub fn peer_gone_mid_flight_fails_outstanding<D: Domain>(open: Open<D>) {
     let Pair { a, b } = Pair::new(open, 1 << 20);
     let probe = b.region.remote(0);

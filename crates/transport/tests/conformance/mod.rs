@@ -176,7 +176,7 @@ macro_rules! with_case_names {
             misuse_is_refused_without_effect, overlapping_registration_is_refused,
             receive_too_small_is_local_length_error, queue_depth_is_enforced,
             many_qps_many_outstanding, atomics_under_contention_are_exact,
-            transfers_of_64_mib, peer_gone_mid_flight_fails_outstanding, completion_fd_wakes_a_waiter}
+            transfers_of_64_mib, large_scatter_gather_and_large_errors, peer_gone_mid_flight_fails_outstanding, completion_fd_wakes_a_waiter}
     };
 }
 

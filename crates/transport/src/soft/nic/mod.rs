@@ -15,6 +15,7 @@
 mod conn;
 mod requester;
 mod serve;
+mod zero_copy;
 
 use super::frame;
 use super::queue_pair::QpShared;
@@ -279,10 +280,8 @@ impl Nic {
                 .find(|qp| qp.qpn == qpn && !qp.closed.load(Ordering::Acquire));
             if let Some(qp) = qp {
                 conn.consume(frame::HELLO_LEN);
-                self.responders.push(ResponderLink {
-                    qp: Arc::clone(qp),
-                    conn,
-                });
+                self.responders
+                    .push(ResponderLink::new(Arc::clone(qp), conn));
                 progress = true;
             }
         }
