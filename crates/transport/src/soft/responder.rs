@@ -122,8 +122,9 @@ pub(crate) fn deliver(
             Some(status_reply(WcStatus::Success, 0))
         }
         Err(status) => {
+            qp.mark_error();
             qp.complete_recv(&recv, opcode, status, 0, imm);
-            qp.enter_error();
+            qp.flush_queued();
             Some(status_reply(WcStatus::RemoteInvalidRequest, 0))
         }
     }

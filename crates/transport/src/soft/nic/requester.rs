@@ -186,6 +186,7 @@ impl RequesterLink {
     /// Completes the first outstanding request with `first`, flushes the rest and the
     /// queue pair; the link is finished.
     fn fail_outstanding(&mut self, first: WcStatus) -> LinkClosed {
+        self.qp.mark_error();
         for (index, pending) in self.outstanding.drain(..).enumerate() {
             let status = if index == 0 {
                 first
@@ -195,7 +196,7 @@ impl RequesterLink {
             let (Pending::Remote { send, .. } | Pending::Failed { send, .. }) = pending;
             self.qp.complete_send(send.wr_id, &send.op, status, 0, true);
         }
-        self.qp.enter_error();
+        self.qp.flush_queued();
         LinkClosed
     }
 }

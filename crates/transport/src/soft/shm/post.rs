@@ -41,11 +41,14 @@ pub(crate) fn post_inline(
                 Ok(pieces) => execute(peer, &send.op, &pieces),
                 Err(status) => (status, 0),
             };
-        qp.complete_send(send.wr_id, &send.op, status, byte_len, send.signaled);
         if status != WcStatus::Success {
             failed = true;
-            qp.enter_error();
+            qp.mark_error();
         }
+        qp.complete_send(send.wr_id, &send.op, status, byte_len, send.signaled);
+    }
+    if failed {
+        qp.flush_queued();
     }
 }
 
