@@ -6,12 +6,14 @@
 //!   serving one-sided READ / WRITE / atomics over TCP, or over shared memory on one host.
 //! - `verbs` (feature `rdma`): the same API on libibverbs.
 //! - [`HostMemory`]: registrable memory, common to all providers.
+//! - [`ProviderKind`]: provider selection by name.
 //!
 //! See `docs/transport.md` for the design and how to run the suite on soft-RoCE.
 
 pub mod api;
 mod error;
 mod memory;
+mod provider;
 pub mod soft;
 mod sys;
 #[cfg(feature = "rdma")]
@@ -20,3 +22,4 @@ pub mod verbs;
 pub use api::*;
 pub use error::{Result, TransportError};
 pub use memory::HostMemory;
+pub use provider::ProviderKind;
