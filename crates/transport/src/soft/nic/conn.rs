@@ -113,6 +113,26 @@ impl Conn {
         Ok(self.output.write_to(self.stream.as_raw_fd())? > 0)
     }
 
+    /// Drops up to `len` incoming bytes (a refused payload): first what is buffered, then,
+    /// if `read_socket`, from the socket. Returns the bytes dropped; an error on EOF.
+    pub(crate) fn discard(&mut self, len: usize, read_socket: bool) -> io::Result<usize> {
+        let buffered = (self.filled - self.consumed).min(len);
+        self.consume(buffered);
+        let mut dropped = buffered;
+        let mut scratch = [0u8; 16 * 1024];
+        while read_socket && dropped < len {
+            let want = (len - dropped).min(scratch.len());
+            match self.stream.read(&mut scratch[..want]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(got) => dropped += got,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(dropped)
+    }
+
     /// Moves up to `len` incoming bytes into `mem` at `offset`: first what is buffered,
     /// then, if `read_socket`, straight from the socket. Returns the bytes placed; an
     /// error on EOF or failure.

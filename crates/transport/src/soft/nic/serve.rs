@@ -18,8 +18,9 @@ use std::sync::Arc;
 pub(crate) struct ResponderLink {
     pub(super) qp: Arc<QpShared>,
     pub(super) conn: Conn,
-    /// A large WRITE payload being placed straight into its target.
-    placing: Option<Placement>,
+    /// A large WRITE payload being placed straight into its target (or dropped), and the
+    /// status to answer once it is.
+    placing: Option<(Placement, WcStatus)>,
 }
 
 impl ResponderLink {
@@ -88,37 +89,42 @@ impl ResponderLink {
         Ok(progress)
     }
 
-    /// Places a large plain WRITE's payload straight into its (valid) target; false when
-    /// the request is not one, and is buffered whole instead.
+    /// Places a large plain WRITE's payload straight into its target, or drops it unread
+    /// into any buffer when the target is refused; false when the request is not a large
+    /// plain WRITE (it is then buffered whole).
     fn start_placement(&mut self, registry: &Registry, header: &RequestHeader) -> bool {
         let len = header.payload_len();
         if header.op != Op::Write || header.imm.is_some() || len < ZERO_COPY_MIN {
             return false;
         }
         let remote = header.remote;
-        let Some(target) =
-            registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE)
-        else {
-            return false;
+        let target = registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE);
+        let placement = match target {
+            Some(target) => (
+                Placement::new(vec![Piece { target, len }]),
+                WcStatus::Success,
+            ),
+            None => (Placement::discard(len), WcStatus::RemoteAccessError),
         };
         self.conn.consume(frame::REQUEST_LEN);
-        self.placing = Some(Placement::new(vec![Piece { target, len }]));
+        self.placing = Some(placement);
         true
     }
 
     /// Advances the WRITE payload being placed and answers it once complete; Ok(false)
     /// while it waits for more bytes.
     fn continue_placement(&mut self, readable: bool) -> Result<bool, LinkClosed> {
-        let Some(placing) = &mut self.placing else {
+        let Some((placing, status)) = &mut self.placing else {
             return Ok(true);
         };
+        let status = *status;
         match placing.advance(&mut self.conn, readable) {
             Err(_) => Err(self.peer_gone()),
             Ok(false) => Ok(false),
             Ok(true) => {
                 self.placing = None;
                 let done = ResponseHeader {
-                    status: WcStatus::Success,
+                    status,
                     len: 0,
                     value: 0,
                 };

@@ -10,12 +10,14 @@ use std::io;
 /// into, registered memory directly.
 pub(crate) const ZERO_COPY_MIN: usize = 64 * 1024;
 
-/// A payload being placed into `pieces`, in order.
+/// A payload being placed into `pieces`, in order, or (when refused) dropped.
 #[derive(Debug)]
 pub(crate) struct Placement {
     pieces: Vec<Piece>,
     index: usize,
     done: usize,
+    /// Bytes still to drop (a refused payload has no pieces).
+    discard: usize,
 }
 
 impl Placement {
@@ -24,12 +26,27 @@ impl Placement {
             pieces,
             index: 0,
             done: 0,
+            discard: 0,
+        }
+    }
+
+    /// A refused payload of `len` bytes, read and dropped without buffering it.
+    pub(crate) fn discard(len: usize) -> Self {
+        Placement {
+            pieces: Vec::new(),
+            index: 0,
+            done: 0,
+            discard: len,
         }
     }
 
     /// Places what has arrived (reading the socket when `readable`); Ok(true) when the
     /// whole payload is in place.
     pub(crate) fn advance(&mut self, conn: &mut Conn, readable: bool) -> io::Result<bool> {
+        if self.discard > 0 {
+            self.discard -= conn.discard(self.discard, readable)?;
+            return Ok(self.discard == 0);
+        }
         while let Some(piece) = self.pieces.get(self.index) {
             let offset = piece.target.offset + self.done;
             self.done += conn.place(&piece.target.mem, offset, piece.len - self.done, readable)?;
