@@ -14,4 +14,6 @@ pub(crate) use epoll::Epoll;
 pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};
 pub(crate) use output::OutputQueue;
 pub(crate) use poll::poll_readable;
+#[cfg(feature = "rdma")]
+pub(crate) use poll::set_nonblocking;
 pub(crate) use shared_memory::SharedMemory;

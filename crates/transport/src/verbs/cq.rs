@@ -1,14 +1,13 @@
 //! Verbs completion queue with a completion channel (the awaitable file descriptor).
 
 use super::device::DeviceContext;
-use crate::sys::poll_readable;
+use crate::sys::set_nonblocking;
 use crate::{CompletionQueue, Result, TransportError, WcOpcode, WcStatus, WorkCompletion};
 use rdma_sys::*;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 /// Entries of each verbs completion queue.
 const CQ_DEPTH: i32 = 4096;
@@ -18,7 +17,7 @@ const POLL_BATCH: usize = 32;
 pub(crate) struct CqInner {
     pub(crate) raw: NonNull<ibv_cq>,
     channel: NonNull<ibv_comp_channel>,
-    /// Completions taken from the hardware queue by `wait` and not yet handed out.
+    /// Completions taken from the hardware queue by `arm` or `poll` and not yet handed out.
     buffered: Mutex<VecDeque<WorkCompletion>>,
     _context: Arc<DeviceContext>,
 }
@@ -51,6 +50,12 @@ impl VerbsCq {
         let channel = unsafe { ibv_create_comp_channel(context.raw.as_ptr()) };
         let channel = NonNull::new(channel)
             .ok_or_else(|| TransportError::last_os("ibv_create_comp_channel"))?;
+        // SAFETY: the channel is live; `fd` is a plain field.
+        if let Err(err) = set_nonblocking(unsafe { (*channel.as_ptr()).fd }) {
+            // SAFETY: the channel was just created and has no CQ.
+            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            return Err(err);
+        }
         // SAFETY: live context and channel; no CQ context pointer is used.
         let raw = unsafe {
             ibv_create_cq(
@@ -94,33 +99,16 @@ impl VerbsCq {
         unsafe { (*self.inner.channel.as_ptr()).fd }
     }
 
-    /// Arms the CQ, then consumes one channel event if it fired within `timeout`.
-    fn await_event(&self, timeout: Duration) -> Result<()> {
-        // SAFETY: live CQ.
-        if unsafe { ibv_req_notify_cq(self.inner.raw.as_ptr(), 0) } != 0 {
-            return Err(TransportError::last_os("ibv_req_notify_cq"));
-        }
-        let mut buffered = self
-            .inner
-            .buffered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if self.poll_hardware(&mut buffered) > 0 {
-            return Ok(());
-        }
-        drop(buffered);
-        let millis = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-        if poll_readable(&[self.channel_fd()], millis)? == 0 {
-            return Ok(());
-        }
+    /// Takes and acknowledges every event waiting on the (non-blocking) channel.
+    fn ack_events(&self) {
         let mut cq = std::ptr::null_mut();
         let mut context = std::ptr::null_mut();
-        // SAFETY: the channel is readable, so this does not block; out-pointers are live.
-        if unsafe { ibv_get_cq_event(self.inner.channel.as_ptr(), &mut cq, &mut context) } == 0 {
+        // SAFETY: the channel is non-blocking, so this returns at once when it is empty;
+        // the out-pointers are live.
+        while unsafe { ibv_get_cq_event(self.inner.channel.as_ptr(), &mut cq, &mut context) } == 0 {
             // SAFETY: acknowledges the one event just taken from this CQ.
             unsafe { ibv_ack_cq_events(self.inner.raw.as_ptr(), 1) };
         }
-        Ok(())
     }
 }
 
@@ -137,24 +125,18 @@ impl CompletionQueue for VerbsCq {
         crate::api::drain_completions(&mut buffered, out)
     }
 
-    fn wait(&self, timeout: Duration) -> Result<bool> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let mut buffered = self
-                .inner
-                .buffered
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if !buffered.is_empty() || self.poll_hardware(&mut buffered) > 0 {
-                return Ok(true);
-            }
-            drop(buffered);
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(false);
-            }
-            self.await_event(left)?;
+    fn arm(&self) -> Result<bool> {
+        self.ack_events();
+        // SAFETY: live CQ.
+        if unsafe { ibv_req_notify_cq(self.inner.raw.as_ptr(), 0) } != 0 {
+            return Err(TransportError::last_os("ibv_req_notify_cq"));
         }
+        let mut buffered = self
+            .inner
+            .buffered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(!buffered.is_empty() || self.poll_hardware(&mut buffered) > 0)
     }
 
     fn event_fd(&self) -> RawFd {
