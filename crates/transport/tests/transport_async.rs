@@ -9,6 +9,7 @@ use kvcm_transport::{CompletionQueue, Region, SendOp, WcStatus, WorkCompletion};
 use std::os::fd::RawFd;
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 async fn next_completion<C: CompletionQueue>(cq: &C, fd: &AsyncFd<RawFd>) -> WorkCompletion {
     let mut out = [blank()];
@@ -29,7 +30,11 @@ async fn completions_are_awaited_through_the_event_fd() {
             &|| SoftDomain::open(SoftConfig::with_wire(wire)).unwrap(),
             8192,
         );
-        let fd = AsyncFd::new(p.a.send_cq.event_fd()).expect("register the event fd");
+        // SAFETY: the event fd belongs to `p`'s completion queue, which stays open and
+        // unchanged until after `fd` (declared later) is dropped.
+        let fd =
+            unsafe { AsyncFd::register_with_interest(p.a.send_cq.event_fd(), Interest::READABLE) }
+                .expect("register the event fd");
         p.b.fill(0, &pattern(512, 3));
         for wr_id in 0..20 {
             p.a.post(
