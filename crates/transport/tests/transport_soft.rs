@@ -7,7 +7,7 @@ mod conformance;
 use conformance::peer::{self, PeerProcess, PEER_LEN};
 use conformance::Side;
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
-use kvcm_transport::QpConfig;
+use kvcm_transport::{QpConfig, QpState, QueuePair, Region, SendOp, WcStatus};
 use std::net::IpAddr;
 
 fn open(wire: Wire, bind: IpAddr) -> SoftDomain {
@@ -32,6 +32,52 @@ mod tcp {
         let side = Side::new(open_tcp(), PEER_LEN, QpConfig::default());
         let process = PeerProcess::spawn(&side, "tcp", localhost(), &[]);
         peer::peer_sigkill_fails_in_flight(&side, process);
+    }
+
+    /// Sends `bytes` to the NIC at `addr` and expects it to close the connection.
+    fn rejected(addr: std::net::SocketAddr, bytes: &[u8]) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(conformance::DEADLINE))
+            .unwrap();
+        stream.write_all(bytes).unwrap();
+        let mut sink = [0u8; 64];
+        assert_eq!(
+            stream.read(&mut sink).expect("closed, not timed out"),
+            0,
+            "NIC closed the link"
+        );
+    }
+
+    #[test]
+    fn garbage_on_the_wire_closes_only_that_connection() {
+        let domain = open_tcp();
+        let addr = domain.listen_addr().unwrap();
+        rejected(addr, b"GET / HTTP/1.1\r\n\r\n");
+        let hello_unknown_qp = [b"KVTP".as_slice(), &999u32.to_le_bytes()].concat();
+        rejected(addr, &hello_unknown_qp);
+        let victim = Side::new(domain.clone(), 4096, QpConfig::default());
+        let mut bad_request = [b"KVTP".as_slice(), &victim.qp.qpn().to_le_bytes()].concat();
+        bad_request.extend([99u8; 40]);
+        rejected(addr, &bad_request);
+        conformance::eventually("the attacked queue pair to break", || {
+            victim.qp.state() == QpState::Error
+        });
+        let healthy = Side::new(domain, 4096, QpConfig::default());
+        let peer = Side::new(open_tcp(), 4096, QpConfig::default());
+        conformance::connect(&healthy.qp, &peer.qp);
+        peer.fill(0, b"still serving");
+        healthy.post(
+            1,
+            SendOp::Read(peer.region.remote(0)),
+            &[healthy.sge(0, 13)],
+        );
+        assert_eq!(
+            conformance::completions(&healthy.send_cq, 1)[0].status,
+            WcStatus::Success
+        );
+        assert_eq!(healthy.bytes(0, 13), b"still serving");
     }
 }
 

@@ -69,7 +69,10 @@ impl ShmPeer {
 
     /// Resolves `len` bytes at the peer's `addr` under `rkey` if its table allows `need`.
     fn resolve(&self, rkey: u32, addr: u64, len: u64, need: Access) -> Option<Target> {
-        let entry = self.table.lookup(rkey)?;
+        let Some(entry) = self.table.lookup(rkey) else {
+            self.forget(rkey);
+            return None;
+        };
         if !keytable::check_access(&entry, addr, len, need) {
             return None;
         }
@@ -78,6 +81,14 @@ impl ShmPeer {
             mem,
             offset: (addr - entry.mem_base) as usize,
         })
+    }
+
+    /// Drops the cached mapping of a key that is no longer registered.
+    fn forget(&self, rkey: u32) {
+        self.mappings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&rkey);
     }
 
     fn mapping(&self, rkey: u32, fd: RawFd, len: usize) -> Option<Arc<SharedMemory>> {
