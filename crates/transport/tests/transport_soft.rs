@@ -91,6 +91,25 @@ mod shm {
     conformance_suite!(SoftDomain, open_shm);
 
     #[test]
+    fn send_larger_than_the_ring_is_local_length_error() {
+        let config = SoftConfig {
+            ring_capacity: 64 << 10,
+            ..SoftConfig::with_wire(Wire::Shm)
+        };
+        let open_small = || SoftDomain::open(config).unwrap();
+        let p = conformance::Pair::new(&open_small, 256 << 10);
+        p.b.post_recv(1, &[p.b.sge(0, 128 << 10)]);
+        p.a.post(7, SendOp::Send { imm: None }, &[p.a.sge(0, 64 << 10)]);
+        let done = conformance::completions(&p.a.send_cq, 1);
+        assert_eq!(
+            (done[0].wr_id, done[0].status),
+            (7, WcStatus::LocalLengthError)
+        );
+        assert_eq!(p.a.qp.state(), QpState::Error);
+        conformance::no_completion(&p.b.recv_cq, std::time::Duration::from_millis(20));
+    }
+
+    #[test]
     fn peer_process_sigkill_fails_in_flight_work() {
         let side = Side::new(open_shm(), PEER_LEN, QpConfig::default());
         let process = PeerProcess::spawn(&side, "shm", localhost(), &[]);
