@@ -46,12 +46,14 @@ pub enum Wire {
 pub struct SoftConfig {
     /// Wire of the domain's queue pairs. Default TCP.
     pub wire: Wire,
-    /// Address the NIC listens on for TCP links (port chosen by the OS). Default 127.0.0.1.
+    /// Address the NIC listens on for TCP links (port chosen by the OS); it is written
+    /// into endpoints, so it must be an address peers can reach (not 0.0.0.0).
+    /// Default 127.0.0.1.
     pub bind: IpAddr,
     /// What the NIC thread does when idle.
     pub idle: IdlePolicy,
     /// Bytes of each queue pair's inbound ring on the shared-memory wire (rounded up to a
-    /// power of two; the largest SEND is about half of it). Default 4 MiB.
+    /// power of two; the largest SEND is about half of it). 4 KiB to 1 GiB; default 4 MiB.
     pub ring_capacity: usize,
 }
 

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const DATA: usize = 4096;
 const WRAP: u64 = u64::MAX;
+const MIN_CAPACITY: usize = 4096;
+const MAX_CAPACITY: usize = 1 << 30;
 
 /// One end of a ring (a process is either its producer or its consumer).
 #[derive(Debug)]
@@ -28,6 +30,11 @@ fn padded(len: usize) -> usize {
 impl Ring {
     /// Creates a ring with `capacity` bytes of frames (a power of two).
     pub(crate) fn create(capacity: usize) -> Result<Self> {
+        if !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
+            return Err(crate::TransportError::InvalidArgument(
+                "ring capacity must be 4 KiB to 1 GiB",
+            ));
+        }
         let capacity = capacity.next_power_of_two();
         Ok(Ring {
             memory: SharedMemory::create(c"kvcm-ring", DATA + capacity)?,
@@ -37,7 +44,7 @@ impl Ring {
 
     /// Maps the ring `fd` of process `pid` with `capacity` bytes of frames.
     pub(crate) fn open_peer(pid: u32, fd: RawFd, capacity: usize) -> Result<Self> {
-        if !capacity.is_power_of_two() {
+        if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
             return Err(crate::TransportError::BadEndpoint("ring capacity".into()));
         }
         Ok(Ring {
@@ -156,10 +163,10 @@ mod tests {
 
     #[test]
     fn frames_cross_processes_in_order_and_wrap() {
-        let consumer = Ring::create(256).unwrap();
-        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 256).unwrap();
+        let consumer = Ring::create(4096).unwrap();
+        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 4096).unwrap();
         let mut out = Vec::new();
-        for round in 0..50u8 {
+        for round in 0..200u8 {
             assert!(producer.push(&[&[round; 30], &[round + 1; 7]]));
             assert!(consumer.peek(&mut out));
             assert_eq!(out.len(), 37);
@@ -170,14 +177,24 @@ mod tests {
     }
 
     #[test]
+    fn capacities_out_of_range_are_refused() {
+        assert!(Ring::create(0).is_err());
+        assert!(Ring::create(100).is_err());
+        assert!(Ring::create(2 << 30).is_err());
+        let ring = Ring::create(5000).unwrap();
+        assert_eq!(ring.capacity(), 8192);
+        assert!(Ring::open_peer(std::process::id(), ring.raw_fd(), 5000).is_err());
+    }
+
+    #[test]
     fn full_ring_refuses_until_consumed_and_oversize_never_fits() {
-        let ring = Ring::create(256).unwrap();
-        assert!(!ring.push(&[&[0; 200]]));
+        let ring = Ring::create(4096).unwrap();
+        assert!(!ring.push(&[&[0; 3000]]));
         let mut pushed = 0;
         while ring.push(&[&[1; 40]]) {
             pushed += 1;
         }
-        assert_eq!(pushed, 256 / 48);
+        assert_eq!(pushed, 4096 / 48);
         let mut out = Vec::new();
         assert!(ring.peek(&mut out));
         ring.pop(out.len());
