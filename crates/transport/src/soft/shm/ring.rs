@@ -200,4 +200,72 @@ mod tests {
         ring.pop(out.len());
         assert!(ring.push(&[&[1; 40]]));
     }
+
+    /// A small deterministic generator (xorshift) so the test needs no dependency.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    #[test]
+    fn random_pushes_and_pops_match_a_queue_model() {
+        let ring = Ring::create(4096).unwrap();
+        let mut model = std::collections::VecDeque::new();
+        let (mut seed, mut out) = (0x9e37_79b9_7f4a_7c15u64, Vec::new());
+        for step in 0..20_000u32 {
+            if next(&mut seed) % 2 == 0 {
+                let frame = vec![step as u8; (next(&mut seed) % 600) as usize];
+                if ring.push(&[&frame]) {
+                    model.push_back(frame);
+                } else {
+                    assert!(
+                        !model.is_empty(),
+                        "an empty ring takes any frame up to max_frame"
+                    );
+                }
+            } else if ring.peek(&mut out) {
+                assert_eq!(Some(&out), model.front(), "step {step}");
+                ring.pop(out.len());
+                model.pop_front();
+            } else {
+                assert!(model.is_empty(), "step {step}: the ring lost a frame");
+            }
+        }
+    }
+
+    #[test]
+    fn a_producer_thread_and_a_consumer_thread_agree_on_every_frame() {
+        const FRAMES: u32 = 20_000;
+        let consumer = Ring::create(8192).unwrap();
+        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 8192).unwrap();
+        let writer = std::thread::spawn(move || {
+            for index in 0..FRAMES {
+                let frame = [
+                    index.to_le_bytes().as_slice(),
+                    &[index as u8; 100][..(index % 100) as usize],
+                ]
+                .concat();
+                while !producer.push(&[&frame]) {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut out = Vec::new();
+        for index in 0..FRAMES {
+            while !consumer.peek(&mut out) {
+                std::thread::yield_now();
+            }
+            assert_eq!(out[..4], index.to_le_bytes(), "frames arrive in order");
+            assert_eq!(out.len(), 4 + (index % 100) as usize);
+            assert!(
+                out[4..].iter().all(|&byte| byte == index as u8),
+                "frame {index} is intact"
+            );
+            consumer.pop(out.len());
+        }
+        writer.join().unwrap();
+        assert!(consumer.is_empty());
+    }
 }
