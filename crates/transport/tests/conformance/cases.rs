@@ -285,6 +285,24 @@ pub fn deregistered_region_is_unreachable<D: Domain>(open: Open<D>) {
         completions(&p.a.send_cq, 1)[0].status,
         WcStatus::RemoteAccessError
     );
+    // Locally too: a scatter element under a deregistered lkey is refused.
+    let q = Pair::new(open, 4096);
+    q.b.fill(0, &[7; 8]);
+    let local = q.a.domain.alloc(4096).unwrap();
+    let local_region = q.a.domain.register(&local, 0, 4096, Access::ALL).unwrap();
+    let stale = local_region.sge(0, 8);
+    drop(local_region);
+    expect_failure(
+        &q.a,
+        read(q.b.region.remote(0)),
+        &[stale],
+        WcStatus::LocalProtectionError,
+    );
+    assert_eq!(
+        local.load_u64(0).unwrap(),
+        0,
+        "nothing was written through the stale key"
+    );
 }
 
 pub fn bad_lkey_is_local_protection_error<D: Domain>(open: Open<D>) {
