@@ -7,8 +7,11 @@ mod conformance;
 use conformance::peer::{self, PeerProcess, PEER_LEN};
 use conformance::Side;
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
-use kvcm_transport::{QpConfig, QpState, QueuePair, Region, SendOp, WcStatus};
+use kvcm_transport::{
+    QpConfig, QpEndpoint, QpState, QueuePair, Region, RemoteAddr, SendOp, SendWr, WcStatus,
+};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 fn open(wire: Wire, bind: IpAddr) -> SoftDomain {
     SoftDomain::open(SoftConfig::with_wire(wire).with_bind(bind)).expect("open soft domain")
@@ -51,6 +54,32 @@ mod tcp {
     }
 
     #[test]
+    fn a_silent_peer_times_out_with_retry_exceeded() {
+        let timeout = Duration::from_millis(300);
+        let config = SoftConfig::with_wire(Wire::Tcp).with_response_timeout(timeout);
+        let side = Side::new(SoftDomain::open(config).unwrap(), 4096, QpConfig::default());
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let text = format!("soft-tcp qpn=1 addr={}", silent.local_addr().unwrap());
+        side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+        let (_never_answers, _) = silent.accept().unwrap();
+        let started = Instant::now();
+        let remote = RemoteAddr {
+            addr: 4096,
+            rkey: 1,
+        };
+        side.post(1, SendOp::Read(remote), &[side.sge(0, 8)]);
+        side.post(2, SendOp::Read(remote), &[side.sge(8, 8)]);
+        let done = conformance::completions(&side.send_cq, 2);
+        let statuses: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            statuses,
+            [(1, WcStatus::RetryExceeded), (2, WcStatus::WrFlushError)]
+        );
+        assert!(started.elapsed() >= timeout, "not before the timeout");
+        assert_eq!(side.qp.state(), QpState::Error);
+    }
+
+    #[test]
     fn garbage_on_the_wire_closes_only_that_connection() {
         let domain = open_tcp();
         let addr = domain.listen_addr().unwrap();
@@ -89,6 +118,38 @@ mod shm {
     }
 
     conformance_suite!(SoftDomain, open_shm);
+
+    #[test]
+    fn sends_to_a_peer_that_never_receives_time_out() {
+        let config = SoftConfig {
+            ring_capacity: 4096,
+            ..SoftConfig::with_wire(Wire::Shm)
+        }
+        .with_response_timeout(Duration::from_millis(300));
+        let p = conformance::Pair::new(&|| SoftDomain::open(config).unwrap(), 8192);
+        let sg = [p.a.sge(0, 1000)];
+        let send = SendOp::Send { imm: None };
+        let wrs: Vec<SendWr> = (0..8)
+            .map(|i| SendWr {
+                wr_id: i,
+                op: send,
+                sg_list: &sg,
+                signaled: true,
+            })
+            .collect();
+        p.a.qp.post_send(&wrs).unwrap();
+        let done = conformance::completions(&p.a.send_cq, 8);
+        let first_error = done
+            .iter()
+            .position(|c| c.status != WcStatus::Success)
+            .expect("a SEND failed");
+        assert!(first_error >= 1, "the ring took some SENDs: {done:?}");
+        assert_eq!(done[first_error].status, WcStatus::RetryExceeded);
+        assert!(done[first_error + 1..]
+            .iter()
+            .all(|c| c.status == WcStatus::WrFlushError));
+        assert_eq!(p.a.qp.state(), QpState::Error);
+    }
 
     #[test]
     fn send_larger_than_the_ring_is_local_length_error() {

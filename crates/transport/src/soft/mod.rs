@@ -31,6 +31,7 @@ pub use nic::IdlePolicy;
 pub use qp::SoftQp;
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
 /// Which wire a soft domain's queue pairs use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +53,11 @@ pub struct SoftConfig {
     pub bind: IpAddr,
     /// What the NIC thread does when idle.
     pub idle: IdlePolicy,
+    /// How long a queue pair waits for its peer before failing the oldest outstanding
+    /// request with `RetryExceeded` (a transport / RNR retry timeout): on TCP, time without
+    /// any answer while requests are outstanding; on shared memory, time a SEND waits for
+    /// ring room. Default 10 s.
+    pub response_timeout: Duration,
     /// Bytes of each queue pair's inbound ring on the shared-memory wire (rounded up to a
     /// power of two; the largest SEND is about half of it). 4 KiB to 1 GiB; default 4 MiB.
     pub ring_capacity: usize,
@@ -63,6 +69,7 @@ impl Default for SoftConfig {
             wire: Wire::Tcp,
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             idle: IdlePolicy::default(),
+            response_timeout: Duration::from_secs(10),
             ring_capacity: 4 << 20,
         }
     }
@@ -85,5 +92,13 @@ impl SoftConfig {
     /// Sets the idle policy.
     pub fn with_idle(self, idle: IdlePolicy) -> Self {
         SoftConfig { idle, ..self }
+    }
+
+    /// Sets the response timeout.
+    pub fn with_response_timeout(self, response_timeout: Duration) -> Self {
+        SoftConfig {
+            response_timeout,
+            ..self
+        }
     }
 }

@@ -86,7 +86,7 @@ impl SoftQp {
                 "shared-memory peer is on another host".into(),
             ));
         }
-        let peer = ShmPeer::open(address)?;
+        let peer = ShmPeer::open(address, self.domain.config.response_timeout)?;
         self.shared
             .shm_peer
             .set(peer)

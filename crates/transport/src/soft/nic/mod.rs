@@ -68,10 +68,15 @@ pub(crate) struct NicShared {
     news: AtomicBool,
     stop: AtomicBool,
     idle: IdlePolicy,
+    response_timeout: Duration,
 }
 
 impl NicShared {
-    pub(crate) fn new(registry: Arc<Registry>, idle: IdlePolicy) -> crate::Result<Self> {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        idle: IdlePolicy,
+        response_timeout: Duration,
+    ) -> crate::Result<Self> {
         Ok(NicShared {
             registry,
             doorbell: Doorbell::new()?,
@@ -80,6 +85,7 @@ impl NicShared {
             news: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             idle,
+            response_timeout,
         })
     }
 
@@ -232,7 +238,10 @@ impl Nic {
         self.qps.extend(qps);
         for (qp, stream) in links {
             match Conn::new(stream) {
-                Ok(conn) if self.watch(&conn) => self.requesters.push(RequesterLink::new(qp, conn)),
+                Ok(conn) if self.watch(&conn) => {
+                    let timeout = self.shared.response_timeout;
+                    self.requesters.push(RequesterLink::new(qp, conn, timeout))
+                }
                 _ => qp.enter_error(),
             }
         }

@@ -12,6 +12,7 @@ use crate::sys::OutputQueue;
 use crate::{Access, QpState, SendOp, WcStatus};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A work request on the wire (or failed locally before reaching it).
 #[derive(Debug)]
@@ -35,16 +36,22 @@ pub(crate) struct RequesterLink {
     halted: bool,
     /// The payload of the front READ response, being placed into its scatter list.
     placing: Option<Placement>,
+    /// Longest time without bytes moving either way while requests are outstanding.
+    timeout: Duration,
+    /// When bytes last moved (or the first request went out after a quiet spell).
+    last_answer: Instant,
 }
 
 impl RequesterLink {
-    pub(crate) fn new(qp: Arc<QpShared>, conn: Conn) -> Self {
+    pub(crate) fn new(qp: Arc<QpShared>, conn: Conn, timeout: Duration) -> Self {
         RequesterLink {
             qp,
             conn,
             outstanding: VecDeque::new(),
             halted: false,
             placing: None,
+            timeout,
+            last_answer: Instant::now(),
         }
     }
 
@@ -64,10 +71,18 @@ impl RequesterLink {
             .flush()
             .and_then(|sent| Ok(sent | (buffer && self.conn.fill()?)));
         match moved {
-            Ok(moved) => progress |= moved,
+            Ok(moved) if moved || readable => {
+                progress |= moved;
+                self.last_answer = Instant::now();
+            }
+            Ok(_) => {}
             Err(_) => return Err(self.fail_outstanding(WcStatus::RetryExceeded)),
         }
-        Ok(progress | self.complete_answered(readable)?)
+        progress |= self.complete_answered(readable)?;
+        if !self.outstanding.is_empty() && self.last_answer.elapsed() > self.timeout {
+            return Err(self.fail_outstanding(WcStatus::RetryExceeded));
+        }
+        Ok(progress)
     }
 
     /// Whether queued or buffered work is waiting (the NIC must not park).
@@ -82,6 +97,9 @@ impl RequesterLink {
                 break;
             };
             progress = true;
+            if self.outstanding.is_empty() {
+                self.last_answer = Instant::now();
+            }
             let pending = encode(registry, send, &mut self.conn.output);
             self.halted = matches!(pending, Pending::Failed { .. });
             self.outstanding.push_back(pending);

@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 /// Descriptor numbers and sizes a same-host peer publishes in its endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,11 +46,14 @@ pub(crate) struct ShmPeer {
     pid_fd: PidFd,
     mappings: Mutex<HashMap<u32, Arc<SharedMemory>>>,
     send_lock: Mutex<()>,
+    /// How long a SEND waits for ring room (the peer posting receives) before it fails
+    /// with `RetryExceeded`, like an RNR retry limit.
+    timeout: Duration,
 }
 
 impl ShmPeer {
     /// Maps what `address` names.
-    pub(crate) fn open(address: &ShmAddress) -> Result<Self> {
+    pub(crate) fn open(address: &ShmAddress, timeout: Duration) -> Result<Self> {
         let pid = address.pid;
         Ok(ShmPeer {
             pid,
@@ -59,6 +63,7 @@ impl ShmPeer {
             bell: RemoteDoorbell::new(&address.doorbell)?,
             mappings: Mutex::default(),
             send_lock: Mutex::default(),
+            timeout,
         })
     }
 

@@ -11,11 +11,7 @@ use crate::soft::registry::{AtomicOp, Registry};
 use crate::soft::scatter::{self, Piece};
 use crate::{Access, RemoteAddr, SendOp, WcStatus};
 use std::sync::PoisonError;
-use std::time::{Duration, Instant};
-
-/// How long a SEND waits for ring room (the peer posting receives) before it fails with
-/// `RetryExceeded`, like an RNR retry limit.
-const RNR_TIMEOUT: Duration = Duration::from_secs(10);
+use std::time::Instant;
 
 /// Executes `sends` for `qp` against `peer`.
 pub(crate) fn post_inline(
@@ -127,7 +123,7 @@ fn push_frame(peer: &ShmPeer, header: &RequestHeader, payload: &[u8]) -> WcStatu
     header.encode(&mut header_bytes);
     let started = Instant::now();
     while !peer.try_push(&[&header_bytes, payload]) {
-        if peer.gone() || started.elapsed() > RNR_TIMEOUT {
+        if peer.gone() || started.elapsed() > peer.timeout {
             return WcStatus::RetryExceeded;
         }
         std::thread::yield_now();
