@@ -98,7 +98,11 @@ impl Ring {
         }
         let need = padded(len) as u64;
         let mut tail = self.tail().load(Ordering::Relaxed);
-        let free = self.capacity as u64 - (tail - self.head().load(Ordering::Acquire));
+        // A consumer that corrupts `head` only makes the ring look full, never overflows it.
+        let used = tail.wrapping_sub(self.head().load(Ordering::Acquire));
+        let Some(free) = (self.capacity as u64).checked_sub(used) else {
+            return false;
+        };
         let index = (tail % self.capacity as u64) as usize;
         let contiguous = (self.capacity - index) as u64;
         let wraps = contiguous < need;
@@ -174,6 +178,16 @@ mod tests {
             consumer.pop(out.len());
         }
         assert!(!consumer.peek(&mut out));
+    }
+
+    #[test]
+    fn a_corrupted_head_makes_the_ring_look_full_not_overflow() {
+        let ring = Ring::create(4096).unwrap();
+        let peer = Ring::open_peer(std::process::id(), ring.raw_fd(), 4096).unwrap();
+        peer.head().store(1 << 40, Ordering::Release);
+        assert!(!ring.push(&[b"frame"]));
+        peer.head().store(0, Ordering::Release);
+        assert!(ring.push(&[b"frame"]));
     }
 
     #[test]
