@@ -137,10 +137,11 @@ impl KeyTable {
 
 /// Checks that `[addr, addr + len)` lies in the registration and `need` is granted.
 pub(crate) fn check_access(entry: &KeyEntry, addr: u64, len: u64, need: Access) -> bool {
-    let in_bounds = addr >= entry.addr
-        && addr
-            .checked_add(len)
-            .is_some_and(|end| end <= entry.addr + entry.len);
+    // Entries may come from another process: no arithmetic on them may overflow.
+    let region_end = entry.addr.checked_add(entry.len);
+    let end = addr.checked_add(len);
+    let in_bounds =
+        addr >= entry.addr && matches!((end, region_end), (Some(end), Some(limit)) if end <= limit);
     in_bounds && entry.access.contains(need)
 }
 
@@ -188,6 +189,15 @@ mod tests {
         assert!(!check_access(&e, e.addr - 1, 1, Access::REMOTE_READ));
         assert!(!check_access(&e, u64::MAX, 2, Access::REMOTE_READ));
         assert!(!check_access(&e, e.addr, 8, Access::REMOTE_WRITE));
+        let hostile = KeyEntry {
+            addr: u64::MAX - 4,
+            len: 100,
+            ..e
+        };
+        assert!(
+            !check_access(&hostile, u64::MAX - 4, 2, Access::REMOTE_READ),
+            "overflowing entry"
+        );
     }
 
     #[test]

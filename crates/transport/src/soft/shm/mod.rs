@@ -81,11 +81,12 @@ impl ShmPeer {
         if !keytable::check_access(&entry, addr, len, need) {
             return None;
         }
-        let mem = self.mapping(rkey, entry.fd, entry.mem_len as usize)?;
-        self.table.is_live(rkey).then(|| Target {
-            mem,
-            offset: (addr - entry.mem_base) as usize,
-        })
+        // The entry comes from the peer: an offset outside the mapping is caught here or by
+        // the mapping's own bounds checks.
+        let offset = usize::try_from(addr.checked_sub(entry.mem_base)?).ok()?;
+        let mem = self.mapping(rkey, entry.fd, usize::try_from(entry.mem_len).ok()?)?;
+        mem.check(offset, usize::try_from(len).ok()?).ok()?;
+        self.table.is_live(rkey).then_some(Target { mem, offset })
     }
 
     /// Drops the cached mapping of a key that is no longer registered.
