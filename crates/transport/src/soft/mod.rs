@@ -7,8 +7,9 @@
 //! - [`Wire::Shm`]: same host; regions are memfds mapped by both processes, so one-sided
 //!   operations are memory accesses; SENDs travel through shared rings.
 //!
-//! Source layout: `domain` (domain, region), `qp` (queue-pair handle), `cq`,
-//! `registry` + `keytable` (keys and checks), `scatter` (local lists), `responder`
+//! Source layout: `domain` (domain, region), `qp` (queue-pair handle), `queue_pair`
+//! (state shared with the NIC, completion rules), `cq`, `registry` + `keytable` (keys
+//! and checks), `scatter` (local lists), `responder`
 //! (request execution), `frame` + `endpoint` (encodings), `nic/` (the thread and TCP
 //! links), `shm/` (rings and inline one-sided execution).
 
