@@ -11,6 +11,8 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
 const INITIAL_INPUT: usize = 256 * 1024;
+/// Largest input buffer kept once it is empty.
+const MAX_IDLE_INPUT: usize = 4 << 20;
 
 /// A buffered non-blocking stream.
 ///
@@ -61,6 +63,10 @@ impl Conn {
         if self.consumed == self.filled {
             self.consumed = 0;
             self.filled = 0;
+            if self.input.len() > MAX_IDLE_INPUT {
+                // A huge frame grew the buffer; give the memory back once it is parsed.
+                self.input = vec![0; INITIAL_INPUT];
+            }
         }
     }
 
