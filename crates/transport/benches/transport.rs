@@ -11,12 +11,10 @@
 //! The summary table at the end prints each figure, its floor and the ratio.
 
 use criterion::{criterion_group, Criterion, Throughput};
-use kvcm_transport::soft::{
-    IdlePolicy, SoftConfig, SoftCq, SoftDomain, SoftMemory, SoftQp, SoftRegion, Wire,
-};
+use kvcm_transport::soft::{IdlePolicy, SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
-    Access, CompletionQueue, Domain, QpConfig, QueuePair, Region, SendOp, SendWr, WcStatus,
-    WorkCompletion,
+    Access, CompletionQueue, Domain, HostMemory, QpConfig, QueuePair, Region, SendOp, SendWr,
+    WcStatus, WorkCompletion,
 };
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -31,9 +29,9 @@ const BLOCKS: [usize; 2] = [4096, 1 << 20];
 /// Two soft domains on one wire, with a connected queue pair and a region on each side.
 struct Link {
     _domains: (SoftDomain, SoftDomain),
-    _local: SoftMemory,
+    _local: HostMemory,
     local_region: SoftRegion,
-    _remote: SoftMemory,
+    _remote: HostMemory,
     remote_region: SoftRegion,
     cq: SoftCq,
     qp: SoftQp,
@@ -42,13 +40,20 @@ struct Link {
 
 impl Link {
     fn new(wire: Wire) -> Self {
+        Self::with_nics(wire, false)
+    }
+
+    /// With `one_nic`, both queue pairs live in one domain: one NIC thread serves both
+    /// ends, so the path has two polling threads (application, NIC), like the floor.
+    fn with_nics(wire: Wire, one_nic: bool) -> Self {
         let idle = IdlePolicy {
             spin: Duration::from_millis(5),
             ..IdlePolicy::default()
         };
         let open =
             || SoftDomain::open(SoftConfig::with_wire(wire).with_idle(idle)).expect("domain");
-        let (a, b) = (open(), open());
+        let a = open();
+        let b = if one_nic { a.clone() } else { open() };
         let len = BATCH << 20;
         let local = a.alloc(len).unwrap();
         let local_region = a.register(&local, 0, len, Access::ALL).unwrap();
@@ -221,6 +226,22 @@ fn memcpy_seconds(len: usize, rounds: usize) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
+/// Runs `measure` while one more thread busy-polls (yielding), as the soft-TCP path has
+/// three polling threads (application, two NICs) where the ping-pong floor has two.
+fn with_extra_poller<T>(measure: impl FnOnce() -> T) -> T {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::yield_now();
+            }
+        });
+        let result = measure();
+        stop.store(true, Ordering::Relaxed);
+        result
+    })
+}
+
 fn percentiles(mut op: impl FnMut()) -> (f64, f64) {
     (0..1000).for_each(|_| op());
     let mut samples: Vec<f64> = (0..SAMPLES)
@@ -284,8 +305,14 @@ fn summary() {
     println!("\n=== transport summary (floors measured in this run) ===");
     let mut ping = PingPong::new();
     let (floor50, floor99) = percentiles(|| ping.round_trip());
-    drop(ping);
     println!("64 B TCP ping-pong floor        p50 {floor50:7.2} us  p99 {floor99:7.2} us");
+    let (busy50, busy99) = with_extra_poller(|| percentiles(|| ping.round_trip()));
+    drop(ping);
+    println!("  (context) floor + 1 polling thread  p50 {busy50:7.2} us  p99 {busy99:7.2} us");
+    let one_nic = Link::with_nics(Wire::Tcp, true);
+    let (p50, p99) = percentiles(|| one_nic.run(false, 64, 1));
+    drop(one_nic);
+    println!("  (context) soft-tcp, both ends on one NIC  p50 {p50:7.2} us  p99 {p99:7.2} us  p50/floor {:.2}x", p50 / floor50);
     for wire in [Wire::Tcp, Wire::Shm] {
         let link = Link::new(wire);
         let (p50, p99) = percentiles(|| link.run(false, 64, 1));

@@ -7,8 +7,11 @@ mod conformance;
 use conformance::peer::{self, PeerProcess, PEER_LEN};
 use conformance::Side;
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
-use kvcm_transport::QpConfig;
+use kvcm_transport::{
+    QpConfig, QpEndpoint, QpState, QueuePair, Region, RemoteAddr, SendOp, SendWr, WcStatus,
+};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 fn open(wire: Wire, bind: IpAddr) -> SoftDomain {
     SoftDomain::open(SoftConfig::with_wire(wire).with_bind(bind)).expect("open soft domain")
@@ -33,6 +36,78 @@ mod tcp {
         let process = PeerProcess::spawn(&side, "tcp", localhost(), &[]);
         peer::peer_sigkill_fails_in_flight(&side, process);
     }
+
+    /// Sends `bytes` to the NIC at `addr` and expects it to close the connection.
+    fn rejected(addr: std::net::SocketAddr, bytes: &[u8]) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(conformance::DEADLINE))
+            .unwrap();
+        stream.write_all(bytes).unwrap();
+        let mut sink = [0u8; 64];
+        assert_eq!(
+            stream.read(&mut sink).expect("closed, not timed out"),
+            0,
+            "NIC closed the link"
+        );
+    }
+
+    #[test]
+    fn a_silent_peer_times_out_with_retry_exceeded() {
+        let timeout = Duration::from_millis(300);
+        let config = SoftConfig::with_wire(Wire::Tcp).with_response_timeout(timeout);
+        let side = Side::new(SoftDomain::open(config).unwrap(), 4096, QpConfig::default());
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let text = format!("soft-tcp qpn=1 addr={}", silent.local_addr().unwrap());
+        side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+        let (_never_answers, _) = silent.accept().unwrap();
+        let started = Instant::now();
+        let remote = RemoteAddr {
+            addr: 4096,
+            rkey: 1,
+        };
+        side.post(1, SendOp::Read(remote), &[side.sge(0, 8)]);
+        side.post(2, SendOp::Read(remote), &[side.sge(8, 8)]);
+        let done = conformance::completions(&side.send_cq, 2);
+        let statuses: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            statuses,
+            [(1, WcStatus::RetryExceeded), (2, WcStatus::WrFlushError)]
+        );
+        assert!(started.elapsed() >= timeout, "not before the timeout");
+        assert_eq!(side.qp.state(), QpState::Error);
+    }
+
+    #[test]
+    fn garbage_on_the_wire_closes_only_that_connection() {
+        let domain = open_tcp();
+        let addr = domain.listen_addr().unwrap();
+        rejected(addr, b"GET / HTTP/1.1\r\n\r\n");
+        let hello_unknown_qp = [b"KVTP".as_slice(), &999u32.to_le_bytes()].concat();
+        rejected(addr, &hello_unknown_qp);
+        let victim = Side::new(domain.clone(), 4096, QpConfig::default());
+        let mut bad_request = [b"KVTP".as_slice(), &victim.qp.qpn().to_le_bytes()].concat();
+        bad_request.extend([99u8; 40]);
+        rejected(addr, &bad_request);
+        conformance::eventually("the attacked queue pair to break", || {
+            victim.qp.state() == QpState::Error
+        });
+        let healthy = Side::new(domain, 4096, QpConfig::default());
+        let peer = Side::new(open_tcp(), 4096, QpConfig::default());
+        conformance::connect(&healthy.qp, &peer.qp);
+        peer.fill(0, b"still serving");
+        healthy.post(
+            1,
+            SendOp::Read(peer.region.remote(0)),
+            &[healthy.sge(0, 13)],
+        );
+        assert_eq!(
+            conformance::completions(&healthy.send_cq, 1)[0].status,
+            WcStatus::Success
+        );
+        assert_eq!(healthy.bytes(0, 13), b"still serving");
+    }
 }
 
 mod shm {
@@ -43,6 +118,57 @@ mod shm {
     }
 
     conformance_suite!(SoftDomain, open_shm);
+
+    #[test]
+    fn sends_to_a_peer_that_never_receives_time_out() {
+        let config = SoftConfig {
+            ring_capacity: 4096,
+            ..SoftConfig::with_wire(Wire::Shm)
+        }
+        .with_response_timeout(Duration::from_millis(300));
+        let p = conformance::Pair::new(&|| SoftDomain::open(config).unwrap(), 8192);
+        let sg = [p.a.sge(0, 1000)];
+        let send = SendOp::Send { imm: None };
+        let wrs: Vec<SendWr> = (0..8)
+            .map(|i| SendWr {
+                wr_id: i,
+                op: send,
+                sg_list: &sg,
+                signaled: true,
+            })
+            .collect();
+        p.a.qp.post_send(&wrs).unwrap();
+        let done = conformance::completions(&p.a.send_cq, 8);
+        let first_error = done
+            .iter()
+            .position(|c| c.status != WcStatus::Success)
+            .expect("a SEND failed");
+        assert!(first_error >= 1, "the ring took some SENDs: {done:?}");
+        assert_eq!(done[first_error].status, WcStatus::RetryExceeded);
+        assert!(done[first_error + 1..]
+            .iter()
+            .all(|c| c.status == WcStatus::WrFlushError));
+        assert_eq!(p.a.qp.state(), QpState::Error);
+    }
+
+    #[test]
+    fn send_larger_than_the_ring_is_local_length_error() {
+        let config = SoftConfig {
+            ring_capacity: 64 << 10,
+            ..SoftConfig::with_wire(Wire::Shm)
+        };
+        let open_small = || SoftDomain::open(config).unwrap();
+        let p = conformance::Pair::new(&open_small, 256 << 10);
+        p.b.post_recv(1, &[p.b.sge(0, 128 << 10)]);
+        p.a.post(7, SendOp::Send { imm: None }, &[p.a.sge(0, 64 << 10)]);
+        let done = conformance::completions(&p.a.send_cq, 1);
+        assert_eq!(
+            (done[0].wr_id, done[0].status),
+            (7, WcStatus::LocalLengthError)
+        );
+        assert_eq!(p.a.qp.state(), QpState::Error);
+        conformance::no_completion(&p.b.recv_cq, std::time::Duration::from_millis(20));
+    }
 
     #[test]
     fn peer_process_sigkill_fails_in_flight_work() {

@@ -136,15 +136,36 @@ pub trait Region: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// A completion queue: polled busily, or waited on through a file descriptor.
+/// A completion queue: polled busily, or awaited through a file descriptor.
+///
+/// To await completions in an event loop (epoll, tokio's `AsyncFd`, ...): call
+/// [`CompletionQueue::arm`]; if it returns false, wait until [`CompletionQueue::event_fd`]
+/// is readable; then drain with [`CompletionQueue::poll`] and arm again.
 pub trait CompletionQueue: Send + Sync + std::fmt::Debug {
     /// Moves up to `out.len()` completions into `out`; returns how many. Never blocks.
     fn poll(&self, out: &mut [WorkCompletion]) -> usize;
-    /// Blocks until a completion is available or `timeout` passes; returns whether one is.
-    fn wait(&self, timeout: Duration) -> Result<bool>;
-    /// A file descriptor that becomes readable while completions are available (for
-    /// epoll / an async reactor); after it fires, drain with [`CompletionQueue::poll`].
+    /// Requests a notification (verbs `req_notify_cq`): the event fd becomes readable at
+    /// the next completion. Returns true when completions are already waiting, in which
+    /// case the caller polls instead of waiting.
+    fn arm(&self) -> Result<bool>;
+    /// The descriptor that becomes readable after [`CompletionQueue::arm`] once a
+    /// completion arrives.
     fn event_fd(&self) -> RawFd;
+    /// Blocks until a completion is available or `timeout` passes; returns whether one is.
+    fn wait(&self, timeout: Duration) -> Result<bool> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if self.arm()? {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let millis = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            crate::sys::poll_readable(&[self.event_fd()], millis)?;
+        }
+    }
 }
 
 /// A reliable-connected queue pair.
@@ -161,6 +182,18 @@ pub trait QueuePair: Send + Sync + std::fmt::Debug {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()>;
     /// Posts receive buffers. Refused whole (nothing posted) on misuse.
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()>;
+}
+
+/// Moves up to `out.len()` completions from the front of `queue` into `out`.
+pub(crate) fn drain_completions(
+    queue: &mut std::collections::VecDeque<WorkCompletion>,
+    out: &mut [WorkCompletion],
+) -> usize {
+    let count = out.len().min(queue.len());
+    for (slot, completion) in out.iter_mut().zip(queue.drain(..count)) {
+        *slot = completion;
+    }
+    count
 }
 
 /// Checks the parts of a send batch that need no provider state: no empty or oversized

@@ -4,13 +4,12 @@
 //! is readable; pushing never makes a syscall unless a waiter armed the queue, so busy
 //! polling costs no system calls.
 
-use crate::sys::{poll_readable, EventFd};
+use crate::sys::EventFd;
 use crate::{CompletionQueue, Result, WorkCompletion};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 /// State shared by the application handle and the NIC.
 #[derive(Debug)]
@@ -57,16 +56,6 @@ impl SoftCq {
             shared: Arc::new(shared),
         })
     }
-
-    /// Requests a notification: the event fd becomes readable at the next completion, or at
-    /// once if some are queued (verbs `req_notify_cq`).
-    pub fn arm(&self) {
-        self.shared.event.drain();
-        self.shared.armed.store(true, Ordering::SeqCst);
-        if !self.shared.is_empty() && self.shared.armed.swap(false, Ordering::SeqCst) {
-            self.shared.event.ring();
-        }
-    }
 }
 
 impl CompletionQueue for SoftCq {
@@ -76,27 +65,19 @@ impl CompletionQueue for SoftCq {
             .queue
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let count = out.len().min(queue.len());
-        for (slot, completion) in out.iter_mut().zip(queue.drain(..count)) {
-            *slot = completion;
-        }
-        count
+        crate::api::drain_completions(&mut queue, out)
     }
 
-    fn wait(&self, timeout: Duration) -> Result<bool> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if !self.shared.is_empty() {
-                return Ok(true);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(false);
-            }
-            self.arm();
-            let millis = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            poll_readable(&[self.shared.event.raw_fd()], millis)?;
+    fn arm(&self) -> Result<bool> {
+        self.shared.event.drain();
+        self.shared.armed.store(true, Ordering::SeqCst);
+        if self.shared.is_empty() {
+            return Ok(false);
         }
+        if self.shared.armed.swap(false, Ordering::SeqCst) {
+            self.shared.event.ring();
+        }
+        Ok(true)
     }
 
     fn event_fd(&self) -> RawFd {
@@ -107,7 +88,9 @@ impl CompletionQueue for SoftCq {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::poll_readable;
     use crate::{WcOpcode, WcStatus};
+    use std::time::Duration;
 
     fn completion(wr_id: u64) -> WorkCompletion {
         WorkCompletion {
@@ -147,9 +130,11 @@ mod tests {
     #[test]
     fn armed_event_fd_is_readable_once_a_completion_arrives() {
         let cq = SoftCq::new().unwrap();
-        cq.arm();
+        assert!(!cq.arm().unwrap());
         assert_eq!(poll_readable(&[cq.event_fd()], 0).unwrap(), 0);
         cq.shared.push(completion(1));
+        assert_eq!(poll_readable(&[cq.event_fd()], 0).unwrap(), 1);
+        assert!(cq.arm().unwrap(), "arming with completions queued says so");
         assert_eq!(poll_readable(&[cq.event_fd()], 0).unwrap(), 1);
     }
 }

@@ -3,9 +3,10 @@
 use super::cq::SoftCq;
 use super::nic::{self, NicShared};
 use super::qp::SoftQp;
-use super::registry::{MemoryInner, Registry};
+use super::registry::Registry;
 use super::{SoftConfig, Wire};
-use crate::{Access, Domain, Memory, QpConfig, Region, Result, TransportError};
+use crate::memory::HostMemory;
+use crate::{Access, Domain, QpConfig, Region, Result, TransportError};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -51,7 +52,11 @@ impl SoftDomain {
     /// Opens a domain: starts its NIC thread (and TCP listener on the TCP wire).
     pub fn open(config: SoftConfig) -> Result<Self> {
         let registry = Arc::new(Registry::new()?);
-        let nic = Arc::new(NicShared::new(registry, config.idle)?);
+        let nic = Arc::new(NicShared::new(
+            registry,
+            config.idle,
+            config.response_timeout,
+        )?);
         let listener = match config.wire {
             Wire::Tcp => Some(listen(&config)?),
             Wire::Shm => None,
@@ -86,7 +91,7 @@ fn listen(config: &SoftConfig) -> Result<TcpListener> {
 }
 
 impl Domain for SoftDomain {
-    type Memory = SoftMemory;
+    type Memory = HostMemory;
     type Region = SoftRegion;
     type Cq = SoftCq;
     type Qp = SoftQp;
@@ -98,15 +103,13 @@ impl Domain for SoftDomain {
         }
     }
 
-    fn alloc(&self, len: usize) -> Result<SoftMemory> {
-        Ok(SoftMemory {
-            inner: Arc::new(MemoryInner::allocate(len)?),
-        })
+    fn alloc(&self, len: usize) -> Result<HostMemory> {
+        HostMemory::allocate(len)
     }
 
     fn register(
         &self,
-        memory: &SoftMemory,
+        memory: &HostMemory,
         offset: usize,
         len: usize,
         access: Access,
@@ -131,42 +134,6 @@ impl Domain for SoftDomain {
 
     fn create_qp(&self, send_cq: &SoftCq, recv_cq: &SoftCq, config: QpConfig) -> Result<SoftQp> {
         SoftQp::create(&self.inner, send_cq, recv_cq, config)
-    }
-}
-
-/// Memory of a soft domain: a memfd mapped in this process (and by same-host peers).
-#[derive(Clone, Debug)]
-pub struct SoftMemory {
-    inner: Arc<MemoryInner>,
-}
-
-impl Memory for SoftMemory {
-    fn addr(&self) -> u64 {
-        self.inner.shm.addr()
-    }
-
-    fn len(&self) -> usize {
-        self.inner.shm.len()
-    }
-
-    fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
-        self.inner.shm.write(offset, data)
-    }
-
-    fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.inner.shm.read(offset, out)
-    }
-
-    fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
-        Ok(self
-            .inner
-            .shm
-            .atomic_u64(offset)?
-            .fetch_add(add, Ordering::SeqCst))
-    }
-
-    fn load_u64(&self, offset: usize) -> Result<u64> {
-        Ok(self.inner.shm.atomic_u64(offset)?.load(Ordering::SeqCst))
     }
 }
 

@@ -4,7 +4,9 @@
 //! A key is `generation << SLOT_BITS | slot`. Slot word 0 holds `key << 1 | 1` while the
 //! registration is live and 0 otherwise; the owner writes the other words before publishing
 //! word 0 (release) and clears word 0 first on deregistration, and readers re-check word 0
-//! after reading the rest (a seqlock), so a reader never trusts a half-written slot.
+//! after reading the rest (a seqlock), so a reader never trusts a half-written slot. The
+//! re-check suffices because a key is published once: a slot's next registration gets a
+//! new generation, hence a different word 0.
 
 use crate::sys::SharedMemory;
 use crate::{Access, Result, TransportError};
@@ -135,10 +137,11 @@ impl KeyTable {
 
 /// Checks that `[addr, addr + len)` lies in the registration and `need` is granted.
 pub(crate) fn check_access(entry: &KeyEntry, addr: u64, len: u64, need: Access) -> bool {
-    let in_bounds = addr >= entry.addr
-        && addr
-            .checked_add(len)
-            .is_some_and(|end| end <= entry.addr + entry.len);
+    // Entries may come from another process: no arithmetic on them may overflow.
+    let region_end = entry.addr.checked_add(entry.len);
+    let end = addr.checked_add(len);
+    let in_bounds =
+        addr >= entry.addr && matches!((end, region_end), (Some(end), Some(limit)) if end <= limit);
     in_bounds && entry.access.contains(need)
 }
 
@@ -186,5 +189,60 @@ mod tests {
         assert!(!check_access(&e, e.addr - 1, 1, Access::REMOTE_READ));
         assert!(!check_access(&e, u64::MAX, 2, Access::REMOTE_READ));
         assert!(!check_access(&e, e.addr, 8, Access::REMOTE_WRITE));
+        let hostile = KeyEntry {
+            addr: u64::MAX - 4,
+            len: 100,
+            ..e
+        };
+        assert!(
+            !check_access(&hostile, u64::MAX - 4, 2, Access::REMOTE_READ),
+            "overflowing entry"
+        );
+    }
+
+    #[test]
+    fn a_reader_never_sees_a_half_written_entry() {
+        use std::sync::atomic::AtomicU64;
+        use std::sync::Arc;
+        let own = Arc::new(KeyTable::create().unwrap());
+        let peer = KeyTable::open_peer(std::process::id(), own.raw_fd()).unwrap();
+        // One slot, a new generation (a new key) per publication, as the registry does.
+        let key_for = |n: u64| (n as u32) << SLOT_BITS | 9;
+        let entry_for = |n: u64| KeyEntry {
+            mem_base: n,
+            mem_len: n,
+            addr: n,
+            len: n,
+            access: Access::ALL,
+            fd: n as RawFd,
+        };
+        let latest = Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (own, latest) = (Arc::clone(&own), Arc::clone(&latest));
+            std::thread::spawn(move || {
+                for n in 1..20_000u64 {
+                    own.publish(key_for(n), &entry_for(n)).unwrap();
+                    latest.store(n, Ordering::Release);
+                    own.withdraw(key_for(n)).unwrap();
+                }
+            })
+        };
+        while !writer.is_finished() {
+            let n = latest.load(Ordering::Acquire);
+            for candidate in [n, n + 1] {
+                if let Some(entry) = peer.lookup(key_for(candidate)) {
+                    assert_eq!(
+                        entry,
+                        entry_for(candidate),
+                        "every field from one publication"
+                    );
+                }
+            }
+        }
+        writer.join().unwrap();
+        assert!(
+            peer.lookup(key_for(19_999)).is_none(),
+            "withdrawn at the end"
+        );
     }
 }

@@ -7,8 +7,9 @@
 //! - [`Wire::Shm`]: same host; regions are memfds mapped by both processes, so one-sided
 //!   operations are memory accesses; SENDs travel through shared rings.
 //!
-//! Source layout: `domain` (domain, memory, region), `qp` (queue-pair handle), `cq`,
-//! `registry` + `keytable` (keys and checks), `scatter` (local lists), `responder`
+//! Source layout: `domain` (domain, region), `qp` (queue-pair handle), `queue_pair`
+//! (state shared with the NIC, completion rules), `cq`, `registry` + `keytable` (keys
+//! and checks), `scatter` (local lists), `responder`
 //! (request execution), `frame` + `endpoint` (encodings), `nic/` (the thread and TCP
 //! links), `shm/` (rings and inline one-sided execution).
 
@@ -26,11 +27,12 @@ mod scatter;
 mod shm;
 
 pub use cq::SoftCq;
-pub use domain::{SoftDomain, SoftMemory, SoftRegion};
+pub use domain::{SoftDomain, SoftRegion};
 pub use nic::IdlePolicy;
 pub use qp::SoftQp;
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
 /// Which wire a soft domain's queue pairs use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,12 +48,19 @@ pub enum Wire {
 pub struct SoftConfig {
     /// Wire of the domain's queue pairs. Default TCP.
     pub wire: Wire,
-    /// Address the NIC listens on for TCP links (port chosen by the OS). Default 127.0.0.1.
+    /// Address the NIC listens on for TCP links (port chosen by the OS); it is written
+    /// into endpoints, so it must be an address peers can reach (not 0.0.0.0).
+    /// Default 127.0.0.1.
     pub bind: IpAddr,
     /// What the NIC thread does when idle.
     pub idle: IdlePolicy,
+    /// How long a queue pair waits for its peer before failing the oldest outstanding
+    /// request with `RetryExceeded` (a transport / RNR retry timeout): on TCP, time without
+    /// any answer while requests are outstanding; on shared memory, time a SEND waits for
+    /// ring room. Default 10 s.
+    pub response_timeout: Duration,
     /// Bytes of each queue pair's inbound ring on the shared-memory wire (rounded up to a
-    /// power of two; the largest SEND is about half of it). Default 4 MiB.
+    /// power of two; the largest SEND is about half of it). 4 KiB to 1 GiB; default 4 MiB.
     pub ring_capacity: usize,
 }
 
@@ -61,6 +70,7 @@ impl Default for SoftConfig {
             wire: Wire::Tcp,
             bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
             idle: IdlePolicy::default(),
+            response_timeout: Duration::from_secs(10),
             ring_capacity: 4 << 20,
         }
     }
@@ -83,5 +93,13 @@ impl SoftConfig {
     /// Sets the idle policy.
     pub fn with_idle(self, idle: IdlePolicy) -> Self {
         SoftConfig { idle, ..self }
+    }
+
+    /// Sets the response timeout.
+    pub fn with_response_timeout(self, response_timeout: Duration) -> Self {
+        SoftConfig {
+            response_timeout,
+            ..self
+        }
     }
 }

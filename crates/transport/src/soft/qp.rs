@@ -24,6 +24,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SoftQp {
     domain: Arc<DomainInner>,
     shared: Arc<QpShared>,
+    endpoint: QpEndpoint,
 }
 
 impl SoftQp {
@@ -38,16 +39,27 @@ impl SoftQp {
                 "queue depths and max_sge must be positive",
             ));
         }
-        let inbound = match domain.config.wire {
-            Wire::Shm => Some(Ring::create(domain.config.ring_capacity)?),
-            Wire::Tcp => None,
+        let qpn = domain.allocate_qpn();
+        let (inbound, endpoint) = match (domain.config.wire, domain.listen_addr) {
+            (Wire::Shm, _) => {
+                let ring = Ring::create(domain.config.ring_capacity)?;
+                let endpoint = shm_endpoint(domain, qpn, &ring);
+                (Some(ring), endpoint)
+            }
+            (Wire::Tcp, Some(addr)) => (None, SoftEndpoint::Tcp { qpn, addr }),
+            (Wire::Tcp, None) => {
+                return Err(TransportError::InvalidArgument(
+                    "TCP domain without a listener",
+                ))
+            }
         };
         let cqs = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
-        let shared = Arc::new(QpShared::new(domain.allocate_qpn(), config, cqs, inbound));
+        let shared = Arc::new(QpShared::new(qpn, config, cqs, inbound));
         domain.nic.adopt_qp(Arc::clone(&shared));
         Ok(SoftQp {
             domain: Arc::clone(domain),
             shared,
+            endpoint: endpoint.encode(),
         })
     }
 
@@ -74,11 +86,27 @@ impl SoftQp {
                 "shared-memory peer is on another host".into(),
             ));
         }
-        let peer = ShmPeer::open(address)?;
+        let peer = ShmPeer::open(address, self.domain.config.response_timeout)?;
         self.shared
             .shm_peer
             .set(peer)
             .map_err(|_| self.refuse("connect"))
+    }
+}
+
+/// The endpoint of a shared-memory queue pair: where its process, key table, inbound ring
+/// and NIC doorbell are.
+fn shm_endpoint(domain: &DomainInner, qpn: u32, ring: &Ring) -> SoftEndpoint {
+    SoftEndpoint::Shm {
+        qpn,
+        host: host_id(),
+        address: ShmAddress {
+            pid: std::process::id(),
+            table_fd: domain.nic.registry.table().raw_fd(),
+            ring_fd: ring.raw_fd(),
+            ring_capacity: ring.capacity(),
+            doorbell: domain.nic.doorbell_name().to_string(),
+        },
     }
 }
 
@@ -92,23 +120,7 @@ impl QueuePair for SoftQp {
     }
 
     fn endpoint(&self) -> QpEndpoint {
-        let qpn = self.shared.qpn;
-        let endpoint = match (&self.shared.inbound, self.domain.listen_addr) {
-            (Some(ring), _) => SoftEndpoint::Shm {
-                qpn,
-                host: host_id(),
-                address: ShmAddress {
-                    pid: std::process::id(),
-                    table_fd: self.domain.nic.registry.table().raw_fd(),
-                    ring_fd: ring.raw_fd(),
-                    ring_capacity: ring.capacity(),
-                    doorbell: self.domain.nic.doorbell_name().to_string(),
-                },
-            },
-            (None, Some(addr)) => SoftEndpoint::Tcp { qpn, addr },
-            (None, None) => unreachable!("a TCP domain always has a listener"),
-        };
-        endpoint.encode()
+        self.endpoint.clone()
     }
 
     fn connect(&self, remote: &QpEndpoint) -> Result<()> {

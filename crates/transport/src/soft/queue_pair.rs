@@ -163,8 +163,14 @@ impl QpShared {
 
     /// Moves to `Error` and flushes every queued send and receive work request.
     pub(crate) fn enter_error(&self) {
-        self.state.store(QpState::Error as u8, Ordering::Release);
+        self.mark_error();
         self.flush_queued();
+    }
+
+    /// Moves to `Error` without flushing (done before reporting the error completion, so
+    /// whoever sees that completion also sees the state).
+    pub(crate) fn mark_error(&self) {
+        self.state.store(QpState::Error as u8, Ordering::Release);
     }
 
     /// Flushes what is queued (callers do this again after racing posts).

@@ -6,56 +6,44 @@
 //! the application must not deregister memory with work in flight if it wants the data).
 
 use super::keytable::{self, KeyEntry, KeyTable, SLOT_BITS};
+use crate::memory::MemoryInner;
 use crate::sys::SharedMemory;
-use crate::{Access, Result, TransportError};
+use crate::{Access, Result};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-
-/// Memory allocated by a soft domain: a memfd mapping plus the ranges registered on it.
-#[derive(Debug)]
-pub(crate) struct MemoryInner {
-    pub(crate) shm: Arc<SharedMemory>,
-    registered: Mutex<Vec<(usize, usize)>>,
-}
-
-impl MemoryInner {
-    pub(crate) fn allocate(len: usize) -> Result<Self> {
-        let shm = SharedMemory::create(c"kvcm-region", len)?;
-        Ok(MemoryInner {
-            shm: Arc::new(shm),
-            registered: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn claim(&self, offset: usize, end: usize) -> Result<()> {
-        let mut ranges = self
-            .registered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if ranges
-            .iter()
-            .any(|&(start, stop)| offset < stop && start < end)
-        {
-            return Err(TransportError::OverlappingRegistration { offset, end });
-        }
-        ranges.push((offset, end));
-        Ok(())
-    }
-
-    fn release(&self, offset: usize) {
-        let mut ranges = self
-            .registered
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        ranges.retain(|&(start, _)| start != offset);
-    }
-}
 
 /// Where a checked access lands: `offset` bytes into `mem`.
 #[derive(Clone, Debug)]
 pub(crate) struct Target {
     pub(crate) mem: Arc<SharedMemory>,
     pub(crate) offset: usize,
+}
+
+/// An 8-byte remote atomic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomicOp {
+    /// Store `swap` if the word equals `compare`.
+    CompareSwap { compare: u64, swap: u64 },
+    /// Add (wrapping).
+    FetchAdd(u64),
+}
+
+impl Target {
+    /// Runs `op` on the word here; `addr` is the word's address as the requester named it
+    /// and must be 8-byte aligned. Returns the old value, or `None` if unaligned.
+    pub(crate) fn run_atomic(&self, addr: u64, op: AtomicOp) -> Option<u64> {
+        if addr % 8 != 0 {
+            return None;
+        }
+        let word = self.mem.atomic_u64(self.offset).ok()?;
+        Some(match op {
+            AtomicOp::CompareSwap { compare, swap } => word
+                .compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
+                .unwrap_or_else(|current| current),
+            AtomicOp::FetchAdd(add) => word.fetch_add(add, Ordering::SeqCst),
+        })
+    }
 }
 
 #[derive(Debug)]
@@ -106,13 +94,7 @@ impl Registry {
         access: Access,
     ) -> Result<(u32, KeyEntry)> {
         access.validate()?;
-        let end = offset
-            .checked_add(len)
-            .filter(|&end| len > 0 && end <= memory.shm.len());
-        let end = end.ok_or(TransportError::InvalidArgument(
-            "zero or out-of-bounds registration",
-        ))?;
-        memory.claim(offset, end)?;
+        memory.claim(offset, len)?;
         let Some(key) = self.allocate_key() else {
             memory.release(offset);
             return Err(keytable::exhausted());
@@ -178,6 +160,7 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TransportError;
 
     fn setup() -> (Registry, Arc<MemoryInner>) {
         (

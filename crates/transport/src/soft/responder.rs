@@ -7,10 +7,9 @@
 
 use super::frame::{Op, RequestHeader, ResponseHeader};
 use super::queue_pair::QpShared;
-use super::registry::{Registry, Target};
+use super::registry::{AtomicOp, Registry, Target};
 use super::scatter;
 use crate::{Access, WcOpcode, WcStatus};
-use std::sync::atomic::Ordering;
 
 /// What to send back: the header and, for a READ, where its data lies.
 pub(crate) type Reply = (ResponseHeader, Option<Target>);
@@ -75,31 +74,22 @@ fn execute_write(
 }
 
 fn execute_atomic(registry: &Registry, header: &RequestHeader) -> ResponseHeader {
+    let op = match header.op {
+        Op::CompareSwap => AtomicOp::CompareSwap {
+            compare: header.operand,
+            swap: header.swap,
+        },
+        _ => AtomicOp::FetchAdd(header.operand),
+    };
     let remote = header.remote;
-    let target = registry
-        .resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
-        .filter(|_| remote.addr % 8 == 0);
-    let Some(word) = target
-        .as_ref()
-        .and_then(|t| t.mem.atomic_u64(t.offset).ok())
-    else {
-        return status_reply(WcStatus::RemoteAccessError, 0);
-    };
-    let old = match header.op {
-        Op::CompareSwap => word
-            .compare_exchange(
-                header.operand,
-                header.swap,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            )
-            .unwrap_or_else(|current| current),
-        _ => word.fetch_add(header.operand, Ordering::SeqCst),
-    };
-    ResponseHeader {
-        status: WcStatus::Success,
-        len: 0,
-        value: old,
+    let target = registry.resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC);
+    match target.and_then(|target| target.run_atomic(remote.addr, op)) {
+        Some(value) => ResponseHeader {
+            status: WcStatus::Success,
+            len: 0,
+            value,
+        },
+        None => status_reply(WcStatus::RemoteAccessError, 0),
     }
 }
 
@@ -132,8 +122,9 @@ pub(crate) fn deliver(
             Some(status_reply(WcStatus::Success, 0))
         }
         Err(status) => {
+            qp.mark_error();
             qp.complete_recv(&recv, opcode, status, 0, imm);
-            qp.enter_error();
+            qp.flush_queued();
             Some(status_reply(WcStatus::RemoteInvalidRequest, 0))
         }
     }

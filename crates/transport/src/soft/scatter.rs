@@ -41,13 +41,11 @@ pub(crate) fn total_len(pieces: &[Piece]) -> usize {
 /// Appends the bytes of `pieces` to `out`.
 pub(crate) fn gather_into(pieces: &[Piece], out: &mut Vec<u8>) {
     for piece in pieces {
-        let start = out.len();
-        out.resize(start + piece.len, 0);
         // Bounds were checked at resolve time; a failure here cannot happen.
         let _ = piece
             .target
             .mem
-            .read(piece.target.offset, &mut out[start..]);
+            .append_to(piece.target.offset, piece.len, out);
     }
 }
 

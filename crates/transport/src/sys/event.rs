@@ -134,11 +134,6 @@ impl PidFd {
         Ok(PidFd(unsafe { OwnedFd::from_raw_fd(raw) }))
     }
 
-    /// The descriptor, for polling (readable once the process exited).
-    pub(crate) fn raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-
     /// Whether the process has exited.
     pub(crate) fn exited(&self) -> bool {
         super::poll_readable(&[self.0.as_raw_fd()], 0).unwrap_or(0) > 0

@@ -4,10 +4,16 @@
 //! `// SAFETY:` comment. Everything exported is safe to call with any argument: bounds and
 //! alignment are checked before memory is touched.
 
+mod epoll;
 mod event;
+mod output;
 mod poll;
 mod shared_memory;
 
+pub(crate) use epoll::Epoll;
 pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};
+pub(crate) use output::OutputQueue;
 pub(crate) use poll::poll_readable;
+#[cfg(feature = "rdma")]
+pub(crate) use poll::set_nonblocking;
 pub(crate) use shared_memory::SharedMemory;

@@ -25,3 +25,15 @@ pub(crate) fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> Result<usize> {
     }
     Ok(ready as usize)
 }
+
+/// Puts `fd` in non-blocking mode.
+#[cfg(feature = "rdma")]
+pub(crate) fn set_nonblocking(fd: RawFd) -> Result<()> {
+    // SAFETY: fcntl on a descriptor number only reads and sets its status flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(TransportError::last_os("fcntl O_NONBLOCK"));
+    }
+    Ok(())
+}

@@ -108,7 +108,13 @@ impl SharedMemory {
         self.fd.as_raw_fd()
     }
 
-    fn check(&self, offset: usize, len: usize) -> Result<()> {
+    /// The mapping's first byte (for iovecs; dereferenced only by the kernel).
+    pub(super) fn base_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the mapping.
+    pub(crate) fn check(&self, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(TransportError::InvalidArgument("range outside the memory")),
@@ -156,6 +162,24 @@ impl SharedMemory {
             out.set_len(start + len);
         }
         Ok(())
+    }
+
+    /// Reads up to `len` bytes from descriptor `fd` straight into `offset` (one read(2)).
+    pub(crate) fn read_from(
+        &self,
+        fd: std::os::fd::RawFd,
+        offset: usize,
+        len: usize,
+    ) -> std::io::Result<usize> {
+        self.check(offset, len)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        // SAFETY: the kernel writes at most `len` bytes into the bounds-checked range of
+        // the live mapping; no Rust reference into the mapping exists.
+        let got = unsafe { libc::read(fd, self.ptr.as_ptr().add(offset).cast(), len) };
+        if got < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(got as usize)
     }
 
     /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`.

@@ -285,6 +285,24 @@ pub fn deregistered_region_is_unreachable<D: Domain>(open: Open<D>) {
         completions(&p.a.send_cq, 1)[0].status,
         WcStatus::RemoteAccessError
     );
+    // Locally too: a scatter element under a deregistered lkey is refused.
+    let q = Pair::new(open, 4096);
+    q.b.fill(0, &[7; 8]);
+    let local = q.a.domain.alloc(4096).unwrap();
+    let local_region = q.a.domain.register(&local, 0, 4096, Access::ALL).unwrap();
+    let stale = local_region.sge(0, 8);
+    drop(local_region);
+    expect_failure(
+        &q.a,
+        read(q.b.region.remote(0)),
+        &[stale],
+        WcStatus::LocalProtectionError,
+    );
+    assert_eq!(
+        local.load_u64(0).unwrap(),
+        0,
+        "nothing was written through the stale key"
+    );
 }
 
 pub fn bad_lkey_is_local_protection_error<D: Domain>(open: Open<D>) {
@@ -360,39 +378,27 @@ pub fn misuse_is_refused_without_effect<D: Domain>(open: Open<D>) {
             "{result:?}"
         );
     };
+    let post_one = |op: SendOp, sg_list: &[Sge]| {
+        p.a.qp.post_send(&[SendWr {
+            wr_id: 1,
+            op,
+            sg_list,
+            signaled: true,
+        }])
+    };
     let zero = [p.a.sge(0, 0)];
-    invalid(p.a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: read(p.b.region.remote(0)),
-        sg_list: &zero,
-        signaled: true,
-    }]));
-    invalid(p.a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: read(p.b.region.remote(0)),
-        sg_list: &[],
-        signaled: true,
-    }]));
+    invalid(post_one(read(p.b.region.remote(0)), &zero));
+    invalid(post_one(read(p.b.region.remote(0)), &[]));
     let unaligned = SendOp::FetchAdd {
         remote: p.b.region.remote(4),
         add: 1,
     };
-    invalid(p.a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: unaligned,
-        sg_list: &[p.a.sge(0, 8)],
-        signaled: true,
-    }]));
+    invalid(post_one(unaligned, &[p.a.sge(0, 8)]));
     let wide = SendOp::FetchAdd {
         remote: p.b.region.remote(8),
         add: 1,
     };
-    invalid(p.a.qp.post_send(&[SendWr {
-        wr_id: 1,
-        op: wide,
-        sg_list: &[p.a.sge(0, 16)],
-        signaled: true,
-    }]));
+    invalid(post_one(wide, &[p.a.sge(0, 16)]));
     invalid(p.a.qp.post_recv(&[RecvWr {
         wr_id: 1,
         sg_list: &zero,
@@ -643,6 +649,53 @@ pub fn transfers_of_64_mib<D: Domain>(open: Open<D>) {
     let mut expected = data;
     expected[LEN - 4096..].fill(0xab);
     assert!(p.a.bytes(0, LEN) == expected, "64 MiB READ landed intact");
+}
+
+pub fn large_scatter_gather_and_large_errors<D: Domain>(open: Open<D>) {
+    const PIECE: usize = 100 << 10;
+    let p = Pair::new(open, 8 * PIECE);
+    p.b.fill(0, &pattern(3 * PIECE, 11));
+    let scatter = [
+        p.a.sge(PIECE, PIECE as u32),
+        p.a.sge(5 * PIECE, PIECE as u32),
+        p.a.sge(3 * PIECE, PIECE as u32),
+    ];
+    p.a.post(1, read(p.b.region.remote(0)), &scatter);
+    assert_eq!(completions(&p.a.send_cq, 1)[0].byte_len, 3 * PIECE as u32);
+    let mut got = p.a.bytes(PIECE, PIECE);
+    got.extend(p.a.bytes(5 * PIECE, PIECE));
+    got.extend(p.a.bytes(3 * PIECE, PIECE));
+    assert!(
+        got == pattern(3 * PIECE, 11),
+        "large READ scattered over three elements"
+    );
+    let gather = [
+        p.a.sge(3 * PIECE, PIECE as u32),
+        p.a.sge(PIECE, PIECE as u32),
+    ];
+    p.a.post(2, write(p.b.region.remote(4 * PIECE)), &gather);
+    completions(&p.a.send_cq, 1);
+    assert!(p.b.bytes(4 * PIECE, 2 * PIECE) == [&got[2 * PIECE..], &got[..PIECE]].concat());
+    let mut bad = p.b.region.remote(0);
+    bad.rkey ^= 0x33;
+    expect_failure(
+        &p.a,
+        write(bad),
+        &[p.a.sge(0, 4 * PIECE as u32)],
+        WcStatus::RemoteAccessError,
+    );
+    assert!(
+        p.b.bytes(0, PIECE) == pattern(PIECE, 11),
+        "a refused large WRITE wrote nothing"
+    );
+    let q = Pair::new(open, 8 * PIECE);
+    let beyond = q.b.region.remote(6 * PIECE);
+    expect_failure(
+        &q.a,
+        read(beyond),
+        &[q.a.sge(0, 4 * PIECE as u32)],
+        WcStatus::RemoteAccessError,
+    );
 }
 
 pub fn peer_gone_mid_flight_fails_outstanding<D: Domain>(open: Open<D>) {

@@ -163,11 +163,11 @@ pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
-/// Instantiates every case of the suite as a `#[test]` for the domain opened by `$open`.
+/// Calls `$callback!($($args)*; <every case name>)`: the one list of the suite's cases.
 #[macro_export]
-macro_rules! conformance_suite {
-    ($domain:ty, $open:expr) => {
-        $crate::conformance_suite!(@cases $domain, $open;
+macro_rules! with_case_names {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback! {$($args)*;
             read_and_write_move_bytes, scatter_gather_lists, send_recv_and_immediates,
             atomics_return_old_values, unsignaled_requests_complete_silently,
             batch_completes_in_order, bad_rkey_is_remote_access_error, out_of_bounds_is_remote_access_error,
@@ -176,9 +176,22 @@ macro_rules! conformance_suite {
             misuse_is_refused_without_effect, overlapping_registration_is_refused,
             receive_too_small_is_local_length_error, queue_depth_is_enforced,
             many_qps_many_outstanding, atomics_under_contention_are_exact,
-            transfers_of_64_mib, peer_gone_mid_flight_fails_outstanding, completion_fd_wakes_a_waiter);
+            transfers_of_64_mib, large_scatter_gather_and_large_errors, peer_gone_mid_flight_fails_outstanding, completion_fd_wakes_a_waiter}
     };
-    (@cases $domain:ty, $open:expr; $($case:ident),* $(,)?) => {
+}
+
+/// Instantiates every case of the suite as a `#[test]` for the domain opened by `$open`.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($domain:ty, $open:expr) => {
+        $crate::with_case_names!(conformance_tests!($domain, $open));
+    };
+}
+
+/// One `#[test]` per case (used through [`conformance_suite!`]).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($domain:ty, $open:expr; $($case:ident),* $(,)?) => {
         $(
             #[test]
             fn $case() {
@@ -186,4 +199,20 @@ macro_rules! conformance_suite {
             }
         )*
     };
+}
+
+/// Runs every case in sequence inside one test (for providers that may be absent).
+#[macro_export]
+macro_rules! conformance_run_all {
+    ($domain:ty, $open:expr; $($case:ident),* $(,)?) => {
+        $(
+            conformance::cases::$case::<$domain>(&$open);
+        )*
+    };
+}
+
+/// Writes straight to the terminal, past the test harness's output capture.
+pub fn shout(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n*** {message} ***\n");
 }

@@ -1,13 +1,18 @@
 //! A non-blocking TCP connection with input and output buffers, owned by the NIC thread.
 //!
 //! The NIC never blocks on a socket: it appends frames to `output` and writes what the
-//! kernel takes; it reads what is there into `input` and parses whole frames only.
+//! kernel takes; it reads what is there into `input` and parses whole frames only, except
+//! large payloads, which [`Conn::place`] moves from the socket straight into registered
+//! memory.
 
-use std::io::{self, Read, Write};
+use crate::sys::{OutputQueue, SharedMemory};
+use std::io::{self, Read};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
 const INITIAL_INPUT: usize = 256 * 1024;
+/// Largest input buffer kept once it is empty.
+const MAX_IDLE_INPUT: usize = 4 << 20;
 
 /// A buffered non-blocking stream.
 ///
@@ -20,8 +25,7 @@ pub(crate) struct Conn {
     consumed: usize,
     filled: usize,
     /// Frames waiting to be written.
-    pub output: Vec<u8>,
-    written: usize,
+    pub output: OutputQueue,
 }
 
 impl Conn {
@@ -35,8 +39,7 @@ impl Conn {
             input,
             consumed: 0,
             filled: 0,
-            output: Vec::new(),
-            written: 0,
+            output: OutputQueue::default(),
         })
     }
 
@@ -50,7 +53,7 @@ impl Conn {
     }
 
     /// Unparsed input and the output buffer, borrowed together.
-    pub(crate) fn parts(&mut self) -> (&[u8], &mut Vec<u8>) {
+    pub(crate) fn parts(&mut self) -> (&[u8], &mut OutputQueue) {
         (&self.input[self.consumed..self.filled], &mut self.output)
     }
 
@@ -60,6 +63,10 @@ impl Conn {
         if self.consumed == self.filled {
             self.consumed = 0;
             self.filled = 0;
+            if self.input.len() > MAX_IDLE_INPUT {
+                // A huge frame grew the buffer; give the memory back once it is parsed.
+                self.input = vec![0; INITIAL_INPUT];
+            }
         }
     }
 
@@ -82,7 +89,7 @@ impl Conn {
 
     /// Whether output is still waiting for the kernel.
     pub(crate) fn has_output(&self) -> bool {
-        self.written < self.output.len()
+        !self.output.is_empty()
     }
 
     /// Reads what is available; Ok(true) if bytes arrived, an error on EOF or failure.
@@ -109,21 +116,56 @@ impl Conn {
     }
     /// Writes buffered output; Ok(true) if bytes left, an error if the peer is gone.
     pub(crate) fn flush(&mut self) -> io::Result<bool> {
-        let mut progress = false;
-        while self.has_output() {
-            match self.stream.write(&self.output[self.written..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    self.written += n;
-                    progress = true;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progress),
+        Ok(self.output.write_to(self.stream.as_raw_fd())? > 0)
+    }
+
+    /// Drops up to `len` incoming bytes (a refused payload): first what is buffered, then,
+    /// if `read_socket`, from the socket. Returns the bytes dropped; an error on EOF.
+    pub(crate) fn discard(&mut self, len: usize, read_socket: bool) -> io::Result<usize> {
+        let buffered = (self.filled - self.consumed).min(len);
+        self.consume(buffered);
+        let mut dropped = buffered;
+        let mut scratch = [0u8; 16 * 1024];
+        while read_socket && dropped < len {
+            let want = (len - dropped).min(scratch.len());
+            match self.stream.read(&mut scratch[..want]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(got) => dropped += got,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
         }
-        self.output.clear();
-        self.written = 0;
-        Ok(progress)
+        Ok(dropped)
+    }
+
+    /// Moves up to `len` incoming bytes into `mem` at `offset`: first what is buffered,
+    /// then, if `read_socket`, straight from the socket. Returns the bytes placed; an
+    /// error on EOF or failure.
+    pub(crate) fn place(
+        &mut self,
+        mem: &SharedMemory,
+        offset: usize,
+        len: usize,
+        read_socket: bool,
+    ) -> io::Result<usize> {
+        let invalid = |_| io::Error::from(io::ErrorKind::InvalidInput);
+        let buffered = (self.filled - self.consumed).min(len);
+        if buffered > 0 {
+            mem.write(offset, &self.input[self.consumed..self.consumed + buffered])
+                .map_err(invalid)?;
+            self.consume(buffered);
+        }
+        let mut placed = buffered;
+        while read_socket && placed < len {
+            match mem.read_from(self.stream.as_raw_fd(), offset + placed, len - placed) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(got) => placed += got,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(placed)
     }
 }

@@ -5,19 +5,22 @@
 //! drains the shared-memory rings of same-host peers, and watches those peers' liveness.
 //! No application thread is on the responder path.
 //!
-//! Idle policy: after `spin` without work the thread parks in poll(2) on every socket,
-//! its doorbell eventfd and peer pidfds. While it is parked, the `parked` word in its key
+//! One level-triggered epoll set holds the listener, every connection and the doorbell;
+//! a busy round costs one `epoll_wait(0)` plus reads of the ready sockets only.
+//! Idle policy: after `spin` without work the thread parks in `epoll_wait` (at most
+//! `park_timeout`, after which it re-checks same-host peers' liveness). While it is parked, the `parked` word in its key
 //! table is set, and whoever adds work (a post, a connection, a same-host peer) rings the
 //! doorbell; the flag is set before the last work check, so no wake-up is lost.
 
 mod conn;
 mod requester;
 mod serve;
+mod zero_copy;
 
 use super::frame;
 use super::queue_pair::QpShared;
 use super::registry::Registry;
-use crate::sys::{poll_readable, Doorbell};
+use crate::sys::{Doorbell, Epoll};
 use conn::Conn;
 use requester::RequesterLink;
 use serve::ResponderLink;
@@ -61,19 +64,28 @@ pub(crate) struct NicShared {
     doorbell: Doorbell,
     new_qps: Mutex<Vec<Arc<QpShared>>>,
     new_links: Mutex<Vec<(Arc<QpShared>, TcpStream)>>,
+    /// Set when `new_qps` or `new_links` gained an entry (checked without locking).
+    news: AtomicBool,
     stop: AtomicBool,
     idle: IdlePolicy,
+    response_timeout: Duration,
 }
 
 impl NicShared {
-    pub(crate) fn new(registry: Arc<Registry>, idle: IdlePolicy) -> crate::Result<Self> {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        idle: IdlePolicy,
+        response_timeout: Duration,
+    ) -> crate::Result<Self> {
         Ok(NicShared {
             registry,
             doorbell: Doorbell::new()?,
             new_qps: Mutex::default(),
             new_links: Mutex::default(),
+            news: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             idle,
+            response_timeout,
         })
     }
 
@@ -96,6 +108,7 @@ impl NicShared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(qp);
+        self.news.store(true, Ordering::Release);
         self.kick();
     }
 
@@ -105,6 +118,7 @@ impl NicShared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push((qp, stream));
+        self.news.store(true, Ordering::Release);
         self.kick();
     }
 
@@ -120,9 +134,16 @@ pub(crate) fn spawn(
     shared: Arc<NicShared>,
     listener: Option<TcpListener>,
 ) -> crate::Result<JoinHandle<()>> {
+    let epoll = Epoll::new()?;
+    epoll.add(shared.doorbell.raw_fd())?;
+    if let Some(listener) = &listener {
+        epoll.add(listener.as_raw_fd())?;
+    }
     let nic = Nic {
         shared,
         listener,
+        epoll,
+        ready: Vec::new(),
         qps: Vec::new(),
         handshakes: Vec::new(),
         requesters: Vec::new(),
@@ -138,6 +159,9 @@ pub(crate) fn spawn(
 struct Nic {
     shared: Arc<NicShared>,
     listener: Option<TcpListener>,
+    epoll: Epoll,
+    /// Descriptors found readable by the last `epoll_wait`.
+    ready: Vec<RawFd>,
     qps: Vec<Arc<QpShared>>,
     handshakes: Vec<Conn>,
     requesters: Vec<RequesterLink>,
@@ -162,11 +186,25 @@ impl Nic {
 
     fn step(&mut self) -> bool {
         let registry = Arc::clone(&self.shared.registry);
-        let mut progress = self.adopt() | self.accept() | self.handshake();
-        self.requesters
-            .retain_mut(|link| link.step(&registry).map(|p| progress |= p).is_ok());
-        self.responders
-            .retain_mut(|link| link.step(&registry).map(|p| progress |= p).is_ok());
+        let mut progress = self.adopt();
+        let _ = self.epoll.wait(&mut self.ready, 0);
+        if self.ready.contains(&self.shared.doorbell.raw_fd()) {
+            self.shared.doorbell.drain();
+        }
+        progress |= self.accept() | self.handshake();
+        let ready = &self.ready;
+        self.requesters.retain_mut(|link| {
+            let readable = ready.contains(&link.conn.raw_fd());
+            link.step(&registry, readable)
+                .map(|p| progress |= p)
+                .is_ok()
+        });
+        self.responders.retain_mut(|link| {
+            let readable = ready.contains(&link.conn.raw_fd());
+            link.step(&registry, readable)
+                .map(|p| progress |= p)
+                .is_ok()
+        });
         for qp in &self.qps {
             progress |= super::shm::drain_inbound(&registry, qp);
         }
@@ -174,7 +212,14 @@ impl Nic {
         progress
     }
 
+    fn watch(&self, conn: &Conn) -> bool {
+        self.epoll.add(conn.raw_fd()).is_ok()
+    }
+
     fn adopt(&mut self) -> bool {
+        if !self.shared.news.swap(false, Ordering::AcqRel) {
+            return false;
+        }
         let qps: Vec<_> = self
             .shared
             .new_qps
@@ -191,11 +236,13 @@ impl Nic {
             .collect();
         let progress = !qps.is_empty() || !links.is_empty();
         self.qps.extend(qps);
-        self.qps.retain(|qp| !qp.closed.load(Ordering::Acquire));
         for (qp, stream) in links {
             match Conn::new(stream) {
-                Ok(conn) => self.requesters.push(RequesterLink::new(qp, conn)),
-                Err(_) => qp.enter_error(),
+                Ok(conn) if self.watch(&conn) => {
+                    let timeout = self.shared.response_timeout;
+                    self.requesters.push(RequesterLink::new(qp, conn, timeout))
+                }
+                _ => qp.enter_error(),
             }
         }
         progress
@@ -205,13 +252,16 @@ impl Nic {
         let Some(listener) = &self.listener else {
             return false;
         };
-        let mut progress = false;
-        while let Ok((stream, _)) = listener.accept() {
-            if let Ok(conn) = Conn::new(stream) {
-                self.handshakes.push(conn);
-                progress = true;
-            }
+        if !self.ready.contains(&listener.as_raw_fd()) {
+            return false;
         }
+        let mut accepted = Vec::new();
+        while let Ok((stream, _)) = listener.accept() {
+            accepted.extend(Conn::new(stream).ok());
+        }
+        accepted.retain(|conn| self.watch(conn));
+        let progress = !accepted.is_empty();
+        self.handshakes.extend(accepted);
         progress
     }
 
@@ -219,7 +269,11 @@ impl Nic {
     fn handshake(&mut self) -> bool {
         let mut progress = false;
         let mut waiting = Vec::new();
-        for mut conn in self.handshakes.drain(..) {
+        for mut conn in std::mem::take(&mut self.handshakes) {
+            if !self.ready.contains(&conn.raw_fd()) {
+                waiting.push(conn);
+                continue;
+            }
             if conn.fill().is_err() {
                 continue;
             }
@@ -235,10 +289,8 @@ impl Nic {
                 .find(|qp| qp.qpn == qpn && !qp.closed.load(Ordering::Acquire));
             if let Some(qp) = qp {
                 conn.consume(frame::HELLO_LEN);
-                self.responders.push(ResponderLink {
-                    qp: Arc::clone(qp),
-                    conn,
-                });
+                self.responders
+                    .push(ResponderLink::new(Arc::clone(qp), conn));
                 progress = true;
             }
         }
@@ -251,6 +303,7 @@ impl Nic {
             return;
         }
         self.liveness_checked = Instant::now();
+        self.qps.retain(|qp| !qp.closed.load(Ordering::Acquire));
         for qp in &self.qps {
             if qp.shm_peer.get().is_some_and(|peer| peer.gone())
                 && qp.state() != crate::QpState::Error
@@ -261,18 +314,7 @@ impl Nic {
     }
 
     fn has_work(&self) -> bool {
-        !self
-            .shared
-            .new_links
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
-            || !self
-                .shared
-                .new_qps
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_empty()
+        self.shared.news.load(Ordering::Acquire)
             || self.requesters.iter().any(RequesterLink::busy)
             || self.responders.iter().any(ResponderLink::busy)
             || self.qps.iter().any(|qp| super::shm::inbound_ready(qp))
@@ -282,30 +324,14 @@ impl Nic {
         let parked = self.shared.registry.table().parked();
         parked.store(1, Ordering::SeqCst);
         if !self.has_work() && !self.shared.stop.load(Ordering::Acquire) {
-            let fds = self.wait_fds();
             let timeout = self
                 .shared
                 .idle
                 .park_timeout
                 .as_millis()
                 .clamp(1, i32::MAX as u128) as i32;
-            let _ = poll_readable(&fds, timeout);
+            let _ = self.epoll.wait(&mut self.ready, timeout);
         }
         parked.store(0, Ordering::SeqCst);
-        self.shared.doorbell.drain();
-    }
-
-    fn wait_fds(&self) -> Vec<RawFd> {
-        let mut fds = vec![self.shared.doorbell.raw_fd()];
-        fds.extend(self.listener.as_ref().map(|l| l.as_raw_fd()));
-        fds.extend(self.handshakes.iter().map(Conn::raw_fd));
-        fds.extend(self.requesters.iter().map(|link| link.conn.raw_fd()));
-        fds.extend(self.responders.iter().map(|link| link.conn.raw_fd()));
-        let live = self
-            .qps
-            .iter()
-            .filter(|qp| qp.state() != crate::QpState::Error);
-        fds.extend(live.filter_map(|qp| qp.shm_peer.get().map(|peer| peer.pid_fd())));
-        fds
     }
 }

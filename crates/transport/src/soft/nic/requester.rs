@@ -2,14 +2,17 @@
 //! and completes them, in order, as responses arrive.
 
 use super::conn::Conn;
+use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
 use crate::soft::frame::{self, Op, RequestHeader, ResponseHeader};
 use crate::soft::queue_pair::{PostedSend, QpShared};
 use crate::soft::registry::Registry;
 use crate::soft::scatter::{self, Piece};
+use crate::sys::OutputQueue;
 use crate::{Access, QpState, SendOp, WcStatus};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A work request on the wire (or failed locally before reaching it).
 #[derive(Debug)]
@@ -31,20 +34,30 @@ pub(crate) struct RequesterLink {
     pub(super) conn: Conn,
     outstanding: VecDeque<Pending>,
     halted: bool,
+    /// The payload of the front READ response, being placed into its scatter list.
+    placing: Option<Placement>,
+    /// Longest time without bytes moving either way while requests are outstanding.
+    timeout: Duration,
+    /// When bytes last moved (or the first request went out after a quiet spell).
+    last_answer: Instant,
 }
 
 impl RequesterLink {
-    pub(crate) fn new(qp: Arc<QpShared>, conn: Conn) -> Self {
+    pub(crate) fn new(qp: Arc<QpShared>, conn: Conn, timeout: Duration) -> Self {
         RequesterLink {
             qp,
             conn,
             outstanding: VecDeque::new(),
             halted: false,
+            placing: None,
+            timeout,
+            last_answer: Instant::now(),
         }
     }
 
-    /// One round: issue queued requests, move bytes, complete answered requests.
-    pub(crate) fn step(&mut self, registry: &Registry) -> Result<bool, LinkClosed> {
+    /// One round: issue queued requests, move bytes (reading only when `readable`),
+    /// complete answered requests.
+    pub(crate) fn step(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
         if self.qp.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LinkClosed);
         }
@@ -52,15 +65,24 @@ impl RequesterLink {
             return Err(self.fail_outstanding(WcStatus::WrFlushError));
         }
         let mut progress = self.issue(registry);
-        match self
+        let buffer = readable && self.placing.is_none();
+        let moved = self
             .conn
             .flush()
-            .and_then(|sent| Ok(sent | self.conn.fill()?))
-        {
-            Ok(moved) => progress |= moved,
+            .and_then(|sent| Ok(sent | (buffer && self.conn.fill()?)));
+        match moved {
+            Ok(moved) if moved || readable => {
+                progress |= moved;
+                self.last_answer = Instant::now();
+            }
+            Ok(_) => {}
             Err(_) => return Err(self.fail_outstanding(WcStatus::RetryExceeded)),
         }
-        Ok(progress | self.complete_answered()?)
+        progress |= self.complete_answered(readable)?;
+        if !self.outstanding.is_empty() && self.last_answer.elapsed() > self.timeout {
+            return Err(self.fail_outstanding(WcStatus::RetryExceeded));
+        }
+        Ok(progress)
     }
 
     /// Whether queued or buffered work is waiting (the NIC must not park).
@@ -75,6 +97,9 @@ impl RequesterLink {
                 break;
             };
             progress = true;
+            if self.outstanding.is_empty() {
+                self.last_answer = Instant::now();
+            }
             let pending = encode(registry, send, &mut self.conn.output);
             self.halted = matches!(pending, Pending::Failed { .. });
             self.outstanding.push_back(pending);
@@ -82,9 +107,12 @@ impl RequesterLink {
         progress
     }
 
-    fn complete_answered(&mut self) -> Result<bool, LinkClosed> {
+    fn complete_answered(&mut self, readable: bool) -> Result<bool, LinkClosed> {
         let mut progress = false;
-        while let Some(front) = self.outstanding.front() {
+        while self.continue_placement(readable)? {
+            let Some(front) = self.outstanding.front() else {
+                break;
+            };
             if let Pending::Failed { status, .. } = front {
                 let status = *status;
                 return Err(self.fail_outstanding(status));
@@ -96,13 +124,18 @@ impl RequesterLink {
                 }
                 break;
             };
-            let frame_len = frame::RESPONSE_LEN + response.len as usize;
-            if input.len() < frame_len {
-                self.conn.reserve_frame(frame_len);
-                break;
-            }
             if response.status != WcStatus::Success {
                 return Err(self.fail_outstanding(response.status));
+            }
+            let frame_len = frame::RESPONSE_LEN + response.len as usize;
+            if input.len() < frame_len {
+                if response.len as usize >= ZERO_COPY_MIN {
+                    self.start_placement(&response)?;
+                    progress = true;
+                    continue;
+                }
+                self.conn.reserve_frame(frame_len);
+                break;
             }
             self.finish_front(&response);
             self.conn.consume(frame_len);
@@ -111,35 +144,67 @@ impl RequesterLink {
         Ok(progress)
     }
 
-    fn finish_front(&mut self, response: &ResponseHeader) {
-        let Some(Pending::Remote {
-            send,
-            scatter,
-            byte_len,
-        }) = self.outstanding.pop_front()
-        else {
-            return;
+    /// Advances the payload being placed; Ok(false) while it waits for more bytes.
+    fn continue_placement(&mut self, readable: bool) -> Result<bool, LinkClosed> {
+        let Some(placing) = &mut self.placing else {
+            return Ok(true);
         };
-        let payload = &self.conn.input()[frame::RESPONSE_LEN..][..response.len as usize];
-        match send.op {
-            SendOp::Read(_) => scatter::scatter_from_bytes(&scatter, payload),
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
-                scatter::scatter_from_bytes(&scatter, &response.value.to_le_bytes())
+        match placing.advance(&mut self.conn, readable) {
+            Err(_) => Err(self.fail_outstanding(WcStatus::RetryExceeded)),
+            Ok(false) => Ok(false),
+            Ok(true) => {
+                self.placing = None;
+                self.complete_front();
+                Ok(true)
             }
-            _ => true,
+        }
+    }
+
+    /// Starts placing the front READ's payload straight into its scatter list.
+    fn start_placement(&mut self, response: &ResponseHeader) -> Result<(), LinkClosed> {
+        let pieces = match self.outstanding.front() {
+            Some(Pending::Remote { scatter, .. }) => scatter.clone(),
+            _ => Vec::new(),
         };
-        self.qp.complete_send(
-            send.wr_id,
-            &send.op,
-            WcStatus::Success,
-            byte_len,
-            send.signaled,
-        );
+        if scatter::total_len(&pieces) != response.len as usize {
+            return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
+        }
+        self.conn.consume(frame::RESPONSE_LEN);
+        self.placing = Some(Placement::new(pieces));
+        Ok(())
+    }
+
+    /// Scatters a buffered response's payload (READ data or atomic value), then completes.
+    fn finish_front(&mut self, response: &ResponseHeader) {
+        if let Some(Pending::Remote { send, scatter, .. }) = self.outstanding.front() {
+            let payload = &self.conn.input()[frame::RESPONSE_LEN..][..response.len as usize];
+            match send.op {
+                SendOp::Read(_) => scatter::scatter_from_bytes(scatter, payload),
+                SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                    scatter::scatter_from_bytes(scatter, &response.value.to_le_bytes())
+                }
+                _ => true,
+            };
+        }
+        self.complete_front();
+    }
+
+    fn complete_front(&mut self) {
+        if let Some(Pending::Remote { send, byte_len, .. }) = self.outstanding.pop_front() {
+            self.qp.complete_send(
+                send.wr_id,
+                &send.op,
+                WcStatus::Success,
+                byte_len,
+                send.signaled,
+            );
+        }
     }
 
     /// Completes the first outstanding request with `first`, flushes the rest and the
     /// queue pair; the link is finished.
     fn fail_outstanding(&mut self, first: WcStatus) -> LinkClosed {
+        self.qp.mark_error();
         for (index, pending) in self.outstanding.drain(..).enumerate() {
             let status = if index == 0 {
                 first
@@ -149,13 +214,13 @@ impl RequesterLink {
             let (Pending::Remote { send, .. } | Pending::Failed { send, .. }) = pending;
             self.qp.complete_send(send.wr_id, &send.op, status, 0, true);
         }
-        self.qp.enter_error();
+        self.qp.flush_queued();
         LinkClosed
     }
 }
 
 /// Encodes `send` into `out`, or returns it as failed when its local list is bad.
-fn encode(registry: &Registry, send: PostedSend, out: &mut Vec<u8>) -> Pending {
+fn encode(registry: &Registry, send: PostedSend, out: &mut OutputQueue) -> Pending {
     let local_need = match send.op {
         SendOp::Write { .. } | SendOp::Send { .. } => Access::NONE,
         _ => Access::LOCAL_WRITE,
@@ -174,9 +239,9 @@ fn encode(registry: &Registry, send: PostedSend, out: &mut Vec<u8>) -> Pending {
         };
     };
     let header = request_header(&send.op, len);
-    header.encode(out);
+    header.encode(out.bytes());
     if header.payload_len() > 0 {
-        scatter::gather_into(&pieces, out);
+        zero_copy::queue_payload(&pieces, out);
         return Pending::Remote {
             send,
             scatter: Vec::new(),

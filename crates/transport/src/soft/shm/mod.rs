@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 /// Descriptor numbers and sizes a same-host peer publishes in its endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,11 +46,14 @@ pub(crate) struct ShmPeer {
     pid_fd: PidFd,
     mappings: Mutex<HashMap<u32, Arc<SharedMemory>>>,
     send_lock: Mutex<()>,
+    /// How long a SEND waits for ring room (the peer posting receives) before it fails
+    /// with `RetryExceeded`, like an RNR retry limit.
+    timeout: Duration,
 }
 
 impl ShmPeer {
     /// Maps what `address` names.
-    pub(crate) fn open(address: &ShmAddress) -> Result<Self> {
+    pub(crate) fn open(address: &ShmAddress, timeout: Duration) -> Result<Self> {
         let pid = address.pid;
         Ok(ShmPeer {
             pid,
@@ -59,6 +63,7 @@ impl ShmPeer {
             bell: RemoteDoorbell::new(&address.doorbell)?,
             mappings: Mutex::default(),
             send_lock: Mutex::default(),
+            timeout,
         })
     }
 
@@ -67,21 +72,29 @@ impl ShmPeer {
         self.ring.is_closed() || self.pid_fd.exited()
     }
 
-    pub(crate) fn pid_fd(&self) -> RawFd {
-        self.pid_fd.raw_fd()
-    }
-
     /// Resolves `len` bytes at the peer's `addr` under `rkey` if its table allows `need`.
     fn resolve(&self, rkey: u32, addr: u64, len: u64, need: Access) -> Option<Target> {
-        let entry = self.table.lookup(rkey)?;
+        let Some(entry) = self.table.lookup(rkey) else {
+            self.forget(rkey);
+            return None;
+        };
         if !keytable::check_access(&entry, addr, len, need) {
             return None;
         }
-        let mem = self.mapping(rkey, entry.fd, entry.mem_len as usize)?;
-        self.table.is_live(rkey).then(|| Target {
-            mem,
-            offset: (addr - entry.mem_base) as usize,
-        })
+        // The entry comes from the peer: an offset outside the mapping is caught here or by
+        // the mapping's own bounds checks.
+        let offset = usize::try_from(addr.checked_sub(entry.mem_base)?).ok()?;
+        let mem = self.mapping(rkey, entry.fd, usize::try_from(entry.mem_len).ok()?)?;
+        mem.check(offset, usize::try_from(len).ok()?).ok()?;
+        self.table.is_live(rkey).then_some(Target { mem, offset })
+    }
+
+    /// Drops the cached mapping of a key that is no longer registered.
+    fn forget(&self, rkey: u32) {
+        self.mappings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&rkey);
     }
 
     fn mapping(&self, rkey: u32, fd: RawFd, len: usize) -> Option<Arc<SharedMemory>> {

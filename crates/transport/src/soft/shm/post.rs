@@ -7,16 +7,11 @@
 use super::ShmPeer;
 use crate::soft::frame::{Op, RequestHeader, REQUEST_LEN};
 use crate::soft::queue_pair::{PostedSend, QpShared};
-use crate::soft::registry::Registry;
+use crate::soft::registry::{AtomicOp, Registry};
 use crate::soft::scatter::{self, Piece};
 use crate::{Access, RemoteAddr, SendOp, WcStatus};
-use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
-use std::time::{Duration, Instant};
-
-/// How long a SEND waits for ring room (the peer posting receives) before it fails with
-/// `RetryExceeded`, like an RNR retry limit.
-const RNR_TIMEOUT: Duration = Duration::from_secs(10);
+use std::time::Instant;
 
 /// Executes `sends` for `qp` against `peer`.
 pub(crate) fn post_inline(
@@ -42,11 +37,14 @@ pub(crate) fn post_inline(
                 Ok(pieces) => execute(peer, &send.op, &pieces),
                 Err(status) => (status, 0),
             };
-        qp.complete_send(send.wr_id, &send.op, status, byte_len, send.signaled);
         if status != WcStatus::Success {
             failed = true;
-            qp.enter_error();
+            qp.mark_error();
         }
+        qp.complete_send(send.wr_id, &send.op, status, byte_len, send.signaled);
+    }
+    if failed {
+        qp.flush_queued();
     }
 }
 
@@ -78,13 +76,13 @@ fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> (WcStatus, u32) {
             remote,
             compare,
             swap,
-        } => atomic(peer, remote, pieces, |word| {
-            word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst)
-                .unwrap_or_else(|old| old)
-        }),
-        SendOp::FetchAdd { remote, add } => atomic(peer, remote, pieces, |word| {
-            word.fetch_add(add, Ordering::SeqCst)
-        }),
+        } => atomic(
+            peer,
+            remote,
+            pieces,
+            AtomicOp::CompareSwap { compare, swap },
+        ),
+        SendOp::FetchAdd { remote, add } => atomic(peer, remote, pieces, AtomicOp::FetchAdd(add)),
     };
     (status, len32)
 }
@@ -125,7 +123,7 @@ fn push_frame(peer: &ShmPeer, header: &RequestHeader, payload: &[u8]) -> WcStatu
     header.encode(&mut header_bytes);
     let started = Instant::now();
     while !peer.try_push(&[&header_bytes, payload]) {
-        if peer.gone() || started.elapsed() > RNR_TIMEOUT {
+        if peer.gone() || started.elapsed() > peer.timeout {
             return WcStatus::RetryExceeded;
         }
         std::thread::yield_now();
@@ -133,22 +131,11 @@ fn push_frame(peer: &ShmPeer, header: &RequestHeader, payload: &[u8]) -> WcStatu
     WcStatus::Success
 }
 
-fn atomic(
-    peer: &ShmPeer,
-    remote: RemoteAddr,
-    pieces: &[Piece],
-    apply: impl FnOnce(&std::sync::atomic::AtomicU64) -> u64,
-) -> WcStatus {
-    let target = peer
-        .resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC)
-        .filter(|_| remote.addr % 8 == 0);
-    let Some(word) = target
-        .as_ref()
-        .and_then(|t| t.mem.atomic_u64(t.offset).ok())
-    else {
+fn atomic(peer: &ShmPeer, remote: RemoteAddr, pieces: &[Piece], op: AtomicOp) -> WcStatus {
+    let target = peer.resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC);
+    let Some(old) = target.and_then(|target| target.run_atomic(remote.addr, op)) else {
         return WcStatus::RemoteAccessError;
     };
-    let old = apply(word);
     scatter::scatter_from_bytes(pieces, &old.to_le_bytes());
     WcStatus::Success
 }

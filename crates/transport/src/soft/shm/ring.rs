@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const DATA: usize = 4096;
 const WRAP: u64 = u64::MAX;
+const MIN_CAPACITY: usize = 4096;
+const MAX_CAPACITY: usize = 1 << 30;
 
 /// One end of a ring (a process is either its producer or its consumer).
 #[derive(Debug)]
@@ -28,6 +30,11 @@ fn padded(len: usize) -> usize {
 impl Ring {
     /// Creates a ring with `capacity` bytes of frames (a power of two).
     pub(crate) fn create(capacity: usize) -> Result<Self> {
+        if !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
+            return Err(crate::TransportError::InvalidArgument(
+                "ring capacity must be 4 KiB to 1 GiB",
+            ));
+        }
         let capacity = capacity.next_power_of_two();
         Ok(Ring {
             memory: SharedMemory::create(c"kvcm-ring", DATA + capacity)?,
@@ -37,7 +44,7 @@ impl Ring {
 
     /// Maps the ring `fd` of process `pid` with `capacity` bytes of frames.
     pub(crate) fn open_peer(pid: u32, fd: RawFd, capacity: usize) -> Result<Self> {
-        if !capacity.is_power_of_two() {
+        if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
             return Err(crate::TransportError::BadEndpoint("ring capacity".into()));
         }
         Ok(Ring {
@@ -91,7 +98,11 @@ impl Ring {
         }
         let need = padded(len) as u64;
         let mut tail = self.tail().load(Ordering::Relaxed);
-        let free = self.capacity as u64 - (tail - self.head().load(Ordering::Acquire));
+        // A consumer that corrupts `head` only makes the ring look full, never overflows it.
+        let used = tail.wrapping_sub(self.head().load(Ordering::Acquire));
+        let Some(free) = (self.capacity as u64).checked_sub(used) else {
+            return false;
+        };
         let index = (tail % self.capacity as u64) as usize;
         let contiguous = (self.capacity - index) as u64;
         let wraps = contiguous < need;
@@ -156,10 +167,10 @@ mod tests {
 
     #[test]
     fn frames_cross_processes_in_order_and_wrap() {
-        let consumer = Ring::create(256).unwrap();
-        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 256).unwrap();
+        let consumer = Ring::create(4096).unwrap();
+        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 4096).unwrap();
         let mut out = Vec::new();
-        for round in 0..50u8 {
+        for round in 0..200u8 {
             assert!(producer.push(&[&[round; 30], &[round + 1; 7]]));
             assert!(consumer.peek(&mut out));
             assert_eq!(out.len(), 37);
@@ -170,17 +181,105 @@ mod tests {
     }
 
     #[test]
+    fn a_corrupted_head_makes_the_ring_look_full_not_overflow() {
+        let ring = Ring::create(4096).unwrap();
+        let peer = Ring::open_peer(std::process::id(), ring.raw_fd(), 4096).unwrap();
+        peer.head().store(1 << 40, Ordering::Release);
+        assert!(!ring.push(&[b"frame"]));
+        peer.head().store(0, Ordering::Release);
+        assert!(ring.push(&[b"frame"]));
+    }
+
+    #[test]
+    fn capacities_out_of_range_are_refused() {
+        assert!(Ring::create(0).is_err());
+        assert!(Ring::create(100).is_err());
+        assert!(Ring::create(2 << 30).is_err());
+        let ring = Ring::create(5000).unwrap();
+        assert_eq!(ring.capacity(), 8192);
+        assert!(Ring::open_peer(std::process::id(), ring.raw_fd(), 5000).is_err());
+    }
+
+    #[test]
     fn full_ring_refuses_until_consumed_and_oversize_never_fits() {
-        let ring = Ring::create(256).unwrap();
-        assert!(!ring.push(&[&[0; 200]]));
+        let ring = Ring::create(4096).unwrap();
+        assert!(!ring.push(&[&[0; 3000]]));
         let mut pushed = 0;
         while ring.push(&[&[1; 40]]) {
             pushed += 1;
         }
-        assert_eq!(pushed, 256 / 48);
+        assert_eq!(pushed, 4096 / 48);
         let mut out = Vec::new();
         assert!(ring.peek(&mut out));
         ring.pop(out.len());
         assert!(ring.push(&[&[1; 40]]));
+    }
+
+    /// A small deterministic generator (xorshift) so the test needs no dependency.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    #[test]
+    fn random_pushes_and_pops_match_a_queue_model() {
+        let ring = Ring::create(4096).unwrap();
+        let mut model = std::collections::VecDeque::new();
+        let (mut seed, mut out) = (0x9e37_79b9_7f4a_7c15u64, Vec::new());
+        for step in 0..20_000u32 {
+            if next(&mut seed) % 2 == 0 {
+                let frame = vec![step as u8; (next(&mut seed) % 600) as usize];
+                if ring.push(&[&frame]) {
+                    model.push_back(frame);
+                } else {
+                    assert!(
+                        !model.is_empty(),
+                        "an empty ring takes any frame up to max_frame"
+                    );
+                }
+            } else if ring.peek(&mut out) {
+                assert_eq!(Some(&out), model.front(), "step {step}");
+                ring.pop(out.len());
+                model.pop_front();
+            } else {
+                assert!(model.is_empty(), "step {step}: the ring lost a frame");
+            }
+        }
+    }
+
+    #[test]
+    fn a_producer_thread_and_a_consumer_thread_agree_on_every_frame() {
+        const FRAMES: u32 = 20_000;
+        let consumer = Ring::create(8192).unwrap();
+        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 8192).unwrap();
+        let writer = std::thread::spawn(move || {
+            for index in 0..FRAMES {
+                let frame = [
+                    index.to_le_bytes().as_slice(),
+                    &[index as u8; 100][..(index % 100) as usize],
+                ]
+                .concat();
+                while !producer.push(&[&frame]) {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut out = Vec::new();
+        for index in 0..FRAMES {
+            while !consumer.peek(&mut out) {
+                std::thread::yield_now();
+            }
+            assert_eq!(out[..4], index.to_le_bytes(), "frames arrive in order");
+            assert_eq!(out.len(), 4 + (index % 100) as usize);
+            assert!(
+                out[4..].iter().all(|&byte| byte == index as u8),
+                "frame {index} is intact"
+            );
+            consumer.pop(out.len());
+        }
+        writer.join().unwrap();
+        assert!(consumer.is_empty());
     }
 }

@@ -1,0 +1,185 @@
+//! Verbs completion queue with a completion channel (the awaitable file descriptor).
+
+use super::device::DeviceContext;
+use crate::sys::set_nonblocking;
+use crate::{CompletionQueue, Result, TransportError, WcOpcode, WcStatus, WorkCompletion};
+use rdma_sys::*;
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Entries of each verbs completion queue.
+const CQ_DEPTH: i32 = 4096;
+const POLL_BATCH: usize = 32;
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub(crate) raw: NonNull<ibv_cq>,
+    channel: NonNull<ibv_comp_channel>,
+    /// Completions taken from the hardware queue by `arm` or `poll` and not yet handed out.
+    buffered: Mutex<VecDeque<WorkCompletion>>,
+    _context: Arc<DeviceContext>,
+}
+
+// SAFETY: verbs objects are thread safe; pointers are owned and freed once in `Drop`.
+unsafe impl Send for CqInner {}
+// SAFETY: see `Send`; `ibv_poll_cq` may be called concurrently.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: created in `VerbsCq::create`; QPs using the CQ hold an `Arc` to it, so
+        // none is left; the channel is destroyed after its CQ, as verbs requires.
+        unsafe {
+            ibv_destroy_cq(self.raw.as_ptr());
+            ibv_destroy_comp_channel(self.channel.as_ptr());
+        }
+    }
+}
+
+/// A completion queue of the verbs provider.
+#[derive(Clone, Debug)]
+pub struct VerbsCq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl VerbsCq {
+    pub(crate) fn create(context: &Arc<DeviceContext>) -> Result<Self> {
+        // SAFETY: the context is live.
+        let channel = unsafe { ibv_create_comp_channel(context.raw.as_ptr()) };
+        let channel = NonNull::new(channel)
+            .ok_or_else(|| TransportError::last_os("ibv_create_comp_channel"))?;
+        // SAFETY: the channel is live; `fd` is a plain field.
+        if let Err(err) = set_nonblocking(unsafe { (*channel.as_ptr()).fd }) {
+            // SAFETY: the channel was just created and has no CQ.
+            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            return Err(err);
+        }
+        // SAFETY: live context and channel; no CQ context pointer is used.
+        let raw = unsafe {
+            ibv_create_cq(
+                context.raw.as_ptr(),
+                CQ_DEPTH,
+                std::ptr::null_mut(),
+                channel.as_ptr(),
+                0,
+            )
+        };
+        let Some(raw) = NonNull::new(raw) else {
+            let err = TransportError::last_os("ibv_create_cq");
+            // SAFETY: the channel was just created and has no CQ.
+            unsafe { ibv_destroy_comp_channel(channel.as_ptr()) };
+            return Err(err);
+        };
+        let inner = CqInner {
+            raw,
+            channel,
+            buffered: Mutex::default(),
+            _context: Arc::clone(context),
+        };
+        Ok(VerbsCq {
+            inner: Arc::new(inner),
+        })
+    }
+
+    fn poll_hardware(&self, into: &mut VecDeque<WorkCompletion>) -> usize {
+        // SAFETY: ibv_wc is plain old data; all-zero is a valid value.
+        let mut raw: [ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: the CQ is live and `raw` has room for POLL_BATCH entries.
+        let count =
+            unsafe { ibv_poll_cq(self.inner.raw.as_ptr(), POLL_BATCH as i32, raw.as_mut_ptr()) };
+        let count = count.max(0) as usize;
+        into.extend(raw[..count].iter().map(convert));
+        count
+    }
+
+    fn channel_fd(&self) -> RawFd {
+        // SAFETY: the channel is live; `fd` is a plain field.
+        unsafe { (*self.inner.channel.as_ptr()).fd }
+    }
+
+    /// Takes and acknowledges every event waiting on the (non-blocking) channel.
+    fn ack_events(&self) {
+        let mut cq = std::ptr::null_mut();
+        let mut context = std::ptr::null_mut();
+        // SAFETY: the channel is non-blocking, so this returns at once when it is empty;
+        // the out-pointers are live.
+        while unsafe { ibv_get_cq_event(self.inner.channel.as_ptr(), &mut cq, &mut context) } == 0 {
+            // SAFETY: acknowledges the one event just taken from this CQ.
+            unsafe { ibv_ack_cq_events(self.inner.raw.as_ptr(), 1) };
+        }
+    }
+}
+
+impl CompletionQueue for VerbsCq {
+    fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut buffered = self
+            .inner
+            .buffered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if buffered.len() < out.len() {
+            self.poll_hardware(&mut buffered);
+        }
+        crate::api::drain_completions(&mut buffered, out)
+    }
+
+    fn arm(&self) -> Result<bool> {
+        self.ack_events();
+        // SAFETY: live CQ.
+        if unsafe { ibv_req_notify_cq(self.inner.raw.as_ptr(), 0) } != 0 {
+            return Err(TransportError::last_os("ibv_req_notify_cq"));
+        }
+        let mut buffered = self
+            .inner
+            .buffered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Ok(!buffered.is_empty() || self.poll_hardware(&mut buffered) > 0)
+    }
+
+    fn event_fd(&self) -> RawFd {
+        self.channel_fd()
+    }
+}
+
+fn convert(wc: &ibv_wc) -> WorkCompletion {
+    let imm = (wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+        // SAFETY: with IBV_WC_WITH_IMM set, the union holds immediate data.
+        .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data }));
+    WorkCompletion {
+        wr_id: wc.wr_id,
+        status: status(wc.status),
+        opcode: opcode(wc.opcode),
+        byte_len: wc.byte_len,
+        imm,
+        qpn: wc.qp_num,
+    }
+}
+
+fn status(raw: ibv_wc_status::Type) -> WcStatus {
+    use ibv_wc_status::*;
+    match raw {
+        IBV_WC_SUCCESS => WcStatus::Success,
+        IBV_WC_LOC_LEN_ERR => WcStatus::LocalLengthError,
+        IBV_WC_LOC_PROT_ERR | IBV_WC_LOC_ACCESS_ERR => WcStatus::LocalProtectionError,
+        IBV_WC_REM_ACCESS_ERR => WcStatus::RemoteAccessError,
+        IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR => WcStatus::RetryExceeded,
+        IBV_WC_WR_FLUSH_ERR => WcStatus::WrFlushError,
+        _ => WcStatus::RemoteInvalidRequest,
+    }
+}
+
+fn opcode(raw: ibv_wc_opcode::Type) -> WcOpcode {
+    use ibv_wc_opcode::*;
+    match raw {
+        IBV_WC_RDMA_WRITE => WcOpcode::Write,
+        IBV_WC_RDMA_READ => WcOpcode::Read,
+        IBV_WC_COMP_SWAP => WcOpcode::CompareSwap,
+        IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
+        IBV_WC_RECV => WcOpcode::Recv,
+        IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
+        _ => WcOpcode::Send,
+    }
+}
