@@ -307,16 +307,20 @@ mod tests {
     use super::*;
     use crate::test_support::{blocks, specs};
 
-    fn nfs_01(key_count_per_file: i32) -> BlockFileStorage {
+    fn nfs_at(root_path: &str, key_count_per_file: i32) -> BlockFileStorage {
         let config = StorageConfig {
             global_unique_name: "nfs_01".to_string(),
             spec: StorageSpec::Nfs {
-                root_path: "/tmp/nfs/".to_string(),
+                root_path: root_path.to_string(),
                 key_count_per_file,
             },
             check_storage_available_when_open: false,
         };
         BlockFileStorage::new(config).expect("nfs config")
+    }
+
+    fn nfs_01(key_count_per_file: i32) -> BlockFileStorage {
+        nfs_at("/tmp/nfs/", key_count_per_file)
     }
 
     fn uris_of(storage: &BlockFileStorage, keys: &[i64]) -> Vec<String> {
@@ -328,6 +332,59 @@ mod tests {
         };
         let (_, placed) = storage.plan(&request).expect("plan");
         placed.into_iter().flatten().map(|spec| spec.uri).collect()
+    }
+
+    #[test]
+    fn counts_are_dropped_with_their_files() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let storage = nfs_at(&format!("{}/", root.path().display()), 4);
+        let (specs, blocks) = (specs(&[1024]), blocks(&[1, 2, 3, 4, 5], &[0]));
+        let request = AllocationRequest {
+            instance_id: "i",
+            specs: &specs,
+            blocks: &blocks,
+        };
+        let uris: Vec<String> = storage
+            .allocate(&request)
+            .expect("allocate")
+            .into_iter()
+            .flatten()
+            .map(|spec| spec.uri)
+            .collect();
+        assert_eq!(
+            storage.live.tracked_files(),
+            2,
+            "a file of 4 blocks and one of 1"
+        );
+        storage.delete(&uris[..4]).expect("delete the first file");
+        assert_eq!(storage.live.tracked_files(), 1);
+        storage.delete(&uris).expect("delete all, some twice");
+        assert_eq!(storage.live.tracked_files(), 0);
+    }
+
+    #[test]
+    fn a_failed_allocation_leaves_no_counts() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(root.path().join("i")).expect("mkdir");
+        std::fs::write(root.path().join("i/tp1"), b"not a directory").expect("write");
+        let storage = nfs_at(&format!("{}/", root.path().display()), 4);
+        // Different sizes: each part has its own files, tp0's in i/tp0, tp1's in i/tp1.
+        let (specs, blocks) = (specs(&[1024, 2048]), blocks(&[1, 2], &[0, 1]));
+        let request = AllocationRequest {
+            instance_id: "i",
+            specs: &specs,
+            blocks: &blocks,
+        };
+        let refused = storage.allocate(&request);
+        assert!(
+            matches!(refused, Err(StorageError::Io { .. })),
+            "{refused:?}"
+        );
+        assert!(
+            root.path().join("i/tp0").is_dir(),
+            "tp0's file was set up first"
+        );
+        assert_eq!(storage.live.tracked_files(), 0, "and its count forgotten");
     }
 
     #[test]
