@@ -310,6 +310,8 @@ fn bad_uris_are_refused_before_anything_is_freed() {
         format!("file://nfs_01/etc/passwd?size={BLOCK}"),
         format!("file://nfs_01{root_text}/instance1/../../x?size={BLOCK}"),
         format!("file://nfs_01{root_text}/?size={BLOCK}"),
+        uris[0].replace("/instance1/", "/instance1//"),
+        uris[0].replace("/instance1/", "//instance1/"),
         format!("{file_path}?blkid=0"),
         format!("{file_path}?blkid=0&size=0"),
         format!("{file_path}?blkid=x&size={BLOCK}"),
