@@ -6,6 +6,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kvcm::config::ServerConfig;
 
+mod bench;
+
 #[derive(Parser)]
 #[command(
     name = "kvcm",
@@ -23,6 +25,8 @@ enum Command {
     Optimize(kvcm_optimizer::cli::OptimizeArgs),
     /// Run the manager: gRPC + HTTP control plane (embedded single-node default).
     Serve(ServeArgs),
+    /// Measure GetCacheLocation over gRPC and HTTP beside their floors, and the local index.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -45,6 +49,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Optimize(args) => kvcm_optimizer::cli::run(args)?,
         Command::Serve(args) => serve(args)?,
+        Command::Bench(args) => bench::run(args)?,
     }
     Ok(())
 }

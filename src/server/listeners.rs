@@ -56,6 +56,19 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|&stop| stop).await;
 }
 
+/// The accepted connections of `listener` with Nagle off (small request/response pairs
+/// must never wait for delayed ACKs).
+pub fn nodelay_incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    TcpListenerStream::new(listener).map(|stream| {
+        if let Ok(stream) = &stream {
+            let _ = stream.set_nodelay(true);
+        }
+        stream
+    })
+}
+
 /// Binds and serves every listener of `config` for `manager`.
 pub async fn start(
     config: &ServerConfig,
@@ -121,13 +134,7 @@ impl RunningServer {
     ) -> Result<(), ServerError> {
         let listener = bind(name, port).await?;
         self.announce(name, &listener)?;
-        let incoming = TcpListenerStream::new(listener).map(|stream| {
-            if let Ok(stream) = &stream {
-                // Small request/response pairs: never wait for Nagle.
-                let _ = stream.set_nodelay(true);
-            }
-            stream
-        });
+        let incoming = nodelay_incoming(listener);
         let shutdown = stopped(stop.clone());
         let task = tokio::spawn(async move {
             router

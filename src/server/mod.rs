@@ -8,7 +8,7 @@ mod listeners;
 use std::path::PathBuf;
 
 pub use bootstrap::{embedded_manager, DEFAULT_GROUP, DEFAULT_STORAGE};
-pub use listeners::{start, RunningServer};
+pub use listeners::{nodelay_incoming, start, RunningServer};
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
