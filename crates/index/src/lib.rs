@@ -74,7 +74,8 @@ pub trait MetaIndex<V>: Send + Sync {
     /// Removes the keys; returns how many were present.
     fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError>;
     /// Calls `f` once per key (in key order) with its current value while every key of the
-    /// batch is locked, then applies what `f` returned.
+    /// batch is locked, then applies what `f` returned. `f` must not call into the same index
+    /// (the batch's locks are held while it runs).
     fn read_modify_write(
         &self,
         keys: &[BlockKey],

@@ -9,10 +9,12 @@ mod block_file;
 mod kind;
 mod names;
 mod packing;
+mod registry;
 mod uri;
 mod validate;
 
 pub use backends::open;
+pub use registry::{StorageRegistry, StorageStatus};
 pub use uri::BlockUri;
 
 /// A block key: a signed 64-bit prefix hash.
@@ -164,6 +166,12 @@ pub enum StorageError {
         /// What is wrong with it.
         reason: String,
     },
+    /// No storage is registered under this name.
+    #[error("storage {0:?} is not registered")]
+    UnknownStorage(String),
+    /// A storage is already registered under this name.
+    #[error("storage {0:?} is already registered")]
+    DuplicateStorage(String),
     /// The tier failed.
     #[error("storage i/o failed on {path}: {source}")]
     Io {

@@ -18,6 +18,10 @@ fn absolute_path(field: &str, value: &str) -> Result<(), String> {
     if !value.starts_with('/') {
         return Err(format!("{field} {value:?} is not an absolute path"));
     }
+    let breaks_uri = |c: char| c == '?' || c == '#' || c.is_whitespace() || c.is_control();
+    if let Some(bad) = value.chars().find(|&c| breaks_uri(c)) {
+        return Err(format!("{field} {value:?} contains the character {bad:?}"));
+    }
     if value.split('/').any(|part| part == "..") {
         return Err(format!("{field} {value:?} contains \"..\""));
     }

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 
+use crate::local::BuildMixHasher;
 use crate::BlockKey;
 
 const NONE: usize = usize::MAX;
@@ -21,7 +22,7 @@ struct Node<V> {
 /// The LRU map of one cache shard.
 #[derive(Debug)]
 pub(crate) struct Lru<V> {
-    slot_of: HashMap<BlockKey, usize>,
+    slot_of: HashMap<BlockKey, usize, BuildMixHasher>,
     nodes: Vec<Node<V>>,
     free_slots: Vec<usize>,
     newest: usize,
@@ -33,7 +34,7 @@ impl<V> Lru<V> {
     /// An empty map holding at most `capacity` entries.
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            slot_of: HashMap::new(),
+            slot_of: HashMap::default(),
             nodes: Vec::new(),
             free_slots: Vec::new(),
             newest: NONE,

@@ -121,7 +121,11 @@ fn no_stale_value_survives_concurrent_reads_and_writes() {
             .read_modify_write(&keys, &mut |_, v| Modify::Put(v.map_or(1, |n| n + 1)))
             .expect("rmw");
         let seen = index.get(&keys).expect("get after the write");
-        assert_eq!(seen, vec![Some(round); 8], "a read after write {round} saw a stale value");
+        assert_eq!(
+            seen,
+            vec![Some(round); 8],
+            "a read after write {round} saw a stale value"
+        );
     }
     done.store(true, Ordering::Release);
     readers

@@ -7,6 +7,8 @@
 //!
 //! Invariant: `key_at(position_of(k)) == k` for every key.
 
+use std::hash::{BuildHasherDefault, Hasher};
+
 use crate::BlockKey;
 
 const MIX_1: u64 = 0xff51_afd7_ed55_8ccd;
@@ -60,9 +62,52 @@ pub(crate) fn first_position_of(shard: usize, shard_bits: u32) -> Option<u64> {
     )
 }
 
+/// A hasher for positions and keys: a position (`u64`) is already mixed and is only rotated,
+/// because every position of a shard shares its top `shard_bits` bits, which hash tables use
+/// as tags; a key (`i64`) is mixed into its position first.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct MixHasher(u64);
+
+/// Builds [`MixHasher`]s.
+pub(crate) type BuildMixHasher = BuildHasherDefault<MixHasher>;
+
+impl Hasher for MixHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = position_of((self.0 << 8 | u64::from(byte)) as BlockKey);
+        }
+    }
+
+    fn write_u64(&mut self, position: u64) {
+        self.0 = position.rotate_left(32);
+    }
+
+    fn write_i64(&mut self, key: i64) {
+        self.write_u64(position_of(key));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::hash::BuildHasher;
+
+    #[test]
+    fn positions_of_one_shard_differ_in_the_high_hash_bits() {
+        let shard_prefix = 0xABCD_0000_0000_0000u64;
+        let low_bits = |n: u64| n.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 16;
+        let tag = |n: u64| BuildMixHasher::default().hash_one(shard_prefix | low_bits(n)) >> 57;
+        let distinct: std::collections::HashSet<u64> = (0..2_000).map(tag).collect();
+        assert_eq!(
+            distinct.len(),
+            128,
+            "every 7-bit tag is used within one shard"
+        );
+    }
 
     #[test]
     fn inverses_are_inverses() {

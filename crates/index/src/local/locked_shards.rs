@@ -4,15 +4,12 @@
 //! Invariant: a [`LockedShards`] holds the write lock of every shard of the keys it was built
 //! for, sorted by shard number, each exactly once.
 
-use std::collections::BTreeMap;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{PoisonError, RwLockReadGuard, RwLockWriteGuard};
 
 use super::key_order::{position_of, shard_of};
+use super::shard_map::{Shard, ShardMap};
 use super::write_batch::Mutation;
 use crate::{BlockKey, IndexError};
-
-/// One shard: entries sorted by key position.
-pub(crate) type Shard<V> = RwLock<BTreeMap<u64, V>>;
 
 /// `(shard, index into keys)` for every key, sorted by shard (stable: keys of one shard keep
 /// their request order).
@@ -28,17 +25,17 @@ pub(crate) fn group_by_shard(keys: &[BlockKey], shard_bits: u32) -> Vec<(usize, 
 
 /// Read-locks one shard. A poisoned lock is recovered: a panic can only come from a caller's
 /// `read_modify_write` closure, which runs before anything is applied, so the map is intact.
-pub(crate) fn read_shard<V>(shard: &Shard<V>) -> RwLockReadGuard<'_, BTreeMap<u64, V>> {
-    shard.read().unwrap_or_else(PoisonError::into_inner)
+pub(crate) fn read_shard<V>(shard: &Shard<V>) -> RwLockReadGuard<'_, ShardMap<V>> {
+    shard.map.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn write_shard<V>(shard: &Shard<V>) -> RwLockWriteGuard<'_, BTreeMap<u64, V>> {
-    shard.write().unwrap_or_else(PoisonError::into_inner)
+fn write_shard<V>(shard: &Shard<V>) -> RwLockWriteGuard<'_, ShardMap<V>> {
+    shard.map.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The write-locked shards of one batch.
 pub(crate) struct LockedShards<'a, V> {
-    guards: Vec<(usize, RwLockWriteGuard<'a, BTreeMap<u64, V>>)>,
+    guards: Vec<(usize, RwLockWriteGuard<'a, ShardMap<V>>)>,
     shard_bits: u32,
 }
 
@@ -78,7 +75,7 @@ impl<'a, V> LockedShards<'a, V> {
         let map = &mut self.guards[slot].1;
         match mutation {
             Mutation::Put(value) => map.insert(position, value),
-            Mutation::Delete => map.remove(&position),
+            Mutation::Delete => map.swap_remove(&position),
         };
         Ok(())
     }

@@ -1,5 +1,5 @@
-//! The local (embedded) index: the key space in `2^shard_bits` shards, each a sorted map
-//! behind its own `RwLock`.
+//! The local (embedded) index: the key space in `2^shard_bits` shards, each a hash map
+//! (see `shard_map`) behind its own `RwLock`.
 //!
 //! - Reads group their keys by shard and read-lock one shard at a time.
 //! - Writes (`put`, `delete`, `read_modify_write`) lock every shard of the batch for writing,
@@ -16,14 +16,15 @@ mod key_order;
 mod locked_shards;
 mod sample;
 mod scan;
+mod shard_map;
 mod write_batch;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
 
 use self::key_order::position_of;
-use self::locked_shards::{group_by_shard, read_shard, LockedShards, Shard};
+pub(crate) use self::key_order::BuildMixHasher;
+use self::locked_shards::{group_by_shard, read_shard, LockedShards};
+use self::shard_map::Shard;
 use self::write_batch::{Mutation, WriteBatch};
 use crate::{BlockKey, IndexError, MetaIndex, Modify, ScanCursor, ScanPage};
 
@@ -68,7 +69,7 @@ impl<V> LocalIndex<V> {
             )));
         }
         let shards = (0..1usize << config.shard_bits)
-            .map(|_| RwLock::new(BTreeMap::new()))
+            .map(|_| Shard::new())
             .collect();
         Ok(Self {
             shards,
@@ -91,14 +92,17 @@ impl<V> LocalIndex<V> {
         let mut locked = LockedShards::lock(&self.shards, keys, self.config.shard_bits);
         let mut batch = WriteBatch::with_capacity(keys.len());
         for &key in keys {
-            let modify = match batch.staged(key) {
-                Some(staged) => decide(key, staged),
-                None => decide(key, locked.get(key)?),
+            let (modify, stored_before) = match batch.staged(key) {
+                Some(staged) => (decide(key, staged), true),
+                None => {
+                    let stored = locked.get(key)?;
+                    (decide(key, stored), stored.is_some())
+                }
             };
             match modify {
                 Modify::Keep => {}
-                Modify::Put(value) => batch.record(key, Mutation::Put(value)),
-                Modify::Delete => batch.record(key, Mutation::Delete),
+                Modify::Put(value) => batch.record(key, Mutation::Put(value), stored_before),
+                Modify::Delete => batch.record(key, Mutation::Delete, stored_before),
             }
         }
         self.commit(&mut locked, batch)
@@ -111,14 +115,7 @@ impl<V> LocalIndex<V> {
         locked: &mut LockedShards<'_, V>,
         batch: WriteBatch<V>,
     ) -> Result<(), IndexError> {
-        let (mut added, mut removed) = (0u64, 0u64);
-        for (key, mutation) in batch.records() {
-            match (mutation, locked.get(*key)?.is_some()) {
-                (Mutation::Put(_), false) => added += 1,
-                (Mutation::Delete, true) => removed += 1,
-                _ => {}
-            }
-        }
+        let (added, removed) = batch.key_count_change();
         self.reserve(added, removed)?;
         // A write-ahead log appends `batch` here: after the cap check, before memory changes.
         for (key, mutation) in batch.into_records() {

@@ -1,14 +1,15 @@
 //! Uniform random sampling of the local index.
 //!
 //! All shards are read-locked (ascending, like writers) so that the draw is over one
-//! consistent set of keys; `count` distinct ranks are drawn uniformly from `0..len` and mapped
-//! to keys by walking each shard's sorted map. Every key is equally likely and every subset of
-//! `count` keys is equally likely. Cost: O(count · len / shards) steps.
+//! consistent set of keys; `count` distinct ranks are drawn uniformly from `0..len` and each
+//! is mapped to the entry at that offset of its shard (O(1) in a shard map). Every key is
+//! equally likely and every subset of `count` keys is equally likely.
 
 use rand::seq::{index, SliceRandom};
 
 use super::key_order::key_at;
-use super::locked_shards::{read_shard, Shard};
+use super::locked_shards::read_shard;
+use super::shard_map::Shard;
 use crate::BlockKey;
 
 /// Up to `count` distinct keys drawn uniformly at random, in random order.
@@ -24,13 +25,10 @@ pub(crate) fn sample<V>(shards: &[Shard<V>], count: usize) -> Vec<BlockKey> {
     let mut shard_start = 0;
     for map in &maps {
         let shard_end = shard_start + map.len();
-        let mut positions = map.keys();
-        let mut next_rank = shard_start;
         while let Some(rank) = wanted.next_if(|&rank| rank < shard_end) {
-            if let Some(&position) = positions.nth(rank - next_rank) {
+            if let Some((&position, _)) = map.get_index(rank - shard_start) {
                 keys.push(key_at(position));
             }
-            next_rank = rank + 1;
         }
         shard_start = shard_end;
     }

@@ -4,9 +4,13 @@
 //! the position of the next key to return. Pages cover consecutive, disjoint position ranges:
 //! every key present for the whole scan is returned exactly once, whatever writes run between
 //! pages; keys added or removed during the scan may or may not appear.
+//!
+//! Shards are hash maps, so a page reads the positions of one shard at or after the cursor
+//! (O(shard size)) and keeps the smallest ones; pages of a few hundred keys amortise that.
 
 use super::key_order::{first_position_of, key_at, shard_of};
-use super::locked_shards::{read_shard, Shard};
+use super::locked_shards::read_shard;
+use super::shard_map::Shard;
 use crate::{IndexError, ScanCursor, ScanPage};
 
 /// Up to `limit` keys from `cursor` on, read-locking one shard at a time.
@@ -24,16 +28,31 @@ pub(crate) fn scan<V>(
     let mut keys = Vec::with_capacity(limit.min(4096));
     let mut from = cursor.0;
     loop {
-        let shard = shard_of(from, shard_bits);
-        let map = read_shard(&shards[shard]);
-        for &position in map.range(from..).map(|(position, _)| position) {
-            if keys.len() == limit {
-                let next = Some(ScanCursor(position));
-                return Ok(ScanPage { keys, next });
-            }
-            keys.push(key_at(position));
+        let need = limit - keys.len();
+        if need == 0 {
+            return Ok(ScanPage {
+                keys,
+                next: Some(ScanCursor(from)),
+            });
         }
-        drop(map);
+        let shard = shard_of(from, shard_bits);
+        let mut later: Vec<u64> = {
+            let map = read_shard(&shards[shard]);
+            map.keys()
+                .copied()
+                .filter(|&position| position >= from)
+                .collect()
+        };
+        if later.len() > need {
+            later.select_nth_unstable(need);
+            let next = Some(ScanCursor(later[need]));
+            later.truncate(need);
+            later.sort_unstable();
+            keys.extend(later.into_iter().map(key_at));
+            return Ok(ScanPage { keys, next });
+        }
+        later.sort_unstable();
+        keys.extend(later.into_iter().map(key_at));
         match first_position_of(shard + 1, shard_bits) {
             Some(next_shard_start) => from = next_shard_start,
             None => return Ok(ScanPage { keys, next: None }),

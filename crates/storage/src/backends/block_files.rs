@@ -34,47 +34,34 @@ pub(crate) struct BlockFileStorage {
 impl BlockFileStorage {
     /// The backend of a validated `Nfs` or `ThreeFs` config.
     pub(crate) fn new(config: StorageConfig) -> Result<Self, StorageError> {
-        let (kind, base, anchor, key_count_per_file, touch_files) = match &config.spec {
+        match &config.spec {
             StorageSpec::Nfs {
                 root_path,
                 key_count_per_file,
-            } => {
-                let anchor = nfs_anchor(root_path);
-                (
-                    StorageKind::Nfs,
-                    root_path.clone(),
-                    anchor,
-                    *key_count_per_file,
-                    false,
-                )
-            }
+            } => Ok(Self {
+                kind: StorageKind::Nfs,
+                base: root_path.clone(),
+                anchor: nfs_anchor(root_path),
+                key_count_per_file: *key_count_per_file,
+                touch_files: false,
+                config: config.clone(),
+            }),
             StorageSpec::ThreeFs {
                 mountpoint,
                 root_dir,
                 key_count_per_file,
                 touch_file_when_create,
                 ..
-            } => {
-                let base = three_fs_base(mountpoint, root_dir);
-                let anchor = PathBuf::from(mountpoint);
-                (
-                    StorageKind::ThreeFs,
-                    base,
-                    anchor,
-                    *key_count_per_file,
-                    *touch_file_when_create,
-                )
-            }
-            other => return Err(StorageError::Unsupported(other.kind())),
-        };
-        Ok(Self {
-            config,
-            kind,
-            base,
-            anchor,
-            key_count_per_file,
-            touch_files,
-        })
+            } => Ok(Self {
+                kind: StorageKind::ThreeFs,
+                base: three_fs_base(mountpoint, root_dir),
+                anchor: PathBuf::from(mountpoint),
+                key_count_per_file: *key_count_per_file,
+                touch_files: *touch_file_when_create,
+                config: config.clone(),
+            }),
+            other => Err(StorageError::Unsupported(other.kind())),
+        }
     }
 
     fn uri(&self, file_name: &str, blkid: usize, size: i64) -> String {
@@ -98,6 +85,7 @@ impl BlockFileStorage {
         request: &AllocationRequest<'_>,
     ) -> Result<(BTreeSet<PathBuf>, Vec<Vec<AllocatedSpec>>), StorageError> {
         check_request(request)?;
+        self.check_offsets_fit(request)?;
         let files = pack(request, self.key_count_per_file);
         let mut placed: Vec<Vec<AllocatedSpec>> = request
             .blocks
@@ -123,6 +111,22 @@ impl BlockFileStorage {
             }
         }
         Ok((paths, placed))
+    }
+
+    /// Refuses parts so large that a block's end offset in a full file overflows `i64`.
+    fn check_offsets_fit(&self, request: &AllocationRequest<'_>) -> Result<(), StorageError> {
+        let per_file = i64::from(self.key_count_per_file.max(1));
+        match request
+            .specs
+            .iter()
+            .find(|spec| spec.size.checked_mul(per_file).is_none())
+        {
+            Some(spec) => Err(StorageError::InvalidRequest(format!(
+                "spec {:?} of {} bytes × {per_file} blocks per file overflows a file offset",
+                spec.name, spec.size
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The file and byte range a URI of this storage names.
@@ -283,6 +287,31 @@ mod tests {
                 format!("{file}?blkid=1&size=1024"),
                 format!("{file}?blkid=2&size=1024"),
             ]
+        );
+    }
+
+    #[test]
+    fn parts_too_big_for_a_file_are_refused() {
+        let specs = [BlockSpec {
+            name: "tp0".to_string(),
+            size: i64::MAX / 4,
+        }];
+        let blocks = [BlockToAllocate {
+            key: 1,
+            spec_indexes: vec![0],
+        }];
+        let request = AllocationRequest {
+            instance_id: "i",
+            specs: &specs,
+            blocks: &blocks,
+        };
+        let refused = nfs_01(8).plan(&request);
+        assert!(
+            matches!(refused, Err(StorageError::InvalidRequest(ref m)) if m.contains("overflows"))
+        );
+        assert!(
+            nfs_01(4).plan(&request).is_ok(),
+            "4 blocks of i64::MAX / 4 still fit"
         );
     }
 

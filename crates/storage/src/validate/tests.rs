@@ -91,6 +91,8 @@ fn nfs_needs_an_absolute_root_path() {
     assert_refused(config(nfs("")), "root_path");
     assert_refused(config(nfs("relative/dir/")), "root_path");
     assert_refused(config(nfs("/tmp/../etc/")), "root_path");
+    assert_refused(config(nfs("/tmp/a?b/")), "root_path");
+    assert_refused(config(nfs("/tmp/a b/")), "root_path");
 }
 
 #[test]
