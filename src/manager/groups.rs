@@ -103,7 +103,6 @@ impl Manager {
             let group = self.group(existing.group()).unwrap_or(group);
             return Ok(self
                 .storages
-                .read()
                 .storage_configs_json(&group.storage_candidates));
         }
         let indexer = group
@@ -120,7 +119,6 @@ impl Manager {
         instances.insert(instance.id().to_string(), instance);
         Ok(self
             .storages
-            .read()
             .storage_configs_json(&group.storage_candidates))
     }
 

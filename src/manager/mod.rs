@@ -46,7 +46,6 @@ pub use local_index::local_index_factory;
 pub use read::CacheMeta;
 pub use remove::TrimStrategy;
 pub use sessions::{random_id, SESSION_ID_LEN};
-pub use storages::{StorageOpener, StorageRecord};
 pub use write::WriteStart;
 
 use crate::proto::admin;
@@ -61,8 +60,8 @@ pub type IndexFactory = Arc<
 
 /// What the manager is built from.
 pub struct ManagerDeps {
-    /// Opens storage backends.
-    pub open_storage: StorageOpener,
+    /// Health-probe period of storages (`None` = no background probes).
+    pub storage_probe_interval: Option<std::time::Duration>,
     /// Creates instance indexes.
     pub open_index: IndexFactory,
     /// This node's id (HA reports).
@@ -90,11 +89,12 @@ impl std::fmt::Debug for Manager {
 
 impl Manager {
     /// A manager with no storages, groups or instances; starts its background threads.
-    pub fn new(deps: ManagerDeps) -> std::io::Result<Arc<Manager>> {
-        let storages = Arc::new(StorageTable::new(deps.open_storage));
+    pub fn new(deps: ManagerDeps) -> ManagerResult<Arc<Manager>> {
+        let storages = Arc::new(StorageTable::new(deps.storage_probe_interval)?);
         let feed = ChangeFeed::default();
         let (deletes, jobs) = mpsc::channel();
-        deleter::spawn_deleter(jobs, storages.clone(), feed.clone())?;
+        deleter::spawn_deleter(jobs, storages.clone(), feed.clone())
+            .map_err(ManagerError::Thread)?;
         let sessions = Arc::new(SessionTable::default());
         let manager = Arc::new(Manager {
             storages,
@@ -112,7 +112,8 @@ impl Manager {
             if let Some(manager) = weak.upgrade() {
                 manager.fail_session(session);
             }
-        })?;
+        })
+        .map_err(ManagerError::Thread)?;
         Ok(manager)
     }
 
@@ -157,6 +158,7 @@ impl Manager {
 impl Drop for Manager {
     fn drop(&mut self) {
         self.sessions.shutdown();
+        self.storages.stop();
     }
 }
 

@@ -59,7 +59,7 @@ fn group(capacity: i64, strategy: admin::CachePreferStrategy) -> admin::Instance
 fn fixture(capacity: i64, strategy: admin::CachePreferStrategy) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let manager = Manager::new(ManagerDeps {
-        open_storage: Arc::new(|c| kvcm_storage::open(c.clone())),
+        storage_probe_interval: None,
         open_index: local_index_factory(),
         node_id: "test".into(),
     })

@@ -280,33 +280,27 @@ impl Manager {
     ) -> ManagerResult<(Arc<str>, Arc<dyn DataStorage>)> {
         let group = self.group(instance.group())?;
         self.check_group_quota(&group)?;
-        let view = self.storages.read();
-        let candidates: Vec<_> = group
-            .storage_candidates
-            .iter()
-            .filter_map(|name| view.get(name))
-            .filter(|record| record.available)
-            .collect();
+        let candidates = self.storages.available(&group.storage_candidates);
         let strategy = group
             .cache_config
             .as_ref()
             .map_or(0, |c| c.data_storage_strategy);
         let (wanted, strict) = preferred_kind(strategy);
-        let preferred = candidates.iter().find(|r| Some(r.backend.kind()) == wanted);
+        let preferred = candidates.iter().find(|b| Some(b.kind()) == wanted);
         let chosen = match (preferred, strict) {
-            (Some(record), _) => Some(record),
+            (Some(backend), _) => Some(backend),
             (None, true) => None,
             (None, false) => candidates.first(),
         };
-        let record = chosen.ok_or_else(|| {
+        let backend = chosen.ok_or_else(|| {
             ManagerError::NoSpace(format!(
                 "no available storage of group {:?} fits its strategy",
                 group.name
             ))
         })?;
         Ok((
-            record.config.global_unique_name.as_str().into(),
-            record.backend.clone(),
+            backend.config().global_unique_name.as_str().into(),
+            backend.clone(),
         ))
     }
 

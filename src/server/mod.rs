@@ -27,9 +27,6 @@ pub enum ServerError {
     /// Registering the embedded default failed.
     #[error("embedded default: {0}")]
     Bootstrap(#[from] crate::manager::ManagerError),
-    /// A background thread could not be started.
-    #[error("starting background threads: {0}")]
-    Threads(std::io::Error),
     /// A listener cannot bind.
     #[error("binding {name} on port {port}: {source}")]
     Bind {
