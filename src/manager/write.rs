@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use kvcm_index::{BlockKey, Modify};
 use kvcm_storage::{AllocationRequest, BlockToAllocate, DataStorage, StorageKind};
 
-use super::deleter::{self, DeleteJob};
 use super::entry::{Entry, KeyEntry, Location, LocationState};
 use super::error::{invalid, ManagerError, ManagerResult};
 use super::feed::StateChange;
@@ -149,15 +148,7 @@ impl Manager {
     /// WRITING → DELETING for these writes, then queues their deletion.
     fn fail_writes(&self, instance: &Arc<Instance>, writes: &[&PendingWrite]) -> ManagerResult<()> {
         let moved = self.move_writes(instance, writes, LocationState::Deleting)?;
-        let jobs = moved
-            .into_iter()
-            .map(|(key, location)| DeleteJob {
-                instance: instance.clone(),
-                key,
-                location,
-            })
-            .collect();
-        deleter::enqueue(&self.deletes, jobs);
+        self.delete_later(instance, moved);
         Ok(())
     }
 
