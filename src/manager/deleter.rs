@@ -81,13 +81,18 @@ fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
     });
     match result {
         Err(error) => tracing::warn!(%error, key = job.key, "removing a deleted location failed"),
-        Ok(()) if removed => feed.publish(StateChange {
-            instance_id: job.instance.id().clone(),
-            key: job.key,
-            location_id: id.clone(),
-            from: Some(LocationState::Deleting),
-            to: None,
-        }),
+        Ok(()) if removed => {
+            let cache_location = &job.location.cache_location;
+            let bytes = job.instance.location_bytes(cache_location);
+            job.instance.usage().add(cache_location.r#type, -bytes);
+            feed.publish(StateChange {
+                instance_id: job.instance.id().clone(),
+                key: job.key,
+                location_id: id.clone(),
+                from: Some(LocationState::Deleting),
+                to: None,
+            })
+        }
         Ok(()) => {}
     }
 }

@@ -24,6 +24,7 @@ mod leader;
 mod local_index;
 pub mod mask;
 pub mod query;
+mod quota;
 mod read;
 mod remove;
 mod sessions;

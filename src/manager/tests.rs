@@ -222,6 +222,41 @@ fn the_group_quota_stops_writes_at_capacity() {
 }
 
 #[test]
+fn a_type_quota_excludes_its_type_until_deletes_free_room() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let mut group = fx.manager.group("g").expect("group");
+    group.version = 2;
+    group.quota = Some(admin::InstanceGroupQuota {
+        capacity: i64::MAX,
+        quota_config: vec![admin::QuotaConfig {
+            storage_type: admin::StorageType::StNfs as i32,
+            capacity: 200,
+        }],
+    });
+    fx.manager.update_group(group, 1).expect("update");
+    let first = fx
+        .manager
+        .start_write(&instance, vec![1, 2], &[], 30)
+        .expect("200 bytes");
+    let refused = fx.manager.start_write(&instance, vec![3], &[], 30);
+    assert!(
+        matches!(refused, Err(ManagerError::NoSpace(_))),
+        "{refused:?}"
+    );
+    fx.manager
+        .finish_write(&instance, &first.session_id, &BlockMask::Offset(0))
+        .expect("fail both blocks");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fx.manager.start_write(&instance, vec![3], &[], 30).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleter never released the bytes"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
 fn an_always_strategy_without_a_matching_storage_refuses_writes() {
     let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsAlwaysMooncake);
     let refused = fx.manager.start_write(&instance, vec![1], &[], 30);

@@ -15,7 +15,7 @@ use super::feed::StateChange;
 use super::instance::Instance;
 use super::mask::BlockMask;
 use super::sessions::{random_id, PendingWrite, Session};
-use super::{read_lock, Manager};
+use super::Manager;
 use crate::proto::{admin, meta, storage as wire};
 
 /// How long a session with nothing to write is kept.
@@ -251,6 +251,9 @@ impl Manager {
             return Err(error.into());
         }
         for (key, location) in new_locations {
+            let cache_location = &location.cache_location;
+            let bytes = instance.location_bytes(cache_location);
+            instance.usage().add(cache_location.r#type, bytes);
             self.feed.publish(StateChange {
                 instance_id: instance.id().clone(),
                 key: *key,
@@ -263,15 +266,20 @@ impl Manager {
     }
 
     /// The storage a write of this instance goes to (wire fact sheet §16.3): the group quota
-    /// must have room; candidates are the group's registered, available storages; the
-    /// group's preference strategy picks among them.
+    /// must have room; candidates are the group's registered, available storages whose type
+    /// quota has room; the group's preference strategy picks among them.
     fn choose_backend(
         &self,
         instance: &Instance,
     ) -> ManagerResult<(Arc<str>, Arc<dyn DataStorage>)> {
         let group = self.group(instance.group())?;
-        self.check_group_quota(&group)?;
-        let candidates = self.storages.available(&group.storage_candidates);
+        let usage = self.group_usage_with_room(&group)?;
+        let candidates: Vec<_> = self
+            .storages
+            .available(&group.storage_candidates)
+            .into_iter()
+            .filter(|backend| usage.has_room(&group, backend.kind()))
+            .collect();
         let strategy = group
             .cache_config
             .as_ref()
@@ -293,25 +301,6 @@ impl Manager {
             backend.config().global_unique_name.as_str().into(),
             backend.clone(),
         ))
-    }
-
-    /// Refuses writes when the group's byte usage reached its capacity (capacity 0 = none).
-    fn check_group_quota(&self, group: &admin::InstanceGroup) -> ManagerResult<()> {
-        let capacity = group.quota.as_ref().map_or(0, |q| q.capacity);
-        let mut usage = 0i64;
-        for instance in read_lock(&self.instances).values() {
-            if instance.group() == group.name {
-                let keys = instance.index.len()? as i64;
-                usage = usage.saturating_add(keys.saturating_mul(instance.block_bytes()));
-            }
-        }
-        if capacity < 0 || usage >= capacity {
-            return Err(ManagerError::NoSpace(format!(
-                "group {:?} uses {usage} of its {capacity} bytes",
-                group.name
-            )));
-        }
-        Ok(())
     }
 }
 
