@@ -49,18 +49,7 @@ pub fn enqueue(sender: &Sender<DeleteJob>, jobs: Vec<DeleteJob>) {
 }
 
 fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
-    let uris: Vec<String> = job
-        .location
-        .cache_location
-        .location_specs
-        .iter()
-        .map(|s| s.uri.clone())
-        .collect();
-    if let Some(backend) = storages.backend(&job.location.storage_name) {
-        if let Err(error) = backend.delete(&uris) {
-            tracing::warn!(%error, key = job.key, "freeing block bytes failed");
-        }
-    }
+    free_bytes(job, storages);
     let id = &job.location.id;
     let mut removed = false;
     let result = job.instance.index.read_modify_write(&[job.key], &mut |_,
@@ -69,13 +58,13 @@ fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
     >| {
         match current.and_then(|entry| entry.without_deleting(id)) {
             None => Modify::Keep,
+            Some(rest) if rest.locations.is_empty() => {
+                removed = true;
+                Modify::Delete
+            }
             Some(rest) => {
                 removed = true;
-                if rest.locations.is_empty() {
-                    Modify::Delete
-                } else {
-                    Modify::Put(Arc::new(rest))
-                }
+                Modify::Put(Arc::new(rest))
             }
         }
     });
@@ -94,5 +83,21 @@ fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
             })
         }
         Ok(()) => {}
+    }
+}
+
+/// Asks the location's storage (if still registered) to free its bytes.
+fn free_bytes(job: &DeleteJob, storages: &StorageTable) {
+    let uris: Vec<String> = job
+        .location
+        .cache_location
+        .location_specs
+        .iter()
+        .map(|s| s.uri.clone())
+        .collect();
+    if let Some(backend) = storages.backend(&job.location.storage_name) {
+        if let Err(error) = backend.delete(&uris) {
+            tracing::warn!(%error, key = job.key, "freeing block bytes failed");
+        }
     }
 }

@@ -49,23 +49,11 @@ impl Manager {
             .iter()
             .map(|e| e.as_ref().is_some_and(|e| !e.locations.is_empty()))
             .collect();
-        let blocks: Vec<BlockToAllocate> = keys
-            .iter()
-            .zip(&present)
-            .enumerate()
-            .filter(|(_, (_, &present))| !present)
-            .map(|(i, (&key, _))| BlockToAllocate {
-                key,
-                spec_indexes: spec_indexes[i].clone(),
-            })
-            .collect();
+        let blocks = absent_blocks(&keys, &present, spec_indexes);
         let mask = BlockMask::from_presence(present);
         if blocks.is_empty() {
-            let session_id = self.sessions.open(Session {
-                instance: instance.clone(),
-                writes: Vec::new(),
-                deadline: Instant::now() + EMPTY_SESSION_LIFETIME,
-            });
+            let deadline = Instant::now() + EMPTY_SESSION_LIFETIME;
+            let session_id = self.open_session(instance, &[], deadline);
             return Ok(WriteStart {
                 session_id,
                 mask,
@@ -76,18 +64,7 @@ impl Manager {
         let new_locations = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
         self.insert_writing(instance, backend.as_ref(), &new_locations)?;
         let deadline = Instant::now() + Duration::from_secs(timeout_seconds.max(0) as u64);
-        let writes = new_locations
-            .iter()
-            .map(|(key, l)| PendingWrite {
-                key: *key,
-                location_id: l.id.clone(),
-            })
-            .collect();
-        let session_id = self.sessions.open(Session {
-            instance: instance.clone(),
-            writes,
-            deadline,
-        });
+        let session_id = self.open_session(instance, &new_locations, deadline);
         let locations = new_locations
             .into_iter()
             .map(|(_, l)| l.cache_location)
@@ -96,6 +73,27 @@ impl Manager {
             session_id,
             mask,
             locations,
+        })
+    }
+
+    /// Opens the session that owns these new WRITING locations.
+    fn open_session(
+        &self,
+        instance: &Arc<Instance>,
+        new_locations: &[(BlockKey, Location)],
+        deadline: Instant,
+    ) -> String {
+        let writes = new_locations
+            .iter()
+            .map(|(key, l)| PendingWrite {
+                key: *key,
+                location_id: l.id.clone(),
+            })
+            .collect();
+        self.sessions.open(Session {
+            instance: instance.clone(),
+            writes,
+            deadline,
         })
     }
 
@@ -350,6 +348,20 @@ fn spec_indexes_per_key(
                 .filter(|&i| group.spec_names.contains(&instance.specs()[i].name))
                 .collect())
         })
+        .collect()
+}
+
+/// The blocks to allocate: the absent keys, in request order, with their parts.
+fn absent_blocks(
+    keys: &[BlockKey],
+    present: &[bool],
+    spec_indexes: Vec<Vec<usize>>,
+) -> Vec<BlockToAllocate> {
+    keys.iter()
+        .zip(present)
+        .zip(spec_indexes)
+        .filter(|((_, &present), _)| !present)
+        .map(|((&key, _), spec_indexes)| BlockToAllocate { key, spec_indexes })
         .collect()
 }
 

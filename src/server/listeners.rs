@@ -85,26 +85,23 @@ pub async fn start(
     let limit = config.http_max_body_bytes;
     let debug = config.enable_debug_service;
 
-    let mut grpc = Server::builder().add_service(MetaServiceServer::new(handlers.meta.clone()));
-    if config.admin_rpc_shared() {
-        let admin = grpc.add_service(AdminServiceServer::new(handlers.admin.clone()));
-        grpc = if debug {
-            admin.add_service(DebugServiceServer::new(handlers.debug.clone()))
-        } else {
-            admin
-        };
-    }
+    let shared = config.admin_rpc_shared();
+    let admin_service = || AdminServiceServer::new(handlers.admin.clone());
+    let debug_service = || DebugServiceServer::new(handlers.debug.clone());
+    let grpc = Server::builder()
+        .add_service(MetaServiceServer::new(handlers.meta.clone()))
+        .add_optional_service(shared.then(admin_service))
+        .add_optional_service((shared && debug).then(debug_service));
     server
         .spawn_grpc("grpc", config.rpc_port, grpc, &stop_rx)
         .await?;
-    if !config.admin_rpc_shared() {
-        let mut admin =
-            Server::builder().add_service(AdminServiceServer::new(handlers.admin.clone()));
-        if debug {
-            admin = admin.add_service(DebugServiceServer::new(handlers.debug.clone()));
-        }
+    if !shared {
+        let admin_grpc = Server::builder()
+            .add_service(admin_service())
+            .add_optional_service(debug.then(debug_service));
+        let port = config.admin_rpc_port;
         server
-            .spawn_grpc("admin_grpc", config.admin_rpc_port, admin, &stop_rx)
+            .spawn_grpc("admin_grpc", port, admin_grpc, &stop_rx)
             .await?;
     }
     let meta_http = http::meta_router(handlers.meta.clone(), limit);
