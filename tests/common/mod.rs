@@ -57,6 +57,16 @@ impl TestServer {
 
     /// Starts a server with extra `--env key=value` settings.
     pub async fn start_with(extra: &[&str]) -> TestServer {
+        let settings: Vec<String> = extra
+            .iter()
+            .flat_map(|s| ["--env".to_string(), s.to_string()])
+            .collect();
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        Self::start_custom(&settings, &[]).await
+    }
+
+    /// Starts a server with extra command-line arguments and environment variables.
+    pub async fn start_custom(args: &[&str], envs: &[(&str, &str)]) -> TestServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
         let mut command = Command::new(env!("CARGO_BIN_EXE_kvcm"));
@@ -72,9 +82,10 @@ impl TestServer {
             "kvcm.service.admin_http_port=0",
             "kvcm.service.enable_debug_service=true",
         ];
-        for setting in defaults.iter().chain(extra) {
+        for setting in defaults {
             command.arg("--env").arg(setting);
         }
+        command.args(args).envs(envs.iter().copied());
         let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -104,6 +115,11 @@ impl TestServer {
     /// The address of a listener (`grpc`, `http`, `admin_http`, `debug_http`).
     pub fn address(&self, listener: &str) -> SocketAddr {
         self.addresses[listener]
+    }
+
+    /// Whether a listener was started.
+    pub fn has_listener(&self, listener: &str) -> bool {
+        self.addresses.contains_key(listener)
     }
 
     /// Whether the process is still running.
