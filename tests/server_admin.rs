@@ -396,6 +396,28 @@ async fn unimplemented_and_logger_calls_answer_documented_codes() {
 }
 
 #[tokio::test]
+async fn update_logger_changes_the_level_of_the_running_server() {
+    let server = TestServer::start().await;
+    server.admin_http("listAccount", json!({})).await;
+    assert!(server.log().contains("listening grpc on"));
+    assert!(
+        !server.log().contains("served"),
+        "INFO hides per-request lines"
+    );
+    let updated = server
+        .admin_http("updateLogger", json!({"log_level": "debug"}))
+        .await;
+    assert_eq!(code(&updated), "OK");
+    server.admin_http("listAccount", json!({})).await;
+    let logged = wait_until(Duration::from_secs(5), async || {
+        let log = server.log();
+        (log.contains("served") && log.contains("ListAccount")).then_some(())
+    })
+    .await;
+    assert!(logged.is_some(), "DEBUG shows them: {}", server.log());
+}
+
+#[tokio::test]
 async fn admin_and_debug_grpc_share_the_main_port() {
     let server = TestServer::start().await;
     let mut client = server.admin().await;

@@ -67,7 +67,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let (grpc, http, echo_grpc, echo_http) = server_runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
-        let server = kvcm::server::start(&config, manager).await?;
+        let handlers = kvcm::service::Handlers::new(manager, None);
+        let server = kvcm::server::start(&config, handlers).await?;
         let answers = seed(&server.handlers.meta)?;
         let bodies = answers
             .iter()

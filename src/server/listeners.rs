@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
@@ -15,7 +14,6 @@ use tonic::transport::Server;
 
 use super::ServerError;
 use crate::config::ServerConfig;
-use crate::manager::Manager;
 use crate::proto::admin::admin_service_server::AdminServiceServer;
 use crate::proto::debug::debug_service_server::DebugServiceServer;
 use crate::proto::meta::meta_service_server::MetaServiceServer;
@@ -69,12 +67,11 @@ pub fn nodelay_incoming(
     })
 }
 
-/// Binds and serves every listener of `config` for `manager`.
+/// Binds and serves every listener of `config` with these handlers.
 pub async fn start(
     config: &ServerConfig,
-    manager: Arc<Manager>,
+    handlers: Handlers,
 ) -> Result<RunningServer, ServerError> {
-    let handlers = Handlers::new(manager);
     let (stop, stop_rx) = watch::channel(false);
     let mut server = RunningServer {
         addresses: BTreeMap::new(),

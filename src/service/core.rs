@@ -24,7 +24,6 @@ pub enum Rules {
 }
 
 /// What every handler shares.
-#[derive(Debug)]
 pub struct Core {
     /// The manager.
     pub manager: Arc<Manager>,
@@ -32,6 +31,14 @@ pub struct Core {
     pub metrics: Metrics,
     /// Debug fault injection.
     pub faults: Faults,
+    /// Where UpdateLogger applies a level (`None`: the level is fixed).
+    pub log_level: Option<super::LogLevelSetter>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core").finish_non_exhaustive()
+    }
 }
 
 /// A successful result and its status message.
@@ -64,7 +71,9 @@ impl Core {
             Err((code, message)) => (R::default(), code, message),
         };
         reply.set_header(code, message, request_id(trace_id));
-        self.metrics.record(api, started.elapsed());
+        let elapsed = started.elapsed();
+        tracing::debug!(api, ?code, micros = elapsed.as_micros() as u64, "served");
+        self.metrics.record(api, elapsed);
         reply
     }
 

@@ -53,6 +53,9 @@ pub const API_NAMES: [&str; 32] = [
     "UpdateLogger",
 ];
 
+/// Applies a new log level; installed by the binary that owns the log subscriber.
+pub type LogLevelSetter = Arc<dyn Fn(tracing::Level) -> Result<(), String> + Send + Sync>;
+
 /// The three handlers over one shared core.
 #[derive(Debug, Clone)]
 pub struct Handlers {
@@ -67,12 +70,13 @@ pub struct Handlers {
 }
 
 impl Handlers {
-    /// Handlers serving this manager.
-    pub fn new(manager: Arc<Manager>) -> Self {
+    /// Handlers serving this manager; `log_level` makes UpdateLogger effective.
+    pub fn new(manager: Arc<Manager>, log_level: Option<LogLevelSetter>) -> Self {
         let core = Arc::new(core::Core {
             manager,
             metrics: metrics::Metrics::new(&API_NAMES),
             faults: faults::Faults::default(),
+            log_level,
         });
         Handlers {
             meta: meta::MetaHandler::new(core.clone()),

@@ -86,9 +86,10 @@ impl TestServer {
             command.arg("--env").arg(setting);
         }
         command.args(args).envs(envs.iter().copied());
+        let log = std::fs::File::create(dir.path().join("stderr.log")).expect("log file");
         let child = command
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn kvcm serve");
         let mut server = TestServer {
@@ -115,6 +116,11 @@ impl TestServer {
     /// The address of a listener (`grpc`, `http`, `admin_http`, `debug_http`).
     pub fn address(&self, listener: &str) -> SocketAddr {
         self.addresses[listener]
+    }
+
+    /// What the server logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
     }
 
     /// Whether a listener was started.
