@@ -270,8 +270,19 @@ async fn metrics_count_every_api_over_rpc_and_prometheus() {
         )
         .await;
     server.admin_http("listStorage", json!({})).await;
+    server.register("inst", 16).await;
+    let query = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": [1]});
+    server.meta_http("getCacheLocation", query).await;
     let metrics = server.admin_http("getMetrics", json!({})).await;
     assert_eq!(code(&metrics), "OK");
+    let per_instance = metrics["metrics"].as_array().unwrap().iter().any(|m| {
+        m["metric_name"] == "service.query_counter"
+            && m["metric_tags"]
+                == json!([{"tag_key": "api_name", "tag_value": "GetCacheLocation"},
+                          {"tag_key": "instance_group", "tag_value": "default"},
+                          {"tag_key": "instance_id", "tag_value": "inst"}])
+    });
+    assert!(per_instance, "per-instance series: {metrics}");
     assert!(
         metrics["timestamp"].is_string(),
         "int64 printed as a string"

@@ -3,7 +3,7 @@
 //! metrics. Handlers only convert wire requests into manager calls and results back.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::faults::Faults;
 use super::metrics::Metrics;
@@ -54,6 +54,20 @@ impl Core {
         leader_only: bool,
         op: impl FnOnce() -> Outcome<R>,
     ) -> R {
+        let (reply, elapsed) = self.answer(api, trace_id, rules, leader_only, op);
+        self.metrics.record(api, elapsed);
+        reply
+    }
+
+    /// The reply of one RPC and how long it took (no metrics recorded).
+    fn answer<R: Reply>(
+        &self,
+        api: &'static str,
+        trace_id: &str,
+        rules: Rules,
+        leader_only: bool,
+        op: impl FnOnce() -> Outcome<R>,
+    ) -> (R, Duration) {
         let started = Instant::now();
         let result = if leader_only && !self.manager.leadership().is_leader() {
             let error = ManagerError::NotLeader;
@@ -73,8 +87,7 @@ impl Core {
         reply.set_header(code, message, request_id(trace_id));
         let elapsed = started.elapsed();
         tracing::debug!(api, ?code, micros = elapsed.as_micros() as u64, "served");
-        self.metrics.record(api, elapsed);
-        reply
+        (reply, elapsed)
     }
 
     /// A meta RPC on one instance: unknown instance → INSTANCE_NOT_EXIST before anything
@@ -90,10 +103,13 @@ impl Core {
             let mut reply = R::default();
             let message = format!("get {api} metrics collector failed");
             reply.set_header(ErrorCode::InstanceNotExist, message, String::new());
-            self.metrics.record(api, std::time::Duration::ZERO);
+            self.metrics.record(api, Duration::ZERO);
             return reply;
         };
-        self.call(api, trace_id, Rules::Meta, true, || op(instance))
+        let (id, group) = (instance.id().clone(), instance.group().to_string());
+        let (reply, elapsed) = self.answer(api, trace_id, Rules::Meta, true, || op(instance));
+        self.metrics.record_instance(api, &id, &group, elapsed);
+        reply
     }
 }
 

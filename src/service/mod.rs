@@ -53,6 +53,16 @@ pub const API_NAMES: [&str; 32] = [
     "UpdateLogger",
 ];
 
+/// The meta APIs counted per instance as well.
+pub const INSTANCE_API_NAMES: [&str; 6] = [
+    "GetCacheMeta",
+    "GetCacheLocation",
+    "StartWriteCache",
+    "FinishWriteCache",
+    "RemoveCache",
+    "TrimCache",
+];
+
 /// Applies a new log level; installed by the binary that owns the log subscriber.
 pub type LogLevelSetter = Arc<dyn Fn(tracing::Level) -> Result<(), String> + Send + Sync>;
 
@@ -74,7 +84,7 @@ impl Handlers {
     pub fn new(manager: Arc<Manager>, log_level: Option<LogLevelSetter>) -> Self {
         let core = Arc::new(core::Core {
             manager,
-            metrics: metrics::Metrics::new(&API_NAMES),
+            metrics: metrics::Metrics::new(&API_NAMES, &INSTANCE_API_NAMES),
             faults: faults::Faults::default(),
             log_level,
         });
