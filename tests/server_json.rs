@@ -194,6 +194,23 @@ async fn every_meta_rpc_answers_the_canonical_json() {
 }
 
 #[tokio::test]
+async fn a_span_tracer_trace_id_gets_the_timings_in_tracer_result() {
+    let server = TestServer::start().await;
+    server.register("inst", 16).await;
+    let answer = server
+        .meta_http(
+            "getCacheLocation",
+            json!({"trace_id": "t1__kvcm_need_span_tracer", "instance_id": "inst",
+                   "query_type": "QT_BATCH_GET", "block_keys": [1]}),
+        )
+        .await;
+    let spans: Value =
+        serde_json::from_str(answer["header"]["tracer_result"].as_str().unwrap()).unwrap();
+    assert_eq!(spans["name"], "GetCacheLocation");
+    assert!(spans["duration_us"].is_u64(), "{spans}");
+}
+
+#[tokio::test]
 async fn unknown_instance_answers_instance_not_exist_with_an_empty_request_id() {
     let server = TestServer::start().await;
     let (status, raw) = server
