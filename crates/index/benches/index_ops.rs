@@ -1,18 +1,22 @@
 //! LocalIndex batch get (16 and 128 keys) and read_modify_write (16 keys) on one core, and a
-//! batch get of 16 through a warm `CachedIndex` (every key a hit), each beside its floor measured in the same run: the same batch against a plain single-threaded
-//! `std::collections::HashMap`. After each group the median time per batch of both, the
-//! throughput in keys per second per core and the ratio to the floor are printed.
+//! batch get of 16 through a warm `CachedIndex` (every key a hit), each beside its floor
+//! measured in the same run: the same batch against a plain single-threaded
+//! `std::collections::HashMap`.
+//!
+//! Criterion measures each side on its own. Because the machine is shared, the printed
+//! `RESULT` line comes from a paired measurement instead: rounds of index batches and floor
+//! batches interleaved (alternating which goes first), so both sides see the same load; it
+//! prints the median time per batch of each, keys/s per core and the median per-round ratio.
 //!
 //! Run: `cargo bench -p kvcm-index --bench index_ops` (`KVCM_BENCH_KEYS=4096` to measure with
 //! an index that fits in the CPU caches; default 1 Mi keys).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{Bencher, Criterion, Throughput};
+use criterion::{Criterion, Throughput};
 use kvcm_index::{CacheConfig, CachedIndex, LocalIndex, LocalIndexConfig, MetaIndex, Modify};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -22,6 +26,12 @@ type Value = Arc<[u8; 32]>;
 
 /// Keys stored in both the index and the floor map, unless `KVCM_BENCH_KEYS` says otherwise.
 const STORED_KEYS: usize = 1 << 20;
+
+/// Rounds of the paired measurement.
+const PAIRED_ROUNDS: usize = 101;
+
+/// Keys per side per round of the paired measurement.
+const KEYS_PER_ROUND: usize = 32_768;
 
 fn stored_keys() -> usize {
     let configured = std::env::var("KVCM_BENCH_KEYS")
@@ -38,12 +48,6 @@ struct Fixture {
     floor: HashMap<i64, Value>,
 }
 
-impl Fixture {
-    fn index(&self) -> &LocalIndex<Value> {
-        self.cached.inner()
-    }
-}
-
 fn fixture() -> Fixture {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut keys: Vec<i64> = (0..stored_keys()).map(|_| rng.random()).collect();
@@ -55,14 +59,12 @@ fn fixture() -> Fixture {
         index.put(chunk.to_vec()).expect("fill");
     }
     let capacity = keys.len() * 2; // room for uneven shards: every key stays cached
-    let cached = CachedIndex::new(
-        index,
-        CacheConfig {
-            shard_bits: 8,
-            capacity,
-        },
-    )
-    .expect("cache");
+    let config = CacheConfig {
+        shard_bits: 8,
+        capacity,
+    };
+    let cached = CachedIndex::new(index, config).expect("cache");
+    cached.get(&keys).expect("warm the cache");
     let floor = entries.into_iter().collect();
     Fixture {
         keys,
@@ -77,123 +79,155 @@ fn batch(keys: &[i64], size: usize, n: usize) -> &[i64] {
     &keys[start..start + size]
 }
 
-/// Times `iters` calls of `routine` and records the time per call.
-fn timed(bencher: &mut Bencher, record: &RefCell<Vec<f64>>, mut routine: impl FnMut(usize)) {
-    bencher.iter_custom(|iters| {
-        let start = Instant::now();
-        for n in 0..iters as usize {
-            routine(n);
-        }
-        let elapsed = start.elapsed();
-        record
-            .borrow_mut()
-            .push(elapsed.as_nanos() as f64 / iters as f64);
-        elapsed
-    });
-}
-
-fn median(samples: &RefCell<Vec<f64>>) -> f64 {
-    let mut samples = samples.borrow().clone();
+fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
     samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn report(name: &str, batch_size: usize, local: &RefCell<Vec<f64>>, floor: &RefCell<Vec<f64>>) {
-    if local.borrow().is_empty() || floor.borrow().is_empty() {
-        return; // filtered out on the command line
+/// Nanoseconds per batch of `batches` calls of `run` from batch number `first`.
+fn time_batches(first: usize, batches: usize, run: &mut dyn FnMut(usize)) -> f64 {
+    let start = Instant::now();
+    for n in first..first + batches {
+        run(n);
     }
-    let (local_ns, floor_ns) = (median(local), median(floor));
+    start.elapsed().as_nanos() as f64 / batches as f64
+}
+
+/// Interleaved rounds of `index` and `floor` over the same batches; prints the RESULT line.
+fn paired(
+    name: &str,
+    batch_size: usize,
+    index: &mut dyn FnMut(usize),
+    floor: &mut dyn FnMut(usize),
+) {
+    let per_round = KEYS_PER_ROUND / batch_size;
+    let (mut index_ns, mut floor_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..PAIRED_ROUNDS {
+        let first = round * per_round;
+        let (index_time, floor_time) = if round % 2 == 0 {
+            let index_time = time_batches(first, per_round, index);
+            (index_time, time_batches(first, per_round, floor))
+        } else {
+            let floor_time = time_batches(first, per_round, floor);
+            (time_batches(first, per_round, index), floor_time)
+        };
+        index_ns.push(index_time);
+        floor_ns.push(floor_time);
+        ratios.push(index_time / floor_time);
+    }
+    let (index_ns, floor_ns) = (median(index_ns), median(floor_ns));
     let keys_per_s = |ns: f64| batch_size as f64 / ns * 1e3;
     println!(
-        "RESULT {name}: index {local_ns:.0} ns/batch = {:.1} M keys/s/core; \
-         floor HashMap {floor_ns:.0} ns/batch = {:.1} M keys/s; ratio {:.2}x the floor",
-        keys_per_s(local_ns),
+        "RESULT {name}: index {index_ns:.0} ns/batch = {:.1} M keys/s/core; \
+         floor HashMap {floor_ns:.0} ns/batch = {:.1} M keys/s; \
+         ratio {:.2}x the floor (median of {PAIRED_ROUNDS} interleaved rounds)",
+        keys_per_s(index_ns),
         keys_per_s(floor_ns),
-        local_ns / floor_ns
+        median(ratios)
     );
 }
 
-/// Where a get bench reads from.
-#[derive(Clone, Copy)]
-enum Reader {
-    Local,
-    WarmCache,
-}
-
-fn bench_get(c: &mut Criterion, fixture: &Fixture, batch_size: usize, reader: Reader) {
-    let name = match reader {
-        Reader::Local => format!("get_{batch_size}"),
-        Reader::WarmCache => format!("get_{batch_size}_cached_hits"),
-    };
-    let index: &dyn MetaIndex<Value> = match reader {
-        Reader::Local => fixture.index(),
-        Reader::WarmCache => {
-            fixture.cached.get(&fixture.keys).expect("warm the cache");
-            &fixture.cached
-        }
-    };
-    let (local, floor) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
-    let mut group = c.benchmark_group(&name);
+/// Runs criterion on both sides, then the paired measurement.
+fn compare(
+    c: &mut Criterion,
+    name: &str,
+    batch_size: usize,
+    index: &mut dyn FnMut(usize),
+    floor: &mut dyn FnMut(usize),
+) {
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(batch_size as u64));
-    group.bench_function("local_index", |b| {
-        timed(b, &local, |n| {
-            black_box(index.get(batch(&fixture.keys, batch_size, n)).expect("get"));
+    let mut n = 0;
+    group.bench_function("index", |b| {
+        b.iter(|| {
+            index(n);
+            n += 1;
         })
     });
     group.bench_function("floor_hashmap", |b| {
-        timed(b, &floor, |n| {
-            let keys = batch(&fixture.keys, batch_size, n);
-            let values: Vec<Option<Value>> =
-                keys.iter().map(|k| fixture.floor.get(k).cloned()).collect();
-            black_box(values);
+        b.iter(|| {
+            floor(n);
+            n += 1;
         })
     });
     group.finish();
-    report(&name, batch_size, &local, &floor);
+    paired(name, batch_size, index, floor);
+}
+
+fn bench_get(
+    c: &mut Criterion,
+    fixture: &Fixture,
+    batch_size: usize,
+    index: &dyn MetaIndex<Value>,
+    name: &str,
+) {
+    let keys = &fixture.keys;
+    let mut from_index = |n| {
+        black_box(index.get(batch(keys, batch_size, n)).expect("get"));
+    };
+    let mut from_floor = |n| {
+        let values: Vec<Option<Value>> = batch(keys, batch_size, n)
+            .iter()
+            .map(|k| fixture.floor.get(k).cloned())
+            .collect();
+        black_box(values);
+    };
+    compare(c, name, batch_size, &mut from_index, &mut from_floor);
 }
 
 fn bench_read_modify_write(c: &mut Criterion, fixture: &mut Fixture, batch_size: usize) {
-    let name = format!("read_modify_write_{batch_size}");
-    let (local, floor) = (RefCell::new(Vec::new()), RefCell::new(Vec::new()));
     let fresh: Value = Arc::new([2; 32]);
-    let mut group = c.benchmark_group(&name);
-    group.throughput(Throughput::Elements(batch_size as u64));
-    group.bench_function("local_index", |b| {
-        timed(b, &local, |n| {
-            let keys = batch(&fixture.keys, batch_size, n);
-            let mut replace =
-                |_, current: Option<&Value>| Modify::Put(current.unwrap_or(&fresh).clone());
-            fixture
-                .index()
-                .read_modify_write(keys, &mut replace)
-                .expect("rmw");
-        })
-    });
     let Fixture {
-        keys, floor: map, ..
+        keys,
+        cached,
+        floor,
     } = fixture;
-    group.bench_function("floor_hashmap", |b| {
-        timed(b, &floor, |n| {
-            for &key in batch(keys, batch_size, n) {
-                let value = map.get(&key).unwrap_or(&fresh).clone();
-                map.insert(key, value);
-            }
-        })
-    });
-    group.finish();
-    report(&name, batch_size, &local, &floor);
+    let index = cached.inner();
+    let mut in_index = |n| {
+        let mut replace =
+            |_, current: Option<&Value>| Modify::Put(current.unwrap_or(&fresh).clone());
+        index
+            .read_modify_write(batch(keys, batch_size, n), &mut replace)
+            .expect("rmw");
+    };
+    let mut in_floor = |n| {
+        for &key in batch(keys, batch_size, n) {
+            let value = floor.get(&key).unwrap_or(&fresh).clone();
+            floor.insert(key, value);
+        }
+    };
+    let name = format!("read_modify_write_{batch_size}");
+    compare(c, &name, batch_size, &mut in_index, &mut in_floor);
 }
 
 fn main() {
     let mut criterion = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(30)
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20)
         .configure_from_args();
     let mut fixture = fixture();
-    bench_get(&mut criterion, &fixture, 16, Reader::Local);
-    bench_get(&mut criterion, &fixture, 128, Reader::Local);
-    bench_get(&mut criterion, &fixture, 16, Reader::WarmCache);
+    bench_get(
+        &mut criterion,
+        &fixture,
+        16,
+        fixture.cached.inner(),
+        "get_16",
+    );
+    bench_get(
+        &mut criterion,
+        &fixture,
+        128,
+        fixture.cached.inner(),
+        "get_128",
+    );
+    bench_get(
+        &mut criterion,
+        &fixture,
+        16,
+        &fixture.cached,
+        "get_16_cached_hits",
+    );
     bench_read_modify_write(&mut criterion, &mut fixture, 16);
     criterion.final_summary();
 }

@@ -10,6 +10,8 @@ mod kind;
 mod names;
 mod packing;
 mod registry;
+#[cfg(test)]
+mod test_support;
 mod uri;
 mod validate;
 

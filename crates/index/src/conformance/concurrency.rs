@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Value;
-use crate::{BlockKey, MetaIndex, Modify};
+use crate::{BlockKey, MetaIndex, Modify, ScanCursor};
 
 const THREADS: usize = 8;
 const ROUNDS: usize = 300;
@@ -61,7 +61,8 @@ pub fn check_concurrent_increments<I: MetaIndex<Value> + 'static>(index: I) {
     assert_eq!(total, (THREADS * ROUNDS * 5) as Value);
 }
 
-/// Batches over the same keys in opposite orders, and over overlapping key ranges, all finish.
+/// Batches over the same keys in opposite orders and rotations, interleaved with samples and
+/// scans (which may lock many shards), all finish.
 pub fn check_opposite_order_batches<I: MetaIndex<Value> + 'static>(index: I) {
     let keys: Vec<BlockKey> = (0..64).map(|n| n * 0x0123_4567_89ab).collect();
     let index = Arc::new(index);
@@ -81,6 +82,8 @@ pub fn check_opposite_order_batches<I: MetaIndex<Value> + 'static>(index: I) {
                 })
                 .expect("rmw");
             index.get(&batch).expect("get");
+            index.sample(8).expect("sample");
+            index.scan(ScanCursor::START, 16).expect("scan");
         }
     });
     assert_eq!(index.len().expect("len"), 64);

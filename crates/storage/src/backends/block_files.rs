@@ -232,7 +232,7 @@ impl DataStorage for BlockFileStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{BlockSpec, BlockToAllocate};
+    use crate::test_support::{blocks, specs};
 
     fn nfs_01(key_count_per_file: i32) -> BlockFileStorage {
         let config = StorageConfig {
@@ -247,17 +247,7 @@ mod tests {
     }
 
     fn uris_of(storage: &BlockFileStorage, keys: &[i64]) -> Vec<String> {
-        let specs = [BlockSpec {
-            name: "tp0".to_string(),
-            size: 1024,
-        }];
-        let blocks: Vec<BlockToAllocate> = keys
-            .iter()
-            .map(|&key| BlockToAllocate {
-                key,
-                spec_indexes: vec![0],
-            })
-            .collect();
+        let (specs, blocks) = (specs(&[1024]), blocks(keys, &[0]));
         let request = AllocationRequest {
             instance_id: "instance1",
             specs: &specs,
@@ -292,14 +282,7 @@ mod tests {
 
     #[test]
     fn parts_too_big_for_a_file_are_refused() {
-        let specs = [BlockSpec {
-            name: "tp0".to_string(),
-            size: i64::MAX / 4,
-        }];
-        let blocks = [BlockToAllocate {
-            key: 1,
-            spec_indexes: vec![0],
-        }];
+        let (specs, blocks) = (specs(&[i64::MAX / 4]), blocks(&[1], &[0]));
         let request = AllocationRequest {
             instance_id: "i",
             specs: &specs,

@@ -1,25 +1,8 @@
 //! Packing order and request checks.
 
 use super::*;
+use crate::test_support::{blocks, specs};
 use crate::{BlockSpec, BlockToAllocate};
-
-fn specs(sizes: &[i64]) -> Vec<BlockSpec> {
-    let named = sizes.iter().enumerate();
-    named
-        .map(|(i, &size)| BlockSpec {
-            name: format!("tp{i}"),
-            size,
-        })
-        .collect()
-}
-
-fn blocks(keys: &[i64], spec_indexes: &[usize]) -> Vec<BlockToAllocate> {
-    let block = |&key: &i64| BlockToAllocate {
-        key,
-        spec_indexes: spec_indexes.to_vec(),
-    };
-    keys.iter().map(block).collect()
-}
 
 /// Each file as the list of its (key, spec name) members.
 fn layout(request: &AllocationRequest<'_>, per_file: i32) -> Vec<Vec<(i64, String)>> {
