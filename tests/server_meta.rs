@@ -180,6 +180,24 @@ async fn token_ids_hash_to_the_fact_sheet_vectors() {
     assert_eq!(code(&start), "OK");
     let keys = [-8366447769517782587i64, 5066797075115955342];
     assert_eq!(server.statuses("b2", &keys).await, vec!["CLS_WRITING"; 2]);
+
+    server.register("b1", 1).await;
+    for tokens in [vec![456], vec![100, 101, 102]] {
+        let start = server
+            .meta_http(
+                "startWriteCache",
+                json!({"instance_id": "b1", "token_ids": tokens, "write_timeout_seconds": 30}),
+            )
+            .await;
+        assert_eq!(code(&start), "OK");
+    }
+    let keys = [
+        -7046029254386352675i64,
+        -7046029254386353031,
+        -8366447769518081462,
+        8024479186331664069,
+    ];
+    assert_eq!(server.statuses("b1", &keys).await, vec!["CLS_WRITING"; 4]);
 }
 
 #[tokio::test]

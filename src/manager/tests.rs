@@ -11,7 +11,7 @@ use crate::proto::meta;
 
 struct Fixture {
     manager: Arc<Manager>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 fn storage(name: &str, root: &std::path::Path) -> admin::StorageConfig {
@@ -88,7 +88,7 @@ fn fixture(capacity: i64, strategy: admin::CachePreferStrategy) -> (Fixture, Arc
         })
         .expect("register");
     let instance = manager.instance("i").expect("registered");
-    (Fixture { manager, _dir: dir }, instance)
+    (Fixture { manager, dir: dir }, instance)
 }
 
 fn prefix(manager: &Manager, instance: &Instance, keys: &[i64]) -> usize {
@@ -254,6 +254,75 @@ fn a_type_quota_excludes_its_type_until_deletes_free_room() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+#[test]
+fn replicas_are_chosen_among_available_storages_only() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager
+        .add_storage(storage("t", &fx.dir.path().join("t")))
+        .expect("second storage");
+    let mut group = fx.manager.group("g").expect("group");
+    group.storage_candidates.push("t".into());
+    group.version = 2;
+    fx.manager.update_group(group, 1).expect("update");
+    let replica = |storage_name: &str, uri: &str| Location {
+        id: storage_name.into(),
+        state: LocationState::Serving,
+        storage_name: storage_name.into(),
+        cache_location: meta::CacheLocation {
+            r#type: meta::StorageType::StNfs as i32,
+            spec_size: 1,
+            location_specs: vec![meta::LocationSpec {
+                name: "tp0".into(),
+                uri: uri.into(),
+            }],
+        },
+    };
+    let entry = KeyEntry {
+        locations: vec![replica("s", "file://s/a"), replica("t", "file://t/b")],
+    };
+    instance.index.put(vec![(9, Arc::new(entry))]).expect("put");
+    let uri_of_choice = || {
+        let found = fx
+            .manager
+            .get_cache_location(
+                &instance,
+                QueryKind::BatchGet,
+                &[9],
+                &BlockMask::default(),
+                &[],
+            )
+            .expect("query");
+        found[0].location_specs[0].uri.clone()
+    };
+    let seen: std::collections::HashSet<String> = (0..200).map(|_| uri_of_choice()).collect();
+    assert_eq!(
+        seen.len(),
+        2,
+        "both replicas are drawn while both storages are available"
+    );
+    fx.manager
+        .set_storage_available("s", false)
+        .expect("disable");
+    assert!(
+        (0..50).all(|_| uri_of_choice() == "file://t/b"),
+        "weight 0 on a disabled storage"
+    );
+    fx.manager
+        .set_storage_available("t", false)
+        .expect("disable");
+    let none = fx.manager.get_cache_location(
+        &instance,
+        QueryKind::BatchGet,
+        &[9],
+        &BlockMask::default(),
+        &[],
+    );
+    assert!(
+        matches!(none, Err(ManagerError::NoSpace(_))),
+        "no storage available: {none:?}"
+    );
 }
 
 #[test]
