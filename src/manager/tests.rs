@@ -88,7 +88,7 @@ fn fixture(capacity: i64, strategy: admin::CachePreferStrategy) -> (Fixture, Arc
         })
         .expect("register");
     let instance = manager.instance("i").expect("registered");
-    (Fixture { manager, dir: dir }, instance)
+    (Fixture { manager, dir }, instance)
 }
 
 fn prefix(manager: &Manager, instance: &Instance, keys: &[i64]) -> usize {
