@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn records_count_and_mean() {
-        let metrics = Metrics::new(&["A", "B"], &["A"]);
+        let metrics = Metrics::new(&["B"], &["A"]);
         metrics.record("A", Duration::from_micros(10));
         metrics.record_instance("A", &Arc::from("i\"1"), "g", Duration::from_micros(30));
         metrics.record("Unknown", Duration::from_micros(30));

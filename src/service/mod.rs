@@ -17,16 +17,10 @@ use std::sync::Arc;
 
 use crate::manager::Manager;
 
-/// Every API name, for the metrics registry.
-pub const API_NAMES: [&str; 32] = [
+/// Every API name except [`INSTANCE_API_NAMES`], for the metrics registry.
+pub const OTHER_API_NAMES: [&str; 26] = [
     "RegisterInstance",
     "GetInstanceInfo",
-    "GetCacheMeta",
-    "GetCacheLocation",
-    "StartWriteCache",
-    "FinishWriteCache",
-    "RemoveCache",
-    "TrimCache",
     "AddStorage",
     "EnableStorage",
     "DisableStorage",
@@ -53,7 +47,7 @@ pub const API_NAMES: [&str; 32] = [
     "UpdateLogger",
 ];
 
-/// The meta APIs counted per instance as well.
+/// The meta APIs on one instance (counted per API and per instance).
 pub const INSTANCE_API_NAMES: [&str; 6] = [
     "GetCacheMeta",
     "GetCacheLocation",
@@ -84,7 +78,7 @@ impl Handlers {
     pub fn new(manager: Arc<Manager>, log_level: Option<LogLevelSetter>) -> Self {
         let core = Arc::new(core::Core {
             manager,
-            metrics: metrics::Metrics::new(&API_NAMES, &INSTANCE_API_NAMES),
+            metrics: metrics::Metrics::new(&OTHER_API_NAMES, &INSTANCE_API_NAMES),
             faults: faults::Faults::default(),
             log_level,
         });
