@@ -63,11 +63,9 @@ pub struct Metrics {
 impl Metrics {
     /// Metrics for exactly these API names; `instance_apis` are also counted per instance.
     pub fn new(api_names: &[&'static str], instance_apis: &[&'static str]) -> Self {
+        let all_apis = api_names.iter().chain(instance_apis);
         Metrics {
-            apis: api_names
-                .iter()
-                .map(|&n| (n, ApiStats::default()))
-                .collect(),
+            apis: all_apis.map(|&n| (n, ApiStats::default())).collect(),
             instance_apis: instance_apis.to_vec(),
             instances: RwLock::default(),
         }
