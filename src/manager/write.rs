@@ -123,8 +123,18 @@ impl Manager {
             .partition(|(j, _)| success.contains(*j));
         let committed: Vec<&PendingWrite> = committed.into_iter().map(|(_, w)| w).collect();
         let failed: Vec<&PendingWrite> = failed.into_iter().map(|(_, w)| w).collect();
-        let moved = self.move_writes(&session.instance, &committed, LocationState::Serving)?;
-        self.fail_writes(&session.instance, &failed)?;
+        let failing = self.fail_writes(&session.instance, &failed);
+        let moved = match self.move_writes(&session.instance, &committed, LocationState::Serving) {
+            Ok(moved) => moved,
+            Err(error) => {
+                // Never leave a consumed session's blocks WRITING: fail the commits too.
+                if let Err(cleanup) = self.fail_writes(&session.instance, &committed) {
+                    tracing::warn!(%cleanup, "failing blocks of a session whose commit failed");
+                }
+                return Err(error);
+            }
+        };
+        failing?;
         if moved.len() < committed.len() {
             return Err(ManagerError::Partial(format!(
                 "{} of {} committed blocks vanished before FinishWriteCache",
