@@ -300,3 +300,20 @@ async fn malformed_bodies_get_400_and_oversized_bodies_413_with_an_empty_object(
     // The server is still up and its state unchanged.
     assert_eq!(server.statuses("inst", &[1]).await, vec!["CLS_NOT_FOUND"]);
 }
+
+#[tokio::test]
+async fn the_body_limit_is_configurable() {
+    let server = TestServer::start_with(&["kvcm.service.http_max_body_bytes=1000"]).await;
+    server.register("inst", 16).await;
+    let keys: Vec<i64> = (0..300).collect();
+    let body = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": keys});
+    let body = body.to_string();
+    assert!(body.len() > 1000);
+    let (status, raw) = server
+        .post_raw("http", "/api/getCacheLocation", body.as_bytes())
+        .await;
+    assert_eq!((status, raw.as_slice()), (413, &b"{}"[..]));
+    let small = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": [1]});
+    let answer = server.meta_http("getCacheLocation", small).await;
+    assert_eq!(code(&answer), "OK");
+}

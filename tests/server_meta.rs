@@ -566,9 +566,12 @@ async fn injected_faults_fail_the_named_api_until_removed() {
 }
 
 #[tokio::test]
-async fn sigterm_stops_the_server_cleanly() {
-    let mut server = TestServer::start().await;
-    assert!(server.is_running());
-    let status = server.terminate();
-    assert!(status.success(), "exit status {status:?}");
+async fn sigterm_and_sigint_stop_the_server_cleanly() {
+    for signal in ["TERM", "INT"] {
+        let mut server = TestServer::start().await;
+        assert!(server.is_running());
+        let status = server.signal_and_wait(signal);
+        assert!(status.success(), "SIG{signal}: exit status {status:?}");
+        assert!(server.log().contains("shutting down"), "SIG{signal}");
+    }
 }

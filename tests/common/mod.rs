@@ -133,13 +133,13 @@ impl TestServer {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Sends SIGTERM and waits for the exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    /// Sends a signal (`TERM`, `INT`, ...) and waits for the exit status.
+    pub fn signal_and_wait(&mut self, signal: &str) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{signal}"), &pid])
             .status()
-            .expect("kill -TERM");
+            .expect("kill");
         self.child.wait().expect("wait")
     }
 
