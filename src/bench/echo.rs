@@ -92,28 +92,57 @@ pub async fn spawn_grpc_echo(echo: EchoMeta) -> anyhow::Result<SocketAddr> {
     Ok(address)
 }
 
-/// Serves `POST /echo/<n>` answering the prepared body for n keys on an OS-chosen port.
-pub async fn spawn_http_echo(bodies: Vec<(usize, Vec<u8>)>) -> anyhow::Result<SocketAddr> {
+/// Serves `POST /echo/<n>` answering the prepared bytes for n keys, and
+/// `POST /json-echo/<n>` that also decodes the request and encodes the prepared response
+/// message with the edge's JSON codec (the HTTP floor including JSON), on an OS-chosen port.
+pub async fn spawn_http_echo(
+    answers: Vec<(usize, meta::GetCacheLocationResponse)>,
+) -> anyhow::Result<SocketAddr> {
     use axum::extract::Path;
+    use axum::http::{header, StatusCode};
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
+    let bodies: Vec<(usize, Vec<u8>)> = answers
+        .iter()
+        .map(|(n, answer)| Ok((*n, kvcm::proto::json::encode(answer)?)))
+        .collect::<anyhow::Result<_>>()?;
     let bodies = Arc::new(bodies);
-    let router = axum::Router::new().route(
-        "/echo/{count}",
-        axum::routing::post(move |Path(count): Path<usize>, _body: axum::body::Bytes| {
-            let bodies = bodies.clone();
-            async move {
-                let body = bodies
-                    .iter()
-                    .find(|(n, _)| *n == count)
-                    .map(|(_, b)| b.clone());
-                (
-                    [(axum::http::header::CONTENT_TYPE, "application/json")],
-                    body.unwrap_or_default(),
-                )
+    let answers = Arc::new(answers);
+    let raw = move |Path(count): Path<usize>, _body: axum::body::Bytes| {
+        let bodies = bodies.clone();
+        async move {
+            let body = bodies
+                .iter()
+                .find(|(n, _)| *n == count)
+                .map(|(_, b)| b.clone());
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                body.unwrap_or_default(),
+            )
+        }
+    };
+    let json = move |Path(count): Path<usize>, body: axum::body::Bytes| {
+        let answers = answers.clone();
+        async move {
+            let decoded = kvcm::proto::json::decode::<meta::GetCacheLocationRequest>(&body);
+            let answer = answers.iter().find(|(n, _)| *n == count).map(|(_, a)| a);
+            match (decoded, answer.map(kvcm::proto::json::encode)) {
+                (Ok(_), Some(Ok(bytes))) => (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    bytes,
+                ),
+                _ => (
+                    StatusCode::BAD_REQUEST,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    Vec::new(),
+                ),
             }
-        }),
-    );
+        }
+    };
+    let router = axum::Router::new()
+        .route("/echo/{count}", axum::routing::post(raw))
+        .route("/json-echo/{count}", axum::routing::post(json));
     tokio::spawn(async move { axum::serve(listener, router).await });
     Ok(address)
 }

@@ -7,19 +7,14 @@
 mod echo;
 mod http_client;
 mod index;
+mod measure;
 
 use std::net::SocketAddr;
-use std::time::Instant;
 
-use futures_util::future::join_all;
-use hdrhistogram::Histogram;
-use tokio::sync::Mutex;
-use tonic::transport::Channel;
-
-use http_client::HttpConnection;
 use kvcm::config::ServerConfig;
-use kvcm::proto::meta::{self, meta_service_client::MetaServiceClient};
+use kvcm::proto::meta;
 use kvcm::service::meta::MetaHandler;
+use measure::{paired_latency, throughput, Target};
 
 /// Settings of `kvcm bench`.
 #[derive(clap::Args, Debug, Clone)]
@@ -36,14 +31,6 @@ pub struct BenchArgs {
     /// Keys stored in the local index for its throughput runs.
     #[arg(long, default_value_t = 1_000_000)]
     pub index_keys: usize,
-}
-
-/// Latency percentiles and throughput of one case.
-#[derive(Debug, Clone, Copy)]
-struct Figures {
-    p50_us: f64,
-    p99_us: f64,
-    per_second: f64,
 }
 
 const PREFIX_SIZES: [usize; 2] = [16, 128];
@@ -70,12 +57,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let handlers = kvcm::service::Handlers::new(manager, None);
         let server = kvcm::server::start(&config, handlers).await?;
         let answers = seed(&server.handlers.meta)?;
-        let bodies = answers
-            .iter()
-            .map(|(n, a)| Ok((*n, serde_json::to_vec(a)?)))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let echo_http = echo::spawn_http_echo(answers.clone()).await?;
         let echo_grpc = echo::spawn_grpc_echo(echo::EchoMeta { answers }).await?;
-        let echo_http = echo::spawn_http_echo(bodies).await?;
         let grpc = server.addresses["grpc"];
         let http = server.addresses["http"];
         std::mem::forget(server); // serves until the process exits
@@ -85,16 +68,28 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     println!("case                         p50 µs   p99 µs      req/s   p50 / floor");
     client_runtime.block_on(async {
         for size in PREFIX_SIZES {
-            let floor = grpc_case(&args, local(echo_grpc), size).await?;
-            let real = grpc_case(&args, local(grpc), size).await?;
-            report(&format!("grpc echo (floor) {size}"), floor, floor);
-            report(&format!("grpc prefix {size}"), real, floor);
+            let targets = [
+                ("grpc echo (floor)", Target::grpc(local(echo_grpc)).await?),
+                ("grpc prefix", Target::grpc(local(grpc)).await?),
+            ];
+            compare(&args, size, &targets).await?;
         }
         for size in PREFIX_SIZES {
-            let floor = http_case(&args, local(echo_http), &format!("/echo/{size}"), size).await?;
-            let real = http_case(&args, local(http), "/api/getCacheLocation", size).await?;
-            report(&format!("http echo (floor) {size}"), floor, floor);
-            report(&format!("http prefix {size}"), real, floor);
+            let targets = [
+                (
+                    "http echo (floor)",
+                    Target::http(local(echo_http), &format!("/echo/{size}")).await?,
+                ),
+                (
+                    "http json echo",
+                    Target::http(local(echo_http), &format!("/json-echo/{size}")).await?,
+                ),
+                (
+                    "http prefix",
+                    Target::http(local(http), "/api/getCacheLocation").await?,
+                ),
+            ];
+            compare(&args, size, &targets).await?;
         }
         anyhow::Ok(())
     })?;
@@ -103,14 +98,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(name: &str, figures: Figures, floor: Figures) {
-    println!(
-        "{name:<26} {:>8.1} {:>8.1} {:>10.0}   {:>5.2}x",
-        figures.p50_us,
-        figures.p99_us,
-        figures.per_second,
-        figures.p50_us / floor.p50_us
-    );
+/// Measures the targets of one comparison (the first is the floor) and prints them.
+async fn compare(args: &BenchArgs, size: usize, targets: &[(&str, Target)]) -> anyhow::Result<()> {
+    let request = prefix_request(size);
+    let only_targets: Vec<&Target> = targets.iter().map(|(_, t)| t).collect();
+    let mut figures = paired_latency(args, &only_targets, &request).await?;
+    for (figure, target) in figures.iter_mut().zip(&only_targets) {
+        figure.per_second = throughput(args, target, &request).await?;
+    }
+    let floor = figures[0];
+    for ((name, _), figure) in targets.iter().zip(&figures) {
+        println!(
+            "{:<26} {:>8.1} {:>8.1} {:>10.0}   {:>5.2}x",
+            format!("{name} {size}"),
+            figure.p50_us,
+            figure.p99_us,
+            figure.per_second,
+            figure.p50_us / floor.p50_us
+        );
+    }
+    Ok(())
 }
 
 /// Registers instance `bench` and commits keys 1..=128; returns the real prefix answers.
@@ -169,95 +176,4 @@ fn prefix_request(size: usize) -> meta::GetCacheLocationRequest {
         block_keys: (1..=size as i64).collect(),
         ..Default::default()
     }
-}
-
-async fn grpc_case(args: &BenchArgs, address: SocketAddr, size: usize) -> anyhow::Result<Figures> {
-    let client = MetaServiceClient::connect(format!("http://{address}")).await?;
-    let request = prefix_request(size);
-    let call = async |client: &MetaServiceClient<Channel>| {
-        let answer = client
-            .clone()
-            .get_cache_location(request.clone())
-            .await?
-            .into_inner();
-        anyhow::ensure!(
-            answer.locations.len() == size,
-            "{} locations",
-            answer.locations.len()
-        );
-        anyhow::Ok(())
-    };
-    let latency = latency(args, async || call(&client).await).await?;
-    let clients = vec![client.clone(); args.concurrency.max(1)];
-    let per_second = throughput(args, clients, call).await?;
-    Ok(Figures {
-        per_second,
-        ..latency
-    })
-}
-
-async fn http_case(
-    args: &BenchArgs,
-    address: SocketAddr,
-    path: &str,
-    size: usize,
-) -> anyhow::Result<Figures> {
-    let body = serde_json::to_vec(&prefix_request(size))?;
-    let call = async |connection: &Mutex<HttpConnection>| {
-        let answer = connection.lock().await.post(path, &body).await?;
-        anyhow::ensure!(answer.len() > size * 8, "short answer");
-        anyhow::Ok(())
-    };
-    let single = Mutex::new(HttpConnection::connect(address).await?);
-    let latency = latency(args, async || call(&single).await).await?;
-    let mut connections = Vec::new();
-    for _ in 0..args.concurrency.max(1) {
-        connections.push(Mutex::new(HttpConnection::connect(address).await?));
-    }
-    let per_second = throughput(args, connections, call).await?;
-    Ok(Figures {
-        per_second,
-        ..latency
-    })
-}
-
-/// Sequential requests: warm-up, then `iterations` timed ones.
-async fn latency(
-    args: &BenchArgs,
-    mut call: impl AsyncFnMut() -> anyhow::Result<()>,
-) -> anyhow::Result<Figures> {
-    let mut histogram = Histogram::<u64>::new(3)?;
-    for i in 0..args.warmup + args.iterations {
-        let started = Instant::now();
-        call().await?;
-        if i >= args.warmup {
-            histogram.record(started.elapsed().as_nanos() as u64)?;
-        }
-    }
-    Ok(Figures {
-        p50_us: histogram.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_us: histogram.value_at_quantile(0.99) as f64 / 1000.0,
-        per_second: 0.0,
-    })
-}
-
-/// One worker per state, each doing `iterations / workers` calls; requests per second.
-async fn throughput<S>(
-    args: &BenchArgs,
-    states: Vec<S>,
-    call: impl AsyncFn(&S) -> anyhow::Result<()>,
-) -> anyhow::Result<f64> {
-    let per_worker = (args.iterations / states.len().max(1)).max(1);
-    let started = Instant::now();
-    let workers = states.iter().map(|state| async {
-        for _ in 0..per_worker {
-            call(state).await?;
-        }
-        anyhow::Ok(())
-    });
-    for outcome in join_all(workers).await {
-        outcome?;
-    }
-    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
-    Ok((per_worker * states.len()) as f64 / elapsed)
 }
