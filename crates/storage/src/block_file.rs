@@ -1,10 +1,11 @@
 //! Operations on one block file of the `file` / `hf3fs` backends: create its directories,
-//! touch it, free one block of it, probe a directory.
+//! touch it, punch one block out of it, ask whether data is left, unlink it, probe a
+//! directory.
 //!
-//! Freeing a block punches a hole over `[blkid × size, +size)` with
-//! `fallocate(PUNCH_HOLE | KEEP_SIZE)`: the bytes of neighbours sharing the file are not
-//! touched. Once `lseek(SEEK_DATA)` finds no data left, the file is unlinked. A file that does
-//! not exist has nothing to free (the client may never have written it).
+//! Punching a block frees `[blkid × size, +size)` with `fallocate(PUNCH_HOLE | KEEP_SIZE)`:
+//! the bytes of neighbours sharing the file are not touched. A file that does not exist has
+//! nothing to punch (the client may never have written it). When to unlink a file is the
+//! caller's decision (`live_blocks`); these functions only act.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
@@ -51,34 +52,30 @@ pub(crate) fn touch(path: &Path) -> Result<(), StorageError> {
     created.map(drop).map_err(|e| io_error(path, e))
 }
 
-/// Frees one block of `path` (`None`: the whole file is the block).
-pub(crate) fn free_block(path: &Path, block: Option<BlockRange>) -> Result<(), StorageError> {
-    let Some(range) = block else {
-        return remove_if_present(path);
-    };
+/// Punches the block `range` out of `path`; returns the open file, or `None` when `path`
+/// does not exist.
+pub(crate) fn punch_hole(path: &Path, range: BlockRange) -> Result<Option<File>, StorageError> {
     let file = match OpenOptions::new().write(true).open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_error(path, e)),
     };
     let mode = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
     fallocate(&file, mode, range.offset, range.len).map_err(|e| io_error(path, e.into()))?;
-    if !has_data(&file).map_err(|e| io_error(path, e.into()))? {
-        remove_if_present(path)?;
-    }
-    Ok(())
+    Ok(Some(file))
 }
 
-/// True when some byte of the file is data (not a hole).
-fn has_data(file: &File) -> Result<bool, Errno> {
+/// True when some byte of `file` (opened from `path`) is data, not a hole.
+pub(crate) fn has_data(file: &File, path: &Path) -> Result<bool, StorageError> {
     match lseek(file, 0, Whence::SeekData) {
         Ok(_) => Ok(true),
         Err(Errno::ENXIO) => Ok(false),
-        Err(other) => Err(other),
+        Err(other) => Err(io_error(path, other.into())),
     }
 }
 
-fn remove_if_present(path: &Path) -> Result<(), StorageError> {
+/// Unlinks `path`; a missing file is fine.
+pub(crate) fn remove_if_present(path: &Path) -> Result<(), StorageError> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != ErrorKind::NotFound => Err(io_error(path, e)),
         _ => Ok(()),

@@ -7,6 +7,7 @@
 mod backends;
 mod block_file;
 mod kind;
+mod live_blocks;
 mod names;
 mod packing;
 mod registry;

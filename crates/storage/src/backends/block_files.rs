@@ -5,13 +5,20 @@
 //! concatenation, §14); 3FS `mountpoint/root_dir/` (a filesystem join). Allocation creates
 //! the files' directories (and, with `touch_file_when_create`, the empty files).
 //!
+//! Delete punches the block's hole and unlinks the file once no block of it is allocated any
+//! more (`live_blocks`); for a file allocated before a restart (no count) it falls back to
+//! unlinking once `SEEK_DATA` finds no data left — that fallback cannot see neighbours that
+//! are allocated but not written yet.
+//!
 //! Invariant: `delete` only touches paths below the base, named by URIs with this backend's
 //! scheme and storage name; all URIs are checked before any is acted on.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 
 use crate::block_file::{self, BlockRange};
+use crate::live_blocks::{LiveBlocks, Remaining};
 use crate::packing::{check_request, pack};
 use crate::uri::BlockUri;
 use crate::{
@@ -29,7 +36,28 @@ pub(crate) struct BlockFileStorage {
     anchor: PathBuf,
     key_count_per_file: i32,
     touch_files: bool,
+    /// Allocated block ids of each multi-block file (not persisted).
+    live: LiveBlocks,
 }
+
+/// The file and block a URI names.
+#[derive(Debug)]
+struct Located {
+    path: PathBuf,
+    /// `None`: the whole file is the block (no `blkid`).
+    block: Option<PackedBlock>,
+}
+
+/// One block of a multi-block file.
+#[derive(Debug, Clone, Copy)]
+struct PackedBlock {
+    blkid: u64,
+    range: BlockRange,
+}
+
+/// The files of an allocation (with the block ids each is given; none for single-block files)
+/// and the URIs of its parts.
+type Plan = (BTreeMap<PathBuf, Vec<u64>>, Vec<Vec<AllocatedSpec>>);
 
 impl BlockFileStorage {
     /// The backend of a validated `Nfs` or `ThreeFs` config.
@@ -44,6 +72,7 @@ impl BlockFileStorage {
                 anchor: nfs_anchor(root_path),
                 key_count_per_file: *key_count_per_file,
                 touch_files: false,
+                live: LiveBlocks::default(),
                 config: config.clone(),
             }),
             StorageSpec::ThreeFs {
@@ -58,6 +87,7 @@ impl BlockFileStorage {
                 anchor: PathBuf::from(mountpoint),
                 key_count_per_file: *key_count_per_file,
                 touch_files: *touch_file_when_create,
+                live: LiveBlocks::default(),
                 config: config.clone(),
             }),
             other => Err(StorageError::Unsupported(other.kind())),
@@ -80,10 +110,7 @@ impl BlockFileStorage {
     }
 
     /// The files an allocation uses and the URIs of its parts; touches nothing.
-    fn plan(
-        &self,
-        request: &AllocationRequest<'_>,
-    ) -> Result<(BTreeSet<PathBuf>, Vec<Vec<AllocatedSpec>>), StorageError> {
+    fn plan(&self, request: &AllocationRequest<'_>) -> Result<Plan, StorageError> {
         check_request(request)?;
         self.check_offsets_fit(request)?;
         let files = pack(request, self.key_count_per_file);
@@ -102,12 +129,16 @@ impl BlockFileStorage {
                 names.map(unplaced).collect()
             })
             .collect();
-        let mut paths = BTreeSet::new();
+        let mut paths = BTreeMap::new();
         for file in &files {
-            paths.insert(PathBuf::from(format!("{}{}", self.base, file.name)));
+            let path = PathBuf::from(format!("{}{}", self.base, file.name));
+            let blkids: &mut Vec<u64> = paths.entry(path).or_default();
             for (blkid, member) in file.members.iter().enumerate() {
                 let size = request.specs[member.spec].size;
                 placed[member.block][member.slot].uri = self.uri(&file.name, blkid, size);
+                if self.key_count_per_file > 1 {
+                    blkids.push(blkid as u64);
+                }
             }
         }
         Ok((paths, placed))
@@ -130,7 +161,7 @@ impl BlockFileStorage {
     }
 
     /// The file and byte range a URI of this storage names.
-    fn locate(&self, text: &str) -> Result<(PathBuf, Option<BlockRange>), StorageError> {
+    fn locate(&self, text: &str) -> Result<Located, StorageError> {
         let uri = BlockUri::parse(text)?;
         let invalid = |reason: &str| StorageError::InvalidUri {
             uri: text.to_string(),
@@ -150,13 +181,54 @@ impl BlockFileStorage {
             .param_u64("size")?
             .filter(|&size| size > 0)
             .ok_or_else(|| invalid("no positive size"))?;
-        let range = match uri.param_u64("blkid")? {
+        let block = match uri.param_u64("blkid")? {
             None => None,
             Some(blkid) => {
-                Some(block_range(blkid, size).ok_or_else(|| invalid("blkid × size overflows"))?)
+                let range =
+                    block_range(blkid, size).ok_or_else(|| invalid("blkid × size overflows"))?;
+                Some(PackedBlock { blkid, range })
             }
         };
-        Ok((PathBuf::from(&uri.path), range))
+        let path = PathBuf::from(&uri.path);
+        Ok(Located { path, block })
+    }
+
+    /// Creates the directories of a file of a new chunk and, if configured, the empty file.
+    fn create_file(&self, path: &Path) -> Result<(), StorageError> {
+        block_file::create_parents(path)?;
+        if self.touch_files {
+            block_file::touch(path)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the counts of an allocation that failed part-way: its URIs were never handed
+    /// out, so nobody will delete them. The files (if touched, empty) are left in place.
+    fn forget_counts<'a>(&self, files: impl Iterator<Item = (&'a PathBuf, &'a Vec<u64>)>) {
+        for (path, blkids) in files {
+            for &blkid in blkids {
+                let Ok(()) = self.live.release::<Infallible>(path, blkid, |_| Ok(()));
+            }
+        }
+    }
+
+    /// Frees one located block: punches its hole, then unlinks the file if no block of it is
+    /// allocated any more (untracked file: if no data is left).
+    fn free(&self, located: &Located) -> Result<(), StorageError> {
+        let path = located.path.as_path();
+        let Some(block) = located.block else {
+            return block_file::remove_if_present(path);
+        };
+        let punched = block_file::punch_hole(path, block.range)?;
+        self.live
+            .release(path, block.blkid, |remaining| match (remaining, punched) {
+                (Remaining::OthersLive, _) => Ok(()),
+                (Remaining::None, _) => block_file::remove_if_present(path),
+                (Remaining::Untracked, Some(file)) if !block_file::has_data(&file, path)? => {
+                    block_file::remove_if_present(path)
+                }
+                (Remaining::Untracked, _) => Ok(()),
+            })
     }
 }
 
@@ -201,10 +273,11 @@ impl DataStorage for BlockFileStorage {
         request: &AllocationRequest<'_>,
     ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
         let (paths, placed) = self.plan(request)?;
-        for path in &paths {
-            block_file::create_parents(path)?;
-            if self.touch_files {
-                block_file::touch(path)?;
+        for (done, (path, blkids)) in paths.iter().enumerate() {
+            let created = self.live.allocate(path, blkids, || self.create_file(path));
+            if let Err(error) = created {
+                self.forget_counts(paths.iter().take(done));
+                return Err(error);
             }
         }
         Ok(placed)
@@ -216,8 +289,8 @@ impl DataStorage for BlockFileStorage {
             .map(|uri| self.locate(uri))
             .collect::<Result<_, _>>()?;
         let mut first_error = None;
-        for (path, range) in located {
-            if let Err(error) = block_file::free_block(&path, range) {
+        for block in &located {
+            if let Err(error) = self.free(block) {
                 first_error.get_or_insert(error);
             }
         }
