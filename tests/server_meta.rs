@@ -600,7 +600,7 @@ async fn removing_blocks_frees_their_bytes_on_the_file_tier() {
     let server = TestServer::start().await;
     // Whole 4 KiB pages per block, so that freeing is exact on every file system.
     let mut registration = common::registration("inst", 16);
-    registration["location_spec_infos"] = json!([{"name": "tp0", "size": 4096}]);
+    registration["location_spec_infos"] = json!([{"name": "tp0", "size": 1024}]);
     assert_eq!(
         code(&server.meta_http("registerInstance", registration).await),
         "OK"
