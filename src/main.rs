@@ -1,10 +1,14 @@
 //! The `kvcm` binary: one executable, one subcommand per role.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kvcm::config::ServerConfig;
+use kvcm::service::{Handlers, LogLevelSetter};
+
+mod bench;
 
 #[derive(Parser)]
 #[command(
@@ -23,6 +27,8 @@ enum Command {
     Optimize(kvcm_optimizer::cli::OptimizeArgs),
     /// Run the manager: gRPC + HTTP control plane (embedded single-node default).
     Serve(ServeArgs),
+    /// Measure GetCacheLocation over gRPC and HTTP beside their floors, and the local index.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -45,6 +51,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Optimize(args) => kvcm_optimizer::cli::run(args)?,
         Command::Serve(args) => serve(args)?,
+        Command::Bench(args) => bench::run(args)?,
     }
     Ok(())
 }
@@ -63,11 +70,24 @@ fn load_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
     Ok(config)
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO)
+/// Installs the stderr log subscriber at INFO; returns the setter of its level.
+fn init_logging() -> LogLevelSetter {
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::prelude::*;
+    let (level, handle) = tracing_subscriber::reload::Layer::new(LevelFilter::INFO);
+    tracing_subscriber::registry()
+        .with(level)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
         .init();
+    Arc::new(move |new_level| {
+        handle
+            .reload(LevelFilter::from_level(new_level))
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let log_level = init_logging();
     let config = load_config(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -75,7 +95,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
-        let server = kvcm::server::start(&config, manager).await?;
+        let handlers = Handlers::new(manager, Some(log_level));
+        let server = kvcm::server::start(&config, handlers).await?;
         if let Some(path) = &args.ready_file {
             server.write_ready_file(path)?;
         }

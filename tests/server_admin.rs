@@ -270,8 +270,19 @@ async fn metrics_count_every_api_over_rpc_and_prometheus() {
         )
         .await;
     server.admin_http("listStorage", json!({})).await;
+    server.register("inst", 16).await;
+    let query = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": [1]});
+    server.meta_http("getCacheLocation", query).await;
     let metrics = server.admin_http("getMetrics", json!({})).await;
     assert_eq!(code(&metrics), "OK");
+    let per_instance = metrics["metrics"].as_array().unwrap().iter().any(|m| {
+        m["metric_name"] == "service.query_counter"
+            && m["metric_tags"]
+                == json!([{"tag_key": "api_name", "tag_value": "GetCacheLocation"},
+                          {"tag_key": "instance_group", "tag_value": "default"},
+                          {"tag_key": "instance_id", "tag_value": "inst"}])
+    });
+    assert!(per_instance, "per-instance series: {metrics}");
     assert!(
         metrics["timestamp"].is_string(),
         "int64 printed as a string"
@@ -393,6 +404,28 @@ async fn unimplemented_and_logger_calls_answer_documented_codes() {
         .admin_http("updateLogger", json!({"log_level": "loud"}))
         .await;
     assert_eq!(code(&bad), "INVALID_ARGUMENT");
+}
+
+#[tokio::test]
+async fn update_logger_changes_the_level_of_the_running_server() {
+    let server = TestServer::start().await;
+    server.admin_http("listAccount", json!({})).await;
+    assert!(server.log().contains("listening grpc on"));
+    assert!(
+        !server.log().contains("served"),
+        "INFO hides per-request lines"
+    );
+    let updated = server
+        .admin_http("updateLogger", json!({"log_level": "debug"}))
+        .await;
+    assert_eq!(code(&updated), "OK");
+    server.admin_http("listAccount", json!({})).await;
+    let logged = wait_until(Duration::from_secs(5), async || {
+        let log = server.log();
+        (log.contains("served") && log.contains("ListAccount")).then_some(())
+    })
+    .await;
+    assert!(logged.is_some(), "DEBUG shows them: {}", server.log());
 }
 
 #[tokio::test]

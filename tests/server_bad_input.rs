@@ -394,3 +394,66 @@ async fn bad_admin_and_debug_requests_are_rejected_without_changing_state() {
         "bad requests changed nothing"
     );
 }
+
+#[tokio::test]
+async fn bad_grpc_requests_answer_grpc_ok_with_the_status_in_the_header() {
+    use common::{admin_code, grpc_code};
+    use kvcm::proto::{admin, meta};
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let mut client = server.meta().await;
+    let query = |instance: &str, sw_size: i32, keys: Vec<i64>| meta::GetCacheLocationRequest {
+        instance_id: instance.into(),
+        query_type: meta::QueryType::QtReverseRollSwMatch as i32,
+        block_keys: keys,
+        sw_size,
+        ..Default::default()
+    };
+    let cases = [
+        (
+            query("inst", 0, vec![1, 2]),
+            meta::ErrorCode::InvalidArgument,
+        ),
+        (
+            query("inst", 3, vec![1, 2]),
+            meta::ErrorCode::InvalidArgument,
+        ),
+        (query("inst", 1, vec![]), meta::ErrorCode::InvalidArgument),
+        (
+            query("nobody", 1, vec![1]),
+            meta::ErrorCode::InstanceNotExist,
+        ),
+    ];
+    for (request, expected) in cases {
+        let answer = client
+            .get_cache_location(request)
+            .await
+            .expect("grpc OK")
+            .into_inner();
+        assert_eq!(grpc_code(&answer.header), expected);
+    }
+    let finish = client
+        .finish_write_cache(meta::FinishWriteCacheRequest {
+            instance_id: "inst".into(),
+            write_session_id: "unknown".into(),
+            success_blocks: Some(meta::BlockMask::default()),
+            ..Default::default()
+        })
+        .await
+        .expect("grpc OK")
+        .into_inner();
+    assert_eq!(grpc_code(&finish.header), meta::ErrorCode::InternalError);
+    let added = server
+        .admin()
+        .await
+        .add_storage(admin::AddStorageRequest::default())
+        .await
+        .expect("grpc OK")
+        .into_inner();
+    assert_eq!(admin_code(&added.header), admin::ErrorCode::InvalidArgument);
+    assert_eq!(
+        snapshot(&server).await,
+        before,
+        "bad requests changed nothing"
+    );
+}

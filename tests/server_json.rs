@@ -194,6 +194,23 @@ async fn every_meta_rpc_answers_the_canonical_json() {
 }
 
 #[tokio::test]
+async fn a_span_tracer_trace_id_gets_the_timings_in_tracer_result() {
+    let server = TestServer::start().await;
+    server.register("inst", 16).await;
+    let answer = server
+        .meta_http(
+            "getCacheLocation",
+            json!({"trace_id": "t1__kvcm_need_span_tracer", "instance_id": "inst",
+                   "query_type": "QT_BATCH_GET", "block_keys": [1]}),
+        )
+        .await;
+    let spans: Value =
+        serde_json::from_str(answer["header"]["tracer_result"].as_str().unwrap()).unwrap();
+    assert_eq!(spans["name"], "GetCacheLocation");
+    assert!(spans["duration_us"].is_u64(), "{spans}");
+}
+
+#[tokio::test]
 async fn unknown_instance_answers_instance_not_exist_with_an_empty_request_id() {
     let server = TestServer::start().await;
     let (status, raw) = server
@@ -282,4 +299,21 @@ async fn malformed_bodies_get_400_and_oversized_bodies_413_with_an_empty_object(
     assert_eq!(status, 404);
     // The server is still up and its state unchanged.
     assert_eq!(server.statuses("inst", &[1]).await, vec!["CLS_NOT_FOUND"]);
+}
+
+#[tokio::test]
+async fn the_body_limit_is_configurable() {
+    let server = TestServer::start_with(&["kvcm.service.http_max_body_bytes=1000"]).await;
+    server.register("inst", 16).await;
+    let keys: Vec<i64> = (0..300).collect();
+    let body = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": keys});
+    let body = body.to_string();
+    assert!(body.len() > 1000);
+    let (status, raw) = server
+        .post_raw("http", "/api/getCacheLocation", body.as_bytes())
+        .await;
+    assert_eq!((status, raw.as_slice()), (413, &b"{}"[..]));
+    let small = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": [1]});
+    let answer = server.meta_http("getCacheLocation", small).await;
+    assert_eq!(code(&answer), "OK");
 }

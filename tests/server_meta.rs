@@ -180,6 +180,24 @@ async fn token_ids_hash_to_the_fact_sheet_vectors() {
     assert_eq!(code(&start), "OK");
     let keys = [-8366447769517782587i64, 5066797075115955342];
     assert_eq!(server.statuses("b2", &keys).await, vec!["CLS_WRITING"; 2]);
+
+    server.register("b1", 1).await;
+    for tokens in [vec![456], vec![100, 101, 102]] {
+        let start = server
+            .meta_http(
+                "startWriteCache",
+                json!({"instance_id": "b1", "token_ids": tokens, "write_timeout_seconds": 30}),
+            )
+            .await;
+        assert_eq!(code(&start), "OK");
+    }
+    let keys = [
+        -7046029254386352675i64,
+        -7046029254386353031,
+        -8366447769518081462,
+        8024479186331664069,
+    ];
+    assert_eq!(server.statuses("b1", &keys).await, vec!["CLS_WRITING"; 4]);
 }
 
 #[tokio::test]
@@ -548,9 +566,106 @@ async fn injected_faults_fail_the_named_api_until_removed() {
 }
 
 #[tokio::test]
-async fn sigterm_stops_the_server_cleanly() {
-    let mut server = TestServer::start().await;
-    assert!(server.is_running());
-    let status = server.terminate();
-    assert!(status.success(), "exit status {status:?}");
+async fn sigterm_and_sigint_stop_the_server_cleanly() {
+    for signal in ["TERM", "INT"] {
+        let mut server = TestServer::start().await;
+        assert!(server.is_running());
+        let status = server.signal_and_wait(signal);
+        assert!(status.success(), "SIG{signal}: exit status {status:?}");
+        assert!(server.log().contains("shutting down"), "SIG{signal}");
+    }
+}
+
+/// The file path, byte offset and length a `file://` URI names.
+fn block_of(uri: &str) -> (std::path::PathBuf, u64, usize) {
+    let rest = uri
+        .strip_prefix("file://default_file")
+        .expect("default storage URI");
+    let (path, query) = rest.split_once('?').expect("query");
+    let param = |name: &str| -> u64 {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .expect("param")
+            .parse()
+            .expect("number")
+    };
+    let size = param("size");
+    (path.into(), param("blkid") * size, size as usize)
+}
+
+#[tokio::test]
+async fn removing_blocks_frees_their_bytes_on_the_file_tier() {
+    use std::os::unix::fs::FileExt;
+    let server = TestServer::start().await;
+    // Whole 4 KiB pages per block, so that freeing is exact on every file system.
+    let mut registration = common::registration("inst", 16);
+    registration["location_spec_infos"] = json!([{"name": "tp0", "size": 1024}]);
+    assert_eq!(
+        code(&server.meta_http("registerInstance", registration).await),
+        "OK"
+    );
+    let start = server
+        .meta_http(
+            "startWriteCache",
+            json!({"instance_id": "inst", "block_keys": [41, 42], "write_timeout_seconds": 30}),
+        )
+        .await;
+    let written = uris(&start["locations"]);
+    let (path, offset_a, size) = block_of(&written[0]);
+    let (path_b, offset_b, _) = block_of(&written[1]);
+    assert_eq!(path, path_b, "one file holds both blocks");
+    // The engine's part: write the bytes where the URIs say.
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .read(true)
+        .open(&path)
+        .expect("block file");
+    file.write_all_at(&vec![0xaa; size], offset_a).unwrap();
+    file.write_all_at(&vec![0xbb; size], offset_b).unwrap();
+    drop(file);
+    server
+        .meta_http(
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": start["write_session_id"],
+                   "success_blocks": {"offset": 2}}),
+        )
+        .await;
+
+    server
+        .meta_http(
+            "removeCache",
+            json!({"instance_id": "inst", "block_keys": [41]}),
+        )
+        .await;
+    let read_block = |offset: u64| {
+        let file = std::fs::File::open(&path).ok()?;
+        let mut bytes = vec![0u8; size];
+        file.read_exact_at(&mut bytes, offset).ok()?;
+        Some(bytes)
+    };
+    let punched = wait_until(Duration::from_secs(5), async || {
+        (read_block(offset_a)? == vec![0; size]).then_some(())
+    })
+    .await;
+    assert!(punched.is_some(), "the removed block's bytes are freed");
+    assert_eq!(
+        read_block(offset_b),
+        Some(vec![0xbb; size]),
+        "its neighbour is intact"
+    );
+
+    server
+        .meta_http(
+            "removeCache",
+            json!({"instance_id": "inst", "block_keys": [42]}),
+        )
+        .await;
+    let unlinked = wait_until(Duration::from_secs(5), async || {
+        (!path.exists()).then_some(())
+    })
+    .await;
+    assert!(unlinked.is_some(), "the file goes with its last block");
 }

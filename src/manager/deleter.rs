@@ -49,6 +49,45 @@ pub fn enqueue(sender: &Sender<DeleteJob>, jobs: Vec<DeleteJob>) {
 }
 
 fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
+    free_bytes(job, storages);
+    let id = &job.location.id;
+    let mut removed = false;
+    let result = job.instance.index.read_modify_write(&[job.key], &mut |_,
+                                                                        current: Option<
+        &Entry,
+    >| {
+        match current.and_then(|entry| entry.without_deleting(id)) {
+            None => Modify::Keep,
+            Some(rest) if rest.locations.is_empty() => {
+                removed = true;
+                Modify::Delete
+            }
+            Some(rest) => {
+                removed = true;
+                Modify::Put(Arc::new(rest))
+            }
+        }
+    });
+    match result {
+        Err(error) => tracing::warn!(%error, key = job.key, "removing a deleted location failed"),
+        Ok(()) if removed => {
+            let cache_location = &job.location.cache_location;
+            let bytes = job.instance.location_bytes(cache_location);
+            job.instance.usage().add(cache_location.r#type, -bytes);
+            feed.publish(StateChange {
+                instance_id: job.instance.id().clone(),
+                key: job.key,
+                location_id: id.clone(),
+                from: Some(LocationState::Deleting),
+                to: None,
+            })
+        }
+        Ok(()) => {}
+    }
+}
+
+/// Asks the location's storage (if still registered) to free its bytes.
+fn free_bytes(job: &DeleteJob, storages: &StorageTable) {
     let uris: Vec<String> = job
         .location
         .cache_location
@@ -60,34 +99,5 @@ fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
         if let Err(error) = backend.delete(&uris) {
             tracing::warn!(%error, key = job.key, "freeing block bytes failed");
         }
-    }
-    let id = &job.location.id;
-    let mut removed = false;
-    let result = job.instance.index.read_modify_write(&[job.key], &mut |_,
-                                                                        current: Option<
-        &Entry,
-    >| {
-        match current.and_then(|entry| entry.without_deleting(id)) {
-            None => Modify::Keep,
-            Some(rest) => {
-                removed = true;
-                if rest.locations.is_empty() {
-                    Modify::Delete
-                } else {
-                    Modify::Put(Arc::new(rest))
-                }
-            }
-        }
-    });
-    match result {
-        Err(error) => tracing::warn!(%error, key = job.key, "removing a deleted location failed"),
-        Ok(()) if removed => feed.publish(StateChange {
-            instance_id: job.instance.id().clone(),
-            key: job.key,
-            location_id: id.clone(),
-            from: Some(LocationState::Deleting),
-            to: None,
-        }),
-        Ok(()) => {}
     }
 }

@@ -40,6 +40,9 @@ pub enum ManagerError {
     /// A storage backend failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A background thread could not be started.
+    #[error("starting a background thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// Result of manager operations.

@@ -103,7 +103,6 @@ impl Manager {
             let group = self.group(existing.group()).unwrap_or(group);
             return Ok(self
                 .storages
-                .read()
                 .storage_configs_json(&group.storage_candidates));
         }
         let indexer = group
@@ -120,7 +119,6 @@ impl Manager {
         instances.insert(instance.id().to_string(), instance);
         Ok(self
             .storages
-            .read()
             .storage_configs_json(&group.storage_candidates))
     }
 
@@ -184,10 +182,32 @@ fn validate_group(api: &str, group: &admin::InstanceGroup) -> ManagerResult<()> 
             "meta_indexer_config.meta_storage_backend_config.storage_type",
         ),
     ];
+    first_failure(api, &checks)
+}
+
+/// `InvalidArgument` naming the first field whose check failed.
+fn first_failure(api: &str, checks: &[(bool, &str)]) -> ManagerResult<()> {
     match checks.iter().find(|(failed, _)| *failed) {
         Some((_, field)) => Err(invalid(api, field)),
         None => Ok(()),
     }
+}
+
+/// Spec groups sorted by name with sorted spec names; `None` when a group has no name or
+/// names a spec that is not registered.
+fn normalised_spec_groups(
+    mut groups: Vec<meta::LocationSpecGroup>,
+    specs: &[meta::LocationSpecInfo],
+) -> Option<Vec<meta::LocationSpecGroup>> {
+    let known = |name: &String| specs.iter().any(|s| &s.name == name);
+    for group in &mut groups {
+        group.spec_names.sort();
+        if group.name.is_empty() || !group.spec_names.iter().all(known) {
+            return None;
+        }
+    }
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    Some(groups)
 }
 
 /// The stored form of a registration: required fields checked, spec groups sorted by name
@@ -222,18 +242,9 @@ fn validated_registration(
             "location_spec_infos.name",
         ),
     ];
-    if let Some((_, field)) = checks.iter().find(|(failed, _)| *failed) {
-        return Err(invalid(API, field));
-    }
-    let mut groups = request.location_spec_groups;
-    for group in &mut groups {
-        group.spec_names.sort();
-        let known = |name: &String| request.location_spec_infos.iter().any(|s| &s.name == name);
-        if group.name.is_empty() || !group.spec_names.iter().all(known) {
-            return Err(invalid(API, "location_spec_groups"));
-        }
-    }
-    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    first_failure(API, &checks)?;
+    let groups = normalised_spec_groups(request.location_spec_groups, &request.location_spec_infos)
+        .ok_or_else(|| invalid(API, "location_spec_groups"))?;
     Ok(meta::InstanceInfo {
         quota_group_name: String::new(),
         instance_group_name: request.instance_group,

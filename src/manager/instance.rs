@@ -9,6 +9,7 @@ use kvcm_storage::BlockSpec;
 use super::entry::Entry;
 use super::error::{invalid, ManagerError, ManagerResult};
 use super::keys::block_keys_from_tokens;
+use super::quota::TypeUsage;
 use crate::proto::meta;
 
 /// One registered instance.
@@ -17,6 +18,7 @@ pub struct Instance {
     id: Arc<str>,
     specs: Vec<BlockSpec>,
     placeholder: meta::CacheLocation,
+    usage: TypeUsage,
     /// This instance's key space.
     pub index: Arc<dyn MetaIndex<Entry>>,
 }
@@ -56,6 +58,7 @@ impl Instance {
             info,
             specs,
             placeholder,
+            usage: TypeUsage::default(),
             index,
         }
     }
@@ -80,9 +83,18 @@ impl Instance {
         &self.specs
     }
 
-    /// Bytes of one full block (all parts).
-    pub fn block_bytes(&self) -> i64 {
-        self.specs.iter().map(|s| s.size.max(0)).sum()
+    /// Bytes stored per storage type.
+    pub fn usage(&self) -> &TypeUsage {
+        &self.usage
+    }
+
+    /// Bytes of a stored location: the registered sizes of the parts it carries.
+    pub fn location_bytes(&self, location: &meta::CacheLocation) -> i64 {
+        location
+            .location_specs
+            .iter()
+            .filter_map(|part| self.specs.iter().find(|s| s.name == part.name))
+            .fold(0i64, |sum, spec| sum.saturating_add(spec.size.max(0)))
     }
 
     /// The entry BATCH_GET and sliding-window queries return for a miss.

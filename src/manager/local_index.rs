@@ -1,9 +1,12 @@
 //! The default index factory: one in-memory `LocalIndex` per instance, sized from the
-//! group's `meta_indexer_config`.
+//! group's `meta_indexer_config`; with a positive `meta_cache_policy_config.capacity` (MiB)
+//! it sits behind a `CachedIndex` search cache of about that size.
 
 use std::sync::Arc;
 
-use kvcm_index::{LocalIndex, LocalIndexConfig, MetaIndex, MAX_SHARD_BITS};
+use kvcm_index::{
+    CacheConfig, CachedIndex, LocalIndex, LocalIndexConfig, MetaIndex, MAX_SHARD_BITS,
+};
 
 use super::entry::Entry;
 use super::error::{ManagerError, ManagerResult};
@@ -13,9 +16,47 @@ use crate::proto::admin;
 /// A factory of `LocalIndex` key spaces.
 pub fn local_index_factory() -> IndexFactory {
     Arc::new(|config| {
-        let index: Arc<dyn MetaIndex<Entry>> = Arc::new(LocalIndex::new(local_config(config)?)?);
+        let local = LocalIndex::new(local_config(config)?)?;
+        let index: Arc<dyn MetaIndex<Entry>> = match cache_config(config)? {
+            Some(cache) => Arc::new(CachedIndex::new(local, cache)?),
+            None => Arc::new(local),
+        };
         Ok(index)
     })
+}
+
+/// Bytes one cached entry is assumed to take (key, shared entry, LRU links).
+const CACHED_ENTRY_BYTES: i64 = 256;
+
+/// The search cache of `meta_cache_policy_config`: `None` when absent or of capacity 0;
+/// only the `lru` type exists.
+fn cache_config(config: &admin::MetaIndexerConfig) -> ManagerResult<Option<CacheConfig>> {
+    let Some(policy) = config.meta_cache_policy_config.as_ref() else {
+        return Ok(None);
+    };
+    if policy.capacity <= 0 {
+        return Ok(None);
+    }
+    if !policy.r#type.eq_ignore_ascii_case("lru") {
+        return Err(ManagerError::InvalidArgument(format!(
+            "meta_cache_policy_config.type {:?}: only \"lru\" is supported",
+            policy.r#type
+        )));
+    }
+    let shard_bits = u32::try_from(policy.cache_shard_bits)
+        .ok()
+        .filter(|&bits| bits <= MAX_SHARD_BITS)
+        .ok_or_else(|| {
+            ManagerError::InvalidArgument(format!(
+                "meta_cache_policy_config.cache_shard_bits {} is not in 0..={MAX_SHARD_BITS}",
+                policy.cache_shard_bits
+            ))
+        })?;
+    let entries = policy.capacity.saturating_mul(1 << 20) / CACHED_ENTRY_BYTES;
+    Ok(Some(CacheConfig {
+        shard_bits,
+        capacity: usize::try_from(entries).unwrap_or(usize::MAX),
+    }))
 }
 
 /// `mutex_shard_num` (a power of two; 0 = default) becomes the shard count; a positive
@@ -59,5 +100,30 @@ mod tests {
         assert!(local_config(&config).is_err());
         config.mutex_shard_num = -4;
         assert!(local_config(&config).is_err());
+    }
+
+    #[test]
+    fn the_search_cache_is_sized_in_mib_and_must_be_lru() {
+        let mut config = admin::MetaIndexerConfig::default();
+        assert_eq!(cache_config(&config).unwrap(), None);
+        config.meta_cache_policy_config = Some(admin::MetaCachePolicyConfig {
+            capacity: 1,
+            r#type: "LRU".into(),
+            cache_shard_bits: 2,
+            high_pri_pool_ratio: 0.0,
+        });
+        let cache = cache_config(&config).unwrap().expect("enabled");
+        assert_eq!((cache.shard_bits, cache.capacity), (2, 4096));
+        let policy = config.meta_cache_policy_config.as_mut().unwrap();
+        policy.r#type = "lfu".into();
+        assert!(cache_config(&config).is_err());
+        let policy = config.meta_cache_policy_config.as_mut().unwrap();
+        policy.r#type = "lru".into();
+        policy.cache_shard_bits = 40;
+        assert!(cache_config(&config).is_err());
+        assert!(
+            local_index_factory()(&config).is_err(),
+            "the factory refuses it too"
+        );
     }
 }

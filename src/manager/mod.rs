@@ -24,6 +24,7 @@ mod leader;
 mod local_index;
 pub mod mask;
 pub mod query;
+mod quota;
 mod read;
 mod remove;
 mod sessions;
@@ -46,7 +47,6 @@ pub use local_index::local_index_factory;
 pub use read::CacheMeta;
 pub use remove::TrimStrategy;
 pub use sessions::{random_id, SESSION_ID_LEN};
-pub use storages::{StorageOpener, StorageRecord};
 pub use write::WriteStart;
 
 use crate::proto::admin;
@@ -61,8 +61,8 @@ pub type IndexFactory = Arc<
 
 /// What the manager is built from.
 pub struct ManagerDeps {
-    /// Opens storage backends.
-    pub open_storage: StorageOpener,
+    /// Health-probe period of storages (`None` = no background probes).
+    pub storage_probe_interval: Option<std::time::Duration>,
     /// Creates instance indexes.
     pub open_index: IndexFactory,
     /// This node's id (HA reports).
@@ -90,11 +90,12 @@ impl std::fmt::Debug for Manager {
 
 impl Manager {
     /// A manager with no storages, groups or instances; starts its background threads.
-    pub fn new(deps: ManagerDeps) -> std::io::Result<Arc<Manager>> {
-        let storages = Arc::new(StorageTable::new(deps.open_storage));
+    pub fn new(deps: ManagerDeps) -> ManagerResult<Arc<Manager>> {
+        let storages = Arc::new(StorageTable::new(deps.storage_probe_interval)?);
         let feed = ChangeFeed::default();
         let (deletes, jobs) = mpsc::channel();
-        deleter::spawn_deleter(jobs, storages.clone(), feed.clone())?;
+        deleter::spawn_deleter(jobs, storages.clone(), feed.clone())
+            .map_err(ManagerError::Thread)?;
         let sessions = Arc::new(SessionTable::default());
         let manager = Arc::new(Manager {
             storages,
@@ -112,7 +113,8 @@ impl Manager {
             if let Some(manager) = weak.upgrade() {
                 manager.fail_session(session);
             }
-        })?;
+        })
+        .map_err(ManagerError::Thread)?;
         Ok(manager)
     }
 
@@ -157,6 +159,7 @@ impl Manager {
 impl Drop for Manager {
     fn drop(&mut self) {
         self.sessions.shutdown();
+        self.storages.stop();
     }
 }
 
@@ -169,3 +172,6 @@ fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests;

@@ -41,8 +41,7 @@ impl Manager {
         let candidates = groups
             .get(instance.group())
             .map_or(&[][..], |g| g.storage_candidates.as_slice());
-        let view = self.storages.read();
-        let weights = view.read_weights(candidates)?;
+        let weights = self.storages.read_weights(candidates)?;
         let mut locations = match kind {
             QueryKind::PrefixMatch => {
                 let unmasked: Vec<BlockKey> = unmasked_keys(keys, mask);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kvcm_index::{BlockKey, ScanCursor};
 
 use super::deleter::{self, DeleteJob};
-use super::entry::LocationState;
+use super::entry::{Location, LocationState};
 use super::error::{ManagerError, ManagerResult};
 use super::instance::Instance;
 use super::Manager;
@@ -36,6 +36,12 @@ impl Manager {
         let moved = self.move_locations(instance, &keys, LocationState::Deleting, &|_, l| {
             l.state != LocationState::Deleting
         })?;
+        self.delete_later(instance, moved);
+        Ok(())
+    }
+
+    /// Hands DELETING locations to the deleter.
+    pub(crate) fn delete_later(&self, instance: &Arc<Instance>, moved: Vec<(BlockKey, Location)>) {
         let jobs = moved
             .into_iter()
             .map(|(key, location)| DeleteJob {
@@ -45,7 +51,6 @@ impl Manager {
             })
             .collect();
         deleter::enqueue(&self.deletes, jobs);
-        Ok(())
     }
 
     /// Applies a trim strategy to an instance.

@@ -1,213 +1,188 @@
-//! Registered storage backends: name → opened backend, its wire config and availability.
-//! Readers (the hot path) take a shared lock; admin changes take the exclusive one.
+//! Registered storage backends: the storage crate's `StorageRegistry` (open, enable /
+//! disable, background health probes) plus the wire config each storage was added with
+//! (ListStorage answers it back). Available = enabled by the admin and healthy.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-use kvcm_storage::{DataStorage, StorageConfig, StorageError, StorageKind};
+use kvcm_storage::{DataStorage, StorageConfig, StorageError, StorageRegistry};
 
 use super::entry::Location;
 use super::error::{ManagerError, ManagerResult};
-use crate::proto::{admin, storage as wire};
+use super::{read_lock, write_lock};
+use crate::proto::{admin, meta, storage as wire};
 
-/// Opens a backend from its typed config (injected so that every backend kind is opened by
-/// the storage crate, never here).
-pub type StorageOpener =
-    Arc<dyn Fn(&StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError> + Send + Sync>;
-
-/// One registered storage.
-#[derive(Debug, Clone)]
-pub struct StorageRecord {
-    /// The config as the admin sent it (ListStorage answers it back).
-    pub wire: admin::StorageConfig,
-    /// The typed config.
-    pub config: StorageConfig,
-    /// The opened backend.
-    pub backend: Arc<dyn DataStorage>,
-    /// Whether new writes may go to it and reads may be served from it.
-    pub available: bool,
-}
-
-/// All registered storages, by name.
+/// All registered storages.
+#[derive(Debug)]
 pub struct StorageTable {
-    opener: StorageOpener,
-    records: RwLock<BTreeMap<String, StorageRecord>>,
-}
-
-impl std::fmt::Debug for StorageTable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StorageTable").finish_non_exhaustive()
-    }
+    registry: StorageRegistry,
+    wire_configs: RwLock<BTreeMap<String, admin::StorageConfig>>,
 }
 
 impl StorageTable {
-    /// An empty table that opens backends with `opener`.
-    pub fn new(opener: StorageOpener) -> Self {
-        StorageTable {
-            opener,
-            records: RwLock::new(BTreeMap::new()),
-        }
+    /// An empty table; with `probe_interval`, storages are health-probed in the background.
+    pub fn new(probe_interval: Option<Duration>) -> ManagerResult<Self> {
+        let registry = match probe_interval {
+            Some(interval) => StorageRegistry::with_health_probes(interval)?,
+            None => StorageRegistry::new(),
+        };
+        Ok(StorageTable {
+            registry,
+            wire_configs: RwLock::default(),
+        })
     }
 
-    /// A read view for one request.
-    pub fn read(&self) -> StorageView<'_> {
-        StorageView {
-            records: self.records.read().unwrap_or_else(|p| p.into_inner()),
-        }
+    /// Stops the background probes.
+    pub fn stop(&self) {
+        self.registry.stop_health_probes();
     }
 
     /// Validates, opens and registers a storage (available at once).
     pub fn add(&self, wire_config: admin::StorageConfig) -> ManagerResult<()> {
         let config = validated(&wire_config)?;
-        let mut records = self.records.write().unwrap_or_else(|p| p.into_inner());
-        if records.contains_key(&config.global_unique_name) {
-            return Err(ManagerError::AlreadyExists(format!(
-                "storage {:?} already exists",
-                config.global_unique_name
-            )));
-        }
-        let backend = (self.opener)(&config)?;
-        let record = StorageRecord {
-            wire: wire_config,
-            config: config.clone(),
-            backend,
-            available: true,
-        };
-        records.insert(config.global_unique_name, record);
+        let mut wire_configs = write_lock(&self.wire_configs);
+        self.registry.add(config).map_err(already_exists)?;
+        wire_configs.insert(wire_config.global_unique_name.clone(), wire_config);
         Ok(())
     }
 
-    /// Replaces a registered storage (remove + add); unchanged on failure.
+    /// Replaces a registered storage (remove + add); the old one is restored on failure.
     pub fn update(&self, wire_config: admin::StorageConfig) -> ManagerResult<()> {
         let config = validated(&wire_config)?;
-        let mut records = self.records.write().unwrap_or_else(|p| p.into_inner());
-        let old = records
-            .get(&config.global_unique_name)
-            .ok_or_else(|| unknown(&config.global_unique_name))?;
-        let available = old.available;
-        let backend = (self.opener)(&config)?;
-        let record = StorageRecord {
-            wire: wire_config,
-            config: config.clone(),
-            backend,
-            available,
-        };
-        records.insert(config.global_unique_name, record);
+        let name = config.global_unique_name.clone();
+        let mut wire_configs = write_lock(&self.wire_configs);
+        let old = self.registry.remove(&name)?;
+        if let Err(error) = self.registry.add(config) {
+            if let Err(restore) = self.registry.add(old.config().clone()) {
+                tracing::warn!(%restore, storage = %name, "restoring a storage after a failed update");
+            }
+            return Err(error.into());
+        }
+        wire_configs.insert(name, wire_config);
         Ok(())
     }
 
     /// Forgets a storage.
     pub fn remove(&self, name: &str) -> ManagerResult<()> {
-        let mut records = self.records.write().unwrap_or_else(|p| p.into_inner());
-        records.remove(name).map(drop).ok_or_else(|| unknown(name))
+        let mut wire_configs = write_lock(&self.wire_configs);
+        self.registry.remove(name)?;
+        wire_configs.remove(name);
+        Ok(())
     }
 
-    /// Marks a storage available or not.
+    /// Enables or disables a storage.
     pub fn set_available(&self, name: &str, available: bool) -> ManagerResult<()> {
-        let mut records = self.records.write().unwrap_or_else(|p| p.into_inner());
-        let record = records.get_mut(name).ok_or_else(|| unknown(name))?;
-        record.available = available;
-        Ok(())
+        let toggled = if available {
+            self.registry.enable(name)
+        } else {
+            self.registry.disable(name)
+        };
+        Ok(toggled?)
     }
 
     /// Every registered storage's wire config, by name.
     pub fn list(&self) -> Vec<admin::StorageConfig> {
-        self.read()
-            .records
-            .values()
-            .map(|r| r.wire.clone())
+        read_lock(&self.wire_configs).values().cloned().collect()
+    }
+
+    /// The backend registered under `name`.
+    pub fn backend(&self, name: &str) -> Option<Arc<dyn DataStorage>> {
+        self.registry.get(name)
+    }
+
+    /// The available backends among `candidates`, in candidate order.
+    pub fn available(&self, candidates: &[String]) -> Vec<Arc<dyn DataStorage>> {
+        candidates
+            .iter()
+            .filter(|name| self.registry.is_available(name))
+            .filter_map(|name| self.registry.get(name))
             .collect()
     }
 
-    /// The backend holding a location, if still registered.
-    pub fn backend(&self, name: &str) -> Option<Arc<dyn DataStorage>> {
-        self.read().records.get(name).map(|r| r.backend.clone())
-    }
-}
-
-/// A consistent view of the table for the duration of one request.
-pub struct StorageView<'a> {
-    records: RwLockReadGuard<'a, BTreeMap<String, StorageRecord>>,
-}
-
-impl StorageView<'_> {
-    /// The record of a registered storage.
-    pub fn get(&self, name: &str) -> Option<&StorageRecord> {
-        self.records.get(name)
-    }
-
-    /// Read weights for one group's candidates (wire fact sheet §11).
-    pub fn read_weights<'v>(&'v self, candidates: &'v [String]) -> ManagerResult<ReadWeights<'v>> {
-        let available = |name: &String| self.records.get(name).is_some_and(|r| r.available);
-        if !candidates.iter().any(available) {
+    /// Read weights for one request on a group with these candidates (wire fact sheet §11).
+    pub fn read_weights(&self, candidates: &[String]) -> ManagerResult<ReadWeights<'_>> {
+        let available = candidates
+            .iter()
+            .filter(|name| self.registry.is_available(name))
+            .count();
+        if available == 0 {
             return Err(ManagerError::NoSpace(
                 "none of the group's storages is available".into(),
             ));
         }
         Ok(ReadWeights {
-            view: self,
-            all_available: candidates.iter().all(available),
+            table: self,
+            all_available: available == candidates.len(),
+            memo: RefCell::default(),
         })
     }
 
-    /// The `storage_configs` JSON text of a group's candidates that are registered, by name.
+    /// The `storage_configs` JSON text of a group's registered candidates, by name.
     pub fn storage_configs_json(&self, candidates: &[String]) -> String {
-        let mut names: Vec<&String> = candidates
-            .iter()
-            .filter(|n| self.records.contains_key(*n))
-            .collect();
-        names.sort();
-        names.dedup();
-        let items: Vec<serde_json::Value> = names
+        let items: Vec<serde_json::Value> = self
+            .registry
+            .list()
             .into_iter()
-            .filter_map(|name| self.records.get(name))
-            .map(|r| wire::storage_config_json(&r.config, r.available))
+            .filter(|status| candidates.contains(&status.storage.config().global_unique_name))
+            .map(|status| wire::storage_config_json(status.storage.config(), status.is_available()))
             .collect();
         serde_json::Value::Array(items).to_string()
     }
 }
 
-/// Weights that pick among a key's readable replicas.
-pub struct ReadWeights<'v> {
-    view: &'v StorageView<'v>,
+/// Weights that pick among a key's readable replicas, for one request.
+pub struct ReadWeights<'t> {
+    table: &'t StorageTable,
     all_available: bool,
+    /// Availability per storage name seen so far (locations of a request mostly share one).
+    memo: RefCell<Vec<(Arc<str>, bool)>>,
 }
 
 impl ReadWeights<'_> {
     /// The weight of a location: by backend kind while every candidate storage is available,
-    /// otherwise 1 when its own storage is available and 0 (a miss) when not.
+    /// otherwise 1 when its own storage is available; 0 (a miss) when it is not.
     pub fn weight(&self, location: &Location) -> u32 {
-        let Some(record) = self.view.get(&location.storage_name) else {
+        if !self.is_available(&location.storage_name) {
             return 0;
-        };
-        match (self.all_available, record.available) {
-            (_, false) => 0,
-            (false, true) => 1,
-            (true, true) => kind_weight(record.backend.kind()),
+        }
+        if !self.all_available {
+            return 1;
+        }
+        match meta::StorageType::try_from(location.cache_location.r#type) {
+            Ok(meta::StorageType::StNfs) => 5,
+            Ok(
+                meta::StorageType::St3fs
+                | meta::StorageType::StMooncake
+                | meta::StorageType::StTairmempool,
+            ) => 3,
+            _ => 1,
         }
     }
-}
 
-/// Fixed read preference per backend kind when everything is available.
-fn kind_weight(kind: StorageKind) -> u32 {
-    match kind {
-        StorageKind::Nfs => 5,
-        StorageKind::ThreeFs | StorageKind::Mooncake | StorageKind::TairMemPool => 3,
-        StorageKind::VcnsThreeFs => 1,
+    fn is_available(&self, name: &Arc<str>) -> bool {
+        let mut memo = self.memo.borrow_mut();
+        if let Some((_, available)) = memo.iter().find(|(n, _)| n == name) {
+            return *available;
+        }
+        let available = self.table.registry.is_available(name);
+        memo.push((name.clone(), available));
+        available
     }
 }
 
-fn unknown(name: &str) -> ManagerError {
-    ManagerError::NotFound(format!("storage {name:?} does not exist"))
+fn already_exists(error: StorageError) -> ManagerError {
+    match error {
+        StorageError::DuplicateStorage(name) => {
+            ManagerError::AlreadyExists(format!("storage {name:?} already exists"))
+        }
+        other => other.into(),
+    }
 }
 
 /// The typed config of a wire config, with the admin's validation rules.
 fn validated(wire_config: &admin::StorageConfig) -> ManagerResult<StorageConfig> {
-    if wire_config.global_unique_name.is_empty() {
-        return Err(ManagerError::InvalidArgument(
-            "{AddStorage: {storage.global_unique_name}}".into(),
-        ));
-    }
     let config =
         wire::from_wire(wire_config).map_err(|e| ManagerError::InvalidArgument(e.to_string()))?;
     config

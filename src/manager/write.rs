@@ -9,14 +9,13 @@ use std::time::{Duration, Instant};
 use kvcm_index::{BlockKey, Modify};
 use kvcm_storage::{AllocationRequest, BlockToAllocate, DataStorage, StorageKind};
 
-use super::deleter::{self, DeleteJob};
 use super::entry::{Entry, KeyEntry, Location, LocationState};
 use super::error::{invalid, ManagerError, ManagerResult};
 use super::feed::StateChange;
 use super::instance::Instance;
 use super::mask::BlockMask;
 use super::sessions::{random_id, PendingWrite, Session};
-use super::{read_lock, Manager};
+use super::Manager;
 use crate::proto::{admin, meta, storage as wire};
 
 /// How long a session with nothing to write is kept.
@@ -50,23 +49,11 @@ impl Manager {
             .iter()
             .map(|e| e.as_ref().is_some_and(|e| !e.locations.is_empty()))
             .collect();
-        let blocks: Vec<BlockToAllocate> = keys
-            .iter()
-            .zip(&present)
-            .enumerate()
-            .filter(|(_, (_, &present))| !present)
-            .map(|(i, (&key, _))| BlockToAllocate {
-                key,
-                spec_indexes: spec_indexes[i].clone(),
-            })
-            .collect();
+        let blocks = absent_blocks(&keys, &present, spec_indexes);
         let mask = BlockMask::from_presence(present);
         if blocks.is_empty() {
-            let session_id = self.sessions.open(Session {
-                instance: instance.clone(),
-                writes: Vec::new(),
-                deadline: Instant::now() + EMPTY_SESSION_LIFETIME,
-            });
+            let deadline = Instant::now() + EMPTY_SESSION_LIFETIME;
+            let session_id = self.open_session(instance, &[], deadline);
             return Ok(WriteStart {
                 session_id,
                 mask,
@@ -77,18 +64,7 @@ impl Manager {
         let new_locations = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
         self.insert_writing(instance, backend.as_ref(), &new_locations)?;
         let deadline = Instant::now() + Duration::from_secs(timeout_seconds.max(0) as u64);
-        let writes = new_locations
-            .iter()
-            .map(|(key, l)| PendingWrite {
-                key: *key,
-                location_id: l.id.clone(),
-            })
-            .collect();
-        let session_id = self.sessions.open(Session {
-            instance: instance.clone(),
-            writes,
-            deadline,
-        });
+        let session_id = self.open_session(instance, &new_locations, deadline);
         let locations = new_locations
             .into_iter()
             .map(|(_, l)| l.cache_location)
@@ -97,6 +73,27 @@ impl Manager {
             session_id,
             mask,
             locations,
+        })
+    }
+
+    /// Opens the session that owns these new WRITING locations.
+    fn open_session(
+        &self,
+        instance: &Arc<Instance>,
+        new_locations: &[(BlockKey, Location)],
+        deadline: Instant,
+    ) -> String {
+        let writes = new_locations
+            .iter()
+            .map(|(key, l)| PendingWrite {
+                key: *key,
+                location_id: l.id.clone(),
+            })
+            .collect();
+        self.sessions.open(Session {
+            instance: instance.clone(),
+            writes,
+            deadline,
         })
     }
 
@@ -126,8 +123,18 @@ impl Manager {
             .partition(|(j, _)| success.contains(*j));
         let committed: Vec<&PendingWrite> = committed.into_iter().map(|(_, w)| w).collect();
         let failed: Vec<&PendingWrite> = failed.into_iter().map(|(_, w)| w).collect();
-        let moved = self.move_writes(&session.instance, &committed, LocationState::Serving)?;
-        self.fail_writes(&session.instance, &failed)?;
+        let failing = self.fail_writes(&session.instance, &failed);
+        let moved = match self.move_writes(&session.instance, &committed, LocationState::Serving) {
+            Ok(moved) => moved,
+            Err(error) => {
+                // Never leave a consumed session's blocks WRITING: fail the commits too.
+                if let Err(cleanup) = self.fail_writes(&session.instance, &committed) {
+                    tracing::warn!(%cleanup, "failing blocks of a session whose commit failed");
+                }
+                return Err(error);
+            }
+        };
+        failing?;
         if moved.len() < committed.len() {
             return Err(ManagerError::Partial(format!(
                 "{} of {} committed blocks vanished before FinishWriteCache",
@@ -149,15 +156,7 @@ impl Manager {
     /// WRITING → DELETING for these writes, then queues their deletion.
     fn fail_writes(&self, instance: &Arc<Instance>, writes: &[&PendingWrite]) -> ManagerResult<()> {
         let moved = self.move_writes(instance, writes, LocationState::Deleting)?;
-        let jobs = moved
-            .into_iter()
-            .map(|(key, location)| DeleteJob {
-                instance: instance.clone(),
-                key,
-                location,
-            })
-            .collect();
-        deleter::enqueue(&self.deletes, jobs);
+        self.delete_later(instance, moved);
         Ok(())
     }
 
@@ -260,6 +259,9 @@ impl Manager {
             return Err(error.into());
         }
         for (key, location) in new_locations {
+            let cache_location = &location.cache_location;
+            let bytes = instance.location_bytes(cache_location);
+            instance.usage().add(cache_location.r#type, bytes);
             self.feed.publish(StateChange {
                 instance_id: instance.id().clone(),
                 key: *key,
@@ -272,61 +274,41 @@ impl Manager {
     }
 
     /// The storage a write of this instance goes to (wire fact sheet §16.3): the group quota
-    /// must have room; candidates are the group's registered, available storages; the
-    /// group's preference strategy picks among them.
+    /// must have room; candidates are the group's registered, available storages whose type
+    /// quota has room; the group's preference strategy picks among them.
     fn choose_backend(
         &self,
         instance: &Instance,
     ) -> ManagerResult<(Arc<str>, Arc<dyn DataStorage>)> {
         let group = self.group(instance.group())?;
-        self.check_group_quota(&group)?;
-        let view = self.storages.read();
-        let candidates: Vec<_> = group
-            .storage_candidates
-            .iter()
-            .filter_map(|name| view.get(name))
-            .filter(|record| record.available)
+        let usage = self.group_usage_with_room(&group)?;
+        let candidates: Vec<_> = self
+            .storages
+            .available(&group.storage_candidates)
+            .into_iter()
+            .filter(|backend| usage.has_room(&group, backend.kind()))
             .collect();
         let strategy = group
             .cache_config
             .as_ref()
             .map_or(0, |c| c.data_storage_strategy);
         let (wanted, strict) = preferred_kind(strategy);
-        let preferred = candidates.iter().find(|r| Some(r.backend.kind()) == wanted);
+        let preferred = candidates.iter().find(|b| Some(b.kind()) == wanted);
         let chosen = match (preferred, strict) {
-            (Some(record), _) => Some(record),
+            (Some(backend), _) => Some(backend),
             (None, true) => None,
             (None, false) => candidates.first(),
         };
-        let record = chosen.ok_or_else(|| {
+        let backend = chosen.ok_or_else(|| {
             ManagerError::NoSpace(format!(
                 "no available storage of group {:?} fits its strategy",
                 group.name
             ))
         })?;
         Ok((
-            record.config.global_unique_name.as_str().into(),
-            record.backend.clone(),
+            backend.config().global_unique_name.as_str().into(),
+            backend.clone(),
         ))
-    }
-
-    /// Refuses writes when the group's byte usage reached its capacity (capacity 0 = none).
-    fn check_group_quota(&self, group: &admin::InstanceGroup) -> ManagerResult<()> {
-        let capacity = group.quota.as_ref().map_or(0, |q| q.capacity);
-        let mut usage = 0i64;
-        for instance in read_lock(&self.instances).values() {
-            if instance.group() == group.name {
-                let keys = instance.index.len()? as i64;
-                usage = usage.saturating_add(keys.saturating_mul(instance.block_bytes()));
-            }
-        }
-        if capacity < 0 || usage >= capacity {
-            return Err(ManagerError::NoSpace(format!(
-                "group {:?} uses {usage} of its {capacity} bytes",
-                group.name
-            )));
-        }
-        Ok(())
     }
 }
 
@@ -376,6 +358,20 @@ fn spec_indexes_per_key(
                 .filter(|&i| group.spec_names.contains(&instance.specs()[i].name))
                 .collect())
         })
+        .collect()
+}
+
+/// The blocks to allocate: the absent keys, in request order, with their parts.
+fn absent_blocks(
+    keys: &[BlockKey],
+    present: &[bool],
+    spec_indexes: Vec<Vec<usize>>,
+) -> Vec<BlockToAllocate> {
+    keys.iter()
+        .zip(present)
+        .zip(spec_indexes)
+        .filter(|((_, &present), _)| !present)
+        .map(|((&key, _), spec_indexes)| BlockToAllocate { key, spec_indexes })
         .collect()
 }
 

@@ -13,6 +13,8 @@ use crate::proto::admin;
 pub const DEFAULT_GROUP: &str = "default";
 /// Name of the embedded default storage.
 pub const DEFAULT_STORAGE: &str = "default_file";
+/// How often registered storages are health-probed.
+const STORAGE_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 /// Blocks packed per file by the default storage.
 const DEFAULT_KEYS_PER_FILE: i32 = 8;
 
@@ -28,11 +30,10 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         config.node_id.clone()
     };
     let manager = Manager::new(ManagerDeps {
-        open_storage: Arc::new(|storage| kvcm_storage::open(storage.clone())),
+        storage_probe_interval: Some(STORAGE_PROBE_INTERVAL),
         open_index: local_index_factory(),
         node_id,
-    })
-    .map_err(ServerError::Threads)?;
+    })?;
     let root = block_root(&config.data_dir)?;
     manager.add_storage(default_storage(&root))?;
     manager.create_group(default_group())?;

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
@@ -15,7 +14,6 @@ use tonic::transport::Server;
 
 use super::ServerError;
 use crate::config::ServerConfig;
-use crate::manager::Manager;
 use crate::proto::admin::admin_service_server::AdminServiceServer;
 use crate::proto::debug::debug_service_server::DebugServiceServer;
 use crate::proto::meta::meta_service_server::MetaServiceServer;
@@ -56,12 +54,24 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|&stop| stop).await;
 }
 
-/// Binds and serves every listener of `config` for `manager`.
+/// The accepted connections of `listener` with Nagle off (small request/response pairs
+/// must never wait for delayed ACKs).
+pub fn nodelay_incoming(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    TcpListenerStream::new(listener).map(|stream| {
+        if let Ok(stream) = &stream {
+            let _ = stream.set_nodelay(true);
+        }
+        stream
+    })
+}
+
+/// Binds and serves every listener of `config` with these handlers.
 pub async fn start(
     config: &ServerConfig,
-    manager: Arc<Manager>,
+    handlers: Handlers,
 ) -> Result<RunningServer, ServerError> {
-    let handlers = Handlers::new(manager);
     let (stop, stop_rx) = watch::channel(false);
     let mut server = RunningServer {
         addresses: BTreeMap::new(),
@@ -72,26 +82,23 @@ pub async fn start(
     let limit = config.http_max_body_bytes;
     let debug = config.enable_debug_service;
 
-    let mut grpc = Server::builder().add_service(MetaServiceServer::new(handlers.meta.clone()));
-    if config.admin_rpc_shared() {
-        let admin = grpc.add_service(AdminServiceServer::new(handlers.admin.clone()));
-        grpc = if debug {
-            admin.add_service(DebugServiceServer::new(handlers.debug.clone()))
-        } else {
-            admin
-        };
-    }
+    let shared = config.admin_rpc_shared();
+    let admin_service = || AdminServiceServer::new(handlers.admin.clone());
+    let debug_service = || DebugServiceServer::new(handlers.debug.clone());
+    let grpc = Server::builder()
+        .add_service(MetaServiceServer::new(handlers.meta.clone()))
+        .add_optional_service(shared.then(admin_service))
+        .add_optional_service((shared && debug).then(debug_service));
     server
         .spawn_grpc("grpc", config.rpc_port, grpc, &stop_rx)
         .await?;
-    if !config.admin_rpc_shared() {
-        let mut admin =
-            Server::builder().add_service(AdminServiceServer::new(handlers.admin.clone()));
-        if debug {
-            admin = admin.add_service(DebugServiceServer::new(handlers.debug.clone()));
-        }
+    if !shared {
+        let admin_grpc = Server::builder()
+            .add_service(admin_service())
+            .add_optional_service(debug.then(debug_service));
+        let port = config.admin_rpc_port;
         server
-            .spawn_grpc("admin_grpc", config.admin_rpc_port, admin, &stop_rx)
+            .spawn_grpc("admin_grpc", port, admin_grpc, &stop_rx)
             .await?;
     }
     let meta_http = http::meta_router(handlers.meta.clone(), limit);
@@ -121,13 +128,7 @@ impl RunningServer {
     ) -> Result<(), ServerError> {
         let listener = bind(name, port).await?;
         self.announce(name, &listener)?;
-        let incoming = TcpListenerStream::new(listener).map(|stream| {
-            if let Ok(stream) = &stream {
-                // Small request/response pairs: never wait for Nagle.
-                let _ = stream.set_nodelay(true);
-            }
-            stream
-        });
+        let incoming = nodelay_incoming(listener);
         let shutdown = stopped(stop.clone());
         let task = tokio::spawn(async move {
             router

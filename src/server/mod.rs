@@ -8,7 +8,7 @@ mod listeners;
 use std::path::PathBuf;
 
 pub use bootstrap::{embedded_manager, DEFAULT_GROUP, DEFAULT_STORAGE};
-pub use listeners::{start, RunningServer};
+pub use listeners::{nodelay_incoming, start, RunningServer};
 
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -27,9 +27,6 @@ pub enum ServerError {
     /// Registering the embedded default failed.
     #[error("embedded default: {0}")]
     Bootstrap(#[from] crate::manager::ManagerError),
-    /// A background thread could not be started.
-    #[error("starting background threads: {0}")]
-    Threads(std::io::Error),
     /// A listener cannot bind.
     #[error("binding {name} on port {port}: {source}")]
     Bind {

@@ -421,14 +421,20 @@ impl AdminHandler {
         })
     }
 
-    /// UpdateLogger: accepts DEBUG / INFO / WARN / ERROR (case-insensitive).
+    /// UpdateLogger: DEBUG / INFO / WARN / ERROR (case-insensitive) become the log level.
     pub fn update_logger(&self, request: admin::UpdateLoggerRequest) -> admin::CommonResponse {
-        self.any_node("UpdateLogger", &request.trace_id, |_| {
-            let level = request.log_level.to_ascii_uppercase();
-            if !["DEBUG", "INFO", "WARN", "ERROR"].contains(&level.as_str()) {
-                return Err(missing("UpdateLogger", "log_level"));
-            }
-            tracing::info!(%level, "log level change requested (the level is fixed at start)");
+        self.any_node("UpdateLogger", &request.trace_id, |core| {
+            let level = match request.log_level.to_ascii_uppercase().as_str() {
+                "DEBUG" => tracing::Level::DEBUG,
+                "INFO" => tracing::Level::INFO,
+                "WARN" => tracing::Level::WARN,
+                "ERROR" => tracing::Level::ERROR,
+                _ => return Err(missing("UpdateLogger", "log_level")),
+            };
+            let setter = core.log_level.as_ref().ok_or_else(|| {
+                ManagerError::Unsupported("this process has a fixed log level".into())
+            })?;
+            setter(level).map_err(ManagerError::Unsupported)?;
             done("Logger updated successfully")
         })
     }

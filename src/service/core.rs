@@ -3,13 +3,16 @@
 //! metrics. Handlers only convert wire requests into manager calls and results back.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::faults::Faults;
 use super::metrics::Metrics;
 use super::reply::Reply;
 use crate::manager::{Instance, Manager, ManagerError, ManagerResult};
 use crate::proto::meta::ErrorCode;
+
+/// A trace id ending in this asks for the span timings in `header.tracer_result`.
+const SPAN_TRACER_SUFFIX: &str = "__kvcm_need_span_tracer";
 
 /// APIs subject to debug fault injection (as in the reference).
 const FAULTABLE: [&str; 3] = ["GetCacheLocation", "StartWriteCache", "FinishWriteCache"];
@@ -24,7 +27,6 @@ pub enum Rules {
 }
 
 /// What every handler shares.
-#[derive(Debug)]
 pub struct Core {
     /// The manager.
     pub manager: Arc<Manager>,
@@ -32,6 +34,14 @@ pub struct Core {
     pub metrics: Metrics,
     /// Debug fault injection.
     pub faults: Faults,
+    /// Where UpdateLogger applies a level (`None`: the level is fixed).
+    pub log_level: Option<super::LogLevelSetter>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core").finish_non_exhaustive()
+    }
 }
 
 /// A successful result and its status message.
@@ -47,6 +57,20 @@ impl Core {
         leader_only: bool,
         op: impl FnOnce() -> Outcome<R>,
     ) -> R {
+        let (reply, elapsed) = self.answer(api, trace_id, rules, leader_only, op);
+        self.metrics.record(api, elapsed);
+        reply
+    }
+
+    /// The reply of one RPC and how long it took (no metrics recorded).
+    fn answer<R: Reply>(
+        &self,
+        api: &'static str,
+        trace_id: &str,
+        rules: Rules,
+        leader_only: bool,
+        op: impl FnOnce() -> Outcome<R>,
+    ) -> (R, Duration) {
         let started = Instant::now();
         let result = if leader_only && !self.manager.leadership().is_leader() {
             let error = ManagerError::NotLeader;
@@ -64,8 +88,14 @@ impl Core {
             Err((code, message)) => (R::default(), code, message),
         };
         reply.set_header(code, message, request_id(trace_id));
-        self.metrics.record(api, started.elapsed());
-        reply
+        let elapsed = started.elapsed();
+        let micros = elapsed.as_micros() as u64;
+        if trace_id.ends_with(SPAN_TRACER_SUFFIX) {
+            let spans = serde_json::json!({"name": api, "duration_us": micros, "children": []});
+            reply.set_tracer_result(spans.to_string());
+        }
+        tracing::debug!(api, ?code, micros, "served");
+        (reply, elapsed)
     }
 
     /// A meta RPC on one instance: unknown instance → INSTANCE_NOT_EXIST before anything
@@ -81,10 +111,13 @@ impl Core {
             let mut reply = R::default();
             let message = format!("get {api} metrics collector failed");
             reply.set_header(ErrorCode::InstanceNotExist, message, String::new());
-            self.metrics.record(api, std::time::Duration::ZERO);
+            self.metrics.record(api, Duration::ZERO);
             return reply;
         };
-        self.call(api, trace_id, Rules::Meta, true, || op(instance))
+        let (id, group) = (instance.id().clone(), instance.group().to_string());
+        let (reply, elapsed) = self.answer(api, trace_id, Rules::Meta, true, || op(instance));
+        self.metrics.record_instance(api, &id, &group, elapsed);
+        reply
     }
 }
 

@@ -17,16 +17,10 @@ use std::sync::Arc;
 
 use crate::manager::Manager;
 
-/// Every API name, for the metrics registry.
-pub const API_NAMES: [&str; 32] = [
+/// Every API name except [`INSTANCE_API_NAMES`], for the metrics registry.
+pub const OTHER_API_NAMES: [&str; 26] = [
     "RegisterInstance",
     "GetInstanceInfo",
-    "GetCacheMeta",
-    "GetCacheLocation",
-    "StartWriteCache",
-    "FinishWriteCache",
-    "RemoveCache",
-    "TrimCache",
     "AddStorage",
     "EnableStorage",
     "DisableStorage",
@@ -53,6 +47,19 @@ pub const API_NAMES: [&str; 32] = [
     "UpdateLogger",
 ];
 
+/// The meta APIs on one instance (counted per API and per instance).
+pub const INSTANCE_API_NAMES: [&str; 6] = [
+    "GetCacheMeta",
+    "GetCacheLocation",
+    "StartWriteCache",
+    "FinishWriteCache",
+    "RemoveCache",
+    "TrimCache",
+];
+
+/// Applies a new log level; installed by the binary that owns the log subscriber.
+pub type LogLevelSetter = Arc<dyn Fn(tracing::Level) -> Result<(), String> + Send + Sync>;
+
 /// The three handlers over one shared core.
 #[derive(Debug, Clone)]
 pub struct Handlers {
@@ -67,12 +74,13 @@ pub struct Handlers {
 }
 
 impl Handlers {
-    /// Handlers serving this manager.
-    pub fn new(manager: Arc<Manager>) -> Self {
+    /// Handlers serving this manager; `log_level` makes UpdateLogger effective.
+    pub fn new(manager: Arc<Manager>, log_level: Option<LogLevelSetter>) -> Self {
         let core = Arc::new(core::Core {
             manager,
-            metrics: metrics::Metrics::new(&API_NAMES),
+            metrics: metrics::Metrics::new(&OTHER_API_NAMES, &INSTANCE_API_NAMES),
             faults: faults::Faults::default(),
+            log_level,
         });
         Handlers {
             meta: meta::MetaHandler::new(core.clone()),

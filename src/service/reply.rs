@@ -7,6 +7,9 @@ use crate::proto::{admin, debug, meta};
 pub trait Reply: Default {
     /// Sets `header.status` and `header.request_id`.
     fn set_header(&mut self, code: meta::ErrorCode, message: String, request_id: String);
+
+    /// Sets `header.tracer_result` (only meta headers have one).
+    fn set_tracer_result(&mut self, _tracer_result: String) {}
 }
 
 macro_rules! meta_replies {
@@ -18,6 +21,12 @@ macro_rules! meta_replies {
                     request_id,
                     tracer_result: String::new(),
                 });
+            }
+
+            fn set_tracer_result(&mut self, tracer_result: String) {
+                if let Some(header) = self.header.as_mut() {
+                    header.tracer_result = tracer_result;
+                }
             }
         }
     )*};

@@ -57,6 +57,16 @@ impl TestServer {
 
     /// Starts a server with extra `--env key=value` settings.
     pub async fn start_with(extra: &[&str]) -> TestServer {
+        let settings: Vec<String> = extra
+            .iter()
+            .flat_map(|s| ["--env".to_string(), s.to_string()])
+            .collect();
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        Self::start_custom(&settings, &[]).await
+    }
+
+    /// Starts a server with extra command-line arguments and environment variables.
+    pub async fn start_custom(args: &[&str], envs: &[(&str, &str)]) -> TestServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let ready = dir.path().join("ready.json");
         let mut command = Command::new(env!("CARGO_BIN_EXE_kvcm"));
@@ -72,12 +82,14 @@ impl TestServer {
             "kvcm.service.admin_http_port=0",
             "kvcm.service.enable_debug_service=true",
         ];
-        for setting in defaults.iter().chain(extra) {
+        for setting in defaults {
             command.arg("--env").arg(setting);
         }
+        command.args(args).envs(envs.iter().copied());
+        let log = std::fs::File::create(dir.path().join("stderr.log")).expect("log file");
         let child = command
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn kvcm serve");
         let mut server = TestServer {
@@ -106,18 +118,28 @@ impl TestServer {
         self.addresses[listener]
     }
 
+    /// What the server logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
+    /// Whether a listener was started.
+    pub fn has_listener(&self, listener: &str) -> bool {
+        self.addresses.contains_key(listener)
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Sends SIGTERM and waits for the exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
+    /// Sends a signal (`TERM`, `INT`, ...) and waits for the exit status.
+    pub fn signal_and_wait(&mut self, signal: &str) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
         Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{signal}"), &pid])
             .status()
-            .expect("kill -TERM");
+            .expect("kill");
         self.child.wait().expect("wait")
     }
 

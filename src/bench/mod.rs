@@ -1,0 +1,179 @@
+//! `kvcm bench`: end-to-end latency and throughput of GetCacheLocation (prefix match of 16
+//! and 128 keys) over gRPC and HTTP against an in-process server, each printed beside its
+//! floor measured in the same run — a bare tonic service / bare axum route answering the
+//! same bytes — plus local index batch get and read_modify_write throughput on one core
+//! beside a plain HashMap.
+
+mod echo;
+mod http_client;
+mod index;
+mod measure;
+
+use std::net::SocketAddr;
+
+use kvcm::config::ServerConfig;
+use kvcm::proto::meta;
+use kvcm::service::meta::MetaHandler;
+use measure::{paired_latency, throughput, Target};
+
+/// Settings of `kvcm bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Timed requests per latency case (after the warm-up).
+    #[arg(long, default_value_t = 20_000)]
+    pub iterations: usize,
+    /// Untimed requests before each case.
+    #[arg(long, default_value_t = 2_000)]
+    pub warmup: usize,
+    /// Requests in flight in the throughput runs.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Keys stored in the local index for its throughput runs.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub index_keys: usize,
+}
+
+const PREFIX_SIZES: [usize; 2] = [16, 128];
+
+/// Runs every case and prints the table.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let server_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let client_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let data_dir = std::env::temp_dir().join(format!("kvcm-bench-{}", std::process::id()));
+    let config = ServerConfig {
+        rpc_port: 0,
+        http_port: 0,
+        admin_http_port: 0,
+        data_dir: data_dir.clone(),
+        ..ServerConfig::default()
+    };
+    let (grpc, http, echo_grpc, echo_http) = server_runtime.block_on(async {
+        let manager = kvcm::server::embedded_manager(&config)?;
+        let handlers = kvcm::service::Handlers::new(manager, None);
+        let server = kvcm::server::start(&config, handlers).await?;
+        let answers = seed(&server.handlers.meta)?;
+        let echo_http = echo::spawn_http_echo(answers.clone()).await?;
+        let echo_grpc = echo::spawn_grpc_echo(echo::EchoMeta { answers }).await?;
+        let grpc = server.addresses["grpc"];
+        let http = server.addresses["http"];
+        std::mem::forget(server); // serves until the process exits
+        anyhow::Ok((grpc, http, echo_grpc, echo_http))
+    })?;
+    let local = |a: SocketAddr| SocketAddr::from(([127, 0, 0, 1], a.port()));
+    println!("case                         p50 µs   p99 µs      req/s   p50 / floor");
+    client_runtime.block_on(async {
+        for size in PREFIX_SIZES {
+            let targets = [
+                ("grpc echo (floor)", Target::grpc(local(echo_grpc)).await?),
+                ("grpc prefix", Target::grpc(local(grpc)).await?),
+            ];
+            compare(&args, size, &targets).await?;
+        }
+        for size in PREFIX_SIZES {
+            let targets = [
+                (
+                    "http echo (floor)",
+                    Target::http(local(echo_http), &format!("/echo/{size}")).await?,
+                ),
+                (
+                    "http json echo",
+                    Target::http(local(echo_http), &format!("/json-echo/{size}")).await?,
+                ),
+                (
+                    "http prefix",
+                    Target::http(local(http), "/api/getCacheLocation").await?,
+                ),
+            ];
+            compare(&args, size, &targets).await?;
+        }
+        anyhow::Ok(())
+    })?;
+    index::run(args.index_keys);
+    let _ = std::fs::remove_dir_all(&data_dir);
+    Ok(())
+}
+
+/// Measures the targets of one comparison (the first is the floor) and prints them.
+async fn compare(args: &BenchArgs, size: usize, targets: &[(&str, Target)]) -> anyhow::Result<()> {
+    let request = prefix_request(size);
+    let only_targets: Vec<&Target> = targets.iter().map(|(_, t)| t).collect();
+    let mut figures = paired_latency(args, &only_targets, &request).await?;
+    for (figure, target) in figures.iter_mut().zip(&only_targets) {
+        figure.per_second = throughput(args, target, &request).await?;
+    }
+    let floor = figures[0];
+    for ((name, _), figure) in targets.iter().zip(&figures) {
+        println!(
+            "{:<26} {:>8.1} {:>8.1} {:>10.0}   {:>5.2}x",
+            format!("{name} {size}"),
+            figure.p50_us,
+            figure.p99_us,
+            figure.per_second,
+            figure.p50_us / floor.p50_us
+        );
+    }
+    Ok(())
+}
+
+/// Registers instance `bench` and commits keys 1..=128; returns the real prefix answers.
+fn seed(
+    meta_handler: &MetaHandler,
+) -> anyhow::Result<Vec<(usize, meta::GetCacheLocationResponse)>> {
+    let registered = meta_handler.register_instance(meta::RegisterInstanceRequest {
+        instance_group: kvcm::server::DEFAULT_GROUP.into(),
+        instance_id: "bench".into(),
+        block_size: 16,
+        location_spec_infos: vec![meta::LocationSpecInfo {
+            name: "tp0".into(),
+            size: 65536,
+        }],
+        model_deployment: Some(meta::ModelDeployment {
+            model_name: "bench".into(),
+            dtype: "fp8".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    anyhow::ensure!(ok(&registered.header), "register: {:?}", registered.header);
+    let started = meta_handler.start_write_cache(meta::StartWriteCacheRequest {
+        instance_id: "bench".into(),
+        block_keys: (1..=128).collect(),
+        write_timeout_seconds: 60,
+        ..Default::default()
+    });
+    let finished = meta_handler.finish_write_cache(meta::FinishWriteCacheRequest {
+        instance_id: "bench".into(),
+        write_session_id: started.write_session_id,
+        success_blocks: Some(meta::BlockMask {
+            info: Some(meta::block_mask::Info::Offset(128)),
+        }),
+        ..Default::default()
+    });
+    anyhow::ensure!(ok(&finished.header), "finish: {:?}", finished.header);
+    Ok(PREFIX_SIZES
+        .iter()
+        .map(|&size| (size, meta_handler.get_cache_location(prefix_request(size))))
+        .collect())
+}
+
+fn ok(header: &Option<meta::CommonResponseHeader>) -> bool {
+    header
+        .as_ref()
+        .and_then(|h| h.status.as_ref())
+        .is_some_and(|s| s.code == meta::ErrorCode::Ok as i32)
+}
+
+fn prefix_request(size: usize) -> meta::GetCacheLocationRequest {
+    meta::GetCacheLocationRequest {
+        trace_id: "bench".into(),
+        instance_id: "bench".into(),
+        query_type: meta::QueryType::QtPrefixMatch as i32,
+        block_keys: (1..=size as i64).collect(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,92 @@
+//! Quotas (wire fact sheet §16.3): a group's total byte capacity, and per storage type a
+//! capacity whose reached usage excludes that type from new writes. Usage is counted per
+//! instance and type as locations enter the index (allocation) and leave it (deleter);
+//! VCNS 3FS counts as 3FS.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use kvcm_storage::StorageKind;
+
+use super::error::{ManagerError, ManagerResult};
+use super::{read_lock, Manager};
+use crate::proto::{admin, meta, storage as wire};
+
+/// Number of usage slots (wire storage type numbers 0..=5; VCNS shares the 3FS slot).
+const TYPE_SLOTS: usize = 6;
+
+/// The slot of a wire storage type.
+fn slot(wire_type: i32) -> usize {
+    match meta::StorageType::try_from(wire_type) {
+        Ok(meta::StorageType::StVcns3fs) => meta::StorageType::St3fs as usize,
+        Ok(known) => known as usize,
+        Err(_) => meta::StorageType::StUnspecified as usize,
+    }
+}
+
+/// Bytes stored per storage type by one instance.
+#[derive(Debug, Default)]
+pub struct TypeUsage {
+    bytes: [AtomicI64; TYPE_SLOTS],
+}
+
+impl TypeUsage {
+    /// Adds (or, negative, removes) bytes of a wire storage type.
+    pub fn add(&self, wire_type: i32, bytes: i64) {
+        self.bytes[slot(wire_type)].fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of every type.
+    fn snapshot(&self) -> [i64; TYPE_SLOTS] {
+        std::array::from_fn(|i| self.bytes[i].load(Ordering::Relaxed))
+    }
+}
+
+/// A group's usage, summed over its instances.
+pub struct GroupUsage {
+    by_type: [i64; TYPE_SLOTS],
+}
+
+impl GroupUsage {
+    fn total(&self) -> i64 {
+        self.by_type
+            .iter()
+            .fold(0i64, |sum, &b| sum.saturating_add(b))
+    }
+
+    /// Whether the group's quota for this backend kind (if any) still has room.
+    pub fn has_room(&self, group: &admin::InstanceGroup, kind: StorageKind) -> bool {
+        let wanted = slot(wire::wire_type(kind) as i32);
+        let quotas = group.quota.iter().flat_map(|q| &q.quota_config);
+        quotas
+            .filter(|q| slot(q.storage_type) == wanted)
+            .all(|q| q.capacity > self.by_type[wanted])
+    }
+}
+
+impl Manager {
+    /// The group's usage; refuses writes when it reached the group's capacity
+    /// (capacity 0 = no writes, negative = refuse).
+    pub(crate) fn group_usage_with_room(
+        &self,
+        group: &admin::InstanceGroup,
+    ) -> ManagerResult<GroupUsage> {
+        let mut by_type = [0i64; TYPE_SLOTS];
+        for instance in read_lock(&self.instances).values() {
+            if instance.group() == group.name {
+                for (sum, bytes) in by_type.iter_mut().zip(instance.usage().snapshot()) {
+                    *sum = sum.saturating_add(bytes);
+                }
+            }
+        }
+        let usage = GroupUsage { by_type };
+        let capacity = group.quota.as_ref().map_or(0, |q| q.capacity);
+        if capacity < 0 || usage.total() >= capacity {
+            return Err(ManagerError::NoSpace(format!(
+                "group {:?} uses {} of its {capacity} bytes",
+                group.name,
+                usage.total()
+            )));
+        }
+        Ok(usage)
+    }
+}

@@ -1,0 +1,354 @@
+//! Manager-level tests on real parts: LocalIndex key spaces and a `file` storage in a temp
+//! directory.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::manager::mask::BlockMask;
+use crate::manager::query::QueryKind;
+use crate::proto::meta;
+
+struct Fixture {
+    manager: Arc<Manager>,
+    dir: tempfile::TempDir,
+}
+
+fn storage(name: &str, root: &std::path::Path) -> admin::StorageConfig {
+    admin::StorageConfig {
+        global_unique_name: name.into(),
+        storage_spec: Some(admin::storage_config::StorageSpec::Nfs(
+            admin::NfsStorageSpec {
+                root_path: format!("{}/", root.display()),
+                key_count_per_file: 2,
+            },
+        )),
+        check_storage_available_when_open: false,
+    }
+}
+
+fn group(capacity: i64, strategy: admin::CachePreferStrategy) -> admin::InstanceGroup {
+    admin::InstanceGroup {
+        name: "g".into(),
+        storage_candidates: vec!["s".into()],
+        global_quota_group_name: "q".into(),
+        quota: Some(admin::InstanceGroupQuota {
+            capacity,
+            quota_config: Vec::new(),
+        }),
+        cache_config: Some(admin::CacheConfig {
+            reclaim_strategy: Some(admin::CacheReclaimStrategy {
+                storage_unique_name: "s".into(),
+                ..Default::default()
+            }),
+            data_storage_strategy: strategy as i32,
+            meta_indexer_config: Some(admin::MetaIndexerConfig {
+                mutex_shard_num: 4,
+                meta_storage_backend_config: Some(admin::MetaStorageBackendConfig {
+                    storage_type: "local".into(),
+                    storage_uri: String::new(),
+                }),
+                ..Default::default()
+            }),
+        }),
+        version: 1,
+        ..Default::default()
+    }
+}
+
+fn fixture(capacity: i64, strategy: admin::CachePreferStrategy) -> (Fixture, Arc<Instance>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manager = Manager::new(ManagerDeps {
+        storage_probe_interval: None,
+        open_index: local_index_factory(),
+        node_id: "test".into(),
+    })
+    .expect("manager");
+    manager
+        .add_storage(storage("s", dir.path()))
+        .expect("storage");
+    manager
+        .create_group(group(capacity, strategy))
+        .expect("group");
+    manager
+        .register_instance(meta::RegisterInstanceRequest {
+            instance_group: "g".into(),
+            instance_id: "i".into(),
+            block_size: 4,
+            location_spec_infos: vec![meta::LocationSpecInfo {
+                name: "tp0".into(),
+                size: 100,
+            }],
+            model_deployment: Some(meta::ModelDeployment {
+                model_name: "m".into(),
+                dtype: "fp8".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .expect("register");
+    let instance = manager.instance("i").expect("registered");
+    (Fixture { manager, dir }, instance)
+}
+
+fn prefix(manager: &Manager, instance: &Instance, keys: &[i64]) -> usize {
+    manager
+        .get_cache_location(
+            instance,
+            QueryKind::PrefixMatch,
+            keys,
+            &BlockMask::default(),
+            &[],
+        )
+        .expect("query")
+        .len()
+}
+
+#[test]
+fn an_expired_session_fails_within_100ms_of_its_deadline() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let mut feed = fx.manager.subscribe();
+    let started = Instant::now();
+    fx.manager
+        .start_write(&instance, vec![1, 2], &[], 1)
+        .expect("start");
+    let mut failed_at = None;
+    while failed_at.is_none() {
+        let change = feed.blocking_recv().expect("feed");
+        if change.to == Some(LocationState::Deleting) {
+            failed_at = Some(started.elapsed());
+        }
+    }
+    let elapsed = failed_at.expect("expired");
+    assert!(elapsed >= Duration::from_secs(1), "{elapsed:?}");
+    assert!(
+        elapsed <= Duration::from_millis(1100),
+        "expiry lagged: {elapsed:?}"
+    );
+}
+
+#[test]
+fn the_change_feed_follows_a_block_through_its_life() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let mut feed = fx.manager.subscribe();
+    let started = fx
+        .manager
+        .start_write(&instance, vec![7], &[], 30)
+        .expect("start");
+    fx.manager
+        .finish_write(&instance, &started.session_id, &BlockMask::Offset(1))
+        .expect("finish");
+    assert_eq!(prefix(&fx.manager, &instance, &[7]), 1);
+    fx.manager.remove_cache(&instance, &[7]).expect("remove");
+    assert_eq!(
+        prefix(&fx.manager, &instance, &[7]),
+        0,
+        "unreadable at once"
+    );
+    let transitions: Vec<_> = (0..4)
+        .map(|_| {
+            let change = feed.blocking_recv().expect("feed");
+            assert_eq!((change.key, &*change.instance_id), (7, "i"));
+            (change.from, change.to)
+        })
+        .collect();
+    use LocationState::*;
+    assert_eq!(
+        transitions,
+        [
+            (None, Some(Writing)),
+            (Some(Writing), Some(Serving)),
+            (Some(Serving), Some(Deleting)),
+            (Some(Deleting), None)
+        ]
+    );
+    assert_eq!(
+        instance.index.len().expect("len"),
+        0,
+        "the deleter removed the key"
+    );
+}
+
+#[test]
+fn concurrent_writers_of_one_key_both_commit_replicas() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let first = fx
+        .manager
+        .start_write(&instance, vec![5], &[], 30)
+        .expect("first");
+    let second = fx
+        .manager
+        .start_write(&instance, vec![5], &[], 30)
+        .expect("second");
+    assert_eq!(first.locations.len(), 1);
+    assert!(
+        second.locations.is_empty(),
+        "present (WRITING) keys are not rewritten"
+    );
+    assert_eq!(second.mask, BlockMask::Offset(1));
+    fx.manager
+        .finish_write(&instance, &first.session_id, &BlockMask::Offset(1))
+        .expect("finish");
+    let found = fx
+        .manager
+        .get_cache_location(
+            &instance,
+            QueryKind::BatchGet,
+            &[5],
+            &BlockMask::default(),
+            &[],
+        )
+        .expect("query");
+    assert_eq!(found, first.locations);
+}
+
+#[test]
+fn the_group_quota_stops_writes_at_capacity() {
+    let (fx, instance) = fixture(300, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager
+        .start_write(&instance, vec![1, 2, 3], &[], 30)
+        .expect("300 bytes fit an empty group");
+    let refused = fx.manager.start_write(&instance, vec![4], &[], 30);
+    assert!(
+        matches!(refused, Err(ManagerError::NoSpace(_))),
+        "{refused:?}"
+    );
+    let (fx, instance) = fixture(0, admin::CachePreferStrategy::CpsPrefer3fs);
+    let refused = fx.manager.start_write(&instance, vec![1], &[], 30);
+    assert!(
+        matches!(refused, Err(ManagerError::NoSpace(_))),
+        "capacity 0 = no writes"
+    );
+}
+
+#[test]
+fn a_type_quota_excludes_its_type_until_deletes_free_room() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let mut group = fx.manager.group("g").expect("group");
+    group.version = 2;
+    group.quota = Some(admin::InstanceGroupQuota {
+        capacity: i64::MAX,
+        quota_config: vec![admin::QuotaConfig {
+            storage_type: admin::StorageType::StNfs as i32,
+            capacity: 200,
+        }],
+    });
+    fx.manager.update_group(group, 1).expect("update");
+    let first = fx
+        .manager
+        .start_write(&instance, vec![1, 2], &[], 30)
+        .expect("200 bytes");
+    let refused = fx.manager.start_write(&instance, vec![3], &[], 30);
+    assert!(
+        matches!(refused, Err(ManagerError::NoSpace(_))),
+        "{refused:?}"
+    );
+    fx.manager
+        .finish_write(&instance, &first.session_id, &BlockMask::Offset(0))
+        .expect("fail both blocks");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fx.manager.start_write(&instance, vec![3], &[], 30).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the deleter never released the bytes"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn replicas_are_chosen_among_available_storages_only() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager
+        .add_storage(storage("t", &fx.dir.path().join("t")))
+        .expect("second storage");
+    let mut group = fx.manager.group("g").expect("group");
+    group.storage_candidates.push("t".into());
+    group.version = 2;
+    fx.manager.update_group(group, 1).expect("update");
+    let replica = |storage_name: &str, uri: &str| Location {
+        id: storage_name.into(),
+        state: LocationState::Serving,
+        storage_name: storage_name.into(),
+        cache_location: meta::CacheLocation {
+            r#type: meta::StorageType::StNfs as i32,
+            spec_size: 1,
+            location_specs: vec![meta::LocationSpec {
+                name: "tp0".into(),
+                uri: uri.into(),
+            }],
+        },
+    };
+    let entry = KeyEntry {
+        locations: vec![replica("s", "file://s/a"), replica("t", "file://t/b")],
+    };
+    instance.index.put(vec![(9, Arc::new(entry))]).expect("put");
+    let uri_of_choice = || {
+        let found = fx
+            .manager
+            .get_cache_location(
+                &instance,
+                QueryKind::BatchGet,
+                &[9],
+                &BlockMask::default(),
+                &[],
+            )
+            .expect("query");
+        found[0].location_specs[0].uri.clone()
+    };
+    let seen: std::collections::HashSet<String> = (0..200).map(|_| uri_of_choice()).collect();
+    assert_eq!(
+        seen.len(),
+        2,
+        "both replicas are drawn while both storages are available"
+    );
+    fx.manager
+        .set_storage_available("s", false)
+        .expect("disable");
+    assert!(
+        (0..50).all(|_| uri_of_choice() == "file://t/b"),
+        "weight 0 on a disabled storage"
+    );
+    fx.manager
+        .set_storage_available("t", false)
+        .expect("disable");
+    let none = fx.manager.get_cache_location(
+        &instance,
+        QueryKind::BatchGet,
+        &[9],
+        &BlockMask::default(),
+        &[],
+    );
+    assert!(
+        matches!(none, Err(ManagerError::NoSpace(_))),
+        "no storage available: {none:?}"
+    );
+}
+
+#[test]
+fn an_always_strategy_without_a_matching_storage_refuses_writes() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsAlwaysMooncake);
+    let refused = fx.manager.start_write(&instance, vec![1], &[], 30);
+    assert!(
+        matches!(refused, Err(ManagerError::NoSpace(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        instance.index.len().expect("len"),
+        0,
+        "nothing was inserted"
+    );
+}
+
+#[test]
+fn demotion_fails_open_sessions() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager
+        .start_write(&instance, vec![1], &[], 600)
+        .expect("start");
+    assert_eq!(fx.manager.open_sessions(), 1);
+    fx.manager.leadership().set_campaign_delay_ms(60_000);
+    assert!(fx.manager.demote());
+    assert_eq!(fx.manager.open_sessions(), 0);
+    assert!(!fx.manager.leadership().is_leader());
+}

@@ -1,0 +1,67 @@
+//! Configuration layers of `kvcm serve`, through the real binary: TOML file < `--env` <
+//! environment variables; invalid settings stop the start with an error naming the key.
+
+mod common;
+
+use std::process::Command;
+
+use common::TestServer;
+
+fn write_toml(dir: &tempfile::TempDir, text: &str) -> String {
+    let path = dir.path().join("kvcm.toml");
+    std::fs::write(&path, text).expect("write toml");
+    path.display().to_string()
+}
+
+#[tokio::test]
+async fn env_overrides_the_toml_file_and_variables_override_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_toml(&dir, "[kvcm.service]\nenable_debug_service = false\n");
+    // The harness passes --env kvcm.service.enable_debug_service=true: it beats the file.
+    let server = TestServer::start_custom(&["--config", &file], &[]).await;
+    assert!(server.has_listener("debug_http"));
+    drop(server);
+    let server = TestServer::start_custom(
+        &["--config", &file],
+        &[("KVCM_SERVICE_ENABLE_DEBUG_SERVICE", "false")],
+    )
+    .await;
+    assert!(
+        !server.has_listener("debug_http"),
+        "the variable beats --env"
+    );
+    assert!(server.has_listener("admin_http"));
+}
+
+#[test]
+fn invalid_settings_stop_the_start_with_the_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--env", "kvcm.service.rpc_port=99999"],
+            "kvcm.service.rpc_port",
+        ),
+        (&["--env", "kvcm.no_such_key=1"], "kvcm.no_such_key"),
+        (
+            &[
+                "--env",
+                "kvcm.service.http_port=64000",
+                "--env",
+                "kvcm.service.enable_debug_service=true",
+            ],
+            "kvcm.service.http_port",
+        ),
+    ];
+    for (args, key) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_kvcm"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .expect("run kvcm");
+        assert!(!output.status.success(), "{args:?} must fail");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(key), "{args:?}: {stderr}");
+    }
+}
