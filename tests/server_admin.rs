@@ -382,6 +382,31 @@ async fn demotion_rejects_leader_only_calls_fails_sessions_and_recovers() {
 }
 
 #[tokio::test]
+async fn demotion_with_the_default_campaign_delay_lasts_an_elector_period() {
+    let server = TestServer::start().await;
+    let elector = server.admin_http("getLeaderElectorConfig", json!({})).await;
+    assert_eq!(elector["campaign_delay_time_ms"], "0");
+    let demote = server.admin_http("leaderDemote", json!({})).await;
+    assert_eq!(code(&demote), "OK");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let health = server.admin_http("checkHealth", json!({})).await;
+    assert_eq!(health["is_leader"], json!(false));
+    assert_eq!(
+        code(&server.admin_http("leaderDemote", json!({})).await),
+        "SERVER_NOT_LEADER"
+    );
+    let back = wait_until(Duration::from_secs(5), async || {
+        let health = server.admin_http("checkHealth", json!({})).await;
+        (health["is_leader"] == json!(true)).then_some(())
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "the node campaigns again after one loop period"
+    );
+}
+
+#[tokio::test]
 async fn unimplemented_and_logger_calls_answer_documented_codes() {
     let server = TestServer::start().await;
     assert_eq!(
