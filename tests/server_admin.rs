@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{admin_code, code, wait_until, TestServer};
+use common::{admin_code, code, grpc_code, wait_until, TestServer};
 use kvcm::proto::admin;
 use serde_json::{json, Value};
 
@@ -403,6 +403,47 @@ async fn demotion_with_the_default_campaign_delay_lasts_an_elector_period() {
     assert!(
         back.is_some(),
         "the node campaigns again after one loop period"
+    );
+}
+
+#[tokio::test]
+async fn a_follower_answers_not_leader_before_checking_the_instance() {
+    let server = TestServer::start().await;
+    server.register("known", 16).await;
+    let config = json!({"campaign_delay_time_ms": 60_000});
+    assert_eq!(
+        code(&server.admin_http("updateLeaderElectorConfig", config).await),
+        "OK"
+    );
+    assert_eq!(
+        code(&server.admin_http("leaderDemote", json!({})).await),
+        "OK"
+    );
+    let apis = [
+        "getCacheMeta",
+        "getCacheLocation",
+        "startWriteCache",
+        "finishWriteCache",
+        "removeCache",
+        "trimCache",
+    ];
+    for api in apis {
+        for instance_id in ["unknown", "known"] {
+            let body = json!({"instance_id": instance_id, "block_keys": [1]});
+            let answer = server.meta_http(api, body).await;
+            assert_eq!(code(&answer), "SERVER_NOT_LEADER", "{api} {instance_id}");
+        }
+    }
+    let request = kvcm::proto::meta::GetCacheLocationRequest {
+        instance_id: "unknown".into(),
+        block_keys: vec![1],
+        ..Default::default()
+    };
+    let answer = server.meta().await.get_cache_location(request).await;
+    let header = answer.expect("grpc ok").into_inner().header;
+    assert_eq!(
+        grpc_code(&header),
+        kvcm::proto::meta::ErrorCode::ServerNotLeader
     );
 }
 

@@ -98,8 +98,9 @@ impl Core {
         (reply, elapsed)
     }
 
-    /// A meta RPC on one instance: unknown instance → INSTANCE_NOT_EXIST before anything
-    /// else (with an empty request id), then as [`Core::call`].
+    /// A meta RPC on one instance: a follower answers SERVER_NOT_LEADER first (§17 safe
+    /// fix); an unknown instance → INSTANCE_NOT_EXIST before anything else (with an empty
+    /// request id); then as [`Core::call`].
     pub fn instance_call<R: Reply>(
         &self,
         api: &'static str,
@@ -107,6 +108,11 @@ impl Core {
         instance_id: &str,
         op: impl FnOnce(Arc<Instance>) -> Outcome<R>,
     ) -> R {
+        if !self.manager.leadership().is_leader() {
+            return self.call(api, trace_id, Rules::Meta, true, || {
+                Err(ManagerError::NotLeader)
+            });
+        }
         let Some(instance) = self.manager.instance(instance_id) else {
             let mut reply = R::default();
             let message = format!("get {api} metrics collector failed");
@@ -115,7 +121,7 @@ impl Core {
             return reply;
         };
         let (id, group) = (instance.id().clone(), instance.group().to_string());
-        let (reply, elapsed) = self.answer(api, trace_id, Rules::Meta, true, || op(instance));
+        let (reply, elapsed) = self.answer(api, trace_id, Rules::Meta, false, || op(instance));
         self.metrics.record_instance(api, &id, &group, elapsed);
         reply
     }
