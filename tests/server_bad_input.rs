@@ -457,3 +457,83 @@ async fn bad_grpc_requests_answer_grpc_ok_with_the_status_in_the_header() {
         "bad requests changed nothing"
     );
 }
+
+#[tokio::test]
+async fn enum_numbers_without_a_name_are_rejected_and_stored_state_stays_readable() {
+    use common::admin_code;
+    use kvcm::proto::admin;
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let mut client = server.admin().await;
+    let account = admin::AddAccountRequest {
+        user_name: "u".into(),
+        role: 5,
+        ..Default::default()
+    };
+    let added = client.add_account(account).await.expect("grpc OK");
+    let header = added.into_inner().header;
+    assert_eq!(admin_code(&header), admin::ErrorCode::InvalidArgument);
+
+    let stored = client
+        .get_instance_group(admin::GetInstanceGroupRequest {
+            name: "default".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("grpc OK")
+        .into_inner()
+        .instance_group
+        .expect("default group");
+    let corruptions: [fn(&mut admin::InstanceGroup); 3] = [
+        |g| g.cache_config.as_mut().unwrap().data_storage_strategy = 99,
+        |g| {
+            let cache = g.cache_config.as_mut().unwrap();
+            cache.reclaim_strategy.as_mut().unwrap().reclaim_policy = 42;
+        },
+        |g| {
+            let quota = g.quota.get_or_insert_with(Default::default);
+            quota.quota_config.push(admin::QuotaConfig {
+                storage_type: 77,
+                capacity: 1,
+            });
+        },
+    ];
+    for corrupt in corruptions {
+        let mut group = stored.clone();
+        corrupt(&mut group);
+        let updated = admin::UpdateInstanceGroupRequest {
+            instance_group: Some(admin::InstanceGroup {
+                version: stored.version + 1,
+                ..group.clone()
+            }),
+            current_version: stored.version,
+            ..Default::default()
+        };
+        let answer = client
+            .update_instance_group(updated)
+            .await
+            .expect("grpc OK");
+        let code = admin_code(&answer.into_inner().header);
+        assert_eq!(code, admin::ErrorCode::InvalidArgument, "update {group:?}");
+        group.name = "other".into();
+        let created = admin::CreateInstanceGroupRequest {
+            instance_group: Some(group),
+            ..Default::default()
+        };
+        let answer = client
+            .create_instance_group(created)
+            .await
+            .expect("grpc OK");
+        let code = admin_code(&answer.into_inner().header);
+        assert_eq!(code, admin::ErrorCode::InvalidArgument);
+    }
+    let other = server
+        .admin_http("getInstanceGroup", json!({"name": "other"}))
+        .await;
+    assert_eq!(code(&other), "INTERNAL_ERROR", "nothing was created");
+    assert_eq!(
+        snapshot(&server).await,
+        before,
+        "state unchanged and readable"
+    );
+}

@@ -182,7 +182,33 @@ fn validate_group(api: &str, group: &admin::InstanceGroup) -> ManagerResult<()> 
             "meta_indexer_config.meta_storage_backend_config.storage_type",
         ),
     ];
-    first_failure(api, &checks)
+    first_failure(api, &checks)?;
+    first_failure(api, &enum_checks(group))
+}
+
+/// Every enum field of a group must hold a number with a name: an unnamed number would be
+/// stored and make every later answer that prints the group unencodable.
+fn enum_checks(group: &admin::InstanceGroup) -> [(bool, &'static str); 3] {
+    let cache = group.cache_config.as_ref();
+    let mut quota_types = group.quota.iter().flat_map(|q| &q.quota_config);
+    [
+        (
+            cache.is_some_and(|c| {
+                admin::CachePreferStrategy::try_from(c.data_storage_strategy).is_err()
+            }),
+            "cache_config.data_storage_strategy",
+        ),
+        (
+            cache
+                .and_then(|c| c.reclaim_strategy.as_ref())
+                .is_some_and(|r| admin::ReclaimPolicy::try_from(r.reclaim_policy).is_err()),
+            "cache_config.reclaim_strategy.reclaim_policy",
+        ),
+        (
+            quota_types.any(|q| admin::StorageType::try_from(q.storage_type).is_err()),
+            "quota.quota_config.storage_type",
+        ),
+    ]
 }
 
 /// `InvalidArgument` naming the first field whose check failed.
