@@ -2,7 +2,7 @@
 //! absent keys under a session; FinishWriteCache commits the successful ones (SERVING) and
 //! hands the rest to the deleter. Expiry and demotion fail a whole session.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,26 +43,30 @@ impl Manager {
         timeout_seconds: i32,
     ) -> ManagerResult<WriteStart> {
         let spec_indexes = spec_indexes_per_key(instance, keys.len(), spec_groups)?;
-        let present: Vec<bool> = instance
+        let mut present: Vec<bool> = instance
             .index
             .get(&keys)?
             .iter()
             .map(|e| e.as_ref().is_some_and(|e| !e.locations.is_empty()))
             .collect();
+        mark_repeats_present(&keys, &mut present);
         let blocks = absent_blocks(&keys, &present, spec_indexes);
-        let mask = BlockMask::from_presence(present);
         if blocks.is_empty() {
             let deadline = Instant::now() + EMPTY_SESSION_LIFETIME;
             let session_id = self.open_session(instance, &[], deadline);
             return Ok(WriteStart {
                 session_id,
-                mask,
+                mask: BlockMask::from_presence(present),
                 locations: Vec::new(),
             });
         }
         let (storage_name, backend) = self.choose_backend(instance)?;
-        let new_locations = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
-        self.insert_writing(instance, backend.as_ref(), &new_locations)?;
+        let allocated = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
+        let new_locations = self.insert_writing(instance, backend.as_ref(), allocated)?;
+        let written: HashSet<BlockKey> = new_locations.iter().map(|(k, _)| *k).collect();
+        for (key, is_present) in keys.iter().zip(&mut present) {
+            *is_present = *is_present || !written.contains(key);
+        }
         let deadline = Instant::now() + Duration::from_secs(timeout_seconds.max(0) as u64);
         let session_id = self.open_session(instance, &new_locations, deadline);
         let locations = new_locations
@@ -71,7 +75,7 @@ impl Manager {
             .collect();
         Ok(WriteStart {
             session_id,
-            mask,
+            mask: BlockMask::from_presence(present),
             locations,
         })
     }
@@ -221,44 +225,39 @@ impl Manager {
         Ok(moved)
     }
 
-    /// Adds one WRITING location per allocated block; on failure frees the allocation.
+    /// Adds one WRITING location per allocated block whose key still has no location (checked
+    /// under the index lock: a concurrent StartWriteCache may have won the key meanwhile) and
+    /// returns those inserted; frees the allocation of the others, or of all on failure.
     fn insert_writing(
         &self,
         instance: &Instance,
         backend: &dyn DataStorage,
-        new_locations: &[(BlockKey, Location)],
-    ) -> ManagerResult<()> {
-        let mut by_key: HashMap<BlockKey, Vec<&Location>> = HashMap::new();
-        for (key, location) in new_locations {
-            by_key.entry(*key).or_default().push(location);
-        }
-        let keys: Vec<BlockKey> = by_key.keys().copied().collect();
+        allocated: Vec<(BlockKey, Location)>,
+    ) -> ManagerResult<Vec<(BlockKey, Location)>> {
+        let by_key: HashMap<BlockKey, &Location> = allocated.iter().map(|(k, l)| (*k, l)).collect();
+        let keys: Vec<BlockKey> = allocated.iter().map(|(k, _)| *k).collect();
+        let mut taken = HashSet::new();
         let inserted =
             instance
                 .index
                 .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
-                    let mut entry = current.map(|e| (**e).clone()).unwrap_or_default();
-                    entry
-                        .locations
-                        .extend(by_key.get(&key).into_iter().flatten().map(|l| (*l).clone()));
-                    Modify::Put(Arc::new(entry))
+                    if current.is_some_and(|e| !e.locations.is_empty()) {
+                        taken.insert(key);
+                        return Modify::Keep;
+                    }
+                    let location = (*by_key[&key]).clone();
+                    Modify::Put(Arc::new(KeyEntry {
+                        locations: vec![location],
+                    }))
                 });
         if let Err(error) = inserted {
-            let uris: Vec<String> = new_locations
-                .iter()
-                .flat_map(|(_, l)| {
-                    l.cache_location
-                        .location_specs
-                        .iter()
-                        .map(|s| s.uri.clone())
-                })
-                .collect();
-            if let Err(free_error) = backend.delete(&uris) {
-                tracing::warn!(%free_error, "freeing an unused allocation failed");
-            }
+            free_locations(backend, allocated.iter());
             return Err(error.into());
         }
-        for (key, location) in new_locations {
+        let (lost, won): (Vec<_>, Vec<_>) =
+            allocated.into_iter().partition(|(k, _)| taken.contains(k));
+        free_locations(backend, lost.iter());
+        for (key, location) in &won {
             let cache_location = &location.cache_location;
             let bytes = instance.location_bytes(cache_location);
             instance.usage().add(cache_location.r#type, bytes);
@@ -270,7 +269,7 @@ impl Manager {
                 to: Some(LocationState::Writing),
             });
         }
-        Ok(())
+        Ok(won)
     }
 
     /// The storage a write of this instance goes to (wire fact sheet §16.3): the group quota
@@ -359,6 +358,34 @@ fn spec_indexes_per_key(
                 .collect())
         })
         .collect()
+}
+
+/// Frees the bytes of locations that never entered the index.
+fn free_locations<'a>(
+    backend: &dyn DataStorage,
+    locations: impl Iterator<Item = &'a (BlockKey, Location)>,
+) {
+    let uris: Vec<String> = locations
+        .flat_map(|(_, l)| l.cache_location.location_specs.iter())
+        .map(|spec| spec.uri.clone())
+        .collect();
+    if uris.is_empty() {
+        return;
+    }
+    if let Err(free_error) = backend.delete(&uris) {
+        tracing::warn!(%free_error, "freeing an unused allocation failed");
+    }
+}
+
+/// Marks every repeat of a key inside one request as present, so that only its first copy
+/// is allocated (and the answer's mask says the repeats need no write).
+fn mark_repeats_present(keys: &[BlockKey], present: &mut [bool]) {
+    let mut seen = HashSet::with_capacity(keys.len());
+    for (key, is_present) in keys.iter().zip(present) {
+        if !seen.insert(*key) {
+            *is_present = true;
+        }
+    }
 }
 
 /// The blocks to allocate: the absent keys, in request order, with their parts.
