@@ -537,3 +537,39 @@ async fn enum_numbers_without_a_name_are_rejected_and_stored_state_stays_readabl
         "state unchanged and readable"
     );
 }
+
+#[tokio::test]
+async fn registrations_that_would_break_every_write_are_rejected() {
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let model = json!({"model_name": "m", "dtype": "FP8"});
+    let register = |instance_id: &str, specs: Value| {
+        json!({"instance_group": "default", "instance_id": instance_id, "block_size": 4,
+               "location_spec_infos": specs, "model_deployment": model})
+    };
+    let spec = |name: &str, size: i64| json!({"name": name, "size": size});
+    let mut cases = Vec::new();
+    for bad in [
+        "a/b", "a?b", "a#b", "a&b", "a=b", "a b", "a\tb", "a\u{1}b", ".", "..",
+    ] {
+        cases.push(register(bad, json!([spec("tp0", 1)])));
+        cases.push(register("fresh", json!([spec(bad, 1)])));
+    }
+    cases.push(register("fresh", json!([spec("tp0", 0)])));
+    cases.push(register("fresh", json!([spec("tp0", -5)])));
+    cases.push(register("fresh", json!([spec("tp0", 1), spec("tp0", 2)])));
+    for body in cases {
+        expect(
+            &server,
+            "http",
+            "registerInstance",
+            body,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+    assert_eq!(snapshot(&server).await, before, "nothing was registered");
+    let fine = register("fresh.one-2", json!([spec("tp0", 1), spec("tp1", 2)]));
+    let answer = server.meta_http("registerInstance", fine).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+}

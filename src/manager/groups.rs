@@ -219,6 +219,25 @@ fn first_failure(api: &str, checks: &[(bool, &str)]) -> ManagerResult<()> {
     }
 }
 
+/// Whether a name can be a path component and a URI host/path part: non-empty, not `.` or
+/// `..`, without `/ ? # & =`, white space or control characters (the storage backends build
+/// paths and URIs from instance ids and spec names).
+fn usable_name(name: &str) -> bool {
+    let breaks_uris = |c: char| matches!(c, '/' | '?' | '#' | '&' | '=');
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| breaks_uris(c) || c.is_whitespace() || c.is_control())
+}
+
+/// Whether some item occurs twice.
+fn has_repeats<'a>(mut items: impl Iterator<Item = &'a String>) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    !items.all(|item| seen.insert(item))
+}
+
 /// Spec groups sorted by name with sorted spec names; `None` when a group has no name or
 /// names a spec that is not registered.
 fn normalised_spec_groups(
@@ -245,7 +264,7 @@ fn validated_registration(
     let model = request.model_deployment.as_ref();
     let checks = [
         (request.instance_group.is_empty(), "instance_group"),
-        (request.instance_id.is_empty(), "instance_id"),
+        (!usable_name(&request.instance_id), "instance_id"),
         (request.block_size <= 0, "block_size"),
         (model.is_none(), "model_deployment"),
         (
@@ -261,11 +280,19 @@ fn validated_registration(
             "location_spec_infos",
         ),
         (
-            request
+            !request
                 .location_spec_infos
                 .iter()
-                .any(|s| s.name.is_empty()),
+                .all(|s| usable_name(&s.name)),
             "location_spec_infos.name",
+        ),
+        (
+            request.location_spec_infos.iter().any(|s| s.size <= 0),
+            "location_spec_infos.size",
+        ),
+        (
+            has_repeats(request.location_spec_infos.iter().map(|s| &s.name)),
+            "location_spec_infos.name (repeated)",
         ),
     ];
     first_failure(API, &checks)?;
