@@ -51,9 +51,18 @@ pub struct SessionTable {
 }
 
 impl SessionTable {
-    /// Stores a session under a fresh random id and returns the id.
-    pub fn open(&self, session: Session) -> String {
+    /// Stores a session under a fresh random id and returns the id, if `may_open` (asked
+    /// under the table lock, so that no session slips in after a [`SessionTable::take_all`]
+    /// that followed a change of its answer); otherwise hands the session back.
+    pub fn open(
+        &self,
+        session: Session,
+        may_open: impl FnOnce() -> bool,
+    ) -> Result<String, Session> {
         let mut state = lock(&self.state);
+        if !may_open() {
+            return Err(session);
+        }
         let id = loop {
             let candidate = random_id(SESSION_ID_LEN);
             if !state.sessions.contains_key(&candidate) {
@@ -64,7 +73,7 @@ impl SessionTable {
         state.sessions.insert(id.clone(), session);
         drop(state);
         self.wake.notify_all();
-        id
+        Ok(id)
     }
 
     /// Removes and returns session `id` if `check` accepts it; a rejected session stays open.

@@ -352,3 +352,33 @@ fn demotion_fails_open_sessions() {
     assert_eq!(fx.manager.open_sessions(), 0);
     assert!(!fx.manager.leadership().is_leader());
 }
+
+#[test]
+fn a_write_that_passed_the_gate_before_a_demotion_opens_no_session() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager.leadership().set_campaign_delay_ms(60_000);
+    assert!(fx.manager.demote());
+    let refused = fx.manager.start_write(&instance, vec![1, 2], &[], 600);
+    assert!(
+        matches!(refused, Err(ManagerError::NotLeader)),
+        "{refused:?}"
+    );
+    assert_eq!(fx.manager.open_sessions(), 0);
+    let entries = instance.index.get(&[1, 2]).expect("get");
+    let states: Vec<Vec<LocationState>> = entries
+        .iter()
+        .map(|e| {
+            e.iter()
+                .flat_map(|e| &e.locations)
+                .map(|l| l.state)
+                .collect()
+        })
+        .collect();
+    assert!(
+        states
+            .iter()
+            .flatten()
+            .all(|s| *s == LocationState::Deleting),
+        "the allocated blocks were failed at once: {states:?}"
+    );
+}

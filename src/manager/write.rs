@@ -53,7 +53,7 @@ impl Manager {
         let blocks = absent_blocks(&keys, &present, spec_indexes);
         if blocks.is_empty() {
             let deadline = Instant::now() + EMPTY_SESSION_LIFETIME;
-            let session_id = self.open_session(instance, &[], deadline);
+            let session_id = self.open_session(instance, &[], deadline)?;
             return Ok(WriteStart {
                 session_id,
                 mask: BlockMask::from_presence(present),
@@ -68,7 +68,7 @@ impl Manager {
             *is_present = *is_present || !written.contains(key);
         }
         let deadline = Instant::now() + Duration::from_secs(timeout_seconds.max(0) as u64);
-        let session_id = self.open_session(instance, &new_locations, deadline);
+        let session_id = self.open_session(instance, &new_locations, deadline)?;
         let locations = new_locations
             .into_iter()
             .map(|(_, l)| l.cache_location)
@@ -80,13 +80,14 @@ impl Manager {
         })
     }
 
-    /// Opens the session that owns these new WRITING locations.
+    /// Opens the session that owns these new WRITING locations; a node that lost leadership
+    /// meanwhile (its open sessions already failed) fails this one too.
     fn open_session(
         &self,
         instance: &Arc<Instance>,
         new_locations: &[(BlockKey, Location)],
         deadline: Instant,
-    ) -> String {
+    ) -> ManagerResult<String> {
         let writes = new_locations
             .iter()
             .map(|(key, l)| PendingWrite {
@@ -94,11 +95,17 @@ impl Manager {
                 location_id: l.id.clone(),
             })
             .collect();
-        self.sessions.open(Session {
+        let session = Session {
             instance: instance.clone(),
             writes,
             deadline,
-        })
+        };
+        self.sessions
+            .open(session, || self.leadership.is_leader())
+            .map_err(|refused| {
+                self.fail_session(refused);
+                ManagerError::NotLeader
+            })
     }
 
     /// Commits the session's blocks in `success` (positions in the session's location list)
