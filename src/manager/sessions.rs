@@ -43,6 +43,21 @@ struct State {
     shutdown: bool,
 }
 
+impl State {
+    /// Stores a session under a fresh random id.
+    fn insert(&mut self, session: Session) -> String {
+        let id = loop {
+            let candidate = random_id(SESSION_ID_LEN);
+            if !self.sessions.contains_key(&candidate) {
+                break candidate;
+            }
+        };
+        self.deadlines.insert((session.deadline, id.clone()));
+        self.sessions.insert(id.clone(), session);
+        id
+    }
+}
+
 /// All open sessions.
 #[derive(Default)]
 pub struct SessionTable {
@@ -63,17 +78,17 @@ impl SessionTable {
         if !may_open() {
             return Err(session);
         }
-        let id = loop {
-            let candidate = random_id(SESSION_ID_LEN);
-            if !state.sessions.contains_key(&candidate) {
-                break candidate;
-            }
-        };
-        state.deadlines.insert((session.deadline, id.clone()));
-        state.sessions.insert(id.clone(), session);
+        let id = state.insert(session);
         drop(state);
         self.wake.notify_all();
         Ok(id)
+    }
+
+    /// Queues a consumed session again (its blocks could not be failed yet): the expiry
+    /// thread hands it back at `session.deadline`.
+    pub fn requeue(&self, session: Session) {
+        lock(&self.state).insert(session);
+        self.wake.notify_all();
     }
 
     /// Removes and returns session `id` if `check` accepts it; a rejected session stays open.

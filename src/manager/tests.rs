@@ -8,6 +8,7 @@ use super::*;
 use crate::manager::mask::BlockMask;
 use crate::manager::query::QueryKind;
 use crate::proto::meta;
+use kvcm_index::{BlockKey, IndexError};
 
 struct Fixture {
     manager: Arc<Manager>,
@@ -57,10 +58,18 @@ fn group(capacity: i64, strategy: admin::CachePreferStrategy) -> admin::Instance
 }
 
 fn fixture(capacity: i64, strategy: admin::CachePreferStrategy) -> (Fixture, Arc<Instance>) {
+    fixture_with(capacity, strategy, local_index_factory())
+}
+
+fn fixture_with(
+    capacity: i64,
+    strategy: admin::CachePreferStrategy,
+    open_index: IndexFactory,
+) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let manager = Manager::new(ManagerDeps {
         storage_probe_interval: None,
-        open_index: local_index_factory(),
+        open_index,
         node_id: "test".into(),
     })
     .expect("manager");
@@ -381,4 +390,85 @@ fn a_write_that_passed_the_gate_before_a_demotion_opens_no_session() {
             .all(|s| *s == LocationState::Deleting),
         "the allocated blocks were failed at once: {states:?}"
     );
+}
+
+/// A local index whose next `failures` read-modify-writes fail (a backend outage).
+struct FlakyIndex {
+    inner: Arc<dyn MetaIndex<Entry>>,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl MetaIndex<Entry> for FlakyIndex {
+    fn get(&self, keys: &[BlockKey]) -> Result<Vec<Option<Entry>>, IndexError> {
+        self.inner.get(keys)
+    }
+    fn put(&self, entries: Vec<(BlockKey, Entry)>) -> Result<(), IndexError> {
+        self.inner.put(entries)
+    }
+    fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError> {
+        self.inner.delete(keys)
+    }
+    fn read_modify_write(
+        &self,
+        keys: &[BlockKey],
+        f: &mut dyn FnMut(BlockKey, Option<&Entry>) -> kvcm_index::Modify<Entry>,
+    ) -> Result<(), IndexError> {
+        use std::sync::atomic::Ordering;
+        let fail = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(IndexError::Backend("injected outage".into()));
+        }
+        self.inner.read_modify_write(keys, f)
+    }
+    fn scan(
+        &self,
+        cursor: kvcm_index::ScanCursor,
+        limit: usize,
+    ) -> Result<kvcm_index::ScanPage, IndexError> {
+        self.inner.scan(cursor, limit)
+    }
+    fn sample(&self, count: usize) -> Result<Vec<BlockKey>, IndexError> {
+        self.inner.sample(count)
+    }
+    fn len(&self) -> Result<u64, IndexError> {
+        self.inner.len()
+    }
+}
+
+#[test]
+fn blocks_of_a_session_whose_failing_failed_are_failed_again_later() {
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let local = local_index_factory();
+    let shared = failures.clone();
+    let flaky: IndexFactory = Arc::new(move |config| {
+        let inner = local(config)?;
+        let index: Arc<dyn MetaIndex<Entry>> = Arc::new(FlakyIndex {
+            inner,
+            failures: shared.clone(),
+        });
+        Ok(index)
+    });
+    let (fx, instance) = fixture_with(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs, flaky);
+    let started = fx
+        .manager
+        .start_write(&instance, vec![1, 2], &[], 600)
+        .expect("start");
+    failures.store(1, std::sync::atomic::Ordering::SeqCst);
+    let finished = fx
+        .manager
+        .finish_write(&instance, &started.session_id, &BlockMask::Offset(0));
+    assert!(finished.is_err(), "the outage fails the finish");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while instance.index.len().expect("len") > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        instance.index.len().expect("len"),
+        0,
+        "the blocks were failed on a retry and deleted"
+    );
+    assert_eq!(fx.manager.open_sessions(), 0);
 }

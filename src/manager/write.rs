@@ -21,6 +21,9 @@ use crate::proto::{admin, meta, storage as wire};
 /// How long a session with nothing to write is kept.
 const EMPTY_SESSION_LIFETIME: Duration = Duration::from_secs(10);
 
+/// When failing a session's blocks failed, how long until the next attempt.
+const FAIL_RETRY_DELAY: Duration = Duration::from_millis(200);
+
 /// StartWriteCache's answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WriteStart {
@@ -134,12 +137,12 @@ impl Manager {
             .partition(|(j, _)| success.contains(*j));
         let committed: Vec<&PendingWrite> = committed.into_iter().map(|(_, w)| w).collect();
         let failed: Vec<&PendingWrite> = failed.into_iter().map(|(_, w)| w).collect();
-        let failing = self.fail_writes(&session.instance, &failed);
+        let failing = self.fail_or_retry(&session.instance, &failed);
         let moved = match self.move_writes(&session.instance, &committed, LocationState::Serving) {
             Ok(moved) => moved,
             Err(error) => {
                 // Never leave a consumed session's blocks WRITING: fail the commits too.
-                if let Err(cleanup) = self.fail_writes(&session.instance, &committed) {
+                if let Err(cleanup) = self.fail_or_retry(&session.instance, &committed) {
                     tracing::warn!(%cleanup, "failing blocks of a session whose commit failed");
                 }
                 return Err(error);
@@ -159,9 +162,27 @@ impl Manager {
     /// Fails every block of an expired or abandoned session.
     pub(crate) fn fail_session(&self, session: Session) {
         let writes: Vec<&PendingWrite> = session.writes.iter().collect();
-        if let Err(error) = self.fail_writes(&session.instance, &writes) {
+        if let Err(error) = self.fail_or_retry(&session.instance, &writes) {
             tracing::warn!(%error, "failing an expired write session");
         }
+    }
+
+    /// Fails these writes; when that fails, queues them as a session that expires after
+    /// [`FAIL_RETRY_DELAY`], so that no block stays WRITING without a session.
+    fn fail_or_retry(
+        &self,
+        instance: &Arc<Instance>,
+        writes: &[&PendingWrite],
+    ) -> ManagerResult<()> {
+        let failed = self.fail_writes(instance, writes);
+        if failed.is_err() {
+            self.sessions.requeue(Session {
+                instance: instance.clone(),
+                writes: writes.iter().map(|w| (*w).clone()).collect(),
+                deadline: Instant::now() + FAIL_RETRY_DELAY,
+            });
+        }
+        failed
     }
 
     /// WRITING → DELETING for these writes, then queues their deletion.
