@@ -273,6 +273,9 @@ async fn metrics_count_every_api_over_rpc_and_prometheus() {
     server.register("inst", 16).await;
     let query = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": [1]});
     server.meta_http("getCacheLocation", query).await;
+    let unknown = json!({"instance_id": "nobody", "block_keys": [1]});
+    let answer = server.meta_http("getCacheMeta", unknown).await;
+    assert_eq!(code(&answer), "INSTANCE_NOT_EXIST");
     let metrics = server.admin_http("getMetrics", json!({})).await;
     assert_eq!(code(&metrics), "OK");
     let per_instance = metrics["metrics"].as_array().unwrap().iter().any(|m| {
@@ -296,19 +299,17 @@ async fn metrics_count_every_api_over_rpc_and_prometheus() {
             .unwrap_or_else(|| panic!("{name} for {api} in {metrics}"))["metric_value"]
             .clone()
     };
-    for api in ["AddStorage", "ListStorage"] {
+    for api in ["AddStorage", "ListStorage", "GetCacheMeta"] {
         let count: i64 = find("service.query_counter", api)["int_value"]
             .as_str()
             .unwrap()
             .parse()
             .unwrap();
         assert_eq!(count, 1);
-        assert!(
-            find("service.query_rt_us", api)["float_value"]
-                .as_f64()
-                .unwrap()
-                > 0.0
-        );
+        let rt_us = find("service.query_rt_us", api)["float_value"]
+            .as_f64()
+            .unwrap();
+        assert!(rt_us > 1.0, "{api}: the whole call is timed, {rt_us} µs");
     }
     let (status, text) =
         common::http_request(server.address("admin_http"), "GET", "/metrics", b"").await;

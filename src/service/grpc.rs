@@ -2,9 +2,12 @@
 //! handler of the same name. Application errors travel in `header.status`; the gRPC status
 //! is always OK (as in the reference).
 
+use std::time::Instant;
+
 use tonic::{Request, Response, Status};
 
 use super::admin::AdminHandler;
+use super::core::served_since;
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
 use crate::proto::admin::admin_service_server::AdminService;
@@ -21,7 +24,10 @@ macro_rules! grpc_service {
                     &self,
                     request: Request<$request>,
                 ) -> Result<Response<$response>, Status> {
-                    Ok(Response::new(<$handler>::$method(self, request.into_inner())))
+                    let started = Instant::now();
+                    let request = request.into_inner();
+                    let reply = served_since(started, || <$handler>::$method(self, request));
+                    Ok(Response::new(reply))
                 }
             )*
         }

@@ -4,6 +4,7 @@
 //! limit answers 413 `{}`. The admin router also serves Prometheus text at `GET /metrics`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::{header, StatusCode};
@@ -13,7 +14,7 @@ use axum::Router;
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::admin::AdminHandler;
-use super::core::Core;
+use super::core::{served_since, Core};
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
 use crate::proto::json;
@@ -27,13 +28,14 @@ where
     Req: DeserializeOwned,
     Resp: Serialize,
 {
+    let started = Instant::now();
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
         return json_answer(StatusCode::PAYLOAD_TOO_LARGE, EMPTY_OBJECT.into());
     };
     let Ok(request) = json::decode::<Req>(&bytes) else {
         return json_answer(StatusCode::BAD_REQUEST, EMPTY_OBJECT.into());
     };
-    match json::encode(&call(request)) {
+    match json::encode(&served_since(started, || call(request))) {
         Ok(text) => json_answer(StatusCode::OK, text),
         Err(_) => json_answer(StatusCode::INTERNAL_SERVER_ERROR, EMPTY_OBJECT.into()),
     }
