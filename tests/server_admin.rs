@@ -20,6 +20,7 @@ fn group(name: &str, storage: &str, version: i64) -> Value {
            "cache_config": {"reclaim_strategy": {"storage_unique_name": storage},
                             "data_storage_strategy": "CPS_PREFER_3FS",
                             "meta_indexer_config": {"mutex_shard_num": 16,
+                                "meta_cache_policy_config": {"type": "lru"},
                                 "meta_storage_backend_config": {"storage_type": "local"}}},
            "version": version})
 }
@@ -154,7 +155,7 @@ async fn group_and_instance_crud() {
             json!({"instance_group": group("g2", "nfs_03", 2), "current_version": 5}),
         )
         .await;
-    assert_ne!(code(&stale), "OK");
+    assert_eq!(code(&stale), "INTERNAL_ERROR", "a version conflict");
     let fresh = server
         .admin_http(
             "updateInstanceGroup",

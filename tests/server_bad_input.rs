@@ -125,12 +125,17 @@ async fn bad_meta_requests_are_rejected_without_changing_state() {
         (
             "getCacheLocation",
             json!({"instance_id": "inst", "block_keys": [1]}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst"}),
             "INVALID_ARGUMENT",
         ),
         (
             "getCacheLocation",
             json!({"instance_id": "inst", "query_type": "QT_NO_SUCH", "block_keys": [1]}),
-            "INVALID_ARGUMENT",
+            "INTERNAL_ERROR",
         ),
         (
             "getCacheLocation",
@@ -175,12 +180,12 @@ async fn bad_meta_requests_are_rejected_without_changing_state() {
         (
             "startWriteCache",
             json!({"instance_id": "inst", "block_keys": [9, 10], "location_spec_group_names": ["a"]}),
-            "INVALID_ARGUMENT",
+            "INTERNAL_ERROR",
         ),
         (
             "startWriteCache",
             json!({"instance_id": "inst", "block_keys": [9], "location_spec_group_names": ["unknown"]}),
-            "INVALID_ARGUMENT",
+            "INTERNAL_ERROR",
         ),
         (
             "finishWriteCache",
@@ -340,7 +345,7 @@ async fn bad_admin_and_debug_requests_are_rejected_without_changing_state() {
         (
             "registerInstance",
             json!({"instance_id": "x"}),
-            "INVALID_ARGUMENT",
+            "INTERNAL_ERROR",
         ),
         ("removeInstance", json!({}), "INVALID_ARGUMENT"),
         (
@@ -572,4 +577,58 @@ async fn registrations_that_would_break_every_write_are_rejected() {
     let fine = register("fresh.one-2", json!([spec("tp0", 1), spec("tp1", 2)]));
     let answer = server.meta_http("registerInstance", fine).await;
     assert_eq!(code(&answer), "OK", "{answer}");
+}
+
+#[tokio::test]
+async fn groups_whose_index_settings_cannot_open_an_index_are_refused() {
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let stored = &before["group"];
+    let policy = &stored["cache_config"]["meta_indexer_config"]["meta_cache_policy_config"];
+    assert_eq!(
+        policy["type"], "lru",
+        "the embedded default names its cache type"
+    );
+    let indexer = |change: Value| {
+        let mut group = stored.clone();
+        let config = &mut group["cache_config"]["meta_indexer_config"];
+        for (field, value) in change.as_object().unwrap() {
+            config[field] = value.clone();
+        }
+        group
+    };
+    let policy = |kind: &str, shard_bits: i64| json!({"meta_cache_policy_config": {"type": kind, "capacity": 1, "cache_shard_bits": shard_bits}});
+    let bad_groups = [
+        indexer(json!({"meta_cache_policy_config": null})),
+        indexer(policy("", 0)),
+        indexer(policy("lfu", 0)),
+        indexer(policy("lru", 40)),
+        indexer(json!({"mutex_shard_num": 12})),
+    ];
+    let version: i64 = stored["version"].as_str().unwrap().parse().unwrap();
+    for group in bad_groups {
+        let mut update = json!({"current_version": version});
+        update["instance_group"] = group.clone();
+        update["instance_group"]["version"] = json!(version + 1);
+        expect(
+            &server,
+            "admin_http",
+            "updateInstanceGroup",
+            update,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+        let mut created = group;
+        created["name"] = json!("other");
+        let body = json!({"instance_group": created});
+        expect(
+            &server,
+            "admin_http",
+            "createInstanceGroup",
+            body,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+    assert_eq!(snapshot(&server).await, before, "nothing changed");
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::error::{invalid, ManagerError, ManagerResult};
 use super::instance::Instance;
+use super::local_index::check_indexer_config;
 use super::{read_lock, write_lock, Manager};
 use crate::proto::{admin, meta};
 
@@ -59,7 +60,7 @@ impl Manager {
             .get(&group.name)
             .ok_or_else(|| unknown_group(&group.name))?;
         if stored.version != current_version || group.version <= stored.version {
-            return Err(ManagerError::InvalidArgument(format!(
+            return Err(ManagerError::Refused(format!(
                 "version conflict: stored {}, current_version {current_version}, new {}",
                 stored.version, group.version
             )));
@@ -110,7 +111,8 @@ impl Manager {
             .as_ref()
             .and_then(|c| c.meta_indexer_config.clone())
             .unwrap_or_default();
-        let index = (self.open_index)(&indexer)?;
+        let index = (self.open_index)(&indexer)
+            .map_err(|error| ManagerError::Refused(format!("opening the index: {error}")))?;
         let info = meta::InstanceInfo {
             quota_group_name: group.global_quota_group_name.clone(),
             ..info
@@ -181,9 +183,18 @@ fn validate_group(api: &str, group: &admin::InstanceGroup) -> ManagerResult<()> 
             }),
             "meta_indexer_config.meta_storage_backend_config.storage_type",
         ),
+        (
+            cache.is_some_and(|_| {
+                indexer
+                    .and_then(|i| i.meta_cache_policy_config.as_ref())
+                    .is_none_or(|p| p.r#type.is_empty())
+            }),
+            "meta_indexer_config.meta_cache_policy_config.type",
+        ),
     ];
     first_failure(api, &checks)?;
-    first_failure(api, &enum_checks(group))
+    first_failure(api, &enum_checks(group))?;
+    check_indexer_config(&indexer.cloned().unwrap_or_default())
 }
 
 /// Every enum field of a group must hold a number with a name: an unnamed number would be

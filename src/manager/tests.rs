@@ -49,6 +49,10 @@ fn group(capacity: i64, strategy: admin::CachePreferStrategy) -> admin::Instance
                     storage_type: "local".into(),
                     storage_uri: String::new(),
                 }),
+                meta_cache_policy_config: Some(admin::MetaCachePolicyConfig {
+                    r#type: "lru".into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
         }),

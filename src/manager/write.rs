@@ -10,7 +10,7 @@ use kvcm_index::{BlockKey, Modify};
 use kvcm_storage::{AllocationRequest, BlockToAllocate, DataStorage, StorageKind};
 
 use super::entry::{Entry, KeyEntry, Location, LocationState};
-use super::error::{invalid, ManagerError, ManagerResult};
+use super::error::{ManagerError, ManagerResult};
 use super::feed::StateChange;
 use super::instance::Instance;
 use super::mask::BlockMask;
@@ -368,7 +368,10 @@ fn spec_indexes_per_key(
         return Ok(vec![all; key_count]);
     }
     if spec_groups.len() != key_count {
-        return Err(invalid("StartWriteCache", "location_spec_group_names"));
+        return Err(ManagerError::Refused(format!(
+            "{} location_spec_group_names for {key_count} keys",
+            spec_groups.len()
+        )));
     }
     spec_groups
         .iter()
@@ -378,7 +381,9 @@ fn spec_indexes_per_key(
                 .location_spec_groups
                 .iter()
                 .find(|g| &g.name == name)
-                .ok_or_else(|| invalid("StartWriteCache", "location_spec_group_names"))?;
+                .ok_or_else(|| {
+                    ManagerError::Refused(format!("location spec group {name:?} is not registered"))
+                })?;
             Ok(all
                 .iter()
                 .copied()
