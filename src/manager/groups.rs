@@ -44,7 +44,7 @@ impl Manager {
                 group.name
             )));
         }
-        groups.insert(group.name.clone(), group);
+        groups.insert(group.name.clone(), Arc::new(group));
         Ok(())
     }
 
@@ -65,7 +65,7 @@ impl Manager {
                 stored.version, group.version
             )));
         }
-        groups.insert(group.name.clone(), group);
+        groups.insert(group.name.clone(), Arc::new(group));
         Ok(())
     }
 
@@ -79,10 +79,14 @@ impl Manager {
 
     /// A group's config.
     pub fn group(&self, name: &str) -> ManagerResult<admin::InstanceGroup> {
-        read_lock(&self.groups)
-            .get(name)
-            .cloned()
+        self.shared_group(name)
+            .map(|group| (*group).clone())
             .ok_or_else(|| unknown_group(name))
+    }
+
+    /// A group's config as stored (shared; the groups lock is released on return).
+    pub(crate) fn shared_group(&self, name: &str) -> Option<Arc<admin::InstanceGroup>> {
+        read_lock(&self.groups).get(name).cloned()
     }
 
     /// Registers an instance (idempotent for an identical registration); returns the
