@@ -101,22 +101,57 @@ impl StorageTable {
             .collect()
     }
 
-    /// Read weights for one request on a group with these candidates (wire fact sheet §11).
-    pub fn read_weights(&self, candidates: &[String]) -> ManagerResult<ReadWeights<'_>> {
-        let available = candidates
-            .iter()
-            .filter(|name| self.registry.is_available(name))
-            .count();
-        if available == 0 {
+    /// Read weights for one request on a group with these candidates (wire fact sheet §11);
+    /// fails when none of the candidates is available.
+    pub fn read_weights<'t>(&'t self, candidates: &'t [String]) -> ManagerResult<ReadWeights<'t>> {
+        let (every_storage_available, some_candidate_registered) = {
+            let registered = read_lock(&self.wire_configs);
+            (
+                registered
+                    .keys()
+                    .all(|name| self.registry.is_available(name)),
+                candidates.iter().any(|name| registered.contains_key(name)),
+            )
+        };
+        let some_candidate_available = match every_storage_available {
+            true => some_candidate_registered,
+            false => candidates
+                .iter()
+                .any(|name| self.registry.is_available(name)),
+        };
+        if !some_candidate_available {
             return Err(ManagerError::NoSpace(
                 "none of the group's storages is available".into(),
             ));
         }
+        let rule = if every_storage_available {
+            WeightRule::ByType
+        } else {
+            self.partial_rule(candidates)
+        };
         Ok(ReadWeights {
             table: self,
-            all_available: available == candidates.len(),
+            candidates,
+            rule,
             memo: RefCell::default(),
         })
+    }
+
+    /// The rule while some storage is unavailable: per type when the candidates hold at most
+    /// one storage of each type, otherwise per candidate storage.
+    fn partial_rule(&self, candidates: &[String]) -> WeightRule {
+        let mut types: Vec<(i32, bool)> = Vec::with_capacity(candidates.len());
+        for name in candidates {
+            let Some(backend) = self.registry.get(name) else {
+                continue;
+            };
+            let wire_type = wire::wire_type(backend.kind()) as i32;
+            if types.iter().any(|(t, _)| *t == wire_type) {
+                return WeightRule::ByCandidate;
+            }
+            types.push((wire_type, self.registry.is_available(name)));
+        }
+        WeightRule::ByAvailableType(types)
     }
 
     /// The `storage_configs` JSON text of a group's registered candidates, by name.
@@ -132,32 +167,42 @@ impl StorageTable {
     }
 }
 
+/// How locations are weighted in one request (wire fact sheet §11).
+enum WeightRule {
+    /// Every registered storage is available: fixed weights per storage type.
+    ByType,
+    /// Some storage is not, and the group has at most one storage per type: 1 for the types
+    /// (wire numbers) whose storage is available, 0 for the others.
+    ByAvailableType(Vec<(i32, bool)>),
+    /// Some storage is not, and the group has several of one type: 1 for a location on an
+    /// available candidate storage, 0 for everything else.
+    ByCandidate,
+}
+
 /// Weights that pick among a key's readable replicas, for one request.
 pub struct ReadWeights<'t> {
     table: &'t StorageTable,
-    all_available: bool,
+    candidates: &'t [String],
+    rule: WeightRule,
     /// Availability per storage name seen so far (locations of a request mostly share one).
     memo: RefCell<Vec<(Arc<str>, bool)>>,
 }
 
 impl ReadWeights<'_> {
-    /// The weight of a location: by backend kind while every candidate storage is available,
-    /// otherwise 1 when its own storage is available; 0 (a miss) when it is not.
+    /// The weight of a location; 0 makes it a miss.
     pub fn weight(&self, location: &Location) -> u32 {
-        if !self.is_available(&location.storage_name) {
-            return 0;
-        }
-        if !self.all_available {
-            return 1;
-        }
-        match meta::StorageType::try_from(location.cache_location.r#type) {
-            Ok(meta::StorageType::StNfs) => 5,
-            Ok(
-                meta::StorageType::St3fs
-                | meta::StorageType::StMooncake
-                | meta::StorageType::StTairmempool,
-            ) => 3,
-            _ => 1,
+        let wire_type = location.cache_location.r#type;
+        match &self.rule {
+            WeightRule::ByType => type_weight(wire_type),
+            WeightRule::ByAvailableType(types) => {
+                let available = types.iter().any(|&(t, up)| t == wire_type && up);
+                u32::from(available)
+            }
+            WeightRule::ByCandidate => {
+                let name = &location.storage_name;
+                let candidate = self.candidates.iter().any(|c| **c == **name);
+                u32::from(candidate && self.is_available(name))
+            }
         }
     }
 
@@ -169,6 +214,19 @@ impl ReadWeights<'_> {
         let available = self.table.registry.is_available(name);
         memo.push((name.clone(), available));
         available
+    }
+}
+
+/// The fixed weight of a storage type: NFS 5; 3FS, Mooncake, TairMemPool 3; others 1.
+fn type_weight(wire_type: i32) -> u32 {
+    match meta::StorageType::try_from(wire_type) {
+        Ok(meta::StorageType::StNfs) => 5,
+        Ok(
+            meta::StorageType::St3fs
+            | meta::StorageType::StMooncake
+            | meta::StorageType::StTairmempool,
+        ) => 3,
+        _ => 1,
     }
 }
 

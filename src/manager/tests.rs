@@ -476,3 +476,94 @@ fn blocks_of_a_session_whose_failing_failed_are_failed_again_later() {
     );
     assert_eq!(fx.manager.open_sessions(), 0);
 }
+
+/// A SERVING location of `key` on `storage_name`, of wire storage type `wire_type`.
+fn put_serving(instance: &Instance, key: i64, storage_name: &str, wire_type: meta::StorageType) {
+    let location = Location {
+        id: storage_name.into(),
+        state: LocationState::Serving,
+        storage_name: storage_name.into(),
+        cache_location: meta::CacheLocation {
+            r#type: wire_type as i32,
+            spec_size: 1,
+            location_specs: vec![meta::LocationSpec {
+                name: "tp0".into(),
+                uri: format!("file://{storage_name}/{key}"),
+            }],
+        },
+    };
+    let entry = KeyEntry {
+        locations: vec![location],
+    };
+    instance
+        .index
+        .put(vec![(key, Arc::new(entry))])
+        .expect("put");
+}
+
+fn batch_hit(manager: &Manager, instance: &Instance, key: i64) -> bool {
+    let found = manager
+        .get_cache_location(
+            instance,
+            QueryKind::BatchGet,
+            &[key],
+            &BlockMask::default(),
+            &[],
+        )
+        .expect("query");
+    !found[0].location_specs[0].uri.is_empty()
+}
+
+#[test]
+fn with_one_storage_per_type_an_unavailable_storage_weighs_by_its_type() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager
+        .add_storage(storage("u", &fx.dir.path().join("u")))
+        .expect("a storage outside the group");
+    fx.manager
+        .set_storage_available("u", false)
+        .expect("disable");
+    put_serving(&instance, 1, "u", meta::StorageType::StNfs);
+    put_serving(&instance, 2, "u", meta::StorageType::St3fs);
+    assert!(
+        batch_hit(&fx.manager, &instance, 1),
+        "NFS is available in the group: weight 1"
+    );
+    assert!(
+        !batch_hit(&fx.manager, &instance, 2),
+        "the group has no available 3FS: weight 0"
+    );
+    let start = fx
+        .manager
+        .start_write(&instance, vec![2, 3], &[], 30)
+        .expect("start");
+    assert_eq!(
+        start.mask,
+        BlockMask::Bools(vec![true, false]),
+        "a present block of weight 0 is no prefix"
+    );
+}
+
+#[test]
+fn with_several_storages_of_a_type_only_available_candidates_weigh() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    for name in ["t", "u"] {
+        fx.manager
+            .add_storage(storage(name, &fx.dir.path().join(name)))
+            .expect("storage");
+    }
+    let mut group = fx.manager.group("g").expect("group");
+    group.storage_candidates.push("t".into());
+    group.version = 2;
+    fx.manager.update_group(group, 1).expect("update");
+    fx.manager
+        .set_storage_available("t", false)
+        .expect("disable");
+    put_serving(&instance, 1, "s", meta::StorageType::StNfs);
+    put_serving(&instance, 2, "u", meta::StorageType::StNfs);
+    assert!(batch_hit(&fx.manager, &instance, 1));
+    assert!(
+        !batch_hit(&fx.manager, &instance, 2),
+        "an available storage outside the candidates weighs 0"
+    );
+}

@@ -46,20 +46,20 @@ impl Manager {
         timeout_seconds: i32,
     ) -> ManagerResult<WriteStart> {
         let spec_indexes = spec_indexes_per_key(instance, keys.len(), spec_groups)?;
-        let mut present: Vec<bool> = instance
-            .index
-            .get(&keys)?
+        let entries = instance.index.get(&keys)?;
+        let mut present: Vec<bool> = entries
             .iter()
             .map(|e| e.as_ref().is_some_and(|e| !e.locations.is_empty()))
             .collect();
-        mark_repeats_present(&keys, &mut present);
+        let mut prefix_eligible = self.weighted_presence(instance, &entries);
+        mark_repeats_present(&keys, &mut present, &mut prefix_eligible);
         let blocks = absent_blocks(&keys, &present, spec_indexes);
         if blocks.is_empty() {
             let deadline = Instant::now() + EMPTY_SESSION_LIFETIME;
             let session_id = self.open_session(instance, &[], deadline)?;
             return Ok(WriteStart {
                 session_id,
-                mask: BlockMask::from_presence(present),
+                mask: BlockMask::from_presence(present, &prefix_eligible),
                 locations: Vec::new(),
             });
         }
@@ -67,8 +67,10 @@ impl Manager {
         let allocated = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
         let new_locations = self.insert_writing(instance, backend.as_ref(), allocated)?;
         let written: HashSet<BlockKey> = new_locations.iter().map(|(k, _)| *k).collect();
-        for (key, is_present) in keys.iter().zip(&mut present) {
-            *is_present = *is_present || !written.contains(key);
+        for (i, key) in keys.iter().enumerate() {
+            if !present[i] && !written.contains(key) {
+                (present[i], prefix_eligible[i]) = (true, true);
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(timeout_seconds.max(0) as u64);
         let session_id = self.open_session(instance, &new_locations, deadline)?;
@@ -78,9 +80,28 @@ impl Manager {
             .collect();
         Ok(WriteStart {
             session_id,
-            mask: BlockMask::from_presence(present),
+            mask: BlockMask::from_presence(present, &prefix_eligible),
             locations,
         })
+    }
+
+    /// For each entry: whether it has a location of read weight > 0 (§8.5: only those count
+    /// for the pure-prefix form of the mask; none does while no storage is available).
+    fn weighted_presence(&self, instance: &Instance, entries: &[Option<Entry>]) -> Vec<bool> {
+        let group = self.shared_group(instance.group());
+        let candidates = group
+            .as_deref()
+            .map_or(&[][..], |g| g.storage_candidates.as_slice());
+        let Ok(weights) = self.storages.read_weights(candidates) else {
+            return vec![false; entries.len()];
+        };
+        entries
+            .iter()
+            .map(|e| {
+                e.as_ref()
+                    .is_some_and(|e| e.locations.iter().any(|l| weights.weight(l) > 0))
+            })
+            .collect()
     }
 
     /// Opens the session that owns these new WRITING locations; a node that lost leadership
@@ -410,13 +431,13 @@ fn free_locations<'a>(
     }
 }
 
-/// Marks every repeat of a key inside one request as present, so that only its first copy
-/// is allocated (and the answer's mask says the repeats need no write).
-fn mark_repeats_present(keys: &[BlockKey], present: &mut [bool]) {
+/// Marks every repeat of a key inside one request as present (and prefix-eligible), so
+/// that only its first copy is allocated and the mask says the repeats need no write.
+fn mark_repeats_present(keys: &[BlockKey], present: &mut [bool], prefix_eligible: &mut [bool]) {
     let mut seen = HashSet::with_capacity(keys.len());
-    for (key, is_present) in keys.iter().zip(present) {
-        if !seen.insert(*key) {
-            *is_present = true;
+    for (i, key) in keys.iter().enumerate() {
+        if !seen.insert(*key) && !present[i] {
+            (present[i], prefix_eligible[i]) = (true, true);
         }
     }
 }
