@@ -48,15 +48,25 @@ impl StorageTable {
         Ok(())
     }
 
-    /// Replaces a registered storage (remove + add); the old one is restored on failure.
+    /// Replaces a registered storage. The new config is validated and opened first, so a
+    /// config that cannot be opened changes nothing; only then is the old one swapped out
+    /// (remove + add). Should the add still fail, the old one is restored, or, if even that
+    /// fails, forgotten in the listing too (never a stale entry).
     pub fn update(&self, wire_config: admin::StorageConfig) -> ManagerResult<()> {
         let config = validated(&wire_config)?;
         let name = config.global_unique_name.clone();
         let mut wire_configs = write_lock(&self.wire_configs);
+        if !wire_configs.contains_key(&name) {
+            return Err(ManagerError::NotFound(format!(
+                "storage {name:?} does not exist"
+            )));
+        }
+        drop(kvcm_storage::open(config.clone())?);
         let old = self.registry.remove(&name)?;
         if let Err(error) = self.registry.add(config) {
             if let Err(restore) = self.registry.add(old.config().clone()) {
                 tracing::warn!(%restore, storage = %name, "restoring a storage after a failed update");
+                wire_configs.remove(&name);
             }
             return Err(error.into());
         }

@@ -567,3 +567,25 @@ fn with_several_storages_of_a_type_only_available_candidates_weigh() {
         "an available storage outside the candidates weighs 0"
     );
 }
+
+#[test]
+fn an_update_that_cannot_open_its_storage_changes_nothing() {
+    let (fx, _instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager
+        .set_storage_available("s", false)
+        .expect("disable");
+    let listed = fx.manager.list_storages();
+    let blocker = fx.dir.path().join("a-file");
+    std::fs::write(&blocker, b"not a directory").expect("file");
+    let probed = admin::StorageConfig {
+        check_storage_available_when_open: true,
+        ..storage("s", &blocker)
+    };
+    let refused = fx.manager.update_storage(probed);
+    assert!(refused.is_err(), "a root below a file cannot be opened");
+    assert_eq!(fx.manager.list_storages(), listed);
+    assert!(
+        fx.manager.storages.available(&["s".into()]).is_empty(),
+        "the old storage stays registered and disabled"
+    );
+}
