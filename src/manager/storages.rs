@@ -135,7 +135,7 @@ impl StorageTable {
             ));
         }
         let rule = if every_storage_available {
-            WeightRule::ByType
+            WeightRule::FixedPerType
         } else {
             self.partial_rule(candidates)
         };
@@ -157,11 +157,11 @@ impl StorageTable {
             };
             let wire_type = wire::wire_type(backend.kind()) as i32;
             if types.iter().any(|(t, _)| *t == wire_type) {
-                return WeightRule::ByCandidate;
+                return WeightRule::AvailableCandidates;
             }
             types.push((wire_type, self.registry.is_available(name)));
         }
-        WeightRule::ByAvailableType(types)
+        WeightRule::AvailableTypes(types)
     }
 
     /// The `storage_configs` JSON text of a group's registered candidates, by name.
@@ -180,13 +180,13 @@ impl StorageTable {
 /// How locations are weighted in one request (wire fact sheet §11).
 enum WeightRule {
     /// Every registered storage is available: fixed weights per storage type.
-    ByType,
+    FixedPerType,
     /// Some storage is not, and the group has at most one storage per type: 1 for the types
     /// (wire numbers) whose storage is available, 0 for the others.
-    ByAvailableType(Vec<(i32, bool)>),
+    AvailableTypes(Vec<(i32, bool)>),
     /// Some storage is not, and the group has several of one type: 1 for a location on an
     /// available candidate storage, 0 for everything else.
-    ByCandidate,
+    AvailableCandidates,
 }
 
 /// Weights that pick among a key's readable replicas, for one request.
@@ -203,12 +203,12 @@ impl ReadWeights<'_> {
     pub fn weight(&self, location: &Location) -> u32 {
         let wire_type = location.cache_location.r#type;
         match &self.rule {
-            WeightRule::ByType => type_weight(wire_type),
-            WeightRule::ByAvailableType(types) => {
+            WeightRule::FixedPerType => type_weight(wire_type),
+            WeightRule::AvailableTypes(types) => {
                 let available = types.iter().any(|&(t, up)| t == wire_type && up);
                 u32::from(available)
             }
-            WeightRule::ByCandidate => {
+            WeightRule::AvailableCandidates => {
                 let name = &location.storage_name;
                 let candidate = self.candidates.iter().any(|c| **c == **name);
                 u32::from(candidate && self.is_available(name))
