@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -19,6 +20,8 @@ use crate::proto::{admin, meta, storage as wire};
 pub struct StorageTable {
     registry: StorageRegistry,
     wire_configs: RwLock<BTreeMap<String, admin::StorageConfig>>,
+    /// `wire_configs.len()`, readable without its lock (updated under it).
+    registered_count: AtomicUsize,
 }
 
 impl StorageTable {
@@ -31,6 +34,7 @@ impl StorageTable {
         Ok(StorageTable {
             registry,
             wire_configs: RwLock::default(),
+            registered_count: AtomicUsize::new(0),
         })
     }
 
@@ -45,6 +49,8 @@ impl StorageTable {
         let mut wire_configs = write_lock(&self.wire_configs);
         self.registry.add(config).map_err(already_exists)?;
         wire_configs.insert(wire_config.global_unique_name.clone(), wire_config);
+        self.registered_count
+            .store(wire_configs.len(), Ordering::Release);
         Ok(())
     }
 
@@ -67,6 +73,8 @@ impl StorageTable {
             if let Err(restore) = self.registry.add(old.config().clone()) {
                 tracing::warn!(%restore, storage = %name, "restoring a storage after a failed update");
                 wire_configs.remove(&name);
+                self.registered_count
+                    .store(wire_configs.len(), Ordering::Release);
             }
             return Err(error.into());
         }
@@ -79,6 +87,8 @@ impl StorageTable {
         let mut wire_configs = write_lock(&self.wire_configs);
         self.registry.remove(name)?;
         wire_configs.remove(name);
+        self.registered_count
+            .store(wire_configs.len(), Ordering::Release);
         Ok(())
     }
 
@@ -114,27 +124,16 @@ impl StorageTable {
     /// Read weights for one request on a group with these candidates (wire fact sheet §11);
     /// fails when none of the candidates is available.
     pub fn read_weights<'t>(&'t self, candidates: &'t [String]) -> ManagerResult<ReadWeights<'t>> {
-        let (every_storage_available, some_candidate_registered) = {
-            let registered = read_lock(&self.wire_configs);
-            (
-                registered
-                    .keys()
-                    .all(|name| self.registry.is_available(name)),
-                candidates.iter().any(|name| registered.contains_key(name)),
-            )
-        };
-        let some_candidate_available = match every_storage_available {
-            true => some_candidate_registered,
-            false => candidates
-                .iter()
-                .any(|name| self.registry.is_available(name)),
-        };
-        if !some_candidate_available {
+        let available_candidates = candidates
+            .iter()
+            .filter(|name| self.registry.is_available(name))
+            .count();
+        if available_candidates == 0 {
             return Err(ManagerError::NoSpace(
                 "none of the group's storages is available".into(),
             ));
         }
-        let rule = if every_storage_available {
+        let rule = if self.every_storage_available(candidates, available_candidates) {
             WeightRule::FixedPerType
         } else {
             self.partial_rule(candidates)
@@ -145,6 +144,24 @@ impl StorageTable {
             rule,
             memo: RefCell::default(),
         })
+    }
+
+    /// Whether every registered storage is available. Fast path (no further lock): the
+    /// group's distinct available candidates are as many as the registered storages.
+    fn every_storage_available(&self, candidates: &[String], available_candidates: usize) -> bool {
+        let registered = self.registered_count.load(Ordering::Acquire);
+        let distinct = || {
+            candidates
+                .iter()
+                .enumerate()
+                .all(|(i, c)| !candidates[..i].contains(c))
+        };
+        if available_candidates == registered && distinct() {
+            return true;
+        }
+        read_lock(&self.wire_configs)
+            .keys()
+            .all(|name| self.registry.is_available(name))
     }
 
     /// The rule while some storage is unavailable: per type when the candidates hold at most
