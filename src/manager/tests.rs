@@ -396,14 +396,45 @@ fn a_write_that_passed_the_gate_before_a_demotion_opens_no_session() {
     );
 }
 
-/// A local index whose next `failures` read-modify-writes fail (a backend outage).
+/// A hook run inside every `get` of a [`FlakyIndex`], once installed.
+type GetHook = Arc<std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>>;
+
+/// A local index whose next `failures` read-modify-writes fail (a backend outage) and whose
+/// lookups run a hook first.
 struct FlakyIndex {
     inner: Arc<dyn MetaIndex<Entry>>,
     failures: Arc<std::sync::atomic::AtomicUsize>,
+    on_get: GetHook,
+}
+
+/// A fixture whose instance index is a [`FlakyIndex`].
+fn flaky_fixture() -> (
+    Fixture,
+    Arc<Instance>,
+    Arc<std::sync::atomic::AtomicUsize>,
+    GetHook,
+) {
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let on_get = GetHook::default();
+    let local = local_index_factory();
+    let (shared_failures, shared_hook) = (failures.clone(), on_get.clone());
+    let flaky: IndexFactory = Arc::new(move |config| {
+        let index: Arc<dyn MetaIndex<Entry>> = Arc::new(FlakyIndex {
+            inner: local(config)?,
+            failures: shared_failures.clone(),
+            on_get: shared_hook.clone(),
+        });
+        Ok(index)
+    });
+    let (fx, instance) = fixture_with(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs, flaky);
+    (fx, instance, failures, on_get)
 }
 
 impl MetaIndex<Entry> for FlakyIndex {
     fn get(&self, keys: &[BlockKey]) -> Result<Vec<Option<Entry>>, IndexError> {
+        if let Some(hook) = self.on_get.get() {
+            hook();
+        }
         self.inner.get(keys)
     }
     fn put(&self, entries: Vec<(BlockKey, Entry)>) -> Result<(), IndexError> {
@@ -444,18 +475,7 @@ impl MetaIndex<Entry> for FlakyIndex {
 
 #[test]
 fn blocks_of_a_session_whose_failing_failed_are_failed_again_later() {
-    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let local = local_index_factory();
-    let shared = failures.clone();
-    let flaky: IndexFactory = Arc::new(move |config| {
-        let inner = local(config)?;
-        let index: Arc<dyn MetaIndex<Entry>> = Arc::new(FlakyIndex {
-            inner,
-            failures: shared.clone(),
-        });
-        Ok(index)
-    });
-    let (fx, instance) = fixture_with(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs, flaky);
+    let (fx, instance, failures, _) = flaky_fixture();
     let started = fx
         .manager
         .start_write(&instance, vec![1, 2], &[], 600)
@@ -587,5 +607,37 @@ fn an_update_that_cannot_open_its_storage_changes_nothing() {
     assert!(
         fx.manager.storages.available(&["s".into()]).is_empty(),
         "the old storage stays registered and disabled"
+    );
+}
+
+#[test]
+fn a_group_update_proceeds_while_a_read_is_inside_the_index() {
+    let (fx, instance, _, on_get) = flaky_fixture();
+    let (updated_tx, updated_rx) = std::sync::mpsc::channel();
+    let manager = Arc::downgrade(&fx.manager);
+    let hook: Box<dyn Fn() + Send + Sync> = Box::new(move || {
+        // Runs inside the lookup: a groups lock still held here would block this update.
+        let Some(manager) = manager.upgrade() else {
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            let mut group = manager.group("g").expect("group");
+            group.version += 1;
+            let current = group.version - 1;
+            tx.send(manager.update_group(group, current).is_ok()).ok();
+        });
+        let updated = rx.recv_timeout(Duration::from_secs(5)).unwrap_or(false);
+        updated_tx.send(updated).ok();
+        if updated {
+            writer.join().expect("writer");
+        }
+    });
+    assert!(on_get.set(hook).is_ok());
+    prefix(&fx.manager, &instance, &[1]);
+    assert_eq!(
+        updated_rx.try_recv(),
+        Ok(true),
+        "the update finished during the lookup"
     );
 }
