@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{admin_code, code, wait_until, TestServer};
+use common::{admin_code, code, grpc_code, wait_until, TestServer};
 use kvcm::proto::admin;
 use serde_json::{json, Value};
 
@@ -20,6 +20,7 @@ fn group(name: &str, storage: &str, version: i64) -> Value {
            "cache_config": {"reclaim_strategy": {"storage_unique_name": storage},
                             "data_storage_strategy": "CPS_PREFER_3FS",
                             "meta_indexer_config": {"mutex_shard_num": 16,
+                                "meta_cache_policy_config": {"type": "lru"},
                                 "meta_storage_backend_config": {"storage_type": "local"}}},
            "version": version})
 }
@@ -154,7 +155,7 @@ async fn group_and_instance_crud() {
             json!({"instance_group": group("g2", "nfs_03", 2), "current_version": 5}),
         )
         .await;
-    assert_ne!(code(&stale), "OK");
+    assert_eq!(code(&stale), "INTERNAL_ERROR", "a version conflict");
     let fresh = server
         .admin_http(
             "updateInstanceGroup",
@@ -273,6 +274,9 @@ async fn metrics_count_every_api_over_rpc_and_prometheus() {
     server.register("inst", 16).await;
     let query = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": [1]});
     server.meta_http("getCacheLocation", query).await;
+    let unknown = json!({"instance_id": "nobody", "block_keys": [1]});
+    let answer = server.meta_http("getCacheMeta", unknown).await;
+    assert_eq!(code(&answer), "INSTANCE_NOT_EXIST");
     let metrics = server.admin_http("getMetrics", json!({})).await;
     assert_eq!(code(&metrics), "OK");
     let per_instance = metrics["metrics"].as_array().unwrap().iter().any(|m| {
@@ -296,19 +300,17 @@ async fn metrics_count_every_api_over_rpc_and_prometheus() {
             .unwrap_or_else(|| panic!("{name} for {api} in {metrics}"))["metric_value"]
             .clone()
     };
-    for api in ["AddStorage", "ListStorage"] {
+    for api in ["AddStorage", "ListStorage", "GetCacheMeta"] {
         let count: i64 = find("service.query_counter", api)["int_value"]
             .as_str()
             .unwrap()
             .parse()
             .unwrap();
         assert_eq!(count, 1);
-        assert!(
-            find("service.query_rt_us", api)["float_value"]
-                .as_f64()
-                .unwrap()
-                > 0.0
-        );
+        let rt_us = find("service.query_rt_us", api)["float_value"]
+            .as_f64()
+            .unwrap();
+        assert!(rt_us > 1.0, "{api}: the whole call is timed, {rt_us} µs");
     }
     let (status, text) =
         common::http_request(server.address("admin_http"), "GET", "/metrics", b"").await;
@@ -379,6 +381,72 @@ async fn demotion_rejects_leader_only_calls_fails_sessions_and_recovers() {
     })
     .await;
     assert!(cleaned.is_some(), "demotion failed the open session");
+}
+
+#[tokio::test]
+async fn demotion_with_the_default_campaign_delay_lasts_an_elector_period() {
+    let server = TestServer::start().await;
+    let elector = server.admin_http("getLeaderElectorConfig", json!({})).await;
+    assert_eq!(elector["campaign_delay_time_ms"], "0");
+    let demote = server.admin_http("leaderDemote", json!({})).await;
+    assert_eq!(code(&demote), "OK");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let health = server.admin_http("checkHealth", json!({})).await;
+    assert_eq!(health["is_leader"], json!(false));
+    assert_eq!(
+        code(&server.admin_http("leaderDemote", json!({})).await),
+        "SERVER_NOT_LEADER"
+    );
+    let back = wait_until(Duration::from_secs(5), async || {
+        let health = server.admin_http("checkHealth", json!({})).await;
+        (health["is_leader"] == json!(true)).then_some(())
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "the node campaigns again after one loop period"
+    );
+}
+
+#[tokio::test]
+async fn a_follower_answers_not_leader_before_checking_the_instance() {
+    let server = TestServer::start().await;
+    server.register("known", 16).await;
+    let config = json!({"campaign_delay_time_ms": 60_000});
+    assert_eq!(
+        code(&server.admin_http("updateLeaderElectorConfig", config).await),
+        "OK"
+    );
+    assert_eq!(
+        code(&server.admin_http("leaderDemote", json!({})).await),
+        "OK"
+    );
+    let apis = [
+        "getCacheMeta",
+        "getCacheLocation",
+        "startWriteCache",
+        "finishWriteCache",
+        "removeCache",
+        "trimCache",
+    ];
+    for api in apis {
+        for instance_id in ["unknown", "known"] {
+            let body = json!({"instance_id": instance_id, "block_keys": [1]});
+            let answer = server.meta_http(api, body).await;
+            assert_eq!(code(&answer), "SERVER_NOT_LEADER", "{api} {instance_id}");
+        }
+    }
+    let request = kvcm::proto::meta::GetCacheLocationRequest {
+        instance_id: "unknown".into(),
+        block_keys: vec![1],
+        ..Default::default()
+    };
+    let answer = server.meta().await.get_cache_location(request).await;
+    let header = answer.expect("grpc ok").into_inner().header;
+    assert_eq!(
+        grpc_code(&header),
+        kvcm::proto::meta::ErrorCode::ServerNotLeader
+    );
 }
 
 #[tokio::test]

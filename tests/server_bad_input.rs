@@ -125,12 +125,17 @@ async fn bad_meta_requests_are_rejected_without_changing_state() {
         (
             "getCacheLocation",
             json!({"instance_id": "inst", "block_keys": [1]}),
+            "INTERNAL_ERROR",
+        ),
+        (
+            "getCacheLocation",
+            json!({"instance_id": "inst"}),
             "INVALID_ARGUMENT",
         ),
         (
             "getCacheLocation",
             json!({"instance_id": "inst", "query_type": "QT_NO_SUCH", "block_keys": [1]}),
-            "INVALID_ARGUMENT",
+            "INTERNAL_ERROR",
         ),
         (
             "getCacheLocation",
@@ -175,12 +180,12 @@ async fn bad_meta_requests_are_rejected_without_changing_state() {
         (
             "startWriteCache",
             json!({"instance_id": "inst", "block_keys": [9, 10], "location_spec_group_names": ["a"]}),
-            "INVALID_ARGUMENT",
+            "INTERNAL_ERROR",
         ),
         (
             "startWriteCache",
             json!({"instance_id": "inst", "block_keys": [9], "location_spec_group_names": ["unknown"]}),
-            "INVALID_ARGUMENT",
+            "INTERNAL_ERROR",
         ),
         (
             "finishWriteCache",
@@ -340,7 +345,7 @@ async fn bad_admin_and_debug_requests_are_rejected_without_changing_state() {
         (
             "registerInstance",
             json!({"instance_id": "x"}),
-            "INVALID_ARGUMENT",
+            "INTERNAL_ERROR",
         ),
         ("removeInstance", json!({}), "INVALID_ARGUMENT"),
         (
@@ -456,4 +461,174 @@ async fn bad_grpc_requests_answer_grpc_ok_with_the_status_in_the_header() {
         before,
         "bad requests changed nothing"
     );
+}
+
+#[tokio::test]
+async fn enum_numbers_without_a_name_are_rejected_and_stored_state_stays_readable() {
+    use common::admin_code;
+    use kvcm::proto::admin;
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let mut client = server.admin().await;
+    let account = admin::AddAccountRequest {
+        user_name: "u".into(),
+        role: 5,
+        ..Default::default()
+    };
+    let added = client.add_account(account).await.expect("grpc OK");
+    let header = added.into_inner().header;
+    assert_eq!(admin_code(&header), admin::ErrorCode::InvalidArgument);
+
+    let stored = client
+        .get_instance_group(admin::GetInstanceGroupRequest {
+            name: "default".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("grpc OK")
+        .into_inner()
+        .instance_group
+        .expect("default group");
+    let corruptions: [fn(&mut admin::InstanceGroup); 3] = [
+        |g| g.cache_config.as_mut().unwrap().data_storage_strategy = 99,
+        |g| {
+            let cache = g.cache_config.as_mut().unwrap();
+            cache.reclaim_strategy.as_mut().unwrap().reclaim_policy = 42;
+        },
+        |g| {
+            let quota = g.quota.get_or_insert_with(Default::default);
+            quota.quota_config.push(admin::QuotaConfig {
+                storage_type: 77,
+                capacity: 1,
+            });
+        },
+    ];
+    for corrupt in corruptions {
+        let mut group = stored.clone();
+        corrupt(&mut group);
+        let updated = admin::UpdateInstanceGroupRequest {
+            instance_group: Some(admin::InstanceGroup {
+                version: stored.version + 1,
+                ..group.clone()
+            }),
+            current_version: stored.version,
+            ..Default::default()
+        };
+        let answer = client
+            .update_instance_group(updated)
+            .await
+            .expect("grpc OK");
+        let code = admin_code(&answer.into_inner().header);
+        assert_eq!(code, admin::ErrorCode::InvalidArgument, "update {group:?}");
+        group.name = "other".into();
+        let created = admin::CreateInstanceGroupRequest {
+            instance_group: Some(group),
+            ..Default::default()
+        };
+        let answer = client
+            .create_instance_group(created)
+            .await
+            .expect("grpc OK");
+        let code = admin_code(&answer.into_inner().header);
+        assert_eq!(code, admin::ErrorCode::InvalidArgument);
+    }
+    let other = server
+        .admin_http("getInstanceGroup", json!({"name": "other"}))
+        .await;
+    assert_eq!(code(&other), "INTERNAL_ERROR", "nothing was created");
+    assert_eq!(
+        snapshot(&server).await,
+        before,
+        "state unchanged and readable"
+    );
+}
+
+#[tokio::test]
+async fn registrations_that_would_break_every_write_are_rejected() {
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let model = json!({"model_name": "m", "dtype": "FP8"});
+    let register = |instance_id: &str, specs: Value| {
+        json!({"instance_group": "default", "instance_id": instance_id, "block_size": 4,
+               "location_spec_infos": specs, "model_deployment": model})
+    };
+    let spec = |name: &str, size: i64| json!({"name": name, "size": size});
+    let mut cases = Vec::new();
+    for bad in [
+        "a/b", "a?b", "a#b", "a&b", "a=b", "a b", "a\tb", "a\u{1}b", ".", "..",
+    ] {
+        cases.push(register(bad, json!([spec("tp0", 1)])));
+        cases.push(register("fresh", json!([spec(bad, 1)])));
+    }
+    cases.push(register("fresh", json!([spec("tp0", 0)])));
+    cases.push(register("fresh", json!([spec("tp0", -5)])));
+    cases.push(register("fresh", json!([spec("tp0", 1), spec("tp0", 2)])));
+    for body in cases {
+        expect(
+            &server,
+            "http",
+            "registerInstance",
+            body,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+    assert_eq!(snapshot(&server).await, before, "nothing was registered");
+    let fine = register("fresh.one-2", json!([spec("tp0", 1), spec("tp1", 2)]));
+    let answer = server.meta_http("registerInstance", fine).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+}
+
+#[tokio::test]
+async fn groups_whose_index_settings_cannot_open_an_index_are_refused() {
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let stored = &before["group"];
+    let policy = &stored["cache_config"]["meta_indexer_config"]["meta_cache_policy_config"];
+    assert_eq!(
+        policy["type"], "lru",
+        "the embedded default names its cache type"
+    );
+    let indexer = |change: Value| {
+        let mut group = stored.clone();
+        let config = &mut group["cache_config"]["meta_indexer_config"];
+        for (field, value) in change.as_object().unwrap() {
+            config[field] = value.clone();
+        }
+        group
+    };
+    let policy = |kind: &str, shard_bits: i64| json!({"meta_cache_policy_config": {"type": kind, "capacity": 1, "cache_shard_bits": shard_bits}});
+    let bad_groups = [
+        indexer(json!({"meta_cache_policy_config": null})),
+        indexer(policy("", 0)),
+        indexer(policy("lfu", 0)),
+        indexer(policy("lru", 40)),
+        indexer(json!({"mutex_shard_num": 12})),
+    ];
+    let version: i64 = stored["version"].as_str().unwrap().parse().unwrap();
+    for group in bad_groups {
+        let mut update = json!({"current_version": version});
+        update["instance_group"] = group.clone();
+        update["instance_group"]["version"] = json!(version + 1);
+        expect(
+            &server,
+            "admin_http",
+            "updateInstanceGroup",
+            update,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+        let mut created = group;
+        created["name"] = json!("other");
+        let body = json!({"instance_group": created});
+        expect(
+            &server,
+            "admin_http",
+            "createInstanceGroup",
+            body,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+    assert_eq!(snapshot(&server).await, before, "nothing changed");
 }

@@ -179,3 +179,56 @@ async fn eight_clients_write_and_read_overlapping_prefixes() {
         }
     }
 }
+
+#[tokio::test]
+async fn concurrent_starts_on_one_key_allocate_it_once() {
+    let server = TestServer::start().await;
+    let mut client = server.meta().await;
+    let registered = client
+        .register_instance(registration_grpc("inst", 16))
+        .await;
+    assert_eq!(
+        grpc_code(&registered.expect("grpc OK").into_inner().header),
+        meta::ErrorCode::Ok
+    );
+    for key in 0..20_i64 {
+        let starts = (0..8).map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                let request = meta::StartWriteCacheRequest {
+                    instance_id: "inst".into(),
+                    block_keys: vec![key],
+                    write_timeout_seconds: 30,
+                    ..Default::default()
+                };
+                client
+                    .start_write_cache(request)
+                    .await
+                    .expect("grpc OK")
+                    .into_inner()
+            })
+        });
+        let mut allocated = 0;
+        for start in futures_join(starts).await {
+            assert_eq!(grpc_code(&start.header), meta::ErrorCode::Ok);
+            let present = start.block_mask == mask(meta::block_mask::Info::Offset(1));
+            assert_eq!(
+                present,
+                start.locations.is_empty(),
+                "mask agrees with locations"
+            );
+            allocated += start.locations.len();
+        }
+        assert_eq!(allocated, 1, "key {key} was allocated by exactly one start");
+    }
+}
+
+/// Awaits every task, in order.
+async fn futures_join<T>(tasks: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let tasks: Vec<_> = tasks.collect();
+    let mut results = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        results.push(task.await.expect("task"));
+    }
+    results
+}

@@ -41,7 +41,7 @@ fn invalid_settings_stop_the_start_with_the_key_named() {
             &["--env", "kvcm.service.rpc_port=99999"],
             "kvcm.service.rpc_port",
         ),
-        (&["--env", "kvcm.no_such_key=1"], "kvcm.no_such_key"),
+        (&["--env", "service.no_such_key=1"], "service.no_such_key"),
         (
             &[
                 "--env",
@@ -63,5 +63,21 @@ fn invalid_settings_stop_the_start_with_the_key_named() {
         assert!(!output.status.success(), "{args:?} must fail");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(key), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn unknown_kvcm_keys_are_logged_and_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_toml(
+        &dir,
+        "[kvcm.registry_storage]\nuri = \"redis://elsewhere\"\n",
+    );
+    let args = ["--config", &file, "--env", "kvcm.service.io_thread_num=8"];
+    let server = TestServer::start_custom(&args, &[]).await;
+    assert!(server.has_listener("grpc"), "the server started");
+    let log = server.log();
+    for key in ["kvcm.registry_storage.uri", "kvcm.service.io_thread_num"] {
+        assert!(log.contains(key), "{key} is named in the log: {log}");
     }
 }

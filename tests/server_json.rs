@@ -317,3 +317,20 @@ async fn the_body_limit_is_configurable() {
     let answer = server.meta_http("getCacheLocation", small).await;
     assert_eq!(code(&answer), "OK");
 }
+
+#[tokio::test]
+async fn integral_floats_are_accepted_for_integer_fields_as_protobuf_does() {
+    let server = TestServer::start().await;
+    server.register("inst", 16).await;
+    let body = br#"{"instance_id":"inst","block_keys":[5.0,6e0],"write_timeout_seconds":7.0}"#;
+    let (status, raw) = server.post_raw("http", "/api/startWriteCache", body).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&raw));
+    let answer: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(code(&answer), "OK", "{answer}");
+    assert_eq!(answer["locations"].as_array().unwrap().len(), 2);
+    let fraction = br#"{"instance_id":"inst","block_keys":[5],"write_timeout_seconds":7.5}"#;
+    let (status, _) = server
+        .post_raw("http", "/api/startWriteCache", fraction)
+        .await;
+    assert_eq!(status, 400, "a fraction is no integer");
+}

@@ -318,6 +318,39 @@ async fn start_write_on_partly_present_keys_answers_the_presence_mask() {
 }
 
 #[tokio::test]
+async fn repeated_keys_in_one_start_write_are_allocated_once() {
+    let server = TestServer::start().await;
+    server.register("inst", 16).await;
+    let start = server
+        .meta_http(
+            "startWriteCache",
+            json!({"instance_id": "inst", "block_keys": [7, 7, 8, 7], "write_timeout_seconds": 30}),
+        )
+        .await;
+    assert_eq!(code(&start), "OK", "{start}");
+    assert_eq!(
+        start["block_mask"],
+        json!({"bool_masks": {"values": [false, true, false, true]}})
+    );
+    assert_eq!(start["locations"].as_array().unwrap().len(), 2);
+    let finish = server
+        .meta_http(
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": start["write_session_id"],
+                   "success_blocks": {"offset": 2}}),
+        )
+        .await;
+    assert_eq!(code(&finish), "OK", "{finish}");
+    let found = server
+        .meta_http(
+            "getCacheLocation",
+            json!({"instance_id": "inst", "query_type": "QT_PREFIX_MATCH", "block_keys": [7, 8]}),
+        )
+        .await;
+    assert_eq!(uris(&found["locations"]), uris(&start["locations"]));
+}
+
+#[tokio::test]
 async fn finish_commits_successes_and_deletes_the_rest() {
     let server = TestServer::start().await;
     server.register("inst", 16).await;

@@ -51,6 +51,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// `kvcm.leader_elector.node_id`: this node's id ("" = generated).
     pub node_id: String,
+    /// Other `kvcm.*` keys met in the file or `--env` pairs: reference settings kvcm has no
+    /// use for; skipped (the server logs a warning for each) rather than refused.
+    pub ignored_keys: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +67,7 @@ impl Default for ServerConfig {
             http_max_body_bytes: 4 << 20,
             data_dir: PathBuf::from("./kvcm-data"),
             node_id: String::new(),
+            ignored_keys: Vec::new(),
         }
     }
 }
@@ -86,6 +90,18 @@ pub fn env_name(key: &str) -> String {
 }
 
 impl ServerConfig {
+    /// Sets one key from a file or `--env` pair: an unknown `kvcm.*` key is remembered in
+    /// [`ServerConfig::ignored_keys`]; any other unknown key is an error.
+    fn set_or_ignore(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        match self.set(key, value) {
+            Err(ConfigError::UnknownKey(key)) if key.starts_with("kvcm.") => {
+                self.ignored_keys.push(key);
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
     /// Sets one key from its text form.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
         match key {
@@ -115,7 +131,7 @@ impl ServerConfig {
         let mut flat = BTreeMap::new();
         flatten("", &toml::Value::Table(table), &mut flat);
         for (key, value) in flat {
-            self.set(&key, &value)?;
+            self.set_or_ignore(&key, &value)?;
         }
         Ok(())
     }
@@ -129,7 +145,7 @@ impl ServerConfig {
                     key: pair.clone(),
                     reason: "expected key=value".into(),
                 })?;
-            self.set(key.trim(), value.trim())?;
+            self.set_or_ignore(key.trim(), value.trim())?;
         }
         Ok(())
     }
@@ -262,6 +278,31 @@ mod tests {
         let error = config.set("kvcm.nope", "1").unwrap_err();
         assert!(error.to_string().contains("kvcm.nope"), "{error}");
         assert!(config.apply_pairs(&["no-equals".into()]).is_err());
+    }
+
+    #[test]
+    fn unknown_kvcm_keys_are_skipped_and_other_unknown_keys_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("kvcm.toml");
+        let text =
+            "[kvcm.registry_storage]\nuri = \"redis://x\"\n[kvcm.service]\nrpc_port = 7000\n";
+        std::fs::write(&file, text).expect("write config");
+        let mut config = ServerConfig::default();
+        config
+            .apply_toml_file(&file)
+            .expect("a reference file with other kvcm keys");
+        config
+            .apply_pairs(&["kvcm.service.io_thread_num=8".into()])
+            .expect("an unused reference key");
+        assert_eq!(config.rpc_port, 7000);
+        assert_eq!(
+            config.ignored_keys,
+            ["kvcm.registry_storage.uri", "kvcm.service.io_thread_num"]
+        );
+        let error = config
+            .apply_pairs(&["service.rpc_port=1".into()])
+            .unwrap_err();
+        assert!(error.to_string().contains("service.rpc_port"), "{error}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use super::error::{invalid, ManagerError, ManagerResult};
 use super::leader::lock;
 use super::Manager;
+use crate::proto::admin;
 
 /// One account.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +21,9 @@ impl Manager {
     pub fn add_account(&self, account: Account) -> ManagerResult<()> {
         if account.user_name.is_empty() {
             return Err(invalid("AddAccount", "user_name"));
+        }
+        if admin::AccountRole::try_from(account.role).is_err() {
+            return Err(invalid("AddAccount", "role"));
         }
         let mut accounts = lock(&self.accounts);
         if accounts.contains_key(&account.user_name) {

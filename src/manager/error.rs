@@ -31,6 +31,11 @@ pub enum ManagerError {
     /// No storage can take the write, or a quota is reached.
     #[error("no space: {0}")]
     NoSpace(String),
+    /// The request cannot be carried out as asked (an unknown query type, spec groups that do
+    /// not fit, a stale group version, an index the group's settings cannot open); the
+    /// reference answers these as generic manager failures (INTERNAL_ERROR).
+    #[error("request refused: {0}")]
+    Refused(String),
     /// Some blocks of a request could not be committed.
     #[error("partial failure: {0}")]
     Partial(String),

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::error::{invalid, ManagerError, ManagerResult};
 use super::instance::Instance;
+use super::local_index::check_indexer_config;
 use super::{read_lock, write_lock, Manager};
 use crate::proto::{admin, meta};
 
@@ -43,7 +44,7 @@ impl Manager {
                 group.name
             )));
         }
-        groups.insert(group.name.clone(), group);
+        groups.insert(group.name.clone(), Arc::new(group));
         Ok(())
     }
 
@@ -59,12 +60,12 @@ impl Manager {
             .get(&group.name)
             .ok_or_else(|| unknown_group(&group.name))?;
         if stored.version != current_version || group.version <= stored.version {
-            return Err(ManagerError::InvalidArgument(format!(
+            return Err(ManagerError::Refused(format!(
                 "version conflict: stored {}, current_version {current_version}, new {}",
                 stored.version, group.version
             )));
         }
-        groups.insert(group.name.clone(), group);
+        groups.insert(group.name.clone(), Arc::new(group));
         Ok(())
     }
 
@@ -78,10 +79,14 @@ impl Manager {
 
     /// A group's config.
     pub fn group(&self, name: &str) -> ManagerResult<admin::InstanceGroup> {
-        read_lock(&self.groups)
-            .get(name)
-            .cloned()
+        self.shared_group(name)
+            .map(|group| (*group).clone())
             .ok_or_else(|| unknown_group(name))
+    }
+
+    /// A group's config as stored (shared; the groups lock is released on return).
+    pub(crate) fn shared_group(&self, name: &str) -> Option<Arc<admin::InstanceGroup>> {
+        read_lock(&self.groups).get(name).cloned()
     }
 
     /// Registers an instance (idempotent for an identical registration); returns the
@@ -110,7 +115,8 @@ impl Manager {
             .as_ref()
             .and_then(|c| c.meta_indexer_config.clone())
             .unwrap_or_default();
-        let index = (self.open_index)(&indexer)?;
+        let index = (self.open_index)(&indexer)
+            .map_err(|error| ManagerError::Refused(format!("opening the index: {error}")))?;
         let info = meta::InstanceInfo {
             quota_group_name: group.global_quota_group_name.clone(),
             ..info
@@ -181,8 +187,43 @@ fn validate_group(api: &str, group: &admin::InstanceGroup) -> ManagerResult<()> 
             }),
             "meta_indexer_config.meta_storage_backend_config.storage_type",
         ),
+        (
+            cache.is_some_and(|_| {
+                indexer
+                    .and_then(|i| i.meta_cache_policy_config.as_ref())
+                    .is_none_or(|p| p.r#type.is_empty())
+            }),
+            "meta_indexer_config.meta_cache_policy_config.type",
+        ),
     ];
-    first_failure(api, &checks)
+    first_failure(api, &checks)?;
+    first_failure(api, &enum_checks(group))?;
+    check_indexer_config(&indexer.cloned().unwrap_or_default())
+}
+
+/// Every enum field of a group must hold a number with a name: an unnamed number would be
+/// stored and make every later answer that prints the group unencodable.
+fn enum_checks(group: &admin::InstanceGroup) -> [(bool, &'static str); 3] {
+    let cache = group.cache_config.as_ref();
+    let mut quota_types = group.quota.iter().flat_map(|q| &q.quota_config);
+    [
+        (
+            cache.is_some_and(|c| {
+                admin::CachePreferStrategy::try_from(c.data_storage_strategy).is_err()
+            }),
+            "cache_config.data_storage_strategy",
+        ),
+        (
+            cache
+                .and_then(|c| c.reclaim_strategy.as_ref())
+                .is_some_and(|r| admin::ReclaimPolicy::try_from(r.reclaim_policy).is_err()),
+            "cache_config.reclaim_strategy.reclaim_policy",
+        ),
+        (
+            quota_types.any(|q| admin::StorageType::try_from(q.storage_type).is_err()),
+            "quota.quota_config.storage_type",
+        ),
+    ]
 }
 
 /// `InvalidArgument` naming the first field whose check failed.
@@ -191,6 +232,25 @@ fn first_failure(api: &str, checks: &[(bool, &str)]) -> ManagerResult<()> {
         Some((_, field)) => Err(invalid(api, field)),
         None => Ok(()),
     }
+}
+
+/// Whether a name can be a path component and a URI host/path part: non-empty, not `.` or
+/// `..`, without `/ ? # & =`, white space or control characters (the storage backends build
+/// paths and URIs from instance ids and spec names).
+fn usable_name(name: &str) -> bool {
+    let breaks_uris = |c: char| matches!(c, '/' | '?' | '#' | '&' | '=');
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| breaks_uris(c) || c.is_whitespace() || c.is_control())
+}
+
+/// Whether some item occurs twice.
+fn has_repeats<'a>(mut items: impl Iterator<Item = &'a String>) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    !items.all(|item| seen.insert(item))
 }
 
 /// Spec groups sorted by name with sorted spec names; `None` when a group has no name or
@@ -219,7 +279,7 @@ fn validated_registration(
     let model = request.model_deployment.as_ref();
     let checks = [
         (request.instance_group.is_empty(), "instance_group"),
-        (request.instance_id.is_empty(), "instance_id"),
+        (!usable_name(&request.instance_id), "instance_id"),
         (request.block_size <= 0, "block_size"),
         (model.is_none(), "model_deployment"),
         (
@@ -235,11 +295,19 @@ fn validated_registration(
             "location_spec_infos",
         ),
         (
-            request
+            !request
                 .location_spec_infos
                 .iter()
-                .any(|s| s.name.is_empty()),
+                .all(|s| usable_name(&s.name)),
             "location_spec_infos.name",
+        ),
+        (
+            request.location_spec_infos.iter().any(|s| s.size <= 0),
+            "location_spec_infos.size",
+        ),
+        (
+            has_repeats(request.location_spec_infos.iter().map(|s| &s.name)),
+            "location_spec_infos.name (repeated)",
         ),
     ];
     first_failure(API, &checks)?;

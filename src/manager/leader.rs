@@ -1,5 +1,7 @@
 //! Leadership of this node. The embedded single-node mode is leader from the start; a
-//! LeaderDemote steps down and the node campaigns again after `campaign_delay_time_ms`.
+//! LeaderDemote steps down and the node campaigns again after `campaign_delay_time_ms`,
+//! but never sooner than one elector-loop period ([`MIN_DEMOTION`]), as the reference's
+//! elector only campaigns on its loop tick.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
@@ -7,6 +9,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Lease length reported in GetManagerClusterInfo.
 const LEASE: Duration = Duration::from_secs(10);
+
+/// The shortest demotion: one elector-loop period (a demoted node is a follower at least
+/// this long even with `campaign_delay_time_ms` 0).
+pub const MIN_DEMOTION: Duration = Duration::from_secs(1);
 
 /// Leader state of the node.
 #[derive(Debug)]
@@ -44,13 +50,16 @@ impl Leadership {
         }
     }
 
-    /// Steps down for the campaign delay; false when not leader.
+    /// Steps down for the campaign delay (at least [`MIN_DEMOTION`]); false when not leader.
     pub fn demote(&self) -> bool {
-        if !self.is_leader() {
+        let mut demoted_until = lock(&self.demoted_until);
+        let now = Instant::now();
+        if demoted_until.is_some_and(|until| now < until) {
             return false;
         }
-        let delay_ms = self.campaign_delay_ms.load(Ordering::Relaxed).max(1) as u64;
-        *lock(&self.demoted_until) = Some(Instant::now() + Duration::from_millis(delay_ms));
+        let delay_ms = self.campaign_delay_ms.load(Ordering::Relaxed).max(0) as u64;
+        let delay = Duration::from_millis(delay_ms).max(MIN_DEMOTION);
+        *demoted_until = Some(now + delay);
         true
     }
 
@@ -98,5 +107,22 @@ mod tests {
         assert!(!leadership.is_leader());
         assert!(!leadership.demote());
         assert_eq!(leadership.lease_expiration_us(), -1);
+    }
+
+    #[test]
+    fn a_zero_campaign_delay_still_demotes_for_one_loop_period() {
+        let leadership = Leadership::new("n1".into());
+        assert_eq!(leadership.campaign_delay_ms(), 0);
+        let demoted_at = Instant::now();
+        assert!(leadership.demote());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!leadership.is_leader());
+        assert!(!leadership.demote(), "a second demotion finds a follower");
+        let give_up = demoted_at + Duration::from_secs(10);
+        while !leadership.is_leader() && Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(leadership.is_leader(), "the node campaigns again");
+        assert!(demoted_at.elapsed() >= MIN_DEMOTION);
     }
 }

@@ -25,6 +25,14 @@ pub fn local_index_factory() -> IndexFactory {
     })
 }
 
+/// Checks the settings an index is opened with, so that a group whose instances could not
+/// be opened is refused when it is created or updated (INVALID_ARGUMENT naming the field).
+pub fn check_indexer_config(config: &admin::MetaIndexerConfig) -> ManagerResult<()> {
+    local_config(config)?;
+    cache_config(config)?;
+    Ok(())
+}
+
 /// Bytes one cached entry is assumed to take (key, shared entry, LRU links).
 const CACHED_ENTRY_BYTES: i64 = 256;
 

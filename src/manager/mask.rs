@@ -26,9 +26,14 @@ impl BlockMask {
     }
 
     /// The StartWriteCache answer for these presence flags: `Offset(k)` when the present
-    /// blocks are exactly the first k (including none and all), else the flags themselves.
-    pub fn from_presence(present: Vec<bool>) -> Self {
-        let leading = present.iter().take_while(|&&p| p).count();
+    /// blocks are exactly the first k (including none and all) and each of those is
+    /// `prefix_eligible` (has a location of read weight > 0, §8.5), else the flags themselves.
+    pub fn from_presence(present: Vec<bool>, prefix_eligible: &[bool]) -> Self {
+        let leading = present
+            .iter()
+            .zip(prefix_eligible)
+            .take_while(|(&p, &eligible)| p && eligible)
+            .count();
         if present[leading..].iter().all(|&p| !p) {
             BlockMask::Offset(leading)
         } else {
@@ -68,22 +73,30 @@ mod tests {
 
     #[test]
     fn presence_becomes_offset_only_for_pure_prefixes() {
-        assert_eq!(BlockMask::from_presence(vec![]), BlockMask::Offset(0));
         assert_eq!(
-            BlockMask::from_presence(vec![false, false]),
+            BlockMask::from_presence(vec![], &[true; 3]),
             BlockMask::Offset(0)
         );
         assert_eq!(
-            BlockMask::from_presence(vec![true, true, false]),
+            BlockMask::from_presence(vec![false, false], &[true; 3]),
+            BlockMask::Offset(0)
+        );
+        assert_eq!(
+            BlockMask::from_presence(vec![true, true, false], &[true; 3]),
             BlockMask::Offset(2)
         );
         assert_eq!(
-            BlockMask::from_presence(vec![true, true]),
+            BlockMask::from_presence(vec![true, true], &[true; 3]),
             BlockMask::Offset(2)
         );
         assert_eq!(
-            BlockMask::from_presence(vec![false, true]),
+            BlockMask::from_presence(vec![false, true], &[true; 3]),
             BlockMask::Bools(vec![false, true])
+        );
+        assert_eq!(
+            BlockMask::from_presence(vec![true, true, false], &[true, false, true]),
+            BlockMask::Bools(vec![true, true, false]),
+            "a present block of weight 0 ends the prefix"
         );
     }
 

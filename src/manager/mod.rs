@@ -72,7 +72,7 @@ pub struct ManagerDeps {
 /// The control plane's state and rules.
 pub struct Manager {
     storages: Arc<StorageTable>,
-    groups: RwLock<BTreeMap<String, admin::InstanceGroup>>,
+    groups: RwLock<BTreeMap<String, Arc<admin::InstanceGroup>>>,
     instances: RwLock<HashMap<String, Arc<Instance>>>,
     accounts: Mutex<BTreeMap<String, Account>>,
     sessions: Arc<SessionTable>,

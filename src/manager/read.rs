@@ -9,7 +9,7 @@ use super::instance::Instance;
 use super::mask::BlockMask;
 use super::query::{self, QueryKind};
 use super::storages::ReadWeights;
-use super::{read_lock, Manager};
+use super::Manager;
 use crate::proto::meta;
 
 /// GetCacheMeta's answer: one location and one status JSON per unmasked key.
@@ -37,9 +37,9 @@ impl Manager {
                 return Err(invalid("GetCacheLocation", "sw_size"));
             }
         }
-        let groups = read_lock(&self.groups);
-        let candidates = groups
-            .get(instance.group())
+        let group = self.shared_group(instance.group());
+        let candidates = group
+            .as_deref()
             .map_or(&[][..], |g| g.storage_candidates.as_slice());
         let weights = self.storages.read_weights(candidates)?;
         let mut locations = match kind {

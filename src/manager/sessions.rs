@@ -43,6 +43,21 @@ struct State {
     shutdown: bool,
 }
 
+impl State {
+    /// Stores a session under a fresh random id.
+    fn insert(&mut self, session: Session) -> String {
+        let id = loop {
+            let candidate = random_id(SESSION_ID_LEN);
+            if !self.sessions.contains_key(&candidate) {
+                break candidate;
+            }
+        };
+        self.deadlines.insert((session.deadline, id.clone()));
+        self.sessions.insert(id.clone(), session);
+        id
+    }
+}
+
 /// All open sessions.
 #[derive(Default)]
 pub struct SessionTable {
@@ -51,20 +66,29 @@ pub struct SessionTable {
 }
 
 impl SessionTable {
-    /// Stores a session under a fresh random id and returns the id.
-    pub fn open(&self, session: Session) -> String {
+    /// Stores a session under a fresh random id and returns the id, if `may_open` (asked
+    /// under the table lock, so that no session slips in after a [`SessionTable::take_all`]
+    /// that followed a change of its answer); otherwise hands the session back.
+    pub fn open(
+        &self,
+        session: Session,
+        may_open: impl FnOnce() -> bool,
+    ) -> Result<String, Session> {
         let mut state = lock(&self.state);
-        let id = loop {
-            let candidate = random_id(SESSION_ID_LEN);
-            if !state.sessions.contains_key(&candidate) {
-                break candidate;
-            }
-        };
-        state.deadlines.insert((session.deadline, id.clone()));
-        state.sessions.insert(id.clone(), session);
+        if !may_open() {
+            return Err(session);
+        }
+        let id = state.insert(session);
         drop(state);
         self.wake.notify_all();
-        id
+        Ok(id)
+    }
+
+    /// Queues a consumed session again (its blocks could not be failed yet): the expiry
+    /// thread hands it back at `session.deadline`.
+    pub fn requeue(&self, session: Session) {
+        lock(&self.state).insert(session);
+        self.wake.notify_all();
     }
 
     /// Removes and returns session `id` if `check` accepts it; a rejected session stays open.

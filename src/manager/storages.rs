@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -19,6 +20,8 @@ use crate::proto::{admin, meta, storage as wire};
 pub struct StorageTable {
     registry: StorageRegistry,
     wire_configs: RwLock<BTreeMap<String, admin::StorageConfig>>,
+    /// `wire_configs.len()`, readable without its lock (updated under it).
+    registered_count: AtomicUsize,
 }
 
 impl StorageTable {
@@ -31,6 +34,7 @@ impl StorageTable {
         Ok(StorageTable {
             registry,
             wire_configs: RwLock::default(),
+            registered_count: AtomicUsize::new(0),
         })
     }
 
@@ -45,18 +49,32 @@ impl StorageTable {
         let mut wire_configs = write_lock(&self.wire_configs);
         self.registry.add(config).map_err(already_exists)?;
         wire_configs.insert(wire_config.global_unique_name.clone(), wire_config);
+        self.registered_count
+            .store(wire_configs.len(), Ordering::Release);
         Ok(())
     }
 
-    /// Replaces a registered storage (remove + add); the old one is restored on failure.
+    /// Replaces a registered storage. The new config is validated and opened first, so a
+    /// config that cannot be opened changes nothing; only then is the old one swapped out
+    /// (remove + add). Should the add still fail, the old one is restored, or, if even that
+    /// fails, forgotten in the listing too (never a stale entry).
     pub fn update(&self, wire_config: admin::StorageConfig) -> ManagerResult<()> {
         let config = validated(&wire_config)?;
         let name = config.global_unique_name.clone();
         let mut wire_configs = write_lock(&self.wire_configs);
+        if !wire_configs.contains_key(&name) {
+            return Err(ManagerError::NotFound(format!(
+                "storage {name:?} does not exist"
+            )));
+        }
+        drop(kvcm_storage::open(config.clone())?);
         let old = self.registry.remove(&name)?;
         if let Err(error) = self.registry.add(config) {
             if let Err(restore) = self.registry.add(old.config().clone()) {
                 tracing::warn!(%restore, storage = %name, "restoring a storage after a failed update");
+                wire_configs.remove(&name);
+                self.registered_count
+                    .store(wire_configs.len(), Ordering::Release);
             }
             return Err(error.into());
         }
@@ -69,6 +87,8 @@ impl StorageTable {
         let mut wire_configs = write_lock(&self.wire_configs);
         self.registry.remove(name)?;
         wire_configs.remove(name);
+        self.registered_count
+            .store(wire_configs.len(), Ordering::Release);
         Ok(())
     }
 
@@ -101,22 +121,64 @@ impl StorageTable {
             .collect()
     }
 
-    /// Read weights for one request on a group with these candidates (wire fact sheet §11).
-    pub fn read_weights(&self, candidates: &[String]) -> ManagerResult<ReadWeights<'_>> {
-        let available = candidates
+    /// Read weights for one request on a group with these candidates (wire fact sheet §11);
+    /// fails when none of the candidates is available.
+    pub fn read_weights<'t>(&'t self, candidates: &'t [String]) -> ManagerResult<ReadWeights<'t>> {
+        let available_candidates = candidates
             .iter()
             .filter(|name| self.registry.is_available(name))
             .count();
-        if available == 0 {
+        if available_candidates == 0 {
             return Err(ManagerError::NoSpace(
                 "none of the group's storages is available".into(),
             ));
         }
+        let rule = if self.every_storage_available(candidates, available_candidates) {
+            WeightRule::FixedPerType
+        } else {
+            self.partial_rule(candidates)
+        };
         Ok(ReadWeights {
             table: self,
-            all_available: available == candidates.len(),
+            candidates,
+            rule,
             memo: RefCell::default(),
         })
+    }
+
+    /// Whether every registered storage is available. Fast path (no further lock): the
+    /// group's distinct available candidates are as many as the registered storages.
+    fn every_storage_available(&self, candidates: &[String], available_candidates: usize) -> bool {
+        let registered = self.registered_count.load(Ordering::Acquire);
+        let distinct = || {
+            candidates
+                .iter()
+                .enumerate()
+                .all(|(i, c)| !candidates[..i].contains(c))
+        };
+        if available_candidates == registered && distinct() {
+            return true;
+        }
+        read_lock(&self.wire_configs)
+            .keys()
+            .all(|name| self.registry.is_available(name))
+    }
+
+    /// The rule while some storage is unavailable: per type when the candidates hold at most
+    /// one storage of each type, otherwise per candidate storage.
+    fn partial_rule(&self, candidates: &[String]) -> WeightRule {
+        let mut types: Vec<(i32, bool)> = Vec::with_capacity(candidates.len());
+        for name in candidates {
+            let Some(backend) = self.registry.get(name) else {
+                continue;
+            };
+            let wire_type = wire::wire_type(backend.kind()) as i32;
+            if types.iter().any(|(t, _)| *t == wire_type) {
+                return WeightRule::AvailableCandidates;
+            }
+            types.push((wire_type, self.registry.is_available(name)));
+        }
+        WeightRule::AvailableTypes(types)
     }
 
     /// The `storage_configs` JSON text of a group's registered candidates, by name.
@@ -132,32 +194,42 @@ impl StorageTable {
     }
 }
 
+/// How locations are weighted in one request (wire fact sheet §11).
+enum WeightRule {
+    /// Every registered storage is available: fixed weights per storage type.
+    FixedPerType,
+    /// Some storage is not, and the group has at most one storage per type: 1 for the types
+    /// (wire numbers) whose storage is available, 0 for the others.
+    AvailableTypes(Vec<(i32, bool)>),
+    /// Some storage is not, and the group has several of one type: 1 for a location on an
+    /// available candidate storage, 0 for everything else.
+    AvailableCandidates,
+}
+
 /// Weights that pick among a key's readable replicas, for one request.
 pub struct ReadWeights<'t> {
     table: &'t StorageTable,
-    all_available: bool,
+    candidates: &'t [String],
+    rule: WeightRule,
     /// Availability per storage name seen so far (locations of a request mostly share one).
     memo: RefCell<Vec<(Arc<str>, bool)>>,
 }
 
 impl ReadWeights<'_> {
-    /// The weight of a location: by backend kind while every candidate storage is available,
-    /// otherwise 1 when its own storage is available; 0 (a miss) when it is not.
+    /// The weight of a location; 0 makes it a miss.
     pub fn weight(&self, location: &Location) -> u32 {
-        if !self.is_available(&location.storage_name) {
-            return 0;
-        }
-        if !self.all_available {
-            return 1;
-        }
-        match meta::StorageType::try_from(location.cache_location.r#type) {
-            Ok(meta::StorageType::StNfs) => 5,
-            Ok(
-                meta::StorageType::St3fs
-                | meta::StorageType::StMooncake
-                | meta::StorageType::StTairmempool,
-            ) => 3,
-            _ => 1,
+        let wire_type = location.cache_location.r#type;
+        match &self.rule {
+            WeightRule::FixedPerType => type_weight(wire_type),
+            WeightRule::AvailableTypes(types) => {
+                let available = types.iter().any(|&(t, up)| t == wire_type && up);
+                u32::from(available)
+            }
+            WeightRule::AvailableCandidates => {
+                let name = &location.storage_name;
+                let candidate = self.candidates.iter().any(|c| **c == **name);
+                u32::from(candidate && self.is_available(name))
+            }
         }
     }
 
@@ -169,6 +241,19 @@ impl ReadWeights<'_> {
         let available = self.table.registry.is_available(name);
         memo.push((name.clone(), available));
         available
+    }
+}
+
+/// The fixed weight of a storage type: NFS 5; 3FS, Mooncake, TairMemPool 3; others 1.
+fn type_weight(wire_type: i32) -> u32 {
+    match meta::StorageType::try_from(wire_type) {
+        Ok(meta::StorageType::StNfs) => 5,
+        Ok(
+            meta::StorageType::St3fs
+            | meta::StorageType::StMooncake
+            | meta::StorageType::StTairmempool,
+        ) => 3,
+        _ => 1,
     }
 }
 

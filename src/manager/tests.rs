@@ -8,6 +8,7 @@ use super::*;
 use crate::manager::mask::BlockMask;
 use crate::manager::query::QueryKind;
 use crate::proto::meta;
+use kvcm_index::{BlockKey, IndexError};
 
 struct Fixture {
     manager: Arc<Manager>,
@@ -48,6 +49,10 @@ fn group(capacity: i64, strategy: admin::CachePreferStrategy) -> admin::Instance
                     storage_type: "local".into(),
                     storage_uri: String::new(),
                 }),
+                meta_cache_policy_config: Some(admin::MetaCachePolicyConfig {
+                    r#type: "lru".into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
         }),
@@ -57,10 +62,18 @@ fn group(capacity: i64, strategy: admin::CachePreferStrategy) -> admin::Instance
 }
 
 fn fixture(capacity: i64, strategy: admin::CachePreferStrategy) -> (Fixture, Arc<Instance>) {
+    fixture_with(capacity, strategy, local_index_factory())
+}
+
+fn fixture_with(
+    capacity: i64,
+    strategy: admin::CachePreferStrategy,
+    open_index: IndexFactory,
+) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let manager = Manager::new(ManagerDeps {
         storage_probe_interval: None,
-        open_index: local_index_factory(),
+        open_index,
         node_id: "test".into(),
     })
     .expect("manager");
@@ -351,4 +364,280 @@ fn demotion_fails_open_sessions() {
     assert!(fx.manager.demote());
     assert_eq!(fx.manager.open_sessions(), 0);
     assert!(!fx.manager.leadership().is_leader());
+}
+
+#[test]
+fn a_write_that_passed_the_gate_before_a_demotion_opens_no_session() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager.leadership().set_campaign_delay_ms(60_000);
+    assert!(fx.manager.demote());
+    let refused = fx.manager.start_write(&instance, vec![1, 2], &[], 600);
+    assert!(
+        matches!(refused, Err(ManagerError::NotLeader)),
+        "{refused:?}"
+    );
+    assert_eq!(fx.manager.open_sessions(), 0);
+    let entries = instance.index.get(&[1, 2]).expect("get");
+    let states: Vec<Vec<LocationState>> = entries
+        .iter()
+        .map(|e| {
+            e.iter()
+                .flat_map(|e| &e.locations)
+                .map(|l| l.state)
+                .collect()
+        })
+        .collect();
+    assert!(
+        states
+            .iter()
+            .flatten()
+            .all(|s| *s == LocationState::Deleting),
+        "the allocated blocks were failed at once: {states:?}"
+    );
+}
+
+/// A hook run inside every `get` of a [`FlakyIndex`], once installed.
+type GetHook = Arc<std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>>;
+
+/// A local index whose next `failures` read-modify-writes fail (a backend outage) and whose
+/// lookups run a hook first.
+struct FlakyIndex {
+    inner: Arc<dyn MetaIndex<Entry>>,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
+    on_get: GetHook,
+}
+
+/// A fixture whose instance index is a [`FlakyIndex`].
+fn flaky_fixture() -> (
+    Fixture,
+    Arc<Instance>,
+    Arc<std::sync::atomic::AtomicUsize>,
+    GetHook,
+) {
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let on_get = GetHook::default();
+    let local = local_index_factory();
+    let (shared_failures, shared_hook) = (failures.clone(), on_get.clone());
+    let flaky: IndexFactory = Arc::new(move |config| {
+        let index: Arc<dyn MetaIndex<Entry>> = Arc::new(FlakyIndex {
+            inner: local(config)?,
+            failures: shared_failures.clone(),
+            on_get: shared_hook.clone(),
+        });
+        Ok(index)
+    });
+    let (fx, instance) = fixture_with(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs, flaky);
+    (fx, instance, failures, on_get)
+}
+
+impl MetaIndex<Entry> for FlakyIndex {
+    fn get(&self, keys: &[BlockKey]) -> Result<Vec<Option<Entry>>, IndexError> {
+        if let Some(hook) = self.on_get.get() {
+            hook();
+        }
+        self.inner.get(keys)
+    }
+    fn put(&self, entries: Vec<(BlockKey, Entry)>) -> Result<(), IndexError> {
+        self.inner.put(entries)
+    }
+    fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError> {
+        self.inner.delete(keys)
+    }
+    fn read_modify_write(
+        &self,
+        keys: &[BlockKey],
+        f: &mut dyn FnMut(BlockKey, Option<&Entry>) -> kvcm_index::Modify<Entry>,
+    ) -> Result<(), IndexError> {
+        use std::sync::atomic::Ordering;
+        let fail = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(IndexError::Backend("injected outage".into()));
+        }
+        self.inner.read_modify_write(keys, f)
+    }
+    fn scan(
+        &self,
+        cursor: kvcm_index::ScanCursor,
+        limit: usize,
+    ) -> Result<kvcm_index::ScanPage, IndexError> {
+        self.inner.scan(cursor, limit)
+    }
+    fn sample(&self, count: usize) -> Result<Vec<BlockKey>, IndexError> {
+        self.inner.sample(count)
+    }
+    fn len(&self) -> Result<u64, IndexError> {
+        self.inner.len()
+    }
+}
+
+#[test]
+fn blocks_of_a_session_whose_failing_failed_are_failed_again_later() {
+    let (fx, instance, failures, _) = flaky_fixture();
+    let started = fx
+        .manager
+        .start_write(&instance, vec![1, 2], &[], 600)
+        .expect("start");
+    failures.store(1, std::sync::atomic::Ordering::SeqCst);
+    let finished = fx
+        .manager
+        .finish_write(&instance, &started.session_id, &BlockMask::Offset(0));
+    assert!(finished.is_err(), "the outage fails the finish");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while instance.index.len().expect("len") > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        instance.index.len().expect("len"),
+        0,
+        "the blocks were failed on a retry and deleted"
+    );
+    assert_eq!(fx.manager.open_sessions(), 0);
+}
+
+/// A SERVING location of `key` on `storage_name`, of wire storage type `wire_type`.
+fn put_serving(instance: &Instance, key: i64, storage_name: &str, wire_type: meta::StorageType) {
+    let location = Location {
+        id: storage_name.into(),
+        state: LocationState::Serving,
+        storage_name: storage_name.into(),
+        cache_location: meta::CacheLocation {
+            r#type: wire_type as i32,
+            spec_size: 1,
+            location_specs: vec![meta::LocationSpec {
+                name: "tp0".into(),
+                uri: format!("file://{storage_name}/{key}"),
+            }],
+        },
+    };
+    let entry = KeyEntry {
+        locations: vec![location],
+    };
+    instance
+        .index
+        .put(vec![(key, Arc::new(entry))])
+        .expect("put");
+}
+
+fn batch_hit(manager: &Manager, instance: &Instance, key: i64) -> bool {
+    let found = manager
+        .get_cache_location(
+            instance,
+            QueryKind::BatchGet,
+            &[key],
+            &BlockMask::default(),
+            &[],
+        )
+        .expect("query");
+    !found[0].location_specs[0].uri.is_empty()
+}
+
+#[test]
+fn with_one_storage_per_type_an_unavailable_storage_weighs_by_its_type() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager
+        .add_storage(storage("u", &fx.dir.path().join("u")))
+        .expect("a storage outside the group");
+    fx.manager
+        .set_storage_available("u", false)
+        .expect("disable");
+    put_serving(&instance, 1, "u", meta::StorageType::StNfs);
+    put_serving(&instance, 2, "u", meta::StorageType::St3fs);
+    assert!(
+        batch_hit(&fx.manager, &instance, 1),
+        "NFS is available in the group: weight 1"
+    );
+    assert!(
+        !batch_hit(&fx.manager, &instance, 2),
+        "the group has no available 3FS: weight 0"
+    );
+    let start = fx
+        .manager
+        .start_write(&instance, vec![2, 3], &[], 30)
+        .expect("start");
+    assert_eq!(
+        start.mask,
+        BlockMask::Bools(vec![true, false]),
+        "a present block of weight 0 is no prefix"
+    );
+}
+
+#[test]
+fn with_several_storages_of_a_type_only_available_candidates_weigh() {
+    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    for name in ["t", "u"] {
+        fx.manager
+            .add_storage(storage(name, &fx.dir.path().join(name)))
+            .expect("storage");
+    }
+    let mut group = fx.manager.group("g").expect("group");
+    group.storage_candidates.push("t".into());
+    group.version = 2;
+    fx.manager.update_group(group, 1).expect("update");
+    fx.manager
+        .set_storage_available("t", false)
+        .expect("disable");
+    put_serving(&instance, 1, "s", meta::StorageType::StNfs);
+    put_serving(&instance, 2, "u", meta::StorageType::StNfs);
+    assert!(batch_hit(&fx.manager, &instance, 1));
+    assert!(
+        !batch_hit(&fx.manager, &instance, 2),
+        "an available storage outside the candidates weighs 0"
+    );
+}
+
+#[test]
+fn an_update_that_cannot_open_its_storage_changes_nothing() {
+    let (fx, _instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    fx.manager
+        .set_storage_available("s", false)
+        .expect("disable");
+    let listed = fx.manager.list_storages();
+    let blocker = fx.dir.path().join("a-file");
+    std::fs::write(&blocker, b"not a directory").expect("file");
+    let probed = admin::StorageConfig {
+        check_storage_available_when_open: true,
+        ..storage("s", &blocker)
+    };
+    let refused = fx.manager.update_storage(probed);
+    assert!(refused.is_err(), "a root below a file cannot be opened");
+    assert_eq!(fx.manager.list_storages(), listed);
+    assert!(
+        fx.manager.storages.available(&["s".into()]).is_empty(),
+        "the old storage stays registered and disabled"
+    );
+}
+
+#[test]
+fn a_group_update_proceeds_while_a_read_is_inside_the_index() {
+    let (fx, instance, _, on_get) = flaky_fixture();
+    let (updated_tx, updated_rx) = std::sync::mpsc::channel();
+    let manager = Arc::downgrade(&fx.manager);
+    let hook: Box<dyn Fn() + Send + Sync> = Box::new(move || {
+        // Runs inside the lookup: a groups lock still held here would block this update.
+        let Some(manager) = manager.upgrade() else {
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            let mut group = manager.group("g").expect("group");
+            group.version += 1;
+            let current = group.version - 1;
+            tx.send(manager.update_group(group, current).is_ok()).ok();
+        });
+        let updated = rx.recv_timeout(Duration::from_secs(5)).unwrap_or(false);
+        updated_tx.send(updated).ok();
+        if updated {
+            writer.join().expect("writer");
+        }
+    });
+    assert!(on_get.set(hook).is_ok());
+    prefix(&fx.manager, &instance, &[1]);
+    assert_eq!(
+        updated_rx.try_recv(),
+        Ok(true),
+        "the update finished during the lookup"
+    );
 }

@@ -2,7 +2,7 @@
 //! absent keys under a session; FinishWriteCache commits the successful ones (SERVING) and
 //! hands the rest to the deleter. Expiry and demotion fail a whole session.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use kvcm_index::{BlockKey, Modify};
 use kvcm_storage::{AllocationRequest, BlockToAllocate, DataStorage, StorageKind};
 
 use super::entry::{Entry, KeyEntry, Location, LocationState};
-use super::error::{invalid, ManagerError, ManagerResult};
+use super::error::{ManagerError, ManagerResult};
 use super::feed::StateChange;
 use super::instance::Instance;
 use super::mask::BlockMask;
@@ -20,6 +20,9 @@ use crate::proto::{admin, meta, storage as wire};
 
 /// How long a session with nothing to write is kept.
 const EMPTY_SESSION_LIFETIME: Duration = Duration::from_secs(10);
+
+/// When failing a session's blocks failed, how long until the next attempt.
+const FAIL_RETRY_DELAY: Duration = Duration::from_millis(200);
 
 /// StartWriteCache's answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,46 +46,72 @@ impl Manager {
         timeout_seconds: i32,
     ) -> ManagerResult<WriteStart> {
         let spec_indexes = spec_indexes_per_key(instance, keys.len(), spec_groups)?;
-        let present: Vec<bool> = instance
-            .index
-            .get(&keys)?
+        let entries = instance.index.get(&keys)?;
+        let mut present: Vec<bool> = entries
             .iter()
             .map(|e| e.as_ref().is_some_and(|e| !e.locations.is_empty()))
             .collect();
+        let mut prefix_eligible = self.weighted_presence(instance, &entries);
+        mark_repeats_present(&keys, &mut present, &mut prefix_eligible);
         let blocks = absent_blocks(&keys, &present, spec_indexes);
-        let mask = BlockMask::from_presence(present);
         if blocks.is_empty() {
             let deadline = Instant::now() + EMPTY_SESSION_LIFETIME;
-            let session_id = self.open_session(instance, &[], deadline);
+            let session_id = self.open_session(instance, &[], deadline)?;
             return Ok(WriteStart {
                 session_id,
-                mask,
+                mask: BlockMask::from_presence(present, &prefix_eligible),
                 locations: Vec::new(),
             });
         }
         let (storage_name, backend) = self.choose_backend(instance)?;
-        let new_locations = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
-        self.insert_writing(instance, backend.as_ref(), &new_locations)?;
+        let allocated = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
+        let new_locations = self.insert_writing(instance, backend.as_ref(), allocated)?;
+        let written: HashSet<BlockKey> = new_locations.iter().map(|(k, _)| *k).collect();
+        for (i, key) in keys.iter().enumerate() {
+            if !present[i] && !written.contains(key) {
+                (present[i], prefix_eligible[i]) = (true, true);
+            }
+        }
         let deadline = Instant::now() + Duration::from_secs(timeout_seconds.max(0) as u64);
-        let session_id = self.open_session(instance, &new_locations, deadline);
+        let session_id = self.open_session(instance, &new_locations, deadline)?;
         let locations = new_locations
             .into_iter()
             .map(|(_, l)| l.cache_location)
             .collect();
         Ok(WriteStart {
             session_id,
-            mask,
+            mask: BlockMask::from_presence(present, &prefix_eligible),
             locations,
         })
     }
 
-    /// Opens the session that owns these new WRITING locations.
+    /// For each entry: whether it has a location of read weight > 0 (§8.5: only those count
+    /// for the pure-prefix form of the mask; none does while no storage is available).
+    fn weighted_presence(&self, instance: &Instance, entries: &[Option<Entry>]) -> Vec<bool> {
+        let group = self.shared_group(instance.group());
+        let candidates = group
+            .as_deref()
+            .map_or(&[][..], |g| g.storage_candidates.as_slice());
+        let Ok(weights) = self.storages.read_weights(candidates) else {
+            return vec![false; entries.len()];
+        };
+        entries
+            .iter()
+            .map(|e| {
+                e.as_ref()
+                    .is_some_and(|e| e.locations.iter().any(|l| weights.weight(l) > 0))
+            })
+            .collect()
+    }
+
+    /// Opens the session that owns these new WRITING locations; a node that lost leadership
+    /// meanwhile (its open sessions already failed) fails this one too.
     fn open_session(
         &self,
         instance: &Arc<Instance>,
         new_locations: &[(BlockKey, Location)],
         deadline: Instant,
-    ) -> String {
+    ) -> ManagerResult<String> {
         let writes = new_locations
             .iter()
             .map(|(key, l)| PendingWrite {
@@ -90,11 +119,17 @@ impl Manager {
                 location_id: l.id.clone(),
             })
             .collect();
-        self.sessions.open(Session {
+        let session = Session {
             instance: instance.clone(),
             writes,
             deadline,
-        })
+        };
+        self.sessions
+            .open(session, || self.leadership.is_leader())
+            .map_err(|refused| {
+                self.fail_session(refused);
+                ManagerError::NotLeader
+            })
     }
 
     /// Commits the session's blocks in `success` (positions in the session's location list)
@@ -123,12 +158,12 @@ impl Manager {
             .partition(|(j, _)| success.contains(*j));
         let committed: Vec<&PendingWrite> = committed.into_iter().map(|(_, w)| w).collect();
         let failed: Vec<&PendingWrite> = failed.into_iter().map(|(_, w)| w).collect();
-        let failing = self.fail_writes(&session.instance, &failed);
+        let failing = self.fail_or_retry(&session.instance, &failed);
         let moved = match self.move_writes(&session.instance, &committed, LocationState::Serving) {
             Ok(moved) => moved,
             Err(error) => {
                 // Never leave a consumed session's blocks WRITING: fail the commits too.
-                if let Err(cleanup) = self.fail_writes(&session.instance, &committed) {
+                if let Err(cleanup) = self.fail_or_retry(&session.instance, &committed) {
                     tracing::warn!(%cleanup, "failing blocks of a session whose commit failed");
                 }
                 return Err(error);
@@ -148,9 +183,27 @@ impl Manager {
     /// Fails every block of an expired or abandoned session.
     pub(crate) fn fail_session(&self, session: Session) {
         let writes: Vec<&PendingWrite> = session.writes.iter().collect();
-        if let Err(error) = self.fail_writes(&session.instance, &writes) {
+        if let Err(error) = self.fail_or_retry(&session.instance, &writes) {
             tracing::warn!(%error, "failing an expired write session");
         }
+    }
+
+    /// Fails these writes; when that fails, queues them as a session that expires after
+    /// [`FAIL_RETRY_DELAY`], so that no block stays WRITING without a session.
+    fn fail_or_retry(
+        &self,
+        instance: &Arc<Instance>,
+        writes: &[&PendingWrite],
+    ) -> ManagerResult<()> {
+        let failed = self.fail_writes(instance, writes);
+        if failed.is_err() {
+            self.sessions.requeue(Session {
+                instance: instance.clone(),
+                writes: writes.iter().map(|w| (*w).clone()).collect(),
+                deadline: Instant::now() + FAIL_RETRY_DELAY,
+            });
+        }
+        failed
     }
 
     /// WRITING → DELETING for these writes, then queues their deletion.
@@ -221,44 +274,39 @@ impl Manager {
         Ok(moved)
     }
 
-    /// Adds one WRITING location per allocated block; on failure frees the allocation.
+    /// Adds one WRITING location per allocated block whose key still has no location (checked
+    /// under the index lock: a concurrent StartWriteCache may have won the key meanwhile) and
+    /// returns those inserted; frees the allocation of the others, or of all on failure.
     fn insert_writing(
         &self,
         instance: &Instance,
         backend: &dyn DataStorage,
-        new_locations: &[(BlockKey, Location)],
-    ) -> ManagerResult<()> {
-        let mut by_key: HashMap<BlockKey, Vec<&Location>> = HashMap::new();
-        for (key, location) in new_locations {
-            by_key.entry(*key).or_default().push(location);
-        }
-        let keys: Vec<BlockKey> = by_key.keys().copied().collect();
+        allocated: Vec<(BlockKey, Location)>,
+    ) -> ManagerResult<Vec<(BlockKey, Location)>> {
+        let by_key: HashMap<BlockKey, &Location> = allocated.iter().map(|(k, l)| (*k, l)).collect();
+        let keys: Vec<BlockKey> = allocated.iter().map(|(k, _)| *k).collect();
+        let mut taken = HashSet::new();
         let inserted =
             instance
                 .index
                 .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
-                    let mut entry = current.map(|e| (**e).clone()).unwrap_or_default();
-                    entry
-                        .locations
-                        .extend(by_key.get(&key).into_iter().flatten().map(|l| (*l).clone()));
-                    Modify::Put(Arc::new(entry))
+                    if current.is_some_and(|e| !e.locations.is_empty()) {
+                        taken.insert(key);
+                        return Modify::Keep;
+                    }
+                    let location = (*by_key[&key]).clone();
+                    Modify::Put(Arc::new(KeyEntry {
+                        locations: vec![location],
+                    }))
                 });
         if let Err(error) = inserted {
-            let uris: Vec<String> = new_locations
-                .iter()
-                .flat_map(|(_, l)| {
-                    l.cache_location
-                        .location_specs
-                        .iter()
-                        .map(|s| s.uri.clone())
-                })
-                .collect();
-            if let Err(free_error) = backend.delete(&uris) {
-                tracing::warn!(%free_error, "freeing an unused allocation failed");
-            }
+            free_locations(backend, allocated.iter());
             return Err(error.into());
         }
-        for (key, location) in new_locations {
+        let (lost, won): (Vec<_>, Vec<_>) =
+            allocated.into_iter().partition(|(k, _)| taken.contains(k));
+        free_locations(backend, lost.iter());
+        for (key, location) in &won {
             let cache_location = &location.cache_location;
             let bytes = instance.location_bytes(cache_location);
             instance.usage().add(cache_location.r#type, bytes);
@@ -270,7 +318,7 @@ impl Manager {
                 to: Some(LocationState::Writing),
             });
         }
-        Ok(())
+        Ok(won)
     }
 
     /// The storage a write of this instance goes to (wire fact sheet §16.3): the group quota
@@ -341,7 +389,10 @@ fn spec_indexes_per_key(
         return Ok(vec![all; key_count]);
     }
     if spec_groups.len() != key_count {
-        return Err(invalid("StartWriteCache", "location_spec_group_names"));
+        return Err(ManagerError::Refused(format!(
+            "{} location_spec_group_names for {key_count} keys",
+            spec_groups.len()
+        )));
     }
     spec_groups
         .iter()
@@ -351,7 +402,9 @@ fn spec_indexes_per_key(
                 .location_spec_groups
                 .iter()
                 .find(|g| &g.name == name)
-                .ok_or_else(|| invalid("StartWriteCache", "location_spec_group_names"))?;
+                .ok_or_else(|| {
+                    ManagerError::Refused(format!("location spec group {name:?} is not registered"))
+                })?;
             Ok(all
                 .iter()
                 .copied()
@@ -359,6 +412,34 @@ fn spec_indexes_per_key(
                 .collect())
         })
         .collect()
+}
+
+/// Frees the bytes of locations that never entered the index.
+fn free_locations<'a>(
+    backend: &dyn DataStorage,
+    locations: impl Iterator<Item = &'a (BlockKey, Location)>,
+) {
+    let uris: Vec<String> = locations
+        .flat_map(|(_, l)| l.cache_location.location_specs.iter())
+        .map(|spec| spec.uri.clone())
+        .collect();
+    if uris.is_empty() {
+        return;
+    }
+    if let Err(free_error) = backend.delete(&uris) {
+        tracing::warn!(%free_error, "freeing an unused allocation failed");
+    }
+}
+
+/// Marks every repeat of a key inside one request as present (and prefix-eligible), so
+/// that only its first copy is allocated and the mask says the repeats need no write.
+fn mark_repeats_present(keys: &[BlockKey], present: &mut [bool], prefix_eligible: &mut [bool]) {
+    let mut seen = HashSet::with_capacity(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        if !seen.insert(*key) && !present[i] {
+            (present[i], prefix_eligible[i]) = (true, true);
+        }
+    }
 }
 
 /// The blocks to allocate: the absent keys, in request order, with their parts.

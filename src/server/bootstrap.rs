@@ -95,7 +95,11 @@ fn default_group() -> admin::InstanceGroup {
                     storage_type: "local".into(),
                     storage_uri: String::new(),
                 }),
-                meta_cache_policy_config: None,
+                meta_cache_policy_config: Some(admin::MetaCachePolicyConfig {
+                    r#type: "lru".into(),
+                    capacity: 0,
+                    ..Default::default()
+                }),
             }),
         }),
         user_data: String::new(),

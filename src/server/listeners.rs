@@ -79,6 +79,9 @@ pub async fn start(
         stop,
         tasks: Vec::new(),
     };
+    for key in &config.ignored_keys {
+        tracing::warn!(key = %key, "ignoring a config key kvcm does not use");
+    }
     let limit = config.http_max_body_bytes;
     let debug = config.enable_debug_service;
 

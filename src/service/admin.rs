@@ -207,7 +207,9 @@ impl AdminHandler {
     ) -> admin::CommonResponse {
         self.leader("RegisterInstance", &request.trace_id, |core| {
             let request: meta::RegisterInstanceRequest = transcode(&request);
-            let (_, message) = meta_calls::register_instance(core, request)?;
+            // §16.2: every failure of the admin RegisterInstance is INTERNAL_ERROR.
+            let (_, message) = meta_calls::register_instance(core, request)
+                .map_err(|error| ManagerError::Refused(error.to_string()))?;
             Ok((admin::CommonResponse::default(), message))
         })
     }

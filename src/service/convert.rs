@@ -47,11 +47,9 @@ pub fn query_kind(query_type: i32, sw_size: i32) -> ManagerResult<QueryKind> {
         Ok(meta::QueryType::QtReverseRollSwMatch) => usize::try_from(sw_size)
             .map(|sw_size| QueryKind::SlidingWindow { sw_size })
             .map_err(|_| invalid(API, "sw_size", format!("{sw_size} is negative"))),
-        _ => Err(invalid(
-            API,
-            "query_type",
-            format!("{query_type} is not a query type"),
-        )),
+        _ => Err(ManagerError::Refused(format!(
+            "{{{API}: {{query_type}}}}: {query_type} is not a query type"
+        ))),
     }
 }
 
@@ -110,8 +108,8 @@ mod tests {
             QueryKind::SlidingWindow { sw_size: 4 }
         );
         assert!(query_kind(3, -1).is_err());
-        assert!(query_kind(0, 0).is_err());
-        assert!(query_kind(9, 0).is_err());
+        assert!(matches!(query_kind(0, 0), Err(ManagerError::Refused(_))));
+        assert!(matches!(query_kind(9, 0), Err(ManagerError::Refused(_))));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! gate, fault injection, the manager call, the status mapping (done here, once) and the
 //! metrics. Handlers only convert wire requests into manager calls and results back.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -16,6 +17,25 @@ const SPAN_TRACER_SUFFIX: &str = "__kvcm_need_span_tracer";
 
 /// APIs subject to debug fault injection (as in the reference).
 const FAULTABLE: [&str; 3] = ["GetCacheLocation", "StartWriteCache", "FinishWriteCache"];
+
+thread_local! {
+    /// When the transport call served on this thread began (set by [`served_since`]).
+    static CALL_STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Serves one transport call that began at `started` (before its request was read and
+/// decoded): the RPC's response time metric counts from there.
+pub fn served_since<T>(started: Instant, serve: impl FnOnce() -> T) -> T {
+    CALL_STARTED.with(|cell| cell.set(Some(started)));
+    let served = serve();
+    CALL_STARTED.with(|cell| cell.set(None));
+    served
+}
+
+/// The start of the call served on this thread (now, outside [`served_since`]).
+fn call_started() -> Instant {
+    CALL_STARTED.with(Cell::get).unwrap_or_else(Instant::now)
+}
 
 /// Which service's status rules apply (wire fact sheet §8.0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +91,7 @@ impl Core {
         leader_only: bool,
         op: impl FnOnce() -> Outcome<R>,
     ) -> (R, Duration) {
-        let started = Instant::now();
+        let started = call_started();
         let result = if leader_only && !self.manager.leadership().is_leader() {
             let error = ManagerError::NotLeader;
             Err((ErrorCode::ServerNotLeader, error.to_string()))
@@ -98,8 +118,9 @@ impl Core {
         (reply, elapsed)
     }
 
-    /// A meta RPC on one instance: unknown instance → INSTANCE_NOT_EXIST before anything
-    /// else (with an empty request id), then as [`Core::call`].
+    /// A meta RPC on one instance: a follower answers SERVER_NOT_LEADER first (§17 safe
+    /// fix); an unknown instance → INSTANCE_NOT_EXIST before anything else (with an empty
+    /// request id); then as [`Core::call`].
     pub fn instance_call<R: Reply>(
         &self,
         api: &'static str,
@@ -107,15 +128,20 @@ impl Core {
         instance_id: &str,
         op: impl FnOnce(Arc<Instance>) -> Outcome<R>,
     ) -> R {
+        if !self.manager.leadership().is_leader() {
+            return self.call(api, trace_id, Rules::Meta, true, || {
+                Err(ManagerError::NotLeader)
+            });
+        }
         let Some(instance) = self.manager.instance(instance_id) else {
             let mut reply = R::default();
             let message = format!("get {api} metrics collector failed");
             reply.set_header(ErrorCode::InstanceNotExist, message, String::new());
-            self.metrics.record(api, Duration::ZERO);
+            self.metrics.record(api, call_started().elapsed());
             return reply;
         };
         let (id, group) = (instance.id().clone(), instance.group().to_string());
-        let (reply, elapsed) = self.answer(api, trace_id, Rules::Meta, true, || op(instance));
+        let (reply, elapsed) = self.answer(api, trace_id, Rules::Meta, false, || op(instance));
         self.metrics.record_instance(api, &id, &group, elapsed);
         reply
     }

@@ -82,9 +82,9 @@ impl MetaHandler {
             &instance_id,
             move |instance| {
                 const API: &str = "GetCacheLocation";
+                let keys = instance.resolve_keys(API, request.block_keys, &request.token_ids)?;
                 let kind = query_kind(request.query_type, request.sw_size)?;
                 let mask = mask_from_wire(request.block_mask.as_ref(), API, "block_mask")?;
-                let keys = instance.resolve_keys(API, request.block_keys, &request.token_ids)?;
                 let locations = core.manager.get_cache_location(
                     &instance,
                     kind,
