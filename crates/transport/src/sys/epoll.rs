@@ -35,6 +35,18 @@ impl Epoll {
         Ok(())
     }
 
+    /// Stops watching `fd` (which stays open).
+    pub(crate) fn delete(&self, fd: RawFd) -> Result<()> {
+        let mut event = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: `event` is a live epoll_event (ignored by EPOLL_CTL_DEL on current kernels).
+        let rc =
+            unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut event) };
+        if rc < 0 {
+            return Err(TransportError::last_os("epoll_ctl"));
+        }
+        Ok(())
+    }
+
     /// Replaces `ready` with the descriptors readable within `timeout_ms` (0: now).
     pub(crate) fn wait(&self, ready: &mut Vec<RawFd>, timeout_ms: i32) -> Result<()> {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
@@ -81,6 +93,13 @@ mod tests {
         loud.ring();
         epoll.wait(&mut ready, 0).unwrap();
         assert_eq!(ready, [loud.raw_fd()]);
+        epoll.delete(loud.raw_fd()).unwrap();
+        epoll.wait(&mut ready, 0).unwrap();
+        assert!(
+            ready.is_empty(),
+            "a deleted descriptor is no longer reported"
+        );
+        assert!(epoll.delete(loud.raw_fd()).is_err());
         assert!(epoll.add(-1).is_err());
     }
 }

@@ -120,8 +120,8 @@ impl ResponderLink {
         let status = *status;
         match placing.advance(&mut self.conn, readable) {
             Err(_) => Err(self.peer_gone()),
-            Ok(false) => Ok(false),
-            Ok(true) => {
+            Ok(_) if !placing.is_done() => Ok(false),
+            Ok(_) => {
                 self.placing = None;
                 let done = ResponseHeader {
                     status,
