@@ -6,9 +6,10 @@ mod conformance;
 
 use conformance::peer::{self, PeerProcess, PEER_LEN};
 use conformance::Side;
-use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
+use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, Wire};
 use kvcm_transport::{
-    QpConfig, QpEndpoint, QpState, QueuePair, Region, RemoteAddr, SendOp, SendWr, WcStatus,
+    CompletionQueue, QpConfig, QpEndpoint, QpState, QueuePair, Region, RemoteAddr, SendOp, SendWr,
+    WcStatus, WorkCompletion,
 };
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -53,8 +54,73 @@ mod tcp {
         );
     }
 
+    /// Waits for `count` completions by polling only (the manual-progress path: the
+    /// polling thread drives the link, timeouts included), never arming the queue.
+    fn busy_poll(cq: &SoftCq, count: usize) -> Vec<WorkCompletion> {
+        let deadline = Instant::now() + conformance::DEADLINE;
+        let mut got = Vec::new();
+        let mut buf = [conformance::blank(); 8];
+        while got.len() < count {
+            assert!(Instant::now() < deadline, "timed out polling: {got:?}");
+            let n = cq.poll(&mut buf);
+            got.extend_from_slice(&buf[..n]);
+            std::thread::yield_now();
+        }
+        got
+    }
+
     #[test]
     fn a_silent_peer_times_out_with_retry_exceeded() {
+        silent_peer_times_out(conformance::completions);
+    }
+
+    #[test]
+    fn a_busy_poller_sees_a_silent_peer_time_out() {
+        silent_peer_times_out(busy_poll);
+    }
+
+    #[test]
+    fn busy_polling_alone_completes_requests() {
+        let side = Side::new(open_tcp(), 4096, QpConfig::default());
+        let peer = Side::new(open_tcp(), 4096, QpConfig::default());
+        conformance::connect(&side.qp, &peer.qp);
+        peer.fill(0, b"polled");
+        for wr_id in 0..100 {
+            let op = SendOp::Read(peer.region.remote(0));
+            side.post(wr_id, op, &[side.sge(8, 6)]);
+            let done = busy_poll(&side.send_cq, 1);
+            assert_eq!((done[0].wr_id, done[0].status), (wr_id, WcStatus::Success));
+        }
+        assert_eq!(side.bytes(8, 6), b"polled");
+    }
+
+    #[test]
+    fn a_poller_that_stops_without_arming_still_gets_its_completion() {
+        use std::io::{Read, Write};
+        let side = Side::new(open_tcp(), 4096, QpConfig::default());
+        let scripted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let text = format!("soft-tcp qpn=1 addr={}", scripted.local_addr().unwrap());
+        side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+        let (mut peer, _) = scripted.accept().unwrap();
+        let remote = RemoteAddr { addr: 0, rkey: 1 };
+        side.post(1, SendOp::Read(remote), &[side.sge(0, 15)]);
+        let mut hello_and_request = [0u8; 8 + 40];
+        peer.read_exact(&mut hello_and_request).unwrap();
+        let mut buf = [conformance::blank()];
+        assert_eq!(side.send_cq.poll(&mut buf), 0, "not answered yet");
+        // The last poll is over; the answer must now be taken in by the NIC thread.
+        let mut response = vec![0u8; 16];
+        response[4..8].copy_from_slice(&15u32.to_le_bytes());
+        response.extend_from_slice(b"left to the NIC");
+        peer.write_all(&response).unwrap();
+        conformance::eventually("the READ data to land without a poll", || {
+            side.bytes(0, 15) == b"left to the NIC"
+        });
+        let done = conformance::completions(&side.send_cq, 1);
+        assert_eq!((done[0].wr_id, done[0].status), (1, WcStatus::Success));
+    }
+
+    fn silent_peer_times_out(wait: fn(&SoftCq, usize) -> Vec<WorkCompletion>) {
         let timeout = Duration::from_millis(300);
         let config = SoftConfig::with_wire(Wire::Tcp).with_response_timeout(timeout);
         let side = Side::new(SoftDomain::open(config).unwrap(), 4096, QpConfig::default());
@@ -69,7 +135,7 @@ mod tcp {
         };
         side.post(1, SendOp::Read(remote), &[side.sge(0, 8)]);
         side.post(2, SendOp::Read(remote), &[side.sge(8, 8)]);
-        let done = conformance::completions(&side.send_cq, 2);
+        let done = wait(&side.send_cq, 2);
         let statuses: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
         assert_eq!(
             statuses,

@@ -178,6 +178,55 @@ mod tests {
         pusher.join().unwrap();
     }
 
+    /// A wire that completes one request per drive, with `pending` requests left.
+    #[derive(Debug)]
+    struct FakeWire {
+        cq: Arc<CqShared>,
+        pending: Mutex<u64>,
+        released: AtomicBool,
+    }
+
+    impl Progress for FakeWire {
+        fn progress(&self) -> bool {
+            let mut pending = self.pending.lock().unwrap();
+            if *pending == 0 {
+                return false;
+            }
+            self.cq.push(completion(*pending));
+            *pending -= 1;
+            true
+        }
+
+        fn release(&self) {
+            self.released.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn an_empty_poll_drives_the_wires_and_arm_hands_them_back() {
+        let cq = SoftCq::new().unwrap();
+        let wire = Arc::new(FakeWire {
+            cq: Arc::clone(&cq.shared),
+            pending: Mutex::new(2),
+            released: AtomicBool::new(false),
+        });
+        cq.shared
+            .add_driver(Arc::downgrade(&wire) as Weak<dyn Progress>);
+        let mut out = [completion(0); 4];
+        assert_eq!(cq.poll(&mut out), 1, "the poll itself completed one");
+        assert_eq!(out[0].wr_id, 2);
+        assert_eq!(cq.poll(&mut out), 1);
+        assert_eq!(cq.poll(&mut out), 0, "nothing left to drive");
+        assert!(!wire.released.load(Ordering::SeqCst));
+        assert!(!cq.arm().unwrap());
+        assert!(
+            wire.released.load(Ordering::SeqCst),
+            "arm hands the wire back"
+        );
+        drop(wire);
+        assert_eq!(cq.poll(&mut out), 0, "a dropped wire is skipped");
+    }
+
     #[test]
     fn armed_event_fd_is_readable_once_a_completion_arrives() {
         let cq = SoftCq::new().unwrap();
