@@ -120,6 +120,40 @@ mod tcp {
         assert_eq!((done[0].wr_id, done[0].status), (1, WcStatus::Success));
     }
 
+    #[test]
+    fn a_quiet_link_is_served_while_another_keeps_the_nic_busy() {
+        let server = open_tcp();
+        let target = Side::new(server.clone(), 4096, QpConfig::default());
+        let (busy, busy_peer) = (
+            Side::new(open_tcp(), 4096, QpConfig::default()),
+            Side::new(server, 4096, QpConfig::default()),
+        );
+        let quiet = Side::new(open_tcp(), 4096, QpConfig::default());
+        conformance::connect(&busy.qp, &busy_peer.qp);
+        conformance::connect(&quiet.qp, &target.qp);
+        target.fill(0, b"quiet");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut wr_id = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let op = SendOp::Read(busy_peer.region.remote(0));
+                    busy.post(wr_id, op, &[busy.sge(0, 64)]);
+                    assert_eq!(busy_poll(&busy.send_cq, 1)[0].status, WcStatus::Success);
+                    wr_id += 1;
+                }
+            });
+            for wr_id in 0..50 {
+                let op = SendOp::Read(target.region.remote(0));
+                quiet.post(wr_id, op, &[quiet.sge(0, 5)]);
+                let done = conformance::completions(&quiet.send_cq, 1);
+                assert_eq!((done[0].wr_id, done[0].status), (wr_id, WcStatus::Success));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert_eq!(quiet.bytes(0, 5), b"quiet");
+    }
+
     fn silent_peer_times_out(wait: fn(&SoftCq, usize) -> Vec<WorkCompletion>) {
         let timeout = Duration::from_millis(300);
         let config = SoftConfig::with_wire(Wire::Tcp).with_response_timeout(timeout);

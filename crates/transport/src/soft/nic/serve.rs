@@ -12,6 +12,10 @@ use crate::sys::OutputQueue;
 use crate::{Access, WcStatus};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A link that moved bytes this recently is hot: a busy NIC reads it without asking epoll.
+const HOT_WINDOW: Duration = Duration::from_millis(1);
 
 /// The inbound connection of one queue pair.
 #[derive(Debug)]
@@ -21,6 +25,8 @@ pub(crate) struct ResponderLink {
     /// A large WRITE payload being placed straight into its target (or dropped), and the
     /// status to answer once it is.
     placing: Option<(Placement, WcStatus)>,
+    /// When the link last moved bytes.
+    last_traffic: Option<Instant>,
 }
 
 impl ResponderLink {
@@ -29,11 +35,24 @@ impl ResponderLink {
             qp,
             conn,
             placing: None,
+            last_traffic: None,
         }
     }
 
-    /// One round: read requests (when `readable`), execute what can run, write responses.
-    pub(crate) fn step(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
+    /// Whether the link moved bytes within [`HOT_WINDOW`] before `now`.
+    pub(crate) fn hot(&self, now: Instant) -> bool {
+        self.last_traffic
+            .is_some_and(|at| now.saturating_duration_since(at) < HOT_WINDOW)
+    }
+
+    /// One round at `now`: read requests (when `readable`), execute what can run, write
+    /// responses.
+    pub(crate) fn step(
+        &mut self,
+        registry: &Registry,
+        readable: bool,
+        now: Instant,
+    ) -> Result<bool, LinkClosed> {
         if self.qp.closed.load(Ordering::Acquire) {
             return Err(LinkClosed);
         }
@@ -47,10 +66,14 @@ impl ResponderLink {
             Err(_) => return Err(self.peer_gone()),
         };
         progress |= self.serve(registry, readable)?;
-        match self.conn.flush() {
-            Ok(sent) => Ok(progress | sent),
-            Err(_) => Err(self.peer_gone()),
+        let progress = match self.conn.flush() {
+            Ok(sent) => progress | sent,
+            Err(_) => return Err(self.peer_gone()),
+        };
+        if progress {
+            self.last_traffic = Some(now);
         }
+        Ok(progress)
     }
 
     /// Whether buffered output is waiting (the NIC must not park).
