@@ -237,7 +237,12 @@ mod shm {
                 signaled: true,
             })
             .collect();
+        let started = Instant::now();
         p.a.qp.post_send(&wrs).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "post_send does not wait for ring room"
+        );
         let done = conformance::completions(&p.a.send_cq, 8);
         let first_error = done
             .iter()
@@ -249,6 +254,47 @@ mod shm {
             .iter()
             .all(|c| c.status == WcStatus::WrFlushError));
         assert_eq!(p.a.qp.state(), QpState::Error);
+    }
+
+    #[test]
+    fn sends_that_find_the_ring_full_are_delivered_in_order_once_it_drains() {
+        let config = SoftConfig {
+            ring_capacity: 4096,
+            ..SoftConfig::with_wire(Wire::Shm)
+        };
+        let p = conformance::Pair::new(&|| SoftDomain::open(config).unwrap(), 16384);
+        let wrs_data: Vec<Vec<u8>> = (0..8).map(|i| conformance::pattern(1000, i)).collect();
+        for (i, data) in wrs_data.iter().enumerate() {
+            p.a.fill(i * 1000, data);
+        }
+        let sges: Vec<_> = (0..8).map(|i| p.a.sge(i * 1000, 1000)).collect();
+        let wrs: Vec<SendWr> = (0..8)
+            .map(|i| SendWr {
+                wr_id: i as u64,
+                op: SendOp::Send { imm: None },
+                sg_list: &sges[i..=i],
+                signaled: true,
+            })
+            .collect();
+        p.a.qp.post_send(&wrs).unwrap();
+        let mut buf = [conformance::blank(); 8];
+        let early = p.a.send_cq.poll(&mut buf);
+        assert!(
+            early < 8,
+            "a 4 KiB ring cannot take 8 KB of SENDs before receives"
+        );
+        for i in 0..8 {
+            p.b.post_recv(i as u64, &[p.b.sge(i * 1000, 1000)]);
+        }
+        let received = conformance::completions(&p.b.recv_cq, 8);
+        let order: Vec<u64> = received.iter().map(|c| c.wr_id).collect();
+        assert_eq!(order, (0..8).collect::<Vec<_>>());
+        for (i, data) in wrs_data.iter().enumerate() {
+            assert_eq!(&p.b.bytes(i * 1000, 1000), data, "SEND {i} intact");
+        }
+        let sent = conformance::completions(&p.a.send_cq, 8 - early);
+        assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+        assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
     }
 
     #[test]

@@ -173,12 +173,9 @@ impl QueuePair for SoftQp {
             signaled: wr.signaled,
         });
         if let Some(peer) = self.shared.shm_peer.get() {
-            shm::post_inline(
-                &self.domain.nic.registry,
-                &self.shared,
-                peer,
-                posted.collect(),
-            );
+            let registry = &self.domain.nic.registry;
+            let stalled = shm::post_inline(registry, &self.shared, peer, posted.collect());
+            self.after_post(stalled);
             return Ok(());
         }
         self.shared.lock_sq().extend(posted);

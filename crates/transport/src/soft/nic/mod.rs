@@ -205,6 +205,9 @@ impl Nic {
         });
         for qp in &self.qps {
             progress |= super::shm::drain_inbound(&registry, qp);
+            if let Some(peer) = qp.shm_peer.get() {
+                progress |= super::shm::retry_stalled(&registry, qp, peer);
+            }
         }
         self.check_liveness();
         progress
@@ -358,13 +361,22 @@ impl Nic {
             || self.qps.iter().any(|qp| super::shm::inbound_ready(qp))
     }
 
+    /// Whether a same-host queue pair has sends waiting for ring room.
+    fn sends_stalled(&self) -> bool {
+        self.qps
+            .iter()
+            .any(|qp| qp.shm_peer.get().is_some() && !qp.lock_sq().is_empty())
+    }
+
     fn park(&mut self) {
         let parked = self.shared.registry.table().parked();
         parked.store(1, Ordering::SeqCst);
         if !self.has_work() && !self.shared.stop.load(Ordering::Acquire) {
             let mut park = self.shared.idle.park_timeout;
-            if self.requesters.iter().any(|link| link.needs_recheck()) {
+            if self.requesters.iter().any(|link| link.needs_recheck()) || self.sends_stalled() {
                 // A polled link is left to its poller: look again when polling may stop.
+                // Sends waiting for a peer's ring are retried as often (no one rings when
+                // the peer frees room).
                 park = park.min(shared_link::POLL_GRACE);
             }
             let timeout = park.as_millis().clamp(1, i32::MAX as u128) as i32;
