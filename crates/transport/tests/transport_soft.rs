@@ -154,6 +154,41 @@ mod tcp {
         assert_eq!(quiet.bytes(0, 5), b"quiet");
     }
 
+    #[test]
+    fn a_large_send_waits_for_its_receive_and_lands_scattered() {
+        const LEN: usize = 1 << 20;
+        let p = conformance::Pair::new(&open_tcp, 4 * LEN);
+        let data = conformance::pattern(LEN, 5);
+        p.a.fill(0, &data);
+        p.a.post(1, SendOp::Send { imm: Some(9) }, &[p.a.sge(0, LEN as u32)]);
+        conformance::no_completion(&p.b.recv_cq, Duration::from_millis(50));
+        let half = (LEN / 2) as u32;
+        p.b.post_recv(7, &[p.b.sge(2 * LEN, half), p.b.sge(LEN, LEN as u32)]);
+        let got = conformance::completions(&p.b.recv_cq, 1)[0];
+        assert_eq!(
+            (got.wr_id, got.status, got.byte_len, got.imm),
+            (7, WcStatus::Success, LEN as u32, Some(9))
+        );
+        let mut landed = p.b.bytes(2 * LEN, LEN / 2);
+        landed.extend(p.b.bytes(LEN, LEN / 2));
+        assert!(landed == data, "the payload landed across both elements");
+        let sent = conformance::completions(&p.a.send_cq, 1)[0];
+        assert_eq!((sent.wr_id, sent.status), (1, WcStatus::Success));
+        p.b.post_recv(8, &[p.b.sge(0, half)]);
+        p.a.post(2, SendOp::Send { imm: None }, &[p.a.sge(0, LEN as u32)]);
+        let refused = conformance::completions(&p.b.recv_cq, 1)[0];
+        assert_eq!(
+            (refused.wr_id, refused.status),
+            (8, WcStatus::LocalLengthError)
+        );
+        let failed = conformance::completions(&p.a.send_cq, 1)[0];
+        assert_eq!(
+            (failed.wr_id, failed.status),
+            (2, WcStatus::RemoteInvalidRequest)
+        );
+        assert_eq!(p.b.qp.state(), QpState::Error);
+    }
+
     fn silent_peer_times_out(wait: fn(&SoftCq, usize) -> Vec<WorkCompletion>) {
         let timeout = Duration::from_millis(300);
         let config = SoftConfig::with_wire(Wire::Tcp).with_response_timeout(timeout);

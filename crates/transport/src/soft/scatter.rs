@@ -38,6 +38,20 @@ pub(crate) fn total_len(pieces: &[Piece]) -> usize {
     pieces.iter().map(|piece| piece.len).sum()
 }
 
+/// The first `len` bytes of `pieces` (the last piece shortened, the rest dropped).
+pub(crate) fn truncate(pieces: Vec<Piece>, mut len: usize) -> Vec<Piece> {
+    let mut kept = Vec::with_capacity(pieces.len());
+    for mut piece in pieces {
+        if len == 0 {
+            break;
+        }
+        piece.len = piece.len.min(len);
+        len -= piece.len;
+        kept.push(piece);
+    }
+    kept
+}
+
 /// Appends the bytes of `pieces` to `out`.
 pub(crate) fn gather_into(pieces: &[Piece], out: &mut Vec<u8>) {
     for piece in pieces {

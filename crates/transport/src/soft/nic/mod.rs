@@ -196,11 +196,11 @@ impl Nic {
         }
         progress |= self.accept() | self.handshake();
         progress |= self.step_requesters();
-        let ready = &self.ready;
+        let (ready, epoll) = (&self.ready, &self.epoll);
         self.responders.retain_mut(|link| {
             let readable = ready.contains(&link.conn.raw_fd()) || (direct && link.hot(now));
             link.step(&registry, readable, now)
-                .map(|p| progress |= p)
+                .and_then(|moved| link.sync_watch(epoll).map(|()| progress |= moved))
                 .is_ok()
         });
         for qp in &self.qps {
