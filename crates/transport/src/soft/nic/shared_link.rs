@@ -152,14 +152,15 @@ impl SharedLink {
         }
     }
 
-    /// Whether the NIC must not park: work is waiting, or a thread that is not polling
-    /// the link holds it (a poller finishes its own work; a poster kicks the NIC for
-    /// leftovers).
+    /// Whether the NIC must not park: the link is not being polled, and work is waiting
+    /// or another thread holds it (a poster kicks the NIC for leftovers). A polled link's
+    /// work, unwritten output included, is its poller's: a NIC spinning beside it would
+    /// only take CPU from the poller and the peer.
     pub(super) fn busy(&self) -> bool {
-        match self.try_lock() {
-            Some(link) => link.busy(),
-            None => !self.polled(),
+        if self.polled() {
+            return false;
         }
+        self.try_lock().is_none_or(|link| link.busy())
     }
 
     /// Whether the NIC may only park briefly: the link is polled or not watched.
