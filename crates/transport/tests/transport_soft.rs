@@ -189,6 +189,36 @@ mod tcp {
         assert_eq!(p.b.qp.state(), QpState::Error);
     }
 
+    #[test]
+    fn requests_behind_a_send_without_receive_wait_for_one() {
+        let p = conformance::Pair::new(&open_tcp, 4096);
+        p.a.fill(0, b"early send");
+        p.a.post(1, SendOp::Send { imm: None }, &[p.a.sge(0, 10)]);
+        let remote = p.b.region.remote(100);
+        let notify = SendOp::Write {
+            remote,
+            imm: Some(5),
+        };
+        p.a.post(2, notify, &[p.a.sge(0, 5)]);
+        conformance::no_completion(&p.b.recv_cq, Duration::from_millis(50));
+        conformance::no_completion(&p.a.send_cq, Duration::from_millis(1));
+        p.b.post_recv(10, &[p.b.sge(0, 64)]);
+        p.b.post_recv(11, &[p.b.sge(200, 64)]);
+        let got = conformance::completions(&p.b.recv_cq, 2);
+        let summary: Vec<_> = got.iter().map(|c| (c.wr_id, c.status, c.imm)).collect();
+        assert_eq!(
+            summary,
+            [
+                (10, WcStatus::Success, None),
+                (11, WcStatus::Success, Some(5))
+            ]
+        );
+        assert_eq!(p.b.bytes(0, 10), b"early send");
+        assert_eq!(p.b.bytes(100, 5), b"early");
+        let sent = conformance::completions(&p.a.send_cq, 2);
+        assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+    }
+
     fn silent_peer_times_out(wait: fn(&SoftCq, usize) -> Vec<WorkCompletion>) {
         let timeout = Duration::from_millis(300);
         let config = SoftConfig::with_wire(Wire::Tcp).with_response_timeout(timeout);

@@ -3,8 +3,9 @@
 //! Payloads of [`ZERO_COPY_MIN`] bytes or more are never buffered whole: a plain WRITE's
 //! goes straight into its target, a SEND's straight into the receive buffer it consumes,
 //! and a refused one is read and dropped. A large SEND that finds no receive buffer
-//! leaves its payload in the socket (TCP flow control holds the sender back) and the link
-//! out of the NIC's epoll set until a receive is posted (`post_recv` wakes the NIC).
+//! leaves its payload in the socket (TCP flow control holds the sender back); while any
+//! request waits for a receive buffer the link is out of the NIC's epoll set, until a
+//! receive is posted (`post_recv` wakes the NIC).
 
 use super::conn::Conn;
 use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
@@ -55,7 +56,7 @@ pub(crate) struct ResponderLink {
     placing: Option<(Placement, Placed)>,
     /// When the link last moved bytes.
     last_traffic: Option<Instant>,
-    /// A large SEND waits for a receive buffer.
+    /// A SEND or WRITE-with-immediate waits for a receive buffer.
     awaiting_receive: bool,
     /// Whether the socket is in the NIC's epoll set (it is when the link is created).
     watched: bool,
@@ -73,8 +74,9 @@ impl ResponderLink {
         }
     }
 
-    /// Takes the socket out of `epoll` while a large SEND waits for a receive buffer (its
-    /// unread payload would keep the socket readable), and puts it back once one is posted.
+    /// Takes the socket out of `epoll` while a request waits for a receive buffer (what
+    /// follows it would keep the socket readable and the NIC spinning), and puts it back
+    /// once one is posted.
     pub(crate) fn sync_watch(&mut self, epoll: &Epoll) -> Result<(), LinkClosed> {
         let watch = !self.awaiting_receive || !self.qp.lock_rq().is_empty();
         if watch == self.watched {
@@ -163,6 +165,8 @@ impl ResponderLink {
             let payload = &input[frame::REQUEST_LEN..frame_len];
             let Some((response, data)) = responder::execute(registry, &self.qp, &header, payload)
             else {
+                // No receive buffer: the frame waits, and so does what follows it.
+                self.awaiting_receive = true;
                 return Ok(progress);
             };
             append_response(output, &response, data);
