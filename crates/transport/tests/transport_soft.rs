@@ -6,9 +6,10 @@ mod conformance;
 
 use conformance::peer::{self, PeerProcess, PEER_LEN};
 use conformance::Side;
-use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
+use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, Wire};
 use kvcm_transport::{
-    QpConfig, QpEndpoint, QpState, QueuePair, Region, RemoteAddr, SendOp, SendWr, WcStatus,
+    CompletionQueue, QpConfig, QpEndpoint, QpState, QueuePair, Region, RemoteAddr, SendOp, SendWr,
+    WcStatus, WorkCompletion,
 };
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -53,8 +54,172 @@ mod tcp {
         );
     }
 
+    /// Waits for `count` completions by polling only (the manual-progress path: the
+    /// polling thread drives the link, timeouts included), never arming the queue.
+    fn busy_poll(cq: &SoftCq, count: usize) -> Vec<WorkCompletion> {
+        let deadline = Instant::now() + conformance::DEADLINE;
+        let mut got = Vec::new();
+        let mut buf = [conformance::blank(); 8];
+        while got.len() < count {
+            assert!(Instant::now() < deadline, "timed out polling: {got:?}");
+            let n = cq.poll(&mut buf);
+            got.extend_from_slice(&buf[..n]);
+            std::thread::yield_now();
+        }
+        got
+    }
+
     #[test]
     fn a_silent_peer_times_out_with_retry_exceeded() {
+        silent_peer_times_out(conformance::completions);
+    }
+
+    #[test]
+    fn a_busy_poller_sees_a_silent_peer_time_out() {
+        silent_peer_times_out(busy_poll);
+    }
+
+    #[test]
+    fn busy_polling_alone_completes_requests() {
+        let side = Side::new(open_tcp(), 4096, QpConfig::default());
+        let peer = Side::new(open_tcp(), 4096, QpConfig::default());
+        conformance::connect(&side.qp, &peer.qp);
+        peer.fill(0, b"polled");
+        for wr_id in 0..100 {
+            let op = SendOp::Read(peer.region.remote(0));
+            side.post(wr_id, op, &[side.sge(8, 6)]);
+            let done = busy_poll(&side.send_cq, 1);
+            assert_eq!((done[0].wr_id, done[0].status), (wr_id, WcStatus::Success));
+        }
+        assert_eq!(side.bytes(8, 6), b"polled");
+    }
+
+    #[test]
+    fn a_poller_that_stops_without_arming_still_gets_its_completion() {
+        use std::io::{Read, Write};
+        let side = Side::new(open_tcp(), 4096, QpConfig::default());
+        let scripted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let text = format!("soft-tcp qpn=1 addr={}", scripted.local_addr().unwrap());
+        side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+        let (mut peer, _) = scripted.accept().unwrap();
+        let remote = RemoteAddr { addr: 0, rkey: 1 };
+        side.post(1, SendOp::Read(remote), &[side.sge(0, 15)]);
+        let mut hello_and_request = [0u8; 8 + 40];
+        peer.read_exact(&mut hello_and_request).unwrap();
+        let mut buf = [conformance::blank()];
+        assert_eq!(side.send_cq.poll(&mut buf), 0, "not answered yet");
+        // The last poll is over; the answer must now be taken in by the NIC thread.
+        let mut response = vec![0u8; 16];
+        response[4..8].copy_from_slice(&15u32.to_le_bytes());
+        response.extend_from_slice(b"left to the NIC");
+        peer.write_all(&response).unwrap();
+        conformance::eventually("the READ data to land without a poll", || {
+            side.bytes(0, 15) == b"left to the NIC"
+        });
+        let done = conformance::completions(&side.send_cq, 1);
+        assert_eq!((done[0].wr_id, done[0].status), (1, WcStatus::Success));
+    }
+
+    #[test]
+    fn a_quiet_link_is_served_while_another_keeps_the_nic_busy() {
+        let server = open_tcp();
+        let target = Side::new(server.clone(), 4096, QpConfig::default());
+        let (busy, busy_peer) = (
+            Side::new(open_tcp(), 4096, QpConfig::default()),
+            Side::new(server, 4096, QpConfig::default()),
+        );
+        let quiet = Side::new(open_tcp(), 4096, QpConfig::default());
+        conformance::connect(&busy.qp, &busy_peer.qp);
+        conformance::connect(&quiet.qp, &target.qp);
+        target.fill(0, b"quiet");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut wr_id = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let op = SendOp::Read(busy_peer.region.remote(0));
+                    busy.post(wr_id, op, &[busy.sge(0, 64)]);
+                    assert_eq!(busy_poll(&busy.send_cq, 1)[0].status, WcStatus::Success);
+                    wr_id += 1;
+                }
+            });
+            for wr_id in 0..50 {
+                let op = SendOp::Read(target.region.remote(0));
+                quiet.post(wr_id, op, &[quiet.sge(0, 5)]);
+                let done = conformance::completions(&quiet.send_cq, 1);
+                assert_eq!((done[0].wr_id, done[0].status), (wr_id, WcStatus::Success));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert_eq!(quiet.bytes(0, 5), b"quiet");
+    }
+
+    #[test]
+    fn a_large_send_waits_for_its_receive_and_lands_scattered() {
+        const LEN: usize = 1 << 20;
+        let p = conformance::Pair::new(&open_tcp, 4 * LEN);
+        let data = conformance::pattern(LEN, 5);
+        p.a.fill(0, &data);
+        p.a.post(1, SendOp::Send { imm: Some(9) }, &[p.a.sge(0, LEN as u32)]);
+        conformance::no_completion(&p.b.recv_cq, Duration::from_millis(50));
+        let half = (LEN / 2) as u32;
+        p.b.post_recv(7, &[p.b.sge(2 * LEN, half), p.b.sge(LEN, LEN as u32)]);
+        let got = conformance::completions(&p.b.recv_cq, 1)[0];
+        assert_eq!(
+            (got.wr_id, got.status, got.byte_len, got.imm),
+            (7, WcStatus::Success, LEN as u32, Some(9))
+        );
+        let mut landed = p.b.bytes(2 * LEN, LEN / 2);
+        landed.extend(p.b.bytes(LEN, LEN / 2));
+        assert!(landed == data, "the payload landed across both elements");
+        let sent = conformance::completions(&p.a.send_cq, 1)[0];
+        assert_eq!((sent.wr_id, sent.status), (1, WcStatus::Success));
+        p.b.post_recv(8, &[p.b.sge(0, half)]);
+        p.a.post(2, SendOp::Send { imm: None }, &[p.a.sge(0, LEN as u32)]);
+        let refused = conformance::completions(&p.b.recv_cq, 1)[0];
+        assert_eq!(
+            (refused.wr_id, refused.status),
+            (8, WcStatus::LocalLengthError)
+        );
+        let failed = conformance::completions(&p.a.send_cq, 1)[0];
+        assert_eq!(
+            (failed.wr_id, failed.status),
+            (2, WcStatus::RemoteInvalidRequest)
+        );
+        assert_eq!(p.b.qp.state(), QpState::Error);
+    }
+
+    #[test]
+    fn requests_behind_a_send_without_receive_wait_for_one() {
+        let p = conformance::Pair::new(&open_tcp, 4096);
+        p.a.fill(0, b"early send");
+        p.a.post(1, SendOp::Send { imm: None }, &[p.a.sge(0, 10)]);
+        let remote = p.b.region.remote(100);
+        let notify = SendOp::Write {
+            remote,
+            imm: Some(5),
+        };
+        p.a.post(2, notify, &[p.a.sge(0, 5)]);
+        conformance::no_completion(&p.b.recv_cq, Duration::from_millis(50));
+        conformance::no_completion(&p.a.send_cq, Duration::from_millis(1));
+        p.b.post_recv(10, &[p.b.sge(0, 64)]);
+        p.b.post_recv(11, &[p.b.sge(200, 64)]);
+        let got = conformance::completions(&p.b.recv_cq, 2);
+        let summary: Vec<_> = got.iter().map(|c| (c.wr_id, c.status, c.imm)).collect();
+        assert_eq!(
+            summary,
+            [
+                (10, WcStatus::Success, None),
+                (11, WcStatus::Success, Some(5))
+            ]
+        );
+        assert_eq!(p.b.bytes(0, 10), b"early send");
+        assert_eq!(p.b.bytes(100, 5), b"early");
+        let sent = conformance::completions(&p.a.send_cq, 2);
+        assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+    }
+
+    fn silent_peer_times_out(wait: fn(&SoftCq, usize) -> Vec<WorkCompletion>) {
         let timeout = Duration::from_millis(300);
         let config = SoftConfig::with_wire(Wire::Tcp).with_response_timeout(timeout);
         let side = Side::new(SoftDomain::open(config).unwrap(), 4096, QpConfig::default());
@@ -69,7 +234,7 @@ mod tcp {
         };
         side.post(1, SendOp::Read(remote), &[side.sge(0, 8)]);
         side.post(2, SendOp::Read(remote), &[side.sge(8, 8)]);
-        let done = conformance::completions(&side.send_cq, 2);
+        let done = wait(&side.send_cq, 2);
         let statuses: Vec<_> = done.iter().map(|c| (c.wr_id, c.status)).collect();
         assert_eq!(
             statuses,
@@ -137,7 +302,12 @@ mod shm {
                 signaled: true,
             })
             .collect();
+        let started = Instant::now();
         p.a.qp.post_send(&wrs).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "post_send does not wait for ring room"
+        );
         let done = conformance::completions(&p.a.send_cq, 8);
         let first_error = done
             .iter()
@@ -149,6 +319,47 @@ mod shm {
             .iter()
             .all(|c| c.status == WcStatus::WrFlushError));
         assert_eq!(p.a.qp.state(), QpState::Error);
+    }
+
+    #[test]
+    fn sends_that_find_the_ring_full_are_delivered_in_order_once_it_drains() {
+        let config = SoftConfig {
+            ring_capacity: 4096,
+            ..SoftConfig::with_wire(Wire::Shm)
+        };
+        let p = conformance::Pair::new(&|| SoftDomain::open(config).unwrap(), 16384);
+        let wrs_data: Vec<Vec<u8>> = (0..8).map(|i| conformance::pattern(1000, i)).collect();
+        for (i, data) in wrs_data.iter().enumerate() {
+            p.a.fill(i * 1000, data);
+        }
+        let sges: Vec<_> = (0..8).map(|i| p.a.sge(i * 1000, 1000)).collect();
+        let wrs: Vec<SendWr> = (0..8)
+            .map(|i| SendWr {
+                wr_id: i as u64,
+                op: SendOp::Send { imm: None },
+                sg_list: &sges[i..=i],
+                signaled: true,
+            })
+            .collect();
+        p.a.qp.post_send(&wrs).unwrap();
+        let mut buf = [conformance::blank(); 8];
+        let early = p.a.send_cq.poll(&mut buf);
+        assert!(
+            early < 8,
+            "a 4 KiB ring cannot take 8 KB of SENDs before receives"
+        );
+        for i in 0..8 {
+            p.b.post_recv(i as u64, &[p.b.sge(i * 1000, 1000)]);
+        }
+        let received = conformance::completions(&p.b.recv_cq, 8);
+        let order: Vec<u64> = received.iter().map(|c| c.wr_id).collect();
+        assert_eq!(order, (0..8).collect::<Vec<_>>());
+        for (i, data) in wrs_data.iter().enumerate() {
+            assert_eq!(&p.b.bytes(i * 1000, 1000), data, "SEND {i} intact");
+        }
+        let sent = conformance::completions(&p.a.send_cq, 8 - early);
+        assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+        assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
     }
 
     #[test]

@@ -52,11 +52,7 @@ impl SoftDomain {
     /// Opens a domain: starts its NIC thread (and TCP listener on the TCP wire).
     pub fn open(config: SoftConfig) -> Result<Self> {
         let registry = Arc::new(Registry::new()?);
-        let nic = Arc::new(NicShared::new(
-            registry,
-            config.idle,
-            config.response_timeout,
-        )?);
+        let nic = Arc::new(NicShared::new(registry, config.idle)?);
         let listener = match config.wire {
             Wire::Tcp => Some(listen(&config)?),
             Wire::Shm => None,

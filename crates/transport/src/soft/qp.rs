@@ -1,9 +1,11 @@
 //! The application's handle on a soft queue pair: connection and posting.
 
+use super::cq::Progress;
 use super::cq::SoftCq;
 use super::domain::DomainInner;
 use super::endpoint::{host_id, SoftEndpoint};
 use super::frame;
+use super::nic::SharedLink;
 use super::queue_pair::{PostedRecv, PostedSend, QpShared};
 use super::shm::{self, Ring, ShmAddress, ShmPeer};
 use super::Wire;
@@ -12,7 +14,7 @@ use crate::{QpConfig, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr, Tr
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 /// How long `connect` waits for the peer NIC to accept a TCP link.
@@ -25,6 +27,8 @@ pub struct SoftQp {
     domain: Arc<DomainInner>,
     shared: Arc<QpShared>,
     endpoint: QpEndpoint,
+    /// The outbound link (TCP wire), driven by posting and polling threads too.
+    link: OnceLock<Arc<SharedLink>>,
 }
 
 impl SoftQp {
@@ -60,6 +64,7 @@ impl SoftQp {
             domain: Arc::clone(domain),
             shared,
             endpoint: endpoint.encode(),
+            link: OnceLock::new(),
         })
     }
 
@@ -76,7 +81,16 @@ impl SoftQp {
         let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
         stream.write_all(&frame::hello(qpn)).map_err(io)?;
-        self.domain.nic.adopt_link(Arc::clone(&self.shared), stream);
+        let nic = Arc::clone(&self.domain.nic);
+        let timeout = self.domain.config.response_timeout;
+        let qp = Arc::clone(&self.shared);
+        let link = Arc::new(SharedLink::new(nic, qp, stream, timeout).map_err(io)?);
+        self.link
+            .set(Arc::clone(&link))
+            .map_err(|_| self.refuse("connect"))?;
+        let driver: Weak<dyn Progress> = Arc::downgrade(&link) as Weak<dyn Progress>;
+        self.shared.send_cq.add_driver(driver);
+        self.domain.nic.adopt_link(link);
         Ok(())
     }
 
@@ -159,16 +173,15 @@ impl QueuePair for SoftQp {
             signaled: wr.signaled,
         });
         if let Some(peer) = self.shared.shm_peer.get() {
-            shm::post_inline(
-                &self.domain.nic.registry,
-                &self.shared,
-                peer,
-                posted.collect(),
-            );
+            let registry = &self.domain.nic.registry;
+            let stalled = shm::post_inline(registry, &self.shared, peer, posted.collect());
+            self.after_post(stalled);
             return Ok(());
         }
         self.shared.lock_sq().extend(posted);
-        self.after_post();
+        // Manual progress: write the requests now; the NIC is woken only for leftovers.
+        let written = self.link.get().is_some_and(|link| link.push());
+        self.after_post(!written);
         Ok(())
     }
 
@@ -191,18 +204,21 @@ impl QueuePair for SoftQp {
                 sg_list: wr.sg_list.to_vec(),
             }));
         }
-        self.after_post();
+        self.after_post(true);
         Ok(())
     }
 }
 
 impl SoftQp {
-    /// Wakes the NIC, and flushes what was queued if the queue pair failed meanwhile.
-    fn after_post(&self) {
+    /// Flushes what was queued if the queue pair failed meanwhile, and wakes the NIC
+    /// (if parked) when it has work left.
+    fn after_post(&self, nic_needed: bool) {
         if self.shared.state() == QpState::Error {
             self.shared.flush_queued();
         }
-        self.domain.nic.kick();
+        if nic_needed {
+            self.domain.nic.kick();
+        }
     }
 }
 

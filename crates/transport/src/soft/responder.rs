@@ -6,7 +6,7 @@
 //! executed (`None`): the caller retries it later, like an infinite RNR retry.
 
 use super::frame::{Op, RequestHeader, ResponseHeader};
-use super::queue_pair::QpShared;
+use super::queue_pair::{PostedRecv, QpShared};
 use super::registry::{AtomicOp, Registry, Target};
 use super::scatter;
 use crate::{Access, WcOpcode, WcStatus};
@@ -121,11 +121,21 @@ pub(crate) fn deliver(
             qp.complete_recv(&recv, opcode, WcStatus::Success, len, imm);
             Some(status_reply(WcStatus::Success, 0))
         }
-        Err(status) => {
-            qp.mark_error();
-            qp.complete_recv(&recv, opcode, status, 0, imm);
-            qp.flush_queued();
-            Some(status_reply(WcStatus::RemoteInvalidRequest, 0))
-        }
+        Err(status) => Some(fail_receive(qp, &recv, opcode, status, imm)),
     }
+}
+
+/// Fails receive buffer `recv` with `status`: the queue pair breaks, what is queued is
+/// flushed, and the requester is answered `RemoteInvalidRequest` (the reply returned).
+pub(crate) fn fail_receive(
+    qp: &QpShared,
+    recv: &PostedRecv,
+    opcode: WcOpcode,
+    status: WcStatus,
+    imm: Option<u32>,
+) -> ResponseHeader {
+    qp.mark_error();
+    qp.complete_recv(recv, opcode, status, 0, imm);
+    qp.flush_queued();
+    status_reply(WcStatus::RemoteInvalidRequest, 0)
 }

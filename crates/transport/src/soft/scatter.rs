@@ -38,6 +38,20 @@ pub(crate) fn total_len(pieces: &[Piece]) -> usize {
     pieces.iter().map(|piece| piece.len).sum()
 }
 
+/// The first `len` bytes of `pieces` (the last piece shortened, the rest dropped).
+pub(crate) fn truncate(pieces: Vec<Piece>, mut len: usize) -> Vec<Piece> {
+    let mut kept = Vec::with_capacity(pieces.len());
+    for mut piece in pieces {
+        if len == 0 {
+            break;
+        }
+        piece.len = piece.len.min(len);
+        len -= piece.len;
+        kept.push(piece);
+    }
+    kept
+}
+
 /// Appends the bytes of `pieces` to `out`.
 pub(crate) fn gather_into(pieces: &[Piece], out: &mut Vec<u8>) {
     for piece in pieces {
@@ -92,5 +106,41 @@ pub(crate) fn gather_to_memory(pieces: &[Piece], destination: &Target) {
             piece.len,
         );
         offset += piece.len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn truncate_keeps_exactly_the_first_bytes() {
+        let mem = Arc::new(SharedMemory::create(c"scatter", 4096).unwrap());
+        let pieces: Vec<Piece> = [(0, 100), (1000, 200), (2000, 300)]
+            .into_iter()
+            .map(|(offset, len)| Piece {
+                target: Target {
+                    mem: Arc::clone(&mem),
+                    offset,
+                },
+                len,
+            })
+            .collect();
+        let lens = |kept: &[Piece]| {
+            kept.iter()
+                .map(|p| (p.target.offset, p.len))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            lens(&truncate(pieces.clone(), 250)),
+            [(0, 100), (1000, 150)]
+        );
+        assert_eq!(
+            lens(&truncate(pieces.clone(), 300)),
+            [(0, 100), (1000, 200)]
+        );
+        assert_eq!(total_len(&truncate(pieces.clone(), 600)), 600);
+        assert!(truncate(pieces, 0).is_empty());
     }
 }

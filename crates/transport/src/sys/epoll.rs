@@ -7,7 +7,12 @@ const MAX_EVENTS: usize = 256;
 
 /// An epoll instance; a closed descriptor leaves the set by itself.
 #[derive(Debug)]
-pub(crate) struct Epoll(OwnedFd);
+pub(crate) struct Epoll {
+    fd: OwnedFd,
+    /// Event buffer reused by every `wait` (filling a fresh one each round costs more than
+    /// the busy-polling syscall it serves).
+    events: Vec<libc::epoll_event>,
+}
 
 impl Epoll {
     pub(crate) fn new() -> Result<Self> {
@@ -17,7 +22,9 @@ impl Epoll {
             return Err(TransportError::last_os("epoll_create1"));
         }
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(raw) }))
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let events = vec![libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
+        Ok(Epoll { fd, events })
     }
 
     /// Watches `fd` for readability (and hang-up), level-triggered.
@@ -28,7 +35,19 @@ impl Epoll {
         };
         // SAFETY: `event` is a live, initialised epoll_event for the call's duration.
         let rc =
-            unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
+            unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
+        if rc < 0 {
+            return Err(TransportError::last_os("epoll_ctl"));
+        }
+        Ok(())
+    }
+
+    /// Stops watching `fd` (which stays open).
+    pub(crate) fn delete(&self, fd: RawFd) -> Result<()> {
+        let mut event = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: `event` is a live epoll_event (ignored by EPOLL_CTL_DEL on current kernels).
+        let rc =
+            unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut event) };
         if rc < 0 {
             return Err(TransportError::last_os("epoll_ctl"));
         }
@@ -36,12 +55,13 @@ impl Epoll {
     }
 
     /// Replaces `ready` with the descriptors readable within `timeout_ms` (0: now).
-    pub(crate) fn wait(&self, ready: &mut Vec<RawFd>, timeout_ms: i32) -> Result<()> {
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
-        // SAFETY: `events` is a live array of MAX_EVENTS entries the kernel may fill.
+    pub(crate) fn wait(&mut self, ready: &mut Vec<RawFd>, timeout_ms: i32) -> Result<()> {
+        let events = &mut self.events;
+        // SAFETY: `events` is a live, initialised buffer of MAX_EVENTS entries the kernel
+        // may fill.
         let count = unsafe {
             libc::epoll_wait(
-                self.0.as_raw_fd(),
+                self.fd.as_raw_fd(),
                 events.as_mut_ptr(),
                 MAX_EVENTS as i32,
                 timeout_ms,
@@ -71,7 +91,7 @@ mod tests {
 
     #[test]
     fn reports_only_readable_descriptors() {
-        let epoll = Epoll::new().unwrap();
+        let mut epoll = Epoll::new().unwrap();
         let (quiet, loud) = (EventFd::new().unwrap(), EventFd::new().unwrap());
         epoll.add(quiet.raw_fd()).unwrap();
         epoll.add(loud.raw_fd()).unwrap();
@@ -81,6 +101,13 @@ mod tests {
         loud.ring();
         epoll.wait(&mut ready, 0).unwrap();
         assert_eq!(ready, [loud.raw_fd()]);
+        epoll.delete(loud.raw_fd()).unwrap();
+        epoll.wait(&mut ready, 0).unwrap();
+        assert!(
+            ready.is_empty(),
+            "a deleted descriptor is no longer reported"
+        );
+        assert!(epoll.delete(loud.raw_fd()).is_err());
         assert!(epoll.add(-1).is_err());
     }
 }

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 /// Most iovecs handed to one writev.
 const MAX_IOVECS: usize = 64;
+/// Largest tail written in place (a partial write shifts what is left to the front).
+const MAX_INLINE_TAIL: usize = 64 * 1024;
 
 #[derive(Debug)]
 enum Segment {
@@ -88,6 +90,9 @@ impl OutputQueue {
 
     /// Writes as much as `fd` takes; returns the bytes written (0 when it would block).
     pub(crate) fn write_to(&mut self, fd: RawFd) -> io::Result<usize> {
+        if self.segments.is_empty() && self.tail.len() <= MAX_INLINE_TAIL {
+            return self.write_tail(fd);
+        }
         self.seal_tail();
         let mut total = 0;
         while !self.segments.is_empty() {
@@ -115,6 +120,29 @@ impl OutputQueue {
         Ok(total)
     }
 
+    /// The common small case (only appended bytes queued): one write(2) from the tail,
+    /// which keeps its allocation for the next frames.
+    fn write_tail(&mut self, fd: RawFd) -> io::Result<usize> {
+        let mut total = 0;
+        while !self.tail.is_empty() {
+            // SAFETY: writes from the initialised bytes of `self.tail`, which is not
+            // touched during the call.
+            let sent = unsafe { libc::write(fd, self.tail.as_ptr().cast(), self.tail.len()) };
+            if sent >= 0 {
+                self.tail.drain(..sent as usize);
+                total += sent as usize;
+                continue;
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::WouldBlock => break,
+                io::ErrorKind::Interrupted => {}
+                _ => return Err(err),
+            }
+        }
+        Ok(total)
+    }
+
     fn advance(&mut self, mut sent: usize) {
         while let Some(front) = self.segments.front() {
             let left = front.len() - self.written;
@@ -135,6 +163,41 @@ mod tests {
     use std::io::Read;
     use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn appended_bytes_survive_a_full_socket_and_keep_their_buffer() {
+        let (writer, mut reader) = UnixStream::pair().unwrap();
+        writer.set_nonblocking(true).unwrap();
+        let chunk: Vec<u8> = (0..MAX_INLINE_TAIL).map(|i| (i % 251) as u8).collect();
+        let mut queue = OutputQueue::default();
+        let mut queued = 0;
+        while queue.is_empty() {
+            // Queue chunks until the socket no longer takes one whole.
+            queue.bytes().extend_from_slice(&chunk);
+            queued += 1;
+            queue.write_to(writer.as_raw_fd()).unwrap();
+        }
+        let drain = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).unwrap();
+            got
+        });
+        while !queue.is_empty() {
+            queue.write_to(writer.as_raw_fd()).unwrap();
+            std::thread::yield_now();
+        }
+        assert!(
+            queue.bytes().capacity() >= chunk.len(),
+            "the buffer is kept"
+        );
+        drop(writer);
+        let got = drain.join().unwrap();
+        assert_eq!(got.len(), queued * chunk.len());
+        assert!(
+            got.chunks(chunk.len()).all(|piece| piece == chunk),
+            "in order, whole"
+        );
+    }
 
     #[test]
     fn bytes_and_memory_arrive_in_order() {

@@ -87,12 +87,19 @@ impl Conn {
         self.consumed = 0;
     }
 
+    /// Shuts the stream down both ways: the peer sees EOF while the descriptor stays open.
+    pub(crate) fn shutdown(&self) {
+        // A stream the peer already closed needs nothing more.
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
     /// Whether output is still waiting for the kernel.
     pub(crate) fn has_output(&self) -> bool {
         !self.output.is_empty()
     }
 
-    /// Reads what is available; Ok(true) if bytes arrived, an error on EOF or failure.
+    /// Reads what is available (a short read means drained); Ok(true) if bytes arrived, an
+    /// error on EOF or failure.
     pub(crate) fn fill(&mut self) -> io::Result<bool> {
         let mut progress = false;
         loop {
@@ -102,11 +109,16 @@ impl Conn {
                 }
                 self.compact();
             }
+            let room = self.input.len() - self.filled;
             match self.stream.read(&mut self.input[self.filled..]) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => {
                     self.filled += n;
                     progress = true;
+                    if n < room {
+                        // The socket is drained for now; skip the read that would say so.
+                        return Ok(true);
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(progress),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

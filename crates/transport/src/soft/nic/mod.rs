@@ -15,16 +15,18 @@
 mod conn;
 mod requester;
 mod serve;
+mod shared_link;
 mod zero_copy;
+
+pub(crate) use shared_link::SharedLink;
 
 use super::frame;
 use super::queue_pair::QpShared;
 use super::registry::Registry;
 use crate::sys::{Doorbell, Epoll};
 use conn::Conn;
-use requester::RequesterLink;
 use serve::ResponderLink;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -33,6 +35,9 @@ use std::time::{Duration, Instant};
 
 /// How often same-host peers' liveness is checked while the NIC is busy.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
+/// Most rounds in a row a NIC with hot inbound links reads them directly instead of
+/// asking epoll first; other descriptors wait at most this many rounds.
+const EPOLL_SKIP: u32 = 8;
 
 /// A link that is finished: its queue pair was closed or failed.
 #[derive(Debug)]
@@ -63,20 +68,15 @@ pub(crate) struct NicShared {
     pub registry: Arc<Registry>,
     doorbell: Doorbell,
     new_qps: Mutex<Vec<Arc<QpShared>>>,
-    new_links: Mutex<Vec<(Arc<QpShared>, TcpStream)>>,
+    new_links: Mutex<Vec<Arc<SharedLink>>>,
     /// Set when `new_qps` or `new_links` gained an entry (checked without locking).
     news: AtomicBool,
     stop: AtomicBool,
     idle: IdlePolicy,
-    response_timeout: Duration,
 }
 
 impl NicShared {
-    pub(crate) fn new(
-        registry: Arc<Registry>,
-        idle: IdlePolicy,
-        response_timeout: Duration,
-    ) -> crate::Result<Self> {
+    pub(crate) fn new(registry: Arc<Registry>, idle: IdlePolicy) -> crate::Result<Self> {
         Ok(NicShared {
             registry,
             doorbell: Doorbell::new()?,
@@ -85,7 +85,6 @@ impl NicShared {
             news: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             idle,
-            response_timeout,
         })
     }
 
@@ -112,12 +111,12 @@ impl NicShared {
         self.kick();
     }
 
-    /// Hands the outbound connection of a queue pair to the NIC.
-    pub(crate) fn adopt_link(&self, qp: Arc<QpShared>, stream: TcpStream) {
+    /// Hands the outbound link of a queue pair to the NIC.
+    pub(crate) fn adopt_link(&self, link: Arc<SharedLink>) {
         self.new_links
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push((qp, stream));
+            .push(link);
         self.news.store(true, Ordering::Release);
         self.kick();
     }
@@ -149,6 +148,7 @@ pub(crate) fn spawn(
         requesters: Vec::new(),
         responders: Vec::new(),
         liveness_checked: Instant::now(),
+        epoll_skipped: 0,
     };
     std::thread::Builder::new()
         .name("kvcm-soft-nic".into())
@@ -164,9 +164,11 @@ struct Nic {
     ready: Vec<RawFd>,
     qps: Vec<Arc<QpShared>>,
     handshakes: Vec<Conn>,
-    requesters: Vec<RequesterLink>,
+    requesters: Vec<Arc<SharedLink>>,
     responders: Vec<ResponderLink>,
     liveness_checked: Instant,
+    /// Rounds since the last `epoll_wait`.
+    epoll_skipped: u32,
 }
 
 impl Nic {
@@ -178,8 +180,8 @@ impl Nic {
             } else if idle_since.elapsed() < self.shared.idle.spin {
                 std::thread::yield_now();
             } else {
+                // Stays idle: a park that ends without work parks again after one round.
                 self.park();
-                idle_since = Instant::now();
             }
         }
     }
@@ -187,28 +189,65 @@ impl Nic {
     fn step(&mut self) -> bool {
         let registry = Arc::clone(&self.shared.registry);
         let mut progress = self.adopt();
-        let _ = self.epoll.wait(&mut self.ready, 0);
+        let now = Instant::now();
+        let direct = self.poll_ready(now);
         if self.ready.contains(&self.shared.doorbell.raw_fd()) {
             self.shared.doorbell.drain();
         }
         progress |= self.accept() | self.handshake();
-        let ready = &self.ready;
-        self.requesters.retain_mut(|link| {
-            let readable = ready.contains(&link.conn.raw_fd());
-            link.step(&registry, readable)
-                .map(|p| progress |= p)
-                .is_ok()
-        });
+        progress |= self.step_requesters();
+        let (ready, epoll) = (&self.ready, &self.epoll);
         self.responders.retain_mut(|link| {
-            let readable = ready.contains(&link.conn.raw_fd());
-            link.step(&registry, readable)
-                .map(|p| progress |= p)
+            let readable = ready.contains(&link.conn.raw_fd()) || (direct && link.hot(now));
+            link.step(&registry, readable, now)
+                .and_then(|moved| link.sync_watch(epoll).map(|()| progress |= moved))
                 .is_ok()
         });
         for qp in &self.qps {
             progress |= super::shm::drain_inbound(&registry, qp);
+            if let Some(peer) = qp.shm_peer.get() {
+                progress |= super::shm::retry_stalled(&registry, qp, peer);
+            }
         }
         self.check_liveness();
+        progress
+    }
+
+    /// Fills `ready` from epoll, or (at most [`EPOLL_SKIP`] rounds in a row, while an
+    /// inbound link is hot) skips the syscall: true when hot links are then to be read
+    /// directly. A request on a hot link is then seen one syscall sooner.
+    fn poll_ready(&mut self, now: Instant) -> bool {
+        let hot = self.responders.iter().any(|link| link.hot(now));
+        if hot && self.epoll_skipped < EPOLL_SKIP {
+            self.epoll_skipped += 1;
+            self.ready.clear();
+            return true;
+        }
+        self.epoll_skipped = 0;
+        let _ = self.epoll.wait(&mut self.ready, 0);
+        false
+    }
+
+    /// Steps every outbound link not taken by an application thread; retires finished ones.
+    fn step_requesters(&mut self) -> bool {
+        let mut progress = false;
+        let (ready, epoll) = (&self.ready, &self.epoll);
+        self.requesters.retain(|link| {
+            if link.update_watch(epoll).is_err() {
+                link.fail();
+            }
+            let readable = link.watched() && ready.contains(&link.raw_fd());
+            match link.step(readable) {
+                Ok(moved) => {
+                    progress |= moved;
+                    true
+                }
+                Err(LinkClosed) => {
+                    link.retire(epoll);
+                    false
+                }
+            }
+        });
         progress
     }
 
@@ -236,13 +275,12 @@ impl Nic {
             .collect();
         let progress = !qps.is_empty() || !links.is_empty();
         self.qps.extend(qps);
-        for (qp, stream) in links {
-            match Conn::new(stream) {
-                Ok(conn) if self.watch(&conn) => {
-                    let timeout = self.shared.response_timeout;
-                    self.requesters.push(RequesterLink::new(qp, conn, timeout))
-                }
-                _ => qp.enter_error(),
+        for link in links {
+            if self.epoll.add(link.raw_fd()).is_ok() {
+                self.requesters.push(link);
+            } else {
+                link.fail();
+                link.retire(&self.epoll);
             }
         }
         progress
@@ -315,21 +353,33 @@ impl Nic {
 
     fn has_work(&self) -> bool {
         self.shared.news.load(Ordering::Acquire)
-            || self.requesters.iter().any(RequesterLink::busy)
+            || self
+                .requesters
+                .iter()
+                .any(|link| link.busy() || link.watch_outdated())
             || self.responders.iter().any(ResponderLink::busy)
             || self.qps.iter().any(|qp| super::shm::inbound_ready(qp))
+    }
+
+    /// Whether a same-host queue pair has sends waiting for ring room.
+    fn sends_stalled(&self) -> bool {
+        self.qps
+            .iter()
+            .any(|qp| qp.shm_peer.get().is_some() && !qp.lock_sq().is_empty())
     }
 
     fn park(&mut self) {
         let parked = self.shared.registry.table().parked();
         parked.store(1, Ordering::SeqCst);
         if !self.has_work() && !self.shared.stop.load(Ordering::Acquire) {
-            let timeout = self
-                .shared
-                .idle
-                .park_timeout
-                .as_millis()
-                .clamp(1, i32::MAX as u128) as i32;
+            let mut park = self.shared.idle.park_timeout;
+            if self.requesters.iter().any(|link| link.needs_recheck()) || self.sends_stalled() {
+                // A polled link is left to its poller: look again when polling may stop.
+                // Sends waiting for a peer's ring are retried as often (no one rings when
+                // the peer frees room).
+                park = park.min(shared_link::POLL_GRACE);
+            }
+            let timeout = park.as_millis().clamp(1, i32::MAX as u128) as i32;
             let _ = self.epoll.wait(&mut self.ready, timeout);
         }
         parked.store(0, Ordering::SeqCst);

@@ -56,7 +56,7 @@ impl RequesterLink {
     }
 
     /// One round: issue queued requests, move bytes (reading only when `readable`),
-    /// complete answered requests.
+    /// complete answered requests. Only moved bytes count as an answer for the timeout.
     pub(crate) fn step(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
         if self.qp.closed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LinkClosed);
@@ -71,11 +71,11 @@ impl RequesterLink {
             .flush()
             .and_then(|sent| Ok(sent | (buffer && self.conn.fill()?)));
         match moved {
-            Ok(moved) if moved || readable => {
-                progress |= moved;
+            Ok(true) => {
+                progress = true;
                 self.last_answer = Instant::now();
             }
-            Ok(_) => {}
+            Ok(false) => {}
             Err(_) => return Err(self.fail_outstanding(WcStatus::RetryExceeded)),
         }
         progress |= self.complete_answered(readable)?;
@@ -88,6 +88,11 @@ impl RequesterLink {
     /// Whether queued or buffered work is waiting (the NIC must not park).
     pub(crate) fn busy(&self) -> bool {
         self.conn.has_output() || (!self.halted && !self.qp.lock_sq().is_empty())
+    }
+
+    /// Whether a step could do anything: work is queued or responses are awaited.
+    pub(crate) fn wants_progress(&self) -> bool {
+        !self.outstanding.is_empty() || self.busy()
     }
 
     fn issue(&mut self, registry: &Registry) -> bool {
@@ -151,8 +156,13 @@ impl RequesterLink {
         };
         match placing.advance(&mut self.conn, readable) {
             Err(_) => Err(self.fail_outstanding(WcStatus::RetryExceeded)),
-            Ok(false) => Ok(false),
-            Ok(true) => {
+            Ok(moved) if !placing.is_done() => {
+                if moved > 0 {
+                    self.last_answer = Instant::now();
+                }
+                Ok(false)
+            }
+            Ok(_) => {
                 self.placing = None;
                 self.complete_front();
                 Ok(true)

@@ -1,26 +1,65 @@
 //! The responder half of a TCP link: executes incoming requests and answers in order.
+//!
+//! Payloads of [`ZERO_COPY_MIN`] bytes or more are never buffered whole: a plain WRITE's
+//! goes straight into its target, a SEND's straight into the receive buffer it consumes,
+//! and a refused one is read and dropped. A large SEND that finds no receive buffer
+//! leaves its payload in the socket (TCP flow control holds the sender back); while any
+//! request waits for a receive buffer the link is out of the NIC's epoll set, until a
+//! receive is posted (`post_recv` wakes the NIC).
 
 use super::conn::Conn;
 use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
 use crate::soft::frame::{self, Op, RequestHeader, ResponseHeader};
-use crate::soft::queue_pair::QpShared;
+use crate::soft::queue_pair::{PostedRecv, QpShared};
 use crate::soft::registry::{Registry, Target};
 use crate::soft::responder;
-use crate::soft::scatter::Piece;
-use crate::sys::OutputQueue;
-use crate::{Access, WcStatus};
+use crate::soft::scatter::{self, Piece};
+use crate::sys::{Epoll, OutputQueue};
+use crate::{Access, WcOpcode, WcStatus};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A link that moved bytes this recently is hot: a busy NIC reads it without asking epoll.
+const HOT_WINDOW: Duration = Duration::from_millis(1);
+
+/// What to do once a placed payload is all in.
+#[derive(Debug)]
+enum Placed {
+    /// Answer with this status (a large WRITE, or a refused payload).
+    Answer(WcStatus),
+    /// Complete this receive buffer (a large SEND), then answer success.
+    Receive {
+        recv: PostedRecv,
+        imm: Option<u32>,
+        len: u32,
+    },
+}
+
+/// How a frame that has not fully arrived is handled.
+enum Start {
+    /// Its payload is being placed (or dropped) as it arrives.
+    Placing,
+    /// It is small enough to buffer whole.
+    Buffer,
+    /// A large SEND with no receive buffer posted: leave it in the socket.
+    AwaitReceive,
+}
 
 /// The inbound connection of one queue pair.
 #[derive(Debug)]
 pub(crate) struct ResponderLink {
     pub(super) qp: Arc<QpShared>,
     pub(super) conn: Conn,
-    /// A large WRITE payload being placed straight into its target (or dropped), and the
-    /// status to answer once it is.
-    placing: Option<(Placement, WcStatus)>,
+    /// A large payload being placed straight into registered memory (or dropped).
+    placing: Option<(Placement, Placed)>,
+    /// When the link last moved bytes.
+    last_traffic: Option<Instant>,
+    /// A SEND or WRITE-with-immediate waits for a receive buffer.
+    awaiting_receive: bool,
+    /// Whether the socket is in the NIC's epoll set (it is when the link is created).
+    watched: bool,
 }
 
 impl ResponderLink {
@@ -29,11 +68,46 @@ impl ResponderLink {
             qp,
             conn,
             placing: None,
+            last_traffic: None,
+            awaiting_receive: false,
+            watched: true,
         }
     }
 
-    /// One round: read requests (when `readable`), execute what can run, write responses.
-    pub(crate) fn step(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
+    /// Takes the socket out of `epoll` while a request waits for a receive buffer (what
+    /// follows it would keep the socket readable and the NIC spinning), and puts it back
+    /// once one is posted.
+    pub(crate) fn sync_watch(&mut self, epoll: &Epoll) -> Result<(), LinkClosed> {
+        let watch = !self.awaiting_receive || !self.qp.lock_rq().is_empty();
+        if watch == self.watched {
+            return Ok(());
+        }
+        let changed = if watch {
+            epoll.add(self.conn.raw_fd())
+        } else {
+            epoll.delete(self.conn.raw_fd())
+        };
+        if changed.is_err() {
+            return Err(self.peer_gone());
+        }
+        self.watched = watch;
+        Ok(())
+    }
+
+    /// Whether the link moved bytes within [`HOT_WINDOW`] before `now`.
+    pub(crate) fn hot(&self, now: Instant) -> bool {
+        self.last_traffic
+            .is_some_and(|at| now.saturating_duration_since(at) < HOT_WINDOW)
+    }
+
+    /// One round at `now`: read requests (when `readable`), execute what can run, write
+    /// responses.
+    pub(crate) fn step(
+        &mut self,
+        registry: &Registry,
+        readable: bool,
+        now: Instant,
+    ) -> Result<bool, LinkClosed> {
         if self.qp.closed.load(Ordering::Acquire) {
             return Err(LinkClosed);
         }
@@ -47,10 +121,14 @@ impl ResponderLink {
             Err(_) => return Err(self.peer_gone()),
         };
         progress |= self.serve(registry, readable)?;
-        match self.conn.flush() {
-            Ok(sent) => Ok(progress | sent),
-            Err(_) => Err(self.peer_gone()),
+        let progress = match self.conn.flush() {
+            Ok(sent) => progress | sent,
+            Err(_) => return Err(self.peer_gone()),
+        };
+        if progress {
+            self.last_traffic = Some(now);
         }
+        Ok(progress)
     }
 
     /// Whether buffered output is waiting (the NIC must not park).
@@ -60,6 +138,7 @@ impl ResponderLink {
 
     fn serve(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
         let mut progress = false;
+        self.awaiting_receive = false;
         while self.continue_placement(readable)? {
             let (input, output) = self.conn.parts();
             if input.len() < frame::REQUEST_LEN {
@@ -70,16 +149,24 @@ impl ResponderLink {
             };
             let frame_len = frame::REQUEST_LEN + header.payload_len();
             if input.len() < frame_len {
-                if !self.start_placement(registry, &header) {
-                    self.conn.reserve_frame(frame_len);
-                    return Ok(progress);
+                match self.start_placement(registry, &header) {
+                    Start::Placing => progress = true,
+                    Start::Buffer => {
+                        self.conn.reserve_frame(frame_len);
+                        return Ok(progress);
+                    }
+                    Start::AwaitReceive => {
+                        self.awaiting_receive = true;
+                        return Ok(progress);
+                    }
                 }
-                progress = true;
                 continue;
             }
             let payload = &input[frame::REQUEST_LEN..frame_len];
             let Some((response, data)) = responder::execute(registry, &self.qp, &header, payload)
             else {
+                // No receive buffer: the frame waits, and so does what follows it.
+                self.awaiting_receive = true;
                 return Ok(progress);
             };
             append_response(output, &response, data);
@@ -89,54 +176,101 @@ impl ResponderLink {
         Ok(progress)
     }
 
-    /// Places a large plain WRITE's payload straight into its target, or drops it unread
-    /// into any buffer when the target is refused; false when the request is not a large
-    /// plain WRITE (it is then buffered whole).
-    fn start_placement(&mut self, registry: &Registry, header: &RequestHeader) -> bool {
+    /// Starts placing a large plain WRITE's or SEND's payload as it arrives (a refused
+    /// one is dropped unread into any buffer); other frames are buffered whole.
+    fn start_placement(&mut self, registry: &Registry, header: &RequestHeader) -> Start {
         let len = header.payload_len();
-        if header.op != Op::Write || header.imm.is_some() || len < ZERO_COPY_MIN {
-            return false;
-        }
-        let remote = header.remote;
-        let target = registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE);
-        let placement = match target {
-            Some(target) => (
-                Placement::new(vec![Piece { target, len }]),
-                WcStatus::Success,
-            ),
-            None => (Placement::discard(len), WcStatus::RemoteAccessError),
+        let placement = match header.op {
+            _ if len < ZERO_COPY_MIN => return Start::Buffer,
+            Op::Write if header.imm.is_none() => write_placement(registry, header),
+            Op::Send => {
+                // Popped apart from the match: a failing receive locks the queue again.
+                let recv = self.qp.lock_rq().pop_front();
+                match recv {
+                    Some(recv) => self.send_placement(registry, header, recv),
+                    None => return Start::AwaitReceive,
+                }
+            }
+            _ => return Start::Buffer,
         };
         self.conn.consume(frame::REQUEST_LEN);
         self.placing = Some(placement);
-        true
+        Start::Placing
     }
 
-    /// Advances the WRITE payload being placed and answers it once complete; Ok(false)
-    /// while it waits for more bytes.
+    /// A SEND's payload goes into `recv`'s buffers; a receive that is too small or not
+    /// writable fails (breaking the queue pair, as `responder::deliver` does) and the
+    /// payload is dropped.
+    fn send_placement(
+        &self,
+        registry: &Registry,
+        header: &RequestHeader,
+        recv: PostedRecv,
+    ) -> (Placement, Placed) {
+        let len = header.payload_len();
+        let status = match scatter::resolve(registry, &recv.sg_list, Access::LOCAL_WRITE) {
+            Ok(pieces) if scatter::total_len(&pieces) >= len => {
+                let placed = Placed::Receive {
+                    recv,
+                    imm: header.imm,
+                    len: header.len,
+                };
+                return (Placement::new(scatter::truncate(pieces, len)), placed);
+            }
+            Ok(_) => WcStatus::LocalLengthError,
+            Err(status) => status,
+        };
+        let answer = responder::fail_receive(&self.qp, &recv, WcOpcode::Recv, status, header.imm);
+        (Placement::discard(len), Placed::Answer(answer.status))
+    }
+
+    /// Advances the payload being placed and answers it once complete; Ok(false) while
+    /// it waits for more bytes.
     fn continue_placement(&mut self, readable: bool) -> Result<bool, LinkClosed> {
-        let Some((placing, status)) = &mut self.placing else {
+        let Some((placing, _)) = &mut self.placing else {
             return Ok(true);
         };
-        let status = *status;
         match placing.advance(&mut self.conn, readable) {
-            Err(_) => Err(self.peer_gone()),
-            Ok(false) => Ok(false),
-            Ok(true) => {
-                self.placing = None;
-                let done = ResponseHeader {
-                    status,
-                    len: 0,
-                    value: 0,
-                };
-                done.encode(self.conn.output.bytes());
-                Ok(true)
-            }
+            Err(_) => return Err(self.peer_gone()),
+            Ok(_) if !placing.is_done() => return Ok(false),
+            Ok(_) => {}
         }
+        let status = match self.placing.take() {
+            Some((_, Placed::Receive { recv, imm, len })) => {
+                self.qp
+                    .complete_recv(&recv, WcOpcode::Recv, WcStatus::Success, len, imm);
+                WcStatus::Success
+            }
+            Some((_, Placed::Answer(status))) => status,
+            None => WcStatus::Success,
+        };
+        let done = ResponseHeader {
+            status,
+            len: 0,
+            value: 0,
+        };
+        done.encode(self.conn.output.bytes());
+        Ok(true)
     }
 
     fn peer_gone(&self) -> LinkClosed {
         self.qp.enter_error();
         LinkClosed
+    }
+}
+
+/// A large plain WRITE goes straight into its target, or is dropped when refused.
+fn write_placement(registry: &Registry, header: &RequestHeader) -> (Placement, Placed) {
+    let (remote, len) = (header.remote, header.payload_len());
+    match registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE) {
+        Some(target) => (
+            Placement::new(vec![Piece { target, len }]),
+            Placed::Answer(WcStatus::Success),
+        ),
+        None => (
+            Placement::discard(len),
+            Placed::Answer(WcStatus::RemoteAccessError),
+        ),
     }
 }
 

@@ -40,23 +40,32 @@ impl Placement {
         }
     }
 
-    /// Places what has arrived (reading the socket when `readable`); Ok(true) when the
-    /// whole payload is in place.
-    pub(crate) fn advance(&mut self, conn: &mut Conn, readable: bool) -> io::Result<bool> {
+    /// Places what has arrived (reading the socket when `readable`); returns the bytes
+    /// moved. [`Placement::is_done`] says when the whole payload is in place.
+    pub(crate) fn advance(&mut self, conn: &mut Conn, readable: bool) -> io::Result<usize> {
         if self.discard > 0 {
-            self.discard -= conn.discard(self.discard, readable)?;
-            return Ok(self.discard == 0);
+            let dropped = conn.discard(self.discard, readable)?;
+            self.discard -= dropped;
+            return Ok(dropped);
         }
+        let mut moved = 0;
         while let Some(piece) = self.pieces.get(self.index) {
             let offset = piece.target.offset + self.done;
-            self.done += conn.place(&piece.target.mem, offset, piece.len - self.done, readable)?;
+            let placed = conn.place(&piece.target.mem, offset, piece.len - self.done, readable)?;
+            moved += placed;
+            self.done += placed;
             if self.done < piece.len {
-                return Ok(false);
+                break;
             }
             self.index += 1;
             self.done = 0;
         }
-        Ok(true)
+        Ok(moved)
+    }
+
+    /// Whether the whole payload is in place (or dropped).
+    pub(crate) fn is_done(&self) -> bool {
+        self.discard == 0 && self.index == self.pieces.len()
     }
 }
 

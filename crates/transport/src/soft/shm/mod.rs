@@ -10,7 +10,7 @@
 mod post;
 mod ring;
 
-pub(crate) use post::post_inline;
+pub(crate) use post::{post_inline, retry_stalled};
 pub(crate) use ring::Ring;
 
 use super::frame::{self, Op, RequestHeader};
@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Descriptor numbers and sizes a same-host peer publishes in its endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +49,8 @@ pub(crate) struct ShmPeer {
     /// How long a SEND waits for ring room (the peer posting receives) before it fails
     /// with `RetryExceeded`, like an RNR retry limit.
     timeout: Duration,
+    /// Since when the head of the send queue has waited for ring room.
+    stalled_since: Mutex<Option<Instant>>,
 }
 
 impl ShmPeer {
@@ -64,12 +66,31 @@ impl ShmPeer {
             mappings: Mutex::default(),
             send_lock: Mutex::default(),
             timeout,
+            stalled_since: Mutex::default(),
         })
     }
 
     /// Whether the peer is gone: its queue pair was destroyed or its process exited.
     pub(crate) fn gone(&self) -> bool {
         self.ring.is_closed() || self.pid_fd.exited()
+    }
+
+    /// Notes that the head send found the ring full; true once it has waited longer than
+    /// the timeout.
+    fn stall_expired(&self) -> bool {
+        let mut since = self
+            .stalled_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        since.get_or_insert_with(Instant::now).elapsed() > self.timeout
+    }
+
+    /// The head send got through (or failed): the next stall starts its own clock.
+    fn end_stall(&self) {
+        *self
+            .stalled_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// Resolves `len` bytes at the peer's `addr` under `rkey` if its table allows `need`.

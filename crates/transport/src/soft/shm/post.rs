@@ -3,6 +3,13 @@
 //! Runs on the posting thread, in order, under the peer's send lock (the ring has one
 //! producer). The first error completion moves the queue pair to `Error` and flushes the
 //! rest of the batch.
+//!
+//! A SEND (or WRITE-with-immediate notification) that finds the peer's ring full does not
+//! block the posting thread: it and everything posted after it wait in the queue pair's
+//! send queue, which the NIC thread retries every round ([`retry_stalled`]) until the ring
+//! has room or the peer's timeout since the stall began fails the head with
+//! `RetryExceeded`. Invariant: while the send queue is not empty, new posts join its tail,
+//! so execution stays in posting order.
 
 use super::ShmPeer;
 use crate::soft::frame::{Op, RequestHeader, REQUEST_LEN};
@@ -10,42 +17,102 @@ use crate::soft::queue_pair::{PostedSend, QpShared};
 use crate::soft::registry::{AtomicOp, Registry};
 use crate::soft::scatter::{self, Piece};
 use crate::{Access, RemoteAddr, SendOp, WcStatus};
+use std::collections::VecDeque;
 use std::sync::PoisonError;
-use std::time::Instant;
 
-/// Executes `sends` for `qp` against `peer`.
+/// What executing one request came to.
+enum Outcome {
+    /// Completed with this status and byte count.
+    Done(WcStatus, u32),
+    /// The peer's ring has no room now: retry later.
+    RingFull,
+}
+
+/// How draining the send queue ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Drained {
+    /// Everything completed.
+    Empty,
+    /// The head waits for ring room.
+    Stalled,
+    /// A request failed: the queue pair is in `Error`; the rest must be flushed.
+    Failed,
+}
+
+/// Executes `sends` for `qp` against `peer`; true when some wait for ring room (the NIC
+/// must then retry them: see [`retry_stalled`]).
 pub(crate) fn post_inline(
     registry: &Registry,
     qp: &QpShared,
     peer: &ShmPeer,
     sends: Vec<PostedSend>,
-) {
+) -> bool {
     let _producer = peer
         .send_lock
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    let mut failed = false;
+    let mut queue = qp.lock_sq();
+    queue.extend(sends);
+    let drained = drain(registry, qp, peer, &mut queue);
+    drop(queue);
+    finish(qp, drained)
+}
+
+/// Retries the sends of `qp` that wait for ring room (NIC thread); true on progress.
+pub(crate) fn retry_stalled(registry: &Registry, qp: &QpShared, peer: &ShmPeer) -> bool {
+    let Ok(_producer) = peer.send_lock.try_lock() else {
+        return false; // a posting thread is draining the queue itself
+    };
+    let mut queue = qp.lock_sq();
+    if queue.is_empty() {
+        return false;
+    }
+    let before = queue.len();
+    let drained = drain(registry, qp, peer, &mut queue);
+    let progress = queue.len() != before;
+    drop(queue);
+    finish(qp, drained);
+    progress
+}
+
+/// Flushes after a failure; true when sends still wait for ring room.
+fn finish(qp: &QpShared, drained: Drained) -> bool {
+    if drained == Drained::Failed {
+        qp.flush_queued();
+    }
+    drained == Drained::Stalled
+}
+
+/// Executes queued sends in order until one waits for ring room or fails (a stall past
+/// the peer's timeout fails with `RetryExceeded`).
+fn drain(
+    registry: &Registry,
+    qp: &QpShared,
+    peer: &ShmPeer,
+    queue: &mut VecDeque<PostedSend>,
+) -> Drained {
     let gone = peer.ring.is_closed();
-    for send in sends {
-        if failed {
-            qp.complete_send(send.wr_id, &send.op, WcStatus::WrFlushError, 0, true);
-            continue;
-        }
-        let (status, byte_len) =
-            match scatter::resolve(registry, &send.sg_list, local_need(&send.op)) {
-                _ if gone => (WcStatus::RetryExceeded, 0),
-                Ok(pieces) => execute(peer, &send.op, &pieces),
-                Err(status) => (status, 0),
-            };
+    while let Some(send) = queue.front() {
+        let outcome = match scatter::resolve(registry, &send.sg_list, local_need(&send.op)) {
+            _ if gone => Outcome::Done(WcStatus::RetryExceeded, 0),
+            Ok(pieces) => execute(peer, &send.op, &pieces),
+            Err(status) => Outcome::Done(status, 0),
+        };
+        let (status, byte_len) = match outcome {
+            Outcome::RingFull if !peer.stall_expired() => return Drained::Stalled,
+            Outcome::RingFull => (WcStatus::RetryExceeded, 0),
+            Outcome::Done(status, byte_len) => (status, byte_len),
+        };
+        peer.end_stall();
+        let Some(send) = queue.pop_front() else { break };
         if status != WcStatus::Success {
-            failed = true;
             qp.mark_error();
+            qp.complete_send(send.wr_id, &send.op, status, 0, true);
+            return Drained::Failed;
         }
         qp.complete_send(send.wr_id, &send.op, status, byte_len, send.signaled);
     }
-    if failed {
-        qp.flush_queued();
-    }
+    Drained::Empty
 }
 
 fn local_need(op: &SendOp) -> Access {
@@ -55,10 +122,10 @@ fn local_need(op: &SendOp) -> Access {
     }
 }
 
-fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> (WcStatus, u32) {
+fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> Outcome {
     let len = scatter::total_len(pieces);
     let Ok(len32) = u32::try_from(len) else {
-        return (WcStatus::LocalLengthError, 0);
+        return Outcome::Done(WcStatus::LocalLengthError, 0);
     };
     let status = match *op {
         SendOp::Read(remote) => {
@@ -70,8 +137,8 @@ fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> (WcStatus, u32) {
                 None => WcStatus::RemoteAccessError,
             }
         }
-        SendOp::Write { remote, imm } => write(peer, remote, imm, pieces, len32),
-        SendOp::Send { imm } => send(peer, imm, pieces, len32),
+        SendOp::Write { remote, imm } => return write(peer, remote, imm, pieces, len32),
+        SendOp::Send { imm } => return send(peer, imm, pieces, len32),
         SendOp::CompareSwap {
             remote,
             compare,
@@ -84,7 +151,7 @@ fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> (WcStatus, u32) {
         ),
         SendOp::FetchAdd { remote, add } => atomic(peer, remote, pieces, AtomicOp::FetchAdd(add)),
     };
-    (status, len32)
+    Outcome::Done(status, len32)
 }
 
 fn write(
@@ -93,42 +160,42 @@ fn write(
     imm: Option<u32>,
     pieces: &[Piece],
     len: u32,
-) -> WcStatus {
+) -> Outcome {
     let Some(destination) = peer.resolve(
         remote.rkey,
         remote.addr,
         u64::from(len),
         Access::REMOTE_WRITE,
     ) else {
-        return WcStatus::RemoteAccessError;
+        return Outcome::Done(WcStatus::RemoteAccessError, 0);
     };
+    // A retry after a full ring writes the same bytes again before notifying.
     scatter::gather_to_memory(pieces, &destination);
     match imm {
-        Some(_) => push_frame(peer, &RequestHeader::new(Op::ImmNotify, len, imm), &[]),
-        None => WcStatus::Success,
+        Some(_) => push_frame(peer, &RequestHeader::new(Op::ImmNotify, len, imm), &[], len),
+        None => Outcome::Done(WcStatus::Success, len),
     }
 }
 
-fn send(peer: &ShmPeer, imm: Option<u32>, pieces: &[Piece], len: u32) -> WcStatus {
+fn send(peer: &ShmPeer, imm: Option<u32>, pieces: &[Piece], len: u32) -> Outcome {
     if REQUEST_LEN + len as usize > peer.ring.max_frame() {
-        return WcStatus::LocalLengthError;
+        return Outcome::Done(WcStatus::LocalLengthError, 0);
     }
     let mut payload = Vec::with_capacity(len as usize);
     scatter::gather_into(pieces, &mut payload);
-    push_frame(peer, &RequestHeader::new(Op::Send, len, imm), &payload)
+    push_frame(peer, &RequestHeader::new(Op::Send, len, imm), &payload, len)
 }
 
-fn push_frame(peer: &ShmPeer, header: &RequestHeader, payload: &[u8]) -> WcStatus {
+fn push_frame(peer: &ShmPeer, header: &RequestHeader, payload: &[u8], len: u32) -> Outcome {
     let mut header_bytes = Vec::with_capacity(REQUEST_LEN);
     header.encode(&mut header_bytes);
-    let started = Instant::now();
-    while !peer.try_push(&[&header_bytes, payload]) {
-        if peer.gone() || started.elapsed() > peer.timeout {
-            return WcStatus::RetryExceeded;
-        }
-        std::thread::yield_now();
+    if peer.try_push(&[&header_bytes, payload]) {
+        return Outcome::Done(WcStatus::Success, len);
     }
-    WcStatus::Success
+    if peer.gone() {
+        return Outcome::Done(WcStatus::RetryExceeded, 0);
+    }
+    Outcome::RingFull
 }
 
 fn atomic(peer: &ShmPeer, remote: RemoteAddr, pieces: &[Piece], op: AtomicOp) -> WcStatus {
