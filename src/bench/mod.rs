@@ -52,9 +52,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         data_dir: data_dir.clone(),
         ..ServerConfig::default()
     };
+    let events = kvcm::events::EventLog::from_config(&config)?;
     let (grpc, http, echo_grpc, echo_http) = server_runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
-        let handlers = kvcm::service::Handlers::new(manager, None);
+        let handlers = kvcm::service::Handlers::with_events(manager, None, events.sink());
         let server = kvcm::server::start(&config, handlers).await?;
         let answers = seed(&server.handlers.meta)?;
         let echo_http = echo::spawn_http_echo(answers.clone()).await?;
@@ -93,6 +94,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })?;
+    let sink = events.sink();
+    events.close()?;
+    println!("event log: {} events dropped", sink.dropped());
     index::run(args.index_keys);
     let _ = std::fs::remove_dir_all(&data_dir);
     Ok(())
