@@ -111,3 +111,17 @@ fn an_unusable_directory_is_an_open_error_naming_it() {
     assert!(matches!(error, EventLogError::Open { .. }), "{error}");
     assert!(error.to_string().contains("not-a-dir"), "{error}");
 }
+
+#[test]
+fn close_writes_every_record_accepted_before_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = EventLog::start(dir.path(), 1 << 16, 1_000).expect("start");
+    let sink = log.sink();
+    for i in 0..10_000 {
+        sink.emit(started(&format!("s{i}"), vec![i]));
+    }
+    log.close().expect("close");
+    let keys: Vec<u64> = read_log(dir.path()).iter().map(|e| e.keys[0]).collect();
+    assert_eq!(sink.dropped(), 0);
+    assert_eq!(keys, (0..10_000).collect::<Vec<u64>>());
+}
