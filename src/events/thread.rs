@@ -1,5 +1,6 @@
 //! The writer thread: receives records in acceptance order, turns them into schema-v1 lines,
-//! and flushes whenever the channel runs empty (so a quiet server has everything on disk).
+//! and flushes after each drain of the channel (a quiet server has everything on disk within
+//! [`IDLE_POLL`]).
 //! It remembers the new keys of each open write session so that a FinishWriteCache line
 //! carries the committed keys; at most [`MAX_OPEN_SESSIONS`] are remembered (the oldest are
 //! forgotten first — sessions that expire on the server are never finished).
@@ -7,8 +8,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvcm_optimizer::trace::events::{Event, EventLogWriter, EventType};
 
@@ -26,7 +28,16 @@ pub enum Message {
     Stop,
 }
 
+/// Pause between drains while records keep coming.
+const BUSY_POLL: Duration = Duration::from_millis(1);
+/// Longest pause between drains of an idle channel (the pause doubles while idle).
+const IDLE_POLL: Duration = Duration::from_millis(20);
+
 /// Runs until [`Message::Stop`] (or until every sender is gone); returns the last flush.
+///
+/// The thread polls instead of blocking on the channel: a blocked receiver would make every
+/// request-path send pay for waking it. It drains the channel, flushes, then pauses
+/// ([`BUSY_POLL`], doubling up to [`IDLE_POLL`] while nothing arrives).
 pub fn run(
     writer: EventLogWriter,
     receiver: Receiver<Message>,
@@ -38,20 +49,32 @@ pub fn run(
         dropped,
         failing: false,
     };
-    while let Ok(message) = receiver.recv() {
-        let mut next = Some(message);
-        while let Some(message) = next.take() {
-            let Message::Record(record) = message else {
-                let late = receiver.try_iter().count() as u64;
-                state.dropped.fetch_add(late, Ordering::Relaxed);
-                return state.writer.flush();
-            };
-            state.write(record);
-            next = receiver.try_recv().ok();
+    let mut pause = BUSY_POLL;
+    loop {
+        let mut wrote = false;
+        loop {
+            match receiver.try_recv() {
+                Ok(Message::Record(record)) => {
+                    state.write(record);
+                    wrote = true;
+                }
+                Ok(Message::Stop) => {
+                    let late = receiver.try_iter().count() as u64;
+                    state.dropped.fetch_add(late, Ordering::Relaxed);
+                    return state.writer.flush();
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return state.writer.flush(),
+            }
         }
-        state.flush();
+        pause = if wrote {
+            state.flush();
+            BUSY_POLL
+        } else {
+            (pause * 2).min(IDLE_POLL)
+        };
+        std::thread::sleep(pause);
     }
-    state.writer.flush()
 }
 
 struct WriterState {
