@@ -7,6 +7,7 @@
 //! See docs/ARCHITECTURE.md for the module map.
 
 pub mod config;
+pub mod events;
 pub mod manager;
 pub mod proto;
 pub mod server;

@@ -95,7 +95,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
-        let handlers = Handlers::new(manager, Some(log_level));
+        let events = kvcm::events::EventLog::from_config(&config)?;
+        let handlers = Handlers::with_events(manager, Some(log_level), events.sink());
         let server = kvcm::server::start(&config, handlers).await?;
         if let Some(path) = &args.ready_file {
             server.write_ready_file(path)?;
@@ -103,6 +104,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         wait_for_signal().await?;
         tracing::info!("shutting down");
         server.stop().await?;
+        events.close()?;
         anyhow::Ok(())
     })
 }

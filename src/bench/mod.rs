@@ -2,7 +2,8 @@
 //! and 128 keys) over gRPC and HTTP against an in-process server, each printed beside its
 //! floor measured in the same run — a bare tonic service / bare axum route answering the
 //! same bytes — plus local index batch get and read_modify_write throughput on one core
-//! beside a plain HashMap.
+//! beside a plain HashMap. The server writes its event log as `kvcm serve` does by default
+//! (`KVCM_EVENT_LOG_ENABLED=false` and the other `KVCM_EVENT_LOG_*` variables apply).
 
 mod echo;
 mod http_client;
@@ -45,16 +46,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let data_dir = std::env::temp_dir().join(format!("kvcm-bench-{}", std::process::id()));
-    let config = ServerConfig {
+    let mut config = ServerConfig {
         rpc_port: 0,
         http_port: 0,
         admin_http_port: 0,
         data_dir: data_dir.clone(),
         ..ServerConfig::default()
     };
+    // `KVCM_EVENT_LOG_ENABLED=false` measures the server without its event log.
+    for key in kvcm::config::EVENT_LOG_KEYS {
+        if let Ok(value) = std::env::var(kvcm::config::env_name(key)) {
+            config.set(key, &value)?;
+        }
+    }
+    config.validate()?;
+    let events = kvcm::events::EventLog::from_config(&config)?;
     let (grpc, http, echo_grpc, echo_http) = server_runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
-        let handlers = kvcm::service::Handlers::new(manager, None);
+        let handlers = kvcm::service::Handlers::with_events(manager, None, events.sink());
         let server = kvcm::server::start(&config, handlers).await?;
         let answers = seed(&server.handlers.meta)?;
         let echo_http = echo::spawn_http_echo(answers.clone()).await?;
@@ -93,6 +102,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })?;
+    let sink = events.sink();
+    events.close()?;
+    println!("event log: {} events dropped", sink.dropped());
     index::run(args.index_keys);
     let _ = std::fs::remove_dir_all(&data_dir);
     Ok(())

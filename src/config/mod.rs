@@ -4,8 +4,12 @@
 //! then validated. Keys are the reference's dotted names; a TOML file may nest them
 //! (`[kvcm.service] rpc_port = 6381`) or quote them (`"kvcm.service.rpc_port" = 6381`).
 
+mod event_log;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+pub use event_log::{EventLogConfig, EVENT_LOG_KEYS};
 
 /// Why a configuration cannot be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +58,8 @@ pub struct ServerConfig {
     /// Other `kvcm.*` keys met in the file or `--env` pairs: reference settings kvcm has no
     /// use for; skipped (the server logs a warning for each) rather than refused.
     pub ignored_keys: Vec<String>,
+    /// `kvcm.event_log.*`: the event log the optimizer replays.
+    pub event_log: EventLogConfig,
 }
 
 impl Default for ServerConfig {
@@ -68,11 +74,12 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("./kvcm-data"),
             node_id: String::new(),
             ignored_keys: Vec::new(),
+            event_log: EventLogConfig::default(),
         }
     }
 }
 
-/// Every key, in the order they are documented.
+/// Every key except [`EVENT_LOG_KEYS`], in the order they are documented.
 pub const KEYS: [&str; 8] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
@@ -113,6 +120,7 @@ impl ServerConfig {
             "kvcm.service.http_max_body_bytes" => self.http_max_body_bytes = parse(key, value)?,
             "kvcm.data_dir" => self.data_dir = PathBuf::from(value),
             "kvcm.leader_elector.node_id" => self.node_id = value.to_string(),
+            _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
         Ok(())
@@ -155,7 +163,7 @@ impl ServerConfig {
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        for key in KEYS {
+        for key in KEYS.iter().chain(&EVENT_LOG_KEYS) {
             if let Some(value) = lookup(&env_name(key)) {
                 self.set(key, &value)?;
             }
@@ -184,7 +192,7 @@ impl ServerConfig {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("kvcm.data_dir", "must not be empty"));
         }
-        Ok(())
+        self.event_log.validate()
     }
 
     /// The debug HTTP port: `http_port + 3000`, or OS-chosen when `http_port` is 0.
@@ -194,6 +202,11 @@ impl ServerConfig {
         } else {
             self.http_port.saturating_add(3000)
         }
+    }
+
+    /// Where the event log is written: `kvcm.event_log.dir`, else `<data_dir>/events`.
+    pub fn event_log_dir(&self) -> PathBuf {
+        self.event_log.resolved_dir(&self.data_dir)
     }
 
     /// Whether Admin (and Debug) gRPC share the main gRPC listener.

@@ -337,7 +337,7 @@ impl AdminHandler {
             let reply = admin::GetMetricsResponse {
                 header: None,
                 timestamp: now_ms(),
-                metrics: core.metrics.to_wire(),
+                metrics: [core.metrics.to_wire(), core.events.to_wire()].concat(),
                 extra_data: String::new(),
             };
             Ok((reply, String::new()))

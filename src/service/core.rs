@@ -56,6 +56,8 @@ pub struct Core {
     pub faults: Faults,
     /// Where UpdateLogger applies a level (`None`: the level is fixed).
     pub log_level: Option<super::LogLevelSetter>,
+    /// The event log of successful meta calls.
+    pub events: crate::events::EventSink,
 }
 
 impl std::fmt::Debug for Core {

@@ -134,7 +134,7 @@ pub fn admin_router(handler: AdminHandler, core: Arc<Core>, limit: usize) -> Rou
     router.route(
         "/metrics",
         get(move || async move {
-            let text = core.metrics.to_prometheus();
+            let text = core.metrics.to_prometheus() + &core.events.to_prometheus();
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
         }),
     )

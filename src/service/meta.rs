@@ -92,6 +92,7 @@ impl MetaHandler {
                     &mask,
                     &request.location_spec_names,
                 )?;
+                core.events.lookup(&instance, &keys, &request.token_ids);
                 let reply = meta::GetCacheLocationResponse {
                     header: None,
                     locations,
@@ -118,12 +119,14 @@ impl MetaHandler {
                     request.block_keys,
                     &request.token_ids,
                 )?;
+                let event_keys = core.events.keys_if_enabled(&keys);
                 let started = core.manager.start_write(
                     &instance,
                     keys,
                     &request.location_spec_group_names,
                     request.write_timeout_seconds,
                 )?;
+                core.events.write_started(&instance, event_keys, &started);
                 let reply = meta::StartWriteCacheResponse {
                     header: None,
                     write_session_id: started.session_id,
@@ -157,6 +160,8 @@ impl MetaHandler {
                 let success = mask_from_wire(Some(success), API, "success_blocks")?;
                 core.manager
                     .finish_write(&instance, &request.write_session_id, &success)?;
+                let session = &request.write_session_id;
+                core.events.write_finished(&instance, session, &success);
                 Ok((
                     meta::CommonResponse::default(),
                     "Write session finished successfully".into(),

@@ -76,11 +76,21 @@ pub struct Handlers {
 impl Handlers {
     /// Handlers serving this manager; `log_level` makes UpdateLogger effective.
     pub fn new(manager: Arc<Manager>, log_level: Option<LogLevelSetter>) -> Self {
+        Self::with_events(manager, log_level, crate::events::EventSink::disabled())
+    }
+
+    /// As [`Handlers::new`], logging successful meta calls to `events`.
+    pub fn with_events(
+        manager: Arc<Manager>,
+        log_level: Option<LogLevelSetter>,
+        events: crate::events::EventSink,
+    ) -> Self {
         let core = Arc::new(core::Core {
             manager,
             metrics: metrics::Metrics::new(&OTHER_API_NAMES, &INSTANCE_API_NAMES),
             faults: faults::Faults::default(),
             log_level,
+            events,
         });
         Handlers {
             meta: meta::MetaHandler::new(core.clone()),
