@@ -106,6 +106,20 @@ mod tests {
     }
 
     #[test]
+    fn environment_variables_set_the_event_log_keys() {
+        let mut config = super::super::ServerConfig::default();
+        config
+            .apply_env(|name| match name {
+                "KVCM_EVENT_LOG_ENABLED" => Some("false".into()),
+                "KVCM_EVENT_LOG_KEEP_FILES" => Some("3".into()),
+                _ => None,
+            })
+            .expect("env");
+        assert!(!config.event_log.enabled);
+        assert_eq!(config.event_log.keep_files, 3);
+    }
+
+    #[test]
     fn bad_values_name_their_key_and_change_nothing() {
         let mut config = EventLogConfig::default();
         for (key, value) in [

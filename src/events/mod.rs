@@ -4,9 +4,10 @@
 //!
 //! The request path only builds a [`Record`] and offers it to a bounded channel
 //! ([`EventSink`]); it never blocks: a full channel drops the record and counts it in
-//! `event_log.dropped`. One background thread ([`EventLog`]) turns records into lines, rotates
-//! the files by size and flushes whenever the channel runs empty. [`EventLog::close`] writes
-//! every record accepted before it was called, then flushes: a clean stop loses nothing.
+//! `event_log.dropped`. One background thread ([`EventLog`]) polls the channel (so that a send
+//! never has to wake it), turns records into lines, rotates the files by size and flushes
+//! after each drain. [`EventLog::close`] writes every record accepted before it was called,
+//! then flushes: a clean stop loses nothing.
 //!
 //! Invariants: records reach the file in the order they were accepted; a FinishWriteCache
 //! record is written with the committed subset of the keys its StartWriteCache record carried
