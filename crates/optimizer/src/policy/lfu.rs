@@ -1,5 +1,6 @@
-//! LFU: evicts the held block with the fewest accesses since it was inserted; ties go to the
-//! least recently used. Counts restart when a block is evicted (in-cache LFU) and saturate
+//! LFU: on a miss with the cache full, evicts the held block with the fewest accesses since it
+//! was inserted (ties go to the least recently used), then inserts the newcomer with count 1:
+//! the newcomer never competes with resident blocks. Counts restart when a block is evicted (in-cache LFU) and saturate
 //! at [`Lfu::MAX_COUNT`].
 //!
 //! O(1) per access: list `c` holds the blocks accessed `c` times, most recent first, and
@@ -68,15 +69,20 @@ impl EvictionPolicy for Lfu {
             }
             return true;
         }
-        self.by_count.push_front(1, block);
-        self.len += 1;
-        self.min_count = 1;
-        while self.len > self.capacity {
+        if self.capacity == 0 {
+            evicted.push(block);
+            return false;
+        }
+        // Make room first, so the newcomer (count 1) never competes with resident blocks.
+        while self.len >= self.capacity {
             let Some(victim) = self.pop_least() else {
                 break;
             };
             evicted.push(victim);
         }
+        self.by_count.push_front(1, block);
+        self.len += 1;
+        self.min_count = 1;
         false
     }
 
@@ -102,6 +108,15 @@ mod tests {
     }
 
     #[test]
+    fn a_resident_block_makes_room_before_the_newcomer_enters() {
+        // Capacity 2: 1 and 2 reach count 2; 3 evicts the least recent of them (1) rather
+        // than itself, then hits three times.
+        let trace = [1, 1, 2, 2, 3, 3, 3, 3];
+        let outcome = run_plain(&mut Lfu::new(2), &trace);
+        assert_eq!(outcome, Outcome::parse("m h m h m(1) h h h"));
+    }
+
+    #[test]
     fn counts_saturate_and_saturated_blocks_stay_lru_among_themselves() {
         let mut cache = Lfu::new(2);
         let mut evicted = Vec::new();
@@ -110,9 +125,10 @@ mod tests {
             cache.access(Access::plain(2), &mut evicted);
         }
         assert_eq!(cache.by_count.which(1), Some(Lfu::MAX_COUNT));
-        // A new block is the only one with count 1: it goes, the saturated blocks stay.
+        // Both saturated: the newcomer evicts the least recent of them (1) and enters.
         assert!(!cache.access(Access::plain(3), &mut evicted));
-        assert_eq!(evicted, vec![3]);
-        assert!(cache.contains(1) && cache.contains(2));
+        assert_eq!(evicted, vec![1]);
+        assert!(cache.contains(2) && cache.contains(3));
+        assert_eq!(cache.by_count.which(3), Some(1));
     }
 }
