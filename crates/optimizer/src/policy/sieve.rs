@@ -1,6 +1,7 @@
 //! SIEVE (Zhang et al., NSDI'24): a FIFO queue with a visited bit per block and a hand that
 //! sweeps from the oldest block toward the newest, clearing visited bits and evicting the
-//! first unvisited block. Hits only set the bit; blocks never move.
+//! first unvisited block. Hits only set the bit; blocks never move. A miss with the cache full
+//! evicts before the newcomer is inserted, so the hand never reaches the newcomer.
 
 use super::list::Lists;
 use super::{grow, Access, BlockId, EvictionPolicy};
@@ -59,11 +60,19 @@ impl EvictionPolicy for Sieve {
             self.visited[block as usize] = true;
             return true;
         }
+        if self.capacity == 0 {
+            evicted.push(block);
+            return false;
+        }
+        // Make room first: the hand sweeps resident blocks only, never the newcomer.
+        while self.queue.len(0) >= self.capacity {
+            let Some(victim) = self.evict_one() else {
+                break;
+            };
+            evicted.push(victim);
+        }
         self.visited[block as usize] = false;
         self.queue.push_front(0, block);
-        while self.queue.len(0) > self.capacity {
-            evicted.extend(self.evict_one());
-        }
         false
     }
 
@@ -86,13 +95,13 @@ mod tests {
 
     #[test]
     fn hand_skips_visited_blocks_and_wraps_to_the_oldest() {
-        // Capacity 2. 1 and 2 are hit (visited). 3: the hand clears 1 and 2 and evicts 3, the
-        // newest; nothing is newer, so the hand wraps. 4: the hand starts at the oldest, 1,
-        // whose bit was cleared: evicted, and the hand rests on 2.
+        // Capacity 2. 1 and 2 are hit (visited). 3 arrives with the cache full: the hand
+        // clears 1 and 2, wraps to the oldest, 1, now unvisited, and evicts it; only then does
+        // 3 enter, and the hand rests on 2. 4: the hand at 2 (cleared) evicts it.
         let mut cache = Sieve::new(2);
         let outcome = run_plain(&mut cache, &[1, 2, 1, 2, 3, 4]);
-        assert_eq!(outcome, Outcome::parse("m m h h m(3) m(1)"));
-        assert_eq!(cache.hand, Some(2));
+        assert_eq!(outcome, Outcome::parse("m m h h m(1) m(2)"));
+        assert_eq!(cache.hand, Some(3));
     }
 
     #[test]
