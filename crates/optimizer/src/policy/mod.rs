@@ -2,9 +2,13 @@
 //!
 //! Contract every policy meets:
 //! - Blocks are dense slot ids ([`BlockId`]); tables grow on demand, so any `u32` works.
-//! - [`EvictionPolicy::access`] inserts an absent block (refreshes a present one), then
-//!   evicts until `len() <= capacity()`, pushing every evicted block to `evicted`. The block
-//!   just inserted may itself be evicted (capacity 0, or a policy's admission choice).
+//! - [`EvictionPolicy::access`] refreshes a present block, or admits an absent one, evicting
+//!   so that `len() <= capacity()` afterwards and pushing every evicted block to `evicted`.
+//!   LFU, S3-FIFO, SIEVE and ARC evict resident blocks *before* inserting, so a newcomer never
+//!   competes with them; LRU and FIFO give the same result either way. The accessed block
+//!   itself may be the one evicted only at capacity 0, by Belady (it is "not admitted" when
+//!   its next use is furthest), by leaf-LRU (when it is the only leaf), or by random-LRU
+//!   (when every sample draws it).
 //! - [`EvictionPolicy::remove`] drops a block without counting it as an eviction.
 //! - Nothing here knows about traces: the only per-access knowledge is [`Access`].
 //!

@@ -6,7 +6,8 @@
 //! to main if it was hit while in small (frequency > 0), else drops it into the ghost queue.
 //! Evicting from main reinserts a block with frequency > 0 (decrementing it), else drops it.
 //! Small is evicted from while it holds at least its share; the ghost queue holds at most as
-//! many blocks as main's share.
+//! many blocks as main's share. A miss with the cache full evicts before the newcomer is
+//! inserted (as in the paper), so the newcomer never counts toward small's share.
 
 use super::list::Lists;
 use super::{grow, Access, BlockId, EvictionPolicy};
@@ -91,11 +92,19 @@ impl EvictionPolicy for S3Fifo {
         }
         let was_ghost = self.queues.remove(block) == Some(GHOST);
         self.frequency[block as usize] = 0;
+        if self.capacity == 0 {
+            evicted.push(block);
+            return false;
+        }
+        // Make room first: the queues' shares are judged without the newcomer in them.
+        while self.held() >= self.capacity {
+            let Some(victim) = self.evict_one() else {
+                break;
+            };
+            evicted.push(victim);
+        }
         self.queues
             .push_front(if was_ghost { MAIN } else { SMALL }, block);
-        while self.held() > self.capacity {
-            evicted.extend(self.evict_one());
-        }
         false
     }
 
@@ -126,6 +135,19 @@ mod tests {
         assert_eq!(cache.queues.which(2), Some(MAIN));
         assert_eq!(cache.queues.which(4), Some(SMALL));
         assert_eq!(cache.queues.which(3), Some(GHOST));
+    }
+
+    #[test]
+    fn newcomer_enters_after_main_makes_room() {
+        // Capacity 2: small share 1. 1 and 2 are hit in small. 3 arrives with the cache full:
+        // small holds its share, so 1 and 2 (hit) move to main with frequency 0; small is
+        // then empty, so main evicts its oldest, 1. Only then does 3 enter small, and its
+        // next access hits.
+        let mut cache = S3Fifo::new(2);
+        let outcome = run_plain(&mut cache, &[1, 1, 2, 2, 3, 3]);
+        assert_eq!(outcome, Outcome::parse("m h m h m(1) h"));
+        assert_eq!(cache.queues.which(2), Some(MAIN));
+        assert_eq!(cache.queues.which(3), Some(SMALL));
     }
 
     #[test]
