@@ -293,3 +293,21 @@ fn fixture_lfu_sweep_matches_an_independent_classic_lfu_replay() {
         assert!((got - rate).abs() <= 0.0005, "{percent}%: {got:.4}");
     }
 }
+
+#[test]
+fn target_search_survives_beladys_anomaly() {
+    // The classic FIFO anomaly trace 1 2 3 4 1 2 5 1 2 3 4 5 (single-block requests): FIFO
+    // hits 3 at capacity 3 but only 2 at capacity 4 (and 0 at 2, 7 at 5). A plain binary
+    // search for 3 hits probes 2 (no), then 4 (no) and answers 5; the smallest is 3.
+    let blocks = [1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5];
+    let requests: Vec<Request> = blocks.iter().map(|&b| Request::untimed(&[b], 1)).collect();
+    let workload = Workload::from_requests(&requests, 1).unwrap();
+    let hits = |c| replay(&workload, &Config::single(PolicyKind::Fifo, c), 1).hit_blocks;
+    assert_eq!((hits(2), hits(3), hits(4), hits(5)), (0, 3, 2, 7));
+    let curve = LruCurve::compute(&workload);
+    let target = 3.0 / 12.0;
+    assert_eq!(
+        capacity_for_target(&workload, &curve, PolicyKind::Fifo, target),
+        Some(3)
+    );
+}

@@ -91,7 +91,8 @@ pub struct CurvePoint {
 pub struct TargetCapacity {
     /// Policy name.
     pub policy: &'static str,
-    /// Smallest capacity in blocks reaching the target, if any.
+    /// Smallest sampled capacity in blocks reaching the target, if any (exact for LRU; see
+    /// [`crate::sim::capacity_for_target`]).
     pub capacity_blocks: Option<usize>,
 }
 

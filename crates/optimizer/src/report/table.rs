@@ -45,7 +45,7 @@ pub fn table(report: &Report) -> String {
     let target = &report.target;
     let _ = writeln!(
         out,
-        "capacity for {:.0}% of the infinite-cache hit rate (block hit rate {:.4}):",
+        "smallest sampled capacity for {:.0}% of the infinite-cache hit rate (block hit rate {:.4}; exact for lru):",
         target.fraction_of_infinite * 100.0,
         target.block_hit_rate
     );
