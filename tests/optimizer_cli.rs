@@ -259,6 +259,22 @@ fn bad_arguments_fail_with_a_clear_error() {
 }
 
 #[test]
+fn traces_implying_different_block_sizes_fail_naming_the_file() {
+    let mooncake = fixture("mooncake_small.jsonl");
+    let native = fixture("native_small.jsonl");
+    let (mooncake, native) = (mooncake.to_str().unwrap(), native.to_str().unwrap());
+    let output = optimize(&["--trace", mooncake, native]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("native_small.jsonl: implies 16 tokens per block, but the trace files before it imply 512"),
+        "{}",
+        stderr(&output)
+    );
+    let forced = optimize(&["--trace", mooncake, native, "--block-tokens", "16"]);
+    assert!(forced.status.success(), "{}", stderr(&forced));
+}
+
+#[test]
 fn a_rotated_event_log_directory_replays_like_the_single_file() {
     use kvcm_optimizer::trace::events::{Event, EventLogWriter, EventType, EVENT_LOG_VERSION};
     let log = TempDir::new();

@@ -267,3 +267,27 @@ fn event_log_writer_appends_to_an_existing_log() {
         [1, 2]
     );
 }
+
+#[test]
+fn trace_files_implying_different_block_sizes_are_rejected_by_name() {
+    // Mooncake implies 512 tokens per block; the native fixture declares 16.
+    let mooncake = fixture("mooncake_small.jsonl");
+    let native = fixture("native_small.jsonl");
+    let error = Workload::load(&[mooncake.clone(), native.clone()], None, None).unwrap_err();
+    match &error {
+        TraceError::BlockTokensMismatch {
+            path,
+            found,
+            expected,
+        } => assert_eq!((path, *found, *expected), (&native, 16, 512)),
+        other => panic!("expected a block-size mismatch, got {other:?}"),
+    }
+    assert!(error
+        .to_string()
+        .contains("native_small.jsonl: implies 16 tokens per block"));
+    // Files that agree load together; --block-tokens overrides the disagreement.
+    let twice = Workload::load(&[mooncake.clone(), mooncake.clone()], None, None).unwrap();
+    assert_eq!(twice.block_tokens(), 512);
+    let forced = Workload::load(&[mooncake, native], None, Some(64)).unwrap();
+    assert_eq!(forced.block_tokens(), 64);
+}

@@ -29,7 +29,9 @@ pub struct Workload {
 
 impl Workload {
     /// Reads the trace files in order and compiles them; a directory stands for the rotated
-    /// event log in it. `block_tokens` overrides what the trace declares or its format implies.
+    /// event log in it. `block_tokens` overrides what the trace declares or its format implies;
+    /// without it, every file must imply the same block size
+    /// ([`TraceError::BlockTokensMismatch`] names the first that does not).
     pub fn load(
         paths: &[PathBuf],
         format: Option<TraceFormat>,
@@ -47,7 +49,18 @@ impl Workload {
             let implied = reader
                 .declared_block_tokens()
                 .unwrap_or(reader.format().default_block_tokens());
-            implied_block_tokens.get_or_insert(implied);
+            match implied_block_tokens {
+                Some(expected) if expected != implied && block_tokens.is_none() => {
+                    return Err(TraceError::BlockTokensMismatch {
+                        path: path.clone(),
+                        found: implied,
+                        expected,
+                    });
+                }
+                _ => {
+                    implied_block_tokens.get_or_insert(implied);
+                }
+            }
         }
         Ok(builder.finish(block_tokens.or(implied_block_tokens).unwrap_or(16)))
     }

@@ -43,6 +43,17 @@ pub enum TraceError {
         /// The trace file being read when the limit was reached.
         path: PathBuf,
     },
+    /// Without `--block-tokens`, a trace file implies a different block size than the files
+    /// read before it (their block ids would not mean the same amount of prompt).
+    #[error("{path}: implies {found} tokens per block, but the trace files before it imply {expected}; pass --block-tokens to replay them together anyway")]
+    BlockTokensMismatch {
+        /// The first file that disagrees.
+        path: PathBuf,
+        /// Tokens per block this file declares or its format implies.
+        found: u32,
+        /// Tokens per block of the files before it.
+        expected: u32,
+    },
     /// A directory was given as a trace but holds no event-log file.
     #[error("{path}: directory holds no event log (events.jsonl, events.N.jsonl)")]
     NoEventLog {
