@@ -1,5 +1,7 @@
 //! Sampled random-LRU (as Redis does it): on eviction, look at a few random held blocks and
-//! evict the least recently used of the sample.
+//! evict the least recently used of the sample. The draws are with replacement (a sample may
+//! repeat a block), and the newcomer is inserted before sampling, so it is the victim when
+//! every draw picks it.
 
 use super::{grow, Access, BlockId, EvictionPolicy};
 use crate::rng::SplitMix64;
