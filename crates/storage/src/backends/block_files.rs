@@ -36,7 +36,7 @@ pub(crate) struct BlockFileStorage {
     anchor: PathBuf,
     key_count_per_file: i32,
     touch_files: bool,
-    /// Allocated block ids of each multi-block file (not persisted).
+    /// References to each allocated block of each file (not persisted).
     live: LiveBlocks,
 }
 
@@ -55,8 +55,8 @@ struct PackedBlock {
     range: BlockRange,
 }
 
-/// The files of an allocation (with the block ids each is given; none for single-block files)
-/// and the URIs of its parts.
+/// The files of an allocation (with the block ids each is given; `[0]` for a single-block
+/// file) and the URIs of its parts.
 type Plan = (BTreeMap<PathBuf, Vec<u64>>, Vec<Vec<AllocatedSpec>>);
 
 impl BlockFileStorage {
@@ -136,9 +136,7 @@ impl BlockFileStorage {
             for (blkid, member) in file.members.iter().enumerate() {
                 let size = request.specs[member.spec].size;
                 placed[member.block][member.slot].uri = self.uri(&file.name, blkid, size);
-                if self.key_count_per_file > 1 {
-                    blkids.push(blkid as u64);
-                }
+                blkids.push(blkid as u64);
             }
         }
         Ok((paths, placed))
@@ -214,23 +212,36 @@ impl BlockFileStorage {
         }
     }
 
-    /// Frees one located block: punches its hole, then unlinks the file if no block of it is
-    /// allocated any more (untracked file: if no data is left).
+    /// Drops one reference to a located block and frees what nobody holds any more: the
+    /// block's hole, the whole file once no block of it is held (untracked file: judged by
+    /// its contents).
     fn free(&self, located: &Located) -> Result<(), StorageError> {
         let path = located.path.as_path();
         let Some(block) = located.block else {
-            return block_file::remove_if_present(path);
+            return self.live.release(path, 0, |remaining| match remaining {
+                Remaining::FileFreed | Remaining::Untracked => block_file::remove_if_present(path),
+                Remaining::BlockHeld | Remaining::BlockFreed => Ok(()),
+            });
         };
-        let punched = block_file::punch_hole(path, block.range)?;
         self.live
-            .release(path, block.blkid, |remaining| match (remaining, punched) {
-                (Remaining::OthersLive, _) => Ok(()),
-                (Remaining::None, _) => block_file::remove_if_present(path),
-                (Remaining::Untracked, Some(file)) if !block_file::has_data(&file, path)? => {
+            .release(path, block.blkid, |remaining| match remaining {
+                Remaining::BlockHeld => Ok(()),
+                Remaining::BlockFreed => block_file::punch_hole(path, block.range).map(drop),
+                Remaining::FileFreed => {
+                    block_file::punch_hole(path, block.range)?;
                     block_file::remove_if_present(path)
                 }
-                (Remaining::Untracked, _) => Ok(()),
+                Remaining::Untracked => free_untracked(path, block.range),
             })
+    }
+}
+
+/// Restart fallback for a block of a file with no count: punch it, then unlink the file if
+/// `SEEK_DATA` finds no data left.
+fn free_untracked(path: &Path, range: BlockRange) -> Result<(), StorageError> {
+    match block_file::punch_hole(path, range)? {
+        Some(file) if !block_file::has_data(&file, path)? => block_file::remove_if_present(path),
+        _ => Ok(()),
     }
 }
 
