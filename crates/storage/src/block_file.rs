@@ -86,7 +86,8 @@ pub(crate) fn set_punch_unsupported(unsupported: bool) {
     PUNCH_UNSUPPORTED.set(unsupported);
 }
 
-/// True when some byte of `file` (opened from `path`) is data, not a hole.
+/// True when some byte of `file` (opened from `path`) is data, not a hole. On file systems
+/// without `SEEK_DATA` support the generic `lseek` calls all of a non-empty file data.
 pub(crate) fn has_data(file: &File, path: &Path) -> Result<bool, StorageError> {
     match lseek(file, 0, Whence::SeekData) {
         Ok(_) => Ok(true),
