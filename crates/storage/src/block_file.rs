@@ -60,12 +60,34 @@ pub(crate) fn punch_hole(path: &Path, range: BlockRange) -> Result<Option<File>,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_error(path, e)),
     };
-    let mode = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
-    fallocate(&file, mode, range.offset, range.len).map_err(|e| io_error(path, e.into()))?;
+    punch(&file, range).map_err(|e| io_error(path, e.into()))?;
     Ok(Some(file))
 }
 
-/// True when some byte of `file` (opened from `path`) is data, not a hole.
+fn punch(file: &File, range: BlockRange) -> nix::Result<()> {
+    #[cfg(test)]
+    if PUNCH_UNSUPPORTED.get() {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    let mode = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+    fallocate(file, mode, range.offset, range.len)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Test seam: makes this thread's punches fail as on a mount without hole punching.
+    static PUNCH_UNSUPPORTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test seam: while `unsupported`, punches on this thread fail with `EOPNOTSUPP` (as on
+/// NFSv3, FUSE or 3FS mounts).
+#[cfg(test)]
+pub(crate) fn set_punch_unsupported(unsupported: bool) {
+    PUNCH_UNSUPPORTED.set(unsupported);
+}
+
+/// True when some byte of `file` (opened from `path`) is data, not a hole. On file systems
+/// without `SEEK_DATA` support the generic `lseek` calls all of a non-empty file data.
 pub(crate) fn has_data(file: &File, path: &Path) -> Result<bool, StorageError> {
     match lseek(file, 0, Whence::SeekData) {
         Ok(_) => Ok(true),

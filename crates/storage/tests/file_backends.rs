@@ -198,6 +198,61 @@ fn a_neighbour_still_being_written_keeps_the_file() {
     assert!(!file.exists(), "the last allocated block takes the file");
 }
 
+/// Two StartWriteCache calls for the same new keys get the same URIs (names depend on the keys
+/// only); the loser frees its copy once, which must leave the winner's file and bytes alone.
+#[test]
+fn the_loser_of_a_write_race_frees_nothing_the_winner_holds() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let storage = nfs(root.path(), 8);
+    let winner_keys: Vec<i64> = (1..=8).collect();
+    let loser_keys: Vec<i64> = (1..=9).collect();
+    let winner = allocate(storage.as_ref(), &winner_keys);
+    let loser = allocate(storage.as_ref(), &loser_keys);
+    assert_eq!(winner[..], loser[..8], "same file, same blkids");
+    let file = write_block(&winner[0], 1);
+    for (blkid, uri) in winner.iter().enumerate().skip(1) {
+        write_block(uri, blkid as u8 + 1);
+    }
+
+    storage
+        .delete(&loser)
+        .expect("the loser frees its allocation");
+    assert!(file.exists(), "the winner's file is kept");
+    for blkid in 0..8u64 {
+        assert_eq!(
+            read_block(&file, blkid),
+            vec![blkid as u8 + 1; BLOCK as usize]
+        );
+    }
+    storage
+        .delete(&winner)
+        .expect("the winner's blocks are deleted");
+    assert!(!file.exists(), "the last reference takes the file");
+}
+
+#[test]
+fn the_loser_of_a_write_race_keeps_a_single_block_file() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let storage = nfs(root.path(), 1);
+    let winner = allocate(storage.as_ref(), &[7]);
+    let loser = allocate(storage.as_ref(), &[7]);
+    assert_eq!(winner, loser);
+    let file = write_block(&winner[0], 9);
+
+    storage
+        .delete(&loser)
+        .expect("the loser frees its allocation");
+    assert_eq!(
+        read_block(&file, 0),
+        vec![9; BLOCK as usize],
+        "winner's bytes kept"
+    );
+    storage
+        .delete(&winner)
+        .expect("the winner's block is deleted");
+    assert!(!file.exists());
+}
+
 #[test]
 fn deleting_a_block_twice_frees_it_once() {
     let root = tempfile::tempdir().expect("tempdir");

@@ -2,11 +2,15 @@
 //! LRU maps (absent keys are cached too) and forwards everything else to the inner index.
 //!
 //! Consistency: every write through the cache (`put`, `delete`, `read_modify_write`, whether
-//! it succeeds or not) first reaches the inner index, then removes its keys from the cache and
-//! bumps the epoch of their cache shards. A `get` that missed remembers the epoch of the key's
-//! shard before reading the inner index and fills the cache only if the epoch is unchanged, so
-//! a value read before a concurrent write can never be cached after it. Writes that bypass the
-//! cache (straight to the inner index) are not seen by it.
+//! it succeeds or not) opens a write window on its keys before it reaches the inner index and
+//! closes it after (also on panic): opening and closing each remove the keys from the cache and
+//! bump the epoch of their cache shards; while a window is open on a shard, no `get` fills
+//! that shard. A `get` that missed remembers the epoch of the key's shard before reading the
+//! inner index and fills the cache only if the epoch is unchanged and no write is in flight on
+//! the shard. So a value read before or during a write is never cached, and while a write is
+//! in flight every reader of its keys goes to the inner index: once one reader has seen the
+//! new value, no later reader gets the old one from the cache. Writes that bypass the cache
+//! (straight to the inner index) are not seen by it.
 
 mod lru;
 
@@ -38,8 +42,11 @@ pub struct CacheStats {
 #[derive(Debug)]
 struct CacheShard<V> {
     entries: Lru<Option<V>>,
-    /// Bumped by every write touching a key of this shard.
+    /// Bumped when a write touching a key of this shard begins and when it ends.
     epoch: u64,
+    /// Writes through the cache in flight on keys of this shard (one per key): no fill while
+    /// any.
+    writers: u64,
 }
 
 /// A [`MetaIndex`] that caches the `get` answers of another.
@@ -66,6 +73,7 @@ impl<I, V: Clone> CachedIndex<I, V> {
         let shard = || CacheShard {
             entries: Lru::new(per_shard),
             epoch: 0,
+            writers: 0,
         };
         let shards = (0..shard_count).map(|_| Mutex::new(shard())).collect();
         Ok(Self {
@@ -90,6 +98,20 @@ impl<I, V: Clone> CachedIndex<I, V> {
         }
     }
 
+    /// Forgets `keys`, bumps their shards' epochs and marks a write on them in flight until
+    /// the returned window is dropped (which does the same again and ends the write).
+    fn open_write_window(&self, keys: Vec<BlockKey>) -> WriteWindow<'_, I, V> {
+        for &key in &keys {
+            let mut shard = self.shard_of(key);
+            shard.entries.remove(key);
+            shard.epoch += 1;
+            shard.writers += 1;
+        }
+        WriteWindow { cache: self, keys }
+    }
+}
+
+impl<I, V> CachedIndex<I, V> {
     /// Locks the cache shard of `key` (a cache shard is only ever left consistent, so a
     /// poisoned lock is recovered).
     fn shard_of(&self, key: BlockKey) -> MutexGuard<'_, CacheShard<V>> {
@@ -99,13 +121,22 @@ impl<I, V: Clone> CachedIndex<I, V> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
 
-    /// Forgets `keys` and bumps their shards' epochs; runs after every write.
-    fn invalidate(&self, keys: impl Iterator<Item = BlockKey>) {
-        for key in keys {
-            let mut shard = self.shard_of(key);
+/// A write through the cache in flight on `keys`; dropping it (after the inner write, or on
+/// unwinding) forgets the keys again, bumps their epochs and ends the write.
+struct WriteWindow<'a, I, V> {
+    cache: &'a CachedIndex<I, V>,
+    keys: Vec<BlockKey>,
+}
+
+impl<I, V> Drop for WriteWindow<'_, I, V> {
+    fn drop(&mut self) {
+        for &key in &self.keys {
+            let mut shard = self.cache.shard_of(key);
             shard.entries.remove(key);
             shard.epoch += 1;
+            shard.writers -= 1;
         }
     }
 }
@@ -135,7 +166,7 @@ impl<I: MetaIndex<V>, V: Clone + Send + Sync> MetaIndex<V> for CachedIndex<I, V>
         let fetched = self.inner.get(&missed_keys)?;
         for ((index, epoch), value) in misses.into_iter().zip(fetched) {
             let mut shard = self.shard_of(keys[index]);
-            if shard.epoch == epoch {
+            if shard.epoch == epoch && shard.writers == 0 {
                 shard.entries.insert(keys[index], value.clone());
             }
             values[index] = value;
@@ -144,16 +175,13 @@ impl<I: MetaIndex<V>, V: Clone + Send + Sync> MetaIndex<V> for CachedIndex<I, V>
     }
 
     fn put(&self, entries: Vec<(BlockKey, V)>) -> Result<(), IndexError> {
-        let keys: Vec<BlockKey> = entries.iter().map(|(key, _)| *key).collect();
-        let result = self.inner.put(entries);
-        self.invalidate(keys.into_iter());
-        result
+        let _window = self.open_write_window(entries.iter().map(|(key, _)| *key).collect());
+        self.inner.put(entries)
     }
 
     fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError> {
-        let result = self.inner.delete(keys);
-        self.invalidate(keys.iter().copied());
-        result
+        let _window = self.open_write_window(keys.to_vec());
+        self.inner.delete(keys)
     }
 
     fn read_modify_write(
@@ -161,9 +189,8 @@ impl<I: MetaIndex<V>, V: Clone + Send + Sync> MetaIndex<V> for CachedIndex<I, V>
         keys: &[BlockKey],
         f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
     ) -> Result<(), IndexError> {
-        let result = self.inner.read_modify_write(keys, f);
-        self.invalidate(keys.iter().copied());
-        result
+        let _window = self.open_write_window(keys.to_vec());
+        self.inner.read_modify_write(keys, f)
     }
 
     fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError> {

@@ -1,7 +1,7 @@
 //! Cache-specific behaviour (the shared behaviour is in the conformance suite).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 
 use super::*;
 use crate::{LocalIndex, LocalIndexConfig};
@@ -134,4 +134,129 @@ fn no_stale_value_survives_concurrent_reads_and_writes() {
     let truth = index.inner().get(&keys).expect("inner get");
     assert_eq!(truth, vec![Some(5_000); 8]);
     assert_eq!(index.get(&keys).expect("cached get"), truth);
+}
+
+/// One pause in a [`GatedIndex`] call: tells the test it was reached, waits to be released.
+struct Gate {
+    reached: mpsc::Sender<()>,
+    proceed: mpsc::Receiver<()>,
+}
+
+/// A gate, the receiver that hears it reached, and the sender that releases it.
+fn gate() -> (Gate, mpsc::Receiver<()>, mpsc::Sender<()>) {
+    let (reached, heard) = mpsc::channel();
+    let (release, proceed) = mpsc::channel();
+    (Gate { reached, proceed }, heard, release)
+}
+
+/// A local index whose next `get` (after reading) and next `put` (before and after
+/// committing) can each be held at a gate, to replay one interleaving exactly.
+struct GatedIndex {
+    inner: LocalIndex<u64>,
+    get_read: Mutex<Option<Gate>>,
+    put_start: Mutex<Option<Gate>>,
+    put_committed: Mutex<Option<Gate>>,
+}
+
+impl GatedIndex {
+    fn new() -> Self {
+        Self {
+            inner: LocalIndex::new(LocalIndexConfig::default()).expect("inner"),
+            get_read: Mutex::default(),
+            put_start: Mutex::default(),
+            put_committed: Mutex::default(),
+        }
+    }
+
+    fn pass(slot: &Mutex<Option<Gate>>) {
+        let taken = slot.lock().expect("gate slot").take();
+        if let Some(gate) = taken {
+            gate.reached.send(()).expect("test listens");
+            gate.proceed.recv().expect("test releases");
+        }
+    }
+
+    fn arm(slot: &Mutex<Option<Gate>>) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+        let (gate, heard, release) = gate();
+        *slot.lock().expect("gate slot") = Some(gate);
+        (heard, release)
+    }
+}
+
+impl MetaIndex<u64> for GatedIndex {
+    fn get(&self, keys: &[BlockKey]) -> Result<Vec<Option<u64>>, IndexError> {
+        let values = self.inner.get(keys);
+        Self::pass(&self.get_read);
+        values
+    }
+
+    fn put(&self, entries: Vec<(BlockKey, u64)>) -> Result<(), IndexError> {
+        Self::pass(&self.put_start);
+        let result = self.inner.put(entries);
+        Self::pass(&self.put_committed);
+        result
+    }
+
+    fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError> {
+        self.inner.delete(keys)
+    }
+
+    fn read_modify_write(
+        &self,
+        keys: &[BlockKey],
+        f: &mut dyn FnMut(BlockKey, Option<&u64>) -> Modify<u64>,
+    ) -> Result<(), IndexError> {
+        self.inner.read_modify_write(keys, f)
+    }
+
+    fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError> {
+        self.inner.scan(cursor, limit)
+    }
+
+    fn sample(&self, count: usize) -> Result<Vec<BlockKey>, IndexError> {
+        self.inner.sample(count)
+    }
+
+    fn len(&self) -> Result<u64, IndexError> {
+        self.inner.len()
+    }
+}
+
+/// While a write is in flight, once one reader has seen the new value no later reader may
+/// see the old one — even when a reader that read the old value fills the cache late.
+#[test]
+fn no_reader_sees_the_old_value_after_one_saw_the_new() {
+    let config = CacheConfig {
+        shard_bits: 0,
+        capacity: 8,
+    };
+    let index = CachedIndex::new(GatedIndex::new(), config).expect("cache");
+    index.put(vec![(1, 10)]).expect("put the old value");
+    let gates = index.inner();
+    std::thread::scope(|scope| {
+        // Armed inside the scope: a failed assertion drops the senders, which frees the
+        // gated threads instead of leaving the scope waiting for them.
+        let (put_started, start_put) = GatedIndex::arm(&gates.put_start);
+        let (put_committed, finish_put) = GatedIndex::arm(&gates.put_committed);
+        let writer = scope.spawn(|| index.put(vec![(1, 11)]));
+        put_started.recv().expect("the write began");
+        let (old_read, finish_old_read) = GatedIndex::arm(&gates.get_read);
+        let slow_reader = scope.spawn(|| index.get(&[1]));
+        old_read.recv().expect("the slow reader read the old value");
+        start_put.send(()).expect("commit");
+        put_committed.recv().expect("the write committed");
+
+        assert_eq!(index.get(&[1]).expect("get"), vec![Some(11)], "new");
+        finish_old_read.send(()).expect("let the slow reader fill");
+        let slow = slow_reader.join().expect("slow reader").expect("get");
+        assert_eq!(slow, vec![Some(10)], "it read before the commit");
+        assert_eq!(
+            index.get(&[1]).expect("get"),
+            vec![Some(11)],
+            "a later reader saw the old value again"
+        );
+        finish_put.send(()).expect("finish the write");
+        writer.join().expect("writer").expect("put");
+    });
+    assert_eq!(index.get(&[1]).expect("get"), vec![Some(11)]);
 }

@@ -36,7 +36,7 @@ pub(crate) struct BlockFileStorage {
     anchor: PathBuf,
     key_count_per_file: i32,
     touch_files: bool,
-    /// Allocated block ids of each multi-block file (not persisted).
+    /// References to each allocated block of each file (not persisted).
     live: LiveBlocks,
 }
 
@@ -55,8 +55,8 @@ struct PackedBlock {
     range: BlockRange,
 }
 
-/// The files of an allocation (with the block ids each is given; none for single-block files)
-/// and the URIs of its parts.
+/// The files of an allocation (with the block ids each is given; `[0]` for a single-block
+/// file) and the URIs of its parts.
 type Plan = (BTreeMap<PathBuf, Vec<u64>>, Vec<Vec<AllocatedSpec>>);
 
 impl BlockFileStorage {
@@ -136,9 +136,7 @@ impl BlockFileStorage {
             for (blkid, member) in file.members.iter().enumerate() {
                 let size = request.specs[member.spec].size;
                 placed[member.block][member.slot].uri = self.uri(&file.name, blkid, size);
-                if self.key_count_per_file > 1 {
-                    blkids.push(blkid as u64);
-                }
+                blkids.push(blkid as u64);
             }
         }
         Ok((paths, placed))
@@ -214,23 +212,37 @@ impl BlockFileStorage {
         }
     }
 
-    /// Frees one located block: punches its hole, then unlinks the file if no block of it is
-    /// allocated any more (untracked file: if no data is left).
+    /// Drops one reference to a located block and frees what nobody holds any more: the
+    /// block's hole, the whole file once no block of it is held (untracked file: judged by
+    /// its contents).
+    ///
+    /// The reference is dropped even when punching fails (`EOPNOTSUPP` on NFSv3, FUSE or 3FS
+    /// mounts): the error is returned, and the block's bytes go when the file is unlinked
+    /// with its last block, which needs no punch.
     fn free(&self, located: &Located) -> Result<(), StorageError> {
         let path = located.path.as_path();
         let Some(block) = located.block else {
-            return block_file::remove_if_present(path);
+            return self.live.release(path, 0, |remaining| match remaining {
+                Remaining::FileFreed | Remaining::Untracked => block_file::remove_if_present(path),
+                Remaining::BlockHeld | Remaining::BlockFreed => Ok(()),
+            });
         };
-        let punched = block_file::punch_hole(path, block.range)?;
         self.live
-            .release(path, block.blkid, |remaining| match (remaining, punched) {
-                (Remaining::OthersLive, _) => Ok(()),
-                (Remaining::None, _) => block_file::remove_if_present(path),
-                (Remaining::Untracked, Some(file)) if !block_file::has_data(&file, path)? => {
-                    block_file::remove_if_present(path)
-                }
-                (Remaining::Untracked, _) => Ok(()),
+            .release(path, block.blkid, |remaining| match remaining {
+                Remaining::BlockHeld => Ok(()),
+                Remaining::BlockFreed => block_file::punch_hole(path, block.range).map(drop),
+                Remaining::FileFreed => block_file::remove_if_present(path),
+                Remaining::Untracked => free_untracked(path, block.range),
             })
+    }
+}
+
+/// Restart fallback for a block of a file with no count: punch it, then unlink the file if
+/// `SEEK_DATA` finds no data left.
+fn free_untracked(path: &Path, range: BlockRange) -> Result<(), StorageError> {
+    match block_file::punch_hole(path, range)? {
+        Some(file) if !block_file::has_data(&file, path)? => block_file::remove_if_present(path),
+        _ => Ok(()),
     }
 }
 
@@ -336,23 +348,44 @@ mod tests {
         placed.into_iter().flatten().map(|spec| spec.uri).collect()
     }
 
-    #[test]
-    fn counts_are_dropped_with_their_files() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let storage = nfs_at(&format!("{}/", root.path().display()), 4);
-        let (specs, blocks) = (specs(&[1024]), blocks(&[1, 2, 3, 4, 5], &[0]));
+    /// Allocates `keys` (one part of 1024 bytes) for instance `i`; one URI per key.
+    fn allocate_uris(storage: &BlockFileStorage, keys: &[i64]) -> Vec<String> {
+        let (specs, blocks) = (specs(&[1024]), blocks(keys, &[0]));
         let request = AllocationRequest {
             instance_id: "i",
             specs: &specs,
             blocks: &blocks,
         };
-        let uris: Vec<String> = storage
-            .allocate(&request)
-            .expect("allocate")
-            .into_iter()
-            .flatten()
-            .map(|spec| spec.uri)
-            .collect();
+        let placed = storage.allocate(&request).expect("allocate");
+        placed.into_iter().flatten().map(|spec| spec.uri).collect()
+    }
+
+    #[test]
+    fn a_file_goes_with_its_last_block_even_when_punching_fails() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let storage = nfs_at(&format!("{}/", root.path().display()), 4);
+        let uris = allocate_uris(&storage, &[1, 2]);
+        let path = PathBuf::from(BlockUri::parse(&uris[0]).expect("uri").path);
+        std::fs::write(&path, vec![1; 2048]).expect("write both blocks");
+
+        block_file::set_punch_unsupported(true);
+        let first = storage.delete(&uris[..1]);
+        let last = storage.delete(&uris[1..]);
+        block_file::set_punch_unsupported(false);
+        assert!(
+            matches!(first, Err(StorageError::Io { .. })),
+            "the failed punch is reported: {first:?}"
+        );
+        last.expect("the last block unlinks the file without punching");
+        assert!(!path.exists(), "no block referenced: unlinked");
+        assert_eq!(storage.live.tracked_files(), 0);
+    }
+
+    #[test]
+    fn counts_are_dropped_with_their_files() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let storage = nfs_at(&format!("{}/", root.path().display()), 4);
+        let uris = allocate_uris(&storage, &[1, 2, 3, 4, 5]);
         assert_eq!(
             storage.live.tracked_files(),
             2,
