@@ -9,6 +9,7 @@ mod event;
 mod output;
 mod poll;
 mod shared_memory;
+mod word_copy;
 
 pub(crate) use epoll::Epoll;
 pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};

@@ -2,10 +2,15 @@
 //!
 //! Invariant: `ptr` points to a live `MAP_SHARED` mapping of `len` bytes for the life of the
 //! value; every access is bounds-checked against `len` first. Other processes may map the
-//! same memfd and write concurrently; that is the RDMA contract (the application orders
-//! conflicting accesses with completions), so byte copies may observe torn data but never
-//! leave the mapping. Aligned 8-byte words are accessed through `AtomicU64` only.
+//! same memfd and write concurrently, and threads of this process (application, NIC) may copy
+//! or run atomics on the same bytes at once; that is the RDMA contract (the application
+//! orders conflicting accesses with completions). So no access to the mapping from Rust is
+//! a plain one: copies are relaxed atomic word / byte copies (`word_copy`) and 8-byte
+//! atomics are `AtomicU64` operations; racing accesses may observe torn data across words,
+//! never undefined behaviour, and never leave the mapping. The kernel (read(2), writev(2))
+//! also touches it, outside the Rust memory model.
 
+use super::word_copy;
 use crate::{Result, TransportError};
 use std::ffi::CStr;
 use std::fs::File;
@@ -124,25 +129,18 @@ impl SharedMemory {
     /// Copies `data` to `offset`.
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check(offset, data.len())?;
-        // SAFETY: the range was bounds-checked; `data` is a separate Rust slice, so the two
-        // do not overlap (a slice into a mapping is never handed out).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
+        // SAFETY: the range was bounds-checked; `data` is a Rust slice, never a slice into a
+        // mapping (none is handed out), so it is private; the mapping is written atomically.
+        unsafe { word_copy::copy_in(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
         Ok(())
     }
 
     /// Copies from `offset` into `out`.
     pub(crate) fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check(offset, out.len())?;
-        // SAFETY: bounds-checked source inside the mapping; `out` is a distinct Rust slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        // SAFETY: bounds-checked source inside the mapping, read atomically; `out` is a
+        // private Rust slice.
+        unsafe { word_copy::copy_out(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -151,10 +149,11 @@ impl SharedMemory {
         self.check(offset, len)?;
         out.reserve(len);
         let start = out.len();
-        // SAFETY: the source range was bounds-checked; `reserve` made `len` bytes of spare
-        // capacity after `start`, which the copy initialises completely before `set_len`.
+        // SAFETY: the source range was bounds-checked and is read atomically; `reserve` made
+        // `len` bytes of private spare capacity after `start`, which the copy initialises
+        // completely before `set_len`.
         unsafe {
-            std::ptr::copy_nonoverlapping(
+            word_copy::copy_out(
                 self.ptr.as_ptr().add(offset),
                 out.as_mut_ptr().add(start),
                 len,
@@ -192,10 +191,10 @@ impl SharedMemory {
     ) -> Result<()> {
         src.check(src_offset, len)?;
         dst.check(dst_offset, len)?;
-        // SAFETY: both ranges are bounds-checked; `copy` (memmove) tolerates the two
-        // mappings aliasing the same pages.
+        // SAFETY: both ranges are bounds-checked; every access is atomic, so two mappings
+        // aliasing the same pages (or overlapping ranges) give unspecified bytes, not UB.
         unsafe {
-            std::ptr::copy(
+            word_copy::copy_shared(
                 src.ptr.as_ptr().add(src_offset),
                 dst.ptr.as_ptr().add(dst_offset),
                 len,
@@ -213,7 +212,9 @@ impl SharedMemory {
             ));
         }
         // SAFETY: in bounds, 8-byte aligned (the mapping is page aligned), valid for the
-        // lifetime of `&self`; every concurrent access to this word in any process is atomic.
+        // lifetime of `&self`; every access this crate makes to the mapping is atomic
+        // (`word_copy` for copies), so no non-atomic access races with this one in this
+        // process; other processes and the kernel are outside the Rust memory model.
         Ok(unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) })
     }
 }
