@@ -11,7 +11,7 @@ mod poll;
 mod shared_memory;
 mod word_copy;
 
-pub(crate) use epoll::Epoll;
+pub(crate) use epoll::{Epoll, READ, WRITE};
 pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};
 pub(crate) use output::OutputQueue;
 pub(crate) use poll::poll_readable;

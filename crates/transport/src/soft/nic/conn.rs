@@ -26,6 +26,8 @@ pub(crate) struct Conn {
     filled: usize,
     /// Frames waiting to be written.
     pub output: OutputQueue,
+    /// The last flush left output the kernel would not take (the socket is full).
+    blocked: bool,
 }
 
 impl Conn {
@@ -40,6 +42,7 @@ impl Conn {
             consumed: 0,
             filled: 0,
             output: OutputQueue::default(),
+            blocked: false,
         })
     }
 
@@ -98,6 +101,18 @@ impl Conn {
         !self.output.is_empty()
     }
 
+    /// Whether output waits and the socket was full at the last flush: only writability
+    /// (epoll [`WRITE`](crate::sys::WRITE)) can move it on.
+    pub(crate) fn output_blocked(&self) -> bool {
+        self.blocked && self.has_output()
+    }
+
+    /// Whether output waits that a flush could write now (it was queued after the last
+    /// flush, or that flush found room).
+    pub(crate) fn output_ready(&self) -> bool {
+        self.has_output() && !self.blocked
+    }
+
     /// Reads what is available (a short read means drained); Ok(true) if bytes arrived, an
     /// error on EOF or failure.
     pub(crate) fn fill(&mut self) -> io::Result<bool> {
@@ -128,7 +143,10 @@ impl Conn {
     }
     /// Writes buffered output; Ok(true) if bytes left, an error if the peer is gone.
     pub(crate) fn flush(&mut self) -> io::Result<bool> {
-        Ok(self.output.write_to(self.stream.as_raw_fd())? > 0)
+        let sent = self.output.write_to(self.stream.as_raw_fd())?;
+        // `write_to` stops early only when the kernel would block.
+        self.blocked = self.has_output();
+        Ok(sent > 0)
     }
 
     /// Drops up to `len` incoming bytes (a refused payload): first what is buffered, then,

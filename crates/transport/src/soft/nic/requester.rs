@@ -85,14 +85,15 @@ impl RequesterLink {
         Ok(progress)
     }
 
-    /// Whether queued or buffered work is waiting (the NIC must not park).
+    /// Whether queued work or writable output is waiting (the NIC must not park); output
+    /// the socket would not take waits for epoll to report it writable.
     pub(crate) fn busy(&self) -> bool {
-        self.conn.has_output() || (!self.halted && !self.qp.lock_sq().is_empty())
+        self.conn.output_ready() || (!self.halted && !self.qp.lock_sq().is_empty())
     }
 
     /// Whether a step could do anything: work is queued or responses are awaited.
     pub(crate) fn wants_progress(&self) -> bool {
-        !self.outstanding.is_empty() || self.busy()
+        !self.outstanding.is_empty() || self.busy() || self.conn.has_output()
     }
 
     fn issue(&mut self, registry: &Registry) -> bool {

@@ -5,7 +5,9 @@
 //! and a refused one is read and dropped. A large SEND that finds no receive buffer
 //! leaves its payload in the socket (TCP flow control holds the sender back); while any
 //! request waits for a receive buffer the link is out of the NIC's epoll set, until a
-//! receive is posted (`post_recv` wakes the NIC).
+//! receive is posted (`post_recv` wakes the NIC). While the socket does not take the
+//! responses (a peer that does not read), the link is watched for writability and does
+//! not keep the NIC awake.
 
 use super::conn::Conn;
 use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
@@ -15,7 +17,7 @@ use crate::soft::queue_pair::{PostedRecv, QpShared};
 use crate::soft::registry::{Registry, Target};
 use crate::soft::responder;
 use crate::soft::scatter::{self, Piece};
-use crate::sys::{Epoll, OutputQueue};
+use crate::sys::{Epoll, OutputQueue, READ, WRITE};
 use crate::{Access, WcOpcode, WcStatus};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -58,8 +60,8 @@ pub(crate) struct ResponderLink {
     last_traffic: Option<Instant>,
     /// A SEND or WRITE-with-immediate waits for a receive buffer.
     awaiting_receive: bool,
-    /// Whether the socket is in the NIC's epoll set (it is when the link is created).
-    watched: bool,
+    /// The socket's interest in the NIC's epoll set ([`READ`] when the link is created).
+    interest: u32,
 }
 
 impl ResponderLink {
@@ -70,27 +72,23 @@ impl ResponderLink {
             placing: None,
             last_traffic: None,
             awaiting_receive: false,
-            watched: true,
+            interest: READ,
         }
     }
 
-    /// Takes the socket out of `epoll` while a request waits for a receive buffer (what
-    /// follows it would keep the socket readable and the NIC spinning), and puts it back
-    /// once one is posted.
+    /// Stops watching the socket for input while a request waits for a receive buffer
+    /// (what follows it would keep the socket readable and the NIC spinning) and resumes
+    /// once one is posted; watches it for writability while its output is blocked.
     pub(crate) fn sync_watch(&mut self, epoll: &Epoll) -> Result<(), LinkClosed> {
-        let watch = !self.awaiting_receive || !self.qp.lock_rq().is_empty();
-        if watch == self.watched {
-            return Ok(());
-        }
-        let changed = if watch {
-            epoll.add(self.conn.raw_fd())
-        } else {
-            epoll.delete(self.conn.raw_fd())
-        };
-        if changed.is_err() {
+        let read = !self.awaiting_receive || !self.qp.lock_rq().is_empty();
+        let want = if read { READ } else { 0 } | if self.conn.output_blocked() { WRITE } else { 0 };
+        if epoll
+            .update(self.conn.raw_fd(), self.interest, want)
+            .is_err()
+        {
             return Err(self.peer_gone());
         }
-        self.watched = watch;
+        self.interest = want;
         Ok(())
     }
 
@@ -131,9 +129,10 @@ impl ResponderLink {
         Ok(progress)
     }
 
-    /// Whether buffered output is waiting (the NIC must not park).
+    /// Whether output is waiting that could be written now (the NIC must not park);
+    /// blocked output waits for epoll to report the socket writable.
     pub(crate) fn busy(&self) -> bool {
-        self.conn.has_output()
+        self.conn.output_ready()
     }
 
     fn serve(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
