@@ -109,3 +109,84 @@ fn a_peer_that_stops_reading_does_not_keep_the_nic_spinning() {
     );
     drop(stream);
 }
+
+const WRITE: u8 = 2;
+
+/// Reads one 16-byte response header (status code, payload length) within the deadline.
+fn response(stream: &mut TcpStream) -> (u8, u32) {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut header = [0u8; 16];
+    stream.read_exact(&mut header).expect("a response");
+    let len = u32::from_le_bytes(header[4..8].try_into().unwrap());
+    (header[0], len)
+}
+
+/// Peak resident memory of this process, in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("VmHWM");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_huge_write_with_immediate_is_never_buffered_whole() {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let before = peak_rss_kib();
+    let mut stream = raw_link(&side);
+    // 256 MiB to an unknown rkey: read and dropped as it arrives, then refused.
+    let len = 256 << 20;
+    stream
+        .write_all(&request(WRITE, Some(7), len, 0, 0xdead))
+        .unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..len >> 20 {
+        stream.write_all(&zeros).unwrap();
+    }
+    let (status, payload) = response(&mut stream);
+    assert_eq!((status, payload), (3, 0), "RemoteAccessError, no payload");
+    let grown = peak_rss_kib().saturating_sub(before);
+    assert!(grown < 128 * 1024, "peak memory grew by {grown} KiB");
+}
+
+#[test]
+fn a_large_write_with_immediate_lands_in_place_and_consumes_a_receive() {
+    use kvcm_transport::{SendOp, WcOpcode, WcStatus};
+    let len = 256 * 1024;
+    let pair = conformance::Pair::new(&|| open_tcp().0, len);
+    let data = conformance::pattern(len, 5);
+    pair.a.fill(0, &data);
+    pair.b.post_recv(10, &[pair.b.sge(0, 8)]);
+    let remote = pair.b.region.remote(0);
+    let op = SendOp::Write {
+        remote,
+        imm: Some(0xabcd),
+    };
+    pair.a.post(1, op, &[pair.a.sge(0, len as u32)]);
+    let sent = conformance::completions(&pair.a.send_cq, 1);
+    assert_eq!(sent[0].status, WcStatus::Success);
+    let got = conformance::completions(&pair.b.recv_cq, 1);
+    assert_eq!(
+        (
+            got[0].wr_id,
+            got[0].status,
+            got[0].opcode,
+            got[0].byte_len,
+            got[0].imm
+        ),
+        (
+            10,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            len as u32,
+            Some(0xabcd)
+        )
+    );
+    assert_eq!(pair.b.bytes(0, len), data);
+}

@@ -62,7 +62,7 @@ impl RequesterLink {
             return Err(LinkClosed);
         }
         if self.qp.state() == QpState::Error {
-            return Err(self.fail_outstanding(WcStatus::WrFlushError));
+            return Err(self.finish_broken());
         }
         let mut progress = self.issue(registry);
         let buffer = readable && self.placing.is_none();
@@ -210,6 +210,17 @@ impl RequesterLink {
                 send.signaled,
             );
         }
+    }
+
+    /// The queue pair broke elsewhere (its inbound link closed, a receive failed): answers
+    /// that already arrived still complete (a peer's error answer and its closing the
+    /// other link race), then what is left is flushed.
+    fn finish_broken(&mut self) -> LinkClosed {
+        let filled = self.placing.is_none() && self.conn.fill().is_ok();
+        if let Err(closed) = self.complete_answered(filled) {
+            return closed;
+        }
+        self.fail_outstanding(WcStatus::WrFlushError)
     }
 
     /// Completes the first outstanding request with `first`, flushes the rest and the

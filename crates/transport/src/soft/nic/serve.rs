@@ -1,9 +1,11 @@
 //! The responder half of a TCP link: executes incoming requests and answers in order.
 //!
-//! Payloads of [`ZERO_COPY_MIN`] bytes or more are never buffered whole: a plain WRITE's
-//! goes straight into its target, a SEND's straight into the receive buffer it consumes,
-//! and a refused one is read and dropped. A large SEND that finds no receive buffer
-//! leaves its payload in the socket (TCP flow control holds the sender back); while any
+//! Payloads of [`ZERO_COPY_MIN`] bytes or more are never buffered whole (a buffered frame
+//! is smaller than that plus its header, whatever its header claims): a WRITE's goes
+//! straight into its target (with an immediate, once a receive buffer is there to consume),
+//! a SEND's straight into the receive buffer it consumes, and a refused one is read and
+//! dropped. A large SEND or WRITE-with-immediate that finds no receive buffer leaves its
+//! payload in the socket (TCP flow control holds the sender back); while any
 //! request waits for a receive buffer the link is out of the NIC's epoll set, until a
 //! receive is posted (`post_recv` wakes the NIC). While the socket does not take the
 //! responses (a peer that does not read), the link is watched for writability and does
@@ -29,11 +31,15 @@ const HOT_WINDOW: Duration = Duration::from_millis(1);
 /// What to do once a placed payload is all in.
 #[derive(Debug)]
 enum Placed {
-    /// Answer with this status (a large WRITE, or a refused payload).
+    /// Answer with this status (a large WRITE).
     Answer(WcStatus),
-    /// Complete this receive buffer (a large SEND), then answer success.
+    /// Already answered (a refused payload, answered when its header arrived): drop it.
+    Refused,
+    /// Complete this receive buffer (a large SEND or WRITE-with-immediate), then answer
+    /// success.
     Receive {
         recv: PostedRecv,
+        opcode: WcOpcode,
         imm: Option<u32>,
         len: u32,
     },
@@ -45,7 +51,8 @@ enum Start {
     Placing,
     /// It is small enough to buffer whole.
     Buffer,
-    /// A large SEND with no receive buffer posted: leave it in the socket.
+    /// A large SEND or WRITE-with-immediate with no receive buffer posted: leave it in
+    /// the socket.
     AwaitReceive,
 }
 
@@ -175,13 +182,16 @@ impl ResponderLink {
         Ok(progress)
     }
 
-    /// Starts placing a large plain WRITE's or SEND's payload as it arrives (a refused
-    /// one is dropped unread into any buffer); other frames are buffered whole.
+    /// Starts placing a large WRITE's or SEND's payload as it arrives (a refused one is
+    /// dropped unread into any buffer); other frames (all smaller) are buffered whole.
     fn start_placement(&mut self, registry: &Registry, header: &RequestHeader) -> Start {
         let len = header.payload_len();
         let placement = match header.op {
             _ if len < ZERO_COPY_MIN => return Start::Buffer,
-            Op::Write if header.imm.is_none() => write_placement(registry, header),
+            Op::Write => match self.write_placement(registry, header) {
+                Some(placement) => placement,
+                None => return Start::AwaitReceive,
+            },
             Op::Send => {
                 // Popped apart from the match: a failing receive locks the queue again.
                 let recv = self.qp.lock_rq().pop_front();
@@ -193,7 +203,14 @@ impl ResponderLink {
             _ => return Start::Buffer,
         };
         self.conn.consume(frame::REQUEST_LEN);
-        self.placing = Some(placement);
+        self.placing = Some(match placement {
+            (placement, Placed::Answer(status)) if status != WcStatus::Success => {
+                // The requester learns of the refusal without first sending the rest.
+                status_response(status).encode(self.conn.output.bytes());
+                (placement, Placed::Refused)
+            }
+            placed => placed,
+        });
         Start::Placing
     }
 
@@ -211,6 +228,7 @@ impl ResponderLink {
             Ok(pieces) if scatter::total_len(&pieces) >= len => {
                 let placed = Placed::Receive {
                     recv,
+                    opcode: WcOpcode::Recv,
                     imm: header.imm,
                     len: header.len,
                 };
@@ -235,21 +253,51 @@ impl ResponderLink {
             Ok(_) => {}
         }
         let status = match self.placing.take() {
-            Some((_, Placed::Receive { recv, imm, len })) => {
+            Some((
+                _,
+                Placed::Receive {
+                    recv,
+                    opcode,
+                    imm,
+                    len,
+                },
+            )) => {
                 self.qp
-                    .complete_recv(&recv, WcOpcode::Recv, WcStatus::Success, len, imm);
+                    .complete_recv(&recv, opcode, WcStatus::Success, len, imm);
                 WcStatus::Success
             }
             Some((_, Placed::Answer(status))) => status,
+            Some((_, Placed::Refused)) => return Ok(true),
             None => WcStatus::Success,
         };
-        let done = ResponseHeader {
-            status,
-            len: 0,
-            value: 0,
-        };
-        done.encode(self.conn.output.bytes());
+        status_response(status).encode(self.conn.output.bytes());
         Ok(true)
+    }
+
+    /// A large WRITE goes straight into its target, or is dropped when refused; one with
+    /// an immediate consumes a receive buffer once placed (`None`: none is posted yet).
+    fn write_placement(
+        &self,
+        registry: &Registry,
+        header: &RequestHeader,
+    ) -> Option<(Placement, Placed)> {
+        let (remote, len) = (header.remote, header.payload_len());
+        let Some(target) =
+            registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE)
+        else {
+            let refused = Placed::Answer(WcStatus::RemoteAccessError);
+            return Some((Placement::discard(len), refused));
+        };
+        let placed = match header.imm {
+            None => Placed::Answer(WcStatus::Success),
+            Some(imm) => Placed::Receive {
+                recv: self.qp.lock_rq().pop_front()?,
+                opcode: WcOpcode::RecvRdmaWithImm,
+                imm: Some(imm),
+                len: header.len,
+            },
+        };
+        Some((Placement::new(vec![Piece { target, len }]), placed))
     }
 
     fn peer_gone(&self) -> LinkClosed {
@@ -258,18 +306,11 @@ impl ResponderLink {
     }
 }
 
-/// A large plain WRITE goes straight into its target, or is dropped when refused.
-fn write_placement(registry: &Registry, header: &RequestHeader) -> (Placement, Placed) {
-    let (remote, len) = (header.remote, header.payload_len());
-    match registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE) {
-        Some(target) => (
-            Placement::new(vec![Piece { target, len }]),
-            Placed::Answer(WcStatus::Success),
-        ),
-        None => (
-            Placement::discard(len),
-            Placed::Answer(WcStatus::RemoteAccessError),
-        ),
+fn status_response(status: WcStatus) -> ResponseHeader {
+    ResponseHeader {
+        status,
+        len: 0,
+        value: 0,
     }
 }
 
