@@ -190,3 +190,36 @@ fn a_large_write_with_immediate_lands_in_place_and_consumes_a_receive() {
     );
     assert_eq!(pair.b.bytes(0, len), data);
 }
+
+/// Resident memory of this process now, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_peer_streaming_reads_it_never_reads_back_gets_backpressure() {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 64 * 1024, QpConfig::default());
+    let remote = side.region.remote(0);
+    let before = rss_kib();
+    let mut stream = raw_link(&side);
+    // 4000 buffered (copied) READs of 60 KiB: 160 KB asking for 240 MB of answers.
+    let reads: Vec<u8> = (0..4000)
+        .flat_map(|_| request(READ, None, 60 * 1024, remote.addr, remote.rkey))
+        .collect();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    // The NIC may stop reading before all of it is in: a timed-out write is expected.
+    let _ = stream.write_all(&reads);
+    // Give an unbounded NIC time to copy them all (a measurement window, not a wait).
+    std::thread::sleep(Duration::from_millis(500));
+    let grown = rss_kib().saturating_sub(before);
+    assert!(grown < 64 * 1024, "resident memory grew by {grown} KiB");
+    drop(stream);
+}

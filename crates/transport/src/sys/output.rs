@@ -51,6 +51,8 @@ impl Segment {
 #[derive(Debug, Default)]
 pub(crate) struct OutputQueue {
     segments: VecDeque<Segment>,
+    /// Unwritten bytes of `segments`.
+    sealed: usize,
     /// Bytes appended after the last queued segment.
     tail: Vec<u8>,
     /// Bytes of the front segment already written.
@@ -72,6 +74,7 @@ impl OutputQueue {
     ) -> Result<()> {
         mem.check(offset, len)?;
         self.seal_tail();
+        self.sealed += len;
         self.segments
             .push_back(Segment::Memory { mem, offset, len });
         Ok(())
@@ -79,9 +82,15 @@ impl OutputQueue {
 
     fn seal_tail(&mut self) {
         if !self.tail.is_empty() {
+            self.sealed += self.tail.len();
             self.segments
                 .push_back(Segment::Bytes(std::mem::take(&mut self.tail)));
         }
+    }
+
+    /// Bytes queued and not yet written.
+    pub(crate) fn len(&self) -> usize {
+        self.sealed + self.tail.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -144,6 +153,7 @@ impl OutputQueue {
     }
 
     fn advance(&mut self, mut sent: usize) {
+        self.sealed -= sent;
         while let Some(front) = self.segments.front() {
             let left = front.len() - self.written;
             if sent < left {
@@ -212,8 +222,10 @@ mod tests {
             queue.memory(mem, 4000, 200).is_err(),
             "out-of-bounds ranges are refused"
         );
+        assert_eq!(queue.len(), 16);
         assert_eq!(queue.write_to(writer.as_raw_fd()).unwrap(), 16);
         assert!(queue.is_empty());
+        assert_eq!(queue.len(), 0);
         let mut got = [0u8; 16];
         reader.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"head-middle-tail");

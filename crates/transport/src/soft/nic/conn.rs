@@ -11,6 +11,9 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
 const INITIAL_INPUT: usize = 256 * 1024;
+/// Unwritten output above which a responder stops taking requests (backpressure: a peer
+/// that does not read its answers cannot make the NIC queue more than about this).
+pub(crate) const OUTPUT_CAP: usize = 4 << 20;
 /// Largest input buffer kept once it is empty.
 const MAX_IDLE_INPUT: usize = 4 << 20;
 
@@ -99,6 +102,11 @@ impl Conn {
     /// Whether output is still waiting for the kernel.
     pub(crate) fn has_output(&self) -> bool {
         !self.output.is_empty()
+    }
+
+    /// Whether unwritten output has reached [`OUTPUT_CAP`].
+    pub(crate) fn output_full(&self) -> bool {
+        self.output.len() >= OUTPUT_CAP
     }
 
     /// Whether output waits and the socket was full at the last flush: only writability

@@ -9,7 +9,8 @@
 //! request waits for a receive buffer the link is out of the NIC's epoll set, until a
 //! receive is posted (`post_recv` wakes the NIC). While the socket does not take the
 //! responses (a peer that does not read), the link is watched for writability and does
-//! not keep the NIC awake.
+//! not keep the NIC awake; once [`OUTPUT_CAP`](super::conn::OUTPUT_CAP) bytes of answers
+//! wait, it takes no more requests (nor reads the socket) until they drain.
 
 use super::conn::Conn;
 use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
@@ -87,7 +88,8 @@ impl ResponderLink {
     /// (what follows it would keep the socket readable and the NIC spinning) and resumes
     /// once one is posted; watches it for writability while its output is blocked.
     pub(crate) fn sync_watch(&mut self, epoll: &Epoll) -> Result<(), LinkClosed> {
-        let read = !self.awaiting_receive || !self.qp.lock_rq().is_empty();
+        let read =
+            (!self.awaiting_receive || !self.qp.lock_rq().is_empty()) && !self.conn.output_full();
         let want = if read { READ } else { 0 } | if self.conn.output_blocked() { WRITE } else { 0 };
         if epoll
             .update(self.conn.raw_fd(), self.interest, want)
@@ -116,7 +118,7 @@ impl ResponderLink {
         if self.qp.closed.load(Ordering::Acquire) {
             return Err(LinkClosed);
         }
-        let filled = if readable && self.placing.is_none() {
+        let filled = if readable && self.placing.is_none() && !self.conn.output_full() {
             self.conn.fill()
         } else {
             Ok(false)
@@ -146,6 +148,10 @@ impl ResponderLink {
         let mut progress = false;
         self.awaiting_receive = false;
         while self.continue_placement(readable)? {
+            if self.conn.output_full() {
+                // Backpressure: no more requests until the peer reads its answers.
+                return Ok(progress);
+            }
             let (input, output) = self.conn.parts();
             if input.len() < frame::REQUEST_LEN {
                 return Ok(progress);
