@@ -223,3 +223,55 @@ fn a_peer_streaming_reads_it_never_reads_back_gets_backpressure() {
     assert!(grown < 64 * 1024, "resident memory grew by {grown} KiB");
     drop(stream);
 }
+
+/// A queue pair of a fresh domain connected to a scripted peer (a plain TCP socket that
+/// has read the hello); returns both.
+fn scripted_peer() -> (Side<SoftDomain>, TcpStream) {
+    use kvcm_transport::QpEndpoint;
+    use std::io::Read;
+    let side = Side::new(open_tcp().0, 4096, QpConfig::default());
+    let scripted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let text = format!("soft-tcp qpn=1 addr={}", scripted.local_addr().unwrap());
+    side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+    let (mut peer, _) = scripted.accept().unwrap();
+    peer.read_exact(&mut [0u8; 8]).unwrap();
+    (side, peer)
+}
+
+/// A success response header with `len` payload bytes.
+fn success(len: u32) -> Vec<u8> {
+    let mut out = vec![0u8; 16];
+    out[4..8].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
+#[test]
+fn a_read_answered_with_the_wrong_length_fails_and_leaves_memory_alone() {
+    use kvcm_transport::{RemoteAddr, SendOp, WcStatus};
+    use std::io::Read;
+    let (side, mut peer) = scripted_peer();
+    side.fill(0, b"untouched bytes");
+    let remote = RemoteAddr { addr: 0, rkey: 1 };
+    side.post(1, SendOp::Read(remote), &[side.sge(0, 15)]);
+    peer.read_exact(&mut [0u8; 40]).unwrap();
+    let mut short = success(5);
+    short.extend_from_slice(b"short");
+    peer.write_all(&short).unwrap();
+    let done = conformance::completions(&side.send_cq, 1);
+    assert_eq!(
+        (done[0].wr_id, done[0].status),
+        (1, WcStatus::RemoteInvalidRequest)
+    );
+    assert_eq!(side.bytes(0, 15), b"untouched bytes");
+    assert_eq!(side.qp.state(), kvcm_transport::QpState::Error);
+}
+
+#[test]
+fn an_unsolicited_response_breaks_the_link() {
+    use kvcm_transport::QpState;
+    let (side, mut peer) = scripted_peer();
+    peer.write_all(&success(0)).unwrap();
+    conformance::eventually("the queue pair to break", || {
+        side.qp.state() == QpState::Error
+    });
+}

@@ -117,12 +117,22 @@ impl RequesterLink {
         let mut progress = false;
         while self.continue_placement(readable)? {
             let Some(front) = self.outstanding.front() else {
+                if !self.conn.input().is_empty() {
+                    // Bytes nobody asked for: the peer is broken; the link cannot go on.
+                    return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
+                }
                 break;
             };
-            if let Pending::Failed { status, .. } = front {
-                let status = *status;
-                return Err(self.fail_outstanding(status));
-            }
+            let expected_len = match front {
+                Pending::Failed { status, .. } => {
+                    let status = *status;
+                    return Err(self.fail_outstanding(status));
+                }
+                Pending::Remote { send, byte_len, .. } => match send.op {
+                    SendOp::Read(_) => *byte_len,
+                    _ => 0,
+                },
+            };
             let input = self.conn.input();
             let Some(response) = ResponseHeader::decode(input) else {
                 if input.len() >= frame::RESPONSE_LEN {
@@ -132,6 +142,11 @@ impl RequesterLink {
             };
             if response.status != WcStatus::Success {
                 return Err(self.fail_outstanding(response.status));
+            }
+            if response.len != expected_len {
+                // A READ answered with more or fewer bytes than asked, or data on a
+                // response that carries none.
+                return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
             }
             let frame_len = frame::RESPONSE_LEN + response.len as usize;
             if input.len() < frame_len {
@@ -187,9 +202,10 @@ impl RequesterLink {
 
     /// Scatters a buffered response's payload (READ data or atomic value), then completes.
     fn finish_front(&mut self, response: &ResponseHeader) {
+        // The length was checked against the request, so the scatter list holds it all.
         if let Some(Pending::Remote { send, scatter, .. }) = self.outstanding.front() {
             let payload = &self.conn.input()[frame::RESPONSE_LEN..][..response.len as usize];
-            match send.op {
+            let _ = match send.op {
                 SendOp::Read(_) => scatter::scatter_from_bytes(scatter, payload),
                 SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
                     scatter::scatter_from_bytes(scatter, &response.value.to_le_bytes())
