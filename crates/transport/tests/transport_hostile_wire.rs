@@ -275,3 +275,18 @@ fn an_unsolicited_response_breaks_the_link() {
         side.qp.state() == QpState::Error
     });
 }
+
+#[test]
+fn an_immediate_notification_on_tcp_is_refused_and_consumes_no_receive() {
+    use kvcm_transport::CompletionQueue;
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    side.post_recv(3, &[side.sge(0, 8)]);
+    let mut stream = raw_link(&side);
+    // Op 6: "the data of a WRITE with immediate is already in place" (shared memory only).
+    stream.write_all(&request(6, Some(9), 8, 0, 0)).unwrap();
+    let (status, len) = response(&mut stream);
+    assert_eq!((status, len), (4, 0), "RemoteInvalidRequest");
+    let mut out = [conformance::blank()];
+    assert_eq!(side.recv_cq.poll(&mut out), 0, "no receive consumed");
+}
