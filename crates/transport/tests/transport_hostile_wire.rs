@@ -290,3 +290,23 @@ fn an_immediate_notification_on_tcp_is_refused_and_consumes_no_receive() {
     let mut out = [conformance::blank()];
     assert_eq!(side.recv_cq.poll(&mut out), 0, "no receive consumed");
 }
+
+#[test]
+fn addresses_near_the_top_of_the_address_space_are_refused_not_wrapped() {
+    use kvcm_transport::{RemoteAddr, SendOp, WcStatus};
+    let pair = conformance::Pair::new(&|| open_tcp().0, 4096);
+    // Offsets past the region wrap instead of panicking; the NIC refuses the address.
+    let wrapped = pair.b.region.remote(usize::MAX);
+    pair.a.post(1, SendOp::Read(wrapped), &[pair.a.sge(0, 8)]);
+    let done = conformance::completions(&pair.a.send_cq, 1);
+    assert_eq!(done[0].status, WcStatus::RemoteAccessError);
+    let pair = conformance::Pair::new(&|| open_tcp().0, 4096);
+    let rkey = pair.b.region.rkey();
+    let top = RemoteAddr {
+        addr: u64::MAX - 3,
+        rkey,
+    };
+    pair.a.post(2, SendOp::Read(top), &[pair.a.sge(0, 8)]);
+    let done = conformance::completions(&pair.a.send_cq, 1);
+    assert_eq!(done[0].status, WcStatus::RemoteAccessError);
+}
