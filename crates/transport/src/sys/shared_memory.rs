@@ -1,7 +1,7 @@
 //! memfd-backed shared memory mapped into this process.
 //!
 //! Invariant: `ptr` points to a live `MAP_SHARED` mapping of `len` bytes for the life of the
-//! value; every access is bounds-checked against `len` first. Other processes may map the
+//! value (the memfd is sealed against shrinking and growing, ours and peers' alike); every access is bounds-checked against `len` first. Other processes may map the
 //! same memfd and write concurrently, and threads of this process (application, NIC) may copy
 //! or run atomics on the same bytes at once; that is the RDMA contract (the application
 //! orders conflicting accesses with completions). So no access to the mapping from Rust is
@@ -17,6 +17,10 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
+
+/// Seals every memfd we create carries (and every peer's must): its size is fixed, so a
+/// mapping can never lose its pages to a `ftruncate` (SIGBUS on access).
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
 /// A shared mapping of a whole memfd.
 #[derive(Debug)]
@@ -38,8 +42,9 @@ impl SharedMemory {
         if len == 0 {
             return Err(TransportError::InvalidArgument("zero-length memory"));
         }
+        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         // SAFETY: `name` is a valid NUL-terminated string; flags are plain constants.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
         if raw < 0 {
             return Err(TransportError::last_os("memfd_create"));
         }
@@ -51,6 +56,10 @@ impl SharedMemory {
         )
         .set_len(len as u64)
         .map_err(|e| TransportError::io("size memfd", e))?;
+        // SAFETY: plain fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } < 0 {
+            return Err(TransportError::last_os("seal memfd"));
+        }
         Self::map(fd, len)
     }
 
@@ -69,6 +78,13 @@ impl SharedMemory {
         if actual != len as u64 {
             return Err(TransportError::BadEndpoint(format!(
                 "{path} is {actual} bytes, expected {len}"
+            )));
+        }
+        // SAFETY: plain fcntl on a descriptor `file` owns.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & SEALS != SEALS {
+            return Err(TransportError::BadEndpoint(format!(
+                "{path} is not sealed against resizing"
             )));
         }
         Self::map(OwnedFd::from(file), len)
@@ -261,6 +277,25 @@ mod tests {
         assert!(mem.atomic_u64(4).is_err());
         assert!(mem.atomic_u64(64).is_err());
         assert!(SharedMemory::copy(&mem, 0, &mem, 40, 32).is_err());
+    }
+
+    #[test]
+    fn memory_cannot_be_resized_and_unsealed_peers_are_refused() {
+        let mem = memory(4096);
+        let path = format!("/proc/self/fd/{}", mem.raw_fd());
+        let other = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        assert!(other.set_len(0).is_err(), "shrinking is sealed");
+        assert!(other.set_len(8192).is_err(), "growing is sealed");
+        let mut out = [1u8; 8];
+        mem.read(4088, &mut out).unwrap();
+        assert_eq!(out, [0; 8]);
+        // SAFETY: a fresh memfd without seals, owned by `unsealed`.
+        let unsealed = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"bare".as_ptr(), 0)) };
+        File::from(unsealed.try_clone().unwrap())
+            .set_len(4096)
+            .unwrap();
+        let refused = SharedMemory::open_peer(std::process::id(), unsealed.as_raw_fd(), 4096);
+        assert!(refused.is_err());
     }
 
     #[test]
