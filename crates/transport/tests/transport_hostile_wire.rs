@@ -65,16 +65,37 @@ fn cpu_ticks_during(tid: u32, window: Duration) -> u64 {
     cpu_ticks(tid) - start
 }
 
-/// A raw connection to the NIC of `side`, bound to its queue pair by a hello.
-fn raw_link(side: &Side<SoftDomain>) -> TcpStream {
+/// A raw connection to the NIC of `side`, bound to its queue pair by a hello. The queue
+/// pair is first connected to a listener that never answers (kept open in the result):
+/// only a connected queue pair takes an inbound link.
+fn raw_link(side: &Side<SoftDomain>) -> (TcpStream, std::net::TcpListener) {
+    use kvcm_transport::QpEndpoint;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let text = format!(
+        "soft-tcp qpn=1 addr={} token=0",
+        silent.local_addr().unwrap()
+    );
+    side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
     let addr = side.domain.listen_addr().expect("TCP wire");
     let mut stream = TcpStream::connect(addr).unwrap();
-    stream.write_all(&hello(side.qp.qpn())).unwrap();
-    stream
+    stream.write_all(&hello(side)).unwrap();
+    (stream, silent)
 }
 
-fn hello(qpn: u32) -> Vec<u8> {
-    [b"KVTP".as_slice(), &qpn.to_le_bytes()].concat()
+/// The hello for `side`'s queue pair, with the token from its endpoint.
+fn hello(side: &Side<SoftDomain>) -> Vec<u8> {
+    let endpoint = String::from_utf8(side.qp.endpoint().0).unwrap();
+    let token = endpoint
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("token="))
+        .expect("token in the endpoint");
+    let token = u64::from_str_radix(token, 16).unwrap();
+    [
+        b"KVTP".as_slice(),
+        &side.qp.qpn().to_le_bytes(),
+        &token.to_le_bytes(),
+    ]
+    .concat()
 }
 
 /// A 40-byte request header (see `soft/frame.rs`).
@@ -95,7 +116,7 @@ fn a_peer_that_stops_reading_does_not_keep_the_nic_spinning() {
     let (domain, nic) = open_tcp();
     let side = Side::new(domain, 1 << 20, QpConfig::default());
     let remote = side.region.remote(0);
-    let mut stream = raw_link(&side);
+    let (mut stream, _silent) = raw_link(&side);
     let reads: Vec<u8> = (0..64)
         .flat_map(|_| request(READ, None, 1 << 20, remote.addr, remote.rkey))
         .collect();
@@ -139,7 +160,7 @@ fn a_huge_write_with_immediate_is_never_buffered_whole() {
     let (domain, _) = open_tcp();
     let side = Side::new(domain, 4096, QpConfig::default());
     let before = peak_rss_kib();
-    let mut stream = raw_link(&side);
+    let (mut stream, _silent) = raw_link(&side);
     // 256 MiB to an unknown rkey: read and dropped as it arrives, then refused.
     let len = 256 << 20;
     stream
@@ -207,7 +228,7 @@ fn a_peer_streaming_reads_it_never_reads_back_gets_backpressure() {
     let side = Side::new(domain, 64 * 1024, QpConfig::default());
     let remote = side.region.remote(0);
     let before = rss_kib();
-    let mut stream = raw_link(&side);
+    let (mut stream, _silent) = raw_link(&side);
     // 4000 buffered (copied) READs of 60 KiB: 160 KB asking for 240 MB of answers.
     let reads: Vec<u8> = (0..4000)
         .flat_map(|_| request(READ, None, 60 * 1024, remote.addr, remote.rkey))
@@ -231,10 +252,13 @@ fn scripted_peer() -> (Side<SoftDomain>, TcpStream) {
     use std::io::Read;
     let side = Side::new(open_tcp().0, 4096, QpConfig::default());
     let scripted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let text = format!("soft-tcp qpn=1 addr={}", scripted.local_addr().unwrap());
+    let text = format!(
+        "soft-tcp qpn=1 addr={} token=0",
+        scripted.local_addr().unwrap()
+    );
     side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
     let (mut peer, _) = scripted.accept().unwrap();
-    peer.read_exact(&mut [0u8; 8]).unwrap();
+    peer.read_exact(&mut [0u8; 16]).unwrap();
     (side, peer)
 }
 
@@ -282,7 +306,7 @@ fn an_immediate_notification_on_tcp_is_refused_and_consumes_no_receive() {
     let (domain, _) = open_tcp();
     let side = Side::new(domain, 4096, QpConfig::default());
     side.post_recv(3, &[side.sge(0, 8)]);
-    let mut stream = raw_link(&side);
+    let (mut stream, _silent) = raw_link(&side);
     // Op 6: "the data of a WRITE with immediate is already in place" (shared memory only).
     stream.write_all(&request(6, Some(9), 8, 0, 0)).unwrap();
     let (status, len) = response(&mut stream);
@@ -309,4 +333,56 @@ fn addresses_near_the_top_of_the_address_space_are_refused_not_wrapped() {
     pair.a.post(2, SendOp::Read(top), &[pair.a.sge(0, 8)]);
     let done = conformance::completions(&pair.a.send_cq, 1);
     assert_eq!(done[0].status, WcStatus::RemoteAccessError);
+}
+
+/// Expects the NIC to close `stream` (EOF) within the deadline.
+fn closed_by_nic(stream: &mut TcpStream) {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(conformance::DEADLINE))
+        .unwrap();
+    let mut sink = [0u8; 64];
+    // Bytes the NIC never read turn its close into a reset.
+    match stream.read(&mut sink) {
+        Ok(got) => assert_eq!(got, 0, "NIC closed the link"),
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset,
+            "closed, not {e}"
+        ),
+    }
+}
+
+#[test]
+fn a_second_inbound_link_for_a_queue_pair_is_refused() {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let (mut first, _silent) = raw_link(&side);
+    let mut second = TcpStream::connect(side.domain.listen_addr().unwrap()).unwrap();
+    second.write_all(&hello(&side)).unwrap();
+    closed_by_nic(&mut second);
+    // The first link still works: a READ of 8 bytes is answered.
+    let remote = side.region.remote(0);
+    first
+        .write_all(&request(READ, None, 8, remote.addr, remote.rkey))
+        .unwrap();
+    assert_eq!(response(&mut first), (0, 8));
+}
+
+#[test]
+fn a_hello_flood_is_capped_and_served_queue_pairs_still_bind() {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let addr = side.domain.listen_addr().unwrap();
+    let mut flood: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Connections past the cap are closed at once, without a hello.
+    closed_by_nic(flood.last_mut().unwrap());
+    drop(flood);
+    let (mut link, _silent) = raw_link(&side);
+    let remote = side.region.remote(0);
+    link.write_all(&request(READ, None, 8, remote.addr, remote.rkey))
+        .unwrap();
+    assert_eq!(response(&mut link), (0, 8));
 }

@@ -8,6 +8,7 @@ mod epoll;
 mod event;
 mod output;
 mod poll;
+mod random;
 mod shared_memory;
 mod word_copy;
 
@@ -17,4 +18,5 @@ pub(crate) use output::OutputQueue;
 pub(crate) use poll::poll_readable;
 #[cfg(feature = "rdma")]
 pub(crate) use poll::set_nonblocking;
+pub(crate) use random::random_u64;
 pub(crate) use shared_memory::SharedMemory;

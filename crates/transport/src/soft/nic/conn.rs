@@ -36,9 +36,15 @@ pub(crate) struct Conn {
 impl Conn {
     /// Wraps `stream`, switching it to non-blocking, no-delay mode.
     pub(crate) fn new(stream: TcpStream) -> io::Result<Self> {
+        Self::with_input(stream, INITIAL_INPUT)
+    }
+
+    /// Like [`Conn::new`] with an input buffer of `input_len` bytes (an accepted
+    /// connection reads only its hello until it is bound; [`Conn::grow_input`] then).
+    pub(crate) fn with_input(stream: TcpStream, input_len: usize) -> io::Result<Self> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
-        let input = vec![0; INITIAL_INPUT];
+        let input = vec![0; input_len];
         Ok(Conn {
             stream,
             input,
@@ -73,6 +79,13 @@ impl Conn {
                 // A huge frame grew the buffer; give the memory back once it is parsed.
                 self.input = vec![0; INITIAL_INPUT];
             }
+        }
+    }
+
+    /// Gives a connection made [`Conn::with_input`] the normal input buffer.
+    pub(crate) fn grow_input(&mut self) {
+        if self.input.len() < INITIAL_INPUT {
+            self.input.resize(INITIAL_INPUT, 0);
         }
     }
 
