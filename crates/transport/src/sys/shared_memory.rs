@@ -25,7 +25,9 @@ const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEA
 /// A shared mapping of a whole memfd.
 #[derive(Debug)]
 pub(crate) struct SharedMemory {
-    fd: OwnedFd,
+    /// The memfd of memory we created (peers open it); `None` for a peer's memory, whose
+    /// descriptor is closed once mapped (the mapping keeps the pages).
+    fd: Option<OwnedFd>,
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -60,7 +62,12 @@ impl SharedMemory {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } < 0 {
             return Err(TransportError::last_os("seal memfd"));
         }
-        Self::map(fd, len)
+        let ptr = Self::map(&fd, len)?;
+        Ok(SharedMemory {
+            fd: Some(fd),
+            ptr,
+            len,
+        })
     }
 
     /// Maps the memfd `fd` of process `pid` (same host), which must be `len` bytes long.
@@ -87,10 +94,11 @@ impl SharedMemory {
                 "{path} is not sealed against resizing"
             )));
         }
-        Self::map(OwnedFd::from(file), len)
+        let ptr = Self::map(&OwnedFd::from(file), len)?;
+        Ok(SharedMemory { fd: None, ptr, len })
     }
 
-    fn map(fd: OwnedFd, len: usize) -> Result<Self> {
+    fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>> {
         if len == 0 {
             return Err(TransportError::InvalidArgument("zero-length memory"));
         }
@@ -110,8 +118,7 @@ impl SharedMemory {
         if ptr == libc::MAP_FAILED {
             return Err(TransportError::last_os("mmap"));
         }
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(TransportError::Exhausted("mappings"))?;
-        Ok(SharedMemory { fd, ptr, len })
+        NonNull::new(ptr.cast::<u8>()).ok_or(TransportError::Exhausted("mappings"))
     }
 
     /// Virtual address of byte 0 in this process.
@@ -124,9 +131,10 @@ impl SharedMemory {
         self.len
     }
 
-    /// The memfd (for peers to open through `/proc/<pid>/fd`).
+    /// The memfd (for peers to open through `/proc/<pid>/fd`); -1 for a peer's memory
+    /// mapped with [`SharedMemory::open_peer`], which keeps no descriptor.
     pub(crate) fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
 
     /// The mapping's first byte (for iovecs; dereferenced only by the kernel).
@@ -256,6 +264,11 @@ mod tests {
     fn writes_are_seen_through_a_second_mapping() {
         let first = memory(4096);
         let second = SharedMemory::open_peer(std::process::id(), first.raw_fd(), 4096).unwrap();
+        assert_eq!(
+            second.raw_fd(),
+            -1,
+            "a peer mapping keeps no descriptor open"
+        );
         first.write(100, b"hello").unwrap();
         let mut out = [0u8; 5];
         second.read(100, &mut out).unwrap();

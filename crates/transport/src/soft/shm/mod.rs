@@ -36,6 +36,10 @@ pub(crate) struct ShmAddress {
     pub doorbell: String,
 }
 
+/// Most peer memories one queue pair keeps mapped (each maps a whole memfd; no descriptor
+/// stays open).
+const MAX_MAPPINGS: usize = 256;
+
 /// The mapped state of a connected same-host peer.
 #[derive(Debug)]
 pub(crate) struct ShmPeer {
@@ -122,6 +126,14 @@ impl ShmPeer {
         let mut mappings = self.mappings.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(mem) = mappings.get(&rkey) {
             return Some(Arc::clone(mem));
+        }
+        if mappings.len() >= MAX_MAPPINGS {
+            // Keys the peer deregistered go first; if all are live, start over (each is
+            // mapped again on its next use).
+            mappings.retain(|&key, _| self.table.is_live(key));
+            if mappings.len() >= MAX_MAPPINGS {
+                mappings.clear();
+            }
         }
         let mem = Arc::new(SharedMemory::open_peer(self.pid, fd, len).ok()?);
         mappings.insert(rkey, Arc::clone(&mem));
