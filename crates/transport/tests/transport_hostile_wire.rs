@@ -1,5 +1,6 @@
 //! A hostile or broken peer on the soft-TCP wire, speaking raw bytes to a NIC: one that
-//! never reads, one that sends huge length headers, unsolicited responses. Each case checks
+//! never reads, huge length headers, wrong-length and unsolicited responses, shared-memory
+//! only requests, second hellos, hello floods, early hellos, addresses near `u64::MAX`. Each case checks
 //! what the NIC spends (CPU of its own thread, memory of the process) or that it closes the
 //! link, and that the domain keeps serving others.
 //!
@@ -385,4 +386,29 @@ fn a_hello_flood_is_capped_and_served_queue_pairs_still_bind() {
     link.write_all(&request(READ, None, 8, remote.addr, remote.rkey))
         .unwrap();
     assert_eq!(response(&mut link), (0, 8));
+}
+
+#[test]
+fn a_hello_for_a_connecting_queue_pair_waits_without_spinning_then_is_served() {
+    use kvcm_transport::QpEndpoint;
+    let (domain, nic) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let remote = side.region.remote(0);
+    let mut link = TcpStream::connect(side.domain.listen_addr().unwrap()).unwrap();
+    let mut opening = hello(&side);
+    opening.extend(request(READ, None, 8, remote.addr, remote.rkey));
+    link.write_all(&opening).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let ticks = cpu_ticks_during(nic, Duration::from_millis(500));
+    assert!(
+        ticks < 10,
+        "a waiting hello cost the NIC {ticks} ticks in 0.5 s"
+    );
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let text = format!(
+        "soft-tcp qpn=1 addr={} token=0",
+        silent.local_addr().unwrap()
+    );
+    side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+    assert_eq!(response(&mut link), (0, 8), "served once connected");
 }

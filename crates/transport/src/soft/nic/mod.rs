@@ -332,12 +332,18 @@ impl Nic {
     fn handshake(&mut self) -> bool {
         let mut progress = false;
         for (mut conn, accepted) in std::mem::take(&mut self.handshakes) {
-            let buffered = conn.input().len() >= frame::HELLO_LEN;
-            if self.ready.contains(&conn.raw_fd()) && !buffered && conn.fill().is_err() {
+            let had_hello = conn.input().len() >= frame::HELLO_LEN;
+            if self.ready.contains(&conn.raw_fd()) && !had_hello && conn.fill().is_err() {
+                continue;
+            }
+            // A complete hello leaves the epoll set until bound: bytes after it would keep
+            // the NIC spinning while its queue pair finishes connecting.
+            let has_hello = conn.input().len() >= frame::HELLO_LEN;
+            if has_hello && !had_hello && self.epoll.delete(conn.raw_fd()).is_err() {
                 continue;
             }
             match self.bind(&conn) {
-                Bind::To(qp) => {
+                Bind::To(qp) if self.epoll.add(conn.raw_fd()).is_ok() => {
                     conn.consume(frame::HELLO_LEN);
                     conn.grow_input();
                     self.responders.push(ResponderLink::new(qp, conn));
@@ -346,7 +352,7 @@ impl Nic {
                 Bind::Wait if accepted.elapsed() < HANDSHAKE_TIMEOUT => {
                     self.handshakes.push((conn, accepted));
                 }
-                Bind::Wait | Bind::Refuse => {}
+                Bind::To(_) | Bind::Wait | Bind::Refuse => {}
             }
         }
         progress
