@@ -119,18 +119,21 @@ pub trait Region: Send + Sync + std::fmt::Debug {
     fn rkey(&self) -> u32;
     /// Rights granted.
     fn access(&self) -> Access;
-    /// A scatter-gather element for `len` bytes at `offset` of this region.
+    /// A scatter-gather element for `len` bytes at `offset` of this region (an offset
+    /// past the region gives an element that posting refuses; the address wraps, never
+    /// panics).
     fn sge(&self, offset: usize, len: u32) -> Sge {
         Sge {
-            addr: self.addr() + offset as u64,
+            addr: self.addr().wrapping_add(offset as u64),
             len,
             lkey: self.lkey(),
         }
     }
-    /// The remote address of `offset` in this region, to hand to a peer.
+    /// The remote address of `offset` in this region, to hand to a peer (an offset past
+    /// the region gives an address the peer's NIC refuses; it wraps, never panics).
     fn remote(&self, offset: usize) -> RemoteAddr {
         RemoteAddr {
-            addr: self.addr() + offset as u64,
+            addr: self.addr().wrapping_add(offset as u64),
             rkey: self.rkey(),
         }
     }

@@ -1,5 +1,6 @@
 //! Text encoding of soft queue-pair endpoints, e.g.
-//! `soft-tcp qpn=3 addr=10.0.0.1:40123` or
+//! `soft-tcp qpn=3 addr=10.0.0.1:40123 token=9f3c…` (the token, random per queue pair,
+//! must be in the hello that binds a connection to it) or
 //! `soft-shm qpn=3 host=<boot id> pid=77 table=5 ring=9 ring_cap=4194304 bell=kvcm-nic-77-0`.
 
 use super::shm::ShmAddress;
@@ -10,8 +11,12 @@ use std::net::SocketAddr;
 /// Where a soft queue pair can be reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum SoftEndpoint {
-    /// Over TCP: the peer NIC's listening address.
-    Tcp { qpn: u32, addr: SocketAddr },
+    /// Over TCP: the peer NIC's listening address and the queue pair's hello token.
+    Tcp {
+        qpn: u32,
+        addr: SocketAddr,
+        token: u64,
+    },
     /// Over shared memory on host `host` (a boot id).
     Shm {
         qpn: u32,
@@ -23,7 +28,9 @@ pub(crate) enum SoftEndpoint {
 impl SoftEndpoint {
     pub(crate) fn encode(&self) -> QpEndpoint {
         let text = match self {
-            SoftEndpoint::Tcp { qpn, addr } => format!("soft-tcp qpn={qpn} addr={addr}"),
+            SoftEndpoint::Tcp { qpn, addr, token } => {
+                format!("soft-tcp qpn={qpn} addr={addr} token={token:016x}")
+            }
             SoftEndpoint::Shm {
                 qpn,
                 host,
@@ -57,7 +64,9 @@ impl SoftEndpoint {
         match kind {
             "soft-tcp" => {
                 let addr = field("addr")?.parse().map_err(|_| bad("bad addr"))?;
-                Ok(SoftEndpoint::Tcp { qpn, addr })
+                let token =
+                    u64::from_str_radix(field("token")?, 16).map_err(|_| bad("bad token"))?;
+                Ok(SoftEndpoint::Tcp { qpn, addr, token })
             }
             "soft-shm" => {
                 let fd = |name: &str| i32::try_from(number(name)?).map_err(|_| bad(name));
@@ -96,6 +105,7 @@ mod tests {
         let tcp = SoftEndpoint::Tcp {
             qpn: 3,
             addr: "10.0.0.1:4000".parse().unwrap(),
+            token: u64::MAX - 5,
         };
         assert_eq!(SoftEndpoint::decode(&tcp.encode()).unwrap(), tcp);
         let address = ShmAddress {
@@ -118,6 +128,8 @@ mod tests {
         for text in [
             "",
             "soft-tcp qpn=1",
+            "soft-tcp qpn=1 addr=1.2.3.4:5",
+            "soft-tcp qpn=1 addr=1.2.3.4:5 token=xyz",
             "soft-tcp qpn=x addr=1.2.3.4:5",
             "rdma qpn=1",
             "soft-shm qpn=1 pid=2",

@@ -10,8 +10,8 @@ use crate::{RemoteAddr, WcStatus};
 pub(crate) const REQUEST_LEN: usize = 40;
 /// Bytes of a response header.
 pub(crate) const RESPONSE_LEN: usize = 16;
-/// Bytes of the hello that opens a connection.
-pub(crate) const HELLO_LEN: usize = 8;
+/// Bytes of the hello that opens a connection: magic, queue pair number, token.
+pub(crate) const HELLO_LEN: usize = 16;
 /// Largest payload one frame may carry.
 pub(crate) const MAX_PAYLOAD: u32 = 1 << 30;
 const MAGIC: u32 = 0x5054_564b; // "KVTP"
@@ -134,18 +134,20 @@ impl ResponseHeader {
     }
 }
 
-/// The hello naming the destination queue pair.
-pub(crate) fn hello(dst_qpn: u32) -> [u8; HELLO_LEN] {
+/// The hello naming the destination queue pair and proving knowledge of its endpoint
+/// (the random `token` it carries).
+pub(crate) fn hello(dst_qpn: u32, token: u64) -> [u8; HELLO_LEN] {
     let mut out = [0u8; HELLO_LEN];
     out[..4].copy_from_slice(&MAGIC.to_le_bytes());
-    out[4..].copy_from_slice(&dst_qpn.to_le_bytes());
+    out[4..8].copy_from_slice(&dst_qpn.to_le_bytes());
+    out[8..].copy_from_slice(&token.to_le_bytes());
     out
 }
 
-/// The destination queue pair of a hello, or `None` if it is not one.
-pub(crate) fn parse_hello(bytes: &[u8]) -> Option<u32> {
+/// The destination queue pair and token of a hello, or `None` if it is not one.
+pub(crate) fn parse_hello(bytes: &[u8]) -> Option<(u32, u64)> {
     let bytes = bytes.get(..HELLO_LEN)?;
-    (u32_at(bytes, 0) == MAGIC).then(|| u32_at(bytes, 4))
+    (u32_at(bytes, 0) == MAGIC).then(|| (u32_at(bytes, 4), u64_at(bytes, 8)))
 }
 
 const STATUSES: [WcStatus; 7] = [
@@ -230,6 +232,6 @@ mod tests {
         assert_eq!(RequestHeader::decode(&[1, 2, 3]), None);
         assert_eq!(ResponseHeader::decode(&[200; RESPONSE_LEN]), None);
         assert_eq!(parse_hello(&[0; HELLO_LEN]), None);
-        assert_eq!(parse_hello(&hello(5)), Some(5));
+        assert_eq!(parse_hello(&hello(5, 77)), Some((5, 77)));
     }
 }

@@ -44,13 +44,14 @@ impl SoftQp {
             ));
         }
         let qpn = domain.allocate_qpn();
+        let token = crate::sys::random_u64()?;
         let (inbound, endpoint) = match (domain.config.wire, domain.listen_addr) {
             (Wire::Shm, _) => {
                 let ring = Ring::create(domain.config.ring_capacity)?;
                 let endpoint = shm_endpoint(domain, qpn, &ring);
                 (Some(ring), endpoint)
             }
-            (Wire::Tcp, Some(addr)) => (None, SoftEndpoint::Tcp { qpn, addr }),
+            (Wire::Tcp, Some(addr)) => (None, SoftEndpoint::Tcp { qpn, addr, token }),
             (Wire::Tcp, None) => {
                 return Err(TransportError::InvalidArgument(
                     "TCP domain without a listener",
@@ -58,7 +59,7 @@ impl SoftQp {
             }
         };
         let cqs = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
-        let shared = Arc::new(QpShared::new(qpn, config, cqs, inbound));
+        let shared = Arc::new(QpShared::new((qpn, token), config, cqs, inbound));
         domain.nic.adopt_qp(Arc::clone(&shared));
         Ok(SoftQp {
             domain: Arc::clone(domain),
@@ -76,11 +77,11 @@ impl SoftQp {
         }
     }
 
-    fn connect_tcp(&self, qpn: u32, addr: SocketAddr) -> Result<()> {
+    fn connect_tcp(&self, qpn: u32, addr: SocketAddr, token: u64) -> Result<()> {
         let io = |e| TransportError::io("connect to peer NIC", e);
         let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
-        stream.write_all(&frame::hello(qpn)).map_err(io)?;
+        stream.write_all(&frame::hello(qpn, token)).map_err(io)?;
         let nic = Arc::clone(&self.domain.nic);
         let timeout = self.domain.config.response_timeout;
         let qp = Arc::clone(&self.shared);
@@ -142,7 +143,9 @@ impl QueuePair for SoftQp {
             return Err(self.refuse("connect"));
         }
         match (SoftEndpoint::decode(remote)?, self.domain.config.wire) {
-            (SoftEndpoint::Tcp { qpn, addr }, Wire::Tcp) => self.connect_tcp(qpn, addr)?,
+            (SoftEndpoint::Tcp { qpn, addr, token }, Wire::Tcp) => {
+                self.connect_tcp(qpn, addr, token)?
+            }
             (SoftEndpoint::Shm { host, address, .. }, Wire::Shm) => {
                 self.connect_shm(&host, &address)?
             }

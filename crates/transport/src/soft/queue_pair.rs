@@ -32,6 +32,8 @@ pub(crate) struct PostedRecv {
 #[derive(Debug)]
 pub(crate) struct QpShared {
     pub qpn: u32,
+    /// Secret a TCP hello must carry to bind a connection to this queue pair.
+    pub token: u64,
     pub config: QpConfig,
     state: AtomicU8,
     pub send_cq: Arc<CqShared>,
@@ -55,13 +57,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl QpShared {
     pub(crate) fn new(
-        qpn: u32,
+        (qpn, token): (u32, u64),
         config: QpConfig,
         (send_cq, recv_cq): (Arc<CqShared>, Arc<CqShared>),
         inbound: Option<Ring>,
     ) -> Self {
         QpShared {
             qpn,
+            token,
             config,
             state: AtomicU8::new(QpState::Init as u8),
             send_cq,

@@ -54,7 +54,9 @@ struct Live {
 
 #[derive(Debug, Default)]
 struct SlotAllocator {
-    free: Vec<u32>,
+    /// Free slots, oldest freed first: a slot comes back only after every other free slot
+    /// was used, so an old key's generation recurs only after 2^18 × (free slots) cycles.
+    free: std::collections::VecDeque<u32>,
     generations: Vec<u32>,
 }
 
@@ -70,7 +72,7 @@ pub(crate) struct Registry {
 impl Registry {
     pub(crate) fn new() -> Result<Self> {
         let slots = SlotAllocator {
-            free: (0..1u32 << SLOT_BITS).rev().collect(),
+            free: (0..1u32 << SLOT_BITS).collect(),
             generations: vec![0; 1 << SLOT_BITS],
         };
         Ok(Registry {
@@ -131,12 +133,12 @@ impl Registry {
         live.memory
             .release((live.entry.addr - live.entry.mem_base) as usize);
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        slots.free.push(key & ((1 << SLOT_BITS) - 1));
+        slots.free.push_back(key & ((1 << SLOT_BITS) - 1));
     }
 
     fn allocate_key(&self) -> Option<u32> {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        let slot = slots.free.pop()?;
+        let slot = slots.free.pop_front()?;
         let generation = &mut slots.generations[slot as usize];
         *generation = (*generation + 1) & ((1 << (32 - SLOT_BITS)) - 1);
         Some(*generation << SLOT_BITS | slot)
@@ -208,6 +210,20 @@ mod tests {
         assert!(registry.table().lookup(key).is_none());
         let (again, _) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
         assert_ne!(again, key, "a reused slot gets a new generation");
+    }
+
+    #[test]
+    fn a_freed_slot_is_reused_last() {
+        let (registry, memory) = setup();
+        let slot = |key: u32| key & ((1 << SLOT_BITS) - 1);
+        let (first, _) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
+        registry.deregister(first);
+        let (second, _) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
+        assert_ne!(
+            slot(second),
+            slot(first),
+            "FIFO: the freed slot waits its turn"
+        );
     }
 
     #[test]

@@ -14,7 +14,8 @@ use crate::{Access, WcOpcode, WcStatus};
 /// What to send back: the header and, for a READ, where its data lies.
 pub(crate) type Reply = (ResponseHeader, Option<Target>);
 
-/// Executes `header` (+ `payload`) for queue pair `qp`; `None` means "no receive buffer yet".
+/// Executes `header` (+ `payload`) arriving on a TCP link for queue pair `qp`; `None`
+/// means "no receive buffer yet".
 pub(crate) fn execute(
     registry: &Registry,
     qp: &QpShared,
@@ -33,7 +34,9 @@ pub(crate) fn execute(
             deliver(registry, qp, header.imm, Some(payload), header.len)?,
             None,
         ),
-        Op::ImmNotify => (deliver(registry, qp, header.imm, None, header.len)?, None),
+        // Shared-memory wire only (its data is already in place); on a TCP link it would
+        // consume a receive for data never written.
+        Op::ImmNotify => (status_reply(WcStatus::RemoteInvalidRequest, 0), None),
         Op::CompareSwap | Op::FetchAdd => (execute_atomic(registry, header), None),
     };
     Some(reply)

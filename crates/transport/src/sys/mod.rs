@@ -8,12 +8,15 @@ mod epoll;
 mod event;
 mod output;
 mod poll;
+mod random;
 mod shared_memory;
+mod word_copy;
 
-pub(crate) use epoll::Epoll;
+pub(crate) use epoll::{Epoll, READ, WRITE};
 pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};
 pub(crate) use output::OutputQueue;
 pub(crate) use poll::poll_readable;
 #[cfg(feature = "rdma")]
 pub(crate) use poll::set_nonblocking;
+pub(crate) use random::random_u64;
 pub(crate) use shared_memory::SharedMemory;

@@ -3,6 +3,9 @@
 //! Large payloads are queued as ranges of shared memory (held alive by `Arc`) and written
 //! straight from the mapping, so the NIC does not copy them into a buffer first.
 //! Invariant: every queued memory range was bounds-checked when it was pushed.
+//! Writes use send/sendmsg with `MSG_NOSIGNAL` (the descriptor is a socket): a peer that
+//! reset the connection is an error, never a SIGPIPE, even in a host (C, Python) that does
+//! not ignore that signal.
 
 use super::SharedMemory;
 use crate::Result;
@@ -51,6 +54,8 @@ impl Segment {
 #[derive(Debug, Default)]
 pub(crate) struct OutputQueue {
     segments: VecDeque<Segment>,
+    /// Unwritten bytes of `segments`.
+    sealed: usize,
     /// Bytes appended after the last queued segment.
     tail: Vec<u8>,
     /// Bytes of the front segment already written.
@@ -72,6 +77,7 @@ impl OutputQueue {
     ) -> Result<()> {
         mem.check(offset, len)?;
         self.seal_tail();
+        self.sealed += len;
         self.segments
             .push_back(Segment::Memory { mem, offset, len });
         Ok(())
@@ -79,9 +85,15 @@ impl OutputQueue {
 
     fn seal_tail(&mut self) {
         if !self.tail.is_empty() {
+            self.sealed += self.tail.len();
             self.segments
                 .push_back(Segment::Bytes(std::mem::take(&mut self.tail)));
         }
+    }
+
+    /// Bytes queued and not yet written.
+    pub(crate) fn len(&self) -> usize {
+        self.sealed + self.tail.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -103,9 +115,14 @@ impl OutputQueue {
                 .enumerate()
                 .map(|(index, segment)| segment.iovec(if index == 0 { self.written } else { 0 }))
                 .collect();
+            // SAFETY: an all-zero msghdr is valid (no name, no control data).
+            let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+            message.msg_iov = iovecs.as_ptr().cast_mut();
+            message.msg_iovlen = iovecs.len() as _;
             // SAFETY: every iovec points into a Vec or a bounds-checked shared mapping owned
-            // by `self.segments`, which is not touched during the call.
-            let sent = unsafe { libc::writev(fd, iovecs.as_ptr(), iovecs.len() as i32) };
+            // by `self.segments`, which is not touched during the call; the kernel only
+            // reads them through `message`, which outlives the call.
+            let sent = unsafe { libc::sendmsg(fd, &message, libc::MSG_NOSIGNAL) };
             if sent < 0 {
                 let err = io::Error::last_os_error();
                 return match err.kind() {
@@ -127,7 +144,14 @@ impl OutputQueue {
         while !self.tail.is_empty() {
             // SAFETY: writes from the initialised bytes of `self.tail`, which is not
             // touched during the call.
-            let sent = unsafe { libc::write(fd, self.tail.as_ptr().cast(), self.tail.len()) };
+            let sent = unsafe {
+                libc::send(
+                    fd,
+                    self.tail.as_ptr().cast(),
+                    self.tail.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
             if sent >= 0 {
                 self.tail.drain(..sent as usize);
                 total += sent as usize;
@@ -144,6 +168,7 @@ impl OutputQueue {
     }
 
     fn advance(&mut self, mut sent: usize) {
+        self.sealed -= sent;
         while let Some(front) = self.segments.front() {
             let left = front.len() - self.written;
             if sent < left {
@@ -199,6 +224,50 @@ mod tests {
         );
     }
 
+    /// Whether SIGPIPE is pending for this thread (it must be blocked); consumes it.
+    fn take_pending_sigpipe() -> bool {
+        // SAFETY: plain signal-set calls on local, initialised sets.
+        unsafe {
+            let mut pending: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut pending);
+            if libc::sigismember(&pending, libc::SIGPIPE) != 1 {
+                return false;
+            }
+            let mut pipe: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut pipe);
+            libc::sigaddset(&mut pipe, libc::SIGPIPE);
+            let mut signal = 0;
+            libc::sigwait(&pipe, &mut signal);
+            true
+        }
+    }
+
+    #[test]
+    fn writing_to_a_closed_peer_is_an_error_not_a_sigpipe() {
+        // SAFETY: blocks SIGPIPE for this test thread only, so a raised one stays pending.
+        unsafe {
+            let mut pipe: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut pipe);
+            libc::sigaddset(&mut pipe, libc::SIGPIPE);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, std::ptr::null_mut());
+        }
+        let mem = Arc::new(SharedMemory::create(c"out", 4096).unwrap());
+        for with_memory in [false, true] {
+            let (writer, reader) = UnixStream::pair().unwrap();
+            drop(reader);
+            let mut queue = OutputQueue::default();
+            queue.bytes().extend_from_slice(b"to nobody");
+            if with_memory {
+                queue.memory(Arc::clone(&mem), 0, 16).unwrap();
+            }
+            assert!(queue.write_to(writer.as_raw_fd()).is_err());
+            assert!(
+                !take_pending_sigpipe(),
+                "SIGPIPE raised (memory: {with_memory})"
+            );
+        }
+    }
+
     #[test]
     fn bytes_and_memory_arrive_in_order() {
         let (writer, mut reader) = UnixStream::pair().unwrap();
@@ -212,8 +281,10 @@ mod tests {
             queue.memory(mem, 4000, 200).is_err(),
             "out-of-bounds ranges are refused"
         );
+        assert_eq!(queue.len(), 16);
         assert_eq!(queue.write_to(writer.as_raw_fd()).unwrap(), 16);
         assert!(queue.is_empty());
+        assert_eq!(queue.len(), 0);
         let mut got = [0u8; 16];
         reader.read_exact(&mut got).unwrap();
         assert_eq!(&got, b"head-middle-tail");

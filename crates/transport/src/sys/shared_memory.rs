@@ -1,11 +1,16 @@
 //! memfd-backed shared memory mapped into this process.
 //!
 //! Invariant: `ptr` points to a live `MAP_SHARED` mapping of `len` bytes for the life of the
-//! value; every access is bounds-checked against `len` first. Other processes may map the
-//! same memfd and write concurrently; that is the RDMA contract (the application orders
-//! conflicting accesses with completions), so byte copies may observe torn data but never
-//! leave the mapping. Aligned 8-byte words are accessed through `AtomicU64` only.
+//! value (the memfd is sealed against shrinking and growing, ours and peers' alike); every access is bounds-checked against `len` first. Other processes may map the
+//! same memfd and write concurrently, and threads of this process (application, NIC) may copy
+//! or run atomics on the same bytes at once; that is the RDMA contract (the application
+//! orders conflicting accesses with completions). So no access to the mapping from Rust is
+//! a plain one: copies are relaxed atomic word / byte copies (`word_copy`) and 8-byte
+//! atomics are `AtomicU64` operations; racing accesses may observe torn data across words,
+//! never undefined behaviour, and never leave the mapping. The kernel (read(2), writev(2))
+//! also touches it, outside the Rust memory model.
 
+use super::word_copy;
 use crate::{Result, TransportError};
 use std::ffi::CStr;
 use std::fs::File;
@@ -13,10 +18,16 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU64;
 
+/// Seals every memfd we create carries (and every peer's must): its size is fixed, so a
+/// mapping can never lose its pages to a `ftruncate` (SIGBUS on access).
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
 /// A shared mapping of a whole memfd.
 #[derive(Debug)]
 pub(crate) struct SharedMemory {
-    fd: OwnedFd,
+    /// The memfd of memory we created (peers open it); `None` for a peer's memory, whose
+    /// descriptor is closed once mapped (the mapping keeps the pages).
+    fd: Option<OwnedFd>,
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -33,8 +44,9 @@ impl SharedMemory {
         if len == 0 {
             return Err(TransportError::InvalidArgument("zero-length memory"));
         }
+        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         // SAFETY: `name` is a valid NUL-terminated string; flags are plain constants.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
         if raw < 0 {
             return Err(TransportError::last_os("memfd_create"));
         }
@@ -46,7 +58,16 @@ impl SharedMemory {
         )
         .set_len(len as u64)
         .map_err(|e| TransportError::io("size memfd", e))?;
-        Self::map(fd, len)
+        // SAFETY: plain fcntl on a descriptor we own.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } < 0 {
+            return Err(TransportError::last_os("seal memfd"));
+        }
+        let ptr = Self::map(&fd, len)?;
+        Ok(SharedMemory {
+            fd: Some(fd),
+            ptr,
+            len,
+        })
     }
 
     /// Maps the memfd `fd` of process `pid` (same host), which must be `len` bytes long.
@@ -66,10 +87,18 @@ impl SharedMemory {
                 "{path} is {actual} bytes, expected {len}"
             )));
         }
-        Self::map(OwnedFd::from(file), len)
+        // SAFETY: plain fcntl on a descriptor `file` owns.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & SEALS != SEALS {
+            return Err(TransportError::BadEndpoint(format!(
+                "{path} is not sealed against resizing"
+            )));
+        }
+        let ptr = Self::map(&OwnedFd::from(file), len)?;
+        Ok(SharedMemory { fd: None, ptr, len })
     }
 
-    fn map(fd: OwnedFd, len: usize) -> Result<Self> {
+    fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>> {
         if len == 0 {
             return Err(TransportError::InvalidArgument("zero-length memory"));
         }
@@ -89,8 +118,7 @@ impl SharedMemory {
         if ptr == libc::MAP_FAILED {
             return Err(TransportError::last_os("mmap"));
         }
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(TransportError::Exhausted("mappings"))?;
-        Ok(SharedMemory { fd, ptr, len })
+        NonNull::new(ptr.cast::<u8>()).ok_or(TransportError::Exhausted("mappings"))
     }
 
     /// Virtual address of byte 0 in this process.
@@ -103,9 +131,10 @@ impl SharedMemory {
         self.len
     }
 
-    /// The memfd (for peers to open through `/proc/<pid>/fd`).
+    /// The memfd (for peers to open through `/proc/<pid>/fd`); -1 for a peer's memory
+    /// mapped with [`SharedMemory::open_peer`], which keeps no descriptor.
     pub(crate) fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
 
     /// The mapping's first byte (for iovecs; dereferenced only by the kernel).
@@ -124,25 +153,18 @@ impl SharedMemory {
     /// Copies `data` to `offset`.
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check(offset, data.len())?;
-        // SAFETY: the range was bounds-checked; `data` is a separate Rust slice, so the two
-        // do not overlap (a slice into a mapping is never handed out).
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
+        // SAFETY: the range was bounds-checked; `data` is a Rust slice, never a slice into a
+        // mapping (none is handed out), so it is private; the mapping is written atomically.
+        unsafe { word_copy::copy_in(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
         Ok(())
     }
 
     /// Copies from `offset` into `out`.
     pub(crate) fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check(offset, out.len())?;
-        // SAFETY: bounds-checked source inside the mapping; `out` is a distinct Rust slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
+        // SAFETY: bounds-checked source inside the mapping, read atomically; `out` is a
+        // private Rust slice.
+        unsafe { word_copy::copy_out(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -151,10 +173,11 @@ impl SharedMemory {
         self.check(offset, len)?;
         out.reserve(len);
         let start = out.len();
-        // SAFETY: the source range was bounds-checked; `reserve` made `len` bytes of spare
-        // capacity after `start`, which the copy initialises completely before `set_len`.
+        // SAFETY: the source range was bounds-checked and is read atomically; `reserve` made
+        // `len` bytes of private spare capacity after `start`, which the copy initialises
+        // completely before `set_len`.
         unsafe {
-            std::ptr::copy_nonoverlapping(
+            word_copy::copy_out(
                 self.ptr.as_ptr().add(offset),
                 out.as_mut_ptr().add(start),
                 len,
@@ -192,10 +215,10 @@ impl SharedMemory {
     ) -> Result<()> {
         src.check(src_offset, len)?;
         dst.check(dst_offset, len)?;
-        // SAFETY: both ranges are bounds-checked; `copy` (memmove) tolerates the two
-        // mappings aliasing the same pages.
+        // SAFETY: both ranges are bounds-checked; every access is atomic, so two mappings
+        // aliasing the same pages (or overlapping ranges) give unspecified bytes, not UB.
         unsafe {
-            std::ptr::copy(
+            word_copy::copy_shared(
                 src.ptr.as_ptr().add(src_offset),
                 dst.ptr.as_ptr().add(dst_offset),
                 len,
@@ -213,7 +236,9 @@ impl SharedMemory {
             ));
         }
         // SAFETY: in bounds, 8-byte aligned (the mapping is page aligned), valid for the
-        // lifetime of `&self`; every concurrent access to this word in any process is atomic.
+        // lifetime of `&self`; every access this crate makes to the mapping is atomic
+        // (`word_copy` for copies), so no non-atomic access races with this one in this
+        // process; other processes and the kernel are outside the Rust memory model.
         Ok(unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) })
     }
 }
@@ -239,6 +264,11 @@ mod tests {
     fn writes_are_seen_through_a_second_mapping() {
         let first = memory(4096);
         let second = SharedMemory::open_peer(std::process::id(), first.raw_fd(), 4096).unwrap();
+        assert_eq!(
+            second.raw_fd(),
+            -1,
+            "a peer mapping keeps no descriptor open"
+        );
         first.write(100, b"hello").unwrap();
         let mut out = [0u8; 5];
         second.read(100, &mut out).unwrap();
@@ -260,6 +290,25 @@ mod tests {
         assert!(mem.atomic_u64(4).is_err());
         assert!(mem.atomic_u64(64).is_err());
         assert!(SharedMemory::copy(&mem, 0, &mem, 40, 32).is_err());
+    }
+
+    #[test]
+    fn memory_cannot_be_resized_and_unsealed_peers_are_refused() {
+        let mem = memory(4096);
+        let path = format!("/proc/self/fd/{}", mem.raw_fd());
+        let other = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        assert!(other.set_len(0).is_err(), "shrinking is sealed");
+        assert!(other.set_len(8192).is_err(), "growing is sealed");
+        let mut out = [1u8; 8];
+        mem.read(4088, &mut out).unwrap();
+        assert_eq!(out, [0; 8]);
+        // SAFETY: a fresh memfd without seals, owned by `unsealed`.
+        let unsealed = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"bare".as_ptr(), 0)) };
+        File::from(unsealed.try_clone().unwrap())
+            .set_len(4096)
+            .unwrap();
+        let refused = SharedMemory::open_peer(std::process::id(), unsealed.as_raw_fd(), 4096);
+        assert!(refused.is_err());
     }
 
     #[test]

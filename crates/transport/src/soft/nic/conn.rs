@@ -11,6 +11,9 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
 const INITIAL_INPUT: usize = 256 * 1024;
+/// Unwritten output above which a responder stops taking requests (backpressure: a peer
+/// that does not read its answers cannot make the NIC queue more than about this).
+pub(crate) const OUTPUT_CAP: usize = 4 << 20;
 /// Largest input buffer kept once it is empty.
 const MAX_IDLE_INPUT: usize = 4 << 20;
 
@@ -26,20 +29,29 @@ pub(crate) struct Conn {
     filled: usize,
     /// Frames waiting to be written.
     pub output: OutputQueue,
+    /// The last flush left output the kernel would not take (the socket is full).
+    blocked: bool,
 }
 
 impl Conn {
     /// Wraps `stream`, switching it to non-blocking, no-delay mode.
     pub(crate) fn new(stream: TcpStream) -> io::Result<Self> {
+        Self::with_input(stream, INITIAL_INPUT)
+    }
+
+    /// Like [`Conn::new`] with an input buffer of `input_len` bytes (an accepted
+    /// connection reads only its hello until it is bound; [`Conn::grow_input`] then).
+    pub(crate) fn with_input(stream: TcpStream, input_len: usize) -> io::Result<Self> {
         stream.set_nonblocking(true)?;
         stream.set_nodelay(true)?;
-        let input = vec![0; INITIAL_INPUT];
+        let input = vec![0; input_len];
         Ok(Conn {
             stream,
             input,
             consumed: 0,
             filled: 0,
             output: OutputQueue::default(),
+            blocked: false,
         })
     }
 
@@ -70,6 +82,13 @@ impl Conn {
         }
     }
 
+    /// Gives a connection made [`Conn::with_input`] the normal input buffer.
+    pub(crate) fn grow_input(&mut self) {
+        if self.input.len() < INITIAL_INPUT {
+            self.input.resize(INITIAL_INPUT, 0);
+        }
+    }
+
     /// Makes room for at least `want` unparsed bytes in total (a whole frame).
     pub(crate) fn reserve_frame(&mut self, want: usize) {
         if self.input.len() - self.consumed >= want {
@@ -96,6 +115,23 @@ impl Conn {
     /// Whether output is still waiting for the kernel.
     pub(crate) fn has_output(&self) -> bool {
         !self.output.is_empty()
+    }
+
+    /// Whether unwritten output has reached [`OUTPUT_CAP`].
+    pub(crate) fn output_full(&self) -> bool {
+        self.output.len() >= OUTPUT_CAP
+    }
+
+    /// Whether output waits and the socket was full at the last flush: only writability
+    /// (epoll [`WRITE`](crate::sys::WRITE)) can move it on.
+    pub(crate) fn output_blocked(&self) -> bool {
+        self.blocked && self.has_output()
+    }
+
+    /// Whether output waits that a flush could write now (it was queued after the last
+    /// flush, or that flush found room).
+    pub(crate) fn output_ready(&self) -> bool {
+        self.has_output() && !self.blocked
     }
 
     /// Reads what is available (a short read means drained); Ok(true) if bytes arrived, an
@@ -128,7 +164,10 @@ impl Conn {
     }
     /// Writes buffered output; Ok(true) if bytes left, an error if the peer is gone.
     pub(crate) fn flush(&mut self) -> io::Result<bool> {
-        Ok(self.output.write_to(self.stream.as_raw_fd())? > 0)
+        let sent = self.output.write_to(self.stream.as_raw_fd())?;
+        // `write_to` stops early only when the kernel would block.
+        self.blocked = self.has_output();
+        Ok(sent > 0)
     }
 
     /// Drops up to `len` incoming bytes (a refused payload): first what is buffered, then,

@@ -33,11 +33,26 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// How long an accepted connection may take to send a valid hello for a connected queue
+/// pair before it is closed.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most accepted connections waiting for their hello; more are closed at once.
+const MAX_HANDSHAKES: usize = 256;
 /// How often same-host peers' liveness is checked while the NIC is busy.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
 /// Most rounds in a row a NIC with hot inbound links reads them directly instead of
 /// asking epoll first; other descriptors wait at most this many rounds.
 const EPOLL_SKIP: u32 = 8;
+
+/// The fate of an accepted connection's hello.
+enum Bind {
+    /// Bind it to this queue pair.
+    To(Arc<QpShared>),
+    /// Not yet: the hello is incomplete or its queue pair is not connected yet.
+    Wait,
+    /// Close it.
+    Refuse,
+}
 
 /// A link that is finished: its queue pair was closed or failed.
 #[derive(Debug)]
@@ -163,7 +178,8 @@ struct Nic {
     /// Descriptors found readable by the last `epoll_wait`.
     ready: Vec<RawFd>,
     qps: Vec<Arc<QpShared>>,
-    handshakes: Vec<Conn>,
+    /// Accepted connections waiting for their hello, with when they were accepted.
+    handshakes: Vec<(Conn, Instant)>,
     requesters: Vec<Arc<SharedLink>>,
     responders: Vec<ResponderLink>,
     liveness_checked: Instant,
@@ -194,7 +210,8 @@ impl Nic {
         if self.ready.contains(&self.shared.doorbell.raw_fd()) {
             self.shared.doorbell.drain();
         }
-        progress |= self.accept() | self.handshake();
+        // Handshakes first: connections that closed leave room under the cap for new ones.
+        progress |= self.handshake() | self.accept();
         progress |= self.step_requesters();
         let (ready, epoll) = (&self.ready, &self.epoll);
         self.responders.retain_mut(|link| {
@@ -295,45 +312,75 @@ impl Nic {
         }
         let mut accepted = Vec::new();
         while let Ok((stream, _)) = listener.accept() {
-            accepted.extend(Conn::new(stream).ok());
+            // Beyond the cap the stream is dropped (closed) at once: a flood costs nothing.
+            if self.handshakes.len() + accepted.len() < MAX_HANDSHAKES {
+                accepted.extend(Conn::with_input(stream, frame::HELLO_LEN).ok());
+            }
         }
         accepted.retain(|conn| self.watch(conn));
         let progress = !accepted.is_empty();
-        self.handshakes.extend(accepted);
+        let now = Instant::now();
+        self.handshakes
+            .extend(accepted.into_iter().map(|conn| (conn, now)));
         progress
     }
 
-    /// Binds accepted connections to queue pairs once their hello has arrived.
+    /// Binds accepted connections to queue pairs once their hello has arrived: it must
+    /// name a connected queue pair that has no inbound link yet and carry its token. A
+    /// hello for a queue pair not connected yet waits (the pair connects both ways); a
+    /// wrong one, or none within [`HANDSHAKE_TIMEOUT`], closes the connection.
     fn handshake(&mut self) -> bool {
         let mut progress = false;
-        let mut waiting = Vec::new();
-        for mut conn in std::mem::take(&mut self.handshakes) {
-            if !self.ready.contains(&conn.raw_fd()) {
-                waiting.push(conn);
+        for (mut conn, accepted) in std::mem::take(&mut self.handshakes) {
+            let had_hello = conn.input().len() >= frame::HELLO_LEN;
+            if self.ready.contains(&conn.raw_fd()) && !had_hello && conn.fill().is_err() {
                 continue;
             }
-            if conn.fill().is_err() {
+            // A complete hello leaves the epoll set until bound: bytes after it would keep
+            // the NIC spinning while its queue pair finishes connecting.
+            let has_hello = conn.input().len() >= frame::HELLO_LEN;
+            if has_hello && !had_hello && self.epoll.delete(conn.raw_fd()).is_err() {
                 continue;
             }
-            let Some(qpn) = frame::parse_hello(conn.input()) else {
-                if conn.input().len() < frame::HELLO_LEN {
-                    waiting.push(conn);
+            match self.bind(&conn) {
+                Bind::To(qp) if self.epoll.add(conn.raw_fd()).is_ok() => {
+                    conn.consume(frame::HELLO_LEN);
+                    conn.grow_input();
+                    self.responders.push(ResponderLink::new(qp, conn));
+                    progress = true;
                 }
-                continue;
-            };
-            let qp = self
-                .qps
-                .iter()
-                .find(|qp| qp.qpn == qpn && !qp.closed.load(Ordering::Acquire));
-            if let Some(qp) = qp {
-                conn.consume(frame::HELLO_LEN);
-                self.responders
-                    .push(ResponderLink::new(Arc::clone(qp), conn));
-                progress = true;
+                Bind::Wait if accepted.elapsed() < HANDSHAKE_TIMEOUT => {
+                    self.handshakes.push((conn, accepted));
+                }
+                Bind::To(_) | Bind::Wait | Bind::Refuse => {}
             }
         }
-        self.handshakes = waiting;
         progress
+    }
+
+    /// What to do with an accepted connection, given its input so far.
+    fn bind(&self, conn: &Conn) -> Bind {
+        if conn.input().len() < frame::HELLO_LEN {
+            return Bind::Wait;
+        }
+        let Some((qpn, token)) = frame::parse_hello(conn.input()) else {
+            return Bind::Refuse;
+        };
+        let qp = self
+            .qps
+            .iter()
+            .find(|qp| qp.qpn == qpn && qp.token == token && !qp.closed.load(Ordering::Acquire));
+        let Some(qp) = qp else {
+            return Bind::Refuse;
+        };
+        if self.responders.iter().any(|link| Arc::ptr_eq(&link.qp, qp)) {
+            return Bind::Refuse; // one inbound link per queue pair
+        }
+        match qp.state() {
+            crate::QpState::Init => Bind::Wait,
+            crate::QpState::ReadyToSend => Bind::To(Arc::clone(qp)),
+            crate::QpState::Error => Bind::Refuse,
+        }
     }
 
     fn check_liveness(&mut self) {

@@ -62,7 +62,7 @@ impl RequesterLink {
             return Err(LinkClosed);
         }
         if self.qp.state() == QpState::Error {
-            return Err(self.fail_outstanding(WcStatus::WrFlushError));
+            return Err(self.finish_broken());
         }
         let mut progress = self.issue(registry);
         let buffer = readable && self.placing.is_none();
@@ -85,14 +85,15 @@ impl RequesterLink {
         Ok(progress)
     }
 
-    /// Whether queued or buffered work is waiting (the NIC must not park).
+    /// Whether queued work or writable output is waiting (the NIC must not park); output
+    /// the socket would not take waits for epoll to report it writable.
     pub(crate) fn busy(&self) -> bool {
-        self.conn.has_output() || (!self.halted && !self.qp.lock_sq().is_empty())
+        self.conn.output_ready() || (!self.halted && !self.qp.lock_sq().is_empty())
     }
 
     /// Whether a step could do anything: work is queued or responses are awaited.
     pub(crate) fn wants_progress(&self) -> bool {
-        !self.outstanding.is_empty() || self.busy()
+        !self.outstanding.is_empty() || self.busy() || self.conn.has_output()
     }
 
     fn issue(&mut self, registry: &Registry) -> bool {
@@ -116,12 +117,22 @@ impl RequesterLink {
         let mut progress = false;
         while self.continue_placement(readable)? {
             let Some(front) = self.outstanding.front() else {
+                if !self.conn.input().is_empty() {
+                    // Bytes nobody asked for: the peer is broken; the link cannot go on.
+                    return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
+                }
                 break;
             };
-            if let Pending::Failed { status, .. } = front {
-                let status = *status;
-                return Err(self.fail_outstanding(status));
-            }
+            let expected_len = match front {
+                Pending::Failed { status, .. } => {
+                    let status = *status;
+                    return Err(self.fail_outstanding(status));
+                }
+                Pending::Remote { send, byte_len, .. } => match send.op {
+                    SendOp::Read(_) => *byte_len,
+                    _ => 0,
+                },
+            };
             let input = self.conn.input();
             let Some(response) = ResponseHeader::decode(input) else {
                 if input.len() >= frame::RESPONSE_LEN {
@@ -131,6 +142,11 @@ impl RequesterLink {
             };
             if response.status != WcStatus::Success {
                 return Err(self.fail_outstanding(response.status));
+            }
+            if response.len != expected_len {
+                // A READ answered with more or fewer bytes than asked, or data on a
+                // response that carries none.
+                return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
             }
             let frame_len = frame::RESPONSE_LEN + response.len as usize;
             if input.len() < frame_len {
@@ -186,9 +202,10 @@ impl RequesterLink {
 
     /// Scatters a buffered response's payload (READ data or atomic value), then completes.
     fn finish_front(&mut self, response: &ResponseHeader) {
+        // The length was checked against the request, so the scatter list holds it all.
         if let Some(Pending::Remote { send, scatter, .. }) = self.outstanding.front() {
             let payload = &self.conn.input()[frame::RESPONSE_LEN..][..response.len as usize];
-            match send.op {
+            let _ = match send.op {
                 SendOp::Read(_) => scatter::scatter_from_bytes(scatter, payload),
                 SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
                     scatter::scatter_from_bytes(scatter, &response.value.to_le_bytes())
@@ -209,6 +226,17 @@ impl RequesterLink {
                 send.signaled,
             );
         }
+    }
+
+    /// The queue pair broke elsewhere (its inbound link closed, a receive failed): answers
+    /// that already arrived still complete (a peer's error answer and its closing the
+    /// other link race), then what is left is flushed.
+    fn finish_broken(&mut self) -> LinkClosed {
+        let filled = self.placing.is_none() && self.conn.fill().is_ok();
+        if let Err(closed) = self.complete_answered(filled) {
+            return closed;
+        }
+        self.fail_outstanding(WcStatus::WrFlushError)
     }
 
     /// Completes the first outstanding request with `first`, flushes the rest and the

@@ -1,11 +1,16 @@
 //! The responder half of a TCP link: executes incoming requests and answers in order.
 //!
-//! Payloads of [`ZERO_COPY_MIN`] bytes or more are never buffered whole: a plain WRITE's
-//! goes straight into its target, a SEND's straight into the receive buffer it consumes,
-//! and a refused one is read and dropped. A large SEND that finds no receive buffer
-//! leaves its payload in the socket (TCP flow control holds the sender back); while any
+//! Payloads of [`ZERO_COPY_MIN`] bytes or more are never buffered whole (a buffered frame
+//! is smaller than that plus its header, whatever its header claims): a WRITE's goes
+//! straight into its target (with an immediate, once a receive buffer is there to consume),
+//! a SEND's straight into the receive buffer it consumes, and a refused one is read and
+//! dropped. A large SEND or WRITE-with-immediate that finds no receive buffer leaves its
+//! payload in the socket (TCP flow control holds the sender back); while any
 //! request waits for a receive buffer the link is out of the NIC's epoll set, until a
-//! receive is posted (`post_recv` wakes the NIC).
+//! receive is posted (`post_recv` wakes the NIC). While the socket does not take the
+//! responses (a peer that does not read), the link is watched for writability and does
+//! not keep the NIC awake; once [`OUTPUT_CAP`](super::conn::OUTPUT_CAP) bytes of answers
+//! wait, it takes no more requests (nor reads the socket) until they drain.
 
 use super::conn::Conn;
 use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
@@ -15,7 +20,7 @@ use crate::soft::queue_pair::{PostedRecv, QpShared};
 use crate::soft::registry::{Registry, Target};
 use crate::soft::responder;
 use crate::soft::scatter::{self, Piece};
-use crate::sys::{Epoll, OutputQueue};
+use crate::sys::{Epoll, OutputQueue, READ, WRITE};
 use crate::{Access, WcOpcode, WcStatus};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -27,11 +32,15 @@ const HOT_WINDOW: Duration = Duration::from_millis(1);
 /// What to do once a placed payload is all in.
 #[derive(Debug)]
 enum Placed {
-    /// Answer with this status (a large WRITE, or a refused payload).
+    /// Answer with this status (a large WRITE).
     Answer(WcStatus),
-    /// Complete this receive buffer (a large SEND), then answer success.
+    /// Already answered (a refused payload, answered when its header arrived): drop it.
+    Refused,
+    /// Complete this receive buffer (a large SEND or WRITE-with-immediate), then answer
+    /// success.
     Receive {
         recv: PostedRecv,
+        opcode: WcOpcode,
         imm: Option<u32>,
         len: u32,
     },
@@ -43,7 +52,8 @@ enum Start {
     Placing,
     /// It is small enough to buffer whole.
     Buffer,
-    /// A large SEND with no receive buffer posted: leave it in the socket.
+    /// A large SEND or WRITE-with-immediate with no receive buffer posted: leave it in
+    /// the socket.
     AwaitReceive,
 }
 
@@ -58,8 +68,8 @@ pub(crate) struct ResponderLink {
     last_traffic: Option<Instant>,
     /// A SEND or WRITE-with-immediate waits for a receive buffer.
     awaiting_receive: bool,
-    /// Whether the socket is in the NIC's epoll set (it is when the link is created).
-    watched: bool,
+    /// The socket's interest in the NIC's epoll set ([`READ`] when the link is created).
+    interest: u32,
 }
 
 impl ResponderLink {
@@ -70,27 +80,24 @@ impl ResponderLink {
             placing: None,
             last_traffic: None,
             awaiting_receive: false,
-            watched: true,
+            interest: READ,
         }
     }
 
-    /// Takes the socket out of `epoll` while a request waits for a receive buffer (what
-    /// follows it would keep the socket readable and the NIC spinning), and puts it back
-    /// once one is posted.
+    /// Stops watching the socket for input while a request waits for a receive buffer
+    /// (what follows it would keep the socket readable and the NIC spinning) and resumes
+    /// once one is posted; watches it for writability while its output is blocked.
     pub(crate) fn sync_watch(&mut self, epoll: &Epoll) -> Result<(), LinkClosed> {
-        let watch = !self.awaiting_receive || !self.qp.lock_rq().is_empty();
-        if watch == self.watched {
-            return Ok(());
-        }
-        let changed = if watch {
-            epoll.add(self.conn.raw_fd())
-        } else {
-            epoll.delete(self.conn.raw_fd())
-        };
-        if changed.is_err() {
+        let read =
+            (!self.awaiting_receive || !self.qp.lock_rq().is_empty()) && !self.conn.output_full();
+        let want = if read { READ } else { 0 } | if self.conn.output_blocked() { WRITE } else { 0 };
+        if epoll
+            .update(self.conn.raw_fd(), self.interest, want)
+            .is_err()
+        {
             return Err(self.peer_gone());
         }
-        self.watched = watch;
+        self.interest = want;
         Ok(())
     }
 
@@ -111,7 +118,7 @@ impl ResponderLink {
         if self.qp.closed.load(Ordering::Acquire) {
             return Err(LinkClosed);
         }
-        let filled = if readable && self.placing.is_none() {
+        let filled = if readable && self.placing.is_none() && !self.conn.output_full() {
             self.conn.fill()
         } else {
             Ok(false)
@@ -131,15 +138,20 @@ impl ResponderLink {
         Ok(progress)
     }
 
-    /// Whether buffered output is waiting (the NIC must not park).
+    /// Whether output is waiting that could be written now (the NIC must not park);
+    /// blocked output waits for epoll to report the socket writable.
     pub(crate) fn busy(&self) -> bool {
-        self.conn.has_output()
+        self.conn.output_ready()
     }
 
     fn serve(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
         let mut progress = false;
         self.awaiting_receive = false;
         while self.continue_placement(readable)? {
+            if self.conn.output_full() {
+                // Backpressure: no more requests until the peer reads its answers.
+                return Ok(progress);
+            }
             let (input, output) = self.conn.parts();
             if input.len() < frame::REQUEST_LEN {
                 return Ok(progress);
@@ -176,13 +188,16 @@ impl ResponderLink {
         Ok(progress)
     }
 
-    /// Starts placing a large plain WRITE's or SEND's payload as it arrives (a refused
-    /// one is dropped unread into any buffer); other frames are buffered whole.
+    /// Starts placing a large WRITE's or SEND's payload as it arrives (a refused one is
+    /// dropped unread into any buffer); other frames (all smaller) are buffered whole.
     fn start_placement(&mut self, registry: &Registry, header: &RequestHeader) -> Start {
         let len = header.payload_len();
         let placement = match header.op {
             _ if len < ZERO_COPY_MIN => return Start::Buffer,
-            Op::Write if header.imm.is_none() => write_placement(registry, header),
+            Op::Write => match self.write_placement(registry, header) {
+                Some(placement) => placement,
+                None => return Start::AwaitReceive,
+            },
             Op::Send => {
                 // Popped apart from the match: a failing receive locks the queue again.
                 let recv = self.qp.lock_rq().pop_front();
@@ -194,7 +209,14 @@ impl ResponderLink {
             _ => return Start::Buffer,
         };
         self.conn.consume(frame::REQUEST_LEN);
-        self.placing = Some(placement);
+        self.placing = Some(match placement {
+            (placement, Placed::Answer(status)) if status != WcStatus::Success => {
+                // The requester learns of the refusal without first sending the rest.
+                status_response(status).encode(self.conn.output.bytes());
+                (placement, Placed::Refused)
+            }
+            placed => placed,
+        });
         Start::Placing
     }
 
@@ -212,6 +234,7 @@ impl ResponderLink {
             Ok(pieces) if scatter::total_len(&pieces) >= len => {
                 let placed = Placed::Receive {
                     recv,
+                    opcode: WcOpcode::Recv,
                     imm: header.imm,
                     len: header.len,
                 };
@@ -236,21 +259,51 @@ impl ResponderLink {
             Ok(_) => {}
         }
         let status = match self.placing.take() {
-            Some((_, Placed::Receive { recv, imm, len })) => {
+            Some((
+                _,
+                Placed::Receive {
+                    recv,
+                    opcode,
+                    imm,
+                    len,
+                },
+            )) => {
                 self.qp
-                    .complete_recv(&recv, WcOpcode::Recv, WcStatus::Success, len, imm);
+                    .complete_recv(&recv, opcode, WcStatus::Success, len, imm);
                 WcStatus::Success
             }
             Some((_, Placed::Answer(status))) => status,
+            Some((_, Placed::Refused)) => return Ok(true),
             None => WcStatus::Success,
         };
-        let done = ResponseHeader {
-            status,
-            len: 0,
-            value: 0,
-        };
-        done.encode(self.conn.output.bytes());
+        status_response(status).encode(self.conn.output.bytes());
         Ok(true)
+    }
+
+    /// A large WRITE goes straight into its target, or is dropped when refused; one with
+    /// an immediate consumes a receive buffer once placed (`None`: none is posted yet).
+    fn write_placement(
+        &self,
+        registry: &Registry,
+        header: &RequestHeader,
+    ) -> Option<(Placement, Placed)> {
+        let (remote, len) = (header.remote, header.payload_len());
+        let Some(target) =
+            registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE)
+        else {
+            let refused = Placed::Answer(WcStatus::RemoteAccessError);
+            return Some((Placement::discard(len), refused));
+        };
+        let placed = match header.imm {
+            None => Placed::Answer(WcStatus::Success),
+            Some(imm) => Placed::Receive {
+                recv: self.qp.lock_rq().pop_front()?,
+                opcode: WcOpcode::RecvRdmaWithImm,
+                imm: Some(imm),
+                len: header.len,
+            },
+        };
+        Some((Placement::new(vec![Piece { target, len }]), placed))
     }
 
     fn peer_gone(&self) -> LinkClosed {
@@ -259,18 +312,11 @@ impl ResponderLink {
     }
 }
 
-/// A large plain WRITE goes straight into its target, or is dropped when refused.
-fn write_placement(registry: &Registry, header: &RequestHeader) -> (Placement, Placed) {
-    let (remote, len) = (header.remote, header.payload_len());
-    match registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE) {
-        Some(target) => (
-            Placement::new(vec![Piece { target, len }]),
-            Placed::Answer(WcStatus::Success),
-        ),
-        None => (
-            Placement::discard(len),
-            Placed::Answer(WcStatus::RemoteAccessError),
-        ),
+fn status_response(status: WcStatus) -> ResponseHeader {
+    ResponseHeader {
+        status,
+        len: 0,
+        value: 0,
     }
 }
 

@@ -14,7 +14,10 @@
 //! unwatched the NIC parks at most [`POLL_GRACE`], so a poller that stops without arming
 //! delays its completions by at most that.
 //!
-//! Invariants: only the NIC thread changes `watched` and the epoll set, and only it retires
+//! While the socket does not take the link's output, the NIC watches it for writability too
+//! (and does not count the link as busy), so a full socket never keeps the NIC spinning.
+//!
+//! Invariants: only the NIC thread changes `interest` and the epoll set, and only it retires
 //! a link (drops it from the set and shuts the socket down, so the peer sees EOF); a retired
 //! link's queue pair is closed or in `Error`, so application threads find nothing more to
 //! drive on it.
@@ -25,10 +28,10 @@ use super::{LinkClosed, NicShared};
 use crate::soft::cq::Progress;
 use crate::soft::queue_pair::QpShared;
 use crate::soft::registry::Registry;
-use crate::sys::Epoll;
+use crate::sys::{Epoll, READ, WRITE};
 use std::net::TcpStream;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -51,8 +54,8 @@ pub(crate) struct SharedLink {
     /// Nanoseconds after `epoch` of the last application poll, plus one; 0: none since
     /// the link was handed back to the NIC.
     polled_at: AtomicU64,
-    /// Whether the socket is in the NIC's epoll set (it is put there on adoption).
-    watched: AtomicBool,
+    /// The socket's interest in the NIC's epoll set ([`READ`], put there on adoption).
+    interest: AtomicU32,
 }
 
 impl SharedLink {
@@ -72,7 +75,7 @@ impl SharedLink {
             fd,
             epoch: Instant::now(),
             polled_at: AtomicU64::new(0),
-            watched: AtomicBool::new(true),
+            interest: AtomicU32::new(READ),
         })
     }
 
@@ -92,27 +95,34 @@ impl SharedLink {
 
     /// Whether the socket is in the NIC's epoll set.
     pub(super) fn watched(&self) -> bool {
-        self.watched.load(Ordering::Relaxed)
+        self.interest.load(Ordering::Relaxed) != 0
     }
 
-    /// Whether the epoll set should change: the link started or stopped being polled.
+    /// The interest the socket should have: none while polled, else input, plus
+    /// writability while the output is blocked (unchanged while another thread holds it).
+    fn wanted_interest(&self) -> u32 {
+        if self.polled() {
+            return 0;
+        }
+        let blocked = match self.try_lock() {
+            Some(link) => link.conn.output_blocked(),
+            None => self.interest.load(Ordering::Relaxed) & WRITE != 0,
+        };
+        READ | if blocked { WRITE } else { 0 }
+    }
+
+    /// Whether the epoll set should change: the link started or stopped being polled, or
+    /// its output became blocked or unblocked.
     pub(super) fn watch_outdated(&self) -> bool {
-        self.watched() == self.polled()
+        self.wanted_interest() != self.interest.load(Ordering::Relaxed)
     }
 
-    /// Puts the socket in, or takes it out of, the NIC's epoll set, as polling requires.
-    /// An error when the socket cannot be watched.
+    /// Sets the socket's interest in the NIC's epoll set as polling and blocked output
+    /// require. An error when the socket cannot be watched.
     pub(super) fn update_watch(&self, epoll: &Epoll) -> crate::Result<()> {
-        if !self.watch_outdated() {
-            return Ok(());
-        }
-        let watch = !self.watched();
-        if watch {
-            epoll.add(self.fd)?;
-        } else {
-            epoll.delete(self.fd)?;
-        }
-        self.watched.store(watch, Ordering::Relaxed);
+        let want = self.wanted_interest();
+        epoll.update(self.fd, self.interest.load(Ordering::Relaxed), want)?;
+        self.interest.store(want, Ordering::Relaxed);
         Ok(())
     }
 
@@ -136,8 +146,8 @@ impl SharedLink {
             return false;
         };
         // A failure is recorded in the queue pair (completions, Error state); the NIC
-        // retires the link on its next round.
-        link.step(self.registry(), false).is_ok() && !link.busy()
+        // retires the link on its next round. Blocked output needs the NIC to watch it.
+        link.step(self.registry(), false).is_ok() && !link.busy() && !link.conn.has_output()
     }
 
     /// The NIC's round on this link; Ok(false) when another thread holds it or an

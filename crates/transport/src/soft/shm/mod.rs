@@ -36,6 +36,10 @@ pub(crate) struct ShmAddress {
     pub doorbell: String,
 }
 
+/// Most peer memories one queue pair keeps mapped (each maps a whole memfd; no descriptor
+/// stays open).
+const MAX_MAPPINGS: usize = 256;
+
 /// The mapped state of a connected same-host peer.
 #[derive(Debug)]
 pub(crate) struct ShmPeer {
@@ -123,6 +127,14 @@ impl ShmPeer {
         if let Some(mem) = mappings.get(&rkey) {
             return Some(Arc::clone(mem));
         }
+        if mappings.len() >= MAX_MAPPINGS {
+            // Keys the peer deregistered go first; if all are live, start over (each is
+            // mapped again on its next use).
+            mappings.retain(|&key, _| self.table.is_live(key));
+            if mappings.len() >= MAX_MAPPINGS {
+                mappings.clear();
+            }
+        }
         let mem = Arc::new(SharedMemory::open_peer(self.pid, fd, len).ok()?);
         mappings.insert(rkey, Arc::clone(&mem));
         Some(mem)
@@ -142,37 +154,52 @@ impl ShmPeer {
     }
 }
 
+/// Most inbound frames one NIC round takes from one ring.
+const MAX_FRAMES_PER_DRAIN: usize = 256;
+
 /// Delivers frames waiting in `qp`'s inbound ring to its receive queue; true on progress.
+/// A ring the producer corrupted puts the queue pair in `Error`.
 pub(crate) fn drain_inbound(registry: &Registry, qp: &QpShared) -> bool {
     let Some(ring) = &qp.inbound else {
         return false;
     };
-    if ring.is_empty() || qp.closed.load(Ordering::Acquire) {
+    let broken = qp.closed.load(Ordering::Acquire) || qp.state() == crate::QpState::Error;
+    if ring.is_empty() || broken {
         return false;
     }
     let mut frame_bytes = Vec::new();
-    let mut progress = false;
-    while ring.peek(&mut frame_bytes) {
-        if let Some(header) = RequestHeader::decode(&frame_bytes) {
-            let payload = &frame_bytes[frame::REQUEST_LEN..];
-            let delivered = match header.op {
-                Op::Send if payload.len() == header.len as usize => {
-                    responder::deliver(registry, qp, header.imm, Some(payload), header.len)
-                        .is_some()
-                }
-                Op::ImmNotify => {
-                    responder::deliver(registry, qp, header.imm, None, header.len).is_some()
-                }
-                _ => true, // malformed: dropped
-            };
-            if !delivered {
-                break;
+    // Bounded, so a producer that keeps the ring full cannot hold the NIC here.
+    for drained in 0..MAX_FRAMES_PER_DRAIN {
+        match ring.peek(&mut frame_bytes) {
+            Ok(true) => {}
+            Ok(false) => return drained > 0,
+            Err(ring::Corrupt) => {
+                qp.enter_error();
+                return true;
             }
         }
+        if !deliver_frame(registry, qp, &frame_bytes) {
+            return drained > 0;
+        }
         ring.pop(frame_bytes.len());
-        progress = true;
     }
-    progress
+    true
+}
+
+/// Delivers one inbound frame (a malformed one is dropped); false when it must wait for
+/// a receive buffer.
+fn deliver_frame(registry: &Registry, qp: &QpShared, frame_bytes: &[u8]) -> bool {
+    let Some(header) = RequestHeader::decode(frame_bytes) else {
+        return true;
+    };
+    let payload = &frame_bytes[frame::REQUEST_LEN..];
+    match header.op {
+        Op::Send if payload.len() == header.len as usize => {
+            responder::deliver(registry, qp, header.imm, Some(payload), header.len).is_some()
+        }
+        Op::ImmNotify => responder::deliver(registry, qp, header.imm, None, header.len).is_some(),
+        _ => true, // malformed: dropped
+    }
 }
 
 /// Whether `qp` has inbound frames that a posted receive buffer can take now.

@@ -16,6 +16,10 @@ const WRAP: u64 = u64::MAX;
 const MIN_CAPACITY: usize = 4096;
 const MAX_CAPACITY: usize = 1 << 30;
 
+/// The producer broke the ring's invariants (a bug or a hostile peer).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Corrupt;
+
 /// One end of a ring (a process is either its producer or its consumer).
 #[derive(Debug)]
 pub(crate) struct Ring {
@@ -129,12 +133,19 @@ impl Ring {
         self.head().load(Ordering::Relaxed) == self.tail().load(Ordering::Acquire)
     }
 
-    /// Copies the next frame into `out` without consuming it; false if the ring is empty.
-    pub(crate) fn peek(&self, out: &mut Vec<u8>) -> bool {
+    /// Copies the next frame into `out` without consuming it; Ok(false) if the ring is
+    /// empty. The producer is not trusted: positions more than the capacity apart, a
+    /// length over [`Ring::max_frame`] or a frame past the ring's end or past `tail` are
+    /// [`Corrupt`], and nothing is consumed.
+    pub(crate) fn peek(&self, out: &mut Vec<u8>) -> std::result::Result<bool, Corrupt> {
         loop {
             let head = self.head().load(Ordering::Relaxed);
-            if head == self.tail().load(Ordering::Acquire) {
-                return false;
+            let used = self.tail().load(Ordering::Acquire).wrapping_sub(head);
+            if used == 0 {
+                return Ok(false);
+            }
+            if used > self.capacity as u64 {
+                return Err(Corrupt);
             }
             let index = (head % self.capacity as u64) as usize;
             let mut word = [0u8; 8];
@@ -145,11 +156,17 @@ impl Ring {
                     .store(head + (self.capacity - index) as u64, Ordering::Release);
                 continue;
             }
-            let len = (len as usize).min(self.max_frame());
+            let len = usize::try_from(len).map_err(|_| Corrupt)?;
+            let fits = len <= self.max_frame()
+                && index + padded(len) <= self.capacity
+                && padded(len) as u64 <= used;
+            if !fits {
+                return Err(Corrupt);
+            }
             out.clear();
             out.resize(len, 0);
             let _ = self.memory.read(DATA + index + 8, out);
-            return true;
+            return Ok(true);
         }
     }
 
@@ -172,12 +189,12 @@ mod tests {
         let mut out = Vec::new();
         for round in 0..200u8 {
             assert!(producer.push(&[&[round; 30], &[round + 1; 7]]));
-            assert!(consumer.peek(&mut out));
+            assert_eq!(consumer.peek(&mut out), Ok(true));
             assert_eq!(out.len(), 37);
             assert_eq!((out[0], out[36]), (round, round + 1));
             consumer.pop(out.len());
         }
-        assert!(!consumer.peek(&mut out));
+        assert_eq!(consumer.peek(&mut out), Ok(false));
     }
 
     #[test]
@@ -188,6 +205,28 @@ mod tests {
         assert!(!ring.push(&[b"frame"]));
         peer.head().store(0, Ordering::Release);
         assert!(ring.push(&[b"frame"]));
+    }
+
+    #[test]
+    fn a_corrupted_tail_or_length_is_reported_not_trusted() {
+        let consumer = Ring::create(4096).unwrap();
+        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 4096).unwrap();
+        let mut out = Vec::new();
+        producer.tail().store(1 << 60, Ordering::Release);
+        assert_eq!(consumer.peek(&mut out), Err(Corrupt), "tail far past head");
+        producer.tail().store(0, Ordering::Release);
+        assert!(producer.push(&[b"frame"]));
+        let _ = producer.memory.write(DATA, &(1u64 << 40).to_le_bytes());
+        assert_eq!(
+            consumer.peek(&mut out),
+            Err(Corrupt),
+            "length over max_frame"
+        );
+        let _ = producer.memory.write(DATA, &64u64.to_le_bytes());
+        assert_eq!(consumer.peek(&mut out), Err(Corrupt), "frame past tail");
+        let _ = producer.memory.write(DATA, &5u64.to_le_bytes());
+        assert_eq!(consumer.peek(&mut out), Ok(true));
+        assert_eq!(out, b"frame");
     }
 
     #[test]
@@ -210,7 +249,7 @@ mod tests {
         }
         assert_eq!(pushed, 4096 / 48);
         let mut out = Vec::new();
-        assert!(ring.peek(&mut out));
+        assert_eq!(ring.peek(&mut out), Ok(true));
         ring.pop(out.len());
         assert!(ring.push(&[&[1; 40]]));
     }
@@ -239,7 +278,7 @@ mod tests {
                         "an empty ring takes any frame up to max_frame"
                     );
                 }
-            } else if ring.peek(&mut out) {
+            } else if ring.peek(&mut out).unwrap() {
                 assert_eq!(Some(&out), model.front(), "step {step}");
                 ring.pop(out.len());
                 model.pop_front();
@@ -268,7 +307,7 @@ mod tests {
         });
         let mut out = Vec::new();
         for index in 0..FRAMES {
-            while !consumer.peek(&mut out) {
+            while !consumer.peek(&mut out).unwrap() {
                 std::thread::yield_now();
             }
             assert_eq!(out[..4], index.to_le_bytes(), "frames arrive in order");

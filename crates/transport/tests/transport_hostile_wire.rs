@@ -1,0 +1,435 @@
+//! A hostile or broken peer on the soft-TCP wire, speaking raw bytes to a NIC: one that
+//! never reads, huge length headers, wrong-length and unsolicited responses, shared-memory
+//! only requests, second hellos, hello floods, early hellos, addresses near `u64::MAX`. Each case checks
+//! what the NIC spends (CPU of its own thread, memory of the process) or that it closes the
+//! link, and that the domain keeps serving others.
+//!
+//! Domains are opened under one lock so that each case can find its NIC thread (the one
+//! thread named `kvcm-soft-nic` that appeared while its domain was opened).
+
+mod conformance;
+
+use conformance::Side;
+use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
+use kvcm_transport::{QpConfig, QueuePair, Region};
+use std::collections::HashSet;
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+static OPENING: Mutex<()> = Mutex::new(());
+
+/// Thread ids of this process's soft NIC threads.
+fn nic_threads() -> HashSet<u32> {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("list threads");
+    tasks
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+            let tid = path.file_name()?.to_str()?.parse().ok()?;
+            (comm.trim() == "kvcm-soft-nic").then_some(tid)
+        })
+        .collect()
+}
+
+/// A soft-TCP domain on 127.0.0.1 and the thread id of its NIC.
+fn open_tcp() -> (SoftDomain, u32) {
+    let _serial = OPENING.lock().unwrap_or_else(|e| e.into_inner());
+    let before = nic_threads();
+    let config = SoftConfig::with_wire(Wire::Tcp).with_bind([127, 0, 0, 1].into());
+    let domain = SoftDomain::open(config).expect("open soft domain");
+    // The thread names itself once it runs.
+    let mut new = Vec::new();
+    conformance::eventually("the NIC thread to name itself", || {
+        new = nic_threads().difference(&before).copied().collect();
+        !new.is_empty()
+    });
+    assert_eq!(new.len(), 1, "one new NIC thread: {new:?}");
+    (domain, new[0])
+}
+
+/// CPU time (user + system, in clock ticks) thread `tid` has used.
+fn cpu_ticks(tid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("comm end") + 2..]
+        .split(' ')
+        .collect();
+    // Fields 14 and 15 of stat(5), counted after the command name (field 2).
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// CPU ticks thread `tid` uses during `window` (a measurement window, not a wait).
+fn cpu_ticks_during(tid: u32, window: Duration) -> u64 {
+    let start = cpu_ticks(tid);
+    std::thread::sleep(window);
+    cpu_ticks(tid) - start
+}
+
+/// A raw connection to the NIC of `side`, bound to its queue pair by a hello. The queue
+/// pair is first connected to a listener that never answers (kept open in the result):
+/// only a connected queue pair takes an inbound link.
+fn raw_link(side: &Side<SoftDomain>) -> (TcpStream, std::net::TcpListener) {
+    use kvcm_transport::QpEndpoint;
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let text = format!(
+        "soft-tcp qpn=1 addr={} token=0",
+        silent.local_addr().unwrap()
+    );
+    side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+    let addr = side.domain.listen_addr().expect("TCP wire");
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.write_all(&hello(side)).unwrap();
+    (stream, silent)
+}
+
+/// The hello for `side`'s queue pair, with the token from its endpoint.
+fn hello(side: &Side<SoftDomain>) -> Vec<u8> {
+    let endpoint = String::from_utf8(side.qp.endpoint().0).unwrap();
+    let token = endpoint
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("token="))
+        .expect("token in the endpoint");
+    let token = u64::from_str_radix(token, 16).unwrap();
+    [
+        b"KVTP".as_slice(),
+        &side.qp.qpn().to_le_bytes(),
+        &token.to_le_bytes(),
+    ]
+    .concat()
+}
+
+/// A 40-byte request header (see `soft/frame.rs`).
+fn request(op: u8, imm: Option<u32>, len: u32, addr: u64, rkey: u32) -> Vec<u8> {
+    let mut out = vec![op, u8::from(imm.is_some()), 0, 0];
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&addr.to_le_bytes());
+    out.extend_from_slice(&rkey.to_le_bytes());
+    out.extend_from_slice(&imm.unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&[0u8; 16]);
+    out
+}
+
+const READ: u8 = 1;
+
+#[test]
+fn a_peer_that_stops_reading_does_not_keep_the_nic_spinning() {
+    let (domain, nic) = open_tcp();
+    let side = Side::new(domain, 1 << 20, QpConfig::default());
+    let remote = side.region.remote(0);
+    let (mut stream, _silent) = raw_link(&side);
+    let reads: Vec<u8> = (0..64)
+        .flat_map(|_| request(READ, None, 1 << 20, remote.addr, remote.rkey))
+        .collect();
+    stream.write_all(&reads).unwrap();
+    // Let the NIC fill both socket buffers; from then on it can only wait.
+    std::thread::sleep(Duration::from_millis(300));
+    let ticks = cpu_ticks_during(nic, Duration::from_secs(1));
+    assert!(
+        ticks < 20,
+        "a NIC whose output is blocked used {ticks} ticks of CPU in 1 s"
+    );
+    drop(stream);
+}
+
+const WRITE: u8 = 2;
+
+/// Reads one 16-byte response header, or `None` if the link closed first.
+fn try_response(stream: &mut TcpStream) -> Option<(u8, u32)> {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(conformance::DEADLINE))
+        .unwrap();
+    let mut header = [0u8; 16];
+    stream.read_exact(&mut header).ok()?;
+    Some((
+        header[0],
+        u32::from_le_bytes(header[4..8].try_into().unwrap()),
+    ))
+}
+
+/// Reads one 16-byte response header (status code, payload length) within the deadline.
+fn response(stream: &mut TcpStream) -> (u8, u32) {
+    try_response(stream).expect("a response")
+}
+
+/// Peak resident memory of this process, in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("VmHWM");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_huge_write_with_immediate_is_never_buffered_whole() {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let before = peak_rss_kib();
+    let (mut stream, _silent) = raw_link(&side);
+    // 256 MiB to an unknown rkey: read and dropped as it arrives, then refused.
+    let len = 256 << 20;
+    stream
+        .write_all(&request(WRITE, Some(7), len, 0, 0xdead))
+        .unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..len >> 20 {
+        stream.write_all(&zeros).unwrap();
+    }
+    let (status, payload) = response(&mut stream);
+    assert_eq!((status, payload), (3, 0), "RemoteAccessError, no payload");
+    let grown = peak_rss_kib().saturating_sub(before);
+    assert!(grown < 128 * 1024, "peak memory grew by {grown} KiB");
+}
+
+#[test]
+fn a_large_write_with_immediate_lands_in_place_and_consumes_a_receive() {
+    use kvcm_transport::{SendOp, WcOpcode, WcStatus};
+    let len = 256 * 1024;
+    let pair = conformance::Pair::new(&|| open_tcp().0, len);
+    let data = conformance::pattern(len, 5);
+    pair.a.fill(0, &data);
+    pair.b.post_recv(10, &[pair.b.sge(0, 8)]);
+    let remote = pair.b.region.remote(0);
+    let op = SendOp::Write {
+        remote,
+        imm: Some(0xabcd),
+    };
+    pair.a.post(1, op, &[pair.a.sge(0, len as u32)]);
+    let sent = conformance::completions(&pair.a.send_cq, 1);
+    assert_eq!(sent[0].status, WcStatus::Success);
+    let got = conformance::completions(&pair.b.recv_cq, 1);
+    assert_eq!(
+        (
+            got[0].wr_id,
+            got[0].status,
+            got[0].opcode,
+            got[0].byte_len,
+            got[0].imm
+        ),
+        (
+            10,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            len as u32,
+            Some(0xabcd)
+        )
+    );
+    assert_eq!(pair.b.bytes(0, len), data);
+}
+
+/// Resident memory of this process now, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_peer_streaming_reads_it_never_reads_back_gets_backpressure() {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 64 * 1024, QpConfig::default());
+    let remote = side.region.remote(0);
+    let before = rss_kib();
+    let (mut stream, _silent) = raw_link(&side);
+    // 4000 buffered (copied) READs of 60 KiB: 160 KB asking for 240 MB of answers.
+    let reads: Vec<u8> = (0..4000)
+        .flat_map(|_| request(READ, None, 60 * 1024, remote.addr, remote.rkey))
+        .collect();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    // The NIC may stop reading before all of it is in: a timed-out write is expected.
+    let _ = stream.write_all(&reads);
+    // Give an unbounded NIC time to copy them all (a measurement window, not a wait).
+    std::thread::sleep(Duration::from_millis(500));
+    let grown = rss_kib().saturating_sub(before);
+    assert!(grown < 64 * 1024, "resident memory grew by {grown} KiB");
+    drop(stream);
+}
+
+/// A queue pair of a fresh domain connected to a scripted peer (a plain TCP socket that
+/// has read the hello); returns both.
+fn scripted_peer() -> (Side<SoftDomain>, TcpStream) {
+    use kvcm_transport::QpEndpoint;
+    use std::io::Read;
+    let side = Side::new(open_tcp().0, 4096, QpConfig::default());
+    let scripted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let text = format!(
+        "soft-tcp qpn=1 addr={} token=0",
+        scripted.local_addr().unwrap()
+    );
+    side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+    let (mut peer, _) = scripted.accept().unwrap();
+    peer.read_exact(&mut [0u8; 16]).unwrap();
+    (side, peer)
+}
+
+/// A success response header with `len` payload bytes.
+fn success(len: u32) -> Vec<u8> {
+    let mut out = vec![0u8; 16];
+    out[4..8].copy_from_slice(&len.to_le_bytes());
+    out
+}
+
+#[test]
+fn a_read_answered_with_the_wrong_length_fails_and_leaves_memory_alone() {
+    use kvcm_transport::{RemoteAddr, SendOp, WcStatus};
+    use std::io::Read;
+    let (side, mut peer) = scripted_peer();
+    side.fill(0, b"untouched bytes");
+    let remote = RemoteAddr { addr: 0, rkey: 1 };
+    side.post(1, SendOp::Read(remote), &[side.sge(0, 15)]);
+    peer.read_exact(&mut [0u8; 40]).unwrap();
+    let mut short = success(5);
+    short.extend_from_slice(b"short");
+    peer.write_all(&short).unwrap();
+    let done = conformance::completions(&side.send_cq, 1);
+    assert_eq!(
+        (done[0].wr_id, done[0].status),
+        (1, WcStatus::RemoteInvalidRequest)
+    );
+    assert_eq!(side.bytes(0, 15), b"untouched bytes");
+    assert_eq!(side.qp.state(), kvcm_transport::QpState::Error);
+}
+
+#[test]
+fn an_unsolicited_response_breaks_the_link() {
+    use kvcm_transport::QpState;
+    let (side, mut peer) = scripted_peer();
+    peer.write_all(&success(0)).unwrap();
+    conformance::eventually("the queue pair to break", || {
+        side.qp.state() == QpState::Error
+    });
+}
+
+#[test]
+fn an_immediate_notification_on_tcp_is_refused_and_consumes_no_receive() {
+    use kvcm_transport::CompletionQueue;
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    side.post_recv(3, &[side.sge(0, 8)]);
+    let (mut stream, _silent) = raw_link(&side);
+    // Op 6: "the data of a WRITE with immediate is already in place" (shared memory only).
+    stream.write_all(&request(6, Some(9), 8, 0, 0)).unwrap();
+    let (status, len) = response(&mut stream);
+    assert_eq!((status, len), (4, 0), "RemoteInvalidRequest");
+    let mut out = [conformance::blank()];
+    assert_eq!(side.recv_cq.poll(&mut out), 0, "no receive consumed");
+}
+
+#[test]
+fn addresses_near_the_top_of_the_address_space_are_refused_not_wrapped() {
+    use kvcm_transport::{RemoteAddr, SendOp, WcStatus};
+    let pair = conformance::Pair::new(&|| open_tcp().0, 4096);
+    // Offsets past the region wrap instead of panicking; the NIC refuses the address.
+    let wrapped = pair.b.region.remote(usize::MAX);
+    pair.a.post(1, SendOp::Read(wrapped), &[pair.a.sge(0, 8)]);
+    let done = conformance::completions(&pair.a.send_cq, 1);
+    assert_eq!(done[0].status, WcStatus::RemoteAccessError);
+    let pair = conformance::Pair::new(&|| open_tcp().0, 4096);
+    let rkey = pair.b.region.rkey();
+    let top = RemoteAddr {
+        addr: u64::MAX - 3,
+        rkey,
+    };
+    pair.a.post(2, SendOp::Read(top), &[pair.a.sge(0, 8)]);
+    let done = conformance::completions(&pair.a.send_cq, 1);
+    assert_eq!(done[0].status, WcStatus::RemoteAccessError);
+}
+
+/// Expects the NIC to close `stream` (EOF) within the deadline.
+fn closed_by_nic(stream: &mut TcpStream) {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(conformance::DEADLINE))
+        .unwrap();
+    let mut sink = [0u8; 64];
+    // Bytes the NIC never read turn its close into a reset.
+    match stream.read(&mut sink) {
+        Ok(got) => assert_eq!(got, 0, "NIC closed the link"),
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset,
+            "closed, not {e}"
+        ),
+    }
+}
+
+#[test]
+fn a_second_inbound_link_for_a_queue_pair_is_refused() {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let (mut first, _silent) = raw_link(&side);
+    let mut second = TcpStream::connect(side.domain.listen_addr().unwrap()).unwrap();
+    second.write_all(&hello(&side)).unwrap();
+    closed_by_nic(&mut second);
+    // The first link still works: a READ of 8 bytes is answered.
+    let remote = side.region.remote(0);
+    first
+        .write_all(&request(READ, None, 8, remote.addr, remote.rkey))
+        .unwrap();
+    assert_eq!(response(&mut first), (0, 8));
+}
+
+#[test]
+fn a_hello_flood_is_capped_and_served_queue_pairs_still_bind() {
+    use kvcm_transport::QpEndpoint;
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let text = format!(
+        "soft-tcp qpn=1 addr={} token=0",
+        silent.local_addr().unwrap()
+    );
+    side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+    let addr = side.domain.listen_addr().unwrap();
+    let mut flood: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Connections past the cap are closed at once, without a hello.
+    closed_by_nic(flood.last_mut().unwrap());
+    drop(flood);
+    // Once the NIC has seen the flood go (a client retries while it is still full), a
+    // proper hello binds and is served.
+    let remote = side.region.remote(0);
+    let mut opening = hello(&side);
+    opening.extend(request(READ, None, 8, remote.addr, remote.rkey));
+    let mut served = false;
+    conformance::eventually("a hello after the flood to be served", || {
+        let mut link = TcpStream::connect(addr).unwrap();
+        served = link.write_all(&opening).is_ok() && try_response(&mut link) == Some((0, 8));
+        served
+    });
+    assert!(served);
+}
+
+#[test]
+fn a_hello_for_a_connecting_queue_pair_waits_without_spinning_then_is_served() {
+    use kvcm_transport::QpEndpoint;
+    let (domain, nic) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let remote = side.region.remote(0);
+    let mut link = TcpStream::connect(side.domain.listen_addr().unwrap()).unwrap();
+    let mut opening = hello(&side);
+    opening.extend(request(READ, None, 8, remote.addr, remote.rkey));
+    link.write_all(&opening).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let ticks = cpu_ticks_during(nic, Duration::from_millis(500));
+    assert!(
+        ticks < 10,
+        "a waiting hello cost the NIC {ticks} ticks in 0.5 s"
+    );
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let text = format!(
+        "soft-tcp qpn=1 addr={} token=0",
+        silent.local_addr().unwrap()
+    );
+    side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
+    assert_eq!(response(&mut link), (0, 8), "served once connected");
+}
