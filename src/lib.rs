@@ -12,3 +12,4 @@ pub mod manager;
 pub mod proto;
 pub mod server;
 pub mod service;
+mod sync;

@@ -1,9 +1,9 @@
 //! Accounts (stored, listed; not used for authentication in this issue).
 
 use super::error::{invalid, ManagerError, ManagerResult};
-use super::leader::lock;
 use super::Manager;
 use crate::proto::admin;
+use crate::sync::lock;
 
 /// One account.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use super::error::{invalid, ManagerError, ManagerResult};
 use super::instance::Instance;
 use super::local_index::check_indexer_config;
-use super::{read_lock, write_lock, Manager};
+use super::Manager;
 use crate::proto::{admin, meta};
+use crate::sync::{read_lock, write_lock};
 
 impl Manager {
     /// Registers and opens a storage.

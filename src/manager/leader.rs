@@ -3,6 +3,7 @@
 //! but never sooner than one elector-loop period ([`MIN_DEMOTION`]), as the reference's
 //! elector only campaigns on its loop tick.
 
+use crate::sync::lock;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -84,14 +85,6 @@ impl Leadership {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as i64)
     }
-}
-
-/// Locks a mutex, recovering from poisoning (the guarded data stays consistent: every
-/// critical section here is a single assignment).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ mod sessions;
 mod storages;
 mod write;
 
+use crate::sync::read_lock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -161,16 +162,6 @@ impl Drop for Manager {
         self.sessions.shutdown();
         self.storages.stop();
     }
-}
-
-/// Shared lock that survives poisoning (writers never leave a map half-updated).
-fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Exclusive lock that survives poisoning.
-fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use kvcm_storage::StorageKind;
 
 use super::error::{ManagerError, ManagerResult};
-use super::{read_lock, Manager};
+use super::Manager;
 use crate::proto::{admin, meta, storage as wire};
+use crate::sync::read_lock;
 
 /// Number of usage slots (wire storage type numbers 0..=5; VCNS shares the 3FS slot).
 const TYPE_SLOTS: usize = 6;

@@ -11,7 +11,7 @@ use kvcm_index::BlockKey;
 
 use super::error::{ManagerError, ManagerResult};
 use super::instance::Instance;
-use super::leader::lock;
+use crate::sync::lock;
 
 /// Length of a session id (lower-case letters and digits).
 pub const SESSION_ID_LEN: usize = 32;

@@ -12,8 +12,8 @@ use kvcm_storage::{DataStorage, StorageConfig, StorageError, StorageRegistry};
 
 use super::entry::Location;
 use super::error::{ManagerError, ManagerResult};
-use super::{read_lock, write_lock};
 use crate::proto::{admin, meta, storage as wire};
+use crate::sync::{read_lock, write_lock};
 
 /// All registered storages.
 #[derive(Debug)]

@@ -52,7 +52,7 @@ impl Faults {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Trigger>> {
-        self.active.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.active)
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::proto::admin;
+use crate::sync::{read_lock, write_lock};
 
 /// Name of the request counter.
 pub const QUERY_COUNTER: &str = "service.query_counter";
@@ -87,12 +88,12 @@ impl Metrics {
         elapsed: Duration,
     ) {
         self.record(api_name, elapsed);
-        let known = self.instances.read().unwrap_or_else(|p| p.into_inner());
+        let known = read_lock(&self.instances);
         if let Some(stats) = known.get(instance_id).and_then(|i| i.apis.get(api_name)) {
             return stats.record(elapsed);
         }
         drop(known);
-        let mut instances = self.instances.write().unwrap_or_else(|p| p.into_inner());
+        let mut instances = write_lock(&self.instances);
         let entry = instances
             .entry(instance_id.clone())
             .or_insert_with(|| InstanceStats {
@@ -123,7 +124,7 @@ impl Metrics {
                 })
             })
             .collect();
-        let instances = self.instances.read().unwrap_or_else(|p| p.into_inner());
+        let instances = read_lock(&self.instances);
         let mut ids: Vec<&Arc<str>> = instances.keys().collect();
         ids.sort();
         for id in ids {
