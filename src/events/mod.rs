@@ -10,9 +10,8 @@
 //! then flushes: a clean stop loses nothing.
 //!
 //! Invariants: records reach the file in the order they were accepted; a FinishWriteCache
-//! record is written with the committed subset of the keys its StartWriteCache record carried
-//! (the writer thread remembers open sessions; a finish whose start it never saw is dropped
-//! and counted). `reclaim` events are not written yet: they come with the reclaimer.
+//! record carries the keys the manager committed (a subset of its session's StartWriteCache
+//! keys). `reclaim` events are not written yet: they come with the reclaimer.
 
 mod record;
 mod sink;

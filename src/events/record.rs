@@ -7,8 +7,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kvcm_index::BlockKey;
 use kvcm_optimizer::trace::events::{Event, EventType, EVENT_LOG_VERSION};
 
-use crate::manager::mask::BlockMask;
-
 /// One successful call to log. Block keys are written as the `u64` with the same bits as
 /// the wire's `i64`, so that a key keeps its identity through replay.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,7 +35,7 @@ pub enum Record {
         /// The write session id.
         session: String,
     },
-    /// FinishWriteCache: which of the session's blocks were committed.
+    /// FinishWriteCache: the session's blocks that were committed.
     WriteFinished {
         /// When the call was served (µs since the Unix epoch).
         ts_us: u64,
@@ -45,8 +43,8 @@ pub enum Record {
         instance: Arc<str>,
         /// The write session id.
         session: String,
-        /// The `success_blocks` mask, over the session's blocks.
-        success: BlockMask,
+        /// The committed keys, in the session's block order.
+        keys: Vec<BlockKey>,
     },
 }
 

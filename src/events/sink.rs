@@ -11,7 +11,6 @@ use kvcm_index::BlockKey;
 
 use super::record::{now_us, Record};
 use super::thread::Message;
-use crate::manager::mask::BlockMask;
 use crate::manager::{Instance, WriteStart};
 use crate::proto::admin;
 
@@ -117,8 +116,8 @@ impl EventSink {
         });
     }
 
-    /// Emits a successful FinishWriteCache of `session` with its `success_blocks`.
-    pub fn write_finished(&self, instance: &Instance, session: &str, success: &BlockMask) {
+    /// Emits a successful FinishWriteCache of `session` with the keys it committed.
+    pub fn write_finished(&self, instance: &Instance, session: &str, committed: Vec<BlockKey>) {
         if !self.is_enabled() {
             return;
         }
@@ -126,7 +125,7 @@ impl EventSink {
             ts_us: now_us(),
             instance: instance.id().clone(),
             session: session.to_string(),
-            success: success.clone(),
+            keys: committed,
         });
     }
 

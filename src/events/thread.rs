@@ -1,11 +1,7 @@
 //! The writer thread: receives records in acceptance order, turns them into schema-v1 lines,
 //! and flushes after each drain of the channel (a quiet server has everything on disk within
 //! [`IDLE_POLL`]).
-//! It remembers the new keys of each open write session so that a FinishWriteCache line
-//! carries the committed keys; at most [`MAX_OPEN_SESSIONS`] are remembered (the oldest are
-//! forgotten first — sessions that expire on the server are never finished).
 
-use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -15,9 +11,6 @@ use std::time::Duration;
 use kvcm_optimizer::trace::events::{Event, EventLogWriter, EventType};
 
 use super::record::{event, key_bits, Record};
-
-/// Write sessions whose keys are remembered at once.
-pub const MAX_OPEN_SESSIONS: usize = 65_536;
 
 /// What the channel carries.
 #[derive(Debug)]
@@ -45,7 +38,6 @@ pub fn run(
 ) -> io::Result<()> {
     let mut state = WriterState {
         writer,
-        sessions: OpenSessions::default(),
         dropped,
         failing: false,
     };
@@ -79,7 +71,6 @@ pub fn run(
 
 struct WriterState {
     writer: EventLogWriter,
-    sessions: OpenSessions,
     dropped: Arc<AtomicU64>,
     /// Whether the last write failed (a failure is logged once until a write succeeds).
     failing: bool,
@@ -87,10 +78,7 @@ struct WriterState {
 
 impl WriterState {
     fn write(&mut self, record: Record) {
-        let Some(event) = self.line_of(record) else {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
+        let event = line_of(record);
         let written = self.writer.write(&event);
         self.note(written);
     }
@@ -112,76 +100,45 @@ impl WriterState {
             }
         }
     }
-
-    /// The line of a record; `None` for a finish whose start was never seen.
-    fn line_of(&mut self, record: Record) -> Option<Event> {
-        match record {
-            Record::Lookup {
-                ts_us,
-                instance,
-                keys,
-                block_tokens,
-                input_tokens,
-            } => {
-                let keys = keys.into_iter().map(key_bits).collect();
-                let mut line = event(EventType::GetCacheLocation, ts_us, &instance, keys);
-                line.block_tokens = Some(block_tokens);
-                line.input_tokens = input_tokens;
-                Some(line)
-            }
-            Record::WriteStarted {
-                ts_us,
-                instance,
-                keys,
-                session,
-            } => {
-                let keys: Vec<u64> = keys.into_iter().map(key_bits).collect();
-                self.sessions.open(session.clone(), keys.clone());
-                let mut line = event(EventType::StartWriteCache, ts_us, &instance, keys);
-                line.write_session = Some(session);
-                Some(line)
-            }
-            Record::WriteFinished {
-                ts_us,
-                instance,
-                session,
-                success,
-            } => {
-                let keys = self.sessions.finish(&session)?;
-                let committed = keys
-                    .into_iter()
-                    .enumerate()
-                    .filter(|(i, _)| success.contains(*i))
-                    .map(|(_, key)| key)
-                    .collect();
-                let mut line = event(EventType::FinishWriteCache, ts_us, &instance, committed);
-                line.write_session = Some(session);
-                Some(line)
-            }
-        }
-    }
 }
 
-/// The new keys of the write sessions started and not yet finished, bounded.
-#[derive(Debug, Default)]
-struct OpenSessions {
-    keys: HashMap<String, Vec<u64>>,
-    /// Session ids in start order (some may be finished already).
-    order: VecDeque<String>,
-}
-
-impl OpenSessions {
-    fn open(&mut self, session: String, keys: Vec<u64>) {
-        if self.order.len() == MAX_OPEN_SESSIONS {
-            if let Some(oldest) = self.order.pop_front() {
-                self.keys.remove(&oldest);
-            }
+/// The schema-v1 line of a record.
+fn line_of(record: Record) -> Event {
+    match record {
+        Record::Lookup {
+            ts_us,
+            instance,
+            keys,
+            block_tokens,
+            input_tokens,
+        } => {
+            let keys = keys.into_iter().map(key_bits).collect();
+            let mut line = event(EventType::GetCacheLocation, ts_us, &instance, keys);
+            line.block_tokens = Some(block_tokens);
+            line.input_tokens = input_tokens;
+            line
         }
-        self.order.push_back(session.clone());
-        self.keys.insert(session, keys);
-    }
-
-    fn finish(&mut self, session: &str) -> Option<Vec<u64>> {
-        self.keys.remove(session)
+        Record::WriteStarted {
+            ts_us,
+            instance,
+            keys,
+            session,
+        } => {
+            let keys: Vec<u64> = keys.into_iter().map(key_bits).collect();
+            let mut line = event(EventType::StartWriteCache, ts_us, &instance, keys);
+            line.write_session = Some(session);
+            line
+        }
+        Record::WriteFinished {
+            ts_us,
+            instance,
+            session,
+            keys,
+        } => {
+            let keys = keys.into_iter().map(key_bits).collect();
+            let mut line = event(EventType::FinishWriteCache, ts_us, &instance, keys);
+            line.write_session = Some(session);
+            line
+        }
     }
 }

@@ -148,9 +148,11 @@ fn the_change_feed_follows_a_block_through_its_life() {
         .manager
         .start_write(&instance, vec![7], &[], 30)
         .expect("start");
-    fx.manager
+    let committed = fx
+        .manager
         .finish_write(&instance, &started.session_id, &BlockMask::Offset(1))
         .expect("finish");
+    assert_eq!(committed, [7], "finish reports the keys it committed");
     assert_eq!(prefix(&fx.manager, &instance, &[7]), 1);
     fx.manager.remove_cache(&instance, &[7]).expect("remove");
     assert_eq!(

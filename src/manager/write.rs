@@ -139,7 +139,7 @@ impl Manager {
         instance: &Instance,
         session_id: &str,
         success: &BlockMask,
-    ) -> ManagerResult<()> {
+    ) -> ManagerResult<Vec<BlockKey>> {
         let session = self.sessions.take_checked(session_id, |session| {
             if session.instance.id() != instance.id() {
                 return Err(ManagerError::InvalidArgument(format!(
@@ -177,7 +177,7 @@ impl Manager {
                 committed.len()
             )));
         }
-        Ok(())
+        Ok(committed.iter().map(|write| write.key).collect())
     }
 
     /// Fails every block of an expired or abandoned session.

@@ -158,10 +158,11 @@ impl MetaHandler {
                     return Err(missing(API, "success_blocks"));
                 };
                 let success = mask_from_wire(Some(success), API, "success_blocks")?;
-                core.manager
-                    .finish_write(&instance, &request.write_session_id, &success)?;
+                let committed =
+                    core.manager
+                        .finish_write(&instance, &request.write_session_id, &success)?;
                 let session = &request.write_session_id;
-                core.events.write_finished(&instance, session, &success);
+                core.events.write_finished(&instance, session, committed);
                 Ok((
                     meta::CommonResponse::default(),
                     "Write session finished successfully".into(),
