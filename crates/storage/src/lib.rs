@@ -146,6 +146,41 @@ pub struct AllocatedSpec {
     pub name: String,
     /// Location URI (§14).
     pub uri: String,
+    /// The same place in the backend's compact terms ([`DataStorage::uri`] renders `uri`
+    /// from it).
+    pub address: PartAddress,
+}
+
+/// Where a backend put one part of one block, in the backend's own compact terms: with the
+/// block's key, instance and part it is enough to render the part's URI again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PartAddress {
+    /// The backend's object: a file id for file backends (valid while any block of the file
+    /// is allocated); 0 where the URI needs none.
+    pub object: u32,
+    /// The block's index inside the object (0 for a single-block object).
+    pub block: u32,
+}
+
+/// One allocated part, as [`DataStorage::uri`] needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct PartRef<'a> {
+    /// Owning instance.
+    pub instance_id: &'a str,
+    /// The block key.
+    pub key: BlockKey,
+    /// The part as registered.
+    pub spec: &'a BlockSpec,
+    /// Where the backend put it.
+    pub address: PartAddress,
+}
+
+impl From<live_blocks::TooManyReferences> for StorageError {
+    fn from(_: live_blocks::TooManyReferences) -> Self {
+        StorageError::InvalidRequest(
+            "a block file is held by too many allocations (or there are 2^32 files)".into(),
+        )
+    }
 }
 
 /// Errors of a storage backend.
@@ -197,6 +232,9 @@ pub trait DataStorage: Send + Sync + std::fmt::Debug {
         &self,
         request: &AllocationRequest<'_>,
     ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError>;
+    /// The URI of an allocated part, byte-identical to the one `allocate` returned; `None`
+    /// when the backend no longer knows the address (its object was freed).
+    fn uri(&self, part: &PartRef<'_>) -> Option<String>;
     /// Frees the bytes of these locations (URIs this backend produced).
     fn delete(&self, uris: &[String]) -> Result<(), StorageError>;
     /// Probes the tier (mount present, directory writable, ...).

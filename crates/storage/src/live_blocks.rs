@@ -23,17 +23,59 @@
 //! The counts live in memory only: files allocated before a restart are `Untracked` and the
 //! caller falls back to judging the file by its own contents.
 
-use std::collections::hash_map::{Entry, HashMap, RandomState};
-use std::collections::BTreeMap;
+use std::collections::hash_map::{HashMap, RandomState};
 use std::hash::BuildHasher;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// Shards of the map: deletes of different files rarely wait for each other.
 const SHARD_COUNT: usize = 64;
 
-/// Per file: the allocations still holding each block id (never 0: a freed id is removed).
-type Shard = HashMap<PathBuf, BTreeMap<u64, u64>>;
+/// One tracked file: its id and, per block id, the allocations still holding it.
+#[derive(Debug)]
+struct FileRecord {
+    /// Index of the file in its shard's `paths`.
+    slot: u32,
+    /// References per block id (dense: block ids are small, 0..blocks per file).
+    counts: Vec<u16>,
+}
+
+impl FileRecord {
+    fn is_unreferenced(&self) -> bool {
+        self.counts.iter().all(|&count| count == 0)
+    }
+}
+
+/// The files of one shard, by path and by slot.
+#[derive(Debug, Default)]
+struct Shard {
+    by_path: HashMap<Arc<Path>, FileRecord>,
+    /// Path of each slot; `None` for a free slot.
+    paths: Vec<Option<Arc<Path>>>,
+    /// Free slots, reused first.
+    free: Vec<u32>,
+}
+
+impl Shard {
+    /// A slot for a new file.
+    fn take_slot(&mut self, path: Arc<Path>) -> u32 {
+        match self.free.pop() {
+            Some(slot) => {
+                self.paths[slot as usize] = Some(path);
+                slot
+            }
+            None => {
+                self.paths.push(Some(path));
+                (self.paths.len() - 1) as u32
+            }
+        }
+    }
+
+    fn release_slot(&mut self, slot: u32) {
+        self.paths[slot as usize] = None;
+        self.free.push(slot);
+    }
+}
 
 /// What a release left of the block and its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +91,8 @@ pub(crate) enum Remaining {
 }
 
 /// Block references per file, in `SHARD_COUNT` mutex-guarded shards keyed by path hash.
+/// Each tracked file has a small id (`slot * SHARD_COUNT + shard`), stable while it is
+/// tracked and reused after its file is released.
 #[derive(Debug)]
 pub(crate) struct LiveBlocks {
     hasher: RandomState,
@@ -64,86 +108,134 @@ impl Default for LiveBlocks {
     }
 }
 
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl LiveBlocks {
-    fn shard(&self, path: &Path) -> MutexGuard<'_, Shard> {
-        let index = self.hasher.hash_one(path) as usize % SHARD_COUNT;
-        // A panic while holding the lock cannot leave a count half-updated in a way that
-        // matters: every update is a single increment, decrement or remove.
-        self.shards[index]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn shard_index(&self, path: &Path) -> usize {
+        self.hasher.hash_one(path) as usize % SHARD_COUNT
     }
 
-    /// Runs `create` (directories, touch) under the file's lock and, when it succeeds, adds
-    /// one reference to each of `blkids` (a single-block file passes `[0]`).
-    pub(crate) fn allocate<E>(
+    /// Runs `create` (directories, touch) and adds one reference to each of `blkids` of
+    /// `path`, under the path's shard lock; returns the file's id. A failed `create`, or
+    /// counts that would overflow, track nothing new.
+    pub(crate) fn allocate<E: From<TooManyReferences>>(
         &self,
         path: &Path,
         blkids: &[u64],
         create: impl FnOnce() -> Result<(), E>,
-    ) -> Result<(), E> {
-        let mut shard = self.shard(path);
+    ) -> Result<u32, E> {
+        let index = self.shard_index(path);
+        let mut shard = lock(&self.shards[index]);
+        let current = shard.by_path.get(path).map(|r| r.counts.as_slice());
+        let counts = add_references(current.unwrap_or(&[]), blkids)?;
         create()?;
-        if !blkids.is_empty() {
-            let counts = shard.entry(path.to_path_buf()).or_default();
-            for &blkid in blkids {
-                *counts.entry(blkid).or_default() += 1;
+        let shard = &mut *shard;
+        let slot = match shard.by_path.get_mut(path) {
+            Some(record) => {
+                record.counts = counts;
+                record.slot
             }
-        }
-        Ok(())
+            None => {
+                let next = shard.free.last().copied();
+                file_id(next.unwrap_or(shard.paths.len() as u32), index)?;
+                let path: Arc<Path> = Arc::from(path);
+                let slot = shard.take_slot(path.clone());
+                shard.by_path.insert(path, FileRecord { slot, counts });
+                slot
+            }
+        };
+        Ok(file_id(slot, index)?)
     }
 
-    /// Drops one reference to `blkid` of `path` (none left: nothing changes) and calls
-    /// `finish` with what remains, under the file's lock. When no block is held and `finish`
-    /// succeeds (it unlinked the file), the entry is dropped; when `finish` fails, the entry
-    /// stays (empty) so the next release retries.
+    /// Drops one reference to `blkid` of `path` and calls `finish` with what remained,
+    /// under the path's shard lock. A file entry goes (with its id) only when `finish`
+    /// succeeded on `FileFreed`.
     pub(crate) fn release<E>(
         &self,
         path: &Path,
         blkid: u64,
         finish: impl FnOnce(Remaining) -> Result<(), E>,
     ) -> Result<(), E> {
-        let mut shard = self.shard(path);
-        let Entry::Occupied(mut entry) = shard.entry(path.to_path_buf()) else {
+        let mut shard = lock(&self.shards[self.shard_index(path)]);
+        let Some(record) = shard.by_path.get_mut(path) else {
             return finish(Remaining::Untracked);
         };
-        let block = drop_reference(entry.get_mut(), blkid);
-        if !entry.get().is_empty() {
+        let block = drop_reference(&mut record.counts, blkid);
+        if !record.is_unreferenced() {
             return finish(block);
         }
         finish(Remaining::FileFreed)?;
-        entry.remove();
+        if let Some(record) = shard.by_path.remove(path) {
+            shard.release_slot(record.slot);
+        }
         Ok(())
     }
 
-    /// Number of files with a count (for tests of the no-growth invariant).
+    /// The path of a tracked file by id.
+    pub(crate) fn path(&self, id: u32) -> Option<Arc<Path>> {
+        let id = id as usize;
+        let shard = lock(self.shards.get(id % SHARD_COUNT)?);
+        shard.paths.get(id / SHARD_COUNT)?.clone()
+    }
+
+    /// Number of files tracked.
     #[cfg(test)]
     pub(crate) fn tracked_files(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| shard.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|shard| lock(shard).by_path.len())
             .sum()
     }
 }
 
-/// Drops one reference to `blkid`: `BlockFreed` when it was the last, else `BlockHeld`.
-fn drop_reference(counts: &mut BTreeMap<u64, u64>, blkid: u64) -> Remaining {
-    let Some(count) = counts.get_mut(&blkid) else {
+/// A block would be held by more allocations than a count can say (65 535), or a file id
+/// does not fit 32 bits; nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TooManyReferences;
+
+/// `counts` with one more reference per block id.
+fn add_references(counts: &[u16], blkids: &[u64]) -> Result<Vec<u16>, TooManyReferences> {
+    let mut updated = counts.to_vec();
+    for &blkid in blkids {
+        let index = usize::try_from(blkid).map_err(|_| TooManyReferences)?;
+        if updated.len() <= index {
+            updated.resize(index + 1, 0);
+        }
+        updated[index] = updated[index].checked_add(1).ok_or(TooManyReferences)?;
+    }
+    updated.shrink_to_fit();
+    Ok(updated)
+}
+
+/// The id of a file in `slot` of shard `shard`.
+fn file_id(slot: u32, shard: usize) -> Result<u32, TooManyReferences> {
+    let id = slot as usize * SHARD_COUNT + shard;
+    u32::try_from(id).map_err(|_| TooManyReferences)
+}
+
+fn drop_reference(counts: &mut [u16], blkid: u64) -> Remaining {
+    let Some(count) = usize::try_from(blkid)
+        .ok()
+        .and_then(|index| counts.get_mut(index))
+        .filter(|count| **count > 0)
+    else {
         return Remaining::BlockHeld;
     };
     *count -= 1;
     if *count > 0 {
         return Remaining::BlockHeld;
     }
-    counts.remove(&blkid);
     Remaining::BlockFreed
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::StorageError;
 
-    fn ok() -> Result<(), String> {
+    fn ok() -> Result<(), StorageError> {
         Ok(())
     }
 
@@ -197,17 +289,16 @@ mod tests {
     #[test]
     fn files_without_a_count_are_untracked() {
         let live = LiveBlocks::default();
-        live.allocate(Path::new("/none"), &[], ok).expect("ok");
-        assert_eq!(live.tracked_files(), 0);
-        assert_eq!(release(&live, "/none", 0), Remaining::Untracked);
         assert_eq!(release(&live, "/never", 0), Remaining::Untracked);
     }
 
     #[test]
     fn a_failed_create_tracks_nothing() {
         let live = LiveBlocks::default();
-        let failed = live.allocate(Path::new("/f"), &[0, 1], || Err("no space"));
-        assert_eq!(failed, Err("no space"));
+        let failed = live.allocate(Path::new("/f"), &[0, 1], || {
+            Err(StorageError::InvalidRequest("no space".into()))
+        });
+        assert!(matches!(failed, Err(StorageError::InvalidRequest(_))));
         assert_eq!(live.tracked_files(), 0);
     }
 

@@ -13,7 +13,6 @@
 //! Invariant: `delete` only touches paths below the base, named by URIs with this backend's
 //! scheme and storage name; all URIs are checked before any is acted on.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 
@@ -22,8 +21,8 @@ use crate::live_blocks::{LiveBlocks, Remaining};
 use crate::packing::{check_request, pack};
 use crate::uri::BlockUri;
 use crate::{
-    AllocatedSpec, AllocationRequest, DataStorage, StorageConfig, StorageError, StorageKind,
-    StorageSpec,
+    AllocatedSpec, AllocationRequest, DataStorage, PartAddress, PartRef, StorageConfig,
+    StorageError, StorageKind, StorageSpec,
 };
 
 /// A storage of blocks in files below a base path.
@@ -55,9 +54,14 @@ struct PackedBlock {
     range: BlockRange,
 }
 
-/// The files of an allocation (with the block ids each is given; `[0]` for a single-block
-/// file) and the URIs of its parts.
-type Plan = (BTreeMap<PathBuf, Vec<u64>>, Vec<Vec<AllocatedSpec>>);
+/// The plan of an allocation: its files (with the block ids each is given; `[0]` for a
+/// single-block file), the URIs of its parts, and per part the index of its file.
+#[derive(Debug)]
+struct Plan {
+    files: Vec<(PathBuf, Vec<u64>)>,
+    placed: Vec<Vec<AllocatedSpec>>,
+    file_of_part: Vec<Vec<usize>>,
+}
 
 impl BlockFileStorage {
     /// The backend of a validated `Nfs` or `ThreeFs` config.
@@ -94,26 +98,22 @@ impl BlockFileStorage {
         }
     }
 
-    fn uri(&self, file_name: &str, blkid: usize, size: i64) -> String {
-        let mut params = std::collections::BTreeMap::new();
+    /// The URI of block `blkid` (of `size` bytes) of the file at `path` (§14; the same text
+    /// `BlockUri` prints: parameters sorted by name).
+    fn uri(&self, path: &str, blkid: u64, size: i64) -> String {
+        let (scheme, name) = (self.kind.scheme(), &self.config.global_unique_name);
         if self.key_count_per_file > 1 {
-            params.insert("blkid".to_string(), blkid.to_string());
+            format!("{scheme}://{name}{path}?blkid={blkid}&size={size}")
+        } else {
+            format!("{scheme}://{name}{path}?size={size}")
         }
-        params.insert("size".to_string(), size.to_string());
-        let uri = BlockUri {
-            scheme: self.kind.scheme().to_string(),
-            storage_name: self.config.global_unique_name.clone(),
-            path: format!("{}{file_name}", self.base),
-            params,
-        };
-        uri.to_string()
     }
 
     /// The files an allocation uses and the URIs of its parts; touches nothing.
     fn plan(&self, request: &AllocationRequest<'_>) -> Result<Plan, StorageError> {
         check_request(request)?;
         self.check_offsets_fit(request)?;
-        let files = pack(request, self.key_count_per_file);
+        let packed = pack(request, self.key_count_per_file);
         let mut placed: Vec<Vec<AllocatedSpec>> = request
             .blocks
             .iter()
@@ -125,21 +125,31 @@ impl BlockFileStorage {
                 let unplaced = |name: &String| AllocatedSpec {
                     name: name.clone(),
                     uri: String::new(),
+                    address: PartAddress::default(),
                 };
                 names.map(unplaced).collect()
             })
             .collect();
-        let mut paths = BTreeMap::new();
-        for file in &files {
-            let path = PathBuf::from(format!("{}{}", self.base, file.name));
-            let blkids: &mut Vec<u64> = paths.entry(path).or_default();
+        let mut file_of_part: Vec<Vec<usize>> = placed.iter().map(|p| vec![0; p.len()]).collect();
+        let mut files: Vec<(PathBuf, Vec<u64>)> = Vec::with_capacity(packed.len());
+        for file in &packed {
+            let path = format!("{}{}", self.base, file.name);
+            let mut blkids = Vec::with_capacity(file.members.len());
             for (blkid, member) in file.members.iter().enumerate() {
                 let size = request.specs[member.spec].size;
-                placed[member.block][member.slot].uri = self.uri(&file.name, blkid, size);
+                let part = &mut placed[member.block][member.slot];
+                part.uri = self.uri(&path, blkid as u64, size);
+                part.address.block = blkid as u32;
+                file_of_part[member.block][member.slot] = files.len();
                 blkids.push(blkid as u64);
             }
+            files.push((PathBuf::from(path), blkids));
         }
-        Ok((paths, placed))
+        Ok(Plan {
+            files,
+            placed,
+            file_of_part,
+        })
     }
 
     /// Refuses parts so large that a block's end offset in a full file overflows `i64`.
@@ -204,7 +214,7 @@ impl BlockFileStorage {
 
     /// Drops the counts of an allocation that failed part-way: its URIs were never handed
     /// out, so nobody will delete them. The files (if touched, empty) are left in place.
-    fn forget_counts<'a>(&self, files: impl Iterator<Item = (&'a PathBuf, &'a Vec<u64>)>) {
+    fn forget_counts(&self, files: &[(PathBuf, Vec<u64>)]) {
         for (path, blkids) in files {
             for &blkid in blkids {
                 let Ok(()) = self.live.release::<Infallible>(path, blkid, |_| Ok(()));
@@ -286,15 +296,29 @@ impl DataStorage for BlockFileStorage {
         &self,
         request: &AllocationRequest<'_>,
     ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
-        let (paths, placed) = self.plan(request)?;
-        for (done, (path, blkids)) in paths.iter().enumerate() {
-            let created = self.live.allocate(path, blkids, || self.create_file(path));
-            if let Err(error) = created {
-                self.forget_counts(paths.iter().take(done));
-                return Err(error);
+        let mut plan = self.plan(request)?;
+        let mut file_ids = Vec::with_capacity(plan.files.len());
+        for (done, (path, blkids)) in plan.files.iter().enumerate() {
+            match self.live.allocate(path, blkids, || self.create_file(path)) {
+                Ok(id) => file_ids.push(id),
+                Err(error) => {
+                    self.forget_counts(&plan.files[..done]);
+                    return Err(error);
+                }
             }
         }
-        Ok(placed)
+        for (parts, files) in plan.placed.iter_mut().zip(&plan.file_of_part) {
+            for (part, &file) in parts.iter_mut().zip(files) {
+                part.address.object = file_ids[file];
+            }
+        }
+        Ok(plan.placed)
+    }
+
+    fn uri(&self, part: &PartRef<'_>) -> Option<String> {
+        let path = self.live.path(part.address.object)?;
+        let path = path.to_str()?;
+        Some(self.uri(path, u64::from(part.address.block), part.spec.size))
     }
 
     fn delete(&self, uris: &[String]) -> Result<(), StorageError> {
@@ -344,8 +368,12 @@ mod tests {
             specs: &specs,
             blocks: &blocks,
         };
-        let (_, placed) = storage.plan(&request).expect("plan");
-        placed.into_iter().flatten().map(|spec| spec.uri).collect()
+        let plan = storage.plan(&request).expect("plan");
+        plan.placed
+            .into_iter()
+            .flatten()
+            .map(|spec| spec.uri)
+            .collect()
     }
 
     /// Allocates `keys` (one part of 1024 bytes) for instance `i`; one URI per key.
@@ -379,6 +407,52 @@ mod tests {
         last.expect("the last block unlinks the file without punching");
         assert!(!path.exists(), "no block referenced: unlinked");
         assert_eq!(storage.live.tracked_files(), 0);
+    }
+
+    #[test]
+    fn addresses_render_the_allocated_uris_until_their_file_is_freed() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for key_count_per_file in [1, 4] {
+            let storage = nfs_at(&format!("{}/", root.path().display()), key_count_per_file);
+            let specs = specs(&[1024, 2048]);
+            let blocks = blocks(&[1, 2, 3, 4, 5], &[0, 1]);
+            let request = AllocationRequest {
+                instance_id: "i",
+                specs: &specs,
+                blocks: &blocks,
+            };
+            let placed = storage.allocate(&request).expect("allocate");
+            let mut uris = Vec::new();
+            for (block, parts) in blocks.iter().zip(&placed) {
+                for (part, &spec) in parts.iter().zip(&block.spec_indexes) {
+                    let again = DataStorage::uri(
+                        &storage,
+                        &PartRef {
+                            instance_id: "i",
+                            key: block.key,
+                            spec: &specs[spec],
+                            address: part.address,
+                        },
+                    );
+                    assert_eq!(again.as_deref(), Some(part.uri.as_str()));
+                    uris.push((part.uri.clone(), part.address, spec, block.key));
+                }
+            }
+            let all: Vec<String> = uris.iter().map(|(uri, ..)| uri.clone()).collect();
+            storage.delete(&all).expect("delete all");
+            let (_, address, spec, key) = uris[0];
+            let gone = PartRef {
+                instance_id: "i",
+                key,
+                spec: &specs[spec],
+                address,
+            };
+            assert_eq!(
+                DataStorage::uri(&storage, &gone),
+                None,
+                "the file was freed"
+            );
+        }
     }
 
     #[test]

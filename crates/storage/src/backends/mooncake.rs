@@ -1,13 +1,12 @@
 //! The `mooncake` backend: URIs only (`mooncake://<name>/?key=<object name>&size=<bytes>`);
 //! the Mooncake store itself is driven by the clients, nothing is allocated or freed here.
 
-use std::collections::BTreeMap;
-
 use crate::names::object_name;
 use crate::packing::check_request;
 use crate::uri::BlockUri;
 use crate::{
-    AllocatedSpec, AllocationRequest, DataStorage, StorageConfig, StorageError, StorageKind,
+    AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartAddress, PartRef,
+    StorageConfig, StorageError, StorageKind,
 };
 
 /// A Mooncake store as seen by the manager: a namespace of object keys.
@@ -22,18 +21,15 @@ impl MooncakeStorage {
         Self { config }
     }
 
-    fn uri(&self, object: String, size: i64) -> String {
-        let params = BTreeMap::from([
-            ("key".to_string(), object),
-            ("size".to_string(), size.to_string()),
-        ]);
-        let uri = BlockUri {
-            scheme: StorageKind::Mooncake.scheme().to_string(),
-            storage_name: self.config.global_unique_name.clone(),
-            path: "/".to_string(),
-            params,
-        };
-        uri.to_string()
+    /// `mooncake://<name>/?key=<object name>&size=<bytes>` (the text `BlockUri` prints:
+    /// parameters sorted by name).
+    fn uri(&self, instance_id: &str, spec: &BlockSpec, key: BlockKey) -> String {
+        let object = object_name(instance_id, &spec.name, key);
+        let (scheme, name) = (
+            StorageKind::Mooncake.scheme(),
+            &self.config.global_unique_name,
+        );
+        format!("{scheme}://{name}/?key={object}&size={}", spec.size)
     }
 
     fn check_uri(&self, text: &str) -> Result<(), StorageError> {
@@ -74,14 +70,16 @@ impl DataStorage for MooncakeStorage {
             specs
                 .map(|spec| AllocatedSpec {
                     name: spec.name.clone(),
-                    uri: self.uri(
-                        object_name(request.instance_id, &spec.name, block.key),
-                        spec.size,
-                    ),
+                    uri: self.uri(request.instance_id, spec, block.key),
+                    address: PartAddress::default(),
                 })
                 .collect()
         });
         Ok(placed.collect())
+    }
+
+    fn uri(&self, part: &PartRef<'_>) -> Option<String> {
+        Some(self.uri(part.instance_id, part.spec, part.key))
     }
 
     /// Checks the URIs; the objects live in Mooncake and are removed by its clients.
