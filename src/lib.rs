@@ -1,15 +1,16 @@
 //! kvcm: a global KVCache manager for LLM inference.
 //!
-//! The control plane (reference-compatible gRPC + HTTP), the manager and the embedded server
-//! live in this crate; hardware-free building blocks live in `crates/`:
-//! `kvcm-index` (metadata index), `kvcm-storage` (block location allocation),
+//! The control plane's edge (reference-compatible gRPC + HTTP, proto ⇄ domain conversion) and
+//! the embedded server live in this crate; the domain model and its rules live in
+//! `kvcm-manager` (re-exported as [`manager`]), and the other hardware-free building blocks in
+//! `crates/`: `kvcm-index` (metadata index), `kvcm-storage` (block location allocation),
 //! `kvcm-transport` (verbs-shaped RDMA API) and `kvcm-optimizer` (trace replay).
 //! See docs/ARCHITECTURE.md for the module map.
 
 pub mod config;
 pub mod events;
-pub mod manager;
 pub mod proto;
 pub mod server;
 pub mod service;
-mod sync;
+
+pub use kvcm_manager as manager;

@@ -2,18 +2,25 @@
 //! keys, beside the same batch get on a plain `HashMap` (the floor).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
-use kvcm::manager::{Entry, KeyEntry};
+use kvcm::manager::{Entry, Location, LocationState, Part, StorageHandle};
 use kvcm_index::{LocalIndex, LocalIndexConfig, MetaIndex, Modify};
+use kvcm_storage::PartAddress;
 
 const BATCH: usize = 16;
 const ROUNDS: usize = 200_000;
 
 /// Measures and prints the index figures.
 pub fn run(key_count: usize) {
-    let entry: Entry = Arc::new(KeyEntry::default());
+    let entry = Entry::new(vec![Location {
+        storage: StorageHandle(0),
+        state: LocationState::Serving,
+        parts: vec![Part {
+            spec: 0,
+            address: PartAddress::default(),
+        }],
+    }]);
     let index = match LocalIndex::new(LocalIndexConfig::default()) {
         Ok(index) => index,
         Err(error) => return eprintln!("local index: {error}"),

@@ -11,8 +11,8 @@ use kvcm_index::BlockKey;
 
 use super::record::{now_us, Record};
 use super::thread::Message;
-use crate::manager::{Instance, WriteStart};
 use crate::proto::admin;
+use kvcm_manager::{Instance, WriteStart};
 
 /// Name of the counter of records that were not written.
 pub const DROPPED_METRIC: &str = "event_log.dropped";

@@ -1,11 +1,11 @@
 //! Conversions between the admin wire `StorageConfig` and the storage crate's typed config,
 //! and the `storage_configs` JSON of RegisterInstance (wire fact sheet §15).
 
-use kvcm_storage::{StorageConfig, StorageKind, StorageSpec};
+use kvcm_storage::{StorageConfig, StorageSpec};
 use serde_json::{json, Value};
 
+use super::admin;
 use super::admin::storage_config::StorageSpec as WireSpec;
-use super::{admin, meta};
 
 /// Why a wire storage config cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -62,15 +62,79 @@ pub fn from_wire(wire: &admin::StorageConfig) -> Result<StorageConfig, StorageCo
     })
 }
 
-/// The wire storage type of a backend kind (the `type` of a CacheLocation).
-pub fn wire_type(kind: StorageKind) -> meta::StorageType {
-    match kind {
-        StorageKind::Nfs => meta::StorageType::StNfs,
-        StorageKind::ThreeFs => meta::StorageType::St3fs,
-        StorageKind::VcnsThreeFs => meta::StorageType::StVcns3fs,
-        StorageKind::Mooncake => meta::StorageType::StMooncake,
-        StorageKind::TairMemPool => meta::StorageType::StTairmempool,
+/// The wire storage config of a typed config (what ListStorage answers).
+pub fn to_wire(config: &StorageConfig) -> admin::StorageConfig {
+    let spec = match config.spec.clone() {
+        StorageSpec::Nfs {
+            root_path,
+            key_count_per_file,
+        } => WireSpec::Nfs(admin::NfsStorageSpec {
+            root_path,
+            key_count_per_file,
+        }),
+        StorageSpec::ThreeFs {
+            cluster_name,
+            mountpoint,
+            root_dir,
+            key_count_per_file,
+            touch_file_when_create,
+        } => WireSpec::Threefs(admin::ThreeFsStorageSpec {
+            cluster_name,
+            mountpoint,
+            root_dir,
+            key_count_per_file,
+            touch_file_when_create,
+        }),
+        StorageSpec::VcnsThreeFs {
+            mountpoint,
+            root_dir,
+            remote_host,
+            remote_port,
+            meta_storage_uri,
+        } => WireSpec::Vcnsthreefs(admin::VcnsThreeFsStorageSpec {
+            mountpoint,
+            root_dir,
+            remote_host,
+            remote_port,
+            meta_storage_uri,
+            ..Default::default()
+        }),
+        StorageSpec::Mooncake {
+            local_hostname,
+            metadata_connstring,
+            protocol,
+            rdma_device,
+            master_service_entry,
+        } => WireSpec::Mooncake(admin::MooncakeStorageSpec {
+            local_hostname,
+            metadata_connstring,
+            protocol,
+            rdma_device,
+            master_service_entry,
+        }),
+        StorageSpec::TairMemPool {
+            domain,
+            timeout,
+            enable_vipserver,
+        } => WireSpec::TairMemPool(admin::TairMemPoolStorageSpec {
+            domain,
+            timeout,
+            enable_vipserver,
+        }),
+    };
+    admin::StorageConfig {
+        global_unique_name: config.global_unique_name.clone(),
+        storage_spec: Some(spec),
+        check_storage_available_when_open: config.check_storage_available_when_open,
     }
+}
+
+/// The `storage_configs` JSON text: one element per (storage, is available).
+pub fn storage_configs_json(statuses: &[(StorageConfig, bool)]) -> String {
+    let items = statuses
+        .iter()
+        .map(|(config, available)| storage_config_json(config, *available));
+    Value::Array(items.collect()).to_string()
 }
 
 /// One element of the `storage_configs` JSON array.

@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use super::ServerError;
 use crate::config::ServerConfig;
-use crate::manager::{local_index_factory, Manager, ManagerDeps};
+use kvcm_manager::{local_index_factory, Manager, ManagerDeps};
+use kvcm_storage::{StorageConfig, StorageSpec};
+
 use crate::proto::admin;
+use crate::service::group_from_wire;
 
 /// Name of the embedded default group.
 pub const DEFAULT_GROUP: &str = "default";
@@ -24,7 +27,7 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         format!(
             "local_ip_placeholder:{}_{}",
             config.admin_http_port,
-            crate::manager::random_id(16)
+            kvcm_manager::random_id(16)
         )
     } else {
         config.node_id.clone()
@@ -36,7 +39,8 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
     })?;
     let root = block_root(&config.data_dir)?;
     manager.add_storage(default_storage(&root))?;
-    manager.create_group(default_group())?;
+    let group = group_from_wire(default_group()).map_err(ServerError::Bootstrap)?;
+    manager.create_group(group)?;
     Ok(manager)
 }
 
@@ -56,15 +60,13 @@ fn block_root(data_dir: &Path) -> Result<String, ServerError> {
     Ok(format!("{}/", absolute.display()))
 }
 
-fn default_storage(root_path: &str) -> admin::StorageConfig {
-    admin::StorageConfig {
+fn default_storage(root_path: &str) -> StorageConfig {
+    StorageConfig {
         global_unique_name: DEFAULT_STORAGE.into(),
-        storage_spec: Some(admin::storage_config::StorageSpec::Nfs(
-            admin::NfsStorageSpec {
-                root_path: root_path.into(),
-                key_count_per_file: DEFAULT_KEYS_PER_FILE,
-            },
-        )),
+        spec: StorageSpec::Nfs {
+            root_path: root_path.into(),
+            key_count_per_file: DEFAULT_KEYS_PER_FILE,
+        },
         check_storage_available_when_open: true,
     }
 }

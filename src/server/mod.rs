@@ -26,7 +26,7 @@ pub enum ServerError {
     },
     /// Registering the embedded default failed.
     #[error("embedded default: {0}")]
-    Bootstrap(#[from] crate::manager::ManagerError),
+    Bootstrap(#[from] kvcm_manager::ManagerError),
     /// A listener cannot bind.
     #[error("binding {name} on port {port}: {source}")]
     Bind {

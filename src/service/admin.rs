@@ -5,11 +5,15 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use kvcm_manager::{Account, ManagerError};
+
 use super::convert::transcode;
 use super::core::{Core, Outcome, Rules};
 use super::meta as meta_calls;
-use crate::manager::{Account, ManagerError};
-use crate::proto::{admin, meta};
+use super::wire_admin::{
+    account_role, account_role_number, group_from_wire, group_to_wire, instance_info_to_wire,
+};
+use crate::proto::{admin, meta, storage as wire_storage};
 
 /// Handlers of AdminService.
 #[derive(Debug, Clone)]
@@ -22,8 +26,17 @@ fn done(message: &str) -> Outcome<admin::CommonResponse> {
     Ok((admin::CommonResponse::default(), message.to_string()))
 }
 
-fn missing(api: &str, field: &str) -> ManagerError {
-    ManagerError::InvalidArgument(format!("{{{api}: {{{field}}}}}"))
+fn missing(field: &'static str) -> ManagerError {
+    ManagerError::invalid(field)
+}
+
+/// The typed config of a request's wire storage config.
+fn storage_from_wire(
+    storage: Option<&admin::StorageConfig>,
+) -> Result<kvcm_storage::StorageConfig, ManagerError> {
+    let storage = storage.ok_or_else(|| missing("storage"))?;
+    wire_storage::from_wire(storage)
+        .map_err(|error| ManagerError::invalid_because("storage", error.to_string()))
 }
 
 fn now_ms() -> i64 {
@@ -61,11 +74,8 @@ impl AdminHandler {
     /// AddStorage.
     pub fn add_storage(&self, request: admin::AddStorageRequest) -> admin::CommonResponse {
         self.leader("AddStorage", &request.trace_id, |core| {
-            let storage = request
-                .storage
-                .clone()
-                .ok_or_else(|| missing("AddStorage", "storage"))?;
-            core.manager.add_storage(storage)?;
+            core.manager
+                .add_storage(storage_from_wire(request.storage.as_ref())?)?;
             done("Storage added successfully")
         })
     }
@@ -99,11 +109,8 @@ impl AdminHandler {
     /// UpdateStorage.
     pub fn update_storage(&self, request: admin::UpdateStorageRequest) -> admin::CommonResponse {
         self.leader("UpdateStorage", &request.trace_id, |core| {
-            let storage = request
-                .storage
-                .clone()
-                .ok_or_else(|| missing("UpdateStorage", "storage"))?;
-            core.manager.update_storage(storage)?;
+            core.manager
+                .update_storage(storage_from_wire(request.storage.as_ref())?)?;
             done("Storage updated successfully")
         })
     }
@@ -111,7 +118,12 @@ impl AdminHandler {
     /// ListStorage.
     pub fn list_storage(&self, request: admin::ListStorageRequest) -> admin::ListStorageResponse {
         self.leader("ListStorage", &request.trace_id, |core| {
-            let storage = core.manager.list_storages();
+            let storage = core
+                .manager
+                .list_storages()
+                .iter()
+                .map(wire_storage::to_wire)
+                .collect();
             Ok((
                 admin::ListStorageResponse {
                     header: None,
@@ -131,8 +143,8 @@ impl AdminHandler {
             let group = request
                 .instance_group
                 .clone()
-                .ok_or_else(|| missing("CreateInstanceGroup", "instance_group"))?;
-            core.manager.create_group(group)?;
+                .ok_or_else(|| missing("instance_group"))?;
+            core.manager.create_group(group_from_wire(group)?)?;
             done("Instance group created successfully")
         })
     }
@@ -146,8 +158,9 @@ impl AdminHandler {
             let group = request
                 .instance_group
                 .clone()
-                .ok_or_else(|| missing("UpdateInstanceGroup", "instance_group"))?;
-            core.manager.update_group(group, request.current_version)?;
+                .ok_or_else(|| missing("instance_group"))?;
+            core.manager
+                .update_group(group_from_wire(group)?, request.current_version)?;
             done("Instance group updated successfully")
         })
     }
@@ -172,7 +185,7 @@ impl AdminHandler {
             let group = core.manager.group(&request.name)?;
             let reply = admin::GetInstanceGroupResponse {
                 header: None,
-                instance_group: Some(group),
+                instance_group: Some(group_to_wire(&group)),
             };
             Ok((reply, String::new()))
         })
@@ -218,7 +231,7 @@ impl AdminHandler {
     pub fn remove_instance(&self, request: admin::RemoveInstanceRequest) -> admin::CommonResponse {
         self.leader("RemoveInstance", &request.trace_id, |core| {
             if request.instance_id.is_empty() {
-                return Err(missing("RemoveInstance", "instance_id"));
+                return Err(missing("instance_id"));
             }
             core.manager.remove_instance(&request.instance_id)?;
             done("Instance removed successfully")
@@ -234,7 +247,7 @@ impl AdminHandler {
             let instance = core.manager.require_instance(&request.instance_id)?;
             let reply = admin::GetInstanceInfoResponse {
                 header: None,
-                instance_info: Some(transcode(instance.info())),
+                instance_info: Some(transcode(&instance_info_to_wire(instance.info()))),
             };
             Ok((reply, String::new()))
         })
@@ -247,13 +260,13 @@ impl AdminHandler {
     ) -> admin::ListInstanceInfoResponse {
         self.leader("ListInstanceInfo", &request.trace_id, |core| {
             if request.instance_group_name.is_empty() {
-                return Err(missing("ListInstanceInfo", "instance_group_name"));
+                return Err(missing("instance_group_name"));
             }
             let instance_info = core
                 .manager
                 .list_instances(&request.instance_group_name)
                 .iter()
-                .map(transcode)
+                .map(|info| transcode(&instance_info_to_wire(info)))
                 .collect();
             Ok((
                 admin::ListInstanceInfoResponse {
@@ -271,7 +284,7 @@ impl AdminHandler {
             core.manager.add_account(Account {
                 user_name: request.user_name.clone(),
                 password: request.password.clone(),
-                role: request.role,
+                role: account_role(request.role)?,
             })?;
             done("Account added successfully")
         })
@@ -294,7 +307,7 @@ impl AdminHandler {
                 .into_iter()
                 .map(|a| admin::Account {
                     user_name: a.user_name,
-                    role: a.role,
+                    role: account_role_number(a.role),
                 })
                 .collect();
             Ok((
@@ -411,10 +424,7 @@ impl AdminHandler {
     ) -> admin::CommonResponse {
         self.any_node("UpdateLeaderElectorConfig", &request.trace_id, |core| {
             if request.campaign_delay_time_ms < 0 {
-                return Err(missing(
-                    "UpdateLeaderElectorConfig",
-                    "campaign_delay_time_ms",
-                ));
+                return Err(missing("campaign_delay_time_ms"));
             }
             core.manager
                 .leadership()
@@ -431,7 +441,7 @@ impl AdminHandler {
                 "INFO" => tracing::Level::INFO,
                 "WARN" => tracing::Level::WARN,
                 "ERROR" => tracing::Level::ERROR,
-                _ => return Err(missing("UpdateLogger", "log_level")),
+                _ => return Err(missing("log_level")),
             };
             let setter = core.log_level.as_ref().ok_or_else(|| {
                 ManagerError::Unsupported("this process has a fixed log level".into())

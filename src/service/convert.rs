@@ -3,20 +3,59 @@
 
 use prost::Message;
 
-use crate::manager::mask::BlockMask;
-use crate::manager::query::QueryKind;
-use crate::manager::{ManagerError, ManagerResult, TrimStrategy};
+use kvcm_manager::mask::BlockMask;
+use kvcm_manager::query::QueryKind;
+use kvcm_manager::{BlockLocation, CacheMeta, Instance, ManagerError, ManagerResult, TrimStrategy};
+
+use super::wire_admin::storage_type_number;
 use crate::proto::meta;
 
-fn invalid(api: &str, field: &str, detail: impl std::fmt::Display) -> ManagerError {
-    ManagerError::InvalidArgument(format!("{{{api}: {{{field}}}}}: {detail}"))
+fn invalid(field: &'static str, detail: impl std::fmt::Display) -> ManagerError {
+    ManagerError::invalid_because(field, detail.to_string())
+}
+
+/// The wire form of a location handed out by `instance`.
+pub fn location_to_wire(instance: &Instance, location: BlockLocation) -> meta::CacheLocation {
+    let specs = instance.specs();
+    meta::CacheLocation {
+        r#type: storage_type_number(location.storage_type),
+        spec_size: i32::try_from(location.spec_count).unwrap_or(i32::MAX),
+        location_specs: location
+            .parts
+            .into_iter()
+            .map(|part| meta::LocationSpec {
+                name: specs
+                    .get(usize::from(part.spec))
+                    .map_or_else(String::new, |s| s.name.clone()),
+                uri: part.uri,
+            })
+            .collect(),
+    }
+}
+
+/// GetCacheMeta's location and status JSON for one key (`{"status":"CLS_NOT_FOUND"}` and an
+/// empty location when absent).
+pub fn cache_meta_to_wire(
+    instance: &Instance,
+    meta_entry: Option<CacheMeta>,
+) -> (meta::CacheLocation, String) {
+    let Some(found) = meta_entry else {
+        let absent = r#"{"status":"CLS_NOT_FOUND"}"#.to_string();
+        return (meta::CacheLocation::default(), absent);
+    };
+    let status = match found.state {
+        kvcm_manager::LocationState::Writing => "CLS_WRITING",
+        kvcm_manager::LocationState::Serving => "CLS_SERVING",
+        kvcm_manager::LocationState::Deleting => "CLS_DELETING",
+    };
+    let json = serde_json::json!({"id": found.id.to_string(), "status": status}).to_string();
+    (location_to_wire(instance, found.location), json)
 }
 
 /// A wire mask (absent = masks nothing); a negative offset is invalid.
 pub fn mask_from_wire(
     mask: Option<&meta::BlockMask>,
-    api: &str,
-    field: &str,
+    field: &'static str,
 ) -> ManagerResult<BlockMask> {
     use meta::block_mask::Info;
     match mask.and_then(|m| m.info.as_ref()) {
@@ -24,7 +63,7 @@ pub fn mask_from_wire(
         Some(Info::BoolMasks(values)) => Ok(BlockMask::Bools(values.values.clone())),
         Some(Info::Offset(offset)) => usize::try_from(*offset)
             .map(BlockMask::Offset)
-            .map_err(|_| invalid(api, field, format!("offset {offset} is negative"))),
+            .map_err(|_| invalid(field, format!("offset {offset} is negative"))),
     }
 }
 
@@ -40,15 +79,14 @@ pub fn mask_to_wire(mask: BlockMask) -> meta::BlockMask {
 
 /// The query kind of a GetCacheLocation request.
 pub fn query_kind(query_type: i32, sw_size: i32) -> ManagerResult<QueryKind> {
-    const API: &str = "GetCacheLocation";
     match meta::QueryType::try_from(query_type) {
         Ok(meta::QueryType::QtBatchGet) => Ok(QueryKind::BatchGet),
         Ok(meta::QueryType::QtPrefixMatch) => Ok(QueryKind::PrefixMatch),
         Ok(meta::QueryType::QtReverseRollSwMatch) => usize::try_from(sw_size)
             .map(|sw_size| QueryKind::SlidingWindow { sw_size })
-            .map_err(|_| invalid(API, "sw_size", format!("{sw_size} is negative"))),
+            .map_err(|_| invalid("sw_size", format!("{sw_size} is negative"))),
         _ => Err(ManagerError::Refused(format!(
-            "{{{API}: {{query_type}}}}: {query_type} is not a query type"
+            "query_type {query_type} is not a query type"
         ))),
     }
 }
@@ -60,7 +98,6 @@ pub fn trim_strategy(strategy: i32) -> ManagerResult<TrimStrategy> {
         Ok(meta::TrimStrategy::TsRemoveAllMeta) => Ok(TrimStrategy::RemoveAllMeta),
         Ok(meta::TrimStrategy::TsTimestamp) => Ok(TrimStrategy::Timestamp),
         _ => Err(invalid(
-            "TrimCache",
             "strategy",
             format!("{strategy} is not a trim strategy"),
         )),
@@ -82,22 +119,19 @@ mod tests {
     fn masks_round_trip_and_reject_negative_offsets() {
         let wire = mask_to_wire(BlockMask::Offset(3));
         assert_eq!(
-            mask_from_wire(Some(&wire), "A", "m").unwrap(),
+            mask_from_wire(Some(&wire), "m").unwrap(),
             BlockMask::Offset(3)
         );
         let wire = mask_to_wire(BlockMask::Bools(vec![true, false]));
         assert_eq!(
-            mask_from_wire(Some(&wire), "A", "m").unwrap(),
+            mask_from_wire(Some(&wire), "m").unwrap(),
             BlockMask::Bools(vec![true, false])
         );
-        assert_eq!(
-            mask_from_wire(None, "A", "m").unwrap(),
-            BlockMask::default()
-        );
+        assert_eq!(mask_from_wire(None, "m").unwrap(), BlockMask::default());
         let negative = meta::BlockMask {
             info: Some(meta::block_mask::Info::Offset(-1)),
         };
-        assert!(mask_from_wire(Some(&negative), "A", "m").is_err());
+        assert!(mask_from_wire(Some(&negative), "m").is_err());
     }
 
     #[test]

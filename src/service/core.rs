@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::faults::Faults;
 use super::metrics::Metrics;
 use super::reply::Reply;
-use crate::manager::{Instance, Manager, ManagerError, ManagerResult};
 use crate::proto::meta::ErrorCode;
+use kvcm_manager::{Instance, Manager, ManagerError, ManagerResult};
 
 /// A trace id ending in this asks for the span timings in `header.tracer_result`.
 const SPAN_TRACER_SUFFIX: &str = "__kvcm_need_span_tracer";
@@ -95,15 +95,14 @@ impl Core {
     ) -> (R, Duration) {
         let started = call_started();
         let result = if leader_only && !self.manager.leadership().is_leader() {
-            let error = ManagerError::NotLeader;
-            Err((ErrorCode::ServerNotLeader, error.to_string()))
+            Err(wire_status(&ManagerError::NotLeader, api, rules))
         } else if FAULTABLE.contains(&api) && self.faults.fires(api, trace_id) {
             Err((
                 ErrorCode::InternalError,
                 format!("{api} fail due to fault injection"),
             ))
         } else {
-            op().map_err(|error| (status_code(&error, rules), error.to_string()))
+            op().map_err(|error| wire_status(&error, api, rules))
         };
         let (mut reply, code, message) = match result {
             Ok((reply, message)) => (reply, ErrorCode::Ok, message),
@@ -149,10 +148,26 @@ impl Core {
     }
 }
 
+/// The wire code and message of a manager error raised by `api` under a service's rules:
+/// the one place where errors become status codes. A bad field reads as the reference writes
+/// it, `{Api: {field}}` (and what is wrong, when known).
+pub fn wire_status(error: &ManagerError, api: &str, rules: Rules) -> (ErrorCode, String) {
+    let message = match error {
+        ManagerError::InvalidField { field, detail } if detail.is_empty() => {
+            format!("{{{api}: {{{field}}}}}")
+        }
+        ManagerError::InvalidField { field, detail } => format!("{{{api}: {{{field}}}}}: {detail}"),
+        other => other.to_string(),
+    };
+    (status_code(error, rules), message)
+}
+
 /// The wire code of a manager error under a service's rules.
-pub fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
+fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
     match (error, rules) {
-        (ManagerError::InvalidArgument(_), _) => ErrorCode::InvalidArgument,
+        (ManagerError::InvalidField { .. } | ManagerError::InvalidStorage(_), _) => {
+            ErrorCode::InvalidArgument
+        }
         (ManagerError::NotLeader, _) => ErrorCode::ServerNotLeader,
         (_, Rules::Admin) => ErrorCode::InternalError,
         (ManagerError::Unsupported(_), Rules::Meta) => ErrorCode::Unsupported,

@@ -52,7 +52,7 @@ impl Faults {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Trigger>> {
-        crate::sync::lock(&self.active)
+        kvcm_manager::sync::lock(&self.active)
     }
 }
 

@@ -3,10 +3,14 @@
 
 use std::sync::Arc;
 
-use super::convert::{mask_from_wire, mask_to_wire, query_kind, trim_strategy};
+use kvcm_manager::{Instance, ManagerError};
+
+use super::convert::{
+    cache_meta_to_wire, location_to_wire, mask_from_wire, mask_to_wire, query_kind, trim_strategy,
+};
 use super::core::{Core, Outcome, Rules};
-use crate::manager::{Instance, ManagerError};
-use crate::proto::meta;
+use super::wire_admin::{instance_info_to_wire, registration_from_wire};
+use crate::proto::{meta, storage};
 
 /// Handlers of MetaService.
 #[derive(Debug, Clone)]
@@ -44,13 +48,13 @@ impl MetaHandler {
             true,
             || {
                 if request.instance_id.is_empty() {
-                    return Err(missing("GetInstanceInfo", "instance_id"));
+                    return Err(ManagerError::invalid("instance_id"));
                 }
                 let instance = self.core.manager.require_instance(&request.instance_id)?;
                 let reply = meta::GetInstanceInfoResponse {
                     header: None,
                     instance_group: instance.group().to_string(),
-                    instance_info: Some(instance.info().clone()),
+                    instance_info: Some(instance_info_to_wire(instance.info())),
                 };
                 Ok((reply, String::new()))
             },
@@ -81,17 +85,20 @@ impl MetaHandler {
             &trace_id,
             &instance_id,
             move |instance| {
-                const API: &str = "GetCacheLocation";
-                let keys = instance.resolve_keys(API, request.block_keys, &request.token_ids)?;
+                let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
                 let kind = query_kind(request.query_type, request.sw_size)?;
-                let mask = mask_from_wire(request.block_mask.as_ref(), API, "block_mask")?;
-                let locations = core.manager.get_cache_location(
+                let mask = mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
+                let found = core.manager.get_cache_location(
                     &instance,
                     kind,
                     &keys,
                     &mask,
                     &request.location_spec_names,
                 )?;
+                let locations = found
+                    .into_iter()
+                    .map(|location| location_to_wire(&instance, location))
+                    .collect();
                 core.events.lookup(&instance, &keys, &request.token_ids);
                 let reply = meta::GetCacheLocationResponse {
                     header: None,
@@ -114,11 +121,7 @@ impl MetaHandler {
             &trace_id,
             &instance_id,
             move |instance| {
-                let keys = instance.resolve_keys(
-                    "StartWriteCache",
-                    request.block_keys,
-                    &request.token_ids,
-                )?;
+                let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
                 let event_keys = core.events.keys_if_enabled(&keys);
                 let started = core.manager.start_write(
                     &instance,
@@ -131,7 +134,11 @@ impl MetaHandler {
                     header: None,
                     write_session_id: started.session_id,
                     block_mask: Some(mask_to_wire(started.mask)),
-                    locations: started.locations,
+                    locations: started
+                        .locations
+                        .into_iter()
+                        .map(|location| location_to_wire(&instance, location))
+                        .collect(),
                 };
                 Ok((reply, "Write session started successfully".into()))
             },
@@ -150,14 +157,13 @@ impl MetaHandler {
             &trace_id,
             &instance_id,
             move |instance| {
-                const API: &str = "FinishWriteCache";
                 if request.write_session_id.is_empty() {
-                    return Err(missing(API, "write_session_id"));
+                    return Err(ManagerError::invalid("write_session_id"));
                 }
                 let Some(success) = request.success_blocks.as_ref() else {
-                    return Err(missing(API, "success_blocks"));
+                    return Err(ManagerError::invalid("success_blocks"));
                 };
-                let success = mask_from_wire(Some(success), API, "success_blocks")?;
+                let success = mask_from_wire(Some(success), "success_blocks")?;
                 let committed =
                     core.manager
                         .finish_write(&instance, &request.write_session_id, &success)?;
@@ -200,19 +206,16 @@ fn take_ids(trace_id: &mut String, instance_id: &mut String) -> (String, String)
     (std::mem::take(trace_id), std::mem::take(instance_id))
 }
 
-fn missing(api: &str, field: &str) -> ManagerError {
-    ManagerError::InvalidArgument(format!("{{{api}: {{{field}}}}}"))
-}
-
 /// RegisterInstance's manager call (shared with the admin service).
 pub fn register_instance(
     core: &Core,
     request: meta::RegisterInstanceRequest,
 ) -> Outcome<meta::RegisterInstanceResponse> {
-    let storage_configs = core.manager.register_instance(request)?;
+    let info = registration_from_wire(request)?;
+    let statuses = core.manager.register_instance(info)?;
     let reply = meta::RegisterInstanceResponse {
         header: None,
-        storage_configs,
+        storage_configs: storage::storage_configs_json(&statuses),
     };
     Ok((reply, "Instance registered successfully".into()))
 }
@@ -223,14 +226,17 @@ pub fn get_cache_meta(
     instance: &Instance,
     request: meta::GetCacheMetaRequest,
 ) -> Outcome<meta::GetCacheMetaResponse> {
-    const API: &str = "GetCacheMeta";
-    let mask = mask_from_wire(request.block_mask.as_ref(), API, "block_mask")?;
-    let keys = instance.resolve_keys(API, request.block_keys, &request.token_ids)?;
-    let answer = core.manager.get_cache_meta(instance, &keys, &mask)?;
+    let mask = mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
+    let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
+    let found = core.manager.get_cache_meta(instance, &keys, &mask)?;
+    let (locations, metas) = found
+        .into_iter()
+        .map(|entry| cache_meta_to_wire(instance, entry))
+        .unzip();
     let reply = meta::GetCacheMetaResponse {
         header: None,
-        locations: answer.locations,
-        metas: answer.metas,
+        locations,
+        metas,
     };
     Ok((reply, "Cache meta retrieved successfully".into()))
 }
@@ -241,7 +247,7 @@ pub fn remove_cache(
     instance: &Arc<Instance>,
     request: meta::RemoveCacheRequest,
 ) -> Outcome<meta::CommonResponse> {
-    let keys = instance.resolve_keys("RemoveCache", request.block_keys, &request.token_ids)?;
+    let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
     core.manager.remove_cache(instance, &keys)?;
     Ok((
         meta::CommonResponse::default(),

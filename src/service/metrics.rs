@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::proto::admin;
-use crate::sync::{read_lock, write_lock};
+use kvcm_manager::sync::{read_lock, write_lock};
 
 /// Name of the request counter.
 pub const QUERY_COUNTER: &str = "service.query_counter";

@@ -12,10 +12,13 @@ pub mod http;
 pub mod meta;
 pub mod metrics;
 mod reply;
+mod wire_admin;
+
+pub use wire_admin::group_from_wire;
 
 use std::sync::Arc;
 
-use crate::manager::Manager;
+use kvcm_manager::Manager;
 
 /// Every API name except [`INSTANCE_API_NAMES`], for the metrics registry.
 pub const OTHER_API_NAMES: [&str; 26] = [

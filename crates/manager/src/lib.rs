@@ -1,5 +1,9 @@
-//! The manager: storages, instance groups, instances, accounts, block metadata and write
+//! kvcm-manager: storages, instance groups, instances, accounts, block metadata and write
 //! sessions — every rule of the control plane that is not about the wire.
+//!
+//! The crate speaks its own domain types only: it does not depend on the generated protos,
+//! so the compiler keeps wire types out (the service edge of the `kvcm` crate converts
+//! proto ⇄ domain once, in each direction).
 //!
 //! Invariants:
 //! - each instance owns one index key space; entries are `Arc<KeyEntry>` and only change
@@ -14,9 +18,11 @@
 
 mod accounts;
 mod deleter;
+pub mod encoding;
 pub mod entry;
 mod error;
 pub mod feed;
+pub mod group_config;
 mod groups;
 mod instance;
 pub mod keys;
@@ -26,9 +32,12 @@ pub mod mask;
 pub mod query;
 mod quota;
 mod read;
+pub mod registration;
 mod remove;
 mod sessions;
+pub mod storage_type;
 mod storages;
+pub mod sync;
 mod write;
 
 use crate::sync::read_lock;
@@ -38,27 +47,29 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use kvcm_index::MetaIndex;
 
-pub use accounts::Account;
-pub use entry::{Entry, KeyEntry, Location, LocationState};
+pub use accounts::{Account, AccountRole};
+pub use entry::{Entry, Location, LocationId, LocationRef, LocationState, Part, StorageHandle};
 pub use error::{ManagerError, ManagerResult};
 pub use feed::{ChangeFeed, StateChange};
+pub use group_config::GroupConfig;
 pub use instance::Instance;
 pub use leader::Leadership;
 pub use local_index::local_index_factory;
-pub use read::CacheMeta;
+pub use read::{BlockLocation, CacheMeta, RenderedPart};
+pub use registration::InstanceInfo;
 pub use remove::TrimStrategy;
 pub use sessions::{random_id, SESSION_ID_LEN};
+pub use storage_type::StorageType;
 pub use write::WriteStart;
 
-use crate::proto::admin;
 use deleter::DeleteJob;
+use group_config::IndexerConfig;
 use sessions::SessionTable;
 use storages::StorageTable;
 
 /// Creates the index of a new instance from its group's indexer settings.
-pub type IndexFactory = Arc<
-    dyn Fn(&admin::MetaIndexerConfig) -> ManagerResult<Arc<dyn MetaIndex<Entry>>> + Send + Sync,
->;
+pub type IndexFactory =
+    Arc<dyn Fn(&IndexerConfig) -> ManagerResult<Arc<dyn MetaIndex<Entry>>> + Send + Sync>;
 
 /// What the manager is built from.
 pub struct ManagerDeps {
@@ -73,7 +84,7 @@ pub struct ManagerDeps {
 /// The control plane's state and rules.
 pub struct Manager {
     storages: Arc<StorageTable>,
-    groups: RwLock<BTreeMap<String, Arc<admin::InstanceGroup>>>,
+    groups: RwLock<BTreeMap<String, Arc<GroupConfig>>>,
     instances: RwLock<HashMap<String, Arc<Instance>>>,
     accounts: Mutex<BTreeMap<String, Account>>,
     sessions: Arc<SessionTable>,
@@ -119,8 +130,8 @@ impl Manager {
         Ok(manager)
     }
 
-    /// Subscribes to the change feed.
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<StateChange> {
+    /// Subscribes to the change feed (lossless, ordered per key; see [`feed`]).
+    pub fn subscribe(&self) -> mpsc::Receiver<StateChange> {
         self.feed.subscribe()
     }
 

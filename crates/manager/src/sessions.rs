@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use kvcm_index::BlockKey;
 
+use super::entry::LocationId;
 use super::error::{ManagerError, ManagerResult};
 use super::instance::Instance;
 use crate::sync::lock;
@@ -22,7 +23,7 @@ pub struct PendingWrite {
     /// The block key.
     pub key: BlockKey,
     /// The WRITING location created for it.
-    pub location_id: Arc<str>,
+    pub location_id: LocationId,
 }
 
 /// An open write session.

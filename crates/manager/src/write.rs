@@ -9,14 +9,16 @@ use std::time::{Duration, Instant};
 use kvcm_index::{BlockKey, Modify};
 use kvcm_storage::{AllocationRequest, BlockToAllocate, DataStorage, StorageKind};
 
-use super::entry::{Entry, KeyEntry, Location, LocationState};
+use super::entry::{Entry, Location, LocationId, LocationState, Part, StorageHandle};
 use super::error::{ManagerError, ManagerResult};
 use super::feed::StateChange;
+use super::group_config::PreferStrategy;
 use super::instance::Instance;
 use super::mask::BlockMask;
-use super::sessions::{random_id, PendingWrite, Session};
+use super::read::{BlockLocation, RenderedPart};
+use super::sessions::{PendingWrite, Session};
+use super::storages::Incarnation;
 use super::Manager;
-use crate::proto::{admin, meta, storage as wire};
 
 /// How long a session with nothing to write is kept.
 const EMPTY_SESSION_LIFETIME: Duration = Duration::from_secs(10);
@@ -32,7 +34,7 @@ pub struct WriteStart {
     /// Which requested blocks are already present (§10.3).
     pub mask: BlockMask,
     /// One location per block to write, in request order.
-    pub locations: Vec<meta::CacheLocation>,
+    pub locations: Vec<BlockLocation>,
 }
 
 impl Manager {
@@ -49,7 +51,7 @@ impl Manager {
         let entries = instance.index.get(&keys)?;
         let mut present: Vec<bool> = entries
             .iter()
-            .map(|e| e.as_ref().is_some_and(|e| !e.locations.is_empty()))
+            .map(|e| e.as_ref().is_some_and(|e| !e.is_empty()))
             .collect();
         let mut prefix_eligible = self.weighted_presence(instance, &entries);
         mark_repeats_present(&keys, &mut present, &mut prefix_eligible);
@@ -63,10 +65,11 @@ impl Manager {
                 locations: Vec::new(),
             });
         }
-        let (storage_name, backend) = self.choose_backend(instance)?;
-        let allocated = allocate(instance, &storage_name, backend.as_ref(), &blocks)?;
-        let new_locations = self.insert_writing(instance, backend.as_ref(), allocated)?;
-        let written: HashSet<BlockKey> = new_locations.iter().map(|(k, _)| *k).collect();
+        let (handle, incarnation) = self.choose_backend(instance)?;
+        let allocated = allocate(instance, handle, &incarnation, &blocks)?;
+        let backend = incarnation.backend.as_ref();
+        let new_locations = self.insert_writing(instance, backend, allocated)?;
+        let written: HashSet<BlockKey> = new_locations.iter().map(|(k, ..)| *k).collect();
         for (i, key) in keys.iter().enumerate() {
             if !present[i] && !written.contains(key) {
                 (present[i], prefix_eligible[i]) = (true, true);
@@ -74,10 +77,7 @@ impl Manager {
         }
         let deadline = Instant::now() + Duration::from_secs(timeout_seconds.max(0) as u64);
         let session_id = self.open_session(instance, &new_locations, deadline)?;
-        let locations = new_locations
-            .into_iter()
-            .map(|(_, l)| l.cache_location)
-            .collect();
+        let locations = new_locations.into_iter().map(|(.., l)| l).collect();
         Ok(WriteStart {
             session_id,
             mask: BlockMask::from_presence(present, &prefix_eligible),
@@ -99,7 +99,7 @@ impl Manager {
             .iter()
             .map(|e| {
                 e.as_ref()
-                    .is_some_and(|e| e.locations.iter().any(|l| weights.weight(l) > 0))
+                    .is_some_and(|e| e.locations().any(|l| weights.weight(&l) > 0))
             })
             .collect()
     }
@@ -109,14 +109,14 @@ impl Manager {
     fn open_session(
         &self,
         instance: &Arc<Instance>,
-        new_locations: &[(BlockKey, Location)],
+        new_locations: &[(BlockKey, Location, BlockLocation)],
         deadline: Instant,
     ) -> ManagerResult<String> {
         let writes = new_locations
             .iter()
-            .map(|(key, l)| PendingWrite {
+            .map(|(key, l, _)| PendingWrite {
                 key: *key,
-                location_id: l.id.clone(),
+                location_id: l.as_ref().id(),
             })
             .collect();
         let session = Session {
@@ -142,14 +142,14 @@ impl Manager {
     ) -> ManagerResult<Vec<BlockKey>> {
         let session = self.sessions.take_checked(session_id, |session| {
             if session.instance.id() != instance.id() {
-                return Err(ManagerError::InvalidArgument(format!(
-                    "{{FinishWriteCache: {{instance_id}}}}: session belongs to {}",
-                    session.instance.id()
-                )));
+                return Err(ManagerError::invalid_because(
+                    "instance_id",
+                    format!("session belongs to {}", session.instance.id()),
+                ));
             }
             success
                 .check_len(session.writes.len())
-                .map_err(ManagerError::InvalidArgument)
+                .map_err(|detail| ManagerError::invalid_because("success_blocks", detail))
         })?;
         let (committed, failed): (Vec<_>, Vec<_>) = session
             .writes
@@ -220,21 +220,21 @@ impl Manager {
         writes: &[&PendingWrite],
         to: LocationState,
     ) -> ManagerResult<Vec<(BlockKey, Location)>> {
-        let mut ids: HashMap<BlockKey, Vec<Arc<str>>> = HashMap::new();
+        let mut ids: HashMap<BlockKey, Vec<LocationId>> = HashMap::new();
         for write in writes {
-            ids.entry(write.key)
-                .or_default()
-                .push(write.location_id.clone());
+            ids.entry(write.key).or_default().push(write.location_id);
         }
         let keys: Vec<BlockKey> = ids.keys().copied().collect();
         self.move_locations(instance, &keys, to, &|key, location| {
             location.state == LocationState::Writing
-                && ids.get(&key).is_some_and(|ids| ids.contains(&location.id))
+                && ids
+                    .get(&key)
+                    .is_some_and(|ids| ids.contains(&location.as_ref().id()))
         })
     }
 
     /// Moves every location selected by `select` to state `to` (one compare-and-set per
-    /// key) and publishes the changes; returns the moved locations in their new state.
+    /// key, each change published inside it); returns the moved locations in their new state.
     pub(crate) fn move_locations(
         &self,
         instance: &Instance,
@@ -243,34 +243,32 @@ impl Manager {
         select: &dyn Fn(BlockKey, &Location) -> bool,
     ) -> ManagerResult<Vec<(BlockKey, Location)>> {
         let mut moved = Vec::new();
-        let mut changes = Vec::new();
         instance
             .index
             .read_modify_write(keys, &mut |key, current: Option<&Entry>| {
                 let Some(entry) = current else {
                     return Modify::Keep;
                 };
-                let mut locations = entry.locations.clone();
+                let mut locations = entry.to_locations();
+                let mut changed = false;
                 for location in locations.iter_mut().filter(|l| select(key, l)) {
-                    changes.push((key, location.id.clone(), location.state));
+                    self.feed.publish(StateChange {
+                        instance_id: instance.id().clone(),
+                        key,
+                        location_id: location.as_ref().id(),
+                        from: Some(location.state),
+                        to: Some(to),
+                    });
+                    changed |= location.state != to;
                     location.state = to;
                     moved.push((key, location.clone()));
                 }
-                if locations == entry.locations {
-                    Modify::Keep
+                if changed {
+                    Modify::Put(Entry::new(locations))
                 } else {
-                    Modify::Put(Arc::new(KeyEntry { locations }))
+                    Modify::Keep
                 }
             })?;
-        for (key, location_id, from) in changes {
-            self.feed.publish(StateChange {
-                instance_id: instance.id().clone(),
-                key,
-                location_id,
-                from: Some(from),
-                to: Some(to),
-            });
-        }
         Ok(moved)
     }
 
@@ -281,39 +279,36 @@ impl Manager {
         &self,
         instance: &Instance,
         backend: &dyn DataStorage,
-        allocated: Vec<(BlockKey, Location)>,
-    ) -> ManagerResult<Vec<(BlockKey, Location)>> {
-        let by_key: HashMap<BlockKey, &Location> = allocated.iter().map(|(k, l)| (*k, l)).collect();
-        let keys: Vec<BlockKey> = allocated.iter().map(|(k, _)| *k).collect();
+        allocated: Vec<(BlockKey, Location, BlockLocation)>,
+    ) -> ManagerResult<Vec<(BlockKey, Location, BlockLocation)>> {
+        let by_key: HashMap<BlockKey, &Location> =
+            allocated.iter().map(|(k, l, _)| (*k, l)).collect();
+        let keys: Vec<BlockKey> = allocated.iter().map(|(k, ..)| *k).collect();
         let mut taken = HashSet::new();
         let inserted =
             instance
                 .index
                 .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
-                    if current.is_some_and(|e| !e.locations.is_empty()) {
+                    if current.is_some_and(|e| !e.is_empty()) {
                         taken.insert(key);
                         return Modify::Keep;
                     }
-                    let location = (*by_key[&key]).clone();
-                    Modify::Put(Arc::new(KeyEntry {
-                        locations: vec![location],
-                    }))
+                    Modify::Put(Entry::new(vec![(*by_key[&key]).clone()]))
                 });
         if let Err(error) = inserted {
-            free_locations(backend, allocated.iter());
+            free_locations(backend, allocated.iter().map(|(.., l)| l));
             return Err(error.into());
         }
         let (lost, won): (Vec<_>, Vec<_>) =
-            allocated.into_iter().partition(|(k, _)| taken.contains(k));
-        free_locations(backend, lost.iter());
-        for (key, location) in &won {
-            let cache_location = &location.cache_location;
-            let bytes = instance.location_bytes(cache_location);
-            instance.usage().add(cache_location.r#type, bytes);
+            allocated.into_iter().partition(|(k, ..)| taken.contains(k));
+        free_locations(backend, lost.iter().map(|(.., l)| l));
+        for (key, location, rendered) in &won {
+            let bytes = instance.location_bytes(&location.as_ref());
+            instance.usage().add(rendered.storage_type, bytes);
             self.feed.publish(StateChange {
                 instance_id: instance.id().clone(),
                 key: *key,
-                location_id: location.id.clone(),
+                location_id: location.as_ref().id(),
                 from: None,
                 to: Some(LocationState::Writing),
             });
@@ -324,56 +319,40 @@ impl Manager {
     /// The storage a write of this instance goes to (wire fact sheet §16.3): the group quota
     /// must have room; candidates are the group's registered, available storages whose type
     /// quota has room; the group's preference strategy picks among them.
-    fn choose_backend(
-        &self,
-        instance: &Instance,
-    ) -> ManagerResult<(Arc<str>, Arc<dyn DataStorage>)> {
+    fn choose_backend(&self, instance: &Instance) -> ManagerResult<(StorageHandle, Incarnation)> {
         let group = self.group(instance.group())?;
         let usage = self.group_usage_with_room(&group)?;
         let candidates: Vec<_> = self
             .storages
             .available(&group.storage_candidates)
             .into_iter()
-            .filter(|backend| usage.has_room(&group, backend.kind()))
+            .filter(|(_, incarnation)| usage.has_room(&group, incarnation.backend.kind()))
             .collect();
-        let strategy = group
-            .cache_config
-            .as_ref()
-            .map_or(0, |c| c.data_storage_strategy);
-        let (wanted, strict) = preferred_kind(strategy);
-        let preferred = candidates.iter().find(|b| Some(b.kind()) == wanted);
+        let (wanted, strict) = preferred_kind(group.cache.prefer);
+        let preferred = candidates
+            .iter()
+            .find(|(_, incarnation)| Some(incarnation.backend.kind()) == wanted);
         let chosen = match (preferred, strict) {
             (Some(backend), _) => Some(backend),
             (None, true) => None,
             (None, false) => candidates.first(),
         };
-        let backend = chosen.ok_or_else(|| {
+        chosen.cloned().ok_or_else(|| {
             ManagerError::NoSpace(format!(
                 "no available storage of group {:?} fits its strategy",
                 group.name
             ))
-        })?;
-        Ok((
-            backend.config().global_unique_name.as_str().into(),
-            backend.clone(),
-        ))
+        })
     }
 }
 
-/// The backend kind a `CachePreferStrategy` asks for, and whether it is required (ALWAYS_*)
-/// rather than preferred (PREFER_*).
-fn preferred_kind(strategy: i32) -> (Option<StorageKind>, bool) {
-    use admin::CachePreferStrategy as Cps;
-    match Cps::try_from(strategy).unwrap_or(Cps::CpsUnspecified) {
-        Cps::CpsUnspecified => (None, false),
-        Cps::CpsAlways3fs => (Some(StorageKind::ThreeFs), true),
-        Cps::CpsPrefer3fs => (Some(StorageKind::ThreeFs), false),
-        Cps::CpsAlwaysMooncake => (Some(StorageKind::Mooncake), true),
-        Cps::CpsPreferMooncake => (Some(StorageKind::Mooncake), false),
-        Cps::CpsAlwaysTairMempool => (Some(StorageKind::TairMemPool), true),
-        Cps::CpsPreferTairMempool => (Some(StorageKind::TairMemPool), false),
-        Cps::CpsAlwaysVcns3fs => (Some(StorageKind::VcnsThreeFs), true),
-        Cps::CpsPreferVcns3fs => (Some(StorageKind::VcnsThreeFs), false),
+/// The backend kind a strategy asks for, and whether it is required (ALWAYS_*) rather than
+/// preferred (PREFER_*).
+fn preferred_kind(strategy: PreferStrategy) -> (Option<StorageKind>, bool) {
+    match strategy {
+        PreferStrategy::Unspecified => (None, false),
+        PreferStrategy::Always(storage_type) => (storage_type.kind(), true),
+        PreferStrategy::Prefer(storage_type) => (storage_type.kind(), false),
     }
 }
 
@@ -399,7 +378,7 @@ fn spec_indexes_per_key(
         .map(|name| {
             let group = instance
                 .info()
-                .location_spec_groups
+                .spec_groups
                 .iter()
                 .find(|g| &g.name == name)
                 .ok_or_else(|| {
@@ -417,11 +396,11 @@ fn spec_indexes_per_key(
 /// Frees the bytes of locations that never entered the index.
 fn free_locations<'a>(
     backend: &dyn DataStorage,
-    locations: impl Iterator<Item = &'a (BlockKey, Location)>,
+    locations: impl Iterator<Item = &'a BlockLocation>,
 ) {
     let uris: Vec<String> = locations
-        .flat_map(|(_, l)| l.cache_location.location_specs.iter())
-        .map(|spec| spec.uri.clone())
+        .flat_map(|l| l.parts.iter())
+        .map(|part| part.uri.clone())
         .collect();
     if uris.is_empty() {
         return;
@@ -456,49 +435,57 @@ fn absent_blocks(
         .collect()
 }
 
-/// Allocates URIs for the blocks and builds their WRITING locations.
+/// Allocates the blocks and builds their WRITING locations, with the URIs handed out.
 fn allocate(
     instance: &Instance,
-    storage_name: &Arc<str>,
-    backend: &dyn DataStorage,
+    handle: StorageHandle,
+    incarnation: &Incarnation,
     blocks: &[BlockToAllocate],
-) -> ManagerResult<Vec<(BlockKey, Location)>> {
+) -> ManagerResult<Vec<(BlockKey, Location, BlockLocation)>> {
     let request = AllocationRequest {
         instance_id: instance.id(),
         specs: instance.specs(),
         blocks,
     };
-    let allocated = backend.allocate(&request)?;
+    let allocated = incarnation.backend.allocate(&request)?;
     if allocated.len() != blocks.len() {
         return Err(ManagerError::Partial(format!(
-            "storage {storage_name} placed {} of {} blocks",
+            "storage {} placed {} of {} blocks",
+            incarnation.name,
             allocated.len(),
             blocks.len()
         )));
     }
-    let storage_type = wire::wire_type(backend.kind()) as i32;
     Ok(blocks
         .iter()
         .zip(allocated)
         .map(|(block, specs)| {
-            let cache_location = meta::CacheLocation {
-                r#type: storage_type,
-                spec_size: specs.len() as i32,
-                location_specs: specs
-                    .into_iter()
-                    .map(|s| meta::LocationSpec {
-                        name: s.name,
-                        uri: s.uri,
+            let spec_ids = block.spec_indexes.iter().map(|&i| i as u16);
+            let parts: Vec<Part> = spec_ids
+                .clone()
+                .zip(&specs)
+                .map(|(spec, placed)| Part {
+                    spec,
+                    address: placed.address,
+                })
+                .collect();
+            let rendered = BlockLocation {
+                storage_type: incarnation.storage_type,
+                spec_count: specs.len(),
+                parts: spec_ids
+                    .zip(specs)
+                    .map(|(spec, placed)| RenderedPart {
+                        spec,
+                        uri: placed.uri,
                     })
                     .collect(),
             };
             let location = Location {
-                id: random_id(8).into(),
+                storage: handle,
                 state: LocationState::Writing,
-                storage_name: storage_name.clone(),
-                cache_location,
+                parts,
             };
-            (block.key, location)
+            (block.key, location, rendered)
         })
         .collect())
 }

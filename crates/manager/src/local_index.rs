@@ -10,8 +10,8 @@ use kvcm_index::{
 
 use super::entry::Entry;
 use super::error::{ManagerError, ManagerResult};
+use super::group_config::IndexerConfig;
 use super::IndexFactory;
-use crate::proto::admin;
 
 /// A factory of `LocalIndex` key spaces.
 pub fn local_index_factory() -> IndexFactory {
@@ -27,7 +27,7 @@ pub fn local_index_factory() -> IndexFactory {
 
 /// Checks the settings an index is opened with, so that a group whose instances could not
 /// be opened is refused when it is created or updated (INVALID_ARGUMENT naming the field).
-pub fn check_indexer_config(config: &admin::MetaIndexerConfig) -> ManagerResult<()> {
+pub fn check_indexer_config(config: &IndexerConfig) -> ManagerResult<()> {
     local_config(config)?;
     cache_config(config)?;
     Ok(())
@@ -38,27 +38,25 @@ const CACHED_ENTRY_BYTES: i64 = 256;
 
 /// The search cache of `meta_cache_policy_config`: `None` when absent or of capacity 0;
 /// only the `lru` type exists.
-fn cache_config(config: &admin::MetaIndexerConfig) -> ManagerResult<Option<CacheConfig>> {
-    let Some(policy) = config.meta_cache_policy_config.as_ref() else {
-        return Ok(None);
-    };
+fn cache_config(config: &IndexerConfig) -> ManagerResult<Option<CacheConfig>> {
+    let policy = &config.cache_policy;
     if policy.capacity <= 0 {
         return Ok(None);
     }
-    if !policy.r#type.eq_ignore_ascii_case("lru") {
-        return Err(ManagerError::InvalidArgument(format!(
-            "meta_cache_policy_config.type {:?}: only \"lru\" is supported",
-            policy.r#type
-        )));
+    if !policy.kind.eq_ignore_ascii_case("lru") {
+        return Err(ManagerError::invalid_because(
+            "meta_cache_policy_config.type",
+            format!("{:?}: only \"lru\" is supported", policy.kind),
+        ));
     }
     let shard_bits = u32::try_from(policy.cache_shard_bits)
         .ok()
         .filter(|&bits| bits <= MAX_SHARD_BITS)
         .ok_or_else(|| {
-            ManagerError::InvalidArgument(format!(
-                "meta_cache_policy_config.cache_shard_bits {} is not in 0..={MAX_SHARD_BITS}",
-                policy.cache_shard_bits
-            ))
+            ManagerError::invalid_because(
+                "meta_cache_policy_config.cache_shard_bits",
+                format!("{} is not in 0..={MAX_SHARD_BITS}", policy.cache_shard_bits),
+            )
         })?;
     let entries = policy.capacity.saturating_mul(1 << 20) / CACHED_ENTRY_BYTES;
     Ok(Some(CacheConfig {
@@ -69,16 +67,19 @@ fn cache_config(config: &admin::MetaIndexerConfig) -> ManagerResult<Option<Cache
 
 /// `mutex_shard_num` (a power of two; 0 = default) becomes the shard count; a positive
 /// `max_key_count` caps the key count (0 or negative = no cap).
-fn local_config(config: &admin::MetaIndexerConfig) -> ManagerResult<LocalIndexConfig> {
+fn local_config(config: &IndexerConfig) -> ManagerResult<LocalIndexConfig> {
     let defaults = LocalIndexConfig::default();
     let shard_bits = match u64::try_from(config.mutex_shard_num) {
         Ok(0) => defaults.shard_bits,
         Ok(n) if n.is_power_of_two() && n.trailing_zeros() <= MAX_SHARD_BITS => n.trailing_zeros(),
         _ => {
-            return Err(ManagerError::InvalidArgument(format!(
-            "meta_indexer_config.mutex_shard_num {} is not a power of two up to 2^{MAX_SHARD_BITS}",
-            config.mutex_shard_num
-        )))
+            return Err(ManagerError::invalid_because(
+                "meta_indexer_config.mutex_shard_num",
+                format!(
+                    "{} is not a power of two up to 2^{MAX_SHARD_BITS}",
+                    config.mutex_shard_num
+                ),
+            ))
         }
     };
     let max_key_count = u64::try_from(config.max_key_count)
@@ -94,10 +95,11 @@ fn local_config(config: &admin::MetaIndexerConfig) -> ManagerResult<LocalIndexCo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::group_config::SearchCachePolicy;
 
     #[test]
     fn shard_count_must_be_a_power_of_two() {
-        let mut config = admin::MetaIndexerConfig {
+        let mut config = IndexerConfig {
             mutex_shard_num: 16,
             max_key_count: 100,
             ..Default::default()
@@ -112,22 +114,20 @@ mod tests {
 
     #[test]
     fn the_search_cache_is_sized_in_mib_and_must_be_lru() {
-        let mut config = admin::MetaIndexerConfig::default();
+        let mut config = IndexerConfig::default();
         assert_eq!(cache_config(&config).unwrap(), None);
-        config.meta_cache_policy_config = Some(admin::MetaCachePolicyConfig {
+        config.cache_policy = SearchCachePolicy {
             capacity: 1,
-            r#type: "LRU".into(),
+            kind: "LRU".into(),
             cache_shard_bits: 2,
             high_pri_pool_ratio: 0.0,
-        });
+        };
         let cache = cache_config(&config).unwrap().expect("enabled");
         assert_eq!((cache.shard_bits, cache.capacity), (2, 4096));
-        let policy = config.meta_cache_policy_config.as_mut().unwrap();
-        policy.r#type = "lfu".into();
+        config.cache_policy.kind = "lfu".into();
         assert!(cache_config(&config).is_err());
-        let policy = config.meta_cache_policy_config.as_mut().unwrap();
-        policy.r#type = "lru".into();
-        policy.cache_shard_bits = 40;
+        config.cache_policy.kind = "lru".into();
+        config.cache_policy.cache_shard_bits = 40;
         assert!(cache_config(&config).is_err());
         assert!(
             local_index_factory()(&config).is_err(),

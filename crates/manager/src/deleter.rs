@@ -8,10 +8,12 @@ use std::thread::JoinHandle;
 
 use kvcm_index::{BlockKey, Modify};
 
+use kvcm_storage::PartRef;
+
 use super::entry::{Entry, Location, LocationState};
 use super::feed::{ChangeFeed, StateChange};
 use super::instance::Instance;
-use super::storages::StorageTable;
+use super::storages::{render_uri, StorageTable};
 
 /// One location to delete.
 #[derive(Debug)]
@@ -50,54 +52,67 @@ pub fn enqueue(sender: &Sender<DeleteJob>, jobs: Vec<DeleteJob>) {
 
 fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
     free_bytes(job, storages);
-    let id = &job.location.id;
+    let id = job.location.as_ref().id();
     let mut removed = false;
-    let result = job.instance.index.read_modify_write(&[job.key], &mut |_,
+    let result = job.instance.index.read_modify_write(&[job.key], &mut |key,
                                                                         current: Option<
         &Entry,
     >| {
-        match current.and_then(|entry| entry.without_deleting(id)) {
-            None => Modify::Keep,
-            Some(rest) if rest.locations.is_empty() => {
-                removed = true;
-                Modify::Delete
-            }
-            Some(rest) => {
-                removed = true;
-                Modify::Put(Arc::new(rest))
-            }
+        let Some(rest) = current.and_then(|entry| entry.without_deleting(id)) else {
+            return Modify::Keep;
+        };
+        removed = true;
+        feed.publish(StateChange {
+            instance_id: job.instance.id().clone(),
+            key,
+            location_id: id,
+            from: Some(LocationState::Deleting),
+            to: None,
+        });
+        if rest.is_empty() {
+            Modify::Delete
+        } else {
+            Modify::Put(Entry::new(rest))
         }
     });
     match result {
         Err(error) => tracing::warn!(%error, key = job.key, "removing a deleted location failed"),
         Ok(()) if removed => {
-            let cache_location = &job.location.cache_location;
-            let bytes = job.instance.location_bytes(cache_location);
-            job.instance.usage().add(cache_location.r#type, -bytes);
-            feed.publish(StateChange {
-                instance_id: job.instance.id().clone(),
-                key: job.key,
-                location_id: id.clone(),
-                from: Some(LocationState::Deleting),
-                to: None,
-            })
+            let bytes = job.instance.location_bytes(&job.location.as_ref());
+            let storage_type = storages
+                .incarnations()
+                .get(usize::from(job.location.storage.0))
+                .map(|i| i.storage_type);
+            if let Some(storage_type) = storage_type {
+                job.instance.usage().add(storage_type, -bytes);
+            }
         }
         Ok(()) => {}
     }
 }
 
-/// Asks the location's storage (if still registered) to free its bytes.
+/// Asks the backend that allocated the location to free its bytes.
 fn free_bytes(job: &DeleteJob, storages: &StorageTable) {
+    let incarnations = storages.incarnations();
+    let specs = job.instance.specs();
     let uris: Vec<String> = job
         .location
-        .cache_location
-        .location_specs
+        .parts
         .iter()
-        .map(|s| s.uri.clone())
+        .filter_map(|part| {
+            let reference = PartRef {
+                instance_id: job.instance.id(),
+                key: job.key,
+                spec: specs.get(usize::from(part.spec))?,
+                address: part.address,
+            };
+            render_uri(&incarnations, job.location.storage, &reference)
+        })
         .collect();
-    if let Some(backend) = storages.backend(&job.location.storage_name) {
-        if let Err(error) = backend.delete(&uris) {
-            tracing::warn!(%error, key = job.key, "freeing block bytes failed");
-        }
+    let Some(incarnation) = incarnations.get(usize::from(job.location.storage.0)) else {
+        return;
+    };
+    if let Err(error) = incarnation.backend.delete(&uris) {
+        tracing::warn!(%error, key = job.key, "freeing block bytes failed");
     }
 }

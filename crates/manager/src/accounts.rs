@@ -1,9 +1,17 @@
-//! Accounts (stored, listed; not used for authentication in this issue).
+//! Accounts (stored, listed; not used for authentication yet).
 
-use super::error::{invalid, ManagerError, ManagerResult};
+use super::error::{ManagerError, ManagerResult};
 use super::Manager;
-use crate::proto::admin;
 use crate::sync::lock;
+
+/// What an account may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountRole {
+    /// An ordinary user.
+    User,
+    /// An administrator.
+    Admin,
+}
 
 /// One account.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,18 +20,15 @@ pub struct Account {
     pub user_name: String,
     /// Password as given (the reference stores it in clear; never returned).
     pub password: String,
-    /// Wire role number (`AccountRole`).
-    pub role: i32,
+    /// Its role.
+    pub role: AccountRole,
 }
 
 impl Manager {
     /// Adds an account; an existing name is an error.
     pub fn add_account(&self, account: Account) -> ManagerResult<()> {
         if account.user_name.is_empty() {
-            return Err(invalid("AddAccount", "user_name"));
-        }
-        if admin::AccountRole::try_from(account.role).is_err() {
-            return Err(invalid("AddAccount", "role"));
+            return Err(ManagerError::invalid("user_name"));
         }
         let mut accounts = lock(&self.accounts);
         if accounts.contains_key(&account.user_name) {

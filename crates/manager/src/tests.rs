@@ -5,69 +5,81 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::manager::mask::BlockMask;
-use crate::manager::query::QueryKind;
-use crate::proto::meta;
+use crate::group_config::{
+    CacheConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy, ReclaimPolicy,
+    ReclaimStrategy, SearchCachePolicy, TypeQuota,
+};
+use crate::mask::BlockMask;
+use crate::query::QueryKind;
+use crate::read::BlockLocation;
+use crate::registration::ModelDeployment;
 use kvcm_index::{BlockKey, IndexError};
+use kvcm_storage::{AllocationRequest, BlockSpec, BlockToAllocate, StorageConfig, StorageSpec};
 
 struct Fixture {
     manager: Arc<Manager>,
     dir: tempfile::TempDir,
 }
 
-fn storage(name: &str, root: &std::path::Path) -> admin::StorageConfig {
-    admin::StorageConfig {
+fn storage(name: &str, root: &std::path::Path) -> StorageConfig {
+    StorageConfig {
         global_unique_name: name.into(),
-        storage_spec: Some(admin::storage_config::StorageSpec::Nfs(
-            admin::NfsStorageSpec {
-                root_path: format!("{}/", root.display()),
-                key_count_per_file: 2,
-            },
-        )),
+        spec: StorageSpec::Nfs {
+            root_path: format!("{}/", root.display()),
+            key_count_per_file: 2,
+        },
         check_storage_available_when_open: false,
     }
 }
 
-fn group(capacity: i64, strategy: admin::CachePreferStrategy) -> admin::InstanceGroup {
-    admin::InstanceGroup {
+fn group(capacity: i64, prefer: PreferStrategy) -> GroupConfig {
+    GroupConfig {
         name: "g".into(),
         storage_candidates: vec!["s".into()],
-        global_quota_group_name: "q".into(),
-        quota: Some(admin::InstanceGroupQuota {
+        quota_group_name: "q".into(),
+        max_instance_count: 0,
+        quota: Some(GroupQuota {
             capacity,
-            quota_config: Vec::new(),
+            per_type: Vec::new(),
         }),
-        cache_config: Some(admin::CacheConfig {
-            reclaim_strategy: Some(admin::CacheReclaimStrategy {
+        cache: CacheConfig {
+            reclaim: ReclaimStrategy {
                 storage_unique_name: "s".into(),
-                ..Default::default()
-            }),
-            data_storage_strategy: strategy as i32,
-            meta_indexer_config: Some(admin::MetaIndexerConfig {
+                policy: ReclaimPolicy::Unspecified,
+                trigger: None,
+                trigger_period_seconds: 0,
+                step_size: 0,
+                step_percentage: 0,
+                delay_before_delete_ms: 0,
+            },
+            prefer,
+            indexer: IndexerConfig {
                 mutex_shard_num: 4,
-                meta_storage_backend_config: Some(admin::MetaStorageBackendConfig {
+                backend: IndexBackend {
                     storage_type: "local".into(),
                     storage_uri: String::new(),
-                }),
-                meta_cache_policy_config: Some(admin::MetaCachePolicyConfig {
-                    r#type: "lru".into(),
+                },
+                cache_policy: SearchCachePolicy {
+                    kind: "lru".into(),
                     ..Default::default()
-                }),
+                },
                 ..Default::default()
-            }),
-        }),
+            },
+        },
+        user_data: String::new(),
         version: 1,
-        ..Default::default()
     }
 }
 
-fn fixture(capacity: i64, strategy: admin::CachePreferStrategy) -> (Fixture, Arc<Instance>) {
-    fixture_with(capacity, strategy, local_index_factory())
+const PREFER_3FS: PreferStrategy = PreferStrategy::Prefer(StorageType::ThreeFs);
+
+fn fixture(capacity: i64, prefer: PreferStrategy) -> (Fixture, Arc<Instance>) {
+    fixture_with(capacity, prefer, local_index_factory())
 }
 
 fn fixture_with(
     capacity: i64,
-    strategy: admin::CachePreferStrategy,
+    prefer: PreferStrategy,
     open_index: IndexFactory,
 ) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -81,27 +93,33 @@ fn fixture_with(
         .add_storage(storage("s", dir.path()))
         .expect("storage");
     manager
-        .create_group(group(capacity, strategy))
+        .create_group(group(capacity, prefer))
         .expect("group");
     manager
-        .register_instance(meta::RegisterInstanceRequest {
-            instance_group: "g".into(),
+        .register_instance(InstanceInfo {
+            quota_group_name: String::new(),
+            instance_group_name: "g".into(),
             instance_id: "i".into(),
             block_size: 4,
-            location_spec_infos: vec![meta::LocationSpecInfo {
+            specs: vec![BlockSpec {
                 name: "tp0".into(),
                 size: 100,
             }],
-            model_deployment: Some(meta::ModelDeployment {
+            model: ModelDeployment {
                 model_name: "m".into(),
                 dtype: "fp8".into(),
                 ..Default::default()
-            }),
-            ..Default::default()
+            },
+            spec_groups: Vec::new(),
         })
         .expect("register");
     let instance = manager.instance("i").expect("registered");
     (Fixture { manager, dir }, instance)
+}
+
+/// The URI of the first part of a location.
+fn first_uri(location: &BlockLocation) -> &str {
+    &location.parts[0].uri
 }
 
 fn prefix(manager: &Manager, instance: &Instance, keys: &[i64]) -> usize {
@@ -119,15 +137,15 @@ fn prefix(manager: &Manager, instance: &Instance, keys: &[i64]) -> usize {
 
 #[test]
 fn an_expired_session_fails_within_100ms_of_its_deadline() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
-    let mut feed = fx.manager.subscribe();
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let feed = fx.manager.subscribe();
     let started = Instant::now();
     fx.manager
         .start_write(&instance, vec![1, 2], &[], 1)
         .expect("start");
     let mut failed_at = None;
     while failed_at.is_none() {
-        let change = feed.blocking_recv().expect("feed");
+        let change = feed.recv().expect("feed");
         if change.to == Some(LocationState::Deleting) {
             failed_at = Some(started.elapsed());
         }
@@ -142,8 +160,8 @@ fn an_expired_session_fails_within_100ms_of_its_deadline() {
 
 #[test]
 fn the_change_feed_follows_a_block_through_its_life() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
-    let mut feed = fx.manager.subscribe();
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let feed = fx.manager.subscribe();
     let started = fx
         .manager
         .start_write(&instance, vec![7], &[], 30)
@@ -162,7 +180,7 @@ fn the_change_feed_follows_a_block_through_its_life() {
     );
     let transitions: Vec<_> = (0..4)
         .map(|_| {
-            let change = feed.blocking_recv().expect("feed");
+            let change = feed.recv().expect("feed");
             assert_eq!((change.key, &*change.instance_id), (7, "i"));
             (change.from, change.to)
         })
@@ -186,7 +204,7 @@ fn the_change_feed_follows_a_block_through_its_life() {
 
 #[test]
 fn concurrent_writers_of_one_key_both_commit_replicas() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     let first = fx
         .manager
         .start_write(&instance, vec![5], &[], 30)
@@ -219,7 +237,7 @@ fn concurrent_writers_of_one_key_both_commit_replicas() {
 
 #[test]
 fn the_group_quota_stops_writes_at_capacity() {
-    let (fx, instance) = fixture(300, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, instance) = fixture(300, PREFER_3FS);
     fx.manager
         .start_write(&instance, vec![1, 2, 3], &[], 30)
         .expect("300 bytes fit an empty group");
@@ -228,7 +246,7 @@ fn the_group_quota_stops_writes_at_capacity() {
         matches!(refused, Err(ManagerError::NoSpace(_))),
         "{refused:?}"
     );
-    let (fx, instance) = fixture(0, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, instance) = fixture(0, PREFER_3FS);
     let refused = fx.manager.start_write(&instance, vec![1], &[], 30);
     assert!(
         matches!(refused, Err(ManagerError::NoSpace(_))),
@@ -238,13 +256,13 @@ fn the_group_quota_stops_writes_at_capacity() {
 
 #[test]
 fn a_type_quota_excludes_its_type_until_deletes_free_room() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
-    let mut group = fx.manager.group("g").expect("group");
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let mut group = GroupConfig::clone(&fx.manager.group("g").expect("group"));
     group.version = 2;
-    group.quota = Some(admin::InstanceGroupQuota {
+    group.quota = Some(GroupQuota {
         capacity: i64::MAX,
-        quota_config: vec![admin::QuotaConfig {
-            storage_type: admin::StorageType::StNfs as i32,
+        per_type: vec![TypeQuota {
+            storage_type: StorageType::Nfs,
             capacity: 200,
         }],
     });
@@ -273,31 +291,21 @@ fn a_type_quota_excludes_its_type_until_deletes_free_room() {
 
 #[test]
 fn replicas_are_chosen_among_available_storages_only() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     fx.manager
         .add_storage(storage("t", &fx.dir.path().join("t")))
         .expect("second storage");
-    let mut group = fx.manager.group("g").expect("group");
+    let mut group = GroupConfig::clone(&fx.manager.group("g").expect("group"));
     group.storage_candidates.push("t".into());
     group.version = 2;
     fx.manager.update_group(group, 1).expect("update");
-    let replica = |storage_name: &str, uri: &str| Location {
-        id: storage_name.into(),
-        state: LocationState::Serving,
-        storage_name: storage_name.into(),
-        cache_location: meta::CacheLocation {
-            r#type: meta::StorageType::StNfs as i32,
-            spec_size: 1,
-            location_specs: vec![meta::LocationSpec {
-                name: "tp0".into(),
-                uri: uri.into(),
-            }],
-        },
-    };
-    let entry = KeyEntry {
-        locations: vec![replica("s", "file://s/a"), replica("t", "file://t/b")],
-    };
-    instance.index.put(vec![(9, Arc::new(entry))]).expect("put");
+    let s = allocated(&fx, &instance, 9, "s");
+    let t = allocated(&fx, &instance, 9, "t");
+    let t_uri = t.1.clone();
+    instance
+        .index
+        .put(vec![(9, Entry::new(vec![s.0, t.0]))])
+        .expect("put");
     let uri_of_choice = || {
         let found = fx
             .manager
@@ -309,7 +317,7 @@ fn replicas_are_chosen_among_available_storages_only() {
                 &[],
             )
             .expect("query");
-        found[0].location_specs[0].uri.clone()
+        first_uri(&found[0]).to_string()
     };
     let seen: std::collections::HashSet<String> = (0..200).map(|_| uri_of_choice()).collect();
     assert_eq!(
@@ -321,7 +329,7 @@ fn replicas_are_chosen_among_available_storages_only() {
         .set_storage_available("s", false)
         .expect("disable");
     assert!(
-        (0..50).all(|_| uri_of_choice() == "file://t/b"),
+        (0..50).all(|_| uri_of_choice() == t_uri),
         "weight 0 on a disabled storage"
     );
     fx.manager
@@ -342,7 +350,7 @@ fn replicas_are_chosen_among_available_storages_only() {
 
 #[test]
 fn an_always_strategy_without_a_matching_storage_refuses_writes() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsAlwaysMooncake);
+    let (fx, instance) = fixture(i64::MAX, PreferStrategy::Always(StorageType::Mooncake));
     let refused = fx.manager.start_write(&instance, vec![1], &[], 30);
     assert!(
         matches!(refused, Err(ManagerError::NoSpace(_))),
@@ -357,7 +365,7 @@ fn an_always_strategy_without_a_matching_storage_refuses_writes() {
 
 #[test]
 fn demotion_fails_open_sessions() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     fx.manager
         .start_write(&instance, vec![1], &[], 600)
         .expect("start");
@@ -370,7 +378,7 @@ fn demotion_fails_open_sessions() {
 
 #[test]
 fn a_write_that_passed_the_gate_before_a_demotion_opens_no_session() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     fx.manager.leadership().set_campaign_delay_ms(60_000);
     assert!(fx.manager.demote());
     let refused = fx.manager.start_write(&instance, vec![1, 2], &[], 600);
@@ -384,7 +392,7 @@ fn a_write_that_passed_the_gate_before_a_demotion_opens_no_session() {
         .iter()
         .map(|e| {
             e.iter()
-                .flat_map(|e| &e.locations)
+                .flat_map(|e| e.locations())
                 .map(|l| l.state)
                 .collect()
         })
@@ -428,7 +436,7 @@ fn flaky_fixture() -> (
         });
         Ok(index)
     });
-    let (fx, instance) = fixture_with(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs, flaky);
+    let (fx, instance) = fixture_with(i64::MAX, PREFER_3FS, flaky);
     (fx, instance, failures, on_get)
 }
 
@@ -499,27 +507,44 @@ fn blocks_of_a_session_whose_failing_failed_are_failed_again_later() {
     assert_eq!(fx.manager.open_sessions(), 0);
 }
 
-/// A SERVING location of `key` on `storage_name`, of wire storage type `wire_type`.
-fn put_serving(instance: &Instance, key: i64, storage_name: &str, wire_type: meta::StorageType) {
+/// A SERVING location of `key` allocated on storage `storage_name`, and its URI.
+fn allocated(
+    fx: &Fixture,
+    instance: &Instance,
+    key: i64,
+    storage_name: &str,
+) -> (Location, String) {
+    let storages = &fx.manager.storages;
+    let handle = storages.current_handle(storage_name).expect("registered");
+    let incarnation = &storages.incarnations()[usize::from(handle.0)];
+    let blocks = [BlockToAllocate {
+        key,
+        spec_indexes: vec![0],
+    }];
+    let request = AllocationRequest {
+        instance_id: instance.id(),
+        specs: instance.specs(),
+        blocks: &blocks,
+    };
+    let placed = incarnation.backend.allocate(&request).expect("allocate");
+    let part = &placed[0][0];
     let location = Location {
-        id: storage_name.into(),
+        storage: handle,
         state: LocationState::Serving,
-        storage_name: storage_name.into(),
-        cache_location: meta::CacheLocation {
-            r#type: wire_type as i32,
-            spec_size: 1,
-            location_specs: vec![meta::LocationSpec {
-                name: "tp0".into(),
-                uri: format!("file://{storage_name}/{key}"),
-            }],
-        },
+        parts: vec![Part {
+            spec: 0,
+            address: part.address,
+        }],
     };
-    let entry = KeyEntry {
-        locations: vec![location],
-    };
+    (location, part.uri.clone())
+}
+
+/// Stores a SERVING location of `key` on storage `storage_name`.
+fn put_serving(fx: &Fixture, instance: &Instance, key: i64, storage_name: &str) {
+    let (location, _) = allocated(fx, instance, key, storage_name);
     instance
         .index
-        .put(vec![(key, Arc::new(entry))])
+        .put(vec![(key, Entry::new(vec![location]))])
         .expect("put");
 }
 
@@ -533,20 +558,37 @@ fn batch_hit(manager: &Manager, instance: &Instance, key: i64) -> bool {
             &[],
         )
         .expect("query");
-    !found[0].location_specs[0].uri.is_empty()
+    found[0].storage_type != StorageType::Unspecified
 }
 
 #[test]
 fn with_one_storage_per_type_an_unavailable_storage_weighs_by_its_type() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     fx.manager
         .add_storage(storage("u", &fx.dir.path().join("u")))
         .expect("a storage outside the group");
     fx.manager
         .set_storage_available("u", false)
         .expect("disable");
-    put_serving(&instance, 1, "u", meta::StorageType::StNfs);
-    put_serving(&instance, 2, "u", meta::StorageType::St3fs);
+    let three_fs = StorageConfig {
+        global_unique_name: "w".into(),
+        spec: StorageSpec::ThreeFs {
+            cluster_name: "c".into(),
+            mountpoint: fx.dir.path().join("w").display().to_string(),
+            root_dir: "kv".into(),
+            key_count_per_file: 1,
+            touch_file_when_create: false,
+        },
+        check_storage_available_when_open: false,
+    };
+    fx.manager
+        .add_storage(three_fs)
+        .expect("a 3FS outside the group");
+    fx.manager
+        .set_storage_available("w", false)
+        .expect("disable");
+    put_serving(&fx, &instance, 1, "u");
+    put_serving(&fx, &instance, 2, "w");
     assert!(
         batch_hit(&fx.manager, &instance, 1),
         "NFS is available in the group: weight 1"
@@ -568,21 +610,21 @@ fn with_one_storage_per_type_an_unavailable_storage_weighs_by_its_type() {
 
 #[test]
 fn with_several_storages_of_a_type_only_available_candidates_weigh() {
-    let (fx, instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     for name in ["t", "u"] {
         fx.manager
             .add_storage(storage(name, &fx.dir.path().join(name)))
             .expect("storage");
     }
-    let mut group = fx.manager.group("g").expect("group");
+    let mut group = GroupConfig::clone(&fx.manager.group("g").expect("group"));
     group.storage_candidates.push("t".into());
     group.version = 2;
     fx.manager.update_group(group, 1).expect("update");
     fx.manager
         .set_storage_available("t", false)
         .expect("disable");
-    put_serving(&instance, 1, "s", meta::StorageType::StNfs);
-    put_serving(&instance, 2, "u", meta::StorageType::StNfs);
+    put_serving(&fx, &instance, 1, "s");
+    put_serving(&fx, &instance, 2, "u");
     assert!(batch_hit(&fx.manager, &instance, 1));
     assert!(
         !batch_hit(&fx.manager, &instance, 2),
@@ -592,14 +634,14 @@ fn with_several_storages_of_a_type_only_available_candidates_weigh() {
 
 #[test]
 fn an_update_that_cannot_open_its_storage_changes_nothing() {
-    let (fx, _instance) = fixture(i64::MAX, admin::CachePreferStrategy::CpsPrefer3fs);
+    let (fx, _instance) = fixture(i64::MAX, PREFER_3FS);
     fx.manager
         .set_storage_available("s", false)
         .expect("disable");
     let listed = fx.manager.list_storages();
     let blocker = fx.dir.path().join("a-file");
     std::fs::write(&blocker, b"not a directory").expect("file");
-    let probed = admin::StorageConfig {
+    let probed = StorageConfig {
         check_storage_available_when_open: true,
         ..storage("s", &blocker)
     };
@@ -624,7 +666,7 @@ fn a_group_update_proceeds_while_a_read_is_inside_the_index() {
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let writer = std::thread::spawn(move || {
-            let mut group = manager.group("g").expect("group");
+            let mut group = GroupConfig::clone(&manager.group("g").expect("group"));
             group.version += 1;
             let current = group.version - 1;
             tx.send(manager.update_group(group, current).is_ok()).ok();

@@ -8,21 +8,13 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use kvcm_storage::StorageKind;
 
 use super::error::{ManagerError, ManagerResult};
+use super::group_config::GroupConfig;
+use super::storage_type::StorageType;
 use super::Manager;
-use crate::proto::{admin, meta, storage as wire};
 use crate::sync::read_lock;
 
-/// Number of usage slots (wire storage type numbers 0..=5; VCNS shares the 3FS slot).
-const TYPE_SLOTS: usize = 6;
-
-/// The slot of a wire storage type.
-fn slot(wire_type: i32) -> usize {
-    match meta::StorageType::try_from(wire_type) {
-        Ok(meta::StorageType::StVcns3fs) => meta::StorageType::St3fs as usize,
-        Ok(known) => known as usize,
-        Err(_) => meta::StorageType::StUnspecified as usize,
-    }
-}
+/// Number of usage slots (one per storage type; VCNS shares the 3FS slot).
+const TYPE_SLOTS: usize = StorageType::ALL.len();
 
 /// Bytes stored per storage type by one instance.
 #[derive(Debug, Default)]
@@ -31,9 +23,9 @@ pub struct TypeUsage {
 }
 
 impl TypeUsage {
-    /// Adds (or, negative, removes) bytes of a wire storage type.
-    pub fn add(&self, wire_type: i32, bytes: i64) {
-        self.bytes[slot(wire_type)].fetch_add(bytes, Ordering::Relaxed);
+    /// Adds (or, negative, removes) bytes of a storage type.
+    pub fn add(&self, storage_type: StorageType, bytes: i64) {
+        self.bytes[storage_type.quota_type().index()].fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Bytes of every type.
@@ -55,22 +47,19 @@ impl GroupUsage {
     }
 
     /// Whether the group's quota for this backend kind (if any) still has room.
-    pub fn has_room(&self, group: &admin::InstanceGroup, kind: StorageKind) -> bool {
-        let wanted = slot(wire::wire_type(kind) as i32);
-        let quotas = group.quota.iter().flat_map(|q| &q.quota_config);
+    pub fn has_room(&self, group: &GroupConfig, kind: StorageKind) -> bool {
+        let wanted = StorageType::of(kind).quota_type();
+        let quotas = group.quota.iter().flat_map(|q| &q.per_type);
         quotas
-            .filter(|q| slot(q.storage_type) == wanted)
-            .all(|q| q.capacity > self.by_type[wanted])
+            .filter(|q| q.storage_type.quota_type() == wanted)
+            .all(|q| q.capacity > self.by_type[wanted.index()])
     }
 }
 
 impl Manager {
     /// The group's usage; refuses writes when it reached the group's capacity
     /// (capacity 0 = no writes, negative = refuse).
-    pub(crate) fn group_usage_with_room(
-        &self,
-        group: &admin::InstanceGroup,
-    ) -> ManagerResult<GroupUsage> {
+    pub(crate) fn group_usage_with_room(&self, group: &GroupConfig) -> ManagerResult<GroupUsage> {
         let mut by_type = [0i64; TYPE_SLOTS];
         for instance in read_lock(&self.instances).values() {
             if instance.group() == group.name {

@@ -1,0 +1,381 @@
+//! The encodings of registry objects: storage configs, instance groups, instance
+//! registrations and accounts. Every field is written, so an object decodes to exactly what
+//! was encoded.
+
+use kvcm_storage::{BlockSpec, StorageConfig, StorageSpec};
+
+use super::{DecodeError, Encode, Kind, Reader, Writer};
+use crate::accounts::{Account, AccountRole};
+use crate::group_config::{
+    CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
+    ReclaimPolicy, ReclaimStrategy, ReclaimTrigger, SearchCachePolicy, TypeQuota,
+};
+use crate::registration::{InstanceInfo, ModelDeployment, SpecGroup};
+use crate::storage_type::StorageType;
+
+fn storage_type_of(code: u8) -> Result<StorageType, DecodeError> {
+    StorageType::ALL
+        .get(usize::from(code))
+        .copied()
+        .ok_or(DecodeError::Invalid("an unknown storage type"))
+}
+
+fn write_storage_type(out: &mut Writer, storage_type: StorageType) {
+    out.u8(storage_type.index() as u8);
+}
+
+impl Encode for StorageConfig {
+    const KIND: Kind = Kind::Storage;
+
+    fn write_body(&self, out: &mut Writer) {
+        out.str(&self.global_unique_name);
+        out.bool(self.check_storage_available_when_open);
+        match &self.spec {
+            StorageSpec::Nfs {
+                root_path,
+                key_count_per_file,
+            } => {
+                out.u8(0);
+                out.str(root_path);
+                out.i32(*key_count_per_file);
+            }
+            StorageSpec::ThreeFs {
+                cluster_name,
+                mountpoint,
+                root_dir,
+                key_count_per_file,
+                touch_file_when_create,
+            } => {
+                out.u8(1);
+                out.str(cluster_name);
+                out.str(mountpoint);
+                out.str(root_dir);
+                out.i32(*key_count_per_file);
+                out.bool(*touch_file_when_create);
+            }
+            StorageSpec::VcnsThreeFs {
+                mountpoint,
+                root_dir,
+                remote_host,
+                remote_port,
+                meta_storage_uri,
+            } => {
+                out.u8(2);
+                out.str(mountpoint);
+                out.str(root_dir);
+                out.str(remote_host);
+                out.i32(*remote_port);
+                out.str(meta_storage_uri);
+            }
+            StorageSpec::Mooncake {
+                local_hostname,
+                metadata_connstring,
+                protocol,
+                rdma_device,
+                master_service_entry,
+            } => {
+                out.u8(3);
+                for text in [
+                    local_hostname,
+                    metadata_connstring,
+                    protocol,
+                    rdma_device,
+                    master_service_entry,
+                ] {
+                    out.str(text);
+                }
+            }
+            StorageSpec::TairMemPool {
+                domain,
+                timeout,
+                enable_vipserver,
+            } => {
+                out.u8(4);
+                out.str(domain);
+                out.i32(*timeout);
+                out.bool(*enable_vipserver);
+            }
+        }
+    }
+
+    fn read_body(input: &mut Reader<'_>, _version: u8) -> Result<Self, DecodeError> {
+        let global_unique_name = input.string()?;
+        let check_storage_available_when_open = input.bool()?;
+        let spec = match input.u8()? {
+            0 => StorageSpec::Nfs {
+                root_path: input.string()?,
+                key_count_per_file: input.i32()?,
+            },
+            1 => StorageSpec::ThreeFs {
+                cluster_name: input.string()?,
+                mountpoint: input.string()?,
+                root_dir: input.string()?,
+                key_count_per_file: input.i32()?,
+                touch_file_when_create: input.bool()?,
+            },
+            2 => StorageSpec::VcnsThreeFs {
+                mountpoint: input.string()?,
+                root_dir: input.string()?,
+                remote_host: input.string()?,
+                remote_port: input.i32()?,
+                meta_storage_uri: input.string()?,
+            },
+            3 => StorageSpec::Mooncake {
+                local_hostname: input.string()?,
+                metadata_connstring: input.string()?,
+                protocol: input.string()?,
+                rdma_device: input.string()?,
+                master_service_entry: input.string()?,
+            },
+            4 => StorageSpec::TairMemPool {
+                domain: input.string()?,
+                timeout: input.i32()?,
+                enable_vipserver: input.bool()?,
+            },
+            _ => return Err(DecodeError::Invalid("an unknown storage spec")),
+        };
+        Ok(StorageConfig {
+            global_unique_name,
+            spec,
+            check_storage_available_when_open,
+        })
+    }
+}
+
+fn reclaim_policy_code(policy: ReclaimPolicy) -> u8 {
+    match policy {
+        ReclaimPolicy::Unspecified => 0,
+        ReclaimPolicy::Lru => 1,
+        ReclaimPolicy::Lfu => 2,
+        ReclaimPolicy::Ttl => 3,
+    }
+}
+
+fn reclaim_policy_of(code: u8) -> Result<ReclaimPolicy, DecodeError> {
+    match code {
+        0 => Ok(ReclaimPolicy::Unspecified),
+        1 => Ok(ReclaimPolicy::Lru),
+        2 => Ok(ReclaimPolicy::Lfu),
+        3 => Ok(ReclaimPolicy::Ttl),
+        _ => Err(DecodeError::Invalid("an unknown reclaim policy")),
+    }
+}
+
+fn write_prefer(out: &mut Writer, prefer: PreferStrategy) {
+    let (code, storage_type) = match prefer {
+        PreferStrategy::Unspecified => (0, StorageType::Unspecified),
+        PreferStrategy::Always(storage_type) => (1, storage_type),
+        PreferStrategy::Prefer(storage_type) => (2, storage_type),
+    };
+    out.u8(code);
+    write_storage_type(out, storage_type);
+}
+
+fn read_prefer(input: &mut Reader<'_>) -> Result<PreferStrategy, DecodeError> {
+    let code = input.u8()?;
+    let storage_type = storage_type_of(input.u8()?)?;
+    match code {
+        0 => Ok(PreferStrategy::Unspecified),
+        1 => Ok(PreferStrategy::Always(storage_type)),
+        2 => Ok(PreferStrategy::Prefer(storage_type)),
+        _ => Err(DecodeError::Invalid("an unknown prefer strategy")),
+    }
+}
+
+fn write_cache(out: &mut Writer, cache: &CacheConfig) {
+    let reclaim = &cache.reclaim;
+    out.str(&reclaim.storage_unique_name);
+    out.u8(reclaim_policy_code(reclaim.policy));
+    out.option(reclaim.trigger.as_ref(), |out, trigger| {
+        out.i64(trigger.used_size);
+        out.f64(trigger.used_percentage);
+    });
+    for value in [
+        reclaim.trigger_period_seconds,
+        reclaim.step_size,
+        reclaim.step_percentage,
+        reclaim.delay_before_delete_ms,
+    ] {
+        out.i32(value);
+    }
+    write_prefer(out, cache.prefer);
+    let indexer = &cache.indexer;
+    out.i64(indexer.max_key_count);
+    out.i64(indexer.mutex_shard_num);
+    out.i64(indexer.batch_key_size);
+    out.str(&indexer.backend.storage_type);
+    out.str(&indexer.backend.storage_uri);
+    let policy = &indexer.cache_policy;
+    out.i64(policy.capacity);
+    out.str(&policy.kind);
+    out.i32(policy.cache_shard_bits);
+    out.f64(policy.high_pri_pool_ratio);
+}
+
+fn read_cache(input: &mut Reader<'_>) -> Result<CacheConfig, DecodeError> {
+    let reclaim = ReclaimStrategy {
+        storage_unique_name: input.string()?,
+        policy: reclaim_policy_of(input.u8()?)?,
+        trigger: input.option(|input| {
+            Ok(ReclaimTrigger {
+                used_size: input.i64()?,
+                used_percentage: input.f64()?,
+            })
+        })?,
+        trigger_period_seconds: input.i32()?,
+        step_size: input.i32()?,
+        step_percentage: input.i32()?,
+        delay_before_delete_ms: input.i32()?,
+    };
+    let prefer = read_prefer(input)?;
+    let indexer = IndexerConfig {
+        max_key_count: input.i64()?,
+        mutex_shard_num: input.i64()?,
+        batch_key_size: input.i64()?,
+        backend: IndexBackend {
+            storage_type: input.string()?,
+            storage_uri: input.string()?,
+        },
+        cache_policy: SearchCachePolicy {
+            capacity: input.i64()?,
+            kind: input.string()?,
+            cache_shard_bits: input.i32()?,
+            high_pri_pool_ratio: input.f64()?,
+        },
+    };
+    Ok(CacheConfig {
+        reclaim,
+        prefer,
+        indexer,
+    })
+}
+
+impl Encode for GroupConfig {
+    const KIND: Kind = Kind::Group;
+
+    fn write_body(&self, out: &mut Writer) {
+        out.str(&self.name);
+        out.list(&self.storage_candidates, |out, name| out.str(name));
+        out.str(&self.quota_group_name);
+        out.i64(self.max_instance_count);
+        out.option(self.quota.as_ref(), |out, quota| {
+            out.i64(quota.capacity);
+            out.list(&quota.per_type, |out, limit| {
+                write_storage_type(out, limit.storage_type);
+                out.i64(limit.capacity);
+            });
+        });
+        write_cache(out, &self.cache);
+        out.str(&self.user_data);
+        out.i64(self.version);
+    }
+
+    fn read_body(input: &mut Reader<'_>, _version: u8) -> Result<Self, DecodeError> {
+        Ok(GroupConfig {
+            name: input.string()?,
+            storage_candidates: input.list(Reader::string)?,
+            quota_group_name: input.string()?,
+            max_instance_count: input.i64()?,
+            quota: input.option(|input| {
+                Ok(GroupQuota {
+                    capacity: input.i64()?,
+                    per_type: input.list(|input| {
+                        Ok(TypeQuota {
+                            storage_type: storage_type_of(input.u8()?)?,
+                            capacity: input.i64()?,
+                        })
+                    })?,
+                })
+            })?,
+            cache: read_cache(input)?,
+            user_data: input.string()?,
+            version: input.i64()?,
+        })
+    }
+}
+
+impl Encode for InstanceInfo {
+    const KIND: Kind = Kind::Instance;
+
+    fn write_body(&self, out: &mut Writer) {
+        out.str(&self.quota_group_name);
+        out.str(&self.instance_group_name);
+        out.str(&self.instance_id);
+        out.i32(self.block_size);
+        out.list(&self.specs, |out, spec| {
+            out.str(&spec.name);
+            out.i64(spec.size);
+        });
+        let model = &self.model;
+        out.str(&model.model_name);
+        out.str(&model.dtype);
+        out.bool(model.use_mla);
+        out.i32(model.tp_size);
+        out.i32(model.dp_size);
+        out.str(&model.lora_name);
+        out.i32(model.pp_size);
+        out.str(&model.extra);
+        out.str(&model.user_data);
+        out.list(&self.spec_groups, |out, group| {
+            out.str(&group.name);
+            out.list(&group.spec_names, |out, name| out.str(name));
+        });
+    }
+
+    fn read_body(input: &mut Reader<'_>, _version: u8) -> Result<Self, DecodeError> {
+        Ok(InstanceInfo {
+            quota_group_name: input.string()?,
+            instance_group_name: input.string()?,
+            instance_id: input.string()?,
+            block_size: input.i32()?,
+            specs: input.list(|input| {
+                Ok(BlockSpec {
+                    name: input.string()?,
+                    size: input.i64()?,
+                })
+            })?,
+            model: ModelDeployment {
+                model_name: input.string()?,
+                dtype: input.string()?,
+                use_mla: input.bool()?,
+                tp_size: input.i32()?,
+                dp_size: input.i32()?,
+                lora_name: input.string()?,
+                pp_size: input.i32()?,
+                extra: input.string()?,
+                user_data: input.string()?,
+            },
+            spec_groups: input.list(|input| {
+                Ok(SpecGroup {
+                    name: input.string()?,
+                    spec_names: input.list(Reader::string)?,
+                })
+            })?,
+        })
+    }
+}
+
+impl Encode for Account {
+    const KIND: Kind = Kind::Account;
+
+    fn write_body(&self, out: &mut Writer) {
+        out.str(&self.user_name);
+        out.str(&self.password);
+        out.u8(match self.role {
+            AccountRole::User => 0,
+            AccountRole::Admin => 1,
+        });
+    }
+
+    fn read_body(input: &mut Reader<'_>, _version: u8) -> Result<Self, DecodeError> {
+        Ok(Account {
+            user_name: input.string()?,
+            password: input.string()?,
+            role: match input.u8()? {
+                0 => AccountRole::User,
+                1 => AccountRole::Admin,
+                _ => return Err(DecodeError::Invalid("an unknown account role")),
+            },
+        })
+    }
+}

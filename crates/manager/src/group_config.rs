@@ -1,0 +1,144 @@
+//! An instance group as the manager stores it: which storages its instances write to, its
+//! quotas, and the settings of its instances' indexes. Every field of the reference's
+//! `InstanceGroup` has a home here, so that a group reads back exactly as it was written.
+
+use crate::storage_type::StorageType;
+
+/// One instance group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupConfig {
+    /// Unique name.
+    pub name: String,
+    /// Names of the storages its instances may write to, in preference order.
+    pub storage_candidates: Vec<String>,
+    /// The quota group its instances report (`global_quota_group_name`).
+    pub quota_group_name: String,
+    /// Informational cap on instances (not enforced, as in the reference).
+    pub max_instance_count: i64,
+    /// Byte quotas; `None` when the group was created without one (no writes then).
+    pub quota: Option<GroupQuota>,
+    /// Cache settings.
+    pub cache: CacheConfig,
+    /// Opaque text kept for the operator.
+    pub user_data: String,
+    /// Version, raised by every update.
+    pub version: i64,
+}
+
+/// A group's byte quotas.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GroupQuota {
+    /// Total bytes over every storage type (0 = no writes, negative = refuse).
+    pub capacity: i64,
+    /// Per storage type limits.
+    pub per_type: Vec<TypeQuota>,
+}
+
+/// A byte limit for one storage type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TypeQuota {
+    /// The storage type it limits.
+    pub storage_type: StorageType,
+    /// Bytes.
+    pub capacity: i64,
+}
+
+/// Cache settings of a group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheConfig {
+    /// How and where blocks are reclaimed.
+    pub reclaim: ReclaimStrategy,
+    /// Which storage type new blocks go to.
+    pub prefer: PreferStrategy,
+    /// Settings of each instance's index.
+    pub indexer: IndexerConfig,
+}
+
+/// Reclaim settings (stored and answered back; the reclaimer is a later issue).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReclaimStrategy {
+    /// The storage reclaimed.
+    pub storage_unique_name: String,
+    /// The eviction policy.
+    pub policy: ReclaimPolicy,
+    /// When reclaiming starts; `None` when not given.
+    pub trigger: Option<ReclaimTrigger>,
+    /// Seconds between reclaim checks.
+    pub trigger_period_seconds: i32,
+    /// Blocks per reclaim step.
+    pub step_size: i32,
+    /// Percent of blocks per reclaim step.
+    pub step_percentage: i32,
+    /// Delay between unpublishing and deleting.
+    pub delay_before_delete_ms: i32,
+}
+
+/// Usage that starts reclaiming.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReclaimTrigger {
+    /// Bytes used.
+    pub used_size: i64,
+    /// Fraction of the quota used.
+    pub used_percentage: f64,
+}
+
+/// Eviction policies a group may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimPolicy {
+    /// None named.
+    Unspecified,
+    /// Least recently used.
+    Lru,
+    /// Least frequently used.
+    Lfu,
+    /// Time to live.
+    Ttl,
+}
+
+/// Which storage type new blocks of a group go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreferStrategy {
+    /// No preference: the first available candidate.
+    Unspecified,
+    /// Only this type (`CPS_ALWAYS_*`).
+    Always(StorageType),
+    /// This type when one is available, else the first available candidate (`CPS_PREFER_*`).
+    Prefer(StorageType),
+}
+
+/// Settings of the index of each instance of a group.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct IndexerConfig {
+    /// Key cap per instance (0 or negative = none).
+    pub max_key_count: i64,
+    /// Shard count (a power of two; 0 = default).
+    pub mutex_shard_num: i64,
+    /// Keys per backend batch (stored).
+    pub batch_key_size: i64,
+    /// Where the index lives (`storage_type` "local" here).
+    pub backend: IndexBackend,
+    /// The search cache in front of it.
+    pub cache_policy: SearchCachePolicy,
+}
+
+/// The index backend of a group.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IndexBackend {
+    /// Backend kind.
+    pub storage_type: String,
+    /// Backend address.
+    pub storage_uri: String,
+}
+
+/// The search cache of a group's indexes.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SearchCachePolicy {
+    /// MiB (0 = no cache).
+    pub capacity: i64,
+    /// Policy name (only "lru").
+    pub kind: String,
+    /// log2 of the cache's shard count.
+    pub cache_shard_bits: i32,
+    /// Stored, unused.
+    pub high_pri_pool_ratio: f64,
+}

@@ -1,0 +1,183 @@
+//! Admin operations on storages, instance groups and instances (wire fact sheet §16.1-16.2).
+
+use std::sync::Arc;
+
+use kvcm_storage::StorageConfig;
+
+use super::error::{ManagerError, ManagerResult};
+use super::group_config::{GroupConfig, PreferStrategy};
+use super::instance::Instance;
+use super::local_index::check_indexer_config;
+use super::registration::InstanceInfo;
+use super::Manager;
+use crate::sync::{read_lock, write_lock};
+
+/// A group's registered storages with whether each is available (RegisterInstance answers
+/// them as `storage_configs`).
+pub type StorageStatuses = Vec<(StorageConfig, bool)>;
+
+impl Manager {
+    /// Registers and opens a storage.
+    pub fn add_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+        self.storages.add(config)
+    }
+
+    /// Replaces a storage's config.
+    pub fn update_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+        self.storages.update(config)
+    }
+
+    /// Forgets a storage.
+    pub fn remove_storage(&self, name: &str) -> ManagerResult<()> {
+        self.storages.remove(name)
+    }
+
+    /// Enables or disables a storage.
+    pub fn set_storage_available(&self, name: &str, available: bool) -> ManagerResult<()> {
+        self.storages.set_available(name, available)
+    }
+
+    /// Every registered storage, by name.
+    pub fn list_storages(&self) -> Vec<StorageConfig> {
+        self.storages.list()
+    }
+
+    /// Creates an instance group.
+    pub fn create_group(&self, group: GroupConfig) -> ManagerResult<()> {
+        validate_group(&group)?;
+        let mut groups = write_lock(&self.groups);
+        if groups.contains_key(&group.name) {
+            return Err(ManagerError::AlreadyExists(format!(
+                "instance group {:?} already exists",
+                group.name
+            )));
+        }
+        groups.insert(group.name.clone(), Arc::new(group));
+        Ok(())
+    }
+
+    /// Replaces a group whose stored version is `current_version` by one with a newer version.
+    pub fn update_group(&self, group: GroupConfig, current_version: i64) -> ManagerResult<()> {
+        validate_group(&group)?;
+        let mut groups = write_lock(&self.groups);
+        let stored = groups
+            .get(&group.name)
+            .ok_or_else(|| unknown_group(&group.name))?;
+        if stored.version != current_version || group.version <= stored.version {
+            return Err(ManagerError::Refused(format!(
+                "version conflict: stored {}, current_version {current_version}, new {}",
+                stored.version, group.version
+            )));
+        }
+        groups.insert(group.name.clone(), Arc::new(group));
+        Ok(())
+    }
+
+    /// Removes a group (its instances stay registered).
+    pub fn remove_group(&self, name: &str) -> ManagerResult<()> {
+        write_lock(&self.groups)
+            .remove(name)
+            .map(drop)
+            .ok_or_else(|| unknown_group(name))
+    }
+
+    /// A group's config.
+    pub fn group(&self, name: &str) -> ManagerResult<Arc<GroupConfig>> {
+        self.shared_group(name).ok_or_else(|| unknown_group(name))
+    }
+
+    /// A group's config as stored (shared; the groups lock is released on return).
+    pub(crate) fn shared_group(&self, name: &str) -> Option<Arc<GroupConfig>> {
+        read_lock(&self.groups).get(name).cloned()
+    }
+
+    /// Registers an instance (idempotent for an identical registration); returns the
+    /// registered storages of its group.
+    pub fn register_instance(&self, info: InstanceInfo) -> ManagerResult<StorageStatuses> {
+        let info = info.validated()?;
+        let group = self.group(&info.instance_group_name)?;
+        let mut instances = write_lock(&self.instances);
+        if let Some(existing) = instances.get(&info.instance_id) {
+            if !existing.info().same_identity(&info) {
+                return Err(ManagerError::Duplicate(format!(
+                    "instance {:?} is registered with a different model or layout",
+                    info.instance_id
+                )));
+            }
+            let group = self.group(existing.group()).unwrap_or(group);
+            return Ok(self.storages.statuses(&group.storage_candidates));
+        }
+        let index = (self.open_index)(&group.cache.indexer).map_err(|error| match error {
+            ManagerError::Index(source) => ManagerError::OpenIndex(source),
+            other => other,
+        })?;
+        let info = InstanceInfo {
+            quota_group_name: group.quota_group_name.clone(),
+            ..info
+        };
+        let instance = Arc::new(Instance::new(info, index));
+        instances.insert(instance.id().to_string(), instance);
+        Ok(self.storages.statuses(&group.storage_candidates))
+    }
+
+    /// Unregisters an instance and deletes all its cache.
+    pub fn remove_instance(&self, instance_id: &str) -> ManagerResult<()> {
+        let instance = write_lock(&self.instances)
+            .remove(instance_id)
+            .ok_or_else(|| ManagerError::InstanceNotExist(instance_id.to_string()))?;
+        self.remove_all(&instance)
+    }
+
+    /// The registrations of a group's instances, by id.
+    pub fn list_instances(&self, group: &str) -> Vec<InstanceInfo> {
+        let mut infos: Vec<InstanceInfo> = read_lock(&self.instances)
+            .values()
+            .filter(|i| i.group() == group)
+            .map(|i| i.info().clone())
+            .collect();
+        infos.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
+        infos
+    }
+}
+
+fn unknown_group(name: &str) -> ManagerError {
+    ManagerError::NotFound(format!("instance group {name:?} does not exist"))
+}
+
+/// The group validation rules of the reference's CreateInstanceGroup (fields named as in
+/// the request).
+fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
+    let cache = &group.cache;
+    let indexer = &cache.indexer;
+    let checks = [
+        (group.name.is_empty(), "instance_group.name"),
+        (
+            group.storage_candidates.is_empty(),
+            "instance_group.storage_candidates",
+        ),
+        (
+            group.quota_group_name.is_empty(),
+            "instance_group.global_quota_group_name",
+        ),
+        (
+            cache.prefer == PreferStrategy::Unspecified,
+            "cache_config.data_storage_strategy",
+        ),
+        (
+            cache.reclaim.storage_unique_name.is_empty(),
+            "cache_config.reclaim_strategy.storage_unique_name",
+        ),
+        (
+            indexer.backend.storage_type.is_empty(),
+            "meta_indexer_config.meta_storage_backend_config.storage_type",
+        ),
+        (
+            indexer.cache_policy.kind.is_empty(),
+            "meta_indexer_config.meta_cache_policy_config.type",
+        ),
+    ];
+    if let Some((_, field)) = checks.iter().find(|(failed, _)| *failed) {
+        return Err(ManagerError::invalid(field));
+    }
+    check_indexer_config(indexer)
+}

@@ -1,0 +1,104 @@
+//! A registered inference instance: its registration, its own index key space, and its
+//! usage per storage type.
+
+use std::sync::Arc;
+
+use kvcm_index::{BlockKey, MetaIndex};
+use kvcm_storage::BlockSpec;
+
+use super::entry::{Entry, LocationRef};
+use super::error::{ManagerError, ManagerResult};
+use super::keys::block_keys_from_tokens;
+use super::quota::TypeUsage;
+use super::registration::InstanceInfo;
+
+/// One registered instance.
+pub struct Instance {
+    info: InstanceInfo,
+    id: Arc<str>,
+    usage: TypeUsage,
+    /// This instance's key space.
+    pub index: Arc<dyn MetaIndex<Entry>>,
+}
+
+impl std::fmt::Debug for Instance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Instance {
+    /// An instance from its (validated, normalised) registration and a fresh index.
+    pub fn new(info: InstanceInfo, index: Arc<dyn MetaIndex<Entry>>) -> Self {
+        Instance {
+            id: info.instance_id.as_str().into(),
+            info,
+            usage: TypeUsage::default(),
+            index,
+        }
+    }
+
+    /// The instance id.
+    pub fn id(&self) -> &Arc<str> {
+        &self.id
+    }
+
+    /// The owning group's name.
+    pub fn group(&self) -> &str {
+        &self.info.instance_group_name
+    }
+
+    /// The registration as stored.
+    pub fn info(&self) -> &InstanceInfo {
+        &self.info
+    }
+
+    /// The parts of every block, in registration order.
+    pub fn specs(&self) -> &[BlockSpec] {
+        &self.info.specs
+    }
+
+    /// Bytes stored per storage type.
+    pub fn usage(&self) -> &TypeUsage {
+        &self.usage
+    }
+
+    /// Bytes of a stored location: the registered sizes of the parts it carries.
+    pub fn location_bytes(&self, location: &LocationRef<'_>) -> i64 {
+        location
+            .parts
+            .iter()
+            .filter_map(|part| self.info.specs.get(usize::from(part.spec)))
+            .fold(0i64, |sum, spec| sum.saturating_add(spec.size.max(0)))
+    }
+
+    /// The request's block keys: `block_keys` when non-empty, else `token_ids` hashed with
+    /// this instance's block size. Neither given → invalid argument.
+    pub fn resolve_keys(
+        &self,
+        block_keys: Vec<BlockKey>,
+        token_ids: &[i64],
+    ) -> ManagerResult<Vec<BlockKey>> {
+        if !block_keys.is_empty() {
+            return Ok(block_keys);
+        }
+        if token_ids.is_empty() {
+            return Err(ManagerError::invalid("block_keys or token_ids"));
+        }
+        let block_size = usize::try_from(self.info.block_size)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                ManagerError::invalid_because(
+                    "token_ids",
+                    format!(
+                        "instance {} has block_size {}",
+                        self.id, self.info.block_size
+                    ),
+                )
+            })?;
+        Ok(block_keys_from_tokens(token_ids, block_size))
+    }
+}

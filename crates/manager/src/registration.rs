@@ -1,0 +1,153 @@
+//! An instance's registration as the manager stores it, and the checks it must pass.
+//!
+//! Invariant of a stored registration: names are usable as path components and URI parts,
+//! sizes positive, spec names unique, spec groups sorted by name, each with sorted spec names
+//! that all name registered specs.
+
+use std::collections::HashSet;
+
+use kvcm_storage::BlockSpec;
+
+use crate::error::{ManagerError, ManagerResult};
+
+/// One registered inference instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceInfo {
+    /// The quota group (filled from the group at registration).
+    pub quota_group_name: String,
+    /// The owning group.
+    pub instance_group_name: String,
+    /// Unique id.
+    pub instance_id: String,
+    /// Tokens per block.
+    pub block_size: i32,
+    /// The parts of every block, in registration order.
+    pub specs: Vec<BlockSpec>,
+    /// The model served.
+    pub model: ModelDeployment,
+    /// Named subsets of the parts.
+    pub spec_groups: Vec<SpecGroup>,
+}
+
+/// The model an instance serves.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModelDeployment {
+    /// Model name.
+    pub model_name: String,
+    /// KV data type.
+    pub dtype: String,
+    /// Multi-head latent attention.
+    pub use_mla: bool,
+    /// Tensor parallelism.
+    pub tp_size: i32,
+    /// Data parallelism.
+    pub dp_size: i32,
+    /// LoRA adapter.
+    pub lora_name: String,
+    /// Pipeline parallelism.
+    pub pp_size: i32,
+    /// Free-form extra identity.
+    pub extra: String,
+    /// Opaque text (not part of the identity).
+    pub user_data: String,
+}
+
+/// A named subset of an instance's parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecGroup {
+    /// Group name.
+    pub name: String,
+    /// Names of its parts.
+    pub spec_names: Vec<String>,
+}
+
+impl InstanceInfo {
+    /// The stored form of a registration: checked, spec groups normalised.
+    pub fn validated(mut self) -> ManagerResult<InstanceInfo> {
+        let checks = [
+            (self.instance_group_name.is_empty(), "instance_group"),
+            (!usable_name(&self.instance_id), "instance_id"),
+            (self.block_size <= 0, "block_size"),
+            (
+                self.model.model_name.is_empty(),
+                "model_deployment.model_name",
+            ),
+            (self.model.dtype.is_empty(), "model_deployment.dtype"),
+            (
+                self.specs.is_empty() || self.specs.len() > usize::from(u16::MAX),
+                "location_spec_infos",
+            ),
+            (
+                !self.specs.iter().all(|s| usable_name(&s.name)),
+                "location_spec_infos.name",
+            ),
+            (
+                self.specs.iter().any(|s| s.size <= 0),
+                "location_spec_infos.size",
+            ),
+            (
+                has_repeats(self.specs.iter().map(|s| &s.name)),
+                "location_spec_infos.name (repeated)",
+            ),
+        ];
+        if let Some((_, field)) = checks.iter().find(|(failed, _)| *failed) {
+            return Err(ManagerError::invalid(field));
+        }
+        self.spec_groups =
+            normalised_spec_groups(std::mem::take(&mut self.spec_groups), &self.specs)
+                .ok_or_else(|| ManagerError::invalid("location_spec_groups"))?;
+        Ok(self)
+    }
+
+    /// Whether a re-registration carries the same identity (everything but the group, the
+    /// quota group and `model.user_data`).
+    pub fn same_identity(&self, other: &InstanceInfo) -> bool {
+        let strip = |info: &InstanceInfo| {
+            let mut model = info.model.clone();
+            model.user_data.clear();
+            (
+                info.block_size,
+                info.specs.clone(),
+                model,
+                info.spec_groups.clone(),
+            )
+        };
+        strip(self) == strip(other)
+    }
+}
+
+/// Whether a name can be a path component and a URI host/path part: non-empty, not `.` or
+/// `..`, without `/ ? # & =`, white space or control characters (the storage backends build
+/// paths and URIs from instance ids and spec names).
+pub fn usable_name(name: &str) -> bool {
+    let breaks_uris = |c: char| matches!(c, '/' | '?' | '#' | '&' | '=');
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name
+            .chars()
+            .any(|c| breaks_uris(c) || c.is_whitespace() || c.is_control())
+}
+
+/// Whether some item occurs twice.
+fn has_repeats<'a>(mut items: impl Iterator<Item = &'a String>) -> bool {
+    let mut seen = HashSet::new();
+    !items.all(|item| seen.insert(item))
+}
+
+/// Spec groups sorted by name with sorted spec names; `None` when a group has no name or
+/// names a spec that is not registered.
+fn normalised_spec_groups(
+    mut groups: Vec<SpecGroup>,
+    specs: &[BlockSpec],
+) -> Option<Vec<SpecGroup>> {
+    let known = |name: &String| specs.iter().any(|s| &s.name == name);
+    for group in &mut groups {
+        group.spec_names.sort();
+        if group.name.is_empty() || !group.spec_names.iter().all(known) {
+            return None;
+        }
+    }
+    groups.sort_by(|a, b| a.name.cmp(&b.name));
+    Some(groups)
+}

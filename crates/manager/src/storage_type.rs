@@ -1,0 +1,78 @@
+//! Storage types as the control plane counts and weighs them (the reference's
+//! `StorageType`); a backend's [`StorageKind`] maps to exactly one.
+
+use kvcm_storage::StorageKind;
+
+/// A storage type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StorageType {
+    /// Not a storage (the type of a miss placeholder).
+    Unspecified,
+    /// 3FS.
+    ThreeFs,
+    /// Mooncake store.
+    Mooncake,
+    /// Tair memory pool.
+    TairMemPool,
+    /// NFS or a local directory.
+    Nfs,
+    /// VCNS 3FS.
+    VcnsThreeFs,
+}
+
+impl StorageType {
+    /// Every type, in wire order.
+    pub const ALL: [StorageType; 6] = [
+        StorageType::Unspecified,
+        StorageType::ThreeFs,
+        StorageType::Mooncake,
+        StorageType::TairMemPool,
+        StorageType::Nfs,
+        StorageType::VcnsThreeFs,
+    ];
+
+    /// The type of a backend kind.
+    pub fn of(kind: StorageKind) -> StorageType {
+        match kind {
+            StorageKind::Nfs => StorageType::Nfs,
+            StorageKind::ThreeFs => StorageType::ThreeFs,
+            StorageKind::VcnsThreeFs => StorageType::VcnsThreeFs,
+            StorageKind::Mooncake => StorageType::Mooncake,
+            StorageKind::TairMemPool => StorageType::TairMemPool,
+        }
+    }
+
+    /// The backend kind of a type (`None` for `Unspecified`).
+    pub fn kind(self) -> Option<StorageKind> {
+        match self {
+            StorageType::Unspecified => None,
+            StorageType::Nfs => Some(StorageKind::Nfs),
+            StorageType::ThreeFs => Some(StorageKind::ThreeFs),
+            StorageType::VcnsThreeFs => Some(StorageKind::VcnsThreeFs),
+            StorageType::Mooncake => Some(StorageKind::Mooncake),
+            StorageType::TairMemPool => Some(StorageKind::TairMemPool),
+        }
+    }
+
+    /// The fixed read weight of the type: NFS 5; 3FS, Mooncake, TairMemPool 3; others 1.
+    pub fn read_weight(self) -> u32 {
+        match self {
+            StorageType::Nfs => 5,
+            StorageType::ThreeFs | StorageType::Mooncake | StorageType::TairMemPool => 3,
+            StorageType::Unspecified | StorageType::VcnsThreeFs => 1,
+        }
+    }
+
+    /// The quota slot the type is counted in: VCNS 3FS counts as 3FS.
+    pub fn quota_type(self) -> StorageType {
+        match self {
+            StorageType::VcnsThreeFs => StorageType::ThreeFs,
+            other => other,
+        }
+    }
+
+    /// Position in [`StorageType::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}

@@ -1,0 +1,332 @@
+//! Registered storage backends: the storage crate's `StorageRegistry` (open, enable /
+//! disable, background health probes) plus a handle per incarnation, which is what stored
+//! locations name. Available = enabled by the admin and healthy.
+//!
+//! Invariant: a handle names the same backend object forever (handles are never reused), so
+//! a location renders and frees through the backend that allocated it, even after its
+//! storage was updated or removed.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use kvcm_storage::{DataStorage, PartRef, StorageConfig, StorageError, StorageRegistry};
+
+use super::entry::{LocationRef, StorageHandle};
+use super::error::{ManagerError, ManagerResult};
+use super::storage_type::StorageType;
+use crate::sync::{read_lock, write_lock};
+
+/// One opened backend under one registration. A storage that is updated gets a new
+/// incarnation; the old one stays so that its blocks keep rendering and freeing through the
+/// backend that allocated them.
+#[derive(Debug, Clone)]
+pub struct Incarnation {
+    /// The storage's name.
+    pub name: Arc<str>,
+    /// Its type.
+    pub storage_type: StorageType,
+    /// The backend.
+    pub backend: Arc<dyn DataStorage>,
+}
+
+/// Every incarnation ever registered, by handle.
+pub type Incarnations = Arc<Vec<Incarnation>>;
+
+/// All registered storages.
+#[derive(Debug)]
+pub struct StorageTable {
+    registry: StorageRegistry,
+    /// The current incarnation of each registered storage, by name.
+    current: RwLock<HashMap<String, StorageHandle>>,
+    /// Every incarnation, by handle (copied on write: readers take a snapshot).
+    incarnations: RwLock<Incarnations>,
+}
+
+impl StorageTable {
+    /// An empty table; with `probe_interval`, storages are health-probed in the background.
+    pub fn new(probe_interval: Option<Duration>) -> ManagerResult<Self> {
+        let registry = match probe_interval {
+            Some(interval) => StorageRegistry::with_health_probes(interval)?,
+            None => StorageRegistry::new(),
+        };
+        Ok(StorageTable {
+            registry,
+            current: RwLock::default(),
+            incarnations: RwLock::default(),
+        })
+    }
+
+    /// Stops the background probes.
+    pub fn stop(&self) {
+        self.registry.stop_health_probes();
+    }
+
+    /// Validates, opens and registers a storage (available at once).
+    pub fn add(&self, config: StorageConfig) -> ManagerResult<()> {
+        config.validate().map_err(ManagerError::InvalidStorage)?;
+        let mut current = write_lock(&self.current);
+        self.check_handles_left()?;
+        let name = config.global_unique_name.clone();
+        self.registry.add(config).map_err(already_exists)?;
+        let handle = self.new_incarnation(&name)?;
+        current.insert(name, handle);
+        Ok(())
+    }
+
+    /// Replaces a registered storage. The new config is validated and opened first, so a
+    /// config that cannot be opened changes nothing; only then is the old one swapped out
+    /// (remove + add). Should the add still fail, the old one is restored, or, if even that
+    /// fails, forgotten (never a stale entry).
+    pub fn update(&self, config: StorageConfig) -> ManagerResult<()> {
+        config.validate().map_err(ManagerError::InvalidStorage)?;
+        let name = config.global_unique_name.clone();
+        let mut current = write_lock(&self.current);
+        if !current.contains_key(&name) {
+            return Err(ManagerError::NotFound(format!(
+                "storage {name:?} does not exist"
+            )));
+        }
+        self.check_handles_left()?;
+        drop(kvcm_storage::open(config.clone())?);
+        let old = self.registry.remove(&name)?;
+        if let Err(error) = self.registry.add(config) {
+            if let Err(restore) = self.registry.add(old.config().clone()) {
+                tracing::warn!(%restore, storage = %name, "restoring a storage after a failed update");
+                current.remove(&name);
+            }
+            return Err(error.into());
+        }
+        let handle = self.new_incarnation(&name)?;
+        current.insert(name, handle);
+        Ok(())
+    }
+
+    /// Forgets a storage (its incarnations stay for the blocks they hold).
+    pub fn remove(&self, name: &str) -> ManagerResult<()> {
+        let mut current = write_lock(&self.current);
+        self.registry.remove(name)?;
+        current.remove(name);
+        Ok(())
+    }
+
+    /// Refuses a registration when every handle is taken.
+    fn check_handles_left(&self) -> ManagerResult<()> {
+        if read_lock(&self.incarnations).len() > usize::from(u16::MAX) {
+            return Err(ManagerError::Refused(
+                "65,536 storage registrations were made: no storage handle is left".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records the registry's backend of `name` as a new incarnation.
+    fn new_incarnation(&self, name: &str) -> ManagerResult<StorageHandle> {
+        let backend = self
+            .registry
+            .get(name)
+            .ok_or_else(|| ManagerError::NotFound(format!("storage {name:?} does not exist")))?;
+        let mut incarnations = write_lock(&self.incarnations);
+        let handle = StorageHandle(
+            u16::try_from(incarnations.len())
+                .map_err(|_| ManagerError::Refused("no storage handle is left".into()))?,
+        );
+        let mut grown = Vec::clone(&incarnations);
+        grown.push(Incarnation {
+            name: name.into(),
+            storage_type: StorageType::of(backend.kind()),
+            backend,
+        });
+        *incarnations = Arc::new(grown);
+        Ok(handle)
+    }
+
+    /// Enables or disables a storage.
+    pub fn set_available(&self, name: &str, available: bool) -> ManagerResult<()> {
+        let toggled = if available {
+            self.registry.enable(name)
+        } else {
+            self.registry.disable(name)
+        };
+        Ok(toggled?)
+    }
+
+    /// Every registered storage's config, by name.
+    pub fn list(&self) -> Vec<StorageConfig> {
+        let mut configs: Vec<StorageConfig> = self
+            .registry
+            .list()
+            .into_iter()
+            .map(|status| status.storage.config().clone())
+            .collect();
+        configs.sort_by(|a, b| a.global_unique_name.cmp(&b.global_unique_name));
+        configs
+    }
+
+    /// Every registered storage among `candidates`, with whether it is available.
+    pub fn statuses(&self, candidates: &[String]) -> Vec<(StorageConfig, bool)> {
+        self.registry
+            .list()
+            .into_iter()
+            .filter(|status| candidates.contains(&status.storage.config().global_unique_name))
+            .map(|status| (status.storage.config().clone(), status.is_available()))
+            .collect()
+    }
+
+    /// The handle of a registered storage's current incarnation.
+    #[cfg(test)]
+    pub(crate) fn current_handle(&self, name: &str) -> Option<StorageHandle> {
+        read_lock(&self.current).get(name).copied()
+    }
+
+    /// A snapshot of every incarnation, by handle.
+    pub fn incarnations(&self) -> Incarnations {
+        read_lock(&self.incarnations).clone()
+    }
+
+    /// The available storages among `candidates` (current incarnations), in candidate order.
+    pub fn available(&self, candidates: &[String]) -> Vec<(StorageHandle, Incarnation)> {
+        let current = read_lock(&self.current);
+        let incarnations = self.incarnations();
+        candidates
+            .iter()
+            .filter(|name| self.registry.is_available(name))
+            .filter_map(|name| current.get(name.as_str()))
+            .map(|&handle| (handle, incarnations[usize::from(handle.0)].clone()))
+            .collect()
+    }
+
+    /// Read weights for one request on a group with these candidates (wire fact sheet §11);
+    /// fails when none of the candidates is available.
+    pub fn read_weights<'t>(&'t self, candidates: &'t [String]) -> ManagerResult<ReadWeights<'t>> {
+        let available_candidates = candidates
+            .iter()
+            .filter(|name| self.registry.is_available(name))
+            .count();
+        if available_candidates == 0 {
+            return Err(ManagerError::NoSpace(
+                "none of the group's storages is available".into(),
+            ));
+        }
+        let incarnations = self.incarnations();
+        let rule = if self.every_storage_available(candidates, available_candidates) {
+            WeightRule::FixedPerType
+        } else {
+            self.partial_rule(candidates)
+        };
+        Ok(ReadWeights {
+            table: self,
+            incarnations,
+            candidates,
+            rule,
+            memo: RefCell::default(),
+        })
+    }
+
+    /// Whether every registered storage is available. Fast path (no further lock): the
+    /// group's distinct available candidates are as many as the registered storages.
+    fn every_storage_available(&self, candidates: &[String], available_candidates: usize) -> bool {
+        let current = read_lock(&self.current);
+        let distinct = || {
+            candidates
+                .iter()
+                .enumerate()
+                .all(|(i, c)| !candidates[..i].contains(c))
+        };
+        if available_candidates == current.len() && distinct() {
+            return true;
+        }
+        current.keys().all(|name| self.registry.is_available(name))
+    }
+
+    /// The rule while some storage is unavailable: per type when the candidates hold at most
+    /// one storage of each type, otherwise per candidate storage.
+    fn partial_rule(&self, candidates: &[String]) -> WeightRule {
+        let mut types: Vec<(StorageType, bool)> = Vec::with_capacity(candidates.len());
+        for name in candidates {
+            let Some(backend) = self.registry.get(name) else {
+                continue;
+            };
+            let storage_type = StorageType::of(backend.kind());
+            if types.iter().any(|(t, _)| *t == storage_type) {
+                return WeightRule::AvailableCandidates;
+            }
+            types.push((storage_type, self.registry.is_available(name)));
+        }
+        WeightRule::AvailableTypes(types)
+    }
+}
+
+/// Renders parts of locations through the incarnations that allocated them.
+pub fn render_uri(
+    incarnations: &[Incarnation],
+    storage: StorageHandle,
+    part: &PartRef<'_>,
+) -> Option<String> {
+    incarnations.get(usize::from(storage.0))?.backend.uri(part)
+}
+
+/// How locations are weighted in one request (wire fact sheet §11).
+enum WeightRule {
+    /// Every registered storage is available: fixed weights per storage type.
+    FixedPerType,
+    /// Some storage is not, and the group has at most one storage per type: 1 for the types
+    /// (wire numbers) whose storage is available, 0 for the others.
+    AvailableTypes(Vec<(StorageType, bool)>),
+    /// Some storage is not, and the group has several of one type: 1 for a location on an
+    /// available candidate storage, 0 for everything else.
+    AvailableCandidates,
+}
+
+/// Weights that pick among a key's readable replicas, for one request.
+pub struct ReadWeights<'t> {
+    table: &'t StorageTable,
+    /// The incarnations as the request began.
+    pub incarnations: Incarnations,
+    candidates: &'t [String],
+    rule: WeightRule,
+    /// Availability per storage name seen so far (locations of a request mostly share one).
+    memo: RefCell<Vec<(Arc<str>, bool)>>,
+}
+
+impl ReadWeights<'_> {
+    /// The weight of a location; 0 makes it a miss (as is a location of an unknown handle).
+    pub fn weight(&self, location: &LocationRef<'_>) -> u32 {
+        let Some(incarnation) = self.incarnations.get(usize::from(location.storage.0)) else {
+            return 0;
+        };
+        let storage_type = incarnation.storage_type;
+        match &self.rule {
+            WeightRule::FixedPerType => storage_type.read_weight(),
+            WeightRule::AvailableTypes(types) => {
+                let available = types.iter().any(|&(t, up)| t == storage_type && up);
+                u32::from(available)
+            }
+            WeightRule::AvailableCandidates => {
+                let name = &incarnation.name;
+                let candidate = self.candidates.iter().any(|c| **c == **name);
+                u32::from(candidate && self.is_available(name))
+            }
+        }
+    }
+
+    fn is_available(&self, name: &Arc<str>) -> bool {
+        let mut memo = self.memo.borrow_mut();
+        if let Some((_, available)) = memo.iter().find(|(n, _)| n == name) {
+            return *available;
+        }
+        let available = self.table.registry.is_available(name);
+        memo.push((name.clone(), available));
+        available
+    }
+}
+
+fn already_exists(error: StorageError) -> ManagerError {
+    match error {
+        StorageError::DuplicateStorage(name) => {
+            ManagerError::AlreadyExists(format!("storage {name:?} already exists"))
+        }
+        other => other.into(),
+    }
+}
