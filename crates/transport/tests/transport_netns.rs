@@ -19,6 +19,9 @@ use std::process::Command;
 struct Topology {
     namespaces: [String; 2],
     addresses: [IpAddr; 2],
+    /// One end of the veth once this test has created it: while it is still in the root
+    /// namespace (setup failed before moving it), deleting the namespaces leaves it behind.
+    veth: Option<String>,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -39,12 +42,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
 impl Topology {
     fn create() -> Result<Self, String> {
         let id = std::process::id();
-        let topology = Topology {
+        let mut topology = Topology {
             namespaces: [format!("kvcm-t{id}-a"), format!("kvcm-t{id}-b")],
             addresses: [
                 [10, 213, (id % 250) as u8, 1].into(),
                 [10, 213, (id % 250) as u8, 2].into(),
             ],
+            veth: None,
         };
         let (veth_a, veth_b) = (
             format!("kva{}", id % 100_000),
@@ -56,6 +60,7 @@ impl Topology {
         ip(&[
             "link", "add", &veth_a, "type", "veth", "peer", "name", &veth_b,
         ])?;
+        topology.veth = Some(veth_a.clone());
         for ((ns, veth), addr) in topology
             .namespaces
             .iter()
@@ -88,6 +93,11 @@ impl Drop for Topology {
         for ns in &self.namespaces {
             // Deleting a namespace also deletes the veth end inside it.
             let _ = ip(&["netns", "del", ns]);
+        }
+        if let Some(veth) = &self.veth {
+            // Fails (harmlessly) when the veth went with its namespace; deleting one end of a
+            // veth pair deletes both.
+            let _ = ip(&["link", "del", veth]);
         }
     }
 }
