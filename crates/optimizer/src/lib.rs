@@ -6,8 +6,6 @@
 //! reclaimer); [`sim`] replays workloads against policies and computes the one-pass LRU
 //! curve; [`report`] writes tables, CSV, JSON and plots; [`cli`] wires it to the command line.
 
-#![warn(missing_docs)]
-
 pub mod cli;
 pub mod model;
 pub mod policy;

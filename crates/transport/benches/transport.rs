@@ -10,7 +10,7 @@
 //! set `KVCM_BENCH_SUMMARY_ONLY=1` to print only the summary).
 //! The summary table at the end prints each figure, its floor and the ratio.
 
-use criterion::{criterion_group, Criterion, Throughput};
+use criterion::{Criterion, Throughput};
 use kvcm_transport::soft::{IdlePolicy, SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
     Access, CompletionQueue, Domain, HostMemory, QpConfig, QueuePair, Region, SendOp, SendWr,
@@ -343,16 +343,16 @@ fn summary() {
     }
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
-    targets = latency_benches, bandwidth_benches
-}
-
 fn main() {
     if std::env::var_os("KVCM_BENCH_SUMMARY_ONLY").is_none() {
-        benches();
-        Criterion::default().configure_from_args().final_summary();
+        let mut criterion = Criterion::default()
+            .sample_size(20)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(2))
+            .configure_from_args();
+        latency_benches(&mut criterion);
+        bandwidth_benches(&mut criterion);
+        criterion.final_summary();
     }
     summary();
 }

@@ -33,8 +33,7 @@ mod verbs {
                 shout(&format!(
                     "SKIPPED verbs conformance suite: no RDMA device ({why})"
                 ));
-                let message = TransportError::NoDevice(why).to_string();
-                assert!(message.starts_with("no RDMA device"), "{message}");
+                assert!(!why.is_empty(), "NoDevice must say why no device was found");
                 return;
             }
             Err(other) => panic!("opening the verbs device failed: {other}"),

@@ -28,10 +28,10 @@ fn head_len(ptr: *const u8, len: usize) -> usize {
 pub(super) unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize) {
     let head = head_len(src, len);
     let words = (len - head) / 8;
-    // SAFETY (all blocks below): offsets stay below `len`; `src + head` is 8-byte aligned,
-    // so each word is an aligned, in-bounds atomic access; `dst` is private and written
-    // unaligned.
     for i in 0..head {
+        // SAFETY: `i < head <= len`, so `src + i` lies in the caller's shared range, which
+        // everyone accesses only atomically (an `AtomicU8` needs no alignment), and `dst + i`
+        // in its private range, which nothing else touches during the call.
         unsafe {
             dst.add(i)
                 .write(AtomicU8::from_ptr(src.add(i).cast_mut()).load(Relaxed))
@@ -39,12 +39,17 @@ pub(super) unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize) {
     }
     for w in 0..words {
         let at = head + w * 8;
+        // SAFETY: `at + 8 <= head + words * 8 <= len`, so both 8-byte ranges are in bounds.
+        // `src + head` is 8-byte aligned (`head_len`, and `words > 0` means `head` was not
+        // clamped to `len`) and `at - head` is a multiple of 8, so the atomic load is aligned;
+        // the private `dst` side is written unaligned.
         unsafe {
             let word = AtomicU64::from_ptr(src.add(at).cast_mut().cast::<u64>()).load(Relaxed);
             dst.add(at).cast::<u64>().write_unaligned(word);
         }
     }
     for i in head + words * 8..len {
+        // SAFETY: `i < len`: in bounds on both sides, byte accesses as for the head above.
         unsafe {
             dst.add(i)
                 .write(AtomicU8::from_ptr(src.add(i).cast_mut()).load(Relaxed))
@@ -60,19 +65,25 @@ pub(super) unsafe fn copy_out(src: *const u8, dst: *mut u8, len: usize) {
 pub(super) unsafe fn copy_in(src: *const u8, dst: *mut u8, len: usize) {
     let head = head_len(dst, len);
     let words = (len - head) / 8;
-    // SAFETY (all blocks below): offsets stay below `len`; `dst + head` is 8-byte aligned,
-    // so each word is an aligned, in-bounds atomic access; `src` is private, read unaligned.
     for i in 0..head {
+        // SAFETY: `i < head <= len`, so `dst + i` lies in the caller's shared range, which
+        // everyone accesses only atomically (an `AtomicU8` needs no alignment), and `src + i`
+        // in its private range, readable for the whole call.
         unsafe { AtomicU8::from_ptr(dst.add(i)).store(src.add(i).read(), Relaxed) };
     }
     for w in 0..words {
         let at = head + w * 8;
+        // SAFETY: `at + 8 <= head + words * 8 <= len`, so both 8-byte ranges are in bounds.
+        // `dst + head` is 8-byte aligned (`head_len`, and `words > 0` means `head` was not
+        // clamped to `len`) and `at - head` is a multiple of 8, so the atomic store is
+        // aligned; the private `src` side is read unaligned.
         unsafe {
             let word = src.add(at).cast::<u64>().read_unaligned();
             AtomicU64::from_ptr(dst.add(at).cast::<u64>()).store(word, Relaxed);
         }
     }
     for i in head + words * 8..len {
+        // SAFETY: `i < len`: in bounds on both sides, byte accesses as for the head above.
         unsafe { AtomicU8::from_ptr(dst.add(i)).store(src.add(i).read(), Relaxed) };
     }
 }
@@ -89,9 +100,10 @@ pub(super) unsafe fn copy_shared(src: *const u8, dst: *mut u8, len: usize) {
     let co_aligned = src.align_offset(8) == dst.align_offset(8);
     let head = if co_aligned { head_len(src, len) } else { len };
     let words = (len - head) / 8;
-    // SAFETY (all blocks below): offsets stay below `len`; when words are used, `src + head`
-    // and `dst + head` are both 8-byte aligned, so each access is aligned and in bounds.
     for i in 0..head {
+        // SAFETY: `i < head <= len`, so both bytes lie in the caller's shared ranges, which
+        // everyone accesses only atomically; an `AtomicU8` needs no alignment. If the ranges
+        // alias, the load and the store are still atomic, only the copied value is unspecified.
         unsafe {
             let byte = AtomicU8::from_ptr(src.add(i).cast_mut()).load(Relaxed);
             AtomicU8::from_ptr(dst.add(i)).store(byte, Relaxed);
@@ -99,12 +111,17 @@ pub(super) unsafe fn copy_shared(src: *const u8, dst: *mut u8, len: usize) {
     }
     for w in 0..words {
         let at = head + w * 8;
+        // SAFETY: `at + 8 <= head + words * 8 <= len`, so both words are in bounds. Words are
+        // used only when `co_aligned`, and then `head = head_len(src, len)` makes `src + head`
+        // and `dst + head` both 8-byte aligned; `at - head` is a multiple of 8, so both atomic
+        // accesses are aligned.
         unsafe {
             let word = AtomicU64::from_ptr(src.add(at).cast_mut().cast::<u64>()).load(Relaxed);
             AtomicU64::from_ptr(dst.add(at).cast::<u64>()).store(word, Relaxed);
         }
     }
     for i in head + words * 8..len {
+        // SAFETY: `i < len`: in bounds on both sides, byte accesses as for the head above.
         unsafe {
             let byte = AtomicU8::from_ptr(src.add(i).cast_mut()).load(Relaxed);
             AtomicU8::from_ptr(dst.add(i)).store(byte, Relaxed);
@@ -126,14 +143,18 @@ mod tests {
                     let want = &pattern[src_off..src_off + len];
                     let mut shared = vec![0u64; 8];
                     let shared_ptr = shared.as_mut_ptr().cast::<u8>();
-                    // SAFETY: all ranges lie inside the local buffers.
+                    // SAFETY: `want` is `len` private bytes; `shared` is 64 bytes, of which
+                    // `dst_off + len <= 31` are used, and this thread alone touches it.
                     unsafe { copy_in(want.as_ptr(), shared_ptr.add(dst_off), len) };
                     let mut out = vec![0u8; 32];
+                    // SAFETY: the same `shared` range; `out` is 32 >= `len` private bytes.
                     unsafe { copy_out(shared_ptr.add(dst_off), out.as_mut_ptr(), len) };
                     assert_eq!(&out[..len], want, "in/out {src_off} {dst_off} {len}");
                     let mut other = vec![0u64; 8];
                     let other_ptr = other.as_mut_ptr().cast::<u8>();
+                    // SAFETY: both ranges end by byte 31 of their own 64-byte local buffers.
                     unsafe { copy_shared(shared_ptr.add(dst_off), other_ptr.add(src_off), len) };
+                    // SAFETY: as above, `other` is read back into the private `out`.
                     unsafe { copy_out(other_ptr.add(src_off), out.as_mut_ptr(), len) };
                     assert_eq!(&out[..len], want, "shared {src_off} {dst_off} {len}");
                 }
