@@ -221,6 +221,7 @@ impl AdminHandler {
                 return Err(missing("RemoveInstance", "instance_id"));
             }
             core.manager.remove_instance(&request.instance_id)?;
+            core.metrics.forget_instance(&request.instance_id);
             done("Instance removed successfully")
         })
     }
