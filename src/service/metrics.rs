@@ -123,8 +123,9 @@ impl Metrics {
         }
     }
 
-    /// Records one request of an instance (counted for the API as well); the per-instance
-    /// sample is dropped when that instance object is no longer registered.
+    /// Records one request of an instance (counted for the API as well). The per-instance
+    /// sample goes to that instance object's series; when it has none, they are created only
+    /// if the object is registered now, else the sample is dropped.
     pub fn record_instance(
         &self,
         api_name: &str,
@@ -172,7 +173,8 @@ impl Metrics {
         instances.retain(|_, stats| stats.owner.strong_count() > 0);
     }
 
-    /// Every series served at least once: per API, then per instance and API.
+    /// Every series served at least once: per API, then per instance and API (of instance
+    /// objects that still exist).
     fn snapshot(&self) -> Vec<Series> {
         let mut series: Vec<Series> = self
             .apis
@@ -191,6 +193,9 @@ impl Metrics {
         let mut entries: Vec<_> = instances.iter().collect();
         entries.sort_by(|a, b| a.0.cmp(b.0));
         for (id, instance) in entries {
+            if instance.owner.strong_count() == 0 {
+                continue;
+            }
             for (&api, stats) in &instance.apis {
                 if let Some((count, mean_us)) = stats.read() {
                     let tags = vec![
@@ -278,7 +283,8 @@ mod tests {
     fn records_count_and_mean() {
         let metrics = Metrics::new(&["B"], &["A"], Box::new(|_| true));
         metrics.record("A", Duration::from_micros(10));
-        metrics.record_instance("A", &Arc::from("i\"1"), "g", Duration::from_micros(30));
+        let instance: Arc<str> = Arc::from("i\"1");
+        metrics.record_instance("A", &instance, "g", Duration::from_micros(30));
         metrics.record("Unknown", Duration::from_micros(30));
         let wire = metrics.to_wire();
         assert_eq!(
@@ -357,7 +363,8 @@ mod tests {
         metrics.record_instance("A", &dropped, "g", Duration::from_micros(5));
         metrics.record_instance("A", &kept, "g", Duration::from_micros(5));
         drop(dropped);
+        assert_eq!(instance_ids(&metrics), ["kept", "kept"], "not listed");
         metrics.forget_instance("other");
-        assert_eq!(instance_ids(&metrics), ["kept", "kept"]);
+        assert_eq!(read_lock(&metrics.instances).len(), 1, "and dropped");
     }
 }
