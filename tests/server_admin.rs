@@ -326,6 +326,61 @@ async fn metrics_count_every_api_over_rpc_and_prometheus() {
     );
 }
 
+/// The `instance_id` tags of GetMetrics and of `GET /metrics` on the admin port.
+async fn instances_in_metrics(server: &TestServer) -> (Vec<String>, String) {
+    let metrics = server.admin_http("getMetrics", json!({})).await;
+    assert_eq!(code(&metrics), "OK", "{metrics}");
+    let mut ids: Vec<String> = metrics["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["metric_tags"].as_array().unwrap().clone())
+        .filter(|tag| tag["tag_key"] == "instance_id")
+        .map(|tag| tag["tag_value"].as_str().unwrap().to_string())
+        .collect();
+    ids.dedup();
+    let (status, text) =
+        common::http_request(server.address("admin_http"), "GET", "/metrics", b"").await;
+    assert_eq!(status, 200);
+    (ids, String::from_utf8(text).unwrap())
+}
+
+#[tokio::test]
+async fn a_removed_instance_takes_its_metric_series_with_it() {
+    let server = TestServer::start().await;
+    let lookup = |instance: &str| json!({"instance_id": instance, "query_type": "QT_BATCH_GET", "block_keys": [1]});
+    server.register("gone", 16).await;
+    server.meta_http("getCacheLocation", lookup("gone")).await;
+    let (ids, text) = instances_in_metrics(&server).await;
+    assert_eq!(ids, ["gone"]);
+    assert!(text.contains(r#"instance_id="gone"} 1"#), "{text}");
+
+    let removed = server
+        .admin_http("removeInstance", json!({"instance_id": "gone"}))
+        .await;
+    assert_eq!(code(&removed), "OK", "{removed}");
+    let (ids, text) = instances_in_metrics(&server).await;
+    assert!(ids.is_empty(), "{ids:?}");
+    assert!(!text.contains("instance_id="), "{text}");
+    let unknown = server.meta_http("getCacheLocation", lookup("gone")).await;
+    assert_eq!(code(&unknown), "INSTANCE_NOT_EXIST");
+    assert!(instances_in_metrics(&server).await.0.is_empty());
+
+    server.register("fresh", 16).await;
+    server.register("gone", 16).await;
+    server.meta_http("getCacheLocation", lookup("fresh")).await;
+    server.meta_http("getCacheLocation", lookup("gone")).await;
+    let (ids, text) = instances_in_metrics(&server).await;
+    assert_eq!(ids, ["fresh", "gone"]);
+    let series = |id: &str| {
+        format!(
+            r#"service_query_counter{{api_name="GetCacheLocation",instance_group="default",instance_id="{id}"}} 1"#
+        )
+    };
+    assert!(text.contains(&series("fresh")), "{text}");
+    assert!(text.contains(&series("gone")), "counted afresh: {text}");
+}
+
 #[tokio::test]
 async fn demotion_rejects_leader_only_calls_fails_sessions_and_recovers() {
     let server = TestServer::start().await;

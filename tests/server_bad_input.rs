@@ -632,3 +632,151 @@ async fn groups_whose_index_settings_cannot_open_an_index_are_refused() {
     }
     assert_eq!(snapshot(&server).await, before, "nothing changed");
 }
+
+/// `header.status` (code name, message) of a JSON answer.
+fn json_status(answer: &Value) -> (String, String) {
+    let status = &answer["header"]["status"];
+    let text = |v: &Value| v.as_str().unwrap_or("<missing>").to_string();
+    (text(&status["code"]), text(&status["message"]))
+}
+
+/// `header.status` (code name, message) of an admin gRPC answer.
+fn admin_status(header: Option<kvcm::proto::admin::CommonResponseHeader>) -> (String, String) {
+    use kvcm::proto::admin::ErrorCode;
+    let status = header.and_then(|h| h.status).unwrap_or_default();
+    let code = ErrorCode::try_from(status.code).map_or("<unknown>", |c| c.as_str_name());
+    (code.to_string(), status.message)
+}
+
+#[tokio::test]
+async fn unknown_enum_numbers_over_http_get_the_grpc_answer() {
+    use kvcm::proto::meta;
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let mut client = server.meta().await;
+    for (query_type, body) in [
+        (99, json!(99)),
+        (99, json!(99.0)),
+        (-3, json!(-3)),
+        (0, json!("QT_NO_SUCH")),
+    ] {
+        let http = server
+            .meta_http(
+                "getCacheLocation",
+                json!({"instance_id": "inst", "query_type": body, "block_keys": [1]}),
+            )
+            .await;
+        let request = meta::GetCacheLocationRequest {
+            instance_id: "inst".into(),
+            query_type,
+            block_keys: vec![1],
+            ..Default::default()
+        };
+        let grpc = client.get_cache_location(request).await.expect("grpc OK");
+        let status = grpc.into_inner().header.and_then(|h| h.status);
+        let status = status.unwrap_or_default();
+        let code = meta::ErrorCode::try_from(status.code).map_or("<unknown>", |c| c.as_str_name());
+        let grpc = (code.to_string(), status.message);
+        assert_eq!(json_status(&http), grpc, "query_type {body}");
+        // §8.3: an unspecified or unknown query type is a manager failure in the reference.
+        assert_eq!(grpc.0, "INTERNAL_ERROR");
+        let named = format!("{{query_type}}}}: {query_type} is not a query type");
+        assert!(grpc.1.contains(&named), "{body}: {}", grpc.1);
+    }
+    let http = server
+        .meta_http("trimCache", json!({"instance_id": "inst", "strategy": 99}))
+        .await;
+    let (code, message) = json_status(&http);
+    assert_eq!(code, "INVALID_ARGUMENT");
+    assert!(message.contains("{TrimCache: {strategy}}: 99"), "{message}");
+    assert_eq!(snapshot(&server).await, before, "nothing changed");
+}
+
+/// Puts an unnamed enum number into a group's JSON.
+type Corruption = fn(&mut Value);
+
+#[tokio::test]
+async fn unknown_admin_enum_numbers_over_http_get_the_grpc_answer() {
+    use kvcm::proto::admin;
+    let (server, _) = fixture().await;
+    let before = snapshot(&server).await;
+    let mut client = server.admin().await;
+    let http = server
+        .admin_http("addAccount", json!({"user_name": "u", "role": 77}))
+        .await;
+    let request = admin::AddAccountRequest {
+        user_name: "u".into(),
+        role: 77,
+        ..Default::default()
+    };
+    let grpc = client.add_account(request).await.expect("grpc OK");
+    let grpc = admin_status(grpc.into_inner().header);
+    assert_eq!(json_status(&http), grpc);
+    assert_eq!(grpc.0, "INVALID_ARGUMENT");
+    assert!(grpc.1.contains("{AddAccount: {role}}"), "{}", grpc.1);
+
+    let stored = before["group"].clone();
+    let version: i64 = stored["version"].as_str().unwrap().parse().unwrap();
+    let nested: [(&str, Corruption); 3] = [
+        ("cache_config.data_storage_strategy", |g| {
+            g["cache_config"]["data_storage_strategy"] = json!(99)
+        }),
+        ("cache_config.reclaim_strategy.reclaim_policy", |g| {
+            g["cache_config"]["reclaim_strategy"]["reclaim_policy"] = json!(42)
+        }),
+        ("quota.quota_config.storage_type", |g| {
+            g["quota"]["quota_config"] = json!([{"storage_type": 77, "capacity": "1"}])
+        }),
+    ];
+    for (field, corrupt) in nested {
+        let mut group = stored.clone();
+        corrupt(&mut group);
+        group["version"] = json!(version + 1);
+        let update = json!({"instance_group": group, "current_version": version});
+        let http = server
+            .admin_http("updateInstanceGroup", update.clone())
+            .await;
+        let request: admin::UpdateInstanceGroupRequest =
+            serde_json::from_value(update).expect("the same request as a message");
+        let grpc = client
+            .update_instance_group(request)
+            .await
+            .expect("grpc OK");
+        let grpc = admin_status(grpc.into_inner().header);
+        assert_eq!(json_status(&http), grpc, "{field}");
+        assert_eq!(grpc.0, "INVALID_ARGUMENT", "{field}");
+        let named = format!("{{UpdateInstanceGroup: {{{field}}}}}");
+        assert!(grpc.1.contains(&named), "{field}: {}", grpc.1);
+        group["name"] = json!("other");
+        let created = json!({"instance_group": group});
+        expect(
+            &server,
+            "admin_http",
+            "createInstanceGroup",
+            created,
+            "INVALID_ARGUMENT",
+        )
+        .await;
+    }
+    assert_eq!(snapshot(&server).await, before, "nothing changed");
+}
+
+#[tokio::test]
+async fn unknown_enum_names_over_http_are_the_zero_value() {
+    let (server, _) = fixture().await;
+    let added = server
+        .admin_http(
+            "addAccount",
+            json!({"user_name": "u", "role": "ROLE_NO_SUCH"}),
+        )
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let listed = server.admin_http("listAccount", json!({})).await;
+    let role = listed["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["user_name"] == "u")
+        .map(|a| a["role"].clone());
+    assert_eq!(role, Some(json!("ROLE_USER")), "{listed}");
+}

@@ -5,8 +5,20 @@
 //! `null` = field not set; integral floats such as `7.0` or `1e3` become integers, which
 //! integer fields accept) and decoded again, so the common path parses once. Integers written
 //! as integers never pass through `f64`.
+//!
+//! Enum fields read through [`OpenEnum`] (the build script points pbjson's generated code at
+//! it): a name is looked up (an unknown name is the zero value, §2.2), a number is kept as
+//! sent, named or not, as protobuf's parser does for proto3's open enums. So a JSON body
+//! decodes to the very message the same request delivers over gRPC, and whether a number is
+//! acceptable is decided in one place for both transports: where the handlers and the manager
+//! validate that field (e.g. `{AddAccount: {role}}` → INVALID_ARGUMENT; an unknown
+//! `query_type` → INTERNAL_ERROR, as the reference answers it). This edge never judges an
+//! enum number; a number outside `i32` is not a JSON value of the field's type (400).
 
-use serde::{de::DeserializeOwned, Serialize};
+use std::marker::PhantomData;
+
+use serde::de::{self, DeserializeOwned, Deserializer, Unexpected, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Why a body could not be turned into a request message.
@@ -30,6 +42,40 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, JsonError> {
             }
             Ok(serde_json::from_value(value)?)
         }
+    }
+}
+
+/// An enum field's wire number read from JSON: a name as the enum `E` reads it (unknown →
+/// zero), a number as is when it fits `i32`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenEnum<E>(pub i32, PhantomData<E>);
+
+impl<'de, E: Deserialize<'de> + Into<i32>> Deserialize<'de> for OpenEnum<E> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let number = deserializer.deserialize_any(OpenEnumVisitor::<E>(PhantomData))?;
+        Ok(OpenEnum(number, PhantomData))
+    }
+}
+
+struct OpenEnumVisitor<E>(PhantomData<E>);
+
+impl<'de, E: Deserialize<'de> + Into<i32>> Visitor<'de> for OpenEnumVisitor<E> {
+    type Value = i32;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("an enum value name or a 32-bit enum number")
+    }
+
+    fn visit_i64<Er: de::Error>(self, number: i64) -> Result<i32, Er> {
+        i32::try_from(number).map_err(|_| Er::invalid_value(Unexpected::Signed(number), &self))
+    }
+
+    fn visit_u64<Er: de::Error>(self, number: u64) -> Result<i32, Er> {
+        i32::try_from(number).map_err(|_| Er::invalid_value(Unexpected::Unsigned(number), &self))
+    }
+
+    fn visit_str<Er: de::Error>(self, name: &str) -> Result<i32, Er> {
+        E::deserialize(de::value::StrDeserializer::<Er>::new(name)).map(Into::into)
     }
 }
 
@@ -71,4 +117,37 @@ fn integral(number: &serde_json::Number) -> Option<i64> {
     let float = number.as_f64().filter(|_| number.is_f64())?;
     let in_range = float.fract() == 0.0 && float.abs() < 9.2e18;
     in_range.then_some(float as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{admin, meta};
+
+    #[test]
+    fn enum_numbers_are_kept_and_unknown_names_are_zero() {
+        let decode_query = |body: &str| decode::<meta::GetCacheLocationRequest>(body.as_bytes());
+        let query_type = |body: &str| decode_query(body).unwrap().query_type;
+        assert_eq!(query_type(r#"{"query_type": 99}"#), 99);
+        assert_eq!(query_type(r#"{"query_type": 2}"#), 2);
+        assert_eq!(query_type(r#"{"query_type": 99.0}"#), 99);
+        assert_eq!(query_type(r#"{"query_type": -7}"#), -7);
+        assert_eq!(query_type(r#"{"query_type": "QT_PREFIX_MATCH"}"#), 2);
+        assert_eq!(query_type(r#"{"query_type": "QT_NO_SUCH"}"#), 0);
+        assert!(decode_query(r#"{"query_type": 2147483648}"#).is_err());
+        assert!(decode_query(r#"{"query_type": 1.5}"#).is_err());
+    }
+
+    #[test]
+    fn nested_enum_numbers_are_kept() {
+        let body = br#"{"instance_group": {"cache_config": {"data_storage_strategy": 99,
+            "reclaim_strategy": {"reclaim_policy": 42}},
+            "quota": {"quota_config": [{"storage_type": 77}]}}}"#;
+        let request: admin::CreateInstanceGroupRequest = decode(body).unwrap();
+        let group = request.instance_group.unwrap();
+        let cache = group.cache_config.unwrap();
+        assert_eq!(cache.data_storage_strategy, 99);
+        assert_eq!(cache.reclaim_strategy.unwrap().reclaim_policy, 42);
+        assert_eq!(group.quota.unwrap().quota_config[0].storage_type, 77);
+    }
 }

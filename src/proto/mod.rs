@@ -3,8 +3,8 @@
 //!
 //! Every message has prost (binary) and pbjson serde (protobuf canonical JSON) impls:
 //! snake_case names out, defaults always printed, enums by name, int64 as strings; on input
-//! both name styles, unknown fields and unknown enum names ignored, int64 from numbers or
-//! strings parsed exactly.
+//! both name styles, unknown fields and unknown enum names ignored, enum numbers kept as sent
+//! (named or not, see [`json::OpenEnum`]), int64 from numbers or strings parsed exactly.
 
 pub mod json;
 pub mod storage;

@@ -234,6 +234,7 @@ impl AdminHandler {
                 return Err(missing("instance_id"));
             }
             core.manager.remove_instance(&request.instance_id)?;
+            core.metrics.forget_instance(&request.instance_id);
             done("Instance removed successfully")
         })
     }

@@ -2,6 +2,8 @@
 //! §2.2, §7). Application errors answer 200 with the status in the header; a body that is
 //! not a JSON object of the request's shape answers 400 `{}`; a body over the configured
 //! limit answers 413 `{}`. The admin router also serves Prometheus text at `GET /metrics`.
+//! Decoding judges no enum number: a body becomes the message the same gRPC request carries
+//! (see [`crate::proto::json`]), so the handlers answer both transports alike.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -3,11 +3,21 @@
 //! APIs are also counted per instance (tags `instance_group`, `instance_id`). Recording an
 //! API is two relaxed atomic adds on a map fixed at start; the per-instance series add one
 //! shared-lock map lookup.
+//!
+//! The series of an instance live as long as its registration: [`Metrics::forget_instance`]
+//! (called once the manager has removed the instance) drops them, and a new series is only
+//! created for an instance object that is registered at that moment (the `registered` check
+//! given to [`Metrics::new`]), so a call that raced with the removal cannot bring them back.
+//! That holds because the check runs and the series is inserted under the write lock, which
+//! `forget_instance` takes only after the removal: either the check sees the removal, or the
+//! insert comes first and is forgotten. Samples go only to the series of the very instance
+//! object (same id allocation) they were served by. Lock order: metrics, then the registry
+//! (the check); the registry never calls into metrics.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use crate::proto::admin;
@@ -42,9 +52,26 @@ impl ApiStats {
 /// The counters of one instance, by API.
 #[derive(Debug)]
 struct InstanceStats {
+    /// The id allocation of the instance object these series belong to.
+    owner: Weak<str>,
     group: String,
     apis: BTreeMap<&'static str, ApiStats>,
 }
+
+impl InstanceStats {
+    fn belongs_to(&self, instance_id: &Arc<str>) -> bool {
+        std::ptr::addr_eq(self.owner.as_ptr(), Arc::as_ptr(instance_id))
+    }
+
+    fn record(&self, api_name: &str, elapsed: Duration) {
+        if let Some(stats) = self.apis.get(api_name) {
+            stats.record(elapsed);
+        }
+    }
+}
+
+/// Whether the instance object owning this id allocation is registered now.
+pub type Registered = Box<dyn Fn(&Arc<str>) -> bool + Send + Sync>;
 
 /// One series: its tags, count and mean µs.
 struct Series {
@@ -53,22 +80,39 @@ struct Series {
     mean_us: f64,
 }
 
-/// Counters of every API, by name, and of every instance's APIs.
-#[derive(Debug)]
+/// Counters of every API, by name, and of every registered instance's APIs.
 pub struct Metrics {
     apis: BTreeMap<&'static str, ApiStats>,
     instance_apis: Vec<&'static str>,
-    instances: RwLock<HashMap<Arc<str>, InstanceStats>>,
+    /// By instance id; the key is a copy, never the owner's allocation (which must be able
+    /// to die).
+    instances: RwLock<HashMap<Box<str>, InstanceStats>>,
+    registered: Registered,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("apis", &self.apis)
+            .field("instances", &self.instances)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
-    /// Metrics for exactly these API names; `instance_apis` are also counted per instance.
-    pub fn new(api_names: &[&'static str], instance_apis: &[&'static str]) -> Self {
+    /// Metrics for exactly these API names; `instance_apis` are also counted per instance,
+    /// for instances that `registered` says are registered.
+    pub fn new(
+        api_names: &[&'static str],
+        instance_apis: &[&'static str],
+        registered: Registered,
+    ) -> Self {
         let all_apis = api_names.iter().chain(instance_apis);
         Metrics {
             apis: all_apis.map(|&n| (n, ApiStats::default())).collect(),
             instance_apis: instance_apis.to_vec(),
             instances: RwLock::default(),
+            registered,
         }
     }
 
@@ -79,7 +123,9 @@ impl Metrics {
         }
     }
 
-    /// Records one request of an instance (counted for the API as well).
+    /// Records one request of an instance (counted for the API as well). The per-instance
+    /// sample goes to that instance object's series; when it has none, they are created only
+    /// if the object is registered now, else the sample is dropped.
     pub fn record_instance(
         &self,
         api_name: &str,
@@ -88,28 +134,47 @@ impl Metrics {
         elapsed: Duration,
     ) {
         self.record(api_name, elapsed);
+        let id: &str = instance_id;
         let known = read_lock(&self.instances);
-        if let Some(stats) = known.get(instance_id).and_then(|i| i.apis.get(api_name)) {
-            return stats.record(elapsed);
+        if let Some(stats) = known.get(id).filter(|i| i.belongs_to(instance_id)) {
+            return stats.record(api_name, elapsed);
         }
         drop(known);
         let mut instances = write_lock(&self.instances);
-        let entry = instances
-            .entry(instance_id.clone())
-            .or_insert_with(|| InstanceStats {
-                group: group.to_string(),
-                apis: self
-                    .instance_apis
-                    .iter()
-                    .map(|&n| (n, ApiStats::default()))
-                    .collect(),
-            });
-        if let Some(stats) = entry.apis.get(api_name) {
-            stats.record(elapsed);
+        if let Some(stats) = instances.get(id).filter(|i| i.belongs_to(instance_id)) {
+            return stats.record(api_name, elapsed);
+        }
+        if (self.registered)(instance_id) {
+            let stats = self.fresh_stats(instance_id, group);
+            stats.record(api_name, elapsed);
+            instances.insert(id.into(), stats);
         }
     }
 
-    /// Every series served at least once: per API, then per instance and API.
+    /// Zeroed series of an instance object.
+    fn fresh_stats(&self, instance_id: &Arc<str>, group: &str) -> InstanceStats {
+        InstanceStats {
+            owner: Arc::downgrade(instance_id),
+            group: group.to_string(),
+            apis: self
+                .instance_apis
+                .iter()
+                .map(|&n| (n, ApiStats::default()))
+                .collect(),
+        }
+    }
+
+    /// Drops the series of `instance_id` (call after the manager removed it), and those of
+    /// instance objects that no longer exist at all (dropped without a removal, e.g. on
+    /// demotion).
+    pub fn forget_instance(&self, instance_id: &str) {
+        let mut instances = write_lock(&self.instances);
+        instances.remove(instance_id);
+        instances.retain(|_, stats| stats.owner.strong_count() > 0);
+    }
+
+    /// Every series served at least once: per API, then per instance and API (of instance
+    /// objects that still exist).
     fn snapshot(&self) -> Vec<Series> {
         let mut series: Vec<Series> = self
             .apis
@@ -125,10 +190,12 @@ impl Metrics {
             })
             .collect();
         let instances = read_lock(&self.instances);
-        let mut ids: Vec<&Arc<str>> = instances.keys().collect();
-        ids.sort();
-        for id in ids {
-            let instance = &instances[id];
+        let mut entries: Vec<_> = instances.iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
+        for (id, instance) in entries {
+            if instance.owner.strong_count() == 0 {
+                continue;
+            }
             for (&api, stats) in &instance.apis {
                 if let Some((count, mean_us)) = stats.read() {
                     let tags = vec![
@@ -208,13 +275,16 @@ fn escape_label(value: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
 
     #[test]
     fn records_count_and_mean() {
-        let metrics = Metrics::new(&["B"], &["A"]);
+        let metrics = Metrics::new(&["B"], &["A"], Box::new(|_| true));
         metrics.record("A", Duration::from_micros(10));
-        metrics.record_instance("A", &Arc::from("i\"1"), "g", Duration::from_micros(30));
+        let instance: Arc<str> = Arc::from("i\"1");
+        metrics.record_instance("A", &instance, "g", Duration::from_micros(30));
         metrics.record("Unknown", Duration::from_micros(30));
         let wire = metrics.to_wire();
         assert_eq!(
@@ -235,5 +305,66 @@ mod tests {
         let tagged =
             r#"service_query_counter{api_name="A",instance_group="g",instance_id="i\"1"} 1"#;
         assert!(text.contains(tagged), "{text}");
+    }
+
+    /// A registry of id allocations and the `registered` check over it.
+    fn registry() -> (Arc<Mutex<Vec<Arc<str>>>>, Registered) {
+        let live: Arc<Mutex<Vec<Arc<str>>>> = Arc::default();
+        let check = live.clone();
+        let registered = move |id: &Arc<str>| {
+            let live = check.lock().unwrap();
+            live.iter().any(|l| Arc::ptr_eq(l, id))
+        };
+        (live, Box::new(registered))
+    }
+
+    fn instance_ids(metrics: &Metrics) -> Vec<String> {
+        let wire = metrics.to_wire();
+        let tags = wire.iter().flat_map(|m| &m.metric_tags);
+        let ids = tags.filter(|t| t.tag_key == "instance_id");
+        ids.map(|t| t.tag_value.clone()).collect()
+    }
+
+    #[test]
+    fn forgotten_instances_lose_their_series_and_late_samples_do_not_revive_them() {
+        let (live, registered) = registry();
+        let metrics = Metrics::new(&[], &["A"], registered);
+        let old: Arc<str> = Arc::from("i");
+        live.lock().unwrap().push(old.clone());
+        metrics.record_instance("A", &old, "g", Duration::from_micros(5));
+        assert_eq!(instance_ids(&metrics), ["i", "i"], "counter and gauge");
+
+        live.lock().unwrap().clear();
+        metrics.forget_instance("i");
+        assert!(instance_ids(&metrics).is_empty());
+        metrics.record_instance("A", &old, "g", Duration::from_micros(5));
+        assert!(
+            instance_ids(&metrics).is_empty(),
+            "a late sample is dropped"
+        );
+
+        let new: Arc<str> = Arc::from("i");
+        live.lock().unwrap().push(new.clone());
+        metrics.record_instance("A", &new, "g", Duration::from_micros(7));
+        metrics.record_instance("A", &old, "g", Duration::from_micros(5));
+        let text = metrics.to_prometheus();
+        let series = r#"service_query_counter{api_name="A",instance_group="g",instance_id="i"} 1"#;
+        assert!(
+            text.contains(series),
+            "only the new object's sample: {text}"
+        );
+    }
+
+    #[test]
+    fn forgetting_also_drops_series_of_instances_that_no_longer_exist() {
+        let metrics = Metrics::new(&[], &["A"], Box::new(|_| true));
+        let dropped: Arc<str> = Arc::from("gone");
+        let kept: Arc<str> = Arc::from("kept");
+        metrics.record_instance("A", &dropped, "g", Duration::from_micros(5));
+        metrics.record_instance("A", &kept, "g", Duration::from_micros(5));
+        drop(dropped);
+        assert_eq!(instance_ids(&metrics), ["kept", "kept"], "not listed");
+        metrics.forget_instance("other");
+        assert_eq!(read_lock(&metrics.instances).len(), 1, "and dropped");
     }
 }

@@ -88,9 +88,16 @@ impl Handlers {
         log_level: Option<LogLevelSetter>,
         events: crate::events::EventSink,
     ) -> Self {
+        let registry = manager.clone();
+        let registered = move |id: &Arc<str>| {
+            let instance = registry.instance(id);
+            instance.is_some_and(|instance| Arc::ptr_eq(instance.id(), id))
+        };
+        let metrics =
+            metrics::Metrics::new(&OTHER_API_NAMES, &INSTANCE_API_NAMES, Box::new(registered));
         let core = Arc::new(core::Core {
             manager,
-            metrics: metrics::Metrics::new(&OTHER_API_NAMES, &INSTANCE_API_NAMES),
+            metrics,
             faults: faults::Faults::default(),
             log_level,
             events,
