@@ -85,9 +85,14 @@ pub fn query_kind(query_type: i32, sw_size: i32) -> ManagerResult<QueryKind> {
         Ok(meta::QueryType::QtReverseRollSwMatch) => usize::try_from(sw_size)
             .map(|sw_size| QueryKind::SlidingWindow { sw_size })
             .map_err(|_| invalid("sw_size", format!("{sw_size} is negative"))),
-        _ => Err(ManagerError::Refused(format!(
-            "query_type {query_type} is not a query type"
-        ))),
+        // QT_UNSPECIFIED is a query type the reference refuses as a manager failure.
+        Ok(meta::QueryType::QtUnspecified) => Err(ManagerError::Refused(
+            "query_type QT_UNSPECIFIED is not a query".into(),
+        )),
+        Err(_) => Err(invalid(
+            "query_type",
+            format!("{query_type} is not a QueryType"),
+        )),
     }
 }
 
@@ -143,7 +148,10 @@ mod tests {
         );
         assert!(query_kind(3, -1).is_err());
         assert!(matches!(query_kind(0, 0), Err(ManagerError::Refused(_))));
-        assert!(matches!(query_kind(9, 0), Err(ManagerError::Refused(_))));
+        assert!(matches!(
+            query_kind(9, 0),
+            Err(ManagerError::InvalidField { field: "query_type", .. })
+        ));
     }
 
     #[test]

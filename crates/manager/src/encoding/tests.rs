@@ -1,1 +1,333 @@
+//! Encoding tests: round trips over random objects, hostile inputs (bit flips, truncation,
+//! edited lengths) that must fail cleanly within the allocation budget, and the committed v1
+//! fixtures that every later decoder must read.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::path::PathBuf;
+
+use kvcm_storage::{BlockSpec, PartAddress, StorageConfig, StorageSpec};
+use proptest::prelude::*;
+
+use super::{DecodeError, Encode, ALLOCATION_FACTOR, VERSION};
+use crate::accounts::{Account, AccountRole};
+use crate::entry::{Entry, Location, LocationState, Part, StorageHandle};
+use crate::group_config::{
+    CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
+    ReclaimPolicy, ReclaimStrategy, ReclaimTrigger, SearchCachePolicy, TypeQuota,
+};
+use crate::registration::{InstanceInfo, ModelDeployment, SpecGroup};
+use crate::storage_type::StorageType;
+
+/// Counts the bytes the current thread allocates while counting is on.
+struct CountingAllocator;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATED: Cell<usize> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counters are
+// thread-local cells that never allocate.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCATED.with(|a| a.set(a.get() + layout.size()));
+        }
+        // SAFETY: the caller's layout is passed on as given.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `System` with this layout (see `alloc`).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// Decodes `bytes` as `T` and reports how many bytes the decode allocated.
+fn decode_counted<T: Encode>(bytes: &[u8]) -> (Result<T, DecodeError>, usize) {
+    ALLOCATED.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    let decoded = T::decode(bytes);
+    COUNTING.with(|c| c.set(false));
+    (decoded, ALLOCATED.with(Cell::get))
+}
+
+fn location_strategy() -> impl Strategy<Value = Location> {
+    let part = (any::<u16>(), any::<u32>(), any::<u32>()).prop_map(|(spec, object, block)| Part {
+        spec,
+        address: PartAddress { object, block },
+    });
+    let state = prop_oneof![
+        Just(LocationState::Writing),
+        Just(LocationState::Serving),
+        Just(LocationState::Deleting)
+    ];
+    (any::<u16>(), state, prop::collection::vec(part, 1..10)).prop_map(
+        |(storage, state, parts)| Location {
+            storage: StorageHandle(storage),
+            state,
+            parts,
+        },
+    )
+}
+
+fn entry_strategy() -> impl Strategy<Value = Entry> {
+    prop::collection::vec(location_strategy(), 1..4).prop_map(Entry::new)
+}
+
+/// Every way of damaging an encoding the tests try: each bit flipped, each truncation, and
+/// each 4-byte window overwritten with lengths that lie.
+fn mutations(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut damaged = Vec::new();
+    for bit in 0..bytes.len() * 8 {
+        let mut flipped = bytes.to_vec();
+        flipped[bit / 8] ^= 1 << (bit % 8);
+        damaged.push(flipped);
+    }
+    for len in 0..bytes.len() {
+        damaged.push(bytes[..len].to_vec());
+    }
+    for at in 0..bytes.len().saturating_sub(3) {
+        for lie in [0u32, 1, 0xff, 0xffff, u32::MAX / 2, u32::MAX] {
+            let mut edited = bytes.to_vec();
+            edited[at..at + 4].copy_from_slice(&lie.to_le_bytes());
+            damaged.push(edited);
+        }
+    }
+    damaged
+}
+
+/// Decoding every damaged copy either fails or yields some object, never panics, and never
+/// allocates more than the budget.
+fn assert_hostile_inputs_are_safe<T: Encode>(bytes: &[u8]) {
+    for damaged in mutations(bytes) {
+        let (_, allocated) = decode_counted::<T>(&damaged);
+        assert!(
+            allocated <= damaged.len() * ALLOCATION_FACTOR,
+            "{allocated} bytes allocated for an input of {}",
+            damaged.len()
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn entries_round_trip(entry in entry_strategy()) {
+        let bytes = entry.encode();
+        let (decoded, allocated) = decode_counted::<Entry>(&bytes);
+        prop_assert_eq!(decoded, Ok(entry));
+        prop_assert!(allocated <= bytes.len() * ALLOCATION_FACTOR);
+    }
+
+    #[test]
+    fn damaged_entries_fail_within_budget(entry in entry_strategy()) {
+        assert_hostile_inputs_are_safe::<Entry>(&entry.encode());
+    }
+}
+
+fn storage_nfs() -> StorageConfig {
+    StorageConfig {
+        global_unique_name: "nfs_01".into(),
+        spec: StorageSpec::Nfs {
+            root_path: "/tmp/nfs/".into(),
+            key_count_per_file: 8,
+        },
+        check_storage_available_when_open: true,
+    }
+}
+
+fn storage_3fs() -> StorageConfig {
+    StorageConfig {
+        global_unique_name: "3fs_01".into(),
+        spec: StorageSpec::ThreeFs {
+            cluster_name: "c1".into(),
+            mountpoint: "/mnt/3fs".into(),
+            root_dir: "kv".into(),
+            key_count_per_file: 4,
+            touch_file_when_create: true,
+        },
+        check_storage_available_when_open: false,
+    }
+}
+
+fn group() -> GroupConfig {
+    GroupConfig {
+        name: "default".into(),
+        storage_candidates: vec!["nfs_01".into(), "3fs_01".into()],
+        quota_group_name: "default".into(),
+        max_instance_count: 16,
+        quota: Some(GroupQuota {
+            capacity: 1 << 40,
+            per_type: vec![TypeQuota {
+                storage_type: StorageType::Nfs,
+                capacity: 1 << 30,
+            }],
+        }),
+        cache: CacheConfig {
+            reclaim: ReclaimStrategy {
+                storage_unique_name: "nfs_01".into(),
+                policy: ReclaimPolicy::Lru,
+                trigger: Some(ReclaimTrigger {
+                    used_size: 1 << 20,
+                    used_percentage: 0.8,
+                }),
+                trigger_period_seconds: 60,
+                step_size: 128,
+                step_percentage: 5,
+                delay_before_delete_ms: 1000,
+            },
+            prefer: PreferStrategy::Prefer(StorageType::ThreeFs),
+            indexer: IndexerConfig {
+                max_key_count: 1_000_000,
+                mutex_shard_num: 256,
+                batch_key_size: 64,
+                backend: IndexBackend {
+                    storage_type: "local".into(),
+                    storage_uri: String::new(),
+                },
+                cache_policy: SearchCachePolicy {
+                    capacity: 64,
+                    kind: "lru".into(),
+                    cache_shard_bits: 4,
+                    high_pri_pool_ratio: 0.5,
+                },
+            },
+        },
+        user_data: "{\"team\":\"serving\"}".into(),
+        version: 3,
+    }
+}
+
+fn instance() -> InstanceInfo {
+    InstanceInfo {
+        quota_group_name: "default".into(),
+        instance_group_name: "default".into(),
+        instance_id: "qwen-0".into(),
+        block_size: 16,
+        specs: vec![
+            BlockSpec {
+                name: "tp0".into(),
+                size: 4096,
+            },
+            BlockSpec {
+                name: "tp1".into(),
+                size: 4096,
+            },
+        ],
+        model: ModelDeployment {
+            model_name: "qwen".into(),
+            dtype: "FP8".into(),
+            use_mla: true,
+            tp_size: 2,
+            dp_size: 1,
+            lora_name: "none".into(),
+            pp_size: 1,
+            extra: "x".into(),
+            user_data: "u".into(),
+        },
+        spec_groups: vec![SpecGroup {
+            name: "first".into(),
+            spec_names: vec!["tp0".into()],
+        }],
+    }
+}
+
+fn account() -> Account {
+    Account {
+        user_name: "ops".into(),
+        password: "secret".into(),
+        role: AccountRole::Admin,
+    }
+}
+
+fn one_part_entry() -> Entry {
+    Entry::new(vec![Location {
+        storage: StorageHandle(0),
+        state: LocationState::Serving,
+        parts: vec![Part {
+            spec: 0,
+            address: PartAddress {
+                object: 7,
+                block: 3,
+            },
+        }],
+    }])
+}
+
+fn replicated_entry() -> Entry {
+    let location = |storage, state, parts: u16| Location {
+        storage: StorageHandle(storage),
+        state,
+        parts: (0..parts)
+            .map(|spec| Part {
+                spec,
+                address: PartAddress {
+                    object: 100 + u32::from(spec),
+                    block: u32::from(spec),
+                },
+            })
+            .collect(),
+    };
+    Entry::new(vec![
+        location(1, LocationState::Serving, 8),
+        location(2, LocationState::Deleting, 2),
+    ])
+}
+
+fn fixture_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/encoding/v1")
+        .join(name)
+}
+
+/// The committed v1 bytes of `value` decode to it and equal what this build writes.
+/// `KVCM_WRITE_FIXTURES=1` writes them instead (only when the format is deliberately new).
+fn check_fixture<T: Encode + PartialEq + std::fmt::Debug>(name: &str, value: T) {
+    let path = fixture_path(name);
+    if std::env::var_os("KVCM_WRITE_FIXTURES").is_some() {
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&path, value.encode()).expect("write fixture");
+    }
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(T::decode(&bytes).as_ref(), Ok(&value), "{name} decodes");
+    assert_eq!(value.encode(), bytes, "{name}: this build writes v1 unchanged");
+    assert_hostile_inputs_are_safe::<T>(&bytes);
+}
+
+#[test]
+fn the_v1_fixtures_decode() {
+    check_fixture("entry_one_part.bin", one_part_entry());
+    check_fixture("entry_replicated.bin", replicated_entry());
+    check_fixture("storage_nfs.bin", storage_nfs());
+    check_fixture("storage_3fs.bin", storage_3fs());
+    check_fixture("group.bin", group());
+    check_fixture("instance.bin", instance());
+    check_fixture("account.bin", account());
+}
+
+#[test]
+fn a_newer_version_or_another_kind_is_refused() {
+    let mut bytes = group().encode();
+    bytes[2] = VERSION + 1;
+    assert_eq!(
+        GroupConfig::decode(&bytes),
+        Err(DecodeError::NewerVersion {
+            found: VERSION + 1,
+            newest: VERSION
+        })
+    );
+    let entry = one_part_entry().encode();
+    assert!(matches!(
+        GroupConfig::decode(&entry),
+        Err(DecodeError::WrongKind { .. })
+    ));
+    let mut trailing = account().encode();
+    trailing.push(0);
+    assert_eq!(Account::decode(&trailing), Err(DecodeError::Trailing(1)));
+}
