@@ -4,11 +4,13 @@
 //! same bytes — plus local index batch get and read_modify_write throughput on one core
 //! beside a plain HashMap. The server writes its event log as `kvcm serve` does by default
 //! (`KVCM_EVENT_LOG_ENABLED=false` and the other `KVCM_EVENT_LOG_*` variables apply).
+//! `kvcm bench --memory` measures memory per SERVING block instead (see `memory`).
 
 mod echo;
 mod http_client;
 mod index;
 mod measure;
+mod memory;
 
 use std::net::SocketAddr;
 
@@ -32,12 +34,35 @@ pub struct BenchArgs {
     /// Keys stored in the local index for its throughput runs.
     #[arg(long, default_value_t = 1_000_000)]
     pub index_keys: usize,
+    /// Measure memory per SERVING block of a real `kvcm serve` instead of latency.
+    #[arg(long)]
+    pub memory: bool,
+    /// With `--memory`: SERVING blocks written.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub blocks: usize,
+    /// With `--memory`: spec counts measured, one server each.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    pub specs: Vec<usize>,
+    /// With `--memory`: the `kvcm` binary to measure (default: this one).
+    #[arg(long)]
+    pub serve_binary: Option<std::path::PathBuf>,
 }
 
 const PREFIX_SIZES: [usize; 2] = [16, 128];
 
 /// Runs every case and prints the table.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.memory {
+        let serve_binary = match args.serve_binary {
+            Some(binary) => binary,
+            None => std::env::current_exe()?,
+        };
+        return memory::run(&memory::MemoryArgs {
+            blocks: args.blocks,
+            spec_counts: args.specs,
+            serve_binary,
+        });
+    }
     let server_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -150,7 +150,10 @@ mod tests {
         assert!(matches!(query_kind(0, 0), Err(ManagerError::Refused(_))));
         assert!(matches!(
             query_kind(9, 0),
-            Err(ManagerError::InvalidField { field: "query_type", .. })
+            Err(ManagerError::InvalidField {
+                field: "query_type",
+                ..
+            })
         ));
     }
 

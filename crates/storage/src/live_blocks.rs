@@ -4,7 +4,7 @@
 //!
 //! Object names depend on the keys only, so two allocations of the same new keys (two
 //! concurrent StartWriteCache calls before either claims the keys) get the same URIs. Each
-//! allocation that hands out a URI adds one reference to its (path, blkid) — blkid 0 for a
+//! allocation that hands out a URI adds one reference to its (file, blkid) — blkid 0 for a
 //! single-block file — and each delete of that URI removes one.
 //!
 //! The rule: **each allocation of a URI is released by exactly one delete.** A delete of a
@@ -17,27 +17,30 @@
 //!   file's entry is removed in the same critical section as its unlink, and only then; an
 //!   entry with no referenced block is a file whose unlink failed, retried on the next
 //!   release;
-//! - allocation (directories, touch) and every release of one path run under the same shard
+//! - allocation (directories, touch) and every release of one file run under the same shard
 //!   lock, so a file being allocated anew is never unlinked by a stale count.
+//!
+//! Files are tracked by their name below the storage's base path (the base is the same for
+//! every file of a storage, so it is not stored per file).
 //!
 //! The counts live in memory only: files allocated before a restart are `Untracked` and the
 //! caller falls back to judging the file by its own contents.
 
-use std::collections::hash_map::{HashMap, RandomState};
-use std::hash::BuildHasher;
-use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use hashbrown::HashTable;
 
 /// Shards of the map: deletes of different files rarely wait for each other.
 const SHARD_COUNT: usize = 64;
 
-/// One tracked file: its id and, per block id, the allocations still holding it.
+/// One tracked file: its name and, per block id, the allocations still holding it.
 #[derive(Debug)]
 struct FileRecord {
-    /// Index of the file in its shard's `paths`.
-    slot: u32,
+    /// The file's name below the storage's base path.
+    name: Box<str>,
     /// References per block id (dense: block ids are small, 0..blocks per file).
-    counts: Vec<u16>,
+    counts: Box<[u16]>,
 }
 
 impl FileRecord {
@@ -46,33 +49,67 @@ impl FileRecord {
     }
 }
 
-/// The files of one shard, by path and by slot.
+/// The files of one shard: records by slot, and an index of slots by name hash.
 #[derive(Debug, Default)]
 struct Shard {
-    by_path: HashMap<Arc<Path>, FileRecord>,
-    /// Path of each slot; `None` for a free slot.
-    paths: Vec<Option<Arc<Path>>>,
+    /// The record of each slot; `None` for a free slot.
+    files: Vec<Option<FileRecord>>,
     /// Free slots, reused first.
     free: Vec<u32>,
+    /// Slots of tracked files, hashed by name.
+    by_name: HashTable<u32>,
 }
 
 impl Shard {
-    /// A slot for a new file.
-    fn take_slot(&mut self, path: Arc<Path>) -> u32 {
-        match self.free.pop() {
+    /// The slot of the file named `name`.
+    fn find(&self, hash: u64, name: &str) -> Option<u32> {
+        let files = &self.files;
+        let matches = |slot: &u32| {
+            files[*slot as usize]
+                .as_ref()
+                .is_some_and(|f| &*f.name == name)
+        };
+        self.by_name.find(hash, matches).copied()
+    }
+
+    fn record(&mut self, slot: u32) -> &mut FileRecord {
+        self.files[slot as usize]
+            .as_mut()
+            .expect("an indexed slot holds a record")
+    }
+
+    /// The slot a new file would get.
+    fn next_slot(&self) -> u32 {
+        self.free.last().copied().unwrap_or(self.files.len() as u32)
+    }
+
+    /// Tracks a new file in [`Shard::next_slot`].
+    fn insert(&mut self, hash: u64, record: FileRecord, hasher: &RandomState) -> u32 {
+        let slot = match self.free.pop() {
             Some(slot) => {
-                self.paths[slot as usize] = Some(path);
+                self.files[slot as usize] = Some(record);
                 slot
             }
             None => {
-                self.paths.push(Some(path));
-                (self.paths.len() - 1) as u32
+                self.files.push(Some(record));
+                (self.files.len() - 1) as u32
             }
-        }
+        };
+        let files = &self.files;
+        let rehash = |slot: &u32| {
+            let name = files[*slot as usize].as_ref().map_or("", |f| &f.name);
+            hasher.hash_one(name)
+        };
+        self.by_name.insert_unique(hash, slot, rehash);
+        slot
     }
 
-    fn release_slot(&mut self, slot: u32) {
-        self.paths[slot as usize] = None;
+    /// Stops tracking the file in `slot`.
+    fn remove(&mut self, hash: u64, slot: u32) {
+        if let Ok(entry) = self.by_name.find_entry(hash, |s| *s == slot) {
+            entry.remove();
+        }
+        self.files[slot as usize] = None;
         self.free.push(slot);
     }
 }
@@ -90,7 +127,7 @@ pub(crate) enum Remaining {
     Untracked,
 }
 
-/// Block references per file, in `SHARD_COUNT` mutex-guarded shards keyed by path hash.
+/// Block references per file, in `SHARD_COUNT` mutex-guarded shards keyed by name hash.
 /// Each tracked file has a small id (`slot * SHARD_COUNT + shard`), stable while it is
 /// tracked and reused after its file is released.
 #[derive(Debug)]
@@ -113,71 +150,73 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl LiveBlocks {
-    fn shard_index(&self, path: &Path) -> usize {
-        self.hasher.hash_one(path) as usize % SHARD_COUNT
+    /// The name's hash and shard.
+    fn place(&self, name: &str) -> (u64, usize) {
+        let hash = self.hasher.hash_one(name);
+        (hash, (hash >> 32) as usize % SHARD_COUNT)
     }
 
-    /// Runs `create` (directories, touch) and adds one reference to each of `blkids` of
-    /// `path`, under the path's shard lock; returns the file's id. A failed `create`, or
+    /// Runs `create` (directories, touch) and adds one reference to each of `blkids` of the
+    /// file `name`, under its shard lock; returns the file's id. A failed `create`, or
     /// counts that would overflow, track nothing new.
     pub(crate) fn allocate<E: From<TooManyReferences>>(
         &self,
-        path: &Path,
+        name: &str,
         blkids: &[u64],
         create: impl FnOnce() -> Result<(), E>,
     ) -> Result<u32, E> {
-        let index = self.shard_index(path);
+        let (hash, index) = self.place(name);
         let mut shard = lock(&self.shards[index]);
-        let current = shard.by_path.get(path).map(|r| r.counts.as_slice());
+        let found = shard.find(hash, name);
+        let current =
+            found.map(|slot| &*shard.files[slot as usize].as_ref().expect("found").counts);
         let counts = add_references(current.unwrap_or(&[]), blkids)?;
+        let slot = found.unwrap_or_else(|| shard.next_slot());
+        file_id(slot, index)?;
         create()?;
-        let shard = &mut *shard;
-        let slot = match shard.by_path.get_mut(path) {
-            Some(record) => {
-                record.counts = counts;
-                record.slot
-            }
+        match found {
+            Some(slot) => shard.record(slot).counts = counts,
             None => {
-                let next = shard.free.last().copied();
-                file_id(next.unwrap_or(shard.paths.len() as u32), index)?;
-                let path: Arc<Path> = Arc::from(path);
-                let slot = shard.take_slot(path.clone());
-                shard.by_path.insert(path, FileRecord { slot, counts });
-                slot
+                let record = FileRecord {
+                    name: name.into(),
+                    counts,
+                };
+                shard.insert(hash, record, &self.hasher);
             }
-        };
+        }
         Ok(file_id(slot, index)?)
     }
 
-    /// Drops one reference to `blkid` of `path` and calls `finish` with what remained,
-    /// under the path's shard lock. A file entry goes (with its id) only when `finish`
+    /// Drops one reference to `blkid` of the file `name` and calls `finish` with what
+    /// remained, under its shard lock. A file's record goes (with its id) only when `finish`
     /// succeeded on `FileFreed`.
     pub(crate) fn release<E>(
         &self,
-        path: &Path,
+        name: &str,
         blkid: u64,
         finish: impl FnOnce(Remaining) -> Result<(), E>,
     ) -> Result<(), E> {
-        let mut shard = lock(&self.shards[self.shard_index(path)]);
-        let Some(record) = shard.by_path.get_mut(path) else {
+        let (hash, index) = self.place(name);
+        let mut shard = lock(&self.shards[index]);
+        let Some(slot) = shard.find(hash, name) else {
             return finish(Remaining::Untracked);
         };
+        let record = shard.record(slot);
         let block = drop_reference(&mut record.counts, blkid);
         if !record.is_unreferenced() {
             return finish(block);
         }
         finish(Remaining::FileFreed)?;
-        if let Some(record) = shard.by_path.remove(path) {
-            shard.release_slot(record.slot);
-        }
+        shard.remove(hash, slot);
         Ok(())
     }
 
-    /// The path of a tracked file by id.
-    pub(crate) fn path(&self, id: u32) -> Option<Arc<Path>> {
+    /// Calls `with` on the name of a tracked file by id (`None` when not tracked).
+    pub(crate) fn with_name<T>(&self, id: u32, with: impl FnOnce(&str) -> T) -> Option<T> {
         let id = id as usize;
         let shard = lock(self.shards.get(id % SHARD_COUNT)?);
-        shard.paths.get(id / SHARD_COUNT)?.clone()
+        let record = shard.files.get(id / SHARD_COUNT)?.as_ref()?;
+        Some(with(&record.name))
     }
 
     /// Number of files tracked.
@@ -185,7 +224,7 @@ impl LiveBlocks {
     pub(crate) fn tracked_files(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| lock(shard).by_path.len())
+            .map(|shard| lock(shard).by_name.len())
             .sum()
     }
 }
@@ -196,7 +235,7 @@ impl LiveBlocks {
 pub(crate) struct TooManyReferences;
 
 /// `counts` with one more reference per block id.
-fn add_references(counts: &[u16], blkids: &[u64]) -> Result<Vec<u16>, TooManyReferences> {
+fn add_references(counts: &[u16], blkids: &[u64]) -> Result<Box<[u16]>, TooManyReferences> {
     let mut updated = counts.to_vec();
     for &blkid in blkids {
         let index = usize::try_from(blkid).map_err(|_| TooManyReferences)?;
@@ -205,8 +244,7 @@ fn add_references(counts: &[u16], blkids: &[u64]) -> Result<Vec<u16>, TooManyRef
         }
         updated[index] = updated[index].checked_add(1).ok_or(TooManyReferences)?;
     }
-    updated.shrink_to_fit();
-    Ok(updated)
+    Ok(updated.into_boxed_slice())
 }
 
 /// The id of a file in `slot` of shard `shard`.
@@ -242,7 +280,7 @@ mod tests {
     /// Releases `blkid` and reports what remained (unlink treated as successful).
     fn release(live: &LiveBlocks, path: &str, blkid: u64) -> Remaining {
         let mut seen = None;
-        live.release(Path::new(path), blkid, |remaining| {
+        live.release(path, blkid, |remaining| {
             seen = Some(remaining);
             ok()
         })
@@ -253,7 +291,7 @@ mod tests {
     #[test]
     fn a_file_is_released_once_per_held_block() {
         let live = LiveBlocks::default();
-        live.allocate(Path::new("/f"), &[0, 1, 2], ok).expect("ok");
+        live.allocate("/f", &[0, 1, 2], ok).expect("ok");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
         assert_eq!(release(&live, "/f", 0), Remaining::BlockHeld, "repeat");
         assert_eq!(release(&live, "/f", 7), Remaining::BlockHeld, "unknown");
@@ -266,8 +304,8 @@ mod tests {
     #[test]
     fn each_allocation_of_a_block_is_released_by_one_delete() {
         let live = LiveBlocks::default();
-        live.allocate(Path::new("/f"), &[0, 1], ok).expect("winner");
-        live.allocate(Path::new("/f"), &[0, 1], ok).expect("loser");
+        live.allocate("/f", &[0, 1], ok).expect("winner");
+        live.allocate("/f", &[0, 1], ok).expect("loser");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockHeld, "loser");
         assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld, "loser");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed, "winner");
@@ -279,8 +317,8 @@ mod tests {
     #[test]
     fn single_block_files_count_as_block_zero() {
         let live = LiveBlocks::default();
-        live.allocate(Path::new("/single"), &[0], ok).expect("a");
-        live.allocate(Path::new("/single"), &[0], ok).expect("b");
+        live.allocate("/single", &[0], ok).expect("a");
+        live.allocate("/single", &[0], ok).expect("b");
         assert_eq!(release(&live, "/single", 0), Remaining::BlockHeld);
         assert_eq!(release(&live, "/single", 0), Remaining::FileFreed);
         assert_eq!(live.tracked_files(), 0);
@@ -295,7 +333,7 @@ mod tests {
     #[test]
     fn a_failed_create_tracks_nothing() {
         let live = LiveBlocks::default();
-        let failed = live.allocate(Path::new("/f"), &[0, 1], || {
+        let failed = live.allocate("/f", &[0, 1], || {
             Err(StorageError::InvalidRequest("no space".into()))
         });
         assert!(matches!(failed, Err(StorageError::InvalidRequest(_))));
@@ -305,8 +343,8 @@ mod tests {
     #[test]
     fn a_failed_unlink_keeps_the_entry_for_a_retry() {
         let live = LiveBlocks::default();
-        live.allocate(Path::new("/f"), &[0], ok).expect("ok");
-        let failed = live.release(Path::new("/f"), 0, |_| Err("EIO"));
+        live.allocate("/f", &[0], ok).expect("ok");
+        let failed = live.release("/f", 0, |_| Err("EIO"));
         assert_eq!(failed, Err("EIO"));
         assert_eq!(live.tracked_files(), 1);
         assert_eq!(release(&live, "/f", 0), Remaining::FileFreed, "retried");
@@ -316,9 +354,9 @@ mod tests {
     #[test]
     fn reallocation_adds_references() {
         let live = LiveBlocks::default();
-        live.allocate(Path::new("/f"), &[0, 1], ok).expect("ok");
+        live.allocate("/f", &[0, 1], ok).expect("ok");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
-        live.allocate(Path::new("/f"), &[0, 1], ok).expect("ok");
+        live.allocate("/f", &[0, 1], ok).expect("ok");
         assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld);
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
         assert_eq!(release(&live, "/f", 1), Remaining::FileFreed);
@@ -328,7 +366,7 @@ mod tests {
     fn concurrent_releases_unlink_exactly_once() {
         let live = LiveBlocks::default();
         let blkids: Vec<u64> = (0..64).collect();
-        live.allocate(Path::new("/f"), &blkids, ok).expect("ok");
+        live.allocate("/f", &blkids, ok).expect("ok");
         let unlinks = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|scope| {
             for thread in 0..8u64 {

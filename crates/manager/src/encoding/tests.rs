@@ -66,13 +66,13 @@ fn location_strategy() -> impl Strategy<Value = Location> {
         Just(LocationState::Serving),
         Just(LocationState::Deleting)
     ];
-    (any::<u16>(), state, prop::collection::vec(part, 1..10)).prop_map(
-        |(storage, state, parts)| Location {
+    (any::<u16>(), state, prop::collection::vec(part, 1..10)).prop_map(|(storage, state, parts)| {
+        Location {
             storage: StorageHandle(storage),
             state,
             parts,
-        },
-    )
+        }
+    })
 }
 
 fn entry_strategy() -> impl Strategy<Value = Entry> {
@@ -296,7 +296,11 @@ fn check_fixture<T: Encode + PartialEq + std::fmt::Debug>(name: &str, value: T) 
     }
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(T::decode(&bytes).as_ref(), Ok(&value), "{name} decodes");
-    assert_eq!(value.encode(), bytes, "{name}: this build writes v1 unchanged");
+    assert_eq!(
+        value.encode(),
+        bytes,
+        "{name}: this build writes v1 unchanged"
+    );
     assert_hostile_inputs_are_safe::<T>(&bytes);
 }
 

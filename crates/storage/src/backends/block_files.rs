@@ -42,6 +42,8 @@ pub(crate) struct BlockFileStorage {
 /// The file and block a URI names.
 #[derive(Debug)]
 struct Located {
+    /// The file's name below the base.
+    name: String,
     path: PathBuf,
     /// `None`: the whole file is the block (no `blkid`).
     block: Option<PackedBlock>,
@@ -58,7 +60,8 @@ struct PackedBlock {
 /// single-block file), the URIs of its parts, and per part the index of its file.
 #[derive(Debug)]
 struct Plan {
-    files: Vec<(PathBuf, Vec<u64>)>,
+    /// Per file: its name below the base, and the block ids allocated in it.
+    files: Vec<(String, Vec<u64>)>,
     placed: Vec<Vec<AllocatedSpec>>,
     file_of_part: Vec<Vec<usize>>,
 }
@@ -98,15 +101,24 @@ impl BlockFileStorage {
         }
     }
 
-    /// The URI of block `blkid` (of `size` bytes) of the file at `path` (§14; the same text
-    /// `BlockUri` prints: parameters sorted by name).
-    fn uri(&self, path: &str, blkid: u64, size: i64) -> String {
-        let (scheme, name) = (self.kind.scheme(), &self.config.global_unique_name);
+    /// The URI of block `blkid` (of `size` bytes) of the file `file_name` below the base
+    /// (§14; the same text `BlockUri` prints: parameters sorted by name).
+    fn uri(&self, file_name: &str, blkid: u64, size: i64) -> String {
+        let (scheme, name, base) = (
+            self.kind.scheme(),
+            &self.config.global_unique_name,
+            &self.base,
+        );
         if self.key_count_per_file > 1 {
-            format!("{scheme}://{name}{path}?blkid={blkid}&size={size}")
+            format!("{scheme}://{name}{base}{file_name}?blkid={blkid}&size={size}")
         } else {
-            format!("{scheme}://{name}{path}?size={size}")
+            format!("{scheme}://{name}{base}{file_name}?size={size}")
         }
+    }
+
+    /// The path of the file `file_name` below the base.
+    fn path(&self, file_name: &str) -> PathBuf {
+        PathBuf::from(format!("{}{file_name}", self.base))
     }
 
     /// The files an allocation uses and the URIs of its parts; touches nothing.
@@ -131,19 +143,18 @@ impl BlockFileStorage {
             })
             .collect();
         let mut file_of_part: Vec<Vec<usize>> = placed.iter().map(|p| vec![0; p.len()]).collect();
-        let mut files: Vec<(PathBuf, Vec<u64>)> = Vec::with_capacity(packed.len());
-        for file in &packed {
-            let path = format!("{}{}", self.base, file.name);
+        let mut files: Vec<(String, Vec<u64>)> = Vec::with_capacity(packed.len());
+        for file in packed {
             let mut blkids = Vec::with_capacity(file.members.len());
             for (blkid, member) in file.members.iter().enumerate() {
                 let size = request.specs[member.spec].size;
                 let part = &mut placed[member.block][member.slot];
-                part.uri = self.uri(&path, blkid as u64, size);
+                part.uri = self.uri(&file.name, blkid as u64, size);
                 part.address.block = blkid as u32;
                 file_of_part[member.block][member.slot] = files.len();
                 blkids.push(blkid as u64);
             }
-            files.push((PathBuf::from(path), blkids));
+            files.push((file.name, blkids));
         }
         Ok(Plan {
             files,
@@ -199,8 +210,9 @@ impl BlockFileStorage {
                 Some(PackedBlock { blkid, range })
             }
         };
+        let name = relative.to_string();
         let path = PathBuf::from(&uri.path);
-        Ok(Located { path, block })
+        Ok(Located { name, path, block })
     }
 
     /// Creates the directories of a file of a new chunk and, if configured, the empty file.
@@ -214,10 +226,10 @@ impl BlockFileStorage {
 
     /// Drops the counts of an allocation that failed part-way: its URIs were never handed
     /// out, so nobody will delete them. The files (if touched, empty) are left in place.
-    fn forget_counts(&self, files: &[(PathBuf, Vec<u64>)]) {
-        for (path, blkids) in files {
+    fn forget_counts(&self, files: &[(String, Vec<u64>)]) {
+        for (name, blkids) in files {
             for &blkid in blkids {
-                let Ok(()) = self.live.release::<Infallible>(path, blkid, |_| Ok(()));
+                let Ok(()) = self.live.release::<Infallible>(name, blkid, |_| Ok(()));
             }
         }
     }
@@ -232,13 +244,17 @@ impl BlockFileStorage {
     fn free(&self, located: &Located) -> Result<(), StorageError> {
         let path = located.path.as_path();
         let Some(block) = located.block else {
-            return self.live.release(path, 0, |remaining| match remaining {
-                Remaining::FileFreed | Remaining::Untracked => block_file::remove_if_present(path),
-                Remaining::BlockHeld | Remaining::BlockFreed => Ok(()),
-            });
+            return self
+                .live
+                .release(&located.name, 0, |remaining| match remaining {
+                    Remaining::FileFreed | Remaining::Untracked => {
+                        block_file::remove_if_present(path)
+                    }
+                    Remaining::BlockHeld | Remaining::BlockFreed => Ok(()),
+                });
         };
         self.live
-            .release(path, block.blkid, |remaining| match remaining {
+            .release(&located.name, block.blkid, |remaining| match remaining {
                 Remaining::BlockHeld => Ok(()),
                 Remaining::BlockFreed => block_file::punch_hole(path, block.range).map(drop),
                 Remaining::FileFreed => block_file::remove_if_present(path),
@@ -298,8 +314,9 @@ impl DataStorage for BlockFileStorage {
     ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
         let mut plan = self.plan(request)?;
         let mut file_ids = Vec::with_capacity(plan.files.len());
-        for (done, (path, blkids)) in plan.files.iter().enumerate() {
-            match self.live.allocate(path, blkids, || self.create_file(path)) {
+        for (done, (name, blkids)) in plan.files.iter().enumerate() {
+            let path = self.path(name);
+            match self.live.allocate(name, blkids, || self.create_file(&path)) {
                 Ok(id) => file_ids.push(id),
                 Err(error) => {
                     self.forget_counts(&plan.files[..done]);
@@ -316,9 +333,10 @@ impl DataStorage for BlockFileStorage {
     }
 
     fn uri(&self, part: &PartRef<'_>) -> Option<String> {
-        let path = self.live.path(part.address.object)?;
-        let path = path.to_str()?;
-        Some(self.uri(path, u64::from(part.address.block), part.spec.size))
+        let block = u64::from(part.address.block);
+        self.live.with_name(part.address.object, |name| {
+            self.uri(name, block, part.spec.size)
+        })
     }
 
     fn delete(&self, uris: &[String]) -> Result<(), StorageError> {
