@@ -8,8 +8,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kvcm_manager::{Account, ManagerError};
 
 use super::convert::transcode;
-use super::core::{Core, Outcome, Rules};
+use super::core::{Core, Outcome};
 use super::meta as meta_calls;
+use super::rpcs;
 use super::wire_admin::{
     account_role, account_role_number, group_from_wire, group_to_wire, instance_info_to_wire,
 };
@@ -51,29 +52,18 @@ impl AdminHandler {
         AdminHandler { core }
     }
 
-    fn leader<R: super::reply::Reply>(
+    fn call<R: super::reply::Reply>(
         &self,
-        api: &'static str,
+        rpc: &'static rpcs::Rpc,
         trace_id: &str,
         op: impl FnOnce(&Core) -> Outcome<R>,
     ) -> R {
-        self.core
-            .call(api, trace_id, Rules::Admin, true, || op(&self.core))
-    }
-
-    fn any_node<R: super::reply::Reply>(
-        &self,
-        api: &'static str,
-        trace_id: &str,
-        op: impl FnOnce(&Core) -> Outcome<R>,
-    ) -> R {
-        self.core
-            .call(api, trace_id, Rules::Admin, false, || op(&self.core))
+        self.core.call(rpc, trace_id, || op(&self.core))
     }
 
     /// AddStorage.
     pub fn add_storage(&self, request: admin::AddStorageRequest) -> admin::CommonResponse {
-        self.leader("AddStorage", &request.trace_id, |core| {
+        self.call(&rpcs::admin::ADD_STORAGE, &request.trace_id, |core| {
             core.manager
                 .add_storage(storage_from_wire(request.storage.as_ref())?)?;
             done("Storage added successfully")
@@ -82,7 +72,7 @@ impl AdminHandler {
 
     /// EnableStorage.
     pub fn enable_storage(&self, request: admin::EnableStorageRequest) -> admin::CommonResponse {
-        self.leader("EnableStorage", &request.trace_id, |core| {
+        self.call(&rpcs::admin::ENABLE_STORAGE, &request.trace_id, |core| {
             core.manager
                 .set_storage_available(&request.storage_unique_name, true)?;
             done("Storage enabled successfully")
@@ -91,7 +81,7 @@ impl AdminHandler {
 
     /// DisableStorage.
     pub fn disable_storage(&self, request: admin::DisableStorageRequest) -> admin::CommonResponse {
-        self.leader("DisableStorage", &request.trace_id, |core| {
+        self.call(&rpcs::admin::DISABLE_STORAGE, &request.trace_id, |core| {
             core.manager
                 .set_storage_available(&request.storage_unique_name, false)?;
             done("Storage disabled successfully")
@@ -100,7 +90,7 @@ impl AdminHandler {
 
     /// RemoveStorage.
     pub fn remove_storage(&self, request: admin::RemoveStorageRequest) -> admin::CommonResponse {
-        self.leader("RemoveStorage", &request.trace_id, |core| {
+        self.call(&rpcs::admin::REMOVE_STORAGE, &request.trace_id, |core| {
             core.manager.remove_storage(&request.storage_unique_name)?;
             done("Storage removed successfully")
         })
@@ -108,7 +98,7 @@ impl AdminHandler {
 
     /// UpdateStorage.
     pub fn update_storage(&self, request: admin::UpdateStorageRequest) -> admin::CommonResponse {
-        self.leader("UpdateStorage", &request.trace_id, |core| {
+        self.call(&rpcs::admin::UPDATE_STORAGE, &request.trace_id, |core| {
             core.manager
                 .update_storage(storage_from_wire(request.storage.as_ref())?)?;
             done("Storage updated successfully")
@@ -117,7 +107,7 @@ impl AdminHandler {
 
     /// ListStorage.
     pub fn list_storage(&self, request: admin::ListStorageRequest) -> admin::ListStorageResponse {
-        self.leader("ListStorage", &request.trace_id, |core| {
+        self.call(&rpcs::admin::LIST_STORAGE, &request.trace_id, |core| {
             let storage = core
                 .manager
                 .list_storages()
@@ -139,14 +129,18 @@ impl AdminHandler {
         &self,
         request: admin::CreateInstanceGroupRequest,
     ) -> admin::CommonResponse {
-        self.leader("CreateInstanceGroup", &request.trace_id, |core| {
-            let group = request
-                .instance_group
-                .clone()
-                .ok_or_else(|| missing("instance_group"))?;
-            core.manager.create_group(group_from_wire(group)?)?;
-            done("Instance group created successfully")
-        })
+        self.call(
+            &rpcs::admin::CREATE_INSTANCE_GROUP,
+            &request.trace_id,
+            |core| {
+                let group = request
+                    .instance_group
+                    .clone()
+                    .ok_or_else(|| missing("instance_group"))?;
+                core.manager.create_group(group_from_wire(group)?)?;
+                done("Instance group created successfully")
+            },
+        )
     }
 
     /// UpdateInstanceGroup.
@@ -154,15 +148,19 @@ impl AdminHandler {
         &self,
         request: admin::UpdateInstanceGroupRequest,
     ) -> admin::CommonResponse {
-        self.leader("UpdateInstanceGroup", &request.trace_id, |core| {
-            let group = request
-                .instance_group
-                .clone()
-                .ok_or_else(|| missing("instance_group"))?;
-            core.manager
-                .update_group(group_from_wire(group)?, request.current_version)?;
-            done("Instance group updated successfully")
-        })
+        self.call(
+            &rpcs::admin::UPDATE_INSTANCE_GROUP,
+            &request.trace_id,
+            |core| {
+                let group = request
+                    .instance_group
+                    .clone()
+                    .ok_or_else(|| missing("instance_group"))?;
+                core.manager
+                    .update_group(group_from_wire(group)?, request.current_version)?;
+                done("Instance group updated successfully")
+            },
+        )
     }
 
     /// RemoveInstanceGroup.
@@ -170,10 +168,14 @@ impl AdminHandler {
         &self,
         request: admin::RemoveInstanceGroupRequest,
     ) -> admin::CommonResponse {
-        self.leader("RemoveInstanceGroup", &request.trace_id, |core| {
-            core.manager.remove_group(&request.name)?;
-            done("Instance group removed successfully")
-        })
+        self.call(
+            &rpcs::admin::REMOVE_INSTANCE_GROUP,
+            &request.trace_id,
+            |core| {
+                core.manager.remove_group(&request.name)?;
+                done("Instance group removed successfully")
+            },
+        )
     }
 
     /// GetInstanceGroup.
@@ -181,14 +183,18 @@ impl AdminHandler {
         &self,
         request: admin::GetInstanceGroupRequest,
     ) -> admin::GetInstanceGroupResponse {
-        self.leader("GetInstanceGroup", &request.trace_id, |core| {
-            let group = core.manager.group(&request.name)?;
-            let reply = admin::GetInstanceGroupResponse {
-                header: None,
-                instance_group: Some(group_to_wire(&group)),
-            };
-            Ok((reply, String::new()))
-        })
+        self.call(
+            &rpcs::admin::GET_INSTANCE_GROUP,
+            &request.trace_id,
+            |core| {
+                let group = core.manager.group(&request.name)?;
+                let reply = admin::GetInstanceGroupResponse {
+                    header: None,
+                    instance_group: Some(group_to_wire(&group)),
+                };
+                Ok((reply, String::new()))
+            },
+        )
     }
 
     /// GetCacheMeta (meta semantics, admin status rules).
@@ -196,7 +202,7 @@ impl AdminHandler {
         &self,
         request: admin::GetCacheMetaRequest,
     ) -> admin::GetCacheMetaResponse {
-        self.leader("GetCacheMeta", &request.trace_id, |core| {
+        self.call(&rpcs::admin::GET_CACHE_META, &request.trace_id, |core| {
             let instance = core.manager.require_instance(&request.instance_id)?;
             let (reply, message) =
                 meta_calls::get_cache_meta(core, &instance, transcode(&request))?;
@@ -206,7 +212,7 @@ impl AdminHandler {
 
     /// RemoveCache (meta semantics, admin status rules).
     pub fn remove_cache(&self, request: admin::RemoveCacheRequest) -> admin::CommonResponse {
-        self.leader("RemoveCache", &request.trace_id, |core| {
+        self.call(&rpcs::admin::REMOVE_CACHE, &request.trace_id, |core| {
             let instance = core.manager.require_instance(&request.instance_id)?;
             let (_, message) = meta_calls::remove_cache(core, &instance, transcode(&request))?;
             Ok((admin::CommonResponse::default(), message))
@@ -218,7 +224,7 @@ impl AdminHandler {
         &self,
         request: admin::RegisterInstanceRequest,
     ) -> admin::CommonResponse {
-        self.leader("RegisterInstance", &request.trace_id, |core| {
+        self.call(&rpcs::admin::REGISTER_INSTANCE, &request.trace_id, |core| {
             let request: meta::RegisterInstanceRequest = transcode(&request);
             // §16.2: every failure of the admin RegisterInstance is INTERNAL_ERROR.
             let (_, message) = meta_calls::register_instance(core, request)
@@ -229,7 +235,7 @@ impl AdminHandler {
 
     /// RemoveInstance: unregisters and deletes all its cache.
     pub fn remove_instance(&self, request: admin::RemoveInstanceRequest) -> admin::CommonResponse {
-        self.leader("RemoveInstance", &request.trace_id, |core| {
+        self.call(&rpcs::admin::REMOVE_INSTANCE, &request.trace_id, |core| {
             if request.instance_id.is_empty() {
                 return Err(missing("instance_id"));
             }
@@ -244,7 +250,7 @@ impl AdminHandler {
         &self,
         request: admin::GetInstanceInfoRequest,
     ) -> admin::GetInstanceInfoResponse {
-        self.leader("GetInstanceInfo", &request.trace_id, |core| {
+        self.call(&rpcs::admin::GET_INSTANCE_INFO, &request.trace_id, |core| {
             let instance = core.manager.require_instance(&request.instance_id)?;
             let reply = admin::GetInstanceInfoResponse {
                 header: None,
@@ -259,29 +265,33 @@ impl AdminHandler {
         &self,
         request: admin::ListInstanceInfoRequest,
     ) -> admin::ListInstanceInfoResponse {
-        self.leader("ListInstanceInfo", &request.trace_id, |core| {
-            if request.instance_group_name.is_empty() {
-                return Err(missing("instance_group_name"));
-            }
-            let instance_info = core
-                .manager
-                .list_instances(&request.instance_group_name)
-                .iter()
-                .map(|info| transcode(&instance_info_to_wire(info)))
-                .collect();
-            Ok((
-                admin::ListInstanceInfoResponse {
-                    header: None,
-                    instance_info,
-                },
-                String::new(),
-            ))
-        })
+        self.call(
+            &rpcs::admin::LIST_INSTANCE_INFO,
+            &request.trace_id,
+            |core| {
+                if request.instance_group_name.is_empty() {
+                    return Err(missing("instance_group_name"));
+                }
+                let instance_info = core
+                    .manager
+                    .list_instances(&request.instance_group_name)
+                    .iter()
+                    .map(|info| transcode(&instance_info_to_wire(info)))
+                    .collect();
+                Ok((
+                    admin::ListInstanceInfoResponse {
+                        header: None,
+                        instance_info,
+                    },
+                    String::new(),
+                ))
+            },
+        )
     }
 
     /// AddAccount.
     pub fn add_account(&self, request: admin::AddAccountRequest) -> admin::CommonResponse {
-        self.leader("AddAccount", &request.trace_id, |core| {
+        self.call(&rpcs::admin::ADD_ACCOUNT, &request.trace_id, |core| {
             core.manager.add_account(Account {
                 user_name: request.user_name.clone(),
                 password: request.password.clone(),
@@ -293,7 +303,7 @@ impl AdminHandler {
 
     /// DeleteAccount.
     pub fn delete_account(&self, request: admin::DeleteAccountRequest) -> admin::CommonResponse {
-        self.leader("DeleteAccount", &request.trace_id, |core| {
+        self.call(&rpcs::admin::DELETE_ACCOUNT, &request.trace_id, |core| {
             core.manager.delete_account(&request.user_name)?;
             done("Account deleted successfully")
         })
@@ -301,7 +311,7 @@ impl AdminHandler {
 
     /// ListAccount (passwords are never returned).
     pub fn list_account(&self, request: admin::ListAccountRequest) -> admin::ListAccountResponse {
-        self.leader("ListAccount", &request.trace_id, |core| {
+        self.call(&rpcs::admin::LIST_ACCOUNT, &request.trace_id, |core| {
             let accounts = core
                 .manager
                 .list_accounts()
@@ -326,7 +336,7 @@ impl AdminHandler {
         &self,
         request: admin::GenConfigSnapshotRequest,
     ) -> admin::ConfigSnapShotResponse {
-        self.leader("GenConfigSnapshot", &request.trace_id, |_| {
+        self.call(&rpcs::admin::GEN_CONFIG_SNAPSHOT, &request.trace_id, |_| {
             Err(ManagerError::Unsupported(
                 "GenConfigSnapshot is not implemented".into(),
             ))
@@ -338,16 +348,20 @@ impl AdminHandler {
         &self,
         request: admin::LoadConfigSnapshotRequest,
     ) -> admin::CommonResponse {
-        self.leader("LoadConfigSnapshot", &request.trace_id, |_| {
-            Err(ManagerError::Unsupported(
-                "LoadConfigSnapshot is not implemented".into(),
-            ))
-        })
+        self.call(
+            &rpcs::admin::LOAD_CONFIG_SNAPSHOT,
+            &request.trace_id,
+            |_| {
+                Err(ManagerError::Unsupported(
+                    "LoadConfigSnapshot is not implemented".into(),
+                ))
+            },
+        )
     }
 
     /// GetMetrics.
     pub fn get_metrics(&self, request: admin::GetMetricsRequest) -> admin::GetMetricsResponse {
-        self.any_node("GetMetrics", &request.trace_id, |core| {
+        self.call(&rpcs::admin::GET_METRICS, &request.trace_id, |core| {
             let reply = admin::GetMetricsResponse {
                 header: None,
                 timestamp: now_ms(),
@@ -360,7 +374,7 @@ impl AdminHandler {
 
     /// CheckHealth.
     pub fn check_health(&self, request: admin::CheckHealthRequest) -> admin::CheckHealthResponse {
-        self.any_node("CheckHealth", &request.trace_id, |core| {
+        self.call(&rpcs::admin::CHECK_HEALTH, &request.trace_id, |core| {
             let reply = admin::CheckHealthResponse {
                 header: None,
                 is_leader: core.manager.leadership().is_leader(),
@@ -376,27 +390,31 @@ impl AdminHandler {
         &self,
         request: admin::GetManagerClusterInfoRequest,
     ) -> admin::GetManagerClusterInfoResponse {
-        self.any_node("GetManagerClusterInfo", &request.trace_id, |core| {
-            let leadership = core.manager.leadership();
-            let is_leader = leadership.is_leader();
-            let reply = admin::GetManagerClusterInfoResponse {
-                header: None,
-                info_updated_time: 0,
-                self_leader_expiration_time: leadership.lease_expiration_us(),
-                self_node_id: leadership.node_id().to_string(),
-                leader_node_id: if is_leader {
-                    leadership.node_id().to_string()
-                } else {
-                    String::new()
-                },
-            };
-            Ok((reply, String::new()))
-        })
+        self.call(
+            &rpcs::admin::GET_MANAGER_CLUSTER_INFO,
+            &request.trace_id,
+            |core| {
+                let leadership = core.manager.leadership();
+                let is_leader = leadership.is_leader();
+                let reply = admin::GetManagerClusterInfoResponse {
+                    header: None,
+                    info_updated_time: 0,
+                    self_leader_expiration_time: leadership.lease_expiration_us(),
+                    self_node_id: leadership.node_id().to_string(),
+                    leader_node_id: if is_leader {
+                        leadership.node_id().to_string()
+                    } else {
+                        String::new()
+                    },
+                };
+                Ok((reply, String::new()))
+            },
+        )
     }
 
     /// LeaderDemote: steps down (open write sessions fail); SERVER_NOT_LEADER on a follower.
     pub fn leader_demote(&self, request: admin::LeaderDemoteRequest) -> admin::CommonResponse {
-        self.any_node("LeaderDemote", &request.trace_id, |core| {
+        self.call(&rpcs::admin::LEADER_DEMOTE, &request.trace_id, |core| {
             if !core.manager.demote() {
                 return Err(ManagerError::NotLeader);
             }
@@ -409,13 +427,17 @@ impl AdminHandler {
         &self,
         request: admin::GetLeaderElectorConfigRequest,
     ) -> admin::GetLeaderElectorConfigResponse {
-        self.any_node("GetLeaderElectorConfig", &request.trace_id, |core| {
-            let reply = admin::GetLeaderElectorConfigResponse {
-                header: None,
-                campaign_delay_time_ms: core.manager.leadership().campaign_delay_ms(),
-            };
-            Ok((reply, String::new()))
-        })
+        self.call(
+            &rpcs::admin::GET_LEADER_ELECTOR_CONFIG,
+            &request.trace_id,
+            |core| {
+                let reply = admin::GetLeaderElectorConfigResponse {
+                    header: None,
+                    campaign_delay_time_ms: core.manager.leadership().campaign_delay_ms(),
+                };
+                Ok((reply, String::new()))
+            },
+        )
     }
 
     /// UpdateLeaderElectorConfig.
@@ -423,20 +445,24 @@ impl AdminHandler {
         &self,
         request: admin::UpdateLeaderElectorConfigRequest,
     ) -> admin::CommonResponse {
-        self.any_node("UpdateLeaderElectorConfig", &request.trace_id, |core| {
-            if request.campaign_delay_time_ms < 0 {
-                return Err(missing("campaign_delay_time_ms"));
-            }
-            core.manager
-                .leadership()
-                .set_campaign_delay_ms(request.campaign_delay_time_ms);
-            done("Leader elector config updated successfully")
-        })
+        self.call(
+            &rpcs::admin::UPDATE_LEADER_ELECTOR_CONFIG,
+            &request.trace_id,
+            |core| {
+                if request.campaign_delay_time_ms < 0 {
+                    return Err(missing("campaign_delay_time_ms"));
+                }
+                core.manager
+                    .leadership()
+                    .set_campaign_delay_ms(request.campaign_delay_time_ms);
+                done("Leader elector config updated successfully")
+            },
+        )
     }
 
     /// UpdateLogger: DEBUG / INFO / WARN / ERROR (case-insensitive) become the log level.
     pub fn update_logger(&self, request: admin::UpdateLoggerRequest) -> admin::CommonResponse {
-        self.any_node("UpdateLogger", &request.trace_id, |core| {
+        self.call(&rpcs::admin::UPDATE_LOGGER, &request.trace_id, |core| {
             let level = match request.log_level.to_ascii_uppercase().as_str() {
                 "DEBUG" => tracing::Level::DEBUG,
                 "INFO" => tracing::Level::INFO,

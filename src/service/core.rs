@@ -9,14 +9,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::faults::Faults;
 use super::metrics::Metrics;
 use super::reply::Reply;
+use super::rpcs::{Rpc, Service};
 use crate::proto::meta::ErrorCode;
 use kvcm_manager::{Instance, Manager, ManagerError, ManagerResult};
 
 /// A trace id ending in this asks for the span timings in `header.tracer_result`.
 const SPAN_TRACER_SUFFIX: &str = "__kvcm_need_span_tracer";
-
-/// APIs subject to debug fault injection (as in the reference).
-const FAULTABLE: [&str; 3] = ["GetCacheLocation", "StartWriteCache", "FinishWriteCache"];
 
 thread_local! {
     /// When the transport call served on this thread began (set by [`served_since`]).
@@ -42,8 +40,36 @@ fn call_started() -> Instant {
 pub enum Rules {
     /// Meta: manager errors map to their specific codes.
     Meta,
-    /// Admin: validation → INVALID_ARGUMENT, every other failure → INTERNAL_ERROR.
+    /// Admin (and debug): validation → INVALID_ARGUMENT, every other failure →
+    /// INTERNAL_ERROR.
     Admin,
+}
+
+impl Rules {
+    /// The rules of an RPC's service.
+    pub fn of(rpc: &Rpc) -> Rules {
+        match rpc.service {
+            Service::Meta => Rules::Meta,
+            Service::Admin | Service::Debug => Rules::Admin,
+        }
+    }
+}
+
+/// Why a call failed: the manager's error, or one of the edge's own pre-checks.
+#[derive(Debug)]
+pub enum Failure {
+    /// The manager refused.
+    Manager(ManagerError),
+    /// A debug fault fired.
+    InjectedFault,
+    /// The request names no registered instance.
+    UnknownInstance,
+}
+
+impl From<ManagerError> for Failure {
+    fn from(error: ManagerError) -> Self {
+        Failure::Manager(error)
+    }
 }
 
 /// What every handler shares.
@@ -70,43 +96,42 @@ impl std::fmt::Debug for Core {
 pub type Outcome<R> = ManagerResult<(R, String)>;
 
 impl Core {
-    /// Runs one RPC: leader gate (when `leader_only`), fault injection, `op`, header, metrics.
+    /// Runs one RPC: leader gate (when the table says so), fault injection (likewise), `op`,
+    /// header, metrics.
     pub fn call<R: Reply>(
         &self,
-        api: &'static str,
+        rpc: &'static Rpc,
         trace_id: &str,
-        rules: Rules,
-        leader_only: bool,
         op: impl FnOnce() -> Outcome<R>,
     ) -> R {
-        let (reply, elapsed) = self.answer(api, trace_id, rules, leader_only, op);
-        self.metrics.record(api, elapsed);
+        let (reply, elapsed) = self.answer(rpc, trace_id, rpc.leader_only, op);
+        self.metrics.record(rpc.name, elapsed);
         reply
     }
 
     /// The reply of one RPC and how long it took (no metrics recorded).
     fn answer<R: Reply>(
         &self,
-        api: &'static str,
+        rpc: &'static Rpc,
         trace_id: &str,
-        rules: Rules,
-        leader_only: bool,
+        leader_gate: bool,
         op: impl FnOnce() -> Outcome<R>,
     ) -> (R, Duration) {
         let started = call_started();
-        let result = if leader_only && !self.manager.leadership().is_leader() {
-            Err(wire_status(&ManagerError::NotLeader, api, rules))
-        } else if FAULTABLE.contains(&api) && self.faults.fires(api, trace_id) {
-            Err((
-                ErrorCode::InternalError,
-                format!("{api} fail due to fault injection"),
-            ))
+        let api = rpc.name;
+        let result = if leader_gate && !self.manager.leadership().is_leader() {
+            Err(Failure::Manager(ManagerError::NotLeader))
+        } else if rpc.faultable && self.faults.fires(api, trace_id) {
+            Err(Failure::InjectedFault)
         } else {
-            op().map_err(|error| wire_status(&error, api, rules))
+            op().map_err(Failure::Manager)
         };
         let (mut reply, code, message) = match result {
             Ok((reply, message)) => (reply, ErrorCode::Ok, message),
-            Err((code, message)) => (R::default(), code, message),
+            Err(failure) => {
+                let (code, message) = wire_status(&failure, api, Rules::of(rpc));
+                (R::default(), code, message)
+            }
         };
         reply.set_header(code, message, request_id(trace_id));
         let elapsed = started.elapsed();
@@ -124,39 +149,50 @@ impl Core {
     /// request id); then as [`Core::call`].
     pub fn instance_call<R: Reply>(
         &self,
-        api: &'static str,
+        rpc: &'static Rpc,
         trace_id: &str,
         instance_id: &str,
         op: impl FnOnce(Arc<Instance>) -> Outcome<R>,
     ) -> R {
         if !self.manager.leadership().is_leader() {
-            return self.call(api, trace_id, Rules::Meta, true, || {
-                Err(ManagerError::NotLeader)
-            });
+            return self.call(rpc, trace_id, || Err(ManagerError::NotLeader));
         }
         let Some(instance) = self.manager.instance(instance_id) else {
             let mut reply = R::default();
-            let message = format!("get {api} metrics collector failed");
-            reply.set_header(ErrorCode::InstanceNotExist, message, String::new());
-            self.metrics.record(api, call_started().elapsed());
+            let (code, message) = wire_status(&Failure::UnknownInstance, rpc.name, Rules::of(rpc));
+            reply.set_header(code, message, String::new());
+            self.metrics.record(rpc.name, call_started().elapsed());
             return reply;
         };
         let (id, group) = (instance.id().clone(), instance.group().to_string());
-        let (reply, elapsed) = self.answer(api, trace_id, Rules::Meta, false, || op(instance));
-        self.metrics.record_instance(api, &id, &group, elapsed);
+        let (reply, elapsed) = self.answer(rpc, trace_id, false, || op(instance));
+        self.metrics.record_instance(rpc.name, &id, &group, elapsed);
         reply
     }
 }
 
-/// The wire code and message of a manager error raised by `api` under a service's rules:
-/// the one place where errors become status codes. A bad field reads as the reference writes
-/// it, `{Api: {field}}` (and what is wrong, when known).
-pub fn wire_status(error: &ManagerError, api: &str, rules: Rules) -> (ErrorCode, String) {
+/// The wire code and message of a failure of `api` under a service's rules: the one place
+/// where errors become status codes. A bad field reads as the reference writes it,
+/// `missing or invalid fields: {Api: {field}}` (and what is wrong, when known).
+pub fn wire_status(failure: &Failure, api: &str, rules: Rules) -> (ErrorCode, String) {
+    let error = match failure {
+        Failure::InjectedFault => {
+            let message = format!("{api} fail due to fault injection");
+            return (ErrorCode::InternalError, message);
+        }
+        Failure::UnknownInstance => {
+            let message = format!("get {api} metrics collector failed");
+            return (ErrorCode::InstanceNotExist, message);
+        }
+        Failure::Manager(error) => error,
+    };
     let message = match error {
         ManagerError::InvalidField { field, detail } if detail.is_empty() => {
-            format!("{{{api}: {{{field}}}}}")
+            format!("missing or invalid fields: {{{api}: {{{field}}}}}")
         }
-        ManagerError::InvalidField { field, detail } => format!("{{{api}: {{{field}}}}}: {detail}"),
+        ManagerError::InvalidField { field, detail } => {
+            format!("missing or invalid fields: {{{api}: {{{field}}}}}: {detail}")
+        }
         other => other.to_string(),
     };
     (status_code(error, rules), message)

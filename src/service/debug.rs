@@ -3,9 +3,12 @@
 
 use std::sync::Arc;
 
-use super::core::Core;
+use kvcm_manager::ManagerError;
+
+use super::core::{wire_status, Core, Failure, Rules};
 use super::faults::Trigger;
 use super::reply::Reply;
+use super::rpcs::{self, Rpc};
 use crate::proto::{debug, meta::ErrorCode};
 
 /// Handlers of DebugService.
@@ -14,9 +17,16 @@ pub struct DebugHandler {
     core: Arc<Core>,
 }
 
-fn answer(code: ErrorCode, message: &str) -> debug::CommonResponse {
+fn done(message: &str) -> debug::CommonResponse {
     let mut reply = debug::CommonResponse::default();
-    reply.set_header(code, message.to_string(), String::new());
+    reply.set_header(ErrorCode::Ok, message.to_string(), String::new());
+    reply
+}
+
+fn refused(rpc: &Rpc, error: ManagerError) -> debug::CommonResponse {
+    let (code, message) = wire_status(&Failure::Manager(error), rpc.name, Rules::of(rpc));
+    let mut reply = debug::CommonResponse::default();
+    reply.set_header(code, message, String::new());
     reply
 }
 
@@ -29,9 +39,9 @@ impl DebugHandler {
     /// InjectFault: sets or replaces the fault of `api_name`.
     pub fn inject_fault(&self, request: debug::InjectFaultRequest) -> debug::CommonResponse {
         if request.api_name.is_empty() {
-            return answer(
-                ErrorCode::InvalidArgument,
-                "missing or invalid fields: {InjectFault: {api_name}}",
+            return refused(
+                &rpcs::debug::INJECT_FAULT,
+                ManagerError::invalid("api_name"),
             );
         }
         let trigger = match debug::FaultTriggerStrategy::try_from(request.fault_trigger_strategy) {
@@ -39,24 +49,22 @@ impl DebugHandler {
             _ => Trigger::Always,
         };
         self.core.faults.inject(request.api_name, trigger);
-        answer(ErrorCode::Ok, "Fault injected")
+        done("Fault injected")
     }
 
     /// RemoveFault: unknown name → INVALID_ARGUMENT.
     pub fn remove_fault(&self, request: debug::RemoveFaultRequest) -> debug::CommonResponse {
         if self.core.faults.remove(&request.api_name) {
-            answer(ErrorCode::Ok, "Fault removed")
+            done("Fault removed")
         } else {
-            answer(
-                ErrorCode::InvalidArgument,
-                "no fault is set for this api_name",
-            )
+            let unknown = ManagerError::invalid_because("api_name", "no fault is set for it");
+            refused(&rpcs::debug::REMOVE_FAULT, unknown)
         }
     }
 
     /// ClearFaults.
     pub fn clear_faults(&self, _request: debug::ClearFaultsRequest) -> debug::CommonResponse {
         self.core.faults.clear();
-        answer(ErrorCode::Ok, "Faults cleared")
+        done("Faults cleared")
     }
 }

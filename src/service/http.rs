@@ -19,19 +19,11 @@ use super::admin::AdminHandler;
 use super::core::{served_since, Core};
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
+use super::rpcs::{self, Mode, Rpc};
 use crate::proto::json;
 
 /// Body of every non-200 answer.
 const EMPTY_OBJECT: &str = "{}";
-
-/// How a route runs its handler.
-#[derive(Clone, Copy)]
-enum Mode {
-    /// On the runtime thread (short, memory-only work).
-    Inline,
-    /// On tokio's blocking pool (file-system work, whole-instance scans, opening backends).
-    Blocking,
-}
 
 /// Reads, decodes, calls (as `mode` says), encodes.
 async fn json_rpc<Req, Resp>(
@@ -73,66 +65,34 @@ fn json_answer(status: StatusCode, body: Vec<u8>) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-macro_rules! routes {
-    ($handler:expr, $limit:expr, $($path:literal => $mode:ident $method:ident,)*) => {{
-        let mut router = Router::new();
-        $(
-            let handler = $handler.clone();
-            router = router.route($path, post(move |body: Body| async move {
-                let call = move |request| handler.$method(request);
-                json_rpc(body, $limit, Mode::$mode, call).await
-            }));
-        )*
-        router
-    }};
+/// Adds the `POST` route of `rpc`, served by its handler method `call`.
+pub(super) fn route<Req, Resp>(
+    router: Router,
+    rpc: &'static Rpc,
+    limit: usize,
+    call: impl Fn(Req) -> Resp + Clone + Send + Sync + 'static,
+) -> Router
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+{
+    router.route(
+        rpc.route,
+        post(move |body: Body| {
+            let call = call.clone();
+            async move { json_rpc(body, limit, rpc.mode, call).await }
+        }),
+    )
 }
 
 /// The meta HTTP router.
 pub fn meta_router(handler: MetaHandler, limit: usize) -> Router {
-    routes!(handler, limit,
-        "/api/registerInstance" => Inline register_instance,
-        "/api/getInstanceInfo" => Inline get_instance_info,
-        "/api/getCacheMeta" => Inline get_cache_meta,
-        "/api/getCacheLocation" => Inline get_cache_location,
-        "/api/startWriteCache" => Blocking start_write_cache,
-        "/api/finishWriteCache" => Inline finish_write_cache,
-        "/api/removeCache" => Inline remove_cache,
-        "/api/trimCache" => Blocking trim_cache,
-    )
+    rpcs::meta_router(handler, limit)
 }
 
 /// The admin HTTP router, plus `GET /metrics`.
 pub fn admin_router(handler: AdminHandler, core: Arc<Core>, limit: usize) -> Router {
-    let router = routes!(handler, limit,
-        "/api/addStorage" => Blocking add_storage,
-        "/api/enableStorage" => Inline enable_storage,
-        "/api/disableStorage" => Inline disable_storage,
-        "/api/removeStorage" => Blocking remove_storage,
-        "/api/updateStorage" => Blocking update_storage,
-        "/api/listStorage" => Inline list_storage,
-        "/api/createInstanceGroup" => Inline create_instance_group,
-        "/api/updateInstanceGroup" => Inline update_instance_group,
-        "/api/removeInstanceGroup" => Inline remove_instance_group,
-        "/api/getInstanceGroup" => Inline get_instance_group,
-        "/api/getCacheMeta" => Inline get_cache_meta,
-        "/api/removeCache" => Inline remove_cache,
-        "/api/registerInstance" => Inline register_instance,
-        "/api/removeInstance" => Blocking remove_instance,
-        "/api/getInstanceInfo" => Inline get_instance_info,
-        "/api/listInstanceInfo" => Inline list_instance_info,
-        "/api/addAccount" => Inline add_account,
-        "/api/deleteAccount" => Inline delete_account,
-        "/api/listAccount" => Inline list_account,
-        "/api/genConfigSnapshot" => Inline gen_config_snapshot,
-        "/api/loadConfigSnapshot" => Inline load_config_snapshot,
-        "/api/getMetrics" => Inline get_metrics,
-        "/api/checkHealth" => Inline check_health,
-        "/api/getManagerClusterInfo" => Inline get_manager_cluster_info,
-        "/api/leaderDemote" => Inline leader_demote,
-        "/api/getLeaderElectorConfig" => Inline get_leader_elector_config,
-        "/api/updateLeaderElectorConfig" => Inline update_leader_elector_config,
-        "/api/updateLogger" => Inline update_logger,
-    );
+    let router = rpcs::admin_routes(handler, limit);
     router.route(
         "/metrics",
         get(move || async move {
@@ -144,9 +104,5 @@ pub fn admin_router(handler: AdminHandler, core: Arc<Core>, limit: usize) -> Rou
 
 /// The debug HTTP router.
 pub fn debug_router(handler: DebugHandler, limit: usize) -> Router {
-    routes!(handler, limit,
-        "/api/injectFault" => Inline inject_fault,
-        "/api/removeFault" => Inline remove_fault,
-        "/api/clearFaults" => Inline clear_faults,
-    )
+    rpcs::debug_router(handler, limit)
 }

@@ -8,7 +8,8 @@ use kvcm_manager::{Instance, ManagerError};
 use super::convert::{
     cache_meta_to_wire, location_to_wire, mask_from_wire, mask_to_wire, query_kind, trim_strategy,
 };
-use super::core::{Core, Outcome, Rules};
+use super::core::{Core, Outcome};
+use super::rpcs;
 use super::wire_admin::{instance_info_to_wire, registration_from_wire};
 use crate::proto::{meta, storage};
 
@@ -31,7 +32,7 @@ impl MetaHandler {
     ) -> meta::RegisterInstanceResponse {
         let trace_id = request.trace_id.clone();
         self.core
-            .call("RegisterInstance", &trace_id, Rules::Meta, true, || {
+            .call(&rpcs::meta::REGISTER_INSTANCE, &trace_id, || {
                 register_instance(&self.core, request)
             })
     }
@@ -41,12 +42,8 @@ impl MetaHandler {
         &self,
         request: meta::GetInstanceInfoRequest,
     ) -> meta::GetInstanceInfoResponse {
-        self.core.call(
-            "GetInstanceInfo",
-            &request.trace_id,
-            Rules::Meta,
-            true,
-            || {
+        self.core
+            .call(&rpcs::meta::GET_INSTANCE_INFO, &request.trace_id, || {
                 if request.instance_id.is_empty() {
                     return Err(ManagerError::invalid("instance_id"));
                 }
@@ -57,8 +54,7 @@ impl MetaHandler {
                     instance_info: Some(instance_info_to_wire(instance.info())),
                 };
                 Ok((reply, String::new()))
-            },
-        )
+            })
     }
 
     /// GetCacheMeta.
@@ -68,9 +64,12 @@ impl MetaHandler {
     ) -> meta::GetCacheMetaResponse {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
-        core.instance_call("GetCacheMeta", &trace_id, &instance_id, move |instance| {
-            get_cache_meta(core, &instance, request)
-        })
+        core.instance_call(
+            &rpcs::meta::GET_CACHE_META,
+            &trace_id,
+            &instance_id,
+            move |instance| get_cache_meta(core, &instance, request),
+        )
     }
 
     /// GetCacheLocation.
@@ -81,7 +80,7 @@ impl MetaHandler {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
         core.instance_call(
-            "GetCacheLocation",
+            &rpcs::meta::GET_CACHE_LOCATION,
             &trace_id,
             &instance_id,
             move |instance| {
@@ -117,7 +116,7 @@ impl MetaHandler {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
         core.instance_call(
-            "StartWriteCache",
+            &rpcs::meta::START_WRITE_CACHE,
             &trace_id,
             &instance_id,
             move |instance| {
@@ -153,7 +152,7 @@ impl MetaHandler {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
         core.instance_call(
-            "FinishWriteCache",
+            &rpcs::meta::FINISH_WRITE_CACHE,
             &trace_id,
             &instance_id,
             move |instance| {
@@ -181,23 +180,31 @@ impl MetaHandler {
     pub fn remove_cache(&self, mut request: meta::RemoveCacheRequest) -> meta::CommonResponse {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
-        core.instance_call("RemoveCache", &trace_id, &instance_id, move |instance| {
-            remove_cache(core, &instance, request)
-        })
+        core.instance_call(
+            &rpcs::meta::REMOVE_CACHE,
+            &trace_id,
+            &instance_id,
+            move |instance| remove_cache(core, &instance, request),
+        )
     }
 
     /// TrimCache.
     pub fn trim_cache(&self, mut request: meta::TrimCacheRequest) -> meta::CommonResponse {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
-        core.instance_call("TrimCache", &trace_id, &instance_id, move |instance| {
-            let strategy = trim_strategy(request.strategy)?;
-            core.manager.trim_cache(&instance, strategy)?;
-            Ok((
-                meta::CommonResponse::default(),
-                "Cache trimmed successfully".into(),
-            ))
-        })
+        core.instance_call(
+            &rpcs::meta::TRIM_CACHE,
+            &trace_id,
+            &instance_id,
+            move |instance| {
+                let strategy = trim_strategy(request.strategy)?;
+                core.manager.trim_cache(&instance, strategy)?;
+                Ok((
+                    meta::CommonResponse::default(),
+                    "Cache trimmed successfully".into(),
+                ))
+            },
+        )
     }
 }
 

@@ -1,6 +1,7 @@
 //! The service edge: MetaService, AdminService and DebugService over gRPC (tonic) and HTTP
-//! JSON (axum). Handlers are transport-neutral; [`core::Core`] applies the reference's order
-//! of checks, maps manager errors to wire codes (once) and records metrics.
+//! JSON (axum). Every RPC is declared once, in [`rpcs`]; handlers are transport-neutral;
+//! [`core::Core`] applies the reference's order of checks, maps errors to wire codes (once,
+//! in [`core::wire_status`]) and records metrics.
 
 pub mod admin;
 mod convert;
@@ -12,6 +13,7 @@ pub mod http;
 pub mod meta;
 pub mod metrics;
 mod reply;
+pub mod rpcs;
 mod wire_admin;
 
 pub use wire_admin::group_from_wire;
@@ -19,46 +21,6 @@ pub use wire_admin::group_from_wire;
 use std::sync::Arc;
 
 use kvcm_manager::Manager;
-
-/// Every API name except [`INSTANCE_API_NAMES`], for the metrics registry.
-pub const OTHER_API_NAMES: [&str; 26] = [
-    "RegisterInstance",
-    "GetInstanceInfo",
-    "AddStorage",
-    "EnableStorage",
-    "DisableStorage",
-    "RemoveStorage",
-    "UpdateStorage",
-    "ListStorage",
-    "CreateInstanceGroup",
-    "UpdateInstanceGroup",
-    "RemoveInstanceGroup",
-    "GetInstanceGroup",
-    "RemoveInstance",
-    "ListInstanceInfo",
-    "AddAccount",
-    "DeleteAccount",
-    "ListAccount",
-    "GenConfigSnapshot",
-    "LoadConfigSnapshot",
-    "GetMetrics",
-    "CheckHealth",
-    "GetManagerClusterInfo",
-    "LeaderDemote",
-    "GetLeaderElectorConfig",
-    "UpdateLeaderElectorConfig",
-    "UpdateLogger",
-];
-
-/// The meta APIs on one instance (counted per API and per instance).
-pub const INSTANCE_API_NAMES: [&str; 6] = [
-    "GetCacheMeta",
-    "GetCacheLocation",
-    "StartWriteCache",
-    "FinishWriteCache",
-    "RemoveCache",
-    "TrimCache",
-];
 
 /// Applies a new log level; installed by the binary that owns the log subscriber.
 pub type LogLevelSetter = Arc<dyn Fn(tracing::Level) -> Result<(), String> + Send + Sync>;
@@ -93,8 +55,8 @@ impl Handlers {
             let instance = registry.instance(id);
             instance.is_some_and(|instance| Arc::ptr_eq(instance.id(), id))
         };
-        let metrics =
-            metrics::Metrics::new(&OTHER_API_NAMES, &INSTANCE_API_NAMES, Box::new(registered));
+        let (api_names, instance_api_names) = rpcs::metric_names();
+        let metrics = metrics::Metrics::new(&api_names, &instance_api_names, Box::new(registered));
         let core = Arc::new(core::Core {
             manager,
             metrics,

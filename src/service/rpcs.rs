@@ -1,0 +1,274 @@
+//! The one table of RPCs. Each line declares an RPC once — its constant, handler method,
+//! request and response types, name, HTTP route, how it runs, whether it is leader-only,
+//! whether debug faults apply to it, and whether it is counted per instance — and from this
+//! table come the tonic service implementations, the HTTP routers, the metric names and the
+//! fault-injection list. A new RPC is one line here plus its handler method.
+
+use axum::Router;
+
+use super::admin::AdminHandler;
+use super::debug::DebugHandler;
+use super::meta::MetaHandler;
+use crate::proto::admin::admin_service_server::AdminService;
+use crate::proto::debug::debug_service_server::DebugService;
+use crate::proto::meta::meta_service_server::MetaService;
+
+/// The service an RPC belongs to (its status rules follow from it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// MetaService: engine-facing.
+    Meta,
+    /// AdminService: operator-facing.
+    Admin,
+    /// DebugService: fault injection.
+    Debug,
+}
+
+/// Where the transports run an RPC's handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// On the runtime thread (short, memory-only work).
+    Inline,
+    /// On tokio's blocking pool (file-system work, whole-instance scans, opening backends).
+    Blocking,
+}
+
+/// One RPC as the edge serves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rpc {
+    /// The reference's RPC name (metric tag, fault-injection key).
+    pub name: &'static str,
+    /// `POST` route on the service's HTTP listener.
+    pub route: &'static str,
+    /// Its service.
+    pub service: Service,
+    /// How it runs.
+    pub mode: Mode,
+    /// Followers answer SERVER_NOT_LEADER.
+    pub leader_only: bool,
+    /// Debug fault injection applies.
+    pub faultable: bool,
+    /// Counted per instance as well as per API.
+    pub per_instance: bool,
+}
+
+macro_rules! flag {
+    (leader) => {
+        true
+    };
+    (any) => {
+        false
+    };
+    (faults) => {
+        true
+    };
+    (nofaults) => {
+        false
+    };
+    (instance) => {
+        true
+    };
+    (global) => {
+        false
+    };
+}
+
+macro_rules! mode {
+    (inline) => {
+        Mode::Inline
+    };
+    (blocking) => {
+        Mode::Blocking
+    };
+}
+
+/// Emits, per service: its `Rpc` constants (in a module named after the service), its tonic
+/// trait implementation and its HTTP router; and [`ALL`].
+macro_rules! rpc_table {
+    ($(
+        $module:ident ($service:ident, $trait:ident for $handler:ty, $router:ident, $package:ident) {
+            $( $constant:ident $method:ident($request:ident) -> $response:ident
+                = $name:literal $route:literal $mode:ident $gate:ident $faults:ident $scope:ident; )*
+        }
+    )*) => {
+        $(
+            #[doc = concat!("The RPCs of ", stringify!($trait), ".")]
+            pub mod $module {
+                use super::{Mode, Rpc, Service};
+                $(
+                    #[doc = concat!("`", $name, "`.")]
+                    pub const $constant: Rpc = Rpc {
+                        name: $name,
+                        route: $route,
+                        service: Service::$service,
+                        mode: mode!($mode),
+                        leader_only: flag!($gate),
+                        faultable: flag!($faults),
+                        per_instance: flag!($scope),
+                    };
+                )*
+            }
+
+            #[tonic::async_trait]
+            impl $trait for $handler {
+                $(
+                    async fn $method(
+                        &self,
+                        request: tonic::Request<crate::proto::$package::$request>,
+                    ) -> Result<tonic::Response<crate::proto::$package::$response>, tonic::Status> {
+                        let handler = self.clone();
+                        let call = move |request| handler.$method(request);
+                        super::grpc::serve(&$module::$constant, request, call).await
+                    }
+                )*
+            }
+
+            #[doc = concat!("The HTTP router of ", stringify!($trait), ".")]
+            pub fn $router(handler: $handler, limit: usize) -> Router {
+                let router = Router::new();
+                $(
+                    let router = {
+                        let handler = handler.clone();
+                        super::http::route(router, &$module::$constant, limit, move |request| {
+                            handler.$method(request)
+                        })
+                    };
+                )*
+                router
+            }
+        )*
+
+        /// Every RPC, by service, in declaration order.
+        pub const ALL: &[Rpc] = &[$($($module::$constant,)*)*];
+    };
+}
+
+rpc_table! {
+    meta (Meta, MetaService for MetaHandler, meta_router, meta) {
+        REGISTER_INSTANCE register_instance(RegisterInstanceRequest) -> RegisterInstanceResponse
+            = "RegisterInstance" "/api/registerInstance" inline leader nofaults global;
+        GET_INSTANCE_INFO get_instance_info(GetInstanceInfoRequest) -> GetInstanceInfoResponse
+            = "GetInstanceInfo" "/api/getInstanceInfo" inline leader nofaults global;
+        GET_CACHE_META get_cache_meta(GetCacheMetaRequest) -> GetCacheMetaResponse
+            = "GetCacheMeta" "/api/getCacheMeta" inline leader nofaults instance;
+        GET_CACHE_LOCATION get_cache_location(GetCacheLocationRequest) -> GetCacheLocationResponse
+            = "GetCacheLocation" "/api/getCacheLocation" inline leader faults instance;
+        START_WRITE_CACHE start_write_cache(StartWriteCacheRequest) -> StartWriteCacheResponse
+            = "StartWriteCache" "/api/startWriteCache" blocking leader faults instance;
+        FINISH_WRITE_CACHE finish_write_cache(FinishWriteCacheRequest) -> CommonResponse
+            = "FinishWriteCache" "/api/finishWriteCache" inline leader faults instance;
+        REMOVE_CACHE remove_cache(RemoveCacheRequest) -> CommonResponse
+            = "RemoveCache" "/api/removeCache" inline leader nofaults instance;
+        TRIM_CACHE trim_cache(TrimCacheRequest) -> CommonResponse
+            = "TrimCache" "/api/trimCache" blocking leader nofaults instance;
+    }
+    admin (Admin, AdminService for AdminHandler, admin_routes, admin) {
+        ADD_STORAGE add_storage(AddStorageRequest) -> CommonResponse
+            = "AddStorage" "/api/addStorage" blocking leader nofaults global;
+        ENABLE_STORAGE enable_storage(EnableStorageRequest) -> CommonResponse
+            = "EnableStorage" "/api/enableStorage" inline leader nofaults global;
+        DISABLE_STORAGE disable_storage(DisableStorageRequest) -> CommonResponse
+            = "DisableStorage" "/api/disableStorage" inline leader nofaults global;
+        REMOVE_STORAGE remove_storage(RemoveStorageRequest) -> CommonResponse
+            = "RemoveStorage" "/api/removeStorage" blocking leader nofaults global;
+        UPDATE_STORAGE update_storage(UpdateStorageRequest) -> CommonResponse
+            = "UpdateStorage" "/api/updateStorage" blocking leader nofaults global;
+        LIST_STORAGE list_storage(ListStorageRequest) -> ListStorageResponse
+            = "ListStorage" "/api/listStorage" inline leader nofaults global;
+        CREATE_INSTANCE_GROUP create_instance_group(CreateInstanceGroupRequest) -> CommonResponse
+            = "CreateInstanceGroup" "/api/createInstanceGroup" inline leader nofaults global;
+        UPDATE_INSTANCE_GROUP update_instance_group(UpdateInstanceGroupRequest) -> CommonResponse
+            = "UpdateInstanceGroup" "/api/updateInstanceGroup" inline leader nofaults global;
+        REMOVE_INSTANCE_GROUP remove_instance_group(RemoveInstanceGroupRequest) -> CommonResponse
+            = "RemoveInstanceGroup" "/api/removeInstanceGroup" inline leader nofaults global;
+        GET_INSTANCE_GROUP get_instance_group(GetInstanceGroupRequest) -> GetInstanceGroupResponse
+            = "GetInstanceGroup" "/api/getInstanceGroup" inline leader nofaults global;
+        GET_CACHE_META get_cache_meta(GetCacheMetaRequest) -> GetCacheMetaResponse
+            = "GetCacheMeta" "/api/getCacheMeta" inline leader nofaults global;
+        REMOVE_CACHE remove_cache(RemoveCacheRequest) -> CommonResponse
+            = "RemoveCache" "/api/removeCache" inline leader nofaults global;
+        REGISTER_INSTANCE register_instance(RegisterInstanceRequest) -> CommonResponse
+            = "RegisterInstance" "/api/registerInstance" inline leader nofaults global;
+        REMOVE_INSTANCE remove_instance(RemoveInstanceRequest) -> CommonResponse
+            = "RemoveInstance" "/api/removeInstance" blocking leader nofaults global;
+        GET_INSTANCE_INFO get_instance_info(GetInstanceInfoRequest) -> GetInstanceInfoResponse
+            = "GetInstanceInfo" "/api/getInstanceInfo" inline leader nofaults global;
+        LIST_INSTANCE_INFO list_instance_info(ListInstanceInfoRequest) -> ListInstanceInfoResponse
+            = "ListInstanceInfo" "/api/listInstanceInfo" inline leader nofaults global;
+        ADD_ACCOUNT add_account(AddAccountRequest) -> CommonResponse
+            = "AddAccount" "/api/addAccount" inline leader nofaults global;
+        DELETE_ACCOUNT delete_account(DeleteAccountRequest) -> CommonResponse
+            = "DeleteAccount" "/api/deleteAccount" inline leader nofaults global;
+        LIST_ACCOUNT list_account(ListAccountRequest) -> ListAccountResponse
+            = "ListAccount" "/api/listAccount" inline leader nofaults global;
+        GEN_CONFIG_SNAPSHOT gen_config_snapshot(GenConfigSnapshotRequest) -> ConfigSnapShotResponse
+            = "GenConfigSnapshot" "/api/genConfigSnapshot" inline leader nofaults global;
+        LOAD_CONFIG_SNAPSHOT load_config_snapshot(LoadConfigSnapshotRequest) -> CommonResponse
+            = "LoadConfigSnapshot" "/api/loadConfigSnapshot" inline leader nofaults global;
+        GET_METRICS get_metrics(GetMetricsRequest) -> GetMetricsResponse
+            = "GetMetrics" "/api/getMetrics" inline any nofaults global;
+        CHECK_HEALTH check_health(CheckHealthRequest) -> CheckHealthResponse
+            = "CheckHealth" "/api/checkHealth" inline any nofaults global;
+        GET_MANAGER_CLUSTER_INFO get_manager_cluster_info(GetManagerClusterInfoRequest) -> GetManagerClusterInfoResponse
+            = "GetManagerClusterInfo" "/api/getManagerClusterInfo" inline any nofaults global;
+        LEADER_DEMOTE leader_demote(LeaderDemoteRequest) -> CommonResponse
+            = "LeaderDemote" "/api/leaderDemote" inline any nofaults global;
+        GET_LEADER_ELECTOR_CONFIG get_leader_elector_config(GetLeaderElectorConfigRequest) -> GetLeaderElectorConfigResponse
+            = "GetLeaderElectorConfig" "/api/getLeaderElectorConfig" inline any nofaults global;
+        UPDATE_LEADER_ELECTOR_CONFIG update_leader_elector_config(UpdateLeaderElectorConfigRequest) -> CommonResponse
+            = "UpdateLeaderElectorConfig" "/api/updateLeaderElectorConfig" inline any nofaults global;
+        UPDATE_LOGGER update_logger(UpdateLoggerRequest) -> CommonResponse
+            = "UpdateLogger" "/api/updateLogger" inline any nofaults global;
+    }
+    debug (Debug, DebugService for DebugHandler, debug_router, debug) {
+        INJECT_FAULT inject_fault(InjectFaultRequest) -> CommonResponse
+            = "InjectFault" "/api/injectFault" inline any nofaults global;
+        REMOVE_FAULT remove_fault(RemoveFaultRequest) -> CommonResponse
+            = "RemoveFault" "/api/removeFault" inline any nofaults global;
+        CLEAR_FAULTS clear_faults(ClearFaultsRequest) -> CommonResponse
+            = "ClearFaults" "/api/clearFaults" inline any nofaults global;
+    }
+}
+
+/// The names of the RPCs counted in the metrics (meta and admin, each name once), split into
+/// those counted per API only and those also counted per instance.
+pub fn metric_names() -> (Vec<&'static str>, Vec<&'static str>) {
+    let mut global = Vec::new();
+    let mut per_instance = Vec::new();
+    for rpc in ALL.iter().filter(|rpc| rpc.service != Service::Debug) {
+        if global.contains(&rpc.name) || per_instance.contains(&rpc.name) {
+            continue;
+        }
+        if rpc.per_instance {
+            per_instance.push(rpc.name);
+        } else {
+            global.push(rpc.name);
+        }
+    }
+    (global, per_instance)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_routes_are_unique_per_service() {
+        for service in [Service::Meta, Service::Admin, Service::Debug] {
+            let rpcs: Vec<&Rpc> = ALL.iter().filter(|r| r.service == service).collect();
+            for (i, rpc) in rpcs.iter().enumerate() {
+                assert!(rpcs[..i]
+                    .iter()
+                    .all(|r| r.name != rpc.name && r.route != rpc.route));
+            }
+        }
+    }
+
+    #[test]
+    fn metrics_count_every_meta_and_admin_name_once() {
+        let (global, per_instance) = metric_names();
+        assert_eq!((global.len(), per_instance.len()), (26, 6));
+        assert!(per_instance.contains(&"GetCacheLocation"));
+        assert!(!global.contains(&"GetCacheMeta"), "counted per instance");
+    }
+}
