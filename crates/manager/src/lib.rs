@@ -3,7 +3,15 @@
 //!
 //! The crate speaks its own domain types only: it does not depend on the generated protos,
 //! so the compiler keeps wire types out (the service edge of the `kvcm` crate converts
-//! proto ⇄ domain once, in each direction).
+//! proto ⇄ domain once, in each direction). Naming a wire type here does not compile:
+//!
+//! ```compile_fail
+//! use kvcm::proto::meta::CacheLocation; // unresolved import: the protos live in `kvcm`
+//! ```
+//!
+//! ```compile_fail
+//! use prost::Message; // unresolved import: no protobuf runtime in the domain crate
+//! ```
 //!
 //! Invariants:
 //! - each instance owns one index key space; entries are `Arc<KeyEntry>` and only change

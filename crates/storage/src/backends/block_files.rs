@@ -31,6 +31,8 @@ pub(crate) struct BlockFileStorage {
     config: StorageConfig,
     kind: StorageKind,
     base: String,
+    /// `<scheme>://<storage name><base>`: what every URI of the storage starts with.
+    uri_prefix: String,
     /// The directory that must exist for the storage to be healthy.
     anchor: PathBuf,
     key_count_per_file: i32,
@@ -75,6 +77,7 @@ impl BlockFileStorage {
                 key_count_per_file,
             } => Ok(Self {
                 kind: StorageKind::Nfs,
+                uri_prefix: uri_prefix(StorageKind::Nfs, &config, root_path),
                 base: root_path.clone(),
                 anchor: nfs_anchor(root_path),
                 key_count_per_file: *key_count_per_file,
@@ -90,6 +93,11 @@ impl BlockFileStorage {
                 ..
             } => Ok(Self {
                 kind: StorageKind::ThreeFs,
+                uri_prefix: uri_prefix(
+                    StorageKind::ThreeFs,
+                    &config,
+                    &three_fs_base(mountpoint, root_dir),
+                ),
                 base: three_fs_base(mountpoint, root_dir),
                 anchor: PathBuf::from(mountpoint),
                 key_count_per_file: *key_count_per_file,
@@ -104,16 +112,23 @@ impl BlockFileStorage {
     /// The URI of block `blkid` (of `size` bytes) of the file `file_name` below the base
     /// (§14; the same text `BlockUri` prints: parameters sorted by name).
     fn uri(&self, file_name: &str, blkid: u64, size: i64) -> String {
-        let (scheme, name, base) = (
-            self.kind.scheme(),
-            &self.config.global_unique_name,
-            &self.base,
-        );
-        if self.key_count_per_file > 1 {
-            format!("{scheme}://{name}{base}{file_name}?blkid={blkid}&size={size}")
-        } else {
-            format!("{scheme}://{name}{base}{file_name}?size={size}")
+        let (mut blkid_text, mut size_text) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let size = size_text.format(size);
+        let blkid = (self.key_count_per_file > 1).then(|| blkid_text.format(blkid));
+        let params = blkid.map_or(0, |b| "?blkid=".len() + b.len()) + "&size=".len() + size.len();
+        let mut uri = String::with_capacity(self.uri_prefix.len() + file_name.len() + params);
+        uri.push_str(&self.uri_prefix);
+        uri.push_str(file_name);
+        match blkid {
+            Some(blkid) => {
+                uri.push_str("?blkid=");
+                uri.push_str(blkid);
+                uri.push_str("&size=");
+            }
+            None => uri.push_str("?size="),
         }
+        uri.push_str(size);
+        uri
     }
 
     /// The path of the file `file_name` below the base.
@@ -277,6 +292,11 @@ fn block_range(blkid: u64, size: u64) -> Option<BlockRange> {
     let len = i64::try_from(size).ok()?;
     offset.checked_add(len)?;
     Some(BlockRange { offset, len })
+}
+
+/// `<scheme>://<storage name><base>`.
+fn uri_prefix(kind: StorageKind, config: &StorageConfig, base: &str) -> String {
+    format!("{}://{}{base}", kind.scheme(), config.global_unique_name)
 }
 
 /// NFS: the directory `root_path` names or lies in.
