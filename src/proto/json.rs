@@ -11,8 +11,8 @@
 //! sent, named or not, as protobuf's parser does for proto3's open enums. So a JSON body
 //! decodes to the very message the same request delivers over gRPC, and whether a number is
 //! acceptable is decided in one place for both transports: where the handlers and the manager
-//! validate that field (e.g. `{AddAccount: {role}}` → INVALID_ARGUMENT; an unknown
-//! `query_type` → INTERNAL_ERROR, as the reference answers it). This edge never judges an
+//! validate that field (e.g. `{AddAccount: {role}}` or a `query_type` without a name →
+//! INVALID_ARGUMENT; QT_UNSPECIFIED → INTERNAL_ERROR, as the reference answers it). This edge never judges an
 //! enum number; a number outside `i32` is not a JSON value of the field's type (400).
 
 use std::marker::PhantomData;
@@ -76,6 +76,19 @@ impl<'de, E: Deserialize<'de> + Into<i32>> Visitor<'de> for OpenEnumVisitor<E> {
 
     fn visit_str<Er: de::Error>(self, name: &str) -> Result<i32, Er> {
         E::deserialize(de::value::StrDeserializer::<Er>::new(name)).map(Into::into)
+    }
+}
+
+/// A response body as the HTTP edge prints it: messages through their pbjson `Serialize`
+/// impls; a hot answer may print itself, byte-identical to that (and tested against it).
+pub trait JsonBody {
+    /// The compact JSON text.
+    fn to_json(&self) -> Result<Vec<u8>, JsonError>;
+}
+
+impl<T: Serialize> JsonBody for T {
+    fn to_json(&self) -> Result<Vec<u8>, JsonError> {
+        encode(self)
     }
 }
 

@@ -5,7 +5,9 @@ use prost::Message;
 
 use kvcm_manager::mask::BlockMask;
 use kvcm_manager::query::QueryKind;
-use kvcm_manager::{BlockLocation, CacheMeta, Instance, ManagerError, ManagerResult, TrimStrategy};
+use kvcm_manager::{
+    BlockLocation, CacheMeta, Instance, LocationView, ManagerError, ManagerResult, TrimStrategy,
+};
 
 use super::wire_admin::storage_type_number;
 use crate::proto::meta;
@@ -28,6 +30,25 @@ pub fn location_to_wire(instance: &Instance, location: BlockLocation) -> meta::C
                     .get(usize::from(part.spec))
                     .map_or_else(String::new, |s| s.name.clone()),
                 uri: part.uri,
+            })
+            .collect(),
+    }
+}
+
+/// The wire form of a location answered by a lookup (URIs rendered here).
+pub fn view_to_wire(view: &LocationView<'_>) -> meta::CacheLocation {
+    meta::CacheLocation {
+        r#type: storage_type_number(view.storage_type()),
+        spec_size: i32::try_from(view.spec_count()).unwrap_or(i32::MAX),
+        location_specs: view
+            .parts()
+            .map(|part| {
+                let mut uri = String::new();
+                part.write_uri(&mut uri);
+                meta::LocationSpec {
+                    name: part.spec.name.clone(),
+                    uri,
+                }
             })
             .collect(),
     }

@@ -13,14 +13,14 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::{de::DeserializeOwned, Serialize};
+use serde::de::DeserializeOwned;
 
 use super::admin::AdminHandler;
 use super::core::{served_since, Core};
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
 use super::rpcs::{self, Mode, Rpc};
-use crate::proto::json;
+use crate::proto::json::{self, JsonBody};
 
 /// Body of every non-200 answer.
 const EMPTY_OBJECT: &str = "{}";
@@ -34,7 +34,7 @@ async fn json_rpc<Req, Resp>(
 ) -> Response
 where
     Req: DeserializeOwned + Send + 'static,
-    Resp: Serialize + Send + 'static,
+    Resp: JsonBody + Send + 'static,
 {
     let started = Instant::now();
     let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
@@ -55,7 +55,7 @@ where
             }
         }
     };
-    match json::encode(&reply) {
+    match reply.to_json() {
         Ok(text) => json_answer(StatusCode::OK, text),
         Err(_) => json_answer(StatusCode::INTERNAL_SERVER_ERROR, EMPTY_OBJECT.into()),
     }
@@ -74,7 +74,7 @@ pub(super) fn route<Req, Resp>(
 ) -> Router
 where
     Req: DeserializeOwned + Send + 'static,
-    Resp: Serialize + Send + 'static,
+    Resp: JsonBody + Send + 'static,
 {
     router.route(
         rpc.route,

@@ -3,12 +3,15 @@
 
 use std::sync::Arc;
 
-use kvcm_manager::{Instance, ManagerError};
+use kvcm_manager::{CacheLookup, Instance, ManagerError};
 
 use super::convert::{
     cache_meta_to_wire, location_to_wire, mask_from_wire, mask_to_wire, query_kind, trim_strategy,
+    view_to_wire,
 };
 use super::core::{Core, Outcome};
+use super::location_json::LocationsJson;
+use super::reply::Reply;
 use super::rpcs;
 use super::wire_admin::{instance_info_to_wire, registration_from_wire};
 use crate::proto::{meta, storage};
@@ -75,37 +78,44 @@ impl MetaHandler {
     /// GetCacheLocation.
     pub fn get_cache_location(
         &self,
-        mut request: meta::GetCacheLocationRequest,
+        request: meta::GetCacheLocationRequest,
     ) -> meta::GetCacheLocationResponse {
+        self.look_up(request, |lookup| meta::GetCacheLocationResponse {
+            header: None,
+            locations: lookup.locations().map(|view| view_to_wire(&view)).collect(),
+        })
+    }
+
+    /// GetCacheLocation answered in JSON (the HTTP route): the same call as
+    /// [`MetaHandler::get_cache_location`], printed straight from the lookup.
+    pub fn get_cache_location_json(&self, request: meta::GetCacheLocationRequest) -> LocationsJson {
+        self.look_up(request, LocationsJson::of)
+    }
+
+    /// GetCacheLocation's call, its answer built by `answer` from the lookup.
+    fn look_up<R: Reply>(
+        &self,
+        mut request: meta::GetCacheLocationRequest,
+        answer: impl FnOnce(&CacheLookup<'_>) -> R,
+    ) -> R {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
-        core.instance_call(
-            &rpcs::meta::GET_CACHE_LOCATION,
-            &trace_id,
-            &instance_id,
-            move |instance| {
-                let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
-                let kind = query_kind(request.query_type, request.sw_size)?;
-                let mask = mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
-                let found = core.manager.get_cache_location(
-                    &instance,
-                    kind,
-                    &keys,
-                    &mask,
-                    &request.location_spec_names,
-                )?;
-                let locations = found
-                    .into_iter()
-                    .map(|location| location_to_wire(&instance, location))
-                    .collect();
-                core.events.lookup(&instance, &keys, &request.token_ids);
-                let reply = meta::GetCacheLocationResponse {
-                    header: None,
-                    locations,
-                };
-                Ok((reply, "Cache locations retrieved successfully".into()))
-            },
-        )
+        let rpc = &rpcs::meta::GET_CACHE_LOCATION;
+        core.instance_call(rpc, &trace_id, &instance_id, move |instance| {
+            let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
+            let kind = query_kind(request.query_type, request.sw_size)?;
+            let mask = mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
+            let lookup = core.manager.lookup_cache_locations(
+                &instance,
+                kind,
+                &keys,
+                &mask,
+                &request.location_spec_names,
+            )?;
+            let reply = answer(&lookup);
+            core.events.lookup(&instance, &keys, &request.token_ids);
+            Ok((reply, "Cache locations retrieved successfully".into()))
+        })
     }
 
     /// StartWriteCache.

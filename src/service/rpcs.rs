@@ -2,7 +2,8 @@
 //! request and response types, name, HTTP route, how it runs, whether it is leader-only,
 //! whether debug faults apply to it, and whether it is counted per instance — and from this
 //! table come the tonic service implementations, the HTTP routers, the metric names and the
-//! fault-injection list. A new RPC is one line here plus its handler method.
+//! fault-injection list. A new RPC is one line here plus its handler method. A line may name
+//! a second method after `/` for the HTTP route (an answer that prints its own JSON).
 
 use axum::Router;
 
@@ -73,6 +74,16 @@ macro_rules! flag {
     };
 }
 
+/// Calls the handler method of an RPC's HTTP route: its own, or the one named after `/`.
+macro_rules! http_call {
+    ($handler:ident, $request:ident, $method:ident) => {
+        $handler.$method($request)
+    };
+    ($handler:ident, $request:ident, $method:ident, $http:ident) => {
+        $handler.$http($request)
+    };
+}
+
 macro_rules! mode {
     (inline) => {
         Mode::Inline
@@ -87,7 +98,7 @@ macro_rules! mode {
 macro_rules! rpc_table {
     ($(
         $module:ident ($service:ident, $trait:ident for $handler:ty, $router:ident, $package:ident) {
-            $( $constant:ident $method:ident($request:ident) -> $response:ident
+            $( $constant:ident $method:ident $(/ $http:ident)? ($request:ident) -> $response:ident
                 = $name:literal $route:literal $mode:ident $gate:ident $faults:ident $scope:ident; )*
         }
     )*) => {
@@ -130,7 +141,7 @@ macro_rules! rpc_table {
                     let router = {
                         let handler = handler.clone();
                         super::http::route(router, &$module::$constant, limit, move |request| {
-                            handler.$method(request)
+                            http_call!(handler, request, $method $(, $http)?)
                         })
                     };
                 )*
@@ -151,7 +162,8 @@ rpc_table! {
             = "GetInstanceInfo" "/api/getInstanceInfo" inline leader nofaults global;
         GET_CACHE_META get_cache_meta(GetCacheMetaRequest) -> GetCacheMetaResponse
             = "GetCacheMeta" "/api/getCacheMeta" inline leader nofaults instance;
-        GET_CACHE_LOCATION get_cache_location(GetCacheLocationRequest) -> GetCacheLocationResponse
+        GET_CACHE_LOCATION get_cache_location / get_cache_location_json
+            (GetCacheLocationRequest) -> GetCacheLocationResponse
             = "GetCacheLocation" "/api/getCacheLocation" inline leader faults instance;
         START_WRITE_CACHE start_write_cache(StartWriteCacheRequest) -> StartWriteCacheResponse
             = "StartWriteCache" "/api/startWriteCache" blocking leader faults instance;

@@ -63,7 +63,7 @@ pub use group_config::GroupConfig;
 pub use instance::Instance;
 pub use leader::Leadership;
 pub use local_index::local_index_factory;
-pub use read::{BlockLocation, CacheMeta, RenderedPart};
+pub use read::{BlockLocation, CacheLookup, CacheMeta, LocationView, PartView, RenderedPart};
 pub use registration::InstanceInfo;
 pub use remove::TrimStrategy;
 pub use sessions::{random_id, SESSION_ID_LEN};

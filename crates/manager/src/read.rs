@@ -3,15 +3,15 @@
 //! rendered by the backends that allocated them.
 
 use kvcm_index::BlockKey;
-use kvcm_storage::PartRef;
+use kvcm_storage::{BlockSpec, PartAddress, PartRef};
 
-use super::entry::{Entry, LocationId, LocationRef, LocationState};
+use super::entry::{Entry, LocationId, LocationRef, LocationState, Part, StorageHandle};
 use super::error::{ManagerError, ManagerResult};
 use super::instance::Instance;
 use super::mask::BlockMask;
 use super::query::{self, QueryKind};
 use super::storage_type::StorageType;
-use super::storages::{render_uri, Incarnation, ReadWeights};
+use super::storages::{Incarnations, ReadWeights};
 use super::Manager;
 
 /// One part of a location as handed out.
@@ -45,19 +45,182 @@ pub struct CacheMeta {
     pub state: LocationState,
 }
 
+/// The answer of a GetCacheLocation lookup: one slot per answered position, rendered on
+/// demand (URIs are written straight into the caller's buffer, never stored).
+pub struct CacheLookup<'a> {
+    render: Renderer<'a>,
+    /// A hit (the entry and the position of the chosen location in it) or a miss.
+    slots: Vec<Option<Hit>>,
+}
+
+/// The chosen location of one key.
+struct Hit {
+    key: BlockKey,
+    entry: Entry,
+    position: usize,
+}
+
+impl CacheLookup<'_> {
+    /// Number of answered positions.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether nothing is answered.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The answered locations, in order (a miss is the reference's placeholder: no storage
+    /// type, every kept spec with an empty URI).
+    pub fn locations(&self) -> impl Iterator<Item = LocationView<'_>> {
+        self.slots.iter().map(|slot| {
+            let found = slot.as_ref().and_then(|hit| {
+                let location = hit.entry.locations().nth(hit.position)?;
+                Some((hit.key, location))
+            });
+            LocationView {
+                render: &self.render,
+                found,
+            }
+        })
+    }
+
+    /// Owned copies of the answered locations.
+    pub fn to_locations(&self) -> Vec<BlockLocation> {
+        self.locations().map(|view| view.to_owned()).collect()
+    }
+}
+
+/// One answered location, borrowed from a [`CacheLookup`].
+pub struct LocationView<'v> {
+    render: &'v Renderer<'v>,
+    /// The key and its chosen location; `None` for a miss.
+    found: Option<(BlockKey, LocationRef<'v>)>,
+}
+
+impl<'v> LocationView<'v> {
+    /// The storage type (`Unspecified` for a miss).
+    pub fn storage_type(&self) -> StorageType {
+        self.found
+            .as_ref()
+            .map_or(StorageType::Unspecified, |(_, location)| {
+                self.render.storage_type(location)
+            })
+    }
+
+    /// How many parts the location has (before any spec-name filter).
+    pub fn spec_count(&self) -> usize {
+        match &self.found {
+            Some((_, location)) => location.parts.len(),
+            None => self.render.instance.specs().len(),
+        }
+    }
+
+    /// The parts, in spec order (filtered by spec name when asked).
+    pub fn parts(&self) -> impl Iterator<Item = PartView<'_>> {
+        let (key, parts) = match &self.found {
+            Some((key, location)) => (*key, PartsOf::Stored(location.parts.iter())),
+            None => (
+                0,
+                PartsOf::Placeholder(0..self.render.instance.specs().len()),
+            ),
+        };
+        let storage = self.found.as_ref().map(|(_, location)| location.storage);
+        parts
+            .filter(|(spec, _)| self.render.keeps(*spec))
+            .filter_map(move |(spec, address)| {
+                Some(PartView {
+                    render: self.render,
+                    spec_index: spec,
+                    spec: self.render.instance.specs().get(usize::from(spec))?,
+                    stored: storage
+                        .zip(address)
+                        .map(|(storage, address)| (key, storage, address)),
+                })
+            })
+    }
+
+    /// An owned copy, URIs rendered.
+    pub fn to_owned(&self) -> BlockLocation {
+        BlockLocation {
+            storage_type: self.storage_type(),
+            spec_count: self.spec_count(),
+            parts: self
+                .parts()
+                .map(|part| {
+                    let mut uri = String::new();
+                    part.write_uri(&mut uri);
+                    RenderedPart {
+                        spec: part.spec_index,
+                        uri,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The parts of a stored location, or the specs of a placeholder.
+enum PartsOf<'p> {
+    Stored(std::slice::Iter<'p, Part>),
+    Placeholder(std::ops::Range<usize>),
+}
+
+impl Iterator for PartsOf<'_> {
+    type Item = (u16, Option<PartAddress>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            PartsOf::Stored(parts) => parts.next().map(|p| (p.spec, Some(p.address))),
+            PartsOf::Placeholder(specs) => specs.next().map(|spec| (spec as u16, None)),
+        }
+    }
+}
+
+/// One part of an answered location.
+pub struct PartView<'p> {
+    render: &'p Renderer<'p>,
+    /// Index of the spec in the instance's registration.
+    pub spec_index: u16,
+    /// The spec as registered.
+    pub spec: &'p BlockSpec,
+    /// Key, storage and address of a stored part; `None` in a placeholder.
+    stored: Option<(BlockKey, StorageHandle, PartAddress)>,
+}
+
+impl PartView<'_> {
+    /// Appends the part's URI to `out` (nothing for a placeholder or a part whose backend no
+    /// longer knows it, whose URI is empty).
+    pub fn write_uri(&self, out: &mut String) {
+        let Some((key, storage, address)) = self.stored else {
+            return;
+        };
+        let reference = PartRef {
+            instance_id: self.render.instance.id(),
+            key,
+            spec: self.spec,
+            address,
+        };
+        if let Some(incarnation) = self.render.incarnations.get(usize::from(storage.0)) {
+            incarnation.backend.write_uri(&reference, out);
+        }
+    }
+}
+
 impl Manager {
-    /// Readable locations of `keys` (wire fact sheet §11), one per key for batch and window
-    /// queries (a miss is [`Renderer::miss`]'s placeholder), the leading run of hits for
-    /// prefix match. The mask applies to
-    /// prefix match only; `spec_names`, when non-empty, filters the parts of every result.
-    pub fn get_cache_location(
+    /// Readable locations of `keys` (wire fact sheet §11): one per key for batch and window
+    /// queries (misses are placeholders), the leading run of hits for prefix match. The mask
+    /// applies to prefix match only; `spec_names`, when non-empty, filters the parts of
+    /// every result.
+    pub fn lookup_cache_locations<'a>(
         &self,
-        instance: &Instance,
+        instance: &'a Instance,
         kind: QueryKind,
         keys: &[BlockKey],
         mask: &BlockMask,
         spec_names: &[String],
-    ) -> ManagerResult<Vec<BlockLocation>> {
+    ) -> ManagerResult<CacheLookup<'a>> {
         if let QueryKind::SlidingWindow { sw_size } = kind {
             if sw_size == 0 || sw_size > keys.len() {
                 return Err(ManagerError::invalid("sw_size"));
@@ -68,32 +231,47 @@ impl Manager {
             .as_deref()
             .map_or(&[][..], |g| g.storage_candidates.as_slice());
         let weights = self.storages.read_weights(candidates)?;
-        let render = Renderer::new(instance, &weights.incarnations, spec_names);
-        let readable_at = |(key, entry): (&BlockKey, &Option<Entry>)| {
-            readable(entry.as_ref(), &weights).map(|l| render.location(*key, &l))
+        let hit_at = |(key, entry): (&BlockKey, Option<Entry>)| {
+            let entry = entry?;
+            let position = readable(&entry, &weights)?;
+            Some(Hit {
+                key: *key,
+                entry,
+                position,
+            })
         };
-        Ok(match kind {
+        let slots = match kind {
             QueryKind::PrefixMatch => {
                 let unmasked: Vec<BlockKey> = unmasked_keys(keys, mask);
                 let entries = instance.index.get(&unmasked)?;
-                query::prefix_match(unmasked.iter().zip(&entries).map(readable_at))
+                let hits = query::prefix_match(unmasked.iter().zip(entries).map(hit_at));
+                hits.into_iter().map(Some).collect()
             }
             QueryKind::BatchGet => {
                 let entries = instance.index.get(keys)?;
-                let found = keys.iter().zip(&entries).map(readable_at);
-                found
-                    .map(|hit| hit.unwrap_or_else(|| render.miss()))
-                    .collect()
+                keys.iter().zip(entries).map(hit_at).collect()
             }
             QueryKind::SlidingWindow { sw_size } => {
                 let entries = instance.index.get(keys)?;
-                let found = keys.iter().zip(&entries).map(readable_at).collect();
-                let window = query::sliding_window(found, sw_size).into_iter();
-                window
-                    .map(|hit| hit.unwrap_or_else(|| render.miss()))
-                    .collect()
+                let found = keys.iter().zip(entries).map(hit_at).collect();
+                query::sliding_window(found, sw_size)
             }
-        })
+        };
+        let render = Renderer::new(instance, weights.incarnations.clone(), spec_names);
+        Ok(CacheLookup { render, slots })
+    }
+
+    /// [`Manager::lookup_cache_locations`], rendered into owned locations.
+    pub fn get_cache_location(
+        &self,
+        instance: &Instance,
+        kind: QueryKind,
+        keys: &[BlockKey],
+        mask: &BlockMask,
+        spec_names: &[String],
+    ) -> ManagerResult<Vec<BlockLocation>> {
+        let lookup = self.lookup_cache_locations(instance, kind, keys, mask, spec_names)?;
+        Ok(lookup.to_locations())
     }
 
     /// The first location (any state) of every unmasked key, in order; `None` when absent.
@@ -105,15 +283,19 @@ impl Manager {
     ) -> ManagerResult<Vec<Option<CacheMeta>>> {
         let unmasked = unmasked_keys(keys, mask);
         let entries = instance.index.get(&unmasked)?;
-        let incarnations = self.storages.incarnations();
-        let render = Renderer::new(instance, &incarnations, &[]);
+        let render = Renderer::new(instance, self.storages.incarnations(), &[]);
         Ok(unmasked
             .iter()
-            .zip(&entries)
+            .zip(entries)
             .map(|(key, entry)| {
-                let location = entry.as_ref()?.locations().next()?;
+                let entry = entry?;
+                let location = entry.locations().next()?;
+                let view = LocationView {
+                    render: &render,
+                    found: Some((*key, location)),
+                };
                 Some(CacheMeta {
-                    location: render.location(*key, &location),
+                    location: view.to_owned(),
                     id: location.id(),
                     state: location.state,
                 })
@@ -122,10 +304,10 @@ impl Manager {
     }
 }
 
-/// Renders the locations of one instance for one request.
+/// What rendering the locations of one instance for one request needs.
 pub(crate) struct Renderer<'r> {
     instance: &'r Instance,
-    incarnations: &'r [Incarnation],
+    incarnations: Incarnations,
     /// Spec indexes to keep (`None` = all).
     kept_specs: Option<Vec<u16>>,
 }
@@ -133,7 +315,7 @@ pub(crate) struct Renderer<'r> {
 impl<'r> Renderer<'r> {
     pub(crate) fn new(
         instance: &'r Instance,
-        incarnations: &'r [Incarnation],
+        incarnations: Incarnations,
         spec_names: &[String],
     ) -> Self {
         let kept_specs = (!spec_names.is_empty()).then(|| {
@@ -150,55 +332,14 @@ impl<'r> Renderer<'r> {
         }
     }
 
-    /// The placeholder of a miss: no storage type, every (kept) spec with an empty URI.
-    pub(crate) fn miss(&self) -> BlockLocation {
-        let specs = 0..self.instance.specs().len() as u16;
-        let kept = |spec: &u16| self.kept_specs.as_ref().is_none_or(|k| k.contains(spec));
-        BlockLocation {
-            storage_type: StorageType::Unspecified,
-            spec_count: self.instance.specs().len(),
-            parts: specs
-                .filter(kept)
-                .map(|spec| RenderedPart {
-                    spec,
-                    uri: String::new(),
-                })
-                .collect(),
-        }
+    fn keeps(&self, spec: u16) -> bool {
+        self.kept_specs.as_ref().is_none_or(|k| k.contains(&spec))
     }
 
-    /// The location of `key` as handed out.
-    pub(crate) fn location(&self, key: BlockKey, location: &LocationRef<'_>) -> BlockLocation {
-        let storage_type = self
-            .incarnations
+    fn storage_type(&self, location: &LocationRef<'_>) -> StorageType {
+        self.incarnations
             .get(usize::from(location.storage.0))
-            .map_or(StorageType::Unspecified, |i| i.storage_type);
-        let kept = |spec: &u16| self.kept_specs.as_ref().is_none_or(|k| k.contains(spec));
-        let specs = self.instance.specs();
-        let parts = location
-            .parts
-            .iter()
-            .filter(|part| kept(&part.spec))
-            .filter_map(|part| {
-                let spec = specs.get(usize::from(part.spec))?;
-                let reference = PartRef {
-                    instance_id: self.instance.id(),
-                    key,
-                    spec,
-                    address: part.address,
-                };
-                let uri = render_uri(self.incarnations, location.storage, &reference);
-                Some(RenderedPart {
-                    spec: part.spec,
-                    uri: uri.unwrap_or_default(),
-                })
-            })
-            .collect();
-        BlockLocation {
-            storage_type,
-            spec_count: location.parts.len(),
-            parts,
-        }
+            .map_or(StorageType::Unspecified, |i| i.storage_type)
     }
 }
 
@@ -211,25 +352,22 @@ fn unmasked_keys(keys: &[BlockKey], mask: &BlockMask) -> Vec<BlockKey> {
         .collect()
 }
 
-/// The readable location chosen for a key: among SERVING locations of positive weight, one
-/// drawn at random in proportion to its weight.
-fn readable<'e>(entry: Option<&'e Entry>, weights: &ReadWeights<'_>) -> Option<LocationRef<'e>> {
-    let entry = entry?;
+/// The position in `entry` of the readable location chosen for its key: among SERVING
+/// locations of positive weight, one drawn at random in proportion to its weight.
+fn readable(entry: &Entry, weights: &ReadWeights<'_>) -> Option<usize> {
     let weighted = entry
         .locations()
-        .filter(|l| l.state == LocationState::Serving)
-        .map(|l| {
-            let weight = weights.weight(&l);
-            (l, weight)
-        })
+        .enumerate()
+        .filter(|(_, l)| l.state == LocationState::Serving)
+        .map(|(position, l)| (position, weights.weight(&l)))
         .filter(|(_, w)| *w > 0);
     let mut chosen = None;
     let mut total = 0u32;
-    for (location, weight) in weighted {
+    for (position, weight) in weighted {
         // Weighted reservoir sampling: keep this one with probability weight / total.
         total += weight;
         if fastrand::u32(..total) < weight {
-            chosen = Some(location);
+            chosen = Some(position);
         }
     }
     chosen

@@ -232,9 +232,15 @@ pub trait DataStorage: Send + Sync + std::fmt::Debug {
         &self,
         request: &AllocationRequest<'_>,
     ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError>;
-    /// The URI of an allocated part, byte-identical to the one `allocate` returned; `None`
-    /// when the backend no longer knows the address (its object was freed).
-    fn uri(&self, part: &PartRef<'_>) -> Option<String>;
+    /// Appends the URI of an allocated part to `out`, byte-identical to the one `allocate`
+    /// returned; false (nothing appended) when the backend no longer knows the address (its
+    /// object was freed).
+    fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool;
+    /// The URI of an allocated part (see [`DataStorage::write_uri`]).
+    fn uri(&self, part: &PartRef<'_>) -> Option<String> {
+        let mut uri = String::new();
+        self.write_uri(part, &mut uri).then_some(uri)
+    }
     /// Frees the bytes of these locations (URIs this backend produced).
     fn delete(&self, uris: &[String]) -> Result<(), StorageError>;
     /// Probes the tier (mount present, directory writable, ...).

@@ -112,23 +112,23 @@ impl BlockFileStorage {
     /// The URI of block `blkid` (of `size` bytes) of the file `file_name` below the base
     /// (§14; the same text `BlockUri` prints: parameters sorted by name).
     fn uri(&self, file_name: &str, blkid: u64, size: i64) -> String {
-        let (mut blkid_text, mut size_text) = (itoa::Buffer::new(), itoa::Buffer::new());
-        let size = size_text.format(size);
-        let blkid = (self.key_count_per_file > 1).then(|| blkid_text.format(blkid));
-        let params = blkid.map_or(0, |b| "?blkid=".len() + b.len()) + "&size=".len() + size.len();
-        let mut uri = String::with_capacity(self.uri_prefix.len() + file_name.len() + params);
-        uri.push_str(&self.uri_prefix);
-        uri.push_str(file_name);
-        match blkid {
-            Some(blkid) => {
-                uri.push_str("?blkid=");
-                uri.push_str(blkid);
-                uri.push_str("&size=");
-            }
-            None => uri.push_str("?size="),
-        }
-        uri.push_str(size);
+        let mut uri = String::with_capacity(self.uri_prefix.len() + file_name.len() + 40);
+        self.push_uri(&mut uri, file_name, blkid, size);
         uri
+    }
+
+    /// Appends the URI of [`BlockFileStorage::uri`] to `out`.
+    fn push_uri(&self, out: &mut String, file_name: &str, blkid: u64, size: i64) {
+        out.push_str(&self.uri_prefix);
+        out.push_str(file_name);
+        if self.key_count_per_file > 1 {
+            out.push_str("?blkid=");
+            out.push_str(itoa::Buffer::new().format(blkid));
+            out.push_str("&size=");
+        } else {
+            out.push_str("?size=");
+        }
+        out.push_str(itoa::Buffer::new().format(size));
     }
 
     /// The path of the file `file_name` below the base.
@@ -352,11 +352,12 @@ impl DataStorage for BlockFileStorage {
         Ok(plan.placed)
     }
 
-    fn uri(&self, part: &PartRef<'_>) -> Option<String> {
+    fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {
         let block = u64::from(part.address.block);
-        self.live.with_name(part.address.object, |name| {
-            self.uri(name, block, part.spec.size)
-        })
+        let written = self.live.with_name(part.address.object, |name| {
+            self.push_uri(out, name, block, part.spec.size)
+        });
+        written.is_some()
     }
 
     fn delete(&self, uris: &[String]) -> Result<(), StorageError> {

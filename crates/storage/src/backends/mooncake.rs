@@ -78,8 +78,9 @@ impl DataStorage for MooncakeStorage {
         Ok(placed.collect())
     }
 
-    fn uri(&self, part: &PartRef<'_>) -> Option<String> {
-        Some(self.uri(part.instance_id, part.spec, part.key))
+    fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {
+        out.push_str(&self.uri(part.instance_id, part.spec, part.key));
+        true
     }
 
     /// Checks the URIs; the objects live in Mooncake and are removed by its clients.
