@@ -5,9 +5,10 @@
 //! and a transition is published inside the index's critical section for its key (the
 //! compare-and-set that makes it), so two transitions of one key reach every subscriber in
 //! the order they were applied. A subscriber that falls behind costs memory, never an
-//! event; one that drops its receiver is forgotten at the next publish. The creation of a
-//! location (`from: None`) is published right after its insert succeeds, before anyone else
-//! can see the location (its write session is not open yet).
+//! event; one that drops its receiver is forgotten at the next publish. Should an insert fail
+//! after its creations were published (an index refusing the batch), each is retracted with a
+//! `Writing → None` change, so a subscriber's picture never keeps a location that was not
+//! stored.
 //!
 //! The event log (src/events in the `kvcm` crate) does not subscribe: it records requests
 //! and their answers, not transitions.

@@ -685,3 +685,86 @@ fn a_group_update_proceeds_while_a_read_is_inside_the_index() {
         "the update finished during the lookup"
     );
 }
+
+/// The (key, location) → state picture the index holds for `keys`.
+fn index_picture(
+    instance: &Instance,
+    keys: &[i64],
+) -> std::collections::HashMap<(i64, LocationId), LocationState> {
+    let entries = instance.index.get(keys).expect("get");
+    let mut picture = std::collections::HashMap::new();
+    for (key, entry) in keys.iter().zip(entries) {
+        for location in entry.iter().flat_map(|e| e.locations()) {
+            picture.insert((*key, location.id()), location.state);
+        }
+    }
+    picture
+}
+
+/// Applies one change to a picture; it must start from the state the picture holds.
+fn apply(
+    picture: &mut std::collections::HashMap<(i64, LocationId), LocationState>,
+    change: StateChange,
+) {
+    let slot = (change.key, change.location_id);
+    assert_eq!(picture.get(&slot).copied(), change.from, "{change:?}");
+    match change.to {
+        Some(state) => picture.insert(slot, state),
+        None => picture.remove(&slot),
+    };
+}
+
+#[test]
+fn the_change_feed_is_lossless_and_ordered_per_key_under_concurrent_writers() {
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let feed = fx.manager.subscribe();
+    let keys: Vec<i64> = (0..16).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            let (manager, instance, keys) = (&fx.manager, &instance, &keys);
+            scope.spawn(move || {
+                for _ in 0..150 {
+                    let start = fastrand::usize(..keys.len());
+                    let run = keys[start..fastrand::usize(start + 1..=keys.len())].to_vec();
+                    match fastrand::u8(..3) {
+                        0 => drop(manager.remove_cache(instance, &run)),
+                        _ => {
+                            let Ok(started) = manager.start_write(instance, run, &[], 30) else {
+                                continue;
+                            };
+                            let count = started.locations.len();
+                            let mask =
+                                BlockMask::Bools((0..count).map(|_| fastrand::bool()).collect());
+                            drop(manager.finish_write(instance, &started.session_id, &mask));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    // Replay the feed: every change must start from the state the previous one left.
+    let mut picture = std::collections::HashMap::new();
+    let mut applied = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        while let Ok(change) = feed.try_recv() {
+            apply(&mut picture, change);
+            applied += 1;
+        }
+        let stored = index_picture(&instance, &keys);
+        let settled = !stored.values().any(|s| *s == LocationState::Deleting);
+        if settled && stored == picture {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the feed never caught up with the index"
+        );
+        // Wait for the next change (the deleter is still working) instead of spinning.
+        if let Ok(change) = feed.recv_timeout(Duration::from_secs(5)) {
+            apply(&mut picture, change);
+            applied += 1;
+        }
+    }
+    assert!(applied > 100, "only {applied} changes were published");
+}

@@ -285,6 +285,13 @@ impl Manager {
             allocated.iter().map(|(k, l, _)| (*k, l)).collect();
         let keys: Vec<BlockKey> = allocated.iter().map(|(k, ..)| *k).collect();
         let mut taken = HashSet::new();
+        let change = |key: BlockKey, from, to| StateChange {
+            instance_id: instance.id().clone(),
+            key,
+            location_id: by_key[&key].as_ref().id(),
+            from,
+            to,
+        };
         let inserted =
             instance
                 .index
@@ -293,25 +300,26 @@ impl Manager {
                         taken.insert(key);
                         return Modify::Keep;
                     }
+                    // Published under the key's lock, before anyone can move the location.
+                    self.feed
+                        .publish(change(key, None, Some(LocationState::Writing)));
                     Modify::Put(Entry::new(vec![(*by_key[&key]).clone()]))
                 });
         if let Err(error) = inserted {
+            // Nothing was stored: retract what the feed was told.
+            for key in keys.iter().filter(|key| !taken.contains(key)) {
+                self.feed
+                    .publish(change(*key, Some(LocationState::Writing), None));
+            }
             free_locations(backend, allocated.iter().map(|(.., l)| l));
             return Err(error.into());
         }
         let (lost, won): (Vec<_>, Vec<_>) =
             allocated.into_iter().partition(|(k, ..)| taken.contains(k));
         free_locations(backend, lost.iter().map(|(.., l)| l));
-        for (key, location, rendered) in &won {
+        for (_, location, rendered) in &won {
             let bytes = instance.location_bytes(&location.as_ref());
             instance.usage().add(rendered.storage_type, bytes);
-            self.feed.publish(StateChange {
-                instance_id: instance.id().clone(),
-                key: *key,
-                location_id: location.as_ref().id(),
-                from: None,
-                to: Some(LocationState::Writing),
-            });
         }
         Ok(won)
     }
