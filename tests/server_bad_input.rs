@@ -785,3 +785,21 @@ async fn unknown_enum_names_over_http_are_the_zero_value() {
         .map(|a| a["role"].clone());
     assert_eq!(role, Some(json!("ROLE_USER")), "{listed}");
 }
+
+#[tokio::test]
+async fn unknown_debug_enum_numbers_are_refused_and_set_no_fault() {
+    let (server, _) = fixture().await;
+    for body in [
+        json!({"api_name": "GetCacheLocation", "fault_trigger_strategy": 77}),
+        json!({"api_name": "GetCacheLocation", "fault_type": 9}),
+    ] {
+        let answer = server.call("debug_http", "injectFault", body.clone()).await;
+        assert_eq!(code(&answer), "INVALID_ARGUMENT", "{body}: {answer}");
+        let message = answer["header"]["status"]["message"].as_str().unwrap_or("");
+        assert!(message.contains("{InjectFault: {fault_"), "{message}");
+    }
+    let removed = server
+        .call("debug_http", "removeFault", json!({"api_name": "GetCacheLocation"}))
+        .await;
+    assert_eq!(code(&removed), "INVALID_ARGUMENT", "no fault was set: {removed}");
+}

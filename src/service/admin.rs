@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use kvcm_manager::{Account, ManagerError};
+use kvcm_manager::{Account, GroupConfig, ManagerError};
 
 use super::convert::transcode;
 use super::core::{Core, Outcome};
@@ -29,6 +29,12 @@ fn done(message: &str) -> Outcome<admin::CommonResponse> {
 
 fn missing(field: &'static str) -> ManagerError {
     ManagerError::invalid(field)
+}
+
+/// The domain group of a request's wire group.
+fn requested_group(group: Option<&admin::InstanceGroup>) -> Result<GroupConfig, ManagerError> {
+    let group = group.ok_or_else(|| missing("instance_group"))?;
+    group_from_wire(group.clone())
 }
 
 /// The typed config of a request's wire storage config.
@@ -133,11 +139,8 @@ impl AdminHandler {
             &rpcs::admin::CREATE_INSTANCE_GROUP,
             &request.trace_id,
             |core| {
-                let group = request
-                    .instance_group
-                    .clone()
-                    .ok_or_else(|| missing("instance_group"))?;
-                core.manager.create_group(group_from_wire(group)?)?;
+                core.manager
+                    .create_group(requested_group(request.instance_group.as_ref())?)?;
                 done("Instance group created successfully")
             },
         )
@@ -152,12 +155,8 @@ impl AdminHandler {
             &rpcs::admin::UPDATE_INSTANCE_GROUP,
             &request.trace_id,
             |core| {
-                let group = request
-                    .instance_group
-                    .clone()
-                    .ok_or_else(|| missing("instance_group"))?;
-                core.manager
-                    .update_group(group_from_wire(group)?, request.current_version)?;
+                let group = requested_group(request.instance_group.as_ref())?;
+                core.manager.update_group(group, request.current_version)?;
                 done("Instance group updated successfully")
             },
         )

@@ -44,9 +44,22 @@ impl DebugHandler {
                 ManagerError::invalid("api_name"),
             );
         }
+        if debug::FaultType::try_from(request.fault_type).is_err() {
+            let detail = format!("{} is not a FaultType", request.fault_type);
+            let unknown = ManagerError::invalid_because("fault_type", detail);
+            return refused(&rpcs::debug::INJECT_FAULT, unknown);
+        }
         let trigger = match debug::FaultTriggerStrategy::try_from(request.fault_trigger_strategy) {
             Ok(debug::FaultTriggerStrategy::Once) => Trigger::AtCall(request.trigger_at_call),
-            _ => Trigger::Always,
+            Ok(debug::FaultTriggerStrategy::Always) => Trigger::Always,
+            Err(_) => {
+                let detail = format!(
+                    "{} is not a FaultTriggerStrategy",
+                    request.fault_trigger_strategy
+                );
+                let unknown = ManagerError::invalid_because("fault_trigger_strategy", detail);
+                return refused(&rpcs::debug::INJECT_FAULT, unknown);
+            }
         };
         self.core.faults.inject(request.api_name, trigger);
         done("Fault injected")
