@@ -799,7 +799,39 @@ async fn unknown_debug_enum_numbers_are_refused_and_set_no_fault() {
         assert!(message.contains("{InjectFault: {fault_"), "{message}");
     }
     let removed = server
-        .call("debug_http", "removeFault", json!({"api_name": "GetCacheLocation"}))
+        .call(
+            "debug_http",
+            "removeFault",
+            json!({"api_name": "GetCacheLocation"}),
+        )
         .await;
-    assert_eq!(code(&removed), "INVALID_ARGUMENT", "no fault was set: {removed}");
+    assert_eq!(
+        code(&removed),
+        "INVALID_ARGUMENT",
+        "no fault was set: {removed}"
+    );
+}
+
+#[tokio::test]
+async fn a_spec_group_without_specs_is_refused() {
+    let (server, _) = fixture().await;
+    let body = json!({"instance_group": "default", "instance_id": "empty_group", "block_size": 4,
+                      "location_spec_infos": [{"name": "tp0", "size": 64}],
+                      "model_deployment": {"model_name": "m", "dtype": "fp8"},
+                      "location_spec_groups": [{"name": "g", "spec_names": []}]});
+    let answer = server.meta_http("registerInstance", body).await;
+    assert_eq!(code(&answer), "INVALID_ARGUMENT", "{answer}");
+    let message = answer["header"]["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("{RegisterInstance: {location_spec_groups}}"),
+        "{message}"
+    );
+    let info = server
+        .meta_http("getInstanceInfo", json!({"instance_id": "empty_group"}))
+        .await;
+    assert_eq!(
+        code(&info),
+        "INSTANCE_NOT_EXIST",
+        "nothing was registered: {info}"
+    );
 }

@@ -37,7 +37,8 @@ pub struct Part {
     pub address: PartAddress,
 }
 
-/// One stored copy of a block.
+/// One stored copy of a block (with at least one part: registration refuses empty spec
+/// groups).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
     /// The storage incarnation holding it.
@@ -243,7 +244,6 @@ mod tests {
         for shape in [
             vec![location(1, LocationState::Writing, 1)],
             vec![location(1, LocationState::Serving, 8)],
-            vec![location(1, LocationState::Serving, 0)],
             vec![
                 location(1, LocationState::Serving, 1),
                 location(2, LocationState::Deleting, 3),

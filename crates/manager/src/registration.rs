@@ -1,8 +1,8 @@
 //! An instance's registration as the manager stores it, and the checks it must pass.
 //!
 //! Invariant of a stored registration: names are usable as path components and URI parts,
-//! sizes positive, spec names unique, spec groups sorted by name, each with sorted spec names
-//! that all name registered specs.
+//! sizes positive, spec names unique, spec groups sorted by name, each with at least one and
+//! sorted spec names that all name registered specs.
 
 use std::collections::HashSet;
 
@@ -135,8 +135,8 @@ fn has_repeats<'a>(mut items: impl Iterator<Item = &'a String>) -> bool {
     !items.all(|item| seen.insert(item))
 }
 
-/// Spec groups sorted by name with sorted spec names; `None` when a group has no name or
-/// names a spec that is not registered.
+/// Spec groups sorted by name with sorted spec names; `None` when a group has no name, no
+/// spec, or names a spec that is not registered (so every stored block has a part).
 fn normalised_spec_groups(
     mut groups: Vec<SpecGroup>,
     specs: &[BlockSpec],
@@ -144,7 +144,10 @@ fn normalised_spec_groups(
     let known = |name: &String| specs.iter().any(|s| &s.name == name);
     for group in &mut groups {
         group.spec_names.sort();
-        if group.name.is_empty() || !group.spec_names.iter().all(known) {
+        if group.name.is_empty()
+            || group.spec_names.is_empty()
+            || !group.spec_names.iter().all(known)
+        {
             return None;
         }
     }

@@ -45,6 +45,9 @@ fn read_location(input: &mut Reader<'_>) -> Result<Location, DecodeError> {
             },
         })
     })?;
+    if parts.is_empty() {
+        return Err(DecodeError::Invalid("a location without parts"));
+    }
     Ok(Location {
         storage,
         state,
