@@ -69,7 +69,15 @@ async fn write_round(client: &mut MetaServiceClient<Channel>, committed: &Commit
         .await
         .expect("grpc")
         .into_inner();
-    assert_eq!(grpc_code(&finished.header), meta::ErrorCode::Ok);
+    // A concurrent RemoveCache may have taken some of the session's WRITING blocks: the
+    // finish then reports them as a manager failure (their URIs stay in `committed`, a
+    // superset of what is readable).
+    let code = grpc_code(&finished.header);
+    assert!(
+        matches!(code, meta::ErrorCode::Ok | meta::ErrorCode::InternalError),
+        "{:?}",
+        finished.header
+    );
     if fastrand::u8(..4) == 0 {
         let doomed = keys[fastrand::usize(..keys.len())];
         client

@@ -16,6 +16,7 @@ pub fn run(key_count: usize) {
     let entry = Entry::new(vec![Location {
         storage: StorageHandle(0),
         state: LocationState::Serving,
+        nonce: 1,
         parts: vec![Part {
             spec: 0,
             address: PartAddress::default(),

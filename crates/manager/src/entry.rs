@@ -5,7 +5,7 @@
 //!
 //! Entries are immutable values; a state change stores a new entry inside one
 //! `read_modify_write` (a compare-and-set per key). The common entry — one location with one
-//! part — is held inline in 16 bytes; any other shape in one shared allocation.
+//! part — is held inline in 24 bytes; any other shape in one shared allocation.
 
 use std::sync::Arc;
 
@@ -45,6 +45,8 @@ pub struct Location {
     pub storage: StorageHandle,
     /// Lifecycle state.
     pub state: LocationState,
+    /// Unique among the locations the manager created (see [`LocationId`]).
+    pub nonce: u32,
     /// Its parts, in spec order.
     pub parts: Vec<Part>,
 }
@@ -56,12 +58,16 @@ pub struct LocationRef<'a> {
     pub storage: StorageHandle,
     /// Lifecycle state.
     pub state: LocationState,
+    /// Unique among the locations the manager created.
+    pub nonce: u32,
     /// Its parts, in spec order.
     pub parts: &'a [Part],
 }
 
-/// The 8-character id of a location (GetCacheMeta's `id`), derived from its facts: unique
-/// within a key because no two locations of one key share a storage and first part.
+/// The 8-character id of a location (GetCacheMeta's `id`, and how a write session names the
+/// locations it created), derived from its nonce: the manager hands out nonces from one
+/// counter, so an id names one location over time — a new location that reuses the storage
+/// facts of a deleted one (a file id is reused once its file is freed) still gets another id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LocationId(pub u64);
 
@@ -84,11 +90,7 @@ impl std::fmt::Display for LocationId {
 impl LocationRef<'_> {
     /// The location's id.
     pub fn id(&self) -> LocationId {
-        let first = self.parts.first().map_or(0, |part| {
-            u64::from(part.address.object) << 32 | u64::from(part.address.block)
-        });
-        let mixed = mix(first ^ u64::from(self.storage.0).rotate_left(48));
-        LocationId(mixed % ID_SPACE)
+        LocationId(mix(u64::from(self.nonce)) % ID_SPACE)
     }
 
     /// An owned copy.
@@ -96,6 +98,7 @@ impl LocationRef<'_> {
         Location {
             storage: self.storage,
             state: self.state,
+            nonce: self.nonce,
             parts: self.parts.to_vec(),
         }
     }
@@ -107,6 +110,7 @@ impl Location {
         LocationRef {
             storage: self.storage,
             state: self.state,
+            nonce: self.nonce,
             parts: &self.parts,
         }
     }
@@ -130,13 +134,14 @@ enum Repr {
         part: Part,
         storage: StorageHandle,
         state: LocationState,
+        nonce: u32,
     },
     /// Any other shape.
     Many(Arc<Vec<Location>>),
 }
 
-// The inline entry must stay a 16-byte value: it is most of the index's memory.
-const _: () = assert!(std::mem::size_of::<Entry>() == 16);
+// The inline entry must stay a 24-byte value: it is most of the index's memory.
+const _: () = assert!(std::mem::size_of::<Entry>() == 24);
 
 impl Entry {
     /// An entry of these locations, in order.
@@ -147,6 +152,7 @@ impl Entry {
                     part: *part,
                     storage: only.storage,
                     state: only.state,
+                    nonce: only.nonce,
                 });
             }
         }
@@ -164,10 +170,12 @@ impl Entry {
                 part,
                 storage,
                 state,
+                nonce,
             } => (
                 Some(LocationRef {
                     storage: *storage,
                     state: *state,
+                    nonce: *nonce,
                     parts: std::slice::from_ref(part),
                 }),
                 &[][..],
@@ -215,6 +223,7 @@ mod tests {
         Location {
             storage: StorageHandle(1),
             state,
+            nonce: object,
             parts: (0..parts)
                 .map(|spec| Part {
                     spec: spec as u16,
@@ -256,7 +265,7 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_eight_characters_and_differ_by_facts() {
+    fn ids_are_eight_characters_and_differ_by_nonce() {
         let a = location(1, LocationState::Serving, 1);
         let b = location(2, LocationState::Serving, 1);
         let id = a.as_ref().id().to_string();
@@ -271,6 +280,13 @@ mod tests {
             a.as_ref().id(),
             moved.as_ref().id(),
             "the state is no part of it"
+        );
+        let mut reused = a.clone();
+        reused.nonce = 99;
+        assert_ne!(
+            a.as_ref().id(),
+            reused.as_ref().id(),
+            "the same storage facts with another nonce are another location"
         );
     }
 }

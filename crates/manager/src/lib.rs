@@ -100,6 +100,8 @@ pub struct Manager {
     feed: ChangeFeed,
     leadership: Leadership,
     open_index: IndexFactory,
+    /// The next location nonce (ids of locations, see [`entry::LocationId`]).
+    nonces: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Manager {
@@ -127,6 +129,7 @@ impl Manager {
             feed,
             leadership: Leadership::new(deps.node_id),
             open_index: deps.open_index,
+            nonces: std::sync::atomic::AtomicU32::new(1),
         });
         let weak: Weak<Manager> = Arc::downgrade(&manager);
         sessions::spawn_expiry(sessions, move |session| {

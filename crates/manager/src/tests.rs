@@ -531,6 +531,10 @@ fn allocated(
     let location = Location {
         storage: handle,
         state: LocationState::Serving,
+        nonce: fx
+            .manager
+            .nonces
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         parts: vec![Part {
             spec: 0,
             address: part.address,

@@ -3,6 +3,7 @@
 //! hands the rest to the deleter. Expiry and demotion fail a whole session.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,7 +67,7 @@ impl Manager {
             });
         }
         let (handle, incarnation) = self.choose_backend(instance)?;
-        let allocated = allocate(instance, handle, &incarnation, &blocks)?;
+        let allocated = allocate(instance, handle, &incarnation, &blocks, &self.nonces)?;
         let backend = incarnation.backend.as_ref();
         let new_locations = self.insert_writing(instance, backend, allocated)?;
         let written: HashSet<BlockKey> = new_locations.iter().map(|(k, ..)| *k).collect();
@@ -449,6 +450,7 @@ fn allocate(
     handle: StorageHandle,
     incarnation: &Incarnation,
     blocks: &[BlockToAllocate],
+    nonces: &AtomicU32,
 ) -> ManagerResult<Vec<(BlockKey, Location, BlockLocation)>> {
     let request = AllocationRequest {
         instance_id: instance.id(),
@@ -491,6 +493,7 @@ fn allocate(
             let location = Location {
                 storage: handle,
                 state: LocationState::Writing,
+                nonce: nonces.fetch_add(1, Ordering::Relaxed),
                 parts,
             };
             (block.key, location, rendered)

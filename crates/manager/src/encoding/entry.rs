@@ -26,6 +26,7 @@ fn state_of(code: u8) -> Result<LocationState, DecodeError> {
 fn write_location(out: &mut Writer, location: &LocationRef<'_>) {
     out.u16(location.storage.0);
     out.u8(state_code(location.state));
+    out.u32(location.nonce);
     out.list(location.parts, |out, part| {
         out.u16(part.spec);
         out.u32(part.address.object);
@@ -36,6 +37,7 @@ fn write_location(out: &mut Writer, location: &LocationRef<'_>) {
 fn read_location(input: &mut Reader<'_>) -> Result<Location, DecodeError> {
     let storage = StorageHandle(input.u16()?);
     let state = state_of(input.u8()?)?;
+    let nonce = input.u32()?;
     let parts = input.list(|input| {
         Ok(Part {
             spec: input.u16()?,
@@ -51,6 +53,7 @@ fn read_location(input: &mut Reader<'_>) -> Result<Location, DecodeError> {
     Ok(Location {
         storage,
         state,
+        nonce,
         parts,
     })
 }

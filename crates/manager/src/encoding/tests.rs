@@ -66,12 +66,12 @@ fn location_strategy() -> impl Strategy<Value = Location> {
         Just(LocationState::Serving),
         Just(LocationState::Deleting)
     ];
-    (any::<u16>(), state, prop::collection::vec(part, 1..10)).prop_map(|(storage, state, parts)| {
-        Location {
-            storage: StorageHandle(storage),
-            state,
-            parts,
-        }
+    let parts = prop::collection::vec(part, 1..10);
+    (any::<u16>(), state, any::<u32>(), parts).prop_map(|(storage, state, nonce, parts)| Location {
+        storage: StorageHandle(storage),
+        state,
+        nonce,
+        parts,
     })
 }
 
@@ -250,6 +250,7 @@ fn one_part_entry() -> Entry {
     Entry::new(vec![Location {
         storage: StorageHandle(0),
         state: LocationState::Serving,
+        nonce: 42,
         parts: vec![Part {
             spec: 0,
             address: PartAddress {
@@ -264,6 +265,7 @@ fn replicated_entry() -> Entry {
     let location = |storage, state, parts: u16| Location {
         storage: StorageHandle(storage),
         state,
+        nonce: 7 + u32::from(storage),
         parts: (0..parts)
             .map(|spec| Part {
                 spec,
