@@ -81,7 +81,7 @@ fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
             let bytes = job.instance.location_bytes(&job.location.as_ref());
             let storage_type = storages
                 .incarnations()
-                .get(usize::from(job.location.storage.0))
+                .get(job.location.storage)
                 .map(|i| i.storage_type);
             if let Some(storage_type) = storage_type {
                 job.instance.usage().add(storage_type, -bytes);
@@ -109,7 +109,7 @@ fn free_bytes(job: &DeleteJob, storages: &StorageTable) {
             render_uri(&incarnations, job.location.storage, &reference)
         })
         .collect();
-    let Some(incarnation) = incarnations.get(usize::from(job.location.storage.0)) else {
+    let Some(incarnation) = incarnations.get(job.location.storage) else {
         return;
     };
     if let Err(error) = incarnation.backend.delete(&uris) {

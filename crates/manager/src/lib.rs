@@ -32,6 +32,7 @@ mod error;
 pub mod feed;
 pub mod group_config;
 mod groups;
+mod incarnations;
 mod instance;
 pub mod keys;
 mod leader;

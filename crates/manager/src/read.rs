@@ -202,7 +202,7 @@ impl PartView<'_> {
             spec: self.spec,
             address,
         };
-        if let Some(incarnation) = self.render.incarnations.get(usize::from(storage.0)) {
+        if let Some(incarnation) = self.render.incarnations.get(storage) {
             incarnation.backend.write_uri(&reference, out);
         }
     }
@@ -338,7 +338,7 @@ impl<'r> Renderer<'r> {
 
     fn storage_type(&self, location: &LocationRef<'_>) -> StorageType {
         self.incarnations
-            .get(usize::from(location.storage.0))
+            .get(location.storage)
             .map_or(StorageType::Unspecified, |i| i.storage_type)
     }
 }

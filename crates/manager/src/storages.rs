@@ -15,6 +15,7 @@ use kvcm_storage::{DataStorage, PartRef, StorageConfig, StorageError, StorageReg
 
 use super::entry::{LocationRef, StorageHandle};
 use super::error::{ManagerError, ManagerResult};
+use super::incarnations::IncarnationTable;
 use super::storage_type::StorageType;
 use crate::sync::{read_lock, write_lock};
 
@@ -31,8 +32,8 @@ pub struct Incarnation {
     pub backend: Arc<dyn DataStorage>,
 }
 
-/// Every incarnation ever registered, by handle.
-pub type Incarnations = Arc<Vec<Incarnation>>;
+/// Every incarnation ever registered, by handle (shared; append-only).
+pub type Incarnations = Arc<IncarnationTable>;
 
 /// All registered storages.
 #[derive(Debug)]
@@ -40,8 +41,8 @@ pub struct StorageTable {
     registry: StorageRegistry,
     /// The current incarnation of each registered storage, by name.
     current: RwLock<HashMap<String, StorageHandle>>,
-    /// Every incarnation, by handle (copied on write: readers take a snapshot).
-    incarnations: RwLock<Incarnations>,
+    /// Every incarnation, by handle.
+    incarnations: Incarnations,
 }
 
 impl StorageTable {
@@ -54,7 +55,7 @@ impl StorageTable {
         Ok(StorageTable {
             registry,
             current: RwLock::default(),
-            incarnations: RwLock::default(),
+            incarnations: Arc::default(),
         })
     }
 
@@ -113,7 +114,7 @@ impl StorageTable {
 
     /// Refuses a registration when every handle is taken.
     fn check_handles_left(&self) -> ManagerResult<()> {
-        if read_lock(&self.incarnations).len() > usize::from(u16::MAX) {
+        if self.incarnations.len() > usize::from(u16::MAX) {
             return Err(ManagerError::Refused(
                 "65,536 storage registrations were made: no storage handle is left".into(),
             ));
@@ -127,19 +128,14 @@ impl StorageTable {
             .registry
             .get(name)
             .ok_or_else(|| ManagerError::NotFound(format!("storage {name:?} does not exist")))?;
-        let mut incarnations = write_lock(&self.incarnations);
-        let handle = StorageHandle(
-            u16::try_from(incarnations.len())
-                .map_err(|_| ManagerError::Refused("no storage handle is left".into()))?,
-        );
-        let mut grown = Vec::clone(&incarnations);
-        grown.push(Incarnation {
+        let incarnation = Incarnation {
             name: name.into(),
             storage_type: StorageType::of(backend.kind()),
             backend,
-        });
-        *incarnations = Arc::new(grown);
-        Ok(handle)
+        };
+        self.incarnations
+            .push(incarnation)
+            .ok_or_else(|| ManagerError::Refused("no storage handle is left".into()))
     }
 
     /// Enables or disables a storage.
@@ -182,7 +178,7 @@ impl StorageTable {
 
     /// A snapshot of every incarnation, by handle.
     pub fn incarnations(&self) -> Incarnations {
-        read_lock(&self.incarnations).clone()
+        self.incarnations.clone()
     }
 
     /// The available storages among `candidates` (current incarnations), in candidate order.
@@ -193,7 +189,7 @@ impl StorageTable {
             .iter()
             .filter(|name| self.registry.is_available(name))
             .filter_map(|name| current.get(name.as_str()))
-            .map(|&handle| (handle, incarnations[usize::from(handle.0)].clone()))
+            .filter_map(|&handle| Some((handle, incarnations.get(handle)?.clone())))
             .collect()
     }
 
@@ -260,11 +256,11 @@ impl StorageTable {
 
 /// Renders parts of locations through the incarnations that allocated them.
 pub fn render_uri(
-    incarnations: &[Incarnation],
+    incarnations: &IncarnationTable,
     storage: StorageHandle,
     part: &PartRef<'_>,
 ) -> Option<String> {
-    incarnations.get(usize::from(storage.0))?.backend.uri(part)
+    incarnations.get(storage)?.backend.uri(part)
 }
 
 /// How locations are weighted in one request (wire fact sheet §11).
@@ -293,7 +289,7 @@ pub struct ReadWeights<'t> {
 impl ReadWeights<'_> {
     /// The weight of a location; 0 makes it a miss (as is a location of an unknown handle).
     pub fn weight(&self, location: &LocationRef<'_>) -> u32 {
-        let Some(incarnation) = self.incarnations.get(usize::from(location.storage.0)) else {
+        let Some(incarnation) = self.incarnations.get(location.storage) else {
             return 0;
         };
         let storage_type = incarnation.storage_type;

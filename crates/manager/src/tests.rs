@@ -516,7 +516,8 @@ fn allocated(
 ) -> (Location, String) {
     let storages = &fx.manager.storages;
     let handle = storages.current_handle(storage_name).expect("registered");
-    let incarnation = &storages.incarnations()[usize::from(handle.0)];
+    let incarnations = storages.incarnations();
+    let incarnation = incarnations.get(handle).expect("incarnation");
     let blocks = [BlockToAllocate {
         key,
         spec_indexes: vec![0],
@@ -771,4 +772,41 @@ fn the_change_feed_is_lossless_and_ordered_per_key_under_concurrent_writers() {
         }
     }
     assert!(applied > 100, "only {applied} changes were published");
+}
+
+#[test]
+fn storage_handles_run_out_with_a_clear_refusal_that_changes_nothing() {
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let mooncake = || StorageConfig {
+        global_unique_name: "m".into(),
+        spec: StorageSpec::Mooncake {
+            local_hostname: "h".into(),
+            metadata_connstring: "c".into(),
+            protocol: "tcp".into(),
+            rdma_device: String::new(),
+            master_service_entry: "e".into(),
+        },
+        check_storage_available_when_open: false,
+    };
+    fx.manager.add_storage(mooncake()).expect("second storage");
+    // Handles 0 ("s") and 1 ("m") are taken; every update makes a new incarnation.
+    let mut updates = 0;
+    let refused = loop {
+        match fx.manager.update_storage(mooncake()) {
+            Ok(()) => updates += 1,
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(updates, 65_536 - 2, "every 16-bit handle was used once");
+    assert!(
+        matches!(&refused, ManagerError::Refused(m) if m.contains("storage handle")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        fx.manager.list_storages().len(),
+        2,
+        "both storages still registered"
+    );
+    let written = fx.manager.start_write(&instance, vec![1], &[], 30);
+    assert!(written.is_ok(), "the old storages still serve: {written:?}");
 }
