@@ -230,6 +230,7 @@ mod tests {
                     address: PartAddress {
                         object,
                         block: spec as u32,
+                        generation: 0,
                     },
                 })
                 .collect(),

@@ -1,10 +1,12 @@
 //! The change feed: every location state transition, for subscribers such as the
 //! lookup-table publisher (a later issue) and tests.
 //!
-//! Delivery is lossless and ordered per key: each subscriber has its own unbounded queue,
-//! and a transition is published inside the index's critical section for its key (the
-//! compare-and-set that makes it), so two transitions of one key reach every subscriber in
-//! the order they were applied. A subscriber that falls behind costs memory, never an
+//! Delivery is lossless and ordered per location (key and location id): each subscriber has
+//! its own unbounded queue, and a transition is published inside the index's critical section
+//! for its key (the compare-and-set that makes it), so the transitions of one location reach
+//! every subscriber in the order they were applied. Subscribers must track locations by
+//! (key, location id): the retraction below is published after the key's lock is released,
+//! so another location of the same key may be created in between. A subscriber that falls behind costs memory, never an
 //! event; one that drops its receiver is forgotten at the next publish. Should an insert fail
 //! after its creations were published (an index refusing the batch), each is retracted with a
 //! `Writing → None` change, so a subscriber's picture never keeps a location that was not

@@ -458,9 +458,19 @@ fn allocate(
         blocks,
     };
     let allocated = incarnation.backend.allocate(&request)?;
-    if allocated.len() != blocks.len() {
+    let complete = allocated.len() == blocks.len()
+        && blocks
+            .iter()
+            .zip(&allocated)
+            .all(|(block, placed)| block.spec_indexes.len() == placed.len());
+    if !complete {
+        // Never keep what a backend placed for an answer that cannot be used.
+        let uris: Vec<String> = allocated.iter().flatten().map(|p| p.uri.clone()).collect();
+        if let Err(free_error) = incarnation.backend.delete(&uris) {
+            tracing::warn!(%free_error, "freeing an incomplete allocation failed");
+        }
         return Err(ManagerError::Partial(format!(
-            "storage {} placed {} of {} blocks",
+            "storage {} placed {} of {} blocks, or not every part of them",
             incarnation.name,
             allocated.len(),
             blocks.len()

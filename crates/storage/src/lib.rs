@@ -156,10 +156,13 @@ pub struct AllocatedSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct PartAddress {
     /// The backend's object: a file id for file backends (valid while any block of the file
-    /// is allocated); 0 where the URI needs none.
+    /// is allocated; reused after the file is released); 0 where the URI needs none.
     pub object: u32,
     /// The block's index inside the object (0 for a single-block object).
     pub block: u32,
+    /// Which use of a reused object id this is: an address of an earlier file under the same
+    /// id renders nothing, never the newer file's URI.
+    pub generation: u16,
 }
 
 /// One allocated part, as [`DataStorage::uri`] needs it.

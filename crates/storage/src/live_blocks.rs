@@ -49,11 +49,19 @@ impl FileRecord {
     }
 }
 
+/// One slot: the file tracked in it, if any, and how many files it held before (the
+/// generation an address must name to reach the current one).
+#[derive(Debug, Default)]
+struct Slot {
+    generation: u16,
+    file: Option<FileRecord>,
+}
+
 /// The files of one shard: records by slot, and an index of slots by name hash.
 #[derive(Debug, Default)]
 struct Shard {
-    /// The record of each slot; `None` for a free slot.
-    files: Vec<Option<FileRecord>>,
+    /// The slots.
+    files: Vec<Slot>,
     /// Free slots, reused first.
     free: Vec<u32>,
     /// Slots of tracked files, hashed by name.
@@ -65,15 +73,15 @@ impl Shard {
     fn find(&self, hash: u64, name: &str) -> Option<u32> {
         let files = &self.files;
         let matches = |slot: &u32| {
-            files[*slot as usize]
-                .as_ref()
-                .is_some_and(|f| &*f.name == name)
+            let file = files[*slot as usize].file.as_ref();
+            file.is_some_and(|f| &*f.name == name)
         };
         self.by_name.find(hash, matches).copied()
     }
 
     fn record(&mut self, slot: u32) -> &mut FileRecord {
         self.files[slot as usize]
+            .file
             .as_mut()
             .expect("an indexed slot holds a record")
     }
@@ -87,17 +95,20 @@ impl Shard {
     fn insert(&mut self, hash: u64, record: FileRecord, hasher: &RandomState) -> u32 {
         let slot = match self.free.pop() {
             Some(slot) => {
-                self.files[slot as usize] = Some(record);
+                self.files[slot as usize].file = Some(record);
                 slot
             }
             None => {
-                self.files.push(Some(record));
+                self.files.push(Slot {
+                    generation: 0,
+                    file: Some(record),
+                });
                 (self.files.len() - 1) as u32
             }
         };
         let files = &self.files;
         let rehash = |slot: &u32| {
-            let name = files[*slot as usize].as_ref().map_or("", |f| &f.name);
+            let name = files[*slot as usize].file.as_ref().map_or("", |f| &f.name);
             hasher.hash_one(name)
         };
         self.by_name.insert_unique(hash, slot, rehash);
@@ -109,7 +120,9 @@ impl Shard {
         if let Ok(entry) = self.by_name.find_entry(hash, |s| *s == slot) {
             entry.remove();
         }
-        self.files[slot as usize] = None;
+        let freed = &mut self.files[slot as usize];
+        freed.file = None;
+        freed.generation = freed.generation.wrapping_add(1);
         self.free.push(slot);
     }
 }
@@ -157,19 +170,19 @@ impl LiveBlocks {
     }
 
     /// Runs `create` (directories, touch) and adds one reference to each of `blkids` of the
-    /// file `name`, under its shard lock; returns the file's id. A failed `create`, or
-    /// counts that would overflow, track nothing new.
+    /// file `name`, under its shard lock; returns the file's id and generation. A failed
+    /// `create`, or counts that would overflow, track nothing new.
     pub(crate) fn allocate<E: From<TooManyReferences>>(
         &self,
         name: &str,
         blkids: &[u64],
         create: impl FnOnce() -> Result<(), E>,
-    ) -> Result<u32, E> {
+    ) -> Result<(u32, u16), E> {
         let (hash, index) = self.place(name);
         let mut shard = lock(&self.shards[index]);
         let found = shard.find(hash, name);
-        let current =
-            found.map(|slot| &*shard.files[slot as usize].as_ref().expect("found").counts);
+        let current = found.and_then(|slot| shard.files[slot as usize].file.as_ref());
+        let current = current.map(|file| &*file.counts);
         let counts = add_references(current.unwrap_or(&[]), blkids)?;
         let slot = found.unwrap_or_else(|| shard.next_slot());
         file_id(slot, index)?;
@@ -184,7 +197,8 @@ impl LiveBlocks {
                 shard.insert(hash, record, &self.hasher);
             }
         }
-        Ok(file_id(slot, index)?)
+        let generation = shard.files[slot as usize].generation;
+        Ok((file_id(slot, index)?, generation))
     }
 
     /// Drops one reference to `blkid` of the file `name` and calls `finish` with what
@@ -211,12 +225,22 @@ impl LiveBlocks {
         Ok(())
     }
 
-    /// Calls `with` on the name of a tracked file by id (`None` when not tracked).
-    pub(crate) fn with_name<T>(&self, id: u32, with: impl FnOnce(&str) -> T) -> Option<T> {
+    /// Calls `with` on the name of the file tracked under `id` in `generation` (`None` when
+    /// that file is no longer tracked, even if another file now has the id).
+    pub(crate) fn with_name<T>(
+        &self,
+        id: u32,
+        generation: u16,
+        with: impl FnOnce(&str) -> T,
+    ) -> Option<T> {
         let id = id as usize;
         let shard = lock(self.shards.get(id % SHARD_COUNT)?);
-        let record = shard.files.get(id / SHARD_COUNT)?.as_ref()?;
-        Some(with(&record.name))
+        let slot = shard.files.get(id / SHARD_COUNT)?;
+        let file = slot
+            .file
+            .as_ref()
+            .filter(|_| slot.generation == generation)?;
+        Some(with(&file.name))
     }
 
     /// Number of files tracked.
@@ -360,6 +384,24 @@ mod tests {
         assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld);
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
         assert_eq!(release(&live, "/f", 1), Remaining::FileFreed);
+    }
+
+    #[test]
+    fn a_reused_id_does_not_render_the_old_file() {
+        let live = LiveBlocks::default();
+        let (id, generation) = live.allocate("/old", &[0], ok).expect("old");
+        assert_eq!(release(&live, "/old", 0), Remaining::FileFreed);
+        // Some new file lands in the freed slot (1 in 64 names share its shard).
+        let reused = (0..10_000)
+            .map(|i| format!("/new{i}"))
+            .find_map(|name| {
+                let placed = live.allocate(&name, &[0], ok).expect("new");
+                (placed.0 == id).then_some((name, placed.1))
+            })
+            .expect("a new file reused the id");
+        assert_ne!(reused.1, generation, "a new generation");
+        assert_eq!(live.with_name(id, generation, str::to_string), None);
+        assert_eq!(live.with_name(id, reused.1, str::to_string), Some(reused.0));
     }
 
     #[test]

@@ -31,6 +31,7 @@ fn write_location(out: &mut Writer, location: &LocationRef<'_>) {
         out.u16(part.spec);
         out.u32(part.address.object);
         out.u32(part.address.block);
+        out.u16(part.address.generation);
     });
 }
 
@@ -44,11 +45,15 @@ fn read_location(input: &mut Reader<'_>) -> Result<Location, DecodeError> {
             address: PartAddress {
                 object: input.u32()?,
                 block: input.u32()?,
+                generation: input.u16()?,
             },
         })
     })?;
     if parts.is_empty() {
         return Err(DecodeError::Invalid("a location without parts"));
+    }
+    if !parts.windows(2).all(|pair| pair[0].spec < pair[1].spec) {
+        return Err(DecodeError::Invalid("parts that are not in spec order"));
     }
     Ok(Location {
         storage,

@@ -7,6 +7,14 @@
 //! endian, strings and lists a `u32` length then their items, options a `0`/`1` byte, enums
 //! one byte whose numbering belongs to this format (not to the wire).
 //!
+//! A decoded entry is checked for what the read and write paths rely on (at least one location,
+//! every location with parts in strictly increasing spec order). Registry objects decode as
+//! data: whoever restores them registers them through the same validation as a client's
+//! request (AddStorage, CreateInstanceGroup, RegisterInstance), so a damaged record is refused
+//! there, with the reason. Known limit of the allocation budget: a list of many strings of one
+//! or two bytes costs more memory (24 B per `String`) than 4× its encoding earns, so a group
+//! with ~100 one-letter storage candidates and little else would be refused as `TooLarge`.
+//!
 //! Invariants: version [`VERSION`] is the only one written; a decoder reads every version up
 //! to its own and refuses newer ones with [`DecodeError::NewerVersion`]. Decoding never
 //! panics, refuses trailing bytes, and never allocates more than [`ALLOCATION_FACTOR`] times

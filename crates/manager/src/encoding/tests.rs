@@ -57,16 +57,25 @@ fn decode_counted<T: Encode>(bytes: &[u8]) -> (Result<T, DecodeError>, usize) {
 }
 
 fn location_strategy() -> impl Strategy<Value = Location> {
-    let part = (any::<u16>(), any::<u32>(), any::<u32>()).prop_map(|(spec, object, block)| Part {
+    let address = (any::<u32>(), any::<u32>(), any::<u16>());
+    let part = (any::<u16>(), address).prop_map(|(spec, (object, block, generation))| Part {
         spec,
-        address: PartAddress { object, block },
+        address: PartAddress {
+            object,
+            block,
+            generation,
+        },
     });
     let state = prop_oneof![
         Just(LocationState::Writing),
         Just(LocationState::Serving),
         Just(LocationState::Deleting)
     ];
-    let parts = prop::collection::vec(part, 1..10);
+    let parts = prop::collection::vec(part, 1..10).prop_map(|mut parts| {
+        parts.sort_by_key(|part| part.spec);
+        parts.dedup_by_key(|part| part.spec);
+        parts
+    });
     (any::<u16>(), state, any::<u32>(), parts).prop_map(|(storage, state, nonce, parts)| Location {
         storage: StorageHandle(storage),
         state,
@@ -256,6 +265,7 @@ fn one_part_entry() -> Entry {
             address: PartAddress {
                 object: 7,
                 block: 3,
+                generation: 1,
             },
         }],
     }])
@@ -272,6 +282,7 @@ fn replicated_entry() -> Entry {
                 address: PartAddress {
                     object: 100 + u32::from(spec),
                     block: u32::from(spec),
+                    generation: spec,
                 },
             })
             .collect(),

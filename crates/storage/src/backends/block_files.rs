@@ -337,7 +337,7 @@ impl DataStorage for BlockFileStorage {
         for (done, (name, blkids)) in plan.files.iter().enumerate() {
             let path = self.path(name);
             match self.live.allocate(name, blkids, || self.create_file(&path)) {
-                Ok(id) => file_ids.push(id),
+                Ok(id_and_generation) => file_ids.push(id_and_generation),
                 Err(error) => {
                     self.forget_counts(&plan.files[..done]);
                     return Err(error);
@@ -346,7 +346,7 @@ impl DataStorage for BlockFileStorage {
         }
         for (parts, files) in plan.placed.iter_mut().zip(&plan.file_of_part) {
             for (part, &file) in parts.iter_mut().zip(files) {
-                part.address.object = file_ids[file];
+                (part.address.object, part.address.generation) = file_ids[file];
             }
         }
         Ok(plan.placed)
@@ -354,9 +354,12 @@ impl DataStorage for BlockFileStorage {
 
     fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {
         let block = u64::from(part.address.block);
-        let written = self.live.with_name(part.address.object, |name| {
-            self.push_uri(out, name, block, part.spec.size)
-        });
+        let address = part.address;
+        let written = self
+            .live
+            .with_name(address.object, address.generation, |name| {
+                self.push_uri(out, name, block, part.spec.size)
+            });
         written.is_some()
     }
 
