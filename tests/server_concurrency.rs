@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{grpc_code, registration_grpc, wait_until, TestServer};
+use common::{grpc_code, new_keys, registration_grpc, wait_until, TestServer};
 use kvcm::proto::meta::{self, meta_service_client::MetaServiceClient};
 use tonic::transport::Channel;
 
@@ -45,16 +45,7 @@ async fn write_round(client: &mut MetaServiceClient<Channel>, keys: &[i64], comm
     if abandon {
         return;
     }
-    let new_keys: Vec<i64> = match start.block_mask.and_then(|m| m.info) {
-        Some(meta::block_mask::Info::Offset(n)) => keys[n as usize..].to_vec(),
-        Some(meta::block_mask::Info::BoolMasks(present)) => keys
-            .iter()
-            .zip(present.values)
-            .filter(|(_, present)| !present)
-            .map(|(key, _)| *key)
-            .collect(),
-        None => panic!("StartWriteCache always answers a mask"),
-    };
+    let new_keys: Vec<i64> = new_keys(keys, start.block_mask);
     assert_eq!(new_keys.len(), start.locations.len());
     let success: Vec<bool> = new_keys.iter().map(|_| fastrand::u8(..4) != 0).collect();
     {

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{grpc_code, registration_grpc, TestServer};
+use common::{grpc_code, new_keys, registration_grpc, TestServer};
 use kvcm::proto::meta::{self, meta_service_client::MetaServiceClient};
 use serde_json::{json, Value};
 use tonic::transport::Channel;
@@ -35,16 +35,7 @@ async fn write_round(client: &mut MetaServiceClient<Channel>, committed: &Commit
         .expect("grpc")
         .into_inner();
     assert_eq!(grpc_code(&started.header), meta::ErrorCode::Ok);
-    let new_keys: Vec<i64> = match started.block_mask.and_then(|m| m.info) {
-        Some(meta::block_mask::Info::Offset(n)) => keys[n as usize..].to_vec(),
-        Some(meta::block_mask::Info::BoolMasks(present)) => keys
-            .iter()
-            .zip(present.values)
-            .filter(|(_, present)| !present)
-            .map(|(key, _)| *key)
-            .collect(),
-        None => panic!("StartWriteCache always answers a mask"),
-    };
+    let new_keys: Vec<i64> = new_keys(&keys, started.block_mask);
     let success: Vec<bool> = new_keys.iter().map(|_| fastrand::bool()).collect();
     {
         let mut committed = committed.lock().unwrap();

@@ -19,38 +19,38 @@ fn invalid(field: &'static str, detail: impl std::fmt::Display) -> ManagerError 
 /// The wire form of a location handed out by `instance`.
 pub fn location_to_wire(instance: &Instance, location: BlockLocation) -> meta::CacheLocation {
     let specs = instance.specs();
-    meta::CacheLocation {
-        r#type: storage_type_number(location.storage_type),
-        spec_size: i32::try_from(location.spec_count).unwrap_or(i32::MAX),
-        location_specs: location
-            .parts
-            .into_iter()
-            .map(|part| meta::LocationSpec {
-                name: specs
-                    .get(usize::from(part.spec))
-                    .map_or_else(String::new, |s| s.name.clone()),
-                uri: part.uri,
-            })
-            .collect(),
-    }
+    let parts = location.parts.into_iter().map(|part| meta::LocationSpec {
+        name: specs
+            .get(usize::from(part.spec))
+            .map_or_else(String::new, |s| s.name.clone()),
+        uri: part.uri,
+    });
+    cache_location(location.storage_type, location.spec_count, parts)
 }
 
 /// The wire form of a location answered by a lookup (URIs rendered here).
 pub fn view_to_wire(view: &LocationView<'_>) -> meta::CacheLocation {
+    let parts = view.parts().map(|part| {
+        let mut uri = String::new();
+        part.write_uri(&mut uri);
+        meta::LocationSpec {
+            name: part.spec.name.clone(),
+            uri,
+        }
+    });
+    cache_location(view.storage_type(), view.spec_count(), parts)
+}
+
+/// A wire location of these parts.
+fn cache_location(
+    storage_type: kvcm_manager::StorageType,
+    spec_count: usize,
+    parts: impl Iterator<Item = meta::LocationSpec>,
+) -> meta::CacheLocation {
     meta::CacheLocation {
-        r#type: storage_type_number(view.storage_type()),
-        spec_size: i32::try_from(view.spec_count()).unwrap_or(i32::MAX),
-        location_specs: view
-            .parts()
-            .map(|part| {
-                let mut uri = String::new();
-                part.write_uri(&mut uri);
-                meta::LocationSpec {
-                    name: part.spec.name.clone(),
-                    uri,
-                }
-            })
-            .collect(),
+        r#type: storage_type_number(storage_type),
+        spec_size: i32::try_from(spec_count).unwrap_or(i32::MAX),
+        location_specs: parts.collect(),
     }
 }
 

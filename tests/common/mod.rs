@@ -273,6 +273,21 @@ pub fn code(answer: &Value) -> &str {
         .unwrap_or("<missing>")
 }
 
+/// The keys of a StartWriteCache request that its answer's mask says are new (to be written),
+/// in request order.
+pub fn new_keys(keys: &[i64], mask: Option<meta::BlockMask>) -> Vec<i64> {
+    match mask.and_then(|m| m.info) {
+        Some(meta::block_mask::Info::Offset(n)) => keys[n as usize..].to_vec(),
+        Some(meta::block_mask::Info::BoolMasks(present)) => keys
+            .iter()
+            .zip(present.values)
+            .filter(|(_, present)| !present)
+            .map(|(key, _)| *key)
+            .collect(),
+        None => panic!("StartWriteCache always answers a mask"),
+    }
+}
+
 /// `header.status.code` of a meta gRPC answer.
 pub fn grpc_code(header: &Option<meta::CommonResponseHeader>) -> meta::ErrorCode {
     let code = header

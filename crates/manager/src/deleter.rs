@@ -8,12 +8,11 @@ use std::thread::JoinHandle;
 
 use kvcm_index::{BlockKey, Modify};
 
-use kvcm_storage::PartRef;
-
 use super::entry::{Entry, Location, LocationState};
 use super::feed::{ChangeFeed, StateChange};
 use super::instance::Instance;
-use super::storages::{render_uri, StorageTable};
+use super::read::stored_uris;
+use super::storages::StorageTable;
 
 /// One location to delete.
 #[derive(Debug)]
@@ -94,24 +93,11 @@ fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
 /// Asks the backend that allocated the location to free its bytes.
 fn free_bytes(job: &DeleteJob, storages: &StorageTable) {
     let incarnations = storages.incarnations();
-    let specs = job.instance.specs();
-    let uris: Vec<String> = job
-        .location
-        .parts
-        .iter()
-        .filter_map(|part| {
-            let reference = PartRef {
-                instance_id: job.instance.id(),
-                key: job.key,
-                spec: specs.get(usize::from(part.spec))?,
-                address: part.address,
-            };
-            render_uri(&incarnations, job.location.storage, &reference)
-        })
-        .collect();
-    let Some(incarnation) = incarnations.get(job.location.storage) else {
+    let location = job.location.as_ref();
+    let Some(incarnation) = incarnations.get(location.storage) else {
         return;
     };
+    let uris = stored_uris(&job.instance, incarnations.clone(), job.key, &location);
     if let Err(error) = incarnation.backend.delete(&uris) {
         tracing::warn!(%error, key = job.key, "freeing block bytes failed");
     }

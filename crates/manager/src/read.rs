@@ -87,7 +87,8 @@ impl CacheLookup<'_> {
     }
 
     /// Owned copies of the answered locations.
-    pub fn to_locations(&self) -> Vec<BlockLocation> {
+    #[cfg(test)]
+    pub(crate) fn to_locations(&self) -> Vec<BlockLocation> {
         self.locations().map(|view| view.to_owned()).collect()
     }
 }
@@ -261,19 +262,6 @@ impl Manager {
         Ok(CacheLookup { render, slots })
     }
 
-    /// [`Manager::lookup_cache_locations`], rendered into owned locations.
-    pub fn get_cache_location(
-        &self,
-        instance: &Instance,
-        kind: QueryKind,
-        keys: &[BlockKey],
-        mask: &BlockMask,
-        spec_names: &[String],
-    ) -> ManagerResult<Vec<BlockLocation>> {
-        let lookup = self.lookup_cache_locations(instance, kind, keys, mask, spec_names)?;
-        Ok(lookup.to_locations())
-    }
-
     /// The first location (any state) of every unmasked key, in order; `None` when absent.
     pub fn get_cache_meta(
         &self,
@@ -302,6 +290,30 @@ impl Manager {
             })
             .collect())
     }
+}
+
+/// The URIs of a stored location's parts that its backend still knows (what deleting it
+/// must free).
+pub(crate) fn stored_uris(
+    instance: &Instance,
+    incarnations: Incarnations,
+    key: BlockKey,
+    location: &LocationRef<'_>,
+) -> Vec<String> {
+    let render = Renderer::new(instance, incarnations, &[]);
+    let view = LocationView {
+        render: &render,
+        found: Some((key, *location)),
+    };
+    let mut uris = Vec::with_capacity(location.parts.len());
+    for part in view.parts() {
+        let mut uri = String::new();
+        part.write_uri(&mut uri);
+        if !uri.is_empty() {
+            uris.push(uri);
+        }
+    }
+    uris
 }
 
 /// What rendering the locations of one instance for one request needs.

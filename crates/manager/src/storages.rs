@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use kvcm_storage::{DataStorage, PartRef, StorageConfig, StorageError, StorageRegistry};
+use kvcm_storage::{DataStorage, StorageConfig, StorageError, StorageRegistry};
 
 use super::entry::{LocationRef, StorageHandle};
 use super::error::{ManagerError, ManagerResult};
@@ -115,9 +115,7 @@ impl StorageTable {
     /// Refuses a registration when every handle is taken.
     fn check_handles_left(&self) -> ManagerResult<()> {
         if self.incarnations.len() > usize::from(u16::MAX) {
-            return Err(ManagerError::Refused(
-                "65,536 storage registrations were made: no storage handle is left".into(),
-            ));
+            return Err(handles_exhausted());
         }
         Ok(())
     }
@@ -135,7 +133,7 @@ impl StorageTable {
         };
         self.incarnations
             .push(incarnation)
-            .ok_or_else(|| ManagerError::Refused("no storage handle is left".into()))
+            .ok_or_else(handles_exhausted)
     }
 
     /// Enables or disables a storage.
@@ -254,15 +252,6 @@ impl StorageTable {
     }
 }
 
-/// Renders parts of locations through the incarnations that allocated them.
-pub fn render_uri(
-    incarnations: &IncarnationTable,
-    storage: StorageHandle,
-    part: &PartRef<'_>,
-) -> Option<String> {
-    incarnations.get(storage)?.backend.uri(part)
-}
-
 /// How locations are weighted in one request (wire fact sheet §11).
 enum WeightRule {
     /// Every registered storage is available: fixed weights per storage type.
@@ -316,6 +305,12 @@ impl ReadWeights<'_> {
         memo.push((name.clone(), available));
         available
     }
+}
+
+fn handles_exhausted() -> ManagerError {
+    ManagerError::Refused(
+        "65,536 storage registrations were made: no storage handle is left".into(),
+    )
 }
 
 fn already_exists(error: StorageError) -> ManagerError {

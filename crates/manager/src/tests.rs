@@ -117,6 +117,32 @@ fn fixture_with(
     (Fixture { manager, dir }, instance)
 }
 
+/// GetCacheLocation's answer as owned locations (what the service edge renders).
+trait OwnedLookup {
+    fn get_cache_location(
+        &self,
+        instance: &Instance,
+        kind: QueryKind,
+        keys: &[BlockKey],
+        mask: &BlockMask,
+        spec_names: &[String],
+    ) -> ManagerResult<Vec<BlockLocation>>;
+}
+
+impl OwnedLookup for Manager {
+    fn get_cache_location(
+        &self,
+        instance: &Instance,
+        kind: QueryKind,
+        keys: &[BlockKey],
+        mask: &BlockMask,
+        spec_names: &[String],
+    ) -> ManagerResult<Vec<BlockLocation>> {
+        let lookup = self.lookup_cache_locations(instance, kind, keys, mask, spec_names)?;
+        Ok(lookup.to_locations())
+    }
+}
+
 /// The URI of the first part of a location.
 fn first_uri(location: &BlockLocation) -> &str {
     &location.parts[0].uri

@@ -407,10 +407,14 @@ fn free_locations<'a>(
     backend: &dyn DataStorage,
     locations: impl Iterator<Item = &'a BlockLocation>,
 ) {
-    let uris: Vec<String> = locations
+    let uris = locations
         .flat_map(|l| l.parts.iter())
-        .map(|part| part.uri.clone())
-        .collect();
+        .map(|part| part.uri.clone());
+    free_uris(backend, uris.collect());
+}
+
+/// Frees allocated URIs that no location will hold (nothing to do for none).
+fn free_uris(backend: &dyn DataStorage, uris: Vec<String>) {
     if uris.is_empty() {
         return;
     }
@@ -465,10 +469,8 @@ fn allocate(
             .all(|(block, placed)| block.spec_indexes.len() == placed.len());
     if !complete {
         // Never keep what a backend placed for an answer that cannot be used.
-        let uris: Vec<String> = allocated.iter().flatten().map(|p| p.uri.clone()).collect();
-        if let Err(free_error) = incarnation.backend.delete(&uris) {
-            tracing::warn!(%free_error, "freeing an incomplete allocation failed");
-        }
+        let uris = allocated.iter().flatten().map(|p| p.uri.clone()).collect();
+        free_uris(incarnation.backend.as_ref(), uris);
         return Err(ManagerError::Partial(format!(
             "storage {} placed {} of {} blocks, or not every part of them",
             incarnation.name,

@@ -146,8 +146,8 @@ pub struct AllocatedSpec {
     pub name: String,
     /// Location URI (§14).
     pub uri: String,
-    /// The same place in the backend's compact terms ([`DataStorage::uri`] renders `uri`
-    /// from it).
+    /// The same place in the backend's compact terms ([`DataStorage::write_uri`] renders
+    /// `uri` from it).
     pub address: PartAddress,
 }
 
@@ -239,11 +239,6 @@ pub trait DataStorage: Send + Sync + std::fmt::Debug {
     /// returned; false (nothing appended) when the backend no longer knows the address (its
     /// object was freed).
     fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool;
-    /// The URI of an allocated part (see [`DataStorage::write_uri`]).
-    fn uri(&self, part: &PartRef<'_>) -> Option<String> {
-        let mut uri = String::new();
-        self.write_uri(part, &mut uri).then_some(uri)
-    }
     /// Frees the bytes of these locations (URIs this backend produced).
     fn delete(&self, uris: &[String]) -> Result<(), StorageError>;
     /// Probes the tier (mount present, directory writable, ...).

@@ -24,12 +24,20 @@ impl MooncakeStorage {
     /// `mooncake://<name>/?key=<object name>&size=<bytes>` (the text `BlockUri` prints:
     /// parameters sorted by name).
     fn uri(&self, instance_id: &str, spec: &BlockSpec, key: BlockKey) -> String {
-        let object = object_name(instance_id, &spec.name, key);
-        let (scheme, name) = (
-            StorageKind::Mooncake.scheme(),
-            &self.config.global_unique_name,
-        );
-        format!("{scheme}://{name}/?key={object}&size={}", spec.size)
+        let mut uri = String::new();
+        self.push_uri(&mut uri, instance_id, spec, key);
+        uri
+    }
+
+    /// Appends the URI of [`MooncakeStorage::uri`] to `out`.
+    fn push_uri(&self, out: &mut String, instance_id: &str, spec: &BlockSpec, key: BlockKey) {
+        out.push_str(StorageKind::Mooncake.scheme());
+        out.push_str("://");
+        out.push_str(&self.config.global_unique_name);
+        out.push_str("/?key=");
+        out.push_str(&object_name(instance_id, &spec.name, key));
+        out.push_str("&size=");
+        out.push_str(itoa::Buffer::new().format(spec.size));
     }
 
     fn check_uri(&self, text: &str) -> Result<(), StorageError> {
@@ -79,7 +87,7 @@ impl DataStorage for MooncakeStorage {
     }
 
     fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {
-        out.push_str(&self.uri(part.instance_id, part.spec, part.key));
+        self.push_uri(out, part.instance_id, part.spec, part.key);
         true
     }
 
