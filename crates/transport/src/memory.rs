@@ -2,7 +2,8 @@
 //!
 //! Memory is a memfd mapping (page aligned, zeroed), so the soft provider can share it
 //! with same-host peers and the verbs provider can pin it. It records the ranges
-//! registered on it; invariant: those ranges never overlap.
+//! registered on it per domain (as verbs, one buffer may be registered in several
+//! protection domains); invariant: the ranges one domain registered never overlap.
 
 use crate::sys::SharedMemory;
 use crate::{Memory, Result, TransportError};
@@ -13,7 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 #[derive(Debug)]
 pub(crate) struct MemoryInner {
     pub(crate) shm: Arc<SharedMemory>,
-    registered: Mutex<Vec<(usize, usize)>>,
+    /// (owning domain, start, end) of every registration.
+    registered: Mutex<Vec<(usize, usize, usize)>>,
 }
 
 impl MemoryInner {
@@ -25,9 +27,10 @@ impl MemoryInner {
         })
     }
 
-    /// Claims `[offset, offset + len)` for a registration: non-empty, inside the memory
-    /// and overlapping no other registration.
-    pub(crate) fn claim(&self, offset: usize, len: usize) -> Result<()> {
+    /// Claims `[offset, offset + len)` for a registration of domain `owner` (any value
+    /// unique to the domain): non-empty, inside the memory and overlapping no other
+    /// registration of that domain.
+    pub(crate) fn claim(&self, owner: usize, offset: usize, len: usize) -> Result<()> {
         let end = offset
             .checked_add(len)
             .filter(|&end| len > 0 && end <= self.shm.len());
@@ -40,21 +43,21 @@ impl MemoryInner {
             .unwrap_or_else(PoisonError::into_inner);
         if ranges
             .iter()
-            .any(|&(start, stop)| offset < stop && start < end)
+            .any(|&(domain, start, stop)| domain == owner && offset < stop && start < end)
         {
             return Err(TransportError::OverlappingRegistration { offset, end });
         }
-        ranges.push((offset, end));
+        ranges.push((owner, offset, end));
         Ok(())
     }
 
-    /// Releases the registration that starts at `offset`.
-    pub(crate) fn release(&self, offset: usize) {
+    /// Releases the registration of domain `owner` that starts at `offset`.
+    pub(crate) fn release(&self, owner: usize, offset: usize) {
         let mut ranges = self
             .registered
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        ranges.retain(|&(start, _)| start != offset);
+        ranges.retain(|&(domain, start, _)| domain != owner || start != offset);
     }
 }
 
@@ -107,17 +110,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn claims_refuse_overlap_zero_and_out_of_bounds_and_release_frees() {
+    fn claims_refuse_overlap_within_a_domain_zero_and_out_of_bounds_and_release_frees() {
         let memory = MemoryInner::allocate(8192).unwrap();
-        memory.claim(0, 4096).unwrap();
+        memory.claim(1, 0, 4096).unwrap();
         assert!(matches!(
-            memory.claim(4000, 100),
+            memory.claim(1, 4000, 100),
             Err(TransportError::OverlappingRegistration { .. })
         ));
-        assert!(memory.claim(4096, 0).is_err());
-        assert!(memory.claim(8000, 200).is_err());
-        assert!(memory.claim(usize::MAX, 2).is_err());
-        memory.release(0);
-        memory.claim(100, 100).unwrap();
+        assert!(memory.claim(1, 4096, 0).is_err());
+        assert!(memory.claim(1, 8000, 200).is_err());
+        assert!(memory.claim(1, usize::MAX, 2).is_err());
+        memory.claim(2, 0, 4096).expect("another domain may register the same bytes");
+        memory.release(1, 0);
+        memory.claim(1, 100, 100).unwrap();
+        assert!(memory.claim(2, 100, 100).is_err(), "domain 2 still holds its range");
     }
 }

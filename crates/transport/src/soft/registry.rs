@@ -96,9 +96,9 @@ impl Registry {
         access: Access,
     ) -> Result<(u32, KeyEntry)> {
         access.validate()?;
-        memory.claim(offset, len)?;
+        memory.claim(self.owner_id(), offset, len)?;
         let Some(key) = self.allocate_key() else {
-            memory.release(offset);
+            memory.release(self.owner_id(), offset);
             return Err(keytable::exhausted());
         };
         let entry = KeyEntry {
@@ -130,10 +130,16 @@ impl Registry {
             .remove(&key);
         let Some(live) = removed else { return };
         let _ = self.table.withdraw(key);
-        live.memory
-            .release((live.entry.addr - live.entry.mem_base) as usize);
+        let offset = (live.entry.addr - live.entry.mem_base) as usize;
+        live.memory.release(self.owner_id(), offset);
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         slots.free.push_back(key & ((1 << SLOT_BITS) - 1));
+    }
+
+    /// This registry's identity in memories' claim lists (its address: a registry lives
+    /// in an `Arc` for the whole life of its domain, so no two live registries share it).
+    fn owner_id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
     fn allocate_key(&self) -> Option<u32> {

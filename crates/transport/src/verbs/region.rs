@@ -15,6 +15,8 @@ pub struct VerbsRegion {
     offset: usize,
     len: usize,
     access: Access,
+    /// The protection domain's identity in the memory's claim list.
+    owner: usize,
     _pd: Arc<ProtectionDomain>,
 }
 
@@ -32,13 +34,13 @@ impl VerbsRegion {
         access: Access,
     ) -> Result<Self> {
         access.validate()?;
-        memory.inner.claim(offset, len)?;
+        memory.inner.claim(pd.raw.as_ptr() as usize, offset, len)?;
         let addr = (memory.inner.shm.addr() + offset as u64) as *mut std::ffi::c_void;
         // SAFETY: the claimed range lies inside a live mapping that this region keeps
         // alive (through `memory`) until after deregistration; the PD is live.
         let raw = unsafe { ibv_reg_mr(pd.raw.as_ptr(), addr, len, verbs_access(access) as i32) };
         let Some(raw) = NonNull::new(raw) else {
-            memory.inner.release(offset);
+            memory.inner.release(pd.raw.as_ptr() as usize, offset);
             return Err(TransportError::last_os("ibv_reg_mr"));
         };
         let memory = Arc::clone(&memory.inner);
@@ -48,6 +50,7 @@ impl VerbsRegion {
             offset,
             len,
             access,
+            owner: pd.raw.as_ptr() as usize,
             _pd: Arc::clone(pd),
         })
     }
@@ -111,6 +114,6 @@ impl Drop for VerbsRegion {
         // SAFETY: registered in `register`, deregistered once, before the memory it pins
         // can be unmapped (this value still holds the memory).
         unsafe { ibv_dereg_mr(self.raw.as_ptr()) };
-        self.memory.release(self.offset);
+        self.memory.release(self.owner, self.offset);
     }
 }

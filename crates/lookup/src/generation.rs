@@ -1,0 +1,519 @@
+//! One generation of an instance's table, on the publisher's side: the availability block,
+//! the bucket array and the string heap in one memory, written by a single writer (the
+//! caller serialises calls).
+//!
+//! Invariants:
+//! - every slot of a key lies in one of the key's two candidate buckets, and a key's slots
+//!   never move inside a generation (growth builds a new generation), so a reader that
+//!   copies both buckets sees each location unless it was added or removed meanwhile;
+//! - a string id, once written, names the same bytes for the whole generation (dead
+//!   entries are not reused; the publisher compacts by building a new generation);
+//! - every entry a slot names is written before the slot.
+
+use std::collections::HashMap;
+
+use kvcm_transport::Memory;
+
+use crate::avail::{self, Availability};
+use crate::error::{FormatError, Result};
+use crate::header::{candidates, Geometry, Header, FORMAT_VERSION, MAGIC, WIRES};
+use crate::seqlock::{self, Opened, OVERHEAD};
+use crate::slot::{PartRecord, Slot, SlotHead};
+use crate::strings::{self, Entry, Template, FIRST_ENTRY};
+
+/// Where the parts of a generation lie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Slot and bucket sizes.
+    pub geometry: Geometry,
+    /// Bytes of the availability block (at offset 0).
+    pub avail_bytes: usize,
+    /// Number of buckets (power of two ≥ 2).
+    pub bucket_count: u64,
+    /// Offset of the first bucket.
+    pub bucket_offset: usize,
+    /// Offset of the string heap.
+    pub strings_offset: usize,
+    /// Bytes of the string heap.
+    pub strings_len: usize,
+}
+
+impl Layout {
+    /// A layout for `max_parts` specs, at least `buckets` buckets (rounded up to a power of
+    /// two), room for `handles` storage handles and `strings_len` heap bytes.
+    pub fn new(
+        max_parts: usize,
+        buckets: u64,
+        handles: usize,
+        strings_len: usize,
+    ) -> Result<Layout> {
+        let geometry =
+            Geometry::for_parts(max_parts).ok_or(FormatError::Full("more than 64 specs"))?;
+        let bucket_count = buckets.max(2).next_power_of_two();
+        let avail_bytes = avail::block_bytes(handles);
+        let bucket_offset = avail_bytes;
+        let strings_offset = bucket_offset + bucket_count as usize * geometry.bucket_bytes;
+        Ok(Layout {
+            geometry,
+            avail_bytes,
+            bucket_count,
+            bucket_offset,
+            strings_offset,
+            strings_len: strings_len.next_multiple_of(8).max(64),
+        })
+    }
+
+    /// Bytes of the whole generation.
+    pub fn total_len(&self) -> usize {
+        self.strings_offset + self.strings_len
+    }
+
+    fn bucket_at(&self, index: u64) -> usize {
+        self.bucket_offset + index as usize * self.geometry.bucket_bytes
+    }
+}
+
+/// A location as published: its nonce, storage handle and parts (template, block) in spec
+/// order; a part whose template is `None` renders as an empty URI.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedLocation {
+    /// The location's nonce (≥ 1).
+    pub nonce: u32,
+    /// Its storage handle.
+    pub storage: u16,
+    /// Its parts.
+    pub parts: Vec<(Option<Template>, u32)>,
+}
+
+/// An interned string: its id, length and number of parts naming it.
+#[derive(Debug, Clone, Copy)]
+struct Interned {
+    id: u32,
+    len: usize,
+    references: u64,
+}
+
+/// A generation being written.
+#[derive(Debug)]
+pub struct Generation<M: Memory> {
+    memory: M,
+    layout: Layout,
+    seed: u64,
+    /// Interned templates, by content.
+    strings: HashMap<Template, Interned>,
+    /// Template content by id (to release the ones a removed slot named).
+    by_id: HashMap<u32, Template>,
+    /// Next free heap offset.
+    heap_used: usize,
+    /// Heap bytes of entries nothing names any more.
+    heap_dead: usize,
+    /// Slots in use (markers included).
+    slots_used: u64,
+    /// String id of the spec list.
+    spec_list: u32,
+}
+
+impl<M: Memory> Generation<M> {
+    /// Lays out a fresh generation in `memory` (at least `layout.total_len()` bytes, zeroed):
+    /// empty sealed buckets, the availability block and the spec list.
+    pub fn create(
+        memory: M,
+        layout: Layout,
+        seed: u64,
+        specs: &[(String, i64)],
+        availability: &Availability,
+    ) -> Result<Self> {
+        if memory.len() < layout.total_len() {
+            return Err(FormatError::Full("generation memory"));
+        }
+        let empty = vec![0u8; layout.geometry.bucket_bytes - OVERHEAD];
+        let sealed = seqlock::seal(&empty, 0);
+        let mut image = Vec::with_capacity(layout.bucket_count as usize * sealed.len());
+        for _ in 0..layout.bucket_count {
+            image.extend_from_slice(&sealed);
+        }
+        memory.write(layout.bucket_offset, &image)?;
+        let body = availability.encode(layout.avail_bytes)?;
+        memory.write(0, &seqlock::seal(&body, 0))?;
+        let mut generation = Generation {
+            memory,
+            layout,
+            seed,
+            strings: HashMap::new(),
+            by_id: HashMap::new(),
+            heap_used: FIRST_ENTRY,
+            heap_dead: 0,
+            slots_used: 0,
+            spec_list: 0,
+        };
+        generation.spec_list =
+            generation.append(&strings::encode(&Entry::Specs(specs.to_vec())))?;
+        Ok(generation)
+    }
+
+    /// The memory.
+    pub fn memory(&self) -> &M {
+        &self.memory
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Slots in use.
+    pub fn slots_used(&self) -> u64 {
+        self.slots_used
+    }
+
+    /// Heap bytes written, and of those the ones no slot names any more.
+    pub fn heap_bytes(&self) -> (usize, usize) {
+        (self.heap_used, self.heap_dead)
+    }
+
+    /// The header naming this generation (`addr` its remote address, `rkeys` per wire).
+    pub fn header(
+        &self,
+        epoch: u64,
+        server_incarnation: u64,
+        layout_version: u32,
+        block_size: i64,
+        rkeys: [u32; WIRES],
+    ) -> Header {
+        let g = self.layout.geometry;
+        Header {
+            magic: MAGIC,
+            format_version: FORMAT_VERSION,
+            layout_version,
+            server_incarnation,
+            epoch,
+            generation_addr: self.memory.addr(),
+            generation_len: self.layout.total_len() as u64,
+            generation_rkeys: rkeys,
+            bucket_offset: self.layout.bucket_offset as u64,
+            bucket_count: self.layout.bucket_count,
+            bucket_bytes: g.bucket_bytes as u32,
+            slot_bytes: g.slot_bytes as u32,
+            slots_per_bucket: g.slots_per_bucket as u32,
+            max_parts: g.max_parts as u32,
+            hash_seed: self.seed,
+            strings_offset: self.layout.strings_offset as u64,
+            strings_len: self.layout.strings_len as u64,
+            avail_bytes: self.layout.avail_bytes as u32,
+            spec_list: self.spec_list,
+            block_size,
+        }
+    }
+
+    /// Rewrites the availability block.
+    pub fn set_availability(&mut self, availability: &Availability) -> Result<()> {
+        let body = availability.encode(self.layout.avail_bytes)?;
+        seqlock::rewrite(&self.memory, 0, &body)
+    }
+
+    /// Makes `locations` the published locations of `key` (none: the key is unpublished).
+    /// Slots of locations that stay are left where they are. On `Full` the key may be left
+    /// unpublished: the caller builds a bigger generation.
+    pub fn publish(&mut self, key: i64, locations: &[PublishedLocation]) -> Result<()> {
+        let buckets = candidates(key, self.seed, self.layout.bucket_count);
+        let mut images = [self.read_bucket(buckets[0])?, self.read_bucket(buckets[1])?];
+        let mut touched = [false; 2];
+        let fits = locations.len() <= 2 * self.layout.geometry.slots_per_bucket;
+        // Remove the slots that are not wanted any more.
+        let mut kept: Vec<u32> = Vec::new();
+        for (b, image) in images.iter_mut().enumerate() {
+            for slot in image.iter_mut() {
+                let Some(current) = slot.as_ref().filter(|s| s.head.key == key) else {
+                    continue;
+                };
+                let wanted = fits
+                    && !current.is_overflow()
+                    && locations.iter().any(|l| self.same(l, current));
+                if wanted {
+                    kept.push(current.head.nonce);
+                } else {
+                    let removed = slot.take().expect("present");
+                    self.slots_used -= 1;
+                    self.release(&removed);
+                    touched[b] = true;
+                }
+            }
+        }
+        let additions: Vec<Slot> = if fits {
+            let new = locations.iter().filter(|l| !kept.contains(&l.nonce));
+            new.map(|l| self.intern(key, l)).collect::<Result<_>>()?
+        } else if kept.is_empty() && !locations.is_empty() {
+            vec![Slot::overflow(key)]
+        } else {
+            Vec::new()
+        };
+        for slot in additions {
+            let free = |image: &Vec<Option<Slot>>| image.iter().filter(|s| s.is_none()).count();
+            let b = usize::from(free(&images[1]) > free(&images[0]));
+            let Some(place) = images[b].iter_mut().find(|s| s.is_none()) else {
+                self.release(&slot);
+                self.flush(&buckets, &images, touched)?;
+                return Err(FormatError::Full("both buckets of a key"));
+            };
+            *place = Some(slot);
+            self.slots_used += 1;
+            touched[b] = true;
+        }
+        self.flush(&buckets, &images, touched)
+    }
+
+    /// Marks every bucket and the availability block retired (the generation was replaced).
+    pub fn retire(&self) -> Result<()> {
+        seqlock::retire(&self.memory, 0, self.layout.avail_bytes)?;
+        for index in 0..self.layout.bucket_count {
+            let at = self.layout.bucket_at(index);
+            seqlock::retire(&self.memory, at, self.layout.geometry.bucket_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `slot` is the published form of `location`.
+    fn same(&self, location: &PublishedLocation, slot: &Slot) -> bool {
+        slot.head.nonce == location.nonce
+            && slot.head.storage == location.storage
+            && slot.parts.len() == location.parts.len()
+            && slot
+                .parts
+                .iter()
+                .zip(&location.parts)
+                .all(|(record, (template, block))| {
+                    record.block == *block
+                        && match template {
+                            None => record.template == 0,
+                            Some(t) => self.strings.get(t).map(|i| i.id) == Some(record.template),
+                        }
+                })
+    }
+
+    fn read_bucket(&self, index: u64) -> Result<Vec<Option<Slot>>> {
+        let g = self.layout.geometry;
+        let mut block = vec![0u8; g.bucket_bytes];
+        self.memory.read(self.layout.bucket_at(index), &mut block)?;
+        let Opened::Body(body) = seqlock::open(&block) else {
+            return Err(FormatError::Corrupt(
+                "a bucket of the live generation is not sealed",
+            ));
+        };
+        Ok(crate::slot::bucket_slots(body, g.slot_bytes, g.slots_per_bucket).collect())
+    }
+
+    fn flush(
+        &self,
+        buckets: &[u64; 2],
+        images: &[Vec<Option<Slot>>; 2],
+        touched: [bool; 2],
+    ) -> Result<()> {
+        let g = self.layout.geometry;
+        for b in 0..2 {
+            if !touched[b] {
+                continue;
+            }
+            let mut body = vec![0u8; g.bucket_bytes - OVERHEAD];
+            for (i, slot) in images[b].iter().enumerate() {
+                if let Some(slot) = slot {
+                    slot.encode(&mut body[i * g.slot_bytes..(i + 1) * g.slot_bytes]);
+                }
+            }
+            seqlock::rewrite(&self.memory, self.layout.bucket_at(buckets[b]), &body)?;
+        }
+        Ok(())
+    }
+
+    /// The slot of `location`, its templates interned (written to the heap when new).
+    fn intern(&mut self, key: i64, location: &PublishedLocation) -> Result<Slot> {
+        if location.parts.len() > self.layout.geometry.max_parts || location.nonce == 0 {
+            return Err(FormatError::Corrupt(
+                "a location does not fit the instance's slots",
+            ));
+        }
+        let mut parts = Vec::with_capacity(location.parts.len());
+        for (template, block) in &location.parts {
+            let id = match template {
+                None => 0,
+                Some(template) => self.reference(template)?,
+            };
+            parts.push(PartRecord {
+                template: id,
+                block: *block,
+            });
+        }
+        Ok(Slot {
+            head: SlotHead {
+                key,
+                nonce: location.nonce,
+                storage: location.storage,
+                part_count: parts.len() as u16,
+            },
+            parts,
+        })
+    }
+
+    fn reference(&mut self, template: &Template) -> Result<u32> {
+        if let Some(interned) = self.strings.get_mut(template) {
+            interned.references += 1;
+            return Ok(interned.id);
+        }
+        let bytes = strings::encode(&Entry::Template(template.clone()));
+        let id = self.append(&bytes)?;
+        let interned = Interned {
+            id,
+            len: bytes.len(),
+            references: 1,
+        };
+        self.strings.insert(template.clone(), interned);
+        self.by_id.insert(id, template.clone());
+        Ok(id)
+    }
+
+    /// Drops the string references of a slot that left the table (or never entered it).
+    fn release(&mut self, slot: &Slot) {
+        for part in slot.parts.iter().filter(|p| p.template != 0) {
+            let Some(template) = self.by_id.get(&part.template) else {
+                continue;
+            };
+            let interned = self.strings.get_mut(template).expect("interned");
+            interned.references -= 1;
+            if interned.references == 0 {
+                self.heap_dead += interned.len;
+                let template = self.by_id.remove(&part.template).expect("by id");
+                self.strings.remove(&template);
+            }
+        }
+    }
+
+    /// Writes an entry at the end of the heap; returns its id.
+    fn append(&mut self, bytes: &[u8]) -> Result<u32> {
+        let end = self.heap_used + bytes.len();
+        if end > self.layout.strings_len {
+            return Err(FormatError::Full("string heap"));
+        }
+        self.memory
+            .write(self.layout.strings_offset + self.heap_used, bytes)?;
+        let id = (self.heap_used / 8) as u32;
+        self.heap_used = end;
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reader::{key_slots, Copy};
+    use kvcm_transport::soft::{SoftConfig, SoftDomain};
+    use kvcm_transport::{Domain, HostMemory};
+
+    fn generation(buckets: u64, heap: usize) -> Generation<HostMemory> {
+        let domain = SoftDomain::open(SoftConfig::default()).unwrap();
+        let layout = Layout::new(2, buckets, 4, heap).unwrap();
+        let memory = domain
+            .alloc(layout.total_len().next_multiple_of(4096))
+            .unwrap();
+        let specs = [("a".to_string(), 8), ("b".to_string(), 8)];
+        Generation::create(memory, layout, 11, &specs, &Availability::default()).unwrap()
+    }
+
+    fn location(nonce: u32, file: &str) -> PublishedLocation {
+        let template = |spec| Template {
+            spec,
+            head: format!("file://n/{file}?blkid="),
+            has_block: true,
+            tail: "&size=8".into(),
+        };
+        PublishedLocation {
+            nonce,
+            storage: 1,
+            parts: vec![(Some(template(0)), nonce), (Some(template(1)), nonce + 1)],
+        }
+    }
+
+    fn slots_of(generation: &Generation<HostMemory>, key: i64) -> Vec<Slot> {
+        let layout = generation.layout();
+        let mut found = Vec::new();
+        for bucket in candidates(key, 11, layout.bucket_count) {
+            let mut block = vec![0u8; layout.geometry.bucket_bytes];
+            generation
+                .memory()
+                .read(layout.bucket_at(bucket), &mut block)
+                .unwrap();
+            match key_slots(&block, &layout.geometry, key) {
+                Copy::Good(slots) => found.extend(slots),
+                other => panic!("bucket {bucket}: {other:?}"),
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn publishing_replaces_a_keys_slots_and_shares_templates() {
+        let mut generation = generation(64, 4096);
+        generation.publish(5, &[location(1, "f")]).unwrap();
+        generation
+            .publish(5, &[location(1, "f"), location(2, "f")])
+            .unwrap();
+        let slots = slots_of(&generation, 5);
+        assert_eq!(slots.len(), 2);
+        assert_eq!(
+            slots[0].parts[0].template, slots[1].parts[0].template,
+            "one entry per template"
+        );
+        assert_eq!(generation.slots_used(), 2);
+        let (used, dead) = generation.heap_bytes();
+        generation.publish(5, &[location(2, "f")]).unwrap();
+        assert_eq!(slots_of(&generation, 5).len(), 1);
+        assert_eq!(
+            generation.heap_bytes(),
+            (used, dead),
+            "the templates are still named"
+        );
+        generation.publish(5, &[]).unwrap();
+        assert!(slots_of(&generation, 5).is_empty());
+        assert_eq!(generation.slots_used(), 0);
+        assert!(
+            generation.heap_bytes().1 > 0,
+            "unnamed templates count as dead"
+        );
+    }
+
+    #[test]
+    fn too_many_locations_become_an_overflow_marker_and_a_full_pair_is_reported() {
+        let mut generation = generation(2, 4096);
+        // Two parts: 32-byte slots, three per 128-byte bucket, six per key.
+        assert_eq!(generation.layout().geometry.slots_per_bucket, 3);
+        let many: Vec<_> = (1..=7).map(|n| location(n, "g")).collect();
+        generation.publish(9, &many).unwrap();
+        let slots = slots_of(&generation, 9);
+        assert!(slots.len() == 1 && slots[0].is_overflow(), "{slots:?}");
+        // One marker plus five locations of other keys fill the only two buckets.
+        let mut outcome = Ok(());
+        for key in 100..110 {
+            outcome = generation.publish(key, &[location(key as u32, "h")]);
+            if outcome.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(outcome, Err(FormatError::Full(_))), "{outcome:?}");
+    }
+
+    #[test]
+    fn a_full_heap_is_reported_and_retired_buckets_are_refused() {
+        let mut generation = generation(64, 64);
+        let error = generation
+            .publish(1, &[location(1, &"x".repeat(100))])
+            .unwrap_err();
+        assert!(matches!(error, FormatError::Full("string heap")), "{error}");
+        generation.publish(2, &[]).unwrap();
+        generation.retire().unwrap();
+        let layout = *generation.layout();
+        let mut block = vec![0u8; layout.geometry.bucket_bytes];
+        generation
+            .memory()
+            .read(layout.bucket_at(0), &mut block)
+            .unwrap();
+        assert_eq!(key_slots(&block, &layout.geometry, 2), Copy::Retired);
+    }
+}

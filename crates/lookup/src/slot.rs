@@ -1,0 +1,147 @@
+//! Slots: the fixed-size plain-old-data records inside buckets, one per published (SERVING)
+//! location — a projection of the domain model's compact location.
+//!
+//! A slot is a 16-byte head (`key`, `nonce`, `storage`, `part_count`) and `max_parts`
+//! 8-byte parts (`template`, `block`), in spec order. A slot whose nonce is 0 is empty. A
+//! slot whose `part_count` is [`OVERFLOW`] is a marker: the key has more locations than its
+//! two buckets hold, and a reader must ask the server (gRPC) for it.
+
+use bytemuck::{Pod, Zeroable};
+
+/// Bytes of a slot head.
+pub const HEAD_BYTES: usize = std::mem::size_of::<SlotHead>();
+/// Bytes of one part.
+pub const PART_BYTES: usize = std::mem::size_of::<PartRecord>();
+/// `part_count` of an overflow marker.
+pub const OVERFLOW: u16 = u16::MAX;
+
+/// The head of a slot.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+pub struct SlotHead {
+    /// The block key.
+    pub key: i64,
+    /// The location's nonce (its id derives from it); 0 = empty slot.
+    pub nonce: u32,
+    /// The storage handle (index into the availability block).
+    pub storage: u16,
+    /// Parts used (≤ max parts), or [`OVERFLOW`].
+    pub part_count: u16,
+}
+
+/// One part: the string id of its URI template and the block number inside its object.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Pod, Zeroable)]
+pub struct PartRecord {
+    /// String id of the part's template (0: the part has an empty URI).
+    pub template: u32,
+    /// Block number rendered between the template's head and tail (if it has one).
+    pub block: u32,
+}
+
+/// A decoded slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    /// Its head.
+    pub head: SlotHead,
+    /// Its parts (`head.part_count` of them; none for a marker).
+    pub parts: Vec<PartRecord>,
+}
+
+impl Slot {
+    /// Whether the slot is an overflow marker.
+    pub fn is_overflow(&self) -> bool {
+        self.head.part_count == OVERFLOW
+    }
+
+    /// An overflow marker for `key`.
+    pub fn overflow(key: i64) -> Slot {
+        Slot {
+            head: SlotHead {
+                key,
+                nonce: u32::MAX,
+                storage: 0,
+                part_count: OVERFLOW,
+            },
+            parts: Vec::new(),
+        }
+    }
+
+    /// Writes the slot into `out` (`slot_bytes` long; unused parts zeroed).
+    pub fn encode(&self, out: &mut [u8]) {
+        out.fill(0);
+        out[..HEAD_BYTES].copy_from_slice(bytemuck::bytes_of(&self.head));
+        for (i, part) in self.parts.iter().enumerate() {
+            let at = HEAD_BYTES + i * PART_BYTES;
+            out[at..at + PART_BYTES].copy_from_slice(bytemuck::bytes_of(part));
+        }
+    }
+
+    /// Decodes one slot of `slot_bytes`; `None` for an empty slot or a part count beyond
+    /// what the slot holds.
+    pub fn decode(bytes: &[u8]) -> Option<Slot> {
+        let head: SlotHead = bytemuck::pod_read_unaligned(bytes.get(..HEAD_BYTES)?);
+        if head.nonce == 0 {
+            return None;
+        }
+        if head.part_count == OVERFLOW {
+            return Some(Slot {
+                head,
+                parts: Vec::new(),
+            });
+        }
+        let count = usize::from(head.part_count);
+        let parts_bytes = bytes.get(HEAD_BYTES..HEAD_BYTES + count * PART_BYTES)?;
+        let parts = parts_bytes
+            .chunks_exact(PART_BYTES)
+            .map(bytemuck::pod_read_unaligned)
+            .collect();
+        Some(Slot { head, parts })
+    }
+}
+
+/// The slots of a bucket body (after the seqlock's front word), empty ones included as
+/// `None`.
+pub fn bucket_slots(
+    body: &[u8],
+    slot_bytes: usize,
+    slots: usize,
+) -> impl Iterator<Item = Option<Slot>> + '_ {
+    body.chunks_exact(slot_bytes).take(slots).map(Slot::decode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_round_trip_and_empty_or_oversized_slots_decode_to_none() {
+        let slot = Slot {
+            head: SlotHead {
+                key: -5,
+                nonce: 9,
+                storage: 3,
+                part_count: 2,
+            },
+            parts: vec![
+                PartRecord {
+                    template: 1,
+                    block: 7,
+                },
+                PartRecord {
+                    template: 4,
+                    block: 0,
+                },
+            ],
+        };
+        let mut bytes = vec![0u8; HEAD_BYTES + 3 * PART_BYTES];
+        slot.encode(&mut bytes);
+        assert_eq!(Slot::decode(&bytes), Some(slot.clone()));
+        assert_eq!(Slot::decode(&[0u8; 40]), None);
+        let mut lying = slot;
+        lying.head.part_count = 9;
+        lying.parts.clear();
+        lying.encode(&mut bytes);
+        assert_eq!(Slot::decode(&bytes), None, "more parts than the slot holds");
+    }
+}
