@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod events;
+pub mod lookup;
 pub mod proto;
 pub mod server;
 pub mod service;

@@ -60,6 +60,8 @@ pub struct ServerConfig {
     pub ignored_keys: Vec<String>,
     /// `kvcm.event_log.*`: the event log the optimizer replays.
     pub event_log: EventLogConfig,
+    /// `kvcm.lookup.enabled`, `kvcm.lookup.bind`: the published lookup tables.
+    pub lookup: crate::lookup::LookupConfig,
 }
 
 impl Default for ServerConfig {
@@ -75,12 +77,13 @@ impl Default for ServerConfig {
             node_id: String::new(),
             ignored_keys: Vec::new(),
             event_log: EventLogConfig::default(),
+            lookup: crate::lookup::LookupConfig::default(),
         }
     }
 }
 
 /// Every key except [`EVENT_LOG_KEYS`], in the order they are documented.
-pub const KEYS: [&str; 8] = [
+pub const KEYS: [&str; 10] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -89,6 +92,8 @@ pub const KEYS: [&str; 8] = [
     "kvcm.service.http_max_body_bytes",
     "kvcm.data_dir",
     "kvcm.leader_elector.node_id",
+    "kvcm.lookup.enabled",
+    "kvcm.lookup.bind",
 ];
 
 /// The environment variable of a key (`kvcm.service.rpc_port` → `KVCM_SERVICE_RPC_PORT`).
@@ -120,6 +125,8 @@ impl ServerConfig {
             "kvcm.service.http_max_body_bytes" => self.http_max_body_bytes = parse(key, value)?,
             "kvcm.data_dir" => self.data_dir = PathBuf::from(value),
             "kvcm.leader_elector.node_id" => self.node_id = value.to_string(),
+            "kvcm.lookup.enabled" => self.lookup.enabled = parse(key, value)?,
+            "kvcm.lookup.bind" => self.lookup.bind = parse(key, value)?,
             _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }

@@ -14,6 +14,8 @@ use tonic::transport::Server;
 
 use super::ServerError;
 use crate::config::ServerConfig;
+use crate::lookup::{self, LookupService};
+use std::sync::Arc;
 use crate::proto::admin::admin_service_server::AdminServiceServer;
 use crate::proto::debug::debug_service_server::DebugServiceServer;
 use crate::proto::meta::meta_service_server::MetaServiceServer;
@@ -26,6 +28,8 @@ pub struct RunningServer {
     pub addresses: BTreeMap<&'static str, SocketAddr>,
     /// The handlers (shared with every listener).
     pub handlers: Handlers,
+    /// The lookup path's server side, when enabled.
+    pub lookup: Option<Arc<LookupService>>,
     stop: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<Result<(), String>>)>,
 }
@@ -76,6 +80,7 @@ pub async fn start(
     let mut server = RunningServer {
         addresses: BTreeMap::new(),
         handlers: handlers.clone(),
+        lookup: None,
         stop,
         tasks: Vec::new(),
     };
@@ -104,7 +109,15 @@ pub async fn start(
             .spawn_grpc("admin_grpc", port, admin_grpc, &stop_rx)
             .await?;
     }
-    let meta_http = http::meta_router(handlers.meta.clone(), limit);
+    let mut meta_http = http::meta_router(handlers.meta.clone(), limit);
+    if config.lookup.enabled {
+        let manager = &handlers.core.manager;
+        let service = LookupService::start(manager, &config.lookup, lookup::allow_all())
+            .map_err(|e| ServerError::Lookup(e.to_string()))?;
+        tracing::info!("lookup tables: queue pairs on {}", service.connect_addr());
+        meta_http = meta_http.merge(lookup::router(service.clone()));
+        server.lookup = Some(service);
+    }
     server
         .spawn_http("http", config.http_port, meta_http, &stop_rx)
         .await?;

@@ -45,6 +45,9 @@ pub enum ServerError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The lookup path could not start.
+    #[error("lookup path: {0}")]
+    Lookup(String),
     /// A listener failed while serving.
     #[error("{name} stopped: {reason}")]
     Serve {

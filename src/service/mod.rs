@@ -4,7 +4,7 @@
 //! in [`core::wire_status`]) and records metrics.
 
 pub mod admin;
-mod convert;
+pub mod convert;
 pub mod core;
 pub mod debug;
 pub mod faults;
@@ -17,7 +17,7 @@ mod reply;
 pub mod rpcs;
 mod wire_admin;
 
-pub use wire_admin::group_from_wire;
+pub use wire_admin::{group_from_wire, storage_type_number};
 
 use std::sync::Arc;
 

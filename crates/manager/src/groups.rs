@@ -19,22 +19,30 @@ pub type StorageStatuses = Vec<(StorageConfig, bool)>;
 impl Manager {
     /// Registers and opens a storage.
     pub fn add_storage(&self, config: StorageConfig) -> ManagerResult<()> {
-        self.storages.add(config)
+        self.storages.add(config)?;
+        self.published_storages_changed();
+        Ok(())
     }
 
     /// Replaces a storage's config.
     pub fn update_storage(&self, config: StorageConfig) -> ManagerResult<()> {
-        self.storages.update(config)
+        self.storages.update(config)?;
+        self.published_storages_changed();
+        Ok(())
     }
 
     /// Forgets a storage.
     pub fn remove_storage(&self, name: &str) -> ManagerResult<()> {
-        self.storages.remove(name)
+        self.storages.remove(name)?;
+        self.published_storages_changed();
+        Ok(())
     }
 
     /// Enables or disables a storage.
     pub fn set_storage_available(&self, name: &str, available: bool) -> ManagerResult<()> {
-        self.storages.set_available(name, available)
+        self.storages.set_available(name, available)?;
+        self.published_storages_changed();
+        Ok(())
     }
 
     /// Every registered storage, by name.
@@ -53,6 +61,8 @@ impl Manager {
             )));
         }
         groups.insert(group.name.clone(), Arc::new(group));
+        drop(groups);
+        self.published_storages_changed();
         Ok(())
     }
 
@@ -70,6 +80,8 @@ impl Manager {
             )));
         }
         groups.insert(group.name.clone(), Arc::new(group));
+        drop(groups);
+        self.published_storages_changed();
         Ok(())
     }
 
@@ -78,7 +90,9 @@ impl Manager {
         write_lock(&self.groups)
             .remove(name)
             .map(drop)
-            .ok_or_else(|| unknown_group(name))
+            .ok_or_else(|| unknown_group(name))?;
+        self.published_storages_changed();
+        Ok(())
     }
 
     /// A group's config.
@@ -125,6 +139,9 @@ impl Manager {
         let instance = write_lock(&self.instances)
             .remove(instance_id)
             .ok_or_else(|| ManagerError::InstanceNotExist(instance_id.to_string()))?;
+        if let Some(publication) = self.publication.get() {
+            publication.instance_removed(instance_id);
+        }
         self.remove_all(&instance)
     }
 

@@ -19,7 +19,9 @@
 //! - a location is WRITING only while its session is open: Finish, expiry or demotion moves
 //!   it to SERVING or DELETING exactly once;
 //! - a DELETING location is never readable and is removed by the deleter thread;
-//! - every state transition is published on the change feed.
+//! - every state transition is published on the change feed, and every move into or out of
+//!   SERVING reaches the lookup-table publisher before the call that made it returns
+//!   ([`publication`]).
 //!
 //! Operations are synchronous and short; background work runs on two threads (session
 //! expiry, deleter) that stop when the manager is dropped.
@@ -38,6 +40,7 @@ pub mod keys;
 mod leader;
 mod local_index;
 pub mod mask;
+pub mod publication;
 pub mod query;
 mod quota;
 mod read;
@@ -64,6 +67,7 @@ pub use group_config::GroupConfig;
 pub use instance::Instance;
 pub use leader::Leadership;
 pub use local_index::local_index_factory;
+pub use publication::{Publication, ServingLocation, StorageWeights};
 pub use read::{BlockLocation, CacheLookup, CacheMeta, LocationView, PartView, RenderedPart};
 pub use registration::InstanceInfo;
 pub use remove::TrimStrategy;
@@ -103,6 +107,8 @@ pub struct Manager {
     open_index: IndexFactory,
     /// The next location nonce (ids of locations, see [`entry::LocationId`]).
     nonces: std::sync::atomic::AtomicU32,
+    /// The lookup-table publisher, once installed.
+    publication: std::sync::OnceLock<Arc<dyn publication::Publication>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -131,6 +137,7 @@ impl Manager {
             leadership: Leadership::new(deps.node_id),
             open_index: deps.open_index,
             nonces: std::sync::atomic::AtomicU32::new(1),
+            publication: std::sync::OnceLock::new(),
         });
         let weak: Weak<Manager> = Arc::downgrade(&manager);
         sessions::spawn_expiry(sessions, move |session| {

@@ -278,7 +278,12 @@ pub struct ReadWeights<'t> {
 impl ReadWeights<'_> {
     /// The weight of a location; 0 makes it a miss (as is a location of an unknown handle).
     pub fn weight(&self, location: &LocationRef<'_>) -> u32 {
-        let Some(incarnation) = self.incarnations.get(location.storage) else {
+        self.handle_weight(location.storage)
+    }
+
+    /// The weight of every location on storage incarnation `handle`.
+    pub fn handle_weight(&self, handle: StorageHandle) -> u32 {
+        let Some(incarnation) = self.incarnations.get(handle) else {
             return 0;
         };
         let storage_type = incarnation.storage_type;

@@ -244,6 +244,7 @@ impl Manager {
         select: &dyn Fn(BlockKey, &Location) -> bool,
     ) -> ManagerResult<Vec<(BlockKey, Location)>> {
         let mut moved = Vec::new();
+        let mut visible = Vec::new();
         instance
             .index
             .read_modify_write(keys, &mut |key, current: Option<&Entry>| {
@@ -261,6 +262,11 @@ impl Manager {
                         to: Some(to),
                     });
                     changed |= location.state != to;
+                    if location.state != to
+                        && (location.state == LocationState::Serving || to == LocationState::Serving)
+                    {
+                        visible.push(key);
+                    }
                     location.state = to;
                     moved.push((key, location.clone()));
                 }
@@ -270,6 +276,10 @@ impl Manager {
                     Modify::Keep
                 }
             })?;
+        // Readers of the lookup table see SERVING only: tell the publisher about the keys
+        // whose SERVING set changed, before anyone is answered.
+        visible.dedup();
+        self.published_keys_changed(instance, &visible);
         Ok(moved)
     }
 

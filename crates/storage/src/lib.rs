@@ -178,6 +178,30 @@ pub struct PartRef<'a> {
     pub address: PartAddress,
 }
 
+/// A part's URI cut where its block number goes: `head`, the block number in decimal (when
+/// there is one), `tail`. Readers that render URIs themselves (the lookup table's clients)
+/// share templates between the blocks of one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UriTemplate {
+    /// Text before the block number.
+    pub head: String,
+    /// The block number, when the URI has one.
+    pub block: Option<u32>,
+    /// Text after it.
+    pub tail: String,
+}
+
+impl UriTemplate {
+    /// Appends the URI to `out`.
+    pub fn render(&self, out: &mut String) {
+        out.push_str(&self.head);
+        if let Some(block) = self.block {
+            out.push_str(itoa::Buffer::new().format(block));
+        }
+        out.push_str(&self.tail);
+    }
+}
+
 impl From<live_blocks::TooManyReferences> for StorageError {
     fn from(_: live_blocks::TooManyReferences) -> Self {
         StorageError::InvalidRequest(
@@ -239,6 +263,9 @@ pub trait DataStorage: Send + Sync + std::fmt::Debug {
     /// returned; false (nothing appended) when the backend no longer knows the address (its
     /// object was freed).
     fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool;
+    /// The URI of an allocated part as a template that renders to exactly what
+    /// [`DataStorage::write_uri`] writes; `None` when the backend no longer knows it.
+    fn uri_template(&self, part: &PartRef<'_>) -> Option<UriTemplate>;
     /// Frees the bytes of these locations (URIs this backend produced).
     fn delete(&self, uris: &[String]) -> Result<(), StorageError>;
     /// Probes the tier (mount present, directory writable, ...).

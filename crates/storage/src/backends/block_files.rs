@@ -22,7 +22,7 @@ use crate::packing::{check_request, pack};
 use crate::uri::BlockUri;
 use crate::{
     AllocatedSpec, AllocationRequest, DataStorage, PartAddress, PartRef, StorageConfig,
-    StorageError, StorageKind, StorageSpec,
+    StorageError, StorageKind, StorageSpec, UriTemplate,
 };
 
 /// A storage of blocks in files below a base path.
@@ -119,15 +119,29 @@ impl BlockFileStorage {
 
     /// Appends the URI of [`BlockFileStorage::uri`] to `out`.
     fn push_uri(&self, out: &mut String, file_name: &str, blkid: u64, size: i64) {
+        self.push_head(out, file_name);
+        if self.key_count_per_file > 1 {
+            out.push_str(itoa::Buffer::new().format(blkid));
+        }
+        self.push_tail(out, size);
+    }
+
+    /// The part of a block's URI before its block number.
+    fn push_head(&self, out: &mut String, file_name: &str) {
         out.push_str(&self.uri_prefix);
         out.push_str(file_name);
         if self.key_count_per_file > 1 {
             out.push_str("?blkid=");
-            out.push_str(itoa::Buffer::new().format(blkid));
-            out.push_str("&size=");
-        } else {
-            out.push_str("?size=");
         }
+    }
+
+    /// The part of a block's URI after its block number.
+    fn push_tail(&self, out: &mut String, size: i64) {
+        out.push_str(if self.key_count_per_file > 1 {
+            "&size="
+        } else {
+            "?size="
+        });
         out.push_str(itoa::Buffer::new().format(size));
     }
 
@@ -363,6 +377,19 @@ impl DataStorage for BlockFileStorage {
         written.is_some()
     }
 
+    fn uri_template(&self, part: &PartRef<'_>) -> Option<UriTemplate> {
+        let address = part.address;
+        let mut head = String::new();
+        self.live
+            .with_name(address.object, address.generation, |name| {
+                self.push_head(&mut head, name)
+            })?;
+        let mut tail = String::new();
+        self.push_tail(&mut tail, part.spec.size);
+        let block = (self.key_count_per_file > 1).then_some(address.block);
+        Some(UriTemplate { head, block, tail })
+    }
+
     fn delete(&self, uris: &[String]) -> Result<(), StorageError> {
         let located: Vec<_> = uris
             .iter()
@@ -476,6 +503,11 @@ mod tests {
                     let mut again = String::new();
                     assert!(storage.write_uri(&reference, &mut again));
                     assert_eq!(again, part.uri);
+                    let template = storage.uri_template(&reference).expect("template");
+                    let mut rendered = String::new();
+                    template.render(&mut rendered);
+                    assert_eq!(rendered, part.uri, "the template renders the same URI");
+                    assert_eq!(template.block.is_some(), key_count_per_file > 1);
                     uris.push((part.uri.clone(), part.address, spec, block.key));
                 }
             }
@@ -494,6 +526,7 @@ mod tests {
                 "the file was freed"
             );
             assert!(nothing.is_empty());
+            assert_eq!(storage.uri_template(&gone), None);
         }
     }
 

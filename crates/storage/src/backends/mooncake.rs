@@ -6,7 +6,7 @@ use crate::packing::check_request;
 use crate::uri::BlockUri;
 use crate::{
     AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartAddress, PartRef,
-    StorageConfig, StorageError, StorageKind,
+    StorageConfig, StorageError, StorageKind, UriTemplate,
 };
 
 /// A Mooncake store as seen by the manager: a namespace of object keys.
@@ -89,6 +89,16 @@ impl DataStorage for MooncakeStorage {
     fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {
         self.push_uri(out, part.instance_id, part.spec, part.key);
         true
+    }
+
+    fn uri_template(&self, part: &PartRef<'_>) -> Option<UriTemplate> {
+        let mut head = String::new();
+        self.push_uri(&mut head, part.instance_id, part.spec, part.key);
+        Some(UriTemplate {
+            head,
+            block: None,
+            tail: String::new(),
+        })
     }
 
     /// Checks the URIs; the objects live in Mooncake and are removed by its clients.

@@ -91,7 +91,10 @@ fn drain(
     peer: &ShmPeer,
     queue: &mut VecDeque<PostedSend>,
 ) -> Drained {
-    let gone = peer.ring.is_closed();
+    // Checked once per batch, before any access: a peer that exited since the last batch
+    // fails it (its memory still maps, but nobody keeps it current any more). A peer that
+    // dies while the batch runs is read as it was when it died, a moment inside the batch.
+    let gone = peer.gone();
     while let Some(send) = queue.front() {
         let outcome = match scatter::resolve(registry, &send.sg_list, local_need(&send.op)) {
             _ if gone => Outcome::Done(WcStatus::RetryExceeded, 0),

@@ -1,0 +1,245 @@
+//! The client: lookups on the fast path when it can answer, gRPC otherwise; writes and
+//! removals over gRPC (the RDMA-message write path is not built yet).
+
+use std::net::SocketAddr;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use kvcm::proto::meta;
+use kvcm_transport::soft::Wire;
+
+use crate::error::{ClientError, FastError};
+use crate::fast::FastPath;
+use crate::grpc::Grpc;
+use crate::metrics::{FastPathMetrics, Metrics};
+
+/// After the fast path broke, how long the client uses gRPC alone before connecting again.
+const RECONNECT_AFTER: Duration = Duration::from_millis(200);
+
+/// One kvcm server: its gRPC endpoint and its meta HTTP address (for the bootstrap).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerAddress {
+    /// `http://host:port` of the gRPC MetaService.
+    pub grpc: String,
+    /// The meta HTTP listener.
+    pub http: SocketAddr,
+}
+
+/// What a client connects to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// The servers, tried in order (failover on SERVER_NOT_LEADER and unreachable ones).
+    pub servers: Vec<ServerAddress>,
+    /// The instance every call is for.
+    pub instance_id: String,
+    /// The wire of the fast path: `Tcp` anywhere, `Shm` on the server's host; `None`
+    /// turns the fast path off.
+    pub wire: Option<Wire>,
+}
+
+/// A connected client (one fast-path queue pair; calls are serialised on it, so give each
+/// thread its own client for parallel lookups).
+pub struct Client {
+    config: ClientConfig,
+    fast: Mutex<FastState>,
+    grpc: Mutex<Grpc>,
+    metrics: Metrics,
+}
+
+/// The fast path, or since when it is down.
+enum FastState {
+    Up(Box<FastPath>),
+    Down(Instant),
+    Off,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects: the fast path when the server offers it (otherwise lookups use gRPC).
+    pub fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        if config.instance_id.is_empty() {
+            return Err(ClientError::InvalidArgument("instance_id is empty".into()));
+        }
+        let grpc = Grpc::new(config.servers.iter().map(|s| s.grpc.clone()).collect())?;
+        let client = Client {
+            fast: Mutex::new(FastState::Off),
+            grpc: Mutex::new(grpc),
+            metrics: Metrics::default(),
+            config,
+        };
+        if client.config.wire.is_some() {
+            *client.fast() = client.connect_fast();
+        }
+        Ok(client)
+    }
+
+    /// Whether lookups currently use the fast path.
+    pub fn fast_path_up(&self) -> bool {
+        matches!(*self.fast(), FastState::Up(_))
+    }
+
+    /// The fast path's counters.
+    pub fn metrics(&self) -> FastPathMetrics {
+        self.metrics.snapshot()
+    }
+
+    /// The epoch of the table the fast path reads (`None` while it is down).
+    pub fn table_epoch(&self) -> Option<u64> {
+        match &*self.fast() {
+            FastState::Up(fast) => Some(fast.epoch()),
+            _ => None,
+        }
+    }
+
+    /// Round trips the fast path made (0 without one).
+    pub fn round_trips(&self) -> u64 {
+        match &*self.fast() {
+            FastState::Up(fast) => fast.round_trips(),
+            _ => 0,
+        }
+    }
+
+    fn fast(&self) -> MutexGuard<'_, FastState> {
+        self.fast.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn grpc(&self) -> MutexGuard<'_, Grpc> {
+        self.grpc.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn connect_fast(&self) -> FastState {
+        let Some(wire) = self.config.wire else {
+            return FastState::Off;
+        };
+        for server in &self.config.servers {
+            let connected = crate::bootstrap::fetch(server.http, &self.config.instance_id)
+                .and_then(|answer| FastPath::connect(answer, wire));
+            match connected {
+                Ok(fast) => return FastState::Up(Box::new(fast)),
+                Err(error) => tracing_debug(&error),
+            }
+        }
+        FastState::Down(Instant::now())
+    }
+
+    /// GetCacheLocation (the request's `instance_id` is the client's): the fast path's
+    /// answer when it has one, equal to the server's, else the server's.
+    pub fn get_cache_location(
+        &self,
+        mut request: meta::GetCacheLocationRequest,
+    ) -> Result<Vec<meta::CacheLocation>, ClientError> {
+        request.instance_id = self.config.instance_id.clone();
+        if let Some(locations) = self.try_fast(&request) {
+            self.metrics.hit();
+            return Ok(locations);
+        }
+        if self.config.wire.is_some() {
+            self.metrics.fallback();
+        }
+        let response = self.grpc().call(|mut client| {
+            let request = request.clone();
+            async move { client.get_cache_location(request).await }
+        })?;
+        Ok(response.locations)
+    }
+
+    /// The fast path's answer, reconnecting it when it has been down long enough.
+    fn try_fast(&self, request: &meta::GetCacheLocationRequest) -> Option<Vec<meta::CacheLocation>> {
+        let mut fast = self.fast();
+        if let FastState::Down(since) = *fast {
+            if since.elapsed() < RECONNECT_AFTER {
+                return None;
+            }
+            self.metrics.reconnect();
+            *fast = self.connect_fast();
+        }
+        let FastState::Up(path) = &mut *fast else {
+            return None;
+        };
+        match path.lookup(request, &self.metrics) {
+            Ok(locations) => Some(locations),
+            Err(FastError::AskServer(_)) => None,
+            Err(error @ FastError::Broken(_)) => {
+                tracing_debug(&error);
+                *fast = FastState::Down(Instant::now());
+                None
+            }
+        }
+    }
+
+    /// Prefix match over block keys.
+    pub fn prefix_match(&self, keys: &[i64]) -> Result<Vec<meta::CacheLocation>, ClientError> {
+        self.get_cache_location(query(meta::QueryType::QtPrefixMatch, keys, 0))
+    }
+
+    /// Batch get over block keys.
+    pub fn batch_get(&self, keys: &[i64]) -> Result<Vec<meta::CacheLocation>, ClientError> {
+        self.get_cache_location(query(meta::QueryType::QtBatchGet, keys, 0))
+    }
+
+    /// Reverse rolling sliding-window match over block keys.
+    pub fn sliding_window(
+        &self,
+        keys: &[i64],
+        sw_size: i32,
+    ) -> Result<Vec<meta::CacheLocation>, ClientError> {
+        self.get_cache_location(query(meta::QueryType::QtReverseRollSwMatch, keys, sw_size))
+    }
+
+    /// StartWriteCache (over gRPC).
+    pub fn start_write(
+        &self,
+        mut request: meta::StartWriteCacheRequest,
+    ) -> Result<meta::StartWriteCacheResponse, ClientError> {
+        request.instance_id = self.config.instance_id.clone();
+        self.grpc().call(|mut client| {
+            let request = request.clone();
+            async move { client.start_write_cache(request).await }
+        })
+    }
+
+    /// FinishWriteCache (over gRPC).
+    pub fn finish_write(&self, mut request: meta::FinishWriteCacheRequest) -> Result<(), ClientError> {
+        request.instance_id = self.config.instance_id.clone();
+        self.grpc()
+            .call(|mut client| {
+                let request = request.clone();
+                async move { client.finish_write_cache(request).await }
+            })
+            .map(drop)
+    }
+
+    /// RemoveCache (over gRPC).
+    pub fn remove(&self, mut request: meta::RemoveCacheRequest) -> Result<(), ClientError> {
+        request.instance_id = self.config.instance_id.clone();
+        self.grpc()
+            .call(|mut client| {
+                let request = request.clone();
+                async move { client.remove_cache(request).await }
+            })
+            .map(drop)
+    }
+}
+
+fn query(kind: meta::QueryType, keys: &[i64], sw_size: i32) -> meta::GetCacheLocationRequest {
+    meta::GetCacheLocationRequest {
+        query_type: kind as i32,
+        block_keys: keys.to_vec(),
+        sw_size,
+        ..Default::default()
+    }
+}
+
+/// Records why the fast path could not answer (stderr when `KVCM_CLIENT_DEBUG` is set).
+fn tracing_debug(error: &FastError) {
+    if std::env::var_os("KVCM_CLIENT_DEBUG").is_some() {
+        eprintln!("kvcm-client fast path: {error}");
+    }
+}

@@ -1,0 +1,57 @@
+//! Fast-path counters of one client.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters (relaxed: they are statistics).
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    hits: AtomicU64,
+    fallbacks: AtomicU64,
+    retries: AtomicU64,
+    extra_round_trips: AtomicU64,
+    reconnects: AtomicU64,
+}
+
+/// A snapshot of a client's fast-path counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FastPathMetrics {
+    /// Queries answered by the fast path.
+    pub hits: u64,
+    /// Queries answered by gRPC instead (fast path unavailable or not exact for them).
+    pub fallbacks: u64,
+    /// Copies read again (torn buckets, retired generations).
+    pub retries: u64,
+    /// Round trips beyond the first for cold string-table entries.
+    pub extra_round_trips: u64,
+    /// Fast-path connections made after the first.
+    pub reconnects: u64,
+}
+
+impl Metrics {
+    pub(crate) fn hit(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn fallback(&self) {
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn extra_round_trip(&self) {
+        self.extra_round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn reconnect(&self) {
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> FastPathMetrics {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        FastPathMetrics {
+            hits: get(&self.hits),
+            fallbacks: get(&self.fallbacks),
+            retries: get(&self.retries),
+            extra_round_trips: get(&self.extra_round_trips),
+            reconnects: get(&self.reconnects),
+        }
+    }
+}

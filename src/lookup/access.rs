@@ -1,0 +1,24 @@
+//! The one access check every lookup bootstrap passes through. Today it admits everyone
+//! (as the control plane does); the security issue fills it in (tokens bound to instances).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// What a bootstrap request shows about its caller.
+#[derive(Debug, Clone)]
+pub struct AccessCheck<'a> {
+    /// The instance whose table is asked for.
+    pub instance_id: &'a str,
+    /// The caller's address, when known.
+    pub peer: Option<SocketAddr>,
+    /// The `Authorization` header, when sent.
+    pub authorization: Option<&'a str>,
+}
+
+/// Decides whether a caller may read an instance's table (`Err` = refused, with why).
+pub type LookupAccess = Arc<dyn Fn(&AccessCheck<'_>) -> Result<(), String> + Send + Sync>;
+
+/// The check that admits every caller.
+pub fn allow_all() -> LookupAccess {
+    Arc::new(|_| Ok(()))
+}

@@ -1,0 +1,138 @@
+//! The bootstrap: `POST /kvcm/v1/lookupBootstrap` on the meta HTTP port, body
+//! `{"instance_id":"..."}`, answers where the instance's table is and how to connect
+//! (kvcm's own namespace: nothing of the reference's API changes). Errors answer a non-200
+//! status with `{"error":"..."}`: 404 unknown instance, 403 refused, 400 bad body, 503 the
+//! table cannot be published (clients then use gRPC).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde::{Deserialize, Serialize};
+
+use super::{AccessCheck, LookupError, LookupService, WIRE_SOFT_SHM, WIRE_SOFT_TCP};
+
+/// The route.
+pub const ROUTE: &str = "/kvcm/v1/lookupBootstrap";
+
+/// The request body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BootstrapRequest {
+    /// The instance whose table is asked for.
+    pub instance_id: String,
+}
+
+/// One wire a table can be read over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireAnswer {
+    /// "soft-tcp" or "soft-shm".
+    pub name: String,
+    /// Index of the wire in the header's rkeys.
+    pub wire: usize,
+    /// The header's rkey on this wire.
+    pub header_rkey: u32,
+}
+
+/// The answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootstrapAnswer {
+    /// The table format version the server writes.
+    pub format_version: u32,
+    /// The server process's incarnation id (the header must show the same).
+    pub server_incarnation: u64,
+    /// The instance.
+    pub instance_id: String,
+    /// Where to connect a queue pair (see the peers listener).
+    pub connect: String,
+    /// The header's address.
+    pub header_addr: u64,
+    /// The instance's spec layout version.
+    pub layout_version: u32,
+    /// The wires served.
+    pub wires: Vec<WireAnswer>,
+}
+
+impl LookupService {
+    /// Where `check.instance_id`'s table is, after the access check; builds the table on
+    /// first use.
+    pub fn bootstrap(&self, check: &AccessCheck<'_>) -> Result<BootstrapAnswer, LookupError> {
+        (self.access)(check).map_err(LookupError::Refused)?;
+        let table = self.table_for(check.instance_id)?;
+        let address = table.address();
+        let name = |wire| match wire {
+            WIRE_SOFT_TCP => "soft-tcp",
+            WIRE_SOFT_SHM => "soft-shm",
+            _ => "unknown",
+        };
+        Ok(BootstrapAnswer {
+            format_version: kvcm_lookup::header::FORMAT_VERSION,
+            server_incarnation: self.incarnation,
+            instance_id: check.instance_id.to_string(),
+            connect: self.connect_addr().to_string(),
+            header_addr: address.addr,
+            layout_version: address.layout_version,
+            wires: address
+                .rkeys
+                .iter()
+                .map(|&(wire, header_rkey)| WireAnswer {
+                    name: name(wire).to_string(),
+                    wire,
+                    header_rkey,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// The bootstrap route, to merge into the meta HTTP router.
+pub fn router(service: Arc<LookupService>) -> Router {
+    Router::new()
+        .route(ROUTE, post(answer))
+        .with_state(service)
+}
+
+async fn answer(
+    State(service): State<Arc<LookupService>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let Ok(request) = serde_json::from_slice::<BootstrapRequest>(&body) else {
+        return refusal(StatusCode::BAD_REQUEST, "body must be {\"instance_id\":\"...\"}");
+    };
+    let authorization = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let task = tokio::task::spawn_blocking(move || {
+        let check = AccessCheck {
+            instance_id: &request.instance_id,
+            peer: None,
+            authorization: authorization.as_deref(),
+        };
+        service.bootstrap(&check)
+    });
+    match task.await {
+        Ok(Ok(answer)) => json(StatusCode::OK, &answer),
+        Ok(Err(error)) => {
+            let status = match error {
+                LookupError::UnknownInstance(_) => StatusCode::NOT_FOUND,
+                LookupError::Refused(_) => StatusCode::FORBIDDEN,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            refusal(status, &error.to_string())
+        }
+        Err(_) => refusal(StatusCode::INTERNAL_SERVER_ERROR, "bootstrap failed"),
+    }
+}
+
+fn refusal(status: StatusCode, message: &str) -> Response {
+    json(status, &serde_json::json!({ "error": message }))
+}
+
+fn json(status: StatusCode, body: &impl Serialize) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
+}

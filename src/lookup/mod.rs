@@ -1,0 +1,248 @@
+//! The lookup path's server side: per instance, a table of its SERVING locations in memory
+//! registered with the soft transport (TCP and shared-memory wires), which clients read
+//! with one-sided READs and no server thread (docs/lookup-table.md); the queue-pair
+//! listener that connects them; and the bootstrap that tells a client where a table is.
+//!
+//! Tables are built on the first bootstrap of an instance and then kept in step by the
+//! manager's [`Publication`] calls, synchronously, so a location that leaves SERVING is
+//! unpublished before the request that moved it is answered. A table that cannot be kept
+//! in step (memory exhausted, an index error) is retired and forgotten: its readers then
+//! refuse it and fall back to gRPC, and the next bootstrap builds it again.
+
+mod access;
+mod bootstrap;
+pub(crate) mod peers;
+mod table;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use kvcm_index::BlockKey;
+use kvcm_manager::{Instance, Manager, Publication};
+use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
+
+pub use access::{allow_all, AccessCheck, LookupAccess};
+pub use peers::HELLO as QP_HELLO;
+pub use bootstrap::{router, BootstrapAnswer, BootstrapRequest, WireAnswer, ROUTE};
+pub use table::{InstanceTable, TableAddress, GRACE};
+
+/// Wire indexes of the header's rkey array.
+pub const WIRE_SOFT_TCP: usize = 0;
+/// See [`WIRE_SOFT_TCP`].
+pub const WIRE_SOFT_SHM: usize = 1;
+
+/// How often availability is re-read for health changes the admin API did not make.
+const AVAILABILITY_TICK: Duration = Duration::from_millis(100);
+
+/// Errors of the lookup path's server side.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The transport failed.
+    #[error("lookup transport: {0}")]
+    Transport(#[from] kvcm_transport::TransportError),
+    /// The table format refused something.
+    #[error(transparent)]
+    Format(#[from] kvcm_lookup::FormatError),
+    /// The instance's index failed.
+    #[error("lookup table index read: {0}")]
+    Index(#[from] kvcm_index::IndexError),
+    /// The instance is not registered.
+    #[error("instance {0:?} is not registered")]
+    UnknownInstance(String),
+    /// The instance cannot be published (more specs than a slot holds).
+    #[error("instance {0:?} has more than 64 specs: the lookup table cannot hold its blocks")]
+    TooManySpecs(String),
+    /// The access check refused the request.
+    #[error("lookup bootstrap refused: {0}")]
+    Refused(String),
+    /// No wire is open.
+    #[error("no lookup wire is open")]
+    NoWire,
+    /// The queue-pair listener could not start.
+    #[error("lookup listener: {0}")]
+    Listener(std::io::Error),
+}
+
+/// Settings of the lookup path (`kvcm.lookup.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupConfig {
+    /// `kvcm.lookup.enabled`: publish tables and accept queue pairs.
+    pub enabled: bool,
+    /// `kvcm.lookup.bind`: address of the soft NIC and the queue-pair listener; it is
+    /// handed to clients, so it must be reachable by them.
+    pub bind: IpAddr,
+}
+
+impl Default for LookupConfig {
+    fn default() -> Self {
+        LookupConfig {
+            enabled: true,
+            bind: IpAddr::from([127, 0, 0, 1]),
+        }
+    }
+}
+
+/// The lookup path's server side.
+pub struct LookupService {
+    manager: Weak<Manager>,
+    /// Random id of this server process (clients refuse tables of another).
+    incarnation: u64,
+    /// (wire index, domain).
+    domains: Vec<(usize, SoftDomain)>,
+    tables: Mutex<HashMap<String, Arc<InstanceTable>>>,
+    peers: peers::Peers,
+    access: LookupAccess,
+}
+
+impl std::fmt::Debug for LookupService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LookupService")
+            .field("incarnation", &self.incarnation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LookupService {
+    /// Opens the wires, starts the queue-pair listener and installs itself as the
+    /// manager's publisher.
+    pub fn start(
+        manager: &Arc<Manager>,
+        config: &LookupConfig,
+        access: LookupAccess,
+    ) -> Result<Arc<LookupService>, LookupError> {
+        let open = |wire| {
+            SoftDomain::open(SoftConfig {
+                wire,
+                bind: config.bind,
+                ..SoftConfig::default()
+            })
+        };
+        let domains = vec![
+            (WIRE_SOFT_TCP, open(Wire::Tcp)?),
+            (WIRE_SOFT_SHM, open(Wire::Shm)?),
+        ];
+        let peers = peers::Peers::listen(config.bind, domains.clone())?;
+        let service = Arc::new(LookupService {
+            manager: Arc::downgrade(manager),
+            incarnation: fastrand::u64(1..),
+            domains,
+            tables: Mutex::new(HashMap::new()),
+            peers,
+            access,
+        });
+        manager.set_publication(service.clone());
+        spawn_availability_ticks(Arc::downgrade(&service))?;
+        Ok(service)
+    }
+
+    /// This server process's incarnation id.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// Where clients connect their queue pairs.
+    pub fn connect_addr(&self) -> SocketAddr {
+        self.peers.addr()
+    }
+
+    fn tables(&self) -> MutexGuard<'_, HashMap<String, Arc<InstanceTable>>> {
+        self.tables.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn table(&self, instance_id: &str) -> Option<Arc<InstanceTable>> {
+        self.tables().get(instance_id).cloned()
+    }
+
+    /// The table of `instance_id`, built on first use.
+    pub fn table_for(&self, instance_id: &str) -> Result<Arc<InstanceTable>, LookupError> {
+        let manager = self.manager.upgrade().ok_or(LookupError::NoWire)?;
+        let instance = manager
+            .instance(instance_id)
+            .ok_or_else(|| LookupError::UnknownInstance(instance_id.to_string()))?;
+        if instance.specs().len() > kvcm_lookup::header::MAX_PARTS {
+            return Err(LookupError::TooManySpecs(instance_id.to_string()));
+        }
+        // Built under the map's lock: publication calls for this instance wait, then see it
+        // (and the build read every key after they were committed).
+        let mut tables = self.tables();
+        if let Some(table) = tables.get(instance_id) {
+            return Ok(table.clone());
+        }
+        let table = InstanceTable::create(&manager, &instance, &self.domains, self.incarnation)?;
+        let table = Arc::new(table);
+        tables.insert(instance_id.to_string(), table.clone());
+        Ok(table)
+    }
+
+    /// Retires and forgets a table that could not be kept in step.
+    fn drop_table(&self, instance_id: &str, error: &LookupError) {
+        tracing::error!(instance = instance_id, %error, "lookup table dropped: readers fall back to gRPC");
+        if let Some(table) = self.tables().remove(instance_id) {
+            if let Err(error) = table.retire() {
+                tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
+            }
+        }
+    }
+
+    fn refresh_availability(&self) {
+        let Some(manager) = self.manager.upgrade() else {
+            return;
+        };
+        let tables: Vec<(String, Arc<InstanceTable>)> = self
+            .tables()
+            .iter()
+            .map(|(id, table)| (id.clone(), table.clone()))
+            .collect();
+        for (id, table) in tables {
+            let Some(instance) = manager.instance(&id) else {
+                continue;
+            };
+            if let Err(error) = table.refresh_availability(&manager, &instance, &self.domains) {
+                self.drop_table(&id, &error);
+            }
+        }
+    }
+}
+
+impl Publication for LookupService {
+    fn keys_changed(&self, instance: &Instance, keys: &[BlockKey]) {
+        let Some(table) = self.table(instance.id()) else {
+            return;
+        };
+        let Some(manager) = self.manager.upgrade() else {
+            return;
+        };
+        if let Err(error) = table.refresh(&manager, instance, &self.domains, keys) {
+            self.drop_table(instance.id(), &error);
+        }
+    }
+
+    fn storages_changed(&self) {
+        self.refresh_availability();
+    }
+
+    fn instance_removed(&self, instance_id: &str) {
+        if let Some(table) = self.tables().remove(instance_id) {
+            if let Err(error) = table.retire() {
+                tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
+            }
+        }
+    }
+}
+
+/// Re-reads availability every [`AVAILABILITY_TICK`] until the service is dropped.
+fn spawn_availability_ticks(service: Weak<LookupService>) -> Result<(), LookupError> {
+    std::thread::Builder::new()
+        .name("kvcm-lookup-avail".into())
+        .spawn(move || loop {
+            std::thread::sleep(AVAILABILITY_TICK);
+            match service.upgrade() {
+                Some(service) => service.refresh_availability(),
+                None => return,
+            }
+        })
+        .map(drop)
+        .map_err(LookupError::Listener)
+}

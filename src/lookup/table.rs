@@ -1,0 +1,367 @@
+//! One instance's published table: its header memory, its current generation and the
+//! generations being retired, kept in step with the manager (single writer: every change
+//! runs under this table's lock).
+//!
+//! Invariants:
+//! - the table holds exactly the SERVING locations the index holds, as of the last change
+//!   the manager reported (each report re-reads the keys' entries under the lock, so racing
+//!   reports converge on the latest state);
+//! - a generation that was replaced is retired (readers refuse every block of it) before
+//!   the replacing change is reported done, and its registrations are dropped after
+//!   [`GRACE`]; its memory is never reused for other table data while registered.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use kvcm_index::{BlockKey, ScanCursor};
+use kvcm_lookup::avail::{Availability, StorageWeight};
+use kvcm_lookup::generation::{Generation, Layout, PublishedLocation};
+use kvcm_lookup::header::{layout_version, HEADER_BLOCK, WIRES};
+use kvcm_lookup::strings::Template;
+use kvcm_lookup::{seqlock, FormatError};
+use kvcm_manager::{Instance, Manager, ServingLocation};
+use kvcm_transport::soft::{SoftDomain, SoftRegion};
+use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
+
+use super::LookupError;
+use crate::service::storage_type_number;
+
+/// How long a replaced generation stays registered (readers that fetched the old header
+/// finish their reads, see the retired blocks and re-read the header).
+pub const GRACE: Duration = Duration::from_secs(2);
+/// Keys read from the index per page when a generation is built.
+const SCAN_PAGE: usize = 1024;
+/// Smallest bucket array.
+const MIN_BUCKETS: u64 = 64;
+/// Smallest string heap.
+const MIN_HEAP: usize = 64 << 10;
+
+/// One generation with its registrations (one per wire).
+struct Published {
+    generation: Generation<HostMemory>,
+    /// (wire index, registration).
+    regions: Vec<(usize, SoftRegion)>,
+}
+
+/// What the table's lock guards.
+struct State {
+    current: Published,
+    epoch: u64,
+    retiring: Vec<(Instant, Published)>,
+    availability: Availability,
+}
+
+/// The published table of one instance.
+pub struct InstanceTable {
+    instance_id: String,
+    header: HostMemory,
+    /// (wire index, registration).
+    header_regions: Vec<(usize, SoftRegion)>,
+    specs: Vec<(String, i64)>,
+    block_size: i64,
+    incarnation: u64,
+    state: Mutex<State>,
+}
+
+/// What a reader needs to find a table: per wire, the header's address and rkey.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableAddress {
+    /// Header address.
+    pub addr: u64,
+    /// Header rkey per wire (index as in the header's rkeys).
+    pub rkeys: Vec<(usize, u32)>,
+    /// Spec layout version.
+    pub layout_version: u32,
+}
+
+impl std::fmt::Debug for InstanceTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstanceTable")
+            .field("instance_id", &self.instance_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InstanceTable {
+    /// Builds the table of `instance` from its index and registers it on `domains`
+    /// (`(wire index, domain)`).
+    pub fn create(
+        manager: &Manager,
+        instance: &Instance,
+        domains: &[(usize, SoftDomain)],
+        incarnation: u64,
+    ) -> Result<InstanceTable, LookupError> {
+        let specs: Vec<(String, i64)> = instance
+            .specs()
+            .iter()
+            .map(|s| (s.name.clone(), s.size))
+            .collect();
+        let anchor = &domains.first().ok_or(LookupError::NoWire)?.1;
+        let header = anchor.alloc(4096)?;
+        let header_regions = register_all(domains, &header, 4096)?;
+        let availability = availability(manager, instance);
+        let keys = instance.index.len().unwrap_or(0);
+        let current = build(manager, instance, domains, &specs, &availability, keys)?;
+        let table = InstanceTable {
+            instance_id: instance.id().to_string(),
+            header,
+            header_regions,
+            block_size: i64::from(instance.info().block_size),
+            specs,
+            incarnation,
+            state: Mutex::new(State {
+                current,
+                epoch: 1,
+                retiring: Vec::new(),
+                availability,
+            }),
+        };
+        let state = table.lock();
+        table.write_header(&state, true)?;
+        drop(state);
+        Ok(table)
+    }
+
+    /// Where readers find the table.
+    pub fn address(&self) -> TableAddress {
+        TableAddress {
+            addr: self.header.addr(),
+            rkeys: self
+                .header_regions
+                .iter()
+                .map(|(wire, region)| (*wire, region.rkey()))
+                .collect(),
+            layout_version: layout_version(&self.specs),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Re-publishes `keys` from their current entries.
+    pub fn refresh(
+        &self,
+        manager: &Manager,
+        instance: &Instance,
+        domains: &[(usize, SoftDomain)],
+        keys: &[BlockKey],
+    ) -> Result<(), LookupError> {
+        let mut state = self.lock();
+        let entries = instance.index.get(keys)?;
+        for (key, entry) in keys.iter().zip(entries) {
+            let serving = entry.map_or_else(Vec::new, |e| manager.serving_locations(instance, *key, &e));
+            let locations = published(&serving);
+            match state.current.generation.publish(*key, &locations) {
+                Ok(()) => {}
+                // A rebuild reads every key's current entry, these included.
+                Err(FormatError::Full(_)) => return self.rebuild(&mut state, manager, instance, domains, 2),
+                Err(other) => return Err(other.into()),
+            }
+        }
+        self.expire_retired(&mut state);
+        Ok(())
+    }
+
+    /// Re-publishes the availability block if the weights changed.
+    pub fn refresh_availability(
+        &self,
+        manager: &Manager,
+        instance: &Instance,
+        domains: &[(usize, SoftDomain)],
+    ) -> Result<(), LookupError> {
+        let mut state = self.lock();
+        let availability = availability(manager, instance);
+        if availability == state.availability {
+            return Ok(());
+        }
+        state.availability = availability.clone();
+        match state.current.generation.set_availability(&availability) {
+            Ok(()) => Ok(()),
+            Err(FormatError::Full(_)) => self.rebuild(&mut state, manager, instance, domains, 1),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    /// Replaces the current generation by one `growth` times as large (1 = compaction),
+    /// built from the index; flips the header and retires the old generation.
+    fn rebuild(
+        &self,
+        state: &mut State,
+        manager: &Manager,
+        instance: &Instance,
+        domains: &[(usize, SoftDomain)],
+        growth: u64,
+    ) -> Result<(), LookupError> {
+        let keys = instance.index.len()?.max(state.current.generation.slots_used() * growth);
+        let next = build(manager, instance, domains, &self.specs, &state.availability, keys)?;
+        let old = std::mem::replace(&mut state.current, next);
+        state.epoch += 1;
+        self.write_header(state, false)?;
+        old.generation.retire()?;
+        state.retiring.push((Instant::now() + GRACE, old));
+        tracing::debug!(instance = %self.instance_id, epoch = state.epoch, "lookup table rebuilt");
+        Ok(())
+    }
+
+    /// Drops the registrations of generations whose grace passed.
+    fn expire_retired(&self, state: &mut State) {
+        let now = Instant::now();
+        state.retiring.retain(|(deadline, _)| *deadline > now);
+    }
+
+    fn write_header(&self, state: &State, fresh: bool) -> Result<(), LookupError> {
+        let mut rkeys = [0u32; WIRES];
+        for (wire, region) in &state.current.regions {
+            rkeys[*wire] = region.rkey();
+        }
+        let header = state.current.generation.header(
+            state.epoch,
+            self.incarnation,
+            layout_version(&self.specs),
+            self.block_size,
+            rkeys,
+        );
+        if fresh {
+            self.header.write(0, &seqlock::seal(header.to_body(), 0))?;
+        } else {
+            seqlock::rewrite(&self.header, 0, header.to_body())?;
+        }
+        debug_assert!(HEADER_BLOCK <= 4096);
+        Ok(())
+    }
+
+    /// Retires the whole table (the instance was removed): readers refuse it from now on.
+    pub fn retire(&self) -> Result<(), LookupError> {
+        let state = self.lock();
+        seqlock::retire(&self.header, 0, HEADER_BLOCK)?;
+        state.current.generation.retire()?;
+        Ok(())
+    }
+
+    /// Slots in use and the bytes of the current generation.
+    pub fn usage(&self) -> (u64, usize) {
+        let state = self.lock();
+        let generation = &state.current.generation;
+        (generation.slots_used(), generation.layout().total_len())
+    }
+}
+
+/// Registers `len` bytes of `memory` for remote reads on every domain.
+fn register_all(
+    domains: &[(usize, SoftDomain)],
+    memory: &HostMemory,
+    len: usize,
+) -> Result<Vec<(usize, SoftRegion)>, LookupError> {
+    let register = |(wire, domain): &(usize, SoftDomain)| {
+        let region = domain.register(memory, 0, len, Access::REMOTE_READ)?;
+        Ok((*wire, region))
+    };
+    domains.iter().map(register).collect()
+}
+
+/// A generation sized for about `keys` keys, filled from the index.
+fn build(
+    manager: &Manager,
+    instance: &Instance,
+    domains: &[(usize, SoftDomain)],
+    specs: &[(String, i64)],
+    availability: &Availability,
+    keys: u64,
+) -> Result<Published, LookupError> {
+    let mut keys = keys.max(1);
+    loop {
+        let layout = layout_for(specs.len(), keys, availability.storages.len())?;
+        let anchor = &domains.first().ok_or(LookupError::NoWire)?.1;
+        let len = layout.total_len().next_multiple_of(4096);
+        let memory = anchor.alloc(len)?;
+        let mut generation =
+            Generation::create(memory, layout, fastrand::u64(..), specs, availability)?;
+        match fill(&mut generation, manager, instance) {
+            Ok(()) => {
+                let regions = register_all(domains, generation.memory(), len)?;
+                return Ok(Published { generation, regions });
+            }
+            Err(LookupError::Format(FormatError::Full(_))) => keys *= 2,
+            Err(other) => return Err(other),
+        }
+    }
+}
+
+/// The layout for about `keys` keys: buckets at most half full on average, heap room for
+/// one template per key (file-tier keys share templates; Mooncake keys do not).
+fn layout_for(specs: usize, keys: u64, handles: usize) -> Result<Layout, LookupError> {
+    let probe = Layout::new(specs, 2, 0, 0)?;
+    let per_bucket = probe.geometry.slots_per_bucket as u64;
+    let buckets = (2 * keys).div_ceil(per_bucket).max(MIN_BUCKETS);
+    let heap = (keys as usize).saturating_mul(96 * specs).max(MIN_HEAP);
+    Ok(Layout::new(specs, buckets, (handles + 16).next_power_of_two(), heap)?)
+}
+
+/// Publishes every key of the instance's index.
+fn fill(
+    generation: &mut Generation<HostMemory>,
+    manager: &Manager,
+    instance: &Instance,
+) -> Result<(), LookupError> {
+    let mut cursor = Some(ScanCursor::START);
+    while let Some(position) = cursor {
+        let page = instance.index.scan(position, SCAN_PAGE)?;
+        let entries = instance.index.get(&page.keys)?;
+        for (key, entry) in page.keys.iter().zip(entries) {
+            let Some(entry) = entry else { continue };
+            let serving = manager.serving_locations(instance, *key, &entry);
+            if !serving.is_empty() {
+                generation.publish(*key, &published(&serving))?;
+            }
+        }
+        cursor = page.next;
+    }
+    Ok(())
+}
+
+/// The table's form of SERVING locations.
+fn published(serving: &[ServingLocation]) -> Vec<PublishedLocation> {
+    serving
+        .iter()
+        .map(|location| PublishedLocation {
+            nonce: location.nonce,
+            storage: location.storage.0,
+            parts: location
+                .parts
+                .iter()
+                .map(|(spec, template)| {
+                    // A part the backend no longer knows keeps its spec and renders empty.
+                    let (head, block, tail) = template
+                        .as_ref()
+                        .map_or((String::new(), None, String::new()), |t| {
+                            (t.head.clone(), t.block, t.tail.clone())
+                        });
+                    let template = Template {
+                        spec: *spec,
+                        head,
+                        has_block: block.is_some(),
+                        tail,
+                    };
+                    (Some(template), block.unwrap_or(0))
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The instance's availability block.
+fn availability(manager: &Manager, instance: &Instance) -> Availability {
+    let weights = manager.storage_weights(instance);
+    Availability {
+        no_storage: weights.no_storage,
+        storages: weights
+            .by_handle
+            .iter()
+            .map(|(weight, storage_type)| StorageWeight {
+                weight: (*weight).min(255) as u8,
+                storage_type: storage_type_number(*storage_type) as u8,
+            })
+            .collect(),
+    }
+}

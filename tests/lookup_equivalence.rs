@@ -1,0 +1,171 @@
+//! The fast path answers exactly as GetCacheLocation over gRPC: a randomized workload
+//! against a real `kvcm serve` (writes with and without spec groups, failed and abandoned
+//! writes, removals, trims, table growth, a storage disabled and re-enabled, every storage
+//! disabled), with random queries of all three types after every step, on both soft wires.
+
+mod common;
+mod lookup_common;
+
+use common::TestServer;
+use kvcm::proto::meta;
+use kvcm_client::{Client, Wire};
+use lookup_common::*;
+
+/// Keys the workload draws from (enough to grow the table past its first generation).
+const UNIVERSE: i64 = 400;
+/// Workload steps.
+const STEPS: usize = 120;
+/// Queries compared after each step.
+const QUERIES: usize = 6;
+
+/// A non-empty list of distinct keys.
+fn random_keys(rng: &mut fastrand::Rng, max: usize) -> Vec<i64> {
+    let count = rng.usize(1..=max);
+    let start = rng.i64(0..UNIVERSE);
+    let mut keys: Vec<i64> = match rng.u8(0..3) {
+        // A run of consecutive keys (prefixes hit), random keys, or a run with holes.
+        0 => (start..start + count as i64).collect(),
+        1 => (0..count).map(|_| rng.i64(0..UNIVERSE)).collect(),
+        _ => (start..start + count as i64).filter(|k| k % 7 != 3).collect(),
+    };
+    let mut seen = std::collections::HashSet::new();
+    keys.retain(|k| seen.insert(*k));
+    if keys.is_empty() {
+        keys.push(start);
+    }
+    keys
+}
+
+fn random_query(rng: &mut fastrand::Rng) -> meta::GetCacheLocationRequest {
+    let keys = random_keys(rng, 40);
+    let query_type = rng.i32(1..=3);
+    let sw_size = rng.i32(0..=keys.len() as i32 + 1);
+    let block_mask = match rng.u8(0..4) {
+        0 => None,
+        1 => Some(meta::BlockMask {
+            info: Some(meta::block_mask::Info::Offset(rng.i32(0..4))),
+        }),
+        2 => Some(meta::BlockMask {
+            info: Some(meta::block_mask::Info::BoolMasks(meta::BoolMasksType {
+                values: (0..rng.usize(0..8)).map(|_| rng.bool()).collect(),
+            })),
+        }),
+        _ => Some(meta::BlockMask::default()),
+    };
+    let location_spec_names = match rng.u8(0..4) {
+        0 => vec!["tp1".to_string()],
+        1 => vec!["tp0".to_string(), "nope".to_string()],
+        _ => Vec::new(),
+    };
+    meta::GetCacheLocationRequest {
+        trace_id: "eq".into(),
+        instance_id: INSTANCE.into(),
+        query_type,
+        block_keys: keys,
+        token_ids: Vec::new(),
+        block_mask,
+        sw_size,
+        location_spec_names,
+    }
+}
+
+/// The gRPC answer: locations, or the error code.
+async fn grpc_answer(
+    server: &TestServer,
+    request: meta::GetCacheLocationRequest,
+) -> Result<Vec<meta::CacheLocation>, i32> {
+    let mut grpc = server.meta().await;
+    let answer = grpc.get_cache_location(request).await.expect("grpc").into_inner();
+    let code = answer.header.and_then(|h| h.status).map_or(0, |s| s.code);
+    if code == meta::ErrorCode::Ok as i32 {
+        Ok(answer.locations)
+    } else {
+        Err(code)
+    }
+}
+
+fn fast_answer(client: &Client, request: &meta::GetCacheLocationRequest) -> Result<Vec<meta::CacheLocation>, i32> {
+    client.get_cache_location(request.clone()).map_err(|error| match error {
+        kvcm_client::ClientError::Server { code, .. } => code,
+        other => panic!("client failed: {other}"),
+    })
+}
+
+/// One workload step.
+async fn step(server: &TestServer, rng: &mut fastrand::Rng, disabled: &mut [bool; 2]) {
+    let writable = disabled.contains(&false);
+    match rng.u8(0..100) {
+        0..=44 if writable => {
+            let keys = random_keys(rng, 24);
+            let groups: Vec<&str> = if rng.bool() {
+                keys.iter().map(|_| if rng.bool() { "only_tp1" } else { "" }).collect()
+            } else {
+                Vec::new()
+            };
+            // An empty group name is not a group: use the spec group for all or none.
+            let groups: Vec<&str> = if groups.iter().any(|g| g.is_empty()) { Vec::new() } else { groups };
+            let started = start(server, &keys, &groups, 30).await;
+            let count = started["locations"].as_array().map_or(0, Vec::len);
+            let successes = (0..count).map(|_| rng.u8(0..10) != 0).collect();
+            finish(server, &started["write_session_id"], successes).await;
+        }
+        45..=54 if writable => {
+            // Abandoned writes stay WRITING (invisible), then expire.
+            let keys = random_keys(rng, 8);
+            start(server, &keys, &[], rng.i64(0..3)).await;
+        }
+        0..=79 => remove(server, &random_keys(rng, 16)).await,
+        80..=81 => {
+            let answer = server
+                .meta_http("trimCache", serde_json::json!({"instance_id": INSTANCE, "strategy": "TS_REMOVE_ALL_CACHE"}))
+                .await;
+            assert_eq!(common::code(&answer), "OK", "{answer}");
+        }
+        _ => {
+            let which = rng.usize(0..2);
+            disabled[which] = !disabled[which];
+            set_available(server, STORAGES[which], !disabled[which]).await;
+        }
+    }
+}
+
+fn equivalence_on(wire: Wire, seed: u64) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let server = runtime.block_on(async {
+        let server = TestServer::start().await;
+        prepare(&server).await;
+        server
+    });
+    let client = client(&server, wire);
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut disabled = [false; 2];
+    let mut compared = 0;
+    let mut with_uris = 0;
+    for step_number in 0..STEPS {
+        runtime.block_on(step(&server, &mut rng, &mut disabled));
+        for _ in 0..QUERIES {
+            let request = random_query(&mut rng);
+            let fast = fast_answer(&client, &request);
+            let slow = runtime.block_on(grpc_answer(&server, request.clone()));
+            assert_eq!(fast, slow, "step {step_number}, seed {seed}, {request:?}");
+            compared += 1;
+            let uri = |l: &meta::CacheLocation| l.location_specs.iter().any(|s| !s.uri.is_empty());
+            with_uris += usize::from(slow.is_ok_and(|locations| locations.iter().any(uri)));
+        }
+    }
+    let metrics = client.metrics();
+    eprintln!("{wire:?}: {compared} queries compared ({with_uris} with hits); fast-path metrics {metrics:?}");
+    assert!(with_uris > compared / 4, "too few answers had hits: {with_uris} of {compared}");
+    assert!(metrics.hits > compared as u64 / 2, "the fast path answered most queries: {metrics:?}");
+    assert!(client.table_epoch().is_some_and(|epoch| epoch > 1), "the table grew at least once");
+}
+
+#[test]
+fn fast_path_answers_equal_grpc_on_soft_tcp() {
+    equivalence_on(Wire::Tcp, 0x5eed_0001);
+}
+
+#[test]
+fn fast_path_answers_equal_grpc_on_soft_shm() {
+    equivalence_on(Wire::Shm, 0x5eed_0002);
+}
