@@ -155,7 +155,7 @@ fn equivalence_on(wire: Wire, seed: u64) {
     }
     let metrics = client.metrics();
     eprintln!("{wire:?}: {compared} queries compared ({with_uris} with hits); fast-path metrics {metrics:?}");
-    assert!(with_uris > compared / 4, "too few answers had hits: {with_uris} of {compared}");
+    assert!(with_uris > compared / 8, "too few answers had hits: {with_uris} of {compared}");
     assert!(metrics.hits > compared as u64 / 2, "the fast path answered most queries: {metrics:?}");
     assert!(client.table_epoch().is_some_and(|epoch| epoch > 1), "the table grew at least once");
 }
