@@ -49,6 +49,20 @@ pub async fn wait_until<T>(
     }
 }
 
+/// [`wait_until`] for blocking probes (polls every 10 ms).
+pub fn wait_until_blocking<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl TestServer {
     /// Starts a server with every listener on port 0 and the debug service on.
     pub async fn start() -> TestServer {
@@ -68,6 +82,42 @@ impl TestServer {
     /// Starts a server with extra command-line arguments and environment variables.
     pub async fn start_custom(args: &[&str], envs: &[(&str, &str)]) -> TestServer {
         let dir = tempfile::tempdir().expect("temp dir");
+        let defaults = [
+            "kvcm.service.rpc_port=0",
+            "kvcm.service.http_port=0",
+            "kvcm.service.admin_http_port=0",
+        ];
+        let mut all: Vec<String> = defaults
+            .iter()
+            .flat_map(|setting| ["--env".to_string(), setting.to_string()])
+            .collect();
+        all.extend(args.iter().map(|a| a.to_string()));
+        Self::launch(dir, &all, envs).await
+    }
+
+    /// SIGKILLs the server and starts it again on the same data directory and ports.
+    pub async fn kill_and_restart(self) -> TestServer {
+        let port = |name: &str| self.address(name).port();
+        let pinned = [
+            format!("kvcm.service.rpc_port={}", port("grpc")),
+            format!("kvcm.service.http_port={}", port("http")),
+            format!("kvcm.service.admin_http_port={}", port("admin_http")),
+        ];
+        let mut server = self;
+        server.child.kill().expect("SIGKILL");
+        server.child.wait().expect("wait");
+        let dir = std::mem::replace(&mut server.dir, tempfile::tempdir().expect("temp dir"));
+        let _ = std::fs::remove_file(dir.path().join("ready.json"));
+        let args: Vec<String> = pinned
+            .iter()
+            .flat_map(|setting| ["--env".to_string(), setting.clone()])
+            .collect();
+        Self::launch(dir, &args, &[]).await
+    }
+
+    /// Runs `kvcm serve` on `dir` with the debug service on and these arguments; waits for
+    /// its ready file.
+    async fn launch(dir: tempfile::TempDir, args: &[String], envs: &[(&str, &str)]) -> TestServer {
         let ready = dir.path().join("ready.json");
         let mut command = Command::new(env!("CARGO_BIN_EXE_kvcm"));
         command
@@ -75,18 +125,15 @@ impl TestServer {
             .arg("--data-dir")
             .arg(dir.path())
             .arg("--ready-file")
-            .arg(&ready);
-        let defaults = [
-            "kvcm.service.rpc_port=0",
-            "kvcm.service.http_port=0",
-            "kvcm.service.admin_http_port=0",
-            "kvcm.service.enable_debug_service=true",
-        ];
-        for setting in defaults {
-            command.arg("--env").arg(setting);
-        }
+            .arg(&ready)
+            .arg("--env")
+            .arg("kvcm.service.enable_debug_service=true");
         command.args(args).envs(envs.iter().copied());
-        let log = std::fs::File::create(dir.path().join("stderr.log")).expect("log file");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("stderr.log"))
+            .expect("log file");
         let child = command
             .stdout(Stdio::null())
             .stderr(log)

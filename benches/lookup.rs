@@ -1,0 +1,349 @@
+//! The lookup path against its floors, in one run: prefix lookups of 16 and 128 keys on the
+//! fast path (soft-TCP, soft-shm) vs GetCacheLocation over gRPC vs one GET on a loopback
+//! redis-server, with a TCP ping-pong of the fast path's request and response sizes as the
+//! floor; and the StartWriteCache + FinishWriteCache pair over gRPC.
+//!
+//! `cargo bench --bench lookup` (a real `kvcm serve` and a real `redis-server` on free
+//! ports; `KVCM_BENCH_ROUNDS` sets the rounds, default 20 of 250 requests per case). Cases
+//! of one comparison run in alternating blocks, so load drift hits them alike.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use kvcm::proto::meta;
+use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
+
+const INSTANCE: &str = "bench";
+const BLOCK: usize = 250;
+
+/// A child process killed on drop.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "port {port} never opened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `kvcm serve` on free ports: (process, gRPC port, HTTP port, data dir).
+fn start_server() -> (Process, u16, u16, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (grpc, http, admin) = (free_port(), free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_kvcm"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--env", &format!("kvcm.service.rpc_port={grpc}")])
+        .args(["--env", &format!("kvcm.service.http_port={http}")])
+        .args(["--env", &format!("kvcm.service.admin_http_port={admin}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kvcm serve");
+    wait_for_port(grpc);
+    wait_for_port(http);
+    (Process(child), grpc, http, dir)
+}
+
+fn start_redis() -> Option<(Process, u16)> {
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .spawn()
+        .ok()?;
+    wait_for_port(port);
+    Some((Process(child), port))
+}
+
+/// One request/response exchange of a case.
+trait Case {
+    fn name(&self) -> String;
+    fn once(&mut self);
+}
+
+struct FastPath {
+    client: Client,
+    keys: Vec<i64>,
+    wire: Wire,
+}
+
+impl Case for FastPath {
+    fn name(&self) -> String {
+        format!("fast path {:?} prefix-{}", self.wire, self.keys.len())
+    }
+    fn once(&mut self) {
+        let found = self.client.prefix_match(&self.keys).unwrap();
+        assert_eq!(found.len(), self.keys.len());
+    }
+}
+
+struct Grpc {
+    runtime: tokio::runtime::Runtime,
+    client: meta::meta_service_client::MetaServiceClient<tonic::transport::Channel>,
+    keys: Vec<i64>,
+}
+
+impl Case for Grpc {
+    fn name(&self) -> String {
+        format!("gRPC GetCacheLocation prefix-{}", self.keys.len())
+    }
+    fn once(&mut self) {
+        let request = meta::GetCacheLocationRequest {
+            instance_id: INSTANCE.into(),
+            query_type: meta::QueryType::QtPrefixMatch as i32,
+            block_keys: self.keys.clone(),
+            ..Default::default()
+        };
+        let answer = self.runtime.block_on(self.client.get_cache_location(request));
+        assert_eq!(answer.unwrap().into_inner().locations.len(), self.keys.len());
+    }
+}
+
+/// A TCP ping-pong between two threads with fixed request and response sizes.
+struct PingPong {
+    stream: TcpStream,
+    request: Vec<u8>,
+    response: Vec<u8>,
+}
+
+impl PingPong {
+    fn new(request: usize, response: usize) -> PingPong {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut got, answer) = (vec![0u8; request], vec![7u8; response]);
+            while stream.read_exact(&mut got).is_ok() {
+                if stream.write_all(&answer).is_err() {
+                    return;
+                }
+            }
+        });
+        let stream = TcpStream::connect(addr).unwrap();
+        stream.set_nodelay(true).unwrap();
+        PingPong {
+            stream,
+            request: vec![1u8; request],
+            response: vec![0u8; response],
+        }
+    }
+}
+
+impl Case for PingPong {
+    fn name(&self) -> String {
+        format!("TCP ping-pong {} B / {} B", self.request.len(), self.response.len())
+    }
+    fn once(&mut self) {
+        self.stream.write_all(&self.request).unwrap();
+        self.stream.read_exact(&mut self.response).unwrap();
+    }
+}
+
+struct RedisGet {
+    stream: TcpStream,
+    answer: Vec<u8>,
+}
+
+impl Case for RedisGet {
+    fn name(&self) -> String {
+        "redis-server GET (loopback)".into()
+    }
+    fn once(&mut self) {
+        self.stream.write_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").unwrap();
+        let mut got = vec![0u8; self.answer.len()];
+        self.stream.read_exact(&mut got).unwrap();
+        assert_eq!(got, self.answer);
+    }
+}
+
+/// Paired latency: the cases run in alternating blocks; returns (p50, p99) in µs per case.
+fn measure(cases: &mut [Box<dyn Case>], rounds: usize) -> Vec<(f64, f64)> {
+    let mut histograms: Vec<Histogram<u64>> =
+        cases.iter().map(|_| Histogram::new(3).unwrap()).collect();
+    for case in cases.iter_mut() {
+        for _ in 0..50 {
+            case.once();
+        }
+    }
+    for _ in 0..rounds {
+        for (case, histogram) in cases.iter_mut().zip(&mut histograms) {
+            for _ in 0..BLOCK {
+                let begun = Instant::now();
+                case.once();
+                histogram.record(begun.elapsed().as_nanos() as u64).unwrap();
+            }
+        }
+    }
+    histograms
+        .iter()
+        .map(|h| (h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3))
+        .collect()
+}
+
+fn client(grpc: u16, http: u16, wire: Option<Wire>) -> Client {
+    Client::connect(ClientConfig {
+        servers: vec![ServerAddress {
+            grpc: format!("http://127.0.0.1:{grpc}"),
+            http: format!("127.0.0.1:{http}").parse().unwrap(),
+        }],
+        instance_id: INSTANCE.into(),
+        wire,
+    })
+    .unwrap()
+}
+
+/// Bytes of the fast path's READ round trip for `keys` keys with one-line buckets: one
+/// 40-byte request header per READ; one 16-byte response header per READ plus the data.
+fn fast_path_sizes(keys: usize) -> (usize, usize) {
+    let reads = 1 + 2 * keys;
+    (40 * reads, 16 * reads + 64 + 2 * keys * 64)
+}
+
+fn main() {
+    let rounds: usize = std::env::var("KVCM_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    let (_server, grpc_port, http_port, _dir) = start_server();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut grpc = runtime
+        .block_on(meta::meta_service_client::MetaServiceClient::connect(format!(
+            "http://127.0.0.1:{grpc_port}"
+        )))
+        .unwrap();
+    let registration = meta::RegisterInstanceRequest {
+        instance_group: "default".into(),
+        instance_id: INSTANCE.into(),
+        block_size: 16,
+        location_spec_infos: vec![meta::LocationSpecInfo {
+            name: "tp0".into(),
+            size: 1 << 20,
+        }],
+        model_deployment: Some(meta::ModelDeployment {
+            model_name: "m".into(),
+            dtype: "FP8".into(),
+            tp_size: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    runtime.block_on(grpc.register_instance(registration)).unwrap();
+    let writer = client(grpc_port, http_port, None);
+    let keys: Vec<i64> = (1..=128).collect();
+    let started = writer
+        .start_write(meta::StartWriteCacheRequest {
+            block_keys: keys.clone(),
+            write_timeout_seconds: 60,
+            ..Default::default()
+        })
+        .unwrap();
+    writer
+        .finish_write(meta::FinishWriteCacheRequest {
+            write_session_id: started.write_session_id,
+            success_blocks: Some(meta::BlockMask {
+                info: Some(meta::block_mask::Info::Offset(128)),
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+    let redis = start_redis();
+    println!("lookup benchmark: {rounds} rounds of {BLOCK} requests per case, p50 / p99 in µs");
+    for count in [16usize, 128] {
+        let (request, response) = fast_path_sizes(count);
+        let mut cases: Vec<Box<dyn Case>> = vec![Box::new(PingPong::new(request, response))];
+        for wire in [Wire::Tcp, Wire::Shm] {
+            let client = client(grpc_port, http_port, Some(wire));
+            assert!(client.fast_path_up());
+            cases.push(Box::new(FastPath {
+                client,
+                keys: keys[..count].to_vec(),
+                wire,
+            }));
+        }
+        cases.push(Box::new(Grpc {
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+            client: grpc.clone(),
+            keys: keys[..count].to_vec(),
+        }));
+        if let Some((_, port)) = &redis {
+            let mut stream = TcpStream::connect(("127.0.0.1", *port)).unwrap();
+            stream.set_nodelay(true).unwrap();
+            stream.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$8\r\nlocation\r\n").unwrap();
+            let mut ok = [0u8; 5];
+            stream.read_exact(&mut ok).unwrap();
+            cases.push(Box::new(RedisGet {
+                stream,
+                answer: b"$8\r\nlocation\r\n".to_vec(),
+            }));
+        } else {
+            println!("*** redis-server not found: the Redis GET floor is not measured ***");
+        }
+        let figures = measure(&mut cases, rounds);
+        let floor = figures[0].0;
+        for (case, (p50, p99)) in cases.iter().zip(&figures) {
+            println!(
+                "  {:<44} p50 {:>8.2}  p99 {:>8.2}  {:>5.2}x floor",
+                case.name(),
+                p50,
+                p99,
+                p50 / floor
+            );
+        }
+    }
+    write_pair(&writer, rounds);
+}
+
+/// StartWriteCache + FinishWriteCache of 16 new blocks over gRPC.
+fn write_pair(writer: &Client, rounds: usize) {
+    let mut histogram = Histogram::<u64>::new(3).unwrap();
+    let mut next = 1_000_000i64;
+    for _ in 0..rounds * 25 {
+        let keys: Vec<i64> = (next..next + 16).collect();
+        next += 16;
+        let begun = Instant::now();
+        let started = writer
+            .start_write(meta::StartWriteCacheRequest {
+                block_keys: keys,
+                write_timeout_seconds: 60,
+                ..Default::default()
+            })
+            .unwrap();
+        writer
+            .finish_write(meta::FinishWriteCacheRequest {
+                write_session_id: started.write_session_id,
+                success_blocks: Some(meta::BlockMask {
+                    info: Some(meta::block_mask::Info::Offset(16)),
+                }),
+                ..Default::default()
+            })
+            .unwrap();
+        histogram.record(begun.elapsed().as_nanos() as u64).unwrap();
+    }
+    println!(
+        "  {:<44} p50 {:>8.2}  p99 {:>8.2}  (the RDMA-message write path is not built yet)",
+        "gRPC StartWriteCache+FinishWriteCache x16",
+        histogram.value_at_quantile(0.5) as f64 / 1e3,
+        histogram.value_at_quantile(0.99) as f64 / 1e3
+    );
+}

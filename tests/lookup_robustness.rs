@@ -1,0 +1,378 @@
+//! The fast path under stress and abuse, against a real `kvcm serve`: a writer publishing
+//! and unpublishing at full speed under four readers (no answer may name a location that
+//! was not SERVING during its read), no server thread working per lookup, a SIGKILLed and
+//! restarted server, and bad bootstrap and queue-pair input.
+
+mod common;
+mod lookup_common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::TestServer;
+use kvcm::proto::meta;
+use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
+use lookup_common::*;
+
+/// Keys the torture writer cycles through.
+const TORTURE_KEYS: i64 = 64;
+
+fn start_server() -> (tokio::runtime::Runtime, TestServer) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let server = runtime.block_on(async {
+        let server = TestServer::start().await;
+        prepare(&server).await;
+        server
+    });
+    (runtime, server)
+}
+
+/// A gRPC-only client (the writer's).
+fn grpc_client(server: &TestServer) -> Client {
+    Client::connect(ClientConfig {
+        servers: vec![ServerAddress {
+            grpc: format!("http://{}", server.address("grpc")),
+            http: server.address("http"),
+        }],
+        instance_id: INSTANCE.into(),
+        wire: None,
+    })
+    .expect("client")
+}
+
+/// When a location (key, URI of its first part) may have been SERVING: from just before its
+/// FinishWriteCache was sent until its RemoveCache was answered (`None`: still serving).
+struct Serving {
+    from: Instant,
+    until: Option<Instant>,
+}
+
+/// Writes and removes single keys as fast as it can until `stop`; returns every location's
+/// serving interval.
+fn write_and_remove(client: &Client, stop: &AtomicBool) -> HashMap<(i64, String), Vec<Serving>> {
+    let mut intervals: HashMap<(i64, String), Vec<Serving>> = HashMap::new();
+    let mut live: HashMap<i64, String> = HashMap::new();
+    let mut rng = fastrand::Rng::with_seed(7);
+    while !stop.load(Ordering::Relaxed) {
+        let key = rng.i64(0..TORTURE_KEYS);
+        if let Some(uri) = live.remove(&key) {
+            let request = meta::RemoveCacheRequest {
+                block_keys: vec![key],
+                ..Default::default()
+            };
+            client.remove(request).expect("remove");
+            let open = intervals.get_mut(&(key, uri)).and_then(|list| list.last_mut());
+            open.expect("interval").until = Some(Instant::now());
+            continue;
+        }
+        let started = client
+            .start_write(meta::StartWriteCacheRequest {
+                block_keys: vec![key],
+                write_timeout_seconds: 30,
+                ..Default::default()
+            })
+            .expect("start");
+        let Some(location) = started.locations.first() else {
+            continue; // the key's deleted location is not gone yet
+        };
+        let uri = location.location_specs[0].uri.clone();
+        let from = Instant::now();
+        client
+            .finish_write(meta::FinishWriteCacheRequest {
+                write_session_id: started.write_session_id,
+                success_blocks: Some(meta::BlockMask {
+                    info: Some(meta::block_mask::Info::Offset(1)),
+                }),
+                ..Default::default()
+            })
+            .expect("finish");
+        intervals
+            .entry((key, uri.clone()))
+            .or_default()
+            .push(Serving { from, until: None });
+        live.insert(key, uri);
+    }
+    intervals
+}
+
+/// A reader's hits: (key, URI, read start, read end).
+type Hits = Vec<(i64, String, Instant, Instant)>;
+
+fn read_until(client: &Client, stop: &AtomicBool) -> (Hits, usize) {
+    let keys: Vec<i64> = (0..TORTURE_KEYS).collect();
+    let mut hits = Vec::new();
+    let mut lookups = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let begun = Instant::now();
+        let locations = client.batch_get(&keys).expect("batch get");
+        let ended = Instant::now();
+        lookups += 1;
+        for (key, location) in keys.iter().zip(&locations) {
+            if let Some(spec) = location.location_specs.first().filter(|s| !s.uri.is_empty()) {
+                hits.push((*key, spec.uri.clone(), begun, ended));
+            }
+        }
+    }
+    (hits, lookups)
+}
+
+fn torture_on(wire: Wire, seconds: u64) {
+    let (_runtime, server) = start_server();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (client, stop) = (grpc_client(&server), stop.clone());
+        std::thread::spawn(move || write_and_remove(&client, &stop))
+    };
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, stop) = (client(&server, wire), stop.clone());
+            std::thread::spawn(move || {
+                let (hits, lookups) = read_until(&client, &stop);
+                (hits, lookups, client.metrics())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(seconds));
+    stop.store(true, Ordering::Relaxed);
+    let intervals = writer.join().expect("writer");
+    let mut checked = 0;
+    for reader in readers {
+        let (hits, lookups, metrics) = reader.join().expect("reader");
+        eprintln!("{wire:?} reader: {lookups} lookups, {} hits, {metrics:?}", hits.len());
+        assert!(metrics.hits > 0, "the reader used the fast path");
+        for (key, uri, begun, ended) in hits {
+            let list = intervals.get(&(key, uri.clone()));
+            let serving = list.is_some_and(|list| {
+                list.iter()
+                    .any(|s| s.from <= ended && s.until.is_none_or(|until| until >= begun))
+            });
+            assert!(serving, "key {key}: {uri} was not SERVING during its read");
+            checked += 1;
+        }
+    }
+    let writes: usize = intervals.values().map(Vec::len).sum();
+    eprintln!("{wire:?}: {writes} locations written, {checked} hits checked, 0 wrong");
+    assert!(writes > 100 && checked > 100, "too little happened: {writes} writes, {checked} hits");
+}
+
+#[test]
+fn torture_soft_tcp() {
+    torture_on(Wire::Tcp, 10);
+}
+
+#[test]
+fn torture_soft_shm() {
+    torture_on(Wire::Shm, 10);
+}
+
+/// Per-thread CPU time (ns, from schedstat) of a process, by thread id, with its name.
+fn thread_cpu(pid: u32) -> HashMap<u32, (String, u64)> {
+    let mut threads = HashMap::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks");
+    for task in tasks.flatten() {
+        let path = task.path();
+        let tid: u32 = task.file_name().to_string_lossy().parse().expect("tid");
+        let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
+        let ns = stat.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        threads.insert(tid, (name.trim().to_string(), ns));
+    }
+    threads
+}
+
+/// GetCacheLocation's request counter lines of /metrics.
+async fn location_counters(server: &TestServer) -> Vec<String> {
+    let (status, body) =
+        common::http_request(server.address("admin_http"), "GET", "/metrics", b"").await;
+    assert_eq!(status, 200);
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|line| line.contains("GetCacheLocation") && !line.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// CPU each server thread gained between two snapshots, by name (threads of one name
+/// summed).
+fn grown_by_name(
+    before: &HashMap<u32, (String, u64)>,
+    after: &HashMap<u32, (String, u64)>,
+) -> HashMap<String, u64> {
+    let mut grown: HashMap<String, u64> = HashMap::new();
+    for (tid, (name, ns)) in after {
+        let start = before.get(tid).map_or(0, |(_, ns)| *ns);
+        *grown.entry(name.clone()).or_default() += ns.saturating_sub(start);
+    }
+    grown
+}
+
+/// Whether a server thread would run per lookup if lookups reached the server: request
+/// handlers (tokio), manager threads, and on soft-shm the NIC.
+fn serves_requests(name: &str, wire: Wire) -> bool {
+    name.starts_with("tokio")
+        || name.starts_with("kvcm-deleter")
+        || name == "kvcm" // the main thread
+        || (wire == Wire::Shm && name == "kvcm-soft-nic")
+}
+
+fn idle_server_on(wire: Wire) {
+    let (runtime, server) = start_server();
+    let keys: Vec<i64> = (0..16).collect();
+    runtime.block_on(async {
+        let started = start(&server, &keys, &[], 30).await;
+        finish(&server, &started["write_session_id"], vec![true; 16]).await;
+    });
+    let client = client(&server, wire);
+    assert_eq!(client.prefix_match(&keys).expect("warm-up").len(), 16);
+    let counters = runtime.block_on(location_counters(&server));
+    const LOOKUPS: u64 = 100_000;
+    let before = thread_cpu(server.pid());
+    let begun = Instant::now();
+    for _ in 0..LOOKUPS {
+        assert_eq!(client.prefix_match(&keys).expect("lookup").len(), 16);
+    }
+    let busy = begun.elapsed();
+    let after = thread_cpu(server.pid());
+    // The same wall time without lookups: what the server's timers cost anyway.
+    std::thread::sleep(busy);
+    let idle = grown_by_name(&after, &thread_cpu(server.pid()));
+    let grown = grown_by_name(&before, &after);
+    assert_eq!(client.metrics().fallbacks, 0, "every lookup took the fast path");
+    assert_eq!(runtime.block_on(location_counters(&server)), counters, "no request reached the server");
+    let mut per_lookup_threads = 0;
+    for (name, ns) in &grown {
+        let baseline = idle.get(name).copied().unwrap_or(0);
+        eprintln!("{wire:?}: {name}: {} µs during the lookups, {} µs idle", ns / 1000, baseline / 1000);
+        if serves_requests(name, wire) {
+            per_lookup_threads += ns.saturating_sub(baseline);
+        }
+    }
+    let nic = grown.get("kvcm-soft-nic").copied().unwrap_or(0);
+    eprintln!(
+        "{wire:?}: {LOOKUPS} lookups in {busy:?}; server NIC threads {:.3} µs CPU per lookup; request-serving threads {} µs above idle",
+        nic as f64 / 1000.0 / LOOKUPS as f64,
+        per_lookup_threads / 1000
+    );
+    assert!(
+        per_lookup_threads < 1_000_000,
+        "{wire:?}: request-serving server threads ran {per_lookup_threads} ns more than idle"
+    );
+}
+
+#[test]
+fn no_server_thread_works_per_lookup_on_soft_tcp() {
+    idle_server_on(Wire::Tcp);
+}
+
+#[test]
+fn no_server_thread_runs_at_all_per_lookup_on_soft_shm() {
+    idle_server_on(Wire::Shm);
+}
+
+/// The gRPC answer of a batch get.
+async fn grpc_batch_get(server: &TestServer, keys: &[i64]) -> Vec<meta::CacheLocation> {
+    let request = meta::GetCacheLocationRequest {
+        instance_id: INSTANCE.into(),
+        query_type: meta::QueryType::QtBatchGet as i32,
+        block_keys: keys.to_vec(),
+        ..Default::default()
+    };
+    let mut grpc = server.meta().await;
+    let answer = grpc.get_cache_location(request).await.expect("grpc").into_inner();
+    answer.locations
+}
+
+#[test]
+fn a_restarted_server_is_never_answered_for_by_the_old_table() {
+    let (runtime, server) = start_server();
+    let keys: Vec<i64> = (0..32).collect();
+    runtime.block_on(async {
+        let started = start(&server, &keys, &[], 30).await;
+        finish(&server, &started["write_session_id"], vec![true; 32]).await;
+    });
+    let clients = [client(&server, Wire::Tcp), client(&server, Wire::Shm)];
+    for client in &clients {
+        let hits = client.batch_get(&keys).expect("before");
+        assert!(hits.iter().all(|l| !l.location_specs[0].uri.is_empty()));
+    }
+    // SIGKILL; the new process on the same ports and data directory knows none of it, and
+    // writes other blocks (reusing file names of the old ones).
+    let server = runtime.block_on(async {
+        let server = server.kill_and_restart().await;
+        prepare(&server).await;
+        let started = start(&server, &keys[..8], &[], 30).await;
+        finish(&server, &started["write_session_id"], vec![true; 8]).await;
+        server
+    });
+    let expected = runtime.block_on(grpc_batch_get(&server, &keys));
+    assert_eq!(expected.iter().filter(|l| !l.location_specs[0].uri.is_empty()).count(), 8);
+    for client in &clients {
+        assert_eq!(client.batch_get(&keys).expect("after"), expected, "answered as the new server");
+        // Once reconnected, the fast path answers for the new server.
+        let reconnected = common::wait_until_blocking(Duration::from_secs(10), || {
+            let answer = client.batch_get(&keys).expect("after");
+            (answer == expected && client.fast_path_up()).then_some(())
+        });
+        assert!(reconnected.is_some(), "the fast path reconnected to the new server");
+        assert!(client.metrics().reconnects > 0);
+        assert_eq!(client.batch_get(&keys).expect("again"), expected);
+    }
+}
+
+#[test]
+fn bad_bootstrap_and_queue_pair_input_is_refused_and_harms_no_one() {
+    let (runtime, server) = start_server();
+    let post = |body: &[u8]| {
+        runtime.block_on(server.post_raw("http", kvcm::lookup::ROUTE, body))
+    };
+    let (status, body) = post(b"{not json");
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    let (status, body) = post(br#"{"instance_id":"nobody"}"#);
+    assert_eq!(status, 404);
+    assert!(String::from_utf8_lossy(&body).contains("nobody"));
+    // Garbage, a wrong wire and a hello without an endpoint on the queue-pair listener.
+    let (status, body) = post(format!(r#"{{"instance_id":"{INSTANCE}"}}"#).as_bytes());
+    assert_eq!(status, 200);
+    let answer: kvcm::lookup::BootstrapAnswer = serde_json::from_slice(&body).expect("answer");
+    for garbage in [&b"GET / HTTP/1.1\r\n\r\n"[..], b"KVQP\x09", b"KVQP\x00\xff\xff\xff\xff"] {
+        let mut stream = TcpStream::connect(&answer.connect).expect("connect");
+        stream.write_all(garbage).expect("write");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest);
+        assert!(rest.len() <= 4096, "the listener closed the connection");
+    }
+    // A silent client is dropped after its deadline while others still connect.
+    let _silent = TcpStream::connect(&answer.connect).expect("connect");
+    let client = client(&server, Wire::Tcp);
+    assert!(client.batch_get(&[1, 2, 3]).expect("lookup").len() == 3);
+    // An instance with more specs than a slot holds gets no table; gRPC still answers.
+    let specs: Vec<_> = (0..65)
+        .map(|i| serde_json::json!({"name": format!("s{i}"), "size": 8}))
+        .collect();
+    let registered = runtime.block_on(server.meta_http(
+        "registerInstance",
+        serde_json::json!({"instance_group": GROUP, "instance_id": "wide", "block_size": 2,
+            "location_spec_infos": specs,
+            "model_deployment": {"model_name": "m", "dtype": "FP8", "tp_size": 1}}),
+    ));
+    assert_eq!(common::code(&registered), "OK", "{registered}");
+    let (status, body) = post(br#"{"instance_id":"wide"}"#);
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    // A removed instance's table is retired: its readers fall back and get the server's error.
+    let removed = runtime.block_on(server.admin_http(
+        "removeInstance",
+        serde_json::json!({"instance_group": GROUP, "instance_id": INSTANCE}),
+    ));
+    assert_eq!(common::code(&removed), "OK", "{removed}");
+    match client.batch_get(&[1]) {
+        Err(kvcm_client::ClientError::Server { code, .. }) => {
+            assert_eq!(code, meta::ErrorCode::InstanceNotExist as i32)
+        }
+        other => panic!("a removed instance answered {other:?}"),
+    }
+}
