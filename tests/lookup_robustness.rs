@@ -120,11 +120,16 @@ fn read_until(client: &Client, stop: &AtomicBool) -> (Hits, usize) {
     (hits, lookups)
 }
 
-fn torture_on(wire: Wire, seconds: u64) {
+/// `writer_wire`: the writer's path (`None`: gRPC, else RDMA messages on that wire).
+fn torture_on(wire: Wire, writer_wire: Option<Wire>, seconds: u64) {
     let (_runtime, server) = start_server();
     let stop = Arc::new(AtomicBool::new(false));
+    let writer_client = match writer_wire {
+        None => grpc_client(&server),
+        Some(writer_wire) => client(&server, writer_wire),
+    };
     let writer = {
-        let (client, stop) = (grpc_client(&server), stop.clone());
+        let (client, stop) = (writer_client, stop.clone());
         std::thread::spawn(move || write_and_remove(&client, &stop))
     };
     let readers: Vec<_> = (0..4)
@@ -160,13 +165,13 @@ fn torture_on(wire: Wire, seconds: u64) {
 }
 
 #[test]
-fn torture_soft_tcp() {
-    torture_on(Wire::Tcp, 10);
+fn torture_soft_tcp_with_a_grpc_writer() {
+    torture_on(Wire::Tcp, None, 10);
 }
 
 #[test]
-fn torture_soft_shm() {
-    torture_on(Wire::Shm, 10);
+fn torture_soft_shm_with_an_rdma_message_writer() {
+    torture_on(Wire::Shm, Some(Wire::Shm), 10);
 }
 
 /// Per-thread CPU time (ns, from schedstat) of a process, by thread id, with its name.
@@ -375,4 +380,143 @@ fn bad_bootstrap_and_queue_pair_input_is_refused_and_harms_no_one() {
         }
         other => panic!("a removed instance answered {other:?}"),
     }
+}
+
+/// The write path by RDMA message answers as over gRPC: what one path wrote, the other
+/// reads; errors are the server's own.
+#[test]
+fn write_path_messages_behave_as_grpc() {
+    let (runtime, server) = start_server();
+    for wire in [Wire::Tcp, Wire::Shm] {
+        let client = client(&server, wire);
+        let keys: Vec<i64> = (100..116).map(|k| k + 100 * wire as i64).collect();
+        let started = client
+            .start_write(meta::StartWriteCacheRequest {
+                block_keys: keys.clone(),
+                write_timeout_seconds: 30,
+                ..Default::default()
+            })
+            .expect("start by message");
+        assert_eq!(started.locations.len(), 16);
+        assert_eq!(client.metrics().fallbacks, 0);
+        let round_trips = client.round_trips();
+        client
+            .finish_write(meta::FinishWriteCacheRequest {
+                write_session_id: started.write_session_id.clone(),
+                success_blocks: Some(meta::BlockMask {
+                    info: Some(meta::block_mask::Info::Offset(16)),
+                }),
+                ..Default::default()
+            })
+            .expect("finish by message");
+        assert_eq!(client.round_trips(), round_trips + 1, "the finish went as a message");
+        let found = runtime.block_on(grpc_batch_get(&server, &keys));
+        let written: Vec<&str> = started
+            .locations
+            .iter()
+            .map(|l| l.location_specs[0].uri.as_str())
+            .collect();
+        let read: Vec<&str> = found.iter().map(|l| l.location_specs[0].uri.as_str()).collect();
+        assert_eq!(read, written, "gRPC reads what the messages wrote");
+        // The session is consumed: the server's own error comes back by message too.
+        let again = client.finish_write(meta::FinishWriteCacheRequest {
+            write_session_id: started.write_session_id,
+            success_blocks: Some(meta::BlockMask {
+                info: Some(meta::block_mask::Info::Offset(16)),
+            }),
+            ..Default::default()
+        });
+        match again {
+            Err(kvcm_client::ClientError::Server { code, message }) => {
+                assert_eq!(code, meta::ErrorCode::InternalError as i32);
+                assert!(message.contains("write_session_id"), "{message}");
+            }
+            other => panic!("a consumed session answered {other:?}"),
+        }
+        let invalid = client.finish_write(meta::FinishWriteCacheRequest::default());
+        assert!(
+            matches!(invalid, Err(kvcm_client::ClientError::Server { code, .. }) if code == meta::ErrorCode::InvalidArgument as i32),
+            "{invalid:?}"
+        );
+        client
+            .remove(meta::RemoveCacheRequest {
+                block_keys: keys.clone(),
+                ..Default::default()
+            })
+            .expect("remove by message");
+        let gone = runtime.block_on(grpc_batch_get(&server, &keys));
+        assert!(gone.iter().all(|l| l.location_specs[0].uri.is_empty()), "removed at once");
+        assert!(client.batch_get(&keys).expect("fast").iter().all(|l| l.location_specs[0].uri.is_empty()));
+    }
+}
+
+/// A peer that sends malformed messages gets a "malformed" answer; the server keeps serving.
+#[test]
+fn malformed_rdma_messages_are_answered_and_harm_no_one() {
+    use kvcm_transport::soft::{SoftConfig, SoftDomain};
+    use kvcm_transport::{
+        exchange_endpoints, Access, CompletionQueue, Domain, Memory, QpConfig, QueuePair,
+        RecvWr, Region, SendOp, SendWr,
+    };
+    let (runtime, server) = start_server();
+    let (status, body) = runtime.block_on(server.post_raw(
+        "http",
+        kvcm::lookup::ROUTE,
+        format!(r#"{{"instance_id":"{INSTANCE}"}}"#).as_bytes(),
+    ));
+    assert_eq!(status, 200);
+    let answer: kvcm::lookup::BootstrapAnswer = serde_json::from_slice(&body).expect("answer");
+    let domain = SoftDomain::open(SoftConfig::default()).expect("domain");
+    let cq = domain.create_cq().expect("cq");
+    let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
+    let mut stream = TcpStream::connect(&answer.connect).expect("connect");
+    stream.write_all(b"KVQP\x00").expect("hello");
+    let remote = exchange_endpoints(&mut stream, &qp.endpoint()).expect("exchange");
+    qp.connect(&remote).expect("connected");
+    let memory = domain.alloc(1 << 20).expect("memory");
+    let region = domain.register(&memory, 0, 1 << 20, Access::LOCAL_WRITE).expect("region");
+    let garbage: [&[u8]; 3] = [b"\x01", b"\x07\x00\x00\x00\x01\x00\x00\x00\xff\xff", b"\x08\x00\x00\x00\x63\x00\x00\x00"];
+    for (i, message) in garbage.iter().enumerate() {
+        qp.post_recv(&[RecvWr { wr_id: 0, sg_list: &[region.sge(0, 1 << 18)] }]).expect("recv");
+        memory.write(1 << 19, message).expect("write");
+        qp.post_send(&[SendWr {
+            wr_id: 1,
+            op: SendOp::Send { imm: None },
+            sg_list: &[region.sge(1 << 19, message.len() as u32)],
+            signaled: true,
+        }])
+        .expect("send");
+        let mut replies = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while replies.len() < 2 && Instant::now() < deadline {
+            let mut completions = [kvcm_transport::WorkCompletion {
+                wr_id: 0,
+                status: kvcm_transport::WcStatus::Success,
+                opcode: kvcm_transport::WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                qpn: 0,
+            }; 2];
+            let count = cq.poll(&mut completions);
+            replies.extend_from_slice(&completions[..count]);
+        }
+        let reply = replies
+            .iter()
+            .find(|c| c.opcode == kvcm_transport::WcOpcode::Recv)
+            .unwrap_or_else(|| panic!("message {i} got no reply"));
+        let mut bytes = vec![0u8; reply.byte_len as usize];
+        memory.read(0, &mut bytes).expect("read");
+        assert_eq!(
+            kvcm::lookup::messages::peek_status(&bytes),
+            Some(kvcm::lookup::messages::Status::Malformed),
+            "message {i}: {bytes:?}"
+        );
+    }
+    let client = client(&server, Wire::Tcp);
+    let written = client.start_write(meta::StartWriteCacheRequest {
+        block_keys: vec![1],
+        write_timeout_seconds: 30,
+        ..Default::default()
+    });
+    assert_eq!(written.expect("still served").locations.len(), 1);
 }

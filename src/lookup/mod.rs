@@ -8,9 +8,14 @@
 //! unpublished before the request that moved it is answered. A table that cannot be kept
 //! in step (memory exhausted, an index error) is retired and forgotten: its readers then
 //! refuse it and fall back to gRPC, and the next bootstrap builds it again.
+//!
+//! The same queue pairs carry the write path as RDMA messages ([`messages`]): a
+//! polling-thread core (`core`) hands them to manager workers and sends their replies.
 
 mod access;
 mod bootstrap;
+mod core;
+pub mod messages;
 pub(crate) mod peers;
 mod table;
 
@@ -22,6 +27,8 @@ use std::time::Duration;
 use kvcm_index::BlockKey;
 use kvcm_manager::{Instance, Manager, Publication};
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
+
+use crate::service::meta::MetaHandler;
 
 pub use access::{allow_all, AccessCheck, LookupAccess};
 pub use peers::HELLO as QP_HELLO;
@@ -92,7 +99,8 @@ pub struct LookupService {
     /// (wire index, domain).
     domains: Vec<(usize, SoftDomain)>,
     tables: Mutex<HashMap<String, Arc<InstanceTable>>>,
-    peers: peers::Peers,
+    /// Where clients connect their queue pairs.
+    connect_addr: SocketAddr,
     access: LookupAccess,
 }
 
@@ -105,10 +113,11 @@ impl std::fmt::Debug for LookupService {
 }
 
 impl LookupService {
-    /// Opens the wires, starts the queue-pair listener and installs itself as the
-    /// manager's publisher.
+    /// Opens the wires, starts the polling-thread core (serving write-path messages with
+    /// `meta`) and the queue-pair listener, and installs itself as the manager's publisher.
     pub fn start(
         manager: &Arc<Manager>,
+        meta: MetaHandler,
         config: &LookupConfig,
         access: LookupAccess,
     ) -> Result<Arc<LookupService>, LookupError> {
@@ -123,13 +132,14 @@ impl LookupService {
             (WIRE_SOFT_TCP, open(Wire::Tcp)?),
             (WIRE_SOFT_SHM, open(Wire::Shm)?),
         ];
-        let peers = peers::Peers::listen(config.bind, domains.clone())?;
+        let core = core::start(&domains, meta)?;
+        let connect_addr = peers::listen(config.bind, core)?;
         let service = Arc::new(LookupService {
             manager: Arc::downgrade(manager),
             incarnation: fastrand::u64(1..),
             domains,
             tables: Mutex::new(HashMap::new()),
-            peers,
+            connect_addr,
             access,
         });
         manager.set_publication(service.clone());
@@ -144,7 +154,7 @@ impl LookupService {
 
     /// Where clients connect their queue pairs.
     pub fn connect_addr(&self) -> SocketAddr {
-        self.peers.addr()
+        self.connect_addr
     }
 
     fn tables(&self) -> MutexGuard<'_, HashMap<String, Arc<InstanceTable>>> {

@@ -112,7 +112,8 @@ pub async fn start(
     let mut meta_http = http::meta_router(handlers.meta.clone(), limit);
     if config.lookup.enabled {
         let manager = &handlers.core.manager;
-        let service = LookupService::start(manager, &config.lookup, lookup::allow_all())
+        let meta = handlers.meta.clone();
+        let service = LookupService::start(manager, meta, &config.lookup, lookup::allow_all())
             .map_err(|e| ServerError::Lookup(e.to_string()))?;
         tracing::info!("lookup tables: queue pairs on {}", service.connect_addr());
         meta_http = meta_http.merge(lookup::router(service.clone()));

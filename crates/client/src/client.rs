@@ -1,5 +1,6 @@
 //! The client: lookups on the fast path when it can answer, gRPC otherwise; writes and
-//! removals over gRPC (the RDMA-message write path is not built yet).
+//! removals as RDMA messages on the fast path's queue pair, gRPC otherwise. A message
+//! that was sent but not answered is an error (its outcome is unknown), never retried.
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -8,9 +9,14 @@ use std::time::{Duration, Instant};
 use kvcm::proto::meta;
 use kvcm_transport::soft::Wire;
 
+use kvcm::lookup::messages::{Reply, Request};
+use kvcm::proto::meta::meta_service_client::MetaServiceClient;
+use tonic::transport::Channel;
+
+use crate::connection::CallError;
 use crate::error::{ClientError, FastError};
 use crate::fast::FastPath;
-use crate::grpc::Grpc;
+use crate::grpc::{Grpc, WithHeader};
 use crate::metrics::{FastPathMetrics, Metrics};
 
 /// After the fast path broke, how long the client uses gRPC alone before connecting again.
@@ -193,39 +199,111 @@ impl Client {
         self.get_cache_location(query(meta::QueryType::QtReverseRollSwMatch, keys, sw_size))
     }
 
-    /// StartWriteCache (over gRPC).
+    /// StartWriteCache: as an RDMA message on the fast path's queue pair when it is up,
+    /// else over gRPC (same handler, same answers).
     pub fn start_write(
         &self,
         mut request: meta::StartWriteCacheRequest,
     ) -> Result<meta::StartWriteCacheResponse, ClientError> {
         request.instance_id = self.config.instance_id.clone();
-        self.grpc().call(|mut client| {
+        match self.message(Request::StartWrite(request.clone())) {
+            Some(Ok(Reply::StartWrite(response))) => return checked(response),
+            Some(Ok(_)) => return Err(unexpected_reply()),
+            Some(Err(error)) => return Err(error),
+            None => {}
+        }
+        let response = self.grpc().call(|mut client| {
             let request = request.clone();
             async move { client.start_write_cache(request).await }
+        })?;
+        Ok(response)
+    }
+
+    /// FinishWriteCache, by message or over gRPC.
+    pub fn finish_write(&self, mut request: meta::FinishWriteCacheRequest) -> Result<(), ClientError> {
+        request.instance_id = self.config.instance_id.clone();
+        self.common(Request::FinishWrite(request.clone()), move |mut client| {
+            let request = request.clone();
+            async move { client.finish_write_cache(request).await }
         })
     }
 
-    /// FinishWriteCache (over gRPC).
-    pub fn finish_write(&self, mut request: meta::FinishWriteCacheRequest) -> Result<(), ClientError> {
-        request.instance_id = self.config.instance_id.clone();
-        self.grpc()
-            .call(|mut client| {
-                let request = request.clone();
-                async move { client.finish_write_cache(request).await }
-            })
-            .map(drop)
-    }
-
-    /// RemoveCache (over gRPC).
+    /// RemoveCache, by message or over gRPC.
     pub fn remove(&self, mut request: meta::RemoveCacheRequest) -> Result<(), ClientError> {
         request.instance_id = self.config.instance_id.clone();
-        self.grpc()
-            .call(|mut client| {
-                let request = request.clone();
-                async move { client.remove_cache(request).await }
-            })
-            .map(drop)
+        self.common(Request::Remove(request.clone()), move |mut client| {
+            let request = request.clone();
+            async move { client.remove_cache(request).await }
+        })
     }
+
+    /// A call answered by a CommonResponse: by message, else by `grpc`.
+    fn common<F, Fut>(&self, request: Request, grpc: F) -> Result<(), ClientError>
+    where
+        F: Fn(MetaServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<meta::CommonResponse>, tonic::Status>>,
+    {
+        match self.message(request) {
+            Some(Ok(Reply::Common(response))) => checked(response).map(drop),
+            Some(Ok(_)) => Err(unexpected_reply()),
+            Some(Err(error)) => Err(error),
+            None => self.grpc().call(grpc).map(drop),
+        }
+    }
+
+    /// Sends `request` on the fast path: `None` when it did not go (no fast path, or the
+    /// server refused it unapplied: use gRPC), else the reply or why it was lost.
+    fn message(&self, request: Request) -> Option<Result<Reply, ClientError>> {
+        let mut fast = self.fast();
+        let FastState::Up(path) = &mut *fast else {
+            return None;
+        };
+        match path.call(&request) {
+            // Refused unapplied, or by a follower: gRPC (with its failover) answers.
+            Ok(Reply::Refused(_)) => None,
+            Ok(reply) if reply_code(&reply) == Some(SERVER_NOT_LEADER) => None,
+            Ok(reply) => Some(Ok(reply)),
+            Err(CallError::NotSent(error)) => {
+                tracing_debug(&error);
+                if matches!(error, FastError::Broken(_)) {
+                    *fast = FastState::Down(Instant::now());
+                }
+                None
+            }
+            Err(CallError::Lost(error)) => {
+                tracing_debug(&error);
+                *fast = FastState::Down(Instant::now());
+                Some(Err(ClientError::Unreachable(format!(
+                    "a write-path message was sent but not answered (its outcome is unknown): {error}"
+                ))))
+            }
+        }
+    }
+}
+
+/// A response whose header says OK, or the server's error.
+fn checked<R: WithHeader>(response: R) -> Result<R, ClientError> {
+    match response.status() {
+        Some((1, _)) => Ok(response),
+        Some((code, message)) => Err(ClientError::Server { code, message }),
+        None => Err(unexpected_reply()),
+    }
+}
+
+/// `ErrorCode::ServerNotLeader`.
+const SERVER_NOT_LEADER: i32 = 9;
+
+/// The status code in a reply's header.
+fn reply_code(reply: &Reply) -> Option<i32> {
+    match reply {
+        Reply::StartWrite(r) => r.status().map(|(code, _)| code),
+        Reply::Common(r) => r.status().map(|(code, _)| code),
+        Reply::Refused(_) => None,
+    }
+}
+
+fn unexpected_reply() -> ClientError {
+    ClientError::Unreachable("the server answered a message with another kind of reply".into())
 }
 
 fn query(kind: meta::QueryType, keys: &[i64], sw_size: i32) -> meta::GetCacheLocationRequest {

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
-    Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    RecvWr, Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
+use kvcm::lookup::messages::MAX_MESSAGE;
 
 use crate::error::FastError;
 
@@ -18,6 +19,16 @@ use crate::error::FastError;
 const BATCH: usize = 512;
 /// How long a batch may take before the connection is given up.
 const DEADLINE: Duration = Duration::from_secs(2);
+
+/// An empty completion slot.
+const BLANK: WorkCompletion = WorkCompletion {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Read,
+    byte_len: 0,
+    imm: None,
+    qpn: 0,
+};
 
 /// One READ: `len` bytes at `addr` under `rkey`.
 #[derive(Debug, Clone, Copy)]
@@ -27,15 +38,26 @@ pub(crate) struct Read {
     pub len: usize,
 }
 
-/// A connected queue pair and its buffer.
+/// A connected queue pair and its buffers.
 pub(crate) struct Connection {
     qp: SoftQp,
     cq: SoftCq,
     region: SoftRegion,
     buffer: HostMemory,
+    /// Message buffers: the reply's receive buffer, then the request's send buffer.
+    messages: (HostMemory, SoftRegion),
     domain: SoftDomain,
     /// Round trips made (batches posted).
     pub round_trips: u64,
+}
+
+/// How a message exchange failed.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The request never left (nothing was applied).
+    NotSent(FastError),
+    /// The request was sent but no reply came (its outcome is unknown).
+    Lost(FastError),
 }
 
 impl Connection {
@@ -55,14 +77,71 @@ impl Connection {
         qp.connect(&remote)?;
         let buffer = domain.alloc(64 << 10)?;
         let region = domain.register(&buffer, 0, buffer.len(), Access::LOCAL_WRITE)?;
+        let message_memory = domain.alloc(2 * MAX_MESSAGE)?;
+        let message_region =
+            domain.register(&message_memory, 0, message_memory.len(), Access::LOCAL_WRITE)?;
         Ok(Connection {
             qp,
             cq,
             region,
             buffer,
+            messages: (message_memory, message_region),
             domain,
             round_trips: 0,
         })
+    }
+
+    /// Sends one request message and returns the reply message (one exchange at a time).
+    pub(crate) fn call(&mut self, request: &[u8]) -> Result<Vec<u8>, CallError> {
+        let (memory, region) = &self.messages;
+        if request.len() > MAX_MESSAGE {
+            return Err(CallError::NotSent(FastError::AskServer("message too large")));
+        }
+        let not_sent = |e: kvcm_transport::TransportError| CallError::NotSent(e.into());
+        memory.write(MAX_MESSAGE, request).map_err(not_sent)?;
+        let reply_sge = region.sge(0, MAX_MESSAGE as u32);
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: 0,
+                sg_list: &[reply_sge],
+            }])
+            .map_err(not_sent)?;
+        let request_sge = region.sge(MAX_MESSAGE, request.len() as u32);
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 1,
+                op: SendOp::Send { imm: None },
+                sg_list: &[request_sge],
+                signaled: true,
+            }])
+            .map_err(not_sent)?;
+        self.round_trips += 1;
+        let mut reply_len = None;
+        let mut sent = false;
+        let deadline = Instant::now() + DEADLINE;
+        while reply_len.is_none() || !sent {
+            let mut completions = [BLANK; 2];
+            let count = self.cq.poll(&mut completions);
+            for completion in &completions[..count] {
+                if completion.status != WcStatus::Success {
+                    let error = FastError::Broken(format!("message failed: {:?}", completion.status));
+                    return Err(if sent { CallError::Lost(error) } else { CallError::NotSent(error) });
+                }
+                match completion.opcode {
+                    WcOpcode::Recv => reply_len = Some(completion.byte_len as usize),
+                    _ => sent = true,
+                }
+            }
+            if count == 0 && Instant::now() > deadline {
+                return Err(CallError::Lost(FastError::Broken("no reply to a message".into())));
+            }
+            std::hint::spin_loop();
+        }
+        let mut reply = vec![0u8; reply_len.unwrap_or(0)];
+        memory
+            .read(0, &mut reply)
+            .map_err(|e| CallError::Lost(e.into()))?;
+        Ok(reply)
     }
 
     /// Performs `reads` and returns their bytes, concatenated in order.
@@ -104,15 +183,7 @@ impl Connection {
     /// Busy-polls for the batch's one signaled completion.
     fn wait(&self) -> Result<(), FastError> {
         let deadline = Instant::now() + DEADLINE;
-        let blank = WorkCompletion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Read,
-            byte_len: 0,
-            imm: None,
-            qpn: 0,
-        };
-        let mut completions = [blank; 4];
+        let mut completions = [BLANK; 4];
         loop {
             let count = self.cq.poll(&mut completions);
             if let Some(failed) = completions[..count].iter().find(|c| c.status != WcStatus::Success) {

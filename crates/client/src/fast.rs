@@ -23,7 +23,8 @@ use kvcm_manager::keys::block_keys_from_tokens;
 use kvcm_manager::query::{self, QueryKind};
 use kvcm_transport::soft::Wire;
 
-use crate::connection::{Connection, Read};
+use crate::connection::{CallError, Connection, Read};
+use kvcm::lookup::messages::{self, Op, Reply, Request};
 use crate::error::FastError;
 use crate::metrics::Metrics;
 
@@ -40,6 +41,8 @@ pub(crate) struct FastPath {
     header: Header,
     specs: Vec<(String, i64)>,
     templates: HashMap<u32, Template>,
+    /// Id of the last write-path message.
+    next_id: u32,
 }
 
 /// The copied state of one query's keys.
@@ -83,9 +86,26 @@ impl FastPath {
             header: bytemuck::Zeroable::zeroed(), // epoch 0: no table has it
             specs: Vec::new(),
             templates: HashMap::new(),
+            next_id: 0,
         };
         fast.load_header()?;
         Ok(fast)
+    }
+
+    /// Sends a write-path request as a message; the server's reply.
+    pub(crate) fn call(&mut self, request: &Request) -> Result<Reply, CallError> {
+        self.next_id = self.next_id.wrapping_add(1);
+        let id = self.next_id;
+        let op = match request {
+            Request::StartWrite(_) => Op::StartWrite,
+            Request::FinishWrite(_) => Op::FinishWrite,
+            Request::Remove(_) => Op::Remove,
+        };
+        let message = messages::encode_request(id, request)
+            .ok_or(CallError::NotSent(FastError::AskServer("request too large")))?;
+        let reply = self.connection.call(&message)?;
+        messages::decode_reply(&reply, id, op)
+            .ok_or_else(|| CallError::Lost(FastError::Broken("a malformed reply".into())))
     }
 
     /// The epoch of the header last read.

@@ -59,6 +59,9 @@ pub struct Header {
     pub block_size: i64,
 }
 
+// The layout docs/lookup-table.md documents: 136 bytes, no padding.
+const _: () = assert!(std::mem::size_of::<Header>() == 136);
+
 /// Bytes of the sealed header block.
 pub const HEADER_BLOCK: usize = std::mem::size_of::<Header>() + seqlock::OVERHEAD;
 

@@ -4,7 +4,7 @@ use crate::avail::Availability;
 use crate::error::Result;
 use crate::header::Geometry;
 use crate::seqlock::{self, Opened};
-use crate::slot::{bucket_slots, Slot};
+use crate::slot::Slot;
 
 /// A copied bucket (or availability block), decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,9 +21,11 @@ pub enum Copy<T> {
 pub fn key_slots(block: &[u8], geometry: &Geometry, key: i64) -> Copy<Vec<Slot>> {
     match seqlock::open(block) {
         Opened::Body(body) => Copy::Good(
-            bucket_slots(body, geometry.slot_bytes, geometry.slots_per_bucket)
-                .flatten()
-                .filter(|slot| slot.head.key == key)
+            body.chunks_exact(geometry.slot_bytes)
+                .take(geometry.slots_per_bucket)
+                // Only the key's slots are decoded (the key is the slot's first 8 bytes).
+                .filter(|slot| slot[..8] == key.to_le_bytes())
+                .filter_map(Slot::decode)
                 .collect(),
         ),
         Opened::Torn => Copy::Torn,

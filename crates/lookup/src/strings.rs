@@ -39,10 +39,10 @@ pub struct Template {
 impl Template {
     /// Appends the URI of block `block` to `out`.
     pub fn render(&self, block: u32, out: &mut String) {
+        out.reserve(self.head.len() + 10 + self.tail.len());
         out.push_str(&self.head);
         if self.has_block {
-            use std::fmt::Write;
-            let _ = write!(out, "{block}");
+            out.push_str(itoa::Buffer::new().format(block));
         }
         out.push_str(&self.tail);
     }

@@ -53,3 +53,6 @@ pub use api::*;
 pub use error::{Result, TransportError};
 pub use memory::HostMemory;
 pub use provider::ProviderKind;
+/// Waits until one of the descriptors is readable (e.g. completion queues' event fds and
+/// an application doorbell), for pollers that park on several at once.
+pub use sys::poll_readable;

@@ -15,7 +15,7 @@ mod word_copy;
 pub(crate) use epoll::{Epoll, READ, WRITE};
 pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};
 pub(crate) use output::OutputQueue;
-pub(crate) use poll::poll_readable;
+pub use poll::poll_readable;
 #[cfg(feature = "rdma")]
 pub(crate) use poll::set_nonblocking;
 pub(crate) use random::random_u64;

@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 
 /// Waits up to `timeout_ms` (-1: forever) until one of `fds` is readable or hung up;
 /// returns how many are. EINTR counts as zero.
-pub(crate) fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> Result<usize> {
+pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> Result<usize> {
     let mut polls: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {

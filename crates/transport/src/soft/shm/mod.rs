@@ -36,6 +36,35 @@ pub(crate) struct ShmAddress {
     pub doorbell: String,
 }
 
+/// The peer key a batch resolved last: a batch's many accesses under one rkey look the key
+/// up and map it once (a key deregistered while the batch runs is still served to its
+/// end, as a NIC serves requests already in flight).
+#[derive(Default)]
+pub(crate) struct Memo {
+    last: Option<(u32, keytable::KeyEntry, Arc<SharedMemory>)>,
+}
+
+/// The target of `len` bytes at `addr` under `entry`, if its rights and bounds allow it.
+fn within(
+    entry: &keytable::KeyEntry,
+    mem: &Arc<SharedMemory>,
+    addr: u64,
+    len: u64,
+    need: Access,
+) -> Option<Target> {
+    if !keytable::check_access(entry, addr, len, need) {
+        return None;
+    }
+    // The entry comes from the peer: an offset outside the mapping is caught here or by
+    // the mapping's own bounds checks.
+    let offset = usize::try_from(addr.checked_sub(entry.mem_base)?).ok()?;
+    mem.check(offset, usize::try_from(len).ok()?).ok()?;
+    Some(Target {
+        mem: Arc::clone(mem),
+        offset,
+    })
+}
+
 /// Most peer memories one queue pair keeps mapped (each maps a whole memfd; no descriptor
 /// stays open).
 const MAX_MAPPINGS: usize = 256;
@@ -98,20 +127,30 @@ impl ShmPeer {
     }
 
     /// Resolves `len` bytes at the peer's `addr` under `rkey` if its table allows `need`.
-    fn resolve(&self, rkey: u32, addr: u64, len: u64, need: Access) -> Option<Target> {
+    fn resolve(
+        &self,
+        memo: &mut Memo,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<Target> {
+        if let Some((key, entry, mem)) = &memo.last {
+            if *key == rkey {
+                return within(entry, mem, addr, len, need);
+            }
+        }
         let Some(entry) = self.table.lookup(rkey) else {
             self.forget(rkey);
             return None;
         };
-        if !keytable::check_access(&entry, addr, len, need) {
+        let mem = self.mapping(rkey, entry.fd, usize::try_from(entry.mem_len).ok()?)?;
+        if !self.table.is_live(rkey) {
             return None;
         }
-        // The entry comes from the peer: an offset outside the mapping is caught here or by
-        // the mapping's own bounds checks.
-        let offset = usize::try_from(addr.checked_sub(entry.mem_base)?).ok()?;
-        let mem = self.mapping(rkey, entry.fd, usize::try_from(entry.mem_len).ok()?)?;
-        mem.check(offset, usize::try_from(len).ok()?).ok()?;
-        self.table.is_live(rkey).then_some(Target { mem, offset })
+        let target = within(&entry, &mem, addr, len, need);
+        memo.last = Some((rkey, entry, mem));
+        target
     }
 
     /// Drops the cached mapping of a key that is no longer registered.

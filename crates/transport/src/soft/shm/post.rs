@@ -11,7 +11,7 @@
 //! `RetryExceeded`. Invariant: while the send queue is not empty, new posts join its tail,
 //! so execution stays in posting order.
 
-use super::ShmPeer;
+use super::{Memo, ShmPeer};
 use crate::soft::frame::{Op, RequestHeader, REQUEST_LEN};
 use crate::soft::queue_pair::{PostedSend, QpShared};
 use crate::soft::registry::{AtomicOp, Registry};
@@ -95,10 +95,11 @@ fn drain(
     // fails it (its memory still maps, but nobody keeps it current any more). A peer that
     // dies while the batch runs is read as it was when it died, a moment inside the batch.
     let gone = peer.gone();
+    let mut memo = Memo::default();
     while let Some(send) = queue.front() {
         let outcome = match scatter::resolve(registry, &send.sg_list, local_need(&send.op)) {
             _ if gone => Outcome::Done(WcStatus::RetryExceeded, 0),
-            Ok(pieces) => execute(peer, &send.op, &pieces),
+            Ok(pieces) => execute(peer, &mut memo, &send.op, &pieces),
             Err(status) => Outcome::Done(status, 0),
         };
         let (status, byte_len) = match outcome {
@@ -125,14 +126,14 @@ fn local_need(op: &SendOp) -> Access {
     }
 }
 
-fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> Outcome {
+fn execute(peer: &ShmPeer, memo: &mut Memo, op: &SendOp, pieces: &[Piece]) -> Outcome {
     let len = scatter::total_len(pieces);
     let Ok(len32) = u32::try_from(len) else {
         return Outcome::Done(WcStatus::LocalLengthError, 0);
     };
     let status = match *op {
         SendOp::Read(remote) => {
-            match peer.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_READ) {
+            match peer.resolve(memo, remote.rkey, remote.addr, len as u64, Access::REMOTE_READ) {
                 Some(source) => {
                     scatter::scatter_from_memory(pieces, &source);
                     WcStatus::Success
@@ -140,7 +141,7 @@ fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> Outcome {
                 None => WcStatus::RemoteAccessError,
             }
         }
-        SendOp::Write { remote, imm } => return write(peer, remote, imm, pieces, len32),
+        SendOp::Write { remote, imm } => return write(peer, memo, remote, imm, pieces, len32),
         SendOp::Send { imm } => return send(peer, imm, pieces, len32),
         SendOp::CompareSwap {
             remote,
@@ -151,20 +152,25 @@ fn execute(peer: &ShmPeer, op: &SendOp, pieces: &[Piece]) -> Outcome {
             remote,
             pieces,
             AtomicOp::CompareSwap { compare, swap },
+            memo,
         ),
-        SendOp::FetchAdd { remote, add } => atomic(peer, remote, pieces, AtomicOp::FetchAdd(add)),
+        SendOp::FetchAdd { remote, add } => {
+            atomic(peer, remote, pieces, AtomicOp::FetchAdd(add), memo)
+        }
     };
     Outcome::Done(status, len32)
 }
 
 fn write(
     peer: &ShmPeer,
+    memo: &mut Memo,
     remote: RemoteAddr,
     imm: Option<u32>,
     pieces: &[Piece],
     len: u32,
 ) -> Outcome {
     let Some(destination) = peer.resolve(
+        memo,
         remote.rkey,
         remote.addr,
         u64::from(len),
@@ -201,8 +207,14 @@ fn push_frame(peer: &ShmPeer, header: &RequestHeader, payload: &[u8], len: u32) 
     Outcome::RingFull
 }
 
-fn atomic(peer: &ShmPeer, remote: RemoteAddr, pieces: &[Piece], op: AtomicOp) -> WcStatus {
-    let target = peer.resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC);
+fn atomic(
+    peer: &ShmPeer,
+    remote: RemoteAddr,
+    pieces: &[Piece],
+    op: AtomicOp,
+    memo: &mut Memo,
+) -> WcStatus {
+    let target = peer.resolve(memo, remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC);
     let Some(old) = target.and_then(|target| target.run_atomic(remote.addr, op)) else {
         return WcStatus::RemoteAccessError;
     };

@@ -1,0 +1,416 @@
+//! The polling-thread core of the write path: one thread polls the receive and send
+//! completion queues of every lookup queue pair (all wires), decodes request messages and
+//! hands them through a bounded queue to a few manager workers, and sends their replies.
+//! The polling thread takes no lock and runs no manager code; no tokio or HTTP/2 is on the
+//! path. It busy-polls while there is work and for [`SPIN`] after, then parks on the
+//! completion queues' event descriptors and its doorbell (2-core machines must not starve).
+//!
+//! Invariants: every peer has [`RECV_SLOTS`] receive buffers posted except the ones whose
+//! message is being copied out; a reply is sent on the queue pair its request came from,
+//! from one of the peer's [`SEND_SLOTS`] send buffers, reclaimed at its send completion.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use kvcm_transport::soft::{SoftCq, SoftDomain, SoftQp, SoftRegion};
+use kvcm_transport::{
+    Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QpState, QueuePair, RecvWr,
+    Region, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::messages::{self, Reply, Request, Status, MAX_MESSAGE};
+use super::LookupError;
+use crate::proto::meta::{block_mask, BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest};
+use crate::service::meta::MetaHandler;
+
+/// Receive buffers per peer.
+pub const RECV_SLOTS: usize = 4;
+/// Send buffers per peer.
+const SEND_SLOTS: usize = 4;
+/// Requests waiting for a worker, at most (more are answered busy).
+const WORK_QUEUE: usize = 1024;
+/// Manager worker threads.
+const WORKERS: usize = 2;
+/// How long the polling thread spins after its last work before parking.
+const SPIN: Duration = Duration::from_micros(100);
+/// Longest park (new peers are noticed at least this often).
+const PARK: Duration = Duration::from_millis(50);
+
+/// A peer: (wire index, queue pair number).
+type PeerKey = (usize, u32);
+
+/// A connected peer's queue pair and buffers, owned by the polling thread.
+pub(super) struct Peer {
+    qp: SoftQp,
+    memory: HostMemory,
+    region: SoftRegion,
+    free_sends: Vec<usize>,
+    /// Replies waiting for a free send buffer.
+    waiting: VecDeque<Vec<u8>>,
+}
+
+/// One domain's completion queues, shared by every peer queue pair of that wire.
+#[derive(Clone)]
+pub(super) struct WireQueues {
+    wire: usize,
+    domain: SoftDomain,
+    send_cq: SoftCq,
+    recv_cq: SoftCq,
+}
+
+/// What the queue-pair listener needs from the core.
+#[derive(Clone)]
+pub(super) struct CoreHandle {
+    wires: Vec<WireQueues>,
+    new_peers: Sender<(usize, Peer)>,
+    doorbell: Arc<Doorbell>,
+}
+
+/// Wakes the polling thread when it parks.
+struct Doorbell {
+    parked: AtomicBool,
+    ring: UnixDatagram,
+    wait: UnixDatagram,
+}
+
+impl Doorbell {
+    fn ring(&self) {
+        if self.parked.load(Ordering::SeqCst) {
+            let _ = self.ring.send(&[1]);
+        }
+    }
+}
+
+impl CoreHandle {
+    /// A queue pair on `wire` bound to the core's completion queues (not yet connected).
+    pub(super) fn create_qp(&self, wire: usize) -> Result<SoftQp, LookupError> {
+        let queues = self.queues(wire)?;
+        let config = QpConfig {
+            max_recv_wr: RECV_SLOTS,
+            max_send_wr: SEND_SLOTS,
+            max_sge: 1,
+        };
+        Ok(queues.domain.create_qp(&queues.send_cq, &queues.recv_cq, config)?)
+    }
+
+    /// Hands a connected queue pair to the polling thread, its receive buffers posted.
+    pub(super) fn adopt(&self, wire: usize, qp: SoftQp) -> Result<(), LookupError> {
+        let queues = self.queues(wire)?;
+        let memory = queues.domain.alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
+        let region = queues
+            .domain
+            .register(&memory, 0, memory.len(), Access::LOCAL_WRITE)?;
+        for slot in 0..RECV_SLOTS {
+            post_recv(&qp, &region, slot)?;
+        }
+        let peer = Peer {
+            qp,
+            memory,
+            region,
+            free_sends: (0..SEND_SLOTS).collect(),
+            waiting: VecDeque::new(),
+        };
+        self.new_peers
+            .send((wire, peer))
+            .map_err(|_| LookupError::NoWire)?;
+        self.doorbell.ring();
+        Ok(())
+    }
+
+    fn queues(&self, wire: usize) -> Result<&WireQueues, LookupError> {
+        self.wires
+            .iter()
+            .find(|q| q.wire == wire)
+            .ok_or_else(|| LookupError::Refused(format!("unknown wire {wire}")))
+    }
+}
+
+fn post_recv(qp: &SoftQp, region: &SoftRegion, slot: usize) -> Result<(), LookupError> {
+    let sge = region.sge(slot * MAX_MESSAGE, MAX_MESSAGE as u32);
+    qp.post_recv(&[RecvWr {
+        wr_id: slot as u64,
+        sg_list: &[sge],
+    }])?;
+    Ok(())
+}
+
+/// A request on its way to a worker, and its answer on the way back.
+struct Work {
+    peer: PeerKey,
+    id: u32,
+    op: u8,
+    request: Request,
+}
+
+/// Starts the polling thread and the workers on `domains`, serving requests with `meta`.
+pub(super) fn start(
+    domains: &[(usize, SoftDomain)],
+    meta: MetaHandler,
+) -> Result<CoreHandle, LookupError> {
+    let wires = domains
+        .iter()
+        .map(|(wire, domain)| {
+            Ok(WireQueues {
+                wire: *wire,
+                domain: domain.clone(),
+                send_cq: domain.create_cq()?,
+                recv_cq: domain.create_cq()?,
+            })
+        })
+        .collect::<Result<Vec<_>, LookupError>>()?;
+    let (ring, wait) = UnixDatagram::pair().map_err(LookupError::Listener)?;
+    wait.set_nonblocking(true).map_err(LookupError::Listener)?;
+    ring.set_nonblocking(true).map_err(LookupError::Listener)?;
+    let doorbell = Arc::new(Doorbell {
+        parked: AtomicBool::new(false),
+        ring,
+        wait,
+    });
+    let (new_peers, adopted) = crossbeam_channel::unbounded();
+    let (work, jobs) = crossbeam_channel::bounded::<Work>(WORK_QUEUE);
+    let (answers, replies) = crossbeam_channel::unbounded::<(PeerKey, Vec<u8>)>();
+    for n in 0..WORKERS {
+        let (jobs, answers, meta, doorbell) =
+            (jobs.clone(), answers.clone(), meta.clone(), doorbell.clone());
+        std::thread::Builder::new()
+            .name(format!("kvcm-core-worker-{n}"))
+            .spawn(move || serve(&jobs, &answers, &meta, &doorbell))
+            .map_err(LookupError::Listener)?;
+    }
+    let poller = Poller {
+        wires: wires.clone(),
+        peers: HashMap::new(),
+        adopted,
+        work,
+        replies,
+        doorbell: doorbell.clone(),
+    };
+    std::thread::Builder::new()
+        .name("kvcm-core-poll".into())
+        .spawn(move || poller.run())
+        .map_err(LookupError::Listener)?;
+    Ok(CoreHandle {
+        wires,
+        new_peers,
+        doorbell,
+    })
+}
+
+/// A manager worker: answers requests until the polling thread is gone.
+fn serve(jobs: &Receiver<Work>, answers: &Sender<(PeerKey, Vec<u8>)>, meta: &MetaHandler, doorbell: &Doorbell) {
+    for job in jobs {
+        let bytes = match job.request {
+            Request::StartWrite(r) => start_write(meta, job.id, job.op, r),
+            Request::FinishWrite(r) => {
+                messages::encode_reply(job.id, job.op, &Reply::Common(meta.finish_write_cache(r)))
+            }
+            Request::Remove(r) => {
+                messages::encode_reply(job.id, job.op, &Reply::Common(meta.remove_cache(r)))
+            }
+        };
+        if answers.send((job.peer, bytes)).is_err() {
+            return;
+        }
+        doorbell.ring();
+    }
+}
+
+/// StartWriteCache's reply; an answer too large for a message fails its new session at
+/// once, so that "too large" means "nothing applied".
+fn start_write(meta: &MetaHandler, id: u32, op: u8, request: StartWriteCacheRequest) -> Vec<u8> {
+    let instance_id = request.instance_id.clone();
+    let answer = meta.start_write_cache(request);
+    let session = answer.write_session_id.clone();
+    let bytes = messages::encode_reply(id, op, &Reply::StartWrite(answer));
+    if messages::peek_status(&bytes) == Some(Status::TooLarge) && !session.is_empty() {
+        meta.finish_write_cache(FinishWriteCacheRequest {
+            instance_id,
+            write_session_id: session,
+            success_blocks: Some(BlockMask {
+                info: Some(block_mask::Info::Offset(0)),
+            }),
+            ..Default::default()
+        });
+    }
+    bytes
+}
+
+/// The polling thread's state.
+struct Poller {
+    wires: Vec<WireQueues>,
+    peers: HashMap<PeerKey, Peer>,
+    adopted: Receiver<(usize, Peer)>,
+    work: Sender<Work>,
+    replies: Receiver<(PeerKey, Vec<u8>)>,
+    doorbell: Arc<Doorbell>,
+}
+
+impl Poller {
+    fn run(mut self) {
+        let mut last_work = Instant::now();
+        let blank = WorkCompletion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm: None,
+            qpn: 0,
+        };
+        let mut completions = [blank; 32];
+        loop {
+            let (alive, mut worked) = self.adopt_new_peers();
+            if !alive {
+                return;
+            }
+            for index in 0..self.wires.len() {
+                let wire = self.wires[index].wire;
+                let count = self.wires[index].recv_cq.poll(&mut completions);
+                for completion in &completions[..count] {
+                    self.received(wire, completion);
+                }
+                let sent = self.wires[index].send_cq.poll(&mut completions);
+                for completion in &completions[..sent] {
+                    self.sent(wire, completion);
+                }
+                worked |= count + sent > 0;
+            }
+            while let Ok((peer, bytes)) = self.replies.try_recv() {
+                self.reply(peer, bytes);
+                worked = true;
+            }
+            if worked {
+                last_work = Instant::now();
+            } else if last_work.elapsed() > SPIN {
+                self.park();
+                last_work = Instant::now();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// A request arrived (or a receive failed: the peer is gone).
+    fn received(&mut self, wire: usize, completion: &WorkCompletion) {
+        let key = (wire, completion.qpn);
+        if completion.status != WcStatus::Success {
+            self.peers.remove(&key);
+            return;
+        }
+        let Some(peer) = self.peers.get_mut(&key) else {
+            return;
+        };
+        let slot = completion.wr_id as usize;
+        let mut message = vec![0u8; completion.byte_len as usize];
+        let copied = peer.memory.read(slot * MAX_MESSAGE, &mut message);
+        if copied.is_err() || post_recv(&peer.qp, &peer.region, slot).is_err() {
+            self.peers.remove(&key);
+            return;
+        }
+        let refuse = |status| {
+            let (id, op) = messages::peek(&message).unwrap_or((0, 0));
+            messages::encode_reply(id, op, &Reply::Refused(status))
+        };
+        let Some((id, request)) = messages::decode_request(&message) else {
+            let answer = refuse(Status::Malformed);
+            self.reply(key, answer);
+            return;
+        };
+        let op = message[4];
+        match self.work.try_send(Work { peer: key, id, op, request }) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                let answer = refuse(Status::Busy);
+                self.reply(key, answer);
+            }
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+
+    /// A reply was sent (its buffer is free again) or failed (the peer is gone).
+    fn sent(&mut self, wire: usize, completion: &WorkCompletion) {
+        let key = (wire, completion.qpn);
+        if completion.status != WcStatus::Success {
+            self.peers.remove(&key);
+            return;
+        }
+        let Some(peer) = self.peers.get_mut(&key) else {
+            return;
+        };
+        peer.free_sends.push(completion.wr_id as usize);
+        if let Some(bytes) = peer.waiting.pop_front() {
+            self.reply(key, bytes);
+        }
+    }
+
+    /// Sends `bytes` to `key` from a free send buffer (or queues them for one).
+    fn reply(&mut self, key: PeerKey, bytes: Vec<u8>) {
+        let Some(peer) = self.peers.get_mut(&key) else {
+            return;
+        };
+        let Some(slot) = peer.free_sends.pop() else {
+            peer.waiting.push_back(bytes);
+            return;
+        };
+        let offset = (RECV_SLOTS + slot) * MAX_MESSAGE;
+        let sge = peer.region.sge(offset, bytes.len().max(1) as u32);
+        let posted = peer.memory.write(offset, &bytes).is_ok()
+            && peer
+                .qp
+                .post_send(&[SendWr {
+                    wr_id: slot as u64,
+                    op: SendOp::Send { imm: None },
+                    sg_list: &[sge],
+                    signaled: true,
+                }])
+                .is_ok();
+        if !posted || peer.qp.state() == QpState::Error {
+            self.peers.remove(&key);
+        }
+    }
+
+    /// Sleeps until a completion, a reply or a new peer (or [`PARK`]).
+    fn park(&mut self) {
+        self.doorbell.parked.store(true, Ordering::SeqCst);
+        let pending = !self.replies.is_empty() || !self.adopted.is_empty();
+        let mut armed_ready = false;
+        for queues in &self.wires {
+            armed_ready |= queues.recv_cq.arm().unwrap_or(true);
+            armed_ready |= queues.send_cq.arm().unwrap_or(true);
+        }
+        if !pending && !armed_ready {
+            let mut fds = Vec::with_capacity(2 * self.wires.len() + 1);
+            for queues in &self.wires {
+                fds.push(queues.recv_cq.event_fd());
+                fds.push(queues.send_cq.event_fd());
+            }
+            fds.push(self.doorbell.wait.as_raw_fd());
+            let _ = kvcm_transport::poll_readable(&fds, PARK.as_millis() as i32);
+        }
+        self.doorbell.parked.store(false, Ordering::SeqCst);
+        let mut drain = [0u8; 64];
+        while self.doorbell.wait.recv(&mut drain).is_ok() {}
+    }
+
+    /// Takes the queue pairs the listener connected; false once the service is gone (every
+    /// handle dropped) and no peer is left.
+    fn adopt_new_peers(&mut self) -> (bool, bool) {
+        let mut adopted = false;
+        loop {
+            match self.adopted.try_recv() {
+                Ok((wire, peer)) => {
+                    self.peers.insert((wire, peer.qp.qpn()), peer);
+                    adopted = true;
+                }
+                Err(crossbeam_channel::TryRecvError::Empty) => return (true, adopted),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    return (!self.peers.is_empty(), adopted)
+                }
+            }
+        }
+    }
+}
