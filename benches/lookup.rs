@@ -1,7 +1,7 @@
 //! The lookup path against its floors, in one run: prefix lookups of 16 and 128 keys on the
 //! fast path (soft-TCP, soft-shm) vs GetCacheLocation over gRPC vs one GET on a loopback
 //! redis-server, with a TCP ping-pong of the fast path's request and response sizes as the
-//! floor; and the StartWriteCache + FinishWriteCache pair over gRPC.
+//! floor; and the StartWriteCache + FinishWriteCache pair as RDMA messages vs over gRPC.
 //!
 //! `cargo bench --bench lookup` (a real `kvcm serve` and a real `redis-server` on free
 //! ports; `KVCM_BENCH_ROUNDS` sets the rounds, default 20 of 250 requests per case). Cases
@@ -30,7 +30,11 @@ impl Drop for Process {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn wait_for_port(port: u16) {
@@ -64,7 +68,14 @@ fn start_server() -> (Process, u16, u16, tempfile::TempDir) {
 fn start_redis() -> Option<(Process, u16)> {
     let port = free_port();
     let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .stdout(Stdio::null())
         .spawn()
         .ok()?;
@@ -111,8 +122,13 @@ impl Case for Grpc {
             block_keys: self.keys.clone(),
             ..Default::default()
         };
-        let answer = self.runtime.block_on(self.client.get_cache_location(request));
-        assert_eq!(answer.unwrap().into_inner().locations.len(), self.keys.len());
+        let answer = self
+            .runtime
+            .block_on(self.client.get_cache_location(request));
+        assert_eq!(
+            answer.unwrap().into_inner().locations.len(),
+            self.keys.len()
+        );
     }
 }
 
@@ -149,7 +165,11 @@ impl PingPong {
 
 impl Case for PingPong {
     fn name(&self) -> String {
-        format!("TCP ping-pong {} B / {} B", self.request.len(), self.response.len())
+        format!(
+            "TCP ping-pong {} B / {} B",
+            self.request.len(),
+            self.response.len()
+        )
     }
     fn once(&mut self) {
         self.stream.write_all(&self.request).unwrap();
@@ -167,7 +187,9 @@ impl Case for RedisGet {
         "redis-server GET (loopback)".into()
     }
     fn once(&mut self) {
-        self.stream.write_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").unwrap();
+        self.stream
+            .write_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n")
+            .unwrap();
         let mut got = vec![0u8; self.answer.len()];
         self.stream.read_exact(&mut got).unwrap();
         assert_eq!(got, self.answer);
@@ -194,7 +216,12 @@ fn measure(cases: &mut [Box<dyn Case>], rounds: usize) -> Vec<(f64, f64)> {
     }
     histograms
         .iter()
-        .map(|h| (h.value_at_quantile(0.5) as f64 / 1e3, h.value_at_quantile(0.99) as f64 / 1e3))
+        .map(|h| {
+            (
+                h.value_at_quantile(0.5) as f64 / 1e3,
+                h.value_at_quantile(0.99) as f64 / 1e3,
+            )
+        })
         .collect()
 }
 
@@ -225,9 +252,9 @@ fn main() {
     let (_server, grpc_port, http_port, _dir) = start_server();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut grpc = runtime
-        .block_on(meta::meta_service_client::MetaServiceClient::connect(format!(
-            "http://127.0.0.1:{grpc_port}"
-        )))
+        .block_on(meta::meta_service_client::MetaServiceClient::connect(
+            format!("http://127.0.0.1:{grpc_port}"),
+        ))
         .unwrap();
     let registration = meta::RegisterInstanceRequest {
         instance_group: "default".into(),
@@ -245,7 +272,9 @@ fn main() {
         }),
         ..Default::default()
     };
-    runtime.block_on(grpc.register_instance(registration)).unwrap();
+    runtime
+        .block_on(grpc.register_instance(registration))
+        .unwrap();
     let writer = client(grpc_port, http_port, None);
     let keys: Vec<i64> = (1..=128).collect();
     let started = writer
@@ -289,7 +318,9 @@ fn main() {
         if let Some((_, port)) = &redis {
             let mut stream = TcpStream::connect(("127.0.0.1", *port)).unwrap();
             stream.set_nodelay(true).unwrap();
-            stream.write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$8\r\nlocation\r\n").unwrap();
+            stream
+                .write_all(b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$8\r\nlocation\r\n")
+                .unwrap();
             let mut ok = [0u8; 5];
             stream.read_exact(&mut ok).unwrap();
             cases.push(Box::new(RedisGet {
@@ -298,6 +329,14 @@ fn main() {
             }));
         } else {
             println!("*** redis-server not found: the Redis GET floor is not measured ***");
+        }
+        // KVCM_BENCH_ONLY=<text>: only the cases whose name contains it (and the floor).
+        if let Ok(only) = std::env::var("KVCM_BENCH_ONLY") {
+            let mut index = 0;
+            cases.retain(|case| {
+                index += 1;
+                index == 1 || case.name().contains(&only)
+            });
         }
         let figures = measure(&mut cases, rounds);
         let floor = figures[0].0;
@@ -311,16 +350,37 @@ fn main() {
             );
         }
     }
-    write_pair(&writer, rounds);
+    if std::env::var_os("KVCM_BENCH_ONLY").is_some() {
+        return;
+    }
+    let mut next = 1_000_000i64;
+    let grpc_pair = write_pair(&writer, rounds, &mut next);
+    let name = "StartWriteCache+FinishWriteCache x16";
+    println!(
+        "  {:<44} p50 {:>8.2}  p99 {:>8.2}",
+        format!("gRPC {name}"),
+        grpc_pair.0,
+        grpc_pair.1
+    );
+    for wire in [Wire::Tcp, Wire::Shm] {
+        let messages = client(grpc_port, http_port, Some(wire));
+        let (p50, p99) = write_pair(&messages, rounds, &mut next);
+        println!(
+            "  {:<44} p50 {:>8.2}  p99 {:>8.2}  {:>5.2}x gRPC",
+            format!("RDMA messages {wire:?} {name}"),
+            p50,
+            p99,
+            p50 / grpc_pair.0
+        );
+    }
 }
 
-/// StartWriteCache + FinishWriteCache of 16 new blocks over gRPC.
-fn write_pair(writer: &Client, rounds: usize) {
+/// StartWriteCache + FinishWriteCache of 16 new blocks; (p50, p99) in µs.
+fn write_pair(writer: &Client, rounds: usize, next: &mut i64) -> (f64, f64) {
     let mut histogram = Histogram::<u64>::new(3).unwrap();
-    let mut next = 1_000_000i64;
     for _ in 0..rounds * 25 {
-        let keys: Vec<i64> = (next..next + 16).collect();
-        next += 16;
+        let keys: Vec<i64> = (*next..*next + 16).collect();
+        *next += 16;
         let begun = Instant::now();
         let started = writer
             .start_write(meta::StartWriteCacheRequest {
@@ -340,10 +400,8 @@ fn write_pair(writer: &Client, rounds: usize) {
             .unwrap();
         histogram.record(begun.elapsed().as_nanos() as u64).unwrap();
     }
-    println!(
-        "  {:<44} p50 {:>8.2}  p99 {:>8.2}  (the RDMA-message write path is not built yet)",
-        "gRPC StartWriteCache+FinishWriteCache x16",
+    (
         histogram.value_at_quantile(0.5) as f64 / 1e3,
-        histogram.value_at_quantile(0.99) as f64 / 1e3
-    );
+        histogram.value_at_quantile(0.99) as f64 / 1e3,
+    )
 }

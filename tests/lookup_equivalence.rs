@@ -26,7 +26,9 @@ fn random_keys(rng: &mut fastrand::Rng, max: usize) -> Vec<i64> {
         // A run of consecutive keys (prefixes hit), random keys, or a run with holes.
         0 => (start..start + count as i64).collect(),
         1 => (0..count).map(|_| rng.i64(0..UNIVERSE)).collect(),
-        _ => (start..start + count as i64).filter(|k| k % 7 != 3).collect(),
+        _ => (start..start + count as i64)
+            .filter(|k| k % 7 != 3)
+            .collect(),
     };
     let mut seen = std::collections::HashSet::new();
     keys.retain(|k| seen.insert(*k));
@@ -75,7 +77,11 @@ async fn grpc_answer(
     request: meta::GetCacheLocationRequest,
 ) -> Result<Vec<meta::CacheLocation>, i32> {
     let mut grpc = server.meta().await;
-    let answer = grpc.get_cache_location(request).await.expect("grpc").into_inner();
+    let answer = grpc
+        .get_cache_location(request)
+        .await
+        .expect("grpc")
+        .into_inner();
     let code = answer.header.and_then(|h| h.status).map_or(0, |s| s.code);
     if code == meta::ErrorCode::Ok as i32 {
         Ok(answer.locations)
@@ -84,11 +90,16 @@ async fn grpc_answer(
     }
 }
 
-fn fast_answer(client: &Client, request: &meta::GetCacheLocationRequest) -> Result<Vec<meta::CacheLocation>, i32> {
-    client.get_cache_location(request.clone()).map_err(|error| match error {
-        kvcm_client::ClientError::Server { code, .. } => code,
-        other => panic!("client failed: {other}"),
-    })
+fn fast_answer(
+    client: &Client,
+    request: &meta::GetCacheLocationRequest,
+) -> Result<Vec<meta::CacheLocation>, i32> {
+    client
+        .get_cache_location(request.clone())
+        .map_err(|error| match error {
+            kvcm_client::ClientError::Server { code, .. } => code,
+            other => panic!("client failed: {other}"),
+        })
 }
 
 /// One workload step.
@@ -98,12 +109,18 @@ async fn step(server: &TestServer, rng: &mut fastrand::Rng, disabled: &mut [bool
         0..=44 if writable => {
             let keys = random_keys(rng, 24);
             let groups: Vec<&str> = if rng.bool() {
-                keys.iter().map(|_| if rng.bool() { "only_tp1" } else { "" }).collect()
+                keys.iter()
+                    .map(|_| if rng.bool() { "only_tp1" } else { "" })
+                    .collect()
             } else {
                 Vec::new()
             };
             // An empty group name is not a group: use the spec group for all or none.
-            let groups: Vec<&str> = if groups.iter().any(|g| g.is_empty()) { Vec::new() } else { groups };
+            let groups: Vec<&str> = if groups.iter().any(|g| g.is_empty()) {
+                Vec::new()
+            } else {
+                groups
+            };
             let started = start(server, &keys, &groups, 30).await;
             let count = started["locations"].as_array().map_or(0, Vec::len);
             let successes = (0..count).map(|_| rng.u8(0..10) != 0).collect();
@@ -117,7 +134,10 @@ async fn step(server: &TestServer, rng: &mut fastrand::Rng, disabled: &mut [bool
         0..=79 => remove(server, &random_keys(rng, 16)).await,
         80..=81 => {
             let answer = server
-                .meta_http("trimCache", serde_json::json!({"instance_id": INSTANCE, "strategy": "TS_REMOVE_ALL_CACHE"}))
+                .meta_http(
+                    "trimCache",
+                    serde_json::json!({"instance_id": INSTANCE, "strategy": "TS_REMOVE_ALL_CACHE"}),
+                )
                 .await;
             assert_eq!(common::code(&answer), "OK", "{answer}");
         }
@@ -155,9 +175,18 @@ fn equivalence_on(wire: Wire, seed: u64) {
     }
     let metrics = client.metrics();
     eprintln!("{wire:?}: {compared} queries compared ({with_uris} with hits); fast-path metrics {metrics:?}");
-    assert!(with_uris > compared / 8, "too few answers had hits: {with_uris} of {compared}");
-    assert!(metrics.hits > compared as u64 / 2, "the fast path answered most queries: {metrics:?}");
-    assert!(client.table_epoch().is_some_and(|epoch| epoch > 1), "the table grew at least once");
+    assert!(
+        with_uris > compared / 8,
+        "too few answers had hits: {with_uris} of {compared}"
+    );
+    assert!(
+        metrics.hits > compared as u64 / 2,
+        "the fast path answered most queries: {metrics:?}"
+    );
+    assert!(
+        client.table_epoch().is_some_and(|epoch| epoch > 1),
+        "the table grew at least once"
+    );
 }
 
 #[test]

@@ -65,7 +65,9 @@ fn write_and_remove(client: &Client, stop: &AtomicBool) -> HashMap<(i64, String)
                 ..Default::default()
             };
             client.remove(request).expect("remove");
-            let open = intervals.get_mut(&(key, uri)).and_then(|list| list.last_mut());
+            let open = intervals
+                .get_mut(&(key, uri))
+                .and_then(|list| list.last_mut());
             open.expect("interval").until = Some(Instant::now());
             continue;
         }
@@ -112,7 +114,11 @@ fn read_until(client: &Client, stop: &AtomicBool) -> (Hits, usize) {
         let ended = Instant::now();
         lookups += 1;
         for (key, location) in keys.iter().zip(&locations) {
-            if let Some(spec) = location.location_specs.first().filter(|s| !s.uri.is_empty()) {
+            if let Some(spec) = location
+                .location_specs
+                .first()
+                .filter(|s| !s.uri.is_empty())
+            {
                 hits.push((*key, spec.uri.clone(), begun, ended));
             }
         }
@@ -147,7 +153,10 @@ fn torture_on(wire: Wire, writer_wire: Option<Wire>, seconds: u64) {
     let mut checked = 0;
     for reader in readers {
         let (hits, lookups, metrics) = reader.join().expect("reader");
-        eprintln!("{wire:?} reader: {lookups} lookups, {} hits, {metrics:?}", hits.len());
+        eprintln!(
+            "{wire:?} reader: {lookups} lookups, {} hits, {metrics:?}",
+            hits.len()
+        );
         assert!(metrics.hits > 0, "the reader used the fast path");
         for (key, uri, begun, ended) in hits {
             let list = intervals.get(&(key, uri.clone()));
@@ -161,7 +170,10 @@ fn torture_on(wire: Wire, writer_wire: Option<Wire>, seconds: u64) {
     }
     let writes: usize = intervals.values().map(Vec::len).sum();
     eprintln!("{wire:?}: {writes} locations written, {checked} hits checked, 0 wrong");
-    assert!(writes > 100 && checked > 100, "too little happened: {writes} writes, {checked} hits");
+    assert!(
+        writes > 100 && checked > 100,
+        "too little happened: {writes} writes, {checked} hits"
+    );
 }
 
 #[test]
@@ -183,7 +195,11 @@ fn thread_cpu(pid: u32) -> HashMap<u32, (String, u64)> {
         let tid: u32 = task.file_name().to_string_lossy().parse().expect("tid");
         let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
         let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
-        let ns = stat.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+        let ns = stat
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
         threads.insert(tid, (name.trim().to_string(), ns));
     }
     threads
@@ -246,12 +262,24 @@ fn idle_server_on(wire: Wire) {
     std::thread::sleep(busy);
     let idle = grown_by_name(&after, &thread_cpu(server.pid()));
     let grown = grown_by_name(&before, &after);
-    assert_eq!(client.metrics().fallbacks, 0, "every lookup took the fast path");
-    assert_eq!(runtime.block_on(location_counters(&server)), counters, "no request reached the server");
+    assert_eq!(
+        client.metrics().fallbacks,
+        0,
+        "every lookup took the fast path"
+    );
+    assert_eq!(
+        runtime.block_on(location_counters(&server)),
+        counters,
+        "no request reached the server"
+    );
     let mut per_lookup_threads = 0;
     for (name, ns) in &grown {
         let baseline = idle.get(name).copied().unwrap_or(0);
-        eprintln!("{wire:?}: {name}: {} µs during the lookups, {} µs idle", ns / 1000, baseline / 1000);
+        eprintln!(
+            "{wire:?}: {name}: {} µs during the lookups, {} µs idle",
+            ns / 1000,
+            baseline / 1000
+        );
         if serves_requests(name, wire) {
             per_lookup_threads += ns.saturating_sub(baseline);
         }
@@ -287,7 +315,11 @@ async fn grpc_batch_get(server: &TestServer, keys: &[i64]) -> Vec<meta::CacheLoc
         ..Default::default()
     };
     let mut grpc = server.meta().await;
-    let answer = grpc.get_cache_location(request).await.expect("grpc").into_inner();
+    let answer = grpc
+        .get_cache_location(request)
+        .await
+        .expect("grpc")
+        .into_inner();
     answer.locations
 }
 
@@ -314,15 +346,28 @@ fn a_restarted_server_is_never_answered_for_by_the_old_table() {
         server
     });
     let expected = runtime.block_on(grpc_batch_get(&server, &keys));
-    assert_eq!(expected.iter().filter(|l| !l.location_specs[0].uri.is_empty()).count(), 8);
+    assert_eq!(
+        expected
+            .iter()
+            .filter(|l| !l.location_specs[0].uri.is_empty())
+            .count(),
+        8
+    );
     for client in &clients {
-        assert_eq!(client.batch_get(&keys).expect("after"), expected, "answered as the new server");
+        assert_eq!(
+            client.batch_get(&keys).expect("after"),
+            expected,
+            "answered as the new server"
+        );
         // Once reconnected, the fast path answers for the new server.
         let reconnected = common::wait_until_blocking(Duration::from_secs(10), || {
             let answer = client.batch_get(&keys).expect("after");
             (answer == expected && client.fast_path_up()).then_some(())
         });
-        assert!(reconnected.is_some(), "the fast path reconnected to the new server");
+        assert!(
+            reconnected.is_some(),
+            "the fast path reconnected to the new server"
+        );
         assert!(client.metrics().reconnects > 0);
         assert_eq!(client.batch_get(&keys).expect("again"), expected);
     }
@@ -331,9 +376,7 @@ fn a_restarted_server_is_never_answered_for_by_the_old_table() {
 #[test]
 fn bad_bootstrap_and_queue_pair_input_is_refused_and_harms_no_one() {
     let (runtime, server) = start_server();
-    let post = |body: &[u8]| {
-        runtime.block_on(server.post_raw("http", kvcm::lookup::ROUTE, body))
-    };
+    let post = |body: &[u8]| runtime.block_on(server.post_raw("http", kvcm::lookup::ROUTE, body));
     let (status, body) = post(b"{not json");
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
     let (status, body) = post(br#"{"instance_id":"nobody"}"#);
@@ -343,10 +386,16 @@ fn bad_bootstrap_and_queue_pair_input_is_refused_and_harms_no_one() {
     let (status, body) = post(format!(r#"{{"instance_id":"{INSTANCE}"}}"#).as_bytes());
     assert_eq!(status, 200);
     let answer: kvcm::lookup::BootstrapAnswer = serde_json::from_slice(&body).expect("answer");
-    for garbage in [&b"GET / HTTP/1.1\r\n\r\n"[..], b"KVQP\x09", b"KVQP\x00\xff\xff\xff\xff"] {
+    for garbage in [
+        &b"GET / HTTP/1.1\r\n\r\n"[..],
+        b"KVQP\x09",
+        b"KVQP\x00\xff\xff\xff\xff",
+    ] {
         let mut stream = TcpStream::connect(&answer.connect).expect("connect");
         stream.write_all(garbage).expect("write");
-        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
         let mut rest = Vec::new();
         let _ = stream.read_to_end(&mut rest);
         assert!(rest.len() <= 4096, "the listener closed the connection");
@@ -409,14 +458,21 @@ fn write_path_messages_behave_as_grpc() {
                 ..Default::default()
             })
             .expect("finish by message");
-        assert_eq!(client.round_trips(), round_trips + 1, "the finish went as a message");
+        assert_eq!(
+            client.round_trips(),
+            round_trips + 1,
+            "the finish went as a message"
+        );
         let found = runtime.block_on(grpc_batch_get(&server, &keys));
         let written: Vec<&str> = started
             .locations
             .iter()
             .map(|l| l.location_specs[0].uri.as_str())
             .collect();
-        let read: Vec<&str> = found.iter().map(|l| l.location_specs[0].uri.as_str()).collect();
+        let read: Vec<&str> = found
+            .iter()
+            .map(|l| l.location_specs[0].uri.as_str())
+            .collect();
         assert_eq!(read, written, "gRPC reads what the messages wrote");
         // The session is consumed: the server's own error comes back by message too.
         let again = client.finish_write(meta::FinishWriteCacheRequest {
@@ -445,8 +501,15 @@ fn write_path_messages_behave_as_grpc() {
             })
             .expect("remove by message");
         let gone = runtime.block_on(grpc_batch_get(&server, &keys));
-        assert!(gone.iter().all(|l| l.location_specs[0].uri.is_empty()), "removed at once");
-        assert!(client.batch_get(&keys).expect("fast").iter().all(|l| l.location_specs[0].uri.is_empty()));
+        assert!(
+            gone.iter().all(|l| l.location_specs[0].uri.is_empty()),
+            "removed at once"
+        );
+        assert!(client
+            .batch_get(&keys)
+            .expect("fast")
+            .iter()
+            .all(|l| l.location_specs[0].uri.is_empty()));
     }
 }
 
@@ -455,8 +518,8 @@ fn write_path_messages_behave_as_grpc() {
 fn malformed_rdma_messages_are_answered_and_harm_no_one() {
     use kvcm_transport::soft::{SoftConfig, SoftDomain};
     use kvcm_transport::{
-        exchange_endpoints, Access, CompletionQueue, Domain, Memory, QpConfig, QueuePair,
-        RecvWr, Region, SendOp, SendWr,
+        exchange_endpoints, Access, CompletionQueue, Domain, Memory, QpConfig, QueuePair, RecvWr,
+        Region, SendOp, SendWr,
     };
     let (runtime, server) = start_server();
     let (status, body) = runtime.block_on(server.post_raw(
@@ -474,10 +537,20 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
     let remote = exchange_endpoints(&mut stream, &qp.endpoint()).expect("exchange");
     qp.connect(&remote).expect("connected");
     let memory = domain.alloc(1 << 20).expect("memory");
-    let region = domain.register(&memory, 0, 1 << 20, Access::LOCAL_WRITE).expect("region");
-    let garbage: [&[u8]; 3] = [b"\x01", b"\x07\x00\x00\x00\x01\x00\x00\x00\xff\xff", b"\x08\x00\x00\x00\x63\x00\x00\x00"];
+    let region = domain
+        .register(&memory, 0, 1 << 20, Access::LOCAL_WRITE)
+        .expect("region");
+    let garbage: [&[u8]; 3] = [
+        b"\x01",
+        b"\x07\x00\x00\x00\x01\x00\x00\x00\xff\xff",
+        b"\x08\x00\x00\x00\x63\x00\x00\x00",
+    ];
     for (i, message) in garbage.iter().enumerate() {
-        qp.post_recv(&[RecvWr { wr_id: 0, sg_list: &[region.sge(0, 1 << 18)] }]).expect("recv");
+        qp.post_recv(&[RecvWr {
+            wr_id: 0,
+            sg_list: &[region.sge(0, 1 << 18)],
+        }])
+        .expect("recv");
         memory.write(1 << 19, message).expect("write");
         qp.post_send(&[SendWr {
             wr_id: 1,

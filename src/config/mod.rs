@@ -199,6 +199,12 @@ impl ServerConfig {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("kvcm.data_dir", "must not be empty"));
         }
+        if self.lookup.bind.is_unspecified() {
+            return Err(invalid(
+                "kvcm.lookup.bind",
+                "must be an address clients can reach (it is handed to them), not 0.0.0.0 or ::",
+            ));
+        }
         self.event_log.validate()
     }
 
@@ -323,6 +329,19 @@ mod tests {
             .apply_pairs(&["service.rpc_port=1".into()])
             .unwrap_err();
         assert!(error.to_string().contains("service.rpc_port"), "{error}");
+    }
+
+    #[test]
+    fn validate_rejects_an_unspecified_lookup_bind() {
+        let mut config = ServerConfig::default();
+        config.set("kvcm.lookup.bind", "0.0.0.0").unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("kvcm.lookup.bind"), "{error}");
+        assert!(config.set("kvcm.lookup.bind", "not-an-ip").is_err());
+        config.set("kvcm.lookup.bind", "127.0.0.1").unwrap();
+        config.set("kvcm.lookup.enabled", "false").unwrap();
+        assert!(config.validate().is_ok());
+        assert!(!config.lookup.enabled);
     }
 
     #[test]

@@ -89,9 +89,7 @@ impl LookupService {
 
 /// The bootstrap route, to merge into the meta HTTP router.
 pub fn router(service: Arc<LookupService>) -> Router {
-    Router::new()
-        .route(ROUTE, post(answer))
-        .with_state(service)
+    Router::new().route(ROUTE, post(answer)).with_state(service)
 }
 
 async fn answer(
@@ -100,7 +98,10 @@ async fn answer(
     body: axum::body::Bytes,
 ) -> Response {
     let Ok(request) = serde_json::from_slice::<BootstrapRequest>(&body) else {
-        return refusal(StatusCode::BAD_REQUEST, "body must be {\"instance_id\":\"...\"}");
+        return refusal(
+            StatusCode::BAD_REQUEST,
+            "body must be {\"instance_id\":\"...\"}",
+        );
     };
     let authorization = headers
         .get(axum::http::header::AUTHORIZATION)

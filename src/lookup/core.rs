@@ -95,13 +95,17 @@ impl CoreHandle {
             max_send_wr: SEND_SLOTS,
             max_sge: 1,
         };
-        Ok(queues.domain.create_qp(&queues.send_cq, &queues.recv_cq, config)?)
+        Ok(queues
+            .domain
+            .create_qp(&queues.send_cq, &queues.recv_cq, config)?)
     }
 
     /// Hands a connected queue pair to the polling thread, its receive buffers posted.
     pub(super) fn adopt(&self, wire: usize, qp: SoftQp) -> Result<(), LookupError> {
         let queues = self.queues(wire)?;
-        let memory = queues.domain.alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
+        let memory = queues
+            .domain
+            .alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
         let region = queues
             .domain
             .register(&memory, 0, memory.len(), Access::LOCAL_WRITE)?;
@@ -175,8 +179,12 @@ pub(super) fn start(
     let (work, jobs) = crossbeam_channel::bounded::<Work>(WORK_QUEUE);
     let (answers, replies) = crossbeam_channel::unbounded::<(PeerKey, Vec<u8>)>();
     for n in 0..WORKERS {
-        let (jobs, answers, meta, doorbell) =
-            (jobs.clone(), answers.clone(), meta.clone(), doorbell.clone());
+        let (jobs, answers, meta, doorbell) = (
+            jobs.clone(),
+            answers.clone(),
+            meta.clone(),
+            doorbell.clone(),
+        );
         std::thread::Builder::new()
             .name(format!("kvcm-core-worker-{n}"))
             .spawn(move || serve(&jobs, &answers, &meta, &doorbell))
@@ -202,7 +210,12 @@ pub(super) fn start(
 }
 
 /// A manager worker: answers requests until the polling thread is gone.
-fn serve(jobs: &Receiver<Work>, answers: &Sender<(PeerKey, Vec<u8>)>, meta: &MetaHandler, doorbell: &Doorbell) {
+fn serve(
+    jobs: &Receiver<Work>,
+    answers: &Sender<(PeerKey, Vec<u8>)>,
+    meta: &MetaHandler,
+    doorbell: &Doorbell,
+) {
     for job in jobs {
         let bytes = match job.request {
             Request::StartWrite(r) => start_write(meta, job.id, job.op, r),
@@ -321,7 +334,12 @@ impl Poller {
             return;
         };
         let op = message[4];
-        match self.work.try_send(Work { peer: key, id, op, request }) {
+        match self.work.try_send(Work {
+            peer: key,
+            id,
+            op,
+            request,
+        }) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 let answer = refuse(Status::Busy);

@@ -96,15 +96,23 @@ pub fn encode_request(id: u32, request: &Request) -> Option<Vec<u8>> {
 /// The id and op of a message (what a malformed one can still be answered with).
 pub fn peek(message: &[u8]) -> Option<(u32, u8)> {
     let head = message.get(..HEADER)?;
-    Some((u32::from_le_bytes([head[0], head[1], head[2], head[3]]), head[4]))
+    Some((
+        u32::from_le_bytes([head[0], head[1], head[2], head[3]]),
+        head[4],
+    ))
 }
 
 /// The status of a reply.
 pub fn peek_status(message: &[u8]) -> Option<Status> {
     let byte = *message.get(5)?;
-    [Status::Ok, Status::TooLarge, Status::Malformed, Status::Busy]
-        .into_iter()
-        .find(|s| *s as u8 == byte)
+    [
+        Status::Ok,
+        Status::TooLarge,
+        Status::Malformed,
+        Status::Busy,
+    ]
+    .into_iter()
+    .find(|s| *s as u8 == byte)
 }
 
 /// Decodes a request; `None` when malformed.
@@ -174,9 +182,16 @@ mod tests {
         let reply = Reply::Common(meta::CommonResponse::default());
         let encoded = encode_reply(7, Op::Remove as u8, &reply);
         assert_eq!(decode_reply(&encoded, 7, Op::Remove), Some(reply));
-        assert_eq!(decode_reply(&encoded, 8, Op::Remove), None, "another request's reply");
+        assert_eq!(
+            decode_reply(&encoded, 8, Op::Remove),
+            None,
+            "another request's reply"
+        );
         let busy = encode_reply(7, Op::Remove as u8, &Reply::Refused(Status::Busy));
-        assert_eq!(decode_reply(&busy, 7, Op::Remove), Some(Reply::Refused(Status::Busy)));
+        assert_eq!(
+            decode_reply(&busy, 7, Op::Remove),
+            Some(Reply::Refused(Status::Busy))
+        );
         let huge = Request::Remove(meta::RemoveCacheRequest {
             block_keys: vec![-1; MAX_MESSAGE],
             ..Default::default()

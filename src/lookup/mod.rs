@@ -31,8 +31,8 @@ use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 use crate::service::meta::MetaHandler;
 
 pub use access::{allow_all, AccessCheck, LookupAccess};
-pub use peers::HELLO as QP_HELLO;
 pub use bootstrap::{router, BootstrapAnswer, BootstrapRequest, WireAnswer, ROUTE};
+pub use peers::HELLO as QP_HELLO;
 pub use table::{InstanceTable, TableAddress, GRACE};
 
 /// Wire indexes of the header's rkey array.

@@ -26,6 +26,10 @@ use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
 use super::LookupError;
 use crate::service::storage_type_number;
 
+/// Bytes of the header memory (one page holds the header block).
+const HEADER_MEMORY: usize = 4096;
+const _: () = assert!(HEADER_BLOCK <= HEADER_MEMORY);
+
 /// How long a replaced generation stays registered (readers that fetched the old header
 /// finish their reads, see the retired blocks and re-read the header).
 pub const GRACE: Duration = Duration::from_secs(2);
@@ -97,8 +101,8 @@ impl InstanceTable {
             .map(|s| (s.name.clone(), s.size))
             .collect();
         let anchor = &domains.first().ok_or(LookupError::NoWire)?.1;
-        let header = anchor.alloc(4096)?;
-        let header_regions = register_all(domains, &header, 4096)?;
+        let header = anchor.alloc(HEADER_MEMORY)?;
+        let header_regions = register_all(domains, &header, HEADER_MEMORY)?;
         let availability = availability(manager, instance);
         let keys = instance.index.len().unwrap_or(0);
         let current = build(manager, instance, domains, &specs, &availability, keys)?;
@@ -150,12 +154,15 @@ impl InstanceTable {
         let mut state = self.lock();
         let entries = instance.index.get(keys)?;
         for (key, entry) in keys.iter().zip(entries) {
-            let serving = entry.map_or_else(Vec::new, |e| manager.serving_locations(instance, *key, &e));
+            let serving =
+                entry.map_or_else(Vec::new, |e| manager.serving_locations(instance, *key, &e));
             let locations = published(&serving);
             match state.current.generation.publish(*key, &locations) {
                 Ok(()) => {}
                 // A rebuild reads every key's current entry, these included.
-                Err(FormatError::Full(_)) => return self.rebuild(&mut state, manager, instance, domains, 2),
+                Err(FormatError::Full(_)) => {
+                    return self.rebuild(&mut state, manager, instance, domains, 2)
+                }
                 Err(other) => return Err(other.into()),
             }
         }
@@ -193,8 +200,18 @@ impl InstanceTable {
         domains: &[(usize, SoftDomain)],
         growth: u64,
     ) -> Result<(), LookupError> {
-        let keys = instance.index.len()?.max(state.current.generation.slots_used() * growth);
-        let next = build(manager, instance, domains, &self.specs, &state.availability, keys)?;
+        let keys = instance
+            .index
+            .len()?
+            .max(state.current.generation.slots_used() * growth);
+        let next = build(
+            manager,
+            instance,
+            domains,
+            &self.specs,
+            &state.availability,
+            keys,
+        )?;
         let old = std::mem::replace(&mut state.current, next);
         state.epoch += 1;
         self.write_header(state, false)?;
@@ -227,7 +244,6 @@ impl InstanceTable {
         } else {
             seqlock::rewrite(&self.header, 0, header.to_body())?;
         }
-        debug_assert!(HEADER_BLOCK <= 4096);
         Ok(())
     }
 
@@ -280,7 +296,10 @@ fn build(
         match fill(&mut generation, manager, instance) {
             Ok(()) => {
                 let regions = register_all(domains, generation.memory(), len)?;
-                return Ok(Published { generation, regions });
+                return Ok(Published {
+                    generation,
+                    regions,
+                });
             }
             Err(LookupError::Format(FormatError::Full(_))) => keys *= 2,
             Err(other) => return Err(other),
@@ -295,7 +314,12 @@ fn layout_for(specs: usize, keys: u64, handles: usize) -> Result<Layout, LookupE
     let per_bucket = probe.geometry.slots_per_bucket as u64;
     let buckets = (2 * keys).div_ceil(per_bucket).max(MIN_BUCKETS);
     let heap = (keys as usize).saturating_mul(96 * specs).max(MIN_HEAP);
-    Ok(Layout::new(specs, buckets, (handles + 16).next_power_of_two(), heap)?)
+    Ok(Layout::new(
+        specs,
+        buckets,
+        (handles + 16).next_power_of_two(),
+        heap,
+    )?)
 }
 
 /// Publishes every key of the instance's index.

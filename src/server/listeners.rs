@@ -15,11 +15,11 @@ use tonic::transport::Server;
 use super::ServerError;
 use crate::config::ServerConfig;
 use crate::lookup::{self, LookupService};
-use std::sync::Arc;
 use crate::proto::admin::admin_service_server::AdminServiceServer;
 use crate::proto::debug::debug_service_server::DebugServiceServer;
 use crate::proto::meta::meta_service_server::MetaServiceServer;
 use crate::service::{http, Handlers};
+use std::sync::Arc;
 
 /// A started server.
 #[derive(Debug)]

@@ -69,7 +69,11 @@ pub fn client(server: &TestServer, wire: Wire) -> Client {
 
 /// Enables or disables a storage.
 pub async fn set_available(server: &TestServer, storage: &str, available: bool) {
-    let rpc = if available { "enableStorage" } else { "disableStorage" };
+    let rpc = if available {
+        "enableStorage"
+    } else {
+        "disableStorage"
+    };
     let answer = server
         .admin_http(rpc, json!({ "storage_unique_name": storage }))
         .await;
@@ -78,7 +82,8 @@ pub async fn set_available(server: &TestServer, storage: &str, available: bool) 
 
 /// StartWriteCache over HTTP; returns the answer (asserted OK).
 pub async fn start(server: &TestServer, keys: &[i64], spec_groups: &[&str], timeout: i64) -> Value {
-    let mut body = json!({"instance_id": INSTANCE, "block_keys": keys, "write_timeout_seconds": timeout});
+    let mut body =
+        json!({"instance_id": INSTANCE, "block_keys": keys, "write_timeout_seconds": timeout});
     if !spec_groups.is_empty() {
         body["location_spec_group_names"] = json!(spec_groups);
     }
@@ -102,7 +107,10 @@ pub async fn finish(server: &TestServer, session: &Value, successes: Vec<bool>) 
 /// RemoveCache over HTTP.
 pub async fn remove(server: &TestServer, keys: &[i64]) {
     let answer = server
-        .meta_http("removeCache", json!({"instance_id": INSTANCE, "block_keys": keys}))
+        .meta_http(
+            "removeCache",
+            json!({"instance_id": INSTANCE, "block_keys": keys}),
+        )
         .await;
     assert_eq!(code(&answer), "OK", "{answer}");
 }

@@ -16,12 +16,14 @@ const DEADLINE: Duration = Duration::from_secs(5);
 
 /// The bootstrap answer of the server at `http` for `instance_id`.
 pub(crate) fn fetch(http: SocketAddr, instance_id: &str) -> Result<BootstrapAnswer, FastError> {
-    let broken = |what: &str, e: std::io::Error| FastError::Broken(format!("bootstrap {what}: {e}"));
+    let broken =
+        |what: &str, e: std::io::Error| FastError::Broken(format!("bootstrap {what}: {e}"));
     let body = serde_json::to_vec(&BootstrapRequest {
         instance_id: instance_id.to_string(),
     })
     .map_err(|e| FastError::Broken(e.to_string()))?;
-    let mut stream = TcpStream::connect_timeout(&http, DEADLINE).map_err(|e| broken("connect", e))?;
+    let mut stream =
+        TcpStream::connect_timeout(&http, DEADLINE).map_err(|e| broken("connect", e))?;
     stream
         .set_read_timeout(Some(DEADLINE))
         .map_err(|e| broken("socket", e))?;
@@ -50,9 +52,14 @@ fn parse(response: &[u8]) -> Result<BootstrapAnswer, FastError> {
         .ok_or_else(|| FastError::Broken("bootstrap answer has no body".into()))?;
     let status = head.split(' ').nth(1).unwrap_or("");
     if status != "200" {
-        return Err(FastError::Broken(format!("bootstrap answered {status}: {body}")));
+        return Err(FastError::Broken(format!(
+            "bootstrap answered {status}: {body}"
+        )));
     }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         return Err(FastError::Broken("bootstrap answer is chunked".into()));
     }
     serde_json::from_str(body).map_err(|e| FastError::Broken(format!("bootstrap answer: {e}")))
@@ -74,10 +81,15 @@ mod tests {
             wires: vec![],
         };
         let body = serde_json::to_string(&answer).unwrap();
-        let ok = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        let ok = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
         assert_eq!(parse(ok.as_bytes()).unwrap(), answer);
         let missing = "HTTP/1.1 404 Not Found\r\n\r\n{\"error\":\"instance\"}";
-        assert!(matches!(parse(missing.as_bytes()), Err(FastError::Broken(m)) if m.contains("404")));
+        assert!(
+            matches!(parse(missing.as_bytes()), Err(FastError::Broken(m)) if m.contains("404"))
+        );
         assert!(parse(b"garbage").is_err());
         assert!(parse(b"HTTP/1.1 200 OK\r\n\r\n{not json").is_err());
     }

@@ -157,7 +157,10 @@ impl Client {
     }
 
     /// The fast path's answer, reconnecting it when it has been down long enough.
-    fn try_fast(&self, request: &meta::GetCacheLocationRequest) -> Option<Vec<meta::CacheLocation>> {
+    fn try_fast(
+        &self,
+        request: &meta::GetCacheLocationRequest,
+    ) -> Option<Vec<meta::CacheLocation>> {
         let mut fast = self.fast();
         if let FastState::Down(since) = *fast {
             if since.elapsed() < RECONNECT_AFTER {
@@ -220,7 +223,10 @@ impl Client {
     }
 
     /// FinishWriteCache, by message or over gRPC.
-    pub fn finish_write(&self, mut request: meta::FinishWriteCacheRequest) -> Result<(), ClientError> {
+    pub fn finish_write(
+        &self,
+        mut request: meta::FinishWriteCacheRequest,
+    ) -> Result<(), ClientError> {
         request.instance_id = self.config.instance_id.clone();
         self.common(Request::FinishWrite(request.clone()), move |mut client| {
             let request = request.clone();
@@ -241,7 +247,9 @@ impl Client {
     fn common<F, Fut>(&self, request: Request, grpc: F) -> Result<(), ClientError>
     where
         F: Fn(MetaServiceClient<Channel>) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<meta::CommonResponse>, tonic::Status>>,
+        Fut: std::future::Future<
+            Output = Result<tonic::Response<meta::CommonResponse>, tonic::Status>,
+        >,
     {
         match self.message(request) {
             Some(Ok(Reply::Common(response))) => checked(response).map(drop),

@@ -6,12 +6,12 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use kvcm::lookup::messages::MAX_MESSAGE;
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
     RecvWr, Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
-use kvcm::lookup::messages::MAX_MESSAGE;
 
 use crate::error::FastError;
 
@@ -62,7 +62,11 @@ pub(crate) enum CallError {
 
 impl Connection {
     /// Connects to the server's queue-pair listener at `connect`, speaking `wire`.
-    pub(crate) fn open(connect: SocketAddr, wire: Wire, wire_index: usize) -> Result<Self, FastError> {
+    pub(crate) fn open(
+        connect: SocketAddr,
+        wire: Wire,
+        wire_index: usize,
+    ) -> Result<Self, FastError> {
         let domain = SoftDomain::open(SoftConfig::with_wire(wire))?;
         let cq = domain.create_cq()?;
         let qp = domain.create_qp(&cq, &cq, QpConfig::default())?;
@@ -78,8 +82,12 @@ impl Connection {
         let buffer = domain.alloc(64 << 10)?;
         let region = domain.register(&buffer, 0, buffer.len(), Access::LOCAL_WRITE)?;
         let message_memory = domain.alloc(2 * MAX_MESSAGE)?;
-        let message_region =
-            domain.register(&message_memory, 0, message_memory.len(), Access::LOCAL_WRITE)?;
+        let message_region = domain.register(
+            &message_memory,
+            0,
+            message_memory.len(),
+            Access::LOCAL_WRITE,
+        )?;
         Ok(Connection {
             qp,
             cq,
@@ -95,7 +103,9 @@ impl Connection {
     pub(crate) fn call(&mut self, request: &[u8]) -> Result<Vec<u8>, CallError> {
         let (memory, region) = &self.messages;
         if request.len() > MAX_MESSAGE {
-            return Err(CallError::NotSent(FastError::AskServer("message too large")));
+            return Err(CallError::NotSent(FastError::AskServer(
+                "message too large",
+            )));
         }
         let not_sent = |e: kvcm_transport::TransportError| CallError::NotSent(e.into());
         memory.write(MAX_MESSAGE, request).map_err(not_sent)?;
@@ -124,8 +134,13 @@ impl Connection {
             let count = self.cq.poll(&mut completions);
             for completion in &completions[..count] {
                 if completion.status != WcStatus::Success {
-                    let error = FastError::Broken(format!("message failed: {:?}", completion.status));
-                    return Err(if sent { CallError::Lost(error) } else { CallError::NotSent(error) });
+                    let error =
+                        FastError::Broken(format!("message failed: {:?}", completion.status));
+                    return Err(if sent {
+                        CallError::Lost(error)
+                    } else {
+                        CallError::NotSent(error)
+                    });
                 }
                 match completion.opcode {
                     WcOpcode::Recv => reply_len = Some(completion.byte_len as usize),
@@ -133,7 +148,9 @@ impl Connection {
                 }
             }
             if count == 0 && Instant::now() > deadline {
-                return Err(CallError::Lost(FastError::Broken("no reply to a message".into())));
+                return Err(CallError::Lost(FastError::Broken(
+                    "no reply to a message".into(),
+                )));
             }
             std::hint::spin_loop();
         }
@@ -186,8 +203,14 @@ impl Connection {
         let mut completions = [BLANK; 4];
         loop {
             let count = self.cq.poll(&mut completions);
-            if let Some(failed) = completions[..count].iter().find(|c| c.status != WcStatus::Success) {
-                return Err(FastError::Broken(format!("lookup read failed: {:?}", failed.status)));
+            if let Some(failed) = completions[..count]
+                .iter()
+                .find(|c| c.status != WcStatus::Success)
+            {
+                return Err(FastError::Broken(format!(
+                    "lookup read failed: {:?}",
+                    failed.status
+                )));
             }
             if count > 0 {
                 return Ok(());

@@ -24,9 +24,9 @@ use kvcm_manager::query::{self, QueryKind};
 use kvcm_transport::soft::Wire;
 
 use crate::connection::{CallError, Connection, Read};
-use kvcm::lookup::messages::{self, Op, Reply, Request};
 use crate::error::FastError;
 use crate::metrics::Metrics;
+use kvcm::lookup::messages::{self, Op, Reply, Request};
 
 /// Attempts at a consistent copy before the server is asked instead.
 const MAX_ATTEMPTS: usize = 16;
@@ -54,10 +54,7 @@ struct Copied {
 
 impl FastPath {
     /// Bootstraps and connects over `wire`.
-    pub(crate) fn connect(
-        bootstrap: BootstrapAnswer,
-        wire: Wire,
-    ) -> Result<FastPath, FastError> {
+    pub(crate) fn connect(bootstrap: BootstrapAnswer, wire: Wire) -> Result<FastPath, FastError> {
         if bootstrap.format_version != FORMAT_VERSION {
             return Err(FastError::Broken(format!(
                 "the server writes table format {}, this client reads {FORMAT_VERSION}",
@@ -101,8 +98,9 @@ impl FastPath {
             Request::FinishWrite(_) => Op::FinishWrite,
             Request::Remove(_) => Op::Remove,
         };
-        let message = messages::encode_request(id, request)
-            .ok_or(CallError::NotSent(FastError::AskServer("request too large")))?;
+        let message = messages::encode_request(id, request).ok_or(CallError::NotSent(
+            FastError::AskServer("request too large"),
+        ))?;
         let reply = self.connection.call(&message)?;
         messages::decode_reply(&reply, id, op)
             .ok_or_else(|| CallError::Lost(FastError::Broken("a malformed reply".into())))
@@ -130,15 +128,22 @@ impl FastPath {
                 continue;
             };
             if header.server_incarnation != self.bootstrap.server_incarnation {
-                return Err(FastError::Broken("the table belongs to another server incarnation".into()));
+                return Err(FastError::Broken(
+                    "the table belongs to another server incarnation".into(),
+                ));
             }
             if header.layout_version != self.bootstrap.layout_version {
-                return Err(FastError::Broken("the instance's spec layout changed".into()));
+                return Err(FastError::Broken(
+                    "the instance's spec layout changed".into(),
+                ));
             }
             if header.epoch != self.header.epoch || self.specs.is_empty() {
                 self.templates.clear();
                 self.header = header;
-                self.specs = match self.fetch_entries(&[header.spec_list])?.remove(&header.spec_list) {
+                self.specs = match self
+                    .fetch_entries(&[header.spec_list])?
+                    .remove(&header.spec_list)
+                {
                     Some(Entry::Specs(specs)) => specs,
                     _ => return Err(FastError::Broken("the spec list entry is missing".into())),
                 };
@@ -163,8 +168,10 @@ impl FastPath {
         } else {
             return Err(ask("no keys, or token ids without a block size"));
         };
-        let kind = query_kind(request.query_type, request.sw_size).map_err(|_| ask("query type"))?;
-        let mask = mask_from_wire(request.block_mask.as_ref(), "block_mask").map_err(|_| ask("mask"))?;
+        let kind =
+            query_kind(request.query_type, request.sw_size).map_err(|_| ask("query type"))?;
+        let mask =
+            mask_from_wire(request.block_mask.as_ref(), "block_mask").map_err(|_| ask("mask"))?;
         if let QueryKind::SlidingWindow { sw_size } = kind {
             if sw_size == 0 || sw_size > keys.len() {
                 return Err(ask("sw_size"));
@@ -193,7 +200,12 @@ impl FastPath {
             QueryKind::BatchGet => chosen,
             QueryKind::SlidingWindow { sw_size } => query::sliding_window(chosen, sw_size),
         };
-        self.render(&answered, &copied.availability, &request.location_spec_names, metrics)
+        self.render(
+            &answered,
+            &copied.availability,
+            &request.location_spec_names,
+            metrics,
+        )
     }
 
     /// One consistent copy of the availability block and every key's buckets.
@@ -252,7 +264,12 @@ impl FastPath {
                 slots.push(found);
             }
             match outcome {
-                Copy::Good(()) => return Ok(Copied { availability, slots }),
+                Copy::Good(()) => {
+                    return Ok(Copied {
+                        availability,
+                        slots,
+                    })
+                }
                 Copy::Torn => metrics.retry(),
                 Copy::Retired => {
                     self.load_header()?;
@@ -346,7 +363,9 @@ impl FastPath {
         let place = |id: u32, len: usize| -> Result<Read, FastError> {
             let offset = u64::from(id) * 8;
             if id == 0 || offset + ENTRY_HEAD as u64 > heap_end {
-                return Err(FastError::Broken(format!("string id {id} is out of the heap")));
+                return Err(FastError::Broken(format!(
+                    "string id {id} is out of the heap"
+                )));
             }
             let len = (len as u64).min(heap_end - offset) as usize;
             Ok(Read {
@@ -355,7 +374,10 @@ impl FastPath {
                 len,
             })
         };
-        let reads: Vec<Read> = ids.iter().map(|&id| place(id, TEMPLATE_READ)).collect::<Result<_, _>>()?;
+        let reads: Vec<Read> = ids
+            .iter()
+            .map(|&id| place(id, TEMPLATE_READ))
+            .collect::<Result<_, _>>()?;
         let bytes = self.connection.read(&reads)?;
         let mut entries = HashMap::with_capacity(ids.len());
         let mut at = 0;
@@ -379,7 +401,9 @@ impl FastPath {
 /// be asked of the server.
 fn choose(slots: Vec<Slot>, availability: &Availability) -> Result<Option<Slot>, FastError> {
     if slots.iter().any(Slot::is_overflow) {
-        return Err(FastError::AskServer("a key has more locations than its buckets hold"));
+        return Err(FastError::AskServer(
+            "a key has more locations than its buckets hold",
+        ));
     }
     let mut chosen = None;
     let mut total = 0u32;
@@ -396,4 +420,3 @@ fn choose(slots: Vec<Slot>, availability: &Availability) -> Result<Option<Slot>,
     }
     Ok(chosen)
 }
-

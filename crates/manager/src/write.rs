@@ -263,7 +263,8 @@ impl Manager {
                     });
                     changed |= location.state != to;
                     if location.state != to
-                        && (location.state == LocationState::Serving || to == LocationState::Serving)
+                        && (location.state == LocationState::Serving
+                            || to == LocationState::Serving)
                     {
                         visible.push(key);
                     }

@@ -120,9 +120,14 @@ mod tests {
         assert!(memory.claim(1, 4096, 0).is_err());
         assert!(memory.claim(1, 8000, 200).is_err());
         assert!(memory.claim(1, usize::MAX, 2).is_err());
-        memory.claim(2, 0, 4096).expect("another domain may register the same bytes");
+        memory
+            .claim(2, 0, 4096)
+            .expect("another domain may register the same bytes");
         memory.release(1, 0);
         memory.claim(1, 100, 100).unwrap();
-        assert!(memory.claim(2, 100, 100).is_err(), "domain 2 still holds its range");
+        assert!(
+            memory.claim(2, 100, 100).is_err(),
+            "domain 2 still holds its range"
+        );
     }
 }

@@ -6,7 +6,7 @@ use super::domain::DomainInner;
 use super::endpoint::{host_id, SoftEndpoint};
 use super::frame;
 use super::nic::SharedLink;
-use super::queue_pair::{PostedRecv, PostedSend, QpShared};
+use super::queue_pair::{PostedRecv, PostedSend, QpShared, SgList};
 use super::shm::{self, Ring, ShmAddress, ShmPeer};
 use super::Wire;
 use crate::api::{validate_recv_batch, validate_send_batch};
@@ -172,7 +172,7 @@ impl QueuePair for SoftQp {
         let posted = wrs.iter().map(|wr| PostedSend {
             wr_id: wr.wr_id,
             op: wr.op,
-            sg_list: wr.sg_list.to_vec(),
+            sg_list: SgList::from_slice(wr.sg_list),
             signaled: wr.signaled,
         });
         if let Some(peer) = self.shared.shm_peer.get() {
@@ -204,7 +204,7 @@ impl QueuePair for SoftQp {
             }
             rq.extend(wrs.iter().map(|wr| PostedRecv {
                 wr_id: wr.wr_id,
-                sg_list: wr.sg_list.to_vec(),
+                sg_list: SgList::from_slice(wr.sg_list),
             }));
         }
         self.after_post(true);

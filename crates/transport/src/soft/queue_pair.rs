@@ -12,12 +12,40 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
+/// A work request's scatter list, owned; one element (the common case) needs no heap
+/// allocation.
+#[derive(Clone, Debug)]
+pub(crate) enum SgList {
+    One(Sge),
+    Many(Vec<Sge>),
+}
+
+impl SgList {
+    pub(crate) fn from_slice(sg_list: &[Sge]) -> SgList {
+        match sg_list {
+            [one] => SgList::One(*one),
+            many => SgList::Many(many.to_vec()),
+        }
+    }
+}
+
+impl std::ops::Deref for SgList {
+    type Target = [Sge];
+
+    fn deref(&self) -> &[Sge] {
+        match self {
+            SgList::One(sge) => std::slice::from_ref(sge),
+            SgList::Many(sges) => sges,
+        }
+    }
+}
+
 /// A send work request accepted by `post_send`, owned.
 #[derive(Clone, Debug)]
 pub(crate) struct PostedSend {
     pub wr_id: u64,
     pub op: SendOp,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     pub signaled: bool,
 }
 
@@ -25,7 +53,7 @@ pub(crate) struct PostedSend {
 #[derive(Clone, Debug)]
 pub(crate) struct PostedRecv {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// State of one queue pair.

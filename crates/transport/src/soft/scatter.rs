@@ -20,17 +20,28 @@ pub(crate) fn resolve(
     sg_list: &[Sge],
     need: Access,
 ) -> Result<Vec<Piece>, WcStatus> {
-    sg_list
-        .iter()
-        .map(|sge| {
-            let target = registry.resolve(sge.lkey, sge.addr, u64::from(sge.len), need);
-            let target = target.ok_or(WcStatus::LocalProtectionError)?;
-            Ok(Piece {
-                target,
-                len: sge.len as usize,
-            })
-        })
-        .collect()
+    let mut pieces = Vec::with_capacity(sg_list.len());
+    resolve_into(registry, sg_list, need, &mut pieces)?;
+    Ok(pieces)
+}
+
+/// [`resolve`] into `pieces` (cleared first), so that a loop reuses one allocation.
+pub(crate) fn resolve_into(
+    registry: &Registry,
+    sg_list: &[Sge],
+    need: Access,
+    pieces: &mut Vec<Piece>,
+) -> Result<(), WcStatus> {
+    pieces.clear();
+    for sge in sg_list {
+        let target = registry.resolve(sge.lkey, sge.addr, u64::from(sge.len), need);
+        let target = target.ok_or(WcStatus::LocalProtectionError)?;
+        pieces.push(Piece {
+            target,
+            len: sge.len as usize,
+        });
+    }
+    Ok(())
 }
 
 /// Total bytes of resolved pieces.

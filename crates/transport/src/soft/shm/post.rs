@@ -96,10 +96,12 @@ fn drain(
     // dies while the batch runs is read as it was when it died, a moment inside the batch.
     let gone = peer.gone();
     let mut memo = Memo::default();
+    let mut pieces = Vec::new();
     while let Some(send) = queue.front() {
-        let outcome = match scatter::resolve(registry, &send.sg_list, local_need(&send.op)) {
+        let resolved = scatter::resolve_into(registry, &send.sg_list, local_need(&send.op), &mut pieces);
+        let outcome = match resolved {
             _ if gone => Outcome::Done(WcStatus::RetryExceeded, 0),
-            Ok(pieces) => execute(peer, &mut memo, &send.op, &pieces),
+            Ok(()) => execute(peer, &mut memo, &send.op, &pieces),
             Err(status) => Outcome::Done(status, 0),
         };
         let (status, byte_len) = match outcome {
@@ -133,7 +135,13 @@ fn execute(peer: &ShmPeer, memo: &mut Memo, op: &SendOp, pieces: &[Piece]) -> Ou
     };
     let status = match *op {
         SendOp::Read(remote) => {
-            match peer.resolve(memo, remote.rkey, remote.addr, len as u64, Access::REMOTE_READ) {
+            match peer.resolve(
+                memo,
+                remote.rkey,
+                remote.addr,
+                len as u64,
+                Access::REMOTE_READ,
+            ) {
                 Some(source) => {
                     scatter::scatter_from_memory(pieces, &source);
                     WcStatus::Success
