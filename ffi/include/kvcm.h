@@ -17,7 +17,7 @@
  *   kvcm_client*     kvcm_client_free
  *   kvcm_locations*  kvcm_locations_free
  *   char*            kvcm_string_free   (error messages)
- * Strings and arrays read from a kvcm_locations (kvcm_str, kvcm_locations_view) are borrowed
+ * Strings and arrays read from a kvcm_locations (kvcm_str, kvcm_flat_view) are borrowed
  * from it: they stay valid and unchanged until kvcm_locations_free on that result, and must
  * not be freed or written. Borrowed strings are UTF-8, `len` bytes, NOT NUL-terminated
  * (print them with "%.*s", (int)s.len, s.ptr).
@@ -80,7 +80,7 @@ typedef struct kvcm_str {
  * Spec s has its name at string 2s and its URI at string 2s+1, where string k is the bytes
  * strings[string_offsets[k]] .. strings[string_offsets[k+1]-1].
  */
-typedef struct kvcm_locations_view {
+typedef struct kvcm_flat_view {
     size_t count;                  /* locations */
     const int32_t *types;          /* count entries */
     const int32_t *spec_sizes;     /* count entries */
@@ -89,7 +89,7 @@ typedef struct kvcm_locations_view {
     const size_t *string_offsets;  /* 2 * spec_total + 1 entries */
     const char *strings;           /* every name and URI back to back, no terminators */
     size_t strings_len;            /* bytes in strings */
-} kvcm_locations_view;
+} kvcm_flat_view;
 
 /* The fast path's counters (a snapshot). */
 typedef struct kvcm_fast_path_metrics {
@@ -154,8 +154,8 @@ int32_t kvcm_location_get(const kvcm_locations *locations, size_t index, int32_t
 int32_t kvcm_location_spec(const kvcm_locations *locations, size_t index, size_t spec,
                            kvcm_str *name_out, kvcm_str *uri_out);
 
-/* The whole result as flat arrays (see kvcm_locations_view), borrowed from it. */
-int32_t kvcm_locations_view(const kvcm_locations *locations, kvcm_locations_view *view_out);
+/* The whole result as flat arrays (see kvcm_flat_view), borrowed from it. */
+int32_t kvcm_locations_view(const kvcm_locations *locations, kvcm_flat_view *view_out);
 
 /* Frees a result (NULL: no-op); every string and array borrowed from it becomes invalid. */
 void kvcm_locations_free(kvcm_locations *locations);

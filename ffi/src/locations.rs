@@ -35,7 +35,8 @@ pub struct KvcmStr {
     pub len: usize,
 }
 
-/// The whole result at once (see the module doc for the layout); borrowed from it.
+/// The whole result at once (`kvcm_flat_view` in C; the layout is in the module doc),
+/// borrowed from it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct LocationsView {
