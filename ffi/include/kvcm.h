@@ -19,8 +19,8 @@
  *   char*            kvcm_string_free   (error messages)
  * Strings and arrays read from a kvcm_locations (kvcm_str, kvcm_flat_view) are borrowed
  * from it: they stay valid and unchanged until kvcm_locations_free on that result, and must
- * not be freed or written. Borrowed strings are UTF-8, `len` bytes, NOT NUL-terminated
- * (print them with "%.*s", (int)s.len, s.ptr).
+ * not be freed or written. Borrowed strings are UTF-8, `len` bytes, followed by a NUL byte (so
+ * s.ptr is also a C string, unless the server put a NUL inside it; `len` is authoritative).
  * On failure every output pointer a call hands out (*client_out, *out) is set to NULL.
  *
  * Inputs. NULL pointers and invalid UTF-8 are reported as KVCM_E_NULL_ARGUMENT and
@@ -68,7 +68,7 @@ typedef struct kvcm_client kvcm_client;
 /* The answer of one lookup (opaque; read it with the accessors below). */
 typedef struct kvcm_locations kvcm_locations;
 
-/* A string borrowed from a kvcm_locations: `len` bytes of UTF-8, not NUL-terminated. */
+/* A string borrowed from a kvcm_locations: `len` bytes of UTF-8, then a NUL byte. */
 typedef struct kvcm_str {
     const char *ptr;
     size_t len;
@@ -77,8 +77,9 @@ typedef struct kvcm_str {
 /*
  * A whole result as flat arrays, borrowed from it (for bindings that decode in one pass).
  * Location i has types[i], spec_sizes[i] and the specs spec_starts[i] .. spec_starts[i+1]-1.
- * Spec s has its name at string 2s and its URI at string 2s+1, where string k is the bytes
- * strings[string_offsets[k]] .. strings[string_offsets[k+1]-1].
+ * Spec s has its name at string 2s and its URI at string 2s+1. String k starts at
+ * strings + string_offsets[k] and is string_offsets[k+1] - string_offsets[k] - 1 bytes long;
+ * a NUL byte follows each string, so strings_len counts 2 * spec_total NULs.
  */
 typedef struct kvcm_flat_view {
     size_t count;                  /* locations */
@@ -87,8 +88,8 @@ typedef struct kvcm_flat_view {
     const size_t *spec_starts;     /* count + 1 entries */
     size_t spec_total;             /* specs over all locations */
     const size_t *string_offsets;  /* 2 * spec_total + 1 entries */
-    const char *strings;           /* every name and URI back to back, no terminators */
-    size_t strings_len;            /* bytes in strings */
+    const char *strings;           /* every name and URI back to back, each NUL-terminated */
+    size_t strings_len;            /* bytes in strings, the NULs included */
 } kvcm_flat_view;
 
 /* The fast path's counters (a snapshot). */

@@ -3,10 +3,12 @@
 //!
 //! Layout: per location its type and spec size; `spec_starts` (count + 1 entries) says
 //! which specs are location i's (`spec_starts[i]..spec_starts[i + 1]`); every spec has two
-//! strings, its name then its URI, stored back to back in `strings` and delimited by
-//! `string_offsets` (2 × specs + 1 entries). Invariants: the offsets are non-decreasing and
-//! end at the lengths of the arrays they index; the result is never changed after it is
-//! built, so borrowed pointers stay valid until [`kvcm_locations_free`].
+//! strings, its name then its URI, stored back to back in `strings`, each followed by a NUL
+//! byte (so C may also use it as a C string, and a binding may split the whole heap at the
+//! NULs in one call), and delimited by `string_offsets` (2 × specs + 1 entries): string k
+//! starts at `string_offsets[k]` and its NUL is at `string_offsets[k + 1] - 1`. Invariants:
+//! the offsets increase and the last is the heap's length; the result is never changed after
+//! it is built, so borrowed pointers stay valid until [`kvcm_locations_free`].
 
 use std::ffi::c_char;
 
@@ -25,7 +27,7 @@ pub struct Locations {
     strings: Vec<u8>,
 }
 
-/// A borrowed string of a result: `len` bytes of UTF-8 at `ptr`, not NUL-terminated.
+/// A borrowed string of a result: `len` bytes of UTF-8 at `ptr`, then a NUL byte.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct KvcmStr {
@@ -50,12 +52,12 @@ pub struct LocationsView {
     pub spec_starts: *const usize,
     /// Number of specs over all locations.
     pub spec_total: usize,
-    /// String k: `strings[string_offsets[k]..string_offsets[k + 1]]`; spec s has its name at
-    /// k = 2s and its URI at k = 2s + 1 (`2 * spec_total + 1` entries).
+    /// String k: `strings[string_offsets[k]..string_offsets[k + 1] - 1]`, then a NUL; spec s
+    /// has its name at k = 2s and its URI at k = 2s + 1 (`2 * spec_total + 1` entries).
     pub string_offsets: *const usize,
-    /// Every name and URI, back to back (UTF-8, no terminators).
+    /// Every name and URI, back to back (UTF-8, each followed by a NUL).
     pub strings: *const c_char,
-    /// Length of `strings` in bytes.
+    /// Length of `strings` in bytes, the NULs included.
     pub strings_len: usize,
 }
 
@@ -86,6 +88,7 @@ impl Locations {
 
     fn push_string(&mut self, text: &str) {
         self.strings.extend_from_slice(text.as_bytes());
+        self.strings.push(0);
         self.string_offsets.push(self.strings.len());
     }
 
@@ -122,7 +125,7 @@ impl Locations {
 
     /// String `k` (see the module doc).
     fn string(&self, k: usize) -> KvcmStr {
-        let range = self.string_offsets[k]..self.string_offsets[k + 1];
+        let range = self.string_offsets[k]..self.string_offsets[k + 1] - 1;
         KvcmStr {
             ptr: self.strings[range.clone()].as_ptr().cast(),
             len: range.len(),
@@ -317,6 +320,8 @@ mod tests {
         assert_eq!((t, size, specs), (3, 2, 2));
         let (name, uri) = l.spec(1, 1).unwrap();
         assert_eq!((text(name), text(uri)), ("tp1".into(), "é".into()));
+        // SAFETY: the byte after a borrowed string is its NUL, inside the heap.
+        assert_eq!(unsafe { *uri.ptr.add(uri.len) }, 0);
         let (name, uri) = l.spec(0, 0).unwrap();
         assert_eq!((text(name), text(uri)), ("tp0".into(), "file://a".into()));
     }
@@ -329,6 +334,7 @@ mod tests {
         assert_eq!(l.spec_starts, [0, 1, 3]);
         assert_eq!(l.string_offsets.len(), 7);
         assert_eq!(*l.string_offsets.last().unwrap(), view.strings_len);
+        assert_eq!(l.strings, b"tp0\0file://a\0tp0\0file://b\0tp1\0\xc3\xa9\0");
     }
 
     #[test]

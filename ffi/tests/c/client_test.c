@@ -42,8 +42,9 @@ static kvcm_client *open_client(const char *grpc, const char *http, const char *
     return client;
 }
 
+/* Whether `a` is the string of the view that starts at `start` and whose NUL is at end - 1. */
 static int same(kvcm_str a, const char *base, size_t start, size_t end) {
-    return a.len == end - start && memcmp(a.ptr, base + start, a.len) == 0;
+    return a.ptr == base + start && a.len == end - start - 1 && a.ptr[a.len] == '\0';
 }
 
 /* Prints every spec through the accessors, and checks the view says the same. */
