@@ -9,7 +9,7 @@ use std::ffi::c_char;
 use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
 
 use crate::args;
-use crate::error::{guard, FfiError};
+use crate::error::{guard, shielded, FfiError, KVCM_E_NULL_ARGUMENT, KVCM_E_PANIC};
 use crate::locations::Locations;
 
 /// `wire` value: no fast path, every lookup over gRPC.
@@ -117,7 +117,7 @@ pub unsafe extern "C" fn kvcm_client_free(client: *mut Client) {
         return;
     }
     // SAFETY: the caller hands back a client from `Box::into_raw`, once, unused elsewhere.
-    drop(unsafe { Box::from_raw(client) });
+    shielded((), || drop(unsafe { Box::from_raw(client) }));
 }
 
 /// Which lookup to run.
@@ -240,10 +240,10 @@ pub unsafe extern "C" fn kvcm_client_metrics(
 #[no_mangle]
 pub unsafe extern "C" fn kvcm_client_fast_path_up(client: *const Client) -> i32 {
     // SAFETY: the caller promises a live client or NULL.
-    match unsafe { client.as_ref() } {
+    shielded(KVCM_E_PANIC, || match unsafe { client.as_ref() } {
         Some(client) => i32::from(client.fast_path_up()),
-        None => crate::error::KVCM_E_NULL_ARGUMENT,
-    }
+        None => KVCM_E_NULL_ARGUMENT,
+    })
 }
 
 #[cfg(test)]

@@ -99,6 +99,11 @@ pub unsafe fn guard(
     code
 }
 
+/// Runs `body` of an entry point without a status code, `fallback` if it panics.
+pub fn shielded<T>(fallback: T, body: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or(fallback)
+}
+
 /// The text of a panic payload.
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(text) = payload.downcast_ref::<&str>() {
@@ -129,7 +134,7 @@ pub unsafe extern "C" fn kvcm_string_free(text: *mut c_char) {
         return;
     }
     // SAFETY: the caller hands back a string from `c_string` (CString::into_raw), once.
-    drop(unsafe { CString::from_raw(text) });
+    shielded((), || drop(unsafe { CString::from_raw(text) }));
 }
 
 #[cfg(test)]
@@ -200,6 +205,12 @@ mod tests {
         assert_eq!(code, KVCM_E_INVALID_UTF8);
         // SAFETY: NULL is a no-op.
         unsafe { kvcm_string_free(std::ptr::null_mut()) };
+    }
+
+    #[test]
+    fn shielded_keeps_panics_inside() {
+        assert_eq!(shielded(-5, || panic!("in a drop")), -5);
+        assert_eq!(shielded(-5, || 3), 3);
     }
 
     #[test]

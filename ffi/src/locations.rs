@@ -15,7 +15,7 @@ use std::ffi::c_char;
 use kvcm::proto::meta::CacheLocation;
 
 use crate::args;
-use crate::error::{guard, FfiError};
+use crate::error::{guard, shielded, FfiError};
 
 /// The locations one lookup answered (opaque to C as `kvcm_locations`).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -182,7 +182,8 @@ unsafe fn access(
 #[no_mangle]
 pub unsafe extern "C" fn kvcm_locations_count(locations: *const Locations) -> usize {
     // SAFETY: the caller promises a live result or NULL.
-    unsafe { locations.as_ref() }.map_or(0, Locations::len)
+    let locations = unsafe { locations.as_ref() };
+    shielded(0, || locations.map_or(0, Locations::len))
 }
 
 /// The type and spec size of location `index`, and its number of specs; any output may be
@@ -268,7 +269,7 @@ pub unsafe extern "C" fn kvcm_locations_free(locations: *mut Locations) {
         return;
     }
     // SAFETY: the caller hands back a result from `Box::into_raw`, once.
-    drop(unsafe { Box::from_raw(locations) });
+    shielded((), || drop(unsafe { Box::from_raw(locations) }));
 }
 
 #[cfg(test)]

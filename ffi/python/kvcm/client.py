@@ -156,11 +156,14 @@ class Client:
             raise ValueError("kvcm client is closed")
         return LIB.kvcm_client_fast_path_up(self._handle) == 1
 
+    # Held by the class, so that __del__ still finds it while the interpreter shuts down.
+    _free = LIB.kvcm_client_free
+
     def close(self):
         """Frees the client (idempotent)."""
         handle, self._handle = self._handle, None
         if handle is not None:
-            LIB.kvcm_client_free(handle)
+            self._free(handle)
 
     def __enter__(self):
         return self
