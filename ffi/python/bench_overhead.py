@@ -9,7 +9,10 @@ Compared, interleaved in rounds so that drift hits all alike (median of the roun
   array('q') kvcm.Client.prefix_match on an array('q');
   list       kvcm.Client.prefix_match on a list of ints (converted per call).
 The differences include the network's noise, so the Python work alone is also timed on a
-held result with no server call: key conversion plus decoding 16 locations.
+held result with no server call: key conversion plus decoding 16 locations. A fourth input,
+c-direct+wait, makes the bare C call and then busy-waits as long as that Python work takes:
+what the transport itself charges a caller that is not back at once (polling threads that
+back off), which is not Python's cost.
 """
 
 import ctypes
@@ -51,6 +54,19 @@ def direct(client, packed):
     return call
 
 
+def waiting(call, seconds):
+    """`call`, then a busy wait of `seconds` (the caller's think time)."""
+    clock = time.perf_counter
+
+    def wait_after():
+        call()
+        end = clock() + seconds
+        while clock() < end:
+            pass
+
+    return wait_after
+
+
 def held_result(client, packed):
     """A result kept alive, to time decoding without a server call."""
     out, message = c_void_p(), c_void_p()
@@ -64,15 +80,6 @@ def report(wire, keys):
     packed = array("q", keys)
     with kvcm.Client(os.environ["KVCM_TEST_GRPC"], os.environ["KVCM_TEST_HTTP"], os.environ["KVCM_TEST_INSTANCE"], wire=wire) as client:
         assert len(client.prefix_match(packed)) == 16, "16 written keys must match"
-        cases = {
-            "c-direct": direct(client, packed),
-            "array('q')": lambda: client.prefix_match(packed),
-            "list": lambda: client.prefix_match(keys),
-        }
-        rounds = {name: [] for name in cases}
-        for _ in range(ROUNDS):
-            for name, function in cases.items():
-                rounds[name].append(per_call_us(function, CALLS))
         result = held_result(client, packed)
         try:
             decode = per_call_us(lambda: client_module._decode(result), 20000)
@@ -80,12 +87,22 @@ def report(wire, keys):
             LIB.kvcm_locations_free(result)
         convert_array = per_call_us(lambda: _keys.pointer(packed), 20000)
         convert_list = per_call_us(lambda: _keys.pointer(keys), 20000)
+        cases = {
+            "c-direct": direct(client, packed),
+            "c-direct+wait": waiting(direct(client, packed), (decode + convert_array) / 1e6),
+            "array('q')": lambda: client.prefix_match(packed),
+            "list": lambda: client.prefix_match(keys),
+        }
+        rounds = {name: [] for name in cases}
+        for _ in range(ROUNDS):
+            for name, function in cases.items():
+                rounds[name].append(per_call_us(function, CALLS))
         print(f"wire {wire}: fast path up {client.fast_path_up}, {client.metrics()}")
     floor = statistics.median(rounds["c-direct"])
-    print(f"  {'input':<11} {'µs/call':>8} {'added vs c-direct':>18}")
+    print(f"  {'input':<14} {'µs/call':>8} {'added vs c-direct':>18}")
     for name, values in rounds.items():
         median = statistics.median(values)
-        print(f"  {name:<11} {median:8.2f} {median - floor:+18.2f}")
+        print(f"  {name:<14} {median:8.2f} {median - floor:+18.2f}")
     print(f"  Python work alone: decode 16 locations {decode:.2f} µs; keys to pointer: array('q') {convert_array:.2f} µs, list {convert_list:.2f} µs")
 
 
