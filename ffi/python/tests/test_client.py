@@ -82,6 +82,20 @@ class Lookups(unittest.TestCase):
             with self.subTest(form=form):
                 self.assertEqual(lines(self.client.prefix_match(value)), self.prefix)
 
+    def test_buffers_are_not_copied(self):
+        packed = array("q", self.prefix_keys)
+        self.assertEqual(kvcm._keys.pointer(packed)[:2], packed.buffer_info())
+        raw = packed.tobytes()
+        self.assertIs(kvcm._keys.pointer(raw)[0], raw)
+        raw_address = ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value
+        self.assertEqual(kvcm._keys.pointer(memoryview(raw).cast("q"))[0], raw_address)
+        writable = bytearray(raw)
+        writable_address = ctypes.addressof((ctypes.c_char * len(writable)).from_buffer(writable))
+        self.assertEqual(kvcm._keys.pointer(writable)[0], writable_address)
+        if numpy is not None:
+            values = numpy.array(self.prefix_keys, dtype=numpy.int64)
+            self.assertEqual(kvcm._keys.pointer(values)[0], values.ctypes.data)
+
     @unittest.skipIf(numpy is None, "numpy is not installed")
     def test_numpy_arrays(self):
         values = numpy.array(self.prefix_keys, dtype=numpy.int64)
