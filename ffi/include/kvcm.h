@@ -1,0 +1,171 @@
+/*
+ * kvcm.h: the C ABI of the kvcm client (crate kvcm-ffi, library libkvcm_ffi).
+ *
+ * Build: cargo build --release -p kvcm-ffi   (target/release/libkvcm_ffi.so and .a)
+ *
+ * Status codes. Every fallible call returns an int32_t: KVCM_OK (0) on success, a negative
+ * KVCM_E_* for an error found in the library, or, when the server answered an error, the
+ * server's wire ErrorCode (a positive number > 1, e.g. 8 = INSTANCE_NOT_EXIST, 5 =
+ * INVALID_ARGUMENT; see proto/meta_service.proto).
+ *
+ * Error messages. Calls that take `char** error_message` accept NULL there. When it is not
+ * NULL, *error_message is set on every return: NULL on success, else a NUL-terminated UTF-8
+ * message owned by the caller, to be freed with kvcm_string_free.
+ *
+ * Ownership. The library hands out three kinds of objects, each freed by the caller exactly
+ * once with its own function (all accept NULL as a no-op):
+ *   kvcm_client*     kvcm_client_free
+ *   kvcm_locations*  kvcm_locations_free
+ *   char*            kvcm_string_free   (error messages)
+ * Strings and arrays read from a kvcm_locations (kvcm_str, kvcm_flat_view) are borrowed
+ * from it: they stay valid and unchanged until kvcm_locations_free on that result, and must
+ * not be freed or written. Borrowed strings are UTF-8, `len` bytes, followed by a NUL byte (so
+ * s.ptr is also a C string, unless the server put a NUL inside it; `len` is authoritative).
+ * On failure every output pointer a call hands out (*client_out, *out) is set to NULL.
+ *
+ * Inputs. NULL pointers and invalid UTF-8 are reported as KVCM_E_NULL_ARGUMENT and
+ * KVCM_E_INVALID_UTF8, never undefined behaviour; `keys` may be NULL only when `count` is 0
+ * and must be aligned to 8 bytes. No call aborts the process: an internal panic is caught and
+ * returned as KVCM_E_PANIC.
+ *
+ * Thread safety. A kvcm_client may be shared by any number of threads; its calls serialise on
+ * one connection, so give each thread its own client for parallel lookups. Results are
+ * independent of the client and of each other: a result may be read from any thread, and may
+ * outlive the client. Do not free a client while a call on it is in flight.
+ *
+ * Blocking. Lookups block the calling thread until answered (one round trip on the fast path,
+ * else a gRPC call). A Rust caller must not call them from a tokio runtime thread (the gRPC
+ * fallback runs its own runtime); it would get KVCM_E_PANIC.
+ */
+#ifndef KVCM_H
+#define KVCM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes (besides the server's positive wire codes). */
+#define KVCM_OK 0
+#define KVCM_E_NULL_ARGUMENT (-1)     /* a required pointer was NULL */
+#define KVCM_E_INVALID_UTF8 (-2)      /* a string argument is not UTF-8 */
+#define KVCM_E_INVALID_ARGUMENT (-3)  /* bad address, unknown wire, empty instance id, misaligned keys */
+#define KVCM_E_UNREACHABLE (-4)       /* no server could be reached */
+#define KVCM_E_PANIC (-5)             /* internal error, caught; the library stays usable */
+#define KVCM_E_OUT_OF_RANGE (-6)      /* an index past the end of a result */
+#define KVCM_E_BAD_ANSWER (-7)        /* the server answered an error without a usable code */
+
+/* Wires of the fast path (kvcm_client_connect's `wire`). */
+#define KVCM_WIRE_NONE 0      /* no fast path: every lookup over gRPC */
+#define KVCM_WIRE_SOFT_TCP 1  /* one-sided READs over soft-TCP (works across hosts) */
+#define KVCM_WIRE_SOFT_SHM 2  /* one-sided READs over shared memory (server's host only) */
+
+/* A connected client (opaque). */
+typedef struct kvcm_client kvcm_client;
+
+/* The answer of one lookup (opaque; read it with the accessors below). */
+typedef struct kvcm_locations kvcm_locations;
+
+/* A string borrowed from a kvcm_locations: `len` bytes of UTF-8, then a NUL byte. */
+typedef struct kvcm_str {
+    const char *ptr;
+    size_t len;
+} kvcm_str;
+
+/*
+ * A whole result as flat arrays, borrowed from it (for bindings that decode in one pass).
+ * Location i has types[i], spec_sizes[i] and the specs spec_starts[i] .. spec_starts[i+1]-1.
+ * Spec s has its name at string 2s and its URI at string 2s+1. String k starts at
+ * strings + string_offsets[k] and is string_offsets[k+1] - string_offsets[k] - 1 bytes long;
+ * a NUL byte follows each string, so strings_len counts 2 * spec_total NULs.
+ */
+typedef struct kvcm_flat_view {
+    size_t count;                  /* locations */
+    const int32_t *types;          /* count entries */
+    const int32_t *spec_sizes;     /* count entries */
+    const size_t *spec_starts;     /* count + 1 entries */
+    size_t spec_total;             /* specs over all locations */
+    const size_t *string_offsets;  /* 2 * spec_total + 1 entries */
+    const char *strings;           /* every name and URI back to back, each NUL-terminated */
+    size_t strings_len;            /* bytes in strings, the NULs included */
+} kvcm_flat_view;
+
+/* The fast path's counters (a snapshot). */
+typedef struct kvcm_fast_path_metrics {
+    uint64_t hits;               /* lookups the fast path answered */
+    uint64_t fallbacks;          /* lookups answered by gRPC instead */
+    uint64_t retries;            /* copies read again (torn buckets, retired generations) */
+    uint64_t extra_round_trips;  /* round trips beyond the first */
+    uint64_t reconnects;         /* fast-path connections made after the first */
+} kvcm_fast_path_metrics;
+
+/* Version of this ABI (1). */
+uint32_t kvcm_abi_version(void);
+
+/*
+ * Connects a client for `instance_id`.
+ * grpc: the gRPC endpoint, "http://host:port" or "host:port"; http: the server's meta HTTP
+ * address "ip:port" (used to bootstrap the fast path). Both may be comma-separated lists of
+ * the same length for failover (tried in order).
+ * wire: KVCM_WIRE_NONE, KVCM_WIRE_SOFT_TCP or KVCM_WIRE_SOFT_SHM.
+ * Does not fail when the servers are down (lookups then return KVCM_E_UNREACHABLE); when the
+ * fast path cannot be set up, lookups use gRPC and the client retries the fast path later.
+ * On success *client_out is a new client (free it with kvcm_client_free).
+ */
+int32_t kvcm_client_connect(const char *grpc, const char *http, const char *instance_id,
+                            int32_t wire, kvcm_client **client_out, char **error_message);
+
+/* Frees a client (NULL: no-op). No call on it may be in flight. */
+void kvcm_client_free(kvcm_client *client);
+
+/*
+ * Lookups over `count` block keys. On success *out is a new result (free it with
+ * kvcm_locations_free); an unknown instance gives the server's code 8 (INSTANCE_NOT_EXIST).
+ */
+int32_t kvcm_prefix_match(const kvcm_client *client, const int64_t *keys, size_t count,
+                          kvcm_locations **out, char **error_message);
+int32_t kvcm_batch_get(const kvcm_client *client, const int64_t *keys, size_t count,
+                       kvcm_locations **out, char **error_message);
+/* Reverse rolling sliding-window match with a window of `sw_size` blocks. */
+int32_t kvcm_sliding_window(const kvcm_client *client, const int64_t *keys, size_t count,
+                            int32_t sw_size, kvcm_locations **out, char **error_message);
+
+/* Copies the fast-path counters into *out. KVCM_E_NULL_ARGUMENT for a NULL argument. */
+int32_t kvcm_client_metrics(const kvcm_client *client, kvcm_fast_path_metrics *out);
+
+/* 1 when lookups currently use the fast path, 0 when not, KVCM_E_NULL_ARGUMENT for NULL. */
+int32_t kvcm_client_fast_path_up(const kvcm_client *client);
+
+/* Number of locations in a result (0 for NULL). */
+size_t kvcm_locations_count(const kvcm_locations *locations);
+
+/*
+ * Type, spec size and number of specs of location `index` (each output may be NULL).
+ * KVCM_E_OUT_OF_RANGE when index >= count, KVCM_E_NULL_ARGUMENT for a NULL result.
+ */
+int32_t kvcm_location_get(const kvcm_locations *locations, size_t index, int32_t *type_out,
+                          int32_t *spec_size_out, size_t *spec_count_out);
+
+/*
+ * Name and URI of spec `spec` of location `index`, borrowed from the result (both outputs
+ * required). KVCM_E_OUT_OF_RANGE for a bad index; nothing is written on failure.
+ */
+int32_t kvcm_location_spec(const kvcm_locations *locations, size_t index, size_t spec,
+                           kvcm_str *name_out, kvcm_str *uri_out);
+
+/* The whole result as flat arrays (see kvcm_flat_view), borrowed from it. */
+int32_t kvcm_locations_view(const kvcm_locations *locations, kvcm_flat_view *view_out);
+
+/* Frees a result (NULL: no-op); every string and array borrowed from it becomes invalid. */
+void kvcm_locations_free(kvcm_locations *locations);
+
+/* Frees a string the library handed out (an error message; NULL: no-op). */
+void kvcm_string_free(char *text);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVCM_H */

@@ -1,0 +1,179 @@
+"""kvcm.Client: the three lookups of the kvcm client library over its C ABI.
+
+Each lookup makes one C call (blocking, the GIL released), then decodes the whole result
+in one pass from a single flat view (kvcm_flat_view): a constant number of ctypes calls per
+lookup whatever the number of locations, and one copy of the strings.
+"""
+
+from ctypes import byref, c_void_p, string_at
+from itertools import islice, repeat
+from typing import List, NamedTuple, Tuple
+
+from . import _keys
+from ._lib import LIB, FastPathMetrics, FlatView
+from .errors import error
+
+WIRES = {None: 0, "none": 0, "soft-tcp": 1, "soft-shm": 2}
+
+
+class Location(NamedTuple):
+    """One block's location: storage type, spec size and its specs as (name, uri)."""
+
+    type: int
+    spec_size: int
+    specs: List[Tuple[str, str]]
+
+
+class Metrics(NamedTuple):
+    """The fast path's counters (a snapshot)."""
+
+    hits: int
+    fallbacks: int
+    retries: int
+    extra_round_trips: int
+    reconnects: int
+
+
+def _text(value, name):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be str, not {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{name} contains a NUL character")
+    return value.encode("utf-8")
+
+
+def _raise(status, message):
+    text = string_at(message.value).decode("utf-8", "replace") if message.value else ""
+    LIB.kvcm_string_free(message)
+    raise error(status, text)
+
+
+def _strings(view, total):
+    """The 2 * total names and URIs of a view, in order."""
+    if not total:
+        return []
+    # Every string is followed by a NUL: one decode and one split, unless a string holds a
+    # NUL itself (then the offsets say where each one ends).
+    heap = string_at(view.strings, view.strings_len - 1).decode("utf-8")
+    strings = heap.split("\0")
+    if len(strings) == 2 * total:
+        return strings
+    offsets = view.string_offsets[: 2 * total + 1]
+    raw = string_at(view.strings, view.strings_len)
+    return [raw[a : b - 1].decode("utf-8") for a, b in zip(offsets, offsets[1:])]
+
+
+_new_location = tuple.__new__
+
+
+def _decode(result):
+    """The locations of a result, in one pass over its flat view."""
+    view = FlatView()
+    LIB.kvcm_locations_view(result, byref(view))
+    return _locations(view)
+
+
+def _locations(view):
+    """The locations a flat view describes."""
+    count = view.count
+    if not count:
+        return []
+    names_and_uris = iter(_strings(view, view.spec_total))
+    specs = list(zip(names_and_uris, names_and_uris))
+    starts = view.spec_starts[: count + 1]
+    groups = map(specs.__getitem__, map(slice, starts, islice(starts, 1, None)))
+    rows = zip(view.types[:count], view.spec_sizes[:count], groups)
+    # tuple.__new__ builds each Location in C (Location(...) would run a Python frame each).
+    return list(map(_new_location, repeat(Location), rows))
+
+
+class Client:
+    """A connected kvcm client for one instance.
+
+    grpc: "http://host:port" of the gRPC service; http: "ip:port" of the meta HTTP listener
+    (both may be comma-separated lists for failover); wire: "soft-tcp", "soft-shm" or
+    "none"/None (every lookup over gRPC). Connecting does not fail when the servers are down;
+    lookups then raise UnreachableError. One client may be shared by threads (calls
+    serialise); use one per thread for parallel lookups. Do not close it while a call on it
+    is in flight.
+    """
+
+    def __init__(self, grpc, http, instance_id, wire="soft-tcp"):
+        self._handle = None
+        if wire not in WIRES:
+            raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'none', not {wire!r}")
+        handle, message = c_void_p(), c_void_p()
+        args = (_text(grpc, "grpc"), _text(http, "http"), _text(instance_id, "instance_id"))
+        status = LIB.kvcm_client_connect(*args, WIRES[wire], byref(handle), byref(message))
+        if status:
+            _raise(status, message)
+        self._handle = handle
+        self.instance_id = instance_id
+
+    def _lookup(self, function, keys, *extra):
+        handle = self._handle
+        if handle is None:
+            raise ValueError("kvcm client is closed")
+        address, count, keep = _keys.pointer(keys)
+        result, message = c_void_p(), c_void_p()
+        status = function(handle, address, count, *extra, byref(result), byref(message))
+        del keep  # the keys stayed exported until the call returned
+        if status:
+            _raise(status, message)
+        try:
+            return _decode(result)
+        finally:
+            LIB.kvcm_locations_free(result)
+
+    def prefix_match(self, keys) -> List[Location]:
+        """Locations of the longest cached prefix of `keys` (int64 block keys)."""
+        return self._lookup(LIB.kvcm_prefix_match, keys)
+
+    def batch_get(self, keys) -> List[Location]:
+        """One location per key (an empty URI where a key is not cached)."""
+        return self._lookup(LIB.kvcm_batch_get, keys)
+
+    def sliding_window(self, keys, sw_size) -> List[Location]:
+        """Reverse rolling sliding-window match with a window of `sw_size` blocks."""
+        if not isinstance(sw_size, int):
+            raise TypeError(f"sw_size must be an int, not {type(sw_size).__name__}")
+        if not -(1 << 31) <= sw_size < 1 << 31:
+            raise OverflowError(f"sw_size {sw_size} does not fit in int32")
+        return self._lookup(LIB.kvcm_sliding_window, keys, sw_size)
+
+    def metrics(self) -> Metrics:
+        """The fast path's counters."""
+        if self._handle is None:
+            raise ValueError("kvcm client is closed")
+        out = FastPathMetrics()
+        LIB.kvcm_client_metrics(self._handle, byref(out))
+        return Metrics(out.hits, out.fallbacks, out.retries, out.extra_round_trips, out.reconnects)
+
+    @property
+    def fast_path_up(self) -> bool:
+        """Whether lookups currently use the fast path."""
+        if self._handle is None:
+            raise ValueError("kvcm client is closed")
+        return LIB.kvcm_client_fast_path_up(self._handle) == 1
+
+    # Held by the class, so that __del__ still finds it while the interpreter shuts down.
+    _free = LIB.kvcm_client_free
+
+    def close(self):
+        """Frees the client (idempotent)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            self._free(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self._handle is None else "open"
+        return f"<kvcm.Client instance_id={getattr(self, 'instance_id', None)!r} {state}>"

@@ -1,0 +1,134 @@
+//! C arguments turned into Rust values: every pointer is checked (NULL, alignment, length)
+//! before it is read, so that bad input is an error and never undefined behaviour.
+
+use std::ffi::{c_char, CStr};
+
+use crate::error::FfiError;
+
+/// The UTF-8 text of the NUL-terminated string `text` (the argument `name`).
+///
+/// # Safety
+/// `text` is NULL or a NUL-terminated string that stays valid for `'a`.
+pub unsafe fn text<'a>(text: *const c_char, name: &'static str) -> Result<&'a str, FfiError> {
+    if text.is_null() {
+        return Err(FfiError::NullArgument(name));
+    }
+    // SAFETY: non-NULL, and the caller promises a NUL-terminated string living for 'a.
+    let bytes = unsafe { CStr::from_ptr(text) };
+    bytes.to_str().map_err(|_| FfiError::InvalidUtf8(name))
+}
+
+/// The `count` keys at `keys` (NULL is allowed when `count` is 0).
+///
+/// # Safety
+/// `keys` is NULL or points to `count` readable `int64_t` that stay valid for `'a`.
+pub unsafe fn keys<'a>(keys: *const i64, count: usize) -> Result<&'a [i64], FfiError> {
+    if count == 0 {
+        return Ok(&[]);
+    }
+    if keys.is_null() {
+        return Err(FfiError::NullArgument("keys"));
+    }
+    if !keys.is_aligned() {
+        return Err(FfiError::InvalidArgument(
+            "keys is not aligned to 8 bytes".into(),
+        ));
+    }
+    if count > isize::MAX as usize / size_of::<i64>() {
+        return Err(FfiError::InvalidArgument(format!(
+            "count {count} is too large"
+        )));
+    }
+    // SAFETY: non-NULL, aligned, a size that fits isize, and the caller promises `count`
+    // readable keys living for 'a.
+    Ok(unsafe { std::slice::from_raw_parts(keys, count) })
+}
+
+/// The object behind `pointer` (the argument `name`).
+///
+/// # Safety
+/// `pointer` is NULL or points to a live `T` that stays valid for `'a`.
+pub unsafe fn object<'a, T>(pointer: *const T, name: &'static str) -> Result<&'a T, FfiError> {
+    // SAFETY: the caller promises a non-NULL pointer is a live T.
+    unsafe { pointer.as_ref() }.ok_or(FfiError::NullArgument(name))
+}
+
+/// Stores `value` at the output pointer `out` (the argument `name`).
+///
+/// # Safety
+/// `out` is NULL or valid for one write of a `T`.
+pub unsafe fn store<T>(out: *mut T, name: &'static str, value: T) -> Result<(), FfiError> {
+    if out.is_null() {
+        return Err(FfiError::NullArgument(name));
+    }
+    // SAFETY: non-NULL, and the caller promises it is writable.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// Fails with `NullArgument(name)` when `out` is NULL (checked before work is done).
+pub fn require<T>(out: *mut T, name: &'static str) -> Result<(), FfiError> {
+    if out.is_null() {
+        return Err(FfiError::NullArgument(name));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_checks() {
+        // SAFETY: NULL and NUL-terminated literals.
+        unsafe {
+            assert!(matches!(
+                text(std::ptr::null(), "a"),
+                Err(FfiError::NullArgument("a"))
+            ));
+            assert!(matches!(
+                text(c"\xff".as_ptr(), "b"),
+                Err(FfiError::InvalidUtf8("b"))
+            ));
+            assert_eq!(text(c"ok".as_ptr(), "c").unwrap(), "ok");
+        }
+    }
+
+    #[test]
+    fn key_checks() {
+        let data = [1i64, 2, 3];
+        // SAFETY: NULL, a local array, and a deliberately misaligned pointer never read.
+        unsafe {
+            assert_eq!(keys(std::ptr::null(), 0).unwrap(), &[] as &[i64]);
+            assert!(matches!(
+                keys(std::ptr::null(), 2),
+                Err(FfiError::NullArgument("keys"))
+            ));
+            assert_eq!(keys(data.as_ptr(), 3).unwrap(), &data);
+            let misaligned = data.as_ptr().cast::<u8>().wrapping_add(1).cast::<i64>();
+            assert!(matches!(
+                keys(misaligned, 1),
+                Err(FfiError::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                keys(data.as_ptr(), usize::MAX),
+                Err(FfiError::InvalidArgument(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn output_checks() {
+        let mut slot = 0u32;
+        // SAFETY: NULL and a local.
+        unsafe {
+            assert!(matches!(
+                store(std::ptr::null_mut(), "out", 1u32),
+                Err(FfiError::NullArgument("out"))
+            ));
+            store(&mut slot, "out", 7).unwrap();
+        }
+        assert_eq!(slot, 7);
+        assert!(require(std::ptr::null_mut::<u8>(), "x").is_err());
+    }
+}

@@ -1,0 +1,443 @@
+//! `kvcm_client`: connect, the three lookups, fast-path metrics, free.
+//!
+//! Invariants: a `kvcm_client*` is a `Box<Client>` from [`kvcm_client_connect`], freed once
+//! by [`kvcm_client_free`]; it is `Send + Sync`, so C may share it across threads (calls
+//! serialise inside the client). Each lookup hands out a new, independent result.
+
+use std::ffi::c_char;
+
+use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
+
+use crate::args;
+use crate::error::{guard, shielded, FfiError, KVCM_E_NULL_ARGUMENT, KVCM_E_PANIC};
+use crate::locations::Locations;
+
+/// `wire` value: no fast path, every lookup over gRPC.
+pub const KVCM_WIRE_NONE: i32 = 0;
+/// `wire` value: the fast path over soft-TCP (works across hosts).
+pub const KVCM_WIRE_SOFT_TCP: i32 = 1;
+/// `wire` value: the fast path over soft shared memory (the server's host only).
+pub const KVCM_WIRE_SOFT_SHM: i32 = 2;
+
+/// A snapshot of the fast-path counters (`kvcm_fast_path_metrics`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvcmFastPathMetrics {
+    /// Lookups the fast path answered.
+    pub hits: u64,
+    /// Lookups answered by gRPC instead.
+    pub fallbacks: u64,
+    /// Copies read again (torn buckets, retired generations).
+    pub retries: u64,
+    /// Round trips beyond the first.
+    pub extra_round_trips: u64,
+    /// Fast-path connections made after the first.
+    pub reconnects: u64,
+}
+
+/// The wire of a `wire` argument.
+fn wire(code: i32) -> Result<Option<Wire>, FfiError> {
+    match code {
+        KVCM_WIRE_NONE => Ok(None),
+        KVCM_WIRE_SOFT_TCP => Ok(Some(Wire::Tcp)),
+        KVCM_WIRE_SOFT_SHM => Ok(Some(Wire::Shm)),
+        other => Err(FfiError::InvalidArgument(format!(
+            "wire {other} is unknown (0 none, 1 soft-tcp, 2 soft-shm)"
+        ))),
+    }
+}
+
+/// The servers of comma-separated gRPC endpoints and HTTP addresses, paired in order.
+fn servers(grpc: &str, http: &str) -> Result<Vec<ServerAddress>, FfiError> {
+    let grpc: Vec<&str> = grpc.split(',').map(str::trim).collect();
+    let http: Vec<&str> = http.split(',').map(str::trim).collect();
+    if grpc.len() != http.len() {
+        return Err(FfiError::InvalidArgument(format!(
+            "{} gRPC endpoints but {} HTTP addresses",
+            grpc.len(),
+            http.len()
+        )));
+    }
+    grpc.iter().zip(&http).map(|(g, h)| server(g, h)).collect()
+}
+
+fn server(grpc: &str, http: &str) -> Result<ServerAddress, FfiError> {
+    let http = http.parse().map_err(|_| {
+        FfiError::InvalidArgument(format!("HTTP address {http:?} is not host-ip:port"))
+    })?;
+    let grpc = match grpc {
+        "" => return Err(FfiError::InvalidArgument("gRPC endpoint is empty".into())),
+        g if g.starts_with("http://") => g.to_string(),
+        g if g.contains("://") => {
+            return Err(FfiError::InvalidArgument(format!(
+                "gRPC endpoint {g:?}: only http:// is supported"
+            )))
+        }
+        g => format!("http://{g}"),
+    };
+    Ok(ServerAddress { grpc, http })
+}
+
+/// Connects a client (see kvcm.h); `*client_out` is NULL on failure.
+///
+/// # Safety
+/// The strings are NULL or NUL-terminated; `client_out` and `error_message` are NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_client_connect(
+    grpc: *const c_char,
+    http: *const c_char,
+    instance_id: *const c_char,
+    wire_kind: i32,
+    client_out: *mut *mut Client,
+    error_message: *mut *mut c_char,
+) -> i32 {
+    // SAFETY: the caller's promises about every pointer are passed on unchanged.
+    unsafe {
+        guard(error_message, || {
+            args::store(client_out, "client_out", std::ptr::null_mut())?;
+            let config = ClientConfig {
+                servers: servers(args::text(grpc, "grpc")?, args::text(http, "http")?)?,
+                instance_id: args::text(instance_id, "instance_id")?.to_string(),
+                wire: wire(wire_kind)?,
+            };
+            let client = Box::new(Client::connect(config)?);
+            args::store(client_out, "client_out", Box::into_raw(client))
+        })
+    }
+}
+
+/// Frees a client; NULL is a no-op.
+///
+/// # Safety
+/// `client` is NULL or a client of this library, not yet freed, with no call in flight.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_client_free(client: *mut Client) {
+    if client.is_null() {
+        return;
+    }
+    // SAFETY: the caller hands back a client from `Box::into_raw`, once, unused elsewhere.
+    shielded((), || drop(unsafe { Box::from_raw(client) }));
+}
+
+/// Which lookup to run.
+#[derive(Debug, Clone, Copy)]
+enum Query {
+    PrefixMatch,
+    BatchGet,
+    SlidingWindow(i32),
+}
+
+/// Runs one lookup and hands its result out through `out`.
+///
+/// # Safety
+/// As for the lookup entry points.
+unsafe fn lookup(
+    client: *const Client,
+    keys: *const i64,
+    count: usize,
+    query: Query,
+    out: *mut *mut Locations,
+    error_message: *mut *mut c_char,
+) -> i32 {
+    // SAFETY: the caller's promises about every pointer are passed on unchanged.
+    unsafe {
+        guard(error_message, || {
+            args::store(out, "out", std::ptr::null_mut())?;
+            let client = args::object(client, "client")?;
+            let keys = args::keys(keys, count)?;
+            let answer = match query {
+                Query::PrefixMatch => client.prefix_match(keys),
+                Query::BatchGet => client.batch_get(keys),
+                Query::SlidingWindow(size) => client.sliding_window(keys, size),
+            }?;
+            let result = Box::new(Locations::new(&answer));
+            args::store(out, "out", Box::into_raw(result))
+        })
+    }
+}
+
+/// Prefix match over `count` block keys; `*out` is a new result (NULL on failure).
+///
+/// # Safety
+/// `client` is NULL or live; `keys` is NULL or `count` readable keys; `out` and
+/// `error_message` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_prefix_match(
+    client: *const Client,
+    keys: *const i64,
+    count: usize,
+    out: *mut *mut Locations,
+    error_message: *mut *mut c_char,
+) -> i32 {
+    // SAFETY: the caller's promises are those `lookup` needs.
+    unsafe { lookup(client, keys, count, Query::PrefixMatch, out, error_message) }
+}
+
+/// Batch get over `count` block keys; `*out` is a new result (NULL on failure).
+///
+/// # Safety
+/// As for [`kvcm_prefix_match`].
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_batch_get(
+    client: *const Client,
+    keys: *const i64,
+    count: usize,
+    out: *mut *mut Locations,
+    error_message: *mut *mut c_char,
+) -> i32 {
+    // SAFETY: the caller's promises are those `lookup` needs.
+    unsafe { lookup(client, keys, count, Query::BatchGet, out, error_message) }
+}
+
+/// Reverse rolling sliding-window match of window `sw_size` over `count` block keys.
+///
+/// # Safety
+/// As for [`kvcm_prefix_match`].
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_sliding_window(
+    client: *const Client,
+    keys: *const i64,
+    count: usize,
+    sw_size: i32,
+    out: *mut *mut Locations,
+    error_message: *mut *mut c_char,
+) -> i32 {
+    let query = Query::SlidingWindow(sw_size);
+    // SAFETY: the caller's promises are those `lookup` needs.
+    unsafe { lookup(client, keys, count, query, out, error_message) }
+}
+
+/// Copies the fast-path counters into `*out`.
+///
+/// # Safety
+/// `client` is NULL or live; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_client_metrics(
+    client: *const Client,
+    out: *mut KvcmFastPathMetrics,
+) -> i32 {
+    // SAFETY: the caller's promises are passed on unchanged; accessors return no message.
+    unsafe {
+        guard(std::ptr::null_mut(), || {
+            let m = args::object(client, "client")?.metrics();
+            let metrics = KvcmFastPathMetrics {
+                hits: m.hits,
+                fallbacks: m.fallbacks,
+                retries: m.retries,
+                extra_round_trips: m.extra_round_trips,
+                reconnects: m.reconnects,
+            };
+            args::store(out, "out", metrics)
+        })
+    }
+}
+
+/// 1 when lookups currently use the fast path, 0 when not, `KVCM_E_NULL_ARGUMENT` for NULL.
+///
+/// # Safety
+/// `client` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_client_fast_path_up(client: *const Client) -> i32 {
+    // SAFETY: the caller promises a live client or NULL.
+    shielded(KVCM_E_PANIC, || match unsafe { client.as_ref() } {
+        Some(client) => i32::from(client.fast_path_up()),
+        None => KVCM_E_NULL_ARGUMENT,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::*;
+    use std::ffi::CStr;
+
+    /// A closed port on loopback: connections to it are refused at once.
+    fn closed_port() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    }
+
+    /// Connects with these arguments; returns the status, the client and the message.
+    fn connect(
+        grpc: &CStr,
+        http: &CStr,
+        instance: *const c_char,
+        wire: i32,
+    ) -> (i32, *mut Client, String) {
+        let mut client = std::ptr::dangling_mut();
+        let mut message = std::ptr::null_mut();
+        // SAFETY: C strings, local outputs.
+        let code = unsafe {
+            kvcm_client_connect(
+                grpc.as_ptr(),
+                http.as_ptr(),
+                instance,
+                wire,
+                &mut client,
+                &mut message,
+            )
+        };
+        (code, client, take(message))
+    }
+
+    fn take(message: *mut c_char) -> String {
+        if message.is_null() {
+            return String::new();
+        }
+        // SAFETY: a message of this library, freed once.
+        unsafe {
+            let text = CStr::from_ptr(message).to_string_lossy().into_owned();
+            kvcm_string_free(message);
+            text
+        }
+    }
+
+    fn cstring(text: &str) -> std::ffi::CString {
+        std::ffi::CString::new(text).unwrap()
+    }
+
+    #[test]
+    fn connect_rejects_bad_arguments() {
+        let (grpc, http) = (c"127.0.0.1:1", c"127.0.0.1:1");
+        let cases: [(&CStr, &CStr, *const c_char, i32, i32, &str); 7] = [
+            (
+                grpc,
+                http,
+                std::ptr::null(),
+                1,
+                KVCM_E_NULL_ARGUMENT,
+                "`instance_id` is NULL",
+            ),
+            (
+                grpc,
+                http,
+                c"\xc3(".as_ptr(),
+                1,
+                KVCM_E_INVALID_UTF8,
+                "`instance_id` is not valid UTF-8",
+            ),
+            (
+                grpc,
+                http,
+                c"i".as_ptr(),
+                3,
+                KVCM_E_INVALID_ARGUMENT,
+                "wire 3 is unknown",
+            ),
+            (
+                grpc,
+                c"nope",
+                c"i".as_ptr(),
+                1,
+                KVCM_E_INVALID_ARGUMENT,
+                "\"nope\" is not host-ip:port",
+            ),
+            (
+                c"https://h:1",
+                http,
+                c"i".as_ptr(),
+                1,
+                KVCM_E_INVALID_ARGUMENT,
+                "only http://",
+            ),
+            (
+                c"a:1,b:2",
+                http,
+                c"i".as_ptr(),
+                1,
+                KVCM_E_INVALID_ARGUMENT,
+                "2 gRPC endpoints but 1",
+            ),
+            (
+                grpc,
+                http,
+                c"".as_ptr(),
+                0,
+                KVCM_E_INVALID_ARGUMENT,
+                "instance_id is empty",
+            ),
+        ];
+        for (grpc, http, instance, wire, expected, text) in cases {
+            let (code, client, message) = connect(grpc, http, instance, wire);
+            assert_eq!(code, expected, "{message}");
+            assert!(message.contains(text), "{message:?} lacks {text:?}");
+            assert!(client.is_null(), "failure leaves *client_out NULL");
+        }
+        let mut message = std::ptr::null_mut();
+        // SAFETY: a NULL output is refused before anything is written.
+        let code = unsafe {
+            kvcm_client_connect(
+                grpc.as_ptr(),
+                http.as_ptr(),
+                c"i".as_ptr(),
+                0,
+                std::ptr::null_mut(),
+                &mut message,
+            )
+        };
+        assert_eq!(code, KVCM_E_NULL_ARGUMENT);
+        assert!(take(message).contains("client_out"));
+    }
+
+    #[test]
+    fn lookups_reject_bad_input_and_report_unreachable() {
+        let address = cstring(&closed_port());
+        let (code, client, message) = connect(&address, &address, c"i".as_ptr(), 1);
+        assert_eq!(code, KVCM_OK, "{message}");
+        let keys = [1i64, 2, 3];
+        let mut out = std::ptr::dangling_mut();
+        let mut message = std::ptr::null_mut();
+        // SAFETY: a live client, local keys and outputs.
+        unsafe {
+            let code =
+                kvcm_prefix_match(std::ptr::null(), keys.as_ptr(), 3, &mut out, &mut message);
+            assert_eq!(code, KVCM_E_NULL_ARGUMENT);
+            assert!(out.is_null());
+            assert!(take(message).contains("`client` is NULL"));
+            let code = kvcm_batch_get(client, std::ptr::null(), 2, &mut out, &mut message);
+            assert_eq!(code, KVCM_E_NULL_ARGUMENT);
+            assert!(take(message).contains("`keys` is NULL"));
+            let code = kvcm_sliding_window(
+                client,
+                keys.as_ptr(),
+                3,
+                2,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+            assert_eq!(code, KVCM_E_NULL_ARGUMENT);
+            let code = kvcm_prefix_match(client, keys.as_ptr(), 3, &mut out, &mut message);
+            assert_eq!(code, KVCM_E_UNREACHABLE);
+            assert!(out.is_null());
+            assert!(take(message).contains("no kvcm server reachable"));
+            let mut metrics = KvcmFastPathMetrics::default();
+            assert_eq!(kvcm_client_metrics(client, &mut metrics), KVCM_OK);
+            assert_eq!(metrics.hits, 0);
+            assert_eq!(
+                kvcm_client_metrics(client, std::ptr::null_mut()),
+                KVCM_E_NULL_ARGUMENT
+            );
+            assert_eq!(
+                kvcm_client_metrics(std::ptr::null(), &mut metrics),
+                KVCM_E_NULL_ARGUMENT
+            );
+            assert_eq!(kvcm_client_fast_path_up(client), 0);
+            assert_eq!(
+                kvcm_client_fast_path_up(std::ptr::null()),
+                KVCM_E_NULL_ARGUMENT
+            );
+            kvcm_client_free(client);
+            kvcm_client_free(std::ptr::null_mut());
+        }
+    }
+
+    #[test]
+    fn several_servers_pair_in_order() {
+        let pairs = servers("a:1, http://b:2", "127.0.0.1:1,127.0.0.1:2").unwrap();
+        assert_eq!(pairs[0].grpc, "http://a:1");
+        assert_eq!(pairs[1].grpc, "http://b:2");
+        assert_eq!(pairs[1].http.port(), 2);
+        assert!(servers("", "127.0.0.1:1").is_err());
+    }
+}

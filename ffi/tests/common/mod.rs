@@ -1,0 +1,214 @@
+//! Test harness of the ffi tests: a real kvcm server started in-process (as `kvcm serve`
+//! does: every port 0, a temp data directory, the lookup path on) on a tokio runtime the
+//! harness keeps alive, an instance registered over gRPC, keys written with the Rust
+//! client, and the library cargo built for this test run.
+
+#![allow(dead_code)] // each test binary uses part of the harness
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kvcm::proto::meta;
+use kvcm::proto::meta::meta_service_client::MetaServiceClient;
+use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
+
+/// A running in-process server; stopped when dropped.
+pub struct Harness {
+    runtime: tokio::runtime::Runtime,
+    server: Option<kvcm::server::RunningServer>,
+    _dir: tempfile::TempDir,
+    /// `http://127.0.0.1:<port>` of the gRPC listener.
+    pub grpc: String,
+    /// `127.0.0.1:<port>` of the meta HTTP listener.
+    pub http: String,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            let stopped = self.runtime.block_on(server.stop());
+            // A failed stop while unwinding from a failed test would hide the first panic.
+            if !std::thread::panicking() {
+                stopped.expect("server stops cleanly");
+            }
+        }
+    }
+}
+
+impl Harness {
+    /// Starts the server.
+    pub fn start() -> Harness {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = kvcm::config::ServerConfig {
+            rpc_port: 0,
+            http_port: 0,
+            admin_http_port: 0,
+            data_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = runtime.block_on(async {
+            let manager = kvcm::server::embedded_manager(&config).expect("manager");
+            let handlers = kvcm::service::Handlers::new(manager, None);
+            kvcm::server::start(&config, handlers)
+                .await
+                .expect("server starts")
+        });
+        let port = |name: &str| server.addresses[name].port();
+        Harness {
+            grpc: format!("http://127.0.0.1:{}", port("grpc")),
+            http: format!("127.0.0.1:{}", port("http")),
+            runtime,
+            server: Some(server),
+            _dir: dir,
+        }
+    }
+
+    /// Registers `instance` in group `default` (one spec `tp0` of 1024 bytes) over gRPC.
+    pub fn register(&self, instance: &str) {
+        let request = meta::RegisterInstanceRequest {
+            trace_id: "reg".into(),
+            instance_group: "default".into(),
+            instance_id: instance.into(),
+            block_size: 4,
+            location_spec_infos: vec![meta::LocationSpecInfo {
+                name: "tp0".into(),
+                size: 1024,
+            }],
+            model_deployment: Some(meta::ModelDeployment {
+                model_name: "model".into(),
+                dtype: "FP8".into(),
+                tp_size: 1,
+                ..Default::default()
+            }),
+            location_spec_groups: Vec::new(),
+        };
+        let answer = self.runtime.block_on(async {
+            let mut grpc = MetaServiceClient::connect(self.grpc.clone())
+                .await
+                .expect("grpc connect");
+            grpc.register_instance(request)
+                .await
+                .expect("register")
+                .into_inner()
+        });
+        let code = answer.header.and_then(|h| h.status).map(|s| s.code);
+        assert_eq!(code, Some(meta::ErrorCode::Ok as i32), "RegisterInstance");
+    }
+
+    /// A Rust client of `instance` on `wire`.
+    pub fn client(&self, instance: &str, wire: Option<Wire>) -> Client {
+        Client::connect(ClientConfig {
+            servers: vec![ServerAddress {
+                grpc: self.grpc.clone(),
+                http: self.http.parse().expect("http address"),
+            }],
+            instance_id: instance.into(),
+            wire,
+        })
+        .expect("client connects")
+    }
+
+    /// StartWriteCache + FinishWriteCache (every block succeeded) of `keys`.
+    pub fn write(&self, instance: &str, keys: &[i64]) {
+        let client = self.client(instance, None);
+        let started = client
+            .start_write(meta::StartWriteCacheRequest {
+                trace_id: "write".into(),
+                block_keys: keys.to_vec(),
+                write_timeout_seconds: 30,
+                ..Default::default()
+            })
+            .expect("StartWriteCache");
+        assert_eq!(started.locations.len(), keys.len(), "every key is new");
+        let all = meta::block_mask::Info::Offset(started.locations.len() as i32);
+        client
+            .finish_write(meta::FinishWriteCacheRequest {
+                trace_id: "write".into(),
+                write_session_id: started.write_session_id,
+                success_blocks: Some(meta::BlockMask { info: Some(all) }),
+                ..Default::default()
+            })
+            .expect("FinishWriteCache");
+    }
+}
+
+/// One line per spec, `location type spec_size name uri`, as the C program prints them.
+pub fn lines(locations: &[meta::CacheLocation]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, location) in locations.iter().enumerate() {
+        for spec in &location.location_specs {
+            out.push(format!(
+                "{i} {} {} {} {}",
+                location.r#type, location.spec_size, spec.name, spec.uri
+            ));
+        }
+    }
+    out
+}
+
+/// The URIs of an answer, one per spec.
+pub fn uris(locations: &[meta::CacheLocation]) -> Vec<String> {
+    let specs = locations.iter().flat_map(|l| &l.location_specs);
+    specs.map(|s| s.uri.clone()).collect()
+}
+
+/// The shared library cargo built for this test run (next to the test executable); when it
+/// is missing (a test binary run by hand), builds it with the cargo that runs the tests.
+pub fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let deps = exe.parent().expect("deps directory");
+    let candidates = [
+        deps.to_path_buf(),
+        deps.parent().expect("profile directory").to_path_buf(),
+    ];
+    if let Some(found) = find_library(&candidates) {
+        return found;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-p", "kvcm-ffi", "--lib"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build -p kvcm-ffi failed");
+    find_library(&candidates).expect("cargo build -p kvcm-ffi made libkvcm_ffi.so")
+}
+
+fn find_library(dirs: &[PathBuf]) -> Option<PathBuf> {
+    dirs.iter()
+        .map(|dir| dir.join("libkvcm_ffi.so"))
+        .find(|path| path.is_file())
+}
+
+/// Whether a tool the test needs is on PATH: `tool --version` runs.
+pub fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|out| out.status.success())
+}
+
+/// Skips loudly when `tool` is missing; fails instead when `CI=true`. Returns whether the
+/// test may go on.
+pub fn require_tool(tool: &str, test: &str) -> bool {
+    if have(tool) {
+        return true;
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    assert!(
+        !ci,
+        "{test}: {tool} not found, and CI=true forbids skipping"
+    );
+    eprintln!("*** SKIPPED {test}: {tool} not found ***");
+    false
+}
+
+/// The repository root of the ffi crate (`ffi/`).
+pub fn ffi_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
