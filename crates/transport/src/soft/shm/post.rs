@@ -98,7 +98,8 @@ fn drain(
     let mut memo = Memo::default();
     let mut pieces = Vec::new();
     while let Some(send) = queue.front() {
-        let resolved = scatter::resolve_into(registry, &send.sg_list, local_need(&send.op), &mut pieces);
+        let resolved =
+            scatter::resolve_into(registry, &send.sg_list, local_need(&send.op), &mut pieces);
         let outcome = match resolved {
             _ if gone => Outcome::Done(WcStatus::RetryExceeded, 0),
             Ok(()) => execute(peer, &mut memo, &send.op, &pieces),
