@@ -132,11 +132,40 @@ impl Case for Grpc {
     }
 }
 
-/// A TCP ping-pong between two threads with fixed request and response sizes.
+/// A TCP ping-pong between two threads with fixed request and response sizes, both sides
+/// busy-polling non-blocking sockets: the same polling mode as the fast path (whose client
+/// and server NIC spin), so the floor has no wake-up cost the fast path does not pay.
 struct PingPong {
     stream: TcpStream,
     request: Vec<u8>,
     response: Vec<u8>,
+}
+
+/// Fills `buffer` from a non-blocking stream, spinning; false at EOF or error.
+fn spin_read(stream: &mut TcpStream, buffer: &mut [u8]) -> bool {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match stream.read(&mut buffer[filled..]) {
+            Ok(0) => return false,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Writes all of `bytes` to a non-blocking stream, spinning; false on error.
+fn spin_write(stream: &mut TcpStream, bytes: &[u8]) -> bool {
+    let mut written = 0;
+    while written < bytes.len() {
+        match stream.write(&bytes[written..]) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(_) => return false,
+        }
+    }
+    true
 }
 
 impl PingPong {
@@ -146,15 +175,13 @@ impl PingPong {
         std::thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
             stream.set_nodelay(true).unwrap();
+            stream.set_nonblocking(true).unwrap();
             let (mut got, answer) = (vec![0u8; request], vec![7u8; response]);
-            while stream.read_exact(&mut got).is_ok() {
-                if stream.write_all(&answer).is_err() {
-                    return;
-                }
-            }
+            while spin_read(&mut stream, &mut got) && spin_write(&mut stream, &answer) {}
         });
         let stream = TcpStream::connect(addr).unwrap();
         stream.set_nodelay(true).unwrap();
+        stream.set_nonblocking(true).unwrap();
         PingPong {
             stream,
             request: vec![1u8; request],
@@ -166,14 +193,14 @@ impl PingPong {
 impl Case for PingPong {
     fn name(&self) -> String {
         format!(
-            "TCP ping-pong {} B / {} B",
+            "TCP ping-pong {} B / {} B (busy-polled)",
             self.request.len(),
             self.response.len()
         )
     }
     fn once(&mut self) {
-        self.stream.write_all(&self.request).unwrap();
-        self.stream.read_exact(&mut self.response).unwrap();
+        assert!(spin_write(&mut self.stream, &self.request));
+        assert!(spin_read(&mut self.stream, &mut self.response));
     }
 }
 
@@ -353,6 +380,7 @@ fn main() {
     if std::env::var_os("KVCM_BENCH_ONLY").is_some() {
         return;
     }
+    table_bytes(&writer, grpc_port, http_port);
     let mut next = 1_000_000i64;
     let grpc_pair = write_pair(&writer, rounds, &mut next);
     let name = "StartWriteCache+FinishWriteCache x16";
@@ -373,6 +401,40 @@ fn main() {
             p50 / grpc_pair.0
         );
     }
+}
+
+/// Table bytes per published block at 200k blocks of one spec, beside the index's RSS per
+/// block (docs/performance.md, issue 7: 93.8 B at 1 M blocks).
+fn table_bytes(writer: &Client, grpc: u16, http: u16) {
+    const BLOCKS: i64 = 200_000;
+    let mut first = 10_000_000i64;
+    while first < 10_000_000 + BLOCKS {
+        let keys: Vec<i64> = (first..first + 1000).collect();
+        first += 1000;
+        let started = writer
+            .start_write(meta::StartWriteCacheRequest {
+                block_keys: keys,
+                write_timeout_seconds: 60,
+                ..Default::default()
+            })
+            .unwrap();
+        writer
+            .finish_write(meta::FinishWriteCacheRequest {
+                write_session_id: started.write_session_id,
+                success_blocks: Some(meta::BlockMask {
+                    info: Some(meta::block_mask::Info::Offset(1000)),
+                }),
+                ..Default::default()
+            })
+            .unwrap();
+    }
+    let reader = client(grpc, http, Some(Wire::Shm));
+    let blocks = BLOCKS as u64 + 128;
+    let bytes = reader.table_bytes().expect("table");
+    println!(
+        "  lookup table: {bytes} B for {blocks} published blocks of one spec = {:.1} B per block (index RSS: 93.8 B per block, issue 7)",
+        bytes as f64 / blocks as f64
+    );
 }
 
 /// StartWriteCache + FinishWriteCache of 16 new blocks; (p50, p99) in µs.

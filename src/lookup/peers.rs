@@ -4,11 +4,14 @@
 //! client's one-sided READs (its soft NIC serves them) and its write-path messages (the
 //! polling-thread core owns it from then on).
 //!
-//! Connections are handled one at a time with a 2-second deadline, so a silent client
-//! cannot hold the listener longer than that.
+//! Each connection is set up on a thread of its own with a 2-second deadline, at most
+//! [`MAX_HANDSHAKES`] at once (more are closed at once), so silent clients neither delay
+//! others nor pile up.
 
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvcm_transport::{exchange_endpoints, QueuePair};
@@ -20,6 +23,8 @@ use super::LookupError;
 pub const HELLO: &[u8; 4] = b"KVQP";
 /// How long a connecting client may take.
 const DEADLINE: Duration = Duration::from_secs(2);
+/// Most connections being set up at once.
+const MAX_HANDSHAKES: usize = 64;
 
 /// Binds on `bind` (port chosen by the OS) and accepts on a thread of its own; returns
 /// the listener's address.
@@ -29,9 +34,24 @@ pub(super) fn listen(bind: IpAddr, core: CoreHandle) -> Result<SocketAddr, Looku
     std::thread::Builder::new()
         .name("kvcm-lookup-qp".into())
         .spawn(move || {
+            let in_flight = Arc::new(AtomicUsize::new(0));
             for stream in listener.incoming().flatten() {
-                if let Err(error) = connect(stream, &core) {
-                    tracing::debug!(%error, "lookup queue pair refused");
+                if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    continue; // dropped: closed at once
+                }
+                let (core, done) = (core.clone(), in_flight.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("kvcm-lookup-hello".into())
+                    .spawn(move || {
+                        if let Err(error) = connect(stream, &core) {
+                            tracing::debug!(%error, "lookup queue pair refused");
+                        }
+                        done.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if spawned.is_err() {
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    tracing::warn!("no thread for a lookup connection: refused");
                 }
             }
         })

@@ -104,6 +104,15 @@ impl Client {
         }
     }
 
+    /// Bytes of the table the fast path reads: header page and current generation
+    /// (`None` while it is down).
+    pub fn table_bytes(&self) -> Option<u64> {
+        match &*self.fast() {
+            FastState::Up(fast) => Some(fast.table_bytes()),
+            _ => None,
+        }
+    }
+
     /// Round trips the fast path made (0 without one).
     pub fn round_trips(&self) -> u64 {
         match &*self.fast() {

@@ -106,6 +106,11 @@ impl FastPath {
             .ok_or_else(|| CallError::Lost(FastError::Broken("a malformed reply".into())))
     }
 
+    /// Bytes of the header page and the current generation.
+    pub(crate) fn table_bytes(&self) -> u64 {
+        4096 + self.header.generation_len
+    }
+
     /// The epoch of the header last read.
     pub(crate) fn epoch(&self) -> u64 {
         self.header.epoch
