@@ -18,7 +18,7 @@ use kvcm_lookup::avail::{Availability, StorageWeight};
 use kvcm_lookup::generation::{Generation, Layout, PublishedLocation};
 use kvcm_lookup::header::{layout_version, HEADER_BLOCK, WIRES};
 use kvcm_lookup::strings::Template;
-use kvcm_lookup::{seqlock, FormatError};
+use kvcm_lookup::{seqlock, FormatError, Full};
 use kvcm_manager::{Instance, Manager, ServingLocation};
 use kvcm_transport::soft::{SoftDomain, SoftRegion};
 use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
@@ -50,6 +50,8 @@ struct Published {
 /// What the table's lock guards.
 struct State {
     current: Published,
+    /// The current generation's sizes.
+    sizes: Sizes,
     epoch: u64,
     retiring: Vec<(Instant, Published)>,
     availability: Availability,
@@ -104,8 +106,9 @@ impl InstanceTable {
         let header = anchor.alloc(HEADER_MEMORY)?;
         let header_regions = register_all(domains, &header, HEADER_MEMORY)?;
         let availability = availability(manager, instance);
-        let keys = instance.index.len().unwrap_or(0);
-        let current = build(manager, instance, domains, &specs, &availability, keys)?;
+        let keys = instance.index.len()?;
+        let sizes = Sizes::for_keys(specs.len(), keys, availability.storages.len())?;
+        let (current, sizes) = build(manager, instance, domains, &specs, &availability, sizes)?;
         let table = InstanceTable {
             instance_id: instance.id().to_string(),
             header,
@@ -115,6 +118,7 @@ impl InstanceTable {
             incarnation,
             state: Mutex::new(State {
                 current,
+                sizes,
                 epoch: 1,
                 retiring: Vec::new(),
                 availability,
@@ -160,8 +164,8 @@ impl InstanceTable {
             match state.current.generation.publish(*key, &locations) {
                 Ok(()) => {}
                 // A rebuild reads every key's current entry, these included.
-                Err(FormatError::Full(_)) => {
-                    return self.rebuild(&mut state, manager, instance, domains, 2)
+                Err(FormatError::Full(full)) => {
+                    return self.rebuild(&mut state, manager, instance, domains, full)
                 }
                 Err(other) => return Err(other.into()),
             }
@@ -185,33 +189,33 @@ impl InstanceTable {
         state.availability = availability.clone();
         match state.current.generation.set_availability(&availability) {
             Ok(()) => Ok(()),
-            Err(FormatError::Full(_)) => self.rebuild(&mut state, manager, instance, domains, 1),
+            Err(FormatError::Full(full)) => {
+                self.rebuild(&mut state, manager, instance, domains, full)
+            }
             Err(other) => Err(other.into()),
         }
     }
 
-    /// Replaces the current generation by one `growth` times as large (1 = compaction),
-    /// built from the index; flips the header and retires the old generation.
+    /// Replaces the current generation, in which `full` ran out, by one built from the
+    /// index with room for it (a heap that is mostly dead is compacted at its size); flips
+    /// the header and retires the old generation.
     fn rebuild(
         &self,
         state: &mut State,
         manager: &Manager,
         instance: &Instance,
         domains: &[(usize, SoftDomain)],
-        growth: u64,
+        full: Full,
     ) -> Result<(), LookupError> {
-        let keys = instance
-            .index
-            .len()?
-            .max(state.current.generation.slots_used() * growth);
-        let next = build(
-            manager,
-            instance,
-            domains,
-            &self.specs,
-            &state.availability,
-            keys,
-        )?;
+        let (used, dead) = state.current.generation.heap_bytes();
+        let sizes = if full == Full::Heap && dead * 2 >= used {
+            state.sizes
+        } else {
+            state.sizes.grown(full)
+        };
+        let availability = &state.availability;
+        let (next, sizes) = build(manager, instance, domains, &self.specs, availability, sizes)?;
+        state.sizes = sizes;
         let old = std::mem::replace(&mut state.current, next);
         state.epoch += 1;
         self.write_header(state, false)?;
@@ -276,50 +280,96 @@ fn register_all(
     domains.iter().map(register).collect()
 }
 
-/// A generation sized for about `keys` keys, filled from the index.
+/// How large a generation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sizes {
+    specs: usize,
+    buckets: u64,
+    heap: usize,
+    handles: usize,
+}
+
+impl Sizes {
+    /// First sizes for about `keys` keys: buckets at most half full on average, heap room
+    /// for 32 bytes per part (file-tier parts share one template per file; Mooncake parts
+    /// have one each, and grow the heap).
+    fn for_keys(specs: usize, keys: u64, handles: usize) -> Result<Sizes, LookupError> {
+        let probe = Layout::new(specs, 2, 0, 0)?;
+        let per_bucket = probe.geometry.slots_per_bucket as u64;
+        Ok(Sizes {
+            specs,
+            buckets: (2 * keys).div_ceil(per_bucket).max(MIN_BUCKETS),
+            heap: (keys as usize).saturating_mul(32 * specs).max(MIN_HEAP),
+            handles: (handles + 16).next_power_of_two(),
+        })
+    }
+
+    /// Twice the room for what ran out.
+    fn grown(self, full: Full) -> Sizes {
+        match full {
+            Full::Buckets => Sizes {
+                buckets: self.buckets * 2,
+                ..self
+            },
+            Full::Heap => Sizes {
+                heap: self.heap * 2,
+                ..self
+            },
+            Full::Handles => Sizes {
+                handles: self.handles * 2,
+                ..self
+            },
+        }
+    }
+
+    fn layout(&self) -> Result<Layout, LookupError> {
+        Ok(Layout::new(
+            self.specs,
+            self.buckets,
+            self.handles,
+            self.heap,
+        )?)
+    }
+}
+
+/// A generation of `sizes` (grown while something runs out), filled from the index.
 fn build(
     manager: &Manager,
     instance: &Instance,
     domains: &[(usize, SoftDomain)],
     specs: &[(String, i64)],
     availability: &Availability,
-    keys: u64,
-) -> Result<Published, LookupError> {
-    let mut keys = keys.max(1);
+    mut sizes: Sizes,
+) -> Result<(Published, Sizes), LookupError> {
     loop {
-        let layout = layout_for(specs.len(), keys, availability.storages.len())?;
+        let layout = sizes.layout()?;
         let anchor = &domains.first().ok_or(LookupError::NoWire)?.1;
         let len = layout.total_len().next_multiple_of(4096);
         let memory = anchor.alloc(len)?;
-        let mut generation =
-            Generation::create(memory, layout, fastrand::u64(..), specs, availability)?;
+        let created = Generation::create(memory, layout, fastrand::u64(..), specs, availability);
+        let mut generation = match created {
+            Ok(generation) => generation,
+            Err(FormatError::Full(full)) => {
+                sizes = sizes.grown(full);
+                continue;
+            }
+            Err(other) => return Err(other.into()),
+        };
         match fill(&mut generation, manager, instance) {
             Ok(()) => {
                 let regions = register_all(domains, generation.memory(), len)?;
-                return Ok(Published {
-                    generation,
-                    regions,
-                });
+                return Ok((
+                    Published {
+                        generation,
+                        regions,
+                    },
+                    sizes,
+                ));
             }
-            Err(LookupError::Format(FormatError::Full(_))) => keys *= 2,
+            Err(LookupError::Format(FormatError::Full(full))) => sizes = sizes.grown(full),
             Err(other) => return Err(other),
         }
     }
-}
-
-/// The layout for about `keys` keys: buckets at most half full on average, heap room for
-/// one template per key (file-tier keys share templates; Mooncake keys do not).
-fn layout_for(specs: usize, keys: u64, handles: usize) -> Result<Layout, LookupError> {
-    let probe = Layout::new(specs, 2, 0, 0)?;
-    let per_bucket = probe.geometry.slots_per_bucket as u64;
-    let buckets = (2 * keys).div_ceil(per_bucket).max(MIN_BUCKETS);
-    let heap = (keys as usize).saturating_mul(96 * specs).max(MIN_HEAP);
-    Ok(Layout::new(
-        specs,
-        buckets,
-        (handles + 16).next_power_of_two(),
-        heap,
-    )?)
 }
 
 /// Publishes every key of the instance's index.

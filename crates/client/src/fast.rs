@@ -227,6 +227,9 @@ impl FastPath {
                 len: header.avail_bytes as usize,
             });
             for key in keys {
+                // First candidate before second: the publisher moves slots only forward, so
+                // a slot moved while this batch runs is seen in one of the two (the READs of
+                // one queue pair execute in order).
                 for index in candidates(*key, header.hash_seed, header.bucket_count) {
                     reads.push(Read {
                         addr: at(header.bucket_at(index)),

@@ -6,7 +6,7 @@
 //! Body: `flags: u32` (bit 0: no storage available), `count: u32`, then per handle
 //! `weight: u8`, `storage_type: u8`; the rest zero.
 
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Full, Result};
 use crate::seqlock::OVERHEAD;
 
 /// Flag: none of the instance group's storages is available.
@@ -48,7 +48,7 @@ impl Availability {
     pub fn encode(&self, block_len: usize) -> Result<Vec<u8>> {
         let body_len = block_len - OVERHEAD;
         if 8 + 2 * self.storages.len() > body_len {
-            return Err(FormatError::Full("storage handles"));
+            return Err(FormatError::Full(Full::Handles));
         }
         let mut body = Vec::with_capacity(body_len);
         let flags = if self.no_storage { NO_STORAGE } else { 0 };
@@ -114,7 +114,10 @@ mod tests {
             no_storage: true,
             storages: vec![StorageWeight::default(); 100],
         };
-        assert!(matches!(many.encode(64), Err(FormatError::Full(_))));
+        assert!(matches!(
+            many.encode(64),
+            Err(FormatError::Full(Full::Handles))
+        ));
         let mut lying = body.clone();
         lying[4] = 200;
         assert!(Availability::decode(&lying).is_err());

@@ -14,13 +14,36 @@ pub enum FormatError {
         /// Version this build reads.
         known: u32,
     },
-    /// A generation has no room left (buckets of a key, string heap or storage handles):
-    /// the publisher builds a bigger one.
+    /// A generation has no room left: the publisher builds a bigger one.
     #[error("lookup table generation is full: {0}")]
-    Full(&'static str),
+    Full(Full),
+    /// A layout that cannot be made (more specs than a slot holds, memory too small).
+    #[error("lookup table layout: {0}")]
+    Layout(&'static str),
     /// The memory refused an access.
     #[error(transparent)]
     Memory(#[from] kvcm_transport::TransportError),
+}
+
+/// What ran out in a generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// Both candidate buckets of a key.
+    Buckets,
+    /// The string heap.
+    Heap,
+    /// The availability block's storage handles.
+    Handles,
+}
+
+impl std::fmt::Display for Full {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Full::Buckets => "both buckets of a key",
+            Full::Heap => "string heap",
+            Full::Handles => "storage handles",
+        })
+    }
 }
 
 /// Result of the table format.

@@ -3,9 +3,10 @@
 //! caller serialises calls).
 //!
 //! Invariants:
-//! - every slot of a key lies in one of the key's two candidate buckets, and a key's slots
-//!   never move inside a generation (growth builds a new generation), so a reader that
-//!   copies both buckets sees each location unless it was added or removed meanwhile;
+//! - every slot of a key lies in one of the key's two candidate buckets; a slot moves only
+//!   forward (from its key's first candidate to its second, destination written first), to
+//!   make room, so a reader that copies the first bucket and then the second sees each
+//!   location unless it was added or removed meanwhile; growth builds a new generation;
 //! - a string id, once written, names the same bytes for the whole generation (dead
 //!   entries are not reused; the publisher compacts by building a new generation);
 //! - every entry a slot names is written before the slot.
@@ -15,11 +16,22 @@ use std::collections::HashMap;
 use kvcm_transport::Memory;
 
 use crate::avail::{self, Availability};
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Full, Result};
 use crate::header::{candidates, Geometry, Header, FORMAT_VERSION, MAGIC, WIRES};
 use crate::seqlock::{self, Opened, OVERHEAD};
 use crate::slot::{PartRecord, Slot, SlotHead};
 use crate::strings::{self, Entry, Template, FIRST_ENTRY};
+
+/// Where a move stands, for the test probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MovePhase {
+    Before,
+    Between,
+    After,
+}
+
+/// How deep a chain of forward moves may go to make room for a key.
+const MOVE_DEPTH: usize = 3;
 
 /// Where the parts of a generation lie.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +60,7 @@ impl Layout {
         strings_len: usize,
     ) -> Result<Layout> {
         let geometry =
-            Geometry::for_parts(max_parts).ok_or(FormatError::Full("more than 64 specs"))?;
+            Geometry::for_parts(max_parts).ok_or(FormatError::Layout("more than 64 specs"))?;
         let bucket_count = buckets.max(2).next_power_of_two();
         let avail_bytes = avail::block_bytes(handles);
         let bucket_offset = avail_bytes;
@@ -94,7 +106,6 @@ struct Interned {
 }
 
 /// A generation being written.
-#[derive(Debug)]
 pub struct Generation<M: Memory> {
     memory: M,
     layout: Layout,
@@ -109,8 +120,22 @@ pub struct Generation<M: Memory> {
     heap_dead: usize,
     /// Slots in use (markers included).
     slots_used: u64,
+    /// Forward moves made to find room.
+    moves: u64,
+    /// Test probe called with (key, phase) around each write of a move.
+    #[cfg(test)]
+    probe: Option<Box<dyn FnMut(i64, MovePhase)>>,
     /// String id of the spec list.
     spec_list: u32,
+}
+
+impl<M: Memory> std::fmt::Debug for Generation<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation")
+            .field("layout", &self.layout)
+            .field("slots_used", &self.slots_used)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<M: Memory> Generation<M> {
@@ -124,7 +149,7 @@ impl<M: Memory> Generation<M> {
         availability: &Availability,
     ) -> Result<Self> {
         if memory.len() < layout.total_len() {
-            return Err(FormatError::Full("generation memory"));
+            return Err(FormatError::Layout("generation memory is too small"));
         }
         let empty = vec![0u8; layout.geometry.bucket_bytes - OVERHEAD];
         let sealed = seqlock::seal(&empty, 0);
@@ -144,6 +169,9 @@ impl<M: Memory> Generation<M> {
             heap_used: FIRST_ENTRY,
             heap_dead: 0,
             slots_used: 0,
+            moves: 0,
+            #[cfg(test)]
+            probe: None,
             spec_list: 0,
         };
         generation.spec_list =
@@ -164,6 +192,11 @@ impl<M: Memory> Generation<M> {
     /// Slots in use.
     pub fn slots_used(&self) -> u64 {
         self.slots_used
+    }
+
+    /// Forward moves made so far to find room for keys.
+    pub fn moves(&self) -> u64 {
+        self.moves
     }
 
     /// Heap bytes written, and of those the ones no slot names any more.
@@ -249,17 +282,67 @@ impl<M: Memory> Generation<M> {
         };
         for slot in additions {
             let free = |image: &Vec<Option<Slot>>| image.iter().filter(|s| s.is_none()).count();
-            let b = usize::from(free(&images[1]) > free(&images[0]));
-            let Some(place) = images[b].iter_mut().find(|s| s.is_none()) else {
-                self.release(&slot);
+            if free(&images[0]) + free(&images[1]) == 0 {
+                // Both full: move other slots forward to make room, then read them again.
                 self.flush(&buckets, &images, touched)?;
-                return Err(FormatError::Full("both buckets of a key"));
-            };
+                touched = [false; 2];
+                let made = self.make_room(buckets[0], MOVE_DEPTH)?
+                    || self.make_room(buckets[1], MOVE_DEPTH)?;
+                images = [self.read_bucket(buckets[0])?, self.read_bucket(buckets[1])?];
+                if !made {
+                    self.release(&slot);
+                    return Err(FormatError::Full(Full::Buckets));
+                }
+            }
+            let b = usize::from(free(&images[1]) > free(&images[0]));
+            let place = images[b]
+                .iter_mut()
+                .find(|s| s.is_none())
+                .expect("a free slot");
             *place = Some(slot);
             self.slots_used += 1;
             touched[b] = true;
         }
         self.flush(&buckets, &images, touched)
+    }
+
+    /// Frees a slot of bucket `index` by moving one of its slots forward — from that slot
+    /// key's first candidate bucket to its second — after making room there the same way
+    /// (at most `depth` moves deep); false when no such move exists. Each move writes the
+    /// destination before the source, and a reader copies a key's first bucket before its
+    /// second (one queue pair executes its READs in order), so it sees the slot in one of
+    /// them. Slots never move backwards: that order would let a reader miss them.
+    fn make_room(&mut self, index: u64, depth: usize) -> Result<bool> {
+        let image = self.read_bucket(index)?;
+        if image.iter().any(Option::is_none) {
+            return Ok(true);
+        }
+        if depth == 0 {
+            return Ok(false);
+        }
+        for slot in image.iter().flatten() {
+            let [first, second] = candidates(slot.head.key, self.seed, self.layout.bucket_count);
+            if first != index || !self.make_room(second, depth - 1)? {
+                continue;
+            }
+            let mut target = self.read_bucket(second)?;
+            let Some(free) = target.iter_mut().find(|s| s.is_none()) else {
+                continue;
+            };
+            *free = Some(slot.clone());
+            self.observe(slot.head.key, MovePhase::Before);
+            self.write_bucket(second, &target)?;
+            self.observe(slot.head.key, MovePhase::Between);
+            let mut source = self.read_bucket(index)?;
+            if let Some(moved) = source.iter_mut().find(|s| s.as_ref() == Some(slot)) {
+                *moved = None;
+            }
+            self.write_bucket(index, &source)?;
+            self.observe(slot.head.key, MovePhase::After);
+            self.moves += 1;
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Marks every bucket and the availability block retired (the generation was replaced).
@@ -270,6 +353,14 @@ impl<M: Memory> Generation<M> {
             seqlock::retire(&self.memory, at, self.layout.geometry.bucket_bytes)?;
         }
         Ok(())
+    }
+
+    /// Runs the test probe (no-op outside tests).
+    fn observe(&mut self, _key: i64, _phase: MovePhase) {
+        #[cfg(test)]
+        if let Some(probe) = self.probe.as_mut() {
+            probe(_key, _phase);
+        }
     }
 
     /// Whether `slot` is the published form of `location`.
@@ -308,20 +399,22 @@ impl<M: Memory> Generation<M> {
         images: &[Vec<Option<Slot>>; 2],
         touched: [bool; 2],
     ) -> Result<()> {
-        let g = self.layout.geometry;
-        for b in 0..2 {
-            if !touched[b] {
-                continue;
-            }
-            let mut body = vec![0u8; g.bucket_bytes - OVERHEAD];
-            for (i, slot) in images[b].iter().enumerate() {
-                if let Some(slot) = slot {
-                    slot.encode(&mut body[i * g.slot_bytes..(i + 1) * g.slot_bytes]);
-                }
-            }
-            seqlock::rewrite(&self.memory, self.layout.bucket_at(buckets[b]), &body)?;
+        for b in (0..2).filter(|&b| touched[b]) {
+            self.write_bucket(buckets[b], &images[b])?;
         }
         Ok(())
+    }
+
+    /// Rewrites bucket `index` with `image`'s slots.
+    fn write_bucket(&self, index: u64, image: &[Option<Slot>]) -> Result<()> {
+        let g = self.layout.geometry;
+        let mut body = vec![0u8; g.bucket_bytes - OVERHEAD];
+        for (i, slot) in image.iter().enumerate() {
+            if let Some(slot) = slot {
+                slot.encode(&mut body[i * g.slot_bytes..(i + 1) * g.slot_bytes]);
+            }
+        }
+        seqlock::rewrite(&self.memory, self.layout.bucket_at(index), &body)
     }
 
     /// The slot of `location`, its templates interned (written to the heap when new).
@@ -390,7 +483,7 @@ impl<M: Memory> Generation<M> {
     fn append(&mut self, bytes: &[u8]) -> Result<u32> {
         let end = self.heap_used + bytes.len();
         if end > self.layout.strings_len {
-            return Err(FormatError::Full("string heap"));
+            return Err(FormatError::Full(Full::Heap));
         }
         self.memory
             .write(self.layout.strings_offset + self.heap_used, bytes)?;
@@ -496,7 +589,10 @@ mod tests {
                 break;
             }
         }
-        assert!(matches!(outcome, Err(FormatError::Full(_))), "{outcome:?}");
+        assert!(
+            matches!(outcome, Err(FormatError::Full(Full::Buckets))),
+            "{outcome:?}"
+        );
     }
 
     #[test]
@@ -505,7 +601,7 @@ mod tests {
         let error = generation
             .publish(1, &[location(1, &"x".repeat(100))])
             .unwrap_err();
-        assert!(matches!(error, FormatError::Full("string heap")), "{error}");
+        assert!(matches!(error, FormatError::Full(Full::Heap)), "{error}");
         generation.publish(2, &[]).unwrap();
         generation.retire().unwrap();
         let layout = *generation.layout();
@@ -515,5 +611,140 @@ mod tests {
             .read(layout.bucket_at(0), &mut block)
             .unwrap();
         assert_eq!(key_slots(&block, &layout.geometry, 2), Copy::Retired);
+    }
+}
+
+#[cfg(test)]
+mod load_tests {
+    use super::*;
+    use kvcm_transport::soft::{SoftConfig, SoftDomain};
+    use kvcm_transport::{Domain, HostMemory};
+
+    /// Slots filled before the first key finds no room, one spec, 4096 buckets.
+    fn fill_until_full(seed: u64) -> f64 {
+        let domain = SoftDomain::open(SoftConfig::default()).unwrap();
+        let layout = Layout::new(1, 4096, 4, 1 << 20).unwrap();
+        let memory: HostMemory = domain
+            .alloc(layout.total_len().next_multiple_of(4096))
+            .unwrap();
+        let specs = [("a".to_string(), 8)];
+        let mut generation =
+            Generation::create(memory, layout, seed, &specs, &Availability::default()).unwrap();
+        let template = Template {
+            spec: 0,
+            head: "h".into(),
+            has_block: true,
+            tail: String::new(),
+        };
+        let mut rng_key = seed as i64;
+        loop {
+            rng_key = rng_key
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let location = PublishedLocation {
+                nonce: 1 + generation.slots_used() as u32,
+                storage: 1,
+                parts: vec![(Some(template.clone()), 0)],
+            };
+            if generation.publish(rng_key, &[location]).is_err() {
+                let slots = layout.bucket_count as f64 * layout.geometry.slots_per_bucket as f64;
+                return generation.slots_used() as f64 / slots;
+            }
+        }
+    }
+
+    #[test]
+    fn forward_moves_fill_most_slots_before_growth() {
+        let loads: Vec<f64> = (1..=3).map(fill_until_full).collect();
+        eprintln!("slot occupancy at the first refusal: {loads:?}");
+        // Without moves the first refusal comes at about 26% (measured 24-27%).
+        assert!(loads.iter().all(|&load| load > 0.5), "{loads:?}");
+    }
+}
+
+#[cfg(test)]
+mod move_tests {
+    use super::*;
+    use crate::reader::{key_slots, Copy};
+    use kvcm_transport::soft::{SoftConfig, SoftDomain};
+    use kvcm_transport::{Domain, Memory};
+
+    fn location(nonce: u32) -> PublishedLocation {
+        let template = Template {
+            spec: 0,
+            head: "h".into(),
+            has_block: true,
+            tail: String::new(),
+        };
+        PublishedLocation {
+            nonce,
+            storage: 1,
+            parts: vec![(Some(template), nonce)],
+        }
+    }
+
+    /// Every reader that copies a moved key's first bucket at one phase of the move and its
+    /// second at the same or a later phase finds the key; copying them the other way round
+    /// (as a backward move would need) can miss it.
+    #[test]
+    fn a_reader_copying_first_then_second_never_misses_a_moved_key() {
+        let domain = SoftDomain::open(SoftConfig::default()).unwrap();
+        let layout = Layout::new(1, 64, 4, 1 << 20).unwrap();
+        let memory = domain
+            .alloc(layout.total_len().next_multiple_of(4096))
+            .unwrap();
+        let specs = [("a".to_string(), 8)];
+        let seed = 5;
+        let mut generation = Generation::create(
+            memory.clone(),
+            layout,
+            seed,
+            &specs,
+            &Availability::default(),
+        )
+        .unwrap();
+        type Copies = Vec<(i64, MovePhase, [Vec<u8>; 2])>;
+        let copies: std::rc::Rc<std::cell::RefCell<Copies>> = Default::default();
+        let seen = copies.clone();
+        generation.probe = Some(Box::new(move |key, phase| {
+            let copy = |bucket| {
+                let mut block = vec![0u8; layout.geometry.bucket_bytes];
+                memory.read(layout.bucket_at(bucket), &mut block).unwrap();
+                block
+            };
+            let [first, second] = candidates(key, seed, layout.bucket_count);
+            seen.borrow_mut()
+                .push((key, phase, [copy(first), copy(second)]));
+        }));
+        for key in 0..120 {
+            let _ = generation.publish(key, &[location(key as u32 + 1)]);
+        }
+        let copies = copies.borrow();
+        let has = |block: &Vec<u8>, key| match key_slots(block, &layout.geometry, key) {
+            Copy::Good(slots) => !slots.is_empty(),
+            other => panic!("{other:?}"),
+        };
+        let mut moves = 0;
+        let mut backward_misses = 0;
+        for step in copies.chunks_exact(3) {
+            let key = step[0].0;
+            moves += 1;
+            for (i, early) in step.iter().enumerate() {
+                for late in &step[i..] {
+                    assert!(
+                        has(&early.2[0], key) || has(&late.2[1], key),
+                        "key {key}: first bucket at {:?}, second at {:?}",
+                        early.1,
+                        late.1
+                    );
+                    backward_misses += usize::from(!has(&early.2[1], key) && !has(&late.2[0], key));
+                }
+            }
+        }
+        assert!(moves > 10, "only {moves} moves");
+        assert!(
+            backward_misses > 0,
+            "the check would not catch the wrong order"
+        );
     }
 }

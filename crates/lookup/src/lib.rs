@@ -21,4 +21,4 @@ pub mod seqlock;
 pub mod slot;
 pub mod strings;
 
-pub use error::{FormatError, Result};
+pub use error::{FormatError, Full, Result};
