@@ -593,3 +593,46 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
     });
     assert_eq!(written.expect("still served").locations.len(), 1);
 }
+
+/// With an unreachable server listed first, the client connects its fast path to the next
+/// one and its gRPC calls fail over to it.
+#[test]
+fn the_client_fails_over_past_an_unreachable_server() {
+    let (runtime, server) = start_server();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let dead_addr = dead.local_addr().expect("addr");
+    drop(dead);
+    let live = |wire| {
+        Client::connect(ClientConfig {
+            servers: vec![
+                ServerAddress {
+                    grpc: format!("http://{dead_addr}"),
+                    http: dead_addr,
+                },
+                ServerAddress {
+                    grpc: format!("http://{}", server.address("grpc")),
+                    http: server.address("http"),
+                },
+            ],
+            instance_id: INSTANCE.into(),
+            wire,
+        })
+        .expect("client")
+    };
+    let keys = [5i64, 6, 7];
+    runtime.block_on(async {
+        let started = start(&server, &keys, &[], 30).await;
+        finish(&server, &started["write_session_id"], vec![true; 3]).await;
+    });
+    let fast = live(Some(Wire::Tcp));
+    assert!(fast.fast_path_up(), "the fast path found the second server");
+    assert_eq!(fast.prefix_match(&keys).expect("fast").len(), 3);
+    let grpc_only = live(None);
+    assert_eq!(grpc_only.prefix_match(&keys).expect("failed over").len(), 3);
+    let removed = grpc_only.remove(meta::RemoveCacheRequest {
+        block_keys: keys.to_vec(),
+        ..Default::default()
+    });
+    assert!(removed.is_ok(), "{removed:?}");
+    assert!(fast.prefix_match(&keys).expect("fast").is_empty());
+}
