@@ -447,6 +447,36 @@ fn table_bytes(writer: &Client, grpc: u16, http: u16) {
         "  lookup table: {bytes} B for {blocks} published blocks of one spec = {:.1} B per block (index RSS: 93.8 B per block, issue 7)",
         bytes as f64 / blocks as f64
     );
+    cold_templates(grpc, http);
+}
+
+/// Prefix-16 lookups whose URI templates the client has not cached (fresh files each
+/// time: one extra round trip) beside the same lookups warm, per wire.
+fn cold_templates(grpc: u16, http: u16) {
+    for wire in [Wire::Tcp, Wire::Shm] {
+        let reader = client(grpc, http, Some(wire));
+        let (mut cold, mut warm) = (
+            Histogram::<u64>::new(3).unwrap(),
+            Histogram::<u64>::new(3).unwrap(),
+        );
+        // 16 keys span two files of 8 blocks (the default storage): never seen before.
+        for run in 0..2000i64 {
+            let keys: Vec<i64> = (0..16).map(|i| 10_000_000 + run * 16 + i).collect();
+            for histogram in [&mut cold, &mut warm] {
+                let begun = Instant::now();
+                assert_eq!(reader.prefix_match(&keys).unwrap().len(), 16);
+                histogram.record(begun.elapsed().as_nanos() as u64).unwrap();
+            }
+        }
+        let extra = reader.metrics().extra_round_trips;
+        println!(
+            "  {:<44} p50 {:>8.2}  p99 {:>8.2}  (warm: p50 {:.2}; {extra} extra round trips)",
+            format!("fast path {wire:?} prefix-16, cold templates"),
+            cold.value_at_quantile(0.5) as f64 / 1e3,
+            cold.value_at_quantile(0.99) as f64 / 1e3,
+            warm.value_at_quantile(0.5) as f64 / 1e3,
+        );
+    }
 }
 
 /// StartWriteCache + FinishWriteCache of 16 new blocks; (p50, p99) in µs.

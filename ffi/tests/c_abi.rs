@@ -17,17 +17,22 @@ const WRITTEN: [i64; 5] = [101, 102, 103, 104, 105];
 
 /// Compiles the C program into a fresh directory (kept alive by the returned guard).
 fn compile() -> (tempfile::TempDir, PathBuf) {
+    compile_program("client_test")
+}
+
+/// Compiles `tests/c/<name>.c` (optimised) against the library of this run.
+fn compile_program(name: &str) -> (tempfile::TempDir, PathBuf) {
     let library = common::library();
     let lib_dir = library.parent().expect("library directory");
     let ffi = common::ffi_dir();
     let out = tempfile::tempdir().expect("temp dir");
-    let program = out.path().join("client_test");
+    let program = out.path().join(name);
     let output = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
+        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&program)
         .arg("-I")
         .arg(ffi.join("include"))
-        .arg(ffi.join("tests/c/client_test.c"))
+        .arg(ffi.join(format!("tests/c/{name}.c")))
         .arg(format!("-L{}", lib_dir.display()))
         .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
         .arg("-lkvcm_ffi")
@@ -130,4 +135,58 @@ fn bad_input_gives_the_documented_codes() {
         assert_eq!(codes.get(name), Some(&code), "{name}: {codes:?}");
     }
     assert_eq!(codes.len(), expected.len(), "{codes:?}");
+}
+
+/// C vs Rust at prefix-128 on both soft wires: the same loop (warm-up, then per-call times,
+/// median) through the C ABI and through the Rust client, in one run. A benchmark, not a
+/// check: run it with `cargo test --release -p kvcm-ffi --test c_abi -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore = "a benchmark: run with --release --ignored --nocapture"]
+fn c_vs_rust_prefix_128_report() {
+    if !common::require_tool("cc", "c_abi") {
+        return;
+    }
+    const ITERATIONS: usize = 20_000;
+    let (_dir, program) = compile_program("bench");
+    let harness = Harness::start();
+    harness.register("ffi-bench");
+    let keys: Vec<i64> = (1..=128).collect();
+    harness.write("ffi-bench", &keys);
+    for wire in [Wire::Tcp, Wire::Shm] {
+        let rust = harness.client("ffi-bench", Some(wire));
+        for _ in 0..1000 {
+            assert_eq!(rust.prefix_match(&keys).expect("warm-up").len(), 128);
+        }
+        let mut times: Vec<u128> = (0..ITERATIONS)
+            .map(|_| {
+                let begun = std::time::Instant::now();
+                assert_eq!(rust.prefix_match(&keys).expect("lookup").len(), 128);
+                begun.elapsed().as_nanos()
+            })
+            .collect();
+        times.sort_unstable();
+        let rust_p50 = times[ITERATIONS / 2] as f64;
+        let mut args = vec![
+            harness.grpc.clone(),
+            harness.http.clone(),
+            "ffi-bench".into(),
+        ];
+        args.extend([
+            wire_code(Some(wire)).into(),
+            "128".into(),
+            ITERATIONS.to_string(),
+        ]);
+        let line = run(&program, &args).pop().expect("a p50 line");
+        let c_p50: f64 = line
+            .strip_prefix("p50_ns ")
+            .and_then(|n| n.parse().ok())
+            .expect("p50_ns N");
+        eprintln!(
+            "prefix-128 on {wire:?}: Rust p50 {:.2} µs, C p50 {:.2} µs, C / Rust = {:.3}",
+            rust_p50 / 1e3,
+            c_p50 / 1e3,
+            c_p50 / rust_p50
+        );
+    }
 }
