@@ -147,11 +147,6 @@ impl LookupService {
         Ok(service)
     }
 
-    /// This server process's incarnation id.
-    pub fn incarnation(&self) -> u64 {
-        self.incarnation
-    }
-
     /// Where clients connect their queue pairs.
     pub fn connect_addr(&self) -> SocketAddr {
         self.connect_addr
@@ -174,15 +169,30 @@ impl LookupService {
         if instance.specs().len() > kvcm_lookup::header::MAX_PARTS {
             return Err(LookupError::TooManySpecs(instance_id.to_string()));
         }
-        // Built under the map's lock: publication calls for this instance wait, then see it
-        // (and the build read every key after they were committed).
-        let mut tables = self.tables();
-        if let Some(table) = tables.get(instance_id) {
-            return Ok(table.clone());
+        // Entered in the map at once (empty, not yet readable), then filled under its own
+        // lock: publication calls for this instance wait for the fill, other instances' do
+        // not, and a concurrent bootstrap waits for the same fill.
+        let table = {
+            let mut tables = self.tables();
+            match tables.get(instance_id) {
+                Some(table) => table.clone(),
+                None => {
+                    let table = InstanceTable::create(
+                        &manager,
+                        &instance,
+                        &self.domains,
+                        self.incarnation,
+                    )?;
+                    let table = Arc::new(table);
+                    tables.insert(instance_id.to_string(), table.clone());
+                    table
+                }
+            }
+        };
+        if let Err(error) = table.ensure_published(&manager, &instance, &self.domains) {
+            self.drop_table(instance_id, &error);
+            return Err(error);
         }
-        let table = InstanceTable::create(&manager, &instance, &self.domains, self.incarnation)?;
-        let table = Arc::new(table);
-        tables.insert(instance_id.to_string(), table.clone());
         Ok(table)
     }
 

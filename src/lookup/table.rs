@@ -55,6 +55,10 @@ struct State {
     epoch: u64,
     retiring: Vec<(Instant, Published)>,
     availability: Availability,
+    /// Whether the table was filled and its header written ([`InstanceTable::ensure_published`]).
+    published: bool,
+    /// Whether the table was retired (never published again).
+    retired: bool,
 }
 
 /// The published table of one instance.
@@ -106,10 +110,9 @@ impl InstanceTable {
         let header = anchor.alloc(HEADER_MEMORY)?;
         let header_regions = register_all(domains, &header, HEADER_MEMORY)?;
         let availability = availability(manager, instance);
-        let keys = instance.index.len()?;
-        let sizes = Sizes::for_keys(specs.len(), keys, availability.storages.len())?;
-        let (current, sizes) = build(manager, instance, domains, &specs, &availability, sizes)?;
-        let table = InstanceTable {
+        let sizes = Sizes::for_keys(specs.len(), 0, availability.storages.len())?;
+        let current = empty(domains, &specs, &availability, sizes)?;
+        Ok(InstanceTable {
             instance_id: instance.id().to_string(),
             header,
             header_regions,
@@ -122,12 +125,46 @@ impl InstanceTable {
                 epoch: 1,
                 retiring: Vec::new(),
                 availability,
+                published: false,
+                retired: false,
             }),
-        };
-        let state = table.lock();
-        table.write_header(&state, true)?;
-        drop(state);
-        Ok(table)
+        })
+    }
+
+    /// Fills the table from the index and writes its header, once (later calls return at
+    /// once; a concurrent call waits for the first). Until then the header is not valid, so
+    /// no reader can use the table, and changes reported meanwhile are left to the fill
+    /// (which reads the index after them).
+    pub fn ensure_published(
+        &self,
+        manager: &Manager,
+        instance: &Instance,
+        domains: &[(usize, SoftDomain)],
+    ) -> Result<(), LookupError> {
+        let mut state = self.lock();
+        if state.retired {
+            return Err(LookupError::UnknownInstance(self.instance_id.clone()));
+        }
+        if state.published {
+            return Ok(());
+        }
+        state.availability = availability(manager, instance);
+        let keys = instance.index.len()?;
+        let handles = state.availability.storages.len();
+        let sizes = Sizes::for_keys(self.specs.len(), keys, handles)?;
+        let (current, sizes) = build(
+            manager,
+            instance,
+            domains,
+            &self.specs,
+            &state.availability,
+            sizes,
+        )?;
+        state.current = current;
+        state.sizes = sizes;
+        self.write_header(&state, true)?;
+        state.published = true;
+        Ok(())
     }
 
     /// Where readers find the table.
@@ -156,6 +193,9 @@ impl InstanceTable {
         keys: &[BlockKey],
     ) -> Result<(), LookupError> {
         let mut state = self.lock();
+        if !state.published {
+            return Ok(()); // the fill reads these keys later
+        }
         let entries = instance.index.get(keys)?;
         for (key, entry) in keys.iter().zip(entries) {
             let serving =
@@ -183,7 +223,7 @@ impl InstanceTable {
     ) -> Result<(), LookupError> {
         let mut state = self.lock();
         let availability = availability(manager, instance);
-        if availability == state.availability {
+        if !state.published || availability == state.availability {
             return Ok(());
         }
         state.availability = availability.clone();
@@ -253,17 +293,12 @@ impl InstanceTable {
 
     /// Retires the whole table (the instance was removed): readers refuse it from now on.
     pub fn retire(&self) -> Result<(), LookupError> {
-        let state = self.lock();
+        let mut state = self.lock();
+        state.retired = true;
+        state.published = false;
         seqlock::retire(&self.header, 0, HEADER_BLOCK)?;
         state.current.generation.retire()?;
         Ok(())
-    }
-
-    /// Slots in use and the bytes of the current generation.
-    pub fn usage(&self) -> (u64, usize) {
-        let state = self.lock();
-        let generation = &state.current.generation;
-        (generation.slots_used(), generation.layout().total_len())
     }
 }
 
@@ -330,6 +365,25 @@ impl Sizes {
             self.heap,
         )?)
     }
+}
+
+/// An empty generation of `sizes`, registered (the placeholder until the first fill).
+fn empty(
+    domains: &[(usize, SoftDomain)],
+    specs: &[(String, i64)],
+    availability: &Availability,
+    sizes: Sizes,
+) -> Result<Published, LookupError> {
+    let layout = sizes.layout()?;
+    let anchor = &domains.first().ok_or(LookupError::NoWire)?.1;
+    let len = layout.total_len().next_multiple_of(4096);
+    let memory = anchor.alloc(len)?;
+    let generation = Generation::create(memory, layout, fastrand::u64(..), specs, availability)?;
+    let regions = register_all(domains, generation.memory(), len)?;
+    Ok(Published {
+        generation,
+        regions,
+    })
 }
 
 /// A generation of `sizes` (grown while something runs out), filled from the index.

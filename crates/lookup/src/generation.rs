@@ -120,8 +120,6 @@ pub struct Generation<M: Memory> {
     heap_dead: usize,
     /// Slots in use (markers included).
     slots_used: u64,
-    /// Forward moves made to find room.
-    moves: u64,
     /// Test probe called with (key, phase) around each write of a move.
     #[cfg(test)]
     probe: Option<Box<dyn FnMut(i64, MovePhase)>>,
@@ -169,7 +167,6 @@ impl<M: Memory> Generation<M> {
             heap_used: FIRST_ENTRY,
             heap_dead: 0,
             slots_used: 0,
-            moves: 0,
             #[cfg(test)]
             probe: None,
             spec_list: 0,
@@ -192,11 +189,6 @@ impl<M: Memory> Generation<M> {
     /// Slots in use.
     pub fn slots_used(&self) -> u64 {
         self.slots_used
-    }
-
-    /// Forward moves made so far to find room for keys.
-    pub fn moves(&self) -> u64 {
-        self.moves
     }
 
     /// Heap bytes written, and of those the ones no slot names any more.
@@ -339,7 +331,6 @@ impl<M: Memory> Generation<M> {
             }
             self.write_bucket(index, &source)?;
             self.observe(slot.head.key, MovePhase::After);
-            self.moves += 1;
             return Ok(true);
         }
         Ok(false)
