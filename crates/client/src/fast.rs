@@ -48,8 +48,44 @@ pub(crate) struct FastPath {
 /// The copied state of one query's keys.
 struct Copied {
     availability: Availability,
-    /// Per position, the key's slots.
-    slots: Vec<Vec<Slot>>,
+    /// Per position, the location drawn among the key's readable ones.
+    drawn: Vec<Draw>,
+}
+
+/// The readable location drawn for a key (§11) as its slots are read: among its slots of
+/// positive weight, one at random in proportion to its weight (weighted reservoir sampling,
+/// as the server draws); an overflowed key must be asked of the server.
+#[derive(Default)]
+struct Draw {
+    chosen: Option<Slot>,
+    total: u32,
+    overflow: bool,
+}
+
+impl Draw {
+    fn offer(&mut self, slot: Slot, availability: &Availability) {
+        if slot.is_overflow() {
+            self.overflow = true;
+            return;
+        }
+        let weight = u32::from(availability.get(slot.head.storage).weight);
+        if weight == 0 {
+            return;
+        }
+        self.total += weight;
+        if fastrand::u32(..self.total) < weight {
+            self.chosen = Some(slot);
+        }
+    }
+
+    fn finish(self) -> Result<Option<Slot>, FastError> {
+        if self.overflow {
+            return Err(FastError::AskServer(
+                "a key has more locations than its buckets hold",
+            ));
+        }
+        Ok(self.chosen)
+    }
 }
 
 impl FastPath {
@@ -195,10 +231,10 @@ impl FastPath {
         if copied.availability.no_storage {
             return Err(ask("no storage is available"));
         }
-        let chosen: Vec<Option<Slot>> = queried
-            .iter()
-            .zip(copied.slots)
-            .map(|(_, slots)| choose(slots, &copied.availability))
+        let chosen: Vec<Option<Slot>> = copied
+            .drawn
+            .into_iter()
+            .map(Draw::finish)
             .collect::<Result<_, _>>()?;
         let answered: Vec<Option<Slot>> = match kind {
             QueryKind::PrefixMatch => query::prefix_match(chosen).into_iter().map(Some).collect(),
@@ -258,24 +294,26 @@ impl FastPath {
                 }
             };
             let geometry = header.geometry();
-            let mut slots = Vec::with_capacity(keys.len());
+            let mut drawn = Vec::with_capacity(keys.len());
             let mut outcome = Copy::Good(());
             for (key, pair) in keys.iter().zip(buckets.chunks_exact(2 * bucket)) {
-                let mut found = Vec::new();
+                let mut draw = Draw::default();
                 for block in pair.chunks_exact(bucket) {
                     match reader::key_slots(block, &geometry, *key) {
-                        Copy::Good(mine) => found.extend(mine),
+                        Copy::Good(mine) => {
+                            mine.into_iter().for_each(|s| draw.offer(s, &availability))
+                        }
                         Copy::Torn => outcome = Copy::Torn,
                         Copy::Retired => outcome = Copy::Retired,
                     }
                 }
-                slots.push(found);
+                drawn.push(draw);
             }
             match outcome {
                 Copy::Good(()) => {
                     return Ok(Copied {
                         availability,
-                        slots,
+                        drawn,
                     })
                 }
                 Copy::Torn => metrics.retry(),
@@ -403,28 +441,4 @@ impl FastPath {
         }
         Ok(entries)
     }
-}
-
-/// The readable location drawn for a key (§11), `None` for a miss; an overflowed key must
-/// be asked of the server.
-fn choose(slots: Vec<Slot>, availability: &Availability) -> Result<Option<Slot>, FastError> {
-    if slots.iter().any(Slot::is_overflow) {
-        return Err(FastError::AskServer(
-            "a key has more locations than its buckets hold",
-        ));
-    }
-    let mut chosen = None;
-    let mut total = 0u32;
-    for slot in slots {
-        let weight = u32::from(availability.get(slot.head.storage).weight);
-        if weight == 0 {
-            continue;
-        }
-        // Weighted reservoir sampling, as the server draws.
-        total += weight;
-        if fastrand::u32(..total) < weight {
-            chosen = Some(slot);
-        }
-    }
-    Ok(chosen)
 }

@@ -52,6 +52,12 @@ struct Live {
     entry: KeyEntry,
 }
 
+/// The local key a batch resolved last (see [`Registry::resolve_memo`]).
+#[derive(Debug, Default)]
+pub(crate) struct KeyMemo {
+    last: Option<(u32, KeyEntry, Arc<SharedMemory>)>,
+}
+
 #[derive(Debug, Default)]
 struct SlotAllocator {
     /// Free slots, oldest freed first: a slot comes back only after every other free slot
@@ -152,15 +158,32 @@ impl Registry {
 
     /// Resolves `len` bytes at `addr` under `key`, if live, in bounds and allowed `need`.
     pub(crate) fn resolve(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<Target> {
-        let live = self.live.read().unwrap_or_else(PoisonError::into_inner);
-        let found = live.get(&key)?;
-        if !keytable::check_access(&found.entry, addr, len, need) {
+        self.resolve_memo(&mut KeyMemo::default(), key, addr, len, need)
+    }
+
+    /// [`Registry::resolve`], looking `key` up only when `memo` holds another key (a batch
+    /// of work requests mostly names one local key; one deregistered while the batch runs
+    /// is used to the batch's end, as a NIC uses requests already in flight).
+    pub(crate) fn resolve_memo(
+        &self,
+        memo: &mut KeyMemo,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<Target> {
+        if memo.last.as_ref().is_none_or(|(last, _, _)| *last != key) {
+            let live = self.live.read().unwrap_or_else(PoisonError::into_inner);
+            let found = live.get(&key)?;
+            memo.last = Some((key, found.entry, Arc::clone(&found.memory.shm)));
+        }
+        let (_, entry, mem) = memo.last.as_ref()?;
+        if !keytable::check_access(entry, addr, len, need) {
             return None;
         }
-        let offset = (addr - found.entry.mem_base) as usize;
         Some(Target {
-            mem: Arc::clone(&found.memory.shm),
-            offset,
+            mem: Arc::clone(mem),
+            offset: (addr - entry.mem_base) as usize,
         })
     }
 }

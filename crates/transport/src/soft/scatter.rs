@@ -3,7 +3,7 @@
 //! Every element is checked (live lkey, bounds, local-write right where the NIC writes)
 //! before any byte moves, so a bad list fails with `LocalProtectionError` and no effect.
 
-use super::registry::{Registry, Target};
+use super::registry::{KeyMemo, Registry, Target};
 use crate::sys::SharedMemory;
 use crate::{Access, Sge, WcStatus};
 
@@ -21,20 +21,28 @@ pub(crate) fn resolve(
     need: Access,
 ) -> Result<Vec<Piece>, WcStatus> {
     let mut pieces = Vec::with_capacity(sg_list.len());
-    resolve_into(registry, sg_list, need, &mut pieces)?;
+    resolve_into(
+        registry,
+        &mut KeyMemo::default(),
+        sg_list,
+        need,
+        &mut pieces,
+    )?;
     Ok(pieces)
 }
 
-/// [`resolve`] into `pieces` (cleared first), so that a loop reuses one allocation.
+/// [`resolve`] into `pieces` (cleared first), so that a loop reuses one allocation, with
+/// the keys of a batch looked up through `memo`.
 pub(crate) fn resolve_into(
     registry: &Registry,
+    memo: &mut KeyMemo,
     sg_list: &[Sge],
     need: Access,
     pieces: &mut Vec<Piece>,
 ) -> Result<(), WcStatus> {
     pieces.clear();
     for sge in sg_list {
-        let target = registry.resolve(sge.lkey, sge.addr, u64::from(sge.len), need);
+        let target = registry.resolve_memo(memo, sge.lkey, sge.addr, u64::from(sge.len), need);
         let target = target.ok_or(WcStatus::LocalProtectionError)?;
         pieces.push(Piece {
             target,

@@ -14,7 +14,7 @@
 use super::{Memo, ShmPeer};
 use crate::soft::frame::{Op, RequestHeader, REQUEST_LEN};
 use crate::soft::queue_pair::{PostedSend, QpShared};
-use crate::soft::registry::{AtomicOp, Registry};
+use crate::soft::registry::{AtomicOp, KeyMemo, Registry};
 use crate::soft::scatter::{self, Piece};
 use crate::{Access, RemoteAddr, SendOp, WcStatus};
 use std::collections::VecDeque;
@@ -96,10 +96,12 @@ fn drain(
     // dies while the batch runs is read as it was when it died, a moment inside the batch.
     let gone = peer.gone();
     let mut memo = Memo::default();
+    let mut local = KeyMemo::default();
     let mut pieces = Vec::new();
     while let Some(send) = queue.front() {
+        let need = local_need(&send.op);
         let resolved =
-            scatter::resolve_into(registry, &send.sg_list, local_need(&send.op), &mut pieces);
+            scatter::resolve_into(registry, &mut local, &send.sg_list, need, &mut pieces);
         let outcome = match resolved {
             _ if gone => Outcome::Done(WcStatus::RetryExceeded, 0),
             Ok(()) => execute(peer, &mut memo, &send.op, &pieces),
