@@ -232,10 +232,12 @@ fn grown_by_name(
 }
 
 /// Whether a server thread would run per lookup if lookups reached the server: request
-/// handlers (tokio), manager threads, and on soft-shm the NIC.
+/// handlers (tokio), manager threads, the polling-thread core and its workers, and on
+/// soft-shm the NIC.
 fn serves_requests(name: &str, wire: Wire) -> bool {
     name.starts_with("tokio")
         || name.starts_with("kvcm-deleter")
+        || name.starts_with("kvcm-core")
         || name == "kvcm" // the main thread
         || (wire == Wire::Shm && name == "kvcm-soft-nic")
 }
