@@ -47,6 +47,8 @@ pub(crate) struct Connection {
     /// Message buffers: the reply's receive buffer, then the request's send buffer.
     messages: (HostMemory, SoftRegion),
     domain: SoftDomain,
+    /// The wire: on shared memory, reads are direct memory reads of the peer's regions.
+    wire: Wire,
     /// Round trips made (batches posted).
     pub round_trips: u64,
 }
@@ -95,6 +97,7 @@ impl Connection {
             buffer,
             messages: (message_memory, message_region),
             domain,
+            wire,
             round_trips: 0,
         })
     }
@@ -161,9 +164,29 @@ impl Connection {
         Ok(reply)
     }
 
-    /// Performs `reads` and returns their bytes, concatenated in order.
+    /// Performs `reads` and returns their bytes, concatenated in order (in that order: on
+    /// shared memory as direct reads of the mapped regions, otherwise as one batch of
+    /// one-sided READs per [`BATCH`]).
     pub(crate) fn read(&mut self, reads: &[Read]) -> Result<Vec<u8>, FastError> {
         let total: usize = reads.iter().map(|r| r.len).sum();
+        if self.wire == Wire::Shm {
+            let direct: Vec<(RemoteAddr, usize)> = reads
+                .iter()
+                .map(|r| {
+                    (
+                        RemoteAddr {
+                            addr: r.addr,
+                            rkey: r.rkey,
+                        },
+                        r.len,
+                    )
+                })
+                .collect();
+            let mut bytes = vec![0u8; total];
+            self.qp.read_direct(&direct, &mut bytes)?;
+            self.round_trips += 1;
+            return Ok(bytes);
+        }
         self.reserve(total)?;
         let mut offset = 0;
         for chunk in reads.chunks(BATCH) {

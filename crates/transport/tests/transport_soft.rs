@@ -22,6 +22,25 @@ fn localhost() -> IpAddr {
     [127, 0, 0, 1].into()
 }
 
+#[test]
+fn direct_reads_are_refused_on_the_tcp_wire() {
+    let open_tcp = || open(Wire::Tcp, localhost());
+    let p = conformance::Pair::new(&open_tcp, 4096);
+    let read = [(
+        RemoteAddr {
+            addr: p.b.region.addr(),
+            rkey: p.b.region.rkey(),
+        },
+        8,
+    )];
+    assert!(p.a.qp.read_direct(&read, &mut [0u8; 8]).is_err());
+    assert_eq!(
+        p.a.qp.state(),
+        QpState::ReadyToSend,
+        "a refused call changes nothing"
+    );
+}
+
 mod tcp {
     use super::*;
 
@@ -298,6 +317,57 @@ mod shm {
     }
 
     conformance_suite!(SoftDomain, open_shm);
+
+    #[test]
+    fn direct_reads_copy_what_reads_would_and_refuse_what_reads_refuse() {
+        use kvcm_transport::Memory;
+        let p = conformance::Pair::new(&open_shm, 8192);
+        let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8).collect();
+        p.b.memory.write(0, &pattern).unwrap();
+        let remote = |offset: u64| RemoteAddr {
+            addr: p.b.region.addr() + offset,
+            rkey: p.b.region.rkey(),
+        };
+        let reads = [(remote(64), 64), (remote(4000), 100), (remote(0), 8)];
+        let mut out = vec![0u8; 172];
+        p.a.qp.read_direct(&reads, &mut out).unwrap();
+        let mut expected = pattern[64..128].to_vec();
+        expected.extend_from_slice(&pattern[4000..4100]);
+        expected.extend_from_slice(&pattern[..8]);
+        assert_eq!(out, expected);
+        // The output must be filled exactly; that is refused without harm.
+        assert!(p.a.qp.read_direct(&reads, &mut [0u8; 10]).is_err());
+        assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
+        // Past the region: refused, and the queue pair fails as a READ's would.
+        let past = [(remote(8190), 16)];
+        assert!(p.a.qp.read_direct(&past, &mut [0u8; 16]).is_err());
+        assert_eq!(p.a.qp.state(), QpState::Error);
+        assert!(
+            p.a.qp.read_direct(&reads, &mut out).is_err(),
+            "a failed pair stays failed"
+        );
+    }
+
+    #[test]
+    fn direct_reads_refuse_a_deregistered_key() {
+        use kvcm_transport::Domain;
+        let p = conformance::Pair::new(&open_shm, 8192);
+        let other = p.b.domain.alloc(4096).unwrap();
+        let region =
+            p.b.domain
+                .register(&other, 0, 4096, kvcm_transport::Access::REMOTE_READ)
+                .unwrap();
+        let read = [(
+            RemoteAddr {
+                addr: region.addr(),
+                rkey: region.rkey(),
+            },
+            64,
+        )];
+        p.a.qp.read_direct(&read, &mut [0u8; 64]).unwrap();
+        drop(region);
+        assert!(p.a.qp.read_direct(&read, &mut [0u8; 64]).is_err());
+    }
 
     #[test]
     fn sends_to_a_peer_that_never_receives_time_out() {

@@ -10,7 +10,9 @@ use super::queue_pair::{PostedRecv, PostedSend, QpShared, SgList};
 use super::shm::{self, Ring, ShmAddress, ShmPeer};
 use super::Wire;
 use crate::api::{validate_recv_batch, validate_send_batch};
-use crate::{QpConfig, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendWr, TransportError};
+use crate::{
+    QpConfig, QpEndpoint, QpState, QueuePair, RecvWr, RemoteAddr, Result, SendWr, TransportError,
+};
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
@@ -209,6 +211,39 @@ impl QueuePair for SoftQp {
         }
         self.after_post(true);
         Ok(())
+    }
+}
+
+impl SoftQp {
+    /// On the shared-memory wire, copies `reads` (remote address and length, in order) into
+    /// `out` back to back, as plain memory reads of the peer's mapped regions — the same
+    /// bytes a batch of READs would deliver, checked the same way (rkey, bounds, right; the
+    /// peer process alive before the first copy), without work requests or completions:
+    /// the supernode / shared-memory case, where a one-sided read is a memory read. The
+    /// copies run in order. Refused on the TCP wire, before the queue pair is connected, or
+    /// once it failed; a failed check moves the queue pair to `Error` as a READ's would.
+    pub fn read_direct(&self, reads: &[(RemoteAddr, usize)], out: &mut [u8]) -> Result<()> {
+        let Some(peer) = self.shared.shm_peer.get() else {
+            return Err(TransportError::InvalidArgument(
+                "direct reads need a connected shared-memory queue pair",
+            ));
+        };
+        if self.shared.state() != QpState::ReadyToSend {
+            return Err(self.refuse("read_direct"));
+        }
+        let total: usize = reads.iter().map(|(_, len)| len).sum();
+        if total != out.len() {
+            return Err(TransportError::InvalidArgument(
+                "direct reads must fill the output exactly",
+            ));
+        }
+        if shm::read_direct(peer, reads, out) {
+            return Ok(());
+        }
+        self.shared.mark_error();
+        Err(TransportError::InvalidArgument(
+            "a direct read was refused (peer gone, bad rkey, bounds or rights)",
+        ))
     }
 }
 

@@ -58,6 +58,36 @@ pub(crate) fn post_inline(
     finish(qp, drained)
 }
 
+/// Copies `reads` from the peer's regions into `out`, in order (see `SoftQp::read_direct`);
+/// false when the peer is gone or a read is refused.
+pub(crate) fn read_direct(peer: &ShmPeer, reads: &[(RemoteAddr, usize)], out: &mut [u8]) -> bool {
+    if peer.gone() {
+        return false;
+    }
+    let mut memo = Memo::default();
+    let mut at = 0;
+    for &(remote, len) in reads {
+        let Some(source) = peer.resolve(
+            &mut memo,
+            remote.rkey,
+            remote.addr,
+            len as u64,
+            Access::REMOTE_READ,
+        ) else {
+            return false;
+        };
+        if source
+            .mem
+            .read(source.offset, &mut out[at..at + len])
+            .is_err()
+        {
+            return false;
+        }
+        at += len;
+    }
+    true
+}
+
 /// Retries the sends of `qp` that wait for ring room (NIC thread); true on progress.
 pub(crate) fn retry_stalled(registry: &Registry, qp: &QpShared, peer: &ShmPeer) -> bool {
     let Ok(_producer) = peer.send_lock.try_lock() else {
