@@ -6,8 +6,10 @@ server, writes 16 keys and sets KVCM_FFI_LIB and KVCM_TEST_*), or by hand with t
 Compared, interleaved in rounds so that drift hits all alike (median of the rounds):
   c-direct   kvcm_prefix_match through ctypes on a pre-built buffer, result freed, nothing
              decoded: the floor of any binding;
-  array('q') kvcm.Client.prefix_match on an array('q');
-  list       kvcm.Client.prefix_match on a list of ints (converted per call).
+  array('q') kvcm.Client.prefix_match on an array('q') (the result's locations are decoded
+             on first access: this is the call alone, enough to read how many matched);
+  list       kvcm.Client.prefix_match on a list of ints (converted per call);
+  array('q')+use  the same call, then one location read (which decodes all 16).
 The differences include the network's noise, so the Python work alone is also timed on a
 held result with no server call: key conversion plus decoding 16 locations. A fourth input,
 c-direct+wait, makes the bare C call and then busy-waits as long as that Python work takes:
@@ -92,6 +94,7 @@ def report(wire, keys):
             "c-direct+wait": waiting(direct(client, packed), (decode + convert_array) / 1e6),
             "array('q')": lambda: client.prefix_match(packed),
             "list": lambda: client.prefix_match(keys),
+            "array('q')+use": lambda: client.prefix_match(packed)[0],
         }
         rounds = {name: [] for name in cases}
         for _ in range(ROUNDS):

@@ -11,7 +11,7 @@ copy bundled in this package (see kvcm._lib).
 """
 
 from ._lib import BUILD_COMMAND
-from .client import Client, Location, Metrics
+from .client import Client, Location, Locations, Metrics
 from .errors import InvalidArgumentError, KvcmError, ServerError, UnreachableError
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "InvalidArgumentError",
     "KvcmError",
     "Location",
+    "Locations",
     "Metrics",
     "ServerError",
     "UnreachableError",

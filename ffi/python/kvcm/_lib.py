@@ -75,6 +75,7 @@ def _declare(lib):
         "kvcm_client_metrics": ([c_void_p, POINTER(FastPathMetrics)], c_int32),
         "kvcm_client_fast_path_up": ([c_void_p], c_int32),
         "kvcm_locations_view": ([c_void_p, POINTER(FlatView)], c_int32),
+        "kvcm_locations_count": ([c_void_p], c_size_t),
         "kvcm_locations_free": ([c_void_p], None),
         "kvcm_string_free": ([c_void_p], None),
     }

@@ -1,10 +1,13 @@
 """kvcm.Client: the three lookups of the kvcm client library over its C ABI.
 
-Each lookup makes one C call (blocking, the GIL released), then decodes the whole result
-in one pass from a single flat view (kvcm_flat_view): a constant number of ctypes calls per
-lookup whatever the number of locations, and one copy of the strings.
+Each lookup makes one C call (blocking, the GIL released) and returns a `Locations`
+sequence over the C result: its length needs no decoding (how many blocks matched); the
+first access to a location decodes the whole result in one pass from a single flat view
+(kvcm_flat_view): a constant number of ctypes calls whatever the number of locations, and
+one copy of the strings. The C result is freed then, or when the sequence is dropped.
 """
 
+from collections.abc import Sequence
 from ctypes import byref, c_void_p, string_at
 from itertools import islice, repeat
 from typing import List, NamedTuple, Tuple
@@ -87,6 +90,50 @@ def _locations(view):
     return list(map(_new_location, repeat(Location), rows))
 
 
+class Locations(Sequence):
+    """The locations of one lookup (a read-only sequence of `Location`), decoded on first
+    access to a location; `len()` reads only the count. Compares equal to a list of the
+    same locations."""
+
+    __slots__ = ("_result", "_count", "_decoded")
+
+    def __init__(self, result):
+        self._result = result
+        self._count = LIB.kvcm_locations_count(result)
+        self._decoded = None
+
+    def _items(self):
+        if self._decoded is None:
+            try:
+                self._decoded = _decode(self._result)
+            finally:
+                LIB.kvcm_locations_free(self._result)
+                self._result = None
+        return self._decoded
+
+    def __len__(self):
+        return self._count
+
+    def __getitem__(self, index):
+        return self._items()[index]
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def __eq__(self, other):
+        if isinstance(other, (list, tuple, Locations)):
+            return self._items() == list(other)
+        return NotImplemented
+
+    def __repr__(self):
+        return f"Locations({self._items()!r})"
+
+    def __del__(self):
+        if getattr(self, "_result", None) is not None and LIB is not None:
+            LIB.kvcm_locations_free(self._result)
+            self._result = None
+
+
 class Client:
     """A connected kvcm client for one instance.
 
@@ -120,20 +167,17 @@ class Client:
         del keep  # the keys stayed exported until the call returned
         if status:
             _raise(status, message)
-        try:
-            return _decode(result)
-        finally:
-            LIB.kvcm_locations_free(result)
+        return Locations(result)
 
-    def prefix_match(self, keys) -> List[Location]:
+    def prefix_match(self, keys) -> "Locations":
         """Locations of the longest cached prefix of `keys` (int64 block keys)."""
         return self._lookup(LIB.kvcm_prefix_match, keys)
 
-    def batch_get(self, keys) -> List[Location]:
+    def batch_get(self, keys) -> "Locations":
         """One location per key (an empty URI where a key is not cached)."""
         return self._lookup(LIB.kvcm_batch_get, keys)
 
-    def sliding_window(self, keys, sw_size) -> List[Location]:
+    def sliding_window(self, keys, sw_size) -> "Locations":
         """Reverse rolling sliding-window match with a window of `sw_size` blocks."""
         if not isinstance(sw_size, int):
             raise TypeError(f"sw_size must be an int, not {type(sw_size).__name__}")

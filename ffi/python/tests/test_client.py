@@ -114,6 +114,18 @@ class Lookups(unittest.TestCase):
         window = self.client.sliding_window(array("q", keys("KVCM_TEST_SW_KEYS")), size)
         self.assertEqual(lines(window), expected("KVCM_TEST_SW"))
 
+    def test_results_decode_lazily_and_compare_as_lists(self):
+        result = self.client.prefix_match(self.prefix_keys)
+        self.assertIsInstance(result, kvcm.Locations)
+        self.assertEqual(len(result), len(self.prefix))
+        self.assertIsNone(result._decoded, "len() decodes nothing")
+        self.client.close()  # a result does not depend on its client
+        as_list = list(result)
+        self.assertEqual(result, as_list)
+        self.assertIsNone(result._result, "the C result is freed once decoded")
+        self.assertEqual(lines(result), self.prefix)
+        self.assertNotEqual(result, "not locations")
+
     def test_result_shape(self):
         location = self.client.prefix_match(self.prefix_keys)[0]
         self.assertIsInstance(location, kvcm.Location)
