@@ -38,8 +38,8 @@ const WORK_QUEUE: usize = 1024;
 const WORKERS: usize = 2;
 /// How long the polling thread spins after its last work before parking.
 const SPIN: Duration = Duration::from_micros(100);
-/// Longest park (new peers are noticed at least this often).
-const PARK: Duration = Duration::from_millis(50);
+/// Longest park (a safety net: completions, replies and new peers all wake the poller).
+const PARK: Duration = Duration::from_millis(250);
 
 /// A peer: (wire index, queue pair number).
 type PeerKey = (usize, u32);
@@ -299,8 +299,8 @@ impl Poller {
             if worked {
                 last_work = Instant::now();
             } else if last_work.elapsed() > SPIN {
+                // A park that ends without work parks again after one round (no new spin).
                 self.park();
-                last_work = Instant::now();
             } else {
                 std::thread::yield_now();
             }
