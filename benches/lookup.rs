@@ -315,22 +315,7 @@ fn main() {
         .unwrap();
     let writer = client(grpc_port, http_port, None);
     let keys: Vec<i64> = (1..=128).collect();
-    let started = writer
-        .start_write(meta::StartWriteCacheRequest {
-            block_keys: keys.clone(),
-            write_timeout_seconds: 60,
-            ..Default::default()
-        })
-        .unwrap();
-    writer
-        .finish_write(meta::FinishWriteCacheRequest {
-            write_session_id: started.write_session_id,
-            success_blocks: Some(meta::BlockMask {
-                info: Some(meta::block_mask::Info::Offset(128)),
-            }),
-            ..Default::default()
-        })
-        .unwrap();
+    write(&writer, keys.clone());
     let redis = start_redis();
     println!("lookup benchmark: {rounds} rounds of {BLOCK} requests per case, p50 / p99 in µs");
     for count in [16usize, 128] {
@@ -421,24 +406,8 @@ fn table_bytes(writer: &Client, grpc: u16, http: u16) {
     const BLOCKS: i64 = 200_000;
     let mut first = 10_000_000i64;
     while first < 10_000_000 + BLOCKS {
-        let keys: Vec<i64> = (first..first + 1000).collect();
+        write(writer, (first..first + 1000).collect());
         first += 1000;
-        let started = writer
-            .start_write(meta::StartWriteCacheRequest {
-                block_keys: keys,
-                write_timeout_seconds: 60,
-                ..Default::default()
-            })
-            .unwrap();
-        writer
-            .finish_write(meta::FinishWriteCacheRequest {
-                write_session_id: started.write_session_id,
-                success_blocks: Some(meta::BlockMask {
-                    info: Some(meta::block_mask::Info::Offset(1000)),
-                }),
-                ..Default::default()
-            })
-            .unwrap();
     }
     let reader = client(grpc, http, Some(Wire::Shm));
     let blocks = BLOCKS as u64 + 128;
@@ -479,6 +448,28 @@ fn cold_templates(grpc: u16, http: u16) {
     }
 }
 
+/// StartWriteCache + FinishWriteCache of new `keys`, all committed.
+fn write(writer: &Client, keys: Vec<i64>) {
+    let count = keys.len() as i32;
+    let started = writer
+        .start_write(meta::StartWriteCacheRequest {
+            block_keys: keys,
+            write_timeout_seconds: 60,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(started.locations.len() as i32, count, "every key is new");
+    writer
+        .finish_write(meta::FinishWriteCacheRequest {
+            write_session_id: started.write_session_id,
+            success_blocks: Some(meta::BlockMask {
+                info: Some(meta::block_mask::Info::Offset(count)),
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+}
+
 /// StartWriteCache + FinishWriteCache of 16 new blocks; (p50, p99) in µs.
 fn write_pair(writer: &Client, rounds: usize, next: &mut i64) -> (f64, f64) {
     let mut histogram = Histogram::<u64>::new(3).unwrap();
@@ -486,22 +477,7 @@ fn write_pair(writer: &Client, rounds: usize, next: &mut i64) -> (f64, f64) {
         let keys: Vec<i64> = (*next..*next + 16).collect();
         *next += 16;
         let begun = Instant::now();
-        let started = writer
-            .start_write(meta::StartWriteCacheRequest {
-                block_keys: keys,
-                write_timeout_seconds: 60,
-                ..Default::default()
-            })
-            .unwrap();
-        writer
-            .finish_write(meta::FinishWriteCacheRequest {
-                write_session_id: started.write_session_id,
-                success_blocks: Some(meta::BlockMask {
-                    info: Some(meta::block_mask::Info::Offset(16)),
-                }),
-                ..Default::default()
-            })
-            .unwrap();
+        write(writer, keys);
         histogram.record(begun.elapsed().as_nanos() as u64).unwrap();
     }
     (

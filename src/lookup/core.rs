@@ -307,14 +307,20 @@ impl Poller {
         }
     }
 
+    /// The peer a completion belongs to; a failed completion means the peer is gone (it is
+    /// forgotten), and a completion of a forgotten peer is dropped.
+    fn completed(&mut self, key: PeerKey, completion: &WorkCompletion) -> Option<&mut Peer> {
+        if completion.status != WcStatus::Success {
+            self.peers.remove(&key);
+            return None;
+        }
+        self.peers.get_mut(&key)
+    }
+
     /// A request arrived (or a receive failed: the peer is gone).
     fn received(&mut self, wire: usize, completion: &WorkCompletion) {
         let key = (wire, completion.qpn);
-        if completion.status != WcStatus::Success {
-            self.peers.remove(&key);
-            return;
-        }
-        let Some(peer) = self.peers.get_mut(&key) else {
+        let Some(peer) = self.completed(key, completion) else {
             return;
         };
         let slot = completion.wr_id as usize;
@@ -352,11 +358,7 @@ impl Poller {
     /// A reply was sent (its buffer is free again) or failed (the peer is gone).
     fn sent(&mut self, wire: usize, completion: &WorkCompletion) {
         let key = (wire, completion.qpn);
-        if completion.status != WcStatus::Success {
-            self.peers.remove(&key);
-            return;
-        }
-        let Some(peer) = self.peers.get_mut(&key) else {
+        let Some(peer) = self.completed(key, completion) else {
             return;
         };
         peer.free_sends.push(completion.wr_id as usize);

@@ -67,7 +67,7 @@ pub enum LookupError {
     /// No wire is open.
     #[error("no lookup wire is open")]
     NoWire,
-    /// The queue-pair listener could not start.
+    /// The queue-pair listener, a connecting client or a core thread failed (I/O).
     #[error("lookup listener: {0}")]
     Listener(std::io::Error),
 }

@@ -19,7 +19,8 @@ use kvcm_lookup::generation::{Generation, Layout, PublishedLocation};
 use kvcm_lookup::header::{layout_version, HEADER_BLOCK, WIRES};
 use kvcm_lookup::strings::Template;
 use kvcm_lookup::{seqlock, FormatError, Full};
-use kvcm_manager::{Instance, Manager, ServingLocation};
+use kvcm_manager::{Entry, Instance, Manager};
+use kvcm_storage::UriTemplate;
 use kvcm_transport::soft::{SoftDomain, SoftRegion};
 use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
 
@@ -198,9 +199,7 @@ impl InstanceTable {
         }
         let entries = instance.index.get(keys)?;
         for (key, entry) in keys.iter().zip(entries) {
-            let serving =
-                entry.map_or_else(Vec::new, |e| manager.serving_locations(instance, *key, &e));
-            let locations = published(&serving);
+            let locations = entry.map_or_else(Vec::new, |e| published(manager, instance, *key, &e));
             match state.current.generation.publish(*key, &locations) {
                 Ok(()) => {}
                 // A rebuild reads every key's current entry, these included.
@@ -438,9 +437,9 @@ fn fill(
         let entries = instance.index.get(&page.keys)?;
         for (key, entry) in page.keys.iter().zip(entries) {
             let Some(entry) = entry else { continue };
-            let serving = manager.serving_locations(instance, *key, &entry);
-            if !serving.is_empty() {
-                generation.publish(*key, &published(&serving))?;
+            let locations = published(manager, instance, *key, &entry);
+            if !locations.is_empty() {
+                generation.publish(*key, &locations)?;
             }
         }
         cursor = page.next;
@@ -448,32 +447,38 @@ fn fill(
     Ok(())
 }
 
-/// The table's form of SERVING locations.
-fn published(serving: &[ServingLocation]) -> Vec<PublishedLocation> {
-    serving
-        .iter()
+/// The table's form of the SERVING locations of `key`'s entry (templates moved, not copied).
+fn published(
+    manager: &Manager,
+    instance: &Instance,
+    key: BlockKey,
+    entry: &Entry,
+) -> Vec<PublishedLocation> {
+    let part = |(spec, template): (u16, Option<UriTemplate>)| {
+        // A part the backend no longer knows keeps its spec and renders empty.
+        let UriTemplate { head, block, tail } = template.unwrap_or(UriTemplate {
+            head: String::new(),
+            block: None,
+            tail: String::new(),
+        });
+        let has_block = block.is_some();
+        (
+            Template {
+                spec,
+                head,
+                has_block,
+                tail,
+            },
+            block.unwrap_or(0),
+        )
+    };
+    manager
+        .serving_locations(instance, key, entry)
+        .into_iter()
         .map(|location| PublishedLocation {
             nonce: location.nonce,
             storage: location.storage.0,
-            parts: location
-                .parts
-                .iter()
-                .map(|(spec, template)| {
-                    // A part the backend no longer knows keeps its spec and renders empty.
-                    let (head, block, tail) = template
-                        .as_ref()
-                        .map_or((String::new(), None, String::new()), |t| {
-                            (t.head.clone(), t.block, t.tail.clone())
-                        });
-                    let template = Template {
-                        spec: *spec,
-                        head,
-                        has_block: block.is_some(),
-                        tail,
-                    };
-                    (Some(template), block.unwrap_or(0))
-                })
-                .collect(),
+            parts: location.parts.into_iter().map(part).collect(),
         })
         .collect()
 }

@@ -150,11 +150,11 @@ impl Client {
         &self,
         mut request: meta::GetCacheLocationRequest,
     ) -> Result<Vec<meta::CacheLocation>, ClientError> {
-        request.instance_id = self.config.instance_id.clone();
         if let Some(locations) = self.try_fast(&request) {
             self.metrics.hit();
             return Ok(locations);
         }
+        request.instance_id = self.config.instance_id.clone();
         if self.config.wire.is_some() {
             self.metrics.fallback();
         }

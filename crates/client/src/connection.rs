@@ -49,6 +49,8 @@ pub(crate) struct Connection {
     domain: SoftDomain,
     /// The wire: on shared memory, reads are direct memory reads of the peer's regions.
     wire: Wire,
+    /// The direct reads of the current call (kept to reuse its allocation).
+    direct: Vec<(RemoteAddr, usize)>,
     /// Round trips made (batches posted).
     pub round_trips: u64,
 }
@@ -98,6 +100,7 @@ impl Connection {
             messages: (message_memory, message_region),
             domain,
             wire,
+            direct: Vec::new(),
             round_trips: 0,
         })
     }
@@ -170,20 +173,19 @@ impl Connection {
     pub(crate) fn read(&mut self, reads: &[Read]) -> Result<Vec<u8>, FastError> {
         let total: usize = reads.iter().map(|r| r.len).sum();
         if self.wire == Wire::Shm {
-            let direct: Vec<(RemoteAddr, usize)> = reads
-                .iter()
-                .map(|r| {
-                    (
-                        RemoteAddr {
-                            addr: r.addr,
-                            rkey: r.rkey,
-                        },
-                        r.len,
-                    )
-                })
-                .collect();
+            let remote = |r: &Read| {
+                (
+                    RemoteAddr {
+                        addr: r.addr,
+                        rkey: r.rkey,
+                    },
+                    r.len,
+                )
+            };
+            self.direct.clear();
+            self.direct.extend(reads.iter().map(remote));
             let mut bytes = vec![0u8; total];
-            self.qp.read_direct(&direct, &mut bytes)?;
+            self.qp.read_direct(&self.direct, &mut bytes)?;
             self.round_trips += 1;
             return Ok(bytes);
         }

@@ -9,6 +9,7 @@
 //! placeholders. Whatever the fast path cannot answer exactly (an overflowed key, a query
 //! the server refuses, no storage available) is left to the server.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use kvcm::lookup::{BootstrapAnswer, WireAnswer};
@@ -202,10 +203,13 @@ impl FastPath {
         metrics: &Metrics,
     ) -> Result<Vec<meta::CacheLocation>, FastError> {
         let ask = FastError::AskServer;
-        let keys = if !request.block_keys.is_empty() {
-            request.block_keys.clone()
+        let keys: Cow<'_, [i64]> = if !request.block_keys.is_empty() {
+            Cow::Borrowed(&request.block_keys)
         } else if !request.token_ids.is_empty() && self.header.block_size > 0 {
-            block_keys_from_tokens(&request.token_ids, self.header.block_size as usize)
+            Cow::Owned(block_keys_from_tokens(
+                &request.token_ids,
+                self.header.block_size as usize,
+            ))
         } else {
             return Err(ask("no keys, or token ids without a block size"));
         };
@@ -218,7 +222,7 @@ impl FastPath {
                 return Err(ask("sw_size"));
             }
         }
-        let queried: Vec<i64> = match kind {
+        let queried: Cow<'_, [i64]> = match kind {
             QueryKind::PrefixMatch => keys
                 .iter()
                 .enumerate()

@@ -86,7 +86,8 @@ impl Layout {
 }
 
 /// A location as published: its nonce, storage handle and parts (template, block) in spec
-/// order; a part whose template is `None` renders as an empty URI.
+/// order (a part whose URI is empty has a template with empty head and tail: the reader
+/// still needs its spec).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishedLocation {
     /// The location's nonce (≥ 1).
@@ -94,7 +95,7 @@ pub struct PublishedLocation {
     /// Its storage handle.
     pub storage: u16,
     /// Its parts.
-    pub parts: Vec<(Option<Template>, u32)>,
+    pub parts: Vec<(Template, u32)>,
 }
 
 /// An interned string: its id, length and number of parts naming it.
@@ -365,10 +366,7 @@ impl<M: Memory> Generation<M> {
                 .zip(&location.parts)
                 .all(|(record, (template, block))| {
                     record.block == *block
-                        && match template {
-                            None => record.template == 0,
-                            Some(t) => self.strings.get(t).map(|i| i.id) == Some(record.template),
-                        }
+                        && self.strings.get(template).map(|i| i.id) == Some(record.template)
                 })
     }
 
@@ -417,12 +415,8 @@ impl<M: Memory> Generation<M> {
         }
         let mut parts = Vec::with_capacity(location.parts.len());
         for (template, block) in &location.parts {
-            let id = match template {
-                None => 0,
-                Some(template) => self.reference(template)?,
-            };
             parts.push(PartRecord {
-                template: id,
+                template: self.reference(template)?,
                 block: *block,
             });
         }
@@ -511,7 +505,7 @@ mod tests {
         PublishedLocation {
             nonce,
             storage: 1,
-            parts: vec![(Some(template(0)), nonce), (Some(template(1)), nonce + 1)],
+            parts: vec![(template(0), nonce), (template(1), nonce + 1)],
         }
     }
 
@@ -635,7 +629,7 @@ mod load_tests {
             let location = PublishedLocation {
                 nonce: 1 + generation.slots_used() as u32,
                 storage: 1,
-                parts: vec![(Some(template.clone()), 0)],
+                parts: vec![(template.clone(), 0)],
             };
             if generation.publish(rng_key, &[location]).is_err() {
                 let slots = layout.bucket_count as f64 * layout.geometry.slots_per_bucket as f64;
@@ -670,7 +664,7 @@ mod move_tests {
         PublishedLocation {
             nonce,
             storage: 1,
-            parts: vec![(Some(template), nonce)],
+            parts: vec![(template, nonce)],
         }
     }
 
