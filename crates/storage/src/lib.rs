@@ -4,6 +4,7 @@
 //!
 //! The control plane holds backends as `Arc<dyn DataStorage>`; it never parses a URI itself.
 
+pub mod allocator;
 mod backends;
 mod block_file;
 mod kind;
