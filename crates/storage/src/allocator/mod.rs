@@ -11,11 +11,12 @@
 //! * A request of at most one slab is rounded up to a size class: exact up to 8 granules
 //!   (4 KiB), then 8 classes per power of two, so a class exceeds its request by less than
 //!   1/8 (12.5%) of it. Powers of two (16 KiB, 64 KiB, 1 MiB, 2 MiB) are classes themselves.
-//! * A class places its slots in spans: runs of 1..=5 slabs chosen so that the tail slack
-//!   (bytes too few for one more slot) is at most 1/8 of the span; for power-of-two classes
-//!   a span is one slab and has no slack. A class allocates from its fullest open span, so
-//!   that the emptiest spans drain; a span goes back to the free slab pool as soon as its
-//!   last slot is freed.
+//! * A class places its slots in spans: runs of slabs. Its preferred span length (1..=5
+//!   slabs) is the shortest whose tail slack (bytes too few for one more slot) is at most
+//!   1/8 of the span; for power-of-two classes that is one slab with no slack. A class that
+//!   owns fewer spans than its preferred length opens one-slab spans, so a rarely used class
+//!   pins little memory. A class allocates from its fullest open span, so that the emptiest
+//!   spans drain; a span goes back to the free slab pool as soon as its last slot is freed.
 //! * A request larger than a slab, or one no class span has room for, takes a run of whole
 //!   slabs (best fit over the free runs, lowest start among equals); freeing it merges the
 //!   run with its free neighbours. Its reserved bytes are the whole run, so a request just
@@ -36,14 +37,16 @@
 //!
 //! # Fragmentation
 //!
-//! The fragmentation test (`allocator::tests`) defines external fragmentation for a workload
-//! whose requests are drawn from a few block sizes `s` with probabilities `p(s)`: the bytes
-//! that a stream of requests of size `s` could take right now, `usable(s)`, are the free
-//! slots of `s`'s class plus what new spans or runs of `s` would fit in the free slab runs;
-//! external fragmentation is `sum over s of p(s) * (1 - usable(s) * slot_or_run(s) /
-//! free_bytes)`, where `free_bytes = capacity - reserved_bytes`: the expected share of the
-//! free bytes that the next request cannot use. Measured figures and the command that runs
-//! the 10^6-operation version are in `docs/pool-allocator.md`.
+//! The fragmentation test (`allocator::tests`) measures it for a workload whose requests
+//! are mostly a few fixed block part sizes `s`, with weights `p(s)` (summing to 1 over the
+//! fixed sizes). `usable(s)` is what a stream of `s` requests could take right now: the free
+//! slots of `s`'s class plus the slots or runs of `s` that fit in the free slab runs, in
+//! reserved bytes. With `free = capacity - reserved_bytes`, the stranded bytes are
+//! `sum over s of p(s) * (free - usable(s))`: the free bytes the next fixed-size request
+//! can on average not use (other classes' free slots, tail slack, free runs too short).
+//! External fragmentation is stranded bytes over capacity (asserted at most 10%, and
+//! tighter); stranded bytes over free bytes is reported too. Figures and the command that
+//! runs the 10^6-operation version are in `docs/pool-allocator.md`.
 
 mod size_class;
 mod slab_pool;

@@ -271,6 +271,28 @@ fn empty_spans_go_back_and_runs_coalesce() {
     assert_empty(&pool);
 }
 
+#[test]
+fn a_rare_class_uses_one_slab_spans_a_busy_one_its_preferred_length() {
+    let slot = 1152 * KIB;
+    assert_eq!(preferred_span_slabs(slot), 3);
+    let mut pool = allocator(64 * MIB);
+    for _ in 0..4 {
+        pool.allocate(slot).unwrap();
+    }
+    // Three one-slab spans of one slot, then a three-slab span of five slots.
+    let stats = pool.stats();
+    assert_eq!(stats.class_spans, 4);
+    assert_eq!(
+        stats.class_free_bytes,
+        3 * (SLAB_BYTES - slot) + 3 * SLAB_BYTES - slot
+    );
+    for _ in 0..4 {
+        pool.allocate(slot).unwrap();
+    }
+    assert_eq!(pool.stats().class_spans, 4);
+    assert_eq!(pool.stats().free_bytes, 64 * MIB - 6 * SLAB_BYTES);
+}
+
 // ---- model-based property test ----
 
 #[derive(Debug, Clone)]
