@@ -106,12 +106,10 @@ pub fn check_under_root(path: &Path, root: &Path) -> Result<(), DataError> {
     }
 }
 
-/// The path part of a URI, checked: absolute, no `..`, naming a file.
+/// The path part of a URI (absolute: it starts at the `/` after the storage name), checked:
+/// no `..`, naming a file.
 fn checked_block_path(path_text: &str) -> Result<PathBuf, &'static str> {
     let path = Path::new(path_text);
-    if !path.is_absolute() {
-        return Err("path is not absolute");
-    }
     if has_parent_component(path) {
         return Err("path has a `..` component");
     }
