@@ -34,6 +34,8 @@ fn direct_reads_are_refused_on_the_tcp_wire() {
         8,
     )];
     assert!(p.a.qp.read_direct(&read, &mut [0u8; 8]).is_err());
+    let write = [(read[0].0, &[1u8; 8][..])];
+    assert!(p.a.qp.write_direct(&write).is_err());
     assert_eq!(
         p.a.qp.state(),
         QpState::ReadyToSend,
@@ -344,6 +346,46 @@ mod shm {
         assert_eq!(p.a.qp.state(), QpState::Error);
         assert!(
             p.a.qp.read_direct(&reads, &mut out).is_err(),
+            "a failed pair stays failed"
+        );
+    }
+
+    #[test]
+    fn direct_writes_place_what_writes_would_and_refuse_what_writes_refuse() {
+        use kvcm_transport::{Access, Domain, Memory};
+        let p = conformance::Pair::new(&open_shm, 8192);
+        let remote = |offset: u64| RemoteAddr {
+            addr: p.b.region.addr() + offset,
+            rkey: p.b.region.rkey(),
+        };
+        let (first, second) = (vec![7u8; 100], vec![9u8; 50]);
+        let writes = [(remote(4000), &first[..]), (remote(10), &second[..])];
+        p.a.qp.write_direct(&writes).unwrap();
+        let mut seen = vec![0u8; 8192];
+        p.b.memory.read(0, &mut seen).unwrap();
+        assert_eq!(&seen[4000..4100], &first[..]);
+        assert_eq!(&seen[10..60], &second[..]);
+        assert!(seen[..10].iter().chain(&seen[60..4000]).all(|&b| b == 0));
+        // A region without the remote-write right refuses, and the pair fails.
+        let read_only = p.b.domain.alloc(4096).unwrap();
+        let region =
+            p.b.domain
+                .register(&read_only, 0, 4096, Access::REMOTE_READ)
+                .unwrap();
+        let refused = [(
+            RemoteAddr {
+                addr: region.addr(),
+                rkey: region.rkey(),
+            },
+            &first[..],
+        )];
+        assert!(p.a.qp.write_direct(&refused).is_err());
+        assert_eq!(p.a.qp.state(), QpState::Error);
+        let mut untouched = vec![1u8; 100];
+        read_only.read(0, &mut untouched).unwrap();
+        assert!(untouched.iter().all(|&b| b == 0), "nothing was written");
+        assert!(
+            p.a.qp.write_direct(&writes).is_err(),
             "a failed pair stays failed"
         );
     }

@@ -248,6 +248,33 @@ impl SoftQp {
 }
 
 impl SoftQp {
+    /// On the shared-memory wire, writes each `(remote, bytes)` into the peer's mapped
+    /// regions as plain memory copies, in order: the bytes a batch of WRITEs would place,
+    /// checked the same way as [`SoftQp::read_direct`] (peer alive, rkey, bounds, the
+    /// remote-write right), without work requests or completions. Refused on the TCP wire,
+    /// before the queue pair is connected, or once it failed; a failed check moves the
+    /// queue pair to `Error` (the writes before it were done, as WRITEs before a failing
+    /// one would be).
+    pub fn write_direct(&self, writes: &[(RemoteAddr, &[u8])]) -> Result<()> {
+        let Some(peer) = self.shared.shm_peer.get() else {
+            return Err(TransportError::InvalidArgument(
+                "direct writes need a connected shared-memory queue pair",
+            ));
+        };
+        if self.shared.state() != QpState::ReadyToSend {
+            return Err(self.refuse("write_direct"));
+        }
+        if shm::write_direct(peer, writes) {
+            return Ok(());
+        }
+        self.shared.mark_error();
+        Err(TransportError::InvalidArgument(
+            "a direct write was refused (peer gone, bad rkey, bounds or rights)",
+        ))
+    }
+}
+
+impl SoftQp {
     /// Flushes what was queued if the queue pair failed meanwhile, and wakes the NIC
     /// (if parked) when it has work left.
     fn after_post(&self, nic_needed: bool) {

@@ -10,7 +10,7 @@
 mod post;
 mod ring;
 
-pub(crate) use post::{post_inline, read_direct, retry_stalled};
+pub(crate) use post::{post_inline, read_direct, retry_stalled, write_direct};
 pub(crate) use ring::Ring;
 
 use super::frame::{self, Op, RequestHeader};

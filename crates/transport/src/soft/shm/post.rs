@@ -61,29 +61,53 @@ pub(crate) fn post_inline(
 /// Copies `reads` from the peer's regions into `out`, in order (see `SoftQp::read_direct`);
 /// false when the peer is gone or a read is refused.
 pub(crate) fn read_direct(peer: &ShmPeer, reads: &[(RemoteAddr, usize)], out: &mut [u8]) -> bool {
+    let mut at = 0;
+    copy_direct(
+        peer,
+        reads.iter().copied(),
+        Access::REMOTE_READ,
+        |target, len| {
+            let copied = target
+                .mem
+                .read(target.offset, &mut out[at..at + len])
+                .is_ok();
+            at += len;
+            copied
+        },
+    )
+}
+
+/// Copies `writes` into the peer's regions, in order (see `SoftQp::write_direct`); false
+/// when the peer is gone or a write is refused (the writes before it were done).
+pub(crate) fn write_direct(peer: &ShmPeer, writes: &[(RemoteAddr, &[u8])]) -> bool {
+    let ranges = writes.iter().map(|(remote, data)| (*remote, data.len()));
+    let mut next = writes.iter();
+    copy_direct(peer, ranges, Access::REMOTE_WRITE, |target, _| {
+        next.next()
+            .is_some_and(|(_, data)| target.mem.write(target.offset, data).is_ok())
+    })
+}
+
+/// Checks each range (peer alive first, then rkey, bounds and `right`) and hands its
+/// mapped target to `copy`, in order; false at the first refusal.
+fn copy_direct(
+    peer: &ShmPeer,
+    ranges: impl Iterator<Item = (RemoteAddr, usize)>,
+    right: Access,
+    mut copy: impl FnMut(&super::Target, usize) -> bool,
+) -> bool {
     if peer.gone() {
         return false;
     }
     let mut memo = Memo::default();
-    let mut at = 0;
-    for &(remote, len) in reads {
-        let Some(source) = peer.resolve(
-            &mut memo,
-            remote.rkey,
-            remote.addr,
-            len as u64,
-            Access::REMOTE_READ,
-        ) else {
+    for (remote, len) in ranges {
+        let Some(target) = peer.resolve(&mut memo, remote.rkey, remote.addr, len as u64, right)
+        else {
             return false;
         };
-        if source
-            .mem
-            .read(source.offset, &mut out[at..at + len])
-            .is_err()
-        {
+        if !copy(&target, len) {
             return false;
         }
-        at += len;
     }
     true
 }
