@@ -35,7 +35,7 @@ pub fn spawn_deleter(
         .name("kvcm-deleter".into())
         .spawn(move || {
             for job in jobs {
-                delete_one(&job, &storages, &feed);
+                delete_now(&job, &storages, &feed);
             }
         })
 }
@@ -49,7 +49,8 @@ pub fn enqueue(sender: &Sender<DeleteJob>, jobs: Vec<DeleteJob>) {
     }
 }
 
-fn delete_one(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
+/// Frees a DELETING location's bytes and removes it from the index, on this thread.
+pub(crate) fn delete_now(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
     free_bytes(job, storages);
     let id = job.location.as_ref().id();
     let mut removed = false;

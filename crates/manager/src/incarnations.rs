@@ -45,6 +45,14 @@ impl IncarnationTable {
         self.len.load(Ordering::Acquire)
     }
 
+    /// The handles of the incarnations for which `wanted` holds.
+    pub fn handles_where(&self, wanted: impl Fn(&Incarnation) -> bool) -> Vec<StorageHandle> {
+        (0..self.len())
+            .filter_map(|index| u16::try_from(index).ok().map(StorageHandle))
+            .filter(|&handle| self.get(handle).is_some_and(&wanted))
+            .collect()
+    }
+
     /// Stores a new incarnation under the next handle; `None` when every handle is taken.
     /// Callers serialise pushes (the storage table's write lock).
     pub fn push(&self, incarnation: Incarnation) -> Option<StorageHandle> {

@@ -40,7 +40,8 @@ pub mod keys;
 mod leader;
 mod local_index;
 pub mod mask;
-pub mod publication;
+mod pools;
+mod publication;
 pub mod query;
 mod quota;
 mod read;
@@ -92,6 +93,8 @@ pub struct ManagerDeps {
     pub open_index: IndexFactory,
     /// This node's id (HA reports).
     pub node_id: String,
+    /// Heartbeat interval and rejoin ramp of memory-pool nodes.
+    pub pool_timing: kvcm_storage::pool::PoolTiming,
 }
 
 /// The control plane's state and rules.
@@ -120,7 +123,10 @@ impl std::fmt::Debug for Manager {
 impl Manager {
     /// A manager with no storages, groups or instances; starts its background threads.
     pub fn new(deps: ManagerDeps) -> ManagerResult<Arc<Manager>> {
-        let storages = Arc::new(StorageTable::new(deps.storage_probe_interval)?);
+        let storages = Arc::new(StorageTable::new(
+            deps.storage_probe_interval,
+            deps.pool_timing,
+        )?);
         let feed = ChangeFeed::default();
         let (deletes, jobs) = mpsc::channel();
         deleter::spawn_deleter(jobs, storages.clone(), feed.clone())
@@ -179,6 +185,11 @@ impl Manager {
     pub fn require_instance(&self, instance_id: &str) -> ManagerResult<Arc<Instance>> {
         self.instance(instance_id)
             .ok_or_else(|| ManagerError::InstanceNotExist(instance_id.to_string()))
+    }
+
+    /// Every registered instance.
+    pub(crate) fn all_instances(&self) -> Vec<Arc<Instance>> {
+        read_lock(&self.instances).values().cloned().collect()
     }
 
     /// Number of open write sessions.

@@ -53,6 +53,23 @@ impl Manager {
         deleter::enqueue(&self.deletes, jobs);
     }
 
+    /// Deletes DELETING locations on the calling thread (bytes freed, index entries gone)
+    /// before returning.
+    pub(crate) fn delete_at_once(
+        &self,
+        instance: &Arc<Instance>,
+        moved: Vec<(BlockKey, Location)>,
+    ) {
+        for (key, location) in moved {
+            let job = DeleteJob {
+                instance: instance.clone(),
+                key,
+                location,
+            };
+            deleter::delete_now(&job, &self.storages, &self.feed);
+        }
+    }
+
     /// Applies a trim strategy to an instance.
     pub fn trim_cache(
         &self,

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use kvcm_storage::pool::PoolTiming;
 use kvcm_storage::{DataStorage, StorageConfig, StorageError, StorageRegistry};
 
 use super::entry::{LocationRef, StorageHandle};
@@ -43,11 +44,14 @@ pub struct StorageTable {
     current: RwLock<HashMap<String, StorageHandle>>,
     /// Every incarnation, by handle.
     incarnations: Incarnations,
+    /// Given to every memory pool registered.
+    pool_timing: PoolTiming,
 }
 
 impl StorageTable {
     /// An empty table; with `probe_interval`, storages are health-probed in the background.
-    pub fn new(probe_interval: Option<Duration>) -> ManagerResult<Self> {
+    /// Memory pools get `pool_timing`.
+    pub fn new(probe_interval: Option<Duration>, pool_timing: PoolTiming) -> ManagerResult<Self> {
         let registry = match probe_interval {
             Some(interval) => StorageRegistry::with_health_probes(interval)?,
             None => StorageRegistry::new(),
@@ -56,6 +60,7 @@ impl StorageTable {
             registry,
             current: RwLock::default(),
             incarnations: Arc::default(),
+            pool_timing,
         })
     }
 
@@ -126,6 +131,9 @@ impl StorageTable {
             .registry
             .get(name)
             .ok_or_else(|| ManagerError::NotFound(format!("storage {name:?} does not exist")))?;
+        if let Some(pool) = backend.as_pool() {
+            pool.set_timing(self.pool_timing);
+        }
         let incarnation = Incarnation {
             name: name.into(),
             storage_type: StorageType::of(backend.kind()),
@@ -172,6 +180,22 @@ impl StorageTable {
     #[cfg(test)]
     pub(crate) fn current_handle(&self, name: &str) -> Option<StorageHandle> {
         read_lock(&self.current).get(name).copied()
+    }
+
+    /// The current backend of a registered storage.
+    pub fn backend(&self, name: &str) -> Option<Arc<dyn DataStorage>> {
+        self.registry.get(name)
+    }
+
+    /// Probes one storage now and records the result.
+    pub fn probe(&self, name: &str) {
+        self.registry.probe(name);
+    }
+
+    /// The handles of every incarnation opened with this backend object.
+    pub fn handles_of(&self, backend: &Arc<dyn DataStorage>) -> Vec<StorageHandle> {
+        self.incarnations
+            .handles_where(|incarnation| Arc::ptr_eq(&incarnation.backend, backend))
     }
 
     /// A snapshot of every incarnation, by handle.

@@ -87,6 +87,7 @@ fn fixture_with(
         storage_probe_interval: None,
         open_index,
         node_id: "test".into(),
+        pool_timing: Default::default(),
     })
     .expect("manager");
     manager

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvcm_index::{BlockKey, Modify};
-use kvcm_storage::{AllocationRequest, BlockToAllocate, DataStorage, StorageKind};
+use kvcm_storage::{AllocationRequest, BlockToAllocate, DataStorage, StorageError, StorageKind};
 
 use super::entry::{Entry, Location, LocationId, LocationState, Part, StorageHandle};
 use super::error::{ManagerError, ManagerResult};
@@ -26,6 +26,9 @@ const EMPTY_SESSION_LIFETIME: Duration = Duration::from_secs(10);
 
 /// When failing a session's blocks failed, how long until the next attempt.
 const FAIL_RETRY_DELAY: Duration = Duration::from_millis(200);
+
+/// A new WRITING location of a key and the location as handed out.
+type NewLocation = (BlockKey, Location, BlockLocation);
 
 /// StartWriteCache's answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,8 +69,7 @@ impl Manager {
                 locations: Vec::new(),
             });
         }
-        let (handle, incarnation) = self.choose_backend(instance)?;
-        let allocated = allocate(instance, handle, &incarnation, &blocks, &self.nonces)?;
+        let (incarnation, allocated) = self.allocate_somewhere(instance, &blocks)?;
         let backend = incarnation.backend.as_ref();
         let new_locations = self.insert_writing(instance, backend, allocated)?;
         let written: HashSet<BlockKey> = new_locations.iter().map(|(k, ..)| *k).collect();
@@ -181,6 +183,25 @@ impl Manager {
         Ok(committed.iter().map(|write| write.key).collect())
     }
 
+    /// Fails a session whose StartWriteCache answer never reached its caller and removes
+    /// its blocks before returning: afterwards its keys are as absent as before the call
+    /// (a retry over another path allocates them again instead of finding them present).
+    pub fn abandon_write(&self, instance: &Instance, session_id: &str) -> ManagerResult<()> {
+        let session = self.sessions.take_checked(session_id, |session| {
+            if session.instance.id() != instance.id() {
+                return Err(ManagerError::invalid_because(
+                    "instance_id",
+                    format!("session belongs to {}", session.instance.id()),
+                ));
+            }
+            Ok(())
+        })?;
+        let writes: Vec<&PendingWrite> = session.writes.iter().collect();
+        let moved = self.move_writes(&session.instance, &writes, LocationState::Deleting)?;
+        self.delete_at_once(&session.instance, moved);
+        Ok(())
+    }
+
     /// Fails every block of an expired or abandoned session.
     pub(crate) fn fail_session(&self, session: Session) {
         let writes: Vec<&PendingWrite> = session.writes.iter().collect();
@@ -226,11 +247,14 @@ impl Manager {
             ids.entry(write.key).or_default().push(write.location_id);
         }
         let keys: Vec<BlockKey> = ids.keys().copied().collect();
+        // A commit needs every part on a live pool node (checked under the key's lock, see
+        // `pools`): the blocks of a node that died are refused.
         self.move_locations(instance, &keys, to, &|key, location| {
             location.state == LocationState::Writing
                 && ids
                     .get(&key)
                     .is_some_and(|ids| ids.contains(&location.as_ref().id()))
+                && (to != LocationState::Serving || self.location_held(location))
         })
     }
 
@@ -336,10 +360,34 @@ impl Manager {
         Ok(won)
     }
 
-    /// The storage a write of this instance goes to (wire fact sheet §16.3): the group quota
-    /// must have room; candidates are the group's registered, available storages whose type
-    /// quota has room; the group's preference strategy picks among them.
-    fn choose_backend(&self, instance: &Instance) -> ManagerResult<(StorageHandle, Incarnation)> {
+    /// Allocates the blocks on the first storage of [`Manager::write_candidates`] that has
+    /// room (a full one, such as a pool whose nodes are full, passes to the next).
+    fn allocate_somewhere(
+        &self,
+        instance: &Instance,
+        blocks: &[BlockToAllocate],
+    ) -> ManagerResult<(Incarnation, Vec<NewLocation>)> {
+        let mut last_full = None;
+        for (handle, incarnation) in self.write_candidates(instance)? {
+            match allocate(instance, handle, &incarnation, blocks, &self.nonces) {
+                Ok(allocated) => return Ok((incarnation, allocated)),
+                Err(ManagerError::Storage(StorageError::Full(why))) => last_full = Some(why),
+                Err(other) => return Err(other),
+            }
+        }
+        Err(ManagerError::NoSpace(last_full.unwrap_or_else(|| {
+            "no storage of the group fits its strategy".to_string()
+        })))
+    }
+
+    /// The storages a write of this instance may go to, in order (wire fact sheet §16.3):
+    /// the group quota must have room; candidates are the group's registered, available
+    /// storages whose type quota has room; the group's preference strategy puts its type
+    /// first (and, for ALWAYS_*, only that type).
+    fn write_candidates(
+        &self,
+        instance: &Instance,
+    ) -> ManagerResult<Vec<(StorageHandle, Incarnation)>> {
         let group = self.group(instance.group())?;
         let usage = self.group_usage_with_room(&group)?;
         let candidates: Vec<_> = self
@@ -349,20 +397,20 @@ impl Manager {
             .filter(|(_, incarnation)| usage.has_room(&group, incarnation.backend.kind()))
             .collect();
         let (wanted, strict) = preferred_kind(group.cache.prefer);
-        let preferred = candidates
-            .iter()
-            .find(|(_, incarnation)| Some(incarnation.backend.kind()) == wanted);
-        let chosen = match (preferred, strict) {
-            (Some(backend), _) => Some(backend),
-            (None, true) => None,
-            (None, false) => candidates.first(),
-        };
-        chosen.cloned().ok_or_else(|| {
-            ManagerError::NoSpace(format!(
+        let (preferred, others): (Vec<_>, Vec<_>) = candidates
+            .into_iter()
+            .partition(|(_, incarnation)| Some(incarnation.backend.kind()) == wanted);
+        let mut ordered = preferred;
+        if !strict {
+            ordered.extend(others);
+        }
+        if ordered.is_empty() {
+            return Err(ManagerError::NoSpace(format!(
                 "no available storage of group {:?} fits its strategy",
                 group.name
-            ))
-        })
+            )));
+        }
+        Ok(ordered)
     }
 }
 

@@ -11,6 +11,7 @@ mod kind;
 mod live_blocks;
 mod names;
 mod packing;
+pub mod pool;
 mod registry;
 #[cfg(test)]
 mod test_support;
@@ -35,7 +36,7 @@ pub enum StorageKind {
     VcnsThreeFs,
     /// Mooncake store (`mooncake://`); URIs only, nothing allocated here.
     Mooncake,
-    /// Tair memory pool (`pace://`); not available in open source.
+    /// Memory pool (`pace://`): regions of `kvcm pool` nodes.
     TairMemPool,
 }
 
@@ -238,6 +239,15 @@ pub enum StorageError {
     /// A storage is already registered under this name.
     #[error("storage {0:?} is already registered")]
     DuplicateStorage(String),
+    /// No room is left for the blocks; nothing was allocated.
+    #[error("storage full: {0}")]
+    Full(String),
+    /// The storage cannot serve now (e.g. a pool without a live node).
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    /// A pool node incarnation that is not a live member.
+    #[error("unknown pool node: {0}")]
+    UnknownPoolNode(String),
     /// The tier failed.
     #[error("storage i/o failed on {path}: {source}")]
     Io {
@@ -271,4 +281,9 @@ pub trait DataStorage: Send + Sync + std::fmt::Debug {
     fn delete(&self, uris: &[String]) -> Result<(), StorageError>;
     /// Probes the tier (mount present, directory writable, ...).
     fn check_health(&self) -> Result<(), StorageError>;
+    /// The memory pool behind this backend, when it is one (its members join and heartbeat
+    /// through it).
+    fn as_pool(&self) -> Option<&pool::MemPool> {
+        None
+    }
 }

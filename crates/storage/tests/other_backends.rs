@@ -91,7 +91,7 @@ fn mooncake_allocates_uris_only() {
 }
 
 #[test]
-fn vcns_and_tair_mempool_are_unsupported() {
+fn vcns_is_unsupported_and_a_tair_mempool_opens_as_an_empty_pool() {
     let vcns = StorageSpec::VcnsThreeFs {
         mountpoint: "/mnt/3fs".to_string(),
         root_dir: "kv".to_string(),
@@ -99,21 +99,27 @@ fn vcns_and_tair_mempool_are_unsupported() {
         remote_port: 9000,
         meta_storage_uri: "meta://x".to_string(),
     };
+    let result = open(config(vcns));
+    assert!(
+        matches!(
+            result,
+            Err(StorageError::Unsupported(StorageKind::VcnsThreeFs))
+        ),
+        "{result:?}"
+    );
     let pace = StorageSpec::TairMemPool {
         domain: "pool".to_string(),
         timeout: 10,
         enable_vipserver: false,
     };
-    for (spec, kind) in [
-        (vcns, StorageKind::VcnsThreeFs),
-        (pace, StorageKind::TairMemPool),
-    ] {
-        let result = open(config(spec));
-        assert!(
-            matches!(result, Err(StorageError::Unsupported(k)) if k == kind),
-            "{result:?}"
-        );
-    }
+    let pool = open(config(pace)).expect("a memory pool opens");
+    assert_eq!(pool.kind(), StorageKind::TairMemPool);
+    let members = pool.as_pool().expect("a pool backend").nodes();
+    assert!(members.is_empty());
+    assert!(
+        matches!(pool.check_health(), Err(StorageError::Unavailable(_))),
+        "no live node yet"
+    );
 }
 
 #[test]

@@ -10,10 +10,11 @@ mod mooncake;
 
 use std::sync::Arc;
 
+use crate::pool::MemPool;
 use crate::{DataStorage, StorageConfig, StorageError, StorageSpec};
 
 /// Validates `config`, opens its backend and, when `check_storage_available_when_open` is
-/// set, probes it. VCNS 3FS and Tair MemPool are `Unsupported` in this build.
+/// set, probes it (memory pools excepted: their nodes join later). VCNS 3FS is `Unsupported` in this build.
 pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError> {
     config.validate()?;
     let probe = config.check_storage_available_when_open;
@@ -22,11 +23,13 @@ pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError>
             Arc::new(block_files::BlockFileStorage::new(config)?)
         }
         StorageSpec::Mooncake { .. } => Arc::new(mooncake::MooncakeStorage::new(config)),
-        StorageSpec::VcnsThreeFs { .. } | StorageSpec::TairMemPool { .. } => {
+        StorageSpec::TairMemPool { .. } => Arc::new(MemPool::new(config)),
+        StorageSpec::VcnsThreeFs { .. } => {
             return Err(StorageError::Unsupported(config.spec.kind()));
         }
     };
-    if probe {
+    // A pool has no member before its nodes join, so there is nothing to probe at open.
+    if probe && storage.as_pool().is_none() {
         storage.check_health()?;
     }
     Ok(storage)

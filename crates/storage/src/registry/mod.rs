@@ -143,6 +143,14 @@ impl StorageRegistry {
         probe_all(&self.entries);
     }
 
+    /// Probes one storage now and records the result (nothing for an unknown name).
+    pub fn probe(&self, name: &str) {
+        let Some(storage) = self.get(name) else {
+            return;
+        };
+        record_probe(&self.entries, name, &storage, storage.check_health());
+    }
+
     fn read(&self) -> RwLockReadGuard<'_, Entries> {
         self.entries.read().unwrap_or_else(PoisonError::into_inner)
     }
@@ -172,12 +180,22 @@ fn probe_all(entries: &RwLock<Entries>) {
     };
     for (name, storage) in storages {
         let outcome = storage.check_health();
-        let mut entries = entries.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(status) = entries.get_mut(&name) {
-            if Arc::ptr_eq(&status.storage, &storage) {
-                status.healthy = outcome.is_ok();
-                status.last_error = outcome.err().map(|error| error.to_string());
-            }
+        record_probe(entries, &name, &storage, outcome);
+    }
+}
+
+/// Records a probe's outcome on the entry of `name` if it still holds `storage`.
+fn record_probe(
+    entries: &RwLock<Entries>,
+    name: &str,
+    storage: &Arc<dyn DataStorage>,
+    outcome: Result<(), StorageError>,
+) {
+    let mut entries = entries.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(status) = entries.get_mut(name) {
+        if Arc::ptr_eq(&status.storage, storage) {
+            status.healthy = outcome.is_ok();
+            status.last_error = outcome.err().map(|error| error.to_string());
         }
     }
 }

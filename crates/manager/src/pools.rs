@@ -1,0 +1,150 @@
+//! Memory-pool membership as the manager sees it: nodes join and heartbeat through the
+//! pool backend; a node that dies (missed heartbeats, or replaced by its own rejoin) takes
+//! its blocks with it, so the manager removes every location on it at once.
+//!
+//! Ordering: a dead slot refuses new placements and commits first ([`MemPool::holds`] is
+//! false from then on, and FinishWriteCache checks it under each key's lock), then its
+//! locations are swept. A location committed before the death is therefore found by the
+//! sweep's scan, and one committed after it is refused: none survives.
+
+use std::sync::Arc;
+
+use kvcm_index::ScanCursor;
+use kvcm_storage::pool::{MemPool, PoolMembership, PoolNodeJoin, PoolNodeStatus};
+use kvcm_storage::DataStorage;
+
+use super::entry::{Location, LocationState, StorageHandle};
+use super::error::{ManagerError, ManagerResult};
+use super::instance::Instance;
+use super::Manager;
+
+/// Keys per page when sweeping an instance.
+const SWEEP_PAGE: usize = 256;
+
+impl Manager {
+    /// Adds a node incarnation to pool storage `storage`; an earlier live incarnation of the
+    /// same node dies and its blocks are removed before this returns.
+    pub fn pool_join(&self, storage: &str, join: PoolNodeJoin) -> ManagerResult<PoolMembership> {
+        let backend = self.pool_backend(storage)?;
+        let pool = backend.as_pool().ok_or_else(|| not_a_pool(storage))?;
+        let (membership, retired) = pool.join(join)?;
+        self.after_pool_change(storage, &backend, &retired)?;
+        Ok(membership)
+    }
+
+    /// Records a heartbeat of a live node incarnation.
+    pub fn pool_heartbeat(&self, storage: &str, node_id: &str, range_id: u64) -> ManagerResult<()> {
+        let backend = self.pool_backend(storage)?;
+        let pool = backend.as_pool().ok_or_else(|| not_a_pool(storage))?;
+        Ok(pool.heartbeat(node_id, range_id)?)
+    }
+
+    /// Every node incarnation of pool storage `storage`.
+    pub fn pool_nodes(&self, storage: &str) -> ManagerResult<Vec<PoolNodeStatus>> {
+        let backend = self.pool_backend(storage)?;
+        let pool = backend.as_pool().ok_or_else(|| not_a_pool(storage))?;
+        Ok(pool.nodes())
+    }
+
+    /// Declares dead the nodes of every pool that missed their heartbeats and removes their
+    /// blocks; returns how many died.
+    pub fn reap_pool_nodes(&self) -> usize {
+        let mut died = 0;
+        for config in self.storages.list() {
+            let name = &config.global_unique_name;
+            let Ok(backend) = self.pool_backend(name) else {
+                continue;
+            };
+            let Some(pool) = backend.as_pool() else {
+                continue;
+            };
+            let dead = pool.reap();
+            died += dead.len();
+            if let Err(error) = self.after_pool_change(name, &backend, &dead) {
+                tracing::warn!(%error, storage = %name, "removing the blocks of dead pool nodes");
+            }
+        }
+        died
+    }
+
+    /// The current backend of a registered storage.
+    fn pool_backend(&self, storage: &str) -> ManagerResult<Arc<dyn DataStorage>> {
+        self.storages
+            .backend(storage)
+            .ok_or_else(|| ManagerError::NotFound(format!("storage {storage:?} does not exist")))
+    }
+
+    /// After joins and deaths: removes the blocks of the `dead` slots, refreshes the
+    /// storage's health and republishes availability.
+    fn after_pool_change(
+        &self,
+        storage: &str,
+        backend: &Arc<dyn DataStorage>,
+        dead: &[u32],
+    ) -> ManagerResult<()> {
+        let swept = if dead.is_empty() {
+            Ok(())
+        } else {
+            self.sweep_slots(backend, dead)
+        };
+        self.storages.probe(storage);
+        self.published_storages_changed();
+        swept
+    }
+
+    /// Removes, in every instance, each location with a part on one of `slots` of `backend`.
+    fn sweep_slots(&self, backend: &Arc<dyn DataStorage>, slots: &[u32]) -> ManagerResult<()> {
+        let handles = self.storages.handles_of(backend);
+        let on_dead = |location: &Location| {
+            handles.contains(&location.storage)
+                && location.state != LocationState::Deleting
+                && location
+                    .parts
+                    .iter()
+                    .any(|part| slots.contains(&MemPool::slot_of(&part.address)))
+        };
+        let instances: Vec<Arc<Instance>> = self.all_instances();
+        for instance in instances {
+            self.sweep_instance(&instance, &handles, &on_dead)?;
+        }
+        Ok(())
+    }
+
+    fn sweep_instance(
+        &self,
+        instance: &Arc<Instance>,
+        handles: &[StorageHandle],
+        on_dead: &dyn Fn(&Location) -> bool,
+    ) -> ManagerResult<()> {
+        if handles.is_empty() {
+            return Ok(());
+        }
+        let mut cursor = Some(ScanCursor::START);
+        while let Some(position) = cursor {
+            let page = instance.index.scan(position, SWEEP_PAGE)?;
+            let moved =
+                self.move_locations(instance, &page.keys, LocationState::Deleting, &|_, l| {
+                    on_dead(l)
+                })?;
+            self.delete_later(instance, moved);
+            cursor = page.next;
+        }
+        Ok(())
+    }
+
+    /// Whether every part of `location` is on a live node (always, off pools).
+    pub(crate) fn location_held(&self, location: &Location) -> bool {
+        let incarnations = self.storages.incarnations();
+        let Some(incarnation) = incarnations.get(location.storage) else {
+            return false;
+        };
+        match incarnation.backend.as_pool() {
+            Some(pool) => location.parts.iter().all(|part| pool.holds(&part.address)),
+            None => true,
+        }
+    }
+}
+
+fn not_a_pool(storage: &str) -> ManagerError {
+    ManagerError::Refused(format!("storage {storage:?} is not a memory pool"))
+}

@@ -1,0 +1,279 @@
+//! The memory-pool backend (`ST_TAIRMEMPOOL`, `pace://` URIs): block parts placed in the
+//! registered regions of pool nodes (`kvcm pool`), which clients read and write with
+//! one-sided operations.
+//!
+//! The storage itself holds no bytes: nodes join it by name ([`MemPool::join`]), heartbeat,
+//! and die when they stop ([`MemPool::reap`]). Each block goes to one live node (all its
+//! parts together), chosen at random with rejoining nodes weighted down while they ramp up;
+//! each part gets its bytes from that node's size-class allocator. Addresses are
+//! `PartAddress { object: slot, block: offset / GRANULE }`, so a node region is at most
+//! [`MAX_NODE_CAPACITY`] bytes.
+//!
+//! Invariants: a part's address names one node incarnation forever (slots are never
+//! reused); nothing is placed on a dead slot; freeing a part of a dead slot does nothing
+//! (its region went away with the node).
+
+mod nodes;
+mod uri;
+
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
+
+pub use self::nodes::{
+    PoolMembership, PoolNodeJoin, PoolNodeStatus, PoolTiming, MISSED_HEARTBEATS,
+};
+pub use self::uri::{PoolPartUri, MEDIA_DRAM};
+
+use self::nodes::Nodes;
+use crate::allocator::{AllocError, GRANULE};
+use crate::packing::check_request;
+use crate::{
+    AllocatedSpec, AllocationRequest, DataStorage, PartAddress, PartRef, StorageConfig,
+    StorageError, StorageKind, UriTemplate,
+};
+
+/// Largest node region: offsets are stored in 32 bits of [`GRANULE`]s.
+pub const MAX_NODE_CAPACITY: u64 = (u32::MAX as u64 + 1) * GRANULE;
+
+/// A memory pool: its config and its members.
+#[derive(Debug)]
+pub struct MemPool {
+    config: StorageConfig,
+    nodes: RwLock<Nodes>,
+}
+
+impl MemPool {
+    /// The backend of a validated `TairMemPool` config, with no member yet.
+    pub(crate) fn new(config: StorageConfig) -> Self {
+        MemPool {
+            config,
+            nodes: RwLock::default(),
+        }
+    }
+
+    /// Sets the heartbeat interval and rejoin ramp (before nodes join).
+    pub fn set_timing(&self, timing: PoolTiming) {
+        self.write().timing = timing;
+    }
+
+    /// Adds a node incarnation; returns its membership and the slots of its earlier
+    /// incarnations that died because of it (their blocks are gone).
+    pub fn join(&self, join: PoolNodeJoin) -> Result<(PoolMembership, Vec<u32>), StorageError> {
+        if join.capacity > MAX_NODE_CAPACITY {
+            return Err(StorageError::InvalidRequest(format!(
+                "pool node capacity {} is above {MAX_NODE_CAPACITY}",
+                join.capacity
+            )));
+        }
+        self.write().join(join, Instant::now())
+    }
+
+    /// Records a heartbeat; an unknown or dead incarnation is `UnknownPoolNode`.
+    pub fn heartbeat(&self, node_id: &str, range_id: u64) -> Result<(), StorageError> {
+        self.write().heartbeat(node_id, range_id, Instant::now())
+    }
+
+    /// Declares dead the nodes that missed [`MISSED_HEARTBEATS`] heartbeats; returns their
+    /// slots.
+    pub fn reap(&self) -> Vec<u32> {
+        self.write().reap(Instant::now())
+    }
+
+    /// Every incarnation that ever joined, in slot order.
+    pub fn nodes(&self) -> Vec<PoolNodeStatus> {
+        self.read().statuses()
+    }
+
+    /// Whether the part at `address` is on a live node.
+    pub fn holds(&self, address: &PartAddress) -> bool {
+        let nodes = self.read();
+        let slot = nodes.slots.get(address.object as usize);
+        slot.is_some_and(|slot| slot.allocator.is_some())
+    }
+
+    /// The node slot of a part's address.
+    pub fn slot_of(address: &PartAddress) -> u32 {
+        address.object
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Nodes> {
+        self.nodes.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Nodes> {
+        self.nodes.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The URI of a part at `address`, when its slot exists.
+    fn part_uri(&self, address: &PartAddress, size: u64) -> Option<PoolPartUri> {
+        let nodes = self.read();
+        let slot = nodes.slots.get(address.object as usize)?;
+        Some(PoolPartUri {
+            storage_name: self.config.global_unique_name.clone(),
+            node_id: slot.node_id.clone(),
+            range_id: slot.range_id,
+            offset: u64::from(address.block) * GRANULE,
+            size,
+        })
+    }
+
+    /// Places every part of one block on one live node; `None` when no node has room.
+    fn place_block(
+        &self,
+        nodes: &mut Nodes,
+        sizes: &[u64],
+        now: Instant,
+    ) -> Option<(usize, Vec<u64>)> {
+        let mut full = Vec::new();
+        while let Some(slot) = nodes.choose(now, &full) {
+            let mut offsets = Vec::with_capacity(sizes.len());
+            for &size in sizes {
+                match nodes.allocate(slot, size) {
+                    Ok(offset) => offsets.push(offset),
+                    Err(_) => break,
+                }
+            }
+            if offsets.len() == sizes.len() {
+                return Some((slot, offsets));
+            }
+            for offset in offsets {
+                let _ = nodes.free(slot, offset);
+            }
+            full.push(slot);
+        }
+        None
+    }
+
+    fn check_uri(&self, uri: &str) -> Result<PoolPartUri, StorageError> {
+        let part = PoolPartUri::parse(uri)?;
+        if part.storage_name != self.config.global_unique_name {
+            return Err(StorageError::InvalidUri {
+                uri: uri.to_string(),
+                reason: "not a location of this pool".into(),
+            });
+        }
+        Ok(part)
+    }
+}
+
+impl DataStorage for MemPool {
+    fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    fn kind(&self) -> StorageKind {
+        StorageKind::TairMemPool
+    }
+
+    fn allocate(
+        &self,
+        request: &AllocationRequest<'_>,
+    ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
+        check_request(request)?;
+        let now = Instant::now();
+        let mut nodes = self.write();
+        let mut placed: Vec<(usize, Vec<u64>)> = Vec::with_capacity(request.blocks.len());
+        for block in request.blocks {
+            let sizes: Vec<u64> = block
+                .spec_indexes
+                .iter()
+                .map(|&i| request.specs[i].size as u64)
+                .collect();
+            let Some(place) = self.place_block(&mut nodes, &sizes, now) else {
+                for (slot, offsets) in placed {
+                    offsets.into_iter().for_each(|o| drop(nodes.free(slot, o)));
+                }
+                return Err(StorageError::Full(format!(
+                    "no live node of pool {:?} has room for a block of {} bytes",
+                    self.config.global_unique_name,
+                    sizes.iter().sum::<u64>()
+                )));
+            };
+            placed.push(place);
+        }
+        drop(nodes);
+        let blocks = request.blocks.iter().zip(placed);
+        Ok(blocks
+            .map(|(block, (slot, offsets))| {
+                let parts = block.spec_indexes.iter().zip(offsets);
+                parts
+                    .map(|(&index, offset)| {
+                        let spec = &request.specs[index];
+                        let address = PartAddress {
+                            object: slot as u32,
+                            block: (offset / GRANULE) as u32,
+                            generation: 0,
+                        };
+                        let mut uri = String::new();
+                        if let Some(part) = self.part_uri(&address, spec.size as u64) {
+                            part.write(&mut uri);
+                        }
+                        AllocatedSpec {
+                            name: spec.name.clone(),
+                            uri,
+                            address,
+                        }
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
+    fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {
+        match self.part_uri(&part.address, part.spec.size as u64) {
+            Some(uri) => {
+                uri.write(out);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn uri_template(&self, part: &PartRef<'_>) -> Option<UriTemplate> {
+        let mut head = String::new();
+        self.write_uri(part, &mut head).then_some(UriTemplate {
+            head,
+            block: None,
+            tail: String::new(),
+        })
+    }
+
+    /// Frees the parts' bytes on their nodes (nothing for parts of dead nodes); refuses, before
+    /// freeing anything, URIs that are not this pool's.
+    fn delete(&self, uris: &[String]) -> Result<(), StorageError> {
+        let parts: Vec<PoolPartUri> = uris
+            .iter()
+            .map(|uri| self.check_uri(uri))
+            .collect::<Result<_, _>>()?;
+        let mut nodes = self.write();
+        for part in parts {
+            let slot = nodes.slots.iter().position(|s| s.range_id == part.range_id);
+            let Some(slot) = slot else { continue };
+            if let Err(AllocError::UnknownAllocation { offset }) = nodes.free(slot, part.offset) {
+                return Err(StorageError::InvalidRequest(format!(
+                    "nothing is allocated at offset {offset} of pool node {}",
+                    part.node_id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Healthy while at least one node is live.
+    fn check_health(&self) -> Result<(), StorageError> {
+        if self.read().any_live() {
+            return Ok(());
+        }
+        Err(StorageError::Unavailable(format!(
+            "pool {:?} has no live node",
+            self.config.global_unique_name
+        )))
+    }
+
+    fn as_pool(&self) -> Option<&MemPool> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,229 @@
+//! The pool backend on its own: membership, placement, URIs, frees, death and the ramp.
+
+use std::time::{Duration, Instant};
+
+use super::nodes::Nodes;
+use super::*;
+use crate::{BlockSpec, BlockToAllocate, StorageSpec};
+
+fn pool() -> MemPool {
+    MemPool::new(StorageConfig {
+        global_unique_name: "pool_01".into(),
+        spec: StorageSpec::TairMemPool {
+            domain: "d".into(),
+            timeout: 0,
+            enable_vipserver: false,
+        },
+        check_storage_available_when_open: false,
+    })
+}
+
+fn join(node_id: &str, capacity: u64) -> PoolNodeJoin {
+    PoolNodeJoin {
+        node_id: node_id.into(),
+        endpoint: format!("{node_id}:1"),
+        capacity,
+    }
+}
+
+fn specs() -> Vec<BlockSpec> {
+    vec![
+        BlockSpec {
+            name: "tp0".into(),
+            size: 16 << 10,
+        },
+        BlockSpec {
+            name: "tp1".into(),
+            size: 16 << 10,
+        },
+    ]
+}
+
+fn blocks(keys: std::ops::Range<i64>) -> Vec<BlockToAllocate> {
+    keys.map(|key| BlockToAllocate {
+        key,
+        spec_indexes: vec![0, 1],
+    })
+    .collect()
+}
+
+fn place(
+    pool: &MemPool,
+    keys: std::ops::Range<i64>,
+) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
+    let specs = specs();
+    let blocks = blocks(keys);
+    pool.allocate(&AllocationRequest {
+        instance_id: "inst",
+        specs: &specs,
+        blocks: &blocks,
+    })
+}
+
+#[test]
+fn blocks_land_on_a_live_node_without_overlap_and_render_the_same_uri_again() {
+    let pool = pool();
+    assert!(pool.check_health().is_err(), "no node yet");
+    assert!(matches!(place(&pool, 0..1), Err(StorageError::Full(_))));
+    let (membership, retired) = pool.join(join("n1", 1 << 20)).unwrap();
+    assert!(retired.is_empty());
+    pool.check_health().expect("a live node");
+    let placed = place(&pool, 0..8).expect("room for 8 blocks of 32 KiB");
+    let mut ranges = Vec::new();
+    for (key, parts) in placed.iter().enumerate() {
+        assert_eq!(parts.len(), 2);
+        for (spec, part) in specs().iter().zip(parts) {
+            let uri = PoolPartUri::parse(&part.uri).expect("pace uri");
+            assert_eq!(uri.node_id, "n1");
+            assert_eq!(uri.range_id, membership.range_id);
+            assert_eq!(uri.size, 16 << 10);
+            assert!(uri.offset + uri.size <= 1 << 20);
+            ranges.push((uri.offset, uri.offset + uri.size));
+            let mut again = String::new();
+            let reference = PartRef {
+                instance_id: "inst",
+                key: key as i64,
+                spec,
+                address: part.address,
+            };
+            assert!(pool.write_uri(&reference, &mut again));
+            assert_eq!(again, part.uri);
+            assert!(pool.holds(&part.address));
+        }
+    }
+    ranges.sort_unstable();
+    assert!(
+        ranges.windows(2).all(|pair| pair[0].1 <= pair[1].0),
+        "{ranges:?}"
+    );
+    assert_eq!(pool.nodes()[0].used, 8 * (32 << 10));
+}
+
+#[test]
+fn a_full_pool_refuses_the_whole_request_and_deletes_free_the_bytes() {
+    let pool = pool();
+    pool.join(join("n1", 128 << 10)).unwrap();
+    let first = place(&pool, 0..4).expect("4 blocks of 32 KiB fit in 128 KiB");
+    assert!(matches!(place(&pool, 10..11), Err(StorageError::Full(_))));
+    assert_eq!(
+        pool.nodes()[0].used,
+        128 << 10,
+        "the refused request placed nothing"
+    );
+    let uris: Vec<String> = first[0].iter().map(|p| p.uri.clone()).collect();
+    pool.delete(&uris).expect("our uris");
+    assert_eq!(pool.nodes()[0].used, 96 << 10);
+    assert!(pool.delete(&uris[..1]).is_err(), "double free refused");
+    assert_eq!(pool.nodes()[0].used, 96 << 10);
+    place(&pool, 10..11).expect("room again");
+    let foreign = "pace://other/0?media_type=2&node_id=n1&range_id=1&size=1".to_string();
+    assert!(matches!(
+        pool.delete(&[foreign]),
+        Err(StorageError::InvalidUri { .. })
+    ));
+}
+
+#[test]
+fn a_node_that_misses_heartbeats_dies_and_takes_nothing_more() {
+    let pool = pool();
+    pool.set_timing(PoolTiming {
+        heartbeat: Duration::from_millis(1),
+        rejoin_ramp: Duration::ZERO,
+    });
+    let (membership, _) = pool.join(join("n1", 1 << 20)).unwrap();
+    let placed = place(&pool, 0..1).unwrap();
+    let address = placed[0][0].address;
+    pool.heartbeat("n1", membership.range_id).expect("live");
+    std::thread::sleep(Duration::from_millis(10)); // 10 ms > 3 missed 1-ms heartbeats
+    assert_eq!(pool.reap(), vec![0]);
+    assert!(pool.reap().is_empty(), "dies once");
+    assert!(!pool.holds(&address));
+    assert!(pool.check_health().is_err());
+    assert!(matches!(
+        pool.heartbeat("n1", membership.range_id),
+        Err(StorageError::UnknownPoolNode(_))
+    ));
+    assert!(matches!(place(&pool, 1..2), Err(StorageError::Full(_))));
+    let uris: Vec<String> = placed[0].iter().map(|p| p.uri.clone()).collect();
+    pool.delete(&uris)
+        .expect("freeing on a dead node does nothing");
+}
+
+#[test]
+fn a_rejoin_retires_the_earlier_incarnation() {
+    let pool = pool();
+    let (first, _) = pool.join(join("n1", 1 << 20)).unwrap();
+    let old = place(&pool, 0..1).unwrap()[0][0].address;
+    let (second, retired) = pool.join(join("n1", 1 << 20)).unwrap();
+    assert_eq!(retired, vec![0]);
+    assert_ne!(first.range_id, second.range_id);
+    assert!(!pool.holds(&old));
+    let new = PoolPartUri::parse(&place(&pool, 1..2).unwrap()[0][0].uri).unwrap();
+    assert_eq!(new.range_id, second.range_id);
+    let statuses = pool.nodes();
+    assert_eq!(statuses.iter().filter(|s| s.live).count(), 1);
+}
+
+#[test]
+fn joins_with_bad_ids_endpoints_or_capacities_are_refused() {
+    let pool = pool();
+    for bad in [
+        join("", 1 << 20),
+        join("a/b", 1 << 20),
+        join("a b", 1 << 20),
+        join(&"x".repeat(300), 1 << 20),
+        join("n", 0),
+        join("n", MAX_NODE_CAPACITY + 1),
+        PoolNodeJoin {
+            node_id: "n".into(),
+            endpoint: String::new(),
+            capacity: 1 << 20,
+        },
+    ] {
+        assert!(
+            matches!(pool.join(bad.clone()), Err(StorageError::InvalidRequest(_))),
+            "{bad:?}"
+        );
+    }
+    assert!(pool.nodes().is_empty(), "nothing joined");
+}
+
+/// Share of `draws` placements that land on slot `slot`.
+fn share(nodes: &Nodes, slot: usize, now: Instant, draws: usize) -> f64 {
+    let hits = (0..draws)
+        .filter(|_| nodes.choose(now, &[]) == Some(slot))
+        .count();
+    hits as f64 / draws as f64
+}
+
+#[test]
+fn a_rejoining_node_ramps_up_linearly() {
+    let ramp = Duration::from_secs(100);
+    let mut nodes = Nodes {
+        timing: PoolTiming {
+            heartbeat: Duration::from_secs(1),
+            rejoin_ramp: ramp,
+        },
+        ..Nodes::default()
+    };
+    let start = Instant::now();
+    nodes.join(join("steady", 1 << 20), start).unwrap();
+    nodes.join(join("back", 1 << 20), start).unwrap();
+    let (_, retired) = nodes.join(join("back", 1 << 20), start).unwrap();
+    assert_eq!(retired, vec![1]);
+    // Slot 2 is the rejoined node; at a quarter of the ramp its weight is 0.25 against 1.
+    let quarter = share(&nodes, 2, start + ramp / 4, 20_000);
+    assert!(
+        quarter <= 0.25 && quarter > 0.12,
+        "share at 1/4 of the ramp: {quarter}"
+    );
+    let early = share(&nodes, 2, start + ramp / 100, 20_000);
+    assert!(early < 0.03, "share at 1/100 of the ramp: {early}");
+    let done = share(&nodes, 2, start + ramp, 20_000);
+    assert!((0.45..0.55).contains(&done), "share after the ramp: {done}");
+    let fresh = share(&nodes, 0, start, 20_000);
+    assert!(
+        fresh > 0.97,
+        "a first join does not ramp; the rejoined one starts at 0: {fresh}"
+    );
+}
