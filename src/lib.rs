@@ -9,7 +9,9 @@
 
 pub mod config;
 pub mod events;
+pub mod http_json;
 pub mod lookup;
+pub mod pool;
 pub mod proto;
 pub mod server;
 pub mod service;

@@ -29,6 +29,30 @@ enum Command {
     Serve(ServeArgs),
     /// Measure GetCacheLocation over gRPC and HTTP beside their floors, and the local index.
     Bench(bench::BenchArgs),
+    /// Run a memory-pool node: one registered region that clients read and write directly.
+    Pool(PoolArgs),
+}
+
+#[derive(Args)]
+struct PoolArgs {
+    /// Bytes of the region (suffixes K, M, G, T: powers of 1024).
+    #[arg(long, value_parser = kvcm::pool::parse_size)]
+    size: u64,
+    /// Address of the queue-pair listener (and of the soft NIC), reachable by clients.
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    /// Meta HTTP address of a kvcm server; repeatable (tried in order).
+    #[arg(long = "server", required = true)]
+    servers: Vec<std::net::SocketAddr>,
+    /// The pool storage to join (registered on the server as ST_TAIRMEMPOOL).
+    #[arg(long, default_value = kvcm::server::DEFAULT_POOL)]
+    storage: String,
+    /// Stable node id (default: the listener's address).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Write `{"listen":"ip:port"}` here once listening.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -45,6 +69,10 @@ struct ServeArgs {
     /// Write `{"listener":"ip:port",...}` here once every listener is bound.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Run a memory-pool node of this many bytes inside the server (`kvcm.pool.size`;
+    /// suffixes K, M, G, T) and prefer it for writes in the default group.
+    #[arg(long, value_parser = kvcm::pool::parse_size)]
+    pool_size: Option<u64>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +80,7 @@ fn main() -> anyhow::Result<()> {
         Command::Optimize(args) => kvcm_optimizer::cli::run(args)?,
         Command::Serve(args) => serve(args)?,
         Command::Bench(args) => bench::run(args)?,
+        Command::Pool(args) => pool(args)?,
     }
     Ok(())
 }
@@ -65,6 +94,9 @@ fn load_config(args: &ServeArgs) -> anyhow::Result<ServerConfig> {
     config.apply_env(|name| std::env::var(name).ok())?;
     if let Some(data_dir) = &args.data_dir {
         config.data_dir = data_dir.clone();
+    }
+    if let Some(size) = args.pool_size {
+        config.pool.embedded_size = size;
     }
     config.validate()?;
     Ok(config)
@@ -107,6 +139,35 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         events.close()?;
         anyhow::Ok(())
     })
+}
+
+fn pool(args: PoolArgs) -> anyhow::Result<()> {
+    init_logging();
+    let node = kvcm::pool::PoolNode::start(
+        args.size,
+        args.listen,
+        args.servers,
+        args.storage,
+        args.node_id,
+    )?;
+    tracing::info!(
+        "pool node: {} bytes, queue pairs on {}",
+        args.size,
+        node.listen_addr()
+    );
+    if let Some(path) = &args.ready_file {
+        let ready = serde_json::json!({ "listen": node.listen_addr().to_string() });
+        std::fs::write(path, ready.to_string())
+            .with_context(|| format!("writing ready file {}", path.display()))?;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the signal runtime")?;
+    runtime.block_on(wait_for_signal())?;
+    tracing::info!("pool node shutting down");
+    drop(node);
+    Ok(())
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

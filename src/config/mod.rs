@@ -62,6 +62,8 @@ pub struct ServerConfig {
     pub event_log: EventLogConfig,
     /// `kvcm.lookup.enabled`, `kvcm.lookup.bind`: the published lookup tables.
     pub lookup: crate::lookup::LookupConfig,
+    /// `kvcm.pool.*`: memory-pool membership timing and the embedded pool node.
+    pub pool: crate::pool::PoolConfig,
 }
 
 impl Default for ServerConfig {
@@ -78,12 +80,13 @@ impl Default for ServerConfig {
             ignored_keys: Vec::new(),
             event_log: EventLogConfig::default(),
             lookup: crate::lookup::LookupConfig::default(),
+            pool: crate::pool::PoolConfig::default(),
         }
     }
 }
 
 /// Every key except [`EVENT_LOG_KEYS`], in the order they are documented.
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 13] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -94,6 +97,9 @@ pub const KEYS: [&str; 10] = [
     "kvcm.leader_elector.node_id",
     "kvcm.lookup.enabled",
     "kvcm.lookup.bind",
+    "kvcm.pool.heartbeat_ms",
+    "kvcm.pool.rejoin_ramp_ms",
+    "kvcm.pool.size",
 ];
 
 /// The environment variable of a key (`kvcm.service.rpc_port` → `KVCM_SERVICE_RPC_PORT`).
@@ -127,6 +133,9 @@ impl ServerConfig {
             "kvcm.leader_elector.node_id" => self.node_id = value.to_string(),
             "kvcm.lookup.enabled" => self.lookup.enabled = parse(key, value)?,
             "kvcm.lookup.bind" => self.lookup.bind = parse(key, value)?,
+            "kvcm.pool.heartbeat_ms" => self.pool.heartbeat_ms = parse(key, value)?,
+            "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
+            "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
             _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
@@ -204,6 +213,10 @@ impl ServerConfig {
                 "kvcm.lookup.bind",
                 "must be an address clients can reach (it is handed to them), not 0.0.0.0 or ::",
             ));
+        }
+        if let Err(reason) = self.pool.validate() {
+            let key = reason.split_whitespace().next().unwrap_or("kvcm.pool");
+            return Err(invalid(key, &reason));
         }
         self.event_log.validate()
     }

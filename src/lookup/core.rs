@@ -25,7 +25,7 @@ use kvcm_transport::{
 
 use super::messages::{self, Reply, Request, Status, MAX_MESSAGE};
 use super::LookupError;
-use crate::proto::meta::{block_mask, BlockMask, FinishWriteCacheRequest, StartWriteCacheRequest};
+use crate::proto::meta::StartWriteCacheRequest;
 use crate::service::meta::MetaHandler;
 
 /// Receive buffers per peer.
@@ -233,22 +233,16 @@ fn serve(
     }
 }
 
-/// StartWriteCache's reply; an answer too large for a message fails its new session at
-/// once, so that "too large" means "nothing applied".
+/// StartWriteCache's reply; an answer too large for a message abandons its new session at
+/// once (its blocks removed before the reply), so that "too large" means "nothing applied"
+/// and the client's retry over gRPC allocates the same keys again.
 fn start_write(meta: &MetaHandler, id: u32, op: u8, request: StartWriteCacheRequest) -> Vec<u8> {
     let instance_id = request.instance_id.clone();
     let answer = meta.start_write_cache(request);
     let session = answer.write_session_id.clone();
     let bytes = messages::encode_reply(id, op, &Reply::StartWrite(answer));
     if messages::peek_status(&bytes) == Some(Status::TooLarge) && !session.is_empty() {
-        meta.finish_write_cache(FinishWriteCacheRequest {
-            instance_id,
-            write_session_id: session,
-            success_blocks: Some(BlockMask {
-                info: Some(block_mask::Info::Offset(0)),
-            }),
-            ..Default::default()
-        });
+        meta.abandon_write_session(&instance_id, &session);
     }
     bytes
 }

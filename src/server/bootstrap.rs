@@ -1,5 +1,7 @@
 //! The embedded default: one node, leader at once, group `default` whose only storage is a
-//! `file` backend under the data directory.
+//! `file` backend under the data directory. With `kvcm.pool.size` (`--pool-size`) the group
+//! also has a memory pool, `default_pool`, preferred for writes (the server runs its one
+//! node); a full pool passes writes to the file storage.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -16,6 +18,8 @@ use crate::service::group_from_wire;
 pub const DEFAULT_GROUP: &str = "default";
 /// Name of the embedded default storage.
 pub const DEFAULT_STORAGE: &str = "default_file";
+/// Name of the embedded memory pool (with `kvcm.pool.size`).
+pub const DEFAULT_POOL: &str = "default_pool";
 /// How often registered storages are health-probed.
 const STORAGE_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 /// Blocks packed per file by the default storage.
@@ -36,10 +40,19 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         storage_probe_interval: Some(STORAGE_PROBE_INTERVAL),
         open_index: local_index_factory(),
         node_id,
+        pool_timing: config.pool.timing(),
     })?;
     let root = block_root(&config.data_dir)?;
     manager.add_storage(default_storage(&root))?;
-    let group = group_from_wire(default_group()).map_err(ServerError::Bootstrap)?;
+    let mut group = default_group();
+    if config.pool.embedded_size > 0 {
+        manager.add_storage(default_pool())?;
+        group.storage_candidates.insert(0, DEFAULT_POOL.into());
+        if let Some(cache) = group.cache_config.as_mut() {
+            cache.data_storage_strategy = admin::CachePreferStrategy::CpsPreferTairMempool as i32;
+        }
+    }
+    let group = group_from_wire(group).map_err(ServerError::Bootstrap)?;
     manager.create_group(group)?;
     Ok(manager)
 }
@@ -68,6 +81,18 @@ fn default_storage(root_path: &str) -> StorageConfig {
             key_count_per_file: DEFAULT_KEYS_PER_FILE,
         },
         check_storage_available_when_open: true,
+    }
+}
+
+fn default_pool() -> StorageConfig {
+    StorageConfig {
+        global_unique_name: DEFAULT_POOL.into(),
+        spec: StorageSpec::TairMemPool {
+            domain: "embedded".into(),
+            timeout: 0,
+            enable_vipserver: false,
+        },
+        check_storage_available_when_open: false,
     }
 }
 

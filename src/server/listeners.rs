@@ -15,6 +15,7 @@ use tonic::transport::Server;
 use super::ServerError;
 use crate::config::ServerConfig;
 use crate::lookup::{self, LookupService};
+use crate::pool::{self, PoolNode};
 use crate::proto::admin::admin_service_server::AdminServiceServer;
 use crate::proto::debug::debug_service_server::DebugServiceServer;
 use crate::proto::meta::meta_service_server::MetaServiceServer;
@@ -30,6 +31,8 @@ pub struct RunningServer {
     pub handlers: Handlers,
     /// The lookup path's server side, when enabled.
     pub lookup: Option<Arc<LookupService>>,
+    /// The embedded pool node (`kvcm.pool.size`).
+    pub pool_node: Option<PoolNode>,
     stop: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<Result<(), String>>)>,
 }
@@ -71,6 +74,30 @@ pub fn nodelay_incoming(
     })
 }
 
+/// Shortest interval between two reaper rounds.
+const MIN_REAP: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The embedded pool node: its soft NIC and listener on the lookup bind address, joining
+/// this server's meta HTTP over loopback like any node.
+fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNode, ServerError> {
+    let listen = SocketAddr::new(config.lookup.bind, 0);
+    let meta = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), http.port());
+    let node = PoolNode::start(
+        config.pool.embedded_size,
+        listen,
+        vec![meta],
+        super::DEFAULT_POOL.to_string(),
+        None,
+    )
+    .map_err(|e| ServerError::Pool(e.to_string()))?;
+    tracing::info!(
+        "embedded pool node: {} bytes, queue pairs on {}",
+        config.pool.embedded_size,
+        node.listen_addr()
+    );
+    Ok(node)
+}
+
 /// Binds and serves every listener of `config` with these handlers.
 pub async fn start(
     config: &ServerConfig,
@@ -81,6 +108,7 @@ pub async fn start(
         addresses: BTreeMap::new(),
         handlers: handlers.clone(),
         lookup: None,
+        pool_node: None,
         stop,
         tasks: Vec::new(),
     };
@@ -119,9 +147,17 @@ pub async fn start(
         meta_http = meta_http.merge(lookup::router(service.clone()));
         server.lookup = Some(service);
     }
+    let manager = &handlers.core.manager;
+    meta_http = meta_http.merge(pool::routes::router(manager.clone()));
+    let reap_every = std::time::Duration::from_millis(config.pool.heartbeat_ms / 2).max(MIN_REAP);
+    pool::routes::start_reaper(manager, reap_every)
+        .map_err(|e| ServerError::Pool(e.to_string()))?;
     server
         .spawn_http("http", config.http_port, meta_http, &stop_rx)
         .await?;
+    if config.pool.embedded_size > 0 {
+        server.pool_node = Some(start_embedded_pool(config, server.addresses["http"])?);
+    }
     let admin_http = http::admin_router(handlers.admin.clone(), handlers.core.clone(), limit);
     server
         .spawn_http("admin_http", config.admin_http_port, admin_http, &stop_rx)

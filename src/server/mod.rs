@@ -7,7 +7,7 @@ mod listeners;
 
 use std::path::PathBuf;
 
-pub use bootstrap::{embedded_manager, DEFAULT_GROUP, DEFAULT_STORAGE};
+pub use bootstrap::{embedded_manager, DEFAULT_GROUP, DEFAULT_POOL, DEFAULT_STORAGE};
 pub use listeners::{nodelay_incoming, start, RunningServer};
 
 /// Why the server could not start or stopped with an error.
@@ -45,6 +45,9 @@ pub enum ServerError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The pool membership or the embedded pool node could not start.
+    #[error("memory pool: {0}")]
+    Pool(String),
     /// The lookup path could not start.
     #[error("lookup path: {0}")]
     Lookup(String),

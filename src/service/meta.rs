@@ -154,6 +154,21 @@ impl MetaHandler {
         )
     }
 
+    /// Abandons a write session whose answer could not be delivered (see
+    /// `Manager::abandon_write`); false when the instance or session is unknown.
+    pub fn abandon_write_session(&self, instance_id: &str, session_id: &str) -> bool {
+        let Some(instance) = self.core.manager.instance(instance_id) else {
+            return false;
+        };
+        match self.core.manager.abandon_write(&instance, session_id) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(%error, "abandoning a write session");
+                false
+            }
+        }
+    }
+
     /// FinishWriteCache.
     pub fn finish_write_cache(
         &self,

@@ -17,6 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
 
+pub mod pool;
+
 /// A running `kvcm serve`, killed (SIGKILL) when dropped.
 pub struct TestServer {
     child: Child,

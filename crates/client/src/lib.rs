@@ -22,16 +22,23 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! [`TransferEngine`] moves the blocks themselves: `put_blocks` (two-phase write with the
+//! real success mask) and `get_blocks` (fast lookup, then reads) against pool nodes and
+//! the file tier, reporting the path every block took.
 
 mod bootstrap;
 mod client;
 mod connection;
+mod data;
 mod error;
 mod fast;
 mod grpc;
 mod metrics;
 
 pub use client::{Client, ClientConfig, ServerAddress};
+pub use data::{GetOutcome, PutOutcome, TransferConfig, TransferEngine, TransferPath};
 pub use error::ClientError;
+pub use kvcm_data::{DirectMode, FileIoConfig, IoBackend, IoPath};
 pub use kvcm_transport::soft::Wire;
 pub use metrics::FastPathMetrics;

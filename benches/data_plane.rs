@@ -1,0 +1,261 @@
+//! The data plane against its floors, in one run: put / get bandwidth of batches of 64
+//! blocks of 64 KiB, 1 MiB and 4 MiB through the client's TransferEngine — to a pool node
+//! over soft-shm and soft-TCP, and to the file tier (O_DIRECT) — each beside its floor
+//! measured in the same run: memcpy of the same bytes (shm), a raw loopback TCP stream of
+//! the same bytes (TCP); the file tier's own floor is the `kvcm-data` bench
+//! (`cargo bench -p kvcm-data`, sequential O_DIRECT pwrite / pread).
+//!
+//! `cargo bench --bench data_plane` (a real `kvcm serve --pool-size 1G` on free ports;
+//! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5). Figures include the control
+//! plane (StartWriteCache / FinishWriteCache, the lookup), as an engine sees them.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvcm_client::{
+    ClientConfig, DirectMode, FileIoConfig, GetOutcome, PutOutcome, ServerAddress, TransferConfig,
+    TransferEngine, Wire,
+};
+use kvcm_data::AlignedBuf;
+use serde_json::{json, Value};
+
+/// Blocks per put / get.
+const BATCH: usize = 64;
+
+/// A child process killed on drop.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn local(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn post(port: u16, rpc: &str, body: Value) -> Value {
+    let route = format!("/api/{rpc}");
+    kvcm::http_json::post_json(local(port), &route, &body, Duration::from_secs(10)).unwrap()
+}
+
+/// `kvcm serve --pool-size 1G`, a file-only group `files`, and one instance per block size
+/// on each: (process, gRPC port, meta HTTP port, data dir).
+fn start_server(sizes: &[usize]) -> (Process, u16, u16, tempfile::TempDir) {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (grpc, http, admin) = (free_port(), free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_kvcm"))
+        .args(["serve", "--pool-size", "1G", "--data-dir"])
+        .arg(dir.path())
+        .args(["--env", &format!("kvcm.service.rpc_port={grpc}")])
+        .args(["--env", &format!("kvcm.service.http_port={http}")])
+        .args(["--env", &format!("kvcm.service.admin_http_port={admin}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("kvcm serve");
+    let process = Process(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kvcm::http_json::post_json::<Value>(
+        local(http),
+        kvcm::pool::NODES_ROUTE,
+        &json!({"storage": kvcm::server::DEFAULT_POOL}),
+        Duration::from_secs(1),
+    )
+    .map_or(true, |nodes| {
+        nodes["nodes"].as_array().is_none_or(|n| n.is_empty())
+    }) {
+        assert!(Instant::now() < deadline, "the embedded pool never joined");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let files = json!({"name": "files", "storage_candidates": ["default_file"],
+        "global_quota_group_name": "files", "quota": {"capacity": "1000000000000"},
+        "cache_config": {"reclaim_strategy": {"storage_unique_name": "default_file"},
+            "data_storage_strategy": "CPS_PREFER_3FS",
+            "meta_indexer_config": {"mutex_shard_num": 16,
+                "meta_cache_policy_config": {"type": "lru"},
+                "meta_storage_backend_config": {"storage_type": "local"}}},
+        "version": 1});
+    post(
+        admin,
+        "createInstanceGroup",
+        json!({"instance_group": files}),
+    );
+    for &size in sizes {
+        for (group, tier) in [("default", "pool"), ("files", "file")] {
+            let body = json!({"instance_group": group, "instance_id": instance(tier, size),
+                "block_size": 16, "location_spec_infos": [{"name": "tp0", "size": size}],
+                "model_deployment": {"model_name": "m", "dtype": "FP8", "tp_size": 1}});
+            post(http, "registerInstance", body);
+        }
+    }
+    (process, grpc, http, dir)
+}
+
+fn instance(tier: &str, size: usize) -> String {
+    format!("{tier}-{size}")
+}
+
+fn engine(grpc: u16, http: u16, instance: String, wire: Wire) -> TransferEngine {
+    let client = ClientConfig {
+        servers: vec![ServerAddress {
+            grpc: format!("http://127.0.0.1:{grpc}"),
+            http: local(http),
+        }],
+        instance_id: instance,
+        wire: Some(Wire::Tcp),
+    };
+    let config = TransferConfig {
+        pool_wire: wire,
+        staging_bytes: 64 << 20,
+        file_io: FileIoConfig {
+            direct: DirectMode::Auto,
+            ..FileIoConfig::default()
+        },
+        ..TransferConfig::default()
+    };
+    TransferEngine::connect(client, config).unwrap()
+}
+
+/// Seconds of one put and one get of `BATCH` blocks (new keys each round, removed after).
+fn put_get(engine: &mut TransferEngine, buffers: &mut [AlignedBuf], first_key: i64) -> (f64, f64) {
+    let keys: Vec<i64> = (first_key..first_key + BATCH as i64).collect();
+    let blocks: Vec<Vec<&[u8]>> = buffers.iter().map(|b| vec![b.as_slice()]).collect();
+    let started = Instant::now();
+    let put = engine.put_blocks(&keys, &blocks).unwrap();
+    let put_seconds = started.elapsed().as_secs_f64();
+    assert!(
+        put.iter().all(|o| matches!(o, PutOutcome::Written(_))),
+        "{:?}",
+        put[0]
+    );
+    let mut outs: Vec<Vec<&mut [u8]>> =
+        buffers.iter_mut().map(|b| vec![b.as_mut_slice()]).collect();
+    let started = Instant::now();
+    let got = engine.get_blocks(&keys, &mut outs).unwrap();
+    let get_seconds = started.elapsed().as_secs_f64();
+    assert!(
+        got.iter().all(|o| matches!(o, GetOutcome::Hit(_))),
+        "{:?}",
+        got[0]
+    );
+    engine
+        .client()
+        .remove(kvcm::proto::meta::RemoveCacheRequest {
+            block_keys: keys,
+            ..Default::default()
+        })
+        .unwrap();
+    (put_seconds, get_seconds)
+}
+
+/// Seconds to memcpy `bytes` bytes (best of 3).
+fn memcpy_floor(bytes: usize) -> f64 {
+    let source = vec![7u8; bytes];
+    let mut target = vec![0u8; bytes];
+    (0..3)
+        .map(|_| {
+            let started = Instant::now();
+            target.copy_from_slice(&source);
+            std::hint::black_box(&target);
+            started.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+/// Seconds to stream `bytes` bytes over a loopback TCP connection (best of 3).
+fn tcp_floor(bytes: usize) -> f64 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    let sink = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut buffer = vec![0u8; 1 << 20];
+        let mut left = 3 * bytes;
+        while left > 0 {
+            let got = stream.read(&mut buffer).unwrap();
+            assert!(got > 0);
+            left -= got;
+        }
+        stream.write_all(b"k").unwrap();
+    });
+    let mut stream = TcpStream::connect(address).unwrap();
+    let data = vec![7u8; bytes];
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let started = Instant::now();
+        stream.write_all(&data).unwrap();
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    let mut ack = [0u8; 1];
+    stream.read_exact(&mut ack).unwrap();
+    sink.join().unwrap();
+    best
+}
+
+fn gbps(bytes: usize, seconds: f64) -> f64 {
+    bytes as f64 / seconds / 1e9
+}
+
+fn main() {
+    let rounds: usize = std::env::var("KVCM_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    let sizes = [64 << 10, 1 << 20, 4 << 20];
+    let (_server, grpc, http, _dir) = start_server(&sizes);
+    println!(
+        "data plane, batches of {BATCH} blocks, best of {rounds} rounds (GB/s; ratio to the floor)"
+    );
+    println!(
+        "{:<8} {:<10} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "block", "path", "put", "get", "floor", "put/fl", "get/fl"
+    );
+    let mut next_key = 1i64;
+    for size in sizes {
+        let bytes = BATCH * size;
+        let mut buffers: Vec<AlignedBuf> = (0..BATCH).map(|_| AlignedBuf::new(size)).collect();
+        for (i, buffer) in buffers.iter_mut().enumerate() {
+            buffer.as_mut_slice().fill(i as u8);
+        }
+        let cases = [
+            ("pool-shm", "pool", Wire::Shm, memcpy_floor(bytes)),
+            ("pool-tcp", "pool", Wire::Tcp, tcp_floor(bytes)),
+            ("file", "file", Wire::Tcp, f64::NAN),
+        ];
+        for (name, tier, wire, floor) in cases {
+            let mut engine = engine(grpc, http, instance(tier, size), wire);
+            let (mut put, mut get) = (f64::MAX, f64::MAX);
+            for _ in 0..rounds {
+                let (p, g) = put_get(&mut engine, &mut buffers, next_key);
+                next_key += BATCH as i64;
+                (put, get) = (put.min(p), get.min(g));
+            }
+            let floor_gbps = gbps(bytes, floor);
+            println!(
+                "{:<8} {:<10} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2}",
+                format!("{}K", size >> 10),
+                name,
+                gbps(bytes, put),
+                gbps(bytes, get),
+                floor_gbps,
+                gbps(bytes, put) / floor_gbps,
+                gbps(bytes, get) / floor_gbps,
+            );
+        }
+    }
+    println!(
+        "file rows: floor = `cargo bench -p kvcm-data` (sequential O_DIRECT of the same bytes)"
+    );
+}

@@ -1,0 +1,92 @@
+//! Where pool nodes are: `(storage, node_id)` → the live incarnation's endpoint and range,
+//! as the server lists them (`POST /kvcm/v1/poolNodes`), cached and refreshed when a URI
+//! names a node or incarnation the cache does not have.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kvcm::pool::{NodesAnswer, NodesRequest, NODES_ROUTE};
+
+/// Deadline of one directory request.
+const DEADLINE: Duration = Duration::from_secs(2);
+
+/// A live pool node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodePlace {
+    /// Its queue-pair listener.
+    pub endpoint: SocketAddr,
+    /// Its live incarnation.
+    pub range_id: u64,
+}
+
+/// The cached directory.
+#[derive(Debug, Default)]
+pub(crate) struct Directory {
+    servers: Vec<SocketAddr>,
+    nodes: HashMap<(String, String), NodePlace>,
+}
+
+impl Directory {
+    /// A directory asking these meta HTTP servers (in order).
+    pub(crate) fn new(servers: Vec<SocketAddr>) -> Self {
+        Directory {
+            servers,
+            nodes: HashMap::new(),
+        }
+    }
+
+    /// The live incarnation of `node_id` in pool `storage` when it is `range_id`; refreshes
+    /// the pool's entries once when the cache has another. `Err` says why not.
+    pub(crate) fn place(
+        &mut self,
+        storage: &str,
+        node_id: &str,
+        range_id: u64,
+    ) -> Result<NodePlace, String> {
+        let key = (storage.to_string(), node_id.to_string());
+        if let Some(place) = self.nodes.get(&key).filter(|p| p.range_id == range_id) {
+            return Ok(place.clone());
+        }
+        self.refresh(storage)?;
+        match self.nodes.get(&key) {
+            Some(place) if place.range_id == range_id => Ok(place.clone()),
+            Some(_) => Err(format!("pool node {node_id} is on another incarnation now")),
+            None => Err(format!("pool node {node_id} of {storage} is not live")),
+        }
+    }
+
+    /// Replaces the entries of `storage` by the server's list of its live nodes.
+    fn refresh(&mut self, storage: &str) -> Result<(), String> {
+        let request = NodesRequest {
+            storage: storage.to_string(),
+        };
+        let mut last = String::from("no server");
+        for server in &self.servers {
+            match kvcm::http_json::post_json::<NodesAnswer>(
+                *server,
+                NODES_ROUTE,
+                &request,
+                DEADLINE,
+            ) {
+                Ok(answer) => {
+                    self.nodes.retain(|(s, _), _| s != storage);
+                    for node in answer.nodes.into_iter().filter(|n| n.live) {
+                        let Ok(endpoint) = node.endpoint.parse() else {
+                            continue;
+                        };
+                        let place = NodePlace {
+                            endpoint,
+                            range_id: node.range_id,
+                        };
+                        self.nodes
+                            .insert((storage.to_string(), node.node_id), place);
+                    }
+                    return Ok(());
+                }
+                Err(error) => last = format!("pool directory at {server}: {error}"),
+            }
+        }
+        Err(last)
+    }
+}

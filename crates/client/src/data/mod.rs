@@ -1,0 +1,509 @@
+//! The transfer engine: moves whole blocks between the caller's buffers and where the
+//! manager places them — pool nodes' regions (one-sided operations on the soft transport)
+//! and the file tier (`kvcm-data`: io_uring, O_DIRECT when aligned, psync fallback).
+//!
+//! - [`TransferEngine::put_blocks`]: StartWriteCache → every part of every new block
+//!   written (pool parts per node in batches, file parts in one batched call beside them)
+//!   → FinishWriteCache with the blocks whose every part was written.
+//! - [`TransferEngine::get_blocks`]: one lookup (the fast path when up) → every part of
+//!   every hit read into the caller's buffers; a part that cannot be read makes its block a
+//!   miss, never a hit with wrong bytes.
+//!
+//! Every block's outcome names the path its bytes took ([`TransferPath`]), so no fallback
+//! is silent. A pool part is read only from the node incarnation (`range_id`) it was
+//! placed on: a node that restarted or was declared dead answers nothing for it.
+
+mod directory;
+mod pool_link;
+mod route;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kvcm::proto::meta;
+use kvcm_data::{FileIo, FileIoConfig, IoPath, ReadOp, WriteOp};
+use kvcm_transport::soft::Wire;
+
+use self::directory::Directory;
+use self::pool_link::PoolLink;
+use self::route::{target_of, Target};
+use crate::{Client, ClientConfig, ClientError};
+
+/// The lookup / pool listeners' index of a wire.
+fn wire_index(wire: Wire) -> usize {
+    match wire {
+        Wire::Tcp => kvcm::lookup::WIRE_SOFT_TCP,
+        Wire::Shm => kvcm::lookup::WIRE_SOFT_SHM,
+    }
+}
+
+/// How the engine moves bytes.
+#[derive(Debug, Clone)]
+pub struct TransferConfig {
+    /// The wire to pool nodes: `Shm` on their host, `Tcp` anywhere.
+    pub pool_wire: Wire,
+    /// Registered staging bytes per pool node link (TCP transfers go through it).
+    pub staging_bytes: usize,
+    /// How long a pool node may take to answer before its transfers fail.
+    pub timeout: Duration,
+    /// The file tier's I/O.
+    pub file_io: FileIoConfig,
+    /// `write_timeout_seconds` of the engine's write sessions.
+    pub write_timeout_seconds: i32,
+}
+
+impl Default for TransferConfig {
+    fn default() -> Self {
+        TransferConfig {
+            pool_wire: Wire::Tcp,
+            staging_bytes: 16 << 20,
+            timeout: Duration::from_secs(2),
+            file_io: FileIoConfig::default(),
+            write_timeout_seconds: 30,
+        }
+    }
+}
+
+/// The path one block's bytes took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferPath {
+    /// A pool node over the soft provider's TCP wire (through the staging buffer).
+    PoolSoftTcp,
+    /// A pool node over shared memory (direct copies).
+    PoolSoftShm,
+    /// The file tier, by this I/O path.
+    File(IoPath),
+}
+
+impl std::fmt::Display for TransferPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TransferPath::PoolSoftTcp => f.write_str("pool over soft-tcp (staged)"),
+            TransferPath::PoolSoftShm => f.write_str("pool over soft-shm (direct)"),
+            TransferPath::File(path) => write!(f, "file tier, {path}"),
+        }
+    }
+}
+
+/// What became of one block of a put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// Written and committed, by this path.
+    Written(TransferPath),
+    /// Already cached: nothing was written.
+    Present,
+    /// Not stored (the reason).
+    Failed(String),
+}
+
+/// What became of one block of a get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GetOutcome {
+    /// Every part was read into the buffers, by this path.
+    Hit(TransferPath),
+    /// Not cached (no reason) or not readable (the reason); the buffers hold nothing valid.
+    Miss(Option<String>),
+}
+
+/// One part to move: its block, where it goes, its buffer.
+struct Part<B> {
+    block: usize,
+    target: Target,
+    buffer: B,
+}
+
+/// Moves blocks for one instance (one engine per thread: calls take `&mut self`).
+pub struct TransferEngine {
+    client: Client,
+    config: TransferConfig,
+    directory: Directory,
+    links: HashMap<SocketAddr, PoolLink>,
+    files: FileIo,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("client", &self.client)
+            .field("links", &self.links.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransferEngine {
+    /// Connects the control-plane client and prepares the file I/O (pool links are made
+    /// on first use).
+    pub fn connect(client: ClientConfig, config: TransferConfig) -> Result<Self, ClientError> {
+        let servers = client.servers.iter().map(|s| s.http).collect();
+        Ok(TransferEngine {
+            client: Client::connect(client)?,
+            files: FileIo::new(config.file_io.clone()),
+            directory: Directory::new(servers),
+            links: HashMap::new(),
+            config,
+        })
+    }
+
+    /// The control-plane client (lookups, removals).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Which file I/O backend runs, and why it fell back if it did.
+    pub fn file_backend(&self) -> (kvcm_data::IoBackend, Option<&str>) {
+        self.files.backend()
+    }
+
+    /// Stores `blocks[i]` (one buffer per spec, in the instance's spec order) under
+    /// `keys[i]`: blocks already cached are left alone; the others are written where the
+    /// manager places them and committed when every part was written.
+    pub fn put_blocks(
+        &mut self,
+        keys: &[i64],
+        blocks: &[Vec<&[u8]>],
+    ) -> Result<Vec<PutOutcome>, ClientError> {
+        if keys.len() != blocks.len() {
+            return Err(ClientError::InvalidArgument(format!(
+                "{} keys for {} blocks",
+                keys.len(),
+                blocks.len()
+            )));
+        }
+        let start = self.client.start_write(meta::StartWriteCacheRequest {
+            block_keys: keys.to_vec(),
+            write_timeout_seconds: self.config.write_timeout_seconds,
+            ..Default::default()
+        })?;
+        let present = presence(start.block_mask.as_ref(), keys.len());
+        let absent: Vec<usize> = (0..keys.len()).filter(|&i| !present[i]).collect();
+        let mut failed: Vec<Option<String>> = vec![None; keys.len()];
+        let mut parts = Vec::new();
+        for (position, &block) in absent.iter().enumerate() {
+            let Some(location) = start.locations.get(position) else {
+                failed[block] = Some("the server gave no location".into());
+                continue;
+            };
+            match plan(location, blocks[block].iter().copied(), block) {
+                Ok(planned) => parts.extend(planned),
+                Err(reason) => failed[block] = Some(reason),
+            }
+        }
+        let results = self.write_parts(&parts);
+        let mut written = vec![None; keys.len()];
+        collect(&parts, results, &mut written, |block, reason| {
+            failed[block] = Some(reason)
+        });
+        let success: Vec<bool> = absent
+            .iter()
+            .take(start.locations.len())
+            .map(|&block| failed[block].is_none() && written[block].is_some())
+            .collect();
+        self.client.finish_write(meta::FinishWriteCacheRequest {
+            write_session_id: start.write_session_id,
+            success_blocks: Some(meta::BlockMask {
+                info: Some(meta::block_mask::Info::BoolMasks(meta::BoolMasksType {
+                    values: success,
+                })),
+            }),
+            ..Default::default()
+        })?;
+        Ok((0..keys.len())
+            .map(
+                |block| match (present[block], failed[block].take(), written[block]) {
+                    (true, ..) => PutOutcome::Present,
+                    (false, Some(reason), _) => PutOutcome::Failed(reason),
+                    (false, None, Some(path)) => PutOutcome::Written(path),
+                    (false, None, None) => PutOutcome::Failed("nothing to write".into()),
+                },
+            )
+            .collect())
+    }
+
+    /// Reads the cached blocks of `keys` into `blocks[i]` (one buffer per spec, sized as
+    /// the specs); a block that is not cached or cannot be read whole is a miss.
+    pub fn get_blocks(
+        &mut self,
+        keys: &[i64],
+        blocks: &mut [Vec<&mut [u8]>],
+    ) -> Result<Vec<GetOutcome>, ClientError> {
+        if keys.len() != blocks.len() {
+            return Err(ClientError::InvalidArgument(format!(
+                "{} keys for {} blocks",
+                keys.len(),
+                blocks.len()
+            )));
+        }
+        let locations = self.client.batch_get(keys)?;
+        let mut outcomes = vec![GetOutcome::Miss(None); keys.len()];
+        let mut parts = Vec::new();
+        for ((block, location), buffers) in locations.iter().enumerate().zip(blocks.iter_mut()) {
+            if is_miss(location) {
+                continue;
+            }
+            let buffers = buffers.iter_mut().map(|b| &mut **b);
+            match plan(location, buffers, block) {
+                Ok(planned) => parts.extend(planned),
+                Err(reason) => outcomes[block] = GetOutcome::Miss(Some(reason)),
+            }
+        }
+        let results = self.read_parts(&mut parts);
+        let mut read = vec![None; keys.len()];
+        let mut failed = vec![None; keys.len()];
+        collect(&parts, results, &mut read, |block, reason| {
+            failed[block] = Some(reason)
+        });
+        for block in 0..keys.len() {
+            if let Some(reason) = failed[block].take() {
+                outcomes[block] = GetOutcome::Miss(Some(reason));
+            } else if let Some(path) = read[block] {
+                outcomes[block] = GetOutcome::Hit(path);
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Writes every part; one result per part.
+    fn write_parts(&mut self, parts: &[Part<&[u8]>]) -> Vec<Result<TransferPath, String>> {
+        let mut results = not_attempted(parts.len());
+        let places: Vec<(&Target, usize)> =
+            parts.iter().map(|p| (&p.target, p.buffer.len())).collect();
+        let groups = self.pool_groups(&places, &mut results);
+        let mut file_ops = Vec::new();
+        let mut file_parts = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            if let Target::File { path, offset } = &part.target {
+                file_ops.push(WriteOp {
+                    path,
+                    offset: *offset,
+                    data: part.buffer,
+                });
+                file_parts.push(i);
+            }
+        }
+        for (i, outcome) in file_parts.iter().zip(self.files.write_blocks(&file_ops)) {
+            results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
+        }
+        let path = pool_path(self.config.pool_wire);
+        for (endpoint, members) in groups {
+            let link = self
+                .links
+                .get_mut(&endpoint)
+                .expect("connected by pool_groups");
+            let ops: Vec<(u64, &[u8])> = members
+                .iter()
+                .map(|&i| (pool_offset(&parts[i].target), parts[i].buffer))
+                .collect();
+            let done = link.write(&ops);
+            for &i in &members {
+                results[i] = done.clone().map(|()| path);
+            }
+        }
+        results
+    }
+
+    /// Reads every part; one result per part.
+    fn read_parts(&mut self, parts: &mut [Part<&mut [u8]>]) -> Vec<Result<TransferPath, String>> {
+        let mut results = not_attempted(parts.len());
+        let places: Vec<(&Target, usize)> =
+            parts.iter().map(|p| (&p.target, p.buffer.len())).collect();
+        let groups = self.pool_groups(&places, &mut results);
+        let mut file_ops = Vec::new();
+        let mut file_parts = Vec::new();
+        let mut pool_buffers: HashMap<usize, (u64, &mut [u8])> = HashMap::new();
+        for (i, part) in parts.iter_mut().enumerate() {
+            match &part.target {
+                Target::File { path, offset } => {
+                    file_ops.push(ReadOp {
+                        path,
+                        offset: *offset,
+                        buf: &mut *part.buffer,
+                    });
+                    file_parts.push(i);
+                }
+                Target::Pool { offset, .. } => {
+                    pool_buffers.insert(i, (*offset, &mut *part.buffer));
+                }
+            }
+        }
+        for (i, outcome) in file_parts.iter().zip(self.files.read_blocks(&mut file_ops)) {
+            results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
+        }
+        let path = pool_path(self.config.pool_wire);
+        for (endpoint, members) in groups {
+            let link = self
+                .links
+                .get_mut(&endpoint)
+                .expect("connected by pool_groups");
+            let mut ops: Vec<(u64, &mut [u8])> = members
+                .iter()
+                .filter_map(|i| pool_buffers.remove(i))
+                .collect();
+            let done = link.read(&mut ops);
+            for &i in &members {
+                results[i] = done.clone().map(|()| path);
+            }
+        }
+        results
+    }
+
+    /// Groups the pool parts among `places` (target, length) by node endpoint, connecting
+    /// links on the incarnation each part was placed on; a part whose node or incarnation
+    /// is gone, or that lies outside the region, gets its error in `results` and no group.
+    fn pool_groups(
+        &mut self,
+        places: &[(&Target, usize)],
+        results: &mut [Result<TransferPath, String>],
+    ) -> Vec<(SocketAddr, Vec<usize>)> {
+        let mut groups: Vec<(SocketAddr, Vec<usize>)> = Vec::new();
+        for (i, (target, len)) in places.iter().enumerate() {
+            let Target::Pool {
+                storage,
+                node_id,
+                range_id,
+                offset,
+            } = target
+            else {
+                continue;
+            };
+            let endpoint = match self.link_for(storage, node_id, *range_id) {
+                Ok(endpoint) => endpoint,
+                Err(reason) => {
+                    results[i] = Err(reason);
+                    continue;
+                }
+            };
+            if !self.links[&endpoint].in_bounds(*offset, *len) {
+                results[i] = Err(format!(
+                    "offset {offset} is outside node {node_id}'s region"
+                ));
+                continue;
+            }
+            match groups.iter_mut().find(|(e, _)| *e == endpoint) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((endpoint, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// The endpoint of a live link to incarnation `range_id` of the node (connected now if
+    /// needed).
+    fn link_for(
+        &mut self,
+        storage: &str,
+        node_id: &str,
+        range_id: u64,
+    ) -> Result<SocketAddr, String> {
+        let place = self.directory.place(storage, node_id, range_id)?;
+        let usable = self
+            .links
+            .get(&place.endpoint)
+            .is_some_and(|l| !l.is_broken() && l.info.range_id == range_id);
+        if !usable {
+            self.links.remove(&place.endpoint);
+            let link = PoolLink::connect(
+                place.endpoint,
+                self.config.pool_wire,
+                self.config.staging_bytes,
+                self.config.timeout,
+            )?;
+            if link.info.range_id != range_id {
+                return Err(format!("pool node {node_id} is on another incarnation now"));
+            }
+            self.links.insert(place.endpoint, link);
+        }
+        Ok(place.endpoint)
+    }
+}
+
+fn not_attempted(count: usize) -> Vec<Result<TransferPath, String>> {
+    (0..count)
+        .map(|_| Err("not attempted".to_string()))
+        .collect()
+}
+
+fn pool_path(wire: Wire) -> TransferPath {
+    match wire {
+        Wire::Tcp => TransferPath::PoolSoftTcp,
+        Wire::Shm => TransferPath::PoolSoftShm,
+    }
+}
+
+fn pool_offset(target: &Target) -> u64 {
+    match target {
+        Target::Pool { offset, .. } | Target::File { offset, .. } => *offset,
+    }
+}
+
+/// For each of `count` requested keys: whether StartWriteCache said it is present.
+fn presence(mask: Option<&meta::BlockMask>, count: usize) -> Vec<bool> {
+    match mask.and_then(|m| m.info.as_ref()) {
+        Some(meta::block_mask::Info::Offset(offset)) => (0..count)
+            .map(|i| (i as i64) < i64::from(*offset))
+            .collect(),
+        Some(meta::block_mask::Info::BoolMasks(masks)) => (0..count)
+            .map(|i| masks.values.get(i).copied().unwrap_or(false))
+            .collect(),
+        None => vec![false; count],
+    }
+}
+
+/// Whether a looked-up location is the reference's miss placeholder.
+fn is_miss(location: &meta::CacheLocation) -> bool {
+    location.location_specs.is_empty() || location.location_specs.iter().all(|s| s.uri.is_empty())
+}
+
+/// The parts of one block: one per location spec, each with its buffer (as many buffers
+/// as specs, each the size its URI says).
+fn plan<B>(
+    location: &meta::CacheLocation,
+    buffers: impl ExactSizeIterator<Item = B>,
+    block: usize,
+) -> Result<Vec<Part<B>>, String>
+where
+    B: AsRef<[u8]>,
+{
+    if buffers.len() != location.location_specs.len() {
+        return Err(format!(
+            "{} buffers for a location of {} specs",
+            buffers.len(),
+            location.location_specs.len()
+        ));
+    }
+    location
+        .location_specs
+        .iter()
+        .zip(buffers)
+        .map(|(spec, buffer)| {
+            let target = target_of(&spec.uri, buffer.as_ref().len())?;
+            Ok(Part {
+                block,
+                target,
+                buffer,
+            })
+        })
+        .collect()
+}
+
+/// Folds per-part results into per-block ones: `done[block]` gets the path of its parts
+/// when all succeeded; `failed(block, reason)` is called for a block with a failed part.
+fn collect<B>(
+    parts: &[Part<B>],
+    results: Vec<Result<TransferPath, String>>,
+    done: &mut [Option<TransferPath>],
+    mut failed: impl FnMut(usize, String),
+) {
+    let mut broken = vec![false; done.len()];
+    for (part, result) in parts.iter().zip(results) {
+        match result {
+            Ok(path) if !broken[part.block] => done[part.block] = Some(path),
+            Ok(_) => {}
+            Err(reason) => {
+                broken[part.block] = true;
+                done[part.block] = None;
+                failed(part.block, reason);
+            }
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! One queue pair to one pool node: the `KVPL` handshake gives the node's region (address,
+//! rkey, incarnation) on the chosen wire; transfers are batches of one-sided operations.
+//!
+//! On soft-shm, reads and writes are direct copies between the caller's buffers and the
+//! node's mapped region (checked like READ / WRITE, no staging). On soft-TCP the bytes go
+//! through a registered staging buffer in chunks; while the WRITEs of one half of it are in
+//! flight the next chunk is copied into the other half.
+//!
+//! Invariants: an operation outside the region is refused before anything is posted (one
+//! bad URI never fails the queue pair for the others); a batch that fails marks the link
+//! broken, and a broken link is never used again.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use kvcm::pool::{RegionInfo, POOL_HELLO};
+use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
+use kvcm_transport::{
+    exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
+    Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::wire_index;
+
+/// Most operations posted at once.
+const POST_BATCH: usize = 256;
+/// Most work requests of one chunk: two chunks in flight stay within the queue depth.
+const CHUNK_REQUESTS: usize = 384;
+/// An empty completion slot.
+const BLANK: WorkCompletion = WorkCompletion {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Write,
+    byte_len: 0,
+    imm: None,
+    qpn: 0,
+};
+
+/// A connected queue pair to a pool node.
+pub(crate) struct PoolLink {
+    qp: SoftQp,
+    cq: SoftCq,
+    staging: HostMemory,
+    staging_region: SoftRegion,
+    /// The node's region on this wire.
+    pub(crate) info: RegionInfo,
+    wire: Wire,
+    deadline: Duration,
+    broken: bool,
+    _domain: SoftDomain,
+}
+
+impl PoolLink {
+    /// Connects to the pool node listening at `endpoint`, speaking `wire`; `staging` bytes
+    /// of registered buffer (TCP transfers), `timeout` for the peer's answers.
+    pub(crate) fn connect(
+        endpoint: SocketAddr,
+        wire: Wire,
+        staging: usize,
+        timeout: Duration,
+    ) -> Result<PoolLink, String> {
+        let config = SoftConfig::with_wire(wire).with_response_timeout(timeout);
+        let domain = SoftDomain::open(config).map_err(|e| e.to_string())?;
+        let cq = domain.create_cq().map_err(|e| e.to_string())?;
+        let qp = domain
+            .create_qp(&cq, &cq, QpConfig::default())
+            .map_err(|e| e.to_string())?;
+        let io = |e: std::io::Error| format!("pool node {endpoint}: {e}");
+        let mut stream = TcpStream::connect_timeout(&endpoint, timeout).map_err(io)?;
+        stream.set_read_timeout(Some(timeout)).map_err(io)?;
+        let mut hello = POOL_HELLO.to_vec();
+        hello.push(wire_index(wire) as u8);
+        stream.write_all(&hello).map_err(io)?;
+        let remote = exchange_endpoints(&mut stream, &qp.endpoint()).map_err(|e| e.to_string())?;
+        qp.connect(&remote).map_err(|e| e.to_string())?;
+        let mut info = [0u8; RegionInfo::SIZE];
+        stream.read_exact(&mut info).map_err(io)?;
+        let staging_memory = domain
+            .alloc(staging.max(1 << 20))
+            .map_err(|e| e.to_string())?;
+        let staging_region = domain
+            .register(
+                &staging_memory,
+                0,
+                staging_memory.len(),
+                Access::LOCAL_WRITE,
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(PoolLink {
+            qp,
+            cq,
+            staging: staging_memory,
+            staging_region,
+            info: RegionInfo::decode(&info),
+            wire,
+            deadline: timeout,
+            broken: false,
+            _domain: domain,
+        })
+    }
+
+    /// Whether a transfer failed on this link (it must be replaced).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Whether `[offset, offset + len)` lies inside the node's region.
+    pub(crate) fn in_bounds(&self, offset: u64, len: usize) -> bool {
+        offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.info.len)
+    }
+
+    fn remote(&self, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.info.addr + offset,
+            rkey: self.info.rkey,
+        }
+    }
+
+    /// Writes each `(offset, bytes)` into the region (all in bounds); on failure the link is
+    /// broken and none of them counts as written.
+    pub(crate) fn write(&mut self, ops: &[(u64, &[u8])]) -> Result<(), String> {
+        let done = match self.wire {
+            Wire::Shm => {
+                let writes: Vec<(RemoteAddr, &[u8])> = ops
+                    .iter()
+                    .map(|&(at, data)| (self.remote(at), data))
+                    .collect();
+                self.qp.write_direct(&writes).map_err(|e| e.to_string())
+            }
+            Wire::Tcp => self.write_staged(ops),
+        };
+        self.broken |= done.is_err();
+        done
+    }
+
+    /// Reads each `(offset, buffer)` from the region (all in bounds); on failure the link
+    /// is broken and no buffer is to be trusted.
+    pub(crate) fn read(&mut self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
+        let done = match self.wire {
+            Wire::Shm => self.read_direct(ops),
+            Wire::Tcp => self.read_staged(ops),
+        };
+        self.broken |= done.is_err();
+        done
+    }
+
+    fn read_direct(&self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
+        for (at, buf) in ops.iter_mut() {
+            let read = [(self.remote(*at), buf.len())];
+            self.qp.read_direct(&read, buf).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// TCP writes: chunks of the staging buffer's halves, the next copied while the
+    /// previous one's WRITEs are in flight.
+    fn write_staged(&mut self, ops: &[(u64, &[u8])]) -> Result<(), String> {
+        let half = self.staging.len() / 2;
+        let mut in_flight = 0usize;
+        let mut side = 0usize;
+        for chunk in pieces(ops.iter().map(|(at, data)| (*at, data.len())), half) {
+            let base = side * half;
+            let mut wrs = Vec::with_capacity(chunk.len());
+            for (staged, piece) in chunk.iter().enumerate() {
+                let data = &ops[piece.op].1[piece.from..piece.from + piece.len];
+                self.staging
+                    .write(base + piece.staged_at, data)
+                    .map_err(|e| e.to_string())?;
+                wrs.push((staged, *piece));
+            }
+            // Wait for the WRITEs that used this half two chunks ago (the other half's may
+            // still run).
+            self.await_completions(in_flight)?;
+            in_flight = self.post(&wrs, base, |remote| SendOp::Write { remote, imm: None })?;
+            side ^= 1;
+        }
+        self.await_completions(in_flight)
+    }
+
+    /// TCP reads: chunks of READs into staging, then copied out.
+    fn read_staged(&mut self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
+        let sizes: Vec<(u64, usize)> = ops.iter().map(|(at, buf)| (*at, buf.len())).collect();
+        for chunk in pieces(sizes.into_iter(), self.staging.len()) {
+            let wrs: Vec<(usize, Piece)> = chunk.iter().copied().enumerate().collect();
+            let posted = self.post(&wrs, 0, SendOp::Read)?;
+            self.await_completions(posted)?;
+            for piece in &chunk {
+                let out = &mut ops[piece.op].1[piece.from..piece.from + piece.len];
+                self.staging
+                    .read(piece.staged_at, out)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts one work request per piece (staged at `base + staged_at`), in batches; returns
+    /// how many completions to await (every request is signaled).
+    fn post(
+        &self,
+        pieces: &[(usize, Piece)],
+        base: usize,
+        op: impl Fn(RemoteAddr) -> SendOp,
+    ) -> Result<usize, String> {
+        for batch in pieces.chunks(POST_BATCH) {
+            let sges: Vec<_> = batch
+                .iter()
+                .map(|(_, p)| self.staging_region.sge(base + p.staged_at, p.len as u32))
+                .collect();
+            let wrs: Vec<SendWr<'_>> = batch
+                .iter()
+                .zip(&sges)
+                .map(|((index, piece), sge)| SendWr {
+                    wr_id: *index as u64,
+                    op: op(self.remote(piece.remote_at)),
+                    sg_list: std::slice::from_ref(sge),
+                    signaled: true,
+                })
+                .collect();
+            self.qp.post_send(&wrs).map_err(|e| e.to_string())?;
+        }
+        Ok(pieces.len())
+    }
+
+    /// Waits for `count` successful completions (busy polling, then blocking on the CQ).
+    fn await_completions(&self, mut count: usize) -> Result<(), String> {
+        let deadline = Instant::now() + self.deadline;
+        let mut completions = [BLANK; 64];
+        while count > 0 {
+            let got = self.cq.poll(&mut completions);
+            if let Some(bad) = completions[..got]
+                .iter()
+                .find(|c| c.status != WcStatus::Success)
+            {
+                return Err(format!("pool transfer failed: {:?}", bad.status));
+            }
+            count -= got.min(count);
+            if got == 0 {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err("pool node did not answer in time".into());
+                }
+                self.cq
+                    .wait(left.min(Duration::from_millis(50)))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One piece of an operation staged in one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Piece {
+    /// Index of the operation.
+    op: usize,
+    /// Where in the operation's bytes the piece starts.
+    from: usize,
+    /// Bytes of the piece.
+    len: usize,
+    /// Where in the region it goes.
+    remote_at: u64,
+    /// Where in the chunk's staging space it goes.
+    staged_at: usize,
+}
+
+/// Cuts operations `(region offset, len)` into chunks of at most `chunk` staged bytes and
+/// [`CHUNK_REQUESTS`] pieces; an operation larger than a chunk is split across chunks.
+fn pieces(ops: impl Iterator<Item = (u64, usize)>, chunk: usize) -> Vec<Vec<Piece>> {
+    let mut chunks = vec![Vec::new()];
+    let mut used = 0;
+    for (op, (at, len)) in ops.enumerate() {
+        let mut from = 0;
+        while from < len {
+            let requests = chunks.last().map_or(0, Vec::len);
+            if used == chunk || requests == CHUNK_REQUESTS {
+                chunks.push(Vec::new());
+                used = 0;
+            }
+            let take = (len - from).min(chunk - used);
+            let current = chunks.last_mut().expect("one chunk at least");
+            current.push(Piece {
+                op,
+                from,
+                len: take,
+                remote_at: at + from as u64,
+                staged_at: used,
+            });
+            used += take;
+            from += take;
+        }
+    }
+    chunks.retain(|c| !c.is_empty());
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_fill_chunks_and_split_large_operations() {
+        let chunks = pieces([(0, 3), (100, 10), (200, 1)].into_iter(), 8);
+        let flat: Vec<(usize, usize, usize, u64, usize)> = chunks
+            .iter()
+            .flatten()
+            .map(|p| (p.op, p.from, p.len, p.remote_at, p.staged_at))
+            .collect();
+        assert_eq!(
+            flat,
+            [
+                (0, 0, 3, 0, 0),
+                (1, 0, 5, 100, 3),
+                (1, 5, 5, 105, 0),
+                (2, 0, 1, 200, 5)
+            ]
+        );
+        assert_eq!(chunks.len(), 2);
+        assert!(chunks
+            .iter()
+            .all(|c| c.iter().map(|p| p.len).sum::<usize>() <= 8));
+        assert!(pieces(std::iter::empty(), 8).is_empty());
+    }
+}

@@ -1,0 +1,121 @@
+//! A minimal blocking HTTP/1.1 JSON client for kvcm's own routes (lookup bootstrap, pool
+//! membership): one POST per connection (`Connection: close`), the whole answer read up
+//! to a size limit; only a 200 with a JSON body is an answer. No HTTP client dependency.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Largest answer accepted.
+const MAX_ANSWER: u64 = 1 << 20;
+
+/// Why a POST got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum PostError {
+    /// The connection failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// Which step failed.
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server answered another status.
+    #[error("answered {status}: {body}")]
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// The answer's body.
+        body: String,
+    },
+    /// The answer is not HTTP with a JSON body of the expected shape.
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+}
+
+/// POSTs `body` as JSON to `route` at `addr` and decodes the 200 answer.
+pub fn post_json<A: DeserializeOwned>(
+    addr: SocketAddr,
+    route: &str,
+    body: &impl Serialize,
+    deadline: Duration,
+) -> Result<A, PostError> {
+    let io = |what| move |source| PostError::Io { what, source };
+    let body = serde_json::to_vec(body).map_err(|e| PostError::Malformed(e.to_string()))?;
+    let mut stream = TcpStream::connect_timeout(&addr, deadline).map_err(io("connect"))?;
+    stream
+        .set_read_timeout(Some(deadline))
+        .and_then(|()| stream.set_write_timeout(Some(deadline)))
+        .map_err(io("socket"))?;
+    let head = format!(
+        "POST {route} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(&body))
+        .map_err(io("send"))?;
+    let mut answer = Vec::new();
+    stream
+        .take(MAX_ANSWER)
+        .read_to_end(&mut answer)
+        .map_err(io("read"))?;
+    parse_response(&answer)
+}
+
+/// The JSON body of a raw HTTP response with status 200 (anything else refused).
+pub fn parse_response<A: DeserializeOwned>(response: &[u8]) -> Result<A, PostError> {
+    let malformed = |what: &str| PostError::Malformed(what.to_string());
+    let text = std::str::from_utf8(response).map_err(|_| malformed("not UTF-8"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| malformed("no body"))?;
+    let status = head.split(' ').nth(1).unwrap_or("");
+    let status: u16 = status.parse().map_err(|_| malformed("no status"))?;
+    if status != 200 {
+        return Err(PostError::Status {
+            status,
+            body: body.to_string(),
+        });
+    }
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return Err(malformed("chunked"));
+    }
+    serde_json::from_str(body).map_err(|e| PostError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_200_with_a_json_body_of_the_right_shape_is_taken() {
+        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n{\"a\":1}";
+        let value: serde_json::Value = parse_response(ok.as_bytes()).unwrap();
+        assert_eq!(value["a"], 1);
+        let missing = "HTTP/1.1 404 Not Found\r\n\r\n{\"error\":\"instance\"}";
+        assert!(matches!(
+            parse_response::<serde_json::Value>(missing.as_bytes()),
+            Err(PostError::Status { status: 404, body }) if body.contains("instance")
+        ));
+        for bad in [
+            &b"garbage"[..],
+            b"HTTP/1.1 200 OK\r\n\r\n{not json",
+            b"\xff\xfe",
+        ] {
+            assert!(matches!(
+                parse_response::<serde_json::Value>(bad),
+                Err(PostError::Malformed(_))
+            ));
+        }
+        let chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{}";
+        assert!(parse_response::<serde_json::Value>(chunked.as_bytes()).is_err());
+    }
+}

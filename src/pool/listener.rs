@@ -1,0 +1,157 @@
+//! The pool node's queue-pair listener: a client opens a TCP connection, sends
+//! [`HELLO`] and one wire-index byte, both sides exchange queue-pair endpoints
+//! ([`kvcm_transport::exchange_endpoints`]), and the node sends the [`RegionInfo`] of that
+//! wire. From then on the node's soft NIC serves the client's READs and WRITEs; no node
+//! thread runs per transfer.
+//!
+//! Each handshake runs on a thread of its own with a 2-second deadline, at most
+//! [`MAX_HANDSHAKES`] at once; at most [`MAX_PEERS`] queue pairs are kept (the oldest
+//! broken ones are dropped first, then the oldest).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kvcm_transport::soft::SoftQp;
+use kvcm_transport::{exchange_endpoints, QpState, QueuePair};
+
+use super::region::PoolRegion;
+use super::PoolError;
+
+/// First bytes of a connection request.
+pub const HELLO: &[u8; 4] = b"KVPL";
+/// How long a connecting client may take.
+const DEADLINE: Duration = Duration::from_secs(2);
+/// Most connections being set up at once.
+const MAX_HANDSHAKES: usize = 64;
+/// Most queue pairs kept.
+const MAX_PEERS: usize = 1024;
+
+/// Where a client reads and writes the region on its wire, and which incarnation it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Address of byte 0 of the region on this wire.
+    pub addr: u64,
+    /// Bytes of the region.
+    pub len: u64,
+    /// The rkey on this wire.
+    pub rkey: u32,
+    /// The node's incarnation (URIs with another `range_id` are not on this region).
+    pub range_id: u64,
+}
+
+impl RegionInfo {
+    /// Bytes on the wire.
+    pub const SIZE: usize = 28;
+
+    /// Little-endian: addr, len, rkey, range_id.
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut out = [0u8; Self::SIZE];
+        out[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        out[8..16].copy_from_slice(&self.len.to_le_bytes());
+        out[16..20].copy_from_slice(&self.rkey.to_le_bytes());
+        out[20..28].copy_from_slice(&self.range_id.to_le_bytes());
+        out
+    }
+
+    /// The inverse of [`RegionInfo::encode`].
+    pub fn decode(bytes: &[u8; Self::SIZE]) -> RegionInfo {
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0; 8]));
+        RegionInfo {
+            addr: u64_at(0),
+            len: u64_at(8),
+            rkey: u32::from_le_bytes(bytes[16..20].try_into().unwrap_or([0; 4])),
+            range_id: u64_at(20),
+        }
+    }
+}
+
+/// The connected queue pairs.
+type Peers = Arc<Mutex<Vec<SoftQp>>>;
+
+/// Binds `listen` and accepts on a thread of its own; returns the bound address.
+pub fn listen(listen: SocketAddr, region: Arc<PoolRegion>) -> Result<SocketAddr, PoolError> {
+    let listener = TcpListener::bind(listen).map_err(PoolError::Listener)?;
+    let addr = listener.local_addr().map_err(PoolError::Listener)?;
+    let peers: Peers = Arc::default();
+    std::thread::Builder::new()
+        .name("kvcm-pool-qp".into())
+        .spawn(move || {
+            let in_flight = Arc::new(AtomicUsize::new(0));
+            for stream in listener.incoming().flatten() {
+                if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    continue; // dropped: closed at once
+                }
+                let (region, peers, done) = (region.clone(), peers.clone(), in_flight.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("kvcm-pool-hello".into())
+                    .spawn(move || {
+                        if let Err(error) = connect(stream, &region, &peers) {
+                            tracing::debug!(%error, "pool queue pair refused");
+                        }
+                        done.fetch_sub(1, Ordering::SeqCst);
+                    });
+                if spawned.is_err() {
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        })
+        .map_err(PoolError::Listener)?;
+    Ok(addr)
+}
+
+/// Reads the hello, connects a queue pair on the named wire, sends the region's info.
+fn connect(mut stream: TcpStream, region: &PoolRegion, peers: &Peers) -> Result<(), PoolError> {
+    let io = PoolError::Listener;
+    stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
+    stream.set_write_timeout(Some(DEADLINE)).map_err(io)?;
+    let _ = stream.set_nodelay(true);
+    let mut hello = [0u8; 5];
+    stream.read_exact(&mut hello).map_err(io)?;
+    if &hello[..4] != HELLO {
+        return Err(PoolError::Config("not a pool hello".into()));
+    }
+    let (qp, addr, rkey) = region.create_qp(usize::from(hello[4]))?;
+    let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
+    qp.connect(&remote)?;
+    let info = RegionInfo {
+        addr,
+        len: region.len(),
+        rkey,
+        range_id: region.range_id(),
+    };
+    stream.write_all(&info.encode()).map_err(io)?;
+    keep(peers, qp);
+    Ok(())
+}
+
+/// Keeps a queue pair, making room by dropping broken ones, then the oldest.
+fn keep(peers: &Peers, qp: SoftQp) {
+    let mut peers = peers.lock().unwrap_or_else(PoisonError::into_inner);
+    if peers.len() >= MAX_PEERS {
+        peers.retain(|peer| peer.state() != QpState::Error);
+    }
+    if peers.len() >= MAX_PEERS {
+        peers.remove(0);
+    }
+    peers.push(qp);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn region_info_round_trips() {
+        let info = RegionInfo {
+            addr: 0x7f00_0000_1000,
+            len: 1 << 30,
+            rkey: 0xdead_beef,
+            range_id: u64::MAX - 3,
+        };
+        assert_eq!(RegionInfo::decode(&info.encode()), info);
+    }
+}

@@ -1,0 +1,192 @@
+//! Membership of a pool node: joins its pool storage on one of the configured servers,
+//! then heartbeats at the interval the server gave. A heartbeat the server refuses (it
+//! declared this incarnation dead, or restarted and forgot it) makes the node join again
+//! as a new incarnation; an unreachable server passes to the next address.
+//!
+//! Invariant: the region's `range_id` is only set from a join answer, so it always names
+//! the incarnation the server knows (or an older one during the next join).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::region::PoolRegion;
+use super::routes::{HeartbeatRequest, JoinAnswer, JoinRequest, HEARTBEAT_ROUTE, JOIN_ROUTE};
+use super::PoolError;
+use crate::http_json::{post_json, PostError};
+
+/// Deadline of one membership request.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
+/// Pause between join attempts.
+const JOIN_RETRY: Duration = Duration::from_millis(200);
+
+/// Who the node is and where it joins.
+#[derive(Debug, Clone)]
+pub struct MemberConfig {
+    /// Meta HTTP addresses of the kvcm servers (tried in order).
+    pub servers: Vec<SocketAddr>,
+    /// The pool storage to join.
+    pub storage: String,
+    /// The node's stable id.
+    pub node_id: String,
+    /// Where clients connect (the listener).
+    pub endpoint: String,
+    /// Bytes of the region.
+    pub capacity: u64,
+}
+
+/// Joins so far and whether to stop.
+#[derive(Debug, Default)]
+struct Progress {
+    joins: u64,
+    stopped: bool,
+    last_error: Option<String>,
+}
+
+type Shared = Arc<(Mutex<Progress>, Condvar)>;
+
+/// The membership thread; dropping it stops the heartbeats (the server then declares the
+/// node dead after its missed-heartbeat limit).
+pub struct Member {
+    shared: Shared,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Member {
+    /// Starts joining and heartbeating on a thread of its own.
+    pub fn start(config: MemberConfig, region: Arc<PoolRegion>) -> Result<Member, PoolError> {
+        if config.servers.is_empty() {
+            return Err(PoolError::Config(
+                "--server: at least one address is needed".into(),
+            ));
+        }
+        let shared: Shared = Arc::default();
+        let state = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvcm-pool-member".into())
+            .spawn(move || run(&config, &region, &state))
+            .map_err(PoolError::Listener)?;
+        Ok(Member {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits until the node has joined at least `joins` times; false on timeout.
+    pub fn wait_joins(&self, joins: u64, timeout: Duration) -> bool {
+        let (progress, changed) = &*self.shared;
+        let guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
+        let waited = changed.wait_timeout_while(guard, timeout, |p| p.joins < joins);
+        let (guard, _) = waited.unwrap_or_else(PoisonError::into_inner);
+        guard.joins >= joins
+    }
+
+    /// The last membership error, if any.
+    pub fn last_error(&self) -> Option<String> {
+        let (progress, _) = &*self.shared;
+        let guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
+        guard.last_error.clone()
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let (progress, changed) = &*self.shared;
+        progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stopped = true;
+        changed.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Join, heartbeat until refused, join again; until stopped.
+fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
+    let mut server = 0;
+    loop {
+        let membership = loop {
+            match join(config, &mut server) {
+                Ok(answer) => break answer,
+                Err(error) => {
+                    if pause(shared, JOIN_RETRY, Some(error)) {
+                        return;
+                    }
+                }
+            }
+        };
+        region.set_range_id(membership.range_id);
+        note_join(shared);
+        let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
+        let beat = HeartbeatRequest {
+            storage: config.storage.clone(),
+            node_id: config.node_id.clone(),
+            range_id: membership.range_id,
+        };
+        loop {
+            if pause(shared, interval, None) {
+                return;
+            }
+            match post_json::<serde_json::Value>(
+                config.servers[server],
+                HEARTBEAT_ROUTE,
+                &beat,
+                REQUEST_DEADLINE,
+            ) {
+                Ok(_) => {}
+                Err(PostError::Status { status: 404, .. }) => break, // forgotten: join again
+                Err(error) => {
+                    note_error(shared, format!("heartbeat: {error}"));
+                    server = (server + 1) % config.servers.len();
+                }
+            }
+        }
+    }
+}
+
+/// One join attempt on the current server; moves to the next on failure.
+fn join(config: &MemberConfig, server: &mut usize) -> Result<JoinAnswer, String> {
+    let request = JoinRequest {
+        storage: config.storage.clone(),
+        node_id: config.node_id.clone(),
+        endpoint: config.endpoint.clone(),
+        capacity: config.capacity,
+    };
+    let address = config.servers[*server];
+    post_json(address, JOIN_ROUTE, &request, REQUEST_DEADLINE).map_err(|error| {
+        *server = (*server + 1) % config.servers.len();
+        format!("join at {address}: {error}")
+    })
+}
+
+/// Sleeps `duration` unless stopped; true when stopped. Records `error` first.
+fn pause(shared: &Shared, duration: Duration, error: Option<String>) -> bool {
+    if let Some(error) = error {
+        note_error(shared, error);
+    }
+    let (progress, changed) = &**shared;
+    let guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
+    let waited = changed.wait_timeout_while(guard, duration, |p| !p.stopped);
+    let (guard, _) = waited.unwrap_or_else(PoisonError::into_inner);
+    guard.stopped
+}
+
+fn note_join(shared: &Shared) {
+    let (progress, changed) = &**shared;
+    let mut guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
+    guard.joins += 1;
+    guard.last_error = None;
+    changed.notify_all();
+}
+
+fn note_error(shared: &Shared, error: String) {
+    tracing::warn!(%error, "pool membership");
+    let (progress, _) = &**shared;
+    progress
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .last_error = Some(error);
+}

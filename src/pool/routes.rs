@@ -1,0 +1,209 @@
+//! The server's side of pool membership, on the meta HTTP port in kvcm's own namespace:
+//! `POST /kvcm/v1/poolJoin`, `/kvcm/v1/poolHeartbeat` and `/kvcm/v1/poolNodes` (JSON
+//! bodies below); errors answer `{"error":"..."}` with 400 (bad body or value), 404
+//! (unknown storage, or an incarnation that is not live: join again) or 500. And the
+//! reaper thread that declares silent nodes dead.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use kvcm_manager::{Manager, ManagerError};
+use kvcm_storage::pool::{PoolNodeJoin, PoolNodeStatus};
+use kvcm_storage::StorageError;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Join route.
+pub const JOIN_ROUTE: &str = "/kvcm/v1/poolJoin";
+/// Heartbeat route.
+pub const HEARTBEAT_ROUTE: &str = "/kvcm/v1/poolHeartbeat";
+/// Member list route.
+pub const NODES_ROUTE: &str = "/kvcm/v1/poolNodes";
+
+/// A node joins a pool storage.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinRequest {
+    /// The pool storage's name.
+    pub storage: String,
+    /// The node's stable id.
+    pub node_id: String,
+    /// Its queue-pair listener (`host:port`).
+    pub endpoint: String,
+    /// Bytes of its region.
+    pub capacity: u64,
+}
+
+/// The join's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinAnswer {
+    /// The new incarnation.
+    pub range_id: u64,
+    /// Heartbeat interval in ms.
+    pub heartbeat_ms: u64,
+}
+
+/// A node's heartbeat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    /// The pool storage's name.
+    pub storage: String,
+    /// The node's id.
+    pub node_id: String,
+    /// Its incarnation.
+    pub range_id: u64,
+}
+
+/// Asks for a pool's members.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodesRequest {
+    /// The pool storage's name.
+    pub storage: String,
+}
+
+/// One member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAnswer {
+    /// The node's id.
+    pub node_id: String,
+    /// Its queue-pair listener.
+    pub endpoint: String,
+    /// This incarnation.
+    pub range_id: u64,
+    /// Bytes of its region.
+    pub capacity: u64,
+    /// Bytes placed on it.
+    pub used: u64,
+    /// Whether it heartbeats.
+    pub live: bool,
+}
+
+/// The members of a pool (live incarnations first is not promised: slot order).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesAnswer {
+    /// Every incarnation that joined.
+    pub nodes: Vec<NodeAnswer>,
+}
+
+impl From<PoolNodeStatus> for NodeAnswer {
+    fn from(status: PoolNodeStatus) -> Self {
+        NodeAnswer {
+            node_id: status.node_id,
+            endpoint: status.endpoint,
+            range_id: status.range_id,
+            capacity: status.capacity,
+            used: status.used,
+            live: status.live,
+        }
+    }
+}
+
+/// The membership routes, to merge into the meta HTTP router.
+pub fn router(manager: Arc<Manager>) -> Router {
+    Router::new()
+        .route(JOIN_ROUTE, post(join))
+        .route(HEARTBEAT_ROUTE, post(heartbeat))
+        .route(NODES_ROUTE, post(nodes))
+        .with_state(manager)
+}
+
+async fn join(State(manager): State<Arc<Manager>>, body: axum::body::Bytes) -> Response {
+    answer(&body, move |request: JoinRequest| {
+        let join = PoolNodeJoin {
+            node_id: request.node_id,
+            endpoint: request.endpoint,
+            capacity: request.capacity,
+        };
+        let membership = manager.pool_join(&request.storage, join)?;
+        Ok(JoinAnswer {
+            range_id: membership.range_id,
+            heartbeat_ms: membership.heartbeat.as_millis() as u64,
+        })
+    })
+    .await
+}
+
+async fn heartbeat(State(manager): State<Arc<Manager>>, body: axum::body::Bytes) -> Response {
+    answer(&body, move |request: HeartbeatRequest| {
+        manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
+        Ok(serde_json::json!({}))
+    })
+    .await
+}
+
+async fn nodes(State(manager): State<Arc<Manager>>, body: axum::body::Bytes) -> Response {
+    answer(&body, move |request: NodesRequest| {
+        let nodes = manager.pool_nodes(&request.storage)?;
+        Ok(NodesAnswer {
+            nodes: nodes.into_iter().map(NodeAnswer::from).collect(),
+        })
+    })
+    .await
+}
+
+/// Decodes the body, runs `handle` off the async threads (a join may sweep an index) and
+/// encodes its answer or error.
+async fn answer<Q, A>(
+    body: &[u8],
+    handle: impl FnOnce(Q) -> Result<A, ManagerError> + Send + 'static,
+) -> Response
+where
+    Q: DeserializeOwned + Send + 'static,
+    A: Serialize + Send + 'static,
+{
+    let request: Q = match serde_json::from_slice(body) {
+        Ok(request) => request,
+        Err(error) => return refusal(StatusCode::BAD_REQUEST, &format!("bad body: {error}")),
+    };
+    match tokio::task::spawn_blocking(move || handle(request)).await {
+        Ok(Ok(answer)) => json(StatusCode::OK, &answer),
+        Ok(Err(error)) => refusal(status_of(&error), &error.to_string()),
+        Err(_) => refusal(StatusCode::INTERNAL_SERVER_ERROR, "pool request failed"),
+    }
+}
+
+fn status_of(error: &ManagerError) -> StatusCode {
+    match error {
+        ManagerError::NotFound(_) | ManagerError::Storage(StorageError::UnknownPoolNode(_)) => {
+            StatusCode::NOT_FOUND
+        }
+        ManagerError::Refused(_) | ManagerError::Storage(StorageError::InvalidRequest(_)) => {
+            StatusCode::BAD_REQUEST
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn refusal(status: StatusCode, message: &str) -> Response {
+    json(status, &serde_json::json!({ "error": message }))
+}
+
+fn json(status: StatusCode, body: &impl Serialize) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
+}
+
+/// Declares silent pool nodes dead every `interval` until the manager is gone.
+pub fn start_reaper(manager: &Arc<Manager>, interval: Duration) -> std::io::Result<()> {
+    let manager: Weak<Manager> = Arc::downgrade(manager);
+    std::thread::Builder::new()
+        .name("kvcm-pool-reaper".into())
+        .spawn(move || loop {
+            std::thread::sleep(interval);
+            let Some(manager) = manager.upgrade() else {
+                return;
+            };
+            let died = manager.reap_pool_nodes();
+            if died > 0 {
+                tracing::warn!(
+                    died,
+                    "pool nodes missed their heartbeats: their blocks are gone"
+                );
+            }
+        })?;
+    Ok(())
+}

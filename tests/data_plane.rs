@@ -1,0 +1,287 @@
+//! The data plane end to end: a real `kvcm serve`, real `kvcm pool` processes and real
+//! files; the client's TransferEngine puts and gets blocks over soft-TCP and soft-shm and
+//! through the file tier, and survives the death of a pool node without ever returning
+//! wrong bytes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::pool::{group, live_range, members, pool_storage, PoolProcess};
+use common::{code, TestServer};
+use kvcm_client::{
+    ClientConfig, GetOutcome, PutOutcome, ServerAddress, TransferConfig, TransferEngine,
+    TransferPath, Wire,
+};
+use serde_json::json;
+
+/// Specs per block and bytes per spec.
+const SPECS: usize = 4;
+const SPEC_BYTES: usize = 16 << 10;
+
+/// The bytes of part `spec` of block `key`: distinct for every (key, spec).
+fn pattern(key: i64, spec: usize) -> Vec<u8> {
+    let seed = (key as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (spec as u64) << 56;
+    (0..SPEC_BYTES as u64)
+        .map(|i| (seed.wrapping_add(i.wrapping_mul(0x2545_f491)) >> 24) as u8)
+        .collect()
+}
+
+async fn register(server: &TestServer, instance: &str, group: &str) {
+    let specs: Vec<_> = (0..SPECS)
+        .map(|i| json!({"name": format!("tp{i}"), "size": SPEC_BYTES}))
+        .collect();
+    let body = json!({"instance_group": group, "instance_id": instance, "block_size": 16,
+                      "location_spec_infos": specs,
+                      "model_deployment": {"model_name": "m", "dtype": "FP8", "tp_size": 4}});
+    let answer = server.meta_http("registerInstance", body).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+}
+
+/// A server with pool storage `pool_a` (group `gp`, pool first) and instances `on_pool`
+/// (group `gp`) and `on_file` (group `default`, the file storage).
+async fn prepare_async(heartbeat_ms: u64) -> TestServer {
+    let server = TestServer::start_with(&[&format!("kvcm.pool.heartbeat_ms={heartbeat_ms}")]).await;
+    let added = server
+        .admin_http("addStorage", json!({"storage": pool_storage("pool_a")}))
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let created = server
+        .admin_http(
+            "createInstanceGroup",
+            json!({"instance_group": group("gp", &["pool_a"])}),
+        )
+        .await;
+    assert_eq!(code(&created), "OK", "{created}");
+    register(&server, "on_pool", "gp").await;
+    register(&server, "on_file", "default").await;
+    server
+}
+
+/// A runtime for the harness's async helpers (the engine itself is blocking) and a
+/// prepared server with pool node `node-1` of `size` joined.
+fn prepare(heartbeat_ms: u64, size: &str) -> (tokio::runtime::Runtime, TestServer, PoolProcess) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (server, node) = runtime.block_on(async {
+        let server = prepare_async(heartbeat_ms).await;
+        let node = PoolProcess::start(&server, "pool_a", "node-1", size).await;
+        live_range(&server, "pool_a", Some("node-1"), 1).await;
+        (server, node)
+    });
+    (runtime, server, node)
+}
+
+fn engine(server: &TestServer, instance: &str, config: TransferConfig) -> TransferEngine {
+    let client = ClientConfig {
+        servers: vec![ServerAddress {
+            grpc: format!("http://{}", server.address("grpc")),
+            http: server.address("http"),
+        }],
+        instance_id: instance.into(),
+        wire: Some(Wire::Tcp),
+    };
+    TransferEngine::connect(client, config).expect("engine")
+}
+
+/// Puts blocks `keys` (their patterns) and returns the outcomes.
+fn put(engine: &mut TransferEngine, keys: &[i64]) -> Vec<PutOutcome> {
+    let data: Vec<Vec<Vec<u8>>> = keys
+        .iter()
+        .map(|&k| (0..SPECS).map(|s| pattern(k, s)).collect())
+        .collect();
+    let blocks: Vec<Vec<&[u8]>> = data
+        .iter()
+        .map(|parts| parts.iter().map(Vec::as_slice).collect())
+        .collect();
+    engine.put_blocks(keys, &blocks).expect("put_blocks")
+}
+
+/// Gets blocks `keys`; every hit must carry exactly its pattern. Returns the outcomes (an
+/// error when the server refused the lookup).
+fn try_get_checked(
+    engine: &mut TransferEngine,
+    keys: &[i64],
+) -> Result<Vec<GetOutcome>, kvcm_client::ClientError> {
+    let mut data = vec![vec![vec![0u8; SPEC_BYTES]; SPECS]; keys.len()];
+    let mut blocks: Vec<Vec<&mut [u8]>> = data
+        .iter_mut()
+        .map(|parts| parts.iter_mut().map(Vec::as_mut_slice).collect())
+        .collect();
+    let outcomes = engine.get_blocks(keys, &mut blocks)?;
+    drop(blocks);
+    for ((key, outcome), parts) in keys.iter().zip(&outcomes).zip(&data) {
+        if matches!(outcome, GetOutcome::Hit(_)) {
+            for (spec, bytes) in parts.iter().enumerate() {
+                assert!(
+                    *bytes == pattern(*key, spec),
+                    "block {key} spec {spec}: wrong bytes"
+                );
+            }
+        }
+    }
+    Ok(outcomes)
+}
+
+/// [`try_get_checked`] that must get an answer.
+fn get_checked(engine: &mut TransferEngine, keys: &[i64]) -> Vec<GetOutcome> {
+    try_get_checked(engine, keys).expect("get_blocks")
+}
+
+fn written_by(outcomes: &[PutOutcome]) -> Vec<TransferPath> {
+    outcomes
+        .iter()
+        .map(|o| match o {
+            PutOutcome::Written(path) => *path,
+            other => panic!("not written: {other:?}"),
+        })
+        .collect()
+}
+
+fn hits(outcomes: &[GetOutcome]) -> usize {
+    outcomes
+        .iter()
+        .filter(|o| matches!(o, GetOutcome::Hit(_)))
+        .count()
+}
+
+fn pool_used(runtime: &tokio::runtime::Runtime, server: &TestServer) -> u64 {
+    let nodes = runtime.block_on(members(server, "pool_a"));
+    nodes
+        .iter()
+        .filter(|n| n["live"] == true)
+        .map(|n| n["used"].as_u64().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_thousand_blocks_of_four_specs_round_trip_through_the_pool_on_both_wires_and_through_files() {
+    let (runtime, server, _node) = prepare(200, "80M");
+    let keys: Vec<i64> = (1..=1000).collect();
+    for (wire, expected, keys) in [
+        (Wire::Tcp, TransferPath::PoolSoftTcp, &keys[..500]),
+        (Wire::Shm, TransferPath::PoolSoftShm, &keys[500..]),
+    ] {
+        let config = TransferConfig {
+            pool_wire: wire,
+            ..TransferConfig::default()
+        };
+        let mut engine = engine(&server, "on_pool", config);
+        let put_outcomes = put(&mut engine, keys);
+        assert!(written_by(&put_outcomes).iter().all(|p| *p == expected));
+        let again = put(&mut engine, keys);
+        assert!(
+            again.iter().all(|o| *o == PutOutcome::Present),
+            "a second put writes nothing"
+        );
+        let got = get_checked(&mut engine, keys);
+        assert!(
+            got.iter().all(|o| *o == GetOutcome::Hit(expected)),
+            "{:?}",
+            &got[..3]
+        );
+    }
+    // Every block reads back on the other wire too (same bytes, other path).
+    let shm = TransferConfig {
+        pool_wire: Wire::Shm,
+        ..TransferConfig::default()
+    };
+    let all = get_checked(&mut engine(&server, "on_pool", shm), &keys);
+    assert_eq!(hits(&all), 1000);
+    let expected_used = 1000 * (SPECS * SPEC_BYTES) as u64;
+    assert_eq!(
+        pool_used(&runtime, &server),
+        expected_used,
+        "exact pool usage"
+    );
+
+    let mut files = engine(&server, "on_file", TransferConfig::default());
+    let put_outcomes = put(&mut files, &keys);
+    assert!(written_by(&put_outcomes)
+        .iter()
+        .all(|p| matches!(p, TransferPath::File(_))));
+    assert_eq!(hits(&get_checked(&mut files, &keys)), 1000);
+    let misses = get_checked(&mut files, &[5000, 5001]);
+    assert!(misses.iter().all(|o| *o == GetOutcome::Miss(None)));
+}
+
+#[test]
+fn a_pool_node_killed_mid_transfer_gives_misses_in_time_and_never_wrong_bytes() {
+    let (_runtime, server, mut node) = prepare(100, "80M");
+    let keys: Vec<i64> = (1..=1000).collect();
+    let config = TransferConfig {
+        timeout: Duration::from_secs(1),
+        ..TransferConfig::default()
+    };
+    let mut engine = engine(&server, "on_pool", config);
+    put(&mut engine, &keys);
+    let (first_round, rounds) = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut rounds = Vec::new();
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(4) {
+                let begun = Instant::now();
+                // A refused lookup (no storage of the group available) counts as 0 hits.
+                let found = try_get_checked(&mut engine, &keys).map_or(0, |o| hits(&o));
+                rounds.push((begun.elapsed(), found));
+            }
+            rounds
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        node.kill();
+        let rounds = reader.join().expect("reader");
+        (rounds[0].1, rounds)
+    });
+    let slowest = rounds.iter().map(|(took, _)| *took).max().unwrap();
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a get took {slowest:?}: more than the response timeout + 1 s; rounds: {rounds:?}"
+    );
+    assert_eq!(first_round, 1000, "all hits before the kill");
+    assert_eq!(
+        rounds.last().unwrap().1,
+        0,
+        "all misses once the node is dead"
+    );
+}
+
+#[test]
+fn a_session_that_expires_during_a_put_is_cleaned_up() {
+    let (runtime, server, node) = prepare(1000, "8M");
+    let config = TransferConfig {
+        write_timeout_seconds: 1,
+        timeout: Duration::from_secs(2),
+        ..TransferConfig::default()
+    };
+    let mut engine = engine(&server, "on_pool", config);
+    let keys: Vec<i64> = (1..=8).collect();
+    put(&mut engine, &[100]); // the link to the node is up before it stops
+                              // The node stops answering: the transfer waits 2 s, the session expires after 1 s and
+                              // the node is not yet dead (3 heartbeats of 1 s).
+    node.signal("STOP");
+    let data: Vec<Vec<u8>> = (0..SPECS).map(|s| pattern(1, s)).collect();
+    let blocks: Vec<Vec<&[u8]>> = keys
+        .iter()
+        .map(|_| data.iter().map(Vec::as_slice).collect())
+        .collect();
+    let outcome = engine.put_blocks(&keys, &blocks);
+    node.signal("CONT");
+    assert!(
+        outcome.is_err(),
+        "a commit of an expired session: {outcome:?}"
+    );
+    let block_bytes = (SPECS * SPEC_BYTES) as u64;
+    let cleaned = common::wait_until_blocking(Duration::from_secs(5), || {
+        (pool_used(&runtime, &server) == block_bytes).then_some(())
+    });
+    assert!(
+        cleaned.is_some(),
+        "the expired session's pool bytes were freed"
+    );
+    let got = try_get_checked(&mut engine, &keys).expect("lookup");
+    assert!(got.iter().all(|o| *o == GetOutcome::Miss(None)), "{got:?}");
+    let after = engine.put_blocks(&keys, &blocks).expect("put");
+    assert!(
+        after.iter().all(|o| matches!(o, PutOutcome::Written(_))),
+        "{after:?}"
+    );
+}
