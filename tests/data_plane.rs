@@ -214,7 +214,13 @@ fn a_pool_node_killed_mid_transfer_gives_misses_in_time_and_never_wrong_bytes() 
     };
     let mut engine = engine(&server, "on_pool", config);
     put(&mut engine, &keys);
-    let (first_round, rounds) = std::thread::scope(|scope| {
+    assert_eq!(
+        hits(&get_checked(&mut engine, &keys)),
+        1000,
+        "all hits before the kill"
+    );
+    let completed = std::sync::atomic::AtomicUsize::new(0);
+    let rounds = std::thread::scope(|scope| {
         let reader = scope.spawn(|| {
             let mut rounds = Vec::new();
             let started = Instant::now();
@@ -223,20 +229,26 @@ fn a_pool_node_killed_mid_transfer_gives_misses_in_time_and_never_wrong_bytes() 
                 // A refused lookup (no storage of the group available) counts as 0 hits.
                 let found = try_get_checked(&mut engine, &keys).map_or(0, |o| hits(&o));
                 rounds.push((begun.elapsed(), found));
+                completed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             rounds
         });
-        std::thread::sleep(Duration::from_millis(300));
+        let one_round = common::wait_until_blocking(Duration::from_secs(10), || {
+            (completed.load(std::sync::atomic::Ordering::SeqCst) > 0).then_some(())
+        });
+        assert!(one_round.is_some(), "a get round completed before the kill");
         node.kill();
-        let rounds = reader.join().expect("reader");
-        (rounds[0].1, rounds)
+        reader.join().expect("reader")
     });
     let slowest = rounds.iter().map(|(took, _)| *took).max().unwrap();
     assert!(
         slowest < Duration::from_secs(2),
         "a get took {slowest:?}: more than the response timeout + 1 s; rounds: {rounds:?}"
     );
-    assert_eq!(first_round, 1000, "all hits before the kill");
+    assert_eq!(
+        rounds[0].1, 1000,
+        "the reader's first round, before the kill, hits all"
+    );
     assert_eq!(
         rounds.last().unwrap().1,
         0,

@@ -356,6 +356,8 @@ impl TransferEngine {
         results: &mut [Result<TransferPath, String>],
     ) -> Vec<(SocketAddr, Vec<usize>)> {
         let mut groups: Vec<(SocketAddr, Vec<usize>)> = Vec::new();
+        // One attempt per node incarnation and call: a dead node fails its parts at once.
+        let mut refused: HashMap<(&str, &str, u64), String> = HashMap::new();
         for (i, (target, len)) in places.iter().enumerate() {
             let Target::Pool {
                 storage,
@@ -366,9 +368,15 @@ impl TransferEngine {
             else {
                 continue;
             };
+            let node = (storage.as_str(), node_id.as_str(), *range_id);
+            if let Some(reason) = refused.get(&node) {
+                results[i] = Err(reason.clone());
+                continue;
+            }
             let endpoint = match self.link_for(storage, node_id, *range_id) {
                 Ok(endpoint) => endpoint,
                 Err(reason) => {
+                    refused.insert(node, reason.clone());
                     results[i] = Err(reason);
                     continue;
                 }
