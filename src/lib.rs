@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod events;
+mod handshakes;
 pub mod http_json;
 pub mod lookup;
 pub mod pool;

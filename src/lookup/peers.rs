@@ -10,8 +10,6 @@
 
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use kvcm_transport::{exchange_endpoints, QueuePair};
@@ -31,30 +29,12 @@ const MAX_HANDSHAKES: usize = 64;
 pub(super) fn listen(bind: IpAddr, core: CoreHandle) -> Result<SocketAddr, LookupError> {
     let listener = TcpListener::bind((bind, 0)).map_err(LookupError::Listener)?;
     let addr = listener.local_addr().map_err(LookupError::Listener)?;
-    std::thread::Builder::new()
-        .name("kvcm-lookup-qp".into())
-        .spawn(move || {
-            let in_flight = Arc::new(AtomicUsize::new(0));
-            for stream in listener.incoming().flatten() {
-                if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                    continue; // dropped: closed at once
-                }
-                let (core, done) = (core.clone(), in_flight.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("kvcm-lookup-hello".into())
-                    .spawn(move || {
-                        if let Err(error) = connect(stream, &core) {
-                            tracing::debug!(%error, "lookup queue pair refused");
-                        }
-                        done.fetch_sub(1, Ordering::SeqCst);
-                    });
-                if spawned.is_err() {
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                    tracing::warn!("no thread for a lookup connection: refused");
-                }
-            }
-        })
+    let accept = move |stream| {
+        if let Err(error) = connect(stream, &core) {
+            tracing::debug!(%error, "lookup queue pair refused");
+        }
+    };
+    crate::handshakes::serve(listener, "kvcm-lookup-qp", MAX_HANDSHAKES, accept)
         .map_err(LookupError::Listener)?;
     Ok(addr)
 }

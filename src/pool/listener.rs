@@ -10,7 +10,6 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -76,29 +75,12 @@ pub fn listen(listen: SocketAddr, region: Arc<PoolRegion>) -> Result<SocketAddr,
     let listener = TcpListener::bind(listen).map_err(PoolError::Listener)?;
     let addr = listener.local_addr().map_err(PoolError::Listener)?;
     let peers: Peers = Arc::default();
-    std::thread::Builder::new()
-        .name("kvcm-pool-qp".into())
-        .spawn(move || {
-            let in_flight = Arc::new(AtomicUsize::new(0));
-            for stream in listener.incoming().flatten() {
-                if in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_HANDSHAKES {
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                    continue; // dropped: closed at once
-                }
-                let (region, peers, done) = (region.clone(), peers.clone(), in_flight.clone());
-                let spawned = std::thread::Builder::new()
-                    .name("kvcm-pool-hello".into())
-                    .spawn(move || {
-                        if let Err(error) = connect(stream, &region, &peers) {
-                            tracing::debug!(%error, "pool queue pair refused");
-                        }
-                        done.fetch_sub(1, Ordering::SeqCst);
-                    });
-                if spawned.is_err() {
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-        })
+    let accept = move |stream| {
+        if let Err(error) = connect(stream, &region, &peers) {
+            tracing::debug!(%error, "pool queue pair refused");
+        }
+    };
+    crate::handshakes::serve(listener, "kvcm-pool-qp", MAX_HANDSHAKES, accept)
         .map_err(PoolError::Listener)?;
     Ok(addr)
 }

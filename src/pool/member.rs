@@ -36,12 +36,10 @@ pub struct MemberConfig {
     pub capacity: u64,
 }
 
-/// Joins so far and whether to stop.
+/// Whether to stop.
 #[derive(Debug, Default)]
 struct Progress {
-    joins: u64,
     stopped: bool,
-    last_error: Option<String>,
 }
 
 type Shared = Arc<(Mutex<Progress>, Condvar)>;
@@ -71,22 +69,6 @@ impl Member {
             shared,
             thread: Some(thread),
         })
-    }
-
-    /// Waits until the node has joined at least `joins` times; false on timeout.
-    pub fn wait_joins(&self, joins: u64, timeout: Duration) -> bool {
-        let (progress, changed) = &*self.shared;
-        let guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
-        let waited = changed.wait_timeout_while(guard, timeout, |p| p.joins < joins);
-        let (guard, _) = waited.unwrap_or_else(PoisonError::into_inner);
-        guard.joins >= joins
-    }
-
-    /// The last membership error, if any.
-    pub fn last_error(&self) -> Option<String> {
-        let (progress, _) = &*self.shared;
-        let guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
-        guard.last_error.clone()
     }
 }
 
@@ -119,7 +101,6 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
             }
         };
         region.set_range_id(membership.range_id);
-        note_join(shared);
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
         let beat = HeartbeatRequest {
             storage: config.storage.clone(),
@@ -139,7 +120,7 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
                 Ok(_) => {}
                 Err(PostError::Status { status: 404, .. }) => break, // forgotten: join again
                 Err(error) => {
-                    note_error(shared, format!("heartbeat: {error}"));
+                    note_error(format!("heartbeat: {error}"));
                     server = (server + 1) % config.servers.len();
                 }
             }
@@ -165,7 +146,7 @@ fn join(config: &MemberConfig, server: &mut usize) -> Result<JoinAnswer, String>
 /// Sleeps `duration` unless stopped; true when stopped. Records `error` first.
 fn pause(shared: &Shared, duration: Duration, error: Option<String>) -> bool {
     if let Some(error) = error {
-        note_error(shared, error);
+        note_error(error);
     }
     let (progress, changed) = &**shared;
     let guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
@@ -174,19 +155,6 @@ fn pause(shared: &Shared, duration: Duration, error: Option<String>) -> bool {
     guard.stopped
 }
 
-fn note_join(shared: &Shared) {
-    let (progress, changed) = &**shared;
-    let mut guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
-    guard.joins += 1;
-    guard.last_error = None;
-    changed.notify_all();
-}
-
-fn note_error(shared: &Shared, error: String) {
+fn note_error(error: String) {
     tracing::warn!(%error, "pool membership");
-    let (progress, _) = &**shared;
-    progress
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .last_error = Some(error);
 }

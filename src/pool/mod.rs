@@ -128,7 +128,7 @@ impl std::fmt::Debug for PoolNode {
 pub struct PoolNode {
     region: std::sync::Arc<PoolRegion>,
     listen_addr: SocketAddr,
-    member: Member,
+    _member: Member,
 }
 
 impl PoolNode {
@@ -156,7 +156,7 @@ impl PoolNode {
         Ok(PoolNode {
             region,
             listen_addr,
-            member,
+            _member: member,
         })
     }
 
@@ -168,11 +168,6 @@ impl PoolNode {
     /// The current incarnation (0 before the first join).
     pub fn range_id(&self) -> u64 {
         self.region.range_id()
-    }
-
-    /// The membership thread.
-    pub fn member(&self) -> &Member {
-        &self.member
     }
 }
 

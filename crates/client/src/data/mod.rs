@@ -292,7 +292,7 @@ impl TransferEngine {
                 .expect("connected by pool_groups");
             let ops: Vec<(u64, &[u8])> = members
                 .iter()
-                .map(|&i| (pool_offset(&parts[i].target), parts[i].buffer))
+                .map(|&i| (offset_of(&parts[i].target), parts[i].buffer))
                 .collect();
             let done = link.write(&ops);
             for &i in &members {
@@ -356,8 +356,9 @@ impl TransferEngine {
         results: &mut [Result<TransferPath, String>],
     ) -> Vec<(SocketAddr, Vec<usize>)> {
         let mut groups: Vec<(SocketAddr, Vec<usize>)> = Vec::new();
-        // One attempt per node incarnation and call: a dead node fails its parts at once.
-        let mut refused: HashMap<(&str, &str, u64), String> = HashMap::new();
+        // One resolution per node incarnation and call: a dead node fails its parts at once,
+        // a live one is looked up once for all its parts.
+        let mut resolved: HashMap<(&str, &str, u64), Result<SocketAddr, String>> = HashMap::new();
         for (i, (target, len)) in places.iter().enumerate() {
             let Target::Pool {
                 storage,
@@ -369,14 +370,17 @@ impl TransferEngine {
                 continue;
             };
             let node = (storage.as_str(), node_id.as_str(), *range_id);
-            if let Some(reason) = refused.get(&node) {
-                results[i] = Err(reason.clone());
-                continue;
-            }
-            let endpoint = match self.link_for(storage, node_id, *range_id) {
+            let endpoint = match resolved.get(&node) {
+                Some(known) => known.clone(),
+                None => {
+                    let found = self.link_for(storage, node_id, *range_id);
+                    resolved.insert(node, found.clone());
+                    found
+                }
+            };
+            let endpoint = match endpoint {
                 Ok(endpoint) => endpoint,
                 Err(reason) => {
-                    refused.insert(node, reason.clone());
                     results[i] = Err(reason);
                     continue;
                 }
@@ -438,7 +442,7 @@ fn pool_path(wire: Wire) -> TransferPath {
     }
 }
 
-fn pool_offset(target: &Target) -> u64 {
+fn offset_of(target: &Target) -> u64 {
     match target {
         Target::Pool { offset, .. } | Target::File { offset, .. } => *offset,
     }
