@@ -1,7 +1,8 @@
 //! kvcm-index: the metadata index, block key → entry, for one instance's key space.
 //!
-//! One trait, [`MetaIndex`], several backends (local sharded memory now; a WAL, Redis later),
-//! and one conformance suite that every backend must pass.
+//! One trait, [`MetaIndex`], several backends (local sharded memory now, Redis later), and one
+//! conformance suite that every backend must pass. A write-ahead log attaches to a backend
+//! through [`ChangeLog`].
 //!
 //! Invariants every backend keeps:
 //! - a batch call is atomic per key, and `read_modify_write` is atomic over all its keys:
@@ -9,11 +10,13 @@
 //! - results come back in the order of the keys asked for (duplicates answered each time).
 
 mod cache;
+mod change_log;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod local;
 
 pub use cache::{CacheConfig, CacheStats, CachedIndex};
+pub use change_log::{Change, ChangeLog, LogTicket};
 pub use local::{LocalIndex, LocalIndexConfig, MAX_SHARD_BITS};
 
 /// A block key: a signed 64-bit prefix hash (see the wire fact sheet §9).

@@ -258,6 +258,18 @@ pub enum StorageError {
     },
 }
 
+/// What of a part's address outlives the manager process that allocated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DurableAddress {
+    /// The address means the same to the next process (it names nothing process-local).
+    AsIs,
+    /// The address names a process-local object id; the object's name (below the storage's
+    /// base) lets [`DataStorage::adopt`] track the part again in another process.
+    Named(String),
+    /// The bytes do not outlive the process, or the address names nothing any more.
+    Lost,
+}
+
 /// A data storage backend.
 pub trait DataStorage: Send + Sync + std::fmt::Debug {
     /// The configuration this backend was opened with.
@@ -281,6 +293,20 @@ pub trait DataStorage: Send + Sync + std::fmt::Debug {
     fn delete(&self, uris: &[String]) -> Result<(), StorageError>;
     /// Probes the tier (mount present, directory writable, ...).
     fn check_health(&self) -> Result<(), StorageError>;
+    /// What of `address` a write-ahead log must keep for the part to be found again after a
+    /// restart.
+    fn durable_address(&self, _address: PartAddress) -> DurableAddress {
+        DurableAddress::AsIs
+    }
+    /// Takes back block `block` of the object named `name` (a [`DurableAddress::Named`] of an
+    /// earlier process): it counts as allocated once more (one later delete frees it) and its
+    /// address in this process is returned. Nothing is created or written.
+    fn adopt(&self, name: &str, _block: u32) -> Result<PartAddress, StorageError> {
+        Err(StorageError::InvalidRequest(format!(
+            "storage {:?} has no named objects to adopt ({name:?})",
+            self.config().global_unique_name
+        )))
+    }
     /// The memory pool behind this backend, when it is one (its members join and heartbeat
     /// through it).
     fn as_pool(&self) -> Option<&pool::MemPool> {

@@ -7,6 +7,8 @@
 //!   [`LocalIndex::commit`], the single place every mutation goes through.
 //! - The key count is kept in an atomic that changes only inside `commit`, under the locks of
 //!   the shards it accounts for, so it never exceeds `max_key_count`.
+//! - With a [`ChangeLog`] attached, `commit` appends the batch after the cap check and before
+//!   memory changes; the write waits for the log's durability after the locks are released.
 //!
 //! Within one `read_modify_write` the closure is called once per key occurrence, in request
 //! order, and sees the effect of the earlier calls of the same batch (a key listed twice is
@@ -26,7 +28,8 @@ pub(crate) use self::key_order::BuildMixHasher;
 use self::locked_shards::{group_by_shard, read_shard, LockedShards};
 use self::shard_map::Shard;
 use self::write_batch::{Mutation, WriteBatch};
-use crate::{BlockKey, IndexError, MetaIndex, Modify, ScanCursor, ScanPage};
+use crate::{BlockKey, ChangeLog, IndexError, LogTicket, MetaIndex, Modify, ScanCursor, ScanPage};
+use std::sync::Arc;
 
 /// The largest accepted `shard_bits` (65 536 shards).
 pub const MAX_SHARD_BITS: u32 = 16;
@@ -52,11 +55,21 @@ impl Default for LocalIndexConfig {
 }
 
 /// The in-memory sharded index.
-#[derive(Debug)]
 pub struct LocalIndex<V> {
     shards: Box<[Shard<V>]>,
     config: LocalIndexConfig,
     key_count: AtomicU64,
+    log: Option<Arc<dyn ChangeLog<V>>>,
+}
+
+impl<V> std::fmt::Debug for LocalIndex<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalIndex")
+            .field("config", &self.config)
+            .field("key_count", &self.key_count)
+            .field("logged", &self.log.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<V> LocalIndex<V> {
@@ -75,6 +88,18 @@ impl<V> LocalIndex<V> {
             shards,
             config,
             key_count: AtomicU64::new(0),
+            log: None,
+        })
+    }
+
+    /// An empty index whose committed batches are appended to `log`.
+    pub fn with_log(
+        config: LocalIndexConfig,
+        log: Arc<dyn ChangeLog<V>>,
+    ) -> Result<Self, IndexError> {
+        Ok(Self {
+            log: Some(log),
+            ..Self::new(config)?
         })
     }
 
@@ -105,23 +130,47 @@ impl<V> LocalIndex<V> {
                 Modify::Delete => batch.record(key, Mutation::Delete, stored_before),
             }
         }
-        self.commit(&mut locked, batch)
+        let ticket = self.commit(&mut locked, batch)?;
+        drop(locked);
+        match (ticket, &self.log) {
+            (Some(ticket), Some(log)) => log.wait_durable(ticket),
+            _ => Ok(()),
+        }
     }
 
     /// Applies a staged batch to its locked shards: the one place every mutation goes through.
-    /// Checks the key cap first; on `Full` nothing changes.
+    /// Checks the key cap, then appends the batch to the change log (its ticket is returned);
+    /// on `Full` or a refused append nothing changes.
     fn commit(
         &self,
         locked: &mut LockedShards<'_, V>,
         batch: WriteBatch<V>,
-    ) -> Result<(), IndexError> {
+    ) -> Result<Option<LogTicket>, IndexError> {
         let (added, removed) = batch.key_count_change();
         self.reserve(added, removed)?;
-        // A write-ahead log appends `batch` here: after the cap check, before memory changes.
+        let ticket = match (&self.log, batch.is_empty()) {
+            (Some(log), false) => match log.append(&batch.changes()) {
+                Ok(ticket) => Some(ticket),
+                Err(error) => {
+                    self.unreserve(added, removed);
+                    return Err(error);
+                }
+            },
+            _ => None,
+        };
         for (key, mutation) in batch.into_records() {
             locked.apply(key, mutation)?;
         }
-        Ok(())
+        Ok(ticket)
+    }
+
+    /// Undoes [`LocalIndex::reserve`] of a batch that was refused after it.
+    fn unreserve(&self, added: u64, removed: u64) {
+        if added >= removed {
+            self.key_count.fetch_sub(added - removed, Ordering::AcqRel);
+        } else {
+            self.key_count.fetch_add(removed - added, Ordering::AcqRel);
+        }
     }
 
     /// Moves the key count by `added - removed`, refusing to pass `max_key_count`.

@@ -2,7 +2,7 @@
 //!
 //! Every mutation of the local index is first staged into a [`WriteBatch`] while the batch's
 //! shards are locked, then applied in one place (`LocalIndex::commit`). That one place is where
-//! a write-ahead log appends the batch before memory changes.
+//! a change log appends the batch before memory changes.
 //!
 //! Invariants: a batch holds at most one record per key, the last one staged for it; each
 //! record remembers whether its key was stored before the batch, so the key-count change of
@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use super::key_order::BuildMixHasher;
-use crate::BlockKey;
+use crate::{BlockKey, Change};
 
 /// One record of a write batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +99,22 @@ impl<V> WriteBatch<V> {
             }
         }
         (added, removed)
+    }
+
+    /// True when the batch changes nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The batch as a change log sees it: per key its new value, `None` for a delete.
+    pub(crate) fn changes(&self) -> Vec<Change<'_, V>> {
+        self.records
+            .iter()
+            .map(|(key, mutation)| match mutation {
+                Mutation::Put(value) => (*key, Some(value)),
+                Mutation::Delete => (*key, None),
+            })
+            .collect()
     }
 
     /// Consumes the batch into its records.

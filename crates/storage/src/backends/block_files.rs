@@ -18,11 +18,12 @@ use std::path::{Path, PathBuf};
 
 use crate::block_file::{self, BlockRange};
 use crate::live_blocks::{LiveBlocks, Remaining};
+use crate::names::check_name;
 use crate::packing::{check_request, pack};
 use crate::uri::BlockUri;
 use crate::{
-    AllocatedSpec, AllocationRequest, DataStorage, PartAddress, PartRef, StorageConfig,
-    StorageError, StorageKind, StorageSpec, UriTemplate,
+    AllocatedSpec, AllocationRequest, DataStorage, DurableAddress, PartAddress, PartRef,
+    StorageConfig, StorageError, StorageKind, StorageSpec, UriTemplate,
 };
 
 /// A storage of blocks in files below a base path.
@@ -407,6 +408,32 @@ impl DataStorage for BlockFileStorage {
     fn check_health(&self) -> Result<(), StorageError> {
         block_file::probe_directory(&self.anchor)
     }
+
+    fn durable_address(&self, address: PartAddress) -> DurableAddress {
+        let named = self
+            .live
+            .with_name(address.object, address.generation, str::to_string);
+        named.map_or(DurableAddress::Lost, DurableAddress::Named)
+    }
+
+    fn adopt(&self, name: &str, block: u32) -> Result<PartAddress, StorageError> {
+        check_object_path(name).map_err(StorageError::InvalidRequest)?;
+        let (object, generation) =
+            self.live
+                .allocate::<StorageError>(name, &[u64::from(block)], || Ok(()))?;
+        Ok(PartAddress {
+            object,
+            block,
+            generation,
+        })
+    }
+}
+
+/// An object name to adopt must be a relative path of usable components (never leaving the
+/// base).
+fn check_object_path(name: &str) -> Result<(), String> {
+    name.split('/')
+        .try_for_each(|component| check_name("object name", component))
 }
 
 #[cfg(test)]
@@ -476,6 +503,51 @@ mod tests {
         last.expect("the last block unlinks the file without punching");
         assert!(!path.exists(), "no block referenced: unlinked");
         assert_eq!(storage.live.tracked_files(), 0);
+    }
+
+    #[test]
+    fn an_adopted_part_renders_its_uri_in_another_process_and_is_freed_by_one_delete() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let base = format!("{}/", root.path().display());
+        let (before, after) = (nfs_at(&base, 4), nfs_at(&base, 4));
+        let specs = specs(&[1024]);
+        let blocks = blocks(&[1, 2], &[0]);
+        let request = AllocationRequest {
+            instance_id: "i",
+            specs: &specs,
+            blocks: &blocks,
+        };
+        let placed = before.allocate(&request).expect("allocate");
+        for (block, parts) in blocks.iter().zip(&placed) {
+            let part = &parts[0];
+            let DurableAddress::Named(name) = before.durable_address(part.address) else {
+                panic!("a tracked file has a name");
+            };
+            let address = after.adopt(&name, part.address.block).expect("adopt");
+            let reference = PartRef {
+                instance_id: "i",
+                key: block.key,
+                spec: &specs[0],
+                address,
+            };
+            let mut uri = String::new();
+            assert!(after.write_uri(&reference, &mut uri));
+            assert_eq!(uri, part.uri, "the same URI in the adopting process");
+        }
+        let uris: Vec<String> = placed.iter().map(|parts| parts[0].uri.clone()).collect();
+        after.delete(&uris).expect("delete");
+        assert_eq!(after.live.tracked_files(), 0, "one delete per adoption");
+        let freed = before.durable_address(PartAddress {
+            object: u32::MAX,
+            ..PartAddress::default()
+        });
+        assert_eq!(freed, DurableAddress::Lost);
+        for bad in ["../x", "a//b", "", "a/./b"] {
+            assert!(
+                matches!(after.adopt(bad, 0), Err(StorageError::InvalidRequest(_))),
+                "{bad:?} is refused"
+            );
+        }
     }
 
     #[test]

@@ -270,6 +270,12 @@ impl DataStorage for MemPool {
         )))
     }
 
+    /// Pool bytes live in the nodes' memory and the allocators in this process: a restarted
+    /// manager starts with empty pools (nodes join again as new incarnations).
+    fn durable_address(&self, _address: PartAddress) -> crate::DurableAddress {
+        crate::DurableAddress::Lost
+    }
+
     fn as_pool(&self) -> Option<&MemPool> {
         Some(self)
     }
