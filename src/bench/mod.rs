@@ -78,8 +78,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         data_dir: data_dir.clone(),
         ..ServerConfig::default()
     };
-    // `KVCM_EVENT_LOG_ENABLED=false` measures the server without its event log.
-    for key in kvcm::config::EVENT_LOG_KEYS {
+    // `KVCM_EVENT_LOG_ENABLED=false` measures the server without its event log,
+    // `KVCM_JOURNAL_FSYNC=never` (or `KVCM_JOURNAL_ENABLED=false`) with a lighter journal.
+    let keys = kvcm::config::EVENT_LOG_KEYS
+        .iter()
+        .chain(&kvcm::config::JOURNAL_KEYS);
+    for key in keys {
         if let Ok(value) = std::env::var(kvcm::config::env_name(key)) {
             config.set(key, &value)?;
         }

@@ -5,11 +5,13 @@
 //! (`[kvcm.service] rpc_port = 6381`) or quote them (`"kvcm.service.rpc_port" = 6381`).
 
 mod event_log;
+mod journal;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub use event_log::{EventLogConfig, EVENT_LOG_KEYS};
+pub use journal::{JournalSettings, JOURNAL_KEYS};
 
 /// Why a configuration cannot be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +66,8 @@ pub struct ServerConfig {
     pub lookup: crate::lookup::LookupConfig,
     /// `kvcm.pool.*`: memory-pool membership timing and the embedded pool node.
     pub pool: crate::pool::PoolConfig,
+    /// `kvcm.journal.*`: the write-ahead log and snapshots of the metadata.
+    pub journal: JournalSettings,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +85,7 @@ impl Default for ServerConfig {
             event_log: EventLogConfig::default(),
             lookup: crate::lookup::LookupConfig::default(),
             pool: crate::pool::PoolConfig::default(),
+            journal: JournalSettings::default(),
         }
     }
 }
@@ -137,6 +142,7 @@ impl ServerConfig {
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
             _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
+            _ if key.starts_with("kvcm.journal.") => self.journal.set(key, value)?,
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
         Ok(())
@@ -179,7 +185,7 @@ impl ServerConfig {
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        for key in KEYS.iter().chain(&EVENT_LOG_KEYS) {
+        for key in KEYS.iter().chain(&EVENT_LOG_KEYS).chain(&JOURNAL_KEYS) {
             if let Some(value) = lookup(&env_name(key)) {
                 self.set(key, &value)?;
             }
@@ -218,7 +224,8 @@ impl ServerConfig {
             let key = reason.split_whitespace().next().unwrap_or("kvcm.pool");
             return Err(invalid(key, &reason));
         }
-        self.event_log.validate()
+        self.event_log.validate()?;
+        self.journal.validate()
     }
 
     /// The debug HTTP port: `http_port + 3000`, or OS-chosen when `http_port` is 0.

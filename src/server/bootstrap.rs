@@ -2,6 +2,9 @@
 //! `file` backend under the data directory. With `kvcm.pool.size` (`--pool-size`) the group
 //! also has a memory pool, `default_pool`, preferred for writes (the server runs its one
 //! node); a full pool passes writes to the file storage.
+//!
+//! With the journal on (the default), the manager first recovers what the data directory's
+//! journal holds; the defaults are then added only where missing.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,19 +45,54 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         node_id,
         pool_timing: config.pool.timing(),
     })?;
+    if let Some(journal) = config.journal.journal(&config.data_dir) {
+        let report = manager.open_journal(journal)?;
+        report_recovery(&report);
+    }
     let root = block_root(&config.data_dir)?;
-    manager.add_storage(default_storage(&root))?;
     let mut group = default_group();
+    let mut storages = vec![default_storage(&root)];
     if config.pool.embedded_size > 0 {
-        manager.add_storage(default_pool())?;
+        storages.push(default_pool());
         group.storage_candidates.insert(0, DEFAULT_POOL.into());
         if let Some(cache) = group.cache_config.as_mut() {
             cache.data_storage_strategy = admin::CachePreferStrategy::CpsPreferTairMempool as i32;
         }
     }
-    let group = group_from_wire(group).map_err(ServerError::Bootstrap)?;
-    manager.create_group(group)?;
+    // A recovered registry already holds the defaults (possibly changed by an admin): they
+    // are only added where missing.
+    let registered = manager.list_storages();
+    for storage in storages {
+        let name = &storage.global_unique_name;
+        if !registered.iter().any(|s| &s.global_unique_name == name) {
+            manager.add_storage(storage)?;
+        }
+    }
+    if manager.group(DEFAULT_GROUP).is_err() {
+        let group = group_from_wire(group).map_err(ServerError::Bootstrap)?;
+        manager.create_group(group)?;
+    }
     Ok(manager)
+}
+
+/// Logs what recovery restored, cut and skipped.
+fn report_recovery(report: &kvcm_manager::RecoveryReport) {
+    tracing::info!(
+        snapshot = ?report.snapshot,
+        segments = report.segments,
+        records = report.records,
+        registry_objects = report.registry_objects,
+        entries = report.entries,
+        dropped_locations = report.dropped_locations,
+        cleaned_locations = report.cleaned_locations,
+        "journal recovered"
+    );
+    for cut in &report.cut {
+        tracing::warn!(%cut, "journal: a damaged tail was cut");
+    }
+    for skipped in &report.skipped {
+        tracing::warn!(%skipped, "journal: skipped on recovery");
+    }
 }
 
 /// `<data_dir>/blocks/` as an absolute path (created), ending in `/` as NFS roots must.

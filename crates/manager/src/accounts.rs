@@ -1,6 +1,7 @@
 //! Accounts (stored, listed; not used for authentication yet).
 
 use super::error::{ManagerError, ManagerResult};
+use super::journal::Record;
 use super::Manager;
 use crate::sync::lock;
 
@@ -37,16 +38,24 @@ impl Manager {
                 account.user_name
             )));
         }
+        let ticket = self.journal_append(&Record::Account(account.clone()))?;
         accounts.insert(account.user_name.clone(), account);
-        Ok(())
+        drop(accounts);
+        self.journal_wait(ticket)
     }
 
     /// Deletes an account.
     pub fn delete_account(&self, user_name: &str) -> ManagerResult<()> {
-        lock(&self.accounts)
-            .remove(user_name)
-            .map(drop)
-            .ok_or_else(|| ManagerError::NotFound(format!("account {user_name:?} does not exist")))
+        let mut accounts = lock(&self.accounts);
+        if !accounts.contains_key(user_name) {
+            return Err(ManagerError::NotFound(format!(
+                "account {user_name:?} does not exist"
+            )));
+        }
+        let ticket = self.journal_append(&Record::AccountRemoved(user_name.to_string()))?;
+        accounts.remove(user_name);
+        drop(accounts);
+        self.journal_wait(ticket)
     }
 
     /// Every account, by name.

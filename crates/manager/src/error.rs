@@ -57,6 +57,9 @@ pub enum ManagerError {
     /// A storage backend failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// The journal failed or refused the change (see `JournalError`).
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
     /// A background thread could not be started.
     #[error("starting a background thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -7,6 +7,7 @@ use kvcm_storage::StorageConfig;
 use super::error::{ManagerError, ManagerResult};
 use super::group_config::{GroupConfig, PreferStrategy};
 use super::instance::Instance;
+use super::journal::{InstanceLog, Record};
 use super::local_index::check_indexer_config;
 use super::registration::InstanceInfo;
 use super::Manager;
@@ -19,23 +20,31 @@ pub type StorageStatuses = Vec<(StorageConfig, bool)>;
 impl Manager {
     /// Registers and opens a storage.
     pub fn add_storage(&self, config: StorageConfig) -> ManagerResult<()> {
-        self.storages.add(config)?;
+        self.storages.add(config.clone())?;
         self.published_storages_changed();
-        Ok(())
+        self.log_storage(config)
     }
 
     /// Replaces a storage's config.
     pub fn update_storage(&self, config: StorageConfig) -> ManagerResult<()> {
-        self.storages.update(config)?;
+        self.storages.update(config.clone())?;
         self.published_storages_changed();
-        Ok(())
+        self.log_storage(config)
     }
 
     /// Forgets a storage.
     pub fn remove_storage(&self, name: &str) -> ManagerResult<()> {
         self.storages.remove(name)?;
         self.published_storages_changed();
-        Ok(())
+        self.journal_log(&Record::StorageRemoved(name.to_string()))
+    }
+
+    /// Logs a storage's config with its current incarnation.
+    fn log_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+        match self.storages.current_handle(&config.global_unique_name) {
+            Some(handle) => self.journal_log(&Record::Storage { handle, config }),
+            None => Ok(()),
+        }
     }
 
     /// Enables or disables a storage.
@@ -60,10 +69,11 @@ impl Manager {
                 group.name
             )));
         }
+        let ticket = self.journal_append(&Record::Group(group.clone()))?;
         groups.insert(group.name.clone(), Arc::new(group));
         drop(groups);
         self.published_storages_changed();
-        Ok(())
+        self.journal_wait(ticket)
     }
 
     /// Replaces a group whose stored version is `current_version` by one with a newer version.
@@ -79,20 +89,24 @@ impl Manager {
                 stored.version, group.version
             )));
         }
+        let ticket = self.journal_append(&Record::Group(group.clone()))?;
         groups.insert(group.name.clone(), Arc::new(group));
         drop(groups);
         self.published_storages_changed();
-        Ok(())
+        self.journal_wait(ticket)
     }
 
     /// Removes a group (its instances stay registered).
     pub fn remove_group(&self, name: &str) -> ManagerResult<()> {
-        write_lock(&self.groups)
-            .remove(name)
-            .map(drop)
-            .ok_or_else(|| unknown_group(name))?;
+        let mut groups = write_lock(&self.groups);
+        if !groups.contains_key(name) {
+            return Err(unknown_group(name));
+        }
+        let ticket = self.journal_append(&Record::GroupRemoved(name.to_string()))?;
+        groups.remove(name);
+        drop(groups);
         self.published_storages_changed();
-        Ok(())
+        self.journal_wait(ticket)
     }
 
     /// A group's config.
@@ -121,7 +135,12 @@ impl Manager {
             let group = self.group(existing.group()).unwrap_or(group);
             return Ok(self.storages.statuses(&group.storage_candidates));
         }
-        let index = (self.open_index)(&group.cache.indexer).map_err(|error| match error {
+        let log = Arc::new(InstanceLog::new(
+            info.instance_id.as_str().into(),
+            self.journal.clone(),
+            self.storages.incarnations(),
+        ));
+        let index = (self.open_index)(&group.cache.indexer, log).map_err(|error| match error {
             ManagerError::Index(source) => ManagerError::OpenIndex(source),
             other => other,
         })?;
@@ -129,16 +148,24 @@ impl Manager {
             quota_group_name: group.quota_group_name.clone(),
             ..info
         };
+        let ticket = self.journal_append(&Record::Instance(info.clone()))?;
         let instance = Arc::new(Instance::new(info, index));
         instances.insert(instance.id().to_string(), instance);
+        drop(instances);
+        self.journal_wait(ticket)?;
         Ok(self.storages.statuses(&group.storage_candidates))
     }
 
     /// Unregisters an instance and deletes all its cache.
     pub fn remove_instance(&self, instance_id: &str) -> ManagerResult<()> {
-        let instance = write_lock(&self.instances)
-            .remove(instance_id)
-            .ok_or_else(|| ManagerError::InstanceNotExist(instance_id.to_string()))?;
+        let mut instances = write_lock(&self.instances);
+        if !instances.contains_key(instance_id) {
+            return Err(ManagerError::InstanceNotExist(instance_id.to_string()));
+        }
+        let ticket = self.journal_append(&Record::InstanceRemoved(instance_id.to_string()))?;
+        let instance = instances.remove(instance_id).expect("checked above");
+        drop(instances);
+        self.journal_wait(ticket)?;
         if let Some(publication) = self.publication.get() {
             publication.instance_removed(instance_id);
         }

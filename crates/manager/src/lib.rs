@@ -36,6 +36,7 @@ pub mod group_config;
 mod groups;
 mod incarnations;
 mod instance;
+mod journal;
 pub mod keys;
 mod leader;
 mod local_index;
@@ -58,7 +59,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
-use kvcm_index::MetaIndex;
+use kvcm_index::{ChangeLog, MetaIndex};
 
 pub use accounts::{Account, AccountRole};
 pub use entry::{Entry, Location, LocationId, LocationRef, LocationState, Part, StorageHandle};
@@ -66,6 +67,7 @@ pub use error::{ManagerError, ManagerResult};
 pub use feed::{ChangeFeed, StateChange};
 pub use group_config::GroupConfig;
 pub use instance::Instance;
+pub use journal::{FsyncPolicy, JournalConfig, JournalError, JournalStats, RecoveryReport};
 pub use leader::Leadership;
 pub use local_index::local_index_factory;
 pub use publication::{Publication, ServingLocation, StorageWeights};
@@ -81,9 +83,13 @@ use group_config::IndexerConfig;
 use sessions::SessionTable;
 use storages::StorageTable;
 
-/// Creates the index of a new instance from its group's indexer settings.
-pub type IndexFactory =
-    Arc<dyn Fn(&IndexerConfig) -> ManagerResult<Arc<dyn MetaIndex<Entry>>> + Send + Sync>;
+/// Creates the index of a new instance from its group's indexer settings; the index hands
+/// its committed batches to the change log (the journal, once open).
+pub type IndexFactory = Arc<
+    dyn Fn(&IndexerConfig, Arc<dyn ChangeLog<Entry>>) -> ManagerResult<Arc<dyn MetaIndex<Entry>>>
+        + Send
+        + Sync,
+>;
 
 /// What the manager is built from.
 pub struct ManagerDeps {
@@ -112,6 +118,8 @@ pub struct Manager {
     nonces: std::sync::atomic::AtomicU32,
     /// The lookup-table publisher, once installed.
     publication: std::sync::OnceLock<Arc<dyn publication::Publication>>,
+    /// The journal, once open (see [`Manager::open_journal`]).
+    journal: journal::JournalSlot,
 }
 
 impl std::fmt::Debug for Manager {
@@ -144,6 +152,7 @@ impl Manager {
             open_index: deps.open_index,
             nonces: std::sync::atomic::AtomicU32::new(1),
             publication: std::sync::OnceLock::new(),
+            journal: journal::JournalSlot::default(),
         });
         let weak: Weak<Manager> = Arc::downgrade(&manager);
         sessions::spawn_expiry(sessions, move |session| {

@@ -15,8 +15,8 @@ use super::IndexFactory;
 
 /// A factory of `LocalIndex` key spaces.
 pub fn local_index_factory() -> IndexFactory {
-    Arc::new(|config| {
-        let local = LocalIndex::new(local_config(config)?)?;
+    Arc::new(|config, log| {
+        let local = LocalIndex::with_log(local_config(config)?, log)?;
         let index: Arc<dyn MetaIndex<Entry>> = match cache_config(config)? {
             Some(cache) => Arc::new(CachedIndex::new(local, cache)?),
             None => Arc::new(local),
@@ -96,6 +96,20 @@ fn local_config(config: &IndexerConfig) -> ManagerResult<LocalIndexConfig> {
 mod tests {
     use super::*;
     use crate::group_config::SearchCachePolicy;
+    use kvcm_index::{Change, ChangeLog, IndexError, LogTicket};
+
+    /// A change log that keeps nothing.
+    struct Unlogged;
+
+    impl ChangeLog<Entry> for Unlogged {
+        fn append(&self, _: &[Change<'_, Entry>]) -> Result<LogTicket, IndexError> {
+            Ok(LogTicket(0))
+        }
+
+        fn wait_durable(&self, _: LogTicket) -> Result<(), IndexError> {
+            Ok(())
+        }
+    }
 
     #[test]
     fn shard_count_must_be_a_power_of_two() {
@@ -130,7 +144,7 @@ mod tests {
         config.cache_policy.cache_shard_bits = 40;
         assert!(cache_config(&config).is_err());
         assert!(
-            local_index_factory()(&config).is_err(),
+            local_index_factory()(&config, Arc::new(Unlogged)).is_err(),
             "the factory refuses it too"
         );
     }

@@ -16,6 +16,9 @@ use super::instance::Instance;
 use super::storage_type::StorageType;
 use super::Manager;
 
+/// Keys per call when a new publisher is told the stored keys.
+const PUBLISH_PAGE: usize = 1024;
+
 /// The receiver of publication events.
 pub trait Publication: Send + Sync {
     /// Locations of `keys` entered or left SERVING.
@@ -48,9 +51,28 @@ pub struct StorageWeights {
 }
 
 impl Manager {
-    /// Installs the publisher (once; later calls are ignored and return false).
+    /// Installs the publisher (once; later calls are ignored and return false) and tells it
+    /// every key already stored (a recovered manager holds entries before any publisher).
     pub fn set_publication(&self, publication: Arc<dyn Publication>) -> bool {
-        self.publication.set(publication).is_ok()
+        if self.publication.set(publication).is_err() {
+            return false;
+        }
+        for instance in self.all_instances() {
+            let mut cursor = Some(kvcm_index::ScanCursor::START);
+            while let Some(position) = cursor {
+                let page = match instance.index.scan(position, PUBLISH_PAGE) {
+                    Ok(page) => page,
+                    Err(error) => {
+                        let instance = instance.id();
+                        tracing::warn!(%error, %instance, "publishing the stored keys");
+                        break;
+                    }
+                };
+                self.published_keys_changed(&instance, &page.keys);
+                cursor = page.next;
+            }
+        }
+        true
     }
 
     /// Tells the publisher that `keys` changed (no-op without one).

@@ -177,7 +177,6 @@ impl StorageTable {
     }
 
     /// The handle of a registered storage's current incarnation.
-    #[cfg(test)]
     pub(crate) fn current_handle(&self, name: &str) -> Option<StorageHandle> {
         read_lock(&self.current).get(name).copied()
     }

@@ -21,7 +21,7 @@ struct Fixture {
     dir: tempfile::TempDir,
 }
 
-fn storage(name: &str, root: &std::path::Path) -> StorageConfig {
+pub(crate) fn storage(name: &str, root: &std::path::Path) -> StorageConfig {
     StorageConfig {
         global_unique_name: name.into(),
         spec: StorageSpec::Nfs {
@@ -32,7 +32,7 @@ fn storage(name: &str, root: &std::path::Path) -> StorageConfig {
     }
 }
 
-fn group(capacity: i64, prefer: PreferStrategy) -> GroupConfig {
+pub(crate) fn group(capacity: i64, prefer: PreferStrategy) -> GroupConfig {
     GroupConfig {
         name: "g".into(),
         storage_candidates: vec!["s".into()],
@@ -71,7 +71,7 @@ fn group(capacity: i64, prefer: PreferStrategy) -> GroupConfig {
     }
 }
 
-const PREFER_3FS: PreferStrategy = PreferStrategy::Prefer(StorageType::ThreeFs);
+pub(crate) const PREFER_3FS: PreferStrategy = PreferStrategy::Prefer(StorageType::ThreeFs);
 
 fn fixture(capacity: i64, prefer: PreferStrategy) -> (Fixture, Arc<Instance>) {
     fixture_with(capacity, prefer, local_index_factory())
@@ -97,29 +97,34 @@ fn fixture_with(
         .create_group(group(capacity, prefer))
         .expect("group");
     manager
-        .register_instance(InstanceInfo {
-            quota_group_name: String::new(),
-            instance_group_name: "g".into(),
-            instance_id: "i".into(),
-            block_size: 4,
-            specs: vec![BlockSpec {
-                name: "tp0".into(),
-                size: 100,
-            }],
-            model: ModelDeployment {
-                model_name: "m".into(),
-                dtype: "fp8".into(),
-                ..Default::default()
-            },
-            spec_groups: Vec::new(),
-        })
+        .register_instance(instance_info())
         .expect("register");
     let instance = manager.instance("i").expect("registered");
     (Fixture { manager, dir }, instance)
 }
 
+/// The registration of instance `i` of group `g`: one spec `tp0` of 100 bytes.
+pub(crate) fn instance_info() -> InstanceInfo {
+    InstanceInfo {
+        quota_group_name: String::new(),
+        instance_group_name: "g".into(),
+        instance_id: "i".into(),
+        block_size: 4,
+        specs: vec![BlockSpec {
+            name: "tp0".into(),
+            size: 100,
+        }],
+        model: ModelDeployment {
+            model_name: "m".into(),
+            dtype: "fp8".into(),
+            ..Default::default()
+        },
+        spec_groups: Vec::new(),
+    }
+}
+
 /// GetCacheLocation's answer as owned locations (what the service edge renders).
-trait OwnedLookup {
+pub(crate) trait OwnedLookup {
     fn get_cache_location(
         &self,
         instance: &Instance,
@@ -145,7 +150,7 @@ impl OwnedLookup for Manager {
 }
 
 /// The URI of the first part of a location.
-fn first_uri(location: &BlockLocation) -> &str {
+pub(crate) fn first_uri(location: &BlockLocation) -> &str {
     &location.parts[0].uri
 }
 
@@ -457,9 +462,9 @@ fn flaky_fixture() -> (
     let on_get = GetHook::default();
     let local = local_index_factory();
     let (shared_failures, shared_hook) = (failures.clone(), on_get.clone());
-    let flaky: IndexFactory = Arc::new(move |config| {
+    let flaky: IndexFactory = Arc::new(move |config, log| {
         let index: Arc<dyn MetaIndex<Entry>> = Arc::new(FlakyIndex {
-            inner: local(config)?,
+            inner: local(config, log)?,
             failures: shared_failures.clone(),
             on_get: shared_hook.clone(),
         });

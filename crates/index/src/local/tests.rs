@@ -147,3 +147,62 @@ fn reads_of_other_shards_do_not_wait_for_a_running_write() {
     );
     assert_eq!(index.get(&[held]).expect("get"), vec![Some(1)]);
 }
+
+/// A change log that records every batch and can be told to refuse.
+#[derive(Default)]
+struct RecordingLog {
+    batches: std::sync::Mutex<Vec<Vec<(BlockKey, Option<u64>)>>>,
+    refuse: std::sync::atomic::AtomicBool,
+    waited: std::sync::Mutex<Vec<LogTicket>>,
+}
+
+impl ChangeLog<u64> for RecordingLog {
+    fn append(&self, changes: &[crate::Change<'_, u64>]) -> Result<LogTicket, IndexError> {
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(IndexError::Backend("disk full".into()));
+        }
+        let mut batches = self.batches.lock().unwrap();
+        batches.push(changes.iter().map(|(k, v)| (*k, v.copied())).collect());
+        Ok(LogTicket(batches.len() as u64))
+    }
+
+    fn wait_durable(&self, ticket: LogTicket) -> Result<(), IndexError> {
+        self.waited.lock().unwrap().push(ticket);
+        Ok(())
+    }
+}
+
+#[test]
+fn every_changing_batch_is_logged_once_and_a_refused_append_changes_nothing() {
+    let log = Arc::new(RecordingLog::default());
+    let index = LocalIndex::with_log(LocalIndexConfig::default(), log.clone()).unwrap();
+    index.put(vec![(1, 10), (2, 20)]).unwrap();
+    index.delete(&[2, 3]).unwrap();
+    index
+        .read_modify_write(&[1, 1], &mut |_, v| match v {
+            Some(&v) => Modify::Put(v + 1),
+            None => Modify::Keep,
+        })
+        .unwrap();
+    index.read_modify_write(&[1], &mut |_, _| Modify::Keep).unwrap();
+    assert_eq!(
+        *log.batches.lock().unwrap(),
+        vec![
+            vec![(1, Some(10)), (2, Some(20))],
+            vec![(2, None), (3, None)],
+            vec![(1, Some(12))],
+        ],
+        "one record per key per batch, the last value; a batch that keeps all is not logged"
+    );
+    assert_eq!(
+        *log.waited.lock().unwrap(),
+        [LogTicket(1), LogTicket(2), LogTicket(3)]
+    );
+    log.refuse.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        index.put(vec![(7, 70), (1, 0)]),
+        Err(IndexError::Backend(_))
+    ));
+    assert_eq!(index.get(&[7, 1]).unwrap(), [None, Some(12)], "nothing changed");
+    assert_eq!(index.len().unwrap(), 1, "the key count is restored");
+}

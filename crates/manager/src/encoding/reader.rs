@@ -96,6 +96,17 @@ impl<'a> Reader<'a> {
         Ok(array)
     }
 
+    /// Length-prefixed raw bytes (a nested encoding), borrowed from the input.
+    pub fn blob(&mut self) -> Result<&'a [u8], DecodeError> {
+        let len = self.u32()? as usize;
+        self.take(len)
+    }
+
+    /// Little endian.
+    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
     /// One byte.
     pub fn u8(&mut self) -> Result<u8, DecodeError> {
         Ok(self.array::<1>()?[0])

@@ -17,6 +17,17 @@ impl Writer {
         self.bytes.extend_from_slice(bytes);
     }
 
+    /// Length-prefixed raw bytes (a nested encoding).
+    pub fn blob(&mut self, bytes: &[u8]) {
+        self.len(bytes.len());
+        self.bytes(bytes);
+    }
+
+    /// Little endian.
+    pub fn u64(&mut self, value: u64) {
+        self.bytes(&value.to_le_bytes());
+    }
+
     /// One byte.
     pub fn u8(&mut self, value: u8) {
         self.bytes.push(value);

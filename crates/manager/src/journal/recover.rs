@@ -1,0 +1,410 @@
+//! Recovery: the newest complete snapshot and the log segments after it are folded into the
+//! final state ([`Replay`]), which is then registered into the manager through the same
+//! validation as clients' requests, and the entries restored.
+//!
+//! Restoring an entry: each location's storage is found by name (handles are per process);
+//! file-tier parts are adopted by their object names (one reference each, as if allocated);
+//! SERVING locations are kept and counted in the instance's quota usage; WRITING locations
+//! (sessions open at the crash) and DELETING ones are freed on their storage and dropped.
+//! Locations whose storage is gone, or whose parts cannot be adopted, are dropped and counted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use kvcm_index::BlockKey;
+use kvcm_storage::{DataStorage, PartAddress, PartRef, StorageConfig};
+
+use super::files::{self, ReadEnd, SNAPSHOT_MAGIC};
+use super::record::{DurableEntry, Record};
+use super::JournalError;
+use crate::accounts::Account;
+use crate::entry::{Entry, Location, LocationState, StorageHandle};
+use crate::error::ManagerResult;
+use crate::group_config::GroupConfig;
+use crate::instance::Instance;
+use crate::registration::InstanceInfo;
+use crate::Manager;
+
+/// What recovery found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Sequence of the snapshot replay started from, if any.
+    pub snapshot: Option<u64>,
+    /// Log segments read.
+    pub segments: usize,
+    /// Records replayed (snapshot and log).
+    pub records: u64,
+    /// Where a damaged tail was cut, and what was wrong (file: reason).
+    pub cut: Vec<String>,
+    /// Objects or records refused and skipped, with the reason.
+    pub skipped: Vec<String>,
+    /// Storages, groups, instances and accounts restored.
+    pub registry_objects: usize,
+    /// Block entries restored.
+    pub entries: u64,
+    /// Locations dropped (storage gone, bytes volatile, parts not adoptable).
+    pub dropped_locations: u64,
+    /// WRITING or DELETING locations whose bytes were freed.
+    pub cleaned_locations: u64,
+    /// The sequence the log continues at.
+    pub(crate) next_sequence: u64,
+}
+
+/// The state the records describe, folded in order.
+#[derive(Debug, Default)]
+pub(crate) struct Replay {
+    storages: BTreeMap<String, (StorageHandle, StorageConfig)>,
+    handles: HashMap<StorageHandle, String>,
+    groups: BTreeMap<String, GroupConfig>,
+    instances: BTreeMap<String, InstanceInfo>,
+    accounts: BTreeMap<String, Account>,
+    entries: HashMap<String, HashMap<BlockKey, DurableEntry>>,
+}
+
+impl Replay {
+    /// Applies one record (index changes of an instance that is not registered are ignored).
+    pub fn apply(&mut self, record: Record) {
+        match record {
+            Record::Storage { handle, config } => {
+                let name = config.global_unique_name.clone();
+                self.handles.insert(handle, name.clone());
+                self.storages.insert(name, (handle, config));
+            }
+            Record::Handle { handle, name } => {
+                self.handles.insert(handle, name);
+            }
+            Record::StorageRemoved(name) => {
+                self.storages.remove(&name);
+            }
+            Record::Group(group) => {
+                self.groups.insert(group.name.clone(), group);
+            }
+            Record::GroupRemoved(name) => {
+                self.groups.remove(&name);
+            }
+            Record::Instance(info) => {
+                self.entries.entry(info.instance_id.clone()).or_default();
+                self.instances.insert(info.instance_id.clone(), info);
+            }
+            Record::InstanceRemoved(id) => {
+                self.instances.remove(&id);
+                self.entries.remove(&id);
+            }
+            Record::Account(account) => {
+                self.accounts.insert(account.user_name.clone(), account);
+            }
+            Record::AccountRemoved(name) => {
+                self.accounts.remove(&name);
+            }
+            Record::Entries {
+                instance_id,
+                changes,
+            } => {
+                let Some(entries) = self.entries.get_mut(&instance_id) else {
+                    return;
+                };
+                for (key, entry) in changes {
+                    match entry {
+                        Some(entry) => entries.insert(key, entry),
+                        None => entries.remove(&key),
+                    };
+                }
+            }
+            Record::End(_) => {}
+        }
+    }
+}
+
+/// Reads the journal directory: the newest complete snapshot, then the segments from its
+/// sequence on; a damaged segment is cut at its last valid record (the file truncated there)
+/// and later segments are set aside (renamed `.discarded`), all reported.
+pub(crate) fn read_journal(
+    dir: &std::path::Path,
+    report: &mut RecoveryReport,
+) -> Result<Replay, JournalError> {
+    let listing = files::list(dir)?;
+    let mut replay = Replay::default();
+    let mut start = 0;
+    for (sequence, path) in listing.snapshots.iter().rev() {
+        match read_snapshot(path) {
+            Ok(records) => {
+                report.records += records.len() as u64;
+                records.into_iter().for_each(|r| replay.apply(r));
+                report.snapshot = Some(*sequence);
+                start = *sequence;
+                break;
+            }
+            Err(reason) => report.cut.push(format!("{}: {reason}", path.display())),
+        }
+    }
+    let mut last = start.max(listing.snapshots.last().map_or(0, |(s, _)| *s));
+    let mut segments = listing.segments.iter().filter(|(s, _)| *s >= start);
+    for (sequence, path) in segments.by_ref() {
+        last = last.max(*sequence);
+        report.segments += 1;
+        let end = read_segment(path, &mut replay, report)?;
+        if let Some(damage) = &end.damage {
+            cut_tail(path, &end, damage, report)?;
+            break;
+        }
+    }
+    for (sequence, path) in segments {
+        last = last.max(*sequence);
+        let aside = path.with_extension("log.discarded");
+        std::fs::rename(path, &aside).map_err(|e| JournalError::io(path, e))?;
+        report.cut.push(format!(
+            "{}: after a damaged segment; set aside as {}",
+            path.display(),
+            aside.display()
+        ));
+    }
+    let newest_file = listing.segments.last().map_or(0, |(s, _)| *s);
+    report.next_sequence = last.max(newest_file) + 1;
+    Ok(replay)
+}
+
+fn read_segment(
+    path: &std::path::Path,
+    replay: &mut Replay,
+    report: &mut RecoveryReport,
+) -> Result<ReadEnd, JournalError> {
+    let mut skipped = Vec::new();
+    let end = files::read_records(path, files::LOG_MAGIC, |payload| {
+        match Record::decode(payload) {
+            Ok(record) => {
+                report.records += 1;
+                replay.apply(record);
+            }
+            Err(error) => skipped.push(format!("{}: a record: {error}", path.display())),
+        }
+    });
+    report.skipped.append(&mut skipped);
+    match end {
+        Err(JournalError::Damaged { reason, .. }) => Ok(ReadEnd {
+            sequence: 0,
+            valid_bytes: 0,
+            damage: Some(reason),
+        }),
+        other => other,
+    }
+}
+
+/// Truncates a damaged segment to its valid prefix (a file whose header is damaged is set
+/// aside instead) and reports it.
+fn cut_tail(
+    path: &std::path::Path,
+    end: &ReadEnd,
+    damage: &str,
+    report: &mut RecoveryReport,
+) -> Result<(), JournalError> {
+    if end.valid_bytes < files::HEADER_BYTES {
+        let aside = path.with_extension("log.discarded");
+        std::fs::rename(path, &aside).map_err(|e| JournalError::io(path, e))?;
+    } else {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| JournalError::io(path, e))?;
+        file.set_len(end.valid_bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| JournalError::io(path, e))?;
+    }
+    report.cut.push(format!(
+        "{}: {damage}; cut at byte {}",
+        path.display(),
+        end.valid_bytes
+    ));
+    Ok(())
+}
+
+/// The records of a complete snapshot (its `End` record counts the others), or why not.
+fn read_snapshot(path: &std::path::Path) -> Result<Vec<Record>, String> {
+    let mut records = Vec::new();
+    let mut decode_error = None;
+    let end = files::read_records(path, SNAPSHOT_MAGIC, |payload| {
+        match Record::decode(payload) {
+            Ok(record) => records.push(record),
+            Err(error) => {
+                decode_error.get_or_insert(error.to_string());
+            }
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if let Some(error) = decode_error {
+        return Err(format!("a record does not decode: {error}"));
+    }
+    if let Some(damage) = end.damage {
+        return Err(damage);
+    }
+    match records.pop() {
+        Some(Record::End(count)) if count == records.len() as u64 => Ok(records),
+        _ => Err("incomplete (no matching end record)".to_string()),
+    }
+}
+
+impl Manager {
+    /// Registers the replayed registry and restores the entries (the journal is not open yet:
+    /// nothing of this is logged; the snapshot taken next records the result).
+    pub(crate) fn restore(&self, replay: Replay, report: &mut RecoveryReport) {
+        let Replay {
+            storages,
+            handles,
+            groups,
+            instances,
+            accounts,
+            mut entries,
+        } = replay;
+        let mut restored = |what: String, result: ManagerResult<()>| match result {
+            Ok(()) => report.registry_objects += 1,
+            Err(error) => report.skipped.push(format!("{what}: {error}")),
+        };
+        for (name, (_, config)) in storages {
+            restored(format!("storage {name:?}"), self.add_storage(config));
+        }
+        for (name, group) in groups {
+            restored(format!("group {name:?}"), self.create_group(group));
+        }
+        for (id, info) in instances {
+            let result = self.register_instance(info).map(drop);
+            restored(format!("instance {id:?}"), result);
+        }
+        for (name, account) in accounts {
+            restored(format!("account {name:?}"), self.add_account(account));
+        }
+        let mut max_nonce = 0;
+        for (id, entries) in entries.drain() {
+            let Some(instance) = self.instance(&id) else {
+                continue;
+            };
+            let nonce = self.restore_entries(&instance, entries, &handles, report);
+            max_nonce = max_nonce.max(nonce);
+        }
+        self.nonces.fetch_max(
+            max_nonce.saturating_add(1),
+            std::sync::atomic::Ordering::AcqRel,
+        );
+    }
+
+    /// Restores one instance's entries; returns the largest nonce seen.
+    fn restore_entries(
+        &self,
+        instance: &Arc<Instance>,
+        entries: HashMap<BlockKey, DurableEntry>,
+        handles: &HashMap<StorageHandle, String>,
+        report: &mut RecoveryReport,
+    ) -> u32 {
+        let mut max_nonce = 0;
+        let mut batch: Vec<(BlockKey, Entry)> = Vec::new();
+        let mut freed: Vec<(Arc<dyn DataStorage>, Vec<String>)> = Vec::new();
+        for (key, durable) in entries {
+            let mut kept = Vec::new();
+            for location in durable.entry.locations() {
+                max_nonce = max_nonce.max(location.nonce);
+                let Some(adopted) =
+                    self.adopt_location(instance, key, &location, &durable, handles)
+                else {
+                    report.dropped_locations += 1;
+                    continue;
+                };
+                if adopted.location.state == LocationState::Serving {
+                    let bytes = instance.location_bytes(&adopted.location.as_ref());
+                    instance.usage().add(adopted.storage_type, bytes);
+                    kept.push(adopted.location);
+                } else {
+                    report.cleaned_locations += 1;
+                    freed.push((adopted.backend, adopted.uris));
+                }
+            }
+            if !kept.is_empty() {
+                batch.push((key, Entry::new(kept)));
+            }
+        }
+        report.entries += batch.len() as u64;
+        for chunk in batch.chunks(4096) {
+            let keys: Vec<BlockKey> = chunk.iter().map(|(key, _)| *key).collect();
+            if let Err(error) = instance.index.put(chunk.to_vec()) {
+                report
+                    .skipped
+                    .push(format!("entries of instance {:?}: {error}", instance.id()));
+                continue;
+            }
+            self.published_keys_changed(instance, &keys);
+        }
+        for (backend, uris) in freed {
+            if let Err(error) = backend.delete(&uris) {
+                report.skipped.push(format!("freeing {uris:?}: {error}"));
+            }
+        }
+        max_nonce
+    }
+
+    /// Finds a logged location's storage now and adopts its parts there; `None` when the
+    /// storage is gone or a part cannot be adopted (parts adopted so far are freed again).
+    fn adopt_location(
+        &self,
+        instance: &Instance,
+        key: BlockKey,
+        location: &crate::entry::LocationRef<'_>,
+        durable: &DurableEntry,
+        handles: &HashMap<StorageHandle, String>,
+    ) -> Option<Adopted> {
+        let name = handles.get(&location.storage)?;
+        let handle = self.storages.current_handle(name)?;
+        let incarnation = self.storages.incarnations().get(handle)?.clone();
+        let backend = incarnation.backend.clone();
+        let mut parts = Vec::with_capacity(location.parts.len());
+        let mut uris = Vec::with_capacity(location.parts.len());
+        for part in location.parts {
+            let named = durable
+                .names
+                .iter()
+                .find(|n| n.names(location.storage, part.address));
+            let address: Result<PartAddress, _> = match named {
+                Some(object) => backend.adopt(&object.name, part.address.block),
+                None => Ok(part.address),
+            };
+            let uri = address.ok().and_then(|address| {
+                let spec = instance.specs().get(usize::from(part.spec))?;
+                let reference = PartRef {
+                    instance_id: instance.id(),
+                    key,
+                    spec,
+                    address,
+                };
+                let mut uri = String::new();
+                backend
+                    .write_uri(&reference, &mut uri)
+                    .then_some((address, uri))
+            });
+            let Some((address, uri)) = uri else {
+                let _ = backend.delete(&uris);
+                return None;
+            };
+            parts.push(crate::entry::Part {
+                spec: part.spec,
+                address,
+            });
+            uris.push(uri);
+        }
+        Some(Adopted {
+            location: Location {
+                storage: handle,
+                state: location.state,
+                nonce: location.nonce,
+                parts,
+            },
+            storage_type: incarnation.storage_type,
+            backend,
+            uris,
+        })
+    }
+}
+
+/// A location taken back on its storage.
+struct Adopted {
+    location: Location,
+    storage_type: crate::storage_type::StorageType,
+    backend: Arc<dyn DataStorage>,
+    /// Its parts' URIs (to free it).
+    uris: Vec<String>,
+}

@@ -1,0 +1,104 @@
+//! The change log of one instance's index: each committed batch becomes one
+//! [`Record::Entries`] of the journal, with every entry turned into what outlives the
+//! process ([`durable_entry`]).
+
+use std::sync::Arc;
+
+use kvcm_index::{Change, ChangeLog, IndexError, LogTicket};
+use kvcm_storage::DurableAddress;
+
+use super::record::{DurableEntry, ObjectName, Record};
+use super::JournalSlot;
+use crate::entry::{Entry, Location};
+use crate::storages::Incarnations;
+
+/// Logs an instance's index batches to the manager's journal (nothing until it is open).
+#[derive(Debug)]
+pub(crate) struct InstanceLog {
+    instance_id: Arc<str>,
+    journal: JournalSlot,
+    incarnations: Incarnations,
+}
+
+impl InstanceLog {
+    /// The log of `instance_id`'s batches.
+    pub fn new(instance_id: Arc<str>, journal: JournalSlot, incarnations: Incarnations) -> Self {
+        InstanceLog {
+            instance_id,
+            journal,
+            incarnations,
+        }
+    }
+}
+
+/// Ticket of a batch that was not logged (the journal was not open).
+const UNLOGGED: LogTicket = LogTicket(0);
+
+impl ChangeLog<Entry> for InstanceLog {
+    fn append(&self, changes: &[Change<'_, Entry>]) -> Result<LogTicket, IndexError> {
+        let Some(journal) = self.journal.get() else {
+            return Ok(UNLOGGED);
+        };
+        let changes = changes
+            .iter()
+            .map(|(key, entry)| {
+                (
+                    *key,
+                    entry.and_then(|e| durable_entry(e, &self.incarnations)),
+                )
+            })
+            .collect();
+        let record = Record::Entries {
+            instance_id: self.instance_id.to_string(),
+            changes,
+        };
+        journal
+            .append(&record)
+            .map_err(|e| IndexError::Backend(e.to_string()))
+    }
+
+    fn wait_durable(&self, ticket: LogTicket) -> Result<(), IndexError> {
+        match self.journal.get() {
+            Some(journal) if ticket != UNLOGGED => journal
+                .wait(ticket)
+                .map_err(|e| IndexError::Backend(e.to_string())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What of `entry` outlives the process: its locations on storages whose addresses survive
+/// (as is, or named), with the names; `None` when no location does.
+pub(crate) fn durable_entry(entry: &Entry, incarnations: &Incarnations) -> Option<DurableEntry> {
+    let mut names: Vec<ObjectName> = Vec::new();
+    let mut kept: Vec<Location> = Vec::with_capacity(entry.len());
+    'locations: for location in entry.locations() {
+        let Some(incarnation) = incarnations.get(location.storage) else {
+            continue;
+        };
+        let mut location_names = Vec::new();
+        for part in location.parts {
+            match incarnation.backend.durable_address(part.address) {
+                DurableAddress::AsIs => {}
+                DurableAddress::Lost => continue 'locations,
+                DurableAddress::Named(name) => {
+                    let known = |n: &ObjectName| n.names(location.storage, part.address);
+                    if !names.iter().chain(&location_names).any(known) {
+                        location_names.push(ObjectName {
+                            storage: location.storage,
+                            object: part.address.object,
+                            generation: part.address.generation,
+                            name,
+                        });
+                    }
+                }
+            }
+        }
+        names.append(&mut location_names);
+        kept.push(location.to_owned());
+    }
+    (!kept.is_empty()).then(|| DurableEntry {
+        entry: Entry::new(kept),
+        names,
+    })
+}

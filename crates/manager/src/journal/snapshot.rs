@@ -1,0 +1,175 @@
+//! Snapshots: the log is rotated (every earlier record is then in a closed segment), the
+//! whole state is written to `snapshot-<new segment>.snap` (temporary name, synced, renamed,
+//! directory synced), and the files it makes redundant are removed: segments and snapshots
+//! of lower sequence.
+//!
+//! The state is read while writes go on; each key's value is read at some moment after the
+//! rotation, and every change after the rotation is in the new segment, so the snapshot plus
+//! the segments from its sequence on replay to the current state.
+
+use std::io::{BufWriter, Write};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use kvcm_index::ScanCursor;
+
+use super::files::{self, SNAPSHOT_MAGIC};
+use super::record::Record;
+use super::sink::durable_entry;
+use super::{Journal, JournalError};
+use crate::entry::StorageHandle;
+use crate::sync::{lock, read_lock};
+use crate::Manager;
+
+/// Keys per `Entries` record of a snapshot.
+const KEYS_PER_RECORD: usize = 1024;
+/// How often the snapshot thread looks at the log's growth.
+const CHECK_EVERY: Duration = Duration::from_millis(500);
+
+impl Manager {
+    /// Takes a snapshot now; returns its sequence.
+    pub(crate) fn take_snapshot(&self, journal: &Journal) -> Result<u64, JournalError> {
+        let _one_at_a_time = lock(&journal.snapshotting);
+        let sequence = journal.writer.rotate()?;
+        let dir = &journal.config.dir;
+        let path = files::snapshot_path(dir, sequence);
+        let temporary = path.with_extension("snap.tmp");
+        let file =
+            std::fs::File::create(&temporary).map_err(|e| JournalError::io(&temporary, e))?;
+        let mut out = SnapshotWriter {
+            out: BufWriter::with_capacity(1 << 20, file),
+            frame: Vec::new(),
+            records: 0,
+        };
+        let written = out
+            .header(sequence)
+            .and_then(|()| self.write_state(&mut out))
+            .and_then(|()| out.finish());
+        let file = written.map_err(|e| JournalError::io(&temporary, e))?;
+        file.sync_data()
+            .map_err(|e| JournalError::io(&temporary, e))?;
+        std::fs::rename(&temporary, &path).map_err(|e| JournalError::io(&path, e))?;
+        files::sync_dir(&path)?;
+        remove_before(dir, sequence)?;
+        Ok(sequence)
+    }
+
+    /// Every registry object and every instance's entries, as records.
+    fn write_state(&self, out: &mut SnapshotWriter) -> std::io::Result<()> {
+        let incarnations = self.storages.incarnations();
+        for handle in 0..incarnations.len() {
+            let handle = StorageHandle(handle as u16);
+            if let Some(incarnation) = incarnations.get(handle) {
+                let name = incarnation.name.to_string();
+                out.record(&Record::Handle { handle, name })?;
+            }
+        }
+        for config in self.storages.list() {
+            if let Some(handle) = self.storages.current_handle(&config.global_unique_name) {
+                out.record(&Record::Storage { handle, config })?;
+            }
+        }
+        let groups: Vec<_> = read_lock(&self.groups).values().cloned().collect();
+        for group in groups {
+            out.record(&Record::Group(group.as_ref().clone()))?;
+        }
+        for account in self.list_accounts() {
+            out.record(&Record::Account(account))?;
+        }
+        for instance in self.all_instances() {
+            out.record(&Record::Instance(instance.info().clone()))?;
+            let mut cursor = Some(ScanCursor::START);
+            while let Some(position) = cursor {
+                let page = instance
+                    .index
+                    .scan(position, KEYS_PER_RECORD)
+                    .map_err(std::io::Error::other)?;
+                let values = instance
+                    .index
+                    .get(&page.keys)
+                    .map_err(std::io::Error::other)?;
+                let changes = page
+                    .keys
+                    .iter()
+                    .zip(values)
+                    .filter_map(|(key, value)| {
+                        let durable = durable_entry(value.as_ref()?, &incarnations)?;
+                        Some((*key, Some(durable)))
+                    })
+                    .collect();
+                out.record(&Record::Entries {
+                    instance_id: instance.id().to_string(),
+                    changes,
+                })?;
+                cursor = page.next;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A snapshot file being written.
+struct SnapshotWriter {
+    out: BufWriter<std::fs::File>,
+    frame: Vec<u8>,
+    records: u64,
+}
+
+impl SnapshotWriter {
+    fn header(&mut self, sequence: u64) -> std::io::Result<()> {
+        self.out.write_all(&files::header(SNAPSHOT_MAGIC, sequence))
+    }
+
+    fn record(&mut self, record: &Record) -> std::io::Result<()> {
+        self.frame.clear();
+        files::frame(&record.encode(), &mut self.frame);
+        self.records += 1;
+        self.out.write_all(&self.frame)
+    }
+
+    /// Writes the end record and flushes; returns the file.
+    fn finish(mut self) -> std::io::Result<std::fs::File> {
+        let end = Record::End(self.records);
+        self.record(&end)?;
+        self.out.into_inner().map_err(|e| e.into_error())
+    }
+}
+
+/// Removes segments and snapshots of sequence below `sequence`.
+fn remove_before(dir: &std::path::Path, sequence: u64) -> Result<(), JournalError> {
+    let listing = files::list(dir)?;
+    let old = listing
+        .segments
+        .iter()
+        .chain(&listing.snapshots)
+        .filter(|(s, _)| *s < sequence);
+    for (_, path) in old {
+        std::fs::remove_file(path).map_err(|e| JournalError::io(path, e))?;
+    }
+    files::sync_dir(&files::segment_path(dir, sequence))
+}
+
+/// Starts the thread that snapshots once the log grew by `snapshot_bytes`; it ends with the
+/// manager.
+pub(crate) fn spawn_snapshotter(
+    manager: Weak<Manager>,
+    journal: Arc<Journal>,
+) -> Result<(), JournalError> {
+    let limit = journal.config.snapshot_bytes;
+    let thread = std::thread::Builder::new().name("kvcm-snapshot".into());
+    let spawned = thread.spawn(move || loop {
+        std::thread::sleep(CHECK_EVERY);
+        let Some(manager) = manager.upgrade() else {
+            return;
+        };
+        if journal.writer.stats().since_rotation < limit {
+            continue;
+        }
+        if let Err(error) = manager.take_snapshot(&journal) {
+            tracing::warn!(%error, "taking a journal snapshot");
+        }
+    });
+    spawned
+        .map(drop)
+        .map_err(|e| JournalError::Thread(e.to_string()))
+}

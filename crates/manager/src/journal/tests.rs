@@ -1,0 +1,400 @@
+//! Journal tests on real files: a manager writes, a new manager on the same directory
+//! recovers; torn, flipped and refused records; snapshots; group commit.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::files;
+use super::record::Record;
+use super::*;
+use crate::mask::BlockMask;
+use crate::query::QueryKind;
+use crate::tests::{group, instance_info, storage, OwnedLookup, PREFER_3FS};
+use crate::{local_index_factory, Instance, Manager, ManagerDeps};
+
+fn manager() -> Arc<Manager> {
+    Manager::new(ManagerDeps {
+        storage_probe_interval: None,
+        open_index: local_index_factory(),
+        node_id: "test".into(),
+        pool_timing: Default::default(),
+    })
+    .expect("manager")
+}
+
+fn config(dir: &Path) -> JournalConfig {
+    JournalConfig {
+        dir: dir.join("meta"),
+        fsync: FsyncPolicy::Always,
+        snapshot_bytes: 64 << 20,
+    }
+}
+
+/// A manager on the journal of `dir` (recovered), with its report.
+fn reopen(dir: &Path) -> (Arc<Manager>, RecoveryReport) {
+    reopen_with(config(dir))
+}
+
+fn reopen_with(config: JournalConfig) -> (Arc<Manager>, RecoveryReport) {
+    let manager = manager();
+    let report = manager.open_journal(config).expect("open journal");
+    (manager, report)
+}
+
+/// A journaled manager with storage `s` (files under `dir/blocks`), group `g`, instance `i`.
+fn registered(dir: &Path) -> Arc<Manager> {
+    let (manager, report) = reopen(dir);
+    assert_eq!(report.records, 0, "a new journal");
+    std::fs::create_dir_all(dir.join("blocks")).unwrap();
+    manager
+        .add_storage(storage("s", &dir.join("blocks")))
+        .unwrap();
+    manager.create_group(group(i64::MAX, PREFER_3FS)).unwrap();
+    manager.register_instance(instance_info()).unwrap();
+    manager
+}
+
+fn write(manager: &Manager, instance: &Arc<Instance>, keys: &[i64]) {
+    let started = manager
+        .start_write(instance, keys.to_vec(), &[], 30)
+        .expect("start");
+    manager
+        .finish_write(
+            instance,
+            &started.session_id,
+            &BlockMask::Offset(keys.len()),
+        )
+        .expect("finish");
+}
+
+/// Per key: the URI it reads at, or `None`.
+fn uris(manager: &Manager, keys: &[i64]) -> Vec<Option<String>> {
+    let instance = manager.instance("i").expect("instance i");
+    let mask = BlockMask::default();
+    keys.iter()
+        .map(|&key| {
+            let found = manager
+                .get_cache_location(&instance, QueryKind::BatchGet, &[key], &mask, &[])
+                .expect("query");
+            let uri = found
+                .first()
+                .and_then(|l| l.parts.first())
+                .map(|p| p.uri.clone());
+            uri.filter(|uri| !uri.is_empty())
+        })
+        .collect()
+}
+
+#[test]
+fn every_record_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2, 3]);
+    let incarnations = manager.storages.incarnations();
+    let entry = instance.index.get(&[1]).unwrap()[0].clone().unwrap();
+    let durable = super::sink::durable_entry(&entry, &incarnations).expect("a file-tier entry");
+    assert_eq!(durable.names.len(), 1, "the file of the part is named");
+    let records = [
+        Record::Storage {
+            handle: crate::StorageHandle(3),
+            config: storage("s", dir.path()),
+        },
+        Record::Handle {
+            handle: crate::StorageHandle(2),
+            name: "old".into(),
+        },
+        Record::StorageRemoved("s".into()),
+        Record::Group(group(5, PREFER_3FS)),
+        Record::GroupRemoved("g".into()),
+        Record::Instance(instance_info()),
+        Record::InstanceRemoved("i".into()),
+        Record::Account(crate::Account {
+            user_name: "u".into(),
+            password: "p".into(),
+            role: crate::AccountRole::Admin,
+        }),
+        Record::AccountRemoved("u".into()),
+        Record::Entries {
+            instance_id: "i".into(),
+            changes: vec![(1, Some(durable)), (-9, None)],
+        },
+        Record::End(7),
+    ];
+    for record in records {
+        let bytes = record.encode();
+        assert_eq!(Record::decode(&bytes).expect("decodes"), record);
+        for cut in 0..bytes.len() {
+            assert!(Record::decode(&bytes[..cut]).is_err(), "a cut record fails");
+        }
+    }
+    assert!(Record::decode(&[200]).is_err(), "an unknown tag");
+}
+
+#[test]
+fn a_reopened_manager_serves_what_was_acknowledged_and_cleans_open_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    let keys: Vec<i64> = (1..=20).collect();
+    write(&manager, &instance, &keys);
+    manager.remove_cache(&instance, &[5]).unwrap();
+    let open = manager
+        .start_write(&instance, vec![100, 101], &[], 30)
+        .expect("an open session");
+    let open_uri = open.locations[0].parts[0].uri.clone();
+    let before = uris(&manager, &keys);
+    assert_eq!(before.iter().flatten().count(), 19);
+    let stats = manager.journal_stats().expect("open");
+    assert_eq!(
+        stats.durable, stats.appended,
+        "every acknowledged record is durable"
+    );
+    drop((instance, manager));
+
+    let (manager, report) = reopen(dir.path());
+    assert_eq!(
+        uris(&manager, &keys),
+        before,
+        "the same blocks at the same URIs"
+    );
+    assert_eq!(
+        uris(&manager, &[100, 101]),
+        [None, None],
+        "the open write is gone"
+    );
+    assert_eq!(report.cleaned_locations, 2, "{report:?}");
+    let open_file = open_uri
+        .strip_prefix("file://s")
+        .and_then(|rest| rest.split('?').next())
+        .expect("a file URI");
+    assert!(
+        !Path::new(open_file).exists(),
+        "the open write's file was freed: {open_file}"
+    );
+    assert_eq!(
+        report.registry_objects, 3,
+        "storage, group, instance: {report:?}"
+    );
+    assert!(
+        report.cut.is_empty() && report.skipped.is_empty(),
+        "{report:?}"
+    );
+    let instance = manager.instance("i").unwrap();
+    assert_eq!(
+        instance.index.len().unwrap(),
+        19,
+        "no WRITING entry remains"
+    );
+    // A new write after recovery gets a location id above every restored one.
+    let old_ids: Vec<_> = (1..=20)
+        .filter(|k| *k != 5)
+        .map(|k| meta_id(&manager, &instance, k))
+        .collect();
+    write(&manager, &instance, &[100]);
+    let new_uri = uris(&manager, &[100])[0]
+        .clone()
+        .expect("written after recovery");
+    assert!(
+        !old_ids.contains(&meta_id(&manager, &instance, 100)),
+        "nonces continue"
+    );
+    drop((instance, manager));
+    let (manager, _) = reopen(dir.path());
+    assert_eq!(uris(&manager, &[100])[0], Some(new_uri));
+}
+
+fn meta_id(manager: &Manager, instance: &Arc<Instance>, key: i64) -> String {
+    let meta = manager
+        .get_cache_meta(instance, &[key], &BlockMask::default())
+        .expect("meta");
+    format!("{:?}", meta[0])
+}
+
+/// The newest log segment of a journal.
+fn last_segment(dir: &Path) -> std::path::PathBuf {
+    let listing = files::list(&dir.join("meta")).unwrap();
+    listing.segments.last().expect("a segment").1.clone()
+}
+
+#[test]
+fn a_torn_or_flipped_tail_is_cut_at_the_last_valid_record_and_reported() {
+    for damage in ["torn", "flipped"] {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = registered(dir.path());
+        let instance = manager.instance("i").unwrap();
+        write(&manager, &instance, &[1]);
+        write(&manager, &instance, &[2]);
+        drop((instance, manager));
+        let segment = last_segment(dir.path());
+        let mut bytes = std::fs::read(&segment).unwrap();
+        let len = bytes.len();
+        match damage {
+            "torn" => bytes.truncate(len - 3),
+            _ => bytes[len - 3] ^= 0x10,
+        }
+        std::fs::write(&segment, &bytes).unwrap();
+        let (manager, report) = reopen(dir.path());
+        assert_eq!(report.cut.len(), 1, "{damage}: {report:?}");
+        let got = uris(&manager, &[1, 2]);
+        assert!(
+            got[0].is_some(),
+            "{damage}: the write before the damage serves"
+        );
+        assert!(got[1].is_none(), "{damage}: the damaged commit is dropped");
+        drop(manager);
+        let (_, again) = reopen(dir.path());
+        assert!(
+            again.cut.is_empty(),
+            "{damage}: the cut is durable: {again:?}"
+        );
+    }
+}
+
+#[test]
+fn a_registry_record_refused_on_recovery_is_skipped_and_the_rest_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1]);
+    let mut orphan = instance_info();
+    orphan.instance_id = "orphan".into();
+    orphan.instance_group_name = "no-such-group".into();
+    manager.journal_log(&Record::Instance(orphan)).unwrap();
+    let journal = manager.journal.get().unwrap().clone();
+    let ticket = journal.writer.append(b"\xff not a record").unwrap();
+    journal.wait(ticket).unwrap();
+    drop((instance, journal, manager));
+    let (manager, report) = reopen(dir.path());
+    assert_eq!(report.skipped.len(), 2, "{report:?}");
+    assert!(
+        report.skipped.iter().any(|s| s.contains("orphan")),
+        "{report:?}"
+    );
+    assert!(uris(&manager, &[1])[0].is_some());
+    assert!(manager.instance("orphan").is_none());
+}
+
+#[test]
+fn snapshots_replace_the_log_and_recover_the_same_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    let keys: Vec<i64> = (1..=3000).collect();
+    for chunk in keys.chunks(100) {
+        write(&manager, &instance, chunk);
+    }
+    let journal = manager.journal.get().unwrap().clone();
+    let sequence = manager.take_snapshot(&journal).unwrap();
+    write(&manager, &instance, &[5000]);
+    let listing = files::list(&dir.path().join("meta")).unwrap();
+    assert_eq!(listing.snapshots.len(), 1);
+    assert_eq!(listing.snapshots[0].0, sequence);
+    assert!(
+        listing.segments.iter().all(|(s, _)| *s >= sequence),
+        "{listing:?}"
+    );
+    let before = uris(&manager, &[1, 1500, 3000, 5000]);
+    drop((instance, journal, manager));
+    let (manager, report) = reopen(dir.path());
+    assert_eq!(report.snapshot, Some(sequence));
+    assert_eq!(report.entries, 3001);
+    assert_eq!(uris(&manager, &[1, 1500, 3000, 5000]), before);
+}
+
+#[test]
+fn an_incomplete_snapshot_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1]);
+    drop((instance, manager));
+    let listing = files::list(&dir.path().join("meta")).unwrap();
+    let (sequence, _) = listing.segments.last().unwrap();
+    // A snapshot that claims a later sequence but has no end record (a crash while writing
+    // it would have left a .tmp file; this one was renamed by hand).
+    let fake = files::snapshot_path(&dir.path().join("meta"), sequence + 1);
+    std::fs::write(&fake, files::header(files::SNAPSHOT_MAGIC, sequence + 1)).unwrap();
+    let (manager, report) = reopen(dir.path());
+    assert!(
+        report.cut.iter().any(|c| c.contains("incomplete")),
+        "{report:?}"
+    );
+    assert!(
+        uris(&manager, &[1])[0].is_some(),
+        "replayed from the older snapshot"
+    );
+}
+
+#[test]
+fn a_newer_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(registered(dir.path()));
+    let segment = last_segment(dir.path());
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[8] = 99;
+    std::fs::write(&segment, &bytes).unwrap();
+    let error = manager().open_journal(config(dir.path())).unwrap_err();
+    assert!(error.to_string().contains("downgrade"), "{error}");
+}
+
+#[test]
+fn concurrent_writers_share_flushes_and_every_ack_follows_its_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    let before = manager.journal_stats().unwrap();
+    std::thread::scope(|scope| {
+        for writer in 0..8i64 {
+            let (manager, instance) = (&manager, &instance);
+            scope.spawn(move || {
+                for round in 0..25 {
+                    write(manager, instance, &[writer * 1000 + round]);
+                }
+            });
+        }
+    });
+    let after = manager.journal_stats().unwrap();
+    let records = after.appended - before.appended;
+    let flushes = after.flushes - before.flushes;
+    assert!(records >= 400, "start + finish per write: {records}");
+    assert!(
+        flushes < records,
+        "group commit: {flushes} flushes for {records} records"
+    );
+    assert_eq!(after.durable, after.appended);
+}
+
+#[test]
+fn fsync_policies_parse() {
+    assert_eq!("always".parse(), Ok(FsyncPolicy::Always));
+    assert_eq!("never".parse(), Ok(FsyncPolicy::Never));
+    assert_eq!(
+        "10ms".parse(),
+        Ok(FsyncPolicy::Every(std::time::Duration::from_millis(10)))
+    );
+    for bad in ["", "0ms", "10", "sometimes", "-5ms"] {
+        assert!(bad.parse::<FsyncPolicy>().is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn an_interval_policy_journal_recovers_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let interval = JournalConfig {
+        fsync: FsyncPolicy::Every(std::time::Duration::from_millis(5)),
+        ..config(dir.path())
+    };
+    let (manager, _) = reopen_with(interval.clone());
+    std::fs::create_dir_all(dir.path().join("blocks")).unwrap();
+    manager
+        .add_storage(storage("s", &dir.path().join("blocks")))
+        .unwrap();
+    manager.create_group(group(i64::MAX, PREFER_3FS)).unwrap();
+    manager.register_instance(instance_info()).unwrap();
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2]);
+    drop((instance, manager));
+    let (manager, _) = reopen_with(interval);
+    assert!(uris(&manager, &[1, 2]).iter().all(Option::is_some));
+}

@@ -1,0 +1,296 @@
+//! The log writer: appenders frame their records into a shared buffer and get a ticket; one
+//! flusher thread writes whatever accumulated with one `write` and, under `fsync = always`,
+//! one `fdatasync`, then wakes every appender the flush covered (group commit).
+//!
+//! Durability of a ticket: under `always` its record was fdatasync'ed; under `every N ms` and
+//! `never` it was written to the file (it survives a SIGKILL of the process, not an OS crash:
+//! `every N ms` loses at most the last N ms, `never` whatever the OS had not written back).
+//!
+//! Invariants:
+//! - tickets are record positions (1, 2, ...) in append order, and a ticket is durable once
+//!   `durable >= ticket`: flushes cover prefixes of the buffer, in order;
+//! - the file is only written by whoever holds it out of [`State::file`] (the flusher during
+//!   a flush, [`LogWriter::rotate`] while it switches segments), never by two at once;
+//! - after a failed write or sync the writer is failed for good: every waiting and later
+//!   ticket gets the error (writes are refused; reads go on), and what reaches the disk is a
+//!   prefix of the appends. A restart replays that prefix.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvcm_index::LogTicket;
+
+use super::files::{self, LOG_MAGIC};
+use super::{FsyncPolicy, JournalError};
+
+/// The appended, not yet flushed records and the writer's progress.
+#[derive(Debug)]
+struct State {
+    buffer: Vec<u8>,
+    /// Ticket of the last record appended.
+    appended: u64,
+    /// Every ticket up to this one is durable.
+    durable: u64,
+    /// Why the writer failed, once it did.
+    failed: Option<String>,
+    /// The open segment, `None` while a flush or a rotation holds it.
+    file: Option<File>,
+    /// Sequence number of the open segment.
+    segment: u64,
+    /// Bytes written to segments since the last rotation.
+    since_rotation: u64,
+    /// Flushes done (each one `write`, and under `always` one `fdatasync`).
+    flushes: u64,
+    stop: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when there is something to flush, or a stop.
+    work: Condvar,
+    /// Signalled when `durable`, `failed` or `file` change.
+    progress: Condvar,
+    dir: PathBuf,
+    policy: FsyncPolicy,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Counters of a writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WriterStats {
+    /// Records appended.
+    pub appended: u64,
+    /// Records durable.
+    pub durable: u64,
+    /// Flushes done.
+    pub flushes: u64,
+    /// Bytes written since the last rotation.
+    pub since_rotation: u64,
+}
+
+/// The group-commit writer of one journal directory.
+#[derive(Debug)]
+pub(crate) struct LogWriter {
+    shared: Arc<Shared>,
+    flusher: Option<JoinHandle<()>>,
+}
+
+impl LogWriter {
+    /// Creates segment `segment` in `dir` and starts the flusher.
+    pub fn create(dir: PathBuf, segment: u64, policy: FsyncPolicy) -> Result<Self, JournalError> {
+        let path = files::segment_path(&dir, segment);
+        let file = files::create_durable(&path, &files::header(LOG_MAGIC, segment))?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                buffer: Vec::with_capacity(1 << 16),
+                appended: 0,
+                durable: 0,
+                failed: None,
+                file: Some(file),
+                segment,
+                since_rotation: 0,
+                flushes: 0,
+                stop: false,
+            }),
+            work: Condvar::new(),
+            progress: Condvar::new(),
+            dir,
+            policy,
+        });
+        let flusher_shared = shared.clone();
+        let flusher = std::thread::Builder::new()
+            .name("kvcm-journal".into())
+            .spawn(move || flush_loop(&flusher_shared))
+            .map_err(|e| JournalError::Thread(e.to_string()))?;
+        Ok(LogWriter {
+            shared,
+            flusher: Some(flusher),
+        })
+    }
+
+    /// Frames `payload` into the buffer; its ticket is durable once [`LogWriter::wait`]
+    /// returns for it.
+    pub fn append(&self, payload: &[u8]) -> Result<LogTicket, JournalError> {
+        let mut state = self.shared.lock();
+        if let Some(failed) = &state.failed {
+            return Err(JournalError::Failed(failed.clone()));
+        }
+        files::frame(payload, &mut state.buffer);
+        state.appended += 1;
+        let ticket = LogTicket(state.appended);
+        drop(state);
+        self.shared.work.notify_one();
+        Ok(ticket)
+    }
+
+    /// Waits until `ticket` is durable.
+    pub fn wait(&self, ticket: LogTicket) -> Result<(), JournalError> {
+        let mut state = self.shared.lock();
+        loop {
+            if state.durable >= ticket.0 {
+                return Ok(());
+            }
+            if let Some(failed) = &state.failed {
+                return Err(JournalError::Failed(failed.clone()));
+            }
+            state = wait_on(&self.shared.progress, state);
+        }
+    }
+
+    /// Flushes and syncs the open segment and continues in a new one (the next sequence
+    /// number, returned): every record appended before the call is in an older segment,
+    /// every later one in the new segment or after.
+    pub fn rotate(&self) -> Result<u64, JournalError> {
+        let mut state = self.shared.lock();
+        let mut file = loop {
+            if let Some(failed) = &state.failed {
+                return Err(JournalError::Failed(failed.clone()));
+            }
+            if let Some(file) = state.file.take() {
+                break file;
+            }
+            state = wait_on(&self.shared.progress, state);
+        };
+        let next = state.segment + 1;
+        let rotated = (|| {
+            let old = files::segment_path(&self.shared.dir, state.segment);
+            file.write_all(&state.buffer)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| JournalError::io(&old, e))?;
+            let path = files::segment_path(&self.shared.dir, next);
+            files::create_durable(&path, &files::header(LOG_MAGIC, next))
+        })();
+        match rotated {
+            Ok(new_file) => {
+                state.buffer.clear();
+                state.durable = state.appended;
+                state.file = Some(new_file);
+                state.segment = next;
+                state.since_rotation = 0;
+                drop(state);
+                self.shared.progress.notify_all();
+                Ok(next)
+            }
+            Err(error) => {
+                state.failed = Some(error.to_string());
+                state.file = Some(file);
+                drop(state);
+                self.shared.progress.notify_all();
+                Err(error)
+            }
+        }
+    }
+
+    /// The writer's counters now.
+    pub fn stats(&self) -> WriterStats {
+        let state = self.shared.lock();
+        WriterStats {
+            appended: state.appended,
+            durable: state.durable,
+            flushes: state.flushes,
+            since_rotation: state.since_rotation,
+        }
+    }
+
+    /// Why the writer failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.lock().failed.clone()
+    }
+}
+
+impl Drop for LogWriter {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.work.notify_all();
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
+    }
+}
+
+fn wait_on<'a>(condvar: &Condvar, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    condvar.wait(state).unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The flusher: waits for appended records, writes them (and syncs per policy), marks them
+/// durable; under `every N ms` it also syncs when N ms passed since the last sync.
+fn flush_loop(shared: &Shared) {
+    let mut last_sync = Instant::now();
+    let mut unsynced = false;
+    let mut state = shared.lock();
+    loop {
+        let nothing_to_do = state.buffer.is_empty() || state.file.is_none();
+        if state.stop && state.buffer.is_empty() {
+            return;
+        }
+        if nothing_to_do || state.failed.is_some() {
+            state = match (shared.policy, unsynced) {
+                (FsyncPolicy::Every(period), true) => {
+                    let wait = period.saturating_sub(last_sync.elapsed());
+                    let (state, _) = shared
+                        .work
+                        .wait_timeout(state, wait.max(Duration::from_millis(1)))
+                        .unwrap_or_else(PoisonError::into_inner);
+                    state
+                }
+                _ => wait_on(&shared.work, state),
+            };
+            if let (FsyncPolicy::Every(period), true) = (shared.policy, unsynced) {
+                if last_sync.elapsed() >= period && state.file.is_some() {
+                    if let Some(file) = &state.file {
+                        if let Err(error) = file.sync_data() {
+                            state.failed = Some(format!("syncing the journal: {error}"));
+                            shared.progress.notify_all();
+                        }
+                    }
+                    last_sync = Instant::now();
+                    unsynced = false;
+                }
+            }
+            continue;
+        }
+        let batch = std::mem::take(&mut state.buffer);
+        let upto = state.appended;
+        let mut file = state.file.take().expect("checked above");
+        let segment = state.segment;
+        drop(state);
+        let sync = shared.policy == FsyncPolicy::Always;
+        let written = file
+            .write_all(&batch)
+            .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+        state = shared.lock();
+        state.file = Some(file);
+        state.flushes += 1;
+        match written {
+            Ok(()) => {
+                state.durable = upto;
+                state.since_rotation += batch.len() as u64;
+                unsynced = !sync;
+                if sync {
+                    last_sync = Instant::now();
+                }
+            }
+            Err(error) => {
+                let path = files::segment_path(&shared.dir, segment);
+                state.failed = Some(format!("writing {}: {error}", path.display()));
+            }
+        }
+        shared.progress.notify_all();
+        // Reuse the batch's allocation for the next appends when nothing came meanwhile.
+        if state.buffer.is_empty() {
+            let mut reuse = batch;
+            reuse.clear();
+            state.buffer = reuse;
+        }
+    }
+}
