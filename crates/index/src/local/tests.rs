@@ -184,7 +184,9 @@ fn every_changing_batch_is_logged_once_and_a_refused_append_changes_nothing() {
             None => Modify::Keep,
         })
         .unwrap();
-    index.read_modify_write(&[1], &mut |_, _| Modify::Keep).unwrap();
+    index
+        .read_modify_write(&[1], &mut |_, _| Modify::Keep)
+        .unwrap();
     assert_eq!(
         *log.batches.lock().unwrap(),
         vec![
@@ -203,6 +205,10 @@ fn every_changing_batch_is_logged_once_and_a_refused_append_changes_nothing() {
         index.put(vec![(7, 70), (1, 0)]),
         Err(IndexError::Backend(_))
     ));
-    assert_eq!(index.get(&[7, 1]).unwrap(), [None, Some(12)], "nothing changed");
+    assert_eq!(
+        index.get(&[7, 1]).unwrap(),
+        [None, Some(12)],
+        "nothing changed"
+    );
     assert_eq!(index.len().unwrap(), 1, "the key count is restored");
 }
