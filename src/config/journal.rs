@@ -35,12 +35,17 @@ impl Default for JournalSettings {
 }
 
 /// The journal keys, in the order they are documented.
-pub const JOURNAL_KEYS: [&str; 4] = [
+pub const JOURNAL_KEYS: [&str; 5] = [
     "kvcm.journal.enabled",
     "kvcm.journal.dir",
     "kvcm.journal.fsync",
     "kvcm.journal.snapshot_bytes",
+    REGISTRY_URI_KEY,
 ];
+
+/// The reference's registry location: `local://<path>` keeps the journal (registry and
+/// index) in the directory `<path>`; Redis is not built yet and is refused.
+pub const REGISTRY_URI_KEY: &str = "kvcm.registry_storage.uri";
 
 impl JournalSettings {
     /// Sets one `kvcm.journal.*` key from its text form.
@@ -50,6 +55,7 @@ impl JournalSettings {
             "kvcm.journal.dir" => self.dir = PathBuf::from(value),
             "kvcm.journal.fsync" => self.fsync = parse(key, value)?,
             "kvcm.journal.snapshot_bytes" => self.snapshot_bytes = parse(key, value)?,
+            REGISTRY_URI_KEY => self.dir = registry_dir(value)?,
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
         Ok(())
@@ -78,5 +84,54 @@ impl JournalSettings {
             fsync: self.fsync,
             snapshot_bytes: self.snapshot_bytes,
         })
+    }
+}
+
+/// The journal directory a `kvcm.registry_storage.uri` names.
+fn registry_dir(uri: &str) -> Result<PathBuf, ConfigError> {
+    let invalid = |reason: String| ConfigError::InvalidValue {
+        key: REGISTRY_URI_KEY.into(),
+        reason,
+    };
+    match uri.split_once("://") {
+        Some(("local", path)) if !path.is_empty() => Ok(PathBuf::from(path)),
+        Some(("redis" | "rediss", _)) => Err(invalid(format!(
+            "{uri:?}: the Redis registry is not built yet; use local://<dir> or leave it unset"
+        ))),
+        _ => Err(invalid(format!("{uri:?} is not local://<dir>"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_uri_names_the_journal_directory_or_is_refused() {
+        let mut settings = JournalSettings::default();
+        settings
+            .set(REGISTRY_URI_KEY, "local:///var/kvcm/registry")
+            .unwrap();
+        let config = settings.journal(Path::new("/data")).unwrap();
+        assert_eq!(config.dir, Path::new("/var/kvcm/registry"));
+        for bad in [
+            "redis://127.0.0.1:6379",
+            "local://",
+            "file:///x",
+            "nonsense",
+        ] {
+            let error = settings.set(REGISTRY_URI_KEY, bad).unwrap_err();
+            assert!(error.to_string().contains(REGISTRY_URI_KEY), "{error}");
+        }
+        let defaulted = JournalSettings::default()
+            .journal(Path::new("/data"))
+            .unwrap();
+        assert_eq!(defaulted.dir, Path::new("/data/meta"));
+        assert!(JournalSettings {
+            enabled: false,
+            ..JournalSettings::default()
+        }
+        .journal(Path::new("/data"))
+        .is_none());
     }
 }

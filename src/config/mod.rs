@@ -142,7 +142,9 @@ impl ServerConfig {
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
             _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
-            _ if key.starts_with("kvcm.journal.") => self.journal.set(key, value)?,
+            _ if key.starts_with("kvcm.journal.") || key == journal::REGISTRY_URI_KEY => {
+                self.journal.set(key, value)?
+            }
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
         Ok(())
@@ -330,8 +332,7 @@ mod tests {
     fn unknown_kvcm_keys_are_skipped_and_other_unknown_keys_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("kvcm.toml");
-        let text =
-            "[kvcm.registry_storage]\nuri = \"redis://x\"\n[kvcm.service]\nrpc_port = 7000\n";
+        let text = "[kvcm.index_backend]\nuri = \"redis://x\"\n[kvcm.service]\nrpc_port = 7000\n";
         std::fs::write(&file, text).expect("write config");
         let mut config = ServerConfig::default();
         config
@@ -343,7 +344,7 @@ mod tests {
         assert_eq!(config.rpc_port, 7000);
         assert_eq!(
             config.ignored_keys,
-            ["kvcm.registry_storage.uri", "kvcm.service.io_thread_num"]
+            ["kvcm.index_backend.uri", "kvcm.service.io_thread_num"]
         );
         let error = config
             .apply_pairs(&["service.rpc_port=1".into()])

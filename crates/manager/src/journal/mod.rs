@@ -169,6 +169,7 @@ impl Journal {
             durable: stats.durable,
             flushes: stats.flushes,
             log_bytes_since_snapshot: stats.since_rotation,
+            log_bytes: stats.bytes,
             failure: self.writer.failure(),
         }
     }
@@ -185,6 +186,8 @@ pub struct JournalStats {
     pub flushes: u64,
     /// Log bytes written since the last snapshot.
     pub log_bytes_since_snapshot: u64,
+    /// Log bytes written since start (frames included).
+    pub log_bytes: u64,
     /// Why the journal refuses writes, if it does.
     pub failure: Option<String>,
 }

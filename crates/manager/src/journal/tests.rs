@@ -398,3 +398,38 @@ fn an_interval_policy_journal_recovers_too() {
     let (manager, _) = reopen_with(interval);
     assert!(uris(&manager, &[1, 2]).iter().all(Option::is_some));
 }
+
+#[test]
+fn a_full_disk_refuses_writes_with_a_clear_error_and_reads_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1]);
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    manager.journal.get().unwrap().writer.replace_file(full);
+    let refused = manager
+        .start_write(&instance, vec![2], &[], 30)
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("writes are refused"),
+        "{refused}"
+    );
+    let again = manager
+        .start_write(&instance, vec![3], &[], 30)
+        .unwrap_err();
+    assert!(again.to_string().contains("No space left"), "{again}");
+    assert!(uris(&manager, &[1])[0].is_some(), "reads are served");
+    let stats = manager.journal_stats().unwrap();
+    assert!(stats.failure.is_some(), "{stats:?}");
+    drop((instance, manager));
+    let (manager, _) = reopen(dir.path());
+    assert!(uris(&manager, &[1])[0].is_some());
+    assert_eq!(
+        uris(&manager, &[2, 3]),
+        [None, None],
+        "nothing refused came back"
+    );
+}

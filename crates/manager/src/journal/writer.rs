@@ -43,6 +43,8 @@ struct State {
     segment: u64,
     /// Bytes written to segments since the last rotation.
     since_rotation: u64,
+    /// Bytes written to segments since start.
+    bytes: u64,
     /// Flushes done (each one `write`, and under `always` one `fdatasync`).
     flushes: u64,
     stop: bool,
@@ -76,6 +78,8 @@ pub(crate) struct WriterStats {
     pub flushes: u64,
     /// Bytes written since the last rotation.
     pub since_rotation: u64,
+    /// Bytes written since start.
+    pub bytes: u64,
 }
 
 /// The group-commit writer of one journal directory.
@@ -99,6 +103,7 @@ impl LogWriter {
                 file: Some(file),
                 segment,
                 since_rotation: 0,
+                bytes: 0,
                 flushes: 0,
                 stop: false,
             }),
@@ -167,6 +172,7 @@ impl LogWriter {
             file.write_all(&state.buffer)
                 .and_then(|()| file.sync_data())
                 .map_err(|e| JournalError::io(&old, e))?;
+            state.bytes += state.buffer.len() as u64;
             let path = files::segment_path(&self.shared.dir, next);
             files::create_durable(&path, &files::header(LOG_MAGIC, next))
         })();
@@ -199,7 +205,18 @@ impl LogWriter {
             durable: state.durable,
             flushes: state.flushes,
             since_rotation: state.since_rotation,
+            bytes: state.bytes,
         }
+    }
+
+    /// Makes later flushes go to `file` (a test's broken disk).
+    #[cfg(test)]
+    pub fn replace_file(&self, file: File) {
+        let mut state = self.shared.lock();
+        while state.file.is_none() {
+            state = wait_on(&self.shared.progress, state);
+        }
+        state.file = Some(file);
     }
 
     /// Why the writer failed, if it did.
@@ -275,6 +292,7 @@ fn flush_loop(shared: &Shared) {
             Ok(()) => {
                 state.durable = upto;
                 state.since_rotation += batch.len() as u64;
+                state.bytes += batch.len() as u64;
                 unsynced = !sync;
                 if sync {
                     last_sync = Instant::now();
