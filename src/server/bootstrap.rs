@@ -34,6 +34,8 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         node_id: super::election::node_id(config),
         pool_timing: config.pool.timing(),
     })?;
+    // The node campaigns on the configured lock here: a promotion hook (recovery before
+    // serving, `manager.leadership().set_on_promote`) must be installed before this line.
     super::election::join(config, &manager)?;
     let root = block_root(&config.data_dir)?;
     manager.add_storage(default_storage(&root))?;

@@ -295,6 +295,31 @@ mod tests {
     }
 
     #[test]
+    fn racing_campaigners_on_separate_opens_elect_exactly_one() {
+        for _ in 0..10 {
+            let dir = tempfile::tempdir().unwrap();
+            let start = std::sync::Barrier::new(6);
+            let winners: Vec<bool> = std::thread::scope(|scope| {
+                let racers: Vec<_> = (0..6)
+                    .map(|i| {
+                        let (dir, start) = (dir.path(), &start);
+                        scope.spawn(move || {
+                            let lock = FileLock::open(dir).unwrap();
+                            start.wait();
+                            let node = conformance::node(&format!("n{i}"));
+                            lock.try_acquire(&node, Duration::from_secs(60))
+                                .unwrap()
+                                .is_some()
+                        })
+                    })
+                    .collect();
+                racers.into_iter().map(|r| r.join().unwrap()).collect()
+            });
+            assert_eq!(winners.iter().filter(|&&won| won).count(), 1, "{winners:?}");
+        }
+    }
+
+    #[test]
     fn tokens_survive_a_reopen_and_a_corrupt_record_is_reported() {
         let dir = tempfile::tempdir().unwrap();
         let node = conformance::node("a");
