@@ -1,7 +1,8 @@
 //! Leader election across real `kvcm serve` processes sharing a `file://` lock directory
-//! (lease 2 s): one leader, the same leader seen by both, failover on LeaderDemote, SIGTERM
-//! and SIGKILL within lease + 1 s, a restarted node back as a follower, followers refusing
-//! leader-only calls, and leader discovery (GetClusterInfo, GetManagerClusterInfo).
+//! (lease 2 s): one leader, the same leader seen by both, failover on LeaderDemote, SIGTERM,
+//! SIGSTOP and SIGKILL within lease + 1 s, a restarted node back as a follower, a resumed
+//! paused leader fenced, followers refusing leader-only calls, and leader discovery
+//! (GetClusterInfo, GetManagerClusterInfo).
 
 mod common;
 
@@ -213,14 +214,36 @@ async fn two_nodes_elect_one_leader_and_fail_over() {
     assert_eq!(cluster_info(&b).await["leader_node_id"], json!(a_id));
     discover_leader([&a, &b], &a, a_id).await;
 
-    // A crash releases nothing: the follower takes over once the lease runs out.
-    drop(a);
+    // A leader paused past its lease is fenced by its own clock: once resumed it refuses
+    // leader-only calls at once, before its elector notices the lost lease.
+    signal(&a, "STOP");
     let took = leads_within(&b, FAILOVER).await;
+    signal(&a, "CONT");
+    assert!(
+        took.is_some(),
+        "the follower leads within lease + 1 s of the leader's SIGSTOP"
+    );
+    refuses_leader_only_calls(&a).await;
+    assert!(!is_leader(&a).await);
+    assert_eq!(cluster_info(&a).await["leader_node_id"], json!(b_id));
+
+    // A crash releases nothing: the follower takes over once the lease runs out.
+    drop(b);
+    let took = leads_within(&a, FAILOVER).await;
     assert!(
         took.is_some(),
         "the follower leads within lease + 1 s of the leader's SIGKILL"
     );
-    assert_eq!(cluster_info(&b).await["leader_node_id"], json!(b_id));
+    assert_eq!(cluster_info(&a).await["leader_node_id"], json!(a_id));
+}
+
+/// Sends `kill -<name>` to the server's process.
+fn signal(server: &TestServer, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{name}"), server.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name}");
 }
 
 #[tokio::test]
