@@ -77,6 +77,12 @@ impl MetaService for EchoMeta {
     ) -> Result<Response<meta::CommonResponse>, Status> {
         unimplemented()
     }
+    async fn get_cluster_info(
+        &self,
+        _: Request<meta::GetClusterInfoRequest>,
+    ) -> Result<Response<meta::GetClusterInfoResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// Serves the echo gRPC service on an OS-chosen port.

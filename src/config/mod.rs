@@ -9,6 +9,9 @@ mod journal;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kvcm_manager::leader::{ElectorSettings, LockUri};
 
 pub use event_log::{EventLogConfig, EVENT_LOG_KEYS};
 pub use journal::{JournalSettings, JOURNAL_KEYS};
@@ -57,6 +60,20 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// `kvcm.leader_elector.node_id`: this node's id ("" = generated).
     pub node_id: String,
+    /// `kvcm.coordination.uri`: the leader lock (`memory://`, `file://<dir>`); wins over
+    /// `kvcm.distributed_lock.uri` when set.
+    pub coordination_uri: String,
+    /// `kvcm.distributed_lock.uri`: the reference's older name of the leader lock URI.
+    pub distributed_lock_uri: String,
+    /// `kvcm.leader_elector.lease_ms`: lease length.
+    pub lease_ms: u64,
+    /// `kvcm.leader_elector.loop_interval_ms`: elector period (renewals, campaigns).
+    pub loop_interval_ms: u64,
+    /// `kvcm.service.advertised_host`: the host published for leader discovery ("" =
+    /// 127.0.0.1, as every listener binds all addresses).
+    pub advertised_host: String,
+    /// `kvcm.service.custom_info`: opaque text published with this node's endpoint.
+    pub custom_info: String,
     /// Other `kvcm.*` keys met in the file or `--env` pairs: reference settings kvcm has no
     /// use for; skipped (the server logs a warning for each) rather than refused.
     pub ignored_keys: Vec<String>,
@@ -81,6 +98,12 @@ impl Default for ServerConfig {
             http_max_body_bytes: 4 << 20,
             data_dir: PathBuf::from("./kvcm-data"),
             node_id: String::new(),
+            coordination_uri: String::new(),
+            distributed_lock_uri: String::new(),
+            lease_ms: 10_000,
+            loop_interval_ms: 100,
+            advertised_host: String::new(),
+            custom_info: String::new(),
             ignored_keys: Vec::new(),
             event_log: EventLogConfig::default(),
             lookup: crate::lookup::LookupConfig::default(),
@@ -91,7 +114,7 @@ impl Default for ServerConfig {
 }
 
 /// Every key except [`EVENT_LOG_KEYS`], in the order they are documented.
-pub const KEYS: [&str; 13] = [
+pub const KEYS: [&str; 19] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -100,6 +123,12 @@ pub const KEYS: [&str; 13] = [
     "kvcm.service.http_max_body_bytes",
     "kvcm.data_dir",
     "kvcm.leader_elector.node_id",
+    "kvcm.leader_elector.lease_ms",
+    "kvcm.leader_elector.loop_interval_ms",
+    "kvcm.coordination.uri",
+    "kvcm.distributed_lock.uri",
+    "kvcm.service.advertised_host",
+    "kvcm.service.custom_info",
     "kvcm.lookup.enabled",
     "kvcm.lookup.bind",
     "kvcm.pool.heartbeat_ms",
@@ -136,6 +165,12 @@ impl ServerConfig {
             "kvcm.service.http_max_body_bytes" => self.http_max_body_bytes = parse(key, value)?,
             "kvcm.data_dir" => self.data_dir = PathBuf::from(value),
             "kvcm.leader_elector.node_id" => self.node_id = value.to_string(),
+            "kvcm.leader_elector.lease_ms" => self.lease_ms = parse(key, value)?,
+            "kvcm.leader_elector.loop_interval_ms" => self.loop_interval_ms = parse(key, value)?,
+            "kvcm.coordination.uri" => self.coordination_uri = value.to_string(),
+            "kvcm.distributed_lock.uri" => self.distributed_lock_uri = value.to_string(),
+            "kvcm.service.advertised_host" => self.advertised_host = value.to_string(),
+            "kvcm.service.custom_info" => self.custom_info = value.to_string(),
             "kvcm.lookup.enabled" => self.lookup.enabled = parse(key, value)?,
             "kvcm.lookup.bind" => self.lookup.bind = parse(key, value)?,
             "kvcm.pool.heartbeat_ms" => self.pool.heartbeat_ms = parse(key, value)?,
@@ -222,12 +257,56 @@ impl ServerConfig {
                 "must be an address clients can reach (it is handed to them), not 0.0.0.0 or ::",
             ));
         }
+        self.validate_election()?;
         if let Err(reason) = self.pool.validate() {
             let key = reason.split_whitespace().next().unwrap_or("kvcm.pool");
             return Err(invalid(key, &reason));
         }
         self.event_log.validate()?;
         self.journal.validate()
+    }
+
+    /// The lock URI in force and the key it came from (`kvcm.coordination.uri` wins).
+    pub fn lock_uri(&self) -> (&'static str, &str) {
+        if self.coordination_uri.is_empty() {
+            ("kvcm.distributed_lock.uri", &self.distributed_lock_uri)
+        } else {
+            ("kvcm.coordination.uri", &self.coordination_uri)
+        }
+    }
+
+    /// Lease and elector period.
+    pub fn elector_settings(&self) -> ElectorSettings {
+        ElectorSettings {
+            lease: Duration::from_millis(self.lease_ms),
+            loop_interval: Duration::from_millis(self.loop_interval_ms),
+        }
+    }
+
+    /// The host published for leader discovery.
+    pub fn published_host(&self) -> &str {
+        if self.advertised_host.is_empty() {
+            "127.0.0.1"
+        } else {
+            &self.advertised_host
+        }
+    }
+
+    /// The lock URI parses to a backend of this build; lease and period fit together.
+    fn validate_election(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: String| ConfigError::InvalidValue {
+            key: key.to_string(),
+            reason,
+        };
+        let (key, uri) = self.lock_uri();
+        LockUri::parse(uri).map_err(|error| invalid(key, error.to_string()))?;
+        if self.loop_interval_ms == 0 {
+            let key = "kvcm.leader_elector.loop_interval_ms";
+            return Err(invalid(key, "must be positive".into()));
+        }
+        self.elector_settings()
+            .validate()
+            .map_err(|reason| invalid("kvcm.leader_elector.lease_ms", reason))
     }
 
     /// The debug HTTP port: `http_port + 3000`, or OS-chosen when `http_port` is 0.
@@ -363,6 +442,48 @@ mod tests {
         config.set("kvcm.lookup.enabled", "false").unwrap();
         assert!(config.validate().is_ok());
         assert!(!config.lookup.enabled);
+    }
+
+    #[test]
+    fn lock_uris_and_elector_timing_are_validated_naming_the_key() {
+        let mut config = ServerConfig::default();
+        config
+            .set("kvcm.distributed_lock.uri", "redis://127.0.0.1:6379")
+            .unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("kvcm.distributed_lock.uri"), "{error}");
+        assert!(error.contains("redis backend not built yet"), "{error}");
+        config
+            .set("kvcm.coordination.uri", "file:///tmp/kvcm-lock")
+            .unwrap();
+        assert_eq!(
+            config.lock_uri(),
+            ("kvcm.coordination.uri", "file:///tmp/kvcm-lock")
+        );
+        assert!(config.validate().is_ok(), "the newer name wins");
+        config.set("kvcm.coordination.uri", "etcd://x").unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("kvcm.coordination.uri"), "{error}");
+
+        let mut config = ServerConfig::default();
+        config
+            .set("kvcm.leader_elector.loop_interval_ms", "0")
+            .unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(
+            error.contains("kvcm.leader_elector.loop_interval_ms"),
+            "{error}"
+        );
+        config
+            .set("kvcm.leader_elector.loop_interval_ms", "100")
+            .unwrap();
+        config.set("kvcm.leader_elector.lease_ms", "200").unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("kvcm.leader_elector.lease_ms"), "{error}");
+        assert!(config.set("kvcm.leader_elector.lease_ms", "-1").is_err());
+        config.set("kvcm.leader_elector.lease_ms", "2000").unwrap();
+        assert!(config.validate().is_ok());
+        assert_eq!(config.published_host(), "127.0.0.1");
     }
 
     #[test]

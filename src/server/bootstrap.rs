@@ -1,4 +1,5 @@
-//! The embedded default: one node, leader at once, group `default` whose only storage is a
+//! The embedded default: one node, leader at once (on the default `memory://` lock, or as
+//! soon as it wins the configured lock), group `default` whose only storage is a
 //! `file` backend under the data directory. With `kvcm.pool.size` (`--pool-size`) the group
 //! also has a memory pool, `default_pool`, preferred for writes (the server runs its one
 //! node); a full pool passes writes to the file storage.
@@ -30,25 +31,19 @@ const DEFAULT_KEYS_PER_FILE: i32 = 8;
 
 /// A manager with the embedded default storage and group registered.
 pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerError> {
-    let node_id = if config.node_id.is_empty() {
-        format!(
-            "local_ip_placeholder:{}_{}",
-            config.admin_http_port,
-            kvcm_manager::random_id(16)
-        )
-    } else {
-        config.node_id.clone()
-    };
     let manager = Manager::new(ManagerDeps {
         storage_probe_interval: Some(STORAGE_PROBE_INTERVAL),
         open_index: local_index_factory(),
-        node_id,
+        node_id: super::election::node_id(config),
         pool_timing: config.pool.timing(),
     })?;
+    // Each node recovers its own journal before it campaigns (nothing is shared between
+    // nodes' local journals); a node that wins then serves what it recovered.
     if let Some(journal) = config.journal.journal(&config.data_dir) {
         let report = manager.open_journal(journal)?;
         report_recovery(&report);
     }
+    super::election::join(config, &manager)?;
     let root = block_root(&config.data_dir)?;
     let mut group = default_group();
     let mut storages = vec![default_storage(&root)];

@@ -38,8 +38,10 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Stops every listener (in-flight requests finish) and waits for them.
+    /// Resigns leadership (releasing the lock for the other nodes), stops every listener
+    /// (in-flight requests finish) and waits for them.
     pub async fn stop(self) -> Result<(), ServerError> {
+        self.handlers.core.manager.leadership().resign();
         // Receivers live as long as the tasks; a send error only means they all ended.
         let _ = self.stop.send(true);
         for (name, task) in self.tasks {
@@ -168,6 +170,7 @@ pub async fn start(
             .spawn_http("debug_http", config.debug_http_port(), debug_http, &stop_rx)
             .await?;
     }
+    super::election::publish(config, &handlers.core.manager, &server.addresses);
     Ok(server)
 }
 

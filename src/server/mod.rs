@@ -3,6 +3,7 @@
 //! and stops cleanly on SIGTERM / SIGINT.
 
 mod bootstrap;
+mod election;
 mod listeners;
 
 use std::path::PathBuf;
@@ -23,6 +24,14 @@ pub enum ServerError {
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// The leader lock cannot be opened.
+    #[error("{key}: {source}")]
+    Election {
+        /// The config key of the lock URI.
+        key: &'static str,
+        /// What went wrong.
+        source: kvcm_manager::leader::LockError,
     },
     /// Registering the embedded default failed.
     #[error("embedded default: {0}")]

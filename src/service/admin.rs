@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use kvcm_manager::leader::NodeEndpoint;
 use kvcm_manager::{Account, GroupConfig, ManagerError};
 
 use super::convert::transcode;
@@ -50,6 +51,18 @@ fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn node_endpoint_to_wire(endpoint: NodeEndpoint) -> admin::NodeEndpoint {
+    admin::NodeEndpoint {
+        node_id: endpoint.node_id,
+        host: endpoint.host,
+        meta_rpc_port: i32::from(endpoint.rpc_port),
+        meta_http_port: i32::from(endpoint.http_port),
+        admin_rpc_port: i32::from(endpoint.admin_rpc_port),
+        admin_http_port: i32::from(endpoint.admin_http_port),
+        custom_info: endpoint.custom_info,
+    }
 }
 
 impl AdminHandler {
@@ -374,17 +387,18 @@ impl AdminHandler {
     /// CheckHealth.
     pub fn check_health(&self, request: admin::CheckHealthRequest) -> admin::CheckHealthResponse {
         self.call(&rpcs::admin::CHECK_HEALTH, &request.trace_id, |core| {
+            let leadership = core.manager.leadership();
             let reply = admin::CheckHealthResponse {
                 header: None,
-                is_leader: core.manager.leadership().is_leader(),
+                is_leader: leadership.is_leader(),
                 is_health: true,
-                elector_last_loop_time_ms: now_ms(),
+                elector_last_loop_time_ms: leadership.elector_last_loop_ms(),
             };
             Ok((reply, String::new()))
         })
     }
 
-    /// GetManagerClusterInfo.
+    /// GetManagerClusterInfo: this node's lease and the leader read from the lock.
     pub fn get_manager_cluster_info(
         &self,
         request: admin::GetManagerClusterInfoRequest,
@@ -394,17 +408,16 @@ impl AdminHandler {
             &request.trace_id,
             |core| {
                 let leadership = core.manager.leadership();
-                let is_leader = leadership.is_leader();
+                let leader = leadership.leader().map(|holder| holder.endpoint);
                 let reply = admin::GetManagerClusterInfoResponse {
                     header: None,
                     info_updated_time: 0,
                     self_leader_expiration_time: leadership.lease_expiration_us(),
                     self_node_id: leadership.node_id().to_string(),
-                    leader_node_id: if is_leader {
-                        leadership.node_id().to_string()
-                    } else {
-                        String::new()
-                    },
+                    leader_node_id: leader
+                        .as_ref()
+                        .map_or_else(String::new, |e| e.node_id.clone()),
+                    leader_endpoint: leader.map(node_endpoint_to_wire),
                 };
                 Ok((reply, String::new()))
             },

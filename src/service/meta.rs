@@ -231,6 +231,33 @@ impl MetaHandler {
             },
         )
     }
+
+    /// GetClusterInfo: leader discovery on the meta port; any node answers, from the lock.
+    pub fn get_cluster_info(
+        &self,
+        request: meta::GetClusterInfoRequest,
+    ) -> meta::GetClusterInfoResponse {
+        self.core
+            .call(&rpcs::meta::GET_CLUSTER_INFO, &request.trace_id, || {
+                let leadership = self.core.manager.leadership();
+                let leader = leadership.leader().map(|holder| holder.endpoint);
+                let reply = meta::GetClusterInfoResponse {
+                    header: None,
+                    self_node_id: leadership.node_id().to_string(),
+                    leader_node_id: leader
+                        .as_ref()
+                        .map_or_else(String::new, |e| e.node_id.clone()),
+                    leader_endpoint: leader.map(|endpoint| meta::MetaNodeEndpoint {
+                        node_id: endpoint.node_id,
+                        host: endpoint.host,
+                        meta_rpc_port: i32::from(endpoint.rpc_port),
+                        meta_http_port: i32::from(endpoint.http_port),
+                        custom_info: endpoint.custom_info,
+                    }),
+                };
+                Ok((reply, String::new()))
+            })
+    }
 }
 
 /// Moves the trace and instance ids out of a request (the rest moves into the call).

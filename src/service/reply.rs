@@ -52,6 +52,7 @@ meta_replies!(
     meta::GetCacheMetaResponse,
     meta::GetCacheLocationResponse,
     meta::StartWriteCacheResponse,
+    meta::GetClusterInfoResponse,
 );
 
 plain_replies!(admin:

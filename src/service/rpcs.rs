@@ -173,6 +173,8 @@ rpc_table! {
             = "RemoveCache" "/api/removeCache" inline leader nofaults instance;
         TRIM_CACHE trim_cache(TrimCacheRequest) -> CommonResponse
             = "TrimCache" "/api/trimCache" blocking leader nofaults instance;
+        GET_CLUSTER_INFO get_cluster_info(GetClusterInfoRequest) -> GetClusterInfoResponse
+            = "GetClusterInfo" "/api/getClusterInfo" blocking any nofaults global;
     }
     admin (Admin, AdminService for AdminHandler, admin_routes, admin) {
         ADD_STORAGE add_storage(AddStorageRequest) -> CommonResponse
@@ -222,7 +224,7 @@ rpc_table! {
         CHECK_HEALTH check_health(CheckHealthRequest) -> CheckHealthResponse
             = "CheckHealth" "/api/checkHealth" inline any nofaults global;
         GET_MANAGER_CLUSTER_INFO get_manager_cluster_info(GetManagerClusterInfoRequest) -> GetManagerClusterInfoResponse
-            = "GetManagerClusterInfo" "/api/getManagerClusterInfo" inline any nofaults global;
+            = "GetManagerClusterInfo" "/api/getManagerClusterInfo" blocking any nofaults global;
         LEADER_DEMOTE leader_demote(LeaderDemoteRequest) -> CommonResponse
             = "LeaderDemote" "/api/leaderDemote" inline any nofaults global;
         GET_LEADER_ELECTOR_CONFIG get_leader_elector_config(GetLeaderElectorConfigRequest) -> GetLeaderElectorConfigResponse
@@ -279,7 +281,7 @@ mod tests {
     #[test]
     fn metrics_count_every_meta_and_admin_name_once() {
         let (global, per_instance) = metric_names();
-        assert_eq!((global.len(), per_instance.len()), (26, 6));
+        assert_eq!((global.len(), per_instance.len()), (27, 6));
         assert!(per_instance.contains(&"GetCacheLocation"));
         assert!(!global.contains(&"GetCacheMeta"), "counted per instance");
     }

@@ -38,7 +38,7 @@ mod incarnations;
 mod instance;
 mod journal;
 pub mod keys;
-mod leader;
+pub mod leader;
 mod local_index;
 pub mod mask;
 mod pools;
@@ -148,13 +148,19 @@ impl Manager {
             sessions: sessions.clone(),
             deletes,
             feed,
-            leadership: Leadership::new(deps.node_id),
+            leadership: Leadership::new(deps.node_id).map_err(ManagerError::Thread)?,
             open_index: deps.open_index,
             nonces: std::sync::atomic::AtomicU32::new(1),
             publication: std::sync::OnceLock::new(),
             journal: journal::JournalSlot::default(),
         });
         let weak: Weak<Manager> = Arc::downgrade(&manager);
+        let on_demote = weak.clone();
+        manager.leadership.set_on_demote(Arc::new(move || {
+            if let Some(manager) = on_demote.upgrade() {
+                manager.fail_open_sessions();
+            }
+        }));
         sessions::spawn_expiry(sessions, move |session| {
             if let Some(manager) = weak.upgrade() {
                 manager.fail_session(session);
@@ -174,15 +180,17 @@ impl Manager {
         &self.leadership
     }
 
-    /// Steps down: fails every open write session. False when not leader.
+    /// Steps down (the demotion hook fails every open write session). False when not
+    /// leader.
     pub fn demote(&self) -> bool {
-        if !self.leadership.demote() {
-            return false;
-        }
+        self.leadership.demote()
+    }
+
+    /// Fails every open write session (run whenever this node stops being leader).
+    fn fail_open_sessions(&self) {
         for session in self.sessions.take_all() {
             self.fail_session(session);
         }
-        true
     }
 
     /// The registered instance with this id.
