@@ -36,12 +36,20 @@ async fn env_overrides_the_toml_file_and_variables_override_env() {
 #[test]
 fn invalid_settings_stop_the_start_with_the_key_named() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--env", "kvcm.service.rpc_port=99999"],
             "kvcm.service.rpc_port",
         ),
         (&["--env", "service.no_such_key=1"], "service.no_such_key"),
+        (
+            &["--env", "kvcm.registry_storage.uri=redis://127.0.0.1:1"],
+            "kvcm.registry_storage.uri",
+        ),
+        (
+            &["--env", "kvcm.journal.fsync=sometimes"],
+            "kvcm.journal.fsync",
+        ),
         (
             &[
                 "--env",
@@ -69,15 +77,15 @@ fn invalid_settings_stop_the_start_with_the_key_named() {
 #[tokio::test]
 async fn unknown_kvcm_keys_are_logged_and_skipped() {
     let dir = tempfile::tempdir().unwrap();
-    let file = write_toml(
-        &dir,
-        "[kvcm.registry_storage]\nuri = \"redis://elsewhere\"\n",
-    );
+    let file = write_toml(&dir, "[kvcm.metrics]\nreport_interval_ms = 1000\n");
     let args = ["--config", &file, "--env", "kvcm.service.io_thread_num=8"];
     let server = TestServer::start_custom(&args, &[]).await;
     assert!(server.has_listener("grpc"), "the server started");
     let log = server.log();
-    for key in ["kvcm.registry_storage.uri", "kvcm.service.io_thread_num"] {
+    for key in [
+        "kvcm.metrics.report_interval_ms",
+        "kvcm.service.io_thread_num",
+    ] {
         assert!(log.contains(key), "{key} is named in the log: {log}");
     }
 }

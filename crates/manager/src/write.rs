@@ -361,7 +361,8 @@ impl Manager {
     }
 
     /// Allocates the blocks on the first storage of [`Manager::write_candidates`] that has
-    /// room (a full one, such as a pool whose nodes are full, passes to the next).
+    /// room (a full one, such as a pool whose nodes are full, or one where a block's place
+    /// holds a file kvcm does not own, passes to the next).
     fn allocate_somewhere(
         &self,
         instance: &Instance,
@@ -371,7 +372,9 @@ impl Manager {
         for (handle, incarnation) in self.write_candidates(instance)? {
             match allocate(instance, handle, &incarnation, blocks, &self.nonces) {
                 Ok(allocated) => return Ok((incarnation, allocated)),
-                Err(ManagerError::Storage(StorageError::Full(why))) => last_full = Some(why),
+                Err(ManagerError::Storage(
+                    StorageError::Full(why) | StorageError::Foreign(why),
+                )) => last_full = Some(why),
                 Err(other) => return Err(other),
             }
         }

@@ -1,6 +1,5 @@
 //! Operations on one block file of the `file` / `hf3fs` backends: create its directories,
-//! touch it, punch one block out of it, ask whether data is left, unlink it, probe a
-//! directory.
+//! touch it, punch one block out of it, unlink it, probe a directory.
 //!
 //! Punching a block frees `[blkid × size, +size)` with `fallocate(PUNCH_HOLE | KEEP_SIZE)`:
 //! the bytes of neighbours sharing the file are not touched. A file that does not exist has
@@ -12,9 +11,9 @@ use std::io::ErrorKind;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+#[cfg(test)]
 use nix::errno::Errno;
 use nix::fcntl::{fallocate, FallocateFlags};
-use nix::unistd::{lseek, Whence};
 
 use crate::StorageError;
 
@@ -52,16 +51,14 @@ pub(crate) fn touch(path: &Path) -> Result<(), StorageError> {
     created.map(drop).map_err(|e| io_error(path, e))
 }
 
-/// Punches the block `range` out of `path`; returns the open file, or `None` when `path`
-/// does not exist.
-pub(crate) fn punch_hole(path: &Path, range: BlockRange) -> Result<Option<File>, StorageError> {
+/// Punches the block `range` out of `path` (nothing to do when `path` does not exist).
+pub(crate) fn punch_hole(path: &Path, range: BlockRange) -> Result<(), StorageError> {
     let file = match OpenOptions::new().write(true).open(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(io_error(path, e)),
     };
-    punch(&file, range).map_err(|e| io_error(path, e.into()))?;
-    Ok(Some(file))
+    punch(&file, range).map_err(|e| io_error(path, e.into()))
 }
 
 fn punch(file: &File, range: BlockRange) -> nix::Result<()> {
@@ -86,16 +83,6 @@ pub(crate) fn set_punch_unsupported(unsupported: bool) {
     PUNCH_UNSUPPORTED.set(unsupported);
 }
 
-/// True when some byte of `file` (opened from `path`) is data, not a hole. On file systems
-/// without `SEEK_DATA` support the generic `lseek` calls all of a non-empty file data.
-pub(crate) fn has_data(file: &File, path: &Path) -> Result<bool, StorageError> {
-    match lseek(file, 0, Whence::SeekData) {
-        Ok(_) => Ok(true),
-        Err(Errno::ENXIO) => Ok(false),
-        Err(other) => Err(io_error(path, other.into())),
-    }
-}
-
 /// Unlinks `path`; a missing file is fine.
 pub(crate) fn remove_if_present(path: &Path) -> Result<(), StorageError> {
     match fs::remove_file(path) {
@@ -104,7 +91,12 @@ pub(crate) fn remove_if_present(path: &Path) -> Result<(), StorageError> {
     }
 }
 
-/// Fails unless `dir` is a directory in which a file can be created and removed.
+/// Subdirectory of a storage's anchor that health probes write in (kvcm's own).
+pub(crate) const PROBE_SUBDIR: &str = ".kvcm";
+
+/// Fails unless `dir` is a directory in which a file can be created and removed; the probe
+/// file is created in kvcm's own subdirectory [`PROBE_SUBDIR`] (created when missing), never
+/// among other files of `dir`.
 pub(crate) fn probe_directory(dir: &Path) -> Result<(), StorageError> {
     static PROBES: AtomicU64 = AtomicU64::new(0);
     let metadata = fs::metadata(dir).map_err(|e| io_error(dir, e))?;
@@ -112,8 +104,10 @@ pub(crate) fn probe_directory(dir: &Path) -> Result<(), StorageError> {
         let not_dir = std::io::Error::new(ErrorKind::NotADirectory, "not a directory");
         return Err(io_error(dir, not_dir));
     }
+    let own = dir.join(PROBE_SUBDIR);
+    fs::create_dir_all(&own).map_err(|e| io_error(&own, e))?;
     let probe_number = PROBES.fetch_add(1, Ordering::Relaxed);
-    let probe = dir.join(format!(".kvcm-probe-{}-{probe_number}", std::process::id()));
+    let probe = own.join(format!("probe-{}-{probe_number}", std::process::id()));
     OpenOptions::new()
         .write(true)
         .create_new(true)

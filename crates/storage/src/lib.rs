@@ -242,6 +242,10 @@ pub enum StorageError {
     /// No room is left for the blocks; nothing was allocated.
     #[error("storage full: {0}")]
     Full(String),
+    /// The place an allocation needs holds a file kvcm did not allocate; nothing was allocated
+    /// and the file is left alone.
+    #[error("{0} exists and was not allocated by kvcm: left alone")]
+    Foreign(String),
     /// The storage cannot serve now (e.g. a pool without a live node).
     #[error("storage unavailable: {0}")]
     Unavailable(String),

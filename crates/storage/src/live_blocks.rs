@@ -23,8 +23,8 @@
 //! Files are tracked by their name below the storage's base path (the base is the same for
 //! every file of a storage, so it is not stored per file).
 //!
-//! The counts live in memory only: files allocated before a restart are `Untracked` and the
-//! caller falls back to judging the file by its own contents.
+//! The counts live in memory; after a restart the journal's recovery adopts every logged
+//! block again (one reference each). A file with no count is `Untracked`: not kvcm's.
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -169,14 +169,15 @@ impl LiveBlocks {
         (hash, (hash >> 32) as usize % SHARD_COUNT)
     }
 
-    /// Runs `create` (directories, touch) and adds one reference to each of `blkids` of the
-    /// file `name`, under its shard lock; returns the file's id and generation. A failed
-    /// `create`, or counts that would overflow, track nothing new.
+    /// Runs `create` (directories, touch; told whether the file is tracked already) and adds
+    /// one reference to each of `blkids` of the file `name`, under its shard lock; returns the
+    /// file's id and generation. A failed `create`, or counts that would overflow, track
+    /// nothing new.
     pub(crate) fn allocate<E: From<TooManyReferences>>(
         &self,
         name: &str,
         blkids: &[u64],
-        create: impl FnOnce() -> Result<(), E>,
+        create: impl FnOnce(bool) -> Result<(), E>,
     ) -> Result<(u32, u16), E> {
         let (hash, index) = self.place(name);
         let mut shard = lock(&self.shards[index]);
@@ -186,7 +187,7 @@ impl LiveBlocks {
         let counts = add_references(current.unwrap_or(&[]), blkids)?;
         let slot = found.unwrap_or_else(|| shard.next_slot());
         file_id(slot, index)?;
-        create()?;
+        create(found.is_some())?;
         match found {
             Some(slot) => shard.record(slot).counts = counts,
             None => {
@@ -301,6 +302,10 @@ mod tests {
         Ok(())
     }
 
+    fn created(_tracked: bool) -> Result<(), StorageError> {
+        Ok(())
+    }
+
     /// Releases `blkid` and reports what remained (unlink treated as successful).
     fn release(live: &LiveBlocks, path: &str, blkid: u64) -> Remaining {
         let mut seen = None;
@@ -315,7 +320,7 @@ mod tests {
     #[test]
     fn a_file_is_released_once_per_held_block() {
         let live = LiveBlocks::default();
-        live.allocate("/f", &[0, 1, 2], ok).expect("ok");
+        live.allocate("/f", &[0, 1, 2], created).expect("ok");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
         assert_eq!(release(&live, "/f", 0), Remaining::BlockHeld, "repeat");
         assert_eq!(release(&live, "/f", 7), Remaining::BlockHeld, "unknown");
@@ -328,8 +333,8 @@ mod tests {
     #[test]
     fn each_allocation_of_a_block_is_released_by_one_delete() {
         let live = LiveBlocks::default();
-        live.allocate("/f", &[0, 1], ok).expect("winner");
-        live.allocate("/f", &[0, 1], ok).expect("loser");
+        live.allocate("/f", &[0, 1], created).expect("winner");
+        live.allocate("/f", &[0, 1], created).expect("loser");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockHeld, "loser");
         assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld, "loser");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed, "winner");
@@ -341,8 +346,8 @@ mod tests {
     #[test]
     fn single_block_files_count_as_block_zero() {
         let live = LiveBlocks::default();
-        live.allocate("/single", &[0], ok).expect("a");
-        live.allocate("/single", &[0], ok).expect("b");
+        live.allocate("/single", &[0], created).expect("a");
+        live.allocate("/single", &[0], created).expect("b");
         assert_eq!(release(&live, "/single", 0), Remaining::BlockHeld);
         assert_eq!(release(&live, "/single", 0), Remaining::FileFreed);
         assert_eq!(live.tracked_files(), 0);
@@ -357,7 +362,7 @@ mod tests {
     #[test]
     fn a_failed_create_tracks_nothing() {
         let live = LiveBlocks::default();
-        let failed = live.allocate("/f", &[0, 1], || {
+        let failed = live.allocate("/f", &[0, 1], |_| {
             Err(StorageError::InvalidRequest("no space".into()))
         });
         assert!(matches!(failed, Err(StorageError::InvalidRequest(_))));
@@ -367,7 +372,7 @@ mod tests {
     #[test]
     fn a_failed_unlink_keeps_the_entry_for_a_retry() {
         let live = LiveBlocks::default();
-        live.allocate("/f", &[0], ok).expect("ok");
+        live.allocate("/f", &[0], created).expect("ok");
         let failed = live.release("/f", 0, |_| Err("EIO"));
         assert_eq!(failed, Err("EIO"));
         assert_eq!(live.tracked_files(), 1);
@@ -378,9 +383,9 @@ mod tests {
     #[test]
     fn reallocation_adds_references() {
         let live = LiveBlocks::default();
-        live.allocate("/f", &[0, 1], ok).expect("ok");
+        live.allocate("/f", &[0, 1], created).expect("ok");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
-        live.allocate("/f", &[0, 1], ok).expect("ok");
+        live.allocate("/f", &[0, 1], created).expect("ok");
         assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld);
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
         assert_eq!(release(&live, "/f", 1), Remaining::FileFreed);
@@ -389,13 +394,13 @@ mod tests {
     #[test]
     fn a_reused_id_does_not_render_the_old_file() {
         let live = LiveBlocks::default();
-        let (id, generation) = live.allocate("/old", &[0], ok).expect("old");
+        let (id, generation) = live.allocate("/old", &[0], created).expect("old");
         assert_eq!(release(&live, "/old", 0), Remaining::FileFreed);
         // Some new file lands in the freed slot (1 in 64 names share its shard).
         let reused = (0..10_000)
             .map(|i| format!("/new{i}"))
             .find_map(|name| {
-                let placed = live.allocate(&name, &[0], ok).expect("new");
+                let placed = live.allocate(&name, &[0], created).expect("new");
                 (placed.0 == id).then_some((name, placed.1))
             })
             .expect("a new file reused the id");
@@ -408,7 +413,7 @@ mod tests {
     fn concurrent_releases_unlink_exactly_once() {
         let live = LiveBlocks::default();
         let blkids: Vec<u64> = (0..64).collect();
-        live.allocate("/f", &blkids, ok).expect("ok");
+        live.allocate("/f", &blkids, created).expect("ok");
         let unlinks = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|scope| {
             for thread in 0..8u64 {

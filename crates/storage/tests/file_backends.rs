@@ -40,6 +40,10 @@ fn three_fs(mount: &Path, touch: bool) -> std::sync::Arc<dyn DataStorage> {
 
 /// Allocates `keys` for one part `tp0` of `BLOCK` bytes; returns one URI per key.
 fn allocate(storage: &dyn DataStorage, keys: &[i64]) -> Vec<String> {
+    try_allocate(storage, keys).expect("allocate")
+}
+
+fn try_allocate(storage: &dyn DataStorage, keys: &[i64]) -> Result<Vec<String>, StorageError> {
     let specs = [BlockSpec {
         name: "tp0".to_string(),
         size: BLOCK,
@@ -56,11 +60,11 @@ fn allocate(storage: &dyn DataStorage, keys: &[i64]) -> Vec<String> {
         specs: &specs,
         blocks: &blocks,
     };
-    let placed = storage.allocate(&request).expect("allocate");
-    placed
+    let placed = storage.allocate(&request)?;
+    Ok(placed
         .into_iter()
         .map(|parts| parts[0].uri.clone())
-        .collect()
+        .collect())
 }
 
 /// Writes the block a URI names as a client would: `fill` repeated at blkid × size.
@@ -311,30 +315,34 @@ fn concurrent_deletes_of_one_file_unlink_it_once_all_are_freed() {
 }
 
 #[test]
-fn after_a_restart_files_are_judged_by_their_data() {
+fn files_kvcm_does_not_track_are_never_touched() {
     let root = tempfile::tempdir().expect("tempdir");
     let before = nfs(root.path(), 4);
     let written = allocate(before.as_ref(), &[1, 2, 3]);
-    let pending = allocate(before.as_ref(), &[4, 5, 6]);
-    let paths: Vec<PathBuf> = written.iter().map(|uri| write_block(uri, 1)).collect();
-    let full = &paths[0];
-    let partial = write_block(&pending[0], 4);
+    let path = write_block(&written[0], 1);
     drop(before);
 
+    // A new process that did not adopt the blocks (no journal) owns none of them: deletes
+    // leave the bytes, and allocating the same names is refused rather than overwriting.
     let after = nfs(root.path(), 4);
-    after
-        .delete(&written[..2])
-        .expect("delete two written blocks");
-    assert!(full.exists(), "block 2 still holds data");
-    after.delete(&written[2..]).expect("delete the last");
-    assert!(!full.exists(), "no data left: unlinked");
+    after.delete(&written).expect("deletes of untracked blocks");
+    assert_eq!(
+        read_block(&path, 0),
+        vec![1; BLOCK as usize],
+        "bytes untouched"
+    );
+    let refused = try_allocate(after.as_ref(), &[1, 2, 3]).unwrap_err();
+    assert!(matches!(refused, StorageError::Foreign(_)), "{refused:?}");
+    assert_eq!(read_block(&path, 0), vec![1; BLOCK as usize]);
 
-    // The documented limit: without a count, neighbours allocated before the restart but not
-    // written yet are invisible, and the file goes with its last data.
-    after
-        .delete(&pending[..1])
-        .expect("delete the only written block");
-    assert!(!partial.exists());
+    // A file someone else put where a block would go is left alone too.
+    let single = nfs(root.path(), 1);
+    let foreign = root.path().join("instance1/tp0/63");
+    fs::create_dir_all(foreign.parent().unwrap()).unwrap();
+    fs::write(&foreign, b"not kvcm's").unwrap();
+    let refused = try_allocate(single.as_ref(), &[0x63]).unwrap_err();
+    assert!(matches!(refused, StorageError::Foreign(_)), "{refused:?}");
+    assert_eq!(fs::read(&foreign).unwrap(), b"not kvcm's");
 }
 
 #[test]
@@ -433,9 +441,15 @@ fn health_follows_the_directory() {
     storage
         .check_health()
         .expect("healthy once the directory exists");
+    let entries: Vec<_> = fs::read_dir(&root)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
     assert_eq!(
-        fs::read_dir(&root).expect("ls").count(),
-        0,
-        "the probe leaves nothing behind"
+        entries,
+        [".kvcm"],
+        "the probe writes only in kvcm's own subdirectory"
     );
+    let own = fs::read_dir(root.join(".kvcm")).expect("ls .kvcm").count();
+    assert_eq!(own, 0, "the probe leaves nothing behind");
 }

@@ -29,13 +29,13 @@ pub(crate) enum Record {
         /// Its config.
         config: StorageConfig,
     },
-    /// An incarnation handle and the storage it belongs to (snapshots list every one, so
-    /// entries of older incarnations still find their storage).
-    Handle {
+    /// An incarnation handle and the config it was opened with (snapshots list every one,
+    /// so entries of older incarnations still find their storage, and whether it moved).
+    Incarnation {
         /// The handle.
         handle: StorageHandle,
-        /// The storage's name.
-        name: String,
+        /// Its config.
+        config: StorageConfig,
     },
     /// A storage was removed.
     StorageRemoved(String),
@@ -95,7 +95,7 @@ impl ObjectName {
 }
 
 const STORAGE: u8 = 1;
-const HANDLE: u8 = 2;
+const INCARNATION: u8 = 2;
 const STORAGE_REMOVED: u8 = 3;
 const GROUP: u8 = 4;
 const GROUP_REMOVED: u8 = 5;
@@ -116,10 +116,10 @@ impl Record {
                 out.u16(handle.0);
                 out.blob(&config.encode());
             }
-            Record::Handle { handle, name } => {
-                out.u8(HANDLE);
+            Record::Incarnation { handle, config } => {
+                out.u8(INCARNATION);
                 out.u16(handle.0);
-                out.str(name);
+                out.blob(&config.encode());
             }
             Record::StorageRemoved(name) => named(&mut out, STORAGE_REMOVED, name),
             Record::Group(group) => nested(&mut out, GROUP, group),
@@ -155,9 +155,9 @@ impl Record {
                 handle: StorageHandle(input.u16()?),
                 config: StorageConfig::decode(input.blob()?)?,
             },
-            HANDLE => Record::Handle {
+            INCARNATION => Record::Incarnation {
                 handle: StorageHandle(input.u16()?),
-                name: input.string()?,
+                config: StorageConfig::decode(input.blob()?)?,
             },
             STORAGE_REMOVED => Record::StorageRemoved(input.string()?),
             GROUP => Record::Group(GroupConfig::decode(input.blob()?)?),

@@ -6,7 +6,9 @@
 //! file-tier parts are adopted by their object names (one reference each, as if allocated);
 //! SERVING locations are kept and counted in the instance's quota usage; WRITING locations
 //! (sessions open at the crash) and DELETING ones are freed on their storage and dropped.
-//! Locations whose storage is gone, or whose parts cannot be adopted, are dropped and counted.
+//! Locations whose storage is gone, or whose parts cannot be adopted, are dropped and counted;
+//! locations written under another config of their storage (an UpdateStorage that moved its
+//! root) are dropped from the index and counted as stale, their bytes left where they are.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -44,6 +46,9 @@ pub struct RecoveryReport {
     pub entries: u64,
     /// Locations dropped (storage gone, bytes volatile, parts not adoptable).
     pub dropped_locations: u64,
+    /// Locations of a storage whose config changed since they were written (UpdateStorage
+    /// moved its root, say): dropped from the index, their bytes left where they are.
+    pub stale_locations: u64,
     /// WRITING or DELETING locations whose bytes were freed.
     pub cleaned_locations: u64,
     /// The sequence the log continues at.
@@ -54,7 +59,7 @@ pub struct RecoveryReport {
 #[derive(Debug, Default)]
 pub(crate) struct Replay {
     storages: BTreeMap<String, (StorageHandle, StorageConfig)>,
-    handles: HashMap<StorageHandle, String>,
+    handles: HashMap<StorageHandle, StorageConfig>,
     groups: BTreeMap<String, GroupConfig>,
     instances: BTreeMap<String, InstanceInfo>,
     accounts: BTreeMap<String, Account>,
@@ -66,12 +71,12 @@ impl Replay {
     pub fn apply(&mut self, record: Record) {
         match record {
             Record::Storage { handle, config } => {
-                let name = config.global_unique_name.clone();
-                self.handles.insert(handle, name.clone());
-                self.storages.insert(name, (handle, config));
+                self.handles.insert(handle, config.clone());
+                self.storages
+                    .insert(config.global_unique_name.clone(), (handle, config));
             }
-            Record::Handle { handle, name } => {
-                self.handles.insert(handle, name);
+            Record::Incarnation { handle, config } => {
+                self.handles.insert(handle, config);
             }
             Record::StorageRemoved(name) => {
                 self.storages.remove(&name);
@@ -290,7 +295,7 @@ impl Manager {
         &self,
         instance: &Arc<Instance>,
         entries: HashMap<BlockKey, DurableEntry>,
-        handles: &HashMap<StorageHandle, String>,
+        handles: &HashMap<StorageHandle, StorageConfig>,
         report: &mut RecoveryReport,
     ) -> u32 {
         let mut max_nonce = 0;
@@ -300,11 +305,17 @@ impl Manager {
             let mut kept = Vec::new();
             for location in durable.entry.locations() {
                 max_nonce = max_nonce.max(location.nonce);
-                let Some(adopted) =
-                    self.adopt_location(instance, key, &location, &durable, handles)
-                else {
-                    report.dropped_locations += 1;
-                    continue;
+                let adopted = match self.adopt_location(instance, key, &location, &durable, handles)
+                {
+                    Adoption::Adopted(adopted) => adopted,
+                    Adoption::Stale => {
+                        report.stale_locations += 1;
+                        continue;
+                    }
+                    Adoption::Dropped => {
+                        report.dropped_locations += 1;
+                        continue;
+                    }
                 };
                 if adopted.location.state == LocationState::Serving {
                     let bytes = instance.location_bytes(&adopted.location.as_ref());
@@ -338,20 +349,30 @@ impl Manager {
         max_nonce
     }
 
-    /// Finds a logged location's storage now and adopts its parts there; `None` when the
-    /// storage is gone or a part cannot be adopted (parts adopted so far are freed again).
+    /// Finds a logged location's storage now and adopts its parts there. Dropped when the
+    /// storage is gone or a part cannot be adopted (parts adopted so far are freed again);
+    /// stale when the storage's config is no longer the one the location was written with.
     fn adopt_location(
         &self,
         instance: &Instance,
         key: BlockKey,
         location: &crate::entry::LocationRef<'_>,
         durable: &DurableEntry,
-        handles: &HashMap<StorageHandle, String>,
-    ) -> Option<Adopted> {
-        let name = handles.get(&location.storage)?;
-        let handle = self.storages.current_handle(name)?;
-        let incarnation = self.storages.incarnations().get(handle)?.clone();
+        handles: &HashMap<StorageHandle, StorageConfig>,
+    ) -> Adoption {
+        let Some(logged) = handles.get(&location.storage) else {
+            return Adoption::Dropped;
+        };
+        let current = self.storages.current_handle(&logged.global_unique_name);
+        let incarnations = self.storages.incarnations();
+        let Some(incarnation) = current.and_then(|handle| incarnations.get(handle)) else {
+            return Adoption::Dropped;
+        };
         let backend = incarnation.backend.clone();
+        if backend.config().spec != logged.spec {
+            return Adoption::Stale;
+        }
+        let handle = current.expect("found above");
         let mut parts = Vec::with_capacity(location.parts.len());
         let mut uris = Vec::with_capacity(location.parts.len());
         for part in location.parts {
@@ -378,7 +399,7 @@ impl Manager {
             });
             let Some((address, uri)) = uri else {
                 let _ = backend.delete(&uris);
-                return None;
+                return Adoption::Dropped;
             };
             parts.push(crate::entry::Part {
                 spec: part.spec,
@@ -386,7 +407,7 @@ impl Manager {
             });
             uris.push(uri);
         }
-        Some(Adopted {
+        Adoption::Adopted(Adopted {
             location: Location {
                 storage: handle,
                 state: location.state,
@@ -398,6 +419,16 @@ impl Manager {
             uris,
         })
     }
+}
+
+/// What became of a logged location.
+enum Adoption {
+    /// Taken back on its storage.
+    Adopted(Adopted),
+    /// Its storage is gone, or a part cannot be taken back.
+    Dropped,
+    /// Its storage's config changed since it was written.
+    Stale,
 }
 
 /// A location taken back on its storage.

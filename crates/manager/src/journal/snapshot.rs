@@ -60,8 +60,8 @@ impl Manager {
         for handle in 0..incarnations.len() {
             let handle = StorageHandle(handle as u16);
             if let Some(incarnation) = incarnations.get(handle) {
-                let name = incarnation.name.to_string();
-                out.record(&Record::Handle { handle, name })?;
+                let config = incarnation.backend.config().clone();
+                out.record(&Record::Incarnation { handle, config })?;
             }
         }
         for config in self.storages.list() {

@@ -100,9 +100,9 @@ fn every_record_round_trips() {
             handle: crate::StorageHandle(3),
             config: storage("s", dir.path()),
         },
-        Record::Handle {
+        Record::Incarnation {
             handle: crate::StorageHandle(2),
-            name: "old".into(),
+            config: storage("old", dir.path()),
         },
         Record::StorageRemoved("s".into()),
         Record::Group(group(5, PREFER_3FS)),
@@ -431,5 +431,51 @@ fn a_full_disk_refuses_writes_with_a_clear_error_and_reads_go_on() {
         uris(&manager, &[2, 3]),
         [None, None],
         "nothing refused came back"
+    );
+}
+
+#[test]
+fn blocks_of_a_moved_storage_are_reported_stale_and_their_bytes_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2]);
+    let old_uri = uris(&manager, &[1])[0].clone().unwrap();
+    let old_file = old_uri
+        .strip_prefix("file://s")
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::write(&old_file, b"bytes").unwrap();
+    std::fs::create_dir_all(dir.path().join("moved")).unwrap();
+    manager
+        .update_storage(storage("s", &dir.path().join("moved")))
+        .unwrap();
+    write(&manager, &instance, &[3]);
+    drop((instance, manager));
+    let (manager, report) = reopen(dir.path());
+    assert_eq!(report.stale_locations, 2, "{report:?}");
+    let now = uris(&manager, &[1, 2, 3]);
+    assert_eq!(
+        now[..2],
+        [None, None],
+        "the old root's blocks are not served"
+    );
+    assert!(
+        now[2].as_deref().is_some_and(|u| u.contains("/moved/")),
+        "{now:?}"
+    );
+    assert_eq!(
+        std::fs::read(&old_file).unwrap(),
+        b"bytes",
+        "left where they are"
+    );
+    drop(manager);
+    let (_, again) = reopen(dir.path());
+    assert_eq!(
+        again.stale_locations, 0,
+        "reported once: the snapshot no longer holds them"
     );
 }

@@ -6,9 +6,10 @@
 //! the files' directories (and, with `touch_file_when_create`, the empty files).
 //!
 //! Delete punches the block's hole and unlinks the file once no block of it is allocated any
-//! more (`live_blocks`); for a file allocated before a restart (no count) it falls back to
-//! unlinking once `SEEK_DATA` finds no data left — that fallback cannot see neighbours that
-//! are allocated but not written yet.
+//! more (`live_blocks`). Only allocations kvcm tracks are ever freed: a delete of a block
+//! whose file is not tracked (never allocated by this process, nor adopted from the journal
+//! on recovery) touches nothing, and an allocation refuses a file that exists untracked
+//! (`StorageError::Foreign`) instead of writing into someone else's bytes.
 //!
 //! Invariant: `delete` only touches paths below the base, named by URIs with this backend's
 //! scheme and storage name; all URIs are checked before any is acted on.
@@ -246,7 +247,13 @@ impl BlockFileStorage {
     }
 
     /// Creates the directories of a file of a new chunk and, if configured, the empty file.
-    fn create_file(&self, path: &Path) -> Result<(), StorageError> {
+    /// Prepares a file for an allocation. A file kvcm does not track yet must not exist: it
+    /// belongs to someone else (or to a run whose journal is gone), and is never written,
+    /// punched or unlinked by kvcm.
+    fn create_file(&self, path: &Path, tracked: bool) -> Result<(), StorageError> {
+        if !tracked && path.exists() {
+            return Err(StorageError::Foreign(path.display().to_string()));
+        }
         block_file::create_parents(path)?;
         if self.touch_files {
             block_file::touch(path)?;
@@ -265,8 +272,8 @@ impl BlockFileStorage {
     }
 
     /// Drops one reference to a located block and frees what nobody holds any more: the
-    /// block's hole, the whole file once no block of it is held (untracked file: judged by
-    /// its contents).
+    /// block's hole, the whole file once no block of it is held (an untracked file is not
+    /// kvcm's: left alone).
     ///
     /// The reference is dropped even when punching fails (`EOPNOTSUPP` on NFSv3, FUSE or 3FS
     /// mounts): the error is returned, and the block's bytes go when the file is unlinked
@@ -277,28 +284,16 @@ impl BlockFileStorage {
             return self
                 .live
                 .release(&located.name, 0, |remaining| match remaining {
-                    Remaining::FileFreed | Remaining::Untracked => {
-                        block_file::remove_if_present(path)
-                    }
-                    Remaining::BlockHeld | Remaining::BlockFreed => Ok(()),
+                    Remaining::FileFreed => block_file::remove_if_present(path),
+                    Remaining::BlockHeld | Remaining::BlockFreed | Remaining::Untracked => Ok(()),
                 });
         };
         self.live
             .release(&located.name, block.blkid, |remaining| match remaining {
-                Remaining::BlockHeld => Ok(()),
+                Remaining::BlockHeld | Remaining::Untracked => Ok(()),
                 Remaining::BlockFreed => block_file::punch_hole(path, block.range).map(drop),
                 Remaining::FileFreed => block_file::remove_if_present(path),
-                Remaining::Untracked => free_untracked(path, block.range),
             })
-    }
-}
-
-/// Restart fallback for a block of a file with no count: punch it, then unlink the file if
-/// `SEEK_DATA` finds no data left.
-fn free_untracked(path: &Path, range: BlockRange) -> Result<(), StorageError> {
-    match block_file::punch_hole(path, range)? {
-        Some(file) if !block_file::has_data(&file, path)? => block_file::remove_if_present(path),
-        _ => Ok(()),
     }
 }
 
@@ -351,7 +346,10 @@ impl DataStorage for BlockFileStorage {
         let mut file_ids = Vec::with_capacity(plan.files.len());
         for (done, (name, blkids)) in plan.files.iter().enumerate() {
             let path = self.path(name);
-            match self.live.allocate(name, blkids, || self.create_file(&path)) {
+            match self
+                .live
+                .allocate(name, blkids, |tracked| self.create_file(&path, tracked))
+            {
                 Ok(id_and_generation) => file_ids.push(id_and_generation),
                 Err(error) => {
                     self.forget_counts(&plan.files[..done]);
@@ -420,7 +418,7 @@ impl DataStorage for BlockFileStorage {
         check_object_path(name).map_err(StorageError::InvalidRequest)?;
         let (object, generation) =
             self.live
-                .allocate::<StorageError>(name, &[u64::from(block)], || Ok(()))?;
+                .allocate::<StorageError>(name, &[u64::from(block)], |_| Ok(()))?;
         Ok(PartAddress {
             object,
             block,
