@@ -150,6 +150,8 @@ pub(crate) struct Listing {
     pub segments: Vec<(u64, PathBuf)>,
     /// Complete snapshots by sequence, ascending.
     pub snapshots: Vec<(u64, PathBuf)>,
+    /// Snapshots a crash interrupted (`.snap.tmp`), by sequence.
+    pub unfinished: Vec<(u64, PathBuf)>,
 }
 
 /// `wal-<sequence as 16 hex digits>.log`.
@@ -178,6 +180,8 @@ pub(crate) fn list(dir: &Path) -> Result<Listing, JournalError> {
             listing.segments.push((sequence, entry.path()));
         } else if let Some(sequence) = sequence("snapshot-", ".snap") {
             listing.snapshots.push((sequence, entry.path()));
+        } else if let Some(sequence) = sequence("snapshot-", ".snap.tmp") {
+            listing.unfinished.push((sequence, entry.path()));
         }
     }
     listing.segments.sort();

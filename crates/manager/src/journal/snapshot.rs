@@ -135,7 +135,7 @@ impl SnapshotWriter {
     }
 }
 
-/// Removes segments and snapshots of sequence below `sequence`.
+/// Removes segments, snapshots and unfinished snapshots of sequence below `sequence`.
 fn remove_before(dir: &std::path::Path, sequence: u64) -> Result<(), JournalError> {
     let listing = files::list(dir)?;
     let old = listing
@@ -145,6 +145,9 @@ fn remove_before(dir: &std::path::Path, sequence: u64) -> Result<(), JournalErro
         .filter(|(s, _)| *s < sequence);
     for (_, path) in old {
         std::fs::remove_file(path).map_err(|e| JournalError::io(path, e))?;
+    }
+    for path in listing.unfinished.iter().filter(|(s, _)| *s < sequence) {
+        std::fs::remove_file(&path.1).map_err(|e| JournalError::io(&path.1, e))?;
     }
     files::sync_dir(&files::segment_path(dir, sequence))
 }

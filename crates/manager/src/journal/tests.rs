@@ -320,7 +320,10 @@ fn an_incomplete_snapshot_is_not_trusted() {
     // it would have left a .tmp file; this one was renamed by hand).
     let fake = files::snapshot_path(&dir.path().join("meta"), sequence + 1);
     std::fs::write(&fake, files::header(files::SNAPSHOT_MAGIC, sequence + 1)).unwrap();
+    let interrupted = fake.with_extension("snap.tmp");
+    std::fs::write(&interrupted, b"half a snapshot").unwrap();
     let (manager, report) = reopen(dir.path());
+    assert!(!interrupted.exists(), "an interrupted snapshot is removed");
     assert!(
         report.cut.iter().any(|c| c.contains("incomplete")),
         "{report:?}"

@@ -47,6 +47,8 @@ struct State {
     bytes: u64,
     /// Flushes done (each one `write`, and under `always` one `fdatasync`).
     flushes: u64,
+    /// fdatasyncs done by the flusher.
+    syncs: u64,
     stop: bool,
 }
 
@@ -76,6 +78,8 @@ pub(crate) struct WriterStats {
     pub durable: u64,
     /// Flushes done.
     pub flushes: u64,
+    /// fdatasyncs done by the flusher.
+    pub syncs: u64,
     /// Bytes written since the last rotation.
     pub since_rotation: u64,
     /// Bytes written since start.
@@ -105,6 +109,7 @@ impl LogWriter {
                 since_rotation: 0,
                 bytes: 0,
                 flushes: 0,
+                syncs: 0,
                 stop: false,
             }),
             work: Condvar::new(),
@@ -204,6 +209,7 @@ impl LogWriter {
             appended: state.appended,
             durable: state.durable,
             flushes: state.flushes,
+            syncs: state.syncs,
             since_rotation: state.since_rotation,
             bytes: state.bytes,
         }
@@ -240,14 +246,15 @@ fn wait_on<'a>(condvar: &Condvar, state: MutexGuard<'a, State>) -> MutexGuard<'a
 }
 
 /// The flusher: waits for appended records, writes them (and syncs per policy), marks them
-/// durable; under `every N ms` it also syncs when N ms passed since the last sync.
+/// durable; under `every N ms` a flush also syncs once N ms passed since the last sync, and
+/// an idle flusher syncs what it wrote when the period ends.
 fn flush_loop(shared: &Shared) {
     let mut last_sync = Instant::now();
     let mut unsynced = false;
     let mut state = shared.lock();
     loop {
         let nothing_to_do = state.buffer.is_empty() || state.file.is_none();
-        if state.stop && state.buffer.is_empty() {
+        if state.stop && (state.buffer.is_empty() || state.failed.is_some()) {
             return;
         }
         if nothing_to_do || state.failed.is_some() {
@@ -269,6 +276,7 @@ fn flush_loop(shared: &Shared) {
                             state.failed = Some(format!("syncing the journal: {error}"));
                             shared.progress.notify_all();
                         }
+                        state.syncs += 1;
                     }
                     last_sync = Instant::now();
                     unsynced = false;
@@ -281,7 +289,11 @@ fn flush_loop(shared: &Shared) {
         let mut file = state.file.take().expect("checked above");
         let segment = state.segment;
         drop(state);
-        let sync = shared.policy == FsyncPolicy::Always;
+        let sync = match shared.policy {
+            FsyncPolicy::Always => true,
+            FsyncPolicy::Every(period) => last_sync.elapsed() >= period,
+            FsyncPolicy::Never => false,
+        };
         let written = file
             .write_all(&batch)
             .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
@@ -293,10 +305,11 @@ fn flush_loop(shared: &Shared) {
                 state.durable = upto;
                 state.since_rotation += batch.len() as u64;
                 state.bytes += batch.len() as u64;
-                unsynced = !sync;
                 if sync {
                     last_sync = Instant::now();
+                    state.syncs += 1;
                 }
+                unsynced = !sync;
             }
             Err(error) => {
                 let path = files::segment_path(&shared.dir, segment);
@@ -310,5 +323,52 @@ fn flush_loop(shared: &Shared) {
             reuse.clear();
             state.buffer = reuse;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interval_policy_syncs_under_continuous_appends_and_when_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let period = Duration::from_millis(2);
+        let writer = LogWriter::create(dir.path().into(), 1, FsyncPolicy::Every(period)).unwrap();
+        let busy_until = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < busy_until {
+            let ticket = writer.append(b"record").unwrap();
+            writer.wait(ticket).unwrap();
+        }
+        let busy = writer.stats();
+        assert!(busy.syncs >= 2, "synced while busy: {busy:?}");
+        assert!(busy.syncs < busy.flushes, "not every flush: {busy:?}");
+        let ticket = writer.append(b"last").unwrap();
+        writer.wait(ticket).unwrap();
+        let synced_at = writer.stats().syncs;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while writer.stats().syncs == synced_at {
+            assert!(
+                Instant::now() < deadline,
+                "an idle writer syncs its last write"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_dropped_failed_writer_does_not_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = LogWriter::create(dir.path().into(), 1, FsyncPolicy::Always).unwrap();
+        writer.replace_file(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        );
+        let ticket = writer.append(b"lost").unwrap();
+        assert!(writer.wait(ticket).is_err());
+        assert!(writer.append(b"refused").is_err());
+        drop(writer);
     }
 }
