@@ -96,7 +96,9 @@ pub fn admin_router(handler: AdminHandler, core: Arc<Core>, limit: usize) -> Rou
     router.route(
         "/metrics",
         get(move || async move {
-            let text = core.metrics.to_prometheus() + &core.events.to_prometheus();
+            let text = core.metrics.to_prometheus()
+                + &core.events.to_prometheus()
+                + &super::journal_metrics::to_prometheus(&core.manager);
             ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
         }),
     )

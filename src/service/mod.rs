@@ -10,6 +10,7 @@ pub mod debug;
 pub mod faults;
 mod grpc;
 pub mod http;
+pub mod journal_metrics;
 mod location_json;
 pub mod meta;
 pub mod metrics;

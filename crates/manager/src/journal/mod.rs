@@ -168,6 +168,10 @@ impl Journal {
             appended: stats.appended,
             durable: stats.durable,
             flushes: stats.flushes,
+            syncs: stats.syncs,
+            synced: stats.synced,
+            acknowledged: stats.acknowledged,
+            early_acknowledgements: stats.early_acknowledgements,
             log_bytes_since_snapshot: stats.since_rotation,
             log_bytes: stats.bytes,
             failure: self.writer.failure(),
@@ -184,6 +188,15 @@ pub struct JournalStats {
     pub durable: u64,
     /// Flushes (one write, under `always` one fdatasync, each).
     pub flushes: u64,
+    /// fdatasyncs of the log by its flusher.
+    pub syncs: u64,
+    /// Records (since start) known fdatasync'ed.
+    pub synced: u64,
+    /// The highest record (since start) a write was acknowledged for.
+    pub acknowledged: u64,
+    /// Acknowledgements under `always` of a record not yet fdatasync'ed: the journal's own
+    /// bookkeeping of its guarantee (0 unless it is broken).
+    pub early_acknowledgements: u64,
     /// Log bytes written since the last snapshot.
     pub log_bytes_since_snapshot: u64,
     /// Log bytes written since start (frames included).

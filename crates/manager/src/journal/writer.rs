@@ -49,6 +49,12 @@ struct State {
     flushes: u64,
     /// fdatasyncs done by the flusher.
     syncs: u64,
+    /// Every ticket up to this one was fdatasync'ed.
+    synced: u64,
+    /// The highest ticket a wait returned for.
+    acknowledged: u64,
+    /// Waits that returned, under `always`, for a ticket not yet synced (must stay 0).
+    early_acknowledgements: u64,
     stop: bool,
 }
 
@@ -80,6 +86,13 @@ pub(crate) struct WriterStats {
     pub flushes: u64,
     /// fdatasyncs done by the flusher.
     pub syncs: u64,
+    /// Every record up to this ticket was fdatasync'ed.
+    pub synced: u64,
+    /// The highest ticket acknowledged (a wait returned for it).
+    pub acknowledged: u64,
+    /// Acknowledgements, under `always`, of a record not yet synced: the journal's own check
+    /// that no write is answered before its fdatasync returned (must be 0).
+    pub early_acknowledgements: u64,
     /// Bytes written since the last rotation.
     pub since_rotation: u64,
     /// Bytes written since start.
@@ -110,6 +123,9 @@ impl LogWriter {
                 bytes: 0,
                 flushes: 0,
                 syncs: 0,
+                synced: 0,
+                acknowledged: 0,
+                early_acknowledgements: 0,
                 stop: false,
             }),
             work: Condvar::new(),
@@ -148,6 +164,10 @@ impl LogWriter {
         let mut state = self.shared.lock();
         loop {
             if state.durable >= ticket.0 {
+                if self.shared.policy == FsyncPolicy::Always && state.synced < ticket.0 {
+                    state.early_acknowledgements += 1;
+                }
+                state.acknowledged = state.acknowledged.max(ticket.0);
                 return Ok(());
             }
             if let Some(failed) = &state.failed {
@@ -185,6 +205,7 @@ impl LogWriter {
             Ok(new_file) => {
                 state.buffer.clear();
                 state.durable = state.appended;
+                state.synced = state.appended;
                 state.file = Some(new_file);
                 state.segment = next;
                 state.since_rotation = 0;
@@ -210,6 +231,9 @@ impl LogWriter {
             durable: state.durable,
             flushes: state.flushes,
             syncs: state.syncs,
+            synced: state.synced,
+            acknowledged: state.acknowledged,
+            early_acknowledgements: state.early_acknowledgements,
             since_rotation: state.since_rotation,
             bytes: state.bytes,
         }
@@ -272,9 +296,12 @@ fn flush_loop(shared: &Shared) {
             if let (FsyncPolicy::Every(period), true) = (shared.policy, unsynced) {
                 if last_sync.elapsed() >= period && state.file.is_some() {
                     if let Some(file) = &state.file {
-                        if let Err(error) = file.sync_data() {
-                            state.failed = Some(format!("syncing the journal: {error}"));
-                            shared.progress.notify_all();
+                        match file.sync_data() {
+                            Ok(()) => state.synced = state.durable,
+                            Err(error) => {
+                                state.failed = Some(format!("syncing the journal: {error}"));
+                                shared.progress.notify_all();
+                            }
                         }
                         state.syncs += 1;
                     }
@@ -308,6 +335,7 @@ fn flush_loop(shared: &Shared) {
                 if sync {
                     last_sync = Instant::now();
                     state.syncs += 1;
+                    state.synced = upto;
                 }
                 unsynced = !sync;
             }
