@@ -269,62 +269,118 @@ fn wait_on<'a>(condvar: &Condvar, state: MutexGuard<'a, State>) -> MutexGuard<'a
     condvar.wait(state).unwrap_or_else(PoisonError::into_inner)
 }
 
+/// How long a flush may wait for more records when the last flush carried several (the
+/// writers it woke are likely appending again): group commit without a delay for a lone
+/// writer, whose flushes carry one record.
+const GATHER: Duration = Duration::from_micros(100);
+
+/// The flusher thread's own state.
+struct Flusher<'a> {
+    shared: &'a Shared,
+    last_sync: Instant,
+    /// Something written is not synced yet (`every N ms`).
+    unsynced: bool,
+    /// Records the last flush carried.
+    last_batch: u64,
+}
+
 /// The flusher: waits for appended records, writes them (and syncs per policy), marks them
 /// durable; under `every N ms` a flush also syncs once N ms passed since the last sync, and
 /// an idle flusher syncs what it wrote when the period ends.
 fn flush_loop(shared: &Shared) {
-    let mut last_sync = Instant::now();
-    let mut unsynced = false;
+    let mut flusher = Flusher {
+        shared,
+        last_sync: Instant::now(),
+        unsynced: false,
+        last_batch: 0,
+    };
     let mut state = shared.lock();
     loop {
-        let nothing_to_do = state.buffer.is_empty() || state.file.is_none();
         if state.stop && (state.buffer.is_empty() || state.failed.is_some()) {
             return;
         }
-        if nothing_to_do || state.failed.is_some() {
-            state = match (shared.policy, unsynced) {
-                (FsyncPolicy::Every(period), true) => {
-                    let wait = period.saturating_sub(last_sync.elapsed());
-                    let (state, _) = shared
-                        .work
-                        .wait_timeout(state, wait.max(Duration::from_millis(1)))
-                        .unwrap_or_else(PoisonError::into_inner);
-                    state
-                }
-                _ => wait_on(&shared.work, state),
-            };
-            if let (FsyncPolicy::Every(period), true) = (shared.policy, unsynced) {
-                if last_sync.elapsed() >= period && state.file.is_some() {
-                    if let Some(file) = &state.file {
-                        match file.sync_data() {
-                            Ok(()) => state.synced = state.durable,
-                            Err(error) => {
-                                state.failed = Some(format!("syncing the journal: {error}"));
-                                shared.progress.notify_all();
-                            }
-                        }
-                        state.syncs += 1;
-                    }
-                    last_sync = Instant::now();
-                    unsynced = false;
-                }
-            }
-            continue;
+        let idle = state.buffer.is_empty() || state.file.is_none() || state.failed.is_some();
+        state = if idle {
+            flusher.idle(state)
+        } else {
+            let state = flusher.gather(state);
+            flusher.flush(state)
+        };
+    }
+}
+
+impl<'a> Flusher<'a> {
+    /// Waits for work; under `every N ms` syncs what is unsynced once the period ended.
+    fn idle(&mut self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let FsyncPolicy::Every(period) = self.shared.policy else {
+            return wait_on(&self.shared.work, state);
+        };
+        if !self.unsynced {
+            return wait_on(&self.shared.work, state);
         }
+        let wait = period.saturating_sub(self.last_sync.elapsed());
+        let (mut state, _) = self
+            .shared
+            .work
+            .wait_timeout(state, wait.max(Duration::from_millis(1)))
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.last_sync.elapsed() >= period {
+            if let Some(file) = &state.file {
+                match file.sync_data() {
+                    Ok(()) => state.synced = state.durable,
+                    Err(error) => {
+                        state.failed = Some(format!("syncing the journal: {error}"));
+                        self.shared.progress.notify_all();
+                    }
+                }
+                state.syncs += 1;
+                self.last_sync = Instant::now();
+                self.unsynced = false;
+            }
+        }
+        state
+    }
+
+    /// After a flush of several records, waits up to [`GATHER`] until as many are pending.
+    fn gather(&self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        if self.last_batch < 2 || self.shared.policy != FsyncPolicy::Always {
+            return state;
+        }
+        let deadline = Instant::now() + GATHER;
+        while state.appended - state.durable < self.last_batch && !state.stop {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            state = self
+                .shared
+                .work
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        state
+    }
+
+    /// Writes the buffer (and syncs per policy) with the lock released; marks it durable.
+    fn flush(&mut self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         let batch = std::mem::take(&mut state.buffer);
         let upto = state.appended;
-        let mut file = state.file.take().expect("checked above");
+        let records = upto - state.durable;
+        let Some(mut file) = state.file.take() else {
+            state.buffer = batch;
+            return state;
+        };
         let segment = state.segment;
         drop(state);
-        let sync = match shared.policy {
+        let sync = match self.shared.policy {
             FsyncPolicy::Always => true,
-            FsyncPolicy::Every(period) => last_sync.elapsed() >= period,
+            FsyncPolicy::Every(period) => self.last_sync.elapsed() >= period,
             FsyncPolicy::Never => false,
         };
         let written = file
             .write_all(&batch)
             .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
-        state = shared.lock();
+        let mut state = self.shared.lock();
         state.file = Some(file);
         state.flushes += 1;
         match written {
@@ -333,24 +389,26 @@ fn flush_loop(shared: &Shared) {
                 state.since_rotation += batch.len() as u64;
                 state.bytes += batch.len() as u64;
                 if sync {
-                    last_sync = Instant::now();
+                    self.last_sync = Instant::now();
                     state.syncs += 1;
                     state.synced = upto;
                 }
-                unsynced = !sync;
+                self.unsynced = !sync;
+                self.last_batch = records;
             }
             Err(error) => {
-                let path = files::segment_path(&shared.dir, segment);
+                let path = files::segment_path(&self.shared.dir, segment);
                 state.failed = Some(format!("writing {}: {error}", path.display()));
             }
         }
-        shared.progress.notify_all();
+        self.shared.progress.notify_all();
         // Reuse the batch's allocation for the next appends when nothing came meanwhile.
         if state.buffer.is_empty() {
             let mut reuse = batch;
             reuse.clear();
             state.buffer = reuse;
         }
+        state
     }
 }
 
