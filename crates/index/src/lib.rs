@@ -1,6 +1,6 @@
 //! kvcm-index: the metadata index, block key → entry, for one instance's key space.
 //!
-//! One trait, [`MetaIndex`], several backends (local sharded memory now, Redis later), and one
+//! One trait, [`MetaIndex`], several backends (local sharded memory, Redis / Redis Cluster), and one
 //! conformance suite that every backend must pass. A write-ahead log attaches to a backend
 //! through [`ChangeLog`].
 //!
@@ -14,10 +14,12 @@ mod change_log;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod local;
+pub mod redis;
 
 pub use cache::{CacheConfig, CacheStats, CachedIndex};
 pub use change_log::{Change, ChangeLog, LogTicket};
 pub use local::{LocalIndex, LocalIndexConfig, MAX_SHARD_BITS};
+pub use redis::{RedisIndex, RedisIndexConfig, U64Codec, ValueCodec};
 
 /// A block key: a signed 64-bit prefix hash (see the wire fact sheet §9).
 pub type BlockKey = i64;

@@ -1,0 +1,224 @@
+//! The Redis backend: the conformance suite on a private single node and on a private
+//! 3-master Redis Cluster, namespaces on different masters, a server killed and restarted
+//! under load, and corrupt data in Redis.
+
+mod redis_support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvcm_index::redis::resp::Reply;
+use kvcm_index::{
+    conformance, IndexError, MetaIndex, Modify, RedisIndex, RedisIndexConfig, U64Codec,
+};
+use redis_support::{command, raw_command, redis_available, wait_until, RedisCluster, RedisServer};
+
+type Index = RedisIndex<u64, U64Codec>;
+
+static NAMESPACES: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh namespace name for each index of a test run.
+fn fresh_namespace(prefix: &str) -> String {
+    let n = NAMESPACES.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{n}", std::process::id())
+}
+
+fn open(uri: &str, namespace: &str, max_key_count: u64) -> Index {
+    RedisIndex::connect(
+        RedisIndexConfig {
+            uri: uri.to_owned(),
+            namespace: namespace.to_owned(),
+            max_key_count,
+            timeout: Duration::from_secs(5),
+        },
+        U64Codec,
+    )
+    .expect("connect to the test redis")
+}
+
+#[test]
+fn single_redis_conforms() {
+    if !redis_available("single_redis_conforms") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = RedisServer::start(dir.path());
+    let uri = server.uri();
+    conformance::run_all(|max_key_count| open(&uri, &fresh_namespace("single"), max_key_count));
+}
+
+#[test]
+fn redis_cluster_conforms_and_spreads_namespaces_over_masters() {
+    if !redis_available("redis_cluster_conforms") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cluster = RedisCluster::start(dir.path());
+    let uri = cluster.uri();
+    conformance::run_all(|max_key_count| open(&uri, &fresh_namespace("cluster"), max_key_count));
+    check_namespaces_on_every_master(&cluster);
+}
+
+/// Namespaces whose tags hash to each of the three masters, all written through one seed
+/// node: each index finds its own master, and batches to all of them work side by side.
+fn check_namespaces_on_every_master(cluster: &RedisCluster) {
+    let masters: BTreeSet<String> = cluster.nodes.iter().map(RedisServer::address).collect();
+    let mut by_master: Vec<(String, Index)> = Vec::new();
+    for n in 0.. {
+        let index = open(&cluster.uri(), &format!("spread-{n}"), u64::MAX);
+        let node = index.node();
+        if !by_master.iter().any(|(seen, _)| *seen == node) {
+            by_master.push((node, index));
+        }
+        if by_master.len() == masters.len() {
+            break;
+        }
+        assert!(n < 1000, "namespaces never reached every master");
+    }
+    let reached: BTreeSet<String> = by_master.iter().map(|(node, _)| node.clone()).collect();
+    assert_eq!(reached, masters);
+    for (i, (_, index)) in by_master.iter().enumerate() {
+        assert!(index.is_cluster());
+        let entries: Vec<(i64, u64)> = (0..200).map(|k| (k, k as u64 + i as u64)).collect();
+        index.put(entries).expect("put on one master");
+    }
+    for (i, (node, index)) in by_master.iter().enumerate() {
+        let got = index.get(&[0, 199, 200]).expect("get");
+        assert_eq!(
+            got,
+            vec![Some(i as u64), Some(199 + i as u64), None],
+            "{node}"
+        );
+        let [values, _] = index.redis_keys();
+        let stored = command(node, &["HLEN", values]).expect("HLEN on the owner");
+        assert_eq!(stored, Reply::Int(200), "the keys live on {node}");
+    }
+}
+
+#[test]
+fn a_killed_and_restarted_redis_recovers_without_a_new_index() {
+    if !redis_available("a_killed_and_restarted_redis_recovers") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut server = RedisServer::start(dir.path());
+    let index = Arc::new(open(&server.uri(), "restart", u64::MAX));
+    let acknowledged = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (index, acknowledged) = (index.clone(), acknowledged.clone());
+        let (errors, stop) = (errors.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut next: i64 = 0;
+            while !stop.load(Ordering::Acquire) {
+                let batch: Vec<(i64, u64)> = (next..next + 4).map(|k| (k, k as u64)).collect();
+                match index.put(batch) {
+                    Ok(()) => acknowledged.lock().expect("lock").push(next),
+                    Err(IndexError::Backend(_)) => {
+                        errors.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Err(other) => panic!("unexpected error {other}"),
+                }
+                next += 4;
+            }
+        })
+    };
+    let acked = || acknowledged.lock().expect("lock").len();
+    wait_until("some writes are acknowledged", || acked() >= 50);
+    server.kill();
+    wait_until("writes fail while redis is down", || {
+        errors.load(Ordering::Acquire) >= 2
+    });
+    let acked_before_restart = acked();
+    server.restart();
+    wait_until("writes succeed again after the restart", || {
+        acked() >= acked_before_restart + 50
+    });
+    stop.store(true, Ordering::Release);
+    writer.join().expect("writer");
+
+    let starts = acknowledged.lock().expect("lock").clone();
+    let keys: Vec<i64> = starts.iter().flat_map(|&s| s..s + 4).collect();
+    let got = index.get(&keys).expect("read after recovery");
+    for (key, value) in keys.iter().zip(got) {
+        assert_eq!(value, Some(*key as u64), "acknowledged key {key} survived");
+    }
+    eprintln!(
+        "restart test: {} batches acknowledged, {} failed while redis was down",
+        starts.len(),
+        errors.load(Ordering::Acquire)
+    );
+}
+
+#[test]
+fn garbage_in_redis_is_a_clear_backend_error() {
+    if !redis_available("garbage_in_redis_is_a_clear_backend_error") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = RedisServer::start(dir.path());
+    let index = open(&server.uri(), "garbage", u64::MAX);
+    index.put(vec![(5, 50)]).expect("put");
+    let [values, order] = index.redis_keys();
+    let field = (5i64 as u64 ^ (1 << 63)).to_be_bytes();
+    let wrote = raw_command(
+        &server.address(),
+        &[b"HSET", values.as_bytes(), &field, b"junk"],
+    );
+    assert_eq!(wrote.expect("HSET"), Reply::Int(0));
+
+    let failures = [
+        index.get(&[5]).map(|_| ()),
+        index.read_modify_write(&[5], &mut |_, _| Modify::Keep),
+    ];
+    for failure in failures {
+        match failure {
+            Err(IndexError::Backend(message)) => {
+                assert!(
+                    message.contains("key 5") && message.contains("8 bytes"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected a Backend error, got {other:?}"),
+        }
+    }
+
+    let wrote = command(&server.address(), &["ZADD", order, "0", "short"]);
+    assert_eq!(wrote.expect("ZADD"), Reply::Int(1));
+    match index.scan(kvcm_index::ScanCursor::START, 10) {
+        Err(IndexError::Backend(message)) => assert!(message.contains("5 bytes"), "{message}"),
+        other => panic!("expected a Backend error, got {other:?}"),
+    }
+    let wrong_type = command(&server.address(), &["SET", values, "x"]);
+    assert!(matches!(wrong_type, Ok(Reply::Status(_))));
+    match index.len() {
+        Err(IndexError::Backend(message)) => assert!(message.contains("WRONGTYPE"), "{message}"),
+        other => panic!("expected a Backend error, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_unreachable_server_is_a_clear_backend_error() {
+    let port = redis_support::free_port();
+    let refused = RedisIndex::<u64, U64Codec>::connect(
+        RedisIndexConfig {
+            uri: format!("redis://127.0.0.1:{port}"),
+            namespace: "nobody".to_owned(),
+            max_key_count: u64::MAX,
+            timeout: Duration::from_secs(1),
+        },
+        U64Codec,
+    );
+    match refused {
+        Err(IndexError::Backend(message)) => {
+            assert!(
+                message.contains(&port.to_string()) && message.contains("tries"),
+                "{message}"
+            )
+        }
+        other => panic!("expected a Backend error, got {other:?}"),
+    }
+}

@@ -1,0 +1,196 @@
+//! Test support: private `redis-server` processes on free ports (never the shared 6379), a
+//! single node and a 3-master cluster, killed on drop. Readiness is polled with a deadline.
+//!
+//! When `redis-server` is not installed, [`redis_available`] prints
+//! `SKIPPED: redis-server not found` to stderr and the caller returns early.
+
+#![allow(dead_code)] // Each test binary including this module uses a different part of it.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvcm_index::redis::resp::{self, Connection, Handshake, Reply};
+
+/// How long a server may take to answer PING, or a cluster to reach `cluster_state:ok`.
+const READY_DEADLINE: Duration = Duration::from_secs(20);
+
+/// True when `redis-server` can be run; otherwise says so loudly on stderr.
+pub fn redis_available(test: &str) -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !found {
+        eprintln!("SKIPPED: redis-server not found ({test} did not run)");
+    }
+    found
+}
+
+/// A port that was free a moment ago (and whose cluster bus port, +10000, too).
+pub fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = listener.local_addr().expect("local addr").port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// One `redis-server` process with an append-only file fsynced on every write.
+pub struct RedisServer {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port with its data in `dir`, and waits for PING.
+    pub fn start(dir: &Path) -> RedisServer {
+        RedisServer::start_with(dir, free_port(), Vec::new())
+    }
+
+    fn start_with(dir: &Path, port: u16, extra: Vec<String>) -> RedisServer {
+        let mut server = RedisServer {
+            port,
+            dir: dir.to_owned(),
+            child: None,
+            extra,
+        };
+        server.restart();
+        server
+    }
+
+    /// The `redis://` URI of the server.
+    pub fn uri(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:port`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILLs the server (no shutdown save) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and data directory; waits for PING.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        wait_until(
+            &format!("redis on port {} answers PING", self.port),
+            || matches!(command(&self.address(), &["PING"]), Ok(Reply::Status(s)) if s == "PONG"),
+        );
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Three masters (no replicas) forming one Redis Cluster.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers under `dir`, joins them with
+    /// `redis-cli --cluster create`, and waits until every node says `cluster_state:ok`.
+    pub fn start(dir: &Path) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|n| {
+                let node_dir = dir.join(format!("node{n}"));
+                std::fs::create_dir_all(&node_dir).expect("node dir");
+                let port = free_port();
+                let extra = vec![
+                    "--cluster-enabled".to_owned(),
+                    "yes".to_owned(),
+                    "--cluster-config-file".to_owned(),
+                    format!("nodes-{port}.conf"),
+                ];
+                RedisServer::start_with(&node_dir, port, extra)
+            })
+            .collect();
+        let addresses: Vec<String> = nodes.iter().map(RedisServer::address).collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run redis-cli --cluster create");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        for address in &addresses {
+            wait_until(&format!("{address} reports cluster_state:ok"), || {
+                matches!(command(address, &["CLUSTER", "INFO"]),
+                    Ok(Reply::Bulk(Some(info))) if String::from_utf8_lossy(&info).contains("cluster_state:ok"))
+            });
+        }
+        RedisCluster { nodes }
+    }
+
+    /// The URI of the first node (any node works as a seed).
+    pub fn uri(&self) -> String {
+        self.nodes[0].uri()
+    }
+}
+
+/// Polls `ready` until it holds, failing the test after `READY_DEADLINE`.
+pub fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + READY_DEADLINE;
+    let mut pause = Duration::from_millis(5);
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Runs one command on a fresh connection to `address`.
+pub fn command(address: &str, args: &[&str]) -> Result<Reply, resp::RespError> {
+    raw_command(
+        address,
+        &args.iter().map(|a| a.as_bytes()).collect::<Vec<_>>(),
+    )
+}
+
+/// Runs one command with binary arguments on a fresh connection to `address`.
+pub fn raw_command(address: &str, args: &[&[u8]]) -> Result<Reply, resp::RespError> {
+    let mut connection = Connection::open(address, Duration::from_secs(2), &Handshake::default())?;
+    let (name, rest) = args.split_first().expect("a command name");
+    let mut command = resp::Command::new(std::str::from_utf8(name).expect("ascii name"));
+    for arg in rest {
+        command.arg(arg);
+    }
+    connection.call(&command)
+}
