@@ -59,6 +59,86 @@ fn redis_cluster_conforms_and_spreads_namespaces_over_masters() {
     let uri = cluster.uri();
     conformance::run_all(|max_key_count| open(&uri, &fresh_namespace("cluster"), max_key_count));
     check_namespaces_on_every_master(&cluster);
+    check_a_slot_migration_is_followed(&cluster);
+}
+
+fn node_id(address: &str) -> String {
+    match command(address, &["CLUSTER", "MYID"]) {
+        Ok(Reply::Bulk(Some(id))) => String::from_utf8(id).expect("ascii id"),
+        other => panic!("CLUSTER MYID on {address}: {other:?}"),
+    }
+}
+
+fn expect_ok(address: &str, args: &[&str]) {
+    let reply = command(address, args);
+    assert!(
+        matches!(&reply, Ok(Reply::Status(s)) if s == "OK"),
+        "{args:?} on {address}: {reply:?}"
+    );
+}
+
+/// The slot of a namespace moves to another master while an index uses it: during the
+/// migration the index follows `ASK` (reads and writes), afterwards `MOVED` (its owner
+/// changes), and it never loses or misplaces a key.
+fn check_a_slot_migration_is_followed(cluster: &RedisCluster) {
+    let namespace = "migrating";
+    let index = open(&cluster.uri(), namespace, u64::MAX);
+    index
+        .put((0..10).map(|k| (k, k as u64)).collect())
+        .expect("put");
+    let source = index.node();
+    let target = cluster
+        .nodes
+        .iter()
+        .map(RedisServer::address)
+        .find(|address| *address != source)
+        .expect("another master");
+    let slot = kvcm_index::redis::tag_slot(namespace).to_string();
+    let (source_id, target_id) = (node_id(&source), node_id(&target));
+    expect_ok(
+        &target,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id],
+    );
+    expect_ok(
+        &source,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id],
+    );
+    let [values, order] = index.redis_keys();
+    let target_port = target.rsplit(':').next().expect("port");
+    let migrate = [
+        "MIGRATE",
+        "127.0.0.1",
+        target_port,
+        "",
+        "0",
+        "5000",
+        "KEYS",
+        values,
+        order,
+    ];
+    expect_ok(&source, &migrate);
+
+    let expected: Vec<Option<u64>> = (0..10).map(Some).collect();
+    assert_eq!(
+        index
+            .get(&(0..10).collect::<Vec<_>>())
+            .expect("get via ASK"),
+        expected
+    );
+    index.put(vec![(10, 10)]).expect("put via ASK");
+    assert_eq!(index.node(), source, "ASK does not change the owner");
+
+    for node in &cluster.nodes {
+        expect_ok(
+            &node.address(),
+            &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id],
+        );
+    }
+    let all: Vec<i64> = (0..11).collect();
+    let got = index.get(&all).expect("get after MOVED");
+    assert_eq!(got, (0..11).map(Some).collect::<Vec<_>>());
+    assert_eq!(index.node(), target, "MOVED changes the owner");
+    assert_eq!(index.len().expect("len"), 11);
 }
 
 /// Namespaces whose tags hash to each of the three masters, all written through one seed
@@ -151,6 +231,45 @@ fn a_killed_and_restarted_redis_recovers_without_a_new_index() {
         starts.len(),
         errors.load(Ordering::Acquire)
     );
+}
+
+#[test]
+fn a_write_whose_reply_is_lost_is_an_error_not_ok() {
+    if !redis_available("a_write_whose_reply_is_lost_is_an_error_not_ok") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = RedisServer::start(dir.path());
+    let index = RedisIndex::connect(
+        RedisIndexConfig {
+            uri: server.uri(),
+            namespace: "lost-reply".to_owned(),
+            max_key_count: u64::MAX,
+            timeout: Duration::from_millis(300),
+        },
+        U64Codec,
+    )
+    .expect("connect");
+    index.put(vec![(1, 1)]).expect("put before the pause");
+    expect_ok(&server.address(), &["CLIENT", "PAUSE", "1500", "WRITE"]);
+    match index.put(vec![(1, 2)]) {
+        Err(IndexError::Backend(message)) => {
+            assert!(
+                message.contains("may or may not have been applied"),
+                "{message}"
+            )
+        }
+        other => panic!("a write without a reply must fail, got {other:?}"),
+    }
+    assert!(
+        matches!(index.get(&[1]).expect("reads go on")[..], [Some(1 | 2)]),
+        "the key holds the old or the new value"
+    );
+    wait_until("writes work again after the pause", || {
+        index.put(vec![(2, 2)]).is_ok()
+    });
+    let got = index.get(&[1, 2]).expect("get");
+    assert!(matches!(got[..], [Some(1 | 2), Some(2)]), "{got:?}");
 }
 
 #[test]
