@@ -275,8 +275,17 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
                 None => batch.expect_absent.push(field),
             }
             match (&slot.current, slot.changed) {
-                (Some(value), true) => batch.puts.push((field, self.codec.encode(value))),
-                (None, true) if was_present => batch.deletes.push(field),
+                (Some(value), true) => {
+                    batch.puts.push((field, self.codec.encode(value)));
+                    if !was_present {
+                        batch.new_members.push(field);
+                        batch.known_growth += 1;
+                    }
+                }
+                (None, true) if was_present => {
+                    batch.deletes.push(field);
+                    batch.known_growth -= 1;
+                }
                 _ => {}
             }
         }
@@ -345,9 +354,13 @@ impl<V, C: ValueCodec<V>> MetaIndex<V> for RedisIndex<V, C> {
                 Some(&at) => batch.puts[at] = encoded,
                 None => {
                     last.insert(*key, batch.puts.len());
+                    batch.new_members.push(encoded.0);
                     batch.puts.push(encoded);
                 }
             }
+        }
+        if self.max_key_count != u64::MAX {
+            batch.uncertain.clone_from(&batch.new_members);
         }
         self.write_unchecked(&batch).map(|_| ())
     }

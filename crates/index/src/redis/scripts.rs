@@ -4,35 +4,45 @@
 //! Invariants (Redis runs a script atomically, and both keys share one hash tag, so one slot):
 //! - if any checked field no longer holds the bytes that were read (absent = absent), the
 //!   script changes nothing and answers `+CONFLICT`;
-//! - if the cap is set and `HLEN + added − removed > cap` with a net growth, it changes
-//!   nothing and answers `+FULL`;
-//! - otherwise every put is `HSET` + `ZADD 0` and every delete `HDEL` + `ZREM`, so the hash's
-//!   fields and the zset's members stay the same set; it answers the number of deleted fields
-//!   that were present.
+//! - if the cap is set and the batch grows the hash past it (`HLEN + growth > cap` with a
+//!   positive growth), it changes nothing and answers `+FULL`;
+//! - otherwise every put is an `HSET` and every delete `HDEL` + `ZREM`; a put whose key may be
+//!   new is also `ZADD 0`, so the hash's fields and the zset's members stay the same set; it
+//!   answers the number of deleted fields that were present.
 //!
-//! The fields of `puts` and `deletes` are distinct (the caller merges duplicates), so growth
-//! is counted once per key. Variadic calls go in chunks below Lua's `unpack` limit.
+//! The fields of `puts` and `deletes` are distinct (the caller merges duplicates). The growth
+//! is `known_growth` (keys whose presence a check of this script proves) plus the number of
+//! `uncertain` fields that are absent. Sections are laid out so that each variadic call
+//! unpacks `ARGV` directly, in chunks below Lua's `unpack` limit.
 
 use super::resp::{Command, Reply};
 
-/// The script. `ARGV`: cap (`""` = none), #present checks, #absent checks, #puts, #deletes,
-/// then the present-check fields, their expected values, the absent-check fields, the put
-/// fields, the put values, the delete fields.
+/// The script. `ARGV`: cap (`""` = none), known growth, then the counts of: present checks,
+/// absent checks, uncertain fields, puts, new members, deletes; then the sections: present
+/// check fields, their expected values, absent check fields, uncertain fields, put
+/// field/value pairs, `0`/member pairs, delete fields.
 pub const WRITE: &str = r#"
 local h, z = KEYS[1], KEYS[2]
-local cap = tonumber(ARGV[1])
-local npres, nabs = tonumber(ARGV[2]), tonumber(ARGV[3])
-local nput, ndel = tonumber(ARGV[4]), tonumber(ARGV[5])
+local cap, grow = tonumber(ARGV[1]), tonumber(ARGV[2])
+local npres, nabs, nunk = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local nput, nnew, ndel = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local CHUNK = 1000
-local function hmget(first, n)
-  local out = {}
-  for s = first, first + n - 1, CHUNK do
-    local got = redis.call('HMGET', h, unpack(ARGV, s, math.min(s + CHUNK - 1, first + n - 1)))
-    for i = 1, #got do out[#out + 1] = got[i] end
+local function each(first, n, step, call)
+  for s = first, first + n - 1, CHUNK * step do
+    call(s, math.min(s + CHUNK * step - 1, first + n - 1))
   end
+end
+local function hmget(first, n)
+  if n == 0 then return {} end
+  if n <= CHUNK then return redis.call('HMGET', h, unpack(ARGV, first, first + n - 1)) end
+  local out = {}
+  each(first, n, 1, function(s, e)
+    local got = redis.call('HMGET', h, unpack(ARGV, s, e))
+    for i = 1, #got do out[#out + 1] = got[i] end
+  end)
   return out
 end
-local p = 6
+local p = 9
 local cur = hmget(p, npres)
 for i = 1, npres do
   if cur[i] ~= ARGV[p + npres + i - 1] then return redis.status_reply('CONFLICT') end
@@ -43,34 +53,23 @@ for i = 1, nabs do
   if cur[i] then return redis.status_reply('CONFLICT') end
 end
 p = p + nabs
-local put_f, put_v, del_f = p, p + nput, p + 2 * nput
 if cap then
-  local grow = 0
-  cur = hmget(put_f, nput)
-  for i = 1, nput do if not cur[i] then grow = grow + 1 end end
-  cur = hmget(del_f, ndel)
-  for i = 1, ndel do if cur[i] then grow = grow - 1 end end
+  cur = hmget(p, nunk)
+  for i = 1, nunk do if not cur[i] then grow = grow + 1 end end
   if grow > 0 and redis.call('HLEN', h) + grow > cap then
     return redis.status_reply('FULL')
   end
 end
-for s = 0, nput - 1, CHUNK do
-  local hargs, zargs = {}, {}
-  for i = s, math.min(s + CHUNK, nput) - 1 do
-    hargs[#hargs + 1] = ARGV[put_f + i]
-    hargs[#hargs + 1] = ARGV[put_v + i]
-    zargs[#zargs + 1] = '0'
-    zargs[#zargs + 1] = ARGV[put_f + i]
-  end
-  redis.call('HSET', h, unpack(hargs))
-  redis.call('ZADD', z, unpack(zargs))
-end
+p = p + nunk
+each(p, 2 * nput, 2, function(s, e) redis.call('HSET', h, unpack(ARGV, s, e)) end)
+p = p + 2 * nput
+each(p, 2 * nnew, 2, function(s, e) redis.call('ZADD', z, unpack(ARGV, s, e)) end)
+p = p + 2 * nnew
 local removed = 0
-for s = del_f, del_f + ndel - 1, CHUNK do
-  local e = math.min(s + CHUNK - 1, del_f + ndel - 1)
+each(p, ndel, 1, function(s, e)
   removed = removed + redis.call('HDEL', h, unpack(ARGV, s, e))
   redis.call('ZREM', z, unpack(ARGV, s, e))
-end
+end)
 return removed
 "#;
 
@@ -81,8 +80,14 @@ pub struct WriteBatch {
     pub expect_present: Vec<([u8; 8], Vec<u8>)>,
     /// Fields that must still be absent.
     pub expect_absent: Vec<[u8; 8]>,
+    /// Growth of the hash from keys whose presence the checks prove.
+    pub known_growth: i64,
+    /// Fields to put whose presence no check proves (counted for the cap when one is set).
+    pub uncertain: Vec<[u8; 8]>,
     /// Fields to set (distinct).
     pub puts: Vec<([u8; 8], Vec<u8>)>,
+    /// Fields that may be new in the hash: added to the zset.
+    pub new_members: Vec<[u8; 8]>,
     /// Fields to remove (distinct, none also in `puts`).
     pub deletes: Vec<[u8; 8]>,
 }
@@ -124,32 +129,40 @@ impl WriteBatch {
         } else {
             cap.to_string()
         };
-        command.arg(cap);
+        command.arg(cap).arg(self.known_growth.to_string());
         for count in [
             self.expect_present.len(),
             self.expect_absent.len(),
+            self.uncertain.len(),
             self.puts.len(),
+            self.new_members.len(),
             self.deletes.len(),
         ] {
             command.arg(count.to_string());
         }
-        let present = &self.expect_present;
-        let fields = present.iter().map(|(f, _)| &f[..]);
-        let values = present.iter().map(|(_, v)| &v[..]);
-        let absent = self.expect_absent.iter().map(|f| &f[..]);
-        let put_fields = self.puts.iter().map(|(f, _)| &f[..]);
-        let put_values = self.puts.iter().map(|(_, v)| &v[..]);
-        let deletes = self.deletes.iter().map(|f| &f[..]);
-        let args = fields
-            .chain(values)
-            .chain(absent)
-            .chain(put_fields)
-            .chain(put_values)
-            .chain(deletes);
-        for arg in args {
-            command.arg(arg);
-        }
+        self.add_sections(&mut command);
         command
+    }
+
+    fn add_sections(&self, command: &mut Command) {
+        for (field, _) in &self.expect_present {
+            command.arg(field);
+        }
+        for (_, value) in &self.expect_present {
+            command.arg(value);
+        }
+        for field in self.expect_absent.iter().chain(&self.uncertain) {
+            command.arg(field);
+        }
+        for (field, value) in &self.puts {
+            command.arg(field).arg(value);
+        }
+        for field in &self.new_members {
+            command.arg("0").arg(field);
+        }
+        for field in &self.deletes {
+            command.arg(field);
+        }
     }
 }
 

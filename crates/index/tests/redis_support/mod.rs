@@ -54,6 +54,13 @@ impl RedisServer {
         RedisServer::start_with(dir, free_port(), Vec::new())
     }
 
+    /// Starts a server like [`RedisServer::start`] with more arguments, which override the
+    /// defaults (e.g. `--appendonly no`).
+    pub fn start_with_args(dir: &Path, extra: &[&str]) -> RedisServer {
+        let extra = extra.iter().map(|arg| arg.to_string()).collect();
+        RedisServer::start_with(dir, free_port(), extra)
+    }
+
     fn start_with(dir: &Path, port: u16, extra: Vec<String>) -> RedisServer {
         let mut server = RedisServer {
             port,
