@@ -80,7 +80,9 @@ pub trait MetaIndex<V>: Send + Sync {
     fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError>;
     /// Calls `f` once per key (in key order) with its current value while every key of the
     /// batch is locked, then applies what `f` returned. `f` must not call into the same index
-    /// (the batch's locks are held while it runs).
+    /// (the batch's locks are held while it runs). An optimistic backend (`RedisIndex`) runs
+    /// `f` again over the whole batch when another writer changed one of its keys first; only
+    /// the last run's results are applied, so `f` should have no effect besides its answer.
     fn read_modify_write(
         &self,
         keys: &[BlockKey],

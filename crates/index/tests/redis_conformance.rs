@@ -320,6 +320,48 @@ fn garbage_in_redis_is_a_clear_backend_error() {
 }
 
 #[test]
+fn credentials_and_the_database_of_the_uri_are_used() {
+    if !redis_available("credentials_and_the_database_of_the_uri_are_used") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = RedisServer::start_with_args(dir.path(), &["--requirepass", "s3cret"]);
+    let authed = format!("redis://:s3cret@127.0.0.1:{}/2", server.port);
+    let index = open(&authed, "authed", u64::MAX);
+    index.put(vec![(1, 1)]).expect("put with a password");
+    let as_user = format!("redis://default:s3cret@127.0.0.1:{}/2", server.port);
+    assert_eq!(
+        open(&as_user, "authed", u64::MAX).get(&[1]).expect("get"),
+        vec![Some(1)]
+    );
+    let db0 = format!("redis://:s3cret@127.0.0.1:{}", server.port);
+    assert_eq!(
+        open(&db0, "authed", u64::MAX).len().expect("len"),
+        0,
+        "db 0 is another space"
+    );
+
+    let wrong = RedisIndex::<u64, U64Codec>::connect(
+        RedisIndexConfig {
+            uri: format!("redis://:nope@127.0.0.1:{}", server.port),
+            namespace: "authed".to_owned(),
+            max_key_count: u64::MAX,
+            timeout: Duration::from_secs(5),
+        },
+        U64Codec,
+    );
+    match wrong {
+        Err(IndexError::Backend(message)) => {
+            assert!(
+                message.contains("AUTH") && message.contains("WRONGPASS"),
+                "{message}"
+            )
+        }
+        other => panic!("expected a Backend error, got {other:?}"),
+    }
+}
+
+#[test]
 fn an_unreachable_server_is_a_clear_backend_error() {
     let port = redis_support::free_port();
     let refused = RedisIndex::<u64, U64Codec>::connect(

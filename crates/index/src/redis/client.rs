@@ -6,7 +6,8 @@
 //!
 //! Invariants:
 //! - a call that fails before its command was sent (connect refused, stale pooled connection
-//!   detected) is retried with backoff, up to [`ATTEMPTS`] times;
+//!   detected) is retried with backoff, up to [`ATTEMPTS`] times; a refused AUTH or SELECT is
+//!   not retried;
 //! - once a command was sent, an I/O failure or timeout is retried only for a
 //!   [`Resend::Safe`] command (reads); a [`Resend::Never`] command (a write script) fails
 //!   with [`ClientError::Unknown`]: the write may or may not have been applied, and the next
@@ -65,6 +66,15 @@ pub enum ClientError {
         /// The node written to.
         addr: String,
         /// The failure.
+        #[source]
+        source: RespError,
+    },
+    /// The server refused the credentials or the database (not retried).
+    #[error("redis at {addr} refused the connection's handshake")]
+    Handshake {
+        /// The node.
+        addr: String,
+        /// The refusal.
         #[source]
         source: RespError,
     },
@@ -220,7 +230,13 @@ impl Client {
         command: &Command,
         resend: Resend,
     ) -> Result<Reply, TryError> {
-        let mut connection = self.checkout(addr).map_err(TryError::Retry)?;
+        let mut connection = self.checkout(addr).map_err(|failure| match failure {
+            RespError::Refused { .. } => TryError::Fatal(ClientError::Handshake {
+                addr: addr.to_owned(),
+                source: failure,
+            }),
+            failure => TryError::Retry(failure),
+        })?;
         let sent = match asking {
             true => connection
                 .pipeline(&[Command::new("ASKING"), command.clone()])

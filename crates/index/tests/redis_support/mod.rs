@@ -1,5 +1,7 @@
 //! Test support: private `redis-server` processes on free ports (never the shared 6379), a
-//! single node and a 3-master cluster, killed on drop. Readiness is polled with a deadline.
+//! single node and a 3-master cluster, killed on drop. Readiness is polled with a deadline, and
+//! a server is ready only when the process answering on the port is the one started (its
+//! `process_id`).
 //!
 //! When `redis-server` is not installed, [`redis_available`] prints
 //! `SKIPPED: redis-server not found` to stderr and the caller returns early.
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use kvcm_index::redis::resp::{self, Connection, Handshake, Reply};
 
-/// How long a server may take to answer PING, or a cluster to reach `cluster_state:ok`.
+/// How long a server may take to answer, or a cluster to reach `cluster_state:ok`.
 const READY_DEADLINE: Duration = Duration::from_secs(20);
 
 /// True when `redis-server` can be run; otherwise says so loudly on stderr.
@@ -49,7 +51,7 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Starts a server on a free port with its data in `dir`, and waits for PING.
+    /// Starts a server on a free port with its data in `dir`, and waits until it answers.
     pub fn start(dir: &Path) -> RedisServer {
         RedisServer::start_with(dir, free_port(), Vec::new())
     }
@@ -90,7 +92,7 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port and data directory; waits for PING.
+    /// Starts the server again on the same port and data directory; waits until it answers.
     pub fn restart(&mut self) {
         self.kill();
         let child = Command::new("redis-server")
@@ -110,11 +112,32 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn redis-server");
+        let pid = format!("process_id:{}\r\n", child.id());
         self.child = Some(child);
-        wait_until(
-            &format!("redis on port {} answers PING", self.port),
-            || matches!(command(&self.address(), &["PING"]), Ok(Reply::Status(s)) if s == "PONG"),
-        );
+        let (port, address) = (self.port, self.address());
+        wait_until(&format!("our redis-server answers on port {port}"), || {
+            self.assert_running();
+            match command(&address, &["INFO", "server"]) {
+                Ok(Reply::Bulk(Some(info))) => String::from_utf8_lossy(&info).contains(&pid),
+                // With --requirepass the process id cannot be read; the exit check above
+                // still catches a server that could not take the port.
+                Ok(Reply::Error(error)) => error.starts_with("NOAUTH"),
+                _ => false,
+            }
+        });
+    }
+
+    /// Fails the test if the server exited (e.g. its port was taken meanwhile): a test must
+    /// never talk to some other process on that port.
+    fn assert_running(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let exited = child.try_wait().expect("poll redis-server");
+            assert!(
+                exited.is_none(),
+                "redis-server on port {} exited: {exited:?}",
+                self.port
+            );
+        }
     }
 }
 
