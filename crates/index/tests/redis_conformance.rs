@@ -206,6 +206,7 @@ fn a_killed_and_restarted_redis_recovers_without_a_new_index() {
             }
         })
     };
+    let incrementer = spawn_incrementer(index.clone(), stop.clone());
     let acked = || acknowledged.lock().expect("lock").len();
     wait_until("some writes are acknowledged", || acked() >= 50);
     server.kill();
@@ -219,7 +220,13 @@ fn a_killed_and_restarted_redis_recovers_without_a_new_index() {
     });
     stop.store(true, Ordering::Release);
     writer.join().expect("writer");
+    let (increments_ok, increments_failed) = incrementer.join().expect("incrementer");
 
+    let counter = index.get(&[COUNTER]).expect("read the counter")[0].unwrap_or(0);
+    assert!(
+        (increments_ok..=increments_ok + increments_failed).contains(&counter),
+        "counter {counter}: {increments_ok} increments acknowledged, {increments_failed} failed"
+    );
     let starts = acknowledged.lock().expect("lock").clone();
     let keys: Vec<i64> = starts.iter().flat_map(|&s| s..s + 4).collect();
     let got = index.get(&keys).expect("read after recovery");
@@ -227,10 +234,35 @@ fn a_killed_and_restarted_redis_recovers_without_a_new_index() {
         assert_eq!(value, Some(*key as u64), "acknowledged key {key} survived");
     }
     eprintln!(
-        "restart test: {} batches acknowledged, {} failed while redis was down",
+        "restart test: {} batches acknowledged, {} failed while redis was down; counter \
+         {counter} after {increments_ok} acknowledged and {increments_failed} failed increments",
         starts.len(),
         errors.load(Ordering::Acquire)
     );
+}
+
+/// The key the incrementer of the restart test counts on (the putter uses keys ≥ 0).
+const COUNTER: i64 = -1;
+
+/// Increments `COUNTER` with `read_modify_write` until `stop`; returns how many increments
+/// were acknowledged and how many failed (a failed one may or may not have been applied).
+fn spawn_incrementer(
+    index: Arc<Index>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(u64, u64)> {
+    std::thread::spawn(move || {
+        let (mut ok, mut failed) = (0, 0);
+        while !stop.load(Ordering::Acquire) {
+            let increment =
+                &mut |_, current: Option<&u64>| Modify::Put(current.map_or(1, |n| n + 1));
+            match index.read_modify_write(&[COUNTER], increment) {
+                Ok(()) => ok += 1,
+                Err(IndexError::Backend(_)) => failed += 1,
+                Err(other) => panic!("unexpected error {other}"),
+            }
+        }
+        (ok, failed)
+    })
 }
 
 #[test]
