@@ -12,6 +12,27 @@ pub trait ValueCodec<V>: Send + Sync {
     fn decode(&self, bytes: &[u8]) -> Result<V, String>;
 }
 
+/// A shared or boxed codec (`Arc<dyn ValueCodec<V>>`, `Box<dyn ValueCodec<V>>`) is a codec.
+impl<V, C: ValueCodec<V> + ?Sized> ValueCodec<V> for std::sync::Arc<C> {
+    fn encode(&self, value: &V) -> Vec<u8> {
+        (**self).encode(value)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<V, String> {
+        (**self).decode(bytes)
+    }
+}
+
+impl<V, C: ValueCodec<V> + ?Sized> ValueCodec<V> for Box<C> {
+    fn encode(&self, value: &V) -> Vec<u8> {
+        (**self).encode(value)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<V, String> {
+        (**self).decode(bytes)
+    }
+}
+
 /// `u64` as 8 little-endian bytes (the conformance suite's values).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct U64Codec;
@@ -39,5 +60,8 @@ mod tests {
             assert_eq!(U64Codec.decode(&U64Codec.encode(&value)), Ok(value));
         }
         assert!(U64Codec.decode(b"garbage").is_err());
+        let boxed: Box<dyn ValueCodec<u64>> = Box::new(U64Codec);
+        let shared: std::sync::Arc<dyn ValueCodec<u64>> = std::sync::Arc::new(U64Codec);
+        assert_eq!(boxed.decode(&shared.encode(&7)), Ok(7));
     }
 }

@@ -78,10 +78,7 @@ impl Command {
     /// Appends one argument.
     pub fn arg(&mut self, arg: impl AsRef<[u8]>) -> &mut Command {
         let arg = arg.as_ref();
-        self.body.push(b'$');
-        self.body
-            .extend_from_slice(arg.len().to_string().as_bytes());
-        self.body.extend_from_slice(b"\r\n");
+        push_header(&mut self.body, b'$', arg.len());
         self.body.extend_from_slice(arg);
         self.body.extend_from_slice(b"\r\n");
         self.count += 1;
@@ -89,11 +86,27 @@ impl Command {
     }
 
     fn encode_into(&self, out: &mut Vec<u8>) {
-        out.push(b'*');
-        out.extend_from_slice(self.count.to_string().as_bytes());
-        out.extend_from_slice(b"\r\n");
+        push_header(out, b'*', self.count);
         out.extend_from_slice(&self.body);
     }
+}
+
+/// Appends `<kind><n>\r\n` without allocating.
+fn push_header(out: &mut Vec<u8>, kind: u8, n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.push(kind);
+    out.extend_from_slice(&digits[at..]);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Credentials and database sent when a connection opens.
@@ -344,5 +357,11 @@ mod tests {
         let mut out = Vec::new();
         command.encode_into(&mut out);
         assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n");
+        let mut header = Vec::new();
+        for n in [0, 9, 10, 1234, usize::MAX] {
+            header.clear();
+            push_header(&mut header, b'$', n);
+            assert_eq!(header, format!("${n}\r\n").into_bytes());
+        }
     }
 }
