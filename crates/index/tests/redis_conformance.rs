@@ -394,6 +394,33 @@ fn credentials_and_the_database_of_the_uri_are_used() {
 }
 
 #[test]
+fn bad_settings_are_refused_before_connecting() {
+    let config = |uri: &str, namespace: &str, timeout| RedisIndexConfig {
+        uri: uri.to_owned(),
+        namespace: namespace.to_owned(),
+        max_key_count: u64::MAX,
+        timeout,
+    };
+    let second = Duration::from_secs(1);
+    for (bad, part) in [
+        (config("rediss://127.0.0.1:1", "ns", second), "TLS"),
+        (config("redis://127.0.0.1:1?tls=1", "ns", second), "tls"),
+        (config("redis://127.0.0.1:1", "a{b}", second), "namespace"),
+        (
+            config("redis://127.0.0.1:1", "ns", Duration::ZERO),
+            "timeout",
+        ),
+    ] {
+        match RedisIndex::<u64, U64Codec>::connect(bad, U64Codec) {
+            Err(IndexError::InvalidArgument(message)) => {
+                assert!(message.contains(part), "{message}")
+            }
+            other => panic!("expected InvalidArgument naming {part}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn an_unreachable_server_is_a_clear_backend_error() {
     let port = redis_support::free_port();
     let refused = RedisIndex::<u64, U64Codec>::connect(

@@ -60,7 +60,7 @@ const GET_CHUNK: usize = 8192;
 const MAX_RMW_BACKOFF_MICROS: u64 = 5_000;
 
 /// How to reach and shape one Redis index.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisIndexConfig {
     /// `redis://[user:password@]host:port[/db][?cluster_name=...]`.
     pub uri: String,
@@ -68,8 +68,20 @@ pub struct RedisIndexConfig {
     pub namespace: String,
     /// Key cap (`u64::MAX`: none).
     pub max_key_count: u64,
-    /// Connect, read and write timeout of each connection.
+    /// Connect, read and write timeout of each connection (above zero).
     pub timeout: Duration,
+}
+
+/// Shows the URI with its password masked.
+impl std::fmt::Debug for RedisIndexConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisIndexConfig")
+            .field("uri", &uri::redacted(&self.uri))
+            .field("namespace", &self.namespace)
+            .field("max_key_count", &self.max_key_count)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// The metadata index of one namespace on Redis. See the module doc for the layout.
@@ -124,6 +136,11 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
     pub fn connect(config: RedisIndexConfig, codec: C) -> Result<Self, IndexError> {
         let uri = uri::parse(&config.uri)?;
         let layout = layout::Layout::new(&config.namespace)?;
+        if config.timeout.is_zero() {
+            return Err(IndexError::InvalidArgument(
+                "redis timeout must be above zero".to_owned(),
+            ));
+        }
         let client = Client::connect(uri.clone(), &layout.tag, config.timeout)?;
         if client.is_cluster() && uri.handshake.db != 0 {
             return Err(IndexError::InvalidArgument(format!(

@@ -41,7 +41,7 @@ fn invalid(uri: &str, message: impl std::fmt::Display) -> IndexError {
 }
 
 /// The URI with any password replaced by `***`, for error messages.
-fn redacted(uri: &str) -> String {
+pub(crate) fn redacted(uri: &str) -> String {
     match (uri.find("://"), uri.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             let userinfo = &uri[scheme_end + 3..at];
@@ -246,5 +246,7 @@ mod tests {
     fn errors_do_not_show_the_password() {
         let text = message("redis://u:hunter2@h:1/x");
         assert!(!text.contains("hunter2"), "{text}");
+        assert_eq!(redacted("redis://u:pw@h:1"), "redis://u:***@h:1");
+        assert_eq!(redacted("redis://h:1"), "redis://h:1");
     }
 }
