@@ -178,6 +178,41 @@ fn check_namespaces_on_every_master(cluster: &RedisCluster) {
 }
 
 #[test]
+fn a_cluster_failover_is_followed_by_the_same_index() {
+    if !redis_available("a_cluster_failover_is_followed_by_the_same_index") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cluster = RedisCluster::start_with(dir.path(), 1, &["--cluster-node-timeout", "1000"]);
+    let seed = cluster.uri();
+    let index = (0..)
+        .map(|n| open(&seed, &format!("failover-{n}"), u64::MAX))
+        .find(|index| cluster.nodes[0].address() != index.node())
+        .expect("a namespace whose master is not the seed");
+    index
+        .put((0..100).map(|k| (k, k as u64)).collect())
+        .expect("put");
+    let master = index.node();
+    let replicated = command(&master, &["WAIT", "1", "5000"]);
+    assert_eq!(
+        replicated.expect("WAIT"),
+        Reply::Int(1),
+        "the replica has the writes"
+    );
+
+    cluster.node_mut(&master).kill();
+    let keys: Vec<i64> = (0..100).collect();
+    wait_until("the index reads again after the failover", || {
+        index.get(&keys).is_ok()
+    });
+    assert_ne!(index.node(), master, "the promoted replica serves the slot");
+    let expected: Vec<Option<u64>> = (0..100).map(Some).collect();
+    assert_eq!(index.get(&keys).expect("get"), expected);
+    index.put(vec![(100, 100)]).expect("put on the new master");
+    assert_eq!(index.len().expect("len"), 101);
+}
+
+#[test]
 fn a_killed_and_restarted_redis_recovers_without_a_new_index() {
     if !redis_available("a_killed_and_restarted_redis_recovers") {
         return;

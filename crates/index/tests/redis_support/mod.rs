@@ -162,25 +162,20 @@ impl RedisCluster {
     /// Starts three cluster-enabled servers under `dir`, joins them with
     /// `redis-cli --cluster create`, and waits until every node says `cluster_state:ok`.
     pub fn start(dir: &Path) -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|n| {
-                let node_dir = dir.join(format!("node{n}"));
-                std::fs::create_dir_all(&node_dir).expect("node dir");
-                let port = free_port();
-                let extra = vec![
-                    "--cluster-enabled".to_owned(),
-                    "yes".to_owned(),
-                    "--cluster-config-file".to_owned(),
-                    format!("nodes-{port}.conf"),
-                ];
-                RedisServer::start_with(&node_dir, port, extra)
-            })
+        RedisCluster::start_with(dir, 0, &[])
+    }
+
+    /// Three masters with `replicas` replicas each (`extra` arguments on every node); waits
+    /// until the cluster is ok on every node and every replica's link to its master is up.
+    pub fn start_with(dir: &Path, replicas: usize, extra: &[&str]) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
+            .map(|n| start_cluster_node(&dir.join(format!("node{n}")), extra))
             .collect();
         let addresses: Vec<String> = nodes.iter().map(RedisServer::address).collect();
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -188,17 +183,46 @@ impl RedisCluster {
         assert!(status.success(), "redis-cli --cluster create failed");
         for address in &addresses {
             wait_until(&format!("{address} reports cluster_state:ok"), || {
-                matches!(command(address, &["CLUSTER", "INFO"]),
-                    Ok(Reply::Bulk(Some(info))) if String::from_utf8_lossy(&info).contains("cluster_state:ok"))
+                info_has(address, &["CLUSTER", "INFO"], "cluster_state:ok")
+            });
+            wait_until(&format!("{address} is a synced master or replica"), || {
+                let replication = ["INFO", "replication"];
+                info_has(address, &replication, "role:master")
+                    || info_has(address, &replication, "master_link_status:up")
             });
         }
         RedisCluster { nodes }
+    }
+
+    /// The node at `address`.
+    pub fn node_mut(&mut self, address: &str) -> &mut RedisServer {
+        let node = self.nodes.iter_mut().find(|node| node.address() == address);
+        node.expect("a node of the cluster")
     }
 
     /// The URI of the first node (any node works as a seed).
     pub fn uri(&self) -> String {
         self.nodes[0].uri()
     }
+}
+
+fn start_cluster_node(dir: &Path, extra: &[&str]) -> RedisServer {
+    std::fs::create_dir_all(dir).expect("node dir");
+    let port = free_port();
+    let mut args = vec![
+        "--cluster-enabled".to_owned(),
+        "yes".to_owned(),
+        "--cluster-config-file".to_owned(),
+        format!("nodes-{port}.conf"),
+    ];
+    args.extend(extra.iter().map(|arg| arg.to_string()));
+    RedisServer::start_with(dir, port, args)
+}
+
+/// True when `args` run on `address` answer a text that contains `needle`.
+fn info_has(address: &str, args: &[&str], needle: &str) -> bool {
+    matches!(command(address, args),
+        Ok(Reply::Bulk(Some(info))) if String::from_utf8_lossy(&info).contains(needle))
 }
 
 /// Polls `ready` until it holds, failing the test after `READY_DEADLINE`.
