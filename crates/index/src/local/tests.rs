@@ -148,13 +148,13 @@ fn reads_of_other_shards_do_not_wait_for_a_running_write() {
     assert_eq!(index.get(&[held]).expect("get"), vec![Some(1)]);
 }
 
-/// One batch as the log saw it: each key's new value, `None` for a removal.
-type RecordedBatch = Vec<(BlockKey, Option<u64>)>;
+/// One logged batch: per key its new value.
+type LoggedBatch = Vec<(BlockKey, Option<u64>)>;
 
 /// A change log that records every batch and can be told to refuse.
 #[derive(Default)]
 struct RecordingLog {
-    batches: std::sync::Mutex<Vec<RecordedBatch>>,
+    batches: std::sync::Mutex<Vec<LoggedBatch>>,
     refuse: std::sync::atomic::AtomicBool,
     waited: std::sync::Mutex<Vec<LogTicket>>,
 }
