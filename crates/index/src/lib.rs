@@ -1,6 +1,6 @@
 //! kvcm-index: the metadata index, block key → entry, for one instance's key space.
 //!
-//! One trait, [`MetaIndex`], several backends (local sharded memory now, Redis later), and one
+//! One trait, [`MetaIndex`], several backends (local sharded memory, Redis / Redis Cluster), and one
 //! conformance suite that every backend must pass. A write-ahead log attaches to a backend
 //! through [`ChangeLog`].
 //!
@@ -14,10 +14,12 @@ mod change_log;
 #[cfg(feature = "testing")]
 pub mod conformance;
 mod local;
+pub mod redis;
 
 pub use cache::{CacheConfig, CacheStats, CachedIndex};
 pub use change_log::{Change, ChangeLog, LogTicket};
 pub use local::{LocalIndex, LocalIndexConfig, MAX_SHARD_BITS};
+pub use redis::{RedisIndex, RedisIndexConfig, U64Codec, ValueCodec};
 
 /// A block key: a signed 64-bit prefix hash (see the wire fact sheet §9).
 pub type BlockKey = i64;
@@ -78,7 +80,9 @@ pub trait MetaIndex<V>: Send + Sync {
     fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError>;
     /// Calls `f` once per key (in key order) with its current value while every key of the
     /// batch is locked, then applies what `f` returned. `f` must not call into the same index
-    /// (the batch's locks are held while it runs).
+    /// (the batch's locks are held while it runs). An optimistic backend (`RedisIndex`) runs
+    /// `f` again over the whole batch when another writer changed one of its keys first; only
+    /// the last run's results are applied, so `f` should have no effect besides its answer.
     fn read_modify_write(
         &self,
         keys: &[BlockKey],
