@@ -5,6 +5,8 @@
 //! (GetClusterInfo, GetManagerClusterInfo).
 
 mod common;
+#[path = "../crates/index/tests/redis_support/mod.rs"]
+mod redis_support;
 
 use std::time::{Duration, Instant};
 
@@ -16,10 +18,10 @@ const LEASE: Duration = Duration::from_secs(2);
 /// How long a failover may take: one lease plus a second.
 const FAILOVER: Duration = Duration::from_secs(3);
 
-/// A node `id` on the lock in `lock_dir`.
-async fn start_node(lock_dir: &std::path::Path, id: &str) -> TestServer {
+/// A node `id` on the lock at `lock_uri`.
+async fn start_node(lock_uri: &str, id: &str) -> TestServer {
     let settings = [
-        format!("kvcm.coordination.uri=file://{}", lock_dir.display()),
+        format!("kvcm.coordination.uri={lock_uri}"),
         format!("kvcm.leader_elector.lease_ms={}", LEASE.as_millis()),
         format!("kvcm.leader_elector.node_id={id}"),
         format!("kvcm.service.custom_info=zone-{id}"),
@@ -138,10 +140,26 @@ async fn discover_leader(nodes: [&TestServer; 2], leader: &TestServer, leader_id
 }
 
 #[tokio::test]
-async fn two_nodes_elect_one_leader_and_fail_over() {
+async fn two_nodes_on_a_file_lock_elect_one_leader_and_fail_over() {
     let lock_dir = tempfile::tempdir().expect("lock dir");
-    let mut a = start_node(lock_dir.path(), "node-a").await;
-    let mut b = start_node(lock_dir.path(), "node-b").await;
+    elect_and_fail_over(&format!("file://{}", lock_dir.path().display())).await;
+}
+
+#[tokio::test]
+async fn two_nodes_on_a_redis_lock_elect_one_leader_and_fail_over() {
+    if !redis_support::redis_available("two_nodes_on_a_redis_lock") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("redis dir");
+    let redis = redis_support::RedisServer::start(dir.path());
+    elect_and_fail_over(&redis.uri()).await;
+}
+
+/// The election acceptance run on one lock: one leader named by both, LeaderDemote, SIGTERM,
+/// a restarted follower, SIGSTOP past the lease, SIGKILL.
+async fn elect_and_fail_over(lock_uri: &str) {
+    let mut a = start_node(lock_uri, "node-a").await;
+    let mut b = start_node(lock_uri, "node-b").await;
 
     let first = wait_until(Duration::from_secs(10), async || {
         agreed_leader([(&a, "node-a"), (&b, "node-b")]).await
@@ -206,7 +224,7 @@ async fn two_nodes_elect_one_leader_and_fail_over() {
         "the follower leads within lease + 1 s of the leader's SIGTERM"
     );
 
-    let b = start_node(lock_dir.path(), b_id).await;
+    let b = start_node(lock_uri, b_id).await;
     assert!(
         !is_leader(&b).await,
         "a restarted node comes back as a follower"
@@ -247,16 +265,16 @@ fn signal(server: &TestServer, name: &str) {
 }
 
 #[tokio::test]
-async fn a_redis_lock_uri_fails_at_start_naming_the_key() {
+async fn a_bad_lock_uri_fails_at_start_naming_the_key() {
     let dir = tempfile::tempdir().expect("dir");
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvcm"))
         .args(["serve", "--data-dir"])
         .arg(dir.path())
-        .args(["--env", "kvcm.distributed_lock.uri=redis://127.0.0.1:1"])
+        .args(["--env", "kvcm.distributed_lock.uri=rediss://127.0.0.1:1"])
         .output()
         .expect("run kvcm serve");
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("kvcm.distributed_lock.uri"), "{stderr}");
-    assert!(stderr.contains("redis backend not built yet"), "{stderr}");
+    assert!(stderr.contains("TLS"), "{stderr}");
 }

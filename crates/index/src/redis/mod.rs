@@ -44,10 +44,10 @@ use std::time::Duration;
 use rand::Rng;
 
 use crate::{BlockKey, IndexError, MetaIndex, Modify, ScanCursor, ScanPage};
-use client::{Client, ClientError, Resend};
 use resp::{Command, Reply};
 use scripts::{Outcome, WriteBatch};
 
+pub use client::{Client, ClientError, Resend};
 pub use cluster::{crc16, tag_slot};
 pub use codec::{U64Codec, ValueCodec};
 pub use uri::{parse as parse_uri, RedisUri};

@@ -158,8 +158,8 @@ fn try_flock(file: &File) -> std::io::Result<bool> {
     }
 }
 
-/// The record's text.
-fn encode(slot: &Slot) -> String {
+/// The record's text (also what the Redis lock stores).
+pub(super) fn encode(slot: &Slot) -> String {
     let mut text = format!("{MAGIC}\nlast_token {}\n", slot.last_token);
     if let Some(holder) = &slot.holder {
         let e = &holder.endpoint;
@@ -182,7 +182,7 @@ fn encode(slot: &Slot) -> String {
 }
 
 /// The slot of a record's text.
-fn decode(text: &str) -> Result<Slot, String> {
+pub(super) fn decode(text: &str) -> Result<Slot, String> {
     let mut lines = text.lines();
     if lines.next() != Some(MAGIC) {
         return Err(format!("the first line is not {MAGIC:?}"));

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::file::FileLock;
 use super::memory::MemoryLock;
+use super::redis::RedisLock;
 
 /// Where a node can be reached (published in the lock record; what leader discovery returns).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -123,6 +124,8 @@ pub enum LockUri {
     Memory,
     /// `file://<dir>`: a lock shared by the processes of one machine.
     File(PathBuf),
+    /// `redis://[user:password@]host:port[/db]`: a lock shared by nodes on any machines.
+    Redis(String),
 }
 
 impl LockUri {
@@ -139,12 +142,11 @@ impl LockUri {
             return Ok(LockUri::File(PathBuf::from(dir)));
         }
         if uri.starts_with("redis://") || uri.starts_with("rediss://") {
-            return unsupported(
-                "redis backend not built yet (use memory:// or file://<dir>)".into(),
-            );
+            kvcm_index::redis::parse_uri(uri).map_err(|e| LockError::Unsupported(e.to_string()))?;
+            return Ok(LockUri::Redis(uri.to_string()));
         }
         unsupported(format!(
-            "{uri:?} has no known scheme (memory://, file://<dir>)"
+            "{uri:?} has no known scheme (memory://, file://<dir>, redis://host:port)"
         ))
     }
 
@@ -153,6 +155,7 @@ impl LockUri {
         Ok(match self {
             LockUri::Memory => Arc::new(MemoryLock::default()),
             LockUri::File(dir) => Arc::new(FileLock::open(dir)?),
+            LockUri::Redis(uri) => Arc::new(RedisLock::open(uri)?),
         })
     }
 }
@@ -365,10 +368,14 @@ mod tests {
             LockUri::parse("file:///tmp/x").unwrap(),
             LockUri::File("/tmp/x".into())
         );
-        let redis = LockUri::parse("redis://127.0.0.1:6379")
+        assert_eq!(
+            LockUri::parse("redis://127.0.0.1:6379").unwrap(),
+            LockUri::Redis("redis://127.0.0.1:6379".into())
+        );
+        let tls = LockUri::parse("rediss://127.0.0.1:6379")
             .unwrap_err()
             .to_string();
-        assert!(redis.contains("redis backend not built yet"), "{redis}");
+        assert!(tls.contains("TLS"), "{tls}");
         assert!(LockUri::parse("file://").is_err());
         assert!(LockUri::parse("zk://x")
             .unwrap_err()

@@ -27,6 +27,7 @@ mod elector;
 mod file;
 mod lock;
 mod memory;
+mod redis;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
