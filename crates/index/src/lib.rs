@@ -65,6 +65,13 @@ pub enum IndexError {
     /// An argument or setting is out of range (the message names it); nothing changed.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A newer leader wrote to this key space: a write with fencing token `token` is stale
+    /// and was refused; nothing changed.
+    #[error("fenced: a newer leader wrote here; this node's token {token} is stale")]
+    Fenced {
+        /// The refused token.
+        token: u64,
+    },
     /// The backend failed (I/O, connection, corrupt data).
     #[error("index backend failed: {0}")]
     Backend(String),

@@ -477,3 +477,44 @@ fn an_unreachable_server_is_a_clear_backend_error() {
         other => panic!("expected a Backend error, got {other:?}"),
     }
 }
+
+#[test]
+fn a_stale_leaders_writes_are_refused_once_a_newer_leader_wrote() {
+    if !redis_available("a_stale_leaders_writes_are_refused") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = RedisServer::start(dir.path());
+    let namespace = fresh_namespace("fence");
+    let (old_token, new_token) = (Arc::new(AtomicU64::new(1)), Arc::new(AtomicU64::new(2)));
+    let old = open(&server.uri(), &namespace, u64::MAX).fenced_by(old_token.clone());
+    let new = open(&server.uri(), &namespace, u64::MAX).fenced_by(new_token);
+    old.put(vec![(1, 10)])
+        .expect("the only leader so far writes");
+    old.put(vec![(2, 20)]).expect("still the only one");
+    new.put(vec![(3, 30)])
+        .expect("the new leader's first write");
+    let refused = old.put(vec![(4, 40)]).unwrap_err();
+    assert!(
+        matches!(refused, IndexError::Fenced { token: 1 }),
+        "{refused:?}"
+    );
+    let refused = old.delete(&[1]).unwrap_err();
+    assert!(matches!(refused, IndexError::Fenced { .. }), "{refused:?}");
+    let refused = old
+        .read_modify_write(&[2], &mut |_, _| Modify::Put(0))
+        .unwrap_err();
+    assert!(matches!(refused, IndexError::Fenced { .. }), "{refused:?}");
+    assert_eq!(
+        old.get(&[1, 2, 3, 4]).unwrap(),
+        [Some(10), Some(20), Some(30), None],
+        "reads go on; nothing refused changed"
+    );
+    old_token.store(3, Ordering::Release);
+    old.put(vec![(4, 40)])
+        .expect("re-elected with a newer token, it writes again");
+    assert!(matches!(
+        new.put(vec![(5, 50)]),
+        Err(IndexError::Fenced { token: 2 })
+    ));
+}

@@ -28,6 +28,8 @@ pub struct Layout {
     pub values: String,
     /// The ZSET of keys, for ordered scans.
     pub order: String,
+    /// The fencing token of the newest leader that wrote.
+    pub fence: String,
 }
 
 impl Layout {
@@ -47,6 +49,7 @@ impl Layout {
             tag: namespace.to_owned(),
             values: format!("kvcm:{{{namespace}}}:v"),
             order: format!("kvcm:{{{namespace}}}:k"),
+            fence: format!("kvcm:{{{namespace}}}:fence"),
         })
     }
 }

@@ -39,6 +39,8 @@ mod uri;
 use std::collections::HashMap;
 use std::error::Error;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
@@ -92,6 +94,8 @@ pub struct RedisIndex<V, C> {
     codec: C,
     /// SHA1 of the write script, from `SCRIPT LOAD`.
     script_sha: String,
+    /// The writer's fencing token (the leader's), read at each write; `None`: unfenced.
+    fence: Option<Arc<AtomicU64>>,
     values: PhantomData<fn() -> V>,
 }
 
@@ -160,8 +164,17 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
             max_key_count: config.max_key_count,
             codec,
             script_sha,
+            fence: None,
             values: PhantomData,
         })
+    }
+
+    /// Makes every write carry the token `fence` holds at that moment: once a write with a
+    /// greater token reached the namespace, this index's writes fail with
+    /// [`IndexError::Fenced`] and change nothing.
+    pub fn fenced_by(mut self, fence: Arc<AtomicU64>) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     /// The node this index talks to now (`host:port`).
@@ -209,15 +222,25 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
 
     /// Runs the write script once (EVALSHA, EVAL when the server lost its script cache).
     fn run_write(&self, batch: &WriteBatch) -> Result<Outcome, IndexError> {
-        let keys = self.redis_keys();
-        let by_sha = batch.command(Some(&self.script_sha), keys, self.max_key_count);
+        let keys = [
+            self.layout.values.as_str(),
+            &self.layout.order,
+            &self.layout.fence,
+        ];
+        let token = self.fence.as_ref().map(|f| f.load(Ordering::Acquire));
+        let by_sha = batch.command(Some(&self.script_sha), keys, self.max_key_count, token);
         let reply = match self.client.call(&by_sha, Resend::Never)? {
             Reply::Error(message) if message.starts_with("NOSCRIPT") => {
-                let by_text = batch.command(None, keys, self.max_key_count);
+                let by_text = batch.command(None, keys, self.max_key_count, token);
                 self.client.call(&by_text, Resend::Never)?
             }
             reply => reply,
         };
+        if matches!(&reply, Reply::Status(status) if status == scripts::FENCED) {
+            return Err(IndexError::Fenced {
+                token: token.unwrap_or(0),
+            });
+        }
         scripts::outcome(&reply).map_err(|_| unexpected("the write script", &reply))
     }
 

@@ -1,7 +1,11 @@
 //! The one Lua script every write runs: check what a read-modify-write read, enforce the key
 //! cap, apply puts and deletes to the value HASH and the order ZSET together.
 //!
-//! Invariants (Redis runs a script atomically, and both keys share one hash tag, so one slot):
+//! Invariants (Redis runs a script atomically, and its keys share one hash tag, so one slot):
+//! - with a fencing token, if the namespace's fence key holds a greater token (a newer
+//!   leader wrote), the script changes nothing and answers `+FENCED`; a write that applies
+//!   raises the fence to its token, so once a newer leader wrote, every write of an older
+//!   one is refused;
 //! - if any checked field no longer holds the bytes that were read (absent = absent), the
 //!   script changes nothing and answers `+CONFLICT`;
 //! - if the cap is set and the batch grows the hash past it (`HLEN + growth > cap` with a
@@ -17,8 +21,9 @@
 
 use super::resp::{Command, Reply};
 
-/// The script. `ARGV`: cap (`""` = none), known growth, then the counts of: present checks,
-/// absent checks, uncertain fields, puts, new members, deletes; then the sections: present
+/// The script. `KEYS`: values hash, order zset, and for a fenced write the fence. `ARGV`: cap (`""` = none), known
+/// growth, then the counts of: present checks, absent checks, uncertain fields, puts, new
+/// members, deletes; the fencing token (`""` = none); then the sections: present
 /// check fields, their expected values, absent check fields, uncertain fields, put
 /// field/value pairs, `0`/member pairs, delete fields.
 pub const WRITE: &str = r#"
@@ -26,6 +31,10 @@ local h, z = KEYS[1], KEYS[2]
 local cap, grow = tonumber(ARGV[1]), tonumber(ARGV[2])
 local npres, nabs, nunk = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local nput, nnew, ndel = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local token = tonumber(ARGV[9])
+if token and token < tonumber(redis.call('GET', KEYS[3]) or '0') then
+  return redis.status_reply('FENCED')
+end
 local CHUNK = 1000
 local function each(first, n, step, call)
   for s = first, first + n - 1, CHUNK * step do
@@ -42,7 +51,7 @@ local function hmget(first, n)
   end)
   return out
 end
-local p = 9
+local p = 10
 local cur = hmget(p, npres)
 for i = 1, npres do
   if cur[i] ~= ARGV[p + npres + i - 1] then return redis.status_reply('CONFLICT') end
@@ -61,6 +70,7 @@ if cap then
   end
 end
 p = p + nunk
+if token then redis.call('SET', KEYS[3], ARGV[9]) end
 each(p, 2 * nput, 2, function(s, e) redis.call('HSET', h, unpack(ARGV, s, e)) end)
 p = p + 2 * nput
 each(p, 2 * nnew, 2, function(s, e) redis.call('ZADD', z, unpack(ARGV, s, e)) end)
@@ -110,7 +120,13 @@ impl WriteBatch {
     }
 
     /// `EVALSHA <sha>` (or `EVAL <script>` when `by_sha` is false) of this batch on the keys.
-    pub fn command(&self, by_sha: Option<&str>, keys: [&str; 2], cap: u64) -> Command {
+    pub fn command(
+        &self,
+        by_sha: Option<&str>,
+        keys: [&str; 3],
+        cap: u64,
+        fence: Option<u64>,
+    ) -> Command {
         let mut command = match by_sha {
             Some(sha) => {
                 let mut command = Command::new("EVALSHA");
@@ -123,7 +139,12 @@ impl WriteBatch {
                 command
             }
         };
-        command.arg("2").arg(keys[0]).arg(keys[1]);
+        // The fence key is declared (and touched) only by fenced writes: an unfenced write
+        // names only keys that exist, which a slot migration moves without TRYAGAIN loops.
+        match fence {
+            Some(_) => command.arg("3").arg(keys[0]).arg(keys[1]).arg(keys[2]),
+            None => command.arg("2").arg(keys[0]).arg(keys[1]),
+        };
         let cap = if cap == u64::MAX {
             String::new()
         } else {
@@ -140,6 +161,7 @@ impl WriteBatch {
         ] {
             command.arg(count.to_string());
         }
+        command.arg(fence.map_or(String::new(), |token| token.to_string()));
         self.add_sections(&mut command);
         command
     }
@@ -166,7 +188,11 @@ impl WriteBatch {
     }
 }
 
-/// Reads the script's reply; `Err` carries a description of an unexpected one.
+/// The script's status reply when a newer leader's token fenced the write.
+pub const FENCED: &str = "FENCED";
+
+/// Reads the script's reply (not [`FENCED`]); `Err` carries a description of an unexpected
+/// one.
 pub fn outcome(reply: &Reply) -> Result<Outcome, String> {
     match reply {
         Reply::Int(removed) if *removed >= 0 => Ok(Outcome::Applied(*removed as u64)),
