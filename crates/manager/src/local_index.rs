@@ -28,8 +28,38 @@ pub fn local_index_factory() -> IndexFactory {
 /// Checks the settings an index is opened with, so that a group whose instances could not
 /// be opened is refused when it is created or updated (INVALID_ARGUMENT naming the field).
 pub fn check_indexer_config(config: &IndexerConfig) -> ManagerResult<()> {
+    check_backend(config)?;
     local_config(config)?;
     cache_config(config)?;
+    Ok(())
+}
+
+/// `meta_storage_backend_config`: only `local` (the reference's `storage_uri` of a local
+/// backend, `file:///path` or empty, is accepted and unused: every instance's index is kept
+/// in the manager's journal). `redis` is refused until the manager serves indexes from Redis.
+fn check_backend(config: &IndexerConfig) -> ManagerResult<()> {
+    let backend = &config.backend;
+    let field = "meta_indexer_config.meta_storage_backend_config.storage_type";
+    if backend.storage_type.eq_ignore_ascii_case("redis") {
+        return Err(ManagerError::invalid_because(
+            field,
+            "\"redis\": instance indexes on Redis are not served yet (use \"local\", kept durable \
+             by the journal)",
+        ));
+    }
+    if !backend.storage_type.eq_ignore_ascii_case("local") {
+        return Err(ManagerError::invalid_because(
+            field,
+            format!("{:?}: only \"local\" is supported", backend.storage_type),
+        ));
+    }
+    let uri = &backend.storage_uri;
+    if !uri.is_empty() && !uri.starts_with("file://") {
+        return Err(ManagerError::invalid_because(
+            "meta_indexer_config.meta_storage_backend_config.storage_uri",
+            format!("{uri:?}: a local backend takes file:///path or nothing"),
+        ));
+    }
     Ok(())
 }
 
@@ -124,6 +154,23 @@ mod tests {
         assert!(local_config(&config).is_err());
         config.mutex_shard_num = -4;
         assert!(local_config(&config).is_err());
+    }
+
+    #[test]
+    fn only_the_local_backend_is_accepted() {
+        let mut config = IndexerConfig::default();
+        config.backend.storage_type = "LOCAL".into();
+        check_indexer_config(&config).expect("local");
+        config.backend.storage_uri = "file:///var/kvcm/index".into();
+        check_indexer_config(&config).expect("the reference's local persistence URI");
+        config.backend.storage_uri = "redis://h:1".into();
+        assert!(check_indexer_config(&config).is_err());
+        config.backend.storage_uri.clear();
+        for refused in ["redis", "rocksdb", ""] {
+            config.backend.storage_type = refused.into();
+            let error = check_indexer_config(&config).unwrap_err().to_string();
+            assert!(error.contains("storage_type"), "{refused}: {error}");
+        }
     }
 
     #[test]

@@ -145,7 +145,8 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
                 "redis timeout must be above zero".to_owned(),
             ));
         }
-        let client = Client::connect(uri.clone(), &layout.tag, config.timeout)?;
+        let timeout = uri.timeout_ms.map_or(config.timeout, Duration::from_millis);
+        let client = Client::connect(uri.clone(), &layout.tag, timeout)?;
         if client.is_cluster() && uri.handshake.db != 0 {
             return Err(IndexError::InvalidArgument(format!(
                 "redis uri: database {} on a Redis Cluster (only 0 exists there)",

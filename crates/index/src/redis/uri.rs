@@ -1,5 +1,5 @@
 //! The backend URI, in the reference's form:
-//! `redis://[user:password@]host[:port][/db][?cluster_name=...]`.
+//! `redis://[user:password@]host[:port][/db][?cluster_name=...&timeout_ms=..&retry_count=..]`.
 //!
 //! Invariants: parsing never panics; every refusal is `IndexError::InvalidArgument` with a
 //! message naming the part of the URI at fault; `rediss://` (TLS) is refused by name until it
@@ -23,6 +23,19 @@ pub struct RedisUri {
     pub handshake: Handshake,
     /// The `cluster_name` parameter (accepted for compatibility; informational).
     pub cluster_name: Option<String>,
+    /// `timeout_ms`: the per-call timeout, when the URI sets one (it overrides the caller's).
+    pub timeout_ms: Option<u64>,
+    /// `retry_count` (the reference's; accepted and checked, not used: kvcm retries a call
+    /// a fixed 6 times with backoff, see `client`).
+    pub retry_count: Option<u32>,
+}
+
+/// The query parameters of a URI.
+#[derive(Debug, Default)]
+struct Query {
+    cluster_name: Option<String>,
+    timeout_ms: Option<u64>,
+    retry_count: Option<u32>,
 }
 
 impl RedisUri {
@@ -80,6 +93,7 @@ pub fn parse(uri: &str) -> Result<RedisUri, IndexError> {
     };
     let (host, port) = parse_host_port(uri, hostport)?;
     let (user, password) = parse_userinfo(uri, userinfo)?;
+    let query = parse_query(uri, query)?;
     Ok(RedisUri {
         host,
         port,
@@ -88,7 +102,9 @@ pub fn parse(uri: &str) -> Result<RedisUri, IndexError> {
             password,
             db: parse_db(uri, path)?,
         },
-        cluster_name: parse_query(uri, query)?,
+        cluster_name: query.cluster_name,
+        timeout_ms: query.timeout_ms,
+        retry_count: query.retry_count,
     })
 }
 
@@ -150,22 +166,33 @@ fn parse_db(uri: &str, path: &str) -> Result<u32, IndexError> {
         .map_err(|_| invalid(uri, format!("database {path:?} is not a number")))
 }
 
-fn parse_query(uri: &str, query: &str) -> Result<Option<String>, IndexError> {
-    let mut cluster_name = None;
+fn parse_query(uri: &str, text: &str) -> Result<Query, IndexError> {
+    let mut query = Query::default();
     let mut unknown = Vec::new();
-    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+    for pair in text.split('&').filter(|pair| !pair.is_empty()) {
         match pair.split_once('=').unwrap_or((pair, "")) {
-            ("cluster_name", value) => cluster_name = Some(value.to_owned()),
+            ("cluster_name", value) => query.cluster_name = Some(value.to_owned()),
+            ("timeout_ms", value) => {
+                let ms = value.parse().ok().filter(|&ms: &u64| ms > 0);
+                let ms = ms.ok_or_else(|| invalid(uri, "timeout_ms must be a positive integer"))?;
+                query.timeout_ms = Some(ms);
+            }
+            ("retry_count", value) => {
+                let count = value
+                    .parse()
+                    .map_err(|_| invalid(uri, "retry_count must be a non-negative integer"))?;
+                query.retry_count = Some(count);
+            }
             (name, _) => unknown.push(name.to_owned()),
         }
     }
     if unknown.is_empty() {
-        Ok(cluster_name)
+        Ok(query)
     } else {
         Err(invalid(
             uri,
             format!(
-                "unknown query parameter(s) {} (known: cluster_name)",
+                "unknown query parameter(s) {} (known: cluster_name, timeout_ms, retry_count)",
                 unknown.join(", ")
             ),
         ))
@@ -240,6 +267,10 @@ mod tests {
         assert!(message("redis://[::1:1").contains("IPv6"));
         let unknown = message("redis://h:1?cluster_name=a&timeout=5&tls");
         assert!(unknown.contains("timeout, tls"), "{unknown}");
+        assert!(message("redis://h:1?timeout_ms=0").contains("timeout_ms"));
+        assert!(message("redis://h:1?retry_count=-1").contains("retry_count"));
+        let tuned = parse("redis://h:1?timeout_ms=250&retry_count=3").expect("valid");
+        assert_eq!((tuned.timeout_ms, tuned.retry_count), (Some(250), Some(3)));
     }
 
     #[test]

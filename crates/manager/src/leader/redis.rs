@@ -29,7 +29,7 @@ const KEY: &str = "kvcm:{kvcm-leader}:record";
 const CAS: &str = "local current = redis.call('GET', KEYS[1]) or '' \
     if current ~= ARGV[1] then return 0 end \
     redis.call('SET', KEYS[1], ARGV[2]) return 1";
-/// Timeout of one Redis call.
+/// Timeout of one Redis call (the URI's `timeout_ms` overrides it).
 const TIMEOUT: Duration = Duration::from_secs(2);
 /// Compare-and-set attempts before a change gives up as busy.
 const CAS_TRIES: u32 = 16;
@@ -45,7 +45,8 @@ impl RedisLock {
     /// Connects to the lock's Redis (`redis://[user:password@]host:port[/db]`).
     pub fn open(uri: &str) -> LockResult<RedisLock> {
         let seed = parse_uri(uri).map_err(|e| LockError::Unsupported(e.to_string()))?;
-        let client = Client::connect(seed, TAG, TIMEOUT).map_err(|e| redis_error(uri, &e))?;
+        let timeout = seed.timeout_ms.map_or(TIMEOUT, Duration::from_millis);
+        let client = Client::connect(seed, TAG, timeout).map_err(|e| redis_error(uri, &e))?;
         Ok(RedisLock {
             client,
             uri: uri.to_string(),
