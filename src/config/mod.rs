@@ -450,9 +450,13 @@ mod tests {
         config
             .set("kvcm.distributed_lock.uri", "redis://127.0.0.1:6379")
             .unwrap();
+        assert!(config.validate().is_ok(), "a redis lock URI");
+        config
+            .set("kvcm.distributed_lock.uri", "rediss://127.0.0.1:6379")
+            .unwrap();
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("kvcm.distributed_lock.uri"), "{error}");
-        assert!(error.contains("redis backend not built yet"), "{error}");
+        assert!(error.contains("TLS"), "{error}");
         config
             .set("kvcm.coordination.uri", "file:///tmp/kvcm-lock")
             .unwrap();
