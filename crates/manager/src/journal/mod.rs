@@ -163,19 +163,7 @@ impl Journal {
 
     /// Counters: records appended and durable, flushes, bytes since the last snapshot.
     pub fn stats(&self) -> JournalStats {
-        let stats = self.writer.stats();
-        JournalStats {
-            appended: stats.appended,
-            durable: stats.durable,
-            flushes: stats.flushes,
-            syncs: stats.syncs,
-            synced: stats.synced,
-            acknowledged: stats.acknowledged,
-            early_acknowledgements: stats.early_acknowledgements,
-            log_bytes_since_snapshot: stats.since_rotation,
-            log_bytes: stats.bytes,
-            failure: self.writer.failure(),
-        }
+        self.writer.stats()
     }
 }
 

@@ -165,7 +165,7 @@ pub(crate) fn spawn_snapshotter(
         let Some(manager) = manager.upgrade() else {
             return;
         };
-        if journal.writer.stats().since_rotation < limit {
+        if journal.stats().log_bytes_since_snapshot < limit {
             continue;
         }
         if let Err(error) = manager.take_snapshot(&journal) {

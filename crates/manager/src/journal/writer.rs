@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use kvcm_index::LogTicket;
 
 use super::files::{self, LOG_MAGIC};
-use super::{FsyncPolicy, JournalError};
+use super::{FsyncPolicy, JournalError, JournalStats};
 
 /// The appended, not yet flushed records and the writer's progress.
 #[derive(Debug)]
@@ -73,30 +73,6 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// Counters of a writer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct WriterStats {
-    /// Records appended.
-    pub appended: u64,
-    /// Records durable.
-    pub durable: u64,
-    /// Flushes done.
-    pub flushes: u64,
-    /// fdatasyncs done by the flusher.
-    pub syncs: u64,
-    /// Every record up to this ticket was fdatasync'ed.
-    pub synced: u64,
-    /// The highest ticket acknowledged (a wait returned for it).
-    pub acknowledged: u64,
-    /// Acknowledgements, under `always`, of a record not yet synced: the journal's own check
-    /// that no write is answered before its fdatasync returned (must be 0).
-    pub early_acknowledgements: u64,
-    /// Bytes written since the last rotation.
-    pub since_rotation: u64,
-    /// Bytes written since start.
-    pub bytes: u64,
 }
 
 /// The group-commit writer of one journal directory.
@@ -224,9 +200,9 @@ impl LogWriter {
     }
 
     /// The writer's counters now.
-    pub fn stats(&self) -> WriterStats {
+    pub fn stats(&self) -> JournalStats {
         let state = self.shared.lock();
-        WriterStats {
+        JournalStats {
             appended: state.appended,
             durable: state.durable,
             flushes: state.flushes,
@@ -234,8 +210,9 @@ impl LogWriter {
             synced: state.synced,
             acknowledged: state.acknowledged,
             early_acknowledgements: state.early_acknowledgements,
-            since_rotation: state.since_rotation,
-            bytes: state.bytes,
+            log_bytes_since_snapshot: state.since_rotation,
+            log_bytes: state.bytes,
+            failure: state.failed.clone(),
         }
     }
 
@@ -247,11 +224,6 @@ impl LogWriter {
             state = wait_on(&self.shared.progress, state);
         }
         state.file = Some(file);
-    }
-
-    /// Why the writer failed, if it did.
-    pub fn failure(&self) -> Option<String> {
-        self.shared.lock().failed.clone()
     }
 }
 

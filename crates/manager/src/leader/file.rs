@@ -15,9 +15,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::lock::{
-    now_ms, HolderRecord, LeaseLock, LeaseToken, LockError, LockResult, NodeEndpoint, Slot,
-};
+use super::lock::{HolderRecord, LockError, LockResult, NodeEndpoint, Slot, SlotStore};
 
 /// How long an operation waits for another process to drop the guard.
 const GUARD_WAIT: Duration = Duration::from_millis(500);
@@ -60,7 +58,7 @@ impl FileLock {
     /// Runs `change` on the record under the guard; writes the record back if it changed.
     fn with_guard<T>(&self, change: impl FnOnce(&mut Slot) -> T) -> LockResult<T> {
         let guard = self.take_guard()?;
-        let mut slot = self.read()?;
+        let mut slot = self.read_record()?;
         let before = slot.clone();
         let outcome = change(&mut slot);
         if slot != before {
@@ -92,7 +90,7 @@ impl FileLock {
         }
     }
 
-    fn read(&self) -> LockResult<Slot> {
+    fn read_record(&self) -> LockResult<Slot> {
         match std::fs::read_to_string(&self.record) {
             Ok(text) => decode(&text).map_err(|reason| LockError::Corrupt {
                 path: self.record.clone(),
@@ -115,30 +113,13 @@ impl FileLock {
     }
 }
 
-impl LeaseLock for FileLock {
-    fn try_acquire(
-        &self,
-        candidate: &NodeEndpoint,
-        lease: Duration,
-    ) -> LockResult<Option<LeaseToken>> {
-        self.with_guard(|slot| slot.acquire(candidate, lease, now_ms()))
+impl SlotStore for FileLock {
+    fn change<T>(&self, change: impl Fn(&mut Slot) -> T) -> LockResult<T> {
+        self.with_guard(change)
     }
 
-    fn renew(
-        &self,
-        holder: &NodeEndpoint,
-        fencing_token: u64,
-        lease: Duration,
-    ) -> LockResult<LeaseToken> {
-        self.with_guard(|slot| slot.renew(holder, fencing_token, lease, now_ms()))?
-    }
-
-    fn release(&self, node_id: &str, fencing_token: u64) -> LockResult<bool> {
-        self.with_guard(|slot| slot.release(node_id, fencing_token))
-    }
-
-    fn current_holder(&self) -> LockResult<Option<HolderRecord>> {
-        Ok(self.read()?.live_holder(now_ms()).cloned())
+    fn read(&self) -> LockResult<Slot> {
+        self.read_record()
     }
 }
 
@@ -267,7 +248,7 @@ fn unescape(value: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::lock::conformance;
+    use super::super::lock::{conformance, LeaseLock};
     use super::*;
 
     fn two(dir: &Path) -> (FileLock, FileLock) {

@@ -117,6 +117,43 @@ pub trait LeaseLock: Send + Sync + std::fmt::Debug {
     fn current_holder(&self) -> LockResult<Option<HolderRecord>>;
 }
 
+/// Where a backend keeps its one [`Slot`], changed atomically; every backend is one of these,
+/// and the lease rules come from the [`LeaseLock`] implementation they all share.
+pub(super) trait SlotStore: Send + Sync + std::fmt::Debug {
+    /// Runs `change` on the slot and stores the result atomically. `change` may run more
+    /// than once (a backend that retries a lost race), so it must only change the slot.
+    fn change<T>(&self, change: impl Fn(&mut Slot) -> T) -> LockResult<T>;
+    /// The slot as stored now.
+    fn read(&self) -> LockResult<Slot>;
+}
+
+impl<S: SlotStore> LeaseLock for S {
+    fn try_acquire(
+        &self,
+        candidate: &NodeEndpoint,
+        lease: Duration,
+    ) -> LockResult<Option<LeaseToken>> {
+        self.change(|slot| slot.acquire(candidate, lease, now_ms()))
+    }
+
+    fn renew(
+        &self,
+        holder: &NodeEndpoint,
+        fencing_token: u64,
+        lease: Duration,
+    ) -> LockResult<LeaseToken> {
+        self.change(|slot| slot.renew(holder, fencing_token, lease, now_ms()))?
+    }
+
+    fn release(&self, node_id: &str, fencing_token: u64) -> LockResult<bool> {
+        self.change(|slot| slot.release(node_id, fencing_token))
+    }
+
+    fn current_holder(&self) -> LockResult<Option<HolderRecord>> {
+        Ok(self.read()?.live_holder(now_ms()).cloned())
+    }
+}
+
 /// A lock URI (`kvcm.coordination.uri` / `kvcm.distributed_lock.uri`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LockUri {

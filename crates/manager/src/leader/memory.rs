@@ -2,11 +2,9 @@
 //! only, so it suits a single node (the embedded default); every rule comes from
 //! [`Slot`] under one mutex.
 
-use std::sync::Mutex;
-use std::time::Duration;
-
-use super::lock::{now_ms, HolderRecord, LeaseLock, LeaseToken, LockResult, NodeEndpoint, Slot};
+use super::lock::{LockResult, Slot, SlotStore};
 use crate::sync::lock;
+use std::sync::Mutex;
 
 /// A lease lock in this process's memory.
 #[derive(Debug, Default)]
@@ -14,30 +12,13 @@ pub struct MemoryLock {
     slot: Mutex<Slot>,
 }
 
-impl LeaseLock for MemoryLock {
-    fn try_acquire(
-        &self,
-        candidate: &NodeEndpoint,
-        lease: Duration,
-    ) -> LockResult<Option<LeaseToken>> {
-        Ok(lock(&self.slot).acquire(candidate, lease, now_ms()))
+impl SlotStore for MemoryLock {
+    fn change<T>(&self, change: impl Fn(&mut Slot) -> T) -> LockResult<T> {
+        Ok(change(&mut lock(&self.slot)))
     }
 
-    fn renew(
-        &self,
-        holder: &NodeEndpoint,
-        fencing_token: u64,
-        lease: Duration,
-    ) -> LockResult<LeaseToken> {
-        lock(&self.slot).renew(holder, fencing_token, lease, now_ms())
-    }
-
-    fn release(&self, node_id: &str, fencing_token: u64) -> LockResult<bool> {
-        Ok(lock(&self.slot).release(node_id, fencing_token))
-    }
-
-    fn current_holder(&self) -> LockResult<Option<HolderRecord>> {
-        Ok(lock(&self.slot).live_holder(now_ms()).cloned())
+    fn read(&self) -> LockResult<Slot> {
+        Ok(lock(&self.slot).clone())
     }
 }
 

@@ -17,9 +17,7 @@ use kvcm_index::redis::resp::{Command, Reply};
 use kvcm_index::redis::{parse_uri, Client, Resend};
 
 use super::file::{decode, encode};
-use super::lock::{
-    now_ms, HolderRecord, LeaseLock, LeaseToken, LockError, LockResult, NodeEndpoint, Slot,
-};
+use super::lock::{LockError, LockResult, Slot, SlotStore};
 
 /// The hash tag of the lock's key (one slot on a cluster).
 const TAG: &str = "kvcm-leader";
@@ -67,6 +65,14 @@ impl RedisLock {
         }
     }
 
+    /// The slot a record's text holds (empty: a free lock that never had a holder).
+    fn parse(&self, text: &str) -> LockResult<Slot> {
+        if text.is_empty() {
+            return Ok(Slot::default());
+        }
+        decode(text).map_err(|reason| self.corrupt(&reason))
+    }
+
     fn corrupt(&self, reason: &str) -> LockError {
         LockError::Corrupt {
             path: format!("{}/{KEY}", self.uri).into(),
@@ -79,11 +85,7 @@ impl RedisLock {
     fn with_cas<T>(&self, change: impl Fn(&mut Slot) -> T) -> LockResult<T> {
         for _ in 0..CAS_TRIES {
             let text = self.read_text()?;
-            let mut slot = if text.is_empty() {
-                Slot::default()
-            } else {
-                decode(&text).map_err(|reason| self.corrupt(&reason))?
-            };
+            let mut slot = self.parse(&text)?;
             let before = slot.clone();
             let outcome = change(&mut slot);
             if slot == before || self.compare_and_set(&text, &encode(&slot))? {
@@ -118,35 +120,13 @@ fn redis_error(uri: &str, error: &dyn std::error::Error) -> LockError {
     }
 }
 
-impl LeaseLock for RedisLock {
-    fn try_acquire(
-        &self,
-        candidate: &NodeEndpoint,
-        lease: Duration,
-    ) -> LockResult<Option<LeaseToken>> {
-        self.with_cas(|slot| slot.acquire(candidate, lease, now_ms()))
+impl SlotStore for RedisLock {
+    fn change<T>(&self, change: impl Fn(&mut Slot) -> T) -> LockResult<T> {
+        self.with_cas(change)
     }
 
-    fn renew(
-        &self,
-        holder: &NodeEndpoint,
-        fencing_token: u64,
-        lease: Duration,
-    ) -> LockResult<LeaseToken> {
-        self.with_cas(|slot| slot.renew(holder, fencing_token, lease, now_ms()))?
-    }
-
-    fn release(&self, node_id: &str, fencing_token: u64) -> LockResult<bool> {
-        self.with_cas(|slot| slot.release(node_id, fencing_token))
-    }
-
-    fn current_holder(&self) -> LockResult<Option<HolderRecord>> {
-        let text = self.read_text()?;
-        if text.is_empty() {
-            return Ok(None);
-        }
-        let slot = decode(&text).map_err(|reason| self.corrupt(&reason))?;
-        Ok(slot.live_holder(now_ms()).cloned())
+    fn read(&self) -> LockResult<Slot> {
+        self.parse(&self.read_text()?)
     }
 }
 
@@ -157,7 +137,7 @@ mod redis_support;
 
 #[cfg(test)]
 mod tests {
-    use super::super::lock::conformance;
+    use super::super::lock::{conformance, LeaseLock};
     use super::*;
 
     use super::redis_support::{redis_available, RedisServer};
