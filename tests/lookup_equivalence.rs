@@ -149,6 +149,22 @@ async fn step(server: &TestServer, rng: &mut fastrand::Rng, disabled: &mut [bool
     }
 }
 
+/// Writes every key of the universe with both storages enabled (those not cached yet get
+/// locations): more keys than the first generation's 64 buckets × 3 slots hold, so the
+/// table grows whatever the hash seed and the random steps before did.
+async fn grow(server: &TestServer, disabled: &mut [bool; 2]) {
+    for (which, storage) in STORAGES.iter().enumerate() {
+        if disabled[which] {
+            disabled[which] = false;
+            set_available(server, storage, true).await;
+        }
+    }
+    let keys: Vec<i64> = (0..UNIVERSE).collect();
+    let started = start(server, &keys, &[], 30).await;
+    let count = started["locations"].as_array().map_or(0, Vec::len);
+    finish(server, &started["write_session_id"], vec![true; count]).await;
+}
+
 fn equivalence_on(wire: Wire, seed: u64) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let server = runtime.block_on(async {
@@ -162,6 +178,9 @@ fn equivalence_on(wire: Wire, seed: u64) {
     let mut compared = 0;
     let mut with_uris = 0;
     for step_number in 0..STEPS {
+        if step_number == STEPS / 2 {
+            runtime.block_on(grow(&server, &mut disabled));
+        }
         runtime.block_on(step(&server, &mut rng, &mut disabled));
         for _ in 0..QUERIES {
             let request = random_query(&mut rng);
