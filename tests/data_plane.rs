@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::pool::{group, live_range, members, pool_storage, PoolProcess};
 use common::{code, TestServer};
+use kvcm::proto::meta;
 use kvcm_client::{
     ClientConfig, GetOutcome, PutOutcome, ServerAddress, TransferConfig, TransferEngine,
     TransferPath, Wire,
@@ -325,4 +326,150 @@ fn a_session_that_expires_during_a_put_is_cleaned_up() {
         after.iter().all(|o| matches!(o, PutOutcome::Written(_))),
         "{after:?}"
     );
+}
+
+/// GetCacheLocation (batch get) over gRPC for `keys` of `instance`.
+fn grpc_lookup(
+    runtime: &tokio::runtime::Runtime,
+    server: &TestServer,
+    instance: &str,
+    keys: &[i64],
+) -> Vec<meta::CacheLocation> {
+    runtime.block_on(async {
+        let answer = server
+            .meta()
+            .await
+            .get_cache_location(meta::GetCacheLocationRequest {
+                instance_id: instance.into(),
+                query_type: meta::QueryType::QtBatchGet as i32,
+                block_keys: keys.to_vec(),
+                ..Default::default()
+            })
+            .await
+            .expect("grpc")
+            .into_inner();
+        answer.locations
+    })
+}
+
+fn is_hit(location: &meta::CacheLocation) -> bool {
+    location.location_specs.iter().any(|s| !s.uri.is_empty())
+}
+
+/// The reason of a miss, `""` for anything else.
+fn miss_reason(outcome: &GetOutcome) -> &str {
+    match outcome {
+        GetOutcome::Miss(Some(reason)) => reason,
+        _ => "",
+    }
+}
+
+#[test]
+fn a_flipped_byte_in_a_file_block_is_a_miss_and_the_block_is_removed() {
+    let (runtime, server, _node) = prepare(200, "8M");
+    let mut files = engine(&server, "on_file", TransferConfig::default());
+    let keys: Vec<i64> = (1..=8).collect();
+    written_by(&put(&mut files, &keys));
+    // The manager holds one checksum per part, as the writer computed it.
+    let located = grpc_lookup(&runtime, &server, "on_file", &keys);
+    for (key, location) in keys.iter().zip(&located) {
+        for (spec, part) in location.location_specs.iter().enumerate() {
+            let expected = xxhash_rust::xxh3::xxh3_64(&pattern(*key, spec));
+            assert_eq!(part.checksum, Some(expected), "key {key} spec {spec}");
+        }
+    }
+    // Flip one byte of block 3's second part in its file.
+    let part = kvcm_data::parse_block_uri(&located[2].location_specs[1].uri).expect("file uri");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&part.path)
+        .expect("block file");
+    let mut byte = [0u8];
+    let at = part.offset + 100;
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut byte, at).expect("read");
+    byte[0] ^= 0x10;
+    std::os::unix::fs::FileExt::write_all_at(&file, &byte, at).expect("flip");
+    drop(file);
+
+    let got = get_checked(&mut files, &keys);
+    assert!(
+        miss_reason(&got[2]).contains("do not match their checksum"),
+        "{:?}",
+        got[2]
+    );
+    assert_eq!(hits(&got), keys.len() - 1, "the other blocks still read");
+    let after = grpc_lookup(&runtime, &server, "on_file", &[3]);
+    assert!(
+        !is_hit(&after[0]),
+        "the corrupt block was removed: {after:?}"
+    );
+    let again = get_checked(&mut files, &[3]);
+    assert_eq!(again, vec![GetOutcome::Miss(None)]);
+    // Written again, it reads back whole.
+    written_by(&put(&mut files, &[3]));
+    assert_eq!(hits(&get_checked(&mut files, &[3])), 1);
+}
+
+#[test]
+fn a_torn_pool_block_is_a_miss_and_the_block_is_removed() {
+    let (runtime, server, _node) = prepare(200, "8M");
+    // A writer commits a block whose bytes it never wrote (as after a torn write), with the
+    // checksums of the bytes it meant to write.
+    let checksums: Vec<u64> = (0..SPECS)
+        .map(|s| xxhash_rust::xxh3::xxh3_64(&pattern(7, s)))
+        .collect();
+    runtime.block_on(async {
+        let mut grpc = server.meta().await;
+        let started = grpc
+            .start_write_cache(meta::StartWriteCacheRequest {
+                instance_id: "on_pool".into(),
+                block_keys: vec![7],
+                write_timeout_seconds: 30,
+                ..Default::default()
+            })
+            .await
+            .expect("start")
+            .into_inner();
+        assert_eq!(started.locations.len(), 1, "{started:?}");
+        let mut location = started.locations[0].clone();
+        for (spec, checksum) in location.location_specs.iter_mut().zip(&checksums) {
+            spec.checksum = Some(*checksum);
+        }
+        let finished = grpc
+            .finish_write_cache(meta::FinishWriteCacheRequest {
+                instance_id: "on_pool".into(),
+                write_session_id: started.write_session_id,
+                success_blocks: Some(meta::BlockMask {
+                    info: Some(meta::block_mask::Info::Offset(1)),
+                }),
+                locations: vec![location],
+                ..Default::default()
+            })
+            .await
+            .expect("finish")
+            .into_inner();
+        let code = finished.header.and_then(|h| h.status).map(|s| s.code);
+        assert_eq!(code, Some(meta::ErrorCode::Ok as i32));
+    });
+    let located = grpc_lookup(&runtime, &server, "on_pool", &[7]);
+    assert!(is_hit(&located[0]), "committed: {located:?}");
+    for wire in [Wire::Tcp, Wire::Shm] {
+        let config = TransferConfig {
+            pool_wire: wire,
+            ..TransferConfig::default()
+        };
+        let mut engine = engine(&server, "on_pool", config);
+        let got = get_checked(&mut engine, &[7]);
+        if wire == Wire::Tcp {
+            assert!(
+                miss_reason(&got[0]).contains("do not match their checksum"),
+                "{got:?}"
+            );
+        } else {
+            assert_eq!(got, vec![GetOutcome::Miss(None)], "already removed");
+        }
+    }
+    let after = grpc_lookup(&runtime, &server, "on_pool", &[7]);
+    assert!(!is_hit(&after[0]), "the torn block was removed: {after:?}");
 }

@@ -122,9 +122,15 @@ async fn step(server: &TestServer, rng: &mut fastrand::Rng, disabled: &mut [bool
                 groups
             };
             let started = start(server, &keys, &groups, 30).await;
-            let count = started["locations"].as_array().map_or(0, Vec::len);
-            let successes = (0..count).map(|_| rng.u8(0..10) != 0).collect();
-            finish(server, &started["write_session_id"], successes).await;
+            let locations = started["locations"].as_array().cloned().unwrap_or_default();
+            let successes = locations.iter().map(|_| rng.u8(0..10) != 0).collect();
+            // Some writers give checksums (those keys are asked of the server).
+            let checksums = if rng.u8(0..4) == 0 {
+                with_checksums(&locations, rng)
+            } else {
+                serde_json::Value::Null
+            };
+            finish_checksummed(server, &started["write_session_id"], successes, checksums).await;
         }
         45..=54 if writable => {
             // Abandoned writes stay WRITING (invisible), then expire.
@@ -147,6 +153,21 @@ async fn step(server: &TestServer, rng: &mut fastrand::Rng, disabled: &mut [bool
             set_available(server, STORAGES[which], !disabled[which]).await;
         }
     }
+}
+
+/// StartWriteCache's `locations` with a random checksum on every part.
+fn with_checksums(locations: &[serde_json::Value], rng: &mut fastrand::Rng) -> serde_json::Value {
+    let mut locations = locations.to_vec();
+    for location in &mut locations {
+        for spec in location["location_specs"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            spec["checksum"] = serde_json::json!(rng.u64(..).to_string());
+        }
+    }
+    serde_json::Value::Array(locations)
 }
 
 /// Writes every key of the universe with both storages enabled (those not cached yet get
@@ -177,6 +198,7 @@ fn equivalence_on(wire: Wire, seed: u64) {
     let mut disabled = [false; 2];
     let mut compared = 0;
     let mut with_uris = 0;
+    let mut with_sums = 0;
     for step_number in 0..STEPS {
         if step_number == STEPS / 2 {
             runtime.block_on(grow(&server, &mut disabled));
@@ -189,11 +211,18 @@ fn equivalence_on(wire: Wire, seed: u64) {
             assert_eq!(fast, slow, "step {step_number}, seed {seed}, {request:?}");
             compared += 1;
             let uri = |l: &meta::CacheLocation| l.location_specs.iter().any(|s| !s.uri.is_empty());
+            let sum =
+                |l: &meta::CacheLocation| l.location_specs.iter().any(|s| s.checksum.is_some());
+            with_sums += usize::from(
+                slow.as_ref()
+                    .is_ok_and(|locations| locations.iter().any(sum)),
+            );
             with_uris += usize::from(slow.is_ok_and(|locations| locations.iter().any(uri)));
         }
     }
     let metrics = client.metrics();
-    eprintln!("{wire:?}: {compared} queries compared ({with_uris} with hits); fast-path metrics {metrics:?}");
+    eprintln!("{wire:?}: {compared} queries compared ({with_uris} with hits, {with_sums} with checksums); fast-path metrics {metrics:?}");
+    assert!(with_sums > 0, "some answers carried checksums");
     assert!(
         with_uris > compared / 8,
         "too few answers had hits: {with_uris} of {compared}"

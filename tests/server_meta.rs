@@ -702,3 +702,150 @@ async fn removing_blocks_frees_their_bytes_on_the_file_tier() {
     .await;
     assert!(unlinked.is_some(), "the file goes with its last block");
 }
+
+/// FinishWriteCache over HTTP with this mask and `locations`; returns the answer.
+async fn finish_with(
+    server: &TestServer,
+    session: &serde_json::Value,
+    mask: serde_json::Value,
+    locations: serde_json::Value,
+) -> serde_json::Value {
+    server
+        .meta_http(
+            "finishWriteCache",
+            json!({"instance_id": "sums", "write_session_id": session,
+                   "success_blocks": mask, "locations": locations}),
+        )
+        .await
+}
+
+/// A location of FinishWriteCache's `locations` with these checksums (`None`: absent).
+fn sums(checksums: &[Option<u64>]) -> serde_json::Value {
+    let specs: Vec<_> = checksums
+        .iter()
+        .map(|c| match c {
+            Some(c) => json!({"name": "", "uri": "", "checksum": c.to_string()}),
+            None => json!({"name": "", "uri": ""}),
+        })
+        .collect();
+    json!({ "location_specs": specs })
+}
+
+#[tokio::test]
+async fn finish_stores_the_writers_checksums_and_lookups_return_them_until_a_restart_and_after() {
+    let server = TestServer::start().await;
+    let registered = server
+        .meta_http(
+            "registerInstance",
+            json!({"instance_group": "default", "instance_id": "sums", "block_size": 4,
+                   "location_spec_infos": [{"name": "tp0", "size": 64}, {"name": "tp1", "size": 64}],
+                   "model_deployment": {"model_name": "m", "dtype": "FP8", "tp_size": 2}}),
+        )
+        .await;
+    assert_eq!(code(&registered), "OK", "{registered}");
+    let start = server
+        .meta_http(
+            "startWriteCache",
+            json!({"instance_id": "sums", "block_keys": [1, 2, 3], "write_timeout_seconds": 30}),
+        )
+        .await;
+    assert_eq!(code(&start), "OK", "{start}");
+    let session = &start["write_session_id"];
+    let all = json!({"offset": 3});
+    // Bad shapes are refused naming the field, and the session stays open.
+    let short = finish_with(
+        &server,
+        session,
+        all.clone(),
+        json!([sums(&[Some(1), Some(2)])]),
+    )
+    .await;
+    assert_eq!(code(&short), "INVALID_ARGUMENT", "{short}");
+    assert!(short.to_string().contains("locations"), "{short}");
+    let ragged = [sums(&[Some(1), None]), sums(&[]), sums(&[])];
+    let ragged = finish_with(&server, session, all.clone(), json!(ragged)).await;
+    assert_eq!(code(&ragged), "INVALID_ARGUMENT", "{ragged}");
+    let three = [sums(&[Some(1)]), sums(&[]), sums(&[])];
+    let three = finish_with(&server, session, all.clone(), json!(three)).await;
+    assert_eq!(
+        code(&three),
+        "INVALID_ARGUMENT",
+        "one checksum for two parts: {three}"
+    );
+    // Checksums for blocks 1 and 3 (the largest value and 0), none for block 2.
+    let good = [
+        sums(&[Some(u64::MAX), Some(0)]),
+        sums(&[]),
+        sums(&[Some(5), Some(6)]),
+    ];
+    let finished = finish_with(&server, session, all, json!(good)).await;
+    assert_eq!(code(&finished), "OK", "{finished}");
+
+    let expected = [Some([u64::MAX, 0]), None, Some([5, 6])];
+    let check = async |server: &TestServer| {
+        let http = server
+            .meta_http(
+                "getCacheLocation",
+                json!({"instance_id": "sums", "query_type": "QT_BATCH_GET", "block_keys": [1, 2, 3]}),
+            )
+            .await;
+        assert_eq!(code(&http), "OK", "{http}");
+        let mut grpc = server.meta().await;
+        let answer = grpc
+            .get_cache_location(meta::GetCacheLocationRequest {
+                instance_id: "sums".into(),
+                query_type: meta::QueryType::QtBatchGet as i32,
+                block_keys: vec![1, 2, 3],
+                ..Default::default()
+            })
+            .await
+            .expect("grpc")
+            .into_inner();
+        for (i, want) in expected.iter().enumerate() {
+            let specs = &answer.locations[i].location_specs;
+            let got: Vec<Option<u64>> = specs.iter().map(|s| s.checksum).collect();
+            let want: Vec<Option<u64>> = match want {
+                Some(values) => values.iter().copied().map(Some).collect(),
+                None => vec![None, None],
+            };
+            assert_eq!(got, want, "grpc, block {}", i + 1);
+            let json_specs = http["locations"][i]["location_specs"]
+                .as_array()
+                .expect("specs");
+            let got: Vec<Option<u64>> = json_specs
+                .iter()
+                .map(|s| s["checksum"].as_str().map(|c| c.parse().expect("decimal")))
+                .collect();
+            assert_eq!(got, want, "http, block {}", i + 1);
+        }
+    };
+    check(&server).await;
+    let server = server.kill_and_restart().await;
+    check(&server).await;
+}
+
+#[tokio::test]
+async fn a_reference_clients_locations_without_checksums_are_ignored() {
+    let server = TestServer::start().await;
+    server.register("inst", 16).await;
+    let start = server
+        .meta_http(
+            "startWriteCache",
+            json!({"instance_id": "inst", "block_keys": [4, 5], "write_timeout_seconds": 30}),
+        )
+        .await;
+    // Echoing the answer's locations (fewer than the session has) changes nothing.
+    let echoed = json!([start["locations"][0]]);
+    let finish = server
+        .meta_http(
+            "finishWriteCache",
+            json!({"instance_id": "inst", "write_session_id": start["write_session_id"],
+                   "success_blocks": {"offset": 2}, "locations": echoed}),
+        )
+        .await;
+    assert_eq!(code(&finish), "OK", "{finish}");
+    assert_eq!(
+        server.statuses("inst", &[4, 5]).await,
+        ["CLS_SERVING", "CLS_SERVING"]
+    );
+}

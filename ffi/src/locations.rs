@@ -282,6 +282,7 @@ mod tests {
         LocationSpec {
             name: name.into(),
             uri: uri.into(),
+            checksum: None,
         }
     }
 

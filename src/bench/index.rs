@@ -21,6 +21,7 @@ pub fn run(key_count: usize) {
             spec: 0,
             address: PartAddress::default(),
         }],
+        checksums: Vec::new(),
     }]);
     let index = match LocalIndex::new(LocalIndexConfig::default()) {
         Ok(index) => index,

@@ -317,7 +317,8 @@ fn register_all(
 /// How large a generation is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Sizes {
-    specs: usize,
+    /// Records per slot: the spec count, doubled once checksums are published.
+    slot_records: usize,
     buckets: u64,
     heap: usize,
     handles: usize,
@@ -331,7 +332,7 @@ impl Sizes {
         let probe = Layout::new(specs, 2, 0, 0)?;
         let per_bucket = probe.geometry.slots_per_bucket as u64;
         Ok(Sizes {
-            specs,
+            slot_records: specs,
             buckets: (2 * keys).div_ceil(per_bucket).max(MIN_BUCKETS),
             heap: (keys as usize).saturating_mul(32 * specs).max(MIN_HEAP),
             handles: (handles + 16).next_power_of_two(),
@@ -353,12 +354,18 @@ impl Sizes {
                 handles: self.handles * 2,
                 ..self
             },
+            // Room for a checksum per part (the generation refuses with `Parts` only while
+            // twice the records still fit a slot).
+            Full::Parts => Sizes {
+                slot_records: (self.slot_records * 2).min(kvcm_lookup::header::MAX_PARTS),
+                ..self
+            },
         }
     }
 
     fn layout(&self) -> Result<Layout, LookupError> {
         Ok(Layout::new(
-            self.specs,
+            self.slot_records,
             self.buckets,
             self.handles,
             self.heap,
@@ -479,6 +486,7 @@ fn published(
             nonce: location.nonce,
             storage: location.storage.0,
             parts: location.parts.into_iter().map(part).collect(),
+            checksums: location.checksums,
         })
         .collect()
 }

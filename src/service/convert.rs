@@ -24,6 +24,7 @@ pub fn location_to_wire(instance: &Instance, location: BlockLocation) -> meta::C
             .get(usize::from(part.spec))
             .map_or_else(String::new, |s| s.name.clone()),
         uri: part.uri,
+        checksum: None,
     });
     cache_location(location.storage_type, location.spec_count, parts)
 }
@@ -36,6 +37,7 @@ pub fn view_to_wire(view: &LocationView<'_>) -> meta::CacheLocation {
         meta::LocationSpec {
             name: part.spec.name.clone(),
             uri,
+            checksum: part.checksum,
         }
     });
     cache_location(view.storage_type(), view.spec_count(), parts)
@@ -71,6 +73,35 @@ pub fn cache_meta_to_wire(
     };
     let json = serde_json::json!({"id": found.id.to_string(), "status": status}).to_string();
     (location_to_wire(instance, found.location), json)
+}
+
+/// The writer's checksums in FinishWriteCache's `locations` (kvcm extension; the reference
+/// ignores the field): empty when no part carries one (the reference's clients), else one
+/// list per location, each empty or one checksum per part. A location with checksums on
+/// some parts only is invalid.
+pub fn checksums_from_wire(locations: &[meta::CacheLocation]) -> ManagerResult<Vec<Vec<u64>>> {
+    let carries = |l: &meta::CacheLocation| l.location_specs.iter().any(|s| s.checksum.is_some());
+    if !locations.iter().any(carries) {
+        return Ok(Vec::new());
+    }
+    locations
+        .iter()
+        .enumerate()
+        .map(|(i, location)| {
+            let sums: Vec<u64> = location
+                .location_specs
+                .iter()
+                .filter_map(|s| s.checksum)
+                .collect();
+            if !sums.is_empty() && sums.len() != location.location_specs.len() {
+                return Err(invalid(
+                    "locations",
+                    format!("location {i} has checksums on some parts only"),
+                ));
+            }
+            Ok(sums)
+        })
+        .collect()
 }
 
 /// A wire mask (absent = masks nothing); a negative offset is invalid.

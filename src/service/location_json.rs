@@ -87,6 +87,12 @@ fn locations_json(lookup: &CacheLookup<'_>) -> Vec<u8> {
             uri.clear();
             part.write_uri(&mut uri);
             write_str(&mut out, &uri);
+            if let Some(checksum) = part.checksum {
+                // pbjson prints a uint64 as a decimal string.
+                out.extend_from_slice(b",\"checksum\":\"");
+                out.extend_from_slice(itoa::Buffer::new().format(checksum).as_bytes());
+                out.push(b'"');
+            }
             out.push(b'}');
         }
         out.extend_from_slice(b"]}");
@@ -168,8 +174,15 @@ mod tests {
         let grouped = manager
             .start_write(&instance, vec![10, 11], &["g".into(), "g".into()], 60)
             .expect("start grouped");
+        // With checksums, one of the largest and one of 0 (both printed as pbjson does).
+        let checksums = [vec![u64::MAX], vec![0]];
         manager
-            .finish_write(&instance, &grouped.session_id, &BlockMask::Offset(2))
+            .finish_write_with_checksums(
+                &instance,
+                &grouped.session_id,
+                &BlockMask::Offset(2),
+                &checksums,
+            )
             .expect("finish grouped");
         manager
     }

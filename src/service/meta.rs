@@ -6,8 +6,8 @@ use std::sync::Arc;
 use kvcm_manager::{CacheLookup, Instance, ManagerError};
 
 use super::convert::{
-    cache_meta_to_wire, location_to_wire, mask_from_wire, mask_to_wire, query_kind, trim_strategy,
-    view_to_wire,
+    cache_meta_to_wire, checksums_from_wire, location_to_wire, mask_from_wire, mask_to_wire,
+    query_kind, trim_strategy, view_to_wire,
 };
 use super::core::{Core, Outcome};
 use super::location_json::LocationsJson;
@@ -188,9 +188,13 @@ impl MetaHandler {
                     return Err(ManagerError::invalid("success_blocks"));
                 };
                 let success = mask_from_wire(Some(success), "success_blocks")?;
-                let committed =
-                    core.manager
-                        .finish_write(&instance, &request.write_session_id, &success)?;
+                let checksums = checksums_from_wire(&request.locations)?;
+                let committed = core.manager.finish_write_with_checksums(
+                    &instance,
+                    &request.write_session_id,
+                    &success,
+                    &checksums,
+                )?;
                 let session = &request.write_session_id;
                 core.events.write_finished(&instance, session, committed);
                 Ok((

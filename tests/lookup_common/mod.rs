@@ -94,13 +94,23 @@ pub async fn start(server: &TestServer, keys: &[i64], spec_groups: &[&str], time
 
 /// FinishWriteCache over HTTP with these successes.
 pub async fn finish(server: &TestServer, session: &Value, successes: Vec<bool>) {
-    let answer = server
-        .meta_http(
-            "finishWriteCache",
-            json!({"instance_id": INSTANCE, "write_session_id": session,
-                   "success_blocks": {"bool_masks": {"values": successes}}}),
-        )
-        .await;
+    finish_checksummed(server, session, successes, Value::Null).await;
+}
+
+/// FinishWriteCache over HTTP with these successes and `locations` (the writer's checksums,
+/// `null` for none).
+pub async fn finish_checksummed(
+    server: &TestServer,
+    session: &Value,
+    successes: Vec<bool>,
+    locations: Value,
+) {
+    let mut body = json!({"instance_id": INSTANCE, "write_session_id": session,
+                          "success_blocks": {"bool_masks": {"values": successes}}});
+    if !locations.is_null() {
+        body["locations"] = locations;
+    }
+    let answer = server.meta_http("finishWriteCache", body).await;
     assert_eq!(code(&answer), "OK", "{answer}");
 }
 

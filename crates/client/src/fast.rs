@@ -371,13 +371,14 @@ impl FastPath {
                         .map(|s| meta::LocationSpec {
                             name: self.specs[s].0.clone(),
                             uri: String::new(),
+                            checksum: None,
                         })
                         .collect(),
                 });
                 continue;
             };
             let mut specs = Vec::with_capacity(slot.parts.len());
-            for part in &slot.parts {
+            for (i, part) in slot.parts.iter().enumerate() {
                 let template = self
                     .templates
                     .get(&part.template)
@@ -391,6 +392,7 @@ impl FastPath {
                 specs.push(meta::LocationSpec {
                     name: self.specs[spec].0.clone(),
                     uri,
+                    checksum: slot.checksums.get(i).copied(),
                 });
             }
             locations.push(meta::CacheLocation {

@@ -34,6 +34,8 @@ pub enum Full {
     Heap,
     /// The availability block's storage handles.
     Handles,
+    /// A slot's records (a location with checksums needs two per part).
+    Parts,
 }
 
 impl std::fmt::Display for Full {
@@ -42,6 +44,7 @@ impl std::fmt::Display for Full {
             Full::Buckets => "both buckets of a key",
             Full::Heap => "string heap",
             Full::Handles => "storage handles",
+            Full::Parts => "slot records",
         })
     }
 }

@@ -17,7 +17,7 @@ use kvcm_transport::Memory;
 
 use crate::avail::{self, Availability};
 use crate::error::{FormatError, Full, Result};
-use crate::header::{candidates, Geometry, Header, FORMAT_VERSION, MAGIC, WIRES};
+use crate::header::{candidates, Geometry, Header, FORMAT_VERSION, MAGIC, MAX_PARTS, WIRES};
 use crate::seqlock::{self, Opened, OVERHEAD};
 use crate::slot::{PartRecord, Slot, SlotHead};
 use crate::strings::{self, Entry, Template, FIRST_ENTRY};
@@ -96,6 +96,15 @@ pub struct PublishedLocation {
     pub storage: u16,
     /// Its parts.
     pub parts: Vec<(Template, u32)>,
+    /// The writer's checksums of its parts: empty, or one per part.
+    pub checksums: Vec<u64>,
+}
+
+impl PublishedLocation {
+    /// Slot records it takes.
+    fn records(&self) -> usize {
+        Slot::records(self.parts.len(), !self.checksums.is_empty())
+    }
 }
 
 /// An interned string: its id, length and number of parts naming it.
@@ -244,7 +253,16 @@ impl<M: Memory> Generation<M> {
         let buckets = candidates(key, self.seed, self.layout.bucket_count);
         let mut images = [self.read_bucket(buckets[0])?, self.read_bucket(buckets[1])?];
         let mut touched = [false; 2];
-        let fits = locations.len() <= 2 * self.layout.geometry.slots_per_bucket;
+        // A location with more records than a slot holds needs wider slots, as long as
+        // there can be such slots; beyond that the key is an overflow marker.
+        let records = locations.iter().map(PublishedLocation::records).max();
+        let records = records.unwrap_or(0);
+        let max_parts = self.layout.geometry.max_parts;
+        if records > max_parts && records <= MAX_PARTS {
+            return Err(FormatError::Full(Full::Parts));
+        }
+        let fits =
+            locations.len() <= 2 * self.layout.geometry.slots_per_bucket && records <= max_parts;
         // Remove the slots that are not wanted any more.
         let mut kept: Vec<u32> = Vec::new();
         for (b, image) in images.iter_mut().enumerate() {
@@ -360,6 +378,7 @@ impl<M: Memory> Generation<M> {
         slot.head.nonce == location.nonce
             && slot.head.storage == location.storage
             && slot.parts.len() == location.parts.len()
+            && slot.checksums == location.checksums
             && slot
                 .parts
                 .iter()
@@ -408,7 +427,7 @@ impl<M: Memory> Generation<M> {
 
     /// The slot of `location`, its templates interned (written to the heap when new).
     fn intern(&mut self, key: i64, location: &PublishedLocation) -> Result<Slot> {
-        if location.parts.len() > self.layout.geometry.max_parts || location.nonce == 0 {
+        if location.records() > self.layout.geometry.max_parts || location.nonce == 0 {
             return Err(FormatError::Corrupt(
                 "a location does not fit the instance's slots",
             ));
@@ -425,9 +444,10 @@ impl<M: Memory> Generation<M> {
                 key,
                 nonce: location.nonce,
                 storage: location.storage,
-                part_count: parts.len() as u16,
+                part_count: Slot::part_count(parts.len(), !location.checksums.is_empty()),
             },
             parts,
+            checksums: location.checksums.clone(),
         })
     }
 
@@ -486,8 +506,13 @@ mod tests {
     use kvcm_transport::{Domain, HostMemory};
 
     fn generation(buckets: u64, heap: usize) -> Generation<HostMemory> {
+        generation_of(2, buckets, heap)
+    }
+
+    /// A generation for two specs with slots of `max_parts` records.
+    fn generation_of(max_parts: usize, buckets: u64, heap: usize) -> Generation<HostMemory> {
         let domain = SoftDomain::open(SoftConfig::default()).unwrap();
-        let layout = Layout::new(2, buckets, 4, heap).unwrap();
+        let layout = Layout::new(max_parts, buckets, 4, heap).unwrap();
         let memory = domain
             .alloc(layout.total_len().next_multiple_of(4096))
             .unwrap();
@@ -506,6 +531,7 @@ mod tests {
             nonce,
             storage: 1,
             parts: vec![(template(0), nonce), (template(1), nonce + 1)],
+            checksums: Vec::new(),
         }
     }
 
@@ -581,6 +607,38 @@ mod tests {
     }
 
     #[test]
+    fn a_checksummed_location_needs_wider_slots_and_keeps_its_checksums() {
+        let mut generation = generation(2, 4096);
+        let plain = location(1, "g");
+        let checksummed = PublishedLocation {
+            checksums: vec![1, 2],
+            ..location(2, "g")
+        };
+        let both = [plain.clone(), checksummed.clone()];
+        let refused = generation.publish(9, &both);
+        assert!(
+            matches!(refused, Err(FormatError::Full(Full::Parts))),
+            "two parts and their checksums need slots of four records: {refused:?}"
+        );
+        assert!(slots_of(&generation, 9).is_empty(), "nothing changed");
+        let mut wide = generation_of(4, 2, 4096);
+        wide.publish(9, &both).unwrap();
+        let slots = slots_of(&wide, 9);
+        assert_eq!(slots.len(), 2, "{slots:?}");
+        let published = slots
+            .iter()
+            .find(|s| s.head.nonce == 2)
+            .expect("checksummed");
+        assert_eq!(published.checksums, vec![1, 2]);
+        assert!(slots
+            .iter()
+            .any(|s| s.head.nonce == 1 && s.checksums.is_empty()));
+        wide.publish(9, &[plain]).unwrap();
+        let slots = slots_of(&wide, 9);
+        assert!(slots.len() == 1 && slots[0].head.nonce == 1, "{slots:?}");
+    }
+
+    #[test]
     fn a_full_heap_is_reported_and_retired_buckets_are_refused() {
         let mut generation = generation(64, 64);
         let error = generation
@@ -630,6 +688,7 @@ mod load_tests {
                 nonce: 1 + generation.slots_used() as u32,
                 storage: 1,
                 parts: vec![(template.clone(), 0)],
+                checksums: Vec::new(),
             };
             if generation.publish(rng_key, &[location]).is_err() {
                 let slots = layout.bucket_count as f64 * layout.geometry.slots_per_bucket as f64;
@@ -665,6 +724,7 @@ mod move_tests {
             nonce,
             storage: 1,
             parts: vec![(template, nonce)],
+            checksums: Vec::new(),
         }
     }
 

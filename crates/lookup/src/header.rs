@@ -8,8 +8,8 @@ use crate::seqlock::{self, Opened};
 
 /// "KVCMLKUP", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KVCMLKUP");
-/// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes and reads (2: slots may carry checksums).
+pub const FORMAT_VERSION: u32 = 2;
 /// Wires whose rkeys a header carries, by index.
 pub const WIRES: usize = 4;
 
@@ -43,7 +43,8 @@ pub struct Header {
     pub slot_bytes: u32,
     /// Slots per bucket.
     pub slots_per_bucket: u32,
-    /// Most parts a slot holds (the instance's spec count).
+    /// Most 8-byte records a slot holds after its head: the instance's spec count, doubled
+    /// once a location with checksums is published (capped at [`MAX_PARTS`]).
     pub max_parts: u32,
     /// Seed of the bucket hash.
     pub hash_seed: u64,

@@ -1,10 +1,13 @@
 //! Slots: the fixed-size plain-old-data records inside buckets, one per published (SERVING)
 //! location — a projection of the domain model's compact location.
 //!
-//! A slot is a 16-byte head (`key`, `nonce`, `storage`, `part_count`) and `max_parts`
-//! 8-byte parts (`template`, `block`), in spec order. A slot whose nonce is 0 is empty. A
-//! slot whose `part_count` is [`OVERFLOW`] is a marker: the key has more locations than its
-//! two buckets hold, and a reader must ask the server (gRPC) for it.
+//! A slot is a 16-byte head (`key`, `nonce`, `storage`, `part_count`) and room for
+//! `max_parts` 8-byte records: the parts (`template`, `block`) in spec order, then — when
+//! `part_count` has the [`CHECKSUMMED`] bit — one 8-byte checksum per part (the writer's
+//! xxh3-64 of the part's bytes), so a checksummed location of `n` parts takes `2n` records.
+//! A slot whose nonce is 0 is empty. A slot whose `part_count` is [`OVERFLOW`] is a marker:
+//! the key has more locations than its two buckets hold (or a location more records than a
+//! slot), and a reader must ask the server (gRPC) for it.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -14,6 +17,8 @@ pub const HEAD_BYTES: usize = std::mem::size_of::<SlotHead>();
 pub const PART_BYTES: usize = std::mem::size_of::<PartRecord>();
 /// `part_count` of an overflow marker.
 pub const OVERFLOW: u16 = u16::MAX;
+/// The bit of `part_count` saying a checksum per part follows the parts.
+pub const CHECKSUMMED: u16 = 0x8000;
 
 /// The head of a slot.
 #[repr(C)]
@@ -25,7 +30,7 @@ pub struct SlotHead {
     pub nonce: u32,
     /// The storage handle (index into the availability block).
     pub storage: u16,
-    /// Parts used (≤ max parts), or [`OVERFLOW`].
+    /// Parts used, with [`CHECKSUMMED`] when checksums follow them; or [`OVERFLOW`].
     pub part_count: u16,
 }
 
@@ -44,8 +49,10 @@ pub struct PartRecord {
 pub struct Slot {
     /// Its head.
     pub head: SlotHead,
-    /// Its parts (`head.part_count` of them; none for a marker).
+    /// Its parts (none for a marker).
     pub parts: Vec<PartRecord>,
+    /// The parts' checksums: empty, or one per part.
+    pub checksums: Vec<u64>,
 }
 
 impl Slot {
@@ -64,21 +71,35 @@ impl Slot {
                 part_count: OVERFLOW,
             },
             parts: Vec::new(),
+            checksums: Vec::new(),
         }
     }
 
-    /// Writes the slot into `out` (`slot_bytes` long; unused parts zeroed).
+    /// The `part_count` word of a location of `parts` parts, with or without checksums.
+    pub fn part_count(parts: usize, checksummed: bool) -> u16 {
+        let flag = if checksummed { CHECKSUMMED } else { 0 };
+        parts as u16 | flag
+    }
+
+    /// Records (of 8 bytes) a location of `parts` parts takes, with or without checksums.
+    pub fn records(parts: usize, checksummed: bool) -> usize {
+        parts * (1 + usize::from(checksummed))
+    }
+
+    /// Writes the slot into `out` (`slot_bytes` long; unused records zeroed).
     pub fn encode(&self, out: &mut [u8]) {
         out.fill(0);
         out[..HEAD_BYTES].copy_from_slice(bytemuck::bytes_of(&self.head));
-        for (i, part) in self.parts.iter().enumerate() {
+        let records = self.parts.iter().map(bytemuck::bytes_of);
+        let checksums = self.checksums.iter().map(bytemuck::bytes_of);
+        for (i, record) in records.chain(checksums).enumerate() {
             let at = HEAD_BYTES + i * PART_BYTES;
-            out[at..at + PART_BYTES].copy_from_slice(bytemuck::bytes_of(part));
+            out[at..at + PART_BYTES].copy_from_slice(record);
         }
     }
 
-    /// Decodes one slot of `slot_bytes`; `None` for an empty slot or a part count beyond
-    /// what the slot holds.
+    /// Decodes one slot of `slot_bytes`; `None` for an empty slot or records beyond what
+    /// the slot holds.
     pub fn decode(bytes: &[u8]) -> Option<Slot> {
         let head: SlotHead = bytemuck::pod_read_unaligned(bytes.get(..HEAD_BYTES)?);
         if head.nonce == 0 {
@@ -88,15 +109,25 @@ impl Slot {
             return Some(Slot {
                 head,
                 parts: Vec::new(),
+                checksums: Vec::new(),
             });
         }
-        let count = usize::from(head.part_count);
-        let parts_bytes = bytes.get(HEAD_BYTES..HEAD_BYTES + count * PART_BYTES)?;
-        let parts = parts_bytes
-            .chunks_exact(PART_BYTES)
-            .map(bytemuck::pod_read_unaligned)
-            .collect();
-        Some(Slot { head, parts })
+        let checksummed = head.part_count & CHECKSUMMED != 0;
+        let count = usize::from(head.part_count & !CHECKSUMMED);
+        let end = HEAD_BYTES + Slot::records(count, checksummed) * PART_BYTES;
+        let records = bytes.get(HEAD_BYTES..end)?;
+        let (parts, checksums) = records.split_at(count * PART_BYTES);
+        Some(Slot {
+            head,
+            parts: parts
+                .chunks_exact(PART_BYTES)
+                .map(bytemuck::pod_read_unaligned)
+                .collect(),
+            checksums: checksums
+                .chunks_exact(PART_BYTES)
+                .map(bytemuck::pod_read_unaligned)
+                .collect(),
+        })
     }
 }
 
@@ -133,11 +164,27 @@ mod tests {
                     block: 0,
                 },
             ],
+            checksums: Vec::new(),
         };
-        let mut bytes = vec![0u8; HEAD_BYTES + 3 * PART_BYTES];
+        let mut bytes = vec![0u8; HEAD_BYTES + 4 * PART_BYTES];
         slot.encode(&mut bytes);
         assert_eq!(Slot::decode(&bytes), Some(slot.clone()));
         assert_eq!(Slot::decode(&[0u8; 40]), None);
+        let checksummed = Slot {
+            head: SlotHead {
+                part_count: Slot::part_count(2, true),
+                ..slot.head
+            },
+            checksums: vec![u64::MAX, 0],
+            ..slot.clone()
+        };
+        checksummed.encode(&mut bytes);
+        assert_eq!(Slot::decode(&bytes), Some(checksummed.clone()));
+        assert_eq!(
+            Slot::decode(&bytes[..HEAD_BYTES + 3 * PART_BYTES]),
+            None,
+            "checksums beyond the slot"
+        );
         let mut lying = slot;
         lying.head.part_count = 9;
         lying.parts.clear();

@@ -5,7 +5,11 @@
 //!
 //! Entries are immutable values; a state change stores a new entry inside one
 //! `read_modify_write` (a compare-and-set per key). The common entry — one location with one
-//! part — is held inline in 24 bytes; any other shape in one shared allocation.
+//! part and no checksum — is held inline in 24 bytes; any other shape in one shared
+//! allocation.
+//!
+//! A location may carry the writer's checksums (xxh3-64 of each part's bytes, given at
+//! FinishWriteCache): none, or exactly one per part, in part order.
 
 use std::sync::Arc;
 
@@ -49,6 +53,8 @@ pub struct Location {
     pub nonce: u32,
     /// Its parts, in spec order.
     pub parts: Vec<Part>,
+    /// The writer's checksums of the parts' bytes: empty, or one per part in part order.
+    pub checksums: Vec<u64>,
 }
 
 /// A location of an entry, borrowed.
@@ -62,6 +68,8 @@ pub struct LocationRef<'a> {
     pub nonce: u32,
     /// Its parts, in spec order.
     pub parts: &'a [Part],
+    /// The writer's checksums of the parts' bytes: empty, or one per part in part order.
+    pub checksums: &'a [u64],
 }
 
 /// The 8-character id of a location (GetCacheMeta's `id`, and how a write session names the
@@ -100,6 +108,7 @@ impl LocationRef<'_> {
             state: self.state,
             nonce: self.nonce,
             parts: self.parts.to_vec(),
+            checksums: self.checksums.to_vec(),
         }
     }
 }
@@ -112,6 +121,7 @@ impl Location {
             state: self.state,
             nonce: self.nonce,
             parts: &self.parts,
+            checksums: &self.checksums,
         }
     }
 }
@@ -129,7 +139,7 @@ pub struct Entry(Repr);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Repr {
-    /// One location with one part.
+    /// One location with one part and no checksum.
     One {
         part: Part,
         storage: StorageHandle,
@@ -147,7 +157,7 @@ impl Entry {
     /// An entry of these locations, in order.
     pub fn new(mut locations: Vec<Location>) -> Entry {
         if let [only] = locations.as_slice() {
-            if let [part] = only.parts.as_slice() {
+            if let ([part], []) = (only.parts.as_slice(), only.checksums.as_slice()) {
                 return Entry(Repr::One {
                     part: *part,
                     storage: only.storage,
@@ -159,6 +169,7 @@ impl Entry {
         locations.shrink_to_fit();
         for location in &mut locations {
             location.parts.shrink_to_fit();
+            location.checksums.shrink_to_fit();
         }
         Entry(Repr::Many(Arc::new(locations)))
     }
@@ -177,6 +188,7 @@ impl Entry {
                     state: *state,
                     nonce: *nonce,
                     parts: std::slice::from_ref(part),
+                    checksums: &[],
                 }),
                 &[][..],
             ),
@@ -234,6 +246,7 @@ mod tests {
                     },
                 })
                 .collect(),
+            checksums: Vec::new(),
         }
     }
 
@@ -258,6 +271,10 @@ mod tests {
                 location(1, LocationState::Serving, 1),
                 location(2, LocationState::Deleting, 3),
             ],
+            vec![Location {
+                checksums: vec![7],
+                ..location(1, LocationState::Serving, 1)
+            }],
         ] {
             let entry = Entry::new(shape.clone());
             assert_eq!(entry.to_locations(), shape);

@@ -122,10 +122,12 @@ impl Manager {
         let mut cursor = Some(ScanCursor::START);
         while let Some(position) = cursor {
             let page = instance.index.scan(position, SWEEP_PAGE)?;
-            let moved =
-                self.move_locations(instance, &page.keys, LocationState::Deleting, &|_, l| {
-                    on_dead(l)
-                })?;
+            let moved = self.move_locations(
+                instance,
+                &page.keys,
+                LocationState::Deleting,
+                &mut |_, l| on_dead(l),
+            )?;
             self.delete_later(instance, moved);
             cursor = page.next;
         }

@@ -39,6 +39,8 @@ pub struct ServingLocation {
     /// Its parts in spec order: spec index and URI template (`None`: the backend no longer
     /// knows the part, whose URI is then empty).
     pub parts: Vec<(u16, Option<UriTemplate>)>,
+    /// The writer's checksums of its parts: empty, or one per part.
+    pub checksums: Vec<u64>,
 }
 
 /// How locations of each storage handle read for one instance (wire fact sheet §11).
@@ -124,6 +126,7 @@ impl Manager {
                     nonce: location.nonce,
                     storage: location.storage,
                     parts,
+                    checksums: location.checksums.to_vec(),
                 }
             })
             .collect()

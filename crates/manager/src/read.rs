@@ -121,7 +121,10 @@ impl<'v> LocationView<'v> {
     /// The parts, in spec order (filtered by spec name when asked).
     pub fn parts(&self) -> impl Iterator<Item = PartView<'_>> {
         let (key, parts) = match &self.found {
-            Some((key, location)) => (*key, PartsOf::Stored(location.parts.iter())),
+            Some((key, location)) => (
+                *key,
+                PartsOf::Stored(location.parts.iter().enumerate(), location.checksums),
+            ),
             None => (
                 0,
                 PartsOf::Placeholder(0..self.render.instance.specs().len()),
@@ -129,12 +132,13 @@ impl<'v> LocationView<'v> {
         };
         let storage = self.found.as_ref().map(|(_, location)| location.storage);
         parts
-            .filter(|(spec, _)| self.render.keeps(*spec))
-            .filter_map(move |(spec, address)| {
+            .filter(|(spec, ..)| self.render.keeps(*spec))
+            .filter_map(move |(spec, address, checksum)| {
                 Some(PartView {
                     render: self.render,
                     spec_index: spec,
                     spec: self.render.instance.specs().get(usize::from(spec))?,
+                    checksum,
                     stored: storage
                         .zip(address)
                         .map(|(storage, address)| (key, storage, address)),
@@ -162,19 +166,22 @@ impl<'v> LocationView<'v> {
     }
 }
 
-/// The parts of a stored location, or the specs of a placeholder.
+/// The parts of a stored location with its checksums, or the specs of a placeholder.
 enum PartsOf<'p> {
-    Stored(std::slice::Iter<'p, Part>),
+    Stored(std::iter::Enumerate<std::slice::Iter<'p, Part>>, &'p [u64]),
     Placeholder(std::ops::Range<usize>),
 }
 
 impl Iterator for PartsOf<'_> {
-    type Item = (u16, Option<PartAddress>);
+    /// Spec index, stored address, checksum.
+    type Item = (u16, Option<PartAddress>, Option<u64>);
 
     fn next(&mut self) -> Option<Self::Item> {
         match self {
-            PartsOf::Stored(parts) => parts.next().map(|p| (p.spec, Some(p.address))),
-            PartsOf::Placeholder(specs) => specs.next().map(|spec| (spec as u16, None)),
+            PartsOf::Stored(parts, checksums) => parts
+                .next()
+                .map(|(i, p)| (p.spec, Some(p.address), checksums.get(i).copied())),
+            PartsOf::Placeholder(specs) => specs.next().map(|spec| (spec as u16, None, None)),
         }
     }
 }
@@ -186,6 +193,8 @@ pub struct PartView<'p> {
     pub spec_index: u16,
     /// The spec as registered.
     pub spec: &'p BlockSpec,
+    /// The writer's checksum of the part's bytes, when it gave one.
+    pub checksum: Option<u64>,
     /// Key, storage and address of a stored part; `None` in a placeholder.
     stored: Option<(BlockKey, StorageHandle, PartAddress)>,
 }

@@ -33,9 +33,10 @@ impl Manager {
         let mut keys = keys.to_vec();
         keys.sort_unstable();
         keys.dedup();
-        let moved = self.move_locations(instance, &keys, LocationState::Deleting, &|_, l| {
-            l.state != LocationState::Deleting
-        })?;
+        let moved =
+            self.move_locations(instance, &keys, LocationState::Deleting, &mut |_, l| {
+                l.state != LocationState::Deleting
+            })?;
         self.delete_later(instance, moved);
         Ok(())
     }

@@ -24,6 +24,8 @@ pub struct PendingWrite {
     pub key: BlockKey,
     /// The WRITING location created for it.
     pub location_id: LocationId,
+    /// How many parts that location has.
+    pub parts: usize,
 }
 
 /// An open write session.

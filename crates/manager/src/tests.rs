@@ -574,6 +574,7 @@ fn allocated(
             spec: 0,
             address: part.address,
         }],
+        checksums: Vec::new(),
     };
     (location, part.uri.clone())
 }

@@ -120,6 +120,7 @@ impl Manager {
             .map(|(key, l, _)| PendingWrite {
                 key: *key,
                 location_id: l.as_ref().id(),
+                parts: l.parts.len(),
             })
             .collect();
         let session = Session {
@@ -143,6 +144,20 @@ impl Manager {
         session_id: &str,
         success: &BlockMask,
     ) -> ManagerResult<Vec<BlockKey>> {
+        self.finish_write_with_checksums(instance, session_id, success, &[])
+    }
+
+    /// [`Manager::finish_write`] storing the writer's checksums with the committed locations:
+    /// `checksums` is empty (none) or has one list per location of the session, each empty or
+    /// one checksum per part of that location. A list of another shape is refused
+    /// (INVALID_ARGUMENT naming `locations`) and leaves the session open.
+    pub fn finish_write_with_checksums(
+        &self,
+        instance: &Instance,
+        session_id: &str,
+        success: &BlockMask,
+        checksums: &[Vec<u64>],
+    ) -> ManagerResult<Vec<BlockKey>> {
         let session = self.sessions.take_checked(session_id, |session| {
             if session.instance.id() != instance.id() {
                 return Err(ManagerError::invalid_because(
@@ -150,10 +165,19 @@ impl Manager {
                     format!("session belongs to {}", session.instance.id()),
                 ));
             }
+            check_checksums(&session.writes, checksums)
+                .map_err(|detail| ManagerError::invalid_because("locations", detail))?;
             success
                 .check_len(session.writes.len())
                 .map_err(|detail| ManagerError::invalid_because("success_blocks", detail))
         })?;
+        let checksums_of: HashMap<LocationId, &[u64]> = session
+            .writes
+            .iter()
+            .zip(checksums)
+            .filter(|(_, sums)| !sums.is_empty())
+            .map(|(write, sums)| (write.location_id, sums.as_slice()))
+            .collect();
         let (committed, failed): (Vec<_>, Vec<_>) = session
             .writes
             .iter()
@@ -162,7 +186,7 @@ impl Manager {
         let committed: Vec<&PendingWrite> = committed.into_iter().map(|(_, w)| w).collect();
         let failed: Vec<&PendingWrite> = failed.into_iter().map(|(_, w)| w).collect();
         let failing = self.fail_or_retry(&session.instance, &failed);
-        let moved = match self.move_writes(&session.instance, &committed, LocationState::Serving) {
+        let moved = match self.commit_writes(&session.instance, &committed, &checksums_of) {
             Ok(moved) => moved,
             Err(error) => {
                 // Never leave a consumed session's blocks WRITING: fail the commits too.
@@ -197,7 +221,7 @@ impl Manager {
             Ok(())
         })?;
         let writes: Vec<&PendingWrite> = session.writes.iter().collect();
-        let moved = self.move_writes(&session.instance, &writes, LocationState::Deleting)?;
+        let moved = self.unwrite(&session.instance, &writes)?;
         self.delete_at_once(&session.instance, moved);
         Ok(())
     }
@@ -230,42 +254,65 @@ impl Manager {
 
     /// WRITING → DELETING for these writes, then queues their deletion.
     fn fail_writes(&self, instance: &Arc<Instance>, writes: &[&PendingWrite]) -> ManagerResult<()> {
-        let moved = self.move_writes(instance, writes, LocationState::Deleting)?;
+        let moved = self.unwrite(instance, writes)?;
         self.delete_later(instance, moved);
         Ok(())
     }
 
-    /// Moves the WRITING locations of `writes` to `to`; returns those that moved.
-    fn move_writes(
+    /// Moves the WRITING locations of `writes` to DELETING; returns those that moved.
+    fn unwrite(
         &self,
         instance: &Instance,
         writes: &[&PendingWrite],
-        to: LocationState,
     ) -> ManagerResult<Vec<(BlockKey, Location)>> {
-        let mut ids: HashMap<BlockKey, Vec<LocationId>> = HashMap::new();
-        for write in writes {
-            ids.entry(write.key).or_default().push(write.location_id);
-        }
-        let keys: Vec<BlockKey> = ids.keys().copied().collect();
-        // A commit needs every part on a live pool node (checked under the key's lock, see
-        // `pools`): the blocks of a node that died are refused.
-        self.move_locations(instance, &keys, to, &|key, location| {
+        let (keys, ids) = writes_by_key(writes);
+        let to = LocationState::Deleting;
+        self.move_locations(instance, &keys, to, &mut |key, location| {
             location.state == LocationState::Writing
                 && ids
                     .get(&key)
                     .is_some_and(|ids| ids.contains(&location.as_ref().id()))
-                && (to != LocationState::Serving || self.location_held(location))
         })
+    }
+
+    /// Moves the WRITING locations of `writes` to SERVING with their checksums; returns
+    /// those that moved. A commit needs every part on a live pool node (checked under the
+    /// key's lock, see `pools`): the blocks of a node that died are refused.
+    fn commit_writes(
+        &self,
+        instance: &Instance,
+        writes: &[&PendingWrite],
+        checksums: &HashMap<LocationId, &[u64]>,
+    ) -> ManagerResult<Vec<(BlockKey, Location)>> {
+        let (keys, ids) = writes_by_key(writes);
+        self.move_locations(
+            instance,
+            &keys,
+            LocationState::Serving,
+            &mut |key, location| {
+                let id = location.as_ref().id();
+                let selected = location.state == LocationState::Writing
+                    && ids.get(&key).is_some_and(|ids| ids.contains(&id))
+                    && self.location_held(location);
+                if selected {
+                    if let Some(sums) = checksums.get(&id) {
+                        location.checksums = sums.to_vec();
+                    }
+                }
+                selected
+            },
+        )
     }
 
     /// Moves every location selected by `select` to state `to` (one compare-and-set per
     /// key, each change published inside it); returns the moved locations in their new state.
+    /// `select` may amend the location it selects (a commit stores its checksums).
     pub(crate) fn move_locations(
         &self,
         instance: &Instance,
         keys: &[BlockKey],
         to: LocationState,
-        select: &dyn Fn(BlockKey, &Location) -> bool,
+        select: &mut dyn FnMut(BlockKey, &mut Location) -> bool,
     ) -> ManagerResult<Vec<(BlockKey, Location)>> {
         let mut moved = Vec::new();
         let mut visible = Vec::new();
@@ -277,7 +324,10 @@ impl Manager {
                 };
                 let mut locations = entry.to_locations();
                 let mut changed = false;
-                for location in locations.iter_mut().filter(|l| select(key, l)) {
+                for location in locations.iter_mut() {
+                    if !select(key, location) {
+                        continue;
+                    }
                     self.feed.publish(StateChange {
                         instance_id: instance.id().clone(),
                         key,
@@ -569,8 +619,42 @@ fn allocate(
                 state: LocationState::Writing,
                 nonce: nonces.fetch_add(1, Ordering::Relaxed),
                 parts,
+                checksums: Vec::new(),
             };
             (block.key, location, rendered)
         })
         .collect())
+}
+
+/// The keys of `writes` and the ids of their locations per key.
+fn writes_by_key(writes: &[&PendingWrite]) -> (Vec<BlockKey>, HashMap<BlockKey, Vec<LocationId>>) {
+    let mut ids: HashMap<BlockKey, Vec<LocationId>> = HashMap::new();
+    for write in writes {
+        ids.entry(write.key).or_default().push(write.location_id);
+    }
+    (ids.keys().copied().collect(), ids)
+}
+
+/// Checks the shape of FinishWriteCache's checksums against the session's writes.
+fn check_checksums(writes: &[PendingWrite], checksums: &[Vec<u64>]) -> Result<(), String> {
+    if checksums.is_empty() {
+        return Ok(());
+    }
+    if checksums.len() != writes.len() {
+        return Err(format!(
+            "{} locations carry checksums but the session has {} locations",
+            checksums.len(),
+            writes.len()
+        ));
+    }
+    for (position, (write, sums)) in writes.iter().zip(checksums).enumerate() {
+        if !sums.is_empty() && sums.len() != write.parts {
+            return Err(format!(
+                "location {position} carries {} checksums for {} parts (one per part, or none)",
+                sums.len(),
+                write.parts
+            ));
+        }
+    }
+    Ok(())
 }

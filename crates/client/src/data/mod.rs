@@ -12,6 +12,12 @@
 //! Every block's outcome names the path its bytes took ([`TransferPath`]), so no fallback
 //! is silent. A pool part is read only from the node incarnation (`range_id`) it was
 //! placed on: a node that restarted or was declared dead answers nothing for it.
+//!
+//! Integrity: a put sends the xxh3-64 of every part it wrote with FinishWriteCache (kvcm's
+//! `LocationSpec.checksum` extension, outside the block's bytes, which stay exactly what
+//! reference connectors read); a get verifies every part that has one. A part whose bytes
+//! do not match makes its block a miss, and the block is removed (RemoveCache) so no later
+//! lookup returns it.
 
 mod directory;
 mod pool_link;
@@ -51,6 +57,8 @@ pub struct TransferConfig {
     pub file_io: FileIoConfig,
     /// `write_timeout_seconds` of the engine's write sessions.
     pub write_timeout_seconds: i32,
+    /// Whether puts send checksums of the parts they write (gets verify any they find).
+    pub checksums: bool,
 }
 
 impl Default for TransferConfig {
@@ -61,6 +69,7 @@ impl Default for TransferConfig {
             timeout: Duration::from_secs(2),
             file_io: FileIoConfig::default(),
             write_timeout_seconds: 30,
+            checksums: true,
         }
     }
 }
@@ -106,11 +115,18 @@ pub enum GetOutcome {
     Miss(Option<String>),
 }
 
-/// One part to move: its block, where it goes, its buffer.
+/// One part to move: its block, where it goes, its buffer, the checksum the manager holds
+/// for its bytes (if any).
 struct Part<B> {
     block: usize,
     target: Target,
     buffer: B,
+    checksum: Option<u64>,
+}
+
+/// The checksum of a part's bytes.
+fn checksum_of(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
 }
 
 /// Moves blocks for one instance (one engine per thread: calls take `&mut self`).
@@ -199,6 +215,11 @@ impl TransferEngine {
             .take(start.locations.len())
             .map(|&block| failed[block].is_none() && written[block].is_some())
             .collect();
+        let locations = if self.config.checksums {
+            checksum_locations(&absent, &success, blocks)
+        } else {
+            Vec::new()
+        };
         self.client.finish_write(meta::FinishWriteCacheRequest {
             write_session_id: start.write_session_id,
             success_blocks: Some(meta::BlockMask {
@@ -206,6 +227,7 @@ impl TransferEngine {
                     values: success,
                 })),
             }),
+            locations,
             ..Default::default()
         })?;
         Ok((0..keys.len())
@@ -247,12 +269,14 @@ impl TransferEngine {
                 Err(reason) => outcomes[block] = GetOutcome::Miss(Some(reason)),
             }
         }
-        let results = self.read_parts(&mut parts);
+        let mut results = self.read_parts(&mut parts);
+        let corrupt = verify(&parts, &mut results);
         let mut read = vec![None; keys.len()];
         let mut failed = vec![None; keys.len()];
         collect(&parts, results, &mut read, |block, reason| {
             failed[block] = Some(reason)
         });
+        self.remove_corrupt(keys, &corrupt, &mut failed);
         for block in 0..keys.len() {
             if let Some(reason) = failed[block].take() {
                 outcomes[block] = GetOutcome::Miss(Some(reason));
@@ -261,6 +285,25 @@ impl TransferEngine {
             }
         }
         Ok(outcomes)
+    }
+
+    /// Removes the blocks whose bytes failed their checksum, so no later lookup returns
+    /// them; a failed removal is added to the block's reason.
+    fn remove_corrupt(&self, keys: &[i64], corrupt: &[usize], failed: &mut [Option<String>]) {
+        if corrupt.is_empty() {
+            return;
+        }
+        let removed = self.client.remove(meta::RemoveCacheRequest {
+            block_keys: corrupt.iter().map(|&block| keys[block]).collect(),
+            ..Default::default()
+        });
+        if let Err(error) = removed {
+            for &block in corrupt {
+                if let Some(reason) = failed[block].as_mut() {
+                    reason.push_str(&format!("; removing it failed: {error}"));
+                }
+            }
+        }
     }
 
     /// Writes every part; one result per part.
@@ -493,6 +536,7 @@ where
                 block,
                 target,
                 buffer,
+                checksum: spec.checksum,
             })
         })
         .collect()
@@ -518,4 +562,52 @@ fn collect<B>(
             }
         }
     }
+}
+
+/// FinishWriteCache's `locations` carrying checksums: one per location of the session
+/// (`absent[i]` is the block of location `i`), the checksum of every part of a committed
+/// block and nothing for the others. Names and URIs are left out: the server matches by
+/// position.
+fn checksum_locations(
+    absent: &[usize],
+    success: &[bool],
+    blocks: &[Vec<&[u8]>],
+) -> Vec<meta::CacheLocation> {
+    absent
+        .iter()
+        .zip(success)
+        .map(|(&block, &committed)| meta::CacheLocation {
+            location_specs: if committed {
+                let spec = |bytes: &&[u8]| meta::LocationSpec {
+                    checksum: Some(checksum_of(bytes)),
+                    ..Default::default()
+                };
+                blocks[block].iter().map(spec).collect()
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Checks every read part that has a checksum; a mismatch becomes that part's error.
+/// Returns the blocks found corrupt.
+fn verify(parts: &[Part<&mut [u8]>], results: &mut [Result<TransferPath, String>]) -> Vec<usize> {
+    let mut corrupt = Vec::new();
+    for (part, result) in parts.iter().zip(results.iter_mut()) {
+        let (Ok(_), Some(expected)) = (&*result, part.checksum) else {
+            continue;
+        };
+        let found = checksum_of(part.buffer);
+        if found != expected {
+            *result = Err(format!(
+                "the bytes do not match their checksum ({found:#018x}, written {expected:#018x}); the block was removed"
+            ));
+            if corrupt.last() != Some(&part.block) {
+                corrupt.push(part.block);
+            }
+        }
+    }
+    corrupt
 }

@@ -15,12 +15,16 @@
 //! or two bytes costs more memory (24 B per `String`) than 4× its encoding earns, so a group
 //! with ~100 one-letter storage candidates and little else would be refused as `TooLarge`.
 //!
-//! Invariants: version [`VERSION`] is the only one written; a decoder reads every version up
-//! to its own and refuses newer ones with [`DecodeError::NewerVersion`]. Decoding never
-//! panics, refuses trailing bytes, and never allocates more than [`ALLOCATION_FACTOR`] times
-//! the input length: every allocation is charged to a budget before it is made. The v1
-//! encodings of representative objects are committed under `fixtures/encoding/v1/`; every
-//! later decoder must read them.
+//! Versions: v1 is the first format; v2 adds the writer's checksums to entry locations. A
+//! value is written in the oldest version that holds it ([`Encode::version`]: an entry
+//! without checksums is still written as v1, byte-identical to what v1 binaries wrote), so
+//! an older binary reads everything that does not use a newer feature.
+//!
+//! Invariants: a decoder reads every version up to [`VERSION`] and refuses newer ones with
+//! [`DecodeError::NewerVersion`]. Decoding never panics, refuses trailing bytes, and never
+//! allocates more than [`ALLOCATION_FACTOR`] times the input length: every allocation is
+//! charged to a budget before it is made. The encodings of representative objects are
+//! committed under `fixtures/encoding/v1/` and `v2/`; every later decoder must read them.
 
 mod entry;
 mod reader;
@@ -32,8 +36,8 @@ mod writer;
 pub use reader::{DecodeError, Reader};
 pub use writer::Writer;
 
-/// The version this build writes (and the newest it reads).
-pub const VERSION: u8 = 1;
+/// The newest version this build writes and reads.
+pub const VERSION: u8 = 2;
 
 /// A decode allocates at most this many bytes per input byte.
 pub const ALLOCATION_FACTOR: usize = 4;
@@ -69,7 +73,11 @@ impl Kind {
 pub trait Encode: Sized {
     /// Its kind tag.
     const KIND: Kind;
-    /// Appends the body (no header).
+    /// The oldest version that holds this value (the one it is written in).
+    fn version(&self) -> u8 {
+        1
+    }
+    /// Appends the body (no header) in [`Encode::version`].
     fn write_body(&self, out: &mut Writer);
     /// Reads the body (no header) of an encoding of `version`.
     fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError>;
@@ -78,7 +86,7 @@ pub trait Encode: Sized {
     fn encode(&self) -> Vec<u8> {
         let mut out = Writer::default();
         out.bytes(&Self::KIND.tag());
-        out.u8(VERSION);
+        out.u8(self.version());
         self.write_body(&mut out);
         out.finish()
     }

@@ -76,12 +76,23 @@ fn location_strategy() -> impl Strategy<Value = Location> {
         parts.dedup_by_key(|part| part.spec);
         parts
     });
-    (any::<u16>(), state, any::<u32>(), parts).prop_map(|(storage, state, nonce, parts)| Location {
-        storage: StorageHandle(storage),
+    (
+        any::<u16>(),
         state,
-        nonce,
+        any::<u32>(),
         parts,
-    })
+        any::<Option<u64>>(),
+    )
+        .prop_map(|(storage, state, nonce, parts, seed)| Location {
+            storage: StorageHandle(storage),
+            state,
+            nonce,
+            // No checksums, or one per part.
+            checksums: seed.map_or_else(Vec::new, |seed| {
+                (0..parts.len() as u64).map(|i| seed ^ i).collect()
+            }),
+            parts,
+        })
 }
 
 fn entry_strategy() -> impl Strategy<Value = Entry> {
@@ -268,6 +279,7 @@ fn one_part_entry() -> Entry {
                 generation: 1,
             },
         }],
+        checksums: Vec::new(),
     }])
 }
 
@@ -286,6 +298,7 @@ fn replicated_entry() -> Entry {
                 },
             })
             .collect(),
+        checksums: Vec::new(),
     };
     Entry::new(vec![
         location(1, LocationState::Serving, 8),
@@ -293,16 +306,25 @@ fn replicated_entry() -> Entry {
     ])
 }
 
-fn fixture_path(name: &str) -> PathBuf {
+/// An entry whose first location carries checksums (a v2 feature).
+fn checksummed_entry() -> Entry {
+    let mut locations = replicated_entry().to_locations();
+    locations[0].checksums = (0..8).map(|i| 0x9e37_79b9_7f4a_7c15 ^ i).collect();
+    Entry::new(locations)
+}
+
+fn fixture_path(version: u8, name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/encoding/v1")
+        .join(format!("../../fixtures/encoding/v{version}"))
         .join(name)
 }
 
-/// The committed v1 bytes of `value` decode to it and equal what this build writes.
-/// `KVCM_WRITE_FIXTURES=1` writes them instead (only when the format is deliberately new).
-fn check_fixture<T: Encode + PartialEq + std::fmt::Debug>(name: &str, value: T) {
-    let path = fixture_path(name);
+/// The committed bytes of `value` in `version` decode to it and equal what this build
+/// writes. `KVCM_WRITE_FIXTURES=1` writes them instead (only when the format is deliberately
+/// new).
+fn check_fixture<T: Encode + PartialEq + std::fmt::Debug>(version: u8, name: &str, value: T) {
+    assert_eq!(value.version(), version, "{name} is a v{version} value");
+    let path = fixture_path(version, name);
     if std::env::var_os("KVCM_WRITE_FIXTURES").is_some() {
         std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
         std::fs::write(&path, value.encode()).expect("write fixture");
@@ -312,20 +334,37 @@ fn check_fixture<T: Encode + PartialEq + std::fmt::Debug>(name: &str, value: T) 
     assert_eq!(
         value.encode(),
         bytes,
-        "{name}: this build writes v1 unchanged"
+        "{name}: this build writes v{version} unchanged"
     );
     assert_hostile_inputs_are_safe::<T>(&bytes);
 }
 
 #[test]
 fn the_v1_fixtures_decode() {
-    check_fixture("entry_one_part.bin", one_part_entry());
-    check_fixture("entry_replicated.bin", replicated_entry());
-    check_fixture("storage_nfs.bin", storage_nfs());
-    check_fixture("storage_3fs.bin", storage_3fs());
-    check_fixture("group.bin", group());
-    check_fixture("instance.bin", instance());
-    check_fixture("account.bin", account());
+    check_fixture(1, "entry_one_part.bin", one_part_entry());
+    check_fixture(1, "entry_replicated.bin", replicated_entry());
+    check_fixture(1, "storage_nfs.bin", storage_nfs());
+    check_fixture(1, "storage_3fs.bin", storage_3fs());
+    check_fixture(1, "group.bin", group());
+    check_fixture(1, "instance.bin", instance());
+    check_fixture(1, "account.bin", account());
+}
+
+#[test]
+fn the_v2_fixtures_decode() {
+    check_fixture(2, "entry_checksums.bin", checksummed_entry());
+}
+
+#[test]
+fn an_entry_is_written_in_the_oldest_version_that_holds_it() {
+    assert_eq!(replicated_entry().encode()[2], 1, "no checksums: v1");
+    assert_eq!(checksummed_entry().encode()[2], 2, "checksums: v2");
+    let mut lying = checksummed_entry().encode();
+    lying[2] = 1;
+    assert!(
+        Entry::decode(&lying).is_err(),
+        "v2 bytes read as v1 do not decode"
+    );
 }
 
 #[test]

@@ -413,6 +413,7 @@ impl Manager {
                 state: location.state,
                 nonce: location.nonce,
                 parts,
+                checksums: location.checksums.to_vec(),
             },
             storage_type: incarnation.storage_type,
             backend,
