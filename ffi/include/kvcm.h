@@ -56,6 +56,7 @@ extern "C" {
 #define KVCM_E_PANIC (-5)             /* internal error, caught; the library stays usable */
 #define KVCM_E_OUT_OF_RANGE (-6)      /* an index past the end of a result */
 #define KVCM_E_BAD_ANSWER (-7)        /* the server answered an error without a usable code */
+#define KVCM_E_DEVICE (-8)            /* the device (GPU) holding the blocks failed or is missing */
 
 /* Wires of the fast path (kvcm_client_connect's `wire`). */
 #define KVCM_WIRE_NONE 0      /* no fast path: every lookup over gRPC */

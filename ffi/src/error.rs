@@ -27,6 +27,8 @@ pub const KVCM_E_PANIC: i32 = -5;
 pub const KVCM_E_OUT_OF_RANGE: i32 = -6;
 /// The server answered an error without a usable code (0 or 1).
 pub const KVCM_E_BAD_ANSWER: i32 = -7;
+/// The device (GPU) holding the blocks failed or is missing.
+pub const KVCM_E_DEVICE: i32 = -8;
 
 /// What an entry point can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,7 @@ impl FfiError {
             FfiError::Client(ClientError::Unreachable(_)) => KVCM_E_UNREACHABLE,
             FfiError::Client(ClientError::Server { code, .. }) if *code > 1 => *code,
             FfiError::Client(ClientError::Server { .. }) => KVCM_E_BAD_ANSWER,
+            FfiError::Client(ClientError::Device(_)) => KVCM_E_DEVICE,
             FfiError::Panic(_) => KVCM_E_PANIC,
         }
     }
@@ -193,6 +196,8 @@ mod tests {
         assert_eq!(unreachable.code(), KVCM_E_UNREACHABLE);
         let invalid = FfiError::Client(ClientError::InvalidArgument("x".into()));
         assert_eq!(invalid.code(), KVCM_E_INVALID_ARGUMENT);
+        let device = FfiError::Client(ClientError::Device("x".into()));
+        assert_eq!(device.code(), KVCM_E_DEVICE);
         let (code, message) = run(|| Err(FfiError::NullArgument("keys")));
         assert_eq!(code, KVCM_E_NULL_ARGUMENT);
         assert_eq!(message.as_deref(), Some("argument `keys` is NULL"));

@@ -17,6 +17,9 @@ pub enum ClientError {
     /// The arguments are unusable (named).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The device (GPU) holding the blocks failed or is missing.
+    #[error("device: {0}")]
+    Device(String),
 }
 
 /// Why the fast path could not answer (the client then asks gRPC).

@@ -37,7 +37,12 @@ mod grpc;
 mod metrics;
 
 pub use client::{Client, ClientConfig, ServerAddress};
-pub use data::{GetOutcome, PutOutcome, TransferConfig, TransferEngine, TransferPath};
+#[cfg(feature = "cuda")]
+pub use data::{cuda_present, CudaDevice};
+pub use data::{
+    Device, DeviceRange, GetOutcome, HostStaging, PutOutcome, TransferConfig, TransferEngine,
+    TransferPath,
+};
 pub use error::ClientError;
 pub use kvcm_data::{DirectMode, FileIoConfig, IoBackend, IoPath};
 pub use kvcm_transport::soft::Wire;

@@ -9,6 +9,10 @@
 //!   every hit read into the caller's buffers; a part that cannot be read makes its block a
 //!   miss, never a hit with wrong bytes.
 //!
+//! Blocks in device memory (GPU) go through a [`Device`]'s staging ring
+//! ([`TransferEngine::put_device_blocks`] / [`TransferEngine::get_device_blocks`], see
+//! `staged`), with the same sessions, outcomes and checksums.
+//!
 //! Every block's outcome names the path its bytes took ([`TransferPath`]), so no fallback
 //! is silent. A pool part is read only from the node incarnation (`range_id`) it was
 //! placed on: a node that restarted or was declared dead answers nothing for it.
@@ -19,9 +23,13 @@
 //! do not match makes its block a miss, and the block is removed (RemoveCache) so no later
 //! lookup returns it.
 
+#[cfg(feature = "cuda")]
+mod cuda;
+mod device;
 mod directory;
 mod pool_link;
 mod route;
+mod staged;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,6 +39,9 @@ use kvcm::proto::meta;
 use kvcm_data::{FileIo, FileIoConfig, IoPath, ReadOp, WriteOp};
 use kvcm_transport::soft::Wire;
 
+#[cfg(feature = "cuda")]
+pub use self::cuda::{cuda_present, CudaDevice};
+pub use self::device::{Device, DeviceRange, HostStaging};
 use self::directory::Directory;
 use self::pool_link::PoolLink;
 use self::route::{target_of, Target};
@@ -115,13 +126,93 @@ pub enum GetOutcome {
     Miss(Option<String>),
 }
 
-/// One part to move: its block, where it goes, its buffer, the checksum the manager holds
-/// for its bytes (if any).
+/// One part to move, as planned from its location: its block and spec, where it goes, its
+/// length, the checksum the manager holds for its bytes (if any).
+#[derive(Debug, Clone)]
+struct Planned {
+    block: usize,
+    spec: usize,
+    target: Target,
+    len: usize,
+    checksum: Option<u64>,
+}
+
+impl Planned {
+    /// The part with its buffer.
+    fn with<B>(&self, buffer: B) -> Part<B> {
+        Part {
+            block: self.block,
+            spec: self.spec,
+            target: self.target.clone(),
+            buffer,
+            checksum: self.checksum,
+        }
+    }
+}
+
+/// One part to move with its buffer.
 struct Part<B> {
     block: usize,
+    spec: usize,
     target: Target,
     buffer: B,
     checksum: Option<u64>,
+}
+
+/// A put between StartWriteCache and FinishWriteCache: per block (by request position) what
+/// became of it and the checksums of its written parts.
+struct PutSession {
+    session_id: String,
+    present: Vec<bool>,
+    /// The blocks not present, in the order of the session's locations.
+    absent: Vec<usize>,
+    /// How many of them got a location.
+    located: usize,
+    failed: Vec<Option<String>>,
+    written: Vec<Option<TransferPath>>,
+    checksums: Vec<Vec<u64>>,
+    planned: Vec<Planned>,
+}
+
+impl PutSession {
+    /// Takes in the results of written parts.
+    fn record(&mut self, parts: &[Part<&[u8]>], results: Vec<Result<TransferPath, String>>) {
+        for (part, result) in parts.iter().zip(&results) {
+            if result.is_ok() {
+                let sums = &mut self.checksums[part.block];
+                sums.resize(sums.len().max(part.spec + 1), 0);
+                sums[part.spec] = checksum_of(part.buffer);
+            }
+        }
+        let failed = &mut self.failed;
+        collect(parts, results, &mut self.written, |block, reason| {
+            failed[block] = Some(reason)
+        });
+    }
+}
+
+/// A get between its lookup and its outcomes.
+struct GetSession {
+    outcomes: Vec<GetOutcome>,
+    read: Vec<Option<TransferPath>>,
+    failed: Vec<Option<String>>,
+    corrupt: Vec<usize>,
+    planned: Vec<Planned>,
+}
+
+impl GetSession {
+    /// Takes in the results of read parts (verifying their checksums).
+    fn record(
+        &mut self,
+        parts: &[Part<&mut [u8]>],
+        mut results: Vec<Result<TransferPath, String>>,
+    ) {
+        self.corrupt.extend(verify(parts, &mut results));
+        let failed = &mut self.failed;
+        collect(parts, results, &mut self.read, |block, reason| {
+            failed[block] = Some(reason)
+        });
+    }
 }
 
 /// The checksum of a part's bytes.
@@ -186,6 +277,24 @@ impl TransferEngine {
                 blocks.len()
             )));
         }
+        let sizes: Vec<Vec<usize>> = blocks
+            .iter()
+            .map(|parts| parts.iter().map(|p| p.len()).collect())
+            .collect();
+        let mut put = self.begin_put(keys, &sizes)?;
+        let parts: Vec<Part<&[u8]>> = put
+            .planned
+            .iter()
+            .map(|planned| planned.with(blocks[planned.block][planned.spec]))
+            .collect();
+        let results = self.write_parts(&parts);
+        put.record(&parts, results);
+        self.finish_put(put)
+    }
+
+    /// StartWriteCache for `keys` (`sizes[i]`: the bytes of each part of block `i`) and the
+    /// plan of every part to write.
+    fn begin_put(&mut self, keys: &[i64], sizes: &[Vec<usize>]) -> Result<PutSession, ClientError> {
         let start = self.client.start_write(meta::StartWriteCacheRequest {
             block_keys: keys.to_vec(),
             write_timeout_seconds: self.config.write_timeout_seconds,
@@ -193,35 +302,42 @@ impl TransferEngine {
         })?;
         let present = presence(start.block_mask.as_ref(), keys.len());
         let absent: Vec<usize> = (0..keys.len()).filter(|&i| !present[i]).collect();
-        let mut failed: Vec<Option<String>> = vec![None; keys.len()];
-        let mut parts = Vec::new();
-        for (position, &block) in absent.iter().enumerate() {
+        let mut put = PutSession {
+            session_id: start.write_session_id,
+            failed: vec![None; keys.len()],
+            written: vec![None; keys.len()],
+            checksums: vec![Vec::new(); keys.len()],
+            located: absent.len().min(start.locations.len()),
+            planned: Vec::new(),
+            present,
+            absent,
+        };
+        for (position, &block) in put.absent.iter().enumerate() {
             let Some(location) = start.locations.get(position) else {
-                failed[block] = Some("the server gave no location".into());
+                put.failed[block] = Some("the server gave no location".into());
                 continue;
             };
-            match plan(location, blocks[block].iter().copied(), block) {
-                Ok(planned) => parts.extend(planned),
-                Err(reason) => failed[block] = Some(reason),
+            match plan(location, &sizes[block], block) {
+                Ok(planned) => put.planned.extend(planned),
+                Err(reason) => put.failed[block] = Some(reason),
             }
         }
-        let results = self.write_parts(&parts);
-        let mut written = vec![None; keys.len()];
-        collect(&parts, results, &mut written, |block, reason| {
-            failed[block] = Some(reason)
-        });
-        let success: Vec<bool> = absent
-            .iter()
-            .take(start.locations.len())
-            .map(|&block| failed[block].is_none() && written[block].is_some())
-            .collect();
+        Ok(put)
+    }
+
+    /// FinishWriteCache with the blocks whose every part was written (and their checksums);
+    /// the outcome of every block.
+    fn finish_put(&mut self, mut put: PutSession) -> Result<Vec<PutOutcome>, ClientError> {
+        let committed = |block: usize| put.failed[block].is_none() && put.written[block].is_some();
+        let blocks = &put.absent[..put.located];
+        let success: Vec<bool> = blocks.iter().map(|&block| committed(block)).collect();
         let locations = if self.config.checksums {
-            checksum_locations(&absent, &success, blocks)
+            checksum_locations(blocks, &success, &put.checksums)
         } else {
             Vec::new()
         };
         self.client.finish_write(meta::FinishWriteCacheRequest {
-            write_session_id: start.write_session_id,
+            write_session_id: std::mem::take(&mut put.session_id),
             success_blocks: Some(meta::BlockMask {
                 info: Some(meta::block_mask::Info::BoolMasks(meta::BoolMasksType {
                     values: success,
@@ -230,15 +346,19 @@ impl TransferEngine {
             locations,
             ..Default::default()
         })?;
-        Ok((0..keys.len())
-            .map(
-                |block| match (present[block], failed[block].take(), written[block]) {
+        Ok((0..put.present.len())
+            .map(|block| {
+                match (
+                    put.present[block],
+                    put.failed[block].take(),
+                    put.written[block],
+                ) {
                     (true, ..) => PutOutcome::Present,
                     (false, Some(reason), _) => PutOutcome::Failed(reason),
                     (false, None, Some(path)) => PutOutcome::Written(path),
                     (false, None, None) => PutOutcome::Failed("nothing to write".into()),
-                },
-            )
+                }
+            })
             .collect())
     }
 
@@ -256,35 +376,60 @@ impl TransferEngine {
                 blocks.len()
             )));
         }
+        let sizes: Vec<Vec<usize>> = blocks
+            .iter()
+            .map(|parts| parts.iter().map(|p| p.len()).collect())
+            .collect();
+        let mut get = self.begin_get(keys, &sizes)?;
+        let mut buffers: Vec<Vec<Option<&mut [u8]>>> = blocks
+            .iter_mut()
+            .map(|parts| parts.iter_mut().map(|b| Some(&mut **b)).collect())
+            .collect();
+        let mut parts: Vec<Part<&mut [u8]>> = Vec::with_capacity(get.planned.len());
+        for planned in &get.planned {
+            if let Some(buffer) = buffers[planned.block][planned.spec].take() {
+                parts.push(planned.with(buffer));
+            }
+        }
+        let results = self.read_parts(&mut parts);
+        get.record(&parts, results);
+        Ok(self.finish_get(keys, get))
+    }
+
+    /// The lookup of `keys` (`sizes[i]`: the bytes of each part of block `i`) and the plan
+    /// of every part to read.
+    fn begin_get(&mut self, keys: &[i64], sizes: &[Vec<usize>]) -> Result<GetSession, ClientError> {
         let locations = self.client.batch_get(keys)?;
-        let mut outcomes = vec![GetOutcome::Miss(None); keys.len()];
-        let mut parts = Vec::new();
-        for ((block, location), buffers) in locations.iter().enumerate().zip(blocks.iter_mut()) {
+        let mut get = GetSession {
+            outcomes: vec![GetOutcome::Miss(None); keys.len()],
+            read: vec![None; keys.len()],
+            failed: vec![None; keys.len()],
+            corrupt: Vec::new(),
+            planned: Vec::new(),
+        };
+        for (block, location) in locations.iter().enumerate().take(keys.len()) {
             if is_miss(location) {
                 continue;
             }
-            let buffers = buffers.iter_mut().map(|b| &mut **b);
-            match plan(location, buffers, block) {
-                Ok(planned) => parts.extend(planned),
-                Err(reason) => outcomes[block] = GetOutcome::Miss(Some(reason)),
+            match plan(location, &sizes[block], block) {
+                Ok(planned) => get.planned.extend(planned),
+                Err(reason) => get.outcomes[block] = GetOutcome::Miss(Some(reason)),
             }
         }
-        let mut results = self.read_parts(&mut parts);
-        let corrupt = verify(&parts, &mut results);
-        let mut read = vec![None; keys.len()];
-        let mut failed = vec![None; keys.len()];
-        collect(&parts, results, &mut read, |block, reason| {
-            failed[block] = Some(reason)
-        });
-        self.remove_corrupt(keys, &corrupt, &mut failed);
+        Ok(get)
+    }
+
+    /// Removes the corrupt blocks and returns every block's outcome.
+    fn finish_get(&self, keys: &[i64], mut get: GetSession) -> Vec<GetOutcome> {
+        self.remove_corrupt(keys, &get.corrupt, &mut get.failed);
         for block in 0..keys.len() {
-            if let Some(reason) = failed[block].take() {
-                outcomes[block] = GetOutcome::Miss(Some(reason));
-            } else if let Some(path) = read[block] {
-                outcomes[block] = GetOutcome::Hit(path);
+            if let Some(reason) = get.failed[block].take() {
+                get.outcomes[block] = GetOutcome::Miss(Some(reason));
+            } else if let Some(path) = get.read[block] {
+                get.outcomes[block] = GetOutcome::Hit(path);
             }
         }
-        Ok(outcomes)
+        get.outcomes
     }
 
     /// Removes the blocks whose bytes failed their checksum, so no later lookup returns
@@ -509,34 +654,32 @@ fn is_miss(location: &meta::CacheLocation) -> bool {
     location.location_specs.is_empty() || location.location_specs.iter().all(|s| s.uri.is_empty())
 }
 
-/// The parts of one block: one per location spec, each with its buffer (as many buffers
-/// as specs, each the size its URI says).
-fn plan<B>(
+/// The parts of one block: one per location spec, with buffers of `sizes` (as many as
+/// specs, each the size its URI says).
+fn plan(
     location: &meta::CacheLocation,
-    buffers: impl ExactSizeIterator<Item = B>,
+    sizes: &[usize],
     block: usize,
-) -> Result<Vec<Part<B>>, String>
-where
-    B: AsRef<[u8]>,
-{
-    if buffers.len() != location.location_specs.len() {
+) -> Result<Vec<Planned>, String> {
+    if sizes.len() != location.location_specs.len() {
         return Err(format!(
             "{} buffers for a location of {} specs",
-            buffers.len(),
+            sizes.len(),
             location.location_specs.len()
         ));
     }
     location
         .location_specs
         .iter()
-        .zip(buffers)
-        .map(|(spec, buffer)| {
-            let target = target_of(&spec.uri, buffer.as_ref().len())?;
-            Ok(Part {
+        .zip(sizes)
+        .enumerate()
+        .map(|(spec, (located, &len))| {
+            Ok(Planned {
                 block,
-                target,
-                buffer,
-                checksum: spec.checksum,
+                spec,
+                target: target_of(&located.uri, len)?,
+                len,
+                checksum: located.checksum,
             })
         })
         .collect()
@@ -565,24 +708,24 @@ fn collect<B>(
 }
 
 /// FinishWriteCache's `locations` carrying checksums: one per location of the session
-/// (`absent[i]` is the block of location `i`), the checksum of every part of a committed
+/// (`blocks[i]` is the block of location `i`), the checksum of every part of a committed
 /// block and nothing for the others. Names and URIs are left out: the server matches by
 /// position.
 fn checksum_locations(
-    absent: &[usize],
+    blocks: &[usize],
     success: &[bool],
-    blocks: &[Vec<&[u8]>],
+    checksums: &[Vec<u64>],
 ) -> Vec<meta::CacheLocation> {
-    absent
+    blocks
         .iter()
         .zip(success)
         .map(|(&block, &committed)| meta::CacheLocation {
             location_specs: if committed {
-                let spec = |bytes: &&[u8]| meta::LocationSpec {
-                    checksum: Some(checksum_of(bytes)),
+                let spec = |sum: &u64| meta::LocationSpec {
+                    checksum: Some(*sum),
                     ..Default::default()
                 };
-                blocks[block].iter().map(spec).collect()
+                checksums[block].iter().map(spec).collect()
             } else {
                 Vec::new()
             },
