@@ -12,9 +12,10 @@
  * NULL, *error_message is set on every return: NULL on success, else a NUL-terminated UTF-8
  * message owned by the caller, to be freed with kvcm_string_free.
  *
- * Ownership. The library hands out three kinds of objects, each freed by the caller exactly
+ * Ownership. The library hands out four kinds of objects, each freed by the caller exactly
  * once with its own function (all accept NULL as a no-op):
  *   kvcm_client*     kvcm_client_free
+ *   kvcm_engine*     kvcm_engine_free
  *   kvcm_locations*  kvcm_locations_free
  *   char*            kvcm_string_free   (error messages)
  * Strings and arrays read from a kvcm_locations (kvcm_str, kvcm_flat_view) are borrowed
@@ -31,7 +32,8 @@
  * Thread safety. A kvcm_client may be shared by any number of threads; its calls serialise on
  * one connection, so give each thread its own client for parallel lookups. Results are
  * independent of the client and of each other: a result may be read from any thread, and may
- * outlive the client. Do not free a client while a call on it is in flight.
+ * outlive the client. Do not free a client while a call on it is in flight. A kvcm_engine
+ * may be shared too; its calls run one at a time (one engine per thread for parallelism).
  *
  * Blocking. Lookups block the calling thread until answered (one round trip on the fast path,
  * else a gRPC call). A Rust caller must not call them from a tokio runtime thread (the gRPC
@@ -63,8 +65,25 @@ extern "C" {
 #define KVCM_WIRE_SOFT_TCP 1  /* one-sided READs over soft-TCP (works across hosts) */
 #define KVCM_WIRE_SOFT_SHM 2  /* one-sided READs over shared memory (server's host only) */
 
+/* Block outcomes of kvcm_engine_put (outcomes[i]). */
+#define KVCM_PUT_WRITTEN 1     /* written and committed */
+#define KVCM_PUT_PRESENT 2     /* already cached: nothing written */
+#define KVCM_PUT_FAILED 3      /* not stored */
+/* Block outcomes of kvcm_engine_get (outcomes[i]). */
+#define KVCM_GET_HIT 1         /* every part read into its buffer */
+#define KVCM_GET_MISS 2        /* not cached */
+#define KVCM_GET_UNREADABLE 3  /* cached but not readable whole (node gone, checksum mismatch): a miss */
+/* Paths a block's bytes took (paths[i]). */
+#define KVCM_PATH_NONE 0           /* nothing moved */
+#define KVCM_PATH_POOL_SOFT_TCP 1  /* a pool node over soft-TCP */
+#define KVCM_PATH_POOL_SOFT_SHM 2  /* a pool node over shared memory */
+#define KVCM_PATH_FILE 3           /* the file tier (io_uring or psync) */
+
 /* A connected client (opaque). */
 typedef struct kvcm_client kvcm_client;
+
+/* A transfer engine (opaque): moves whole blocks between host buffers and the cache. */
+typedef struct kvcm_engine kvcm_engine;
 
 /* The answer of one lookup (opaque; read it with the accessors below). */
 typedef struct kvcm_locations kvcm_locations;
@@ -138,6 +157,39 @@ int32_t kvcm_client_metrics(const kvcm_client *client, kvcm_fast_path_metrics *o
 
 /* 1 when lookups currently use the fast path, 0 when not, KVCM_E_NULL_ARGUMENT for NULL. */
 int32_t kvcm_client_fast_path_up(const kvcm_client *client);
+
+/*
+ * Connects a transfer engine for `instance_id` (arguments as kvcm_client_connect); `wire` is
+ * used for lookups and pool nodes (KVCM_WIRE_NONE: lookups over gRPC, pools over soft-TCP).
+ * On success *engine_out is a new engine (free it with kvcm_engine_free).
+ */
+int32_t kvcm_engine_connect(const char *grpc, const char *http, const char *instance_id,
+                            int32_t wire, kvcm_engine **engine_out, char **error_message);
+
+/* Frees an engine (NULL: no-op). No call on it may be in flight. */
+void kvcm_engine_free(kvcm_engine *engine);
+
+/*
+ * Stores `count` blocks of `specs` parts each under `keys`: part j of block i is the
+ * lengths[i*specs+j] bytes at buffers[i*specs+j] (spec order of the instance; each length
+ * must be its spec's size). Blocks already cached are left alone; the others are written and
+ * committed with their checksums when every part was written. outcomes[i] gets a
+ * KVCM_PUT_*, paths[i] (paths may be NULL) a KVCM_PATH_*. The call fails as a whole only when
+ * the server cannot be asked (then no outcome is written).
+ */
+int32_t kvcm_engine_put(const kvcm_engine *engine, const int64_t *keys, size_t count,
+                        size_t specs, const void *const *buffers, const size_t *lengths,
+                        int32_t *outcomes, int32_t *paths, char **error_message);
+
+/*
+ * Reads the cached blocks of `keys` into the buffers (layout as kvcm_engine_put; buffers
+ * must not overlap: KVCM_E_INVALID_ARGUMENT). outcomes[i] gets a KVCM_GET_*; a block that is
+ * not a hit leaves its buffers holding nothing valid. A block whose bytes fail their
+ * checksum is KVCM_GET_UNREADABLE and is removed from the cache.
+ */
+int32_t kvcm_engine_get(const kvcm_engine *engine, const int64_t *keys, size_t count,
+                        size_t specs, void *const *buffers, const size_t *lengths,
+                        int32_t *outcomes, int32_t *paths, char **error_message);
 
 /* Number of locations in a result (0 for NULL). */
 size_t kvcm_locations_count(const kvcm_locations *locations);

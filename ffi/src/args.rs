@@ -23,25 +23,90 @@ pub unsafe fn text<'a>(text: *const c_char, name: &'static str) -> Result<&'a st
 /// # Safety
 /// `keys` is NULL or points to `count` readable `int64_t` that stay valid for `'a`.
 pub unsafe fn keys<'a>(keys: *const i64, count: usize) -> Result<&'a [i64], FfiError> {
+    // SAFETY: passed on from the caller.
+    unsafe { slice(keys, count, "keys") }
+}
+
+/// The `count` elements at `pointer` (the argument `name`; NULL is allowed when `count` is
+/// 0).
+///
+/// # Safety
+/// `pointer` is NULL or points to `count` readable `T` that stay valid for `'a`.
+pub unsafe fn slice<'a, T>(
+    pointer: *const T,
+    count: usize,
+    name: &'static str,
+) -> Result<&'a [T], FfiError> {
+    checked(pointer, count, name)?;
     if count == 0 {
         return Ok(&[]);
     }
-    if keys.is_null() {
-        return Err(FfiError::NullArgument("keys"));
+    // SAFETY: non-NULL, aligned, a size that fits isize (checked), and the caller promises
+    // `count` readable elements living for 'a.
+    Ok(unsafe { std::slice::from_raw_parts(pointer, count) })
+}
+
+/// The `count` writable elements at `pointer` (the argument `name`; NULL is allowed when
+/// `count` is 0).
+///
+/// # Safety
+/// `pointer` is NULL or points to `count` writable `T`, used by nothing else for `'a`.
+pub unsafe fn slice_mut<'a, T>(
+    pointer: *mut T,
+    count: usize,
+    name: &'static str,
+) -> Result<&'a mut [T], FfiError> {
+    checked(pointer, count, name)?;
+    if count == 0 {
+        return Ok(&mut []);
     }
-    if !keys.is_aligned() {
-        return Err(FfiError::InvalidArgument(
-            "keys is not aligned to 8 bytes".into(),
-        ));
+    // SAFETY: non-NULL, aligned, a size that fits isize (checked), and the caller promises
+    // `count` writable elements no one else uses for 'a.
+    Ok(unsafe { std::slice::from_raw_parts_mut(pointer, count) })
+}
+
+/// Checks a pointer to `count` elements: non-NULL unless empty, aligned, not too large.
+fn checked<T>(pointer: *const T, count: usize, name: &'static str) -> Result<(), FfiError> {
+    if count == 0 {
+        return Ok(());
     }
-    if count > isize::MAX as usize / size_of::<i64>() {
+    if pointer.is_null() {
+        return Err(FfiError::NullArgument(name));
+    }
+    if !pointer.is_aligned() {
+        return Err(FfiError::InvalidArgument(format!("{name} is misaligned")));
+    }
+    if count > isize::MAX as usize / size_of::<T>().max(1) {
         return Err(FfiError::InvalidArgument(format!(
-            "count {count} is too large"
+            "{name}: count {count} is too large"
         )));
     }
-    // SAFETY: non-NULL, aligned, a size that fits isize, and the caller promises `count`
-    // readable keys living for 'a.
-    Ok(unsafe { std::slice::from_raw_parts(keys, count) })
+    Ok(())
+}
+
+/// The `len` bytes at `data` (any pointer when `len` is 0).
+///
+/// # Safety
+/// When `len` > 0, `data` is non-NULL and readable for `len` bytes that stay valid for `'a`.
+pub unsafe fn bytes<'a>(data: *const u8, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller promises `len` readable bytes at a non-NULL `data`.
+    unsafe { std::slice::from_raw_parts(data, len) }
+}
+
+/// The `len` writable bytes at `data` (any pointer when `len` is 0).
+///
+/// # Safety
+/// When `len` > 0, `data` is non-NULL and writable for `len` bytes no one else uses for
+/// `'a`.
+pub unsafe fn bytes_mut<'a>(data: *mut u8, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: the caller promises `len` writable bytes at a non-NULL `data`, unaliased.
+    unsafe { std::slice::from_raw_parts_mut(data, len) }
 }
 
 /// The object behind `pointer` (the argument `name`).

@@ -36,7 +36,7 @@ pub struct KvcmFastPathMetrics {
 }
 
 /// The wire of a `wire` argument.
-fn wire(code: i32) -> Result<Option<Wire>, FfiError> {
+pub(crate) fn wire(code: i32) -> Result<Option<Wire>, FfiError> {
     match code {
         KVCM_WIRE_NONE => Ok(None),
         KVCM_WIRE_SOFT_TCP => Ok(Some(Wire::Tcp)),
@@ -48,7 +48,7 @@ fn wire(code: i32) -> Result<Option<Wire>, FfiError> {
 }
 
 /// The servers of comma-separated gRPC endpoints and HTTP addresses, paired in order.
-fn servers(grpc: &str, http: &str) -> Result<Vec<ServerAddress>, FfiError> {
+pub(crate) fn servers(grpc: &str, http: &str) -> Result<Vec<ServerAddress>, FfiError> {
     let grpc: Vec<&str> = grpc.split(',').map(str::trim).collect();
     let http: Vec<&str> = http.split(',').map(str::trim).collect();
     if grpc.len() != http.len() {

@@ -65,6 +65,8 @@ def _declare(lib):
     """Argument and result types of every entry point."""
     out = POINTER(c_void_p)
     lookup = [c_void_p, c_void_p, c_size_t, out, out]
+    ints = POINTER(c_int32)
+    transfer = [c_void_p, c_void_p, c_size_t, c_size_t, POINTER(c_void_p), POINTER(c_size_t), ints, ints, out]
     signatures = {
         "kvcm_abi_version": ([], c_uint32),
         "kvcm_client_connect": ([c_char_p, c_char_p, c_char_p, c_int32, out, out], c_int32),
@@ -78,6 +80,10 @@ def _declare(lib):
         "kvcm_locations_count": ([c_void_p], c_size_t),
         "kvcm_locations_free": ([c_void_p], None),
         "kvcm_string_free": ([c_void_p], None),
+        "kvcm_engine_connect": ([c_char_p, c_char_p, c_char_p, c_int32, out, out], c_int32),
+        "kvcm_engine_free": ([c_void_p], None),
+        "kvcm_engine_put": (transfer, c_int32),
+        "kvcm_engine_get": (transfer, c_int32),
     }
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)

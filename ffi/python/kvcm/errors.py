@@ -12,6 +12,7 @@ E_UNREACHABLE = -4
 E_PANIC = -5
 E_OUT_OF_RANGE = -6
 E_BAD_ANSWER = -7
+E_DEVICE = -8
 
 INSTANCE_NOT_EXIST = 8
 """The server's wire code for an unknown instance."""

@@ -1,0 +1,130 @@
+"""kvcm.Engine: the transfer engine of the kvcm client library over its C ABI — whole
+blocks moved between Python buffers and the cache (pool nodes, the file tier).
+
+    with kvcm.Engine("http://127.0.0.1:6381", "127.0.0.1:6382", "instance1") as engine:
+        engine.put([1, 2], [[part_of_1], [part_of_2]])      # one buffer per spec
+        outcomes = engine.get([1, 2], [[bytearray(1024)], [bytearray(1024)]])
+
+Buffers are any C-contiguous buffer objects (bytes, bytearray, memoryview, NumPy arrays),
+passed without copying; get needs writable ones that do not overlap. Each call blocks with
+the GIL released.
+"""
+
+import ctypes
+from ctypes import byref, c_int32, c_size_t, c_void_p
+from typing import List, NamedTuple
+
+from . import _keys
+from ._lib import LIB
+from .client import WIRES, _raise, _text
+
+PUT_OUTCOMES = {1: "written", 2: "present", 3: "failed"}
+GET_OUTCOMES = {1: "hit", 2: "miss", 3: "unreadable"}
+PATHS = {0: "none", 1: "pool-soft-tcp", 2: "pool-soft-shm", 3: "file"}
+
+
+class Outcome(NamedTuple):
+    """What became of one block: `status` (put: written / present / failed; get: hit /
+    miss / unreadable) and the `path` its bytes took (none, pool-soft-tcp, pool-soft-shm,
+    file)."""
+
+    status: str
+    path: str
+
+
+def _address(buffer, writable):
+    """(address, length, keep-alive) of a buffer object, without copying."""
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise TypeError(f"a block part must be a buffer (bytes, bytearray, ...), not {type(buffer).__name__}") from None
+    if not view.c_contiguous:
+        raise ValueError("a block part must be C-contiguous (kvcm does not copy it)")
+    if view.nbytes == 0:
+        return None, 0, view
+    if view.readonly:
+        if writable:
+            raise ValueError("get needs writable buffers (bytearray, a writable memoryview, NumPy)")
+        export = _keys._ReadOnlyExport(view)
+        return export.view.buf, view.nbytes, export
+    holder = (ctypes.c_char * view.nbytes).from_buffer(view.cast("B"))
+    return ctypes.addressof(holder), view.nbytes, holder
+
+
+def _parts(keys, blocks, writable):
+    """The C arrays of a call: keys, parts per block, buffer pointers, lengths, keep-alives."""
+    address, count, keep = _keys.pointer(keys)
+    blocks = list(blocks)
+    if len(blocks) != count:
+        raise ValueError(f"{count} keys but {len(blocks)} blocks")
+    specs = len(blocks[0]) if blocks else 0
+    pointers = (c_void_p * (count * specs))()
+    lengths = (c_size_t * (count * specs))()
+    alive = [keep]
+    for block, parts in enumerate(blocks):
+        parts = list(parts)
+        if len(parts) != specs:
+            raise ValueError(f"block {block} has {len(parts)} parts, block 0 has {specs}")
+        for spec, part in enumerate(parts):
+            at, length, holder = _address(part, writable)
+            pointers[block * specs + spec] = at
+            lengths[block * specs + spec] = length
+            alive.append(holder)
+    return address, count, specs, pointers, lengths, alive
+
+
+class Engine:
+    """A transfer engine for one instance (arguments as `kvcm.Client`; `wire` is used for
+    lookups and pool nodes). Calls on one engine run one at a time; use one per thread for
+    parallel transfers."""
+
+    def __init__(self, grpc, http, instance_id, wire="soft-tcp"):
+        self._handle = None
+        if wire not in WIRES:
+            raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'none', not {wire!r}")
+        handle, message = c_void_p(), c_void_p()
+        args = (_text(grpc, "grpc"), _text(http, "http"), _text(instance_id, "instance_id"))
+        status = LIB.kvcm_engine_connect(*args, WIRES[wire], byref(handle), byref(message))
+        if status:
+            _raise(status, message)
+        self._handle = handle
+        self.instance_id = instance_id
+
+    def _call(self, function, names, keys, blocks, writable):
+        if self._handle is None:
+            raise ValueError("kvcm engine is closed")
+        address, count, specs, pointers, lengths, alive = _parts(keys, blocks, writable)
+        outcomes = (c_int32 * count)()
+        paths = (c_int32 * count)()
+        message = c_void_p()
+        status = function(self._handle, address, count, specs, pointers, lengths, outcomes, paths, byref(message))
+        del alive  # every buffer stayed exported until the call returned
+        if status:
+            _raise(status, message)
+        return [Outcome(names[o], PATHS[p]) for o, p in zip(outcomes, paths)]
+
+    def put(self, keys, blocks) -> List[Outcome]:
+        """Stores `blocks[i]` (one buffer per spec, sized as the spec) under `keys[i]`;
+        blocks already cached are left alone."""
+        return self._call(LIB.kvcm_engine_put, PUT_OUTCOMES, keys, blocks, writable=False)
+
+    def get(self, keys, blocks) -> List[Outcome]:
+        """Reads the cached blocks of `keys` into `blocks[i]` (writable, disjoint buffers);
+        a block that is not a hit leaves its buffers holding nothing valid."""
+        return self._call(LIB.kvcm_engine_get, GET_OUTCOMES, keys, blocks, writable=True)
+
+    def close(self):
+        """Frees the engine (idempotent)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            LIB.kvcm_engine_free(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None and LIB is not None:
+            self.close()
