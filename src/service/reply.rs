@@ -53,6 +53,7 @@ meta_replies!(
     meta::GetCacheLocationResponse,
     meta::StartWriteCacheResponse,
     meta::GetClusterInfoResponse,
+    meta::GetCacheLocationLenResponse,
 );
 
 plain_replies!(admin:

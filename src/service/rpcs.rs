@@ -175,6 +175,8 @@ rpc_table! {
             = "TrimCache" "/api/trimCache" blocking leader nofaults instance;
         GET_CLUSTER_INFO get_cluster_info(GetClusterInfoRequest) -> GetClusterInfoResponse
             = "GetClusterInfo" "/api/getClusterInfo" blocking any nofaults global;
+        GET_CACHE_LOCATION_LEN get_cache_location_len(GetCacheLocationLenRequest) -> GetCacheLocationLenResponse
+            = "GetCacheLocationLen" "/api/getCacheLocationLen" inline leader faults instance;
     }
     admin (Admin, AdminService for AdminHandler, admin_routes, admin) {
         ADD_STORAGE add_storage(AddStorageRequest) -> CommonResponse
@@ -281,7 +283,7 @@ mod tests {
     #[test]
     fn metrics_count_every_meta_and_admin_name_once() {
         let (global, per_instance) = metric_names();
-        assert_eq!((global.len(), per_instance.len()), (27, 6));
+        assert_eq!((global.len(), per_instance.len()), (27, 7));
         assert!(per_instance.contains(&"GetCacheLocation"));
         assert!(!global.contains(&"GetCacheMeta"), "counted per instance");
     }

@@ -1,0 +1,207 @@
+//! Wire parity with upstream trunk (issue 13, trunk line "M" of the wire delta): the newer
+//! RPCs, fields, codes and ops routes, over HTTP and gRPC against a real `kvcm serve`.
+
+mod common;
+
+use common::{code, grpc_code, new_keys, TestServer};
+use kvcm::proto::meta;
+use serde_json::{json, Value};
+
+fn nfs_storage(name: &str, root: &std::path::Path) -> Value {
+    json!({"global_unique_name": name,
+           "nfs": {"root_path": format!("{}/", root.display()), "key_count_per_file": 1}})
+}
+
+fn group(name: &str, candidates: &[&str]) -> Value {
+    json!({"name": name, "storage_candidates": candidates, "global_quota_group_name": name,
+           "quota": {"capacity": "1000000000"},
+           "cache_config": {"reclaim_strategy": {"storage_unique_name": candidates[0]},
+                            "data_storage_strategy": "CPS_PREFER_3FS",
+                            "meta_indexer_config": {"mutex_shard_num": 16,
+                                "meta_cache_policy_config": {"type": "lru"},
+                                "meta_storage_backend_config": {"storage_type": "local"}}},
+           "version": 1})
+}
+
+/// Adds NFS storages `names` (in their own directories) and a group `g` over them, in
+/// that order, and registers `inst` in it.
+async fn instance_over_storages(server: &TestServer, names: &[&str]) {
+    for name in names {
+        let root = server.dir.path().join(name);
+        let added = server
+            .admin_http("addStorage", json!({"storage": nfs_storage(name, &root)}))
+            .await;
+        assert_eq!(code(&added), "OK", "{added}");
+    }
+    let created = server
+        .admin_http(
+            "createInstanceGroup",
+            json!({"instance_group": group("g", names)}),
+        )
+        .await;
+    assert_eq!(code(&created), "OK", "{created}");
+    let mut registration = common::registration("inst", 16);
+    registration["instance_group"] = json!("g");
+    let registered = server.meta_http("registerInstance", registration).await;
+    assert_eq!(code(&registered), "OK", "{registered}");
+}
+
+/// The storage name of every spec URI of a JSON `locations` array (`file://<name>/...`).
+fn storages_of(locations: &Value) -> Vec<String> {
+    common::uris(locations)
+        .iter()
+        .map(|uri| {
+            let rest = uri.strip_prefix("file://").expect("a file URI");
+            rest.split('/').next().expect("a storage name").to_string()
+        })
+        .collect()
+}
+
+async fn location_len(server: &TestServer, body: Value) -> Value {
+    server.meta_http("getCacheLocationLen", body).await
+}
+
+#[tokio::test]
+async fn get_cache_location_len_counts_the_hits_of_each_query_type() {
+    let server = TestServer::start().await;
+    server.register("inst", 16).await;
+    server.write_keys("inst", &[1, 2, 3]).await;
+    let len = |query_type: &str, keys: &[i64], sw_size: i32| {
+        json!({"trace_id": "t", "instance_id": "inst", "query_type": query_type,
+               "block_keys": keys, "sw_size": sw_size})
+    };
+    let cases = [
+        ("QT_PREFIX_MATCH", vec![1, 2, 3, 4], 0, "3"),
+        ("QT_PREFIX_MATCH", vec![5, 1, 2], 0, "0"),
+        ("QT_BATCH_GET", vec![1, 5, 3, 6], 0, "2"),
+        ("QT_REVERSE_ROLL_SW_MATCH", vec![1, 2, 5, 3], 2, "2"),
+        ("QT_REVERSE_ROLL_SW_MATCH", vec![1, 5, 2, 6], 2, "0"),
+    ];
+    for (query_type, keys, sw_size, expected) in &cases {
+        let answer = location_len(&server, len(query_type, keys, *sw_size)).await;
+        assert_eq!(code(&answer), "OK", "{answer}");
+        assert_eq!(
+            answer["cache_location_len"].as_str().unwrap_or("0"),
+            *expected,
+            "{query_type} {keys:?}: {answer}"
+        );
+    }
+
+    // The same over gRPC, tokens hashed with the instance's block size like GetCacheLocation.
+    let mut client = server.meta().await;
+    let answer = client
+        .get_cache_location_len(meta::GetCacheLocationLenRequest {
+            trace_id: "t".into(),
+            instance_id: "inst".into(),
+            query_type: meta::QueryType::QtBatchGet as i32,
+            block_keys: vec![3, 2, 9],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grpc_code(&answer.header), meta::ErrorCode::Ok);
+    assert_eq!(answer.cache_location_len, 2);
+
+    // Bad input: the documented codes, as GetCacheLocation answers them.
+    let unknown = location_len(
+        &server,
+        json!({"instance_id": "nobody", "query_type": "QT_BATCH_GET", "block_keys": [1]}),
+    )
+    .await;
+    assert_eq!(code(&unknown), "INSTANCE_NOT_EXIST", "{unknown}");
+    let no_keys = location_len(
+        &server,
+        json!({"instance_id": "inst", "query_type": "QT_BATCH_GET"}),
+    )
+    .await;
+    assert_eq!(code(&no_keys), "INVALID_ARGUMENT", "{no_keys}");
+    let window = location_len(&server, len("QT_REVERSE_ROLL_SW_MATCH", &[1, 2], 3)).await;
+    assert_eq!(code(&window), "INVALID_ARGUMENT", "{window}");
+    let answer = client
+        .get_cache_location_len(meta::GetCacheLocationLenRequest {
+            instance_id: "inst".into(),
+            query_type: 77,
+            block_keys: vec![1],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        grpc_code(&answer.header),
+        meta::ErrorCode::InvalidArgument,
+        "an unknown numeric query type"
+    );
+}
+
+#[tokio::test]
+async fn min_replica_count_adds_a_replica_on_another_storage_until_enough() {
+    let server = TestServer::start().await;
+    instance_over_storages(&server, &["nfs_a", "nfs_b"]).await;
+    let first = server.write_keys("inst", &[1]).await;
+    assert_eq!(storages_of(&first["locations"]), ["nfs_a"]);
+
+    // Default (and 1): key 1 is present, key 2 gets its first location.
+    let start = |keys: &[i64], min: i32| {
+        json!({"instance_id": "inst", "block_keys": keys, "write_timeout_seconds": 30,
+               "min_replica_count": min})
+    };
+    let plain = server.meta_http("startWriteCache", start(&[1, 2], 1)).await;
+    assert_eq!(code(&plain), "OK", "{plain}");
+    assert_eq!(plain["block_mask"], json!({"offset": 1}), "{plain}");
+    assert_eq!(storages_of(&plain["locations"]), ["nfs_a"]);
+    let finish = |session: &Value, count: usize| {
+        json!({"instance_id": "inst", "write_session_id": session,
+               "success_blocks": {"offset": count}})
+    };
+    let done = server
+        .meta_http("finishWriteCache", finish(&plain["write_session_id"], 1))
+        .await;
+    assert_eq!(code(&done), "OK", "{done}");
+
+    // Two replicas asked: both keys have one, each gets a second one on the storage that
+    // does not hold it yet.
+    let twice = server.meta_http("startWriteCache", start(&[1, 2], 2)).await;
+    assert_eq!(code(&twice), "OK", "{twice}");
+    assert_eq!(twice["block_mask"], json!({"offset": 0}), "{twice}");
+    assert_eq!(storages_of(&twice["locations"]), ["nfs_b", "nfs_b"]);
+    // While they are written, the in-flight replicas count: nothing more is allocated.
+    let again = server.meta_http("startWriteCache", start(&[1, 2], 2)).await;
+    assert_eq!(again["block_mask"], json!({"offset": 2}), "{again}");
+    assert_eq!(again["locations"], json!([]));
+    let done = server
+        .meta_http("finishWriteCache", finish(&twice["write_session_id"], 2))
+        .await;
+    assert_eq!(code(&done), "OK", "{done}");
+
+    // Enough replicas (gRPC): keys 1 and 2 are skipped, the absent key 3 gets its first
+    // location on the first storage.
+    let mut client = server.meta().await;
+    let answer = client
+        .start_write_cache(meta::StartWriteCacheRequest {
+            instance_id: "inst".into(),
+            block_keys: vec![1, 2, 3],
+            write_timeout_seconds: 30,
+            min_replica_count: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grpc_code(&answer.header), meta::ErrorCode::Ok);
+    assert_eq!(new_keys(&[1, 2, 3], answer.block_mask), [3]);
+    let uri = &answer.locations[0].location_specs[0].uri;
+    assert!(uri.starts_with("file://nfs_a/"), "{uri}");
+
+    // More replicas than storages: a key that every storage holds is skipped.
+    let three = server.meta_http("startWriteCache", start(&[1, 2], 3)).await;
+    assert_eq!(code(&three), "OK", "{three}");
+    assert_eq!(three["block_mask"], json!({"offset": 2}), "{three}");
+    assert_eq!(three["locations"], json!([]));
+
+    let negative = server.meta_http("startWriteCache", start(&[4], -1)).await;
+    assert_eq!(code(&negative), "INVALID_ARGUMENT", "{negative}");
+    let message = negative["header"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("min_replica_count"), "{message}");
+}
