@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::{code, grpc_code, new_keys, TestServer};
-use kvcm::proto::meta;
+use common::{admin_code, code, grpc_code, new_keys, TestServer};
+use kvcm::proto::{admin, meta};
 use serde_json::{json, Value};
 
 fn nfs_storage(name: &str, root: &std::path::Path) -> Value {
@@ -204,4 +204,96 @@ async fn min_replica_count_adds_a_replica_on_another_storage_until_enough() {
     assert_eq!(code(&negative), "INVALID_ARGUMENT", "{negative}");
     let message = negative["header"]["status"]["message"].as_str().unwrap();
     assert!(message.contains("min_replica_count"), "{message}");
+}
+
+#[tokio::test]
+async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
+    let server = TestServer::start().await;
+    let root = server.dir.path().join("nfs_t");
+    let added = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": nfs_storage("nfs_t", &root)}),
+        )
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let mut trunk = group("trunk", &["nfs_t"]);
+    trunk["extra_info"] = json!("{\"tier\":\"gold\"}");
+    trunk["revisit_interval_buckets"] = json!("1,5,30,60");
+    let created = server
+        .admin_http("createInstanceGroup", json!({"instance_group": trunk}))
+        .await;
+    assert_eq!(code(&created), "OK", "{created}");
+
+    // Bad buckets: INVALID_ARGUMENT naming the field; nothing created or changed.
+    for bad in ["1,,5", "5,1", "0,3", "a", "-1"] {
+        let mut refused = group("refused", &["nfs_t"]);
+        refused["revisit_interval_buckets"] = json!(bad);
+        let answer = server
+            .admin_http("createInstanceGroup", json!({"instance_group": refused}))
+            .await;
+        assert_eq!(code(&answer), "INVALID_ARGUMENT", "{bad}: {answer}");
+        let message = answer["header"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("revisit_interval_buckets"), "{message}");
+    }
+    let mut stale = group("trunk", &["nfs_t"]);
+    stale["revisit_interval_buckets"] = json!("3,2");
+    stale["version"] = json!(2);
+    let answer = server
+        .admin_http(
+            "updateInstanceGroup",
+            json!({"instance_group": stale, "current_version": 1}),
+        )
+        .await;
+    assert_eq!(code(&answer), "INVALID_ARGUMENT", "{answer}");
+
+    let check = |group: &Value| {
+        assert_eq!(group["extra_info"], "{\"tier\":\"gold\"}", "{group}");
+        assert_eq!(group["revisit_interval_buckets"], "1,5,30,60", "{group}");
+        assert_eq!(group["version"], "1", "{group}");
+    };
+    let fetched = server
+        .admin_http("getInstanceGroup", json!({"name": "trunk"}))
+        .await;
+    check(&fetched["instance_group"]);
+
+    // ListInstanceGroup: every group, by name, over HTTP and gRPC.
+    let listed = server.admin_http("listInstanceGroup", json!({})).await;
+    assert_eq!(code(&listed), "OK", "{listed}");
+    let groups = listed["instance_group"].as_array().expect("groups");
+    let names: Vec<&str> = groups.iter().map(|g| g["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["default", "trunk"]);
+    check(&groups[1]);
+    assert_eq!(groups[0]["extra_info"], "", "a group without one");
+    let mut client = server.admin().await;
+    let answer = client
+        .list_instance_group(admin::ListInstanceGroupRequest {
+            trace_id: "t".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(admin_code(&answer.header), admin::ErrorCode::Ok);
+    let fetched = client
+        .get_instance_group(admin::GetInstanceGroupRequest {
+            trace_id: "t".into(),
+            name: "trunk".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.instance_group.len(), 2);
+    assert_eq!(answer.instance_group[1], fetched.instance_group.unwrap());
+    assert_eq!(
+        answer.instance_group[1].revisit_interval_buckets,
+        "1,5,30,60"
+    );
+
+    // The registry's encoding carries them through a restart (journal recovery).
+    let server = server.kill_and_restart().await;
+    let fetched = server
+        .admin_http("getInstanceGroup", json!({"name": "trunk"}))
+        .await;
+    assert_eq!(code(&fetched), "OK", "{fetched}");
+    check(&fetched["instance_group"]);
 }

@@ -209,6 +209,30 @@ impl AdminHandler {
         )
     }
 
+    /// ListInstanceGroup (trunk): every group, by name.
+    pub fn list_instance_group(
+        &self,
+        request: admin::ListInstanceGroupRequest,
+    ) -> admin::ListInstanceGroupResponse {
+        self.call(
+            &rpcs::admin::LIST_INSTANCE_GROUP,
+            &request.trace_id,
+            |core| {
+                let instance_group = core
+                    .manager
+                    .list_groups()
+                    .iter()
+                    .map(|group| group_to_wire(group))
+                    .collect();
+                let reply = admin::ListInstanceGroupResponse {
+                    header: None,
+                    instance_group,
+                };
+                Ok((reply, String::new()))
+            },
+        )
+    }
+
     /// GetCacheMeta (meta semantics, admin status rules).
     pub fn get_cache_meta(
         &self,

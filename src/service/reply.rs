@@ -69,6 +69,7 @@ plain_replies!(admin:
     admin::CheckHealthResponse,
     admin::GetManagerClusterInfoResponse,
     admin::GetLeaderElectorConfigResponse,
+    admin::ListInstanceGroupResponse,
 );
 
 plain_replies!(debug: debug::CommonResponse);

@@ -68,6 +68,8 @@ pub(crate) fn group(capacity: i64, prefer: PreferStrategy) -> GroupConfig {
         },
         user_data: String::new(),
         version: 1,
+        extra_info: String::new(),
+        revisit_interval_buckets: String::new(),
     }
 }
 
