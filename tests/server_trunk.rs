@@ -297,3 +297,134 @@ async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
     assert_eq!(code(&fetched), "OK", "{fetched}");
     check(&fetched["instance_group"]);
 }
+
+async fn instance_info(server: &TestServer) -> Value {
+    let body = json!({"instance_id": "inst"});
+    server.meta_http("getInstanceInfo", body).await["instance_info"].clone()
+}
+
+fn message(answer: &Value) -> &str {
+    answer["header"]["status"]["message"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn registration_conflicts_unknown_instances_and_block_size_get_trunk_codes() {
+    let server = TestServer::start().await;
+    assert_eq!(code(&server.register("inst", 16).await), "OK");
+    let before = instance_info(&server).await;
+
+    // A changed re-registration: DUPLICATE_ENTITY naming the instance and the field, on
+    // both services and both transports; the stored registration is unchanged.
+    let mut bigger_blocks = common::registration("inst", 32);
+    let mut other_model = common::registration("inst", 16);
+    other_model["model_deployment"]["model_name"] = json!("other");
+    let mut other_specs = common::registration("inst", 16);
+    other_specs["location_spec_infos"] = json!([{"name": "tp0", "size": 2048}]);
+    let cases = [
+        (&mut bigger_blocks, "block_size"),
+        (&mut other_model, "model_deployment"),
+        (&mut other_specs, "location_spec_infos"),
+    ];
+    for (body, field) in cases {
+        for rpc in ["meta", "admin"] {
+            let answer = match rpc {
+                "meta" => server.meta_http("registerInstance", body.clone()).await,
+                _ => server.admin_http("registerInstance", body.clone()).await,
+            };
+            assert_eq!(code(&answer), "DUPLICATE_ENTITY", "{rpc}: {answer}");
+            let text = message(&answer);
+            assert!(text.contains("\"inst\"") && text.contains(field), "{text}");
+        }
+    }
+    let mut admin = server.admin().await;
+    let changed: admin::RegisterInstanceRequest =
+        serde_json::from_value(bigger_blocks.clone()).expect("a registration");
+    let answer = admin.register_instance(changed).await.unwrap().into_inner();
+    assert_eq!(
+        admin_code(&answer.header),
+        admin::ErrorCode::DuplicateEntity
+    );
+    let mut meta_client = server.meta().await;
+    let answer = meta_client
+        .register_instance(common::registration_grpc("inst", 8))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grpc_code(&answer.header), meta::ErrorCode::DuplicateEntity);
+    assert!(answer
+        .header
+        .unwrap()
+        .status
+        .unwrap()
+        .message
+        .contains("block_size"));
+    // user_data is not identity: the same registration with other user data is accepted.
+    let mut user_data = common::registration("inst", 16);
+    user_data["model_deployment"]["user_data"] = json!("anything");
+    let same = server.admin_http("registerInstance", user_data).await;
+    assert_eq!(code(&same), "OK", "{same}");
+    assert_eq!(instance_info(&server).await, before, "nothing changed");
+
+    // block_size ≤ 0 on the admin service: INVALID_ARGUMENT naming the field.
+    for block_size in [0, -4] {
+        let body = common::registration("fresh", block_size);
+        let answer = server.admin_http("registerInstance", body.clone()).await;
+        assert_eq!(code(&answer), "INVALID_ARGUMENT", "{answer}");
+        assert!(message(&answer).contains("block_size"), "{answer}");
+        let request: admin::RegisterInstanceRequest = serde_json::from_value(body).unwrap();
+        let answer = admin.register_instance(request).await.unwrap().into_inner();
+        assert_eq!(
+            admin_code(&answer.header),
+            admin::ErrorCode::InvalidArgument
+        );
+    }
+    let fresh = server
+        .meta_http("getInstanceInfo", json!({"instance_id": "fresh"}))
+        .await;
+    assert_eq!(code(&fresh), "INSTANCE_NOT_EXIST", "nothing registered");
+
+    // An unknown instance on the admin service: INSTANCE_NOT_EXIST naming it.
+    let unknown = [
+        ("removeInstance", json!({"instance_id": "ghost"})),
+        ("getInstanceInfo", json!({"instance_id": "ghost"})),
+        (
+            "getCacheMeta",
+            json!({"instance_id": "ghost", "block_keys": [1]}),
+        ),
+        (
+            "removeCache",
+            json!({"instance_id": "ghost", "block_keys": [1]}),
+        ),
+    ];
+    for (rpc, body) in unknown {
+        let answer = server.admin_http(rpc, body).await;
+        assert_eq!(code(&answer), "INSTANCE_NOT_EXIST", "{rpc}: {answer}");
+        assert!(message(&answer).contains("\"ghost\""), "{rpc}: {answer}");
+    }
+    let answer = admin
+        .remove_instance(admin::RemoveInstanceRequest {
+            trace_id: "t".into(),
+            instance_id: "ghost".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        admin_code(&answer.header),
+        admin::ErrorCode::InstanceNotExist
+    );
+    assert!(answer
+        .header
+        .unwrap()
+        .status
+        .unwrap()
+        .message
+        .contains("ghost"));
+    // An unknown group stays a non-OK answer naming the group.
+    let mut body = common::registration("fresh", 16);
+    body["instance_group"] = json!("no-such-group");
+    let answer = server.admin_http("registerInstance", body).await;
+    assert_eq!(code(&answer), "INTERNAL_ERROR", "{answer}");
+    assert!(message(&answer).contains("no-such-group"), "{answer}");
+}

@@ -262,9 +262,14 @@ impl AdminHandler {
     ) -> admin::CommonResponse {
         self.call(&rpcs::admin::REGISTER_INSTANCE, &request.trace_id, |core| {
             let request: meta::RegisterInstanceRequest = transcode(&request);
-            // §16.2: every failure of the admin RegisterInstance is INTERNAL_ERROR.
-            let (_, message) = meta_calls::register_instance(core, request)
-                .map_err(|error| ManagerError::Refused(error.to_string()))?;
+            // §16.2: every failure of the admin RegisterInstance is INTERNAL_ERROR, except
+            // (upstream trunk, wire delta §4.4) an invalid field → INVALID_ARGUMENT and a
+            // changed re-registration → DUPLICATE_ENTITY, both as the meta service answers.
+            let (_, message) =
+                meta_calls::register_instance(core, request).map_err(|error| match error {
+                    ManagerError::InvalidField { .. } | ManagerError::Duplicate(_) => error,
+                    other => ManagerError::Refused(other.to_string()),
+                })?;
             Ok((admin::CommonResponse::default(), message))
         })
     }

@@ -131,9 +131,9 @@ impl Manager {
         let group = self.group(&info.instance_group_name)?;
         let mut instances = write_lock(&self.instances);
         if let Some(existing) = instances.get(&info.instance_id) {
-            if !existing.info().same_identity(&info) {
+            if let Some(field) = existing.info().identity_difference(&info) {
                 return Err(ManagerError::Duplicate(format!(
-                    "instance {:?} is registered with a different model or layout",
+                    "instance {:?} is registered with a different {field}",
                     info.instance_id
                 )));
             }
