@@ -428,3 +428,42 @@ async fn registration_conflicts_unknown_instances_and_block_size_get_trunk_codes
     assert_eq!(code(&answer), "INTERNAL_ERROR", "{answer}");
     assert!(message(&answer).contains("no-such-group"), "{answer}");
 }
+
+async fn healthy(server: &TestServer) -> (u16, Value) {
+    let address = server.address("admin_http");
+    let (status, body) = common::http_request(address, "GET", "/api/healthy", b"").await;
+    (status, serde_json::from_slice(&body).expect("JSON"))
+}
+
+#[tokio::test]
+async fn api_healthy_is_200_on_the_leader_and_503_with_the_health_answer_otherwise() {
+    let server = TestServer::start().await;
+    assert_eq!(healthy(&server).await, (200, json!({"status": "OK"})));
+
+    // Demoted, with a long campaign delay: not the leader, 503 with CheckHealth's answer.
+    let delay = json!({"campaign_delay_time_ms": 60_000});
+    let answer = server.admin_http("updateLeaderElectorConfig", delay).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+    assert_eq!(
+        code(&server.admin_http("leaderDemote", json!({})).await),
+        "OK"
+    );
+    let (status, body) = healthy(&server).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["is_leader"], false, "{body}");
+    assert_eq!(body["is_health"], true, "{body}");
+    assert_eq!(code(&body), "OK", "{body}");
+
+    // Campaigning again: healthy once it leads.
+    let delay = json!({"campaign_delay_time_ms": 0});
+    let answer = server.admin_http("updateLeaderElectorConfig", delay).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+    let back = common::wait_until(std::time::Duration::from_secs(10), async || {
+        (healthy(&server).await.0 == 200).then_some(())
+    })
+    .await;
+    assert!(back.is_some(), "the node leads again and is healthy");
+    let (status, _) =
+        common::http_request(server.address("admin_http"), "POST", "/api/healthy", b"{}").await;
+    assert_eq!(status, 405, "GET only");
+}

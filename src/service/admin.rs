@@ -417,10 +417,15 @@ impl AdminHandler {
     pub fn check_health(&self, request: admin::CheckHealthRequest) -> admin::CheckHealthResponse {
         self.call(&rpcs::admin::CHECK_HEALTH, &request.trace_id, |core| {
             let leadership = core.manager.leadership();
+            // Unhealthy once the journal failed: writes are refused until a restart.
+            let journal_failed = core
+                .manager
+                .journal_stats()
+                .is_some_and(|stats| stats.failure.is_some());
             let reply = admin::CheckHealthResponse {
                 header: None,
                 is_leader: leadership.is_leader(),
-                is_health: true,
+                is_health: !journal_failed,
                 elector_last_loop_time_ms: leadership.elector_last_loop_ms(),
             };
             Ok((reply, String::new()))
