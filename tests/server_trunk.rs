@@ -467,3 +467,82 @@ async fn api_healthy_is_200_on_the_leader_and_503_with_the_health_answer_otherwi
         common::http_request(server.address("admin_http"), "POST", "/api/healthy", b"{}").await;
     assert_eq!(status, 405, "GET only");
 }
+
+async fn prometheus(server: &TestServer) -> (u16, String) {
+    let address = server.address("admin_http");
+    let (status, body) = common::http_request(address, "GET", "/metrics", b"").await;
+    (status, String::from_utf8(body).expect("UTF-8"))
+}
+
+#[tokio::test]
+async fn prometheus_names_take_the_configured_prefix_and_the_exposition_can_be_off() {
+    let server = TestServer::start().await;
+    assert_eq!(code(&server.register("inst", 16).await), "OK");
+    let (status, text) = prometheus(&server).await;
+    assert_eq!(status, 200);
+    let lines: Vec<&str> = text.lines().collect();
+    for expected in [
+        "# TYPE kvcm_service_query_counter counter",
+        "kvcm_service_query_counter{api_name=\"RegisterInstance\"} 1",
+        "# TYPE kvcm_service_query_rt_us gauge",
+        "# TYPE kvcm_event_log_dropped counter",
+        "# TYPE kvcm_journal_failed gauge",
+        "kvcm_journal_failed 0",
+    ] {
+        assert!(lines.contains(&expected), "{expected:?} in {text}");
+    }
+    let unprefixed = lines
+        .iter()
+        .filter(|line| !line.starts_with('#'))
+        .find(|line| !line.starts_with("kvcm_"));
+    assert_eq!(unprefixed, None, "every name has the default prefix");
+    drop(server);
+
+    // TOML < --env < environment variable.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kvcm.toml");
+    std::fs::write(&file, "[kvcm.metrics]\nprometheus_prefix = \"from_file\"\n").unwrap();
+    let file = file.display().to_string();
+    let args = [
+        "--config",
+        &file,
+        "--env",
+        "kvcm.metrics.prometheus_prefix=from_env",
+    ];
+    let server = TestServer::start_custom(&args, &[]).await;
+    server.register("inst", 16).await;
+    let (_, text) = prometheus(&server).await;
+    assert!(text.contains("\nfrom_env_service_query_counter{"), "{text}");
+    drop(server);
+    let variable = [("KVCM_METRICS_PROMETHEUS_PREFIX", "from_var")];
+    let server = TestServer::start_custom(&args, &variable).await;
+    let (_, text) = prometheus(&server).await;
+    assert!(
+        text.contains("# TYPE from_var_journal_failed gauge"),
+        "{text}"
+    );
+    assert!(!text.contains("from_env"), "{text}");
+    drop(server);
+
+    // Off: no /metrics route; the admin RPCs and GetMetrics are still served.
+    let server = TestServer::start_with(&["kvcm.metrics.enable_prometheus=false"]).await;
+    assert_eq!(prometheus(&server).await.0, 404);
+    let metrics = server.admin_http("getMetrics", json!({})).await;
+    assert_eq!(code(&metrics), "OK", "{metrics}");
+    drop(server);
+
+    // A prefix that cannot start a metric name stops the start, naming the key.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvcm"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--env", "kvcm.metrics.prometheus_prefix=9-lives"])
+        .output()
+        .expect("run kvcm");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("kvcm.metrics.prometheus_prefix"),
+        "{stderr}"
+    );
+}

@@ -95,20 +95,33 @@ pub fn meta_router(handler: MetaHandler, limit: usize) -> Router {
 /// Body of `GET /api/healthy` on a healthy leader.
 const HEALTHY: &str = r#"{"status":"OK"}"#;
 
-/// The admin HTTP router, plus `GET /api/healthy` and `GET /metrics`.
-pub fn admin_router(handler: AdminHandler, core: Arc<Core>, limit: usize) -> Router {
+/// The admin HTTP router, plus `GET /api/healthy` and, when `prometheus_prefix` is given
+/// (`kvcm.metrics.enable_prometheus`), `GET /metrics` with metric names of that prefix.
+pub fn admin_router(
+    handler: AdminHandler,
+    core: Arc<Core>,
+    limit: usize,
+    prometheus_prefix: Option<&str>,
+) -> Router {
     let router = rpcs::admin_routes(handler.clone(), limit);
     let router = router.route("/api/healthy", get(move || healthy(handler.clone())));
+    let Some(prefix) = prometheus_prefix else {
+        return router;
+    };
+    let prefix: Arc<str> = prefix.into();
     router.route(
         "/metrics",
         get(move || async move {
-            let text = core.metrics.to_prometheus()
-                + &core.events.to_prometheus()
-                + &super::journal_metrics::to_prometheus(&core.manager);
-            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+            let text = core.metrics.to_prometheus(&prefix)
+                + &core.events.to_prometheus(&prefix)
+                + &super::journal_metrics::to_prometheus(&core.manager, &prefix);
+            ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text)
         }),
     )
 }
+
+/// Content type of the Prometheus text exposition (upstream trunk, wire delta §8).
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// `GET /api/healthy` (upstream trunk): 200 `{"status":"OK"}` when CheckHealth says this
 /// node is the leader and healthy (its journal has not failed), else 503 with the
