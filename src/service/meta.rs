@@ -124,7 +124,9 @@ impl MetaHandler {
         self.look_up_as(&rpcs::meta::GET_CACHE_LOCATION, request, answer)
     }
 
-    /// A lookup served as `rpc` (GetCacheLocation or GetCacheLocationLen).
+    /// A lookup served as `rpc` (GetCacheLocation or GetCacheLocationLen). Only a
+    /// GetCacheLocation goes to the event log: it records reads, and a GetCacheLocationLen is
+    /// a router's estimate that reads nothing.
     fn look_up_as<R: Reply>(
         &self,
         rpc: &'static rpcs::Rpc,
@@ -145,7 +147,9 @@ impl MetaHandler {
                 &request.location_spec_names,
             )?;
             let reply = answer(&lookup);
-            core.events.lookup(&instance, &keys, &request.token_ids);
+            if *rpc == rpcs::meta::GET_CACHE_LOCATION {
+                core.events.lookup(&instance, &keys, &request.token_ids);
+            }
             Ok((reply, "Cache locations retrieved successfully".into()))
         })
     }
