@@ -546,3 +546,60 @@ async fn prometheus_names_take_the_configured_prefix_and_the_exposition_can_be_o
         "{stderr}"
     );
 }
+
+/// A JSON answer with its request id checked (`<trace id>_<µs>`) and replaced by `<rid>`.
+fn golden(mut answer: Value, trace_id: &str) -> Value {
+    let request_id = answer["header"]["request_id"].as_str().expect("request_id");
+    let micros = request_id
+        .strip_prefix(&format!("{trace_id}_"))
+        .expect("the trace id first");
+    assert!(micros.bytes().all(|b| b.is_ascii_digit()), "{request_id}");
+    answer["header"]["request_id"] = json!("<rid>");
+    answer
+}
+
+#[tokio::test]
+async fn the_new_responses_answer_the_canonical_json() {
+    let server = TestServer::start().await;
+    server.register("inst", 16).await;
+    server.write_keys("inst", &[7]).await;
+    let len = server
+        .meta_http(
+            "getCacheLocationLen",
+            json!({"trace_id": "len", "instance_id": "inst", "query_type": "QT_BATCH_GET",
+                   "block_keys": [7, 8]}),
+        )
+        .await;
+    assert_eq!(
+        golden(len, "len"),
+        json!({"header": {"status": {"code": "OK",
+                                     "message": "Cache locations retrieved successfully"},
+                          "request_id": "<rid>", "tracer_result": ""},
+               "cache_location_len": "1"})
+    );
+    let listed = server
+        .admin_http("listInstanceGroup", json!({"trace_id": "list"}))
+        .await;
+    let default_group = json!({
+        "name": "default", "storage_candidates": ["default_file"],
+        "global_quota_group_name": "default", "max_instance_count": "0",
+        "quota": {"capacity": "9223372036854775807", "quota_config": []},
+        "cache_config": {
+            "reclaim_strategy": {"storage_unique_name": "default_file",
+                                 "reclaim_policy": "POLICY_LRU", "trigger_period_seconds": 0,
+                                 "reclaim_step_size": 0, "reclaim_step_percentage": 0,
+                                 "delay_before_delete_ms": 0},
+            "data_storage_strategy": "CPS_PREFER_3FS",
+            "meta_indexer_config": {
+                "max_key_count": "0", "mutex_shard_num": "256", "batch_key_size": "64",
+                "meta_storage_backend_config": {"storage_type": "local", "storage_uri": ""},
+                "meta_cache_policy_config": {"capacity": "0", "type": "lru",
+                                             "cache_shard_bits": 0,
+                                             "high_pri_pool_ratio": 0.0}}},
+        "user_data": "", "version": "1", "extra_info": "", "revisit_interval_buckets": ""});
+    assert_eq!(
+        golden(listed, "list"),
+        json!({"header": {"status": {"code": "OK", "message": ""}, "request_id": "<rid>"},
+               "instance_group": [default_group]})
+    );
+}
