@@ -206,7 +206,11 @@ async fn group_and_instance_crud() {
     let gone = server
         .admin_http("getInstanceInfo", json!({"instance_id": "inst2"}))
         .await;
-    assert_eq!(code(&gone), "INTERNAL_ERROR");
+    assert_eq!(
+        code(&gone),
+        "INSTANCE_NOT_EXIST",
+        "trunk: not INTERNAL_ERROR"
+    );
     assert_eq!(
         code(
             &server

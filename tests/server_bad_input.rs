@@ -330,7 +330,7 @@ async fn bad_admin_and_debug_requests_are_rejected_without_changing_state() {
         (
             "getCacheMeta",
             json!({"instance_id": "nobody", "block_keys": [1]}),
-            "INTERNAL_ERROR",
+            "INSTANCE_NOT_EXIST",
         ),
         (
             "getCacheMeta",
@@ -340,23 +340,23 @@ async fn bad_admin_and_debug_requests_are_rejected_without_changing_state() {
         (
             "removeCache",
             json!({"instance_id": "nobody", "block_keys": [1]}),
-            "INTERNAL_ERROR",
+            "INSTANCE_NOT_EXIST",
         ),
         (
             "registerInstance",
             json!({"instance_id": "x"}),
-            "INTERNAL_ERROR",
+            "INVALID_ARGUMENT",
         ),
         ("removeInstance", json!({}), "INVALID_ARGUMENT"),
         (
             "removeInstance",
             json!({"instance_id": "nobody"}),
-            "INTERNAL_ERROR",
+            "INSTANCE_NOT_EXIST",
         ),
         (
             "getInstanceInfo",
             json!({"instance_id": "nobody"}),
-            "INTERNAL_ERROR",
+            "INSTANCE_NOT_EXIST",
         ),
         ("listInstanceInfo", json!({}), "INVALID_ARGUMENT"),
         ("addAccount", json!({}), "INVALID_ARGUMENT"),

@@ -87,6 +87,14 @@ async fn served_calls_are_logged_and_replay_to_the_traffic_hit_rate() {
 
     let mut found = lookup_http(&server, &[1, 2, 3]).await;
     server.write_keys("inst", &[1, 2, 3]).await;
+    // A GetCacheLocationLen reads nothing: it is not logged (the replay below has no entry).
+    let len = server
+        .meta_http(
+            "getCacheLocationLen",
+            json!({"instance_id": "inst", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2]}),
+        )
+        .await;
+    assert_eq!(code(&len), "OK", "{len}");
     let tokens: Vec<i64> = (100..110).collect();
     let answer = client
         .get_cache_location(meta::GetCacheLocationRequest {

@@ -83,6 +83,12 @@ impl MetaService for EchoMeta {
     ) -> Result<Response<meta::GetClusterInfoResponse>, Status> {
         unimplemented()
     }
+    async fn get_cache_location_len(
+        &self,
+        _: Request<meta::GetCacheLocationLenRequest>,
+    ) -> Result<Response<meta::GetCacheLocationLenResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// Serves the echo gRPC service on an OS-chosen port.

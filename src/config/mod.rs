@@ -6,6 +6,7 @@
 
 mod event_log;
 mod journal;
+mod metrics;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use kvcm_manager::leader::{ElectorSettings, LockUri};
 
 pub use event_log::{EventLogConfig, EVENT_LOG_KEYS};
 pub use journal::{JournalSettings, JOURNAL_KEYS};
+pub use metrics::{MetricsConfig, METRICS_KEYS};
 
 /// Why a configuration cannot be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +87,8 @@ pub struct ServerConfig {
     pub pool: crate::pool::PoolConfig,
     /// `kvcm.journal.*`: the write-ahead log and snapshots of the metadata.
     pub journal: JournalSettings,
+    /// `kvcm.metrics.*`: the Prometheus exposition at `GET /metrics`.
+    pub metrics: MetricsConfig,
 }
 
 impl Default for ServerConfig {
@@ -109,6 +113,7 @@ impl Default for ServerConfig {
             lookup: crate::lookup::LookupConfig::default(),
             pool: crate::pool::PoolConfig::default(),
             journal: JournalSettings::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -177,6 +182,7 @@ impl ServerConfig {
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
             _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
+            _ if METRICS_KEYS.contains(&key) => self.metrics.set(key, value)?,
             _ if key.starts_with("kvcm.journal.") || key == journal::REGISTRY_URI_KEY => {
                 self.journal.set(key, value)?
             }
@@ -222,7 +228,8 @@ impl ServerConfig {
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        for key in KEYS.iter().chain(&EVENT_LOG_KEYS).chain(&JOURNAL_KEYS) {
+        let keys = KEYS.iter().chain(&EVENT_LOG_KEYS).chain(&JOURNAL_KEYS);
+        for key in keys.chain(&METRICS_KEYS) {
             if let Some(value) = lookup(&env_name(key)) {
                 self.set(key, &value)?;
             }
@@ -263,6 +270,7 @@ impl ServerConfig {
             return Err(invalid(key, &reason));
         }
         self.event_log.validate()?;
+        self.metrics.validate()?;
         self.journal.validate()
     }
 

@@ -14,6 +14,8 @@ use super::thread::Message;
 use crate::proto::admin;
 use kvcm_manager::{Instance, WriteStart};
 
+use crate::service::metrics::prometheus_name;
+
 /// Name of the counter of records that were not written.
 pub const DROPPED_METRIC: &str = "event_log.dropped";
 
@@ -141,9 +143,10 @@ impl EventSink {
         }]
     }
 
-    /// The `event_log_dropped` counter in Prometheus text.
-    pub fn to_prometheus(&self) -> String {
-        let name = DROPPED_METRIC.replace('.', "_");
+    /// The `event_log.dropped` counter in Prometheus text (named with `prefix`, see
+    /// [`prometheus_name`]).
+    pub fn to_prometheus(&self, prefix: &str) -> String {
+        let name = prometheus_name(prefix, DROPPED_METRIC);
         let mut text = String::new();
         let _ = writeln!(text, "# TYPE {name} counter\n{name} {}", self.dropped());
         text

@@ -78,8 +78,11 @@ fn a_full_channel_drops_without_blocking_and_counts() {
     sink.emit(started("c", vec![3]));
     assert_eq!(sink.dropped(), 2);
     assert!(matches!(receiver.try_recv(), Ok(Message::Record(_))));
-    let text = sink.to_prometheus();
-    assert!(text.contains("event_log_dropped 2"), "{text}");
+    let text = sink.to_prometheus("kvcm");
+    assert!(text.contains("\nkvcm_event_log_dropped 2"), "{text}");
+    assert!(sink
+        .to_prometheus("")
+        .starts_with("# TYPE event_log_dropped counter"));
     assert_eq!(sink.to_wire()[0].metric_name, "event_log.dropped");
 }
 

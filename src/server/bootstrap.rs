@@ -164,5 +164,6 @@ fn default_group() -> admin::InstanceGroup {
         }),
         user_data: String::new(),
         version: 1,
+        ..Default::default()
     }
 }

@@ -160,7 +160,12 @@ pub async fn start(
     if config.pool.embedded_size > 0 {
         server.pool_node = Some(start_embedded_pool(config, server.addresses["http"])?);
     }
-    let admin_http = http::admin_router(handlers.admin.clone(), handlers.core.clone(), limit);
+    let admin_http = http::admin_router(
+        handlers.admin.clone(),
+        handlers.core.clone(),
+        limit,
+        config.metrics.exposition_prefix(),
+    );
     server
         .spawn_http("admin_http", config.admin_http_port, admin_http, &stop_rx)
         .await?;

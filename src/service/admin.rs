@@ -209,6 +209,30 @@ impl AdminHandler {
         )
     }
 
+    /// ListInstanceGroup (trunk): every group, by name.
+    pub fn list_instance_group(
+        &self,
+        request: admin::ListInstanceGroupRequest,
+    ) -> admin::ListInstanceGroupResponse {
+        self.call(
+            &rpcs::admin::LIST_INSTANCE_GROUP,
+            &request.trace_id,
+            |core| {
+                let instance_group = core
+                    .manager
+                    .list_groups()
+                    .iter()
+                    .map(|group| group_to_wire(group))
+                    .collect();
+                let reply = admin::ListInstanceGroupResponse {
+                    header: None,
+                    instance_group,
+                };
+                Ok((reply, String::new()))
+            },
+        )
+    }
+
     /// GetCacheMeta (meta semantics, admin status rules).
     pub fn get_cache_meta(
         &self,
@@ -238,9 +262,14 @@ impl AdminHandler {
     ) -> admin::CommonResponse {
         self.call(&rpcs::admin::REGISTER_INSTANCE, &request.trace_id, |core| {
             let request: meta::RegisterInstanceRequest = transcode(&request);
-            // §16.2: every failure of the admin RegisterInstance is INTERNAL_ERROR.
-            let (_, message) = meta_calls::register_instance(core, request)
-                .map_err(|error| ManagerError::Refused(error.to_string()))?;
+            // §16.2: every failure of the admin RegisterInstance is INTERNAL_ERROR, except
+            // (upstream trunk, wire delta §4.4) an invalid field → INVALID_ARGUMENT and a
+            // changed re-registration → DUPLICATE_ENTITY, both as the meta service answers.
+            let (_, message) =
+                meta_calls::register_instance(core, request).map_err(|error| match error {
+                    ManagerError::InvalidField { .. } | ManagerError::Duplicate(_) => error,
+                    other => ManagerError::Refused(other.to_string()),
+                })?;
             Ok((admin::CommonResponse::default(), message))
         })
     }
@@ -388,10 +417,15 @@ impl AdminHandler {
     pub fn check_health(&self, request: admin::CheckHealthRequest) -> admin::CheckHealthResponse {
         self.call(&rpcs::admin::CHECK_HEALTH, &request.trace_id, |core| {
             let leadership = core.manager.leadership();
+            // Unhealthy once the journal failed: writes are refused until a restart.
+            let journal_failed = core
+                .manager
+                .journal_stats()
+                .is_some_and(|stats| stats.failure.is_some());
             let reply = admin::CheckHealthResponse {
                 header: None,
                 is_leader: leadership.is_leader(),
-                is_health: true,
+                is_health: !journal_failed,
                 elector_last_loop_time_ms: leadership.elector_last_loop_ms(),
             };
             Ok((reply, String::new()))

@@ -205,10 +205,12 @@ fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
             ErrorCode::InvalidArgument
         }
         (ManagerError::NotLeader, _) => ErrorCode::ServerNotLeader,
+        // Upstream trunk (wire delta §4.4): the admin service answers these two as the meta
+        // service does (2026-02: INTERNAL_ERROR).
+        (ManagerError::Duplicate(_), _) => ErrorCode::DuplicateEntity,
+        (ManagerError::InstanceNotExist(_), _) => ErrorCode::InstanceNotExist,
         (_, Rules::Admin) => ErrorCode::InternalError,
         (ManagerError::Unsupported(_), Rules::Meta) => ErrorCode::Unsupported,
-        (ManagerError::Duplicate(_), Rules::Meta) => ErrorCode::DuplicateEntity,
-        (ManagerError::InstanceNotExist(_), Rules::Meta) => ErrorCode::InstanceNotExist,
         (_, Rules::Meta) => ErrorCode::InternalError,
     }
 }

@@ -1,7 +1,8 @@
 //! The HTTP edge: `POST /api/<lowerCamelRpc>` with protobuf-JSON bodies (wire fact sheet
 //! §2.2, §7). Application errors answer 200 with the status in the header; a body that is
 //! not a JSON object of the request's shape answers 400 `{}`; a body over the configured
-//! limit answers 413 `{}`. The admin router also serves Prometheus text at `GET /metrics`.
+//! limit answers 413 `{}`. The admin router also serves Prometheus text at `GET /metrics`
+//! and the leader health probe `GET /api/healthy`.
 //! Decoding judges no enum number: a body becomes the message the same gRPC request carries
 //! (see [`crate::proto::json`]), so the handlers answer both transports alike.
 
@@ -20,6 +21,7 @@ use super::core::{served_since, Core};
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
 use super::rpcs::{self, Mode, Rpc};
+use crate::proto::admin;
 use crate::proto::json::{self, JsonBody};
 
 /// Body of every non-200 answer.
@@ -90,18 +92,52 @@ pub fn meta_router(handler: MetaHandler, limit: usize) -> Router {
     rpcs::meta_router(handler, limit)
 }
 
-/// The admin HTTP router, plus `GET /metrics`.
-pub fn admin_router(handler: AdminHandler, core: Arc<Core>, limit: usize) -> Router {
-    let router = rpcs::admin_routes(handler, limit);
+/// Body of `GET /api/healthy` on a healthy leader.
+const HEALTHY: &str = r#"{"status":"OK"}"#;
+
+/// The admin HTTP router, plus `GET /api/healthy` and, when `prometheus_prefix` is given
+/// (`kvcm.metrics.enable_prometheus`), `GET /metrics` with metric names of that prefix.
+pub fn admin_router(
+    handler: AdminHandler,
+    core: Arc<Core>,
+    limit: usize,
+    prometheus_prefix: Option<&str>,
+) -> Router {
+    let router = rpcs::admin_routes(handler.clone(), limit);
+    let router = router.route("/api/healthy", get(move || healthy(handler.clone())));
+    let Some(prefix) = prometheus_prefix else {
+        return router;
+    };
+    let prefix: Arc<str> = prefix.into();
     router.route(
         "/metrics",
         get(move || async move {
-            let text = core.metrics.to_prometheus()
-                + &core.events.to_prometheus()
-                + &super::journal_metrics::to_prometheus(&core.manager);
-            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+            let text = core.metrics.to_prometheus(&prefix)
+                + &core.events.to_prometheus(&prefix)
+                + &super::journal_metrics::to_prometheus(&core.manager, &prefix);
+            ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text)
         }),
     )
+}
+
+/// Content type of the Prometheus text exposition (upstream trunk, wire delta §8).
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// `GET /api/healthy` (upstream trunk): 200 `{"status":"OK"}` when CheckHealth says this
+/// node is the leader and healthy (its journal has not failed), else 503 with the
+/// CheckHealth answer. Served as a CheckHealth call (counted in its metrics).
+async fn healthy(handler: AdminHandler) -> Response {
+    let request = admin::CheckHealthRequest {
+        trace_id: "healthy".into(),
+    };
+    let reply = handler.check_health(request);
+    if reply.is_leader && reply.is_health {
+        return json_answer(StatusCode::OK, HEALTHY.into());
+    }
+    match reply.to_json() {
+        Ok(text) => json_answer(StatusCode::SERVICE_UNAVAILABLE, text),
+        Err(_) => json_answer(StatusCode::INTERNAL_SERVER_ERROR, EMPTY_OBJECT.into()),
+    }
 }
 
 /// The debug HTTP router.

@@ -8,8 +8,10 @@ use std::fmt::Write;
 
 use kvcm_manager::Manager;
 
-/// The journal's lines of the exposition.
-pub fn to_prometheus(manager: &Manager) -> String {
+use super::metrics::prometheus_name;
+
+/// The journal's lines of the exposition (named with `prefix`, see [`prometheus_name`]).
+pub fn to_prometheus(manager: &Manager, prefix: &str) -> String {
     let Some(stats) = manager.journal_stats() else {
         return String::new();
     };
@@ -25,14 +27,12 @@ pub fn to_prometheus(manager: &Manager) -> String {
     ];
     let mut text = String::new();
     for (name, value) in counters {
-        let _ = writeln!(text, "# TYPE kvcm_journal_{name} counter");
-        let _ = writeln!(text, "kvcm_journal_{name} {value}");
+        let name = prometheus_name(prefix, &format!("journal.{name}"));
+        let _ = writeln!(text, "# TYPE {name} counter");
+        let _ = writeln!(text, "{name} {value}");
     }
-    let _ = writeln!(text, "# TYPE kvcm_journal_failed gauge");
-    let _ = writeln!(
-        text,
-        "kvcm_journal_failed {}",
-        u8::from(stats.failure.is_some())
-    );
+    let name = prometheus_name(prefix, "journal.failed");
+    let _ = writeln!(text, "# TYPE {name} gauge");
+    let _ = writeln!(text, "{name} {}", u8::from(stats.failure.is_some()));
     text
 }

@@ -92,15 +92,49 @@ impl MetaHandler {
         self.look_up(request, LocationsJson::of)
     }
 
+    /// GetCacheLocationLen (trunk): GetCacheLocation's lookup, answering only how many
+    /// keys it hits.
+    pub fn get_cache_location_len(
+        &self,
+        request: meta::GetCacheLocationLenRequest,
+    ) -> meta::GetCacheLocationLenResponse {
+        let lookup = meta::GetCacheLocationRequest {
+            trace_id: request.trace_id,
+            instance_id: request.instance_id,
+            query_type: request.query_type,
+            block_keys: request.block_keys,
+            token_ids: request.token_ids,
+            block_mask: None,
+            sw_size: request.sw_size,
+            location_spec_names: Vec::new(),
+        };
+        let rpc = &rpcs::meta::GET_CACHE_LOCATION_LEN;
+        self.look_up_as(rpc, lookup, |lookup| meta::GetCacheLocationLenResponse {
+            header: None,
+            cache_location_len: lookup.hit_count() as i64,
+        })
+    }
+
     /// GetCacheLocation's call, its answer built by `answer` from the lookup.
     fn look_up<R: Reply>(
         &self,
+        request: meta::GetCacheLocationRequest,
+        answer: impl FnOnce(&CacheLookup<'_>) -> R,
+    ) -> R {
+        self.look_up_as(&rpcs::meta::GET_CACHE_LOCATION, request, answer)
+    }
+
+    /// A lookup served as `rpc` (GetCacheLocation or GetCacheLocationLen). Only a
+    /// GetCacheLocation goes to the event log: it records reads, and a GetCacheLocationLen is
+    /// a router's estimate that reads nothing.
+    fn look_up_as<R: Reply>(
+        &self,
+        rpc: &'static rpcs::Rpc,
         mut request: meta::GetCacheLocationRequest,
         answer: impl FnOnce(&CacheLookup<'_>) -> R,
     ) -> R {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
-        let rpc = &rpcs::meta::GET_CACHE_LOCATION;
         core.instance_call(rpc, &trace_id, &instance_id, move |instance| {
             let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
             let kind = query_kind(request.query_type, request.sw_size)?;
@@ -113,7 +147,9 @@ impl MetaHandler {
                 &request.location_spec_names,
             )?;
             let reply = answer(&lookup);
-            core.events.lookup(&instance, &keys, &request.token_ids);
+            if *rpc == rpcs::meta::GET_CACHE_LOCATION {
+                core.events.lookup(&instance, &keys, &request.token_ids);
+            }
             Ok((reply, "Cache locations retrieved successfully".into()))
         })
     }
@@ -130,13 +166,16 @@ impl MetaHandler {
             &trace_id,
             &instance_id,
             move |instance| {
+                let min_replicas = usize::try_from(request.min_replica_count)
+                    .map_err(|_| ManagerError::invalid_because("min_replica_count", "negative"))?;
                 let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
                 let event_keys = core.events.keys_if_enabled(&keys);
-                let started = core.manager.start_write(
+                let started = core.manager.start_write_replicas(
                     &instance,
                     keys,
                     &request.location_spec_group_names,
                     request.write_timeout_seconds,
+                    min_replicas,
                 )?;
                 core.events.write_started(&instance, event_keys, &started);
                 let reply = meta::StartWriteCacheResponse {

@@ -239,12 +239,12 @@ impl Metrics {
             .collect()
     }
 
-    /// Prometheus text exposition (dots in names become underscores).
-    pub fn to_prometheus(&self) -> String {
+    /// Prometheus text exposition, names as [`prometheus_name`] writes them.
+    pub fn to_prometheus(&self, prefix: &str) -> String {
         let snapshot = self.snapshot();
         let mut text = String::new();
         for (name, is_counter) in [(QUERY_COUNTER, true), (QUERY_RT_US, false)] {
-            let name = name.replace('.', "_");
+            let name = prometheus_name(prefix, name);
             let kind = if is_counter { "counter" } else { "gauge" };
             let _ = writeln!(text, "# TYPE {name} {kind}");
             for series in &snapshot {
@@ -262,6 +262,17 @@ impl Metrics {
             }
         }
         text
+    }
+}
+
+/// The Prometheus name of a dotted metric name (upstream trunk, wire delta §8):
+/// `<prefix>_<name with dots as underscores>`, or the bare name when `prefix` is empty.
+pub fn prometheus_name(prefix: &str, dotted: &str) -> String {
+    let name = dotted.replace('.', "_");
+    if prefix.is_empty() {
+        name
+    } else {
+        format!("{prefix}_{name}")
     }
 }
 
@@ -293,7 +304,7 @@ mod tests {
             "A, and A of instance i\"1; B was never served"
         );
         assert_eq!(wire[2].metric_tags.len(), 3);
-        let text = metrics.to_prometheus();
+        let text = metrics.to_prometheus("kvcm");
         assert!(
             text.contains("service_query_counter{api_name=\"A\"} 2"),
             "{text}"
@@ -347,7 +358,7 @@ mod tests {
         live.lock().unwrap().push(new.clone());
         metrics.record_instance("A", &new, "g", Duration::from_micros(7));
         metrics.record_instance("A", &old, "g", Duration::from_micros(5));
-        let text = metrics.to_prometheus();
+        let text = metrics.to_prometheus("kvcm");
         let series = r#"service_query_counter{api_name="A",instance_group="g",instance_id="i"} 1"#;
         assert!(
             text.contains(series),

@@ -53,6 +53,7 @@ meta_replies!(
     meta::GetCacheLocationResponse,
     meta::StartWriteCacheResponse,
     meta::GetClusterInfoResponse,
+    meta::GetCacheLocationLenResponse,
 );
 
 plain_replies!(admin:
@@ -68,6 +69,7 @@ plain_replies!(admin:
     admin::CheckHealthResponse,
     admin::GetManagerClusterInfoResponse,
     admin::GetLeaderElectorConfigResponse,
+    admin::ListInstanceGroupResponse,
 );
 
 plain_replies!(debug: debug::CommonResponse);

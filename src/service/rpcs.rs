@@ -175,6 +175,8 @@ rpc_table! {
             = "TrimCache" "/api/trimCache" blocking leader nofaults instance;
         GET_CLUSTER_INFO get_cluster_info(GetClusterInfoRequest) -> GetClusterInfoResponse
             = "GetClusterInfo" "/api/getClusterInfo" blocking any nofaults global;
+        GET_CACHE_LOCATION_LEN get_cache_location_len(GetCacheLocationLenRequest) -> GetCacheLocationLenResponse
+            = "GetCacheLocationLen" "/api/getCacheLocationLen" inline leader faults instance;
     }
     admin (Admin, AdminService for AdminHandler, admin_routes, admin) {
         ADD_STORAGE add_storage(AddStorageRequest) -> CommonResponse
@@ -233,6 +235,8 @@ rpc_table! {
             = "UpdateLeaderElectorConfig" "/api/updateLeaderElectorConfig" inline any nofaults global;
         UPDATE_LOGGER update_logger(UpdateLoggerRequest) -> CommonResponse
             = "UpdateLogger" "/api/updateLogger" inline any nofaults global;
+        LIST_INSTANCE_GROUP list_instance_group(ListInstanceGroupRequest) -> ListInstanceGroupResponse
+            = "ListInstanceGroup" "/api/listInstanceGroup" inline leader nofaults global;
     }
     debug (Debug, DebugService for DebugHandler, debug_router, debug) {
         INJECT_FAULT inject_fault(InjectFaultRequest) -> CommonResponse
@@ -281,7 +285,7 @@ mod tests {
     #[test]
     fn metrics_count_every_meta_and_admin_name_once() {
         let (global, per_instance) = metric_names();
-        assert_eq!((global.len(), per_instance.len()), (27, 6));
+        assert_eq!((global.len(), per_instance.len()), (28, 7));
         assert!(per_instance.contains(&"GetCacheLocation"));
         assert!(!global.contains(&"GetCacheMeta"), "counted per instance");
     }

@@ -45,6 +45,8 @@ pub fn group_from_wire(group: admin::InstanceGroup) -> ManagerResult<GroupConfig
         },
         user_data: group.user_data,
         version: group.version,
+        extra_info: group.extra_info,
+        revisit_interval_buckets: group.revisit_interval_buckets,
     })
 }
 
@@ -183,6 +185,8 @@ pub fn group_to_wire(group: &GroupConfig) -> admin::InstanceGroup {
         }),
         user_data: group.user_data.clone(),
         version: group.version,
+        extra_info: group.extra_info.clone(),
+        revisit_interval_buckets: group.revisit_interval_buckets.clone(),
     }
 }
 

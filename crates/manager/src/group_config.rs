@@ -23,6 +23,29 @@ pub struct GroupConfig {
     pub user_data: String,
     /// Version, raised by every update.
     pub version: i64,
+    /// Opaque text handed to the group's clients (upstream trunk `extra_info`; "" = none).
+    pub extra_info: String,
+    /// Revisit-interval buckets in seconds as given, e.g. "1,5,30,60" (upstream trunk
+    /// `revisit_interval_buckets`; "" = none): stored and answered back; see
+    /// [`revisit_buckets`] for the accepted form.
+    pub revisit_interval_buckets: String,
+}
+
+/// The buckets of a `revisit_interval_buckets` text: comma-separated positive integers
+/// (seconds, white space around each allowed) in strictly increasing order; "" = none.
+/// `None` when the text is not of that form.
+pub fn revisit_buckets(text: &str) -> Option<Vec<u64>> {
+    if text.trim().is_empty() {
+        return Some(Vec::new());
+    }
+    let buckets: Vec<u64> = text
+        .split(',')
+        .map(|item| item.trim().parse::<u64>().ok().filter(|&s| s > 0))
+        .collect::<Option<_>>()?;
+    buckets
+        .windows(2)
+        .all(|pair| pair[0] < pair[1])
+        .then_some(buckets)
 }
 
 /// A group's byte quotas.

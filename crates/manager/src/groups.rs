@@ -5,7 +5,7 @@ use std::sync::Arc;
 use kvcm_storage::StorageConfig;
 
 use super::error::{ManagerError, ManagerResult};
-use super::group_config::{GroupConfig, PreferStrategy};
+use super::group_config::{revisit_buckets, GroupConfig, PreferStrategy};
 use super::instance::Instance;
 use super::journal::{InstanceLog, Record};
 use super::local_index::check_indexer_config;
@@ -114,6 +114,11 @@ impl Manager {
         self.shared_group(name).ok_or_else(|| unknown_group(name))
     }
 
+    /// Every group, by name.
+    pub fn list_groups(&self) -> Vec<Arc<GroupConfig>> {
+        read_lock(&self.groups).values().cloned().collect()
+    }
+
     /// A group's config as stored (shared; the groups lock is released on return).
     pub(crate) fn shared_group(&self, name: &str) -> Option<Arc<GroupConfig>> {
         read_lock(&self.groups).get(name).cloned()
@@ -126,9 +131,9 @@ impl Manager {
         let group = self.group(&info.instance_group_name)?;
         let mut instances = write_lock(&self.instances);
         if let Some(existing) = instances.get(&info.instance_id) {
-            if !existing.info().same_identity(&info) {
+            if let Some(field) = existing.info().identity_difference(&info) {
                 return Err(ManagerError::Duplicate(format!(
-                    "instance {:?} is registered with a different model or layout",
+                    "instance {:?} is registered with a different {field}",
                     info.instance_id
                 )));
             }
@@ -222,6 +227,15 @@ fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
     ];
     if let Some((_, field)) = checks.iter().find(|(failed, _)| *failed) {
         return Err(ManagerError::invalid(field));
+    }
+    if revisit_buckets(&group.revisit_interval_buckets).is_none() {
+        return Err(ManagerError::invalid_because(
+            "instance_group.revisit_interval_buckets",
+            format!(
+                "{:?} is not a list of increasing positive seconds like \"1,5,30,60\"",
+                group.revisit_interval_buckets
+            ),
+        ));
     }
     check_indexer_config(indexer)
 }

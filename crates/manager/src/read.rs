@@ -71,6 +71,13 @@ impl CacheLookup<'_> {
         self.slots.is_empty()
     }
 
+    /// Number of answered positions that are hits (GetCacheLocationLen): the prefix length
+    /// for prefix match, the readable keys for batch get, the window (or 0) for a sliding
+    /// window query.
+    pub fn hit_count(&self) -> usize {
+        self.slots.iter().filter(|slot| slot.is_some()).count()
+    }
+
     /// The answered locations, in order (a miss is the reference's placeholder: no storage
     /// type, every kept spec with an empty URI).
     pub fn locations(&self) -> impl Iterator<Item = LocationView<'_>> {

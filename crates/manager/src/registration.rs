@@ -99,20 +99,25 @@ impl InstanceInfo {
         Ok(self)
     }
 
-    /// Whether a re-registration carries the same identity (everything but the group, the
-    /// quota group and `model.user_data`).
-    pub fn same_identity(&self, other: &InstanceInfo) -> bool {
-        let strip = |info: &InstanceInfo| {
-            let mut model = info.model.clone();
-            model.user_data.clear();
-            (
-                info.block_size,
-                info.specs.clone(),
-                model,
-                info.spec_groups.clone(),
-            )
+    /// The first field (as the request names it) in which a re-registration's identity
+    /// differs from this one; `None` for the same identity. The identity is everything but
+    /// the group, the quota group and `model.user_data`.
+    pub fn identity_difference(&self, other: &InstanceInfo) -> Option<&'static str> {
+        let model = |info: &InstanceInfo| ModelDeployment {
+            user_data: String::new(),
+            ..info.model.clone()
         };
-        strip(self) == strip(other)
+        [
+            (self.block_size != other.block_size, "block_size"),
+            (self.specs != other.specs, "location_spec_infos"),
+            (model(self) != model(other), "model_deployment"),
+            (
+                self.spec_groups != other.spec_groups,
+                "location_spec_groups",
+            ),
+        ]
+        .into_iter()
+        .find_map(|(differs, field)| differs.then_some(field))
     }
 }
 

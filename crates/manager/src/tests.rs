@@ -68,6 +68,8 @@ pub(crate) fn group(capacity: i64, prefer: PreferStrategy) -> GroupConfig {
         },
         user_data: String::new(),
         version: 1,
+        extra_info: String::new(),
+        revisit_interval_buckets: String::new(),
     }
 }
 
@@ -844,4 +846,118 @@ fn storage_handles_run_out_with_a_clear_refusal_that_changes_nothing() {
     );
     let written = fx.manager.start_write(&instance, vec![1], &[], 30);
     assert!(written.is_ok(), "the old storages still serve: {written:?}");
+}
+
+/// A manager with storages `s` (in `dir/s`) and `t` (at `t_root`) and instance `i` of a
+/// group whose candidates are `[s, t]`, in that order.
+fn two_storages(t_root: &std::path::Path) -> (Fixture, Arc<Instance>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manager = Manager::new(ManagerDeps {
+        storage_probe_interval: None,
+        open_index: local_index_factory(),
+        node_id: "test".into(),
+        pool_timing: Default::default(),
+    })
+    .expect("manager");
+    let s_root = dir.path().join("s");
+    manager.add_storage(storage("s", &s_root)).expect("s");
+    manager.add_storage(storage("t", t_root)).expect("t");
+    let group = GroupConfig {
+        storage_candidates: vec!["s".into(), "t".into()],
+        ..group(i64::MAX, PREFER_3FS)
+    };
+    manager.create_group(group).expect("group");
+    manager
+        .register_instance(instance_info())
+        .expect("register");
+    let instance = manager.instance("i").expect("registered");
+    (Fixture { manager, dir }, instance)
+}
+
+/// Writes and commits `keys` asking for `min_replicas`; returns the storages' names of the
+/// new locations, in request order.
+fn write_replicas(fx: &Fixture, instance: &Arc<Instance>, keys: &[i64], min: usize) -> Vec<String> {
+    let started = fx
+        .manager
+        .start_write_replicas(instance, keys.to_vec(), &[], 30, min)
+        .expect("start");
+    let count = started.locations.len();
+    fx.manager
+        .finish_write(instance, &started.session_id, &BlockMask::Offset(count))
+        .expect("finish");
+    started
+        .locations
+        .iter()
+        .map(|l| {
+            first_uri(l)
+                .trim_start_matches("file://")
+                .split('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+fn serving_count(instance: &Instance, key: i64) -> usize {
+    let entry = instance.index.get(&[key]).expect("get").remove(0);
+    entry.map_or(0, |e| {
+        e.locations()
+            .filter(|l| l.state == LocationState::Serving)
+            .count()
+    })
+}
+
+#[test]
+fn min_replicas_place_each_new_replica_on_a_storage_without_one() {
+    let t_root = tempfile::tempdir().expect("tempdir");
+    let (fx, instance) = two_storages(t_root.path());
+    assert_eq!(write_replicas(&fx, &instance, &[1], 1), ["s"]);
+    assert_eq!(write_replicas(&fx, &instance, &[1, 2], 2), ["t", "s"]);
+    assert_eq!(
+        write_replicas(&fx, &instance, &[1, 2], 2),
+        ["t"],
+        "2 has one, 1 two"
+    );
+    assert_eq!(
+        (serving_count(&instance, 1), serving_count(&instance, 2)),
+        (2, 2)
+    );
+    assert!(
+        write_replicas(&fx, &instance, &[1, 2], 3).is_empty(),
+        "no third storage"
+    );
+    assert!(
+        write_replicas(&fx, &instance, &[1, 2], 0).is_empty(),
+        "0 reads as 1"
+    );
+}
+
+#[test]
+fn a_failed_replica_allocation_fails_the_whole_start_and_changes_nothing() {
+    // `t` lies below a regular file: any allocation on it fails (not for lack of room).
+    let t_parent = tempfile::tempdir().expect("tempdir");
+    let blocker = t_parent.path().join("file");
+    std::fs::write(&blocker, b"x").expect("blocker");
+    let (fx, instance) = two_storages(&blocker.join("t"));
+    assert_eq!(write_replicas(&fx, &instance, &[1], 1), ["s"]);
+    // Key 2 is placed on `s` first, then key 1's replica fails on `t`: the call fails and
+    // no key, location or session is left behind.
+    let refused = fx
+        .manager
+        .start_write_replicas(&instance, vec![1, 2], &[], 30, 2);
+    assert!(
+        matches!(refused, Err(ManagerError::Storage(_))),
+        "{refused:?}"
+    );
+    assert_eq!(fx.manager.open_sessions(), 0);
+    assert_eq!(serving_count(&instance, 1), 1);
+    let entry = instance.index.get(&[1]).expect("get").remove(0).expect("1");
+    assert_eq!(entry.locations().count(), 1, "no WRITING replica of 1");
+    assert!(
+        instance.index.get(&[2]).expect("get")[0].is_none(),
+        "2 was not kept"
+    );
+    // Without the replica the same keys are written on `s` alone.
+    assert_eq!(write_replicas(&fx, &instance, &[1, 2], 1), ["s"]);
 }

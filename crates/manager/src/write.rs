@@ -51,11 +51,28 @@ impl Manager {
         spec_groups: &[String],
         timeout_seconds: i32,
     ) -> ManagerResult<WriteStart> {
+        self.start_write_replicas(instance, keys, spec_groups, timeout_seconds, 1)
+    }
+
+    /// [`Manager::start_write`] asking for `min_replicas` replicas per key (trunk's
+    /// `min_replica_count`; 0 reads as 1): a key is skipped, counted present, when it has
+    /// enough (see [`needs_location`]); any other key gets one new location, on a storage
+    /// that holds none of its locations yet. A key that every candidate storage already
+    /// holds is skipped too (a second copy on the same storage adds no redundancy).
+    pub fn start_write_replicas(
+        &self,
+        instance: &Arc<Instance>,
+        keys: Vec<BlockKey>,
+        spec_groups: &[String],
+        timeout_seconds: i32,
+        min_replicas: usize,
+    ) -> ManagerResult<WriteStart> {
+        let min_replicas = min_replicas.max(1);
         let spec_indexes = spec_indexes_per_key(instance, keys.len(), spec_groups)?;
         let entries = instance.index.get(&keys)?;
         let mut present: Vec<bool> = entries
             .iter()
-            .map(|e| e.as_ref().is_some_and(|e| !e.is_empty()))
+            .map(|e| !needs_location(e.as_ref(), min_replicas))
             .collect();
         let mut prefix_eligible = self.weighted_presence(instance, &entries);
         mark_repeats_present(&keys, &mut present, &mut prefix_eligible);
@@ -69,9 +86,9 @@ impl Manager {
                 locations: Vec::new(),
             });
         }
-        let (incarnation, allocated) = self.allocate_somewhere(instance, &blocks)?;
-        let backend = incarnation.backend.as_ref();
-        let new_locations = self.insert_writing(instance, backend, allocated)?;
+        let held = held_storages(&keys, &entries, &blocks);
+        let batches = self.allocate_somewhere(instance, &blocks, &held)?;
+        let new_locations = self.insert_batches(instance, batches, &blocks, min_replicas)?;
         let written: HashSet<BlockKey> = new_locations.iter().map(|(k, ..)| *k).collect();
         for (i, key) in keys.iter().enumerate() {
             if !present[i] && !written.contains(key) {
@@ -86,6 +103,48 @@ impl Manager {
             mask: BlockMask::from_presence(present, &prefix_eligible),
             locations,
         })
+    }
+
+    /// Inserts the WRITING locations of every allocated batch (see
+    /// [`Manager::insert_writing`]) and returns those inserted in the order of `blocks`.
+    /// When a batch fails, the later ones are freed and the earlier ones failed, so that no
+    /// location stays WRITING without a session.
+    fn insert_batches(
+        &self,
+        instance: &Arc<Instance>,
+        batches: Vec<(Incarnation, Vec<NewLocation>)>,
+        blocks: &[BlockToAllocate],
+        min_replicas: usize,
+    ) -> ManagerResult<Vec<NewLocation>> {
+        let mut inserted: Vec<NewLocation> = Vec::new();
+        let mut batches = batches.into_iter();
+        while let Some((incarnation, allocated)) = batches.next() {
+            let backend = incarnation.backend.as_ref();
+            match self.insert_writing(instance, backend, allocated, min_replicas) {
+                Ok(won) => inserted.extend(won),
+                Err(error) => {
+                    for (incarnation, rest) in batches {
+                        free_locations(incarnation.backend.as_ref(), rest.iter().map(|(.., l)| l));
+                    }
+                    let writes: Vec<PendingWrite> = inserted
+                        .iter()
+                        .map(|(key, location, _)| PendingWrite {
+                            key: *key,
+                            location_id: location.as_ref().id(),
+                        })
+                        .collect();
+                    let writes: Vec<&PendingWrite> = writes.iter().collect();
+                    if let Err(cleanup) = self.fail_or_retry(instance, &writes) {
+                        tracing::warn!(%cleanup, "failing the blocks of a start that failed");
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        let order: HashMap<BlockKey, usize> =
+            blocks.iter().enumerate().map(|(i, b)| (b.key, i)).collect();
+        inserted.sort_by_key(|(key, ..)| order.get(key).copied());
+        Ok(inserted)
     }
 
     /// For each entry: whether it has a location of read weight > 0 (§8.5: only those count
@@ -358,7 +417,7 @@ impl Manager {
         Ok(moved)
     }
 
-    /// Adds one WRITING location per allocated block whose key still has no location (checked
+    /// Adds one WRITING location per allocated block whose key still needs one (checked
     /// under the index lock: a concurrent StartWriteCache may have won the key meanwhile) and
     /// returns those inserted; frees the allocation of the others, or of all on failure.
     fn insert_writing(
@@ -366,6 +425,7 @@ impl Manager {
         instance: &Instance,
         backend: &dyn DataStorage,
         allocated: Vec<(BlockKey, Location, BlockLocation)>,
+        min_replicas: usize,
     ) -> ManagerResult<Vec<(BlockKey, Location, BlockLocation)>> {
         let by_key: HashMap<BlockKey, &Location> =
             allocated.iter().map(|(k, l, _)| (*k, l)).collect();
@@ -382,14 +442,16 @@ impl Manager {
             instance
                 .index
                 .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
-                    if current.is_some_and(|e| !e.is_empty()) {
+                    if !needs_location(current, min_replicas) {
                         taken.insert(key);
                         return Modify::Keep;
                     }
                     // Published under the key's lock, before anyone can move the location.
                     self.feed
                         .publish(change(key, None, Some(LocationState::Writing)));
-                    Modify::Put(Entry::new(vec![(*by_key[&key]).clone()]))
+                    let mut locations = current.map_or_else(Vec::new, Entry::to_locations);
+                    locations.push((*by_key[&key]).clone());
+                    Modify::Put(Entry::new(locations))
                 });
         if let Err(error) = inserted {
             // Nothing was stored: retract what the feed was told.
@@ -410,27 +472,61 @@ impl Manager {
         Ok(won)
     }
 
-    /// Allocates the blocks on the first storage of [`Manager::write_candidates`] that has
-    /// room (a full one, such as a pool whose nodes are full, or one where a block's place
-    /// holds a file kvcm does not own, passes to the next).
+    /// Allocates each block on the first storage of [`Manager::write_candidates`] that has
+    /// room and does not hold one of its key's locations yet (`held`, per block): blocks go
+    /// in batches, one per storage (a full one, such as a pool whose nodes are full, or one
+    /// where a block's place holds a file kvcm does not own, passes to the next). A block
+    /// that every candidate already holds is left out of the answer (its key is skipped);
+    /// one that found no room fails the whole call, freeing what was allocated.
     fn allocate_somewhere(
         &self,
         instance: &Instance,
         blocks: &[BlockToAllocate],
-    ) -> ManagerResult<(Incarnation, Vec<NewLocation>)> {
+        held: &[Vec<StorageHandle>],
+    ) -> ManagerResult<Vec<(Incarnation, Vec<NewLocation>)>> {
         let mut last_full = None;
+        let mut remaining: Vec<usize> = (0..blocks.len()).collect();
+        let mut refused = vec![false; blocks.len()];
+        let mut placed: Vec<(Incarnation, Vec<NewLocation>)> = Vec::new();
+        let free_placed = |placed: &[(Incarnation, Vec<NewLocation>)]| {
+            for (incarnation, allocated) in placed {
+                free_locations(
+                    incarnation.backend.as_ref(),
+                    allocated.iter().map(|(.., l)| l),
+                );
+            }
+        };
         for (handle, incarnation) in self.write_candidates(instance)? {
-            match allocate(instance, handle, &incarnation, blocks, &self.nonces) {
-                Ok(allocated) => return Ok((incarnation, allocated)),
+            let (here, later): (Vec<usize>, Vec<usize>) =
+                remaining.iter().partition(|&&i| !held[i].contains(&handle));
+            if here.is_empty() {
+                continue;
+            }
+            let batch: Vec<BlockToAllocate> = here.iter().map(|&i| blocks[i].clone()).collect();
+            match allocate(instance, handle, &incarnation, &batch, &self.nonces) {
+                Ok(allocated) => {
+                    placed.push((incarnation, allocated));
+                    remaining = later;
+                }
                 Err(ManagerError::Storage(
                     StorageError::Full(why) | StorageError::Foreign(why),
-                )) => last_full = Some(why),
-                Err(other) => return Err(other),
+                )) => {
+                    here.iter().for_each(|&i| refused[i] = true);
+                    last_full = Some(why);
+                }
+                Err(other) => {
+                    free_placed(&placed);
+                    return Err(other);
+                }
             }
         }
-        Err(ManagerError::NoSpace(last_full.unwrap_or_else(|| {
-            "no storage of the group fits its strategy".to_string()
-        })))
+        if remaining.iter().any(|&i| refused[i]) {
+            free_placed(&placed);
+            return Err(ManagerError::NoSpace(last_full.unwrap_or_else(|| {
+                "no storage of the group fits its strategy".to_string()
+            })));
+        }
+        Ok(placed)
     }
 
     /// The storages a write of this instance may go to, in order (wire fact sheet §16.3):
@@ -533,6 +629,50 @@ fn free_uris(backend: &dyn DataStorage, uris: Vec<String>) {
     if let Err(free_error) = backend.delete(&uris) {
         tracing::warn!(%free_error, "freeing an unused allocation failed");
     }
+}
+
+/// Whether a key whose entry is `entry` needs a new location when `min_replicas` (≥ 1)
+/// replicas are asked. With 1 (the 2026-02 rule) any location makes the key present. With
+/// more, its SERVING and WRITING locations count: a write in flight counts toward the target,
+/// so that a repeated or concurrent StartWriteCache does not allocate beyond it.
+fn needs_location(entry: Option<&Entry>, min_replicas: usize) -> bool {
+    let Some(entry) = entry else {
+        return true;
+    };
+    if min_replicas <= 1 {
+        return entry.is_empty();
+    }
+    let replicas = entry
+        .locations()
+        .filter(|l| matches!(l.state, LocationState::Serving | LocationState::Writing))
+        .count();
+    replicas < min_replicas
+}
+
+/// Per block to allocate: the storages that already hold a SERVING or WRITING location of
+/// its key (a new replica goes elsewhere).
+fn held_storages(
+    keys: &[BlockKey],
+    entries: &[Option<Entry>],
+    blocks: &[BlockToAllocate],
+) -> Vec<Vec<StorageHandle>> {
+    let by_key: HashMap<BlockKey, &Entry> = keys
+        .iter()
+        .zip(entries)
+        .filter_map(|(key, entry)| Some((*key, entry.as_ref()?)))
+        .collect();
+    blocks
+        .iter()
+        .map(|block| {
+            by_key.get(&block.key).map_or_else(Vec::new, |entry| {
+                entry
+                    .locations()
+                    .filter(|l| matches!(l.state, LocationState::Serving | LocationState::Writing))
+                    .map(|l| l.storage)
+                    .collect()
+            })
+        })
+        .collect()
 }
 
 /// Marks every repeat of a key inside one request as present (and prefix-eligible), so

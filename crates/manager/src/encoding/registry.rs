@@ -1,10 +1,11 @@
 //! The encodings of registry objects: storage configs, instance groups, instance
 //! registrations and accounts. Every field is written, so an object decodes to exactly what
-//! was encoded.
+//! was encoded. Each value is written in the oldest version that holds it: a group without
+//! upstream trunk's fields is v1 byte for byte (the committed fixture), one with them v2.
 
 use kvcm_storage::{BlockSpec, StorageConfig, StorageSpec};
 
-use super::{DecodeError, Encode, Kind, Reader, Writer};
+use super::{DecodeError, Encode, Kind, Reader, Writer, VERSION};
 use crate::accounts::{Account, AccountRole};
 use crate::group_config::{
     CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
@@ -250,6 +251,28 @@ fn read_cache(input: &mut Reader<'_>) -> Result<CacheConfig, DecodeError> {
     })
 }
 
+/// The newest group version this build reads. Version 2 appends upstream trunk's
+/// `extra_info` and `revisit_interval_buckets` to the v1 body.
+///
+/// Until the per-value `Encode::version` lands in `encoding/mod.rs` (a change in flight
+/// elsewhere), groups carry their own version here: [`GroupConfig::group_version`] picks
+/// the oldest version that holds the group, and the `encode` / `decode` overrides below
+/// write and accept it. Once `mod.rs` writes `self.version()` and reads up to a `VERSION`
+/// of at least 2, return `group_version()` from `version()` and delete both overrides;
+/// `write_body` / `read_body` stay as they are.
+const GROUP_NEWEST: u8 = 2;
+
+impl GroupConfig {
+    /// The oldest encoding version that holds this group: 1 unless a trunk field is set.
+    fn group_version(&self) -> u8 {
+        if self.extra_info.is_empty() && self.revisit_interval_buckets.is_empty() {
+            1
+        } else {
+            2
+        }
+    }
+}
+
 impl Encode for GroupConfig {
     const KIND: Kind = Kind::Group;
 
@@ -268,10 +291,14 @@ impl Encode for GroupConfig {
         write_cache(out, &self.cache);
         out.str(&self.user_data);
         out.i64(self.version);
+        if self.group_version() >= 2 {
+            out.str(&self.extra_info);
+            out.str(&self.revisit_interval_buckets);
+        }
     }
 
-    fn read_body(input: &mut Reader<'_>, _version: u8) -> Result<Self, DecodeError> {
-        Ok(GroupConfig {
+    fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
+        let mut group = GroupConfig {
             name: input.string()?,
             storage_candidates: input.list(Reader::string)?,
             quota_group_name: input.string()?,
@@ -290,7 +317,53 @@ impl Encode for GroupConfig {
             cache: read_cache(input)?,
             user_data: input.string()?,
             version: input.i64()?,
-        })
+            extra_info: String::new(),
+            revisit_interval_buckets: String::new(),
+        };
+        if version >= 2 {
+            group.extra_info = input.string()?;
+            group.revisit_interval_buckets = input.string()?;
+            if group.group_version() < 2 {
+                // Each value is written in the oldest version that holds it.
+                return Err(DecodeError::Invalid("a v2 group without v2 fields"));
+            }
+        }
+        Ok(group)
+    }
+
+    /// The default `encode`, with the group's own version (see [`GROUP_NEWEST`]).
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Writer::default();
+        out.bytes(&Self::KIND.tag());
+        out.u8(self.group_version());
+        self.write_body(&mut out);
+        out.finish()
+    }
+
+    /// The default `decode`, reading groups up to [`GROUP_NEWEST`].
+    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut input = Reader::new(bytes);
+        let tag = input.array::<2>()?;
+        if tag != Self::KIND.tag() {
+            return Err(DecodeError::WrongKind {
+                expected: Self::KIND,
+                found: tag,
+            });
+        }
+        let newest = GROUP_NEWEST.max(VERSION);
+        let version = input.u8()?;
+        if version == 0 {
+            return Err(DecodeError::Invalid("version 0"));
+        }
+        if version > newest {
+            return Err(DecodeError::NewerVersion {
+                found: version,
+                newest,
+            });
+        }
+        let value = Self::read_body(&mut input, version)?;
+        input.finish()?;
+        Ok(value)
     }
 }
 
