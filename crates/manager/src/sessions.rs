@@ -28,6 +28,17 @@ pub struct PendingWrite {
     pub parts: usize,
 }
 
+impl PendingWrite {
+    /// The write of `location`, the new WRITING location of `key`.
+    pub fn of(key: BlockKey, location: &crate::entry::Location) -> PendingWrite {
+        PendingWrite {
+            key,
+            location_id: location.as_ref().id(),
+            parts: location.parts.len(),
+        }
+    }
+}
+
 /// An open write session.
 #[derive(Debug)]
 pub struct Session {

@@ -128,10 +128,7 @@ impl Manager {
                     }
                     let writes: Vec<PendingWrite> = inserted
                         .iter()
-                        .map(|(key, location, _)| PendingWrite {
-                            key: *key,
-                            location_id: location.as_ref().id(),
-                        })
+                        .map(|(key, location, _)| PendingWrite::of(*key, location))
                         .collect();
                     let writes: Vec<&PendingWrite> = writes.iter().collect();
                     if let Err(cleanup) = self.fail_or_retry(instance, &writes) {
@@ -176,11 +173,7 @@ impl Manager {
     ) -> ManagerResult<String> {
         let writes = new_locations
             .iter()
-            .map(|(key, l, _)| PendingWrite {
-                key: *key,
-                location_id: l.as_ref().id(),
-                parts: l.parts.len(),
-            })
+            .map(|(key, l, _)| PendingWrite::of(*key, l))
             .collect();
         let session = Session {
             instance: instance.clone(),

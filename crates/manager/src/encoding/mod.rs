@@ -15,7 +15,8 @@
 //! or two bytes costs more memory (24 B per `String`) than 4× its encoding earns, so a group
 //! with ~100 one-letter storage candidates and little else would be refused as `TooLarge`.
 //!
-//! Versions: v1 is the first format; v2 adds the writer's checksums to entry locations. A
+//! Versions: v1 is the first format; v2 adds the writer's checksums to entry locations and
+//! upstream trunk's `extra_info` / `revisit_interval_buckets` to instance groups. A
 //! value is written in the oldest version that holds it ([`Encode::version`]: an entry
 //! without checksums is still written as v1, byte-identical to what v1 binaries wrote), so
 //! an older binary reads everything that does not use a newer feature.

@@ -5,7 +5,7 @@
 
 use kvcm_storage::{BlockSpec, StorageConfig, StorageSpec};
 
-use super::{DecodeError, Encode, Kind, Reader, Writer, VERSION};
+use super::{DecodeError, Encode, Kind, Reader, Writer};
 use crate::accounts::{Account, AccountRole};
 use crate::group_config::{
     CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
@@ -251,19 +251,9 @@ fn read_cache(input: &mut Reader<'_>) -> Result<CacheConfig, DecodeError> {
     })
 }
 
-/// The newest group version this build reads. Version 2 appends upstream trunk's
-/// `extra_info` and `revisit_interval_buckets` to the v1 body.
-///
-/// Until the per-value `Encode::version` lands in `encoding/mod.rs` (a change in flight
-/// elsewhere), groups carry their own version here: [`GroupConfig::group_version`] picks
-/// the oldest version that holds the group, and the `encode` / `decode` overrides below
-/// write and accept it. Once `mod.rs` writes `self.version()` and reads up to a `VERSION`
-/// of at least 2, return `group_version()` from `version()` and delete both overrides;
-/// `write_body` / `read_body` stay as they are.
-const GROUP_NEWEST: u8 = 2;
-
 impl GroupConfig {
-    /// The oldest encoding version that holds this group: 1 unless a trunk field is set.
+    /// The oldest encoding version that holds this group: 1 unless a trunk field is set
+    /// (v2 appends upstream trunk's `extra_info` and `revisit_interval_buckets`).
     fn group_version(&self) -> u8 {
         if self.extra_info.is_empty() && self.revisit_interval_buckets.is_empty() {
             1
@@ -275,6 +265,10 @@ impl GroupConfig {
 
 impl Encode for GroupConfig {
     const KIND: Kind = Kind::Group;
+
+    fn version(&self) -> u8 {
+        self.group_version()
+    }
 
     fn write_body(&self, out: &mut Writer) {
         out.str(&self.name);
@@ -329,41 +323,6 @@ impl Encode for GroupConfig {
             }
         }
         Ok(group)
-    }
-
-    /// The default `encode`, with the group's own version (see [`GROUP_NEWEST`]).
-    fn encode(&self) -> Vec<u8> {
-        let mut out = Writer::default();
-        out.bytes(&Self::KIND.tag());
-        out.u8(self.group_version());
-        self.write_body(&mut out);
-        out.finish()
-    }
-
-    /// The default `decode`, reading groups up to [`GROUP_NEWEST`].
-    fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut input = Reader::new(bytes);
-        let tag = input.array::<2>()?;
-        if tag != Self::KIND.tag() {
-            return Err(DecodeError::WrongKind {
-                expected: Self::KIND,
-                found: tag,
-            });
-        }
-        let newest = GROUP_NEWEST.max(VERSION);
-        let version = input.u8()?;
-        if version == 0 {
-            return Err(DecodeError::Invalid("version 0"));
-        }
-        if version > newest {
-            return Err(DecodeError::NewerVersion {
-                found: version,
-                newest,
-            });
-        }
-        let value = Self::read_body(&mut input, version)?;
-        input.finish()?;
-        Ok(value)
     }
 }
 

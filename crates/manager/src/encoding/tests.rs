@@ -355,6 +355,7 @@ fn the_v1_fixtures_decode() {
 #[test]
 fn the_v2_fixtures_decode() {
     check_fixture(2, "entry_checksums.bin", checksummed_entry());
+    check_fixture(2, "group_trunk.bin", trunk_group());
 }
 
 #[test]
@@ -371,7 +372,6 @@ fn an_entry_is_written_in_the_oldest_version_that_holds_it() {
 
 #[test]
 fn a_newer_version_or_another_kind_is_refused() {
-    // An account: groups carry their own newest version for now (see `registry`).
     let mut bytes = account().encode();
     bytes[2] = VERSION + 1;
     assert_eq!(
@@ -391,13 +391,18 @@ fn a_newer_version_or_another_kind_is_refused() {
     assert_eq!(Account::decode(&trailing), Err(DecodeError::Trailing(1)));
 }
 
-#[test]
-fn a_group_with_trunk_fields_is_v2_and_round_trips() {
-    let trunk = GroupConfig {
+/// A group with upstream trunk's fields (a v2 feature).
+fn trunk_group() -> GroupConfig {
+    GroupConfig {
         extra_info: "{\"tier\":\"gold\"}".into(),
         revisit_interval_buckets: "1,5,30,60".into(),
         ..group()
-    };
+    }
+}
+
+#[test]
+fn a_group_with_trunk_fields_is_v2_and_round_trips() {
+    let trunk = trunk_group();
     let bytes = trunk.encode();
     assert_eq!(bytes[2], 2, "the oldest version holding the trunk fields");
     assert_eq!(GroupConfig::decode(&bytes).as_ref(), Ok(&trunk));
