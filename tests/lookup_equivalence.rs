@@ -1,7 +1,9 @@
 //! The fast path answers exactly as GetCacheLocation over gRPC: a randomized workload
 //! against a real `kvcm serve` (writes with and without spec groups, failed and abandoned
 //! writes, removals, trims, table growth, a storage disabled and re-enabled, every storage
-//! disabled), with random queries of all three types after every step, on both soft wires.
+//! disabled), with random queries of all three types after every step, on both soft wires;
+//! and keys with a replica on each storage (`min_replica_count`), whose readable set the
+//! fast path must draw from exactly as gRPC does.
 
 mod common;
 mod lookup_common;
@@ -245,4 +247,85 @@ fn fast_path_answers_equal_grpc_on_soft_tcp() {
 #[test]
 fn fast_path_answers_equal_grpc_on_soft_shm() {
     equivalence_on(Wire::Shm, 0x5eed_0002);
+}
+
+/// The URIs of each answered location (one string per location, its parts joined).
+fn answer_uris(answer: &[meta::CacheLocation]) -> Vec<String> {
+    answer
+        .iter()
+        .map(|l| {
+            let uris: Vec<&str> = l.location_specs.iter().map(|s| s.uri.as_str()).collect();
+            uris.join(" ")
+        })
+        .collect()
+}
+
+/// Keys with a replica on each storage: over repeated batch gets the fast path draws from
+/// the same set of readable locations as gRPC (both replicas while both storages serve,
+/// only the enabled one's while the other is disabled).
+fn replicas_on(wire: Wire) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let server = runtime.block_on(async {
+        let server = TestServer::start().await;
+        prepare(&server).await;
+        server
+    });
+    let keys: Vec<i64> = (1..=8).collect();
+    for _ in 0..2 {
+        let body = serde_json::json!({"instance_id": INSTANCE, "block_keys": keys,
+            "write_timeout_seconds": 30, "min_replica_count": 2});
+        let started = runtime.block_on(server.meta_http("startWriteCache", body));
+        let count = started["locations"].as_array().map_or(0, Vec::len);
+        assert_eq!(count, keys.len(), "a replica per key: {started}");
+        runtime.block_on(finish(
+            &server,
+            &started["write_session_id"],
+            vec![true; count],
+        ));
+    }
+    let client = client(&server, wire);
+    let request = meta::GetCacheLocationRequest {
+        instance_id: INSTANCE.into(),
+        query_type: meta::QueryType::QtBatchGet as i32,
+        block_keys: keys.clone(),
+        ..Default::default()
+    };
+    for disabled in [None, Some(STORAGES[0])] {
+        if let Some(storage) = disabled {
+            runtime.block_on(set_available(&server, storage, false));
+        }
+        let mut seen_fast = vec![std::collections::BTreeSet::new(); keys.len()];
+        let mut seen_grpc = seen_fast.clone();
+        for _ in 0..40 {
+            let fast = fast_answer(&client, &request).expect("fast answer");
+            let slow = runtime
+                .block_on(grpc_answer(&server, request.clone()))
+                .expect("grpc answer");
+            for (i, uri) in answer_uris(&fast).into_iter().enumerate() {
+                seen_fast[i].insert(uri);
+            }
+            for (i, uri) in answer_uris(&slow).into_iter().enumerate() {
+                seen_grpc[i].insert(uri);
+            }
+        }
+        let replicas = if disabled.is_some() { 1 } else { 2 };
+        for (key, (fast, slow)) in keys.iter().zip(seen_fast.iter().zip(&seen_grpc)) {
+            assert_eq!(fast, slow, "key {key} on {wire:?}, {disabled:?} disabled");
+            assert_eq!(fast.len(), replicas, "key {key}: {fast:?}");
+            if let Some(storage) = disabled {
+                assert!(fast.iter().all(|uri| !uri.contains(storage)), "{fast:?}");
+            }
+        }
+    }
+    assert!(client.metrics().hits > 0, "the fast path answered");
+}
+
+#[test]
+fn replicated_keys_answer_the_same_readable_set_on_soft_tcp() {
+    replicas_on(Wire::Tcp);
+}
+
+#[test]
+fn replicated_keys_answer_the_same_readable_set_on_soft_shm() {
+    replicas_on(Wire::Shm);
 }
