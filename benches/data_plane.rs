@@ -3,7 +3,10 @@
 //! over soft-shm and soft-TCP, and to the file tier (O_DIRECT) — each beside its floor
 //! measured in the same run: memcpy of the same bytes (shm), a raw loopback TCP stream of
 //! the same bytes (TCP); the file tier's own floor is the `kvcm-data` bench
-//! (`cargo bench -p kvcm-data`, sequential O_DIRECT pwrite / pread).
+//! (`cargo bench -p kvcm-data`, sequential O_DIRECT pwrite / pread). Rows: the default
+//! (checksums on), `shm-nosum` (checksums off: their cost), `shm-staged` (blocks in "device"
+//! memory through the staging ring, HostStaging with two slots of a quarter batch: the
+//! ring's cost without a GPU).
 //!
 //! `cargo bench --bench data_plane` (a real `kvcm serve --pool-size 1G` on free ports;
 //! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5). Figures include the control
@@ -15,8 +18,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvcm_client::{
-    ClientConfig, DirectMode, FileIoConfig, GetOutcome, PutOutcome, ServerAddress, TransferConfig,
-    TransferEngine, Wire,
+    ClientConfig, DeviceRange, DirectMode, FileIoConfig, GetOutcome, HostStaging, PutOutcome,
+    ServerAddress, TransferConfig, TransferEngine, Wire,
 };
 use kvcm_data::AlignedBuf;
 use serde_json::{json, Value};
@@ -108,7 +111,7 @@ fn instance(tier: &str, size: usize) -> String {
     format!("{tier}-{size}")
 }
 
-fn engine(grpc: u16, http: u16, instance: String, wire: Wire) -> TransferEngine {
+fn engine(grpc: u16, http: u16, instance: String, wire: Wire, checksums: bool) -> TransferEngine {
     let client = ClientConfig {
         servers: vec![ServerAddress {
             grpc: format!("http://127.0.0.1:{grpc}"),
@@ -120,6 +123,7 @@ fn engine(grpc: u16, http: u16, instance: String, wire: Wire) -> TransferEngine 
     let config = TransferConfig {
         pool_wire: wire,
         staging_bytes: 64 << 20,
+        checksums,
         file_io: FileIoConfig {
             direct: DirectMode::Auto,
             ..FileIoConfig::default()
@@ -129,28 +133,19 @@ fn engine(grpc: u16, http: u16, instance: String, wire: Wire) -> TransferEngine 
     TransferEngine::connect(client, config).unwrap()
 }
 
-/// Seconds of one put and one get of `BATCH` blocks (new keys each round, removed after).
-fn put_get(engine: &mut TransferEngine, buffers: &mut [AlignedBuf], first_key: i64) -> (f64, f64) {
+/// Seconds of one put and one get of `BATCH` blocks (new keys each round, removed after):
+/// from and into the host buffers, or the device's memory through its staging ring.
+fn put_get(
+    engine: &mut TransferEngine,
+    buffers: &mut [AlignedBuf],
+    device: Option<&mut HostStaging>,
+    first_key: i64,
+) -> (f64, f64) {
     let keys: Vec<i64> = (first_key..first_key + BATCH as i64).collect();
-    let blocks: Vec<Vec<&[u8]>> = buffers.iter().map(|b| vec![b.as_slice()]).collect();
-    let started = Instant::now();
-    let put = engine.put_blocks(&keys, &blocks).unwrap();
-    let put_seconds = started.elapsed().as_secs_f64();
-    assert!(
-        put.iter().all(|o| matches!(o, PutOutcome::Written(_))),
-        "{:?}",
-        put[0]
-    );
-    let mut outs: Vec<Vec<&mut [u8]>> =
-        buffers.iter_mut().map(|b| vec![b.as_mut_slice()]).collect();
-    let started = Instant::now();
-    let got = engine.get_blocks(&keys, &mut outs).unwrap();
-    let get_seconds = started.elapsed().as_secs_f64();
-    assert!(
-        got.iter().all(|o| matches!(o, GetOutcome::Hit(_))),
-        "{:?}",
-        got[0]
-    );
+    let (put_seconds, get_seconds) = match device {
+        None => host_put_get(engine, buffers, &keys),
+        Some(device) => staged_put_get(engine, device, &keys),
+    };
     engine
         .client()
         .remove(kvcm::proto::meta::RemoveCacheRequest {
@@ -158,6 +153,61 @@ fn put_get(engine: &mut TransferEngine, buffers: &mut [AlignedBuf], first_key: i
             ..Default::default()
         })
         .unwrap();
+    (put_seconds, get_seconds)
+}
+
+fn assert_all(put: &[PutOutcome], got: &[GetOutcome]) {
+    assert!(
+        put.iter().all(|o| matches!(o, PutOutcome::Written(_))),
+        "{:?}",
+        put[0]
+    );
+    assert!(
+        got.iter().all(|o| matches!(o, GetOutcome::Hit(_))),
+        "{:?}",
+        got[0]
+    );
+}
+
+fn staged_put_get(
+    engine: &mut TransferEngine,
+    device: &mut HostStaging,
+    keys: &[i64],
+) -> (f64, f64) {
+    let size = device.memory().len() / BATCH;
+    let ranges: Vec<Vec<DeviceRange>> = (0..BATCH)
+        .map(|i| {
+            vec![DeviceRange {
+                addr: (i * size) as u64,
+                len: size,
+            }]
+        })
+        .collect();
+    let started = Instant::now();
+    let put = engine.put_device_blocks(keys, &ranges, device).unwrap();
+    let put_seconds = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let got = engine.get_device_blocks(keys, &ranges, device).unwrap();
+    let get_seconds = started.elapsed().as_secs_f64();
+    assert_all(&put, &got);
+    (put_seconds, get_seconds)
+}
+
+fn host_put_get(
+    engine: &mut TransferEngine,
+    buffers: &mut [AlignedBuf],
+    keys: &[i64],
+) -> (f64, f64) {
+    let blocks: Vec<Vec<&[u8]>> = buffers.iter().map(|b| vec![b.as_slice()]).collect();
+    let started = Instant::now();
+    let put = engine.put_blocks(keys, &blocks).unwrap();
+    let put_seconds = started.elapsed().as_secs_f64();
+    let mut outs: Vec<Vec<&mut [u8]>> =
+        buffers.iter_mut().map(|b| vec![b.as_mut_slice()]).collect();
+    let started = Instant::now();
+    let got = engine.get_blocks(keys, &mut outs).unwrap();
+    let get_seconds = started.elapsed().as_secs_f64();
+    assert_all(&put, &got);
     (put_seconds, get_seconds)
 }
 
@@ -204,6 +254,17 @@ fn tcp_floor(bytes: usize) -> f64 {
     best
 }
 
+/// What a row measures.
+#[derive(Clone, Copy)]
+enum Case {
+    /// Host buffers, checksums on (the default).
+    Host,
+    /// Host buffers, checksums off.
+    NoChecksums,
+    /// Through the staging ring.
+    Staged,
+}
+
 fn gbps(bytes: usize, seconds: f64) -> f64 {
     bytes as f64 / seconds / 1e9
 }
@@ -229,16 +290,24 @@ fn main() {
         for (i, buffer) in buffers.iter_mut().enumerate() {
             buffer.as_mut_slice().fill(i as u8);
         }
+        // Device memory of the staged case: two slots of a quarter batch each.
+        let mut device = HostStaging::new(bytes, 2, bytes / 4);
+        device.memory().fill(7);
+        let memcpy = memcpy_floor(bytes);
         let cases = [
-            ("pool-shm", "pool", Wire::Shm, memcpy_floor(bytes)),
-            ("pool-tcp", "pool", Wire::Tcp, tcp_floor(bytes)),
-            ("file", "file", Wire::Tcp, f64::NAN),
+            ("pool-shm", "pool", Wire::Shm, memcpy, Case::Host),
+            ("shm-nosum", "pool", Wire::Shm, memcpy, Case::NoChecksums),
+            ("shm-staged", "pool", Wire::Shm, memcpy, Case::Staged),
+            ("pool-tcp", "pool", Wire::Tcp, tcp_floor(bytes), Case::Host),
+            ("file", "file", Wire::Tcp, f64::NAN, Case::Host),
         ];
-        for (name, tier, wire, floor) in cases {
-            let mut engine = engine(grpc, http, instance(tier, size), wire);
+        for (name, tier, wire, floor, case) in cases {
+            let checksums = !matches!(case, Case::NoChecksums);
+            let mut engine = engine(grpc, http, instance(tier, size), wire, checksums);
             let (mut put, mut get) = (f64::MAX, f64::MAX);
             for _ in 0..rounds {
-                let (p, g) = put_get(&mut engine, &mut buffers, next_key);
+                let staged = matches!(case, Case::Staged).then_some(&mut device);
+                let (p, g) = put_get(&mut engine, &mut buffers, staged, next_key);
                 next_key += BATCH as i64;
                 (put, get) = (put.min(p), get.min(g));
             }
