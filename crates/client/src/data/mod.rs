@@ -171,17 +171,26 @@ struct PutSession {
     failed: Vec<Option<String>>,
     written: Vec<Option<TransferPath>>,
     checksums: Vec<Vec<u64>>,
+    /// Whether checksums are computed and sent.
+    with_checksums: bool,
     planned: Vec<Planned>,
 }
 
 impl PutSession {
     /// Takes in the results of written parts.
     fn record(&mut self, parts: &[Part<&[u8]>], results: Vec<Result<TransferPath, String>>) {
-        for (part, result) in parts.iter().zip(&results) {
-            if result.is_ok() {
+        if self.with_checksums {
+            let written: Vec<&Part<&[u8]>> = parts
+                .iter()
+                .zip(&results)
+                .filter(|(_, result)| result.is_ok())
+                .map(|(part, _)| part)
+                .collect();
+            let buffers: Vec<&[u8]> = written.iter().map(|part| part.buffer).collect();
+            for (part, sum) in written.iter().zip(checksums_of(&buffers)) {
                 let sums = &mut self.checksums[part.block];
                 sums.resize(sums.len().max(part.spec + 1), 0);
-                sums[part.spec] = checksum_of(part.buffer);
+                sums[part.spec] = sum;
             }
         }
         let failed = &mut self.failed;
@@ -218,6 +227,37 @@ impl GetSession {
 /// The checksum of a part's bytes.
 fn checksum_of(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// Bytes from which checksums are computed on several threads.
+const PARALLEL_HASH_BYTES: usize = 4 << 20;
+/// Most threads hashing at once.
+const HASH_THREADS: usize = 4;
+
+/// The checksums of `buffers`, in order; large batches are spread over a few threads (a
+/// checksum pass costs about as much as the copy it checks).
+fn checksums_of(buffers: &[&[u8]]) -> Vec<u64> {
+    let total: usize = buffers.iter().map(|b| b.len()).sum();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.min(HASH_THREADS).min(buffers.len());
+    if total < PARALLEL_HASH_BYTES || threads < 2 {
+        return buffers.iter().map(|b| checksum_of(b)).collect();
+    }
+    let per_thread = buffers.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let hashing: Vec<_> = buffers
+            .chunks(per_thread)
+            .map(|chunk| scope.spawn(move || chunk.iter().map(|b| checksum_of(b)).collect()))
+            .collect();
+        hashing
+            .into_iter()
+            .flat_map(|thread: std::thread::ScopedJoinHandle<'_, Vec<u64>>| {
+                thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }
 
 /// Moves blocks for one instance (one engine per thread: calls take `&mut self`).
@@ -307,6 +347,7 @@ impl TransferEngine {
             failed: vec![None; keys.len()],
             written: vec![None; keys.len()],
             checksums: vec![Vec::new(); keys.len()],
+            with_checksums: self.config.checksums,
             located: absent.len().min(start.locations.len()),
             planned: Vec::new(),
             present,
@@ -331,7 +372,7 @@ impl TransferEngine {
         let committed = |block: usize| put.failed[block].is_none() && put.written[block].is_some();
         let blocks = &put.absent[..put.located];
         let success: Vec<bool> = blocks.iter().map(|&block| committed(block)).collect();
-        let locations = if self.config.checksums {
+        let locations = if put.with_checksums {
             checksum_locations(blocks, &success, &put.checksums)
         } else {
             Vec::new()
@@ -737,12 +778,15 @@ fn checksum_locations(
 /// Checks every read part that has a checksum; a mismatch becomes that part's error.
 /// Returns the blocks found corrupt.
 fn verify(parts: &[Part<&mut [u8]>], results: &mut [Result<TransferPath, String>]) -> Vec<usize> {
+    // The parts read whole that have a checksum, with it.
+    let checked: Vec<(usize, u64)> = (0..parts.len())
+        .filter(|&i| results[i].is_ok())
+        .filter_map(|i| parts[i].checksum.map(|expected| (i, expected)))
+        .collect();
+    let buffers: Vec<&[u8]> = checked.iter().map(|&(i, _)| &*parts[i].buffer).collect();
     let mut corrupt = Vec::new();
-    for (part, result) in parts.iter().zip(results.iter_mut()) {
-        let (Ok(_), Some(expected)) = (&*result, part.checksum) else {
-            continue;
-        };
-        let found = checksum_of(part.buffer);
+    for (&(i, expected), found) in checked.iter().zip(checksums_of(&buffers)) {
+        let (part, result) = (&parts[i], &mut results[i]);
         if found != expected {
             *result = Err(format!(
                 "the bytes do not match their checksum ({found:#018x}, written {expected:#018x}); the block was removed"
@@ -753,4 +797,19 @@ fn verify(parts: &[Part<&mut [u8]>], results: &mut [Result<TransferPath, String>
         }
     }
     corrupt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksums_on_several_threads_equal_the_serial_ones_in_order() {
+        let data: Vec<Vec<u8>> = (0..9u8).map(|i| vec![i; 1 << 20]).collect();
+        let buffers: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+        let serial: Vec<u64> = buffers.iter().map(|b| checksum_of(b)).collect();
+        assert_eq!(checksums_of(&buffers), serial, "9 MiB: the parallel path");
+        assert_eq!(checksums_of(&buffers[..2]), serial[..2], "2 MiB: serial");
+        assert!(checksums_of(&[]).is_empty());
+    }
 }
