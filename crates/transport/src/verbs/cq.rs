@@ -167,6 +167,7 @@ fn status(raw: ibv_wc_status::Type) -> WcStatus {
         IBV_WC_REM_ACCESS_ERR => WcStatus::RemoteAccessError,
         IBV_WC_RETRY_EXC_ERR | IBV_WC_RNR_RETRY_EXC_ERR => WcStatus::RetryExceeded,
         IBV_WC_WR_FLUSH_ERR => WcStatus::WrFlushError,
+        // IBV_WC_REM_INV_REQ_ERR, and every status this API does not distinguish.
         _ => WcStatus::RemoteInvalidRequest,
     }
 }

@@ -201,13 +201,19 @@ macro_rules! conformance_tests {
     };
 }
 
-/// Runs every case in sequence inside one test (for providers that may be absent).
+/// Runs every case in sequence inside one test (for providers that may be absent); a
+/// failing case does not stop the others, and the test fails naming every failed case.
 #[macro_export]
 macro_rules! conformance_run_all {
     ($domain:ty, $open:expr; $($case:ident),* $(,)?) => {
+        let mut failed: Vec<&str> = Vec::new();
         $(
-            conformance::cases::$case::<$domain>(&$open);
+            let outcome = std::panic::catch_unwind(|| conformance::cases::$case::<$domain>(&$open));
+            if outcome.is_err() {
+                failed.push(stringify!($case));
+            }
         )*
+        assert!(failed.is_empty(), "failed conformance cases: {failed:?}");
     };
 }
 
