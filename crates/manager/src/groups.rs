@@ -47,11 +47,12 @@ impl Manager {
         }
     }
 
-    /// Enables or disables a storage.
+    /// Enables or disables a storage (journaled: the choice survives a restart).
     pub fn set_storage_available(&self, name: &str, available: bool) -> ManagerResult<()> {
         self.storages.set_available(name, available)?;
         self.published_storages_changed();
-        Ok(())
+        let name = name.to_string();
+        self.journal_log(&Record::StorageAvailability { name, available })
     }
 
     /// Every registered storage, by name.

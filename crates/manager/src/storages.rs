@@ -154,6 +154,15 @@ impl StorageTable {
         Ok(toggled?)
     }
 
+    /// Names of the storages the admin disabled.
+    pub fn disabled(&self) -> Vec<String> {
+        let statuses = self.registry.list().into_iter();
+        let disabled = statuses.filter(|status| !status.enabled);
+        disabled
+            .map(|status| status.storage.config().global_unique_name.clone())
+            .collect()
+    }
+
     /// Every registered storage's config, by name.
     pub fn list(&self) -> Vec<StorageConfig> {
         let mut configs: Vec<StorageConfig> = self

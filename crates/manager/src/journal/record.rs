@@ -39,6 +39,13 @@ pub(crate) enum Record {
     },
     /// A storage was removed.
     StorageRemoved(String),
+    /// A storage was enabled or disabled by the admin (EnableStorage / DisableStorage).
+    StorageAvailability {
+        /// The storage.
+        name: String,
+        /// Enabled.
+        available: bool,
+    },
     /// A group was created or updated.
     Group(GroupConfig),
     /// A group was removed.
@@ -105,6 +112,7 @@ const ACCOUNT: u8 = 8;
 const ACCOUNT_REMOVED: u8 = 9;
 const ENTRIES: u8 = 10;
 const END: u8 = 11;
+const STORAGE_AVAILABILITY: u8 = 12;
 
 impl Record {
     /// The record's bytes.
@@ -122,6 +130,10 @@ impl Record {
                 out.blob(&config.encode());
             }
             Record::StorageRemoved(name) => named(&mut out, STORAGE_REMOVED, name),
+            Record::StorageAvailability { name, available } => {
+                named(&mut out, STORAGE_AVAILABILITY, name);
+                out.u8(u8::from(*available));
+            }
             Record::Group(group) => nested(&mut out, GROUP, group),
             Record::GroupRemoved(name) => named(&mut out, GROUP_REMOVED, name),
             Record::Instance(info) => nested(&mut out, INSTANCE, info),
@@ -160,6 +172,14 @@ impl Record {
                 config: StorageConfig::decode(input.blob()?)?,
             },
             STORAGE_REMOVED => Record::StorageRemoved(input.string()?),
+            STORAGE_AVAILABILITY => Record::StorageAvailability {
+                name: input.string()?,
+                available: match input.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(DecodeError::Invalid("an availability that is not 0 or 1")),
+                },
+            },
             GROUP => Record::Group(GroupConfig::decode(input.blob()?)?),
             GROUP_REMOVED => Record::GroupRemoved(input.string()?),
             INSTANCE => Record::Instance(InstanceInfo::decode(input.blob()?)?),

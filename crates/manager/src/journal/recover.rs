@@ -10,7 +10,7 @@
 //! locations written under another config of their storage (an UpdateStorage that moved its
 //! root) are dropped from the index and counted as stale, their bytes left where they are.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use kvcm_index::BlockKey;
@@ -59,6 +59,8 @@ pub struct RecoveryReport {
 #[derive(Debug, Default)]
 pub(crate) struct Replay {
     storages: BTreeMap<String, (StorageHandle, StorageConfig)>,
+    /// Storages the admin disabled.
+    disabled: BTreeSet<String>,
     handles: HashMap<StorageHandle, StorageConfig>,
     groups: BTreeMap<String, GroupConfig>,
     instances: BTreeMap<String, InstanceInfo>,
@@ -79,7 +81,15 @@ impl Replay {
                 self.handles.insert(handle, config);
             }
             Record::StorageRemoved(name) => {
+                self.disabled.remove(&name);
                 self.storages.remove(&name);
+            }
+            Record::StorageAvailability { name, available } => {
+                if available {
+                    self.disabled.remove(&name);
+                } else {
+                    self.disabled.insert(name);
+                }
             }
             Record::Group(group) => {
                 self.groups.insert(group.name.clone(), group);
@@ -253,6 +263,7 @@ impl Manager {
     pub(crate) fn restore(&self, replay: Replay, report: &mut RecoveryReport) {
         let Replay {
             storages,
+            disabled,
             handles,
             groups,
             instances,
@@ -264,7 +275,11 @@ impl Manager {
             Err(error) => report.skipped.push(format!("{what}: {error}")),
         };
         for (name, (_, config)) in storages {
-            restored(format!("storage {name:?}"), self.add_storage(config));
+            let mut added = self.add_storage(config);
+            if added.is_ok() && disabled.contains(&name) {
+                added = self.storages.set_available(&name, false);
+            }
+            restored(format!("storage {name:?}"), added);
         }
         for (name, group) in groups {
             restored(format!("group {name:?}"), self.create_group(group));

@@ -69,6 +69,12 @@ impl Manager {
                 out.record(&Record::Storage { handle, config })?;
             }
         }
+        for name in self.storages.disabled() {
+            out.record(&Record::StorageAvailability {
+                name,
+                available: false,
+            })?;
+        }
         let groups: Vec<_> = read_lock(&self.groups).values().cloned().collect();
         for group in groups {
             out.record(&Record::Group(group.as_ref().clone()))?;

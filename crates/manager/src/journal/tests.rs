@@ -105,6 +105,10 @@ fn every_record_round_trips() {
             config: storage("old", dir.path()),
         },
         Record::StorageRemoved("s".into()),
+        Record::StorageAvailability {
+            name: "s".into(),
+            available: false,
+        },
         Record::Group(group(5, PREFER_3FS)),
         Record::GroupRemoved("g".into()),
         Record::Instance(instance_info()),
@@ -278,6 +282,28 @@ fn a_registry_record_refused_on_recovery_is_skipped_and_the_rest_serves() {
     );
     assert!(uris(&manager, &[1])[0].is_some());
     assert!(manager.instance("orphan").is_none());
+}
+
+#[test]
+fn a_disabled_storage_stays_disabled_after_a_restart_from_the_log_and_from_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    manager.set_storage_available("s", false).unwrap();
+    drop(manager);
+    let (manager, _) = reopen(dir.path());
+    assert_eq!(manager.storages.disabled(), ["s"], "from the log");
+    // Recovery wrote a snapshot; enabling is logged after it.
+    manager.set_storage_available("s", true).unwrap();
+    drop(manager);
+    let (manager, report) = reopen(dir.path());
+    assert!(report.snapshot.is_some(), "recovered from a snapshot");
+    assert!(manager.storages.disabled().is_empty(), "enabled again");
+    manager.set_storage_available("s", false).unwrap();
+    let journal = manager.journal.get().unwrap().clone();
+    manager.take_snapshot(&journal).unwrap();
+    drop((journal, manager));
+    let (manager, _) = reopen(dir.path());
+    assert_eq!(manager.storages.disabled(), ["s"], "from the snapshot");
 }
 
 #[test]
