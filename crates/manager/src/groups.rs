@@ -11,7 +11,7 @@ use super::journal::{InstanceLog, Record};
 use super::local_index::check_indexer_config;
 use super::registration::InstanceInfo;
 use super::Manager;
-use crate::sync::{read_lock, write_lock};
+use crate::sync::{lock, read_lock, write_lock};
 
 /// A group's registered storages with whether each is available (RegisterInstance answers
 /// them as `storage_configs`).
@@ -20,6 +20,7 @@ pub type StorageStatuses = Vec<(StorageConfig, bool)>;
 impl Manager {
     /// Registers and opens a storage.
     pub fn add_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+        let _ordered = lock(&self.storage_admin);
         self.storages.add(config.clone())?;
         self.published_storages_changed();
         self.log_storage(config)
@@ -27,6 +28,7 @@ impl Manager {
 
     /// Replaces a storage's config.
     pub fn update_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+        let _ordered = lock(&self.storage_admin);
         self.storages.update(config.clone())?;
         self.published_storages_changed();
         self.log_storage(config)
@@ -34,6 +36,7 @@ impl Manager {
 
     /// Forgets a storage.
     pub fn remove_storage(&self, name: &str) -> ManagerResult<()> {
+        let _ordered = lock(&self.storage_admin);
         self.storages.remove(name)?;
         self.published_storages_changed();
         self.journal_log(&Record::StorageRemoved(name.to_string()))
@@ -49,6 +52,7 @@ impl Manager {
 
     /// Enables or disables a storage (journaled: the choice survives a restart).
     pub fn set_storage_available(&self, name: &str, available: bool) -> ManagerResult<()> {
+        let _ordered = lock(&self.storage_admin);
         self.storages.set_available(name, available)?;
         self.published_storages_changed();
         let name = name.to_string();

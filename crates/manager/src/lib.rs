@@ -120,6 +120,9 @@ pub struct Manager {
     publication: std::sync::OnceLock<Arc<dyn publication::Publication>>,
     /// The journal, once open (see [`Manager::open_journal`]).
     journal: journal::JournalSlot,
+    /// Held across a storage admin change and its journal record, so the log's order of
+    /// storage changes is the order they were made in.
+    storage_admin: Mutex<()>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -153,6 +156,7 @@ impl Manager {
             nonces: std::sync::atomic::AtomicU32::new(1),
             publication: std::sync::OnceLock::new(),
             journal: journal::JournalSlot::default(),
+            storage_admin: Mutex::default(),
         });
         let weak: Weak<Manager> = Arc::downgrade(&manager);
         let on_demote = weak.clone();
