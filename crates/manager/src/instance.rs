@@ -67,10 +67,14 @@ impl Instance {
 
     /// Bytes of a stored location: the registered sizes of the parts it carries.
     pub fn location_bytes(&self, location: &LocationRef<'_>) -> i64 {
-        location
-            .parts
-            .iter()
-            .filter_map(|part| self.info.specs.get(usize::from(part.spec)))
+        self.spec_bytes(location.parts.iter().map(|part| usize::from(part.spec)))
+    }
+
+    /// Bytes of a block made of these specs (registration bounds the sum of every spec's
+    /// size, so this never saturates for a registered instance).
+    pub fn spec_bytes(&self, specs: impl Iterator<Item = usize>) -> i64 {
+        specs
+            .filter_map(|spec| self.info.specs.get(spec))
             .fold(0i64, |sum, spec| sum.saturating_add(spec.size.max(0)))
     }
 

@@ -961,3 +961,5 @@ fn a_failed_replica_allocation_fails_the_whole_start_and_changes_nothing() {
     // Without the replica the same keys are written on `s` alone.
     assert_eq!(write_replicas(&fx, &instance, &[1, 2], 1), ["s"]);
 }
+
+mod capacity;
