@@ -154,7 +154,11 @@ impl Manager {
             ..info
         };
         let ticket = self.journal_append(&Record::Instance(info.clone()))?;
-        let instance = Arc::new(Instance::new(info, index));
+        let instance = Arc::new(Instance::new(
+            info,
+            index,
+            group.cache.indexer.max_key_count,
+        ));
         instances.insert(instance.id().to_string(), instance);
         drop(instances);
         self.journal_wait(ticket)?;

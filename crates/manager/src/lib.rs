@@ -23,9 +23,10 @@
 //!   SERVING reaches the lookup-table publisher before the call that made it returns
 //!   ([`publication`]).
 //!
-//! Operations are synchronous and short; background work runs on two threads (session
-//! expiry, deleter) that stop when the manager is dropped.
+//! Operations are synchronous and short; background work runs on threads (session expiry,
+//! deleter, reclaimer) that stop when the manager is dropped.
 
+mod access;
 mod accounts;
 mod deleter;
 pub mod encoding;
@@ -46,6 +47,7 @@ mod publication;
 pub mod query;
 mod quota;
 mod read;
+pub mod reclaimer;
 pub mod registration;
 mod remove;
 mod sessions;
@@ -101,6 +103,8 @@ pub struct ManagerDeps {
     pub node_id: String,
     /// Heartbeat interval and rejoin ramp of memory-pool nodes.
     pub pool_timing: kvcm_storage::pool::PoolTiming,
+    /// Period of the reclaimer's passes (`None` = no reclaimer; see [`reclaimer`]).
+    pub reclaim_period: Option<std::time::Duration>,
 }
 
 /// The control plane's state and rules.
@@ -120,6 +124,10 @@ pub struct Manager {
     publication: std::sync::OnceLock<Arc<dyn publication::Publication>>,
     /// The journal, once open (see [`Manager::open_journal`]).
     journal: journal::JournalSlot,
+    /// What the reclaimer did so far.
+    reclaim_stats: reclaimer::ReclaimStats,
+    /// Told about every eviction, once installed.
+    reclaim_listener: std::sync::OnceLock<reclaimer::ReclaimListener>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -153,7 +161,13 @@ impl Manager {
             nonces: std::sync::atomic::AtomicU32::new(1),
             publication: std::sync::OnceLock::new(),
             journal: journal::JournalSlot::default(),
+            reclaim_stats: reclaimer::ReclaimStats::default(),
+            reclaim_listener: std::sync::OnceLock::new(),
         });
+        if let Some(period) = deps.reclaim_period {
+            reclaimer::spawn_reclaimer(Arc::downgrade(&manager), period)
+                .map_err(ManagerError::Thread)?;
+        }
         let weak: Weak<Manager> = Arc::downgrade(&manager);
         let on_demote = weak.clone();
         manager.leadership.set_on_demote(Arc::new(move || {

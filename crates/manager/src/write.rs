@@ -75,6 +75,7 @@ impl Manager {
         let min_replicas = min_replicas.max(1);
         let spec_indexes = spec_indexes_per_key(instance, keys.len(), spec_groups)?;
         let entries = instance.index.get(&keys)?;
+        instance.access().touch(&keys);
         let mut present: Vec<bool> = entries
             .iter()
             .map(|e| !needs_location(e.as_ref(), min_replicas))

@@ -5,7 +5,7 @@
 use super::*;
 
 /// Starts a write of `keys` and commits every block that got a location.
-fn write_all(fx: &Fixture, instance: &Arc<Instance>, keys: Vec<BlockKey>) -> WriteStart {
+pub(super) fn write_all(fx: &Fixture, instance: &Arc<Instance>, keys: Vec<BlockKey>) -> WriteStart {
     let started = fx
         .manager
         .start_write(instance, keys, &[], 30)
@@ -97,6 +97,7 @@ fn max_key_count_refuses_the_key_past_the_cap() {
         open_index: local_index_factory(),
         node_id: "test".into(),
         pool_timing: Default::default(),
+        reclaim_period: None,
     })
     .expect("manager");
     manager
