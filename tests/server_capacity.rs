@@ -86,6 +86,7 @@ async fn a_lowered_watermark_lets_the_17th_block_in_within_2_s_and_logs_the_evic
     assert!(lowered.elapsed() < Duration::from_secs(2));
     assert_eq!(admitted["locations"].as_array().map(Vec::len), Some(1));
 
+    capacity_metrics_are_reported(&server).await;
     let status = server.signal_and_wait("TERM");
     assert!(status.success(), "{status:?}");
     let dir = server.dir.path().join("events");
@@ -105,4 +106,51 @@ async fn a_lowered_watermark_lets_the_17th_block_in_within_2_s_and_logs_the_evic
         reclaimed.iter().all(|key| (1..=16).contains(key)),
         "{reclaimed:?}"
     );
+}
+
+/// GetMetrics and `GET /metrics` report the instance's keys and the reclaimer's evictions
+/// (one group and one instance: each series name occurs once).
+async fn capacity_metrics_are_reported(server: &TestServer) {
+    // The deleter removes evicted keys after the eviction: await the gauge.
+    let metrics = wait_until(Duration::from_secs(2), async || {
+        let metrics = server.admin_http("getMetrics", json!({})).await;
+        assert_eq!(code(&metrics), "OK", "{metrics}");
+        let keys = metric(&metrics, "capacity.instance_keys")["float_value"].as_f64();
+        (keys <= Some(2.0)).then_some(metrics)
+    })
+    .await
+    .expect("1 key kept + the 17th");
+    let evicted: i64 = metric(&metrics, "capacity.reclaim_evicted_blocks")["int_value"]
+        .as_str()
+        .expect("int64 as a string")
+        .parse()
+        .expect("int");
+    assert!(evicted >= 15, "{evicted}");
+    let quota = metric(&metrics, "capacity.group_quota_bytes")["float_value"].as_f64();
+    assert_eq!(quota, Some(i64::MAX as f64));
+    let (status, text) =
+        common::http_request(server.address("admin_http"), "GET", "/metrics", b"").await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(text).expect("utf-8");
+    assert!(
+        text.contains("# TYPE kvcm_capacity_reclaim_evicted_blocks counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"kvcm_capacity_instance_keys{instance_group="default",instance_id="inst"}"#
+        ),
+        "{text}"
+    );
+}
+
+/// The value of the first series named `name` in a GetMetrics answer.
+fn metric(metrics: &Value, name: &str) -> Value {
+    metrics["metrics"]
+        .as_array()
+        .expect("metrics")
+        .iter()
+        .find(|m| m["metric_name"] == name)
+        .unwrap_or_else(|| panic!("{name} in {metrics}"))["metric_value"]
+        .clone()
 }

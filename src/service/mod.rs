@@ -4,6 +4,7 @@
 //! in [`core::wire_status`]) and records metrics.
 
 pub mod admin;
+pub mod capacity_metrics;
 pub mod convert;
 pub mod core;
 pub mod debug;

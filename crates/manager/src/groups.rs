@@ -5,7 +5,7 @@ use std::sync::Arc;
 use kvcm_storage::StorageConfig;
 
 use super::error::{ManagerError, ManagerResult};
-use super::group_config::{revisit_buckets, GroupConfig, PreferStrategy};
+use super::group_config::{revisit_buckets, GroupConfig, PreferStrategy, ReclaimStrategy};
 use super::instance::Instance;
 use super::journal::{InstanceLog, Record};
 use super::local_index::check_indexer_config;
@@ -241,5 +241,29 @@ fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
             ),
         ));
     }
+    check_reclaim(&cache.reclaim)?;
     check_indexer_config(indexer)
+}
+
+/// The reclaimer's settings: a watermark is a fraction in [0, 1] (0 = none), the delete
+/// delay is not negative.
+fn check_reclaim(reclaim: &ReclaimStrategy) -> ManagerResult<()> {
+    if let Some(trigger) = reclaim.trigger {
+        if !(0.0..=1.0).contains(&trigger.used_percentage) {
+            return Err(ManagerError::invalid_because(
+                "cache_config.reclaim_strategy.trigger_strategy.used_percentage",
+                format!(
+                    "{} is not a fraction in [0, 1] (0.8 = 80%; 0 = no watermark)",
+                    trigger.used_percentage
+                ),
+            ));
+        }
+    }
+    if reclaim.delay_before_delete_ms < 0 {
+        return Err(ManagerError::invalid_because(
+            "cache_config.reclaim_strategy.delay_before_delete_ms",
+            "negative",
+        ));
+    }
+    Ok(())
 }

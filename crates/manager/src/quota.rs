@@ -226,3 +226,52 @@ impl Manager {
         Ok(Budget::new(group, &usage, keys))
     }
 }
+
+/// A group's capacity as the metrics report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupCapacity {
+    /// The group.
+    pub name: String,
+    /// Its total byte quota (`quota.capacity`; 0 when it has none).
+    pub quota_bytes: i64,
+    /// Bytes its instances store (`None`: past `i64::MAX`).
+    pub used_bytes: Option<i64>,
+    /// Its instances.
+    pub instances: Vec<InstanceCapacity>,
+}
+
+/// An instance's usage as the metrics report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceCapacity {
+    /// The instance.
+    pub instance_id: std::sync::Arc<str>,
+    /// Bytes it stores.
+    pub used_bytes: i64,
+    /// Keys in its index (every state).
+    pub keys: u64,
+}
+
+impl Manager {
+    /// Every group's quota and usage, by group name, instances by id.
+    pub fn capacity_report(&self) -> Vec<GroupCapacity> {
+        let mut instances = self.all_instances();
+        instances.sort_by(|a, b| a.id().cmp(b.id()));
+        self.list_groups()
+            .iter()
+            .map(|group| GroupCapacity {
+                name: group.name.clone(),
+                quota_bytes: group.quota.as_ref().map_or(0, |q| q.capacity),
+                used_bytes: self.group_usage(&group.name).total(),
+                instances: instances
+                    .iter()
+                    .filter(|i| i.group() == group.name)
+                    .map(|i| InstanceCapacity {
+                        instance_id: i.id().clone(),
+                        used_bytes: i.usage().total(),
+                        keys: i.index.len().unwrap_or(0),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}

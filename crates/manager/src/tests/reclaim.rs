@@ -189,3 +189,62 @@ fn deletion_waits_delay_before_delete_ms_after_unpublishing() {
     );
     assert_eq!(instance.usage().total(), 800, "their bytes are released");
 }
+
+#[test]
+fn a_group_over_its_byte_watermark_is_reclaimed_evenly_from_its_instances() {
+    let (fx, i) = capped();
+    let mut config = GroupConfig::clone(&fx.manager.group("g").expect("group"));
+    config.version += 1;
+    config.quota = Some(GroupQuota {
+        capacity: 1600,
+        per_type: Vec::new(),
+    });
+    fx.manager.update_group(config, 1).expect("update");
+    let mut other = instance_info();
+    other.instance_id = "j".into();
+    fx.manager.register_instance(other).expect("register j");
+    let j = fx.manager.instance("j").expect("j");
+    write_all(&fx, &i, (1..=8).collect());
+    write_all(&fx, &j, (1..=8).collect());
+    assert!(!can_write(&fx, &i, 9), "1600 of 1600 bytes");
+    set_watermark(&fx, 0.5, 0);
+    await_that(TAKES_EFFECT, "down to 800 bytes", || {
+        i.usage().total() + j.usage().total() == 800
+    });
+    assert_eq!(
+        (i.usage().total(), j.usage().total()),
+        (400, 400),
+        "each instance gives up half of the excess"
+    );
+    assert_eq!(fx.manager.reclaim_stats().evicted(), 8);
+}
+
+#[test]
+fn a_watermark_outside_0_to_1_or_a_negative_delay_is_refused_and_changes_nothing() {
+    let (fx, _) = capped();
+    let stored = fx.manager.group("g").expect("group");
+    for bad in [1.5, -0.1, f64::NAN] {
+        let mut config = GroupConfig::clone(&stored);
+        config.version += 1;
+        config.cache.reclaim.trigger = Some(ReclaimTrigger {
+            used_size: 0,
+            used_percentage: bad,
+        });
+        let refused = fx.manager.update_group(config, 1);
+        assert!(
+            matches!(&refused, Err(ManagerError::InvalidField { field, .. })
+                if field.ends_with("trigger_strategy.used_percentage")),
+            "{bad}: {refused:?}"
+        );
+    }
+    let mut config = GroupConfig::clone(&stored);
+    config.version += 1;
+    config.cache.reclaim.delay_before_delete_ms = -1;
+    let refused = fx.manager.update_group(config, 1);
+    assert!(
+        matches!(&refused, Err(ManagerError::InvalidField { field, .. })
+            if field.ends_with("delay_before_delete_ms")),
+        "{refused:?}"
+    );
+    assert_eq!(*fx.manager.group("g").expect("group"), *stored, "unchanged");
+}
