@@ -19,6 +19,7 @@ use super::mask::BlockMask;
 use super::quota::{Budget, NoRoom};
 use super::read::{BlockLocation, RenderedPart};
 use super::sessions::{PendingWrite, Session};
+use super::storage_type::StorageType;
 use super::storages::Incarnation;
 use super::Manager;
 
@@ -493,35 +494,15 @@ impl Manager {
         held: &[Vec<StorageHandle>],
         new_key: &[bool],
     ) -> ManagerResult<Placement> {
-        let (candidates, mut budget) = self.write_candidates(instance)?;
-        let bytes: Vec<i64> = blocks
-            .iter()
-            .map(|b| instance.spec_bytes(b.spec_indexes.iter().copied()))
-            .collect();
+        let (candidates, budget) = self.write_candidates(instance)?;
+        let mut rationing = Rationing::new(budget, instance, blocks, held, new_key);
         let mut placement = Placement::default();
         let mut remaining: Vec<usize> = (0..blocks.len()).collect();
         let mut storage_full = vec![false; blocks.len()];
-        let mut over_type_quota = vec![false; blocks.len()];
-        let (mut last_full, mut type_reason) = (None, None);
+        let mut last_full = None;
         for (handle, incarnation) in candidates {
             let storage_type = incarnation.storage_type;
-            let mut here = Vec::new();
-            let mut later = Vec::new();
-            for i in remaining {
-                if held[i].contains(&handle) {
-                    later.push(i);
-                    continue;
-                }
-                match budget.take(storage_type, bytes[i], new_key[i]) {
-                    Ok(()) => here.push(i),
-                    Err(NoRoom::Type(why)) => {
-                        later.push(i);
-                        over_type_quota[i] = true;
-                        type_reason = Some(why);
-                    }
-                    Err(NoRoom::Refused(why)) => placement.refusal = Some(why),
-                }
-            }
+            let (here, later) = rationing.split(remaining, handle, storage_type);
             remaining = later;
             if here.is_empty() {
                 continue;
@@ -532,10 +513,8 @@ impl Manager {
                 Err(ManagerError::Storage(
                     StorageError::Full(why) | StorageError::Foreign(why),
                 )) => {
-                    for &i in &here {
-                        budget.give_back(storage_type, bytes[i], new_key[i]);
-                        storage_full[i] = true;
-                    }
+                    rationing.give_back(&here, storage_type);
+                    here.iter().for_each(|&i| storage_full[i] = true);
                     remaining.extend(here);
                     remaining.sort_unstable();
                     last_full = Some(why);
@@ -552,15 +531,11 @@ impl Manager {
                 "no storage of the group fits its strategy".to_string()
             })));
         }
-        if remaining.iter().any(|&i| over_type_quota[i]) {
-            placement.refusal = placement.refusal.or(type_reason);
+        placement.refusal = rationing.refusal(&remaining);
+        match (&placement.refusal, placement.batches.is_empty()) {
+            (Some(why), true) => Err(ManagerError::NoSpace(why.clone())),
+            _ => Ok(placement),
         }
-        if placement.batches.is_empty() {
-            if let Some(why) = placement.refusal {
-                return Err(ManagerError::NoSpace(why));
-            }
-        }
-        Ok(placement)
     }
 
     /// The storages a write of this instance may go to, in order (wire fact sheet §16.3),
@@ -594,6 +569,88 @@ impl Manager {
             )));
         }
         Ok((ordered, budget))
+    }
+}
+
+/// The quota side of [`Manager::allocate_somewhere`]: each block's bytes and whether its key
+/// is new, the write's [`Budget`], and why blocks were refused.
+struct Rationing<'a> {
+    budget: Budget,
+    bytes: Vec<i64>,
+    new_key: &'a [bool],
+    held: &'a [Vec<StorageHandle>],
+    over_type_quota: Vec<bool>,
+    type_reason: Option<String>,
+    refused: Option<String>,
+}
+
+impl<'a> Rationing<'a> {
+    fn new(
+        budget: Budget,
+        instance: &Instance,
+        blocks: &[BlockToAllocate],
+        held: &'a [Vec<StorageHandle>],
+        new_key: &'a [bool],
+    ) -> Self {
+        let bytes = blocks
+            .iter()
+            .map(|b| instance.spec_bytes(b.spec_indexes.iter().copied()))
+            .collect();
+        Rationing {
+            budget,
+            bytes,
+            new_key,
+            held,
+            over_type_quota: vec![false; blocks.len()],
+            type_reason: None,
+            refused: None,
+        }
+    }
+
+    /// Splits the remaining blocks for one storage: those it takes (budgeted), and those
+    /// left for later storages (held here, or over this type's quota). Blocks over the group
+    /// quota or the key cap are in neither: they are refused.
+    fn split(
+        &mut self,
+        remaining: Vec<usize>,
+        handle: StorageHandle,
+        storage_type: StorageType,
+    ) -> (Vec<usize>, Vec<usize>) {
+        let (mut here, mut later) = (Vec::new(), Vec::new());
+        for i in remaining {
+            if self.held[i].contains(&handle) {
+                later.push(i);
+                continue;
+            }
+            match self
+                .budget
+                .take(storage_type, self.bytes[i], self.new_key[i])
+            {
+                Ok(()) => here.push(i),
+                Err(NoRoom::Type(why)) => {
+                    later.push(i);
+                    self.over_type_quota[i] = true;
+                    self.type_reason = Some(why);
+                }
+                Err(NoRoom::Refused(why)) => self.refused = Some(why),
+            }
+        }
+        (here, later)
+    }
+
+    /// Returns the budget of blocks a storage could not place after all.
+    fn give_back(&mut self, blocks: &[usize], storage_type: StorageType) {
+        for &i in blocks {
+            self.budget
+                .give_back(storage_type, self.bytes[i], self.new_key[i]);
+        }
+    }
+
+    /// Why blocks got no location, if any did: refused ones, or `unplaced` ones that were
+    /// over a type quota on every storage they tried.
+    fn refusal(self, unplaced: &[usize]) -> Option<String> {
+        let over_type = unplaced.iter().any(|&i| self.over_type_quota[i]);
+        self.refused.or(self.type_reason.filter(|_| over_type))
     }
 }
 
