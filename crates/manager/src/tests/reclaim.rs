@@ -248,3 +248,63 @@ fn a_watermark_outside_0_to_1_or_a_negative_delay_is_refused_and_changes_nothing
     );
     assert_eq!(*fx.manager.group("g").expect("group"), *stored, "unchanged");
 }
+
+#[test]
+fn among_blocks_of_one_request_the_suffix_goes_before_its_prefix() {
+    let (fx, instance) = capped();
+    write_all(&fx, &instance, vec![1, 2, 3, 4]);
+    // 3/16 of the key cap: one of the four keys must go.
+    set_watermark(&fx, 3.0 / 16.0, 0);
+    await_that(TAKES_EFFECT, "one eviction", || {
+        instance.index.len().expect("len") == 3
+    });
+    let kept: Vec<bool> = [1, 2, 3, 4]
+        .iter()
+        .map(|&key| batch_hit(&fx.manager, &instance, key))
+        .collect();
+    assert_eq!(
+        kept,
+        [true, true, true, false],
+        "the last block of the request went"
+    );
+}
+
+#[test]
+fn a_type_over_its_watermark_loses_blocks_of_that_type_only() {
+    let (fx, instance) = capped();
+    let three_fs = StorageConfig {
+        global_unique_name: "w".into(),
+        spec: StorageSpec::ThreeFs {
+            cluster_name: "c".into(),
+            mountpoint: fx.dir.path().join("w").display().to_string(),
+            root_dir: "kv".into(),
+            key_count_per_file: 1,
+            touch_file_when_create: false,
+        },
+        check_storage_available_when_open: false,
+    };
+    fx.manager.add_storage(three_fs).expect("3FS storage");
+    let mut config = GroupConfig::clone(&fx.manager.group("g").expect("group"));
+    config.version += 1;
+    config.storage_candidates = vec!["s".into(), "w".into()];
+    config.quota = Some(GroupQuota {
+        capacity: i64::MAX,
+        per_type: vec![TypeQuota {
+            storage_type: StorageType::ThreeFs,
+            capacity: 400,
+        }],
+    });
+    fx.manager.update_group(config, 1).expect("update");
+    write_all(&fx, &instance, (1..=6).collect());
+    let usage = || {
+        let usage = instance.usage();
+        (usage.of(StorageType::ThreeFs), usage.of(StorageType::Nfs))
+    };
+    assert_eq!(usage(), (400, 200), "3FS first, NFS once 3FS is full");
+    set_watermark(&fx, 0.5, 0);
+    await_that(TAKES_EFFECT, "3FS down to half its quota", || {
+        usage() == (200, 200)
+    });
+    assert_eq!(fx.manager.reclaim_stats().evicted(), 2);
+    assert!(can_write(&fx, &instance, 7), "3FS has room again");
+}
