@@ -342,6 +342,8 @@ async fn instances_in_metrics(server: &TestServer) -> (Vec<String>, String) {
         .filter(|tag| tag["tag_key"] == "instance_id")
         .map(|tag| tag["tag_value"].as_str().unwrap().to_string())
         .collect();
+    // Several metric families carry an instance's tags (service and capacity series).
+    ids.sort();
     ids.dedup();
     let (status, text) =
         common::http_request(server.address("admin_http"), "GET", "/metrics", b"").await;

@@ -7,6 +7,7 @@
 mod event_log;
 mod journal;
 mod metrics;
+mod reclaimer;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use kvcm_manager::leader::{ElectorSettings, LockUri};
 pub use event_log::{EventLogConfig, EVENT_LOG_KEYS};
 pub use journal::{JournalSettings, JOURNAL_KEYS};
 pub use metrics::{MetricsConfig, METRICS_KEYS};
+pub use reclaimer::{ReclaimerConfig, RECLAIMER_KEYS};
 
 /// Why a configuration cannot be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +91,8 @@ pub struct ServerConfig {
     pub journal: JournalSettings,
     /// `kvcm.metrics.*`: the Prometheus exposition at `GET /metrics`.
     pub metrics: MetricsConfig,
+    /// `kvcm.cache_reclaimer.*`: the live reclaimer.
+    pub reclaimer: ReclaimerConfig,
 }
 
 impl Default for ServerConfig {
@@ -114,6 +118,7 @@ impl Default for ServerConfig {
             pool: crate::pool::PoolConfig::default(),
             journal: JournalSettings::default(),
             metrics: MetricsConfig::default(),
+            reclaimer: ReclaimerConfig::default(),
         }
     }
 }
@@ -183,6 +188,7 @@ impl ServerConfig {
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
             _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
             _ if METRICS_KEYS.contains(&key) => self.metrics.set(key, value)?,
+            _ if RECLAIMER_KEYS.contains(&key) => self.reclaimer.set(key, value)?,
             _ if key.starts_with("kvcm.journal.") || key == journal::REGISTRY_URI_KEY => {
                 self.journal.set(key, value)?
             }
@@ -229,7 +235,7 @@ impl ServerConfig {
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
         let keys = KEYS.iter().chain(&EVENT_LOG_KEYS).chain(&JOURNAL_KEYS);
-        for key in keys.chain(&METRICS_KEYS) {
+        for key in keys.chain(&METRICS_KEYS).chain(&RECLAIMER_KEYS) {
             if let Some(value) = lookup(&env_name(key)) {
                 self.set(key, &value)?;
             }
@@ -271,6 +277,7 @@ impl ServerConfig {
         }
         self.event_log.validate()?;
         self.metrics.validate()?;
+        self.reclaimer.validate()?;
         self.journal.validate()
     }
 

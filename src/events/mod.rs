@@ -1,6 +1,7 @@
 //! The server's event log: one line per successful GetCacheLocation, StartWriteCache and
-//! FinishWriteCache, in the optimizer's schema v1 (`kvcm_optimizer::trace::events`), so that a
-//! production day can be replayed by `kvcm optimize --format events`.
+//! FinishWriteCache and per reclaimer eviction, in the optimizer's schema v1
+//! (`kvcm_optimizer::trace::events`), so that a production day can be replayed by
+//! `kvcm optimize --format events`.
 //!
 //! The request path only builds a [`Record`] and offers it to a bounded channel
 //! ([`EventSink`]); it never blocks: a full channel drops the record and counts it in
@@ -9,9 +10,12 @@
 //! after each drain. [`EventLog::close`] writes every record accepted before it was called,
 //! then flushes: a clean stop loses nothing.
 //!
+//! The reclaimer's evictions are logged too (`reclaim` lines, through the manager's reclaim
+//! listener that [`crate::service::Handlers::with_events`] installs).
+//!
 //! Invariants: records reach the file in the order they were accepted; a FinishWriteCache
 //! record carries the keys the manager committed (a subset of its session's StartWriteCache
-//! keys). `reclaim` events are not written yet: they come with the reclaimer.
+//! keys).
 
 mod record;
 mod sink;

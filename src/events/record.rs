@@ -46,6 +46,15 @@ pub enum Record {
         /// The committed keys, in the session's block order.
         keys: Vec<BlockKey>,
     },
+    /// The reclaimer evicted these keys.
+    Reclaimed {
+        /// When they were evicted (µs since the Unix epoch).
+        ts_us: u64,
+        /// The instance.
+        instance: Arc<str>,
+        /// The evicted keys, in key order.
+        keys: Vec<BlockKey>,
+    },
 }
 
 /// Microseconds since the Unix epoch (0 if the clock is before it).

@@ -131,6 +131,18 @@ impl EventSink {
         });
     }
 
+    /// Emits an eviction by the reclaimer.
+    pub fn reclaimed(&self, instance: &Instance, keys: &[BlockKey]) {
+        if !self.is_enabled() {
+            return;
+        }
+        self.emit(Record::Reclaimed {
+            ts_us: now_us(),
+            instance: instance.id().clone(),
+            keys: keys.to_vec(),
+        });
+    }
+
     /// The `event_log.dropped` counter for GetMetrics.
     pub fn to_wire(&self) -> Vec<admin::MetricsData> {
         use admin::metric_value::Value;

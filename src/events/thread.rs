@@ -140,5 +140,15 @@ fn line_of(record: Record) -> Event {
             line.write_session = Some(session);
             line
         }
+        Record::Reclaimed {
+            ts_us,
+            instance,
+            keys,
+        } => event(
+            EventType::Reclaim,
+            ts_us,
+            &instance,
+            keys.into_iter().map(key_bits).collect(),
+        ),
     }
 }

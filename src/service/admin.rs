@@ -406,7 +406,12 @@ impl AdminHandler {
             let reply = admin::GetMetricsResponse {
                 header: None,
                 timestamp: now_ms(),
-                metrics: [core.metrics.to_wire(), core.events.to_wire()].concat(),
+                metrics: [
+                    core.metrics.to_wire(),
+                    core.events.to_wire(),
+                    super::capacity_metrics::to_wire(&core.manager),
+                ]
+                .concat(),
                 extra_data: String::new(),
             };
             Ok((reply, String::new()))

@@ -114,7 +114,8 @@ pub fn admin_router(
         get(move || async move {
             let text = core.metrics.to_prometheus(&prefix)
                 + &core.events.to_prometheus(&prefix)
-                + &super::journal_metrics::to_prometheus(&core.manager, &prefix);
+                + &super::journal_metrics::to_prometheus(&core.manager, &prefix)
+                + &super::capacity_metrics::to_prometheus(&core.manager, &prefix);
             ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text)
         }),
     )

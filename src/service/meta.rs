@@ -178,6 +178,12 @@ impl MetaHandler {
                     min_replicas,
                 )?;
                 core.events.write_started(&instance, event_keys, &started);
+                let message = match &started.refused {
+                    None => "Write session started successfully".to_string(),
+                    Some(why) => format!(
+                        "Write session started; blocks without a location were refused: {why}"
+                    ),
+                };
                 let reply = meta::StartWriteCacheResponse {
                     header: None,
                     write_session_id: started.session_id,
@@ -188,7 +194,7 @@ impl MetaHandler {
                         .map(|location| location_to_wire(&instance, location))
                         .collect(),
                 };
-                Ok((reply, "Write session started successfully".into()))
+                Ok((reply, message))
             },
         )
     }

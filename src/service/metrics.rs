@@ -277,7 +277,7 @@ pub fn prometheus_name(prefix: &str, dotted: &str) -> String {
 }
 
 /// Escapes a Prometheus label value (backslash, quote, newline).
-fn escape_label(value: &str) -> String {
+pub(super) fn escape_label(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

@@ -4,6 +4,7 @@
 //! in [`core::wire_status`]) and records metrics.
 
 pub mod admin;
+pub mod capacity_metrics;
 pub mod convert;
 pub mod core;
 pub mod debug;
@@ -52,6 +53,12 @@ impl Handlers {
         log_level: Option<LogLevelSetter>,
         events: crate::events::EventSink,
     ) -> Self {
+        if events.is_enabled() {
+            let reclaims = events.clone();
+            manager.set_reclaim_listener(Arc::new(move |instance, keys| {
+                reclaims.reclaimed(instance, keys)
+            }));
+        }
         let registry = manager.clone();
         let registered = move |id: &Arc<str>| {
             let instance = registry.instance(id);

@@ -77,7 +77,7 @@ pub struct CacheConfig {
     pub indexer: IndexerConfig,
 }
 
-/// Reclaim settings (stored and answered back; the reclaimer is a later issue).
+/// Reclaim settings (see `reclaimer` and docs/capacity.md for what the reclaimer uses).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReclaimStrategy {
     /// The storage reclaimed.
@@ -86,22 +86,23 @@ pub struct ReclaimStrategy {
     pub policy: ReclaimPolicy,
     /// When reclaiming starts; `None` when not given.
     pub trigger: Option<ReclaimTrigger>,
-    /// Seconds between reclaim checks.
+    /// Seconds between reclaim checks (stored; the period is `kvcm.cache_reclaimer.period_ms`).
     pub trigger_period_seconds: i32,
-    /// Blocks per reclaim step.
+    /// Blocks an instance may lose per reclaimer pass (not positive: the default).
     pub step_size: i32,
-    /// Percent of blocks per reclaim step.
+    /// Percent of blocks per reclaim step (stored, unused).
     pub step_percentage: i32,
-    /// Delay between unpublishing and deleting.
+    /// Delay between a reclaimer eviction (unpublished) and its physical delete (≥ 0).
     pub delay_before_delete_ms: i32,
 }
 
 /// Usage that starts reclaiming.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReclaimTrigger {
-    /// Bytes used.
+    /// Bytes used (stored; the reclaimer ignores it, as the reference's does).
     pub used_size: i64,
-    /// Fraction of the quota used.
+    /// The watermark: the fraction of a quota (or of `max_key_count`) above which the
+    /// reclaimer evicts, in [0, 1] (0 = none).
     pub used_percentage: f64,
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use kvcm_storage::StorageConfig;
 
 use super::error::{ManagerError, ManagerResult};
-use super::group_config::{revisit_buckets, GroupConfig, PreferStrategy};
+use super::group_config::{revisit_buckets, GroupConfig, PreferStrategy, ReclaimStrategy};
 use super::instance::Instance;
 use super::journal::{InstanceLog, Record};
 use super::local_index::check_indexer_config;
@@ -159,7 +159,11 @@ impl Manager {
             ..info
         };
         let ticket = self.journal_append(&Record::Instance(info.clone()))?;
-        let instance = Arc::new(Instance::new(info, index));
+        let instance = Arc::new(Instance::new(
+            info,
+            index,
+            group.cache.indexer.max_key_count,
+        ));
         instances.insert(instance.id().to_string(), instance);
         drop(instances);
         self.journal_wait(ticket)?;
@@ -242,5 +246,29 @@ fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
             ),
         ));
     }
+    check_reclaim(&cache.reclaim)?;
     check_indexer_config(indexer)
+}
+
+/// The reclaimer's settings: a watermark is a fraction in [0, 1] (0 = none), the delete
+/// delay is not negative.
+fn check_reclaim(reclaim: &ReclaimStrategy) -> ManagerResult<()> {
+    if let Some(trigger) = reclaim.trigger {
+        if !(0.0..=1.0).contains(&trigger.used_percentage) {
+            return Err(ManagerError::invalid_because(
+                "cache_config.reclaim_strategy.trigger_strategy.used_percentage",
+                format!(
+                    "{} is not a fraction in [0, 1] (0.8 = 80%; 0 = no watermark)",
+                    trigger.used_percentage
+                ),
+            ));
+        }
+    }
+    if reclaim.delay_before_delete_ms < 0 {
+        return Err(ManagerError::invalid_because(
+            "cache_config.reclaim_strategy.delay_before_delete_ms",
+            "negative",
+        ));
+    }
+    Ok(())
 }

@@ -1,11 +1,12 @@
-//! A registered inference instance: its registration, its own index key space, and its
-//! usage per storage type.
+//! A registered inference instance: its registration, its own index key space, its usage
+//! per storage type and the access clock of its keys.
 
 use std::sync::Arc;
 
 use kvcm_index::{BlockKey, MetaIndex};
 use kvcm_storage::BlockSpec;
 
+use super::access::AccessClock;
 use super::entry::{Entry, LocationRef};
 use super::error::{ManagerError, ManagerResult};
 use super::keys::block_keys_from_tokens;
@@ -17,6 +18,7 @@ pub struct Instance {
     info: InstanceInfo,
     id: Arc<str>,
     usage: TypeUsage,
+    access: AccessClock,
     /// This instance's key space.
     pub index: Arc<dyn MetaIndex<Entry>>,
 }
@@ -30,12 +32,14 @@ impl std::fmt::Debug for Instance {
 }
 
 impl Instance {
-    /// An instance from its (validated, normalised) registration and a fresh index.
-    pub fn new(info: InstanceInfo, index: Arc<dyn MetaIndex<Entry>>) -> Self {
+    /// An instance from its (validated, normalised) registration and a fresh index of at
+    /// most `max_key_count` keys (0 or negative: no cap).
+    pub fn new(info: InstanceInfo, index: Arc<dyn MetaIndex<Entry>>, max_key_count: i64) -> Self {
         Instance {
             id: info.instance_id.as_str().into(),
             info,
             usage: TypeUsage::default(),
+            access: AccessClock::new(max_key_count),
             index,
         }
     }
@@ -65,12 +69,21 @@ impl Instance {
         &self.usage
     }
 
+    /// When each key was last read or written.
+    pub fn access(&self) -> &AccessClock {
+        &self.access
+    }
+
     /// Bytes of a stored location: the registered sizes of the parts it carries.
     pub fn location_bytes(&self, location: &LocationRef<'_>) -> i64 {
-        location
-            .parts
-            .iter()
-            .filter_map(|part| self.info.specs.get(usize::from(part.spec)))
+        self.spec_bytes(location.parts.iter().map(|part| usize::from(part.spec)))
+    }
+
+    /// Bytes of a block made of these specs (registration bounds the sum of every spec's
+    /// size, so this never saturates for a registered instance).
+    pub fn spec_bytes(&self, specs: impl Iterator<Item = usize>) -> i64 {
+        specs
+            .filter_map(|spec| self.info.specs.get(spec))
             .fold(0i64, |sum, spec| sum.saturating_add(spec.size.max(0)))
     }
 

@@ -23,9 +23,10 @@
 //!   SERVING reaches the lookup-table publisher before the call that made it returns
 //!   ([`publication`]).
 //!
-//! Operations are synchronous and short; background work runs on two threads (session
-//! expiry, deleter) that stop when the manager is dropped.
+//! Operations are synchronous and short; background work runs on threads (session expiry,
+//! deleter, reclaimer) that stop when the manager is dropped.
 
+mod access;
 mod accounts;
 mod deleter;
 pub mod encoding;
@@ -46,6 +47,7 @@ mod publication;
 pub mod query;
 mod quota;
 mod read;
+pub mod reclaimer;
 pub mod registration;
 mod remove;
 mod sessions;
@@ -71,6 +73,7 @@ pub use journal::{FsyncPolicy, JournalConfig, JournalError, JournalStats, Recove
 pub use leader::Leadership;
 pub use local_index::local_index_factory;
 pub use publication::{Publication, ServingLocation, StorageWeights};
+pub use quota::{GroupCapacity, InstanceCapacity};
 pub use read::{BlockLocation, CacheLookup, CacheMeta, LocationView, PartView, RenderedPart};
 pub use registration::InstanceInfo;
 pub use remove::TrimStrategy;
@@ -101,6 +104,8 @@ pub struct ManagerDeps {
     pub node_id: String,
     /// Heartbeat interval and rejoin ramp of memory-pool nodes.
     pub pool_timing: kvcm_storage::pool::PoolTiming,
+    /// Period of the reclaimer's passes (`None` = no reclaimer; see [`reclaimer`]).
+    pub reclaim_period: Option<std::time::Duration>,
 }
 
 /// The control plane's state and rules.
@@ -123,6 +128,10 @@ pub struct Manager {
     /// Held across a storage admin change and its journal record, so the log's order of
     /// storage changes is the order they were made in.
     storage_admin: Mutex<()>,
+    /// What the reclaimer did so far.
+    reclaim_stats: reclaimer::ReclaimStats,
+    /// Told about every eviction, once installed.
+    reclaim_listener: std::sync::OnceLock<reclaimer::ReclaimListener>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -157,7 +166,13 @@ impl Manager {
             publication: std::sync::OnceLock::new(),
             journal: journal::JournalSlot::default(),
             storage_admin: Mutex::default(),
+            reclaim_stats: reclaimer::ReclaimStats::default(),
+            reclaim_listener: std::sync::OnceLock::new(),
         });
+        if let Some(period) = deps.reclaim_period {
+            reclaimer::spawn_reclaimer(Arc::downgrade(&manager), period)
+                .map_err(ManagerError::Thread)?;
+        }
         let weak: Weak<Manager> = Arc::downgrade(&manager);
         let on_demote = weak.clone();
         manager.leadership.set_on_demote(Arc::new(move || {

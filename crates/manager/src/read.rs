@@ -248,6 +248,7 @@ impl Manager {
             .as_deref()
             .map_or(&[][..], |g| g.storage_candidates.as_slice());
         let weights = self.storages.read_weights(candidates)?;
+        instance.access().touch(keys);
         let hit_at = |(key, entry): (&BlockKey, Option<Entry>)| {
             let entry = entry?;
             let position = readable(&entry, &weights)?;

@@ -1,8 +1,9 @@
 //! An instance's registration as the manager stores it, and the checks it must pass.
 //!
 //! Invariant of a stored registration: names are usable as path components and URI parts,
-//! sizes positive, spec names unique, spec groups sorted by name, each with at least one and
-//! sorted spec names that all name registered specs.
+//! sizes positive and summing to at most [`MAX_BLOCK_BYTES`] per block, spec names unique,
+//! spec groups sorted by name, each with at least one and sorted spec names that all name
+//! registered specs.
 
 use std::collections::HashSet;
 
@@ -93,6 +94,12 @@ impl InstanceInfo {
         if let Some((_, field)) = checks.iter().find(|(failed, _)| *failed) {
             return Err(ManagerError::invalid(field));
         }
+        if !within_block_bound(&self.specs) {
+            return Err(ManagerError::invalid_because(
+                "location_spec_infos.size",
+                format!("the sizes of a block's specs sum to more than {MAX_BLOCK_BYTES} bytes"),
+            ));
+        }
         self.spec_groups =
             normalised_spec_groups(std::mem::take(&mut self.spec_groups), &self.specs)
                 .ok_or_else(|| ManagerError::invalid("location_spec_groups"))?;
@@ -132,6 +139,19 @@ pub fn usable_name(name: &str) -> bool {
         && !name
             .chars()
             .any(|c| breaks_uris(c) || c.is_whitespace() || c.is_control())
+}
+
+/// The most bytes one block may have: the sum of an instance's spec sizes is at most 2^32
+/// (4 GiB, far above any KV block), so that 2^31 blocks of one instance — more than any
+/// index holds — still sum below `i64::MAX`, and quota arithmetic stays exact.
+pub const MAX_BLOCK_BYTES: i64 = 1 << 32;
+
+/// Whether the specs' sizes sum to at most [`MAX_BLOCK_BYTES`].
+fn within_block_bound(specs: &[BlockSpec]) -> bool {
+    specs
+        .iter()
+        .try_fold(0i64, |sum, s| sum.checked_add(s.size))
+        .is_some_and(|total| total <= MAX_BLOCK_BYTES)
 }
 
 /// Whether some item occurs twice.

@@ -90,6 +90,7 @@ fn fixture_with(
         open_index,
         node_id: "test".into(),
         pool_timing: Default::default(),
+        reclaim_period: None,
     })
     .expect("manager");
     manager
@@ -857,6 +858,7 @@ fn two_storages(t_root: &std::path::Path) -> (Fixture, Arc<Instance>) {
         open_index: local_index_factory(),
         node_id: "test".into(),
         pool_timing: Default::default(),
+        reclaim_period: None,
     })
     .expect("manager");
     let s_root = dir.path().join("s");
@@ -961,3 +963,6 @@ fn a_failed_replica_allocation_fails_the_whole_start_and_changes_nothing() {
     // Without the replica the same keys are written on `s` alone.
     assert_eq!(write_replicas(&fx, &instance, &[1, 2], 1), ["s"]);
 }
+
+mod capacity;
+mod reclaim;

@@ -16,8 +16,10 @@ use super::feed::StateChange;
 use super::group_config::PreferStrategy;
 use super::instance::Instance;
 use super::mask::BlockMask;
+use super::quota::{Budget, NoRoom};
 use super::read::{BlockLocation, RenderedPart};
 use super::sessions::{PendingWrite, Session};
+use super::storage_type::StorageType;
 use super::storages::Incarnation;
 use super::Manager;
 
@@ -39,6 +41,10 @@ pub struct WriteStart {
     pub mask: BlockMask,
     /// One location per block to write, in request order.
     pub locations: Vec<BlockLocation>,
+    /// Why some absent blocks got no location (a quota or the key cap; they are marked
+    /// present in `mask`, as the reference marks every block it hands no location);
+    /// `None` when every absent block got one.
+    pub refused: Option<String>,
 }
 
 impl Manager {
@@ -70,6 +76,7 @@ impl Manager {
         let min_replicas = min_replicas.max(1);
         let spec_indexes = spec_indexes_per_key(instance, keys.len(), spec_groups)?;
         let entries = instance.index.get(&keys)?;
+        instance.access().touch(&keys);
         let mut present: Vec<bool> = entries
             .iter()
             .map(|e| !needs_location(e.as_ref(), min_replicas))
@@ -84,11 +91,15 @@ impl Manager {
                 session_id,
                 mask: BlockMask::from_presence(present, &prefix_eligible),
                 locations: Vec::new(),
+                refused: None,
             });
         }
         let held = held_storages(&keys, &entries, &blocks);
-        let batches = self.allocate_somewhere(instance, &blocks, &held)?;
-        let new_locations = self.insert_batches(instance, batches, &blocks, min_replicas)?;
+        let new_key = new_keys(&keys, &entries, &blocks);
+        let placement = self.allocate_somewhere(instance, &blocks, &held, &new_key)?;
+        let refused = placement.refusal.clone();
+        let new_locations =
+            self.insert_batches(instance, placement.batches, &blocks, min_replicas)?;
         let written: HashSet<BlockKey> = new_locations.iter().map(|(k, ..)| *k).collect();
         for (i, key) in keys.iter().enumerate() {
             if !present[i] && !written.contains(key) {
@@ -102,6 +113,7 @@ impl Manager {
             session_id,
             mask: BlockMask::from_presence(present, &prefix_eligible),
             locations,
+            refused,
         })
     }
 
@@ -468,75 +480,79 @@ impl Manager {
     /// Allocates each block on the first storage of [`Manager::write_candidates`] that has
     /// room and does not hold one of its key's locations yet (`held`, per block): blocks go
     /// in batches, one per storage (a full one, such as a pool whose nodes are full, or one
-    /// where a block's place holds a file kvcm does not own, passes to the next). A block
-    /// that every candidate already holds is left out of the answer (its key is skipped);
-    /// one that found no room fails the whole call, freeing what was allocated.
+    /// where a block's place holds a file kvcm does not own, passes to the next). Each block
+    /// is budgeted against the quotas first ([`Budget`]): one over its type's quota passes
+    /// to the next storage, one over the group quota or the key cap is refused. A block that
+    /// every candidate already holds is left out of the answer (its key is skipped), and so
+    /// is a refused one (the reason comes back with the batches); a block no storage had
+    /// bytes for fails the whole call, freeing what was allocated, and so does a call whose
+    /// every block was refused.
     fn allocate_somewhere(
         &self,
         instance: &Instance,
         blocks: &[BlockToAllocate],
         held: &[Vec<StorageHandle>],
-    ) -> ManagerResult<Vec<(Incarnation, Vec<NewLocation>)>> {
-        let mut last_full = None;
+        new_key: &[bool],
+    ) -> ManagerResult<Placement> {
+        let (candidates, budget) = self.write_candidates(instance)?;
+        let mut rationing = Rationing::new(budget, instance, blocks, held, new_key);
+        let mut placement = Placement::default();
         let mut remaining: Vec<usize> = (0..blocks.len()).collect();
-        let mut refused = vec![false; blocks.len()];
-        let mut placed: Vec<(Incarnation, Vec<NewLocation>)> = Vec::new();
-        let free_placed = |placed: &[(Incarnation, Vec<NewLocation>)]| {
-            for (incarnation, allocated) in placed {
-                free_locations(
-                    incarnation.backend.as_ref(),
-                    allocated.iter().map(|(.., l)| l),
-                );
-            }
-        };
-        for (handle, incarnation) in self.write_candidates(instance)? {
-            let (here, later): (Vec<usize>, Vec<usize>) =
-                remaining.iter().partition(|&&i| !held[i].contains(&handle));
+        let mut storage_full = vec![false; blocks.len()];
+        let mut last_full = None;
+        for (handle, incarnation) in candidates {
+            let storage_type = incarnation.storage_type;
+            let (here, later) = rationing.split(remaining, handle, storage_type);
+            remaining = later;
             if here.is_empty() {
                 continue;
             }
             let batch: Vec<BlockToAllocate> = here.iter().map(|&i| blocks[i].clone()).collect();
             match allocate(instance, handle, &incarnation, &batch, &self.nonces) {
-                Ok(allocated) => {
-                    placed.push((incarnation, allocated));
-                    remaining = later;
-                }
+                Ok(allocated) => placement.batches.push((incarnation, allocated)),
                 Err(ManagerError::Storage(
                     StorageError::Full(why) | StorageError::Foreign(why),
                 )) => {
-                    here.iter().for_each(|&i| refused[i] = true);
+                    rationing.give_back(&here, storage_type);
+                    here.iter().for_each(|&i| storage_full[i] = true);
+                    remaining.extend(here);
+                    remaining.sort_unstable();
                     last_full = Some(why);
                 }
                 Err(other) => {
-                    free_placed(&placed);
+                    placement.free();
                     return Err(other);
                 }
             }
         }
-        if remaining.iter().any(|&i| refused[i]) {
-            free_placed(&placed);
+        if remaining.iter().any(|&i| storage_full[i]) {
+            placement.free();
             return Err(ManagerError::NoSpace(last_full.unwrap_or_else(|| {
                 "no storage of the group fits its strategy".to_string()
             })));
         }
-        Ok(placed)
+        placement.refusal = rationing.refusal(&remaining);
+        match (&placement.refusal, placement.batches.is_empty()) {
+            (Some(why), true) => Err(ManagerError::NoSpace(why.clone())),
+            _ => Ok(placement),
+        }
     }
 
-    /// The storages a write of this instance may go to, in order (wire fact sheet §16.3):
-    /// the group quota must have room; candidates are the group's registered, available
-    /// storages whose type quota has room; the group's preference strategy puts its type
-    /// first (and, for ALWAYS_*, only that type).
+    /// The storages a write of this instance may go to, in order (wire fact sheet §16.3),
+    /// and the write's budget: the group quota must have room; candidates are the group's
+    /// registered, available storages whose type quota has room; the group's preference
+    /// strategy puts its type first (and, for ALWAYS_*, only that type).
     fn write_candidates(
         &self,
         instance: &Instance,
-    ) -> ManagerResult<Vec<(StorageHandle, Incarnation)>> {
+    ) -> ManagerResult<(Vec<(StorageHandle, Incarnation)>, Budget)> {
         let group = self.group(instance.group())?;
-        let usage = self.group_usage_with_room(&group)?;
+        let budget = self.write_budget(&group, instance)?;
         let candidates: Vec<_> = self
             .storages
             .available(&group.storage_candidates)
             .into_iter()
-            .filter(|(_, incarnation)| usage.has_room(&group, incarnation.backend.kind()))
+            .filter(|(_, incarnation)| budget.type_has_room(incarnation.backend.kind()))
             .collect();
         let (wanted, strict) = preferred_kind(group.cache.prefer);
         let (preferred, others): (Vec<_>, Vec<_>) = candidates
@@ -552,7 +568,109 @@ impl Manager {
                 group.name
             )));
         }
-        Ok(ordered)
+        Ok((ordered, budget))
+    }
+}
+
+/// The quota side of [`Manager::allocate_somewhere`]: each block's bytes and whether its key
+/// is new, the write's [`Budget`], and why blocks were refused.
+struct Rationing<'a> {
+    budget: Budget,
+    bytes: Vec<i64>,
+    new_key: &'a [bool],
+    held: &'a [Vec<StorageHandle>],
+    over_type_quota: Vec<bool>,
+    type_reason: Option<String>,
+    refused: Option<String>,
+}
+
+impl<'a> Rationing<'a> {
+    fn new(
+        budget: Budget,
+        instance: &Instance,
+        blocks: &[BlockToAllocate],
+        held: &'a [Vec<StorageHandle>],
+        new_key: &'a [bool],
+    ) -> Self {
+        let bytes = blocks
+            .iter()
+            .map(|b| instance.spec_bytes(b.spec_indexes.iter().copied()))
+            .collect();
+        Rationing {
+            budget,
+            bytes,
+            new_key,
+            held,
+            over_type_quota: vec![false; blocks.len()],
+            type_reason: None,
+            refused: None,
+        }
+    }
+
+    /// Splits the remaining blocks for one storage: those it takes (budgeted), and those
+    /// left for later storages (held here, or over this type's quota). Blocks over the group
+    /// quota or the key cap are in neither: they are refused.
+    fn split(
+        &mut self,
+        remaining: Vec<usize>,
+        handle: StorageHandle,
+        storage_type: StorageType,
+    ) -> (Vec<usize>, Vec<usize>) {
+        let (mut here, mut later) = (Vec::new(), Vec::new());
+        for i in remaining {
+            if self.held[i].contains(&handle) {
+                later.push(i);
+                continue;
+            }
+            match self
+                .budget
+                .take(storage_type, self.bytes[i], self.new_key[i])
+            {
+                Ok(()) => here.push(i),
+                Err(NoRoom::Type(why)) => {
+                    later.push(i);
+                    self.over_type_quota[i] = true;
+                    self.type_reason = Some(why);
+                }
+                Err(NoRoom::Refused(why)) => self.refused = Some(why),
+            }
+        }
+        (here, later)
+    }
+
+    /// Returns the budget of blocks a storage could not place after all.
+    fn give_back(&mut self, blocks: &[usize], storage_type: StorageType) {
+        for &i in blocks {
+            self.budget
+                .give_back(storage_type, self.bytes[i], self.new_key[i]);
+        }
+    }
+
+    /// Why blocks got no location, if any did: refused ones, or `unplaced` ones that were
+    /// over a type quota on every storage they tried.
+    fn refusal(self, unplaced: &[usize]) -> Option<String> {
+        let over_type = unplaced.iter().any(|&i| self.over_type_quota[i]);
+        self.refused.or(self.type_reason.filter(|_| over_type))
+    }
+}
+
+/// What [`Manager::allocate_somewhere`] placed: one batch per storage, and why some blocks
+/// were refused (`None`: none was).
+#[derive(Default)]
+struct Placement {
+    batches: Vec<(Incarnation, Vec<NewLocation>)>,
+    refusal: Option<String>,
+}
+
+impl Placement {
+    /// Frees every allocation (none of them entered the index).
+    fn free(&self) {
+        for (incarnation, allocated) in &self.batches {
+            free_locations(
+                incarnation.backend.as_ref(),
+                allocated.iter().map(|(.., l)| l),
+            );
+        }
     }
 }
 
@@ -666,6 +784,18 @@ fn held_storages(
             })
         })
         .collect()
+}
+
+/// Per block to allocate: whether its key is not in the index yet (it then takes one key of
+/// the instance's `max_key_count`).
+fn new_keys(keys: &[BlockKey], entries: &[Option<Entry>], blocks: &[BlockToAllocate]) -> Vec<bool> {
+    let present: HashSet<BlockKey> = keys
+        .iter()
+        .zip(entries)
+        .filter(|(_, entry)| entry.is_some())
+        .map(|(key, _)| *key)
+        .collect();
+    blocks.iter().map(|b| !present.contains(&b.key)).collect()
 }
 
 /// Marks every repeat of a key inside one request as present (and prefix-eligible), so

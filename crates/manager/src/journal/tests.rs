@@ -18,6 +18,7 @@ fn manager() -> Arc<Manager> {
         open_index: local_index_factory(),
         node_id: "test".into(),
         pool_timing: Default::default(),
+        reclaim_period: None,
     })
     .expect("manager")
 }
@@ -211,6 +212,30 @@ fn a_reopened_manager_serves_what_was_acknowledged_and_cleans_open_writes() {
     drop((instance, manager));
     let (manager, _) = reopen(dir.path());
     assert_eq!(uris(&manager, &[100])[0], Some(new_uri));
+}
+
+#[test]
+fn usage_is_recomputed_from_the_recovered_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2, 3, 4, 5]);
+    manager
+        .start_write(&instance, vec![6, 7], &[], 30)
+        .expect("an open session");
+    assert_eq!(
+        instance.usage().total(),
+        700,
+        "WRITING blocks count while open"
+    );
+    drop((instance, manager));
+    let (manager, _) = reopen(dir.path());
+    let instance = manager.instance("i").unwrap();
+    assert_eq!(
+        instance.usage().total(),
+        500,
+        "the five SERVING blocks of 100 bytes; the open write was cleaned"
+    );
 }
 
 fn meta_id(manager: &Manager, instance: &Arc<Instance>, key: i64) -> String {

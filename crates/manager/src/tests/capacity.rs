@@ -1,0 +1,201 @@
+//! Quota tests (docs/capacity.md): the group quota, type quotas and the key cap are exact at
+//! the boundary, a full type passes blocks to the next candidate type, and oversized specs
+//! are refused at registration.
+
+use super::*;
+
+/// Starts a write of `keys` and commits every block that got a location.
+pub(super) fn write_all(fx: &Fixture, instance: &Arc<Instance>, keys: Vec<BlockKey>) -> WriteStart {
+    let started = fx
+        .manager
+        .start_write(instance, keys, &[], 30)
+        .expect("start");
+    fx.manager
+        .finish_write(
+            instance,
+            &started.session_id,
+            &BlockMask::Offset(started.locations.len()),
+        )
+        .expect("finish");
+    started
+}
+
+#[test]
+fn the_block_that_would_exceed_the_group_quota_is_refused_and_the_one_before_accepted() {
+    let (fx, instance) = fixture(350, PREFER_3FS);
+    let started = write_all(&fx, &instance, vec![1, 2, 3, 4]);
+    assert_eq!(
+        started.locations.len(),
+        3,
+        "300 of 350 bytes fit, 400 do not"
+    );
+    assert_eq!(
+        started.mask,
+        BlockMask::Bools(vec![false, false, false, true]),
+        "the refused block gets no location"
+    );
+    let why = started.refused.expect("the answer says why");
+    assert!(why.contains("quota of group \"g\""), "{why}");
+    assert_eq!(instance.usage().total(), 300);
+    let refused = fx.manager.start_write(&instance, vec![4], &[], 30);
+    assert!(
+        matches!(&refused, Err(ManagerError::NoSpace(why)) if why.contains("50 bytes left")),
+        "{refused:?}"
+    );
+    assert_eq!(instance.index.len().expect("len"), 3, "nothing inserted");
+}
+
+#[test]
+fn a_full_type_passes_blocks_to_the_next_candidate_type() {
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let three_fs = StorageConfig {
+        global_unique_name: "w".into(),
+        spec: StorageSpec::ThreeFs {
+            cluster_name: "c".into(),
+            mountpoint: fx.dir.path().join("w").display().to_string(),
+            root_dir: "kv".into(),
+            key_count_per_file: 1,
+            touch_file_when_create: false,
+        },
+        check_storage_available_when_open: false,
+    };
+    fx.manager.add_storage(three_fs).expect("3FS storage");
+    let mut group = GroupConfig::clone(&fx.manager.group("g").expect("group"));
+    group.version = 2;
+    group.storage_candidates = vec!["s".into(), "w".into()];
+    group.quota = Some(GroupQuota {
+        capacity: 500,
+        per_type: vec![TypeQuota {
+            storage_type: StorageType::ThreeFs,
+            capacity: 200,
+        }],
+    });
+    fx.manager.update_group(group, 1).expect("update");
+    let started = write_all(&fx, &instance, vec![1, 2, 3, 4, 5, 6]);
+    let types: Vec<StorageType> = started.locations.iter().map(|l| l.storage_type).collect();
+    use StorageType::{Nfs, ThreeFs};
+    assert_eq!(
+        types,
+        [ThreeFs, ThreeFs, Nfs, Nfs, Nfs],
+        "3FS preferred until its 200 bytes are used, then NFS up to the group's 500"
+    );
+    assert_eq!(
+        (instance.usage().of(ThreeFs), instance.usage().of(Nfs)),
+        (200, 300)
+    );
+    assert!(
+        started.refused.is_some(),
+        "the sixth block is over the group quota"
+    );
+}
+
+#[test]
+fn max_key_count_refuses_the_key_past_the_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manager = Manager::new(ManagerDeps {
+        storage_probe_interval: None,
+        open_index: local_index_factory(),
+        node_id: "test".into(),
+        pool_timing: Default::default(),
+        reclaim_period: None,
+    })
+    .expect("manager");
+    manager
+        .add_storage(storage("s", dir.path()))
+        .expect("storage");
+    let mut config = group(i64::MAX, PREFER_3FS);
+    config.cache.indexer.max_key_count = 16;
+    manager.create_group(config).expect("group");
+    manager
+        .register_instance(instance_info())
+        .expect("register");
+    let instance = manager.instance("i").expect("registered");
+    let fx = Fixture { manager, dir };
+    let started = write_all(&fx, &instance, (1..=15).collect());
+    assert_eq!(started.locations.len(), 15);
+    let started = write_all(&fx, &instance, vec![16, 17]);
+    assert_eq!(
+        started.locations.len(),
+        1,
+        "the 16th key fits, the 17th not"
+    );
+    assert!(
+        started
+            .refused
+            .as_deref()
+            .is_some_and(|why| why.contains("max_key_count")),
+        "{started:?}"
+    );
+    let refused = fx.manager.start_write(&instance, vec![17], &[], 30);
+    assert!(
+        matches!(&refused, Err(ManagerError::NoSpace(why)) if why.contains("16 keys")),
+        "{refused:?}"
+    );
+    assert_eq!(instance.index.len().expect("len"), 16);
+}
+
+#[test]
+fn spec_sizes_whose_sum_could_overflow_usage_are_refused_at_registration() {
+    let (fx, _) = fixture(i64::MAX, PREFER_3FS);
+    let mut info = instance_info();
+    info.instance_id = "big".into();
+    info.specs[0].size = (1 << 60) - 1;
+    let refused = fx.manager.register_instance(info.clone());
+    assert!(
+        matches!(
+            &refused,
+            Err(ManagerError::InvalidField {
+                field: "location_spec_infos.size",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    info.specs = vec![
+        BlockSpec {
+            name: "a".into(),
+            size: crate::registration::MAX_BLOCK_BYTES,
+        },
+        BlockSpec {
+            name: "b".into(),
+            size: 1,
+        },
+    ];
+    assert!(
+        fx.manager.register_instance(info.clone()).is_err(),
+        "the bound is on the sum of the specs"
+    );
+    info.specs.truncate(1);
+    fx.manager
+        .register_instance(info)
+        .expect("a block of exactly MAX_BLOCK_BYTES is accepted");
+    assert!(fx.manager.instance("big").is_some());
+}
+
+#[test]
+fn quota_arithmetic_at_i64_limits_refuses_instead_of_wrapping() {
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    instance.usage().add(StorageType::Nfs, i64::MAX - 50);
+    let refused = fx.manager.start_write(&instance, vec![1], &[], 30);
+    assert!(
+        matches!(&refused, Err(ManagerError::NoSpace(why)) if why.contains("50 bytes left")),
+        "{refused:?}"
+    );
+    instance.usage().add(StorageType::Nfs, i64::MAX);
+    assert_eq!(instance.usage().total(), i64::MAX, "saturates, never wraps");
+    let mut other = instance_info();
+    other.instance_id = "j".into();
+    fx.manager.register_instance(other).expect("register j");
+    let j = fx.manager.instance("j").expect("j");
+    j.usage().add(StorageType::Nfs, 1);
+    let refused = fx.manager.start_write(&j, vec![1], &[], 30);
+    assert!(
+        matches!(&refused, Err(ManagerError::NoSpace(why)) if why.contains("more than i64::MAX")),
+        "a group sum past i64::MAX reads as full: {refused:?}"
+    );
+    instance.usage().add(StorageType::Nfs, -i64::MAX);
+    assert_eq!(instance.usage().total(), 0);
+    fx.manager
+        .start_write(&j, vec![1], &[], 30)
+        .expect("room again once the usage is back");
+}

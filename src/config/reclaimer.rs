@@ -1,0 +1,111 @@
+//! The `kvcm.cache_reclaimer.*` keys (our extension, docs/capacity.md): the eviction policy
+//! of the live reclaimer and the period of its passes.
+
+use std::time::Duration;
+
+use super::{parse, ConfigError};
+
+/// Settings of the reclaimer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReclaimerConfig {
+    /// `kvcm.cache_reclaimer.policy`: the eviction policy (default and only one served:
+    /// `lru`).
+    pub policy: String,
+    /// `kvcm.cache_reclaimer.period_ms`: milliseconds between passes (default 500; 0 = no
+    /// reclaimer).
+    pub period_ms: u64,
+}
+
+impl Default for ReclaimerConfig {
+    fn default() -> Self {
+        ReclaimerConfig {
+            policy: "lru".into(),
+            period_ms: 500,
+        }
+    }
+}
+
+/// The reclaimer keys, in the order they are documented.
+pub const RECLAIMER_KEYS: [&str; 2] = [
+    "kvcm.cache_reclaimer.policy",
+    "kvcm.cache_reclaimer.period_ms",
+];
+
+/// Policies `kvcm optimize` knows that the live reclaimer does not run yet.
+const NOT_YET_LIVE: [&str; 2] = ["s3fifo", "sieve"];
+
+impl ReclaimerConfig {
+    /// Sets one `kvcm.cache_reclaimer.*` key from its text form.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        match key {
+            "kvcm.cache_reclaimer.policy" => self.policy = value.trim().to_ascii_lowercase(),
+            "kvcm.cache_reclaimer.period_ms" => self.period_ms = parse(key, value)?,
+            _ => return Err(ConfigError::UnknownKey(key.to_string())),
+        }
+        Ok(())
+    }
+
+    /// The policy must be `lru`; `s3fifo` and `sieve` are refused with a reason (they are
+    /// simulated by `kvcm optimize`, not run live yet).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.policy == "lru" {
+            return Ok(());
+        }
+        let reason = if NOT_YET_LIVE.contains(&self.policy.as_str()) {
+            format!(
+                "{:?} is simulated by `kvcm optimize` but not run by the live reclaimer yet; use \"lru\"",
+                self.policy
+            )
+        } else {
+            format!(
+                "unknown policy {:?}; the live reclaimer runs \"lru\"",
+                self.policy
+            )
+        };
+        Err(ConfigError::InvalidValue {
+            key: "kvcm.cache_reclaimer.policy".into(),
+            reason,
+        })
+    }
+
+    /// The period of the reclaimer's passes; `None` when it is off.
+    pub fn period(&self) -> Option<Duration> {
+        (self.period_ms > 0).then(|| Duration::from_millis(self.period_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::ServerConfig;
+
+    #[test]
+    fn lru_is_the_default_and_other_policies_are_refused_naming_the_key() {
+        let mut config = ServerConfig::default();
+        assert!(config.validate().is_ok());
+        assert_eq!(
+            config.reclaimer.period(),
+            Some(std::time::Duration::from_millis(500))
+        );
+        config
+            .apply_pairs(&["kvcm.cache_reclaimer.policy=LRU".into()])
+            .expect("pairs");
+        assert!(config.validate().is_ok(), "case-insensitive");
+        for (policy, says) in [
+            ("s3fifo", "kvcm optimize"),
+            ("sieve", "kvcm optimize"),
+            ("lfu", "unknown"),
+        ] {
+            config.set("kvcm.cache_reclaimer.policy", policy).unwrap();
+            let error = config.validate().unwrap_err().to_string();
+            assert!(
+                error.contains("kvcm.cache_reclaimer.policy") && error.contains(says),
+                "{error}"
+            );
+        }
+        config
+            .apply_env(|name| (name == "KVCM_CACHE_RECLAIMER_PERIOD_MS").then(|| "0".into()))
+            .expect("env");
+        assert_eq!(config.reclaimer.period(), None, "0 = off");
+        assert!(config.set("kvcm.cache_reclaimer.period_ms", "-1").is_err());
+    }
+}

@@ -1,0 +1,130 @@
+//! Capacity metrics (docs/capacity.md) in GetMetrics and `GET /metrics`: per group its quota
+//! and usage, per instance its bytes and keys, and the reclaimer's passes and evictions.
+//! Counters are `int_value`, gauges `float_value` on the wire (fact sheet §16.4).
+
+use std::fmt::Write;
+
+use crate::proto::admin;
+use kvcm_manager::Manager;
+
+use super::metrics::{escape_label, prometheus_name};
+
+/// One value of one series.
+struct Sample {
+    name: &'static str,
+    counter: bool,
+    tags: Vec<(&'static str, String)>,
+    value: i64,
+}
+
+/// Every series, grouped by name in the order below.
+fn samples(manager: &Manager) -> Vec<Sample> {
+    let stats = manager.reclaim_stats();
+    let mut out = vec![
+        counter("capacity.reclaim_passes", Vec::new(), stats.passes()),
+        counter(
+            "capacity.reclaim_evicted_blocks",
+            Vec::new(),
+            stats.evicted(),
+        ),
+    ];
+    let report = manager.capacity_report();
+    for group in &report {
+        let tags = vec![("instance_group", group.name.clone())];
+        let used = group.used_bytes.unwrap_or(i64::MAX);
+        out.push(gauge(
+            "capacity.group_quota_bytes",
+            tags.clone(),
+            group.quota_bytes,
+        ));
+        out.push(gauge("capacity.group_used_bytes", tags, used));
+    }
+    for group in &report {
+        for instance in &group.instances {
+            let tags = vec![
+                ("instance_group", group.name.clone()),
+                ("instance_id", instance.instance_id.to_string()),
+            ];
+            let keys = i64::try_from(instance.keys).unwrap_or(i64::MAX);
+            out.push(gauge(
+                "capacity.instance_used_bytes",
+                tags.clone(),
+                instance.used_bytes,
+            ));
+            out.push(gauge("capacity.instance_keys", tags, keys));
+        }
+    }
+    out.sort_by_key(|s| s.name);
+    out
+}
+
+fn counter(name: &'static str, tags: Vec<(&'static str, String)>, value: u64) -> Sample {
+    let value = i64::try_from(value).unwrap_or(i64::MAX);
+    Sample {
+        name,
+        counter: true,
+        tags,
+        value,
+    }
+}
+
+fn gauge(name: &'static str, tags: Vec<(&'static str, String)>, value: i64) -> Sample {
+    Sample {
+        name,
+        counter: false,
+        tags,
+        value,
+    }
+}
+
+/// The capacity series for GetMetrics.
+pub fn to_wire(manager: &Manager) -> Vec<admin::MetricsData> {
+    use admin::metric_value::Value;
+    samples(manager)
+        .into_iter()
+        .map(|s| admin::MetricsData {
+            metric_name: s.name.into(),
+            metric_value: Some(admin::MetricValue {
+                value: Some(if s.counter {
+                    Value::IntValue(s.value)
+                } else {
+                    Value::FloatValue(s.value as f64)
+                }),
+            }),
+            metric_tags: s
+                .tags
+                .into_iter()
+                .map(|(key, value)| admin::MetricsTag {
+                    tag_key: key.into(),
+                    tag_value: value,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The capacity lines of the exposition (named with `prefix`, see [`prometheus_name`]).
+pub fn to_prometheus(manager: &Manager, prefix: &str) -> String {
+    let mut text = String::new();
+    let mut last = "";
+    for sample in samples(manager) {
+        let name = prometheus_name(prefix, sample.name);
+        if sample.name != last {
+            let kind = if sample.counter { "counter" } else { "gauge" };
+            let _ = writeln!(text, "# TYPE {name} {kind}");
+            last = sample.name;
+        }
+        let labels: Vec<String> = sample
+            .tags
+            .iter()
+            .map(|(key, value)| format!("{key}=\"{}\"", escape_label(value)))
+            .collect();
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{}}}", labels.join(","))
+        };
+        let _ = writeln!(text, "{name}{labels} {}", sample.value);
+    }
+    text
+}

@@ -1,0 +1,156 @@
+//! Capacity on a real `kvcm serve` (docs/capacity.md): an instance at its `max_key_count`
+//! refuses the next block and says why; a watermark lowered through UpdateInstanceGroup
+//! frees room within 2 s; the evictions reach the event log as `reclaim` lines.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{code, wait_until, TestServer};
+use kvcm_optimizer::trace::events::{Event, EventLogWriter, EventType};
+use serde_json::{json, Value};
+
+/// Replaces group `default`'s key cap and watermark through UpdateInstanceGroup.
+async fn set_capacity(server: &TestServer, max_key_count: i64, used_percentage: f64) {
+    let fetched = server
+        .admin_http("getInstanceGroup", json!({"name": "default"}))
+        .await;
+    assert_eq!(code(&fetched), "OK", "{fetched}");
+    let mut group = fetched["instance_group"].clone();
+    let version: i64 = group["version"]
+        .as_str()
+        .expect("version")
+        .parse()
+        .expect("int");
+    group["version"] = json!(version + 1);
+    let cache = &mut group["cache_config"];
+    cache["meta_indexer_config"]["max_key_count"] = json!(max_key_count);
+    cache["reclaim_strategy"]["trigger_strategy"] = json!({"used_percentage": used_percentage});
+    let updated = server
+        .admin_http(
+            "updateInstanceGroup",
+            json!({"instance_group": group, "current_version": version}),
+        )
+        .await;
+    assert_eq!(code(&updated), "OK", "{updated}");
+}
+
+async fn start_write(server: &TestServer, keys: &[i64]) -> Value {
+    server
+        .meta_http(
+            "startWriteCache",
+            json!({"instance_id": "inst", "block_keys": keys, "write_timeout_seconds": 30}),
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowered_watermark_lets_the_17th_block_in_within_2_s_and_logs_the_evictions() {
+    let mut server = TestServer::start_with(&["kvcm.cache_reclaimer.period_ms=50"]).await;
+    set_capacity(&server, 16, 1.0).await;
+    server.register("inst", 4).await;
+    let keys: Vec<i64> = (1..=15).collect();
+    server.write_keys("inst", &keys).await;
+
+    // The 16th key fits, the 17th gets no location: marked as needing no write, and the
+    // status message says why.
+    let partial = server.write_keys("inst", &[16, 17]).await;
+    assert_eq!(
+        partial["locations"].as_array().map(Vec::len),
+        Some(1),
+        "{partial}"
+    );
+    assert_eq!(
+        partial["block_mask"],
+        json!({"bool_masks": {"values": [false, true]}})
+    );
+    let message = partial["header"]["status"]["message"]
+        .as_str()
+        .expect("message");
+    assert!(message.contains("max_key_count"), "{message}");
+    let refused = start_write(&server, &[17]).await;
+    assert_eq!(code(&refused), "INTERNAL_ERROR", "{refused}");
+    let message = refused["header"]["status"]["message"]
+        .as_str()
+        .expect("message");
+    assert!(message.contains("max_key_count"), "{message}");
+
+    set_capacity(&server, 16, 0.1).await;
+    let lowered = Instant::now();
+    let admitted = wait_until(Duration::from_secs(2), async || {
+        let answer = start_write(&server, &[17]).await;
+        (code(&answer) == "OK").then_some(answer)
+    })
+    .await
+    .expect("the 17th write is admitted within 2 s");
+    assert!(lowered.elapsed() < Duration::from_secs(2));
+    assert_eq!(admitted["locations"].as_array().map(Vec::len), Some(1));
+
+    capacity_metrics_are_reported(&server).await;
+    let status = server.signal_and_wait("TERM");
+    assert!(status.success(), "{status:?}");
+    let dir = server.dir.path().join("events");
+    let reclaimed: Vec<u64> = EventLogWriter::files_oldest_first(&dir)
+        .iter()
+        .flat_map(|file| {
+            let text = std::fs::read_to_string(file).expect("read log");
+            text.lines()
+                .map(|line| serde_json::from_str::<Event>(line).expect("schema v1"))
+                .collect::<Vec<_>>()
+        })
+        .filter(|event| event.event == EventType::Reclaim && event.instance == "inst")
+        .flat_map(|event| event.keys)
+        .collect();
+    assert!(reclaimed.len() >= 15, "{reclaimed:?}");
+    assert!(
+        reclaimed.iter().all(|key| (1..=16).contains(key)),
+        "{reclaimed:?}"
+    );
+}
+
+/// GetMetrics and `GET /metrics` report the instance's keys and the reclaimer's evictions
+/// (one group and one instance: each series name occurs once).
+async fn capacity_metrics_are_reported(server: &TestServer) {
+    // The deleter removes evicted keys after the eviction: await the gauge.
+    let metrics = wait_until(Duration::from_secs(2), async || {
+        let metrics = server.admin_http("getMetrics", json!({})).await;
+        assert_eq!(code(&metrics), "OK", "{metrics}");
+        let keys = metric(&metrics, "capacity.instance_keys")["float_value"].as_f64();
+        (keys <= Some(2.0)).then_some(metrics)
+    })
+    .await
+    .expect("1 key kept + the 17th");
+    let evicted: i64 = metric(&metrics, "capacity.reclaim_evicted_blocks")["int_value"]
+        .as_str()
+        .expect("int64 as a string")
+        .parse()
+        .expect("int");
+    assert!(evicted >= 15, "{evicted}");
+    let quota = metric(&metrics, "capacity.group_quota_bytes")["float_value"].as_f64();
+    assert_eq!(quota, Some(i64::MAX as f64));
+    let (status, text) =
+        common::http_request(server.address("admin_http"), "GET", "/metrics", b"").await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8(text).expect("utf-8");
+    assert!(
+        text.contains("# TYPE kvcm_capacity_reclaim_evicted_blocks counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"kvcm_capacity_instance_keys{instance_group="default",instance_id="inst"}"#
+        ),
+        "{text}"
+    );
+}
+
+/// The value of the first series named `name` in a GetMetrics answer.
+fn metric(metrics: &Value, name: &str) -> Value {
+    metrics["metrics"]
+        .as_array()
+        .expect("metrics")
+        .iter()
+        .find(|m| m["metric_name"] == name)
+        .unwrap_or_else(|| panic!("{name} in {metrics}"))["metric_value"]
+        .clone()
+}
