@@ -203,17 +203,31 @@ macro_rules! conformance_tests {
 
 /// Runs every case in sequence inside one test (for providers that may be absent); a
 /// failing case does not stop the others, and the test fails naming every failed case.
+/// Cases named in `KVCM_CONFORMANCE_XFAIL` (comma-separated: known provider bugs, see
+/// docs/rxe-vm.md) are expected to fail: each such failure is reported loudly, and one that
+/// passes fails the test (so the list is kept true).
 #[macro_export]
 macro_rules! conformance_run_all {
     ($domain:ty, $open:expr; $($case:ident),* $(,)?) => {
+        let expected = std::env::var("KVCM_CONFORMANCE_XFAIL").unwrap_or_default();
+        let expected: Vec<&str> = expected.split(',').map(str::trim).filter(|c| !c.is_empty()).collect();
         let mut failed: Vec<&str> = Vec::new();
+        let mut passed_unexpectedly: Vec<&str> = Vec::new();
         $(
+            let case = stringify!($case);
             let outcome = std::panic::catch_unwind(|| conformance::cases::$case::<$domain>(&$open));
-            if outcome.is_err() {
-                failed.push(stringify!($case));
+            match (outcome.is_ok(), expected.contains(&case)) {
+                (false, true) => conformance::shout(&format!("EXPECTED FAILURE (a known provider bug, docs/rxe-vm.md): {case}")),
+                (false, false) => failed.push(case),
+                (true, true) => passed_unexpectedly.push(case),
+                (true, false) => {}
             }
         )*
         assert!(failed.is_empty(), "failed conformance cases: {failed:?}");
+        assert!(
+            passed_unexpectedly.is_empty(),
+            "cases in KVCM_CONFORMANCE_XFAIL now pass (remove them): {passed_unexpectedly:?}"
+        );
     };
 }
 
