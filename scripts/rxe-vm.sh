@@ -97,6 +97,9 @@ mount -t devtmpfs dev /dev
 for module in $(cat /modules.order); do insmod "/lib/modules/$module" 2>/dev/null; done
 echo "KVCM-RXE-INIT"
 ip link set lo up
+# No duplicate-address detection: the link-local address (GID 0) is usable at once.
+echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad
+echo 0 > /proc/sys/net/ipv6/conf/eth0/dad_transmits
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0
 mount -t 9p -o trans=virtio,version=9p2000.L,ro host /host
@@ -110,7 +113,17 @@ mount -t devtmpfs dev /newroot/dev
 mount -t tmpfs tmpfs /newroot/tmp
 mkdir -p /newroot/rxe-share
 mount --bind /share /newroot/rxe-share
+gids_ready() {
+    for gid in 0 1; do
+        value=$(cat /sys/class/infiniband/rxe0/ports/1/gids/$gid 2>/dev/null)
+        case "$value" in ""|0000:0000:0000:0000:0000:0000:0000:0000) return 1 ;; esac
+    done
+}
 if chroot /newroot rdma link add rxe0 type rxe netdev eth0; then
+    # The port's GIDs (link-local and IPv4) appear shortly after the link: wait up to 20 s.
+    tries=0
+    while ! gids_ready && [ "$tries" -lt 200 ]; do sleep 0.1; tries=$((tries + 1)); done
+    gids_ready || echo "rxe-vm guest: rxe0 GIDs not ready after 20 s"
     chroot /newroot /bin/sh /rxe-share/command.sh
     echo "$?" > /share/status
 else
