@@ -196,6 +196,14 @@ fn unknown_group(name: &str) -> ManagerError {
 /// The group validation rules of the reference's CreateInstanceGroup (fields named as in
 /// the request).
 fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
+    let names = [
+        ("instance_group.name", &group.name),
+        (
+            "instance_group.global_quota_group_name",
+            &group.quota_group_name,
+        ),
+    ];
+    crate::registration::bounded_names(names.into_iter())?;
     let cache = &group.cache;
     let indexer = &cache.indexer;
     let checks = [
