@@ -474,3 +474,98 @@ async fn client_names_never_make_files_outside_the_storage_root() {
         );
     }
 }
+
+/// Reads until the server closes `stream` (EOF or reset); false if it stays open `limit`.
+async fn closed_by_server(stream: &mut tokio::net::TcpStream, limit: std::time::Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut sink = [0u8; 256];
+    let drain = async {
+        while let Ok(read) = stream.read(&mut sink).await {
+            if read == 0 {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(limit, drain).await.is_ok()
+}
+
+#[tokio::test]
+async fn a_listener_full_of_idle_connections_leaves_the_others_answering() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    let settings = [
+        "kvcm.service.max_connections_per_listener=32",
+        "kvcm.service.idle_timeout_ms=1500",
+    ];
+    let server = TestServer::start_with(&settings).await;
+    let meta = server.address("http");
+    let mut idle = Vec::new();
+    for _ in 0..64 {
+        idle.push(tokio::net::TcpStream::connect(meta).await.expect("connect"));
+    }
+    // One of them has sent half a request head, and stops.
+    idle[0]
+        .write_all(b"POST /api/getClusterInfo HTTP/1.1\r\nHost:")
+        .await
+        .expect("half a head");
+    let full = tokio::time::timeout(
+        Duration::from_millis(300),
+        common::http_request(meta, "POST", "/api/getClusterInfo", b"{}"),
+    );
+    assert!(
+        full.await.is_err(),
+        "meta HTTP is full: 32 connections open, 32 queued"
+    );
+    // Every other listener answers within 1 s.
+    let second = Duration::from_secs(1);
+    let admin = common::http_request(
+        server.address("admin_http"),
+        "POST",
+        "/api/listStorage",
+        b"{}",
+    );
+    let (status, _) = tokio::time::timeout(second, admin)
+        .await
+        .expect("admin HTTP in 1 s");
+    assert_eq!(status, 200);
+    let debug = common::http_request(
+        server.address("debug_http"),
+        "POST",
+        "/api/clearFaults",
+        b"{}",
+    );
+    let (status, _) = tokio::time::timeout(second, debug)
+        .await
+        .expect("debug HTTP in 1 s");
+    assert_eq!(status, 200);
+    let grpc = async {
+        let mut client = server.meta().await;
+        client
+            .get_cluster_info(kvcm::proto::meta::GetClusterInfoRequest::default())
+            .await
+    };
+    let answer = tokio::time::timeout(second, grpc)
+        .await
+        .expect("gRPC in 1 s");
+    assert!(answer.is_ok(), "{answer:?}");
+    // The idle timeout closes the silent and the half-sent connections; meta HTTP answers again.
+    let limit = Duration::from_secs(15);
+    assert!(
+        closed_by_server(&mut idle[0], limit).await,
+        "half a head is timed out"
+    );
+    assert!(
+        closed_by_server(&mut idle[1], limit).await,
+        "an idle connection is timed out"
+    );
+    let info = common::wait_until(limit, async || {
+        let probe = common::http_request(meta, "POST", "/api/getClusterInfo", b"{}");
+        let answered = tokio::time::timeout(Duration::from_millis(500), probe).await;
+        answered.ok().filter(|(status, _)| *status == 200)
+    })
+    .await;
+    assert!(
+        info.is_some(),
+        "meta HTTP answers once idle connections are closed"
+    );
+}

@@ -18,7 +18,7 @@ use kvcm_manager::leader::{ElectorSettings, LockUri};
 pub use event_log::{EventLogConfig, EVENT_LOG_KEYS};
 pub use journal::{JournalSettings, JOURNAL_KEYS};
 pub use metrics::{MetricsConfig, METRICS_KEYS};
-pub use security::{AdminTokens, RequestLimits, SecurityConfig, SECURITY_KEYS};
+pub use security::{AdminTokens, ConnectionLimits, RequestLimits, SecurityConfig, SECURITY_KEYS};
 
 /// Why a configuration cannot be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]

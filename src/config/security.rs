@@ -64,6 +64,26 @@ impl Default for RequestLimits {
     }
 }
 
+/// Connection limits of every listener (src/server/admission.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// `kvcm.service.max_connections_per_listener`: open connections one listener holds
+    /// (lowered at start to what the descriptor limit leaves each listener).
+    pub per_listener: usize,
+    /// `kvcm.service.idle_timeout_ms`: a connection without progress for this long (half
+    /// a header, a stalled body, an idle keep-alive) is closed.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            per_listener: 4096,
+            idle_timeout_ms: 60_000,
+        }
+    }
+}
+
 /// Security settings of the listeners.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SecurityConfig {
@@ -75,23 +95,27 @@ pub struct SecurityConfig {
     /// `kvcm.service.bind_host`: the address every listener binds; unset = all interfaces
     /// for meta gRPC/HTTP and, without a token, loopback for admin and debug.
     pub bind_host: Option<IpAddr>,
-    /// `kvcm.service.max_*`.
+    /// `kvcm.service.max_keys_per_request`, `max_response_bytes`.
     pub limits: RequestLimits,
+    /// `kvcm.service.max_connections_per_listener`, `idle_timeout_ms`.
+    pub connections: ConnectionLimits,
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 5] = [
+pub const SECURITY_KEYS: [&str; 7] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.service.bind_host",
     "kvcm.service.max_keys_per_request",
     "kvcm.service.max_response_bytes",
+    "kvcm.service.max_connections_per_listener",
+    "kvcm.service.idle_timeout_ms",
 ];
 
 impl SecurityConfig {
     /// Sets one security key from its text form.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
-        let limits = &mut self.limits;
+        let (limits, connections) = (&mut self.limits, &mut self.connections);
         match key {
             "kvcm.service.admin_auth_token" => self.admin_tokens = AdminTokens::parse(value),
             "kvcm.service.admin_auth_grpc" => self.admin_auth_grpc = parse(key, value)?,
@@ -101,6 +125,12 @@ impl SecurityConfig {
                 limits.max_keys_per_request = positive(key, value)?
             }
             "kvcm.service.max_response_bytes" => limits.max_response_bytes = positive(key, value)?,
+            "kvcm.service.max_connections_per_listener" => {
+                connections.per_listener = positive(key, value)?
+            }
+            "kvcm.service.idle_timeout_ms" => {
+                connections.idle_timeout_ms = positive(key, value)? as u64
+            }
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
         Ok(())

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -12,6 +12,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
+use super::admission::{self, Admission, AdmittedListener};
 use super::ServerError;
 use crate::config::ServerConfig;
 use crate::lookup::{self, LookupService};
@@ -36,6 +37,8 @@ pub struct RunningServer {
     pub pool_node: Option<PoolNode>,
     stop: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<Result<(), String>>)>,
+    /// Connections per listener and their idle timeout.
+    connections: (usize, Duration),
 }
 
 impl RunningServer {
@@ -72,6 +75,23 @@ impl Listen {
             .await
             .map_err(|source| ServerError::Bind { name, port, source })
     }
+}
+
+/// Connections each listener may hold (below the descriptor limit) and their idle timeout.
+fn connection_budget(config: &ServerConfig) -> (usize, Duration) {
+    let wanted = config.security.connections.per_listener;
+    let listeners =
+        3 + usize::from(!config.admin_rpc_shared()) + usize::from(config.enable_debug_service);
+    let descriptors = admission::descriptor_limit();
+    let budget = admission::per_listener_budget(wanted, listeners, descriptors);
+    if budget < wanted {
+        tracing::warn!(
+            "kvcm.service.max_connections_per_listener lowered from {wanted} to {budget}: \
+             {listeners} listeners share a limit of {descriptors:?} descriptors"
+        );
+    }
+    let idle = Duration::from_millis(config.security.connections.idle_timeout_ms);
+    (budget, idle)
 }
 
 /// Says at start how admin and debug are protected (never which tokens).
@@ -154,6 +174,7 @@ pub async fn start(
         pool_node: None,
         stop,
         tasks: Vec::new(),
+        connections: connection_budget(config),
     };
     for key in &config.ignored_keys {
         tracing::warn!(key = %key, "ignoring a config key kvcm does not use");
@@ -233,7 +254,7 @@ impl RunningServer {
         let name = listen.name;
         let listener = listen.bind().await?;
         self.announce(name, &listener)?;
-        let incoming = nodelay_incoming(listener);
+        let incoming = self.admitted(listener).incoming();
         let shutdown = stopped(stop.clone());
         let task = tokio::spawn(async move {
             router
@@ -254,9 +275,7 @@ impl RunningServer {
         let name = listen.name;
         let listener = listen.bind().await?;
         self.announce(name, &listener)?;
-        let listener = listener.tap_io(|stream| {
-            let _ = stream.set_nodelay(true);
-        });
+        let listener = self.admitted(listener);
         let shutdown = stopped(stop.clone());
         let task = tokio::spawn(async move {
             axum::serve(listener, router)
@@ -266,6 +285,11 @@ impl RunningServer {
         });
         self.tasks.push((name, task));
         Ok(())
+    }
+
+    fn admitted(&self, listener: TcpListener) -> AdmittedListener {
+        let (connections, idle) = self.connections;
+        AdmittedListener::new(listener, Admission::new(connections, idle))
     }
 
     fn announce(&mut self, name: &'static str, listener: &TcpListener) -> Result<(), ServerError> {
