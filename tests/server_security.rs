@@ -569,3 +569,66 @@ async fn a_listener_full_of_idle_connections_leaves_the_others_answering() {
         "meta HTTP answers once idle connections are closed"
     );
 }
+
+#[tokio::test]
+async fn open_sessions_per_instance_and_instances_per_group_are_bounded() {
+    let settings = [
+        "kvcm.service.max_sessions_per_instance=2",
+        "kvcm.service.max_instances_per_group=3",
+    ];
+    let server = TestServer::start_with(&settings).await;
+    for id in ["a", "b"] {
+        assert_eq!(code(&server.register(id, 16).await), "OK");
+    }
+    let start = |id: &str, key: i64| {
+        json!({"instance_id": id, "block_keys": [key], "write_timeout_seconds": 600})
+    };
+    let first = server.meta_http("startWriteCache", start("a", 1)).await;
+    assert_eq!(code(&first), "OK", "{first}");
+    let second = server.meta_http("startWriteCache", start("a", 2)).await;
+    assert_eq!(code(&second), "OK", "{second}");
+    let third = server.meta_http("startWriteCache", start("a", 3)).await;
+    let (code_3, message) = status(&third);
+    assert_eq!(code_3, "REACH_MAX_ENTITY_CAPACITY", "{third}");
+    assert!(message.contains("kvcm.service.max_sessions_per_instance"), "{message}");
+    let other = server.meta_http("startWriteCache", start("b", 3)).await;
+    assert_eq!(code(&other), "OK", "the limit is per instance: {other}");
+    // The refused session left nothing behind: key 3 of `a` is unknown once its
+    // allocation is undone.
+    let cleaned = common::wait_until(std::time::Duration::from_secs(10), async || {
+        let statuses = server.statuses("a", &[3]).await;
+        (statuses == ["CLS_NOT_FOUND"]).then_some(())
+    })
+    .await;
+    assert!(cleaned.is_some(), "key 3 of a was left allocated");
+    let finish = json!({"instance_id": "a", "write_session_id": first["write_session_id"],
+                        "success_blocks": {"offset": 1}});
+    assert_eq!(code(&server.meta_http("finishWriteCache", finish).await), "OK");
+    let fourth = server.meta_http("startWriteCache", start("a", 4)).await;
+    assert_eq!(code(&fourth), "OK", "a finished session frees its slot: {fourth}");
+
+    assert_eq!(code(&server.register("c", 16).await), "OK");
+    let refused = server.register("d", 16).await;
+    let (code_d, message) = status(&refused);
+    assert_eq!(code_d, "REACH_MAX_ENTITY_CAPACITY", "{refused}");
+    assert!(message.contains("kvcm.service.max_instances_per_group"), "{message}");
+    assert_eq!(code(&server.register("a", 16).await), "OK", "re-registering stays idempotent");
+    let info = server.meta_http("getInstanceInfo", json!({"instance_id": "d"})).await;
+    assert_eq!(code(&info), "INSTANCE_NOT_EXIST", "{info}");
+}
+
+#[tokio::test]
+async fn a_body_over_http_max_body_bytes_is_refused_on_every_http_listener() {
+    let server = TestServer::start_with(&["kvcm.service.http_max_body_bytes=65536"]).await;
+    let body = vec![b' '; 10 << 20];
+    for (listener, path) in [
+        ("http", "/api/getCacheLocation"),
+        ("admin_http", "/api/listStorage"),
+        ("debug_http", "/api/clearFaults"),
+    ] {
+        let (status, _) = server.post_raw(listener, path, &body).await;
+        assert_eq!(status, 413, "{listener}: a 10 MiB body");
+    }
+    let info = server.meta_http("getClusterInfo", json!({})).await;
+    assert_eq!(code(&info), "OK", "the server still answers");
+}

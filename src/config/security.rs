@@ -8,6 +8,8 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use kvcm_manager::ManagerLimits;
+
 use super::{parse, ConfigError};
 
 /// The configured admin tokens: `kvcm.service.admin_auth_token`, comma-separated, each
@@ -99,10 +101,12 @@ pub struct SecurityConfig {
     pub limits: RequestLimits,
     /// `kvcm.service.max_connections_per_listener`, `idle_timeout_ms`.
     pub connections: ConnectionLimits,
+    /// `kvcm.service.max_sessions_per_instance`, `max_instances_per_group`.
+    pub manager: ManagerLimits,
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 7] = [
+pub const SECURITY_KEYS: [&str; 9] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.service.bind_host",
@@ -110,6 +114,8 @@ pub const SECURITY_KEYS: [&str; 7] = [
     "kvcm.service.max_response_bytes",
     "kvcm.service.max_connections_per_listener",
     "kvcm.service.idle_timeout_ms",
+    "kvcm.service.max_sessions_per_instance",
+    "kvcm.service.max_instances_per_group",
 ];
 
 impl SecurityConfig {
@@ -127,6 +133,12 @@ impl SecurityConfig {
             "kvcm.service.max_response_bytes" => limits.max_response_bytes = positive(key, value)?,
             "kvcm.service.max_connections_per_listener" => {
                 connections.per_listener = positive(key, value)?
+            }
+            "kvcm.service.max_sessions_per_instance" => {
+                self.manager.max_sessions_per_instance = positive(key, value)?
+            }
+            "kvcm.service.max_instances_per_group" => {
+                self.manager.max_instances_per_group = positive(key, value)?
             }
             "kvcm.service.idle_timeout_ms" => {
                 connections.idle_timeout_ms = positive(key, value)? as u64

@@ -36,6 +36,7 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         open_index: local_index_factory(),
         node_id: super::election::node_id(config),
         pool_timing: config.pool.timing(),
+        limits: config.security.manager,
     })?;
     // Each node recovers its own journal before it campaigns (nothing is shared between
     // nodes' local journals); a node that wins then serves what it recovered.

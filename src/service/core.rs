@@ -262,6 +262,7 @@ fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
             ErrorCode::InvalidArgument
         }
         (ManagerError::NotLeader, _) => ErrorCode::ServerNotLeader,
+        (ManagerError::Capacity(_), _) => ErrorCode::ReachMaxEntityCapacity,
         // Upstream trunk (wire delta §4.4): the admin service answers these two as the meta
         // service does (2026-02: INTERNAL_ERROR).
         (ManagerError::Duplicate(_), _) => ErrorCode::DuplicateEntity,

@@ -140,6 +140,18 @@ impl Manager {
             let group = self.group(existing.group()).unwrap_or(group);
             return Ok(self.storages.statuses(&group.storage_candidates));
         }
+        let limit = self.limits.max_instances_per_group;
+        if instances
+            .values()
+            .filter(|i| i.group() == group.name)
+            .count()
+            >= limit
+        {
+            return Err(ManagerError::Capacity(format!(
+                "instance group {:?} holds {limit} instances (kvcm.service.max_instances_per_group)",
+                group.name
+            )));
+        }
         let log = Arc::new(InstanceLog::new(
             info.instance_id.as_str().into(),
             self.journal.clone(),

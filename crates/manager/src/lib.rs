@@ -101,6 +101,26 @@ pub struct ManagerDeps {
     pub node_id: String,
     /// Heartbeat interval and rejoin ramp of memory-pool nodes.
     pub pool_timing: kvcm_storage::pool::PoolTiming,
+    /// Limits on what clients may open.
+    pub limits: ManagerLimits,
+}
+
+/// Limits on what clients may open; beyond one, REACH_MAX_ENTITY_CAPACITY naming its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManagerLimits {
+    /// `kvcm.service.max_sessions_per_instance`: open write sessions of one instance.
+    pub max_sessions_per_instance: usize,
+    /// `kvcm.service.max_instances_per_group`: instances registered in one group.
+    pub max_instances_per_group: usize,
+}
+
+impl Default for ManagerLimits {
+    fn default() -> Self {
+        ManagerLimits {
+            max_sessions_per_instance: 65_536,
+            max_instances_per_group: 4_096,
+        }
+    }
 }
 
 /// The control plane's state and rules.
@@ -120,6 +140,8 @@ pub struct Manager {
     publication: std::sync::OnceLock<Arc<dyn publication::Publication>>,
     /// The journal, once open (see [`Manager::open_journal`]).
     journal: journal::JournalSlot,
+    /// Limits on what clients may open.
+    limits: ManagerLimits,
 }
 
 impl std::fmt::Debug for Manager {
@@ -153,6 +175,7 @@ impl Manager {
             nonces: std::sync::atomic::AtomicU32::new(1),
             publication: std::sync::OnceLock::new(),
             journal: journal::JournalSlot::default(),
+            limits: deps.limits,
         });
         let weak: Weak<Manager> = Arc::downgrade(&manager);
         let on_demote = weak.clone();

@@ -90,6 +90,7 @@ fn fixture_with(
         open_index,
         node_id: "test".into(),
         pool_timing: Default::default(),
+        limits: Default::default(),
     })
     .expect("manager");
     manager
@@ -857,6 +858,7 @@ fn two_storages(t_root: &std::path::Path) -> (Fixture, Arc<Instance>) {
         open_index: local_index_factory(),
         node_id: "test".into(),
         pool_timing: Default::default(),
+        limits: Default::default(),
     })
     .expect("manager");
     let s_root = dir.path().join("s");

@@ -17,7 +17,7 @@ use super::group_config::PreferStrategy;
 use super::instance::Instance;
 use super::mask::BlockMask;
 use super::read::{BlockLocation, RenderedPart};
-use super::sessions::{PendingWrite, Session};
+use super::sessions::{OpenRefusal, PendingWrite, Session};
 use super::storages::Incarnation;
 use super::Manager;
 
@@ -180,11 +180,19 @@ impl Manager {
             writes,
             deadline,
         };
+        let per_instance = self.limits.max_sessions_per_instance;
         self.sessions
-            .open(session, || self.leadership.is_leader())
-            .map_err(|refused| {
+            .open(session, per_instance, || self.leadership.is_leader())
+            .map_err(|(refused, why)| {
                 self.fail_session(refused);
-                ManagerError::NotLeader
+                match why {
+                    OpenRefusal::NotAllowed => ManagerError::NotLeader,
+                    OpenRefusal::PerInstanceLimit(limit) => ManagerError::Capacity(format!(
+                        "instance {:?} holds {limit} open write sessions \
+                         (kvcm.service.max_sessions_per_instance)",
+                        instance.id()
+                    )),
+                }
             })
     }
 

@@ -18,6 +18,7 @@ fn manager() -> Arc<Manager> {
         open_index: local_index_factory(),
         node_id: "test".into(),
         pool_timing: Default::default(),
+        limits: Default::default(),
     })
     .expect("manager")
 }
