@@ -202,7 +202,7 @@ fn assert_invalid(answer: &Value, naming: &str, what: &str) {
 fn keys_body(rpc: &str, id: &str, count: i64) -> Value {
     let mut body = json!({"instance_id": id, "block_keys": (0..count).collect::<Vec<i64>>()});
     match rpc {
-        "getCacheLocation" => body["query_type"] = json!("QT_PREFIX_MATCH"),
+        "getCacheLocation" | "getCacheLocationLen" => body["query_type"] = json!("QT_PREFIX_MATCH"),
         "startWriteCache" => body["write_timeout_seconds"] = json!(30),
         _ => {}
     }
@@ -215,6 +215,7 @@ async fn keys_per_request_are_bounded_on_every_keyed_rpc() {
     server.register("inst", 16).await;
     for rpc in [
         "getCacheLocation",
+        "getCacheLocationLen",
         "getCacheMeta",
         "startWriteCache",
         "removeCache",
@@ -580,9 +581,7 @@ async fn open_sessions_per_instance_and_instances_per_group_are_bounded() {
     for id in ["a", "b"] {
         assert_eq!(code(&server.register(id, 16).await), "OK");
     }
-    let start = |id: &str, key: i64| {
-        json!({"instance_id": id, "block_keys": [key], "write_timeout_seconds": 600})
-    };
+    let start = |id: &str, key: i64| json!({"instance_id": id, "block_keys": [key], "write_timeout_seconds": 600});
     let first = server.meta_http("startWriteCache", start("a", 1)).await;
     assert_eq!(code(&first), "OK", "{first}");
     let second = server.meta_http("startWriteCache", start("a", 2)).await;
@@ -590,7 +589,10 @@ async fn open_sessions_per_instance_and_instances_per_group_are_bounded() {
     let third = server.meta_http("startWriteCache", start("a", 3)).await;
     let (code_3, message) = status(&third);
     assert_eq!(code_3, "REACH_MAX_ENTITY_CAPACITY", "{third}");
-    assert!(message.contains("kvcm.service.max_sessions_per_instance"), "{message}");
+    assert!(
+        message.contains("kvcm.service.max_sessions_per_instance"),
+        "{message}"
+    );
     let other = server.meta_http("startWriteCache", start("b", 3)).await;
     assert_eq!(code(&other), "OK", "the limit is per instance: {other}");
     // The refused session left nothing behind: key 3 of `a` is unknown once its
@@ -603,17 +605,33 @@ async fn open_sessions_per_instance_and_instances_per_group_are_bounded() {
     assert!(cleaned.is_some(), "key 3 of a was left allocated");
     let finish = json!({"instance_id": "a", "write_session_id": first["write_session_id"],
                         "success_blocks": {"offset": 1}});
-    assert_eq!(code(&server.meta_http("finishWriteCache", finish).await), "OK");
+    assert_eq!(
+        code(&server.meta_http("finishWriteCache", finish).await),
+        "OK"
+    );
     let fourth = server.meta_http("startWriteCache", start("a", 4)).await;
-    assert_eq!(code(&fourth), "OK", "a finished session frees its slot: {fourth}");
+    assert_eq!(
+        code(&fourth),
+        "OK",
+        "a finished session frees its slot: {fourth}"
+    );
 
     assert_eq!(code(&server.register("c", 16).await), "OK");
     let refused = server.register("d", 16).await;
     let (code_d, message) = status(&refused);
     assert_eq!(code_d, "REACH_MAX_ENTITY_CAPACITY", "{refused}");
-    assert!(message.contains("kvcm.service.max_instances_per_group"), "{message}");
-    assert_eq!(code(&server.register("a", 16).await), "OK", "re-registering stays idempotent");
-    let info = server.meta_http("getInstanceInfo", json!({"instance_id": "d"})).await;
+    assert!(
+        message.contains("kvcm.service.max_instances_per_group"),
+        "{message}"
+    );
+    assert_eq!(
+        code(&server.register("a", 16).await),
+        "OK",
+        "re-registering stays idempotent"
+    );
+    let info = server
+        .meta_http("getInstanceInfo", json!({"instance_id": "d"}))
+        .await;
     assert_eq!(code(&info), "INSTANCE_NOT_EXIST", "{info}");
 }
 

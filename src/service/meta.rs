@@ -136,7 +136,12 @@ impl MetaHandler {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
         core.instance_call(rpc, &trace_id, &instance_id, move |instance| {
-            let keys = core.located_keys(&instance, request.block_keys, &request.token_ids)?;
+            let (block_keys, tokens) = (request.block_keys, &request.token_ids);
+            let keys = if *rpc == rpcs::meta::GET_CACHE_LOCATION {
+                core.located_keys(&instance, block_keys, tokens)?
+            } else {
+                core.request_keys(&instance, block_keys, tokens)?
+            };
             let kind = query_kind(request.query_type, request.sw_size)?;
             let mask = mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
             let lookup = core.manager.lookup_cache_locations(
