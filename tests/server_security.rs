@@ -650,3 +650,84 @@ async fn a_body_over_http_max_body_bytes_is_refused_on_every_http_listener() {
     let info = server.meta_http("getClusterInfo", json!({})).await;
     assert_eq!(code(&info), "OK", "the server still answers");
 }
+
+/// An admin HTTP call with these header lines; asserts 200 and returns the JSON.
+async fn admin_with(server: &TestServer, rpc: &str, body: Value, headers: &[&str]) -> Value {
+    let path = format!("/api/{rpc}");
+    let address = server.address("admin_http");
+    let bytes = body.to_string();
+    let (status, _, answer) =
+        http_exchange(address, "POST", &path, headers, bytes.as_bytes()).await;
+    let text = String::from_utf8_lossy(&answer).to_string();
+    assert_eq!(status, 200, "{rpc}: {text}");
+    serde_json::from_str(&text).expect("JSON answer")
+}
+
+#[tokio::test]
+async fn admin_tokens_are_listed_by_fingerprint_rotated_and_replaced_at_run_time() {
+    let server = TestServer::start_with(&[TOKENS]).await;
+    let first = ["Authorization: Bearer first-secret"];
+    let listed = admin_with(&server, "listAdminAuthTokens", json!({}), &first).await;
+    assert_eq!(listed["enforcing"], true, "{listed}");
+    assert_eq!(listed["token_count"], 2, "{listed}");
+    let prints: Vec<String> = serde_json::from_value(listed["fingerprints"].clone()).expect("list");
+    assert_eq!(prints.len(), 2);
+    let hex = |p: &String| p.len() == 8 && p.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'));
+    assert!(
+        prints.iter().all(hex) && prints[0] != prints[1],
+        "{prints:?}"
+    );
+    assert!(
+        !listed.to_string().contains("secret"),
+        "never the tokens: {listed}"
+    );
+
+    let unknown = json!({"old_token": "no-such", "new_token": "third-secret"});
+    let refused = admin_with(&server, "rotateAdminAuthToken", unknown, &first).await;
+    assert_invalid(&refused, "old_token", "unknown old token");
+    assert!(!refused.to_string().contains("no-such"), "{refused}");
+    let empty = json!({"old_token": "first-secret", "new_token": ""});
+    let refused = admin_with(&server, "rotateAdminAuthToken", empty, &first).await;
+    assert_invalid(&refused, "new_token", "empty new token");
+    let rotate = json!({"old_token": "first-secret", "new_token": "third-secret"});
+    let rotated = admin_with(&server, "rotateAdminAuthToken", rotate, &first).await;
+    assert_eq!(code(&rotated), "OK", "{rotated}");
+    // The old token stops working on the very next request; the new one works.
+    let old = request(&server, "admin_http", "POST", "/api/listStorage", &first).await;
+    assert_refused(
+        &old,
+        r#"Bearer realm="kvcm", error="invalid_token""#,
+        "rotated out",
+    );
+    let third = ["Authorization: Bearer third-secret"];
+    let listed = admin_with(&server, "listAdminAuthTokens", json!({}), &third).await;
+    let after: Vec<String> = serde_json::from_value(listed["fingerprints"].clone()).expect("list");
+    assert_eq!(after.len(), 2, "{listed}");
+    assert!(
+        after.contains(&prints[1]) && !after.contains(&prints[0]),
+        "{prints:?} → {after:?}"
+    );
+
+    let cleared = admin_with(&server, "setAdminAuthTokens", json!({"tokens": []}), &third).await;
+    assert_eq!(code(&cleared), "OK", "{cleared}");
+    let open = admin_with(&server, "listAdminAuthTokens", json!({}), &[]).await;
+    assert_eq!(
+        (open["enforcing"].clone(), open["token_count"].clone()),
+        (json!(false), json!(0))
+    );
+    let set = admin_with(
+        &server,
+        "setAdminAuthTokens",
+        json!({"tokens": ["", "fourth"]}),
+        &[],
+    )
+    .await;
+    assert_eq!(code(&set), "OK", "{set}");
+    let none = request(&server, "debug_http", "POST", "/api/clearFaults", &[]).await;
+    assert_refused(&none, r#"Bearer realm="kvcm""#, "enforced again after Set");
+    let log = server.log();
+    assert!(
+        !log.contains("third-secret") && !log.contains("fourth"),
+        "{log}"
+    );
+}

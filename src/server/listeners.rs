@@ -20,7 +20,7 @@ use crate::pool::{self, PoolNode};
 use crate::proto::admin::admin_service_server::AdminServiceServer;
 use crate::proto::debug::debug_service_server::DebugServiceServer;
 use crate::proto::meta::meta_service_server::MetaServiceServer;
-use crate::service::auth::{AdminAuth, GrpcGate};
+use crate::service::auth::GrpcGate;
 use crate::service::{http, Handlers};
 use std::sync::Arc;
 
@@ -182,7 +182,8 @@ pub async fn start(
     let limit = config.http_max_body_bytes;
     let debug = config.enable_debug_service;
     let security = &config.security;
-    let auth = AdminAuth::new(security.admin_tokens.as_slice());
+    let auth = handlers.core.auth.clone();
+    auth.replace(security.admin_tokens.as_slice().iter().cloned());
     announce_security(config);
     let (meta_host, admin_host) = (security.meta_host(), security.admin_host());
 

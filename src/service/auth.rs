@@ -10,7 +10,7 @@
 //! token has no white space inside; a presented token is compared with every configured
 //! one in time independent of where they differ; no token is ever logged or echoed.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -46,53 +46,121 @@ impl AuthError {
 /// Body of every 401.
 const UNAUTHORIZED: &str = r#"{"error":"unauthorized"}"#;
 
-/// The configured admin tokens (empty = open).
+/// The admin tokens in force (empty = open), shared by the HTTP middleware, the gRPC gate
+/// and the token RPCs; replaced at run time by SetAdminAuthTokens / RotateAdminAuthToken.
 #[derive(Clone, Default)]
 pub struct AdminAuth {
-    tokens: Arc<[Box<[u8]>]>,
+    tokens: Arc<RwLock<Tokens>>,
 }
+
+/// One immutable set of tokens (swapped whole, so a check never sees half a change).
+type Tokens = Arc<[Box<[u8]>]>;
 
 impl std::fmt::Debug for AdminAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AdminAuth({} tokens)", self.tokens.len())
+        write!(f, "AdminAuth({} tokens)", self.current().len())
     }
+}
+
+/// Why a token change was refused (nothing changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenChangeError {
+    /// RotateAdminAuthToken without a new token.
+    #[error("new_token is empty")]
+    EmptyNewToken,
+    /// RotateAdminAuthToken naming an old token that is not configured.
+    #[error("old_token is not a configured token")]
+    UnknownOldToken,
 }
 
 impl AdminAuth {
     /// Guards with these tokens (none = open).
     pub fn new(tokens: &[String]) -> AdminAuth {
-        let tokens = tokens.iter().map(|t| t.as_bytes().into()).collect();
-        AdminAuth { tokens }
+        let auth = AdminAuth::default();
+        auth.replace(tokens.iter().cloned());
+        auth
+    }
+
+    fn current(&self) -> Tokens {
+        self.tokens
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces every token (each trimmed, empties dropped; none = open mode).
+    pub fn replace(&self, tokens: impl IntoIterator<Item = String>) {
+        let tokens: Tokens = tokens
+            .into_iter()
+            .filter(|token| !token.trim().is_empty())
+            .map(|token| token.trim().as_bytes().into())
+            .collect();
+        *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = tokens;
+    }
+
+    /// Adds `new` (unless present) and then removes `old` when given; an unknown `old` or an
+    /// empty `new` changes nothing.
+    pub fn rotate(&self, old: &str, new: &str) -> Result<(), TokenChangeError> {
+        let (old, new) = (old.trim().as_bytes(), new.trim().as_bytes());
+        if new.is_empty() {
+            return Err(TokenChangeError::EmptyNewToken);
+        }
+        let mut tokens = self.tokens.write().unwrap_or_else(|p| p.into_inner());
+        if !old.is_empty() && !tokens.iter().any(|t| constant_time_eq(t, old)) {
+            return Err(TokenChangeError::UnknownOldToken);
+        }
+        let mut next: Vec<Box<[u8]>> = tokens.to_vec();
+        if !next.iter().any(|t| constant_time_eq(t, new)) {
+            next.push(new.into());
+        }
+        if !old.is_empty() && old != new {
+            next.retain(|t| !constant_time_eq(t, old));
+        }
+        *tokens = next.into();
+        Ok(())
+    }
+
+    /// One fingerprint per token, in order: 8 lower-case hex digits of its 32-bit FNV-1a.
+    pub fn fingerprints(&self) -> Vec<String> {
+        self.current()
+            .iter()
+            .map(|t| format!("{:08x}", fnv1a(t)))
+            .collect()
     }
 
     /// Whether no token is configured.
     pub fn is_open(&self) -> bool {
-        self.tokens.is_empty()
+        self.current().is_empty()
     }
 
     /// Checks one `Authorization` value (`None`: absent).
     pub fn check(&self, authorization: Option<&[u8]>) -> Result<(), AuthError> {
-        if self.is_open() {
+        let tokens = self.current();
+        if tokens.is_empty() {
             return Ok(());
         }
         let presented = bearer_token(authorization.ok_or(AuthError::Missing)?)?;
         // Every configured token is compared, whichever matches.
-        let matches = self.tokens.iter().fold(false, |found, token| {
+        let matches = tokens.iter().fold(false, |found, token| {
             constant_time_eq(token, presented) | found
         });
         matches.then_some(()).ok_or(AuthError::UnknownToken)
     }
 
-    /// `router` behind the check (unchanged when open).
+    /// `router` behind the check (which passes everything while no token is set).
     pub fn protect(&self, router: Router) -> Router {
-        if self.is_open() {
-            return router;
-        }
         router.layer(axum::middleware::from_fn_with_state(
             self.clone(),
             require_bearer,
         ))
     }
+}
+
+/// 32-bit FNV-1a.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |hash, &b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// The token of `Bearer <token>`.
@@ -148,14 +216,14 @@ fn unauthorized(refusal: AuthError) -> Response {
 }
 
 /// The gRPC gate of Admin and Debug services: open unless `kvcm.service.admin_auth_grpc`
-/// is on and a token is configured; refusals are UNAUTHENTICATED.
+/// is on and a token is in force; refusals are UNAUTHENTICATED.
 #[derive(Debug, Clone, Default)]
 pub struct GrpcGate(Option<AdminAuth>);
 
 impl GrpcGate {
     /// Enforces `auth` when `enforce` is set.
     pub fn new(auth: &AdminAuth, enforce: bool) -> GrpcGate {
-        GrpcGate((enforce && !auth.is_open()).then(|| auth.clone()))
+        GrpcGate(enforce.then(|| auth.clone()))
     }
 }
 
@@ -205,6 +273,43 @@ mod tests {
             assert_eq!(outcome, Err(AuthError::UnknownToken), "{unknown:?}");
         }
         assert_eq!(AdminAuth::new(&[]).check(None), Ok(()), "open mode");
+    }
+
+    #[test]
+    fn tokens_are_replaced_rotated_and_fingerprinted() {
+        let auth = AdminAuth::new(&[]);
+        assert!(auth.is_open());
+        auth.replace(["a".to_string(), " ".to_string(), "b".to_string()]);
+        assert_eq!(
+            auth.fingerprints(),
+            [
+                format!("{:08x}", fnv1a(b"a")),
+                format!("{:08x}", fnv1a(b"b"))
+            ]
+        );
+        // FNV-1a 32 of "a" is 0xe40c292c.
+        assert_eq!(auth.fingerprints()[0], "e40c292c");
+        assert_eq!(
+            auth.rotate("nope", "c"),
+            Err(TokenChangeError::UnknownOldToken)
+        );
+        assert_eq!(auth.rotate("a", " "), Err(TokenChangeError::EmptyNewToken));
+        assert_eq!(
+            auth.fingerprints().len(),
+            2,
+            "a refused change changes nothing"
+        );
+        auth.rotate("a", "c").unwrap();
+        assert_eq!(auth.check(Some(b"Bearer a")), Err(AuthError::UnknownToken));
+        assert_eq!(auth.check(Some(b"Bearer c")), Ok(()));
+        auth.rotate("", "c").unwrap();
+        assert_eq!(
+            auth.fingerprints().len(),
+            2,
+            "a duplicate new token is ignored"
+        );
+        auth.replace(Vec::new());
+        assert_eq!(auth.check(None), Ok(()), "an empty set is open mode");
     }
 
     #[test]

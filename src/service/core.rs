@@ -88,6 +88,9 @@ pub struct Core {
     pub events: crate::events::EventSink,
     /// `kvcm.service.max_*`: what one request may ask for.
     pub limits: RequestLimits,
+    /// The admin tokens in force (set by the listeners from the config, changed by the
+    /// token RPCs).
+    pub auth: super::auth::AdminAuth,
 }
 
 impl std::fmt::Debug for Core {

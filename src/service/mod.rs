@@ -72,6 +72,7 @@ impl Handlers {
             log_level,
             events,
             limits,
+            auth: auth::AdminAuth::default(),
         });
         Handlers {
             meta: meta::MetaHandler::new(core.clone()),
