@@ -1,4 +1,10 @@
 //! The listeners of one server and their shutdown.
+//!
+//! Invariants (docs/security.md): meta gRPC and meta HTTP bind `kvcm.service.bind_host`
+//! (default every interface); admin HTTP, debug HTTP and a separate admin gRPC bind it too,
+//! or loopback while no admin token is configured; admin and debug HTTP sit behind the
+//! token middleware, Admin and Debug gRPC behind the gate; every listener accepts through
+//! its own connection budget with the idle timeout ([`super::admission`]).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
