@@ -128,7 +128,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
         let events = kvcm::events::EventLog::from_config(&config)?;
-        let handlers = Handlers::with_events(manager, Some(log_level), events.sink());
+        let handlers = Handlers::with_events(
+            manager,
+            Some(log_level),
+            events.sink(),
+            config.security.limits,
+        );
         let server = kvcm::server::start(&config, handlers).await?;
         if let Some(path) = &args.ready_file {
             server.write_ready_file(path)?;

@@ -92,7 +92,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let events = kvcm::events::EventLog::from_config(&config)?;
     let (grpc, http, echo_grpc, echo_http) = server_runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
-        let handlers = kvcm::service::Handlers::with_events(manager, None, events.sink());
+        let handlers = kvcm::service::Handlers::with_events(
+            manager,
+            None,
+            events.sink(),
+            config.security.limits,
+        );
         let server = kvcm::server::start(&config, handlers).await?;
         let answers = seed(&server.handlers.meta)?;
         let echo_http = echo::spawn_http_echo(answers.clone()).await?;

@@ -8,6 +8,7 @@ mod event_log;
 mod journal;
 mod metrics;
 mod reclaimer;
+mod security;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ pub use event_log::{EventLogConfig, EVENT_LOG_KEYS};
 pub use journal::{JournalSettings, JOURNAL_KEYS};
 pub use metrics::{MetricsConfig, METRICS_KEYS};
 pub use reclaimer::{ReclaimerConfig, RECLAIMER_KEYS};
+pub use security::{AdminTokens, ConnectionLimits, RequestLimits, SecurityConfig, SECURITY_KEYS};
 
 /// Why a configuration cannot be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +76,7 @@ pub struct ServerConfig {
     /// `kvcm.leader_elector.loop_interval_ms`: elector period (renewals, campaigns).
     pub loop_interval_ms: u64,
     /// `kvcm.service.advertised_host`: the host published for leader discovery ("" =
-    /// 127.0.0.1, as every listener binds all addresses).
+    /// 127.0.0.1).
     pub advertised_host: String,
     /// `kvcm.service.custom_info`: opaque text published with this node's endpoint.
     pub custom_info: String,
@@ -93,6 +95,8 @@ pub struct ServerConfig {
     pub metrics: MetricsConfig,
     /// `kvcm.cache_reclaimer.*`: the live reclaimer.
     pub reclaimer: ReclaimerConfig,
+    /// `kvcm.service.admin_auth_*`, `bind_host`, `max_*`: tokens, bind address, limits.
+    pub security: SecurityConfig,
 }
 
 impl Default for ServerConfig {
@@ -119,6 +123,7 @@ impl Default for ServerConfig {
             journal: JournalSettings::default(),
             metrics: MetricsConfig::default(),
             reclaimer: ReclaimerConfig::default(),
+            security: SecurityConfig::default(),
         }
     }
 }
@@ -189,6 +194,7 @@ impl ServerConfig {
             _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
             _ if METRICS_KEYS.contains(&key) => self.metrics.set(key, value)?,
             _ if RECLAIMER_KEYS.contains(&key) => self.reclaimer.set(key, value)?,
+            _ if SECURITY_KEYS.contains(&key) => self.security.set(key, value)?,
             _ if key.starts_with("kvcm.journal.") || key == journal::REGISTRY_URI_KEY => {
                 self.journal.set(key, value)?
             }
@@ -235,8 +241,14 @@ impl ServerConfig {
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
         let keys = KEYS.iter().chain(&EVENT_LOG_KEYS).chain(&JOURNAL_KEYS);
-        for key in keys.chain(&METRICS_KEYS).chain(&RECLAIMER_KEYS) {
-            if let Some(value) = lookup(&env_name(key)) {
+        for key in keys
+            .chain(&METRICS_KEYS)
+            .chain(&RECLAIMER_KEYS)
+            .chain(&SECURITY_KEYS)
+        {
+            // Upstream reads the lower-case form (`kvcm_service_admin_auth_token`).
+            let value = lookup(&env_name(key)).or_else(|| lookup(&key.replace('.', "_")));
+            if let Some(value) = value {
                 self.set(key, &value)?;
             }
         }

@@ -37,6 +37,7 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         node_id: super::election::node_id(config),
         pool_timing: config.pool.timing(),
         reclaim_period: config.reclaimer.period(),
+        limits: config.security.manager,
     })?;
     // Each node recovers its own journal before it campaigns (nothing is shared between
     // nodes' local journals); a node that wins then serves what it recovered.

@@ -1,10 +1,16 @@
 //! The listeners of one server and their shutdown.
+//!
+//! Invariants (docs/security.md): meta gRPC and meta HTTP bind `kvcm.service.bind_host`
+//! (default every interface); admin HTTP, debug HTTP and a separate admin gRPC bind it too,
+//! or loopback while no admin token is configured; admin and debug HTTP sit behind the
+//! token middleware, Admin and Debug gRPC behind the gate; every listener accepts through
+//! its own connection budget with the idle timeout ([`super::admission`]).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -12,6 +18,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
+use super::admission::{self, Admission, AdmittedListener};
 use super::ServerError;
 use crate::config::ServerConfig;
 use crate::lookup::{self, LookupService};
@@ -19,6 +26,7 @@ use crate::pool::{self, PoolNode};
 use crate::proto::admin::admin_service_server::AdminServiceServer;
 use crate::proto::debug::debug_service_server::DebugServiceServer;
 use crate::proto::meta::meta_service_server::MetaServiceServer;
+use crate::service::auth::GrpcGate;
 use crate::service::{http, Handlers};
 use std::sync::Arc;
 
@@ -35,6 +43,8 @@ pub struct RunningServer {
     pub pool_node: Option<PoolNode>,
     stop: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<Result<(), String>>)>,
+    /// Connections per listener and their idle timeout.
+    connections: (usize, Duration),
 }
 
 impl RunningServer {
@@ -52,10 +62,67 @@ impl RunningServer {
     }
 }
 
-async fn bind(name: &'static str, port: u16) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(("0.0.0.0", port))
-        .await
-        .map_err(|source| ServerError::Bind { name, port, source })
+/// One listener to bind: its name, address and port.
+#[derive(Debug, Clone, Copy)]
+struct Listen {
+    name: &'static str,
+    host: IpAddr,
+    port: u16,
+}
+
+impl Listen {
+    fn new(name: &'static str, host: IpAddr, port: u16) -> Listen {
+        Listen { name, host, port }
+    }
+
+    async fn bind(self) -> Result<TcpListener, ServerError> {
+        let Listen { name, host, port } = self;
+        TcpListener::bind((host, port))
+            .await
+            .map_err(|source| ServerError::Bind { name, port, source })
+    }
+}
+
+/// Connections each listener may hold (below the descriptor limit) and their idle timeout.
+fn connection_budget(config: &ServerConfig) -> (usize, Duration) {
+    let wanted = config.security.connections.per_listener;
+    let listeners =
+        3 + usize::from(!config.admin_rpc_shared()) + usize::from(config.enable_debug_service);
+    let descriptors = admission::descriptor_limit();
+    let budget = admission::per_listener_budget(wanted, listeners, descriptors);
+    if budget < wanted {
+        tracing::warn!(
+            "kvcm.service.max_connections_per_listener lowered from {wanted} to {budget}: \
+             {listeners} listeners share a limit of {descriptors:?} descriptors"
+        );
+    }
+    let idle = Duration::from_millis(config.security.connections.idle_timeout_ms);
+    (budget, idle)
+}
+
+/// Says at start how admin and debug are protected (never which tokens).
+fn announce_security(config: &ServerConfig) {
+    let security = &config.security;
+    let tokens = security.admin_tokens.as_slice().len();
+    if tokens == 0 {
+        tracing::warn!(
+            "kvcm.service.admin_auth_token is not set: admin and debug HTTP accept every request"
+        );
+    } else {
+        let grpc = if security.admin_auth_grpc {
+            "and gRPC "
+        } else {
+            ""
+        };
+        tracing::info!("admin and debug HTTP {grpc}demand one of {tokens} bearer tokens");
+    }
+    if security.admin_loopback_only() {
+        tracing::warn!(
+            "admin and debug listeners bind {} only (no kvcm.service.admin_auth_token, no \
+             kvcm.service.bind_host); set either to serve them on every interface",
+            security.admin_host()
+        );
+    }
 }
 
 async fn stopped(mut stop: watch::Receiver<bool>) {
@@ -113,31 +180,37 @@ pub async fn start(
         pool_node: None,
         stop,
         tasks: Vec::new(),
+        connections: connection_budget(config),
     };
     for key in &config.ignored_keys {
         tracing::warn!(key = %key, "ignoring a config key kvcm does not use");
     }
     let limit = config.http_max_body_bytes;
     let debug = config.enable_debug_service;
+    let security = &config.security;
+    let auth = handlers.core.auth.clone();
+    auth.replace(security.admin_tokens.as_slice().iter().cloned());
+    announce_security(config);
+    let (meta_host, admin_host) = (security.meta_host(), security.admin_host());
 
     let shared = config.admin_rpc_shared();
-    let admin_service = || AdminServiceServer::new(handlers.admin.clone());
-    let debug_service = || DebugServiceServer::new(handlers.debug.clone());
+    let gate = GrpcGate::new(&auth, security.admin_auth_grpc);
+    let admin_service =
+        || AdminServiceServer::with_interceptor(handlers.admin.clone(), gate.clone());
+    let debug_service =
+        || DebugServiceServer::with_interceptor(handlers.debug.clone(), gate.clone());
     let grpc = Server::builder()
         .add_service(MetaServiceServer::new(handlers.meta.clone()))
         .add_optional_service(shared.then(admin_service))
         .add_optional_service((shared && debug).then(debug_service));
-    server
-        .spawn_grpc("grpc", config.rpc_port, grpc, &stop_rx)
-        .await?;
+    let main_grpc = Listen::new("grpc", meta_host, config.rpc_port);
+    server.spawn_grpc(main_grpc, grpc, &stop_rx).await?;
     if !shared {
         let admin_grpc = Server::builder()
             .add_service(admin_service())
             .add_optional_service(debug.then(debug_service));
-        let port = config.admin_rpc_port;
-        server
-            .spawn_grpc("admin_grpc", port, admin_grpc, &stop_rx)
-            .await?;
+        let listen = Listen::new("admin_grpc", admin_host, config.admin_rpc_port);
+        server.spawn_grpc(listen, admin_grpc, &stop_rx).await?;
     }
     let mut meta_http = http::meta_router(handlers.meta.clone(), limit);
     if config.lookup.enabled {
@@ -154,9 +227,8 @@ pub async fn start(
     let reap_every = std::time::Duration::from_millis(config.pool.heartbeat_ms / 2).max(MIN_REAP);
     pool::routes::start_reaper(manager, reap_every)
         .map_err(|e| ServerError::Pool(e.to_string()))?;
-    server
-        .spawn_http("http", config.http_port, meta_http, &stop_rx)
-        .await?;
+    let listen = Listen::new("http", meta_host, config.http_port);
+    server.spawn_http(listen, meta_http, &stop_rx).await?;
     if config.pool.embedded_size > 0 {
         server.pool_node = Some(start_embedded_pool(config, server.addresses["http"])?);
     }
@@ -166,14 +238,14 @@ pub async fn start(
         limit,
         config.metrics.exposition_prefix(),
     );
+    let listen = Listen::new("admin_http", admin_host, config.admin_http_port);
     server
-        .spawn_http("admin_http", config.admin_http_port, admin_http, &stop_rx)
+        .spawn_http(listen, auth.protect(admin_http), &stop_rx)
         .await?;
     if debug {
-        let debug_http = http::debug_router(handlers.debug.clone(), limit);
-        server
-            .spawn_http("debug_http", config.debug_http_port(), debug_http, &stop_rx)
-            .await?;
+        let debug_http = auth.protect(http::debug_router(handlers.debug.clone(), limit));
+        let listen = Listen::new("debug_http", admin_host, config.debug_http_port());
+        server.spawn_http(listen, debug_http, &stop_rx).await?;
     }
     super::election::publish(config, &handlers.core.manager, &server.addresses);
     Ok(server)
@@ -182,14 +254,14 @@ pub async fn start(
 impl RunningServer {
     async fn spawn_grpc(
         &mut self,
-        name: &'static str,
-        port: u16,
+        listen: Listen,
         router: tonic::transport::server::Router,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), ServerError> {
-        let listener = bind(name, port).await?;
+        let name = listen.name;
+        let listener = listen.bind().await?;
         self.announce(name, &listener)?;
-        let incoming = nodelay_incoming(listener);
+        let incoming = self.admitted(listener).incoming();
         let shutdown = stopped(stop.clone());
         let task = tokio::spawn(async move {
             router
@@ -203,16 +275,14 @@ impl RunningServer {
 
     async fn spawn_http(
         &mut self,
-        name: &'static str,
-        port: u16,
+        listen: Listen,
         router: axum::Router,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), ServerError> {
-        let listener = bind(name, port).await?;
+        let name = listen.name;
+        let listener = listen.bind().await?;
         self.announce(name, &listener)?;
-        let listener = listener.tap_io(|stream| {
-            let _ = stream.set_nodelay(true);
-        });
+        let listener = self.admitted(listener);
         let shutdown = stopped(stop.clone());
         let task = tokio::spawn(async move {
             axum::serve(listener, router)
@@ -222,6 +292,11 @@ impl RunningServer {
         });
         self.tasks.push((name, task));
         Ok(())
+    }
+
+    fn admitted(&self, listener: TcpListener) -> AdmittedListener {
+        let (connections, idle) = self.connections;
+        AdmittedListener::new(listener, Admission::new(connections, idle))
     }
 
     fn announce(&mut self, name: &'static str, listener: &TcpListener) -> Result<(), ServerError> {

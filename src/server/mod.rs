@@ -2,6 +2,7 @@
 //! line per listener with its real address (and optionally writes them to a ready file),
 //! and stops cleanly on SIGTERM / SIGINT.
 
+mod admission;
 mod bootstrap;
 mod election;
 mod listeners;

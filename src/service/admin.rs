@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use kvcm_manager::leader::NodeEndpoint;
 use kvcm_manager::{Account, GroupConfig, ManagerError};
 
+use super::auth::TokenChangeError;
 use super::convert::transcode;
 use super::core::{Core, Outcome};
 use super::meta as meta_calls;
@@ -231,6 +232,62 @@ impl AdminHandler {
                 Ok((reply, String::new()))
             },
         )
+    }
+
+    /// SetAdminAuthTokens (upstream branch T): replaces every admin token of this node (not
+    /// persisted); an empty list is open mode.
+    pub fn set_admin_auth_tokens(
+        &self,
+        request: admin::SetAdminAuthTokensRequest,
+    ) -> admin::CommonResponse {
+        let rpc = &rpcs::admin::SET_ADMIN_AUTH_TOKENS;
+        self.call(rpc, &request.trace_id, |core| {
+            core.auth.replace(request.tokens);
+            tracing::info!(
+                "admin tokens replaced: {} in force",
+                core.auth.fingerprints().len()
+            );
+            Ok((admin::CommonResponse::default(), String::new()))
+        })
+    }
+
+    /// RotateAdminAuthToken (upstream branch T): adds `new_token`, then removes `old_token`
+    /// when given; an unknown old or empty new token is INVALID_ARGUMENT and changes nothing.
+    pub fn rotate_admin_auth_token(
+        &self,
+        request: admin::RotateAdminAuthTokenRequest,
+    ) -> admin::CommonResponse {
+        let rpc = &rpcs::admin::ROTATE_ADMIN_AUTH_TOKEN;
+        self.call(rpc, &request.trace_id, |core| {
+            let rotated = core.auth.rotate(&request.old_token, &request.new_token);
+            rotated.map_err(|error| {
+                let field = match error {
+                    TokenChangeError::EmptyNewToken => "new_token",
+                    TokenChangeError::UnknownOldToken => "old_token",
+                };
+                ManagerError::invalid_because(field, error.to_string())
+            })?;
+            Ok((admin::CommonResponse::default(), String::new()))
+        })
+    }
+
+    /// ListAdminAuthTokens (upstream branch T): whether tokens are enforced, how many, and
+    /// their fingerprints (never the tokens).
+    pub fn list_admin_auth_tokens(
+        &self,
+        request: admin::ListAdminAuthTokensRequest,
+    ) -> admin::ListAdminAuthTokensResponse {
+        let rpc = &rpcs::admin::LIST_ADMIN_AUTH_TOKENS;
+        self.call(rpc, &request.trace_id, |core| {
+            let fingerprints = core.auth.fingerprints();
+            let reply = admin::ListAdminAuthTokensResponse {
+                header: None,
+                enforcing: !fingerprints.is_empty(),
+                token_count: i32::try_from(fingerprints.len()).unwrap_or(i32::MAX),
+                fingerprints,
+            };
+            Ok((reply, String::new()))
+        })
     }
 
     /// GetCacheMeta (meta semantics, admin status rules).

@@ -10,7 +10,9 @@ use super::faults::Faults;
 use super::metrics::Metrics;
 use super::reply::Reply;
 use super::rpcs::{Rpc, Service};
+use crate::config::RequestLimits;
 use crate::proto::meta::ErrorCode;
+use kvcm_index::BlockKey;
 use kvcm_manager::{Instance, Manager, ManagerError, ManagerResult};
 
 /// A trace id ending in this asks for the span timings in `header.tracer_result`.
@@ -84,6 +86,11 @@ pub struct Core {
     pub log_level: Option<super::LogLevelSetter>,
     /// The event log of successful meta calls.
     pub events: crate::events::EventSink,
+    /// `kvcm.service.max_*`: what one request may ask for.
+    pub limits: RequestLimits,
+    /// The admin tokens in force (set by the listeners from the config, changed by the
+    /// token RPCs).
+    pub auth: super::auth::AdminAuth,
 }
 
 impl std::fmt::Debug for Core {
@@ -171,6 +178,59 @@ impl Core {
     }
 }
 
+/// Bytes an answer spends on one location of one key beyond the instance id and spec name
+/// it repeats: the URI's scheme, root, key and query, and the JSON around them.
+const LOCATION_OVERHEAD: usize = 128;
+
+impl Core {
+    /// The keys of a meta request (its block keys, else those of its token ids), refused
+    /// beyond `kvcm.service.max_keys_per_request`.
+    pub fn request_keys(
+        &self,
+        instance: &Instance,
+        block_keys: Vec<BlockKey>,
+        token_ids: &[i64],
+    ) -> ManagerResult<Vec<BlockKey>> {
+        let keys = instance.resolve_keys(block_keys, token_ids)?;
+        let limit = self.limits.max_keys_per_request;
+        if keys.len() > limit {
+            let detail = format!(
+                "{} keys exceed kvcm.service.max_keys_per_request = {limit}",
+                keys.len()
+            );
+            return Err(ManagerError::invalid_because("block_keys", detail));
+        }
+        Ok(keys)
+    }
+
+    /// As [`Core::request_keys`], for a request answered with a location per key
+    /// (placeholders of missing keys included): also refused when that answer's estimated
+    /// size exceeds `kvcm.service.max_response_bytes`.
+    pub fn located_keys(
+        &self,
+        instance: &Instance,
+        block_keys: Vec<BlockKey>,
+        token_ids: &[i64],
+    ) -> ManagerResult<Vec<BlockKey>> {
+        let keys = self.request_keys(instance, block_keys, token_ids)?;
+        let per_key: usize = instance
+            .specs()
+            .iter()
+            .map(|spec| spec.name.len() + instance.id().len() + LOCATION_OVERHEAD)
+            .sum();
+        let estimate = per_key.saturating_mul(keys.len());
+        let limit = self.limits.max_response_bytes;
+        if estimate > limit {
+            let detail = format!(
+                "an answer of about {estimate} bytes for {} keys exceeds kvcm.service.max_response_bytes = {limit}",
+                keys.len()
+            );
+            return Err(ManagerError::invalid_because("block_keys", detail));
+        }
+        Ok(keys)
+    }
+}
+
 /// The wire code and message of a failure of `api` under a service's rules: the one place
 /// where errors become status codes. A bad field reads as the reference writes it,
 /// `missing or invalid fields: {Api: {field}}` (and what is wrong, when known).
@@ -205,6 +265,7 @@ fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
             ErrorCode::InvalidArgument
         }
         (ManagerError::NotLeader, _) => ErrorCode::ServerNotLeader,
+        (ManagerError::Capacity(_), _) => ErrorCode::ReachMaxEntityCapacity,
         // Upstream trunk (wire delta §4.4): the admin service answers these two as the meta
         // service does (2026-02: INTERNAL_ERROR).
         (ManagerError::Duplicate(_), _) => ErrorCode::DuplicateEntity,

@@ -136,7 +136,12 @@ impl MetaHandler {
         let core = &self.core;
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
         core.instance_call(rpc, &trace_id, &instance_id, move |instance| {
-            let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
+            let (block_keys, tokens) = (request.block_keys, &request.token_ids);
+            let keys = if *rpc == rpcs::meta::GET_CACHE_LOCATION {
+                core.located_keys(&instance, block_keys, tokens)?
+            } else {
+                core.request_keys(&instance, block_keys, tokens)?
+            };
             let kind = query_kind(request.query_type, request.sw_size)?;
             let mask = mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
             let lookup = core.manager.lookup_cache_locations(
@@ -168,7 +173,7 @@ impl MetaHandler {
             move |instance| {
                 let min_replicas = usize::try_from(request.min_replica_count)
                     .map_err(|_| ManagerError::invalid_because("min_replica_count", "negative"))?;
-                let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
+                let keys = core.located_keys(&instance, request.block_keys, &request.token_ids)?;
                 let event_keys = core.events.keys_if_enabled(&keys);
                 let started = core.manager.start_write_replicas(
                     &instance,
@@ -335,7 +340,7 @@ pub fn get_cache_meta(
     request: meta::GetCacheMetaRequest,
 ) -> Outcome<meta::GetCacheMetaResponse> {
     let mask = mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
-    let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
+    let keys = core.located_keys(instance, request.block_keys, &request.token_ids)?;
     let found = core.manager.get_cache_meta(instance, &keys, &mask)?;
     let (locations, metas) = found
         .into_iter()
@@ -355,7 +360,7 @@ pub fn remove_cache(
     instance: &Arc<Instance>,
     request: meta::RemoveCacheRequest,
 ) -> Outcome<meta::CommonResponse> {
-    let keys = instance.resolve_keys(request.block_keys, &request.token_ids)?;
+    let keys = core.request_keys(instance, request.block_keys, &request.token_ids)?;
     core.manager.remove_cache(instance, &keys)?;
     Ok((
         meta::CommonResponse::default(),

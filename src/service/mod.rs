@@ -4,6 +4,7 @@
 //! in [`core::wire_status`]) and records metrics.
 
 pub mod admin;
+pub mod auth;
 pub mod capacity_metrics;
 pub mod convert;
 pub mod core;
@@ -25,6 +26,8 @@ use std::sync::Arc;
 
 use kvcm_manager::Manager;
 
+use crate::config::RequestLimits;
+
 /// Applies a new log level; installed by the binary that owns the log subscriber.
 pub type LogLevelSetter = Arc<dyn Fn(tracing::Level) -> Result<(), String> + Send + Sync>;
 
@@ -44,14 +47,17 @@ pub struct Handlers {
 impl Handlers {
     /// Handlers serving this manager; `log_level` makes UpdateLogger effective.
     pub fn new(manager: Arc<Manager>, log_level: Option<LogLevelSetter>) -> Self {
-        Self::with_events(manager, log_level, crate::events::EventSink::disabled())
+        let events = crate::events::EventSink::disabled();
+        Self::with_events(manager, log_level, events, RequestLimits::default())
     }
 
-    /// As [`Handlers::new`], logging successful meta calls to `events`.
+    /// As [`Handlers::new`], logging successful meta calls to `events`, requests bounded by
+    /// `limits`.
     pub fn with_events(
         manager: Arc<Manager>,
         log_level: Option<LogLevelSetter>,
         events: crate::events::EventSink,
+        limits: RequestLimits,
     ) -> Self {
         if events.is_enabled() {
             let reclaims = events.clone();
@@ -72,6 +78,8 @@ impl Handlers {
             faults: faults::Faults::default(),
             log_level,
             events,
+            limits,
+            auth: auth::AdminAuth::default(),
         });
         Handlers {
             meta: meta::MetaHandler::new(core.clone()),

@@ -70,6 +70,7 @@ plain_replies!(admin:
     admin::GetManagerClusterInfoResponse,
     admin::GetLeaderElectorConfigResponse,
     admin::ListInstanceGroupResponse,
+    admin::ListAdminAuthTokensResponse,
 );
 
 plain_replies!(debug: debug::CommonResponse);

@@ -237,6 +237,12 @@ rpc_table! {
             = "UpdateLogger" "/api/updateLogger" inline any nofaults global;
         LIST_INSTANCE_GROUP list_instance_group(ListInstanceGroupRequest) -> ListInstanceGroupResponse
             = "ListInstanceGroup" "/api/listInstanceGroup" inline leader nofaults global;
+        SET_ADMIN_AUTH_TOKENS set_admin_auth_tokens(SetAdminAuthTokensRequest) -> CommonResponse
+            = "SetAdminAuthTokens" "/api/setAdminAuthTokens" inline any nofaults global;
+        ROTATE_ADMIN_AUTH_TOKEN rotate_admin_auth_token(RotateAdminAuthTokenRequest) -> CommonResponse
+            = "RotateAdminAuthToken" "/api/rotateAdminAuthToken" inline any nofaults global;
+        LIST_ADMIN_AUTH_TOKENS list_admin_auth_tokens(ListAdminAuthTokensRequest) -> ListAdminAuthTokensResponse
+            = "ListAdminAuthTokens" "/api/listAdminAuthTokens" inline any nofaults global;
     }
     debug (Debug, DebugService for DebugHandler, debug_router, debug) {
         INJECT_FAULT inject_fault(InjectFaultRequest) -> CommonResponse
@@ -285,7 +291,7 @@ mod tests {
     #[test]
     fn metrics_count_every_meta_and_admin_name_once() {
         let (global, per_instance) = metric_names();
-        assert_eq!((global.len(), per_instance.len()), (28, 7));
+        assert_eq!((global.len(), per_instance.len()), (31, 7));
         assert!(per_instance.contains(&"GetCacheLocation"));
         assert!(!global.contains(&"GetCacheMeta"), "counted per instance");
     }

@@ -167,6 +167,15 @@ impl TestServer {
         self.addresses[listener]
     }
 
+    /// The addresses the listeners bound, as the ready file lists them (the addresses of
+    /// [`TestServer::address`] are their loopback forms).
+    pub fn bound_addresses(&self) -> HashMap<String, SocketAddr> {
+        let text = std::fs::read_to_string(self.dir.path().join("ready.json")).expect("ready");
+        let map: HashMap<String, String> = serde_json::from_str(&text).expect("ready json");
+        let parse = |(name, address): (String, String)| (name, address.parse().expect("address"));
+        map.into_iter().map(parse).collect()
+    }
+
     /// What the server logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
@@ -382,9 +391,23 @@ pub async fn http_request(
     path: &str,
     body: &[u8],
 ) -> (u16, Vec<u8>) {
+    let (status, _, body) = http_exchange(address, method, path, &[], body).await;
+    (status, body)
+}
+
+/// One HTTP/1.1 request with extra header lines (`"Name: value"`) on a fresh connection;
+/// returns status, response head and body.
+pub async fn http_exchange(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
     let mut stream = TcpStream::connect(address).await.expect("connect");
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await.expect("write head");
@@ -409,7 +432,7 @@ pub async fn http_request(
     {
         body = dechunk(&body);
     }
-    (status, body)
+    (status, head, body)
 }
 
 fn dechunk(mut data: &[u8]) -> Vec<u8> {

@@ -32,6 +32,9 @@ pub enum ManagerError {
     /// This node is not the leader.
     #[error("Server is not leader")]
     NotLeader,
+    /// A configured limit on open entities is reached (the message names its key).
+    #[error("{0}")]
+    Capacity(String),
     /// A named entity (group, storage, account, session) is unknown.
     #[error("{0}")]
     NotFound(String),

@@ -145,6 +145,18 @@ impl Manager {
             let group = self.group(existing.group()).unwrap_or(group);
             return Ok(self.storages.statuses(&group.storage_candidates));
         }
+        let limit = self.limits.max_instances_per_group;
+        if instances
+            .values()
+            .filter(|i| i.group() == group.name)
+            .count()
+            >= limit
+        {
+            return Err(ManagerError::Capacity(format!(
+                "instance group {:?} holds {limit} instances (kvcm.service.max_instances_per_group)",
+                group.name
+            )));
+        }
         let log = Arc::new(InstanceLog::new(
             info.instance_id.as_str().into(),
             self.journal.clone(),
@@ -205,6 +217,14 @@ fn unknown_group(name: &str) -> ManagerError {
 /// The group validation rules of the reference's CreateInstanceGroup (fields named as in
 /// the request).
 fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
+    let names = [
+        ("instance_group.name", &group.name),
+        (
+            "instance_group.global_quota_group_name",
+            &group.quota_group_name,
+        ),
+    ];
+    crate::registration::bounded_names(names.into_iter())?;
     let cache = &group.cache;
     let indexer = &cache.indexer;
     let checks = [

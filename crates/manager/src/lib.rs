@@ -106,6 +106,26 @@ pub struct ManagerDeps {
     pub pool_timing: kvcm_storage::pool::PoolTiming,
     /// Period of the reclaimer's passes (`None` = no reclaimer; see [`reclaimer`]).
     pub reclaim_period: Option<std::time::Duration>,
+    /// Limits on what clients may open.
+    pub limits: ManagerLimits,
+}
+
+/// Limits on what clients may open; beyond one, REACH_MAX_ENTITY_CAPACITY naming its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManagerLimits {
+    /// `kvcm.service.max_sessions_per_instance`: open write sessions of one instance.
+    pub max_sessions_per_instance: usize,
+    /// `kvcm.service.max_instances_per_group`: instances registered in one group.
+    pub max_instances_per_group: usize,
+}
+
+impl Default for ManagerLimits {
+    fn default() -> Self {
+        ManagerLimits {
+            max_sessions_per_instance: 65_536,
+            max_instances_per_group: 4_096,
+        }
+    }
 }
 
 /// The control plane's state and rules.
@@ -132,6 +152,8 @@ pub struct Manager {
     reclaim_stats: reclaimer::ReclaimStats,
     /// Told about every eviction, once installed.
     reclaim_listener: std::sync::OnceLock<reclaimer::ReclaimListener>,
+    /// Limits on what clients may open.
+    limits: ManagerLimits,
 }
 
 impl std::fmt::Debug for Manager {
@@ -168,6 +190,7 @@ impl Manager {
             storage_admin: Mutex::default(),
             reclaim_stats: reclaimer::ReclaimStats::default(),
             reclaim_listener: std::sync::OnceLock::new(),
+            limits: deps.limits,
         });
         if let Some(period) = deps.reclaim_period {
             reclaimer::spawn_reclaimer(Arc::downgrade(&manager), period)

@@ -1,13 +1,13 @@
 //! An instance's registration as the manager stores it, and the checks it must pass.
 //!
-//! Invariant of a stored registration: names are usable as path components and URI parts,
-//! sizes positive and summing to at most [`MAX_BLOCK_BYTES`] per block, spec names unique,
-//! spec groups sorted by name, each with at least one and sorted spec names that all name
-//! registered specs.
+//! Invariant of a stored registration: names are usable as path components and URI parts
+//! and at most `MAX_NAME_BYTES` long (one file-tier path component), sizes positive and
+//! summing to at most [`MAX_BLOCK_BYTES`] per block, spec names unique, spec groups sorted
+//! by name, each with at least one and sorted spec names that all name registered specs.
 
 use std::collections::HashSet;
 
-use kvcm_storage::BlockSpec;
+use kvcm_storage::{BlockSpec, MAX_NAME_BYTES};
 
 use crate::error::{ManagerError, ManagerResult};
 
@@ -65,6 +65,17 @@ pub struct SpecGroup {
 impl InstanceInfo {
     /// The stored form of a registration: checked, spec groups normalised.
     pub fn validated(mut self) -> ManagerResult<InstanceInfo> {
+        let names = std::iter::once(("instance_id", &self.instance_id))
+            .chain(std::iter::once((
+                "instance_group",
+                &self.instance_group_name,
+            )))
+            .chain(
+                self.specs
+                    .iter()
+                    .map(|s| ("location_spec_infos.name", &s.name)),
+            );
+        bounded_names(names)?;
         let checks = [
             (self.instance_group_name.is_empty(), "instance_group"),
             (!usable_name(&self.instance_id), "instance_id"),
@@ -152,6 +163,22 @@ fn within_block_bound(specs: &[BlockSpec]) -> bool {
         .iter()
         .try_fold(0i64, |sum, s| sum.checked_add(s.size))
         .is_some_and(|total| total <= MAX_BLOCK_BYTES)
+}
+
+/// Refuses the first name longer than a path component, naming its field and the limit.
+pub fn bounded_names<'a>(
+    mut names: impl Iterator<Item = (&'static str, &'a String)>,
+) -> ManagerResult<()> {
+    match names.find(|(_, name)| name.len() > MAX_NAME_BYTES) {
+        None => Ok(()),
+        Some((field, name)) => Err(ManagerError::invalid_because(
+            field,
+            format!(
+                "{} bytes exceed the limit of {MAX_NAME_BYTES} bytes (one path component)",
+                name.len()
+            ),
+        )),
+    }
 }
 
 /// Whether some item occurs twice.

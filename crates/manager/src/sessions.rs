@@ -1,6 +1,10 @@
 //! Write sessions (wire fact sheet §12): StartWriteCache opens one, FinishWriteCache or the
 //! expiry thread consumes it exactly once. The expiry thread sleeps until the earliest
 //! deadline (or a newer, earlier one), so a session fails within milliseconds of its deadline.
+//!
+//! Invariant: `open_per_instance` counts, per instance id, the sessions in `sessions` (every
+//! insertion and removal goes through [`State::insert`] and [`State::remove`]), so the
+//! per-instance limit is checked in O(1).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
@@ -54,7 +58,17 @@ pub struct Session {
 struct State {
     sessions: HashMap<String, Session>,
     deadlines: BTreeSet<(Instant, String)>,
+    open_per_instance: HashMap<Arc<str>, usize>,
     shutdown: bool,
+}
+
+/// Why [`SessionTable::open`] refused a session (handed back with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenRefusal {
+    /// The caller's condition said no (this node is no longer the leader).
+    NotAllowed,
+    /// The instance already holds this many open sessions.
+    PerInstanceLimit(usize),
 }
 
 impl State {
@@ -67,8 +81,30 @@ impl State {
             }
         };
         self.deadlines.insert((session.deadline, id.clone()));
+        *self
+            .open_per_instance
+            .entry(session.instance.id().clone())
+            .or_default() += 1;
         self.sessions.insert(id.clone(), session);
         id
+    }
+
+    /// Removes session `id` (its deadline stays; expiry skips ids no longer present).
+    fn remove(&mut self, id: &str) -> Option<Session> {
+        let session = self.sessions.remove(id)?;
+        let instance = session.instance.id();
+        if let Some(count) = self.open_per_instance.get_mut(instance) {
+            *count -= 1;
+            if *count == 0 {
+                self.open_per_instance.remove(instance);
+            }
+        }
+        Some(session)
+    }
+
+    /// Open sessions of instance `id`.
+    fn open_of(&self, id: &str) -> usize {
+        self.open_per_instance.get(id).copied().unwrap_or(0)
     }
 }
 
@@ -82,15 +118,20 @@ pub struct SessionTable {
 impl SessionTable {
     /// Stores a session under a fresh random id and returns the id, if `may_open` (asked
     /// under the table lock, so that no session slips in after a [`SessionTable::take_all`]
-    /// that followed a change of its answer); otherwise hands the session back.
+    /// that followed a change of its answer) and its instance holds fewer than
+    /// `per_instance` open sessions; otherwise hands the session back, with the reason.
     pub fn open(
         &self,
         session: Session,
+        per_instance: usize,
         may_open: impl FnOnce() -> bool,
-    ) -> Result<String, Session> {
+    ) -> Result<String, (Session, OpenRefusal)> {
         let mut state = lock(&self.state);
         if !may_open() {
-            return Err(session);
+            return Err((session, OpenRefusal::NotAllowed));
+        }
+        if state.open_of(session.instance.id()) >= per_instance {
+            return Err((session, OpenRefusal::PerInstanceLimit(per_instance)));
         }
         let id = state.insert(session);
         drop(state);
@@ -112,21 +153,22 @@ impl SessionTable {
         check: impl FnOnce(&Session) -> ManagerResult<()>,
     ) -> ManagerResult<Session> {
         let mut state = lock(&self.state);
-        let session = state.sessions.remove(id).ok_or_else(|| {
+        let session = state.sessions.get(id).ok_or_else(|| {
             ManagerError::NotFound(format!("write_session_id {id:?} has been deleted"))
         })?;
-        if let Err(rejected) = check(&session) {
-            state.sessions.insert(id.to_string(), session);
-            return Err(rejected);
-        }
-        state.deadlines.remove(&(session.deadline, id.to_string()));
-        Ok(session)
+        check(session)?;
+        let deadline = (session.deadline, id.to_string());
+        state.deadlines.remove(&deadline);
+        state
+            .remove(id)
+            .ok_or_else(|| ManagerError::NotFound(id.to_string()))
     }
 
     /// Removes and returns every open session.
     pub fn take_all(&self) -> Vec<Session> {
         let mut state = lock(&self.state);
         state.deadlines.clear();
+        state.open_per_instance.clear();
         state.sessions.drain().map(|(_, s)| s).collect()
     }
 
@@ -152,7 +194,7 @@ impl SessionTable {
             match state.deadlines.first().cloned() {
                 Some((deadline, id)) if deadline <= now => {
                     state.deadlines.remove(&(deadline, id.clone()));
-                    if let Some(session) = state.sessions.remove(&id) {
+                    if let Some(session) = state.remove(&id) {
                         return Some(session);
                     }
                 }

@@ -91,6 +91,7 @@ fn fixture_with(
         node_id: "test".into(),
         pool_timing: Default::default(),
         reclaim_period: None,
+        limits: Default::default(),
     })
     .expect("manager");
     manager
@@ -859,6 +860,7 @@ fn two_storages(t_root: &std::path::Path) -> (Fixture, Arc<Instance>) {
         node_id: "test".into(),
         pool_timing: Default::default(),
         reclaim_period: None,
+        limits: Default::default(),
     })
     .expect("manager");
     let s_root = dir.path().join("s");

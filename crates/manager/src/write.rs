@@ -18,7 +18,7 @@ use super::instance::Instance;
 use super::mask::BlockMask;
 use super::quota::{Budget, NoRoom};
 use super::read::{BlockLocation, RenderedPart};
-use super::sessions::{PendingWrite, Session};
+use super::sessions::{OpenRefusal, PendingWrite, Session};
 use super::storage_type::StorageType;
 use super::storages::Incarnation;
 use super::Manager;
@@ -192,11 +192,19 @@ impl Manager {
             writes,
             deadline,
         };
+        let per_instance = self.limits.max_sessions_per_instance;
         self.sessions
-            .open(session, || self.leadership.is_leader())
-            .map_err(|refused| {
+            .open(session, per_instance, || self.leadership.is_leader())
+            .map_err(|(refused, why)| {
                 self.fail_session(refused);
-                ManagerError::NotLeader
+                match why {
+                    OpenRefusal::NotAllowed => ManagerError::NotLeader,
+                    OpenRefusal::PerInstanceLimit(limit) => ManagerError::Capacity(format!(
+                        "instance {:?} holds {limit} open write sessions \
+                         (kvcm.service.max_sessions_per_instance)",
+                        instance.id()
+                    )),
+                }
             })
     }
 

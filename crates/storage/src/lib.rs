@@ -10,6 +10,7 @@ mod block_file;
 mod kind;
 mod live_blocks;
 mod names;
+pub use names::MAX_NAME_BYTES;
 mod packing;
 pub mod pool;
 mod registry;

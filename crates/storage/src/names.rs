@@ -2,14 +2,24 @@
 //! names, and the object name of one (instance, spec, key).
 //!
 //! Invariant: an accepted name cannot break a URI (no `/ ? # & =`, no control characters or
-//! spaces) and cannot leave its directory (never empty, `.` or `..`).
+//! spaces), cannot leave its directory (never empty, `.` or `..`) and fits one path
+//! component of the file tier (at most [`MAX_NAME_BYTES`]).
 
 use crate::BlockKey;
+
+/// The longest name, in bytes: one path component (`NAME_MAX` of Linux file systems).
+pub const MAX_NAME_BYTES: usize = 255;
 
 /// Checks one name component; the error message names `field`.
 pub(crate) fn check_name(field: &str, value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Err(format!("{field} is empty"));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "{field} is {} bytes, longer than the limit of {MAX_NAME_BYTES} bytes (one path component)",
+            value.len()
+        ));
     }
     if value == "." || value == ".." {
         return Err(format!("{field} {value:?} is not a usable name"));
@@ -47,7 +57,11 @@ mod tests {
             let err = check_name("instance_id", bad).expect_err(bad);
             assert!(err.starts_with("instance_id"), "{err}");
         }
-        for good in ["instance1", "tp0", "nfs_01", "a.b", "...", "名前"] {
+        let long = "x".repeat(MAX_NAME_BYTES + 1);
+        let err = check_name("instance_id", &long).expect_err("too long");
+        assert!(err.contains("255 bytes"), "{err}");
+        let longest = "x".repeat(MAX_NAME_BYTES);
+        for good in ["instance1", "tp0", "nfs_01", "a.b", "...", "名前", &longest] {
             assert_eq!(check_name("x", good), Ok(()));
         }
     }

@@ -1,7 +1,10 @@
 //! `StorageConfig::validate`: the checks of AddStorage (§16.1), each error naming its field.
 //!
 //! Beyond the reference: the storage name must be usable as a URI host, paths that become
-//! URI paths must be absolute, and port / protocol values must be in range.
+//! URI paths must be absolute, and port / protocol values must be in range. A file tier's
+//! root (NFS `root_path`, 3FS `mountpoint` and `mountpoint/root_dir`) is never `/` or a
+//! system directory (`/proc`, `/sys`, `/dev`, `/etc`, `/boot`, `/bin`, `/sbin`, `/lib*`,
+//! `/usr`) or a path under one; temporary directories stay allowed.
 
 use crate::names::check_name;
 use crate::{StorageConfig, StorageError, StorageSpec};
@@ -28,17 +31,38 @@ fn absolute_path(field: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Top-level directories no storage root may be or lie under (besides `/` and `/lib*`).
+const SYSTEM_DIRS: [&str; 8] = ["proc", "sys", "dev", "etc", "boot", "bin", "sbin", "usr"];
+
+/// An absolute path that is not `/`, a system directory or under one.
+fn storage_root(field: &str, value: &str) -> Result<(), String> {
+    absolute_path(field, value)?;
+    let mut parts = value
+        .split('/')
+        .filter(|part| !part.is_empty() && *part != ".");
+    let Some(top) = parts.next() else {
+        return Err(format!("{field} {value:?} is the file system root"));
+    };
+    if SYSTEM_DIRS.contains(&top) || top.starts_with("lib") {
+        return Err(format!(
+            "{field} {value:?} lies in the system directory /{top}"
+        ));
+    }
+    Ok(())
+}
+
 fn check_spec(spec: &StorageSpec) -> Result<(), String> {
     match spec {
-        StorageSpec::Nfs { root_path, .. } => absolute_path("storage_spec.root_path", root_path),
+        StorageSpec::Nfs { root_path, .. } => storage_root("storage_spec.root_path", root_path),
         StorageSpec::ThreeFs {
             mountpoint,
             root_dir,
             ..
         } => {
-            absolute_path("storage_spec.mountpoint", mountpoint)?;
+            storage_root("storage_spec.mountpoint", mountpoint)?;
             required("storage_spec.root_dir", root_dir)?;
-            absolute_path("storage_spec.root_dir", &format!("/{root_dir}"))
+            absolute_path("storage_spec.root_dir", &format!("/{root_dir}"))?;
+            storage_root("storage_spec.root_dir", &format!("{mountpoint}/{root_dir}"))
         }
         StorageSpec::VcnsThreeFs {
             mountpoint,
@@ -47,7 +71,7 @@ fn check_spec(spec: &StorageSpec) -> Result<(), String> {
             remote_port,
             meta_storage_uri,
         } => {
-            absolute_path("storage_spec.mountpoint", mountpoint)?;
+            storage_root("storage_spec.mountpoint", mountpoint)?;
             required("storage_spec.root_dir", root_dir)?;
             required("storage_spec.remote_host", remote_host)?;
             if !(1..=65_535).contains(remote_port) {

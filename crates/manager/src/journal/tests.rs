@@ -19,6 +19,7 @@ fn manager() -> Arc<Manager> {
         node_id: "test".into(),
         pool_timing: Default::default(),
         reclaim_period: None,
+        limits: Default::default(),
     })
     .expect("manager")
 }

@@ -98,6 +98,7 @@ fn max_key_count_refuses_the_key_past_the_cap() {
         node_id: "test".into(),
         pool_timing: Default::default(),
         reclaim_period: None,
+        limits: Default::default(),
     })
     .expect("manager");
     manager

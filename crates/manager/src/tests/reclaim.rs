@@ -21,6 +21,7 @@ fn capped() -> (Fixture, Arc<Instance>) {
         node_id: "test".into(),
         pool_timing: Default::default(),
         reclaim_period: Some(Duration::from_millis(20)),
+        limits: Default::default(),
     })
     .expect("manager");
     manager

@@ -127,3 +127,49 @@ fn vcns_and_pace_need_their_fields() {
     };
     assert_refused(config(pace), "domain");
 }
+
+#[test]
+fn storage_roots_in_system_directories_are_refused() {
+    for root in [
+        "/",
+        "//",
+        "/./",
+        "/proc/",
+        "/sys/x/",
+        "/dev/",
+        "/etc/passwd",
+        "/etc/kvcm/",
+        "/boot/",
+        "/bin/",
+        "/sbin/",
+        "/lib/",
+        "/lib64/x/",
+        "/usr/",
+        "/usr/local/kvcm/",
+        "//etc/",
+    ] {
+        assert_refused(config(nfs(root)), "root_path");
+    }
+    assert_refused(config(three_fs("/", "etc")), "mountpoint");
+    assert_refused(config(three_fs("/mnt/3fs/../../etc", "kv")), "mountpoint");
+    for root in [
+        "/tmp/nfs/",
+        "/var/tmp/kvcm/",
+        "/data/kvcm/",
+        "/mnt/etc/",
+        "/home/u/usr/",
+    ] {
+        assert_eq!(
+            config(nfs(root)).validate().map_err(|e| e.to_string()),
+            Ok(()),
+            "{root}"
+        );
+    }
+}
+
+#[test]
+fn names_longer_than_one_path_component_are_refused() {
+    let mut bad = config(nfs("/tmp/nfs/"));
+    bad.global_unique_name = "s".repeat(crate::MAX_NAME_BYTES + 1);
+    assert_refused(bad, "global_unique_name");
+}

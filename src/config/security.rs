@@ -1,0 +1,236 @@
+//! The `kvcm.service.*` security keys: admin bearer tokens (upstream trunk, wire delta §1),
+//! the extension that enforces them on admin gRPC, the bind address of the listeners, and
+//! the request limits of docs/security.md.
+//!
+//! Invariants: a token's text never leaves [`AdminTokens`] except to be compared (its
+//! `Debug` prints a count); with no token and no `bind_host` the admin and debug listeners
+//! bind loopback only.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use kvcm_manager::ManagerLimits;
+
+use super::{parse, ConfigError};
+
+/// The configured admin tokens: `kvcm.service.admin_auth_token`, comma-separated, each
+/// trimmed, empties dropped. Empty = open mode.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct AdminTokens(Vec<String>);
+
+impl AdminTokens {
+    /// Parses the comma-separated setting.
+    pub fn parse(text: &str) -> AdminTokens {
+        let tokens = text
+            .split(',')
+            .map(str::trim)
+            .filter(|token| !token.is_empty())
+            .map(String::from)
+            .collect();
+        AdminTokens(tokens)
+    }
+
+    /// The tokens (to be compared, never logged).
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+
+    /// No token is configured: admin and debug HTTP are open.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for AdminTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AdminTokens({} configured)", self.0.len())
+    }
+}
+
+/// Limits on what one request may ask for (docs/security.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// `kvcm.service.max_keys_per_request`: block keys (or keys derived from token ids) in
+    /// one meta request.
+    pub max_keys_per_request: usize,
+    /// `kvcm.service.max_response_bytes`: the estimated size of one GetCacheLocation /
+    /// GetCacheMeta answer (placeholders of missing keys included).
+    pub max_response_bytes: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_keys_per_request: 131_072,
+            max_response_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Connection limits of every listener (src/server/admission.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// `kvcm.service.max_connections_per_listener`: open connections one listener holds
+    /// (lowered at start to what the descriptor limit leaves each listener).
+    pub per_listener: usize,
+    /// `kvcm.service.idle_timeout_ms`: a connection without progress for this long (half
+    /// a header, a stalled body, an idle keep-alive) is closed.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            per_listener: 4096,
+            idle_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// Security settings of the listeners.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecurityConfig {
+    /// `kvcm.service.admin_auth_token`.
+    pub admin_tokens: AdminTokens,
+    /// `kvcm.service.admin_auth_grpc`: also demand a token (as `authorization` metadata) on
+    /// Admin and Debug gRPC (our extension; upstream leaves gRPC open). Default off.
+    pub admin_auth_grpc: bool,
+    /// `kvcm.service.bind_host`: the address every listener binds; unset = all interfaces
+    /// for meta gRPC/HTTP and, without a token, loopback for admin and debug.
+    pub bind_host: Option<IpAddr>,
+    /// `kvcm.service.max_keys_per_request`, `max_response_bytes`.
+    pub limits: RequestLimits,
+    /// `kvcm.service.max_connections_per_listener`, `idle_timeout_ms`.
+    pub connections: ConnectionLimits,
+    /// `kvcm.service.max_sessions_per_instance`, `max_instances_per_group`.
+    pub manager: ManagerLimits,
+}
+
+/// The security keys, in the order they are documented.
+pub const SECURITY_KEYS: [&str; 9] = [
+    "kvcm.service.admin_auth_token",
+    "kvcm.service.admin_auth_grpc",
+    "kvcm.service.bind_host",
+    "kvcm.service.max_keys_per_request",
+    "kvcm.service.max_response_bytes",
+    "kvcm.service.max_connections_per_listener",
+    "kvcm.service.idle_timeout_ms",
+    "kvcm.service.max_sessions_per_instance",
+    "kvcm.service.max_instances_per_group",
+];
+
+impl SecurityConfig {
+    /// Sets one security key from its text form.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
+        let (limits, connections) = (&mut self.limits, &mut self.connections);
+        match key {
+            "kvcm.service.admin_auth_token" => self.admin_tokens = AdminTokens::parse(value),
+            "kvcm.service.admin_auth_grpc" => self.admin_auth_grpc = parse(key, value)?,
+            "kvcm.service.bind_host" if value.trim().is_empty() => self.bind_host = None,
+            "kvcm.service.bind_host" => self.bind_host = Some(parse(key, value.trim())?),
+            "kvcm.service.max_keys_per_request" => {
+                limits.max_keys_per_request = positive(key, value)?
+            }
+            "kvcm.service.max_response_bytes" => limits.max_response_bytes = positive(key, value)?,
+            "kvcm.service.max_connections_per_listener" => {
+                connections.per_listener = positive(key, value)?
+            }
+            "kvcm.service.max_sessions_per_instance" => {
+                self.manager.max_sessions_per_instance = positive(key, value)?
+            }
+            "kvcm.service.max_instances_per_group" => {
+                self.manager.max_instances_per_group = positive(key, value)?
+            }
+            "kvcm.service.idle_timeout_ms" => {
+                connections.idle_timeout_ms = positive(key, value)? as u64
+            }
+            _ => return Err(ConfigError::UnknownKey(key.to_string())),
+        }
+        Ok(())
+    }
+
+    /// Where the meta listeners (gRPC, meta HTTP) bind.
+    pub fn meta_host(&self) -> IpAddr {
+        self.bind_host.unwrap_or(Ipv4Addr::UNSPECIFIED.into())
+    }
+
+    /// Where the admin and debug listeners bind: `bind_host`, else all interfaces when a
+    /// token protects them, else loopback.
+    pub fn admin_host(&self) -> IpAddr {
+        match self.bind_host {
+            Some(host) => host,
+            None if self.admin_tokens.is_empty() => Ipv4Addr::LOCALHOST.into(),
+            None => Ipv4Addr::UNSPECIFIED.into(),
+        }
+    }
+
+    /// Admin and debug listeners fall back to loopback (no token, no `bind_host`).
+    pub fn admin_loopback_only(&self) -> bool {
+        self.bind_host.is_none() && self.admin_tokens.is_empty()
+    }
+}
+
+fn positive(key: &str, value: &str) -> Result<usize, ConfigError> {
+    let number: usize = parse(key, value)?;
+    if number == 0 {
+        return Err(ConfigError::InvalidValue {
+            key: key.to_string(),
+            reason: "must be positive".into(),
+        });
+    }
+    Ok(number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_split_trimmed_and_never_printed() {
+        let tokens = AdminTokens::parse(" s3cret , ,other,");
+        assert_eq!(tokens.as_slice(), ["s3cret", "other"]);
+        let shown = format!(
+            "{:?}",
+            SecurityConfig {
+                admin_tokens: tokens,
+                ..Default::default()
+            }
+        );
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(AdminTokens::parse(" , ").is_empty());
+    }
+
+    #[test]
+    fn admin_listeners_bind_loopback_without_a_token_or_bind_host() {
+        let mut config = SecurityConfig::default();
+        assert_eq!(config.admin_host(), IpAddr::from(Ipv4Addr::LOCALHOST));
+        assert_eq!(config.meta_host(), IpAddr::from(Ipv4Addr::UNSPECIFIED));
+        assert!(config.admin_loopback_only());
+        config.set("kvcm.service.admin_auth_token", "t").unwrap();
+        assert_eq!(config.admin_host(), IpAddr::from(Ipv4Addr::UNSPECIFIED));
+        config.set("kvcm.service.admin_auth_token", "").unwrap();
+        config.set("kvcm.service.bind_host", "0.0.0.0").unwrap();
+        assert_eq!(config.admin_host(), IpAddr::from(Ipv4Addr::UNSPECIFIED));
+        assert!(!config.admin_loopback_only());
+        let error = config.set("kvcm.service.bind_host", "nowhere").unwrap_err();
+        assert!(
+            error.to_string().contains("kvcm.service.bind_host"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn limits_must_be_positive_naming_the_key() {
+        let mut config = SecurityConfig::default();
+        let error = config
+            .set("kvcm.service.max_keys_per_request", "0")
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("max_keys_per_request"),
+            "{error}"
+        );
+        config
+            .set("kvcm.service.max_response_bytes", "1024")
+            .unwrap();
+        assert_eq!(config.limits.max_response_bytes, 1024);
+    }
+}
