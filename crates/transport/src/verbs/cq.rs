@@ -1,6 +1,7 @@
 //! Verbs completion queue with a completion channel (the awaitable file descriptor).
 
 use super::device::DeviceContext;
+use super::ledger::Ledgers;
 use crate::sys::set_nonblocking;
 use crate::{CompletionQueue, Result, TransportError, WcOpcode, WcStatus, WorkCompletion};
 use rdma_sys::*;
@@ -19,6 +20,8 @@ pub(crate) struct CqInner {
     channel: NonNull<ibv_comp_channel>,
     /// Completions taken from the hardware queue by `arm` or `poll` and not yet handed out.
     buffered: Mutex<VecDeque<WorkCompletion>>,
+    /// The outstanding-request ledgers of the queue pairs completing here.
+    pub(crate) ledgers: Ledgers,
     _context: Arc<DeviceContext>,
 }
 
@@ -76,6 +79,7 @@ impl VerbsCq {
             raw,
             channel,
             buffered: Mutex::default(),
+            ledgers: Ledgers::default(),
             _context: Arc::clone(context),
         };
         Ok(VerbsCq {
@@ -90,7 +94,9 @@ impl VerbsCq {
         let count =
             unsafe { ibv_poll_cq(self.inner.raw.as_ptr(), POLL_BATCH as i32, raw.as_mut_ptr()) };
         let count = count.max(0) as usize;
-        into.extend(raw[..count].iter().map(convert));
+        let polled: Vec<WorkCompletion> = raw[..count].iter().map(convert).collect();
+        self.inner.ledgers.complete(&polled);
+        into.extend(polled);
         count
     }
 

@@ -7,6 +7,7 @@
 
 mod cq;
 mod device;
+mod ledger;
 mod qp;
 mod region;
 

@@ -2,6 +2,7 @@
 
 use super::cq::{CqInner, VerbsCq};
 use super::device::ProtectionDomain;
+use super::ledger::Ledger;
 use crate::api::{validate_recv_batch, validate_send_batch};
 use crate::{
     QpConfig, QpEndpoint, QpState, QueuePair, RecvWr, Result, SendOp, SendWr, Sge, TransportError,
@@ -74,7 +75,10 @@ pub struct VerbsQp {
     raw: NonNull<ibv_qp>,
     config: QpConfig,
     port: PortInfo,
-    _cqs: (Arc<CqInner>, Arc<CqInner>),
+    /// Send and receive completion queues (their ledgers count this QP's completions).
+    cqs: (Arc<CqInner>, Arc<CqInner>),
+    /// Outstanding work requests (the configured depths are enforced here).
+    ledger: Arc<Ledger>,
     _pd: Arc<ProtectionDomain>,
 }
 
@@ -116,9 +120,13 @@ impl VerbsQp {
             raw,
             config,
             port,
-            _cqs: (Arc::clone(&send_cq.inner), Arc::clone(&recv_cq.inner)),
+            cqs: (Arc::clone(&send_cq.inner), Arc::clone(&recv_cq.inner)),
+            ledger: Arc::default(),
             _pd: Arc::clone(pd),
         };
+        let qpn = qp.qpn();
+        qp.cqs.0.ledgers.register(qpn, qp.ledger.clone());
+        qp.cqs.1.ledgers.register(qpn, qp.ledger.clone());
         qp.to_init()?;
         Ok(qp)
     }
@@ -351,12 +359,16 @@ impl QueuePair for VerbsQp {
             };
             set_operation(entry, &wr.op);
         }
-        post_chain(&mut raw, |first, bad| {
-            // SAFETY: live QP; the chain and its scatter lists live until the call returns
-            // (verbs copies work requests into the send queue).
-            unsafe { ibv_post_send(self.raw.as_ptr(), first, bad) }
-        })
-        .map_err(|rc| post_error(rc, "send", self.config.max_send_wr))
+        let signaled: Vec<bool> = wrs.iter().map(|wr| wr.signaled).collect();
+        self.ledger
+            .post_sends(&signaled, self.config.max_send_wr, || {
+                post_chain(&mut raw, |first, bad| {
+                    // SAFETY: live QP; the chain and its scatter lists live until the call
+                    // returns (verbs copies work requests into the send queue).
+                    unsafe { ibv_post_send(self.raw.as_ptr(), first, bad) }
+                })
+                .map_err(|rc| post_error(rc, "send", self.config.max_send_wr))
+            })
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
@@ -375,11 +387,14 @@ impl QueuePair for VerbsQp {
                 num_sge: list.len() as i32,
             })
             .collect();
-        post_chain(&mut raw, |first, bad| {
-            // SAFETY: as in `post_send`.
-            unsafe { ibv_post_recv(self.raw.as_ptr(), first, bad) }
-        })
-        .map_err(|rc| post_error(rc, "receive", self.config.max_recv_wr))
+        self.ledger
+            .post_receives(wrs.len(), self.config.max_recv_wr, || {
+                post_chain(&mut raw, |first, bad| {
+                    // SAFETY: as in `post_send`.
+                    unsafe { ibv_post_recv(self.raw.as_ptr(), first, bad) }
+                })
+                .map_err(|rc| post_error(rc, "receive", self.config.max_recv_wr))
+            })
     }
 }
 
@@ -428,6 +443,9 @@ fn post_error(rc: i32, queue: &'static str, depth: usize) -> TransportError {
 
 impl Drop for VerbsQp {
     fn drop(&mut self) {
+        let qpn = self.qpn();
+        self.cqs.0.ledgers.unregister(qpn);
+        self.cqs.1.ledgers.unregister(qpn);
         // SAFETY: created in `create`, destroyed once, before the CQs and PD it holds.
         unsafe { ibv_destroy_qp(self.raw.as_ptr()) };
     }
