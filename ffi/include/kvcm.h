@@ -208,6 +208,15 @@ int32_t kvcm_location_get(const kvcm_locations *locations, size_t index, int32_t
 int32_t kvcm_location_spec(const kvcm_locations *locations, size_t index, size_t spec,
                            kvcm_str *name_out, kvcm_str *uri_out);
 
+/*
+ * The writer's checksum (xxh3-64 of the part's bytes, kvcm's LocationSpec.checksum) of spec
+ * `spec` of location `index`: *present_out = 1 and *checksum_out set when the block was
+ * written with checksums, else both 0 (both outputs required). KVCM_E_OUT_OF_RANGE for a bad
+ * index; nothing is written on failure.
+ */
+int32_t kvcm_location_spec_checksum(const kvcm_locations *locations, size_t index, size_t spec,
+                                    uint64_t *checksum_out, int32_t *present_out);
+
 /* The whole result as flat arrays (see kvcm_flat_view), borrowed from it. */
 int32_t kvcm_locations_view(const kvcm_locations *locations, kvcm_flat_view *view_out);
 

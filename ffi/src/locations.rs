@@ -25,6 +25,8 @@ pub struct Locations {
     spec_starts: Vec<usize>,
     string_offsets: Vec<usize>,
     strings: Vec<u8>,
+    /// Per spec (over all locations), the writer's checksum of its bytes, when it gave one.
+    checksums: Vec<Option<u64>>,
 }
 
 /// A borrowed string of a result: `len` bytes of UTF-8 at `ptr`, then a NUL byte.
@@ -71,6 +73,7 @@ impl Locations {
             spec_starts: Vec::with_capacity(locations.len() + 1),
             string_offsets: Vec::with_capacity(2 * specs + 1),
             strings: Vec::new(),
+            checksums: Vec::with_capacity(specs),
         };
         out.spec_starts.push(0);
         out.string_offsets.push(0);
@@ -80,6 +83,7 @@ impl Locations {
             for spec in &location.location_specs {
                 out.push_string(&spec.name);
                 out.push_string(&spec.uri);
+                out.checksums.push(spec.checksum);
             }
             out.spec_starts.push(out.specs());
         }
@@ -132,8 +136,8 @@ impl Locations {
         }
     }
 
-    /// Name and URI of spec `spec` of location `index`.
-    fn spec(&self, index: usize, spec: usize) -> Result<(KvcmStr, KvcmStr), FfiError> {
+    /// The number (over all locations) of spec `spec` of location `index`.
+    fn spec_number(&self, index: usize, spec: usize) -> Result<usize, FfiError> {
         let range = self.spec_range(index)?;
         if spec >= range.len() {
             return Err(FfiError::OutOfRange {
@@ -141,8 +145,18 @@ impl Locations {
                 len: range.len(),
             });
         }
-        let s = range.start + spec;
+        Ok(range.start + spec)
+    }
+
+    /// Name and URI of spec `spec` of location `index`.
+    fn spec(&self, index: usize, spec: usize) -> Result<(KvcmStr, KvcmStr), FfiError> {
+        let s = self.spec_number(index, spec)?;
         Ok((self.string(2 * s), self.string(2 * s + 1)))
+    }
+
+    /// The checksum of spec `spec` of location `index`, if the writer gave one.
+    fn checksum(&self, index: usize, spec: usize) -> Result<Option<u64>, FfiError> {
+        Ok(self.checksums[self.spec_number(index, spec)?])
     }
 
     fn view(&self) -> LocationsView {
@@ -246,6 +260,31 @@ pub unsafe extern "C" fn kvcm_location_spec(
     }
 }
 
+/// The writer's checksum (xxh3-64 of the part's bytes) of spec `spec` of location `index`:
+/// `*present_out` = 1 and `*checksum_out` set when there is one, else 0 (and 0).
+///
+/// # Safety
+/// `locations` is NULL or a live result; both outputs are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_location_spec_checksum(
+    locations: *const Locations,
+    index: usize,
+    spec: usize,
+    checksum_out: *mut u64,
+    present_out: *mut i32,
+) -> i32 {
+    // SAFETY: the caller's promises are passed on unchanged.
+    unsafe {
+        access(locations, |l| {
+            args::require(checksum_out, "checksum_out")?;
+            args::require(present_out, "present_out")?;
+            let checksum = l.checksum(index, spec)?;
+            args::store(checksum_out, "checksum_out", checksum.unwrap_or(0))?;
+            args::store(present_out, "present_out", i32::from(checksum.is_some()))
+        })
+    }
+}
+
 /// The whole result as flat arrays, borrowed from it.
 ///
 /// # Safety
@@ -296,9 +335,33 @@ mod tests {
             CacheLocation {
                 r#type: 3,
                 spec_size: 2,
-                location_specs: vec![spec("tp0", "file://b"), spec("tp1", "é")],
+                location_specs: vec![
+                    spec("tp0", "file://b"),
+                    LocationSpec {
+                        checksum: Some(u64::MAX),
+                        ..spec("tp1", "é")
+                    },
+                ],
             },
         ])
+    }
+
+    #[test]
+    fn checksums_read_back_where_the_writer_gave_them() {
+        let l = sample();
+        let (mut checksum, mut present) = (7u64, 7i32);
+        // SAFETY: a live result and local outputs; NULL outputs are refused.
+        unsafe {
+            let status = kvcm_location_spec_checksum(&l, 1, 1, &mut checksum, &mut present);
+            assert_eq!((status, checksum, present), (KVCM_OK, u64::MAX, 1));
+            let status = kvcm_location_spec_checksum(&l, 0, 0, &mut checksum, &mut present);
+            assert_eq!((status, checksum, present), (KVCM_OK, 0, 0));
+            let status = kvcm_location_spec_checksum(&l, 1, 2, &mut checksum, &mut present);
+            assert_eq!(status, KVCM_E_OUT_OF_RANGE);
+            let null = std::ptr::null_mut();
+            let status = kvcm_location_spec_checksum(&l, 0, 0, null, &mut present);
+            assert_eq!(status, KVCM_E_NULL_ARGUMENT);
+        }
     }
 
     fn text(s: KvcmStr) -> String {
