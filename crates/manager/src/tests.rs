@@ -762,7 +762,9 @@ fn apply(
 fn the_change_feed_is_lossless_and_ordered_per_key_under_concurrent_writers() {
     let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     let feed = fx.manager.subscribe();
-    let keys: Vec<i64> = (0..16).collect();
+    // Enough keys that starts keep finding absent ones while removed keys wait, DELETING
+    // (present to StartWriteCache), for a deleter a loaded machine may starve.
+    let keys: Vec<i64> = (0..64).collect();
     std::thread::scope(|scope| {
         for _ in 0..4 {
             let (manager, instance, keys) = (&fx.manager, &instance, &keys);
