@@ -32,6 +32,33 @@ pub(crate) fn storage(name: &str, root: &std::path::Path) -> StorageConfig {
     }
 }
 
+/// Dependencies of a test manager: no probes, local indexes, no reclaimer, default limits.
+pub(crate) fn test_deps() -> ManagerDeps {
+    ManagerDeps {
+        storage_probe_interval: None,
+        open_index: local_index_factory(),
+        node_id: "test".into(),
+        pool_timing: Default::default(),
+        reclaim_period: None,
+        limits: Default::default(),
+    }
+}
+
+/// A 3FS storage `w` with its mount point under `dir` (one key per file).
+pub(crate) fn three_fs(dir: &std::path::Path) -> StorageConfig {
+    StorageConfig {
+        global_unique_name: "w".into(),
+        spec: StorageSpec::ThreeFs {
+            cluster_name: "c".into(),
+            mountpoint: dir.join("w").display().to_string(),
+            root_dir: "kv".into(),
+            key_count_per_file: 1,
+            touch_file_when_create: false,
+        },
+        check_storage_available_when_open: false,
+    }
+}
+
 pub(crate) fn group(capacity: i64, prefer: PreferStrategy) -> GroupConfig {
     GroupConfig {
         name: "g".into(),
@@ -86,12 +113,8 @@ fn fixture_with(
 ) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let manager = Manager::new(ManagerDeps {
-        storage_probe_interval: None,
         open_index,
-        node_id: "test".into(),
-        pool_timing: Default::default(),
-        reclaim_period: None,
-        limits: Default::default(),
+        ..test_deps()
     })
     .expect("manager");
     manager
@@ -614,17 +637,7 @@ fn with_one_storage_per_type_an_unavailable_storage_weighs_by_its_type() {
     fx.manager
         .set_storage_available("u", false)
         .expect("disable");
-    let three_fs = StorageConfig {
-        global_unique_name: "w".into(),
-        spec: StorageSpec::ThreeFs {
-            cluster_name: "c".into(),
-            mountpoint: fx.dir.path().join("w").display().to_string(),
-            root_dir: "kv".into(),
-            key_count_per_file: 1,
-            touch_file_when_create: false,
-        },
-        check_storage_available_when_open: false,
-    };
+    let three_fs = three_fs(fx.dir.path());
     fx.manager
         .add_storage(three_fs)
         .expect("a 3FS outside the group");
@@ -856,14 +869,7 @@ fn storage_handles_run_out_with_a_clear_refusal_that_changes_nothing() {
 /// group whose candidates are `[s, t]`, in that order.
 fn two_storages(t_root: &std::path::Path) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let manager = Manager::new(ManagerDeps {
-        storage_probe_interval: None,
-        open_index: local_index_factory(),
-        node_id: "test".into(),
-        pool_timing: Default::default(),
-        reclaim_period: None,
-        limits: Default::default(),
-    })
+    let manager = Manager::new(test_deps())
     .expect("manager");
     let s_root = dir.path().join("s");
     manager.add_storage(storage("s", &s_root)).expect("s");

@@ -9,18 +9,11 @@ use super::record::Record;
 use super::*;
 use crate::mask::BlockMask;
 use crate::query::QueryKind;
-use crate::tests::{group, instance_info, storage, OwnedLookup, PREFER_3FS};
-use crate::{local_index_factory, Instance, Manager, ManagerDeps};
+use crate::tests::{group, instance_info, storage, test_deps, OwnedLookup, PREFER_3FS};
+use crate::{Instance, Manager};
 
 fn manager() -> Arc<Manager> {
-    Manager::new(ManagerDeps {
-        storage_probe_interval: None,
-        open_index: local_index_factory(),
-        node_id: "test".into(),
-        pool_timing: Default::default(),
-        reclaim_period: None,
-        limits: Default::default(),
-    })
+    Manager::new(test_deps())
     .expect("manager")
 }
 

@@ -48,17 +48,7 @@ fn the_block_that_would_exceed_the_group_quota_is_refused_and_the_one_before_acc
 #[test]
 fn a_full_type_passes_blocks_to_the_next_candidate_type() {
     let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
-    let three_fs = StorageConfig {
-        global_unique_name: "w".into(),
-        spec: StorageSpec::ThreeFs {
-            cluster_name: "c".into(),
-            mountpoint: fx.dir.path().join("w").display().to_string(),
-            root_dir: "kv".into(),
-            key_count_per_file: 1,
-            touch_file_when_create: false,
-        },
-        check_storage_available_when_open: false,
-    };
+    let three_fs = three_fs(fx.dir.path());
     fx.manager.add_storage(three_fs).expect("3FS storage");
     let mut group = GroupConfig::clone(&fx.manager.group("g").expect("group"));
     group.version = 2;
@@ -92,14 +82,7 @@ fn a_full_type_passes_blocks_to_the_next_candidate_type() {
 #[test]
 fn max_key_count_refuses_the_key_past_the_cap() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let manager = Manager::new(ManagerDeps {
-        storage_probe_interval: None,
-        open_index: local_index_factory(),
-        node_id: "test".into(),
-        pool_timing: Default::default(),
-        reclaim_period: None,
-        limits: Default::default(),
-    })
+    let manager = Manager::new(test_deps())
     .expect("manager");
     manager
         .add_storage(storage("s", dir.path()))

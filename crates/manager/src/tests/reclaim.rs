@@ -16,12 +16,8 @@ const TAKES_EFFECT: Duration = Duration::from_secs(2);
 fn capped() -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let manager = Manager::new(ManagerDeps {
-        storage_probe_interval: None,
-        open_index: local_index_factory(),
-        node_id: "test".into(),
-        pool_timing: Default::default(),
         reclaim_period: Some(Duration::from_millis(20)),
-        limits: Default::default(),
+        ..test_deps()
     })
     .expect("manager");
     manager
@@ -273,17 +269,7 @@ fn among_blocks_of_one_request_the_suffix_goes_before_its_prefix() {
 #[test]
 fn a_type_over_its_watermark_loses_blocks_of_that_type_only() {
     let (fx, instance) = capped();
-    let three_fs = StorageConfig {
-        global_unique_name: "w".into(),
-        spec: StorageSpec::ThreeFs {
-            cluster_name: "c".into(),
-            mountpoint: fx.dir.path().join("w").display().to_string(),
-            root_dir: "kv".into(),
-            key_count_per_file: 1,
-            touch_file_when_create: false,
-        },
-        check_storage_available_when_open: false,
-    };
+    let three_fs = three_fs(fx.dir.path());
     fx.manager.add_storage(three_fs).expect("3FS storage");
     let mut config = GroupConfig::clone(&fx.manager.group("g").expect("group"));
     config.version += 1;
