@@ -41,6 +41,20 @@ pub const KVCM_PATH_FILE: i32 = 3;
 /// A transfer engine behind a mutex (`kvcm_engine`).
 pub struct Engine(Mutex<TransferEngine>);
 
+impl Engine {
+    /// The engine, for one call (calls on one engine run one at a time).
+    fn locked(&self) -> std::sync::MutexGuard<'_, TransferEngine> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// `count` blocks of `specs` parts, part `j` of block `b` being `part(b × specs + j)`.
+fn per_block<T>(count: usize, specs: usize, part: impl Fn(usize) -> T) -> Vec<Vec<T>> {
+    (0..count)
+        .map(|block| (0..specs).map(|spec| part(block * specs + spec)).collect())
+        .collect()
+}
+
 fn path_code(path: Option<TransferPath>) -> i32 {
     match path {
         None => KVCM_PATH_NONE,
@@ -215,20 +229,12 @@ pub unsafe extern "C" fn kvcm_engine_put(
             let keys = args::keys(keys, count)?;
             args::require(outcomes, "outcomes")?;
             let (buffers, lengths) = parts(count, specs, buffers, lengths)?;
-            let blocks: Vec<Vec<&[u8]>> = (0..count)
-                .map(|block| {
-                    (0..specs)
-                        .map(|spec| {
-                            let i = block * specs + spec;
-                            // SAFETY: checked non-NULL when non-empty; the caller promises
-                            // `lengths[i]` readable bytes.
-                            args::bytes(buffers[i].cast(), lengths[i])
-                        })
-                        .collect()
-                })
-                .collect();
-            let mut locked = engine.0.lock().unwrap_or_else(|p| p.into_inner());
-            let done = locked.put_blocks(keys, &blocks)?;
+            let blocks = per_block(count, specs, |i| {
+                // SAFETY: checked non-NULL when non-empty; the caller promises `lengths[i]`
+                // readable bytes.
+                args::bytes(buffers[i].cast(), lengths[i])
+            });
+            let done = engine.locked().put_blocks(keys, &blocks)?;
             let codes: Vec<_> = done.iter().map(put_code).collect();
             store_codes(&codes, outcomes, paths)
         })
@@ -260,20 +266,12 @@ pub unsafe extern "C" fn kvcm_engine_get(
             args::require(outcomes, "outcomes")?;
             let (buffers, lengths) = parts(count, specs, buffers.cast(), lengths)?;
             check_disjoint(buffers, lengths)?;
-            let mut blocks: Vec<Vec<&mut [u8]>> = (0..count)
-                .map(|block| {
-                    (0..specs)
-                        .map(|spec| {
-                            let i = block * specs + spec;
-                            // SAFETY: checked non-NULL when non-empty and disjoint from every
-                            // other buffer; the caller promises `lengths[i]` writable bytes.
-                            args::bytes_mut(buffers[i].cast_mut().cast(), lengths[i])
-                        })
-                        .collect()
-                })
-                .collect();
-            let mut locked = engine.0.lock().unwrap_or_else(|p| p.into_inner());
-            let done = locked.get_blocks(keys, &mut blocks)?;
+            let mut blocks = per_block(count, specs, |i| {
+                // SAFETY: checked non-NULL when non-empty and disjoint from every other
+                // buffer; the caller promises `lengths[i]` writable bytes.
+                args::bytes_mut(buffers[i].cast_mut().cast(), lengths[i])
+            });
+            let done = engine.locked().get_blocks(keys, &mut blocks)?;
             let codes: Vec<_> = done.iter().map(get_code).collect();
             store_codes(&codes, outcomes, paths)
         })
