@@ -134,7 +134,44 @@ class Locations(Sequence):
             self._result = None
 
 
-class Client:
+class Connected:
+    """A library object connected to one instance (a client or an engine): connects in its
+    constructor, frees itself on close (idempotent), in `with` or when collected. Subclasses
+    name their C functions in `_connect` and `_free` (held by the class, so that `__del__`
+    still finds them while the interpreter shuts down)."""
+
+    _connect = None
+    _free = None
+
+    def __init__(self, grpc, http, instance_id, wire="soft-tcp"):
+        self._handle = None
+        if wire not in WIRES:
+            raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'none', not {wire!r}")
+        handle, message = c_void_p(), c_void_p()
+        args = (_text(grpc, "grpc"), _text(http, "http"), _text(instance_id, "instance_id"))
+        status = self._connect(*args, WIRES[wire], byref(handle), byref(message))
+        if status:
+            _raise(status, message)
+        self._handle = handle
+        self.instance_id = instance_id
+
+    def close(self):
+        """Frees the object (idempotent)."""
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            self._free(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class Client(Connected):
     """A connected kvcm client for one instance.
 
     grpc: "http://host:port" of the gRPC service; http: "ip:port" of the meta HTTP listener
@@ -145,17 +182,8 @@ class Client:
     is in flight.
     """
 
-    def __init__(self, grpc, http, instance_id, wire="soft-tcp"):
-        self._handle = None
-        if wire not in WIRES:
-            raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'none', not {wire!r}")
-        handle, message = c_void_p(), c_void_p()
-        args = (_text(grpc, "grpc"), _text(http, "http"), _text(instance_id, "instance_id"))
-        status = LIB.kvcm_client_connect(*args, WIRES[wire], byref(handle), byref(message))
-        if status:
-            _raise(status, message)
-        self._handle = handle
-        self.instance_id = instance_id
+    _connect = LIB.kvcm_client_connect
+    _free = LIB.kvcm_client_free
 
     def _lookup(self, function, keys, *extra):
         handle = self._handle
@@ -199,24 +227,6 @@ class Client:
         if self._handle is None:
             raise ValueError("kvcm client is closed")
         return LIB.kvcm_client_fast_path_up(self._handle) == 1
-
-    # Held by the class, so that __del__ still finds it while the interpreter shuts down.
-    _free = LIB.kvcm_client_free
-
-    def close(self):
-        """Frees the client (idempotent)."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            self._free(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
     def __repr__(self):
         state = "closed" if self._handle is None else "open"

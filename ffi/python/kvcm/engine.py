@@ -16,7 +16,7 @@ from typing import List, NamedTuple
 
 from . import _keys
 from ._lib import LIB
-from .client import WIRES, _raise, _text
+from .client import Connected, _raise
 
 PUT_OUTCOMES = {1: "written", 2: "present", 3: "failed"}
 GET_OUTCOMES = {1: "hit", 2: "miss", 3: "unreadable"}
@@ -73,22 +73,13 @@ def _parts(keys, blocks, writable):
     return address, count, specs, pointers, lengths, alive
 
 
-class Engine:
+class Engine(Connected):
     """A transfer engine for one instance (arguments as `kvcm.Client`; `wire` is used for
     lookups and pool nodes). Calls on one engine run one at a time; use one per thread for
     parallel transfers."""
 
-    def __init__(self, grpc, http, instance_id, wire="soft-tcp"):
-        self._handle = None
-        if wire not in WIRES:
-            raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'none', not {wire!r}")
-        handle, message = c_void_p(), c_void_p()
-        args = (_text(grpc, "grpc"), _text(http, "http"), _text(instance_id, "instance_id"))
-        status = LIB.kvcm_engine_connect(*args, WIRES[wire], byref(handle), byref(message))
-        if status:
-            _raise(status, message)
-        self._handle = handle
-        self.instance_id = instance_id
+    _connect = LIB.kvcm_engine_connect
+    _free = LIB.kvcm_engine_free
 
     def _call(self, function, names, keys, blocks, writable):
         if self._handle is None:
@@ -112,19 +103,3 @@ class Engine:
         """Reads the cached blocks of `keys` into `blocks[i]` (writable, disjoint buffers);
         a block that is not a hit leaves its buffers holding nothing valid."""
         return self._call(LIB.kvcm_engine_get, GET_OUTCOMES, keys, blocks, writable=True)
-
-    def close(self):
-        """Frees the engine (idempotent)."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            LIB.kvcm_engine_free(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None and LIB is not None:
-            self.close()
