@@ -44,7 +44,9 @@ pub struct Engine(Mutex<TransferEngine>);
 impl Engine {
     /// The engine, for one call (calls on one engine run one at a time).
     fn locked(&self) -> std::sync::MutexGuard<'_, TransferEngine> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

@@ -869,8 +869,7 @@ fn storage_handles_run_out_with_a_clear_refusal_that_changes_nothing() {
 /// group whose candidates are `[s, t]`, in that order.
 fn two_storages(t_root: &std::path::Path) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let manager = Manager::new(test_deps())
-    .expect("manager");
+    let manager = Manager::new(test_deps()).expect("manager");
     let s_root = dir.path().join("s");
     manager.add_storage(storage("s", &s_root)).expect("s");
     manager.add_storage(storage("t", t_root)).expect("t");

@@ -13,8 +13,7 @@ use crate::tests::{group, instance_info, storage, test_deps, OwnedLookup, PREFER
 use crate::{Instance, Manager};
 
 fn manager() -> Arc<Manager> {
-    Manager::new(test_deps())
-    .expect("manager")
+    Manager::new(test_deps()).expect("manager")
 }
 
 fn config(dir: &Path) -> JournalConfig {

@@ -82,8 +82,7 @@ fn a_full_type_passes_blocks_to_the_next_candidate_type() {
 #[test]
 fn max_key_count_refuses_the_key_past_the_cap() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let manager = Manager::new(test_deps())
-    .expect("manager");
+    let manager = Manager::new(test_deps()).expect("manager");
     manager
         .add_storage(storage("s", dir.path()))
         .expect("storage");
