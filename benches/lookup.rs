@@ -89,19 +89,30 @@ trait Case {
     fn once(&mut self);
 }
 
+/// A fast-path prefix match; `reused` keeps one answer vector across calls
+/// (`prefix_match_into`, what an engine's lookup loop does), else each call returns a new
+/// one (`prefix_match`).
 struct FastPath {
     client: Client,
     keys: Vec<i64>,
     wire: Wire,
+    reused: Option<Vec<meta::CacheLocation>>,
 }
 
 impl Case for FastPath {
     fn name(&self) -> String {
-        format!("fast path {:?} prefix-{}", self.wire, self.keys.len())
+        let form = if self.reused.is_some() { " (into)" } else { "" };
+        format!("fast path {:?} prefix-{}{form}", self.wire, self.keys.len())
     }
     fn once(&mut self) {
-        let found = self.client.prefix_match(&self.keys).unwrap();
-        assert_eq!(found.len(), self.keys.len());
+        let found = match &mut self.reused {
+            Some(out) => {
+                self.client.prefix_match_into(&self.keys, out).unwrap();
+                out.len()
+            }
+            None => self.client.prefix_match(&self.keys).unwrap().len(),
+        };
+        assert_eq!(found, self.keys.len());
     }
 }
 
@@ -322,13 +333,16 @@ fn main() {
         let (request, response) = fast_path_sizes(count);
         let mut cases: Vec<Box<dyn Case>> = vec![Box::new(PingPong::new(request, response))];
         for wire in [Wire::Tcp, Wire::Shm] {
-            let client = client(grpc_port, http_port, Some(wire));
-            assert!(client.fast_path_up());
-            cases.push(Box::new(FastPath {
-                client,
-                keys: keys[..count].to_vec(),
-                wire,
-            }));
+            for reused in [None, Some(Vec::new())] {
+                let client = client(grpc_port, http_port, Some(wire));
+                assert!(client.fast_path_up());
+                cases.push(Box::new(FastPath {
+                    client,
+                    keys: keys[..count].to_vec(),
+                    wire,
+                    reused,
+                }));
+            }
         }
         cases.push(Box::new(Grpc {
             runtime: tokio::runtime::Builder::new_current_thread()

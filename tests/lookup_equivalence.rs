@@ -104,6 +104,20 @@ fn fast_answer(
         })
 }
 
+/// The fast answer written into `reused`, a vector kept across queries (so a stale
+/// location, spec or string left from an earlier answer would show).
+fn fast_answer_into(
+    client: &Client,
+    request: &meta::GetCacheLocationRequest,
+    reused: &mut Vec<meta::CacheLocation>,
+) -> Result<Vec<meta::CacheLocation>, i32> {
+    match client.get_cache_location_into(request, reused) {
+        Ok(()) => Ok(reused.clone()),
+        Err(kvcm_client::ClientError::Server { code, .. }) => Err(code),
+        Err(other) => panic!("client failed: {other}"),
+    }
+}
+
 /// One workload step.
 async fn step(server: &TestServer, rng: &mut fastrand::Rng, disabled: &mut [bool; 2]) {
     let writable = disabled.contains(&false);
@@ -201,6 +215,7 @@ fn equivalence_on(wire: Wire, seed: u64) {
     let mut compared = 0;
     let mut with_uris = 0;
     let mut with_sums = 0;
+    let mut reused = Vec::new();
     for step_number in 0..STEPS {
         if step_number == STEPS / 2 {
             runtime.block_on(grow(&server, &mut disabled));
@@ -209,8 +224,13 @@ fn equivalence_on(wire: Wire, seed: u64) {
         for _ in 0..QUERIES {
             let request = random_query(&mut rng);
             let fast = fast_answer(&client, &request);
+            let into = fast_answer_into(&client, &request, &mut reused);
             let slow = runtime.block_on(grpc_answer(&server, request.clone()));
             assert_eq!(fast, slow, "step {step_number}, seed {seed}, {request:?}");
+            assert_eq!(
+                into, slow,
+                "into, step {step_number}, seed {seed}, {request:?}"
+            );
             compared += 1;
             let uri = |l: &meta::CacheLocation| l.location_specs.iter().any(|s| !s.uri.is_empty());
             let sum =

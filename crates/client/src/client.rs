@@ -15,7 +15,7 @@ use tonic::transport::Channel;
 
 use crate::connection::CallError;
 use crate::error::{ClientError, FastError};
-use crate::fast::FastPath;
+use crate::fast::{FastPath, Query};
 use crate::grpc::{Grpc, WithHeader};
 use crate::metrics::{FastPathMetrics, Metrics};
 
@@ -148,58 +148,42 @@ impl Client {
     /// answer when it has one, equal to the server's, else the server's.
     pub fn get_cache_location(
         &self,
-        mut request: meta::GetCacheLocationRequest,
+        request: meta::GetCacheLocationRequest,
     ) -> Result<Vec<meta::CacheLocation>, ClientError> {
-        if let Some(locations) = self.try_fast(&request) {
-            self.metrics.hit();
-            return Ok(locations);
-        }
-        request.instance_id = self.config.instance_id.clone();
-        if self.config.wire.is_some() {
-            self.metrics.fallback();
-        }
-        let response = self.grpc().call(|mut client| {
-            let request = request.clone();
-            async move { client.get_cache_location(request).await }
-        })?;
-        Ok(response.locations)
+        self.collect(&Query::of(&request))
     }
 
-    /// The fast path's answer, reconnecting it when it has been down long enough.
-    fn try_fast(
+    /// As [`Client::get_cache_location`], writing the answer into `out` and reusing the
+    /// locations, vectors and strings it holds: a caller that passes the same vector to
+    /// every lookup makes fast-path lookups without allocating.
+    pub fn get_cache_location_into(
         &self,
         request: &meta::GetCacheLocationRequest,
-    ) -> Option<Vec<meta::CacheLocation>> {
-        let mut fast = self.fast();
-        if let FastState::Down(since) = *fast {
-            if since.elapsed() < RECONNECT_AFTER {
-                return None;
-            }
-            self.metrics.reconnect();
-            *fast = self.connect_fast();
-        }
-        let FastState::Up(path) = &mut *fast else {
-            return None;
-        };
-        match path.lookup(request, &self.metrics) {
-            Ok(locations) => Some(locations),
-            Err(FastError::AskServer(_)) => None,
-            Err(error @ FastError::Broken(_)) => {
-                tracing_debug(&error);
-                *fast = FastState::Down(Instant::now());
-                None
-            }
-        }
+        out: &mut Vec<meta::CacheLocation>,
+    ) -> Result<(), ClientError> {
+        self.query_into(&Query::of(request), out)
     }
 
     /// Prefix match over block keys.
     pub fn prefix_match(&self, keys: &[i64]) -> Result<Vec<meta::CacheLocation>, ClientError> {
-        self.get_cache_location(query(meta::QueryType::QtPrefixMatch, keys, 0))
+        self.collect(&Query::over_keys(meta::QueryType::QtPrefixMatch, keys, 0))
+    }
+
+    /// Prefix match over block keys into `out` (see [`Client::get_cache_location_into`]).
+    pub fn prefix_match_into(
+        &self,
+        keys: &[i64],
+        out: &mut Vec<meta::CacheLocation>,
+    ) -> Result<(), ClientError> {
+        self.query_into(
+            &Query::over_keys(meta::QueryType::QtPrefixMatch, keys, 0),
+            out,
+        )
     }
 
     /// Batch get over block keys.
     pub fn batch_get(&self, keys: &[i64]) -> Result<Vec<meta::CacheLocation>, ClientError> {
-        self.get_cache_location(query(meta::QueryType::QtBatchGet, keys, 0))
+        self.collect(&Query::over_keys(meta::QueryType::QtBatchGet, keys, 0))
     }
 
     /// Reverse rolling sliding-window match over block keys.
@@ -208,7 +192,62 @@ impl Client {
         keys: &[i64],
         sw_size: i32,
     ) -> Result<Vec<meta::CacheLocation>, ClientError> {
-        self.get_cache_location(query(meta::QueryType::QtReverseRollSwMatch, keys, sw_size))
+        let kind = meta::QueryType::QtReverseRollSwMatch;
+        self.collect(&Query::over_keys(kind, keys, sw_size))
+    }
+
+    /// The answer to `query` in a new vector.
+    fn collect(&self, query: &Query<'_>) -> Result<Vec<meta::CacheLocation>, ClientError> {
+        let mut out = Vec::new();
+        self.query_into(query, &mut out)?;
+        Ok(out)
+    }
+
+    /// The answer to `query`: the fast path's when it has one, else the server's.
+    fn query_into(
+        &self,
+        query: &Query<'_>,
+        out: &mut Vec<meta::CacheLocation>,
+    ) -> Result<(), ClientError> {
+        if self.try_fast(query, out) {
+            self.metrics.hit();
+            return Ok(());
+        }
+        if self.config.wire.is_some() {
+            self.metrics.fallback();
+        }
+        let request = query.to_request(&self.config.instance_id);
+        let response = self.grpc().call(|mut client| {
+            let request = request.clone();
+            async move { client.get_cache_location(request).await }
+        })?;
+        *out = response.locations;
+        Ok(())
+    }
+
+    /// Whether the fast path answered `query` into `out`, reconnecting it when it has been
+    /// down long enough.
+    fn try_fast(&self, query: &Query<'_>, out: &mut Vec<meta::CacheLocation>) -> bool {
+        let mut fast = self.fast();
+        if let FastState::Down(since) = *fast {
+            if since.elapsed() < RECONNECT_AFTER {
+                return false;
+            }
+            self.metrics.reconnect();
+            *fast = self.connect_fast();
+        }
+        let FastState::Up(path) = &mut *fast else {
+            return false;
+        };
+        match path.lookup(query, out, &self.metrics) {
+            Ok(()) => true,
+            Err(FastError::AskServer(_)) => false,
+            Err(error @ FastError::Broken(_)) => {
+                tracing_debug(&error);
+                *fast = FastState::Down(Instant::now());
+                false
+            }
+        }
     }
 
     /// StartWriteCache: as an RDMA message on the fast path's queue pair when it is up,
@@ -321,15 +360,6 @@ fn reply_code(reply: &Reply) -> Option<i32> {
 
 fn unexpected_reply() -> ClientError {
     ClientError::Unreachable("the server answered a message with another kind of reply".into())
-}
-
-fn query(kind: meta::QueryType, keys: &[i64], sw_size: i32) -> meta::GetCacheLocationRequest {
-    meta::GetCacheLocationRequest {
-        query_type: kind as i32,
-        block_keys: keys.to_vec(),
-        sw_size,
-        ..Default::default()
-    }
 }
 
 /// Records why the fast path could not answer (stderr when `KVCM_CLIENT_DEBUG` is set).

@@ -10,7 +10,7 @@ use kvcm::lookup::messages::MAX_MESSAGE;
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
-    RecvWr, Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::error::FastError;
@@ -51,6 +51,8 @@ pub(crate) struct Connection {
     wire: Wire,
     /// The direct reads of the current call (kept to reuse its allocation).
     direct: Vec<(RemoteAddr, usize)>,
+    /// The READ work requests of the current batch: id, remote range, local buffer.
+    wrs: Vec<(u64, RemoteAddr, Sge)>,
     /// Round trips made (batches posted).
     pub round_trips: u64,
 }
@@ -101,6 +103,7 @@ impl Connection {
             domain,
             wire,
             direct: Vec::new(),
+            wrs: Vec::new(),
             round_trips: 0,
         })
     }
@@ -167,11 +170,23 @@ impl Connection {
         Ok(reply)
     }
 
-    /// Performs `reads` and returns their bytes, concatenated in order (in that order: on
-    /// shared memory as direct reads of the mapped regions, otherwise as one batch of
-    /// one-sided READs per [`BATCH`]).
+    /// Performs `reads` and returns their bytes, concatenated in order.
     pub(crate) fn read(&mut self, reads: &[Read]) -> Result<Vec<u8>, FastError> {
+        let mut bytes = Vec::new();
+        self.read_into(reads, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Performs `reads` and leaves their bytes in `bytes`, concatenated in order (in that
+    /// order: on shared memory as direct reads of the mapped regions, otherwise as one
+    /// batch of one-sided READs per [`BATCH`]).
+    pub(crate) fn read_into(
+        &mut self,
+        reads: &[Read],
+        bytes: &mut Vec<u8>,
+    ) -> Result<(), FastError> {
         let total: usize = reads.iter().map(|r| r.len).sum();
+        bytes.resize(total, 0);
         if self.wire == Wire::Shm {
             let remote = |r: &Read| {
                 (
@@ -184,42 +199,43 @@ impl Connection {
             };
             self.direct.clear();
             self.direct.extend(reads.iter().map(remote));
-            let mut bytes = vec![0u8; total];
-            self.qp.read_direct(&self.direct, &mut bytes)?;
+            self.qp.read_direct(&self.direct, bytes)?;
             self.round_trips += 1;
-            return Ok(bytes);
+            return Ok(());
         }
         self.reserve(total)?;
         let mut offset = 0;
         for chunk in reads.chunks(BATCH) {
-            let mut wrs = Vec::with_capacity(chunk.len());
-            let sges: Vec<_> = chunk
-                .iter()
-                .scan(offset, |at, read| {
-                    let sge = self.region.sge(*at, read.len as u32);
-                    *at += read.len;
-                    Some(sge)
-                })
-                .collect();
-            for (i, (read, sge)) in chunk.iter().zip(&sges).enumerate() {
-                wrs.push(SendWr {
-                    wr_id: i as u64,
-                    op: SendOp::Read(RemoteAddr {
+            self.wrs.clear();
+            self.wrs.extend(chunk.iter().enumerate().map(|(i, read)| {
+                let sge = self.region.sge(offset, read.len as u32);
+                offset += read.len;
+                (
+                    i as u64,
+                    RemoteAddr {
                         addr: read.addr,
                         rkey: read.rkey,
-                    }),
+                    },
+                    sge,
+                )
+            }));
+            let last = chunk.len() - 1;
+            let wrs: Vec<SendWr<'_>> = self
+                .wrs
+                .iter()
+                .map(|(i, remote, sge)| SendWr {
+                    wr_id: *i,
+                    op: SendOp::Read(*remote),
                     sg_list: std::slice::from_ref(sge),
-                    signaled: i + 1 == chunk.len(),
-                });
-            }
+                    signaled: *i as usize == last,
+                })
+                .collect();
             self.qp.post_send(&wrs)?;
             self.round_trips += 1;
             self.wait()?;
-            offset += chunk.iter().map(|r| r.len).sum::<usize>();
         }
-        let mut bytes = vec![0u8; total];
-        self.buffer.read(0, &mut bytes)?;
-        Ok(bytes)
+        self.buffer.read(0, bytes)?;
+        Ok(())
     }
 
     /// Busy-polls for the batch's one signaled completion.

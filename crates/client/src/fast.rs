@@ -9,7 +9,6 @@
 //! placeholders. Whatever the fast path cannot answer exactly (an overflowed key, a query
 //! the server refuses, no storage available) is left to the server.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
 use kvcm::lookup::{BootstrapAnswer, WireAnswer};
@@ -18,7 +17,7 @@ use kvcm::service::convert::{mask_from_wire, query_kind};
 use kvcm_lookup::avail::Availability;
 use kvcm_lookup::header::{candidates, Header, FORMAT_VERSION, HEADER_BLOCK};
 use kvcm_lookup::reader::{self, Copy};
-use kvcm_lookup::slot::Slot;
+use kvcm_lookup::slot::SlotRef;
 use kvcm_lookup::strings::{self, Entry, Template, ENTRY_HEAD};
 use kvcm_manager::keys::block_keys_from_tokens;
 use kvcm_manager::query::{self, QueryKind};
@@ -44,27 +43,77 @@ pub(crate) struct FastPath {
     templates: HashMap<u32, Template>,
     /// Id of the last write-path message.
     next_id: u32,
+    /// The READs of the current copy (kept to reuse their allocation).
+    reads: Vec<Read>,
+    /// The bytes of the last copy (kept to reuse their allocation).
+    bytes: Vec<u8>,
+    /// The availability block of the last copy.
+    availability: Availability,
 }
 
-/// The copied state of one query's keys.
-struct Copied {
-    availability: Availability,
-    /// Per position, the location drawn among the key's readable ones.
-    drawn: Vec<Draw>,
+/// A GetCacheLocation query as the fast path takes it: the request's fields, borrowed
+/// (so a lookup by block keys copies nothing of the caller's).
+pub(crate) struct Query<'a> {
+    pub block_keys: &'a [i64],
+    pub token_ids: &'a [i64],
+    pub query_type: i32,
+    pub sw_size: i32,
+    pub block_mask: Option<&'a meta::BlockMask>,
+    pub location_spec_names: &'a [String],
+}
+
+impl<'a> Query<'a> {
+    /// The query of a request.
+    pub(crate) fn of(request: &'a meta::GetCacheLocationRequest) -> Query<'a> {
+        Query {
+            block_keys: &request.block_keys,
+            token_ids: &request.token_ids,
+            query_type: request.query_type,
+            sw_size: request.sw_size,
+            block_mask: request.block_mask.as_ref(),
+            location_spec_names: &request.location_spec_names,
+        }
+    }
+
+    /// A query of `kind` over block keys, every spec, no mask.
+    pub(crate) fn over_keys(kind: meta::QueryType, keys: &'a [i64], sw_size: i32) -> Query<'a> {
+        Query {
+            block_keys: keys,
+            token_ids: &[],
+            query_type: kind as i32,
+            sw_size,
+            block_mask: None,
+            location_spec_names: &[],
+        }
+    }
+
+    /// The request the server is asked when the fast path cannot answer.
+    pub(crate) fn to_request(&self, instance_id: &str) -> meta::GetCacheLocationRequest {
+        meta::GetCacheLocationRequest {
+            instance_id: instance_id.to_string(),
+            query_type: self.query_type,
+            block_keys: self.block_keys.to_vec(),
+            token_ids: self.token_ids.to_vec(),
+            block_mask: self.block_mask.cloned(),
+            sw_size: self.sw_size,
+            location_spec_names: self.location_spec_names.to_vec(),
+            ..Default::default()
+        }
+    }
 }
 
 /// The readable location drawn for a key (§11) as its slots are read: among its slots of
 /// positive weight, one at random in proportion to its weight (weighted reservoir sampling,
 /// as the server draws); an overflowed key must be asked of the server.
 #[derive(Default)]
-struct Draw {
-    chosen: Option<Slot>,
+struct Draw<'a> {
+    chosen: Option<SlotRef<'a>>,
     total: u32,
     overflow: bool,
 }
 
-impl Draw {
-    fn offer(&mut self, slot: Slot, availability: &Availability) {
+impl<'a> Draw<'a> {
+    fn offer(&mut self, slot: SlotRef<'a>, availability: &Availability) {
         if slot.is_overflow() {
             self.overflow = true;
             return;
@@ -79,7 +128,7 @@ impl Draw {
         }
     }
 
-    fn finish(self) -> Result<Option<Slot>, FastError> {
+    fn finish(self) -> Result<Option<SlotRef<'a>>, FastError> {
         if self.overflow {
             return Err(FastError::AskServer(
                 "a key has more locations than its buckets hold",
@@ -121,6 +170,9 @@ impl FastPath {
             specs: Vec::new(),
             templates: HashMap::new(),
             next_id: 0,
+            reads: Vec::new(),
+            bytes: Vec::new(),
+            availability: Availability::default(),
         };
         fast.load_header()?;
         Ok(fast)
@@ -196,97 +248,81 @@ impl FastPath {
         Err(FastError::Broken("the header stayed torn".into()))
     }
 
-    /// GetCacheLocation's locations for `request`, or why the server must answer it.
+    /// GetCacheLocation's locations for `query`, written into `out` (whose allocations are
+    /// reused: a caller that passes the same vector again looks up without allocating), or
+    /// why the server must answer it (`out` is then unspecified).
     pub(crate) fn lookup(
         &mut self,
-        request: &meta::GetCacheLocationRequest,
+        query: &Query<'_>,
+        out: &mut Vec<meta::CacheLocation>,
         metrics: &Metrics,
-    ) -> Result<Vec<meta::CacheLocation>, FastError> {
+    ) -> Result<(), FastError> {
         let ask = FastError::AskServer;
-        let keys: Cow<'_, [i64]> = if !request.block_keys.is_empty() {
-            Cow::Borrowed(&request.block_keys)
-        } else if !request.token_ids.is_empty() && self.header.block_size > 0 {
-            Cow::Owned(block_keys_from_tokens(
-                &request.token_ids,
-                self.header.block_size as usize,
-            ))
+        let from_tokens;
+        let keys: &[i64] = if !query.block_keys.is_empty() {
+            query.block_keys
+        } else if !query.token_ids.is_empty() && self.header.block_size > 0 {
+            from_tokens = block_keys_from_tokens(query.token_ids, self.header.block_size as usize);
+            &from_tokens
         } else {
             return Err(ask("no keys, or token ids without a block size"));
         };
-        let kind =
-            query_kind(request.query_type, request.sw_size).map_err(|_| ask("query type"))?;
-        let mask =
-            mask_from_wire(request.block_mask.as_ref(), "block_mask").map_err(|_| ask("mask"))?;
+        let kind = query_kind(query.query_type, query.sw_size).map_err(|_| ask("query type"))?;
+        let mask = mask_from_wire(query.block_mask, "block_mask").map_err(|_| ask("mask"))?;
         if let QueryKind::SlidingWindow { sw_size } = kind {
             if sw_size == 0 || sw_size > keys.len() {
                 return Err(ask("sw_size"));
             }
         }
-        let queried: Cow<'_, [i64]> = match kind {
-            QueryKind::PrefixMatch => keys
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !mask.contains(*i))
-                .map(|(_, k)| *k)
-                .collect(),
+        let unmasked: Vec<i64>;
+        let queried: &[i64] = match kind {
+            QueryKind::PrefixMatch if !mask.is_empty() => {
+                unmasked = keys
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !mask.contains(*i))
+                    .map(|(_, k)| *k)
+                    .collect();
+                &unmasked
+            }
             _ => keys,
         };
-        let copied = self.copy(&queried, metrics)?;
-        if copied.availability.no_storage {
-            return Err(ask("no storage is available"));
-        }
-        let chosen: Vec<Option<Slot>> = copied
-            .drawn
-            .into_iter()
-            .map(Draw::finish)
-            .collect::<Result<_, _>>()?;
-        let answered: Vec<Option<Slot>> = match kind {
-            QueryKind::PrefixMatch => query::prefix_match(chosen).into_iter().map(Some).collect(),
-            QueryKind::BatchGet => chosen,
-            QueryKind::SlidingWindow { sw_size } => query::sliding_window(chosen, sw_size),
-        };
-        self.render(
-            &answered,
-            &copied.availability,
-            &request.location_spec_names,
+        let mut bytes = std::mem::take(&mut self.bytes);
+        let answered = self.answer(
+            queried,
+            kind,
+            query.location_spec_names,
+            &mut bytes,
+            out,
             metrics,
-        )
+        );
+        self.bytes = bytes;
+        answered
     }
 
-    /// One consistent copy of the availability block and every key's buckets.
-    fn copy(&mut self, keys: &[i64], metrics: &Metrics) -> Result<Copied, FastError> {
+    /// Copies the availability block and every key's buckets into `bytes` until the copy
+    /// is consistent, draws each key's location, applies the query and renders the answer.
+    fn answer(
+        &mut self,
+        keys: &[i64],
+        kind: QueryKind,
+        spec_names: &[String],
+        bytes: &mut Vec<u8>,
+        out: &mut Vec<meta::CacheLocation>,
+        metrics: &Metrics,
+    ) -> Result<(), FastError> {
         for _ in 0..MAX_ATTEMPTS {
             let header = self.header;
-            let rkey = header.generation_rkeys[self.wire.wire];
-            let at = |offset: u64| header.generation_addr + offset;
-            let bucket = header.bucket_bytes as usize;
-            let mut reads = Vec::with_capacity(1 + 2 * keys.len());
-            reads.push(Read {
-                addr: at(0),
-                rkey,
-                len: header.avail_bytes as usize,
-            });
-            for key in keys {
-                // First candidate before second: the publisher moves slots only forward, so
-                // a slot moved while this batch runs is seen in one of the two (the READs of
-                // one queue pair execute in order).
-                for index in candidates(*key, header.hash_seed, header.bucket_count) {
-                    reads.push(Read {
-                        addr: at(header.bucket_at(index)),
-                        rkey,
-                        len: bucket,
-                    });
-                }
-            }
-            let bytes = match self.connection.read(&reads) {
-                Ok(bytes) => bytes,
+            self.plan_reads(keys);
+            match self.connection.read_into(&self.reads, bytes) {
+                Ok(()) => {}
                 // A retired generation's registration is gone after the grace period.
                 Err(_) if self.reload()? => continue,
                 Err(error) => return Err(error),
-            };
+            }
             let (avail, buckets) = bytes.split_at(header.avail_bytes as usize);
-            let availability = match reader::availability(avail)? {
-                Copy::Good(availability) => availability,
+            match reader::availability(avail, &mut self.availability)? {
+                Copy::Good(()) => {}
                 Copy::Torn => {
                     metrics.retry();
                     continue;
@@ -296,17 +332,16 @@ impl FastPath {
                     metrics.retry();
                     continue;
                 }
-            };
+            }
             let geometry = header.geometry();
+            let bucket = header.bucket_bytes as usize;
             let mut drawn = Vec::with_capacity(keys.len());
             let mut outcome = Copy::Good(());
             for (key, pair) in keys.iter().zip(buckets.chunks_exact(2 * bucket)) {
                 let mut draw = Draw::default();
                 for block in pair.chunks_exact(bucket) {
                     match reader::key_slots(block, &geometry, *key) {
-                        Copy::Good(mine) => {
-                            mine.into_iter().for_each(|s| draw.offer(s, &availability))
-                        }
+                        Copy::Good(mine) => mine.for_each(|s| draw.offer(s, &self.availability)),
                         Copy::Torn => outcome = Copy::Torn,
                         Copy::Retired => outcome = Copy::Retired,
                     }
@@ -314,20 +349,59 @@ impl FastPath {
                 drawn.push(draw);
             }
             match outcome {
-                Copy::Good(()) => {
-                    return Ok(Copied {
-                        availability,
-                        drawn,
-                    })
+                Copy::Good(()) => {}
+                Copy::Torn => {
+                    metrics.retry();
+                    continue;
                 }
-                Copy::Torn => metrics.retry(),
                 Copy::Retired => {
                     self.load_header()?;
                     metrics.retry();
+                    continue;
                 }
             }
+            if self.availability.no_storage {
+                return Err(FastError::AskServer("no storage is available"));
+            }
+            let mut chosen: Vec<Option<SlotRef<'_>>> = drawn
+                .into_iter()
+                .map(Draw::finish)
+                .collect::<Result<_, _>>()?;
+            match kind {
+                QueryKind::PrefixMatch => chosen.truncate(query::prefix_len(&chosen)),
+                QueryKind::BatchGet => {}
+                QueryKind::SlidingWindow { sw_size } => {
+                    chosen = query::sliding_window(chosen, sw_size)
+                }
+            }
+            return self.render(&chosen, spec_names, out, metrics);
         }
         Err(FastError::AskServer("the table stayed torn"))
+    }
+
+    /// Plans the READs of one copy into `self.reads`: the availability block, then each
+    /// key's two candidate buckets. First candidate before second: the publisher moves
+    /// slots only forward, so a slot moved while the batch runs is seen in one of the two
+    /// (the READs of one queue pair execute in order).
+    fn plan_reads(&mut self, keys: &[i64]) {
+        let header = self.header;
+        let rkey = header.generation_rkeys[self.wire.wire];
+        let at = |offset: u64| header.generation_addr + offset;
+        self.reads.clear();
+        self.reads.push(Read {
+            addr: at(0),
+            rkey,
+            len: header.avail_bytes as usize,
+        });
+        for key in keys {
+            for index in candidates(*key, header.hash_seed, header.bucket_count) {
+                self.reads.push(Read {
+                    addr: at(header.bucket_at(index)),
+                    rkey,
+                    len: header.bucket_bytes as usize,
+                });
+            }
+        }
     }
 
     /// After a failed read: whether a newer header explains it (then read again).
@@ -337,18 +411,19 @@ impl FastPath {
         Ok(self.header.epoch != epoch)
     }
 
-    /// The answered slots as wire locations.
+    /// Writes the answered slots into `out` as wire locations (a miss as the server's
+    /// placeholder), reusing the vectors and strings `out` already holds.
     fn render(
         &mut self,
-        answered: &[Option<Slot>],
-        availability: &Availability,
+        answered: &[Option<SlotRef<'_>>],
         spec_names: &[String],
+        out: &mut Vec<meta::CacheLocation>,
         metrics: &Metrics,
-    ) -> Result<Vec<meta::CacheLocation>, FastError> {
+    ) -> Result<(), FastError> {
         let missing: Vec<u32> = answered
             .iter()
             .flatten()
-            .flat_map(|slot| slot.parts.iter().map(|p| p.template))
+            .flat_map(|slot| slot.parts().map(|p| p.template))
             .filter(|id| !self.templates.contains_key(id))
             .collect();
         if !missing.is_empty() {
@@ -359,49 +434,49 @@ impl FastPath {
                 }
             }
         }
-        let kept = |spec: usize| spec_names.is_empty() || spec_names.contains(&self.specs[spec].0);
-        let mut locations = Vec::with_capacity(answered.len());
-        for slot in answered {
+        let specs = &self.specs;
+        let kept = |spec: usize| spec_names.is_empty() || spec_names.contains(&specs[spec].0);
+        out.truncate(answered.len());
+        out.resize_with(answered.len(), Default::default);
+        for (slot, location) in answered.iter().zip(out.iter_mut()) {
+            let mut filled = 0;
             let Some(slot) = slot else {
-                locations.push(meta::CacheLocation {
-                    r#type: 0,
-                    spec_size: self.specs.len() as i32,
-                    location_specs: (0..self.specs.len())
-                        .filter(|&s| kept(s))
-                        .map(|s| meta::LocationSpec {
-                            name: self.specs[s].0.clone(),
-                            uri: String::new(),
-                            checksum: None,
-                        })
-                        .collect(),
-                });
+                location.r#type = 0;
+                location.spec_size = specs.len() as i32;
+                for (name, _) in specs
+                    .iter()
+                    .enumerate()
+                    .filter(|(s, _)| kept(*s))
+                    .map(|(_, s)| s)
+                {
+                    let spec = next_spec(&mut location.location_specs, &mut filled);
+                    set(&mut spec.name, name);
+                    spec.uri.clear();
+                    spec.checksum = None;
+                }
+                location.location_specs.truncate(filled);
                 continue;
             };
-            let mut specs = Vec::with_capacity(slot.parts.len());
-            for (i, part) in slot.parts.iter().enumerate() {
+            for (i, part) in slot.parts().enumerate() {
                 let template = self
                     .templates
                     .get(&part.template)
                     .ok_or(FastError::Broken("a template entry is missing".into()))?;
-                let spec = usize::from(template.spec);
-                if spec >= self.specs.len() || !kept(spec) {
+                let spec_index = usize::from(template.spec);
+                if spec_index >= specs.len() || !kept(spec_index) {
                     continue;
                 }
-                let mut uri = String::new();
-                template.render(part.block, &mut uri);
-                specs.push(meta::LocationSpec {
-                    name: self.specs[spec].0.clone(),
-                    uri,
-                    checksum: slot.checksums.get(i).copied(),
-                });
+                let spec = next_spec(&mut location.location_specs, &mut filled);
+                set(&mut spec.name, &specs[spec_index].0);
+                spec.uri.clear();
+                template.render(part.block, &mut spec.uri);
+                spec.checksum = slot.checksum(i);
             }
-            locations.push(meta::CacheLocation {
-                r#type: i32::from(availability.get(slot.head.storage).storage_type),
-                spec_size: slot.parts.len() as i32,
-                location_specs: specs,
-            });
+            location.location_specs.truncate(filled);
+            location.r#type = i32::from(self.availability.get(slot.head.storage).storage_type);
+            location.spec_size = slot.parts().len() as i32;
         }
-        Ok(locations)
+        Ok(())
     }
 
     /// Reads string entries by id (one round trip, plus one for entries longer than
@@ -447,4 +522,23 @@ impl FastPath {
         }
         Ok(entries)
     }
+}
+
+/// The next location spec of a location being filled in place: the one at `filled` (an
+/// earlier answer's, reused) or a new one.
+fn next_spec<'a>(
+    specs: &'a mut Vec<meta::LocationSpec>,
+    filled: &mut usize,
+) -> &'a mut meta::LocationSpec {
+    if *filled == specs.len() {
+        specs.push(meta::LocationSpec::default());
+    }
+    *filled += 1;
+    &mut specs[*filled - 1]
+}
+
+/// Sets `to` to `value`, keeping its allocation.
+fn set(to: &mut String, value: &str) {
+    to.clear();
+    to.push_str(value);
 }

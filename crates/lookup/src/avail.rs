@@ -64,6 +64,13 @@ impl Availability {
 
     /// Decodes a block body.
     pub fn decode(body: &[u8]) -> Result<Availability> {
+        let mut availability = Availability::default();
+        availability.decode_into(body)?;
+        Ok(availability)
+    }
+
+    /// Decodes a block body into `self`, reusing its allocation (unchanged on error).
+    pub fn decode_into(&mut self, body: &[u8]) -> Result<()> {
         let word = |at: usize| -> Result<u32> {
             let b = body
                 .get(at..at + 4)
@@ -75,16 +82,14 @@ impl Availability {
         let pairs = body
             .get(8..8 + 2 * count)
             .ok_or(FormatError::Corrupt("availability count out of bounds"))?;
-        Ok(Availability {
-            no_storage: flags & NO_STORAGE != 0,
-            storages: pairs
-                .chunks_exact(2)
-                .map(|p| StorageWeight {
-                    weight: p[0],
-                    storage_type: p[1],
-                })
-                .collect(),
-        })
+        self.no_storage = flags & NO_STORAGE != 0;
+        self.storages.clear();
+        self.storages
+            .extend(pairs.chunks_exact(2).map(|p| StorageWeight {
+                weight: p[0],
+                storage_type: p[1],
+            }));
+        Ok(())
     }
 }
 

@@ -545,7 +545,7 @@ mod tests {
                 .read(layout.bucket_at(bucket), &mut block)
                 .unwrap();
             match key_slots(&block, &layout.geometry, key) {
-                Copy::Good(slots) => found.extend(slots),
+                Copy::Good(slots) => found.extend(slots.map(|s| s.to_slot())),
                 other => panic!("bucket {bucket}: {other:?}"),
             }
         }
@@ -766,7 +766,7 @@ mod move_tests {
         }
         let copies = copies.borrow();
         let has = |block: &Vec<u8>, key| match key_slots(block, &layout.geometry, key) {
-            Copy::Good(slots) => !slots.is_empty(),
+            Copy::Good(mut slots) => slots.next().is_some(),
             other => panic!("{other:?}"),
         };
         let mut moves = 0;

@@ -4,7 +4,7 @@ use crate::avail::Availability;
 use crate::error::Result;
 use crate::header::Geometry;
 use crate::seqlock::{self, Opened};
-use crate::slot::Slot;
+use crate::slot::SlotRef;
 
 /// A copied bucket (or availability block), decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,26 +17,57 @@ pub enum Copy<T> {
     Retired,
 }
 
-/// The slots of `key` in a copied bucket.
-pub fn key_slots(block: &[u8], geometry: &Geometry, key: i64) -> Copy<Vec<Slot>> {
+/// The slots of `key` in a copied bucket, read in place.
+pub fn key_slots<'a>(block: &'a [u8], geometry: &Geometry, key: i64) -> Copy<KeySlots<'a>> {
     match seqlock::open(block) {
-        Opened::Body(body) => Copy::Good(
-            body.chunks_exact(geometry.slot_bytes)
-                .take(geometry.slots_per_bucket)
-                // Only the key's slots are decoded (the key is the slot's first 8 bytes).
-                .filter(|slot| slot[..8] == key.to_le_bytes())
-                .filter_map(Slot::decode)
-                .collect(),
-        ),
+        Opened::Body(body) => Copy::Good(KeySlots {
+            body,
+            slot_bytes: geometry.slot_bytes,
+            left: geometry.slots_per_bucket,
+            key,
+        }),
         Opened::Torn => Copy::Torn,
         Opened::Retired => Copy::Retired,
     }
 }
 
-/// A copied availability block.
-pub fn availability(block: &[u8]) -> Result<Copy<Availability>> {
+/// The slots of one key in a bucket body (see [`key_slots`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySlots<'a> {
+    /// The body's slots not yet looked at.
+    body: &'a [u8],
+    slot_bytes: usize,
+    /// Slots of the bucket not yet looked at.
+    left: usize,
+    key: i64,
+}
+
+impl<'a> Iterator for KeySlots<'a> {
+    type Item = SlotRef<'a>;
+
+    fn next(&mut self) -> Option<SlotRef<'a>> {
+        while self.left > 0 && self.body.len() >= self.slot_bytes {
+            let (slot, rest) = self.body.split_at(self.slot_bytes);
+            self.body = rest;
+            self.left -= 1;
+            // Only the key's slots are read (the key is the slot's first 8 bytes).
+            if slot[..8] == self.key.to_le_bytes() {
+                if let Some(found) = SlotRef::parse(slot) {
+                    return Some(found);
+                }
+            }
+        }
+        None
+    }
+}
+
+/// A copied availability block, decoded into `into` (left as it was unless good).
+pub fn availability(block: &[u8], into: &mut Availability) -> Result<Copy<()>> {
     Ok(match seqlock::open(block) {
-        Opened::Body(body) => Copy::Good(Availability::decode(body)?),
+        Opened::Body(body) => {
+            into.decode_into(body)?;
+            Copy::Good(())
+        }
         Opened::Torn => Copy::Torn,
         Opened::Retired => Copy::Retired,
     })

@@ -101,33 +101,77 @@ impl Slot {
     /// Decodes one slot of `slot_bytes`; `None` for an empty slot or records beyond what
     /// the slot holds.
     pub fn decode(bytes: &[u8]) -> Option<Slot> {
+        SlotRef::parse(bytes).map(|slot| slot.to_slot())
+    }
+}
+
+/// A slot read in place: its head, and its records borrowed from the copied bucket (what
+/// a reader draws among without allocating; [`SlotRef::to_slot`] makes it owned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRef<'a> {
+    /// Its head.
+    pub head: SlotHead,
+    /// The parts' records (none for a marker).
+    parts: &'a [u8],
+    /// The checksums' records: none, or one per part.
+    checksums: &'a [u8],
+}
+
+impl<'a> SlotRef<'a> {
+    /// Reads one slot of `slot_bytes`; `None` for an empty slot or records beyond what the
+    /// slot holds.
+    pub fn parse(bytes: &'a [u8]) -> Option<SlotRef<'a>> {
         let head: SlotHead = bytemuck::pod_read_unaligned(bytes.get(..HEAD_BYTES)?);
         if head.nonce == 0 {
             return None;
         }
         if head.part_count == OVERFLOW {
-            return Some(Slot {
+            return Some(SlotRef {
                 head,
-                parts: Vec::new(),
-                checksums: Vec::new(),
+                parts: &[],
+                checksums: &[],
             });
         }
         let checksummed = head.part_count & CHECKSUMMED != 0;
         let count = usize::from(head.part_count & !CHECKSUMMED);
         let end = HEAD_BYTES + Slot::records(count, checksummed) * PART_BYTES;
-        let records = bytes.get(HEAD_BYTES..end)?;
-        let (parts, checksums) = records.split_at(count * PART_BYTES);
-        Some(Slot {
+        let (parts, checksums) = bytes.get(HEAD_BYTES..end)?.split_at(count * PART_BYTES);
+        Some(SlotRef {
             head,
-            parts: parts
-                .chunks_exact(PART_BYTES)
-                .map(bytemuck::pod_read_unaligned)
-                .collect(),
-            checksums: checksums
-                .chunks_exact(PART_BYTES)
-                .map(bytemuck::pod_read_unaligned)
-                .collect(),
+            parts,
+            checksums,
         })
+    }
+
+    /// Whether the slot is an overflow marker.
+    pub fn is_overflow(&self) -> bool {
+        self.head.part_count == OVERFLOW
+    }
+
+    /// Its parts, in spec order.
+    pub fn parts(&self) -> impl ExactSizeIterator<Item = PartRecord> + 'a {
+        self.parts
+            .chunks_exact(PART_BYTES)
+            .map(bytemuck::pod_read_unaligned)
+    }
+
+    /// The checksum of part `i`, when the location carries checksums.
+    pub fn checksum(&self, i: usize) -> Option<u64> {
+        let record = self.checksums.get(i * PART_BYTES..(i + 1) * PART_BYTES)?;
+        Some(bytemuck::pod_read_unaligned(record))
+    }
+
+    /// The owned slot.
+    pub fn to_slot(&self) -> Slot {
+        Slot {
+            head: self.head,
+            parts: self.parts().collect(),
+            checksums: self
+                .checksums
+                .chunks_exact(PART_BYTES)
+                .map(bytemuck::pod_read_unaligned)
+                .collect(),
+        }
     }
 }
 

@@ -17,6 +17,14 @@ impl Default for BlockMask {
 }
 
 impl BlockMask {
+    /// Whether no position is in the mask.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            BlockMask::Offset(n) => *n == 0,
+            BlockMask::Bools(values) => !values.contains(&true),
+        }
+    }
+
     /// Whether position `i` is in the mask.
     pub fn contains(&self, i: usize) -> bool {
         match self {

@@ -21,6 +21,12 @@ pub fn prefix_match<T>(found: impl IntoIterator<Item = Option<T>>) -> Vec<T> {
     found.into_iter().map_while(|hit| hit).collect()
 }
 
+/// How many of `found` a prefix match keeps: the length of its leading run of hits (the
+/// in-place form of [`prefix_match`]).
+pub fn prefix_len<T>(found: &[Option<T>]) -> usize {
+    found.iter().take_while(|hit| hit.is_some()).count()
+}
+
 /// Start of the right-most window of `sw_size` consecutive hits, scanning windows from the
 /// right end; after a miss at position p the next candidate window ends just before p.
 pub fn rightmost_full_window(hits: &[bool], sw_size: usize) -> Option<usize> {
