@@ -11,6 +11,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 use kvcm::lookup::{BootstrapAnswer, WireAnswer};
 use kvcm::proto::meta;
 use kvcm::service::convert::{mask_from_wire, query_kind};
@@ -40,7 +42,8 @@ pub(crate) struct FastPath {
     wire: WireAnswer,
     header: Header,
     specs: Vec<(String, i64)>,
-    templates: HashMap<u32, Template>,
+    /// URI templates read so far, by string id (a fast hash: ids are the server's).
+    templates: FxHashMap<u32, Template>,
     /// Id of the last write-path message.
     next_id: u32,
     /// The READs of the current copy (kept to reuse their allocation).
@@ -168,7 +171,7 @@ impl FastPath {
             wire: wire_answer,
             header: bytemuck::Zeroable::zeroed(), // epoch 0: no table has it
             specs: Vec::new(),
-            templates: HashMap::new(),
+            templates: FxHashMap::default(),
             next_id: 0,
             reads: Vec::new(),
             bytes: Vec::new(),

@@ -44,14 +44,15 @@ pub(crate) struct Memo {
     last: Option<(u32, keytable::KeyEntry, Arc<SharedMemory>)>,
 }
 
-/// The target of `len` bytes at `addr` under `entry`, if its rights and bounds allow it.
+/// The offset of `len` bytes at `addr` into the memory of `entry`, if its rights and
+/// bounds allow the access.
 fn within(
     entry: &keytable::KeyEntry,
-    mem: &Arc<SharedMemory>,
+    mem: &SharedMemory,
     addr: u64,
     len: u64,
     need: Access,
-) -> Option<Target> {
+) -> Option<usize> {
     if !keytable::check_access(entry, addr, len, need) {
         return None;
     }
@@ -59,10 +60,7 @@ fn within(
     // the mapping's own bounds checks.
     let offset = usize::try_from(addr.checked_sub(entry.mem_base)?).ok()?;
     mem.check(offset, usize::try_from(len).ok()?).ok()?;
-    Some(Target {
-        mem: Arc::clone(mem),
-        offset,
-    })
+    Some(offset)
 }
 
 /// Most peer memories one queue pair keeps mapped (each maps a whole memfd; no descriptor
@@ -135,22 +133,37 @@ impl ShmPeer {
         len: u64,
         need: Access,
     ) -> Option<Target> {
-        if let Some((key, entry, mem)) = &memo.last {
-            if *key == rkey {
-                return within(entry, mem, addr, len, need);
+        let (mem, offset) = self.locate(memo, rkey, addr, len, need)?;
+        Some(Target {
+            mem: Arc::clone(mem),
+            offset,
+        })
+    }
+
+    /// As [`ShmPeer::resolve`], lending the mapping from `memo` (no reference count taken:
+    /// what direct copies use per range).
+    fn locate<'m>(
+        &self,
+        memo: &'m mut Memo,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<(&'m Arc<SharedMemory>, usize)> {
+        if memo.last.as_ref().is_none_or(|(key, _, _)| *key != rkey) {
+            let Some(entry) = self.table.lookup(rkey) else {
+                self.forget(rkey);
+                return None;
+            };
+            let mem = self.mapping(rkey, entry.fd, usize::try_from(entry.mem_len).ok()?)?;
+            if !self.table.is_live(rkey) {
+                return None;
             }
+            memo.last = Some((rkey, entry, mem));
         }
-        let Some(entry) = self.table.lookup(rkey) else {
-            self.forget(rkey);
-            return None;
-        };
-        let mem = self.mapping(rkey, entry.fd, usize::try_from(entry.mem_len).ok()?)?;
-        if !self.table.is_live(rkey) {
-            return None;
-        }
-        let target = within(&entry, &mem, addr, len, need);
-        memo.last = Some((rkey, entry, mem));
-        target
+        let (_, entry, mem) = memo.last.as_ref()?;
+        let offset = within(entry, mem, addr, len, need)?;
+        Some((mem, offset))
     }
 
     /// Drops the cached mapping of a key that is no longer registered.

@@ -16,6 +16,7 @@ use crate::soft::frame::{Op, RequestHeader, REQUEST_LEN};
 use crate::soft::queue_pair::{PostedSend, QpShared};
 use crate::soft::registry::{AtomicOp, KeyMemo, Registry};
 use crate::soft::scatter::{self, Piece};
+use crate::sys::SharedMemory;
 use crate::{Access, RemoteAddr, SendOp, WcStatus};
 use std::collections::VecDeque;
 use std::sync::PoisonError;
@@ -66,11 +67,8 @@ pub(crate) fn read_direct(peer: &ShmPeer, reads: &[(RemoteAddr, usize)], out: &m
         peer,
         reads.iter().copied(),
         Access::REMOTE_READ,
-        |target, len| {
-            let copied = target
-                .mem
-                .read(target.offset, &mut out[at..at + len])
-                .is_ok();
+        |mem, offset, len| {
+            let copied = mem.read(offset, &mut out[at..at + len]).is_ok();
             at += len;
             copied
         },
@@ -82,30 +80,31 @@ pub(crate) fn read_direct(peer: &ShmPeer, reads: &[(RemoteAddr, usize)], out: &m
 pub(crate) fn write_direct(peer: &ShmPeer, writes: &[(RemoteAddr, &[u8])]) -> bool {
     let ranges = writes.iter().map(|(remote, data)| (*remote, data.len()));
     let mut next = writes.iter();
-    copy_direct(peer, ranges, Access::REMOTE_WRITE, |target, _| {
+    copy_direct(peer, ranges, Access::REMOTE_WRITE, |mem, offset, _| {
         next.next()
-            .is_some_and(|(_, data)| target.mem.write(target.offset, data).is_ok())
+            .is_some_and(|(_, data)| mem.write(offset, data).is_ok())
     })
 }
 
 /// Checks each range (peer alive first, then rkey, bounds and `right`) and hands its
-/// mapped target to `copy`, in order; false at the first refusal.
+/// mapped memory and offset to `copy`, in order; false at the first refusal.
 fn copy_direct(
     peer: &ShmPeer,
     ranges: impl Iterator<Item = (RemoteAddr, usize)>,
     right: Access,
-    mut copy: impl FnMut(&super::Target, usize) -> bool,
+    mut copy: impl FnMut(&SharedMemory, usize, usize) -> bool,
 ) -> bool {
     if peer.gone() {
         return false;
     }
     let mut memo = Memo::default();
     for (remote, len) in ranges {
-        let Some(target) = peer.resolve(&mut memo, remote.rkey, remote.addr, len as u64, right)
+        let Some((mem, offset)) =
+            peer.locate(&mut memo, remote.rkey, remote.addr, len as u64, right)
         else {
             return false;
         };
-        if !copy(&target, len) {
+        if !copy(mem, offset, len) {
             return false;
         }
     }
