@@ -19,6 +19,9 @@
 //! })?;
 //! let hits = client.prefix_match(&[1, 2, 3])?;
 //! println!("{} of 3 blocks cached", hits.len());
+//! // In a lookup loop, reuse one answer vector: fast-path lookups then allocate nothing.
+//! let mut answer = Vec::new();
+//! client.prefix_match_into(&[1, 2, 3, 4], &mut answer)?;
 //! # Ok(())
 //! # }
 //! ```
