@@ -62,8 +62,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// `FieldDescriptorProto.Type.TYPE_ENUM`.
 const TYPE_ENUM: i32 = 14;
 
-/// How pbjson's generated code reads a singular enum field: `<prefix>Enum<suffix>`.
-const ENUM_READ: (&str, &str) = ("map_.next_value::<", ">()? as i32");
+/// How pbjson's generated code reads an enum field, `<prefix>Enum<suffix>`, and the open read
+/// that replaces it, `<prefix'>OpenEnum<Enum><suffix'>`: a singular field, then a repeated one.
+const ENUM_READS: [[&str; 4]; 2] = [
+    [
+        "map_.next_value::<",
+        ">()? as i32",
+        "map_.next_value::<",
+        ">()?.0",
+    ],
+    [
+        "map_.next_value::<Vec<",
+        ">>()?.into_iter().map(|x| x as i32).collect()",
+        "map_.next_value::<Vec<",
+        ">>()?.into_iter().map(|x| x.0).collect()",
+    ],
+];
 
 /// Rewrites the enum field reads of `package`'s serde code; `expected` is its enum fields.
 fn open_enums(
@@ -72,7 +86,13 @@ fn open_enums(
     expected: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let path = out_dir.join(format!("{package}.serde.rs"));
-    let (code, rewritten) = open_enum_reads(&std::fs::read_to_string(&path)?);
+    let mut code = std::fs::read_to_string(&path)?;
+    let mut rewritten = 0;
+    for shape in ENUM_READS {
+        let count;
+        (code, count) = open_enum_reads(&code, shape);
+        rewritten += count;
+    }
     if rewritten != expected {
         let found = format!("{rewritten} enum field reads in {}", path.display());
         return Err(format!("{found}, {expected} enum fields in {package}").into());
@@ -81,23 +101,26 @@ fn open_enums(
     Ok(())
 }
 
-/// `code` with every `next_value::<E>()? as i32` made `next_value::<OpenEnum<E>>()?.0`, and
-/// how many were rewritten.
-fn open_enum_reads(code: &str) -> (String, usize) {
-    let (prefix, suffix) = ENUM_READ;
+/// `code` with every read of `shape` (e.g. `next_value::<E>()? as i32`) made its open form
+/// (`next_value::<OpenEnum<E>>()?.0`), and how many were rewritten.
+fn open_enum_reads(code: &str, shape: [&str; 4]) -> (String, usize) {
+    let [prefix, suffix, open_prefix, open_suffix] = shape;
     let (mut out, mut rest, mut rewritten) = (String::with_capacity(code.len()), code, 0);
     while let Some(at) = rest.find(prefix) {
         let (before, after) = rest.split_at(at + prefix.len());
-        out.push_str(before);
         let name_len = after
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .unwrap_or(after.len());
         let (name, tail) = after.split_at(name_len);
         if name.is_empty() || !tail.starts_with(suffix) {
+            out.push_str(before);
             rest = after;
             continue;
         }
-        out.push_str(&format!("crate::proto::json::OpenEnum<{name}>>()?.0"));
+        out.push_str(&before[..at]);
+        out.push_str(&format!(
+            "{open_prefix}crate::proto::json::OpenEnum<{name}>{open_suffix}"
+        ));
         rest = &tail[suffix.len()..];
         rewritten += 1;
     }

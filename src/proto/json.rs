@@ -163,4 +163,31 @@ mod tests {
         assert_eq!(cache.reclaim_strategy.unwrap().reclaim_policy, 42);
         assert_eq!(group.quota.unwrap().quota_config[0].storage_type, 77);
     }
+
+    #[test]
+    fn repeated_enum_numbers_are_kept() {
+        let body = br#"{"item_results": ["OK", 263, "NODE_NOT_REGISTERED", "NO_SUCH"],
+            "retry_after_ms": "0", "committed_snapshot_version": ""}"#;
+        let response: meta::ReportEventResponse = decode(body).unwrap();
+        let node_not_registered = meta::ErrorCode::NodeNotRegistered as i32;
+        assert_eq!(response.item_results, [1, 263, node_not_registered, 0]);
+        assert_eq!(response.retry_after_ms, 0);
+    }
+
+    #[test]
+    fn report_event_payloads_round_trip() {
+        let body = br#"{"instance_id": "i", "host_ip_port": "10.0.0.1:80",
+            "storage_type": "ST_EVENT_REPORT_L2",
+            "events": [{"event_type": "EVENT_BLOCK_ADD", "block_add": {"block_key": "18446744073709551615",
+                "medium": "gpu", "specs": [{"name": "tp0", "uri": "event_report://h:1/gpu?k=1"}]}},
+                {"event_type": 5, "heartbeat": {"system_status": {"load": "1"}}}]}"#;
+        let request: meta::ReportEventRequest = decode(body).unwrap();
+        assert_eq!(
+            request.storage_type,
+            meta::StorageType::StEventReportL2 as i32
+        );
+        assert_eq!(request.events.len(), 2);
+        let again: meta::ReportEventRequest = decode(&encode(&request).unwrap()).unwrap();
+        assert_eq!(again, request);
+    }
 }
