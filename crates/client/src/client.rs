@@ -155,7 +155,8 @@ impl Client {
 
     /// As [`Client::get_cache_location`], writing the answer into `out` and reusing the
     /// locations, vectors and strings it holds: a caller that passes the same vector to
-    /// every lookup makes fast-path lookups without allocating.
+    /// every lookup allocates one small vector per fast-path lookup (the per-key choices;
+    /// on soft-TCP also the batch's work requests) instead of every location and string.
     pub fn get_cache_location_into(
         &self,
         request: &meta::GetCacheLocationRequest,

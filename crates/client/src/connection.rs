@@ -51,8 +51,8 @@ pub(crate) struct Connection {
     wire: Wire,
     /// The direct reads of the current call (kept to reuse its allocation).
     direct: Vec<(RemoteAddr, usize)>,
-    /// The READ work requests of the current batch: id, remote range, local buffer.
-    wrs: Vec<(u64, RemoteAddr, Sge)>,
+    /// The local buffers of the current batch's READs (kept to reuse their allocation).
+    sges: Vec<Sge>,
     /// Round trips made (batches posted).
     pub round_trips: u64,
 }
@@ -103,7 +103,7 @@ impl Connection {
             domain,
             wire,
             direct: Vec::new(),
-            wrs: Vec::new(),
+            sges: Vec::new(),
             round_trips: 0,
         })
     }
@@ -206,28 +206,24 @@ impl Connection {
         self.reserve(total)?;
         let mut offset = 0;
         for chunk in reads.chunks(BATCH) {
-            self.wrs.clear();
-            self.wrs.extend(chunk.iter().enumerate().map(|(i, read)| {
+            self.sges.clear();
+            self.sges.extend(chunk.iter().map(|read| {
                 let sge = self.region.sge(offset, read.len as u32);
                 offset += read.len;
-                (
-                    i as u64,
-                    RemoteAddr {
+                sge
+            }));
+            let wrs: Vec<SendWr<'_>> = chunk
+                .iter()
+                .zip(&self.sges)
+                .enumerate()
+                .map(|(i, (read, sge))| SendWr {
+                    wr_id: i as u64,
+                    op: SendOp::Read(RemoteAddr {
                         addr: read.addr,
                         rkey: read.rkey,
-                    },
-                    sge,
-                )
-            }));
-            let last = chunk.len() - 1;
-            let wrs: Vec<SendWr<'_>> = self
-                .wrs
-                .iter()
-                .map(|(i, remote, sge)| SendWr {
-                    wr_id: *i,
-                    op: SendOp::Read(*remote),
+                    }),
                     sg_list: std::slice::from_ref(sge),
-                    signaled: *i as usize == last,
+                    signaled: i + 1 == chunk.len(),
                 })
                 .collect();
             self.qp.post_send(&wrs)?;

@@ -130,15 +130,6 @@ impl<'a> Draw<'a> {
             self.chosen = Some(slot);
         }
     }
-
-    fn finish(self) -> Result<Option<SlotRef<'a>>, FastError> {
-        if self.overflow {
-            return Err(FastError::AskServer(
-                "a key has more locations than its buckets hold",
-            ));
-        }
-        Ok(self.chosen)
-    }
 }
 
 impl FastPath {
@@ -251,9 +242,10 @@ impl FastPath {
         Err(FastError::Broken("the header stayed torn".into()))
     }
 
-    /// GetCacheLocation's locations for `query`, written into `out` (whose allocations are
-    /// reused: a caller that passes the same vector again looks up without allocating), or
-    /// why the server must answer it (`out` is then unspecified).
+    /// GetCacheLocation's locations for `query`, written into `out` (whose locations,
+    /// vectors and strings are reused: with the same vector passed again, a lookup by
+    /// block keys allocates only its per-key choice vector), or why the server must answer
+    /// it (`out` is then unspecified).
     pub(crate) fn lookup(
         &mut self,
         query: &Query<'_>,
@@ -324,32 +316,27 @@ impl FastPath {
                 Err(error) => return Err(error),
             }
             let (avail, buckets) = bytes.split_at(header.avail_bytes as usize);
-            match reader::availability(avail, &mut self.availability)? {
-                Copy::Good(()) => {}
-                Copy::Torn => {
-                    metrics.retry();
-                    continue;
-                }
-                Copy::Retired => {
-                    self.load_header()?;
-                    metrics.retry();
-                    continue;
-                }
-            }
+            let mut outcome = reader::availability(avail, &mut self.availability)?;
             let geometry = header.geometry();
             let bucket = header.bucket_bytes as usize;
-            let mut drawn = Vec::with_capacity(keys.len());
-            let mut outcome = Copy::Good(());
-            for (key, pair) in keys.iter().zip(buckets.chunks_exact(2 * bucket)) {
-                let mut draw = Draw::default();
-                for block in pair.chunks_exact(bucket) {
-                    match reader::key_slots(block, &geometry, *key) {
-                        Copy::Good(mine) => mine.for_each(|s| draw.offer(s, &self.availability)),
-                        Copy::Torn => outcome = Copy::Torn,
-                        Copy::Retired => outcome = Copy::Retired,
+            // Per position, the location drawn among the key's readable ones.
+            let mut chosen: Vec<Option<SlotRef<'_>>> = Vec::with_capacity(keys.len());
+            let mut overflow = false;
+            if outcome == Copy::Good(()) {
+                for (key, pair) in keys.iter().zip(buckets.chunks_exact(2 * bucket)) {
+                    let mut draw = Draw::default();
+                    for block in pair.chunks_exact(bucket) {
+                        match reader::key_slots(block, &geometry, *key) {
+                            Copy::Good(mine) => {
+                                mine.for_each(|s| draw.offer(s, &self.availability))
+                            }
+                            Copy::Torn => outcome = Copy::Torn,
+                            Copy::Retired => outcome = Copy::Retired,
+                        }
                     }
+                    overflow |= draw.overflow;
+                    chosen.push(draw.chosen);
                 }
-                drawn.push(draw);
             }
             match outcome {
                 Copy::Good(()) => {}
@@ -366,10 +353,11 @@ impl FastPath {
             if self.availability.no_storage {
                 return Err(FastError::AskServer("no storage is available"));
             }
-            let mut chosen: Vec<Option<SlotRef<'_>>> = drawn
-                .into_iter()
-                .map(Draw::finish)
-                .collect::<Result<_, _>>()?;
+            if overflow {
+                return Err(FastError::AskServer(
+                    "a key has more locations than its buckets hold",
+                ));
+            }
             match kind {
                 QueryKind::PrefixMatch => chosen.truncate(query::prefix_len(&chosen)),
                 QueryKind::BatchGet => {}
@@ -439,19 +427,16 @@ impl FastPath {
         }
         let specs = &self.specs;
         let kept = |spec: usize| spec_names.is_empty() || spec_names.contains(&specs[spec].0);
-        out.truncate(answered.len());
         out.resize_with(answered.len(), Default::default);
         for (slot, location) in answered.iter().zip(out.iter_mut()) {
             let mut filled = 0;
             let Some(slot) = slot else {
                 location.r#type = 0;
                 location.spec_size = specs.len() as i32;
-                for (name, _) in specs
-                    .iter()
-                    .enumerate()
-                    .filter(|(s, _)| kept(*s))
-                    .map(|(_, s)| s)
-                {
+                for (index, (name, _)) in specs.iter().enumerate() {
+                    if !kept(index) {
+                        continue;
+                    }
                     let spec = next_spec(&mut location.location_specs, &mut filled);
                     set(&mut spec.name, name);
                     spec.uri.clear();

@@ -19,7 +19,7 @@
 //! })?;
 //! let hits = client.prefix_match(&[1, 2, 3])?;
 //! println!("{} of 3 blocks cached", hits.len());
-//! // In a lookup loop, reuse one answer vector: fast-path lookups then allocate nothing.
+//! // In a lookup loop, reuse one answer vector: its locations and strings are overwritten.
 //! let mut answer = Vec::new();
 //! client.prefix_match_into(&[1, 2, 3, 4], &mut answer)?;
 //! # Ok(())
