@@ -6,6 +6,12 @@
 //! generated serde code is rewritten to read through `crate::proto::json::OpenEnum`, which
 //! keeps numbers as sent. The build fails unless exactly one read per enum field of the
 //! descriptors was rewritten (a pbjson change of shape cannot pass silently).
+//!
+//! The reference prints every field, defaults included, and so does kvcm (pbjson's
+//! `emit_fields`). A field upstream trunk added to a 2026-02 message is the exception: it is
+//! printed only when set ([`TRUNK_FIELDS`]), so an answer to a 2026-02 client stays byte for
+//! byte what it was, and a trunk client reads an absent field as its default, as protobuf's
+//! JSON parser does. The build fails unless each listed field's print was found once.
 
 use std::path::{Path, PathBuf};
 
@@ -56,6 +62,65 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (package, enum_fields) in packages {
         open_enums(&out_dir, &package, enum_fields)?;
     }
+    for (package, message, field, is_set) in TRUNK_FIELDS {
+        print_when_set(&out_dir, package, message, field, is_set)?;
+    }
+    Ok(())
+}
+
+/// Upstream trunk fields of 2026-02 messages, printed only when set: package, message,
+/// field, and the condition (on `self`) under which it is printed.
+const TRUNK_FIELDS: [(&str, &str, &str, &str); 3] = [
+    (
+        "kv_cache_manager.proto.meta",
+        "RegisterInstanceResponse",
+        "extra_info",
+        "!self.extra_info.is_empty()",
+    ),
+    (
+        "kv_cache_manager.proto.admin",
+        "InstanceGroup",
+        "event_report_storage_candidates",
+        "!self.event_report_storage_candidates.is_empty()",
+    ),
+    (
+        "kv_cache_manager.proto.admin",
+        "StorageConfig",
+        "storage_type",
+        "self.storage_type != 0",
+    ),
+];
+
+/// Makes the print of `message.field` in `package`'s serde code conditional on `is_set`
+/// (pbjson's `emit_fields` guards every print with `if true {`).
+fn print_when_set(
+    out_dir: &Path,
+    package: &str,
+    message: &str,
+    field: &str,
+    is_set: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let path = out_dir.join(format!("{package}.serde.rs"));
+    let code = std::fs::read_to_string(&path)?;
+    let not_found = || format!("no print of {message}.{field} in {}", path.display());
+    let impl_at = code
+        .find(&format!("impl serde::Serialize for {message} {{"))
+        .ok_or_else(not_found)?;
+    let print_at = impl_at
+        + code[impl_at..]
+            .find(&format!("struct_ser.serialize_field(\"{field}\""))
+            .ok_or_else(not_found)?;
+    let guard_at = code[..print_at].rfind("if true {").ok_or_else(not_found)?;
+    // The guard is this print's own: no other print lies between them.
+    if code[guard_at..print_at].contains("serialize_field") || guard_at < impl_at {
+        return Err(not_found().into());
+    }
+    let rewritten = format!(
+        "{}if {is_set} {{{}",
+        &code[..guard_at],
+        &code[guard_at + "if true {".len()..]
+    );
+    std::fs::write(&path, rewritten)?;
     Ok(())
 }
 

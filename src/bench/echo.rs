@@ -89,6 +89,18 @@ impl MetaService for EchoMeta {
     ) -> Result<Response<meta::GetCacheLocationLenResponse>, Status> {
         unimplemented()
     }
+    async fn report_event(
+        &self,
+        _: Request<meta::ReportEventRequest>,
+    ) -> Result<Response<meta::ReportEventResponse>, Status> {
+        unimplemented()
+    }
+    async fn get_host_cache_state(
+        &self,
+        _: Request<meta::GetHostCacheStateRequest>,
+    ) -> Result<Response<meta::GetHostCacheStateResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// Serves the echo gRPC service on an OS-chosen port.

@@ -1,7 +1,7 @@
 //! Conversions between the admin wire `StorageConfig` and the storage crate's typed config,
 //! and the `storage_configs` JSON of RegisterInstance (wire fact sheet §15).
 
-use kvcm_storage::{StorageConfig, StorageSpec};
+use kvcm_storage::{ReportTier, ReportTimings, StorageConfig, StorageSpec};
 use serde_json::{json, Value};
 
 use super::admin;
@@ -16,11 +16,77 @@ pub enum StorageConfigError {
     /// The `local` spec has no backend.
     #[error("storage {0:?}: the local storage type is not supported")]
     LocalUnsupported(String),
+    /// An event-report spec without its tier, or an event-report tier without its spec.
+    #[error("storage {0:?}: storage_type {1} does not go with its storage spec (an event_report spec needs ST_EVENT_REPORT_L1P5 or ST_EVENT_REPORT_L2, and only it)")]
+    EventReportType(String, i32),
+    /// A negative event-report timing.
+    #[error("storage {0:?}: storage_spec.{1} {2} is negative")]
+    NegativeTiming(String, &'static str, i64),
+}
+
+/// The wire numbers of `ST_EVENT_REPORT_L1P5` and `ST_EVENT_REPORT_L2`.
+const EVENT_REPORT_TYPES: [(ReportTier, i32); 2] = [(ReportTier::L1p5, 7), (ReportTier::L2, 8)];
+
+/// The tier a wire `storage_type` names, if it names one.
+fn report_tier(storage_type: i32) -> Option<ReportTier> {
+    EVENT_REPORT_TYPES
+        .iter()
+        .find(|(_, number)| *number == storage_type)
+        .map(|(tier, _)| *tier)
+}
+
+/// The timings of a wire event-report spec: 0 = the default, negative refused.
+fn timings_from_wire(
+    name: &str,
+    spec: &admin::EventReportStorageSpec,
+) -> Result<ReportTimings, StorageConfigError> {
+    let defaults = ReportTimings::default();
+    let ms = |field: &'static str, value: i64, default: u64| match value {
+        0 => Ok(default),
+        v if v < 0 => Err(StorageConfigError::NegativeTiming(
+            name.to_string(),
+            field,
+            v,
+        )),
+        v => Ok(v as u64),
+    };
+    Ok(ReportTimings {
+        heartbeat_timeout_ms: ms(
+            "heartbeat_timeout_ms",
+            spec.heartbeat_timeout_ms,
+            defaults.heartbeat_timeout_ms,
+        )?,
+        cleanup_grace_ms: ms(
+            "cleanup_grace_ms",
+            spec.cleanup_grace_ms,
+            defaults.cleanup_grace_ms,
+        )?,
+        liveness_check_interval_ms: ms(
+            "liveness_check_interval_ms",
+            spec.liveness_check_interval_ms,
+            defaults.liveness_check_interval_ms,
+        )?,
+        snapshot_min_interval_ms: ms(
+            "snapshot_min_interval_ms",
+            spec.snapshot_min_interval_ms,
+            defaults.snapshot_min_interval_ms,
+        )?,
+        snapshot_delta_drain_timeout_ms: ms(
+            "snapshot_delta_drain_timeout_ms",
+            spec.snapshot_delta_drain_timeout_ms,
+            defaults.snapshot_delta_drain_timeout_ms,
+        )?,
+    })
 }
 
 /// The typed config of a wire storage config.
 pub fn from_wire(wire: &admin::StorageConfig) -> Result<StorageConfig, StorageConfigError> {
     let name = wire.global_unique_name.clone();
+    let tier = report_tier(wire.storage_type);
+    let is_event_report = matches!(wire.storage_spec, Some(WireSpec::EventReport(_)));
+    if is_event_report != tier.is_some() {
+        return Err(StorageConfigError::EventReportType(name, wire.storage_type));
+    }
     let spec = match wire.storage_spec.clone() {
         None => return Err(StorageConfigError::MissingSpec(name)),
         Some(WireSpec::Local(_)) => return Err(StorageConfigError::LocalUnsupported(name)),
@@ -54,6 +120,10 @@ pub fn from_wire(wire: &admin::StorageConfig) -> Result<StorageConfig, StorageCo
             timeout: pool.timeout,
             enable_vipserver: pool.enable_vipserver,
         },
+        Some(WireSpec::EventReport(spec)) => StorageSpec::EventReport {
+            tier: tier.ok_or_else(|| StorageConfigError::EventReportType(name.clone(), 0))?,
+            timings: timings_from_wire(&name, &spec)?,
+        },
     };
     Ok(StorageConfig {
         global_unique_name: name,
@@ -62,8 +132,10 @@ pub fn from_wire(wire: &admin::StorageConfig) -> Result<StorageConfig, StorageCo
     })
 }
 
-/// The wire storage config of a typed config (what ListStorage answers).
+/// The wire storage config of a typed config (what ListStorage answers); `storage_type` is
+/// set for event-report storages only.
 pub fn to_wire(config: &StorageConfig) -> admin::StorageConfig {
+    let mut storage_type = 0;
     let spec = match config.spec.clone() {
         StorageSpec::Nfs {
             root_path,
@@ -121,11 +193,26 @@ pub fn to_wire(config: &StorageConfig) -> admin::StorageConfig {
             timeout,
             enable_vipserver,
         }),
+        StorageSpec::EventReport { tier, timings } => {
+            storage_type = EVENT_REPORT_TYPES
+                .iter()
+                .find(|(known, _)| *known == tier)
+                .map_or(0, |(_, number)| *number);
+            let ms = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+            WireSpec::EventReport(admin::EventReportStorageSpec {
+                heartbeat_timeout_ms: ms(timings.heartbeat_timeout_ms),
+                cleanup_grace_ms: ms(timings.cleanup_grace_ms),
+                liveness_check_interval_ms: ms(timings.liveness_check_interval_ms),
+                snapshot_min_interval_ms: ms(timings.snapshot_min_interval_ms),
+                snapshot_delta_drain_timeout_ms: ms(timings.snapshot_delta_drain_timeout_ms),
+            })
+        }
     };
     admin::StorageConfig {
         global_unique_name: config.global_unique_name.clone(),
         storage_spec: Some(spec),
         check_storage_available_when_open: config.check_storage_available_when_open,
+        storage_type,
     }
 }
 
@@ -190,6 +277,11 @@ pub fn storage_config_json(config: &StorageConfig, is_available: bool) -> Value 
             "pace",
             json!({"enable_vipserver": enable_vipserver, "domain": domain, "timeout": timeout}),
         ),
+        StorageSpec::EventReport { timings, .. } => (
+            "event_report",
+            json!({"heartbeat_timeout_ms": timings.heartbeat_timeout_ms,
+                   "cleanup_grace_ms": timings.cleanup_grace_ms}),
+        ),
     };
     json!({"type": kind, "is_available": is_available,
            "global_unique_name": config.global_unique_name, "storage_spec": spec})
@@ -208,6 +300,7 @@ mod tests {
                 key_count_per_file: 8,
             })),
             check_storage_available_when_open: false,
+            storage_type: 0,
         };
         let config = from_wire(&wire).expect("valid nfs config");
         let value = storage_config_json(&config, true);

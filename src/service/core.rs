@@ -269,7 +269,9 @@ fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
         // Upstream trunk (wire delta §4.4): the admin service answers these two as the meta
         // service does (2026-02: INTERNAL_ERROR).
         (ManagerError::Duplicate(_), _) => ErrorCode::DuplicateEntity,
-        (ManagerError::InstanceNotExist(_), _) => ErrorCode::InstanceNotExist,
+        (ManagerError::InstanceNotExist(_) | ManagerError::NoReportStorage(_), _) => {
+            ErrorCode::InstanceNotExist
+        }
         (_, Rules::Admin) => ErrorCode::InternalError,
         (ManagerError::Unsupported(_), Rules::Meta) => ErrorCode::Unsupported,
         (_, Rules::Meta) => ErrorCode::InternalError,

@@ -19,7 +19,7 @@ use crate::proto::{meta, storage};
 /// Handlers of MetaService.
 #[derive(Debug, Clone)]
 pub struct MetaHandler {
-    core: Arc<Core>,
+    pub(super) core: Arc<Core>,
 }
 
 impl MetaHandler {
@@ -315,7 +315,7 @@ impl MetaHandler {
 }
 
 /// Moves the trace and instance ids out of a request (the rest moves into the call).
-fn take_ids(trace_id: &mut String, instance_id: &mut String) -> (String, String) {
+pub(super) fn take_ids(trace_id: &mut String, instance_id: &mut String) -> (String, String) {
     (std::mem::take(trace_id), std::mem::take(instance_id))
 }
 
@@ -325,10 +325,19 @@ pub fn register_instance(
     request: meta::RegisterInstanceRequest,
 ) -> Outcome<meta::RegisterInstanceResponse> {
     let info = registration_from_wire(request)?;
+    let instance_id = info.instance_id.clone();
     let statuses = core.manager.register_instance(info)?;
+    // Upstream trunk: the group's extra_info (of the group the instance is registered in).
+    let extra_info = core
+        .manager
+        .instance(&instance_id)
+        .and_then(|instance| core.manager.group(instance.group()).ok())
+        .map(|group| group.extra_info.clone())
+        .unwrap_or_default();
     let reply = meta::RegisterInstanceResponse {
         header: None,
         storage_configs: storage::storage_configs_json(&statuses),
+        extra_info,
     };
     Ok((reply, "Instance registered successfully".into()))
 }

@@ -17,6 +17,7 @@ mod location_json;
 pub mod meta;
 pub mod metrics;
 mod reply;
+mod reports;
 pub mod rpcs;
 mod wire_admin;
 

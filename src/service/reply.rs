@@ -54,6 +54,8 @@ meta_replies!(
     meta::StartWriteCacheResponse,
     meta::GetClusterInfoResponse,
     meta::GetCacheLocationLenResponse,
+    meta::ReportEventResponse,
+    meta::GetHostCacheStateResponse,
 );
 
 plain_replies!(admin:

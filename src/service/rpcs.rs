@@ -177,6 +177,10 @@ rpc_table! {
             = "GetClusterInfo" "/api/getClusterInfo" blocking any nofaults global;
         GET_CACHE_LOCATION_LEN get_cache_location_len(GetCacheLocationLenRequest) -> GetCacheLocationLenResponse
             = "GetCacheLocationLen" "/api/getCacheLocationLen" inline leader faults instance;
+        REPORT_EVENT report_event(ReportEventRequest) -> ReportEventResponse
+            = "ReportEvent" "/api/reportEvent" blocking leader faults instance;
+        GET_HOST_CACHE_STATE get_host_cache_state(GetHostCacheStateRequest) -> GetHostCacheStateResponse
+            = "GetHostCacheState" "/api/getHostCacheState" inline leader faults instance;
     }
     admin (Admin, AdminService for AdminHandler, admin_routes, admin) {
         ADD_STORAGE add_storage(AddStorageRequest) -> CommonResponse
@@ -291,7 +295,7 @@ mod tests {
     #[test]
     fn metrics_count_every_meta_and_admin_name_once() {
         let (global, per_instance) = metric_names();
-        assert_eq!((global.len(), per_instance.len()), (31, 7));
+        assert_eq!((global.len(), per_instance.len()), (31, 9));
         assert!(per_instance.contains(&"GetCacheLocation"));
         assert!(!global.contains(&"GetCacheMeta"), "counted per instance");
     }

@@ -14,11 +14,25 @@ use kvcm_storage::BlockSpec;
 
 use crate::proto::{admin, meta};
 
+/// The wire numbers of the storage types (upstream trunk numbers 7 and 8 for the
+/// event-report types; 6, ST_DUMMY, and 9, ST_TAIRMEMPOOL_SSD, have no domain type).
+const STORAGE_TYPE_NUMBERS: [(StorageType, i32); 8] = [
+    (StorageType::Unspecified, 0),
+    (StorageType::ThreeFs, 1),
+    (StorageType::Mooncake, 2),
+    (StorageType::TairMemPool, 3),
+    (StorageType::Nfs, 4),
+    (StorageType::VcnsThreeFs, 5),
+    (StorageType::EventReportL1p5, 7),
+    (StorageType::EventReportL2, 8),
+];
+
 /// The domain storage type of a wire number.
 pub fn storage_type(number: i32, field: &'static str) -> ManagerResult<StorageType> {
-    usize::try_from(number)
-        .ok()
-        .and_then(|n| StorageType::ALL.get(n).copied())
+    STORAGE_TYPE_NUMBERS
+        .iter()
+        .find(|(_, wire)| *wire == number)
+        .map(|(storage_type, _)| *storage_type)
         .ok_or_else(|| {
             ManagerError::invalid_because(field, format!("{number} is not a StorageType"))
         })
@@ -26,7 +40,10 @@ pub fn storage_type(number: i32, field: &'static str) -> ManagerResult<StorageTy
 
 /// The wire number of a storage type.
 pub fn storage_type_number(storage_type: StorageType) -> i32 {
-    storage_type.index() as i32
+    STORAGE_TYPE_NUMBERS
+        .iter()
+        .find(|(known, _)| *known == storage_type)
+        .map_or(0, |(_, wire)| *wire)
 }
 
 /// The domain group of a wire group.
@@ -47,6 +64,7 @@ pub fn group_from_wire(group: admin::InstanceGroup) -> ManagerResult<GroupConfig
         version: group.version,
         extra_info: group.extra_info,
         revisit_interval_buckets: group.revisit_interval_buckets,
+        event_report_storage_candidates: group.event_report_storage_candidates,
     })
 }
 
@@ -187,6 +205,7 @@ pub fn group_to_wire(group: &GroupConfig) -> admin::InstanceGroup {
         version: group.version,
         extra_info: group.extra_info.clone(),
         revisit_interval_buckets: group.revisit_interval_buckets.clone(),
+        event_report_storage_candidates: group.event_report_storage_candidates.clone(),
     }
 }
 
@@ -215,8 +234,18 @@ fn prefer_number(strategy: PreferStrategy) -> i32 {
         Always(StorageType::VcnsThreeFs) => Cps::CpsAlwaysVcns3fs,
         Prefer(StorageType::VcnsThreeFs) => Cps::CpsPreferVcns3fs,
         // No wire strategy names these types; the edge never builds them.
-        Always(StorageType::Nfs | StorageType::Unspecified)
-        | Prefer(StorageType::Nfs | StorageType::Unspecified) => Cps::CpsUnspecified,
+        Always(
+            StorageType::Nfs
+            | StorageType::Unspecified
+            | StorageType::EventReportL1p5
+            | StorageType::EventReportL2,
+        )
+        | Prefer(
+            StorageType::Nfs
+            | StorageType::Unspecified
+            | StorageType::EventReportL1p5
+            | StorageType::EventReportL2,
+        ) => Cps::CpsUnspecified,
     };
     wire as i32
 }

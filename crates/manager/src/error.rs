@@ -29,6 +29,10 @@ pub enum ManagerError {
     /// No instance with this id is registered.
     #[error("instance {0:?} does not exist")]
     InstanceNotExist(String),
+    /// The instance's group lists no event-report storage of the reporting tier (upstream
+    /// answers this INSTANCE_NOT_EXIST too).
+    #[error("no event-report storage: {0}")]
+    NoReportStorage(String),
     /// This node is not the leader.
     #[error("Server is not leader")]
     NotLeader,

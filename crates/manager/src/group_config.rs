@@ -29,6 +29,9 @@ pub struct GroupConfig {
     /// `revisit_interval_buckets`; "" = none): stored and answered back; see
     /// [`revisit_buckets`] for the accepted form.
     pub revisit_interval_buckets: String,
+    /// Names of the event-report storages whose reporters may report for the group's
+    /// instances (upstream trunk `event_report_storage_candidates`; at most one per tier).
+    pub event_report_storage_candidates: Vec<String>,
 }
 
 /// The buckets of a `revisit_interval_buckets` text: comma-separated positive integers

@@ -10,6 +10,7 @@ use super::instance::Instance;
 use super::journal::{InstanceLog, Record};
 use super::local_index::check_indexer_config;
 use super::registration::InstanceInfo;
+use super::storage_type::StorageType;
 use super::Manager;
 use crate::sync::{lock, read_lock, write_lock};
 
@@ -67,6 +68,7 @@ impl Manager {
     /// Creates an instance group.
     pub fn create_group(&self, group: GroupConfig) -> ManagerResult<()> {
         validate_group(&group)?;
+        self.check_candidate_kinds(&group)?;
         let mut groups = write_lock(&self.groups);
         if groups.contains_key(&group.name) {
             return Err(ManagerError::AlreadyExists(format!(
@@ -84,6 +86,7 @@ impl Manager {
     /// Replaces a group whose stored version is `current_version` by one with a newer version.
     pub fn update_group(&self, group: GroupConfig, current_version: i64) -> ManagerResult<()> {
         validate_group(&group)?;
+        self.check_candidate_kinds(&group)?;
         let mut groups = write_lock(&self.groups);
         let stored = groups
             .get(&group.name)
@@ -112,6 +115,44 @@ impl Manager {
         drop(groups);
         self.published_storages_changed();
         self.journal_wait(ticket)
+    }
+
+    /// The registered storages a group names are of the right kind: no event-report storage
+    /// among its write candidates, only event-report storages (at most one per tier) among
+    /// its event-report candidates. A name not registered (yet) is not judged, as for
+    /// write candidates.
+    fn check_candidate_kinds(&self, group: &GroupConfig) -> ManagerResult<()> {
+        let kind_of = |name: &String| {
+            let backend = self.storages.backend(name)?;
+            Some(StorageType::of(backend.kind()))
+        };
+        let mut writes = group.storage_candidates.iter();
+        if let Some(name) = writes.find(|n| kind_of(n).is_some_and(|t| t.is_event_report())) {
+            return Err(ManagerError::invalid_because(
+                "instance_group.storage_candidates",
+                format!("{name:?} is an event-report storage (list it in event_report_storage_candidates)"),
+            ));
+        }
+        let mut tiers = Vec::new();
+        for name in &group.event_report_storage_candidates {
+            match kind_of(name) {
+                None => {}
+                Some(tier) if tier.is_event_report() && !tiers.contains(&tier) => tiers.push(tier),
+                Some(tier) if tier.is_event_report() => {
+                    return Err(ManagerError::invalid_because(
+                        "instance_group.event_report_storage_candidates",
+                        format!("{name:?} is a second event-report storage of its tier"),
+                    ))
+                }
+                Some(_) => {
+                    return Err(ManagerError::invalid_because(
+                        "instance_group.event_report_storage_candidates",
+                        format!("{name:?} is not an event-report storage"),
+                    ))
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A group's config.
@@ -195,6 +236,7 @@ impl Manager {
         if let Some(publication) = self.publication.get() {
             publication.instance_removed(instance_id);
         }
+        self.reports.forget_instance(instance_id);
         self.remove_all(&instance)
     }
 
@@ -266,8 +308,34 @@ fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
             ),
         ));
     }
+    check_report_candidates(group)?;
     check_reclaim(&cache.reclaim)?;
     check_indexer_config(indexer)
+}
+
+/// Event-report candidates are non-empty distinct names, and no quota is of an event-report
+/// type (kvcm allocates nothing there).
+fn check_report_candidates(group: &GroupConfig) -> ManagerResult<()> {
+    let names = &group.event_report_storage_candidates;
+    for (i, name) in names.iter().enumerate() {
+        if name.is_empty() || names[..i].contains(name) {
+            return Err(ManagerError::invalid_because(
+                "instance_group.event_report_storage_candidates",
+                format!("{name:?} is empty or listed twice"),
+            ));
+        }
+    }
+    let quotas = group.quota.iter().flat_map(|q| &q.per_type);
+    if let Some(quota) = quotas
+        .into_iter()
+        .find(|q| q.storage_type.is_event_report())
+    {
+        return Err(ManagerError::invalid_because(
+            "quota.quota_config.storage_type",
+            format!("{:?} holds no bytes kvcm allocates", quota.storage_type),
+        ));
+    }
+    Ok(())
 }
 
 /// The reclaimer's settings: a watermark is a fraction in [0, 1] (0 = none), the delete

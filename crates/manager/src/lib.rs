@@ -50,6 +50,7 @@ mod read;
 pub mod reclaimer;
 pub mod registration;
 mod remove;
+pub mod reports;
 mod sessions;
 pub mod storage_type;
 mod storages;
@@ -154,6 +155,8 @@ pub struct Manager {
     reclaim_listener: std::sync::OnceLock<reclaimer::ReclaimListener>,
     /// Limits on what clients may open.
     limits: ManagerLimits,
+    /// Cache subscribers' reported blocks (in this process only, as upstream keeps them).
+    reports: reports::Reports,
 }
 
 impl std::fmt::Debug for Manager {
@@ -191,6 +194,7 @@ impl Manager {
             reclaim_stats: reclaimer::ReclaimStats::default(),
             reclaim_listener: std::sync::OnceLock::new(),
             limits: deps.limits,
+            reports: reports::Reports::default(),
         });
         if let Some(period) = deps.reclaim_period {
             reclaimer::spawn_reclaimer(Arc::downgrade(&manager), period)

@@ -279,6 +279,27 @@ impl Manager {
         Ok(CacheLookup { render, slots })
     }
 
+    /// Per key, whether kvcm's own storages hold a readable (SERVING, weight > 0) location
+    /// of it: the remote sources of GetHostCacheState. Not an access (nothing is touched);
+    /// all false when no candidate storage is available.
+    pub(crate) fn own_readable(
+        &self,
+        instance: &Instance,
+        keys: &[BlockKey],
+    ) -> ManagerResult<Vec<bool>> {
+        let group = self.shared_group(instance.group());
+        let candidates = group
+            .as_deref()
+            .map_or(&[][..], |g| g.storage_candidates.as_slice());
+        let Ok(weights) = self.storages.read_weights(candidates) else {
+            return Ok(vec![false; keys.len()]);
+        };
+        let entries = instance.index.get(keys)?;
+        let readable_entry =
+            |entry: Option<Entry>| entry.is_some_and(|e| readable(&e, &weights).is_some());
+        Ok(entries.into_iter().map(readable_entry).collect())
+    }
+
     /// The first location (any state) of every unmasked key, in order; `None` when absent.
     pub fn get_cache_meta(
         &self,

@@ -18,17 +18,24 @@ pub enum StorageType {
     Nfs,
     /// VCNS 3FS.
     VcnsThreeFs,
+    /// Locations reported by L1.5 cache subscribers (ReportEvent; upstream trunk).
+    EventReportL1p5,
+    /// Locations reported by L2 cache subscribers, the peer-to-peer sources (upstream trunk).
+    EventReportL2,
 }
 
 impl StorageType {
-    /// Every type, in wire order.
-    pub const ALL: [StorageType; 6] = [
+    /// Every type (the 2026-02 ones in wire order, then upstream trunk's event-report
+    /// types; their wire numbers belong to the service layer).
+    pub const ALL: [StorageType; 8] = [
         StorageType::Unspecified,
         StorageType::ThreeFs,
         StorageType::Mooncake,
         StorageType::TairMemPool,
         StorageType::Nfs,
         StorageType::VcnsThreeFs,
+        StorageType::EventReportL1p5,
+        StorageType::EventReportL2,
     ];
 
     /// The type of a backend kind.
@@ -39,6 +46,8 @@ impl StorageType {
             StorageKind::VcnsThreeFs => StorageType::VcnsThreeFs,
             StorageKind::Mooncake => StorageType::Mooncake,
             StorageKind::TairMemPool => StorageType::TairMemPool,
+            StorageKind::EventReportL1p5 => StorageType::EventReportL1p5,
+            StorageKind::EventReportL2 => StorageType::EventReportL2,
         }
     }
 
@@ -51,6 +60,8 @@ impl StorageType {
             StorageType::VcnsThreeFs => Some(StorageKind::VcnsThreeFs),
             StorageType::Mooncake => Some(StorageKind::Mooncake),
             StorageType::TairMemPool => Some(StorageKind::TairMemPool),
+            StorageType::EventReportL1p5 => Some(StorageKind::EventReportL1p5),
+            StorageType::EventReportL2 => Some(StorageKind::EventReportL2),
         }
     }
 
@@ -59,7 +70,10 @@ impl StorageType {
         match self {
             StorageType::Nfs => 5,
             StorageType::ThreeFs | StorageType::Mooncake | StorageType::TairMemPool => 3,
-            StorageType::Unspecified | StorageType::VcnsThreeFs => 1,
+            StorageType::Unspecified
+            | StorageType::VcnsThreeFs
+            | StorageType::EventReportL1p5
+            | StorageType::EventReportL2 => 1,
         }
     }
 
@@ -69,6 +83,15 @@ impl StorageType {
             StorageType::VcnsThreeFs => StorageType::ThreeFs,
             other => other,
         }
+    }
+
+    /// Whether locations of this type are reported by cache subscribers (they hold no bytes
+    /// kvcm allocates: no quota counts them, no write goes to them).
+    pub fn is_event_report(self) -> bool {
+        matches!(
+            self,
+            StorageType::EventReportL1p5 | StorageType::EventReportL2
+        )
     }
 
     /// Position in [`StorageType::ALL`].

@@ -97,6 +97,7 @@ pub(crate) fn group(capacity: i64, prefer: PreferStrategy) -> GroupConfig {
         version: 1,
         extra_info: String::new(),
         revisit_interval_buckets: String::new(),
+        event_report_storage_candidates: Vec::new(),
     }
 }
 

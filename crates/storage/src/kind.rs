@@ -1,11 +1,12 @@
 //! Names of storage kinds: the `type` string of `storage_configs` (§15) and the URI scheme
-//! (§14).
+//! (§14; an event-report storage's URIs are its reporters' own, any scheme).
 
-use crate::{StorageKind, StorageSpec};
+use crate::{ReportTier, StorageKind, StorageSpec};
 
 impl StorageKind {
     /// The `type` string of this kind in `storage_configs`: `file`, `hf3fs`, `vcns_hf3fs`,
-    /// `mooncake` or `pace`.
+    /// `mooncake`, `pace`, or `event_report` (never printed there: an event-report storage is
+    /// not a write candidate).
     pub fn type_name(self) -> &'static str {
         match self {
             StorageKind::Nfs => "file",
@@ -13,6 +14,7 @@ impl StorageKind {
             StorageKind::VcnsThreeFs => "vcns_hf3fs",
             StorageKind::Mooncake => "mooncake",
             StorageKind::TairMemPool => "pace",
+            StorageKind::EventReportL1p5 | StorageKind::EventReportL2 => "event_report",
         }
     }
 
@@ -34,6 +36,10 @@ impl StorageSpec {
             StorageSpec::VcnsThreeFs { .. } => StorageKind::VcnsThreeFs,
             StorageSpec::Mooncake { .. } => StorageKind::Mooncake,
             StorageSpec::TairMemPool { .. } => StorageKind::TairMemPool,
+            StorageSpec::EventReport { tier, .. } => match tier {
+                ReportTier::L1p5 => StorageKind::EventReportL1p5,
+                ReportTier::L2 => StorageKind::EventReportL2,
+            },
         }
     }
 }

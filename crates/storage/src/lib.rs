@@ -39,6 +39,49 @@ pub enum StorageKind {
     Mooncake,
     /// Memory pool (`pace://`): regions of `kvcm pool` nodes.
     TairMemPool,
+    /// Locations reported by cache subscribers of the L1.5 tier (upstream trunk's
+    /// `ST_EVENT_REPORT_L1P5`): never allocated, deleted or read here.
+    EventReportL1p5,
+    /// As [`StorageKind::EventReportL1p5`], tier L2 (`ST_EVENT_REPORT_L2`, the P2P peers).
+    EventReportL2,
+}
+
+/// The tier of an event-report storage (upstream trunk's two `ST_EVENT_REPORT_*` types).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReportTier {
+    /// `ST_EVENT_REPORT_L1P5`.
+    L1p5,
+    /// `ST_EVENT_REPORT_L2`: the tier whose reporters are peer-to-peer sources.
+    L2,
+}
+
+/// The timings of an event-report storage's reporters (upstream `EventReportStorageSpec`),
+/// in milliseconds, defaults applied (a wire 0 means the default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportTimings {
+    /// A reporter without a heartbeat for this long is hidden from queries.
+    pub heartbeat_timeout_ms: u64,
+    /// After this long past the heartbeat timeout the reporter is unregistered and its
+    /// metadata cleaned.
+    pub cleanup_grace_ms: u64,
+    /// How often liveness is checked.
+    pub liveness_check_interval_ms: u64,
+    /// The least time between two successful snapshots of one reporter.
+    pub snapshot_min_interval_ms: u64,
+    /// How long a snapshot waits for admitted deltas (and a delta for a snapshot).
+    pub snapshot_delta_drain_timeout_ms: u64,
+}
+
+impl Default for ReportTimings {
+    fn default() -> Self {
+        ReportTimings {
+            heartbeat_timeout_ms: 30_000,
+            cleanup_grace_ms: 300_000,
+            liveness_check_interval_ms: 1_000,
+            snapshot_min_interval_ms: 30_000,
+            snapshot_delta_drain_timeout_ms: 10_000,
+        }
+    }
 }
 
 /// Backend-specific settings (field names as in the reference protos).
@@ -98,6 +141,13 @@ pub enum StorageSpec {
         timeout: i32,
         /// Name-service discovery switch.
         enable_vipserver: bool,
+    },
+    /// A namespace of locations that cache subscribers report (ReportEvent); holds no bytes.
+    EventReport {
+        /// Its tier.
+        tier: ReportTier,
+        /// Its reporters' timings.
+        timings: ReportTimings,
     },
 }
 

@@ -7,7 +7,7 @@
 //! `/usr`) or a path under one; temporary directories stay allowed.
 
 use crate::names::check_name;
-use crate::{StorageConfig, StorageError, StorageSpec};
+use crate::{ReportTimings, StorageConfig, StorageError, StorageSpec};
 
 fn required(field: &str, value: &str) -> Result<(), String> {
     if value.trim().is_empty() {
@@ -83,6 +83,31 @@ fn check_spec(spec: &StorageSpec) -> Result<(), String> {
         }
         StorageSpec::Mooncake { .. } => check_mooncake(spec),
         StorageSpec::TairMemPool { domain, .. } => required("storage_spec.domain", domain),
+        StorageSpec::EventReport { timings, .. } => check_timings(timings),
+    }
+}
+
+/// Every timing is positive (a wire 0 was replaced by its default before) and at most a day.
+fn check_timings(timings: &ReportTimings) -> Result<(), String> {
+    const DAY_MS: u64 = 86_400_000;
+    let fields = [
+        ("heartbeat_timeout_ms", timings.heartbeat_timeout_ms),
+        ("cleanup_grace_ms", timings.cleanup_grace_ms),
+        (
+            "liveness_check_interval_ms",
+            timings.liveness_check_interval_ms,
+        ),
+        ("snapshot_min_interval_ms", timings.snapshot_min_interval_ms),
+        (
+            "snapshot_delta_drain_timeout_ms",
+            timings.snapshot_delta_drain_timeout_ms,
+        ),
+    ];
+    match fields.iter().find(|(_, ms)| !(1..=DAY_MS).contains(ms)) {
+        Some((field, ms)) => Err(format!(
+            "storage_spec.{field} {ms} is not between 1 and {DAY_MS} ms"
+        )),
+        None => Ok(()),
     }
 }
 

@@ -16,7 +16,8 @@
 //! with ~100 one-letter storage candidates and little else would be refused as `TooLarge`.
 //!
 //! Versions: v1 is the first format; v2 adds the writer's checksums to entry locations and
-//! upstream trunk's `extra_info` / `revisit_interval_buckets` to instance groups. A
+//! upstream trunk's `extra_info` / `revisit_interval_buckets` to instance groups; v3 adds
+//! upstream trunk's event-report storages and groups' `event_report_storage_candidates`. A
 //! value is written in the oldest version that holds it ([`Encode::version`]: an entry
 //! without checksums is still written as v1, byte-identical to what v1 binaries wrote), so
 //! an older binary reads everything that does not use a newer feature.
@@ -38,7 +39,7 @@ pub use reader::{DecodeError, Reader};
 pub use writer::Writer;
 
 /// The newest version this build writes and reads.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 /// A decode allocates at most this many bytes per input byte.
 pub const ALLOCATION_FACTOR: usize = 4;

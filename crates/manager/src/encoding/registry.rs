@@ -1,9 +1,10 @@
 //! The encodings of registry objects: storage configs, instance groups, instance
 //! registrations and accounts. Every field is written, so an object decodes to exactly what
 //! was encoded. Each value is written in the oldest version that holds it: a group without
-//! upstream trunk's fields is v1 byte for byte (the committed fixture), one with them v2.
+//! upstream trunk's fields is v1 byte for byte (the committed fixture), one with them v2 (v3
+//! with event-report candidates); an event-report storage is v3, every other storage v1.
 
-use kvcm_storage::{BlockSpec, StorageConfig, StorageSpec};
+use kvcm_storage::{BlockSpec, ReportTier, ReportTimings, StorageConfig, StorageSpec};
 
 use super::{DecodeError, Encode, Kind, Reader, Writer};
 use crate::accounts::{Account, AccountRole};
@@ -27,6 +28,14 @@ fn write_storage_type(out: &mut Writer, storage_type: StorageType) {
 
 impl Encode for StorageConfig {
     const KIND: Kind = Kind::Storage;
+
+    /// v3 for an event-report storage (upstream trunk), else v1.
+    fn version(&self) -> u8 {
+        match self.spec {
+            StorageSpec::EventReport { .. } => 3,
+            _ => 1,
+        }
+    }
 
     fn write_body(&self, out: &mut Writer) {
         out.str(&self.global_unique_name);
@@ -96,10 +105,26 @@ impl Encode for StorageConfig {
                 out.i32(*timeout);
                 out.bool(*enable_vipserver);
             }
+            StorageSpec::EventReport { tier, timings } => {
+                out.u8(5);
+                out.u8(match tier {
+                    ReportTier::L1p5 => 0,
+                    ReportTier::L2 => 1,
+                });
+                for ms in [
+                    timings.heartbeat_timeout_ms,
+                    timings.cleanup_grace_ms,
+                    timings.liveness_check_interval_ms,
+                    timings.snapshot_min_interval_ms,
+                    timings.snapshot_delta_drain_timeout_ms,
+                ] {
+                    out.u64(ms);
+                }
+            }
         }
     }
 
-    fn read_body(input: &mut Reader<'_>, _version: u8) -> Result<Self, DecodeError> {
+    fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
         let global_unique_name = input.string()?;
         let check_storage_available_when_open = input.bool()?;
         let spec = match input.u8()? {
@@ -132,6 +157,20 @@ impl Encode for StorageConfig {
                 domain: input.string()?,
                 timeout: input.i32()?,
                 enable_vipserver: input.bool()?,
+            },
+            5 if version >= 3 => StorageSpec::EventReport {
+                tier: match input.u8()? {
+                    0 => ReportTier::L1p5,
+                    1 => ReportTier::L2,
+                    _ => return Err(DecodeError::Invalid("an unknown event-report tier")),
+                },
+                timings: ReportTimings {
+                    heartbeat_timeout_ms: input.u64()?,
+                    cleanup_grace_ms: input.u64()?,
+                    liveness_check_interval_ms: input.u64()?,
+                    snapshot_min_interval_ms: input.u64()?,
+                    snapshot_delta_drain_timeout_ms: input.u64()?,
+                },
             },
             _ => return Err(DecodeError::Invalid("an unknown storage spec")),
         };
@@ -253,9 +292,12 @@ fn read_cache(input: &mut Reader<'_>) -> Result<CacheConfig, DecodeError> {
 
 impl GroupConfig {
     /// The oldest encoding version that holds this group: 1 unless a trunk field is set
-    /// (v2 appends upstream trunk's `extra_info` and `revisit_interval_buckets`).
+    /// (v2 appends upstream trunk's `extra_info` and `revisit_interval_buckets`, v3 its
+    /// `event_report_storage_candidates`).
     fn group_version(&self) -> u8 {
-        if self.extra_info.is_empty() && self.revisit_interval_buckets.is_empty() {
+        if !self.event_report_storage_candidates.is_empty() {
+            3
+        } else if self.extra_info.is_empty() && self.revisit_interval_buckets.is_empty() {
             1
         } else {
             2
@@ -289,6 +331,11 @@ impl Encode for GroupConfig {
             out.str(&self.extra_info);
             out.str(&self.revisit_interval_buckets);
         }
+        if self.group_version() >= 3 {
+            out.list(&self.event_report_storage_candidates, |out, name| {
+                out.str(name)
+            });
+        }
     }
 
     fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
@@ -313,14 +360,20 @@ impl Encode for GroupConfig {
             version: input.i64()?,
             extra_info: String::new(),
             revisit_interval_buckets: String::new(),
+            event_report_storage_candidates: Vec::new(),
         };
         if version >= 2 {
             group.extra_info = input.string()?;
             group.revisit_interval_buckets = input.string()?;
-            if group.group_version() < 2 {
-                // Each value is written in the oldest version that holds it.
-                return Err(DecodeError::Invalid("a v2 group without v2 fields"));
-            }
+        }
+        if version >= 3 {
+            group.event_report_storage_candidates = input.list(Reader::string)?;
+        }
+        if group.group_version() != version {
+            // Each value is written in the oldest version that holds it.
+            return Err(DecodeError::Invalid(
+                "a group in a newer version than its fields need",
+            ));
         }
         Ok(group)
     }

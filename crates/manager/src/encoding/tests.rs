@@ -223,6 +223,7 @@ fn group() -> GroupConfig {
         version: 3,
         extra_info: String::new(),
         revisit_interval_buckets: String::new(),
+        event_report_storage_candidates: Vec::new(),
     }
 }
 
@@ -410,12 +411,12 @@ fn a_group_with_trunk_fields_is_v2_and_round_trips() {
     assert_eq!(group().encode()[2], 1, "a group without them stays v1");
 
     let mut newer = bytes.clone();
-    newer[2] = 3;
+    newer[2] = 4;
     assert_eq!(
         GroupConfig::decode(&newer),
         Err(DecodeError::NewerVersion {
-            found: 3,
-            newest: 2
+            found: 4,
+            newest: 3
         })
     );
     // A v2 header on a group whose trunk fields are empty is not what any build writes.
@@ -424,6 +425,57 @@ fn a_group_with_trunk_fields_is_v2_and_round_trips() {
     padded.extend_from_slice(&[0; 8]);
     assert!(matches!(
         GroupConfig::decode(&padded),
+        Err(DecodeError::Invalid(_))
+    ));
+}
+
+/// A group with event-report candidates (a v3 feature).
+fn reported_group() -> GroupConfig {
+    GroupConfig {
+        event_report_storage_candidates: vec!["l2".into(), "l1p5".into()],
+        ..trunk_group()
+    }
+}
+
+/// An event-report storage (a v3 feature).
+fn storage_event_report() -> StorageConfig {
+    StorageConfig {
+        global_unique_name: "l2".into(),
+        spec: StorageSpec::EventReport {
+            tier: kvcm_storage::ReportTier::L2,
+            timings: kvcm_storage::ReportTimings {
+                heartbeat_timeout_ms: 1,
+                cleanup_grace_ms: 2,
+                liveness_check_interval_ms: 3,
+                snapshot_min_interval_ms: 4,
+                snapshot_delta_drain_timeout_ms: 5,
+            },
+        },
+        check_storage_available_when_open: false,
+    }
+}
+
+#[test]
+fn the_v3_fixtures_decode() {
+    check_fixture(3, "group_event_report.bin", reported_group());
+    check_fixture(3, "storage_event_report.bin", storage_event_report());
+}
+
+#[test]
+fn v3_headers_carry_only_v3_values() {
+    // A v3 header on a group without candidates is not what any build writes.
+    let mut padded = trunk_group().encode();
+    padded[2] = 3;
+    padded.extend_from_slice(&[0; 4]);
+    assert!(matches!(
+        GroupConfig::decode(&padded),
+        Err(DecodeError::Invalid(_))
+    ));
+    // An older header cannot carry the event-report spec.
+    let mut older = storage_event_report().encode();
+    older[2] = 2;
+    assert!(matches!(
+        StorageConfig::decode(&older),
         Err(DecodeError::Invalid(_))
     ));
 }

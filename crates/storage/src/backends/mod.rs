@@ -6,6 +6,7 @@
 //! storage with `InvalidUri` before freeing anything.
 
 mod block_files;
+mod event_report;
 mod mooncake;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError>
         }
         StorageSpec::Mooncake { .. } => Arc::new(mooncake::MooncakeStorage::new(config)),
         StorageSpec::TairMemPool { .. } => Arc::new(MemPool::new(config)),
+        StorageSpec::EventReport { .. } => Arc::new(event_report::EventReportStorage::new(config)),
         StorageSpec::VcnsThreeFs { .. } => {
             return Err(StorageError::Unsupported(config.spec.kind()));
         }

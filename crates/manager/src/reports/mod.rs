@@ -1,0 +1,260 @@
+//! Reported locations (upstream trunk's ReportEvent): cache subscribers — engines, Vineyard —
+//! report which blocks they hold, under a reporter identity `instance + tier + host`; queries
+//! (GetHostCacheState) count them per host.
+//!
+//! A reporter's state lives in this process only, as upstream keeps it: a restart forgets
+//! every reporter, and the next valid event of each starts it anew (no REGISTER needed).
+//! The tiers' timings come from the event-report storages the instance's group lists in
+//! `event_report_storage_candidates` (at most one per tier).
+//!
+//! Invariants:
+//! - one request is applied event by event, in order; an event either takes full effect or
+//!   none (its item result says which);
+//! - a snapshot runs alone among its reporter's mutations ([`gate`]); different reporters
+//!   never wait for each other;
+//! - a query sees a reporter only while it is live and within its heartbeat timeout; past
+//!   timeout + cleanup grace the reporter is unregistered (checked when its reporter or
+//!   any query of its instance touches it).
+
+mod gate;
+mod host_state;
+mod reporter;
+mod request;
+#[cfg(test)]
+mod tests;
+mod uri;
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex, RwLock};
+
+use kvcm_index::BlockKey;
+use kvcm_storage::{ReportTier, ReportTimings, StorageSpec};
+
+use crate::error::{ManagerError, ManagerResult};
+use crate::instance::Instance;
+use crate::sync::{read_lock, write_lock};
+use crate::Manager;
+
+pub use host_state::{HostCacheState, HostStateQuery};
+
+use gate::Gate;
+use reporter::ReporterState;
+
+/// One spec of a reported block, as the reporter sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedSpec {
+    /// Spec name (must be registered by the instance).
+    pub name: String,
+    /// The reporter's URI (kvcm appends `s_version`).
+    pub uri: String,
+}
+
+/// A block on one medium with its specs (ADD, and each item of a SNAPSHOT).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportedBlock {
+    /// The block key.
+    pub key: BlockKey,
+    /// The medium (`gpu`, `memory`, `disk`, …).
+    pub medium: String,
+    /// Its specs.
+    pub specs: Vec<ReportedSpec>,
+}
+
+/// One event of a ReportEvent request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportEvent {
+    /// EVENT_NODE_REGISTER.
+    Register {
+        /// Mediums the reporter declares.
+        mediums: Vec<String>,
+    },
+    /// EVENT_HEARTBEAT.
+    Heartbeat,
+    /// EVENT_BLOCK_ADD.
+    Add(ReportedBlock),
+    /// EVENT_BLOCK_DELETE.
+    Delete {
+        /// The block key.
+        key: BlockKey,
+        /// The medium.
+        medium: String,
+        /// Spec names to remove.
+        spec_names: Vec<String>,
+    },
+    /// EVENT_BLOCK_SNAPSHOT: the reporter's complete block set.
+    Snapshot(Vec<ReportedBlock>),
+    /// EVENT_HOST_DOWN.
+    HostDown,
+    /// An item the edge could not read (type and payload disagree, a bad block key): its
+    /// result is INVALID_ARGUMENT with this reason.
+    Unreadable(String),
+}
+
+/// The result of one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemResult {
+    /// Applied.
+    Ok,
+    /// Refused, nothing changed: the reason.
+    Invalid(String),
+    /// The reporter is tombstoned in this process: REGISTER first.
+    NotRegistered,
+    /// Another snapshot runs, or the wait for the other side timed out.
+    SnapshotInProgress,
+    /// A successful snapshot was too recent.
+    RateLimited {
+        /// How long until a snapshot is accepted.
+        retry_after_ms: u64,
+    },
+    /// The reporter's lifecycle changed while the snapshot waited.
+    SnapshotRequired,
+}
+
+/// One ReportEvent request (the instance is passed beside it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportRequest {
+    /// Which tier reports.
+    pub tier: ReportTier,
+    /// The reporter's `host:port` (no `#`).
+    pub host: String,
+    /// Its events, in order (non-empty).
+    pub events: Vec<ReportEvent>,
+}
+
+/// What a ReportEvent request did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportOutcome {
+    /// One result per event.
+    pub results: Vec<ItemResult>,
+    /// The reporter's generation after the request (`None`: none, e.g. after HOST_DOWN).
+    pub generation: Option<u128>,
+    /// True while the reporter has no generation, and on the request that created one by a
+    /// delta; false after a successful snapshot.
+    pub snapshot_required: bool,
+    /// Of a rate-limited snapshot: how long to wait.
+    pub retry_after_ms: u64,
+    /// The group's `extra_info`.
+    pub extra_info: String,
+}
+
+/// One reporter: its gate and its state.
+#[derive(Debug)]
+struct Reporter {
+    gate: Gate,
+    state: Mutex<ReporterState>,
+}
+
+/// Reporters of one instance, by host then tier (the order ties are broken in).
+type InstanceReporters = BTreeMap<(String, ReportTier), Arc<Reporter>>;
+
+/// Every reporter of the process.
+#[derive(Debug, Default)]
+pub struct Reports {
+    by_instance: RwLock<HashMap<Arc<str>, InstanceReporters>>,
+}
+
+impl Reports {
+    /// The reporter of an identity, created fresh when new.
+    fn reporter(&self, instance: &Arc<str>, tier: ReportTier, host: &str) -> Arc<Reporter> {
+        let id = (host.to_string(), tier);
+        if let Some(found) = read_lock(&self.by_instance)
+            .get(instance)
+            .and_then(|r| r.get(&id))
+        {
+            return found.clone();
+        }
+        let mut all = write_lock(&self.by_instance);
+        let reporters = all.entry(instance.clone()).or_default();
+        reporters
+            .entry(id)
+            .or_insert_with(|| {
+                Arc::new(Reporter {
+                    gate: Gate::default(),
+                    state: Mutex::new(ReporterState::fresh()),
+                })
+            })
+            .clone()
+    }
+
+    /// The reporters of an instance, by host then tier.
+    fn of_instance(&self, instance: &str) -> Vec<((String, ReportTier), Arc<Reporter>)> {
+        read_lock(&self.by_instance)
+            .get(instance)
+            .map(|reporters| {
+                let pairs = reporters.iter();
+                pairs.map(|(id, r)| (id.clone(), r.clone())).collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Forgets an instance's reporters (RemoveInstance).
+    pub(crate) fn forget_instance(&self, instance: &str) {
+        write_lock(&self.by_instance).remove(instance);
+    }
+}
+
+impl Manager {
+    /// The timings of the event-report storage of `tier` that the instance's group lists;
+    /// INSTANCE_NOT_EXIST when it lists none (as upstream answers).
+    fn report_timings(
+        &self,
+        instance: &Instance,
+        tier: ReportTier,
+    ) -> ManagerResult<ReportTimings> {
+        self.listed_report_timings(instance, tier).ok_or_else(|| {
+            ManagerError::NoReportStorage(format!(
+                "the group {1:?} of instance {0:?} lists no registered event-report storage of tier {tier:?} in event_report_storage_candidates",
+                instance.id(),
+                instance.group()
+            ))
+        })
+    }
+
+    /// As [`Manager::report_timings`], `None` when absent or disabled by the admin (a
+    /// disabled event-report storage takes no reports and its reporters are hidden).
+    fn listed_report_timings(
+        &self,
+        instance: &Instance,
+        tier: ReportTier,
+    ) -> Option<ReportTimings> {
+        let group = self.shared_group(instance.group())?;
+        let listed = self
+            .storages
+            .statuses(&group.event_report_storage_candidates);
+        listed
+            .into_iter()
+            .find_map(|(config, available)| match config.spec {
+                StorageSpec::EventReport {
+                    tier: listed,
+                    timings,
+                } if listed == tier && available => Some(timings),
+                _ => None,
+            })
+    }
+}
+
+/// Hashes block keys (already well-mixed hashes of token prefixes) with one multiply.
+#[derive(Debug, Default, Clone, Copy)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_i64(&mut self, key: i64) {
+        self.0 = (key as u64 ^ self.0)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+}
+
+/// Builds [`KeyHasher`]s.
+type BuildKeyHasher = BuildHasherDefault<KeyHasher>;
