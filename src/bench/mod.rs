@@ -4,13 +4,15 @@
 //! same bytes — plus local index batch get and read_modify_write throughput on one core
 //! beside a plain HashMap. The server writes its event log as `kvcm serve` does by default
 //! (`KVCM_EVENT_LOG_ENABLED=false` and the other `KVCM_EVENT_LOG_*` variables apply).
-//! `kvcm bench --memory` measures memory per SERVING block instead (see `memory`).
+//! `kvcm bench --memory` measures memory per SERVING block instead (see `memory`),
+//! `kvcm bench --reports` the cache-subscriber RPCs (see `reports`).
 
 mod echo;
 mod http_client;
 mod index;
 mod measure;
 mod memory;
+mod reports;
 
 use std::net::SocketAddr;
 
@@ -46,12 +48,18 @@ pub struct BenchArgs {
     /// With `--memory`: the `kvcm` binary to measure (default: this one).
     #[arg(long)]
     pub serve_binary: Option<std::path::PathBuf>,
+    /// Measure the cache-subscriber RPCs (ReportEvent, GetHostCacheState) instead.
+    #[arg(long)]
+    pub reports: bool,
 }
 
 const PREFIX_SIZES: [usize; 2] = [16, 128];
 
 /// Runs every case and prints the table.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.reports {
+        return reports::run();
+    }
     if args.memory {
         let serve_binary = match args.serve_binary {
             Some(binary) => binary,
