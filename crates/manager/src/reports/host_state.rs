@@ -132,11 +132,14 @@ impl Manager {
             .filter(|(_, answer)| answer.local > 0)
             .collect();
         answers.sort_by(|(_, a), (_, b)| b.local.cmp(&a.local).then_with(|| a.host.cmp(&b.host)));
-        if query.remote_hosts > 0 && !answers.is_empty() {
-            let own = self.own_readable(instance, keys)?;
-            for (index, answer) in answers.iter_mut().take(query.remote_hosts) {
+        let selected = query.remote_hosts.min(answers.len());
+        // kvcm's own locations matter only past the shortest selected local run.
+        let start = answers[..selected].iter().map(|(_, a)| a.local).min();
+        if let Some(start) = start.filter(|&start| start < keys.len()) {
+            let own = self.own_readable(instance, &keys[start..])?;
+            for (index, answer) in answers.iter_mut().take(selected) {
                 let host = &hosts[*index];
-                let base = |i: usize, key| host.holds(key, mediums) || own[i];
+                let base = |i: usize, key| host.holds(key, mediums) || own[i - start];
                 let filled = run_from(keys, answer.local, base);
                 let peers = hosts.iter().filter(|peer| peer.name != host.name);
                 let best_peer = peers
