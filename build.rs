@@ -70,7 +70,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Upstream trunk fields of 2026-02 messages, printed only when set: package, message,
 /// field, and the condition (on `self`) under which it is printed.
-const TRUNK_FIELDS: [(&str, &str, &str, &str); 3] = [
+const TRUNK_FIELDS: [(&str, &str, &str, &str); 5] = [
+    (
+        "kv_cache_manager.proto.meta",
+        "InstanceInfo",
+        "default_query_type",
+        "self.default_query_type != 0",
+    ),
+    (
+        "kv_cache_manager.proto.admin",
+        "InstanceInfo",
+        "default_query_type",
+        "self.default_query_type != 0",
+    ),
     (
         "kv_cache_manager.proto.meta",
         "RegisterInstanceResponse",

@@ -61,6 +61,7 @@ fn manager(dir: &Path, fsync: FsyncPolicy) -> (Arc<Manager>, Arc<Instance>) {
             ..Default::default()
         },
         spec_groups: Vec::new(),
+        default_query: Default::default(),
     };
     manager.register_instance(info).expect("register");
     let instance = manager.instance("bench").expect("instance");

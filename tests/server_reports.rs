@@ -881,3 +881,59 @@ async fn the_new_responses_answer_the_canonical_json() {
                "hosts": [{"host_ip_port": "a:1", "local": "1", "global": "1"}]})
     );
 }
+
+#[tokio::test]
+async fn the_default_query_type_is_registered_answered_and_read_by_host_state() {
+    let server = TestServer::start().await;
+    reporting_instance(&server, steady_timings()).await;
+    l1(&server, "a:1", vec![add("a:1", "gpu", 1)]).await;
+    let info = server
+        .meta_http("getInstanceInfo", json!({"instance_id": "inst"}))
+        .await;
+    assert!(
+        info["instance_info"].get("default_query_type").is_none(),
+        "unset: not printed: {info}"
+    );
+    for (instance, query_type) in [("batch", "QT_BATCH_GET"), ("prefix", "QT_PREFIX_MATCH")] {
+        let mut registration = common::registration(instance, 4);
+        registration["instance_group"] = json!("rg");
+        registration["default_query_type"] = json!(query_type);
+        let registered = server.meta_http("registerInstance", registration).await;
+        assert_eq!(code(&registered), "OK", "{registered}");
+        let info = server
+            .meta_http("getInstanceInfo", json!({"instance_id": instance}))
+            .await;
+        assert_eq!(
+            info["instance_info"]["default_query_type"], query_type,
+            "{info}"
+        );
+        let state = server
+            .meta_http(
+                "getHostCacheState",
+                json!({"instance_id": instance, "block_cache_keys": [1]}),
+            )
+            .await;
+        let expected = if instance == "batch" {
+            "INVALID_ARGUMENT"
+        } else {
+            "OK"
+        };
+        assert_eq!(code(&state), expected, "{state}");
+    }
+    let mut bad = common::registration("bad", 4);
+    bad["default_query_type"] = json!(9);
+    let refused = server.meta_http("registerInstance", bad).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused}");
+    assert!(refused["header"]["status"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("default_query_type"));
+    let server = server.kill_and_restart().await;
+    let info = server
+        .meta_http("getInstanceInfo", json!({"instance_id": "batch"}))
+        .await;
+    assert_eq!(
+        info["instance_info"]["default_query_type"], "QT_BATCH_GET",
+        "{info}"
+    );
+}

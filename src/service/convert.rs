@@ -137,6 +137,10 @@ pub fn query_kind(query_type: i32, sw_size: i32) -> ManagerResult<QueryKind> {
         Ok(meta::QueryType::QtReverseRollSwMatch) => usize::try_from(sw_size)
             .map(|sw_size| QueryKind::SlidingWindow { sw_size })
             .map_err(|_| invalid("sw_size", format!("{sw_size} is negative"))),
+        Ok(meta::QueryType::QtPrefixMatchWithMamba) => Err(invalid(
+            "query_type",
+            "QT_PREFIX_MATCH_WITH_MAMBA (hybrid-attention state matching) is not supported by kvcm",
+        )),
         // QT_UNSPECIFIED is a query type the reference refuses as a manager failure.
         Ok(meta::QueryType::QtUnspecified) => Err(ManagerError::Refused(
             "query_type QT_UNSPECIFIED is not a query".into(),

@@ -162,6 +162,7 @@ mod tests {
                     name: "g".into(),
                     spec_names: vec!["tp1".into()],
                 }],
+                default_query: Default::default(),
             })
             .expect("register");
         let instance = manager.instance("i\"d\\é").expect("registered");

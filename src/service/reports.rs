@@ -3,6 +3,7 @@
 //! here, the rules in `kvcm_manager::reports`.
 
 use kvcm_index::BlockKey;
+use kvcm_manager::registration::DefaultQuery;
 use kvcm_manager::reports::{
     HostStateQuery, ItemResult, ReportEvent, ReportOutcome, ReportRequest, ReportedBlock,
     ReportedSpec,
@@ -57,7 +58,7 @@ impl MetaHandler {
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
         let rpc = &rpcs::meta::GET_HOST_CACHE_STATE;
         core.instance_call(rpc, &trace_id, &instance_id, |instance| {
-            check_prefix_query(request.query_type)?;
+            check_prefix_query(request.query_type, instance.info().default_query)?;
             let remote_hosts = usize::try_from(request.global_kvs_host_count)
                 .map_err(|_| ManagerError::invalid_because("global_kvs_host_count", "negative"))?;
             let keys = core.request_keys(&instance, request.block_cache_keys, &[])?;
@@ -94,15 +95,27 @@ fn report_tier(storage_type: i32) -> Result<ReportTier, ManagerError> {
     }
 }
 
-/// GetHostCacheState counts prefixes: QT_PREFIX_MATCH, or QT_UNSPECIFIED (kvcm has no
-/// `default_query_type` yet, so it is prefix match). QT_PREFIX_MATCH_WITH_MAMBA needs the
-/// hybrid-attention spec groups kvcm does not model.
-fn check_prefix_query(query_type: i32) -> Result<(), ManagerError> {
-    match meta::QueryType::try_from(query_type) {
-        Ok(meta::QueryType::QtPrefixMatch | meta::QueryType::QtUnspecified) => Ok(()),
-        _ => Err(ManagerError::invalid_because(
+/// GetHostCacheState counts prefixes: QT_PREFIX_MATCH, or QT_UNSPECIFIED when the
+/// instance's `default_query_type` is QT_PREFIX_MATCH or unset (kvcm-defined: unset reads as
+/// prefix match). QT_PREFIX_MATCH_WITH_MAMBA needs the hybrid-attention spec groups kvcm does
+/// not model.
+fn check_prefix_query(query_type: i32, default: DefaultQuery) -> Result<(), ManagerError> {
+    use meta::QueryType as Qt;
+    let prefix = match Qt::try_from(query_type) {
+        Ok(Qt::QtPrefixMatch) => true,
+        Ok(Qt::QtUnspecified) => matches!(
+            default,
+            DefaultQuery::Unspecified | DefaultQuery::PrefixMatch
+        ),
+        _ => false,
+    };
+    match prefix {
+        true => Ok(()),
+        false => Err(ManagerError::invalid_because(
             "query_type",
-            format!("{query_type}: GetHostCacheState answers QT_PREFIX_MATCH only"),
+            format!(
+                "{query_type} (instance default {default:?}): GetHostCacheState answers QT_PREFIX_MATCH only"
+            ),
         )),
     }
 }

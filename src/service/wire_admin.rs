@@ -6,7 +6,7 @@ use kvcm_manager::group_config::{
     CacheConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy, ReclaimPolicy,
     ReclaimStrategy, ReclaimTrigger, SearchCachePolicy, TypeQuota,
 };
-use kvcm_manager::registration::{ModelDeployment, SpecGroup};
+use kvcm_manager::registration::{DefaultQuery, ModelDeployment, SpecGroup};
 use kvcm_manager::{
     AccountRole, GroupConfig, InstanceInfo, ManagerError, ManagerResult, StorageType,
 };
@@ -289,7 +289,40 @@ pub fn registration_from_wire(
                 spec_names: g.spec_names,
             })
             .collect(),
+        default_query: default_query_from_wire(request.default_query_type)?,
     })
+}
+
+/// The wire numbers of the default query types (upstream trunk `QueryType`).
+const DEFAULT_QUERY_NUMBERS: [(DefaultQuery, meta::QueryType); 5] = [
+    (DefaultQuery::Unspecified, meta::QueryType::QtUnspecified),
+    (DefaultQuery::BatchGet, meta::QueryType::QtBatchGet),
+    (DefaultQuery::PrefixMatch, meta::QueryType::QtPrefixMatch),
+    (
+        DefaultQuery::ReverseRollSwMatch,
+        meta::QueryType::QtReverseRollSwMatch,
+    ),
+    (
+        DefaultQuery::PrefixMatchWithMamba,
+        meta::QueryType::QtPrefixMatchWithMamba,
+    ),
+];
+
+fn default_query_from_wire(number: i32) -> ManagerResult<DefaultQuery> {
+    let found = DEFAULT_QUERY_NUMBERS
+        .iter()
+        .find(|(_, wire)| *wire as i32 == number);
+    found.map(|(query, _)| *query).ok_or_else(|| {
+        ManagerError::invalid_because("default_query_type", format!("{number} is not a QueryType"))
+    })
+}
+
+/// The wire number of a default query type.
+pub fn default_query_number(query: DefaultQuery) -> i32 {
+    let found = DEFAULT_QUERY_NUMBERS
+        .iter()
+        .find(|(known, _)| *known == query);
+    found.map_or(0, |(_, wire)| *wire as i32)
 }
 
 /// The wire form of a stored registration.
@@ -327,6 +360,7 @@ pub fn instance_info_to_wire(info: &InstanceInfo) -> meta::InstanceInfo {
                 spec_names: g.spec_names.clone(),
             })
             .collect(),
+        default_query_type: default_query_number(info.default_query),
     }
 }
 

@@ -326,6 +326,7 @@ pub fn registration_grpc(instance_id: &str, block_size: i32) -> meta::RegisterIn
             ..Default::default()
         }),
         location_spec_groups: Vec::new(),
+        default_query_type: 0,
     }
 }
 

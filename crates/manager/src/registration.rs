@@ -28,6 +28,26 @@ pub struct InstanceInfo {
     pub model: ModelDeployment,
     /// Named subsets of the parts.
     pub spec_groups: Vec<SpecGroup>,
+    /// What a GetHostCacheState of type QT_UNSPECIFIED means for this instance (upstream
+    /// trunk `default_query_type`; not part of the identity: a re-registration keeps the
+    /// first one).
+    pub default_query: DefaultQuery,
+}
+
+/// The query types an instance can name as its default (upstream trunk's `QueryType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DefaultQuery {
+    /// None named.
+    #[default]
+    Unspecified,
+    /// QT_BATCH_GET.
+    BatchGet,
+    /// QT_PREFIX_MATCH.
+    PrefixMatch,
+    /// QT_REVERSE_ROLL_SW_MATCH.
+    ReverseRollSwMatch,
+    /// QT_PREFIX_MATCH_WITH_MAMBA.
+    PrefixMatchWithMamba,
 }
 
 /// The model an instance serves.

@@ -148,6 +148,7 @@ pub(crate) fn instance_info() -> InstanceInfo {
             ..Default::default()
         },
         spec_groups: Vec::new(),
+        default_query: Default::default(),
     }
 }
 

@@ -86,6 +86,7 @@ impl Harness {
                 ..Default::default()
             }),
             location_spec_groups: Vec::new(),
+            default_query_type: 0,
         };
         let answer = self.runtime.block_on(async {
             let mut grpc = MetaServiceClient::connect(self.grpc.clone())

@@ -12,7 +12,7 @@ use crate::group_config::{
     CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
     ReclaimPolicy, ReclaimStrategy, ReclaimTrigger, SearchCachePolicy, TypeQuota,
 };
-use crate::registration::{InstanceInfo, ModelDeployment, SpecGroup};
+use crate::registration::{DefaultQuery, InstanceInfo, ModelDeployment, SpecGroup};
 use crate::storage_type::StorageType;
 
 fn storage_type_of(code: u8) -> Result<StorageType, DecodeError> {
@@ -379,8 +379,25 @@ impl Encode for GroupConfig {
     }
 }
 
+/// The format's codes of the default query types (v3).
+const DEFAULT_QUERIES: [DefaultQuery; 5] = [
+    DefaultQuery::Unspecified,
+    DefaultQuery::BatchGet,
+    DefaultQuery::PrefixMatch,
+    DefaultQuery::ReverseRollSwMatch,
+    DefaultQuery::PrefixMatchWithMamba,
+];
+
 impl Encode for InstanceInfo {
     const KIND: Kind = Kind::Instance;
+
+    /// v3 when a default query type is set (upstream trunk), else v1.
+    fn version(&self) -> u8 {
+        match self.default_query {
+            DefaultQuery::Unspecified => 1,
+            _ => 3,
+        }
+    }
 
     fn write_body(&self, out: &mut Writer) {
         out.str(&self.quota_group_name);
@@ -405,10 +422,16 @@ impl Encode for InstanceInfo {
             out.str(&group.name);
             out.list(&group.spec_names, |out, name| out.str(name));
         });
+        if self.version() >= 3 {
+            let code = DEFAULT_QUERIES
+                .iter()
+                .position(|q| *q == self.default_query);
+            out.u8(code.unwrap_or(0) as u8);
+        }
     }
 
-    fn read_body(input: &mut Reader<'_>, _version: u8) -> Result<Self, DecodeError> {
-        Ok(InstanceInfo {
+    fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
+        let mut info = InstanceInfo {
             quota_group_name: input.string()?,
             instance_group_name: input.string()?,
             instance_id: input.string()?,
@@ -436,7 +459,19 @@ impl Encode for InstanceInfo {
                     spec_names: input.list(Reader::string)?,
                 })
             })?,
-        })
+            default_query: DefaultQuery::Unspecified,
+        };
+        if version >= 3 {
+            let code = usize::from(input.u8()?);
+            info.default_query = *DEFAULT_QUERIES
+                .get(code)
+                .ok_or(DecodeError::Invalid("an unknown default query type"))?;
+        }
+        if version >= 3 && info.version() < 3 {
+            // Each value is written in the oldest version that holds it.
+            return Err(DecodeError::Invalid("a v3 instance without v3 fields"));
+        }
+        Ok(info)
     }
 }
 

@@ -258,6 +258,7 @@ fn instance() -> InstanceInfo {
             name: "first".into(),
             spec_names: vec!["tp0".into()],
         }],
+        default_query: Default::default(),
     }
 }
 
@@ -459,6 +460,15 @@ fn storage_event_report() -> StorageConfig {
 fn the_v3_fixtures_decode() {
     check_fixture(3, "group_event_report.bin", reported_group());
     check_fixture(3, "storage_event_report.bin", storage_event_report());
+    check_fixture(3, "instance_default_query.bin", defaulted_instance());
+}
+
+/// An instance with a default query type (a v3 feature).
+fn defaulted_instance() -> InstanceInfo {
+    InstanceInfo {
+        default_query: crate::registration::DefaultQuery::PrefixMatch,
+        ..instance()
+    }
 }
 
 #[test]
@@ -471,6 +481,14 @@ fn v3_headers_carry_only_v3_values() {
         GroupConfig::decode(&padded),
         Err(DecodeError::Invalid(_))
     ));
+    let mut padded = instance().encode();
+    padded[2] = 3;
+    padded.push(0);
+    assert!(matches!(
+        InstanceInfo::decode(&padded),
+        Err(DecodeError::Invalid(_))
+    ));
+    assert_eq!(instance().encode()[2], 1, "no default query type: v1");
     // An older header cannot carry the event-report spec.
     let mut older = storage_event_report().encode();
     older[2] = 2;
