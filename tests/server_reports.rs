@@ -937,3 +937,220 @@ async fn the_default_query_type_is_registered_answered_and_read_by_host_state() 
         "{info}"
     );
 }
+
+fn add_specs(host: &str, medium: &str, key: i64, names: &[&str]) -> Value {
+    json!({"event_type": "EVENT_BLOCK_ADD",
+           "block_add": {"block_key": key.to_string(), "medium": medium,
+                         "specs": specs(host, medium, key, names)}})
+}
+
+/// Per key, `(type, [(spec name, uri)])` of each answered location.
+type KeyAnswer = Vec<(String, Vec<(String, String)>)>;
+
+async fn by_backend(
+    server: &TestServer,
+    keys: &[i64],
+    names: &[&str],
+    selectors: Value,
+) -> Vec<KeyAnswer> {
+    let body = json!({"trace_id": "bb", "instance_id": "inst", "query_type": "QT_BATCH_GET",
+                      "block_keys": keys, "location_spec_names": names,
+                      "backend_selectors": selectors});
+    let answer = server.meta_http("getCacheLocationsByBackend", body).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+    let vectors = answer["key_locations"].as_array().expect("key_locations");
+    assert_eq!(vectors.len(), keys.len(), "one vector per key: {answer}");
+    vectors
+        .iter()
+        .map(|vector| {
+            let locations = vector["locations"].as_array().expect("locations").iter();
+            locations
+                .map(|location| {
+                    let specs = location["location_specs"].as_array().expect("specs");
+                    assert_eq!(
+                        location["spec_size"],
+                        specs.len(),
+                        "spec_size counts the answered specs"
+                    );
+                    let specs = specs.iter().map(|s| {
+                        (
+                            s["name"].as_str().unwrap().to_string(),
+                            s["uri"].as_str().unwrap().to_string(),
+                        )
+                    });
+                    (
+                        location["type"].as_str().unwrap().to_string(),
+                        specs.collect(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The `host:port` of each key's answered locations (`-` for a key without one), reporters
+/// only.
+fn peers(answers: &[KeyAnswer]) -> Vec<String> {
+    answers
+        .iter()
+        .map(|locations| match locations.first() {
+            Some((_, specs)) => {
+                let uri = &specs[0].1;
+                assert_eq!(uri.matches("s_version=").count(), 1, "{uri}");
+                let rest = uri.strip_prefix("event_report://").expect("a reported uri");
+                rest.split('/').next().unwrap().to_string()
+            }
+            None => "-".to_string(),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn by_backend_chooses_per_key_by_prefix_coverage_and_weight() {
+    let server = TestServer::start().await;
+    reporting_instance(&server, steady_timings()).await;
+    server.write_keys("inst", &[1, 2, 3]).await;
+    let l2 = |host: &'static str, events: Vec<Value>| {
+        report(&server, host, "ST_EVENT_REPORT_L2", events)
+    };
+    // b: 1 {F0}, 2 {F0, L1}; c: 1 and 2 {F0, L1}; d: 1, 3, 4 {F0}; e (L1.5): everything.
+    l2(
+        "b:1",
+        vec![
+            add_specs("b:1", "gpu", 1, &["F0"]),
+            add_specs("b:1", "gpu", 2, &["F0", "L1"]),
+        ],
+    )
+    .await;
+    l2(
+        "c:1",
+        vec![
+            add_specs("c:1", "gpu", 1, &["F0", "L1"]),
+            add_specs("c:1", "gpu", 2, &["F0", "L1"]),
+        ],
+    )
+    .await;
+    l2(
+        "d:1",
+        vec![
+            add("d:1", "gpu", 1),
+            add("d:1", "gpu", 3),
+            add("d:1", "gpu", 4),
+        ],
+    )
+    .await;
+    l1(
+        &server,
+        "e:1",
+        vec![add("e:1", "gpu", 1), add("e:1", "gpu", 2)],
+    )
+    .await;
+    let keys = [1, 2, 3, 4];
+    let l2_by =
+        |strategy: &str| json!([{"backend_type": "ST_EVENT_REPORT_L2", "strategy": strategy}]);
+
+    // Prefix: b and c tie at 2 — the endpoint decides (b); coverage: d holds 3 keys.
+    let prefix = by_backend(&server, &keys, &[], l2_by("LSS_V6D_PREFIX")).await;
+    assert_eq!(peers(&prefix), ["b:1", "b:1", "-", "-"]);
+    assert_eq!(prefix[0][0].0, "ST_EVENT_REPORT_L2");
+    assert_eq!(
+        prefix[1][0]
+            .1
+            .iter()
+            .map(|s| s.0.as_str())
+            .collect::<Vec<_>>(),
+        ["F0", "L1"]
+    );
+    let coverage = by_backend(&server, &keys, &[], l2_by("LSS_V6D_COVERAGE")).await;
+    assert_eq!(peers(&coverage), ["d:1", "-", "d:1", "d:1"]);
+    // Per-key spec names filter before the choice: only c holds L1 of key 1.
+    let named = by_backend(&server, &[1, 2], &["L1", "L1"], l2_by("LSS_V6D_PREFIX")).await;
+    assert_eq!(peers(&named), ["c:1", "c:1"]);
+    assert_eq!(named[0][0].1.len(), 1, "only the asked spec");
+    assert_eq!(named[0][0].1[0].0, "L1");
+    // An unregistered spec: nothing for that key (and a prefix from it is empty).
+    let unknown = by_backend(&server, &[1, 2], &["zz", "F0"], l2_by("LSS_V6D_COVERAGE")).await;
+    assert_eq!(peers(&unknown), ["-", "b:1"]);
+    let unknown = by_backend(&server, &[1, 2], &["zz", "F0"], l2_by("LSS_V6D_PREFIX")).await;
+    assert_eq!(peers(&unknown), ["-", "-"]);
+    // Weighted random draws among the holders of each key, one tier only.
+    let random = by_backend(&server, &keys, &[], l2_by("LSS_WEIGHTED_RANDOM")).await;
+    let drawn = peers(&random);
+    assert!(
+        ["b:1", "c:1", "d:1"].contains(&drawn[0].as_str()),
+        "{drawn:?}"
+    );
+    assert!(["b:1", "c:1"].contains(&drawn[1].as_str()), "{drawn:?}");
+    assert_eq!(&drawn[2..], ["d:1", "d:1"]);
+    // kvcm's own storage type beside a reported one, in selector order.
+    let both = json!([{"backend_type": "ST_NFS", "strategy": "LSS_WEIGHTED_RANDOM"},
+                      {"backend_type": "ST_EVENT_REPORT_L1P5", "strategy": "LSS_V6D_PREFIX"}]);
+    let mixed = by_backend(&server, &keys, &[], both).await;
+    let types: Vec<Vec<&str>> = mixed
+        .iter()
+        .map(|l| l.iter().map(|(t, _)| t.as_str()).collect())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            vec!["ST_NFS", "ST_EVENT_REPORT_L1P5"],
+            vec!["ST_NFS", "ST_EVENT_REPORT_L1P5"],
+            vec!["ST_NFS"],
+            vec![]
+        ]
+    );
+    assert!(
+        mixed[0][0].1[0].1.starts_with("file://default_file/"),
+        "{mixed:?}"
+    );
+    // A reporter that went down is not chosen.
+    l2("b:1", vec![host_down()]).await;
+    let after = by_backend(&server, &keys, &[], l2_by("LSS_V6D_PREFIX")).await;
+    assert_eq!(peers(&after), ["c:1", "c:1", "-", "-"]);
+
+    // gRPC answers the same choice.
+    let mut client = server.meta().await;
+    let answer = client
+        .get_cache_locations_by_backend(meta::GetCacheLocationsByBackendRequest {
+            trace_id: "g".into(),
+            instance_id: "inst".into(),
+            query_type: meta::QueryType::QtBatchGet as i32,
+            block_keys: keys.to_vec(),
+            backend_selectors: vec![meta::BackendLocationSelector {
+                backend_type: meta::StorageType::StEventReportL2 as i32,
+                strategy: meta::LocationSelectStrategy::LssV6dCoverage as i32,
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect("grpc")
+        .into_inner();
+    assert_eq!(grpc_code(&answer.header), meta::ErrorCode::Ok);
+    let counts: Vec<usize> = answer
+        .key_locations
+        .iter()
+        .map(|v| v.locations.len())
+        .collect();
+    assert_eq!(counts, [1, 0, 1, 1]);
+
+    // Bad requests.
+    let refused = [
+        json!({"query_type": "QT_PREFIX_MATCH"}),
+        json!({"location_spec_names": ["F0"]}),
+        json!({"location_spec_names": ["F0", "", "F0", "F0"]}),
+        json!({"backend_selectors": [{"backend_type": 42}]}),
+        json!({"backend_selectors": [{"backend_type": "ST_UNSPECIFIED"}]}),
+        json!({"backend_selectors": [{"backend_type": "ST_NFS", "strategy": "LSS_V6D_PREFIX"}]}),
+        json!({"backend_selectors": [{"backend_type": "ST_NFS", "strategy": 9}]}),
+        json!({"backend_selectors": []}),
+    ];
+    for extra in refused {
+        let mut body = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": keys,
+                              "backend_selectors": [{"backend_type": "ST_NFS"}]});
+        for (name, value) in extra.as_object().into_iter().flatten() {
+            body[name] = value.clone();
+        }
+        let answer = server.meta_http("getCacheLocationsByBackend", body).await;
+        assert_eq!(code(&answer), "INVALID_ARGUMENT", "{extra}: {answer}");
+    }
+}

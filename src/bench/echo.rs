@@ -101,6 +101,12 @@ impl MetaService for EchoMeta {
     ) -> Result<Response<meta::GetHostCacheStateResponse>, Status> {
         unimplemented()
     }
+    async fn get_cache_locations_by_backend(
+        &self,
+        _: Request<meta::GetCacheLocationsByBackendRequest>,
+    ) -> Result<Response<meta::GetCacheLocationsByBackendResponse>, Status> {
+        unimplemented()
+    }
 }
 
 /// Serves the echo gRPC service on an OS-chosen port.

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod auth;
+mod by_backend;
 pub mod capacity_metrics;
 pub mod convert;
 pub mod core;

@@ -56,6 +56,7 @@ meta_replies!(
     meta::GetCacheLocationLenResponse,
     meta::ReportEventResponse,
     meta::GetHostCacheStateResponse,
+    meta::GetCacheLocationsByBackendResponse,
 );
 
 plain_replies!(admin:

@@ -181,6 +181,8 @@ rpc_table! {
             = "ReportEvent" "/api/reportEvent" blocking leader faults instance;
         GET_HOST_CACHE_STATE get_host_cache_state(GetHostCacheStateRequest) -> GetHostCacheStateResponse
             = "GetHostCacheState" "/api/getHostCacheState" inline leader faults instance;
+        GET_CACHE_LOCATIONS_BY_BACKEND get_cache_locations_by_backend(GetCacheLocationsByBackendRequest) -> GetCacheLocationsByBackendResponse
+            = "GetCacheLocationsByBackend" "/api/getCacheLocationsByBackend" inline leader faults instance;
     }
     admin (Admin, AdminService for AdminHandler, admin_routes, admin) {
         ADD_STORAGE add_storage(AddStorageRequest) -> CommonResponse
@@ -295,7 +297,7 @@ mod tests {
     #[test]
     fn metrics_count_every_meta_and_admin_name_once() {
         let (global, per_instance) = metric_names();
-        assert_eq!((global.len(), per_instance.len()), (31, 9));
+        assert_eq!((global.len(), per_instance.len()), (31, 10));
         assert!(per_instance.contains(&"GetCacheLocation"));
         assert!(!global.contains(&"GetCacheMeta"), "counted per instance");
     }

@@ -300,6 +300,44 @@ impl Manager {
         Ok(entries.into_iter().map(readable_entry).collect())
     }
 
+    /// Per key, a readable location on a storage of `storage_type` (weighted as GetCacheLocation
+    /// draws), its parts rendered, only the spec `spec_names[i]` kept when given
+    /// (GetCacheLocationsByBackend's WEIGHTED_RANDOM). All `None` when no candidate storage is
+    /// available.
+    pub(crate) fn readable_of_type(
+        &self,
+        instance: &Instance,
+        storage_type: StorageType,
+        keys: &[BlockKey],
+        spec_names: &[String],
+    ) -> ManagerResult<Vec<Option<BlockLocation>>> {
+        let group = self.shared_group(instance.group());
+        let candidates = group
+            .as_deref()
+            .map_or(&[][..], |g| g.storage_candidates.as_slice());
+        let Ok(weights) = self.storages.read_weights(candidates) else {
+            return Ok(vec![None; keys.len()]);
+        };
+        let entries = instance.index.get(keys)?;
+        let mut found = Vec::with_capacity(keys.len());
+        for (i, (key, entry)) in keys.iter().zip(entries).enumerate() {
+            let kept = spec_names.get(i).map(std::slice::from_ref).unwrap_or(&[]);
+            let render = Renderer::new(instance, weights.incarnations.clone(), kept);
+            let location = entry.and_then(|entry| {
+                let of_type = |l: &LocationRef<'_>| render.storage_type(l) == storage_type;
+                let position = readable_where(&entry, &weights, of_type)?;
+                let location = entry.locations().nth(position)?;
+                let view = LocationView {
+                    render: &render,
+                    found: Some((*key, location)),
+                };
+                Some(view.to_owned()).filter(|owned| !owned.parts.is_empty())
+            });
+            found.push(location);
+        }
+        Ok(found)
+    }
+
     /// The first location (any state) of every unmasked key, in order; `None` when absent.
     pub fn get_cache_meta(
         &self,
@@ -405,10 +443,19 @@ fn unmasked_keys(keys: &[BlockKey], mask: &BlockMask) -> Vec<BlockKey> {
 /// The position in `entry` of the readable location chosen for its key: among SERVING
 /// locations of positive weight, one drawn at random in proportion to its weight.
 fn readable(entry: &Entry, weights: &ReadWeights<'_>) -> Option<usize> {
+    readable_where(entry, weights, |_| true)
+}
+
+/// As [`readable`], among the locations `wanted` accepts.
+pub(crate) fn readable_where(
+    entry: &Entry,
+    weights: &ReadWeights<'_>,
+    wanted: impl Fn(&LocationRef<'_>) -> bool,
+) -> Option<usize> {
     let weighted = entry
         .locations()
         .enumerate()
-        .filter(|(_, l)| l.state == LocationState::Serving)
+        .filter(|(_, l)| l.state == LocationState::Serving && wanted(l))
         .map(|(position, l)| (position, weights.weight(&l)))
         .filter(|(_, w)| *w > 0);
     let mut chosen = None;

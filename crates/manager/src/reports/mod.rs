@@ -1,6 +1,7 @@
 //! Reported locations (upstream trunk's ReportEvent): cache subscribers — engines, Vineyard —
 //! report which blocks they hold, under a reporter identity `instance + tier + host`; queries
-//! (GetHostCacheState) count them per host.
+//! count them per host (GetHostCacheState) or answer them per key
+//! (GetCacheLocationsByBackend).
 //!
 //! A reporter's state lives in this process only, as upstream keeps it: a restart forgets
 //! every reporter, and the next valid event of each starts it anew (no REGISTER needed).
@@ -16,6 +17,7 @@
 //!   timeout + cleanup grace the reporter is unregistered (checked when its reporter or
 //!   any query of its instance touches it).
 
+mod by_backend;
 mod gate;
 mod host_state;
 mod reporter;
@@ -36,6 +38,7 @@ use crate::instance::Instance;
 use crate::sync::{read_lock, write_lock};
 use crate::Manager;
 
+pub use by_backend::{BackendQuery, BackendSelector, ChosenLocation, SelectStrategy};
 pub use host_state::{HostCacheState, HostStateQuery};
 
 use gate::Gate;
