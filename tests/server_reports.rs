@@ -880,6 +880,30 @@ async fn the_new_responses_answer_the_canonical_json() {
         json!({"header": header("OK", "Host cache state retrieved successfully"),
                "hosts": [{"host_ip_port": "a:1", "local": "1", "global": "1"}]})
     );
+    let chosen = server
+        .meta_http("getCacheLocationsByBackend", json!({"trace_id": "gold", "instance_id": "inst",
+            "query_type": "QT_BATCH_GET", "block_keys": [1, 2],
+            "backend_selectors": [{"backend_type": "ST_EVENT_REPORT_L1P5", "strategy": "LSS_V6D_PREFIX"}]}))
+        .await;
+    let mut chosen = golden(chosen);
+    let uri = chosen["key_locations"][0]["locations"][0]["location_specs"][0]["uri"].take();
+    let (stem, generation) = uri
+        .as_str()
+        .expect("uri")
+        .split_once("&s_version=")
+        .expect("versioned");
+    assert_eq!(
+        (stem, generation.len()),
+        ("event_report://a:1/gpu/1?size=64", 32)
+    );
+    assert_eq!(
+        chosen,
+        json!({"header": header("OK", "Cache locations retrieved successfully"),
+               "key_locations": [
+                   {"locations": [{"type": "ST_EVENT_REPORT_L1P5", "spec_size": 1,
+                                   "location_specs": [{"name": "F0", "uri": null}]}]},
+                   {"locations": []}]})
+    );
 }
 
 #[tokio::test]
