@@ -1178,3 +1178,27 @@ async fn by_backend_chooses_per_key_by_prefix_coverage_and_weight() {
         assert_eq!(code(&answer), "INVALID_ARGUMENT", "{extra}: {answer}");
     }
 }
+
+#[tokio::test]
+async fn reporters_per_instance_are_capped_and_known_ones_keep_reporting() {
+    let server = TestServer::start_with(&["kvcm.service.max_reporters_per_instance=2"]).await;
+    reporting_instance(&server, steady_timings()).await;
+    assert_eq!(code(&l1(&server, "a:1", vec![heartbeat()]).await), "OK");
+    let other_tier = report(&server, "a:1", "ST_EVENT_REPORT_L2", vec![heartbeat()]).await;
+    assert_eq!(code(&other_tier), "OK", "{other_tier}");
+    let third = l1(&server, "b:1", vec![add("b:1", "gpu", 1)]).await;
+    assert_eq!(code(&third), "REACH_MAX_ENTITY_CAPACITY", "{third}");
+    let message = third["header"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("kvcm.service.max_reporters_per_instance"),
+        "{message}"
+    );
+    assert!(
+        host_state(&server, &[1], json!({})).await.is_empty(),
+        "nothing stored"
+    );
+    assert_eq!(
+        code(&l1(&server, "a:1", vec![add("a:1", "gpu", 1)]).await),
+        "OK"
+    );
+}

@@ -101,12 +101,13 @@ pub struct SecurityConfig {
     pub limits: RequestLimits,
     /// `kvcm.service.max_connections_per_listener`, `idle_timeout_ms`.
     pub connections: ConnectionLimits,
-    /// `kvcm.service.max_sessions_per_instance`, `max_instances_per_group`.
+    /// `kvcm.service.max_sessions_per_instance`, `max_instances_per_group`,
+    /// `max_reporters_per_instance`.
     pub manager: ManagerLimits,
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 9] = [
+pub const SECURITY_KEYS: [&str; 10] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.service.bind_host",
@@ -116,6 +117,7 @@ pub const SECURITY_KEYS: [&str; 9] = [
     "kvcm.service.idle_timeout_ms",
     "kvcm.service.max_sessions_per_instance",
     "kvcm.service.max_instances_per_group",
+    "kvcm.service.max_reporters_per_instance",
 ];
 
 impl SecurityConfig {
@@ -139,6 +141,9 @@ impl SecurityConfig {
             }
             "kvcm.service.max_instances_per_group" => {
                 self.manager.max_instances_per_group = positive(key, value)?
+            }
+            "kvcm.service.max_reporters_per_instance" => {
+                self.manager.max_reporters_per_instance = positive(key, value)?
             }
             "kvcm.service.idle_timeout_ms" => {
                 connections.idle_timeout_ms = positive(key, value)? as u64

@@ -118,6 +118,9 @@ pub struct ManagerLimits {
     pub max_sessions_per_instance: usize,
     /// `kvcm.service.max_instances_per_group`: instances registered in one group.
     pub max_instances_per_group: usize,
+    /// `kvcm.service.max_reporters_per_instance`: ReportEvent reporters (host and tier) known
+    /// for one instance.
+    pub max_reporters_per_instance: usize,
 }
 
 impl Default for ManagerLimits {
@@ -125,6 +128,7 @@ impl Default for ManagerLimits {
         ManagerLimits {
             max_sessions_per_instance: 65_536,
             max_instances_per_group: 4_096,
+            max_reporters_per_instance: 4_096,
         }
     }
 }

@@ -158,26 +158,37 @@ pub struct Reports {
 }
 
 impl Reports {
-    /// The reporter of an identity, created fresh when new.
-    fn reporter(&self, instance: &Arc<str>, tier: ReportTier, host: &str) -> Arc<Reporter> {
+    /// The reporter of an identity, created fresh when new — unless the instance already
+    /// has `limit` reporters (REACH_MAX_ENTITY_CAPACITY naming the key).
+    fn reporter(
+        &self,
+        instance: &Arc<str>,
+        tier: ReportTier,
+        host: &str,
+        limit: usize,
+    ) -> ManagerResult<Arc<Reporter>> {
         let id = (host.to_string(), tier);
-        if let Some(found) = read_lock(&self.by_instance)
+        let known = read_lock(&self.by_instance)
             .get(instance)
             .and_then(|r| r.get(&id))
-        {
-            return found.clone();
+            .cloned();
+        if let Some(found) = known {
+            return Ok(found);
         }
         let mut all = write_lock(&self.by_instance);
         let reporters = all.entry(instance.clone()).or_default();
-        reporters
-            .entry(id)
-            .or_insert_with(|| {
-                Arc::new(Reporter {
-                    gate: Gate::default(),
-                    state: Mutex::new(ReporterState::fresh()),
-                })
+        if !reporters.contains_key(&id) && reporters.len() >= limit {
+            return Err(ManagerError::Capacity(format!(
+                "instance {instance:?} has {limit} reporters (kvcm.service.max_reporters_per_instance)"
+            )));
+        }
+        let reporter = reporters.entry(id).or_insert_with(|| {
+            Arc::new(Reporter {
+                gate: Gate::default(),
+                state: Mutex::new(ReporterState::fresh()),
             })
-            .clone()
+        });
+        Ok(reporter.clone())
     }
 
     /// The reporters of an instance, by host then tier.

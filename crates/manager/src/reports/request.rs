@@ -29,9 +29,10 @@ impl Manager {
             .shared_group(instance.group())
             .map(|group| group.extra_info.clone())
             .unwrap_or_default();
+        let limit = self.limits.max_reporters_per_instance;
         let reporter = self
             .reports
-            .reporter(instance.id(), request.tier, &request.host);
+            .reporter(instance.id(), request.tier, &request.host, limit)?;
         let arrival_generation = {
             let mut state = lock(&reporter.state);
             state.expire(Instant::now(), &timings);

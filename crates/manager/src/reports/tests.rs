@@ -62,7 +62,8 @@ fn request(host: &str, events: Vec<ReportEvent>) -> ReportRequest {
 fn stored(manager: &Manager, host: &str) -> (Option<u128>, Vec<String>) {
     let reporter = manager
         .reports
-        .reporter(&Arc::from("i"), ReportTier::L1p5, host);
+        .reporter(&Arc::from("i"), ReportTier::L1p5, host, 1)
+        .expect("known");
     let state = crate::sync::lock(&reporter.state);
     let mut uris: Vec<String> = state
         .blocks
