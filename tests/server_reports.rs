@@ -113,13 +113,19 @@ async fn l1(server: &TestServer, host: &str, events: Vec<Value>) -> Value {
     report(server, host, "ST_EVENT_REPORT_L1P5", events).await
 }
 
-/// `(host, local, global)` of every answered host.
-async fn host_state(server: &TestServer, keys: &[i64], extra: Value) -> Vec<(String, i64, i64)> {
-    let mut body = json!({"trace_id": "hs", "instance_id": "inst", "query_type": "QT_PREFIX_MATCH",
-                          "block_cache_keys": keys});
+/// `body` with the members of `extra` set (replacing those of the same name).
+fn with_fields(mut body: Value, extra: &Value) -> Value {
     for (name, value) in extra.as_object().into_iter().flatten() {
         body[name] = value.clone();
     }
+    body
+}
+
+/// `(host, local, global)` of every answered host.
+async fn host_state(server: &TestServer, keys: &[i64], extra: Value) -> Vec<(String, i64, i64)> {
+    let body = json!({"trace_id": "hs", "instance_id": "inst", "query_type": "QT_PREFIX_MATCH",
+                      "block_cache_keys": keys});
+    let body = with_fields(body, &extra);
     let answer = server.meta_http("getHostCacheState", body).await;
     assert_eq!(code(&answer), "OK", "{answer}");
     let number = |v: &Value| {
@@ -653,10 +659,8 @@ async fn bad_reports_get_their_codes_and_change_nothing() {
         json!({"query_type": 4}),
         json!({"global_kvs_host_count": -1}),
     ] {
-        let mut body = json!({"instance_id": "inst", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": [1]});
-        for (name, value) in extra.as_object().into_iter().flatten() {
-            body[name] = value.clone();
-        }
+        let body = json!({"instance_id": "inst", "query_type": "QT_PREFIX_MATCH", "block_cache_keys": [1]});
+        let body = with_fields(body, &extra);
         let refused = server.meta_http("getHostCacheState", body).await;
         assert_eq!(code(&refused), "INVALID_ARGUMENT", "{extra}: {refused}");
     }
@@ -1169,11 +1173,9 @@ async fn by_backend_chooses_per_key_by_prefix_coverage_and_weight() {
         json!({"backend_selectors": []}),
     ];
     for extra in refused {
-        let mut body = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": keys,
-                              "backend_selectors": [{"backend_type": "ST_NFS"}]});
-        for (name, value) in extra.as_object().into_iter().flatten() {
-            body[name] = value.clone();
-        }
+        let body = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": keys,
+                          "backend_selectors": [{"backend_type": "ST_NFS"}]});
+        let body = with_fields(body, &extra);
         let answer = server.meta_http("getCacheLocationsByBackend", body).await;
         assert_eq!(code(&answer), "INVALID_ARGUMENT", "{extra}: {answer}");
     }

@@ -178,21 +178,8 @@ async fn compare(args: &BenchArgs, size: usize, targets: &[(&str, Target)]) -> a
 fn seed(
     meta_handler: &MetaHandler,
 ) -> anyhow::Result<Vec<(usize, meta::GetCacheLocationResponse)>> {
-    let registered = meta_handler.register_instance(meta::RegisterInstanceRequest {
-        instance_group: kvcm::server::DEFAULT_GROUP.into(),
-        instance_id: "bench".into(),
-        block_size: 16,
-        location_spec_infos: vec![meta::LocationSpecInfo {
-            name: "tp0".into(),
-            size: 65536,
-        }],
-        model_deployment: Some(meta::ModelDeployment {
-            model_name: "bench".into(),
-            dtype: "fp8".into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
+    let registered =
+        meta_handler.register_instance(registration(kvcm::server::DEFAULT_GROUP, "bench"));
     anyhow::ensure!(ok(&registered.header), "register: {:?}", registered.header);
     let started = meta_handler.start_write_cache(meta::StartWriteCacheRequest {
         instance_id: "bench".into(),
@@ -213,6 +200,25 @@ fn seed(
         .iter()
         .map(|&size| (size, meta_handler.get_cache_location(prefix_request(size))))
         .collect())
+}
+
+/// The registration of a bench instance: block size 16, one spec `tp0` of 64 KiB.
+fn registration(group: &str, instance_id: &str) -> meta::RegisterInstanceRequest {
+    meta::RegisterInstanceRequest {
+        instance_group: group.into(),
+        instance_id: instance_id.into(),
+        block_size: 16,
+        location_spec_infos: vec![meta::LocationSpecInfo {
+            name: "tp0".into(),
+            size: 65536,
+        }],
+        model_deployment: Some(meta::ModelDeployment {
+            model_name: "bench".into(),
+            dtype: "fp8".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 fn ok(header: &Option<meta::CommonResponseHeader>) -> bool {

@@ -213,21 +213,7 @@ async fn set_up(
     );
     for instance in ["all", "half", "adds"] {
         let registered = meta
-            .register_instance(meta::RegisterInstanceRequest {
-                instance_group: "rg".into(),
-                instance_id: instance.into(),
-                block_size: 16,
-                location_spec_infos: vec![meta::LocationSpecInfo {
-                    name: "tp0".into(),
-                    size: 65536,
-                }],
-                model_deployment: Some(meta::ModelDeployment {
-                    model_name: "bench".into(),
-                    dtype: "fp8".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
+            .register_instance(super::registration("rg", instance))
             .await?
             .into_inner();
         anyhow::ensure!(

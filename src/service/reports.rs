@@ -260,7 +260,14 @@ fn outcome_to_wire(outcome: ReportOutcome) -> meta::ReportEventResponse {
             .generation
             .map(|generation| format!("{generation:032x}"))
             .unwrap_or_default(),
-        retry_after_ms: outcome.retry_after_ms,
+        retry_after_ms: outcome
+            .results
+            .iter()
+            .find_map(|result| match result {
+                ItemResult::RateLimited { retry_after_ms } => Some(*retry_after_ms),
+                _ => None,
+            })
+            .unwrap_or(0),
         snapshot_required: outcome.snapshot_required,
         extra_info: outcome.extra_info,
     }

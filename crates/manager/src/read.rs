@@ -319,16 +319,19 @@ impl Manager {
             return Ok(vec![None; keys.len()]);
         };
         let entries = instance.index.get(keys)?;
+        let all_specs = Renderer::new(instance, weights.incarnations.clone(), &[]);
         let mut found = Vec::with_capacity(keys.len());
         for (i, (key, entry)) in keys.iter().zip(entries).enumerate() {
-            let kept = spec_names.get(i).map(std::slice::from_ref).unwrap_or(&[]);
-            let render = Renderer::new(instance, weights.incarnations.clone(), kept);
+            // A renderer of its own only for a key whose spec is asked.
+            let asked = spec_names.get(i).map(std::slice::from_ref);
+            let own = asked.map(|kept| Renderer::new(instance, weights.incarnations.clone(), kept));
+            let render = own.as_ref().unwrap_or(&all_specs);
             let location = entry.and_then(|entry| {
                 let of_type = |l: &LocationRef<'_>| render.storage_type(l) == storage_type;
                 let position = readable_where(&entry, &weights, of_type)?;
                 let location = entry.locations().nth(position)?;
                 let view = LocationView {
-                    render: &render,
+                    render,
                     found: Some((*key, location)),
                 };
                 Some(view.to_owned()).filter(|owned| !owned.parts.is_empty())

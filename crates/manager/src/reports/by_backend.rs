@@ -18,12 +18,12 @@ use std::time::Instant;
 use kvcm_index::BlockKey;
 use kvcm_storage::ReportTier;
 
+use super::lock_available;
 use super::reporter::{MediumSpecs, ReporterState};
 use crate::error::ManagerResult;
 use crate::instance::Instance;
 use crate::read::BlockLocation;
 use crate::storage_type::StorageType;
-use crate::sync::lock;
 use crate::Manager;
 
 /// How a selector chooses.
@@ -115,17 +115,8 @@ impl Manager {
         };
         let now = Instant::now();
         let reporters = self.reports.of_instance(instance.id());
-        let mut guards = Vec::new();
-        for ((host, reporter_tier), reporter) in &reporters {
-            if *reporter_tier != tier {
-                continue;
-            }
-            let mut state = lock(&reporter.state);
-            state.expire(now, &timings);
-            if state.available(now, &timings) {
-                guards.push((host.as_str(), state));
-            }
-        }
+        let of_tier = |reporter_tier| (reporter_tier == tier).then_some(timings);
+        let guards = lock_available(&reporters, of_tier, now);
         let wanted = |i: usize| query.spec_names.get(i).map(String::as_str);
         let render = |found: Option<&MediumSpecs>, i: usize| {
             found.map(|medium| ChosenLocation::Reported {
@@ -144,7 +135,7 @@ impl Manager {
                 .map(|i| {
                     let holders: Vec<&MediumSpecs> = guards
                         .iter()
-                        .filter_map(|(_, state)| located(state, &query, i))
+                        .filter_map(|(_, _, state)| located(state, &query, i))
                         .collect();
                     let drawn =
                         (!holders.is_empty()).then(|| holders[fastrand::usize(..holders.len())]);
@@ -152,7 +143,7 @@ impl Manager {
                 })
                 .collect(),
             SelectStrategy::Prefix | SelectStrategy::Coverage => {
-                let scored = guards.iter().map(|(host, state)| {
+                let scored = guards.iter().map(|(host, _, state)| {
                     let held: Vec<bool> = keys
                         .clone()
                         .map(|i| located(state, &query, i).is_some())

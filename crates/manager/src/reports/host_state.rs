@@ -18,10 +18,10 @@ use std::time::Instant;
 use kvcm_index::BlockKey;
 use kvcm_storage::{ReportTier, ReportTimings};
 
+use super::lock_available;
 use super::reporter::ReporterState;
 use crate::error::ManagerResult;
 use crate::instance::Instance;
-use crate::sync::lock;
 use crate::Manager;
 
 /// A GetHostCacheState query.
@@ -88,17 +88,8 @@ impl Manager {
             (ReportTier::L2, timings(ReportTier::L2)),
         ];
         let reporters = self.reports.of_instance(instance.id());
-        let mut guards = Vec::with_capacity(reporters.len());
-        for ((host, tier), reporter) in &reporters {
-            let Some(timings) = tiers.iter().find(|(t, _)| t == tier).and_then(|(_, t)| *t) else {
-                continue;
-            };
-            let mut state = lock(&reporter.state);
-            state.expire(now, &timings);
-            if state.available(now, &timings) {
-                guards.push((host.as_str(), *tier, state));
-            }
-        }
+        let timings_of = |tier| tiers.iter().find(|(t, _)| *t == tier).and_then(|(_, t)| *t);
+        let guards = lock_available(&reporters, timings_of, now);
         let mut hosts: Vec<Host<'_>> = Vec::new();
         for (name, tier, state) in &guards {
             if hosts.last().is_none_or(|host| host.name != *name) {

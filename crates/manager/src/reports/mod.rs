@@ -28,14 +28,15 @@ mod uri;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Instant;
 
 use kvcm_index::BlockKey;
 use kvcm_storage::{ReportTier, ReportTimings, StorageSpec};
 
 use crate::error::{ManagerError, ManagerResult};
 use crate::instance::Instance;
-use crate::sync::{read_lock, write_lock};
+use crate::sync::{lock, read_lock, write_lock};
 use crate::Manager;
 
 pub use by_backend::{BackendQuery, BackendSelector, ChosenLocation, SelectStrategy};
@@ -135,8 +136,6 @@ pub struct ReportOutcome {
     /// True while the reporter has no generation, and on the request that created one by a
     /// delta; false after a successful snapshot.
     pub snapshot_required: bool,
-    /// Of a rate-limited snapshot: how long to wait.
-    pub retry_after_ms: u64,
     /// The group's `extra_info`.
     pub extra_info: String,
 }
@@ -150,6 +149,30 @@ struct Reporter {
 
 /// Reporters of one instance, by host then tier (the order ties are broken in).
 type InstanceReporters = BTreeMap<(String, ReportTier), Arc<Reporter>>;
+
+/// One reporter with its identity within its instance.
+type ReporterEntry = ((String, ReportTier), Arc<Reporter>);
+
+/// The states of `reporters` a query sees at `now`, locked, in their order: those of a tier
+/// that has `timings` (an enabled storage), expired first, kept while available.
+fn lock_available(
+    reporters: &[ReporterEntry],
+    timings: impl Fn(ReportTier) -> Option<ReportTimings>,
+    now: Instant,
+) -> Vec<(&str, ReportTier, MutexGuard<'_, ReporterState>)> {
+    let mut available = Vec::with_capacity(reporters.len());
+    for ((host, tier), reporter) in reporters {
+        let Some(timings) = timings(*tier) else {
+            continue;
+        };
+        let mut state = lock(&reporter.state);
+        state.expire(now, &timings);
+        if state.available(now, &timings) {
+            available.push((host.as_str(), *tier, state));
+        }
+    }
+    available
+}
 
 /// Every reporter of the process.
 #[derive(Debug, Default)]
@@ -192,7 +215,7 @@ impl Reports {
     }
 
     /// The reporters of an instance, by host then tier.
-    fn of_instance(&self, instance: &str) -> Vec<((String, ReportTier), Arc<Reporter>)> {
+    fn of_instance(&self, instance: &str) -> Vec<ReporterEntry> {
         read_lock(&self.by_instance)
             .get(instance)
             .map(|reporters| {

@@ -48,19 +48,11 @@ impl Manager {
         let snapshot_committed = request.events.iter().zip(&results).any(|(event, result)| {
             matches!(event, ReportEvent::Snapshot(_)) && *result == ItemResult::Ok
         });
-        let retry_after_ms = results
-            .iter()
-            .find_map(|result| match result {
-                ItemResult::RateLimited { retry_after_ms } => Some(*retry_after_ms),
-                _ => None,
-            })
-            .unwrap_or(0);
         Ok(ReportOutcome {
             results,
             generation,
             snapshot_required: generation.is_none()
                 || (arrival_generation.is_none() && !snapshot_committed),
-            retry_after_ms,
             extra_info,
         })
     }
