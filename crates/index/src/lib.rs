@@ -18,7 +18,7 @@ pub mod redis;
 
 pub use cache::{CacheConfig, CacheStats, CachedIndex};
 pub use change_log::{Change, ChangeLog, LogTicket};
-pub use local::{LocalIndex, LocalIndexConfig, MAX_SHARD_BITS};
+pub use local::{BuildMixHasher, LocalIndex, LocalIndexConfig, MAX_SHARD_BITS};
 pub use redis::{RedisIndex, RedisIndexConfig, U64Codec, ValueCodec};
 
 /// A block key: a signed 64-bit prefix hash (see the wire fact sheet §9).

@@ -66,10 +66,10 @@ pub(crate) fn first_position_of(shard: usize, shard_bits: u32) -> Option<u64> {
 /// because every position of a shard shares its top `shard_bits` bits, which hash tables use
 /// as tags; a key (`i64`) is mixed into its position first.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct MixHasher(u64);
+pub struct MixHasher(u64);
 
 /// Builds [`MixHasher`]s.
-pub(crate) type BuildMixHasher = BuildHasherDefault<MixHasher>;
+pub type BuildMixHasher = BuildHasherDefault<MixHasher>;
 
 impl Hasher for MixHasher {
     fn finish(&self) -> u64 {

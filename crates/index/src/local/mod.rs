@@ -24,7 +24,7 @@ mod write_batch;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use self::key_order::position_of;
-pub(crate) use self::key_order::BuildMixHasher;
+pub use self::key_order::BuildMixHasher;
 use self::locked_shards::{group_by_shard, read_shard, LockedShards};
 use self::shard_map::Shard;
 use self::write_batch::{Mutation, WriteBatch};

@@ -27,7 +27,6 @@ mod tests;
 mod uri;
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
@@ -270,28 +269,3 @@ impl Manager {
             })
     }
 }
-
-/// Hashes block keys (already well-mixed hashes of token prefixes) with one multiply.
-#[derive(Debug, Default, Clone, Copy)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_i64(&mut self, key: i64) {
-        self.0 = (key as u64 ^ self.0)
-            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            .rotate_left(29);
-    }
-}
-
-/// Builds [`KeyHasher`]s.
-type BuildKeyHasher = BuildHasherDefault<KeyHasher>;

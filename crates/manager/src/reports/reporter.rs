@@ -13,14 +13,14 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use kvcm_index::BlockKey;
+use kvcm_index::{BlockKey, BuildMixHasher};
 use kvcm_storage::ReportTimings;
 
 use super::uri;
-use super::{BuildKeyHasher, ReportedBlock, ReportedSpec};
+use super::{ReportedBlock, ReportedSpec};
 
 /// A reporter's blocks: per key, one entry per medium.
-pub type Blocks = HashMap<BlockKey, Vec<MediumSpecs>, BuildKeyHasher>;
+pub type Blocks = HashMap<BlockKey, Vec<MediumSpecs>, BuildMixHasher>;
 
 /// Where a reporter is in its life (in this process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,7 +200,7 @@ impl ReporterState {
         self.generation = Some(generation);
         self.last_snapshot = Some(now);
         let mut replaced =
-            Blocks::with_capacity_and_hasher(blocks.len(), BuildKeyHasher::default());
+            Blocks::with_capacity_and_hasher(blocks.len(), BuildMixHasher::default());
         for block in blocks {
             let mut specs: Vec<StoredSpec> = block
                 .specs
