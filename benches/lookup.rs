@@ -87,6 +87,10 @@ fn start_redis() -> Option<(Process, u16)> {
 trait Case {
     fn name(&self) -> String;
     fn once(&mut self);
+    /// What the case counted besides its latencies (the fast path's retries and fallbacks).
+    fn counters(&self) -> String {
+        String::new()
+    }
 }
 
 /// A fast-path prefix match; `reused` keeps one answer vector across calls
@@ -103,6 +107,16 @@ impl Case for FastPath {
     fn name(&self) -> String {
         let form = if self.reused.is_some() { " (into)" } else { "" };
         format!("fast path {:?} prefix-{}{form}", self.wire, self.keys.len())
+    }
+    fn counters(&self) -> String {
+        let m = self.client.metrics();
+        format!(
+            "  ({} lookups: {} retries, {} fallbacks, {} round trips)",
+            m.hits + m.fallbacks,
+            m.retries,
+            m.fallbacks,
+            self.client.round_trips()
+        )
     }
     fn once(&mut self) {
         let found = match &mut self.reused {
@@ -380,11 +394,12 @@ fn main() {
         let floor = figures[0].0;
         for (case, (p50, p99)) in cases.iter().zip(&figures) {
             println!(
-                "  {:<44} p50 {:>8.2}  p99 {:>8.2}  {:>5.2}x floor",
+                "  {:<44} p50 {:>8.2}  p99 {:>8.2}  {:>5.2}x floor{}",
                 case.name(),
                 p50,
                 p99,
-                p50 / floor
+                p50 / floor,
+                case.counters()
             );
         }
     }

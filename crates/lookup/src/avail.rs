@@ -37,6 +37,7 @@ pub fn block_bytes(handles: usize) -> usize {
 
 impl Availability {
     /// The weight entry of `handle` (unknown handles weigh 0).
+    #[inline]
     pub fn get(&self, handle: u16) -> StorageWeight {
         self.storages
             .get(usize::from(handle))

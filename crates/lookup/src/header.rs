@@ -118,6 +118,7 @@ impl Header {
     }
 
     /// Offset of bucket `index` in the generation.
+    #[inline]
     pub fn bucket_at(&self, index: u64) -> u64 {
         self.bucket_offset + index * u64::from(self.bucket_bytes)
     }
@@ -182,6 +183,7 @@ impl Geometry {
 }
 
 /// The two candidate buckets of `key` (distinct; `bucket_count` a power of two ≥ 2).
+#[inline]
 pub fn candidates(key: i64, seed: u64, bucket_count: u64) -> [u64; 2] {
     let mask = bucket_count - 1;
     let first = mix(key as u64 ^ seed) & mask;
@@ -194,6 +196,7 @@ pub fn candidates(key: i64, seed: u64, bucket_count: u64) -> [u64; 2] {
 }
 
 /// splitmix64's finaliser.
+#[inline]
 fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -18,6 +18,7 @@ pub enum Copy<T> {
 }
 
 /// The slots of `key` in a copied bucket, read in place.
+#[inline]
 pub fn key_slots<'a>(block: &'a [u8], geometry: &Geometry, key: i64) -> Copy<KeySlots<'a>> {
     match seqlock::open(block) {
         Opened::Body(body) => Copy::Good(KeySlots {
@@ -45,6 +46,7 @@ pub struct KeySlots<'a> {
 impl<'a> Iterator for KeySlots<'a> {
     type Item = SlotRef<'a>;
 
+    #[inline]
     fn next(&mut self) -> Option<SlotRef<'a>> {
         while self.left > 0 && self.body.len() >= self.slot_bytes {
             let (slot, rest) = self.body.split_at(self.slot_bytes);

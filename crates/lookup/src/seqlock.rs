@@ -33,10 +33,12 @@ pub enum Opened<'a> {
 }
 
 /// The 64-bit checksum of a body.
+#[inline]
 pub fn checksum(body: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(body)
 }
 
+#[inline]
 fn word(bytes: &[u8], at: usize) -> u64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(&bytes[at..at + 8]);
@@ -44,6 +46,7 @@ fn word(bytes: &[u8], at: usize) -> u64 {
 }
 
 /// Checks a copied block (any length ≥ [`OVERHEAD`], a multiple of 8).
+#[inline]
 pub fn open(block: &[u8]) -> Opened<'_> {
     if block.len() < OVERHEAD {
         return Opened::Torn;

@@ -57,6 +57,7 @@ pub struct Slot {
 
 impl Slot {
     /// Whether the slot is an overflow marker.
+    #[inline]
     pub fn is_overflow(&self) -> bool {
         self.head.part_count == OVERFLOW
     }
@@ -120,6 +121,7 @@ pub struct SlotRef<'a> {
 impl<'a> SlotRef<'a> {
     /// Reads one slot of `slot_bytes`; `None` for an empty slot or records beyond what the
     /// slot holds.
+    #[inline]
     pub fn parse(bytes: &'a [u8]) -> Option<SlotRef<'a>> {
         let head: SlotHead = bytemuck::pod_read_unaligned(bytes.get(..HEAD_BYTES)?);
         if head.nonce == 0 {
@@ -144,11 +146,13 @@ impl<'a> SlotRef<'a> {
     }
 
     /// Whether the slot is an overflow marker.
+    #[inline]
     pub fn is_overflow(&self) -> bool {
         self.head.part_count == OVERFLOW
     }
 
     /// Its parts, in spec order.
+    #[inline]
     pub fn parts(&self) -> impl ExactSizeIterator<Item = PartRecord> + 'a {
         self.parts
             .chunks_exact(PART_BYTES)
@@ -156,6 +160,7 @@ impl<'a> SlotRef<'a> {
     }
 
     /// The checksum of part `i`, when the location carries checksums.
+    #[inline]
     pub fn checksum(&self, i: usize) -> Option<u64> {
         let record = self.checksums.get(i * PART_BYTES..(i + 1) * PART_BYTES)?;
         Some(bytemuck::pod_read_unaligned(record))

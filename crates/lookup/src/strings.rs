@@ -38,6 +38,7 @@ pub struct Template {
 
 impl Template {
     /// Appends the URI of block `block` to `out`.
+    #[inline]
     pub fn render(&self, block: u32, out: &mut String) {
         out.reserve(self.head.len() + 10 + self.tail.len());
         out.push_str(&self.head);

@@ -1,7 +1,8 @@
 //! Text encoding of soft queue-pair endpoints, e.g.
 //! `soft-tcp qpn=3 addr=10.0.0.1:40123 token=9f3c…` (the token, random per queue pair,
 //! must be in the hello that binds a connection to it) or
-//! `soft-shm qpn=3 host=<boot id> pid=77 table=5 ring=9 ring_cap=4194304 bell=kvcm-nic-77-0`.
+//! `soft-shm qpn=3 host=<boot id> pid=77 table=5 ring=9 ring_cap=4194304 bell=kvcm-nic-77-0
+//! life=12`.
 
 use super::shm::ShmAddress;
 use crate::{QpEndpoint, Result, TransportError};
@@ -36,8 +37,8 @@ impl SoftEndpoint {
                 host,
                 address: a,
             } => format!(
-                "soft-shm qpn={qpn} host={host} pid={} table={} ring={} ring_cap={} bell={}",
-                a.pid, a.table_fd, a.ring_fd, a.ring_capacity, a.doorbell
+                "soft-shm qpn={qpn} host={host} pid={} table={} ring={} ring_cap={} bell={} life={}",
+                a.pid, a.table_fd, a.ring_fd, a.ring_capacity, a.doorbell, a.life_fd
             ),
         };
         QpEndpoint(text.into_bytes())
@@ -77,6 +78,7 @@ impl SoftEndpoint {
                     ring_capacity: usize::try_from(number("ring_cap")?)
                         .map_err(|_| bad("ring_cap"))?,
                     doorbell: field("bell")?.to_string(),
+                    life_fd: fd("life")?,
                 };
                 Ok(SoftEndpoint::Shm {
                     qpn,
@@ -114,6 +116,7 @@ mod tests {
             ring_fd: 9,
             ring_capacity: 1 << 22,
             doorbell: "kvcm-nic-7-0".into(),
+            life_fd: 11,
         };
         let shm = SoftEndpoint::Shm {
             qpn: 4,

@@ -50,7 +50,7 @@ impl SoftQp {
         let (inbound, endpoint) = match (domain.config.wire, domain.listen_addr) {
             (Wire::Shm, _) => {
                 let ring = Ring::create(domain.config.ring_capacity)?;
-                let endpoint = shm_endpoint(domain, qpn, &ring);
+                let endpoint = shm_endpoint(domain, qpn, &ring)?;
                 (Some(ring), endpoint)
             }
             (Wire::Tcp, Some(addr)) => (None, SoftEndpoint::Tcp { qpn, addr, token }),
@@ -111,10 +111,10 @@ impl SoftQp {
     }
 }
 
-/// The endpoint of a shared-memory queue pair: where its process, key table, inbound ring
-/// and NIC doorbell are.
-fn shm_endpoint(domain: &DomainInner, qpn: u32, ring: &Ring) -> SoftEndpoint {
-    SoftEndpoint::Shm {
+/// The endpoint of a shared-memory queue pair: where its process, key table, inbound ring,
+/// NIC doorbell and liveness page are.
+fn shm_endpoint(domain: &DomainInner, qpn: u32, ring: &Ring) -> Result<SoftEndpoint> {
+    Ok(SoftEndpoint::Shm {
         qpn,
         host: host_id(),
         address: ShmAddress {
@@ -123,8 +123,9 @@ fn shm_endpoint(domain: &DomainInner, qpn: u32, ring: &Ring) -> SoftEndpoint {
             ring_fd: ring.raw_fd(),
             ring_capacity: ring.capacity(),
             doorbell: domain.nic.doorbell_name().to_string(),
+            life_fd: crate::sys::life::process_page()?.raw_fd(),
         },
-    }
+    })
 }
 
 impl QueuePair for SoftQp {

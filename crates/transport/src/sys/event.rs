@@ -1,5 +1,5 @@
 //! Doorbells (an eventfd inside a process, an abstract unix datagram socket across
-//! processes) and pidfd liveness watches.
+//! processes).
 
 use crate::{Result, TransportError};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -116,30 +116,6 @@ impl EventFd {
     }
 }
 
-/// A pidfd: readable once the process has exited.
-#[derive(Debug)]
-pub(crate) struct PidFd(OwnedFd);
-
-impl PidFd {
-    /// Watches process `pid`.
-    pub(crate) fn open(pid: u32) -> Result<Self> {
-        let pid = libc::pid_t::try_from(pid).map_err(|_| TransportError::InvalidArgument("pid"))?;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if raw < 0 {
-            return Err(TransportError::last_os("pidfd_open"));
-        }
-        let raw = RawFd::try_from(raw).map_err(|_| TransportError::Exhausted("descriptors"))?;
-        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-        Ok(PidFd(unsafe { OwnedFd::from_raw_fd(raw) }))
-    }
-
-    /// Whether the process has exited.
-    pub(crate) fn exited(&self) -> bool {
-        super::poll_readable(&[self.0.as_raw_fd()], 0).unwrap_or(0) > 0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,14 +141,5 @@ mod tests {
         assert_eq!(super::super::poll_readable(&[bell.raw_fd()], 0).unwrap(), 1);
         bell.drain();
         assert_eq!(super::super::poll_readable(&[bell.raw_fd()], 0).unwrap(), 0);
-    }
-
-    #[test]
-    fn pidfd_sees_a_child_exit() {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let watch = PidFd::open(child.id()).unwrap();
-        child.wait().unwrap();
-        assert!(watch.exited());
-        assert!(!PidFd::open(std::process::id()).unwrap().exited());
     }
 }

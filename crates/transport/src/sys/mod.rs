@@ -6,6 +6,7 @@
 
 mod epoll;
 mod event;
+pub(crate) mod life;
 mod output;
 mod poll;
 mod random;
@@ -13,7 +14,7 @@ mod shared_memory;
 mod word_copy;
 
 pub(crate) use epoll::{Epoll, READ, WRITE};
-pub(crate) use event::{Doorbell, EventFd, PidFd, RemoteDoorbell};
+pub(crate) use event::{Doorbell, EventFd, RemoteDoorbell};
 pub(crate) use output::OutputQueue;
 pub use poll::poll_readable;
 #[cfg(feature = "rdma")]

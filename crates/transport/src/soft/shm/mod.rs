@@ -18,7 +18,7 @@ use super::keytable::{self, KeyTable};
 use super::queue_pair::QpShared;
 use super::registry::{Registry, Target};
 use super::responder;
-use crate::sys::{PidFd, RemoteDoorbell, SharedMemory};
+use crate::sys::{life, RemoteDoorbell, SharedMemory};
 use crate::{Access, Result};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
@@ -34,6 +34,8 @@ pub(crate) struct ShmAddress {
     pub ring_fd: RawFd,
     pub ring_capacity: usize,
     pub doorbell: String,
+    /// The process's liveness page (`sys::life`).
+    pub life_fd: RawFd,
 }
 
 /// The peer key a batch resolved last: a batch's many accesses under one rkey look the key
@@ -74,7 +76,8 @@ pub(crate) struct ShmPeer {
     table: KeyTable,
     ring: Ring,
     bell: RemoteDoorbell,
-    pid_fd: PidFd,
+    /// The peer process's liveness page: one load tells whether it still runs.
+    life: SharedMemory,
     mappings: Mutex<HashMap<u32, Arc<SharedMemory>>>,
     send_lock: Mutex<()>,
     /// How long a SEND waits for ring room (the peer posting receives) before it fails
@@ -90,7 +93,7 @@ impl ShmPeer {
         let pid = address.pid;
         Ok(ShmPeer {
             pid,
-            pid_fd: PidFd::open(pid)?,
+            life: SharedMemory::open_peer(pid, address.life_fd, life::PAGE)?,
             table: KeyTable::open_peer(pid, address.table_fd)?,
             ring: Ring::open_peer(pid, address.ring_fd, address.ring_capacity)?,
             bell: RemoteDoorbell::new(&address.doorbell)?,
@@ -103,7 +106,7 @@ impl ShmPeer {
 
     /// Whether the peer is gone: its queue pair was destroyed or its process exited.
     pub(crate) fn gone(&self) -> bool {
-        self.ring.is_closed() || self.pid_fd.exited()
+        self.ring.is_closed() || !life::alive(&self.life)
     }
 
     /// Notes that the head send found the ring full; true once it has waited longer than
