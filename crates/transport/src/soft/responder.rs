@@ -7,7 +7,7 @@
 
 use super::frame::{Op, RequestHeader, ResponseHeader};
 use super::queue_pair::{PostedRecv, QpShared};
-use super::registry::{AtomicOp, Registry, Target};
+use super::registry::{AtomicOp, KeyMemo, Registry, Target};
 use super::scatter;
 use crate::{Access, WcOpcode, WcStatus};
 
@@ -15,9 +15,11 @@ use crate::{Access, WcOpcode, WcStatus};
 pub(crate) type Reply = (ResponseHeader, Option<Target>);
 
 /// Executes `header` (+ `payload`) arriving on a TCP link for queue pair `qp`; `None`
-/// means "no receive buffer yet".
+/// means "no receive buffer yet". READs resolve their key through `memo` (the frames of
+/// one pass over a link's input mostly name one key).
 pub(crate) fn execute(
     registry: &Registry,
+    memo: &mut KeyMemo,
     qp: &QpShared,
     header: &RequestHeader,
     payload: &[u8],
@@ -25,10 +27,12 @@ pub(crate) fn execute(
     let len = u64::from(header.len);
     let remote = header.remote;
     let reply = match header.op {
-        Op::Read => match registry.resolve(remote.rkey, remote.addr, len, Access::REMOTE_READ) {
-            Some(target) => (status_reply(WcStatus::Success, header.len), Some(target)),
-            None => (status_reply(WcStatus::RemoteAccessError, 0), None),
-        },
+        Op::Read => {
+            match registry.resolve_memo(memo, remote.rkey, remote.addr, len, Access::REMOTE_READ) {
+                Some(target) => (status_reply(WcStatus::Success, header.len), Some(target)),
+                None => (status_reply(WcStatus::RemoteAccessError, 0), None),
+            }
+        }
         Op::Write => (execute_write(registry, qp, header, payload)?, None),
         Op::Send => (
             deliver(registry, qp, header.imm, Some(payload), header.len)?,

@@ -6,7 +6,7 @@ use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
 use crate::soft::frame::{self, Op, RequestHeader, ResponseHeader};
 use crate::soft::queue_pair::{PostedSend, QpShared};
-use crate::soft::registry::Registry;
+use crate::soft::registry::{KeyMemo, Registry};
 use crate::soft::scatter::{self, Piece};
 use crate::sys::OutputQueue;
 use crate::{Access, QpState, SendOp, WcStatus};
@@ -98,6 +98,8 @@ impl RequesterLink {
 
     fn issue(&mut self, registry: &Registry) -> bool {
         let mut progress = false;
+        // The local keys of the sends issued in one pass are looked up once each.
+        let mut memo = KeyMemo::default();
         while !self.halted {
             let Some(send) = self.qp.lock_sq().pop_front() else {
                 break;
@@ -106,7 +108,7 @@ impl RequesterLink {
             if self.outstanding.is_empty() {
                 self.last_answer = Instant::now();
             }
-            let pending = encode(registry, send, &mut self.conn.output);
+            let pending = encode(registry, &mut memo, send, &mut self.conn.output);
             self.halted = matches!(pending, Pending::Failed { .. });
             self.outstanding.push_back(pending);
         }
@@ -258,15 +260,22 @@ impl RequesterLink {
 }
 
 /// Encodes `send` into `out`, or returns it as failed when its local list is bad.
-fn encode(registry: &Registry, send: PostedSend, out: &mut OutputQueue) -> Pending {
+fn encode(
+    registry: &Registry,
+    memo: &mut KeyMemo,
+    send: PostedSend,
+    out: &mut OutputQueue,
+) -> Pending {
     let local_need = match send.op {
         SendOp::Write { .. } | SendOp::Send { .. } => Access::NONE,
         _ => Access::LOCAL_WRITE,
     };
-    let pieces = match scatter::resolve(registry, &send.sg_list, local_need) {
-        Ok(pieces) => pieces,
-        Err(status) => return Pending::Failed { send, status },
-    };
+    let mut pieces = Vec::with_capacity(send.sg_list.len());
+    if let Err(status) =
+        scatter::resolve_into(registry, memo, &send.sg_list, local_need, &mut pieces)
+    {
+        return Pending::Failed { send, status };
+    }
     let Some(len) = u32::try_from(scatter::total_len(&pieces))
         .ok()
         .filter(|&l| l <= frame::MAX_PAYLOAD)

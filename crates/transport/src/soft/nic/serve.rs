@@ -17,7 +17,7 @@ use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
 use crate::soft::frame::{self, Op, RequestHeader, ResponseHeader};
 use crate::soft::queue_pair::{PostedRecv, QpShared};
-use crate::soft::registry::{Registry, Target};
+use crate::soft::registry::{KeyMemo, Registry, Target};
 use crate::soft::responder;
 use crate::soft::scatter::{self, Piece};
 use crate::sys::{Epoll, OutputQueue, READ, WRITE};
@@ -147,6 +147,9 @@ impl ResponderLink {
     fn serve(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
         let mut progress = false;
         self.awaiting_receive = false;
+        // A key deregistered during this pass is served to the pass's end, as a NIC serves
+        // requests already in flight.
+        let mut memo = KeyMemo::default();
         while self.continue_placement(readable)? {
             if self.conn.output_full() {
                 // Backpressure: no more requests until the peer reads its answers.
@@ -175,7 +178,8 @@ impl ResponderLink {
                 continue;
             }
             let payload = &input[frame::REQUEST_LEN..frame_len];
-            let Some((response, data)) = responder::execute(registry, &self.qp, &header, payload)
+            let Some((response, data)) =
+                responder::execute(registry, &mut memo, &self.qp, &header, payload)
             else {
                 // No receive buffer: the frame waits, and so does what follows it.
                 self.awaiting_receive = true;
