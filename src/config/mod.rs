@@ -95,6 +95,9 @@ pub struct ServerConfig {
     pub metrics: MetricsConfig,
     /// `kvcm.cache_reclaimer.*`: the live reclaimer.
     pub reclaimer: ReclaimerConfig,
+    /// `kvcm.storage.probe_interval_ms`: milliseconds between health-probe rounds of the
+    /// registered storages (0 = no probes; docs/storage.md).
+    pub storage_probe_interval_ms: u64,
     /// `kvcm.service.admin_auth_*`, `bind_host`, `max_*`: tokens, bind address, limits.
     pub security: SecurityConfig,
 }
@@ -123,13 +126,14 @@ impl Default for ServerConfig {
             journal: JournalSettings::default(),
             metrics: MetricsConfig::default(),
             reclaimer: ReclaimerConfig::default(),
+            storage_probe_interval_ms: 5_000,
             security: SecurityConfig::default(),
         }
     }
 }
 
 /// Every key except [`EVENT_LOG_KEYS`], in the order they are documented.
-pub const KEYS: [&str; 19] = [
+pub const KEYS: [&str; 20] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -149,6 +153,7 @@ pub const KEYS: [&str; 19] = [
     "kvcm.pool.heartbeat_ms",
     "kvcm.pool.rejoin_ramp_ms",
     "kvcm.pool.size",
+    "kvcm.storage.probe_interval_ms",
 ];
 
 /// The environment variable of a key (`kvcm.service.rpc_port` → `KVCM_SERVICE_RPC_PORT`).
@@ -191,6 +196,7 @@ impl ServerConfig {
             "kvcm.pool.heartbeat_ms" => self.pool.heartbeat_ms = parse(key, value)?,
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
+            "kvcm.storage.probe_interval_ms" => self.storage_probe_interval_ms = parse(key, value)?,
             _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
             _ if METRICS_KEYS.contains(&key) => self.metrics.set(key, value)?,
             _ if RECLAIMER_KEYS.contains(&key) => self.reclaimer.set(key, value)?,
@@ -291,6 +297,12 @@ impl ServerConfig {
         self.metrics.validate()?;
         self.reclaimer.validate()?;
         self.journal.validate()
+    }
+
+    /// The interval of storage health probes; `None` when they are off.
+    pub fn storage_probe_interval(&self) -> Option<Duration> {
+        let ms = self.storage_probe_interval_ms;
+        (ms > 0).then(|| Duration::from_millis(ms))
     }
 
     /// The lock URI in force and the key it came from (`kvcm.coordination.uri` wins).

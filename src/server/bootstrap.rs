@@ -24,15 +24,13 @@ pub const DEFAULT_GROUP: &str = "default";
 pub const DEFAULT_STORAGE: &str = "default_file";
 /// Name of the embedded memory pool (with `kvcm.pool.size`).
 pub const DEFAULT_POOL: &str = "default_pool";
-/// How often registered storages are health-probed.
-const STORAGE_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 /// Blocks packed per file by the default storage.
 const DEFAULT_KEYS_PER_FILE: i32 = 8;
 
 /// A manager with the embedded default storage and group registered.
 pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerError> {
     let manager = Manager::new(ManagerDeps {
-        storage_probe_interval: Some(STORAGE_PROBE_INTERVAL),
+        storage_probe_interval: config.storage_probe_interval(),
         open_index: local_index_factory(),
         node_id: super::election::node_id(config),
         pool_timing: config.pool.timing(),

@@ -1,5 +1,6 @@
 //! Capacity metrics (docs/capacity.md) in GetMetrics and `GET /metrics`: per group its quota
-//! and usage, per instance its bytes and keys, and the reclaimer's passes and evictions.
+//! and usage, per instance its bytes and keys, the reclaimer's passes and evictions, and per
+//! storage whether it is enabled, healthy (its latest probe passed) and so available.
 //! Counters are `int_value`, gauges `float_value` on the wire (fact sheet §16.4).
 
 use std::fmt::Write;
@@ -53,6 +54,13 @@ fn samples(manager: &Manager) -> Vec<Sample> {
             ));
             out.push(gauge("capacity.instance_keys", tags, keys));
         }
+    }
+    for storage in manager.storage_health() {
+        let tags = || vec![("storage", storage.name.clone())];
+        let available = storage.enabled && storage.healthy;
+        out.push(gauge("storage.enabled", tags(), i64::from(storage.enabled)));
+        out.push(gauge("storage.healthy", tags(), i64::from(storage.healthy)));
+        out.push(gauge("storage.available", tags(), i64::from(available)));
     }
     out.sort_by_key(|s| s.name);
     out

@@ -11,6 +11,7 @@ use super::journal::{InstanceLog, Record};
 use super::local_index::check_indexer_config;
 use super::registration::InstanceInfo;
 use super::storage_type::StorageType;
+use super::storages::StorageHealth;
 use super::Manager;
 use crate::sync::{lock, read_lock, write_lock};
 
@@ -63,6 +64,11 @@ impl Manager {
     /// Every registered storage, by name.
     pub fn list_storages(&self) -> Vec<StorageConfig> {
         self.storages.list()
+    }
+
+    /// Every registered storage's admin state and latest health probe, by name.
+    pub fn storage_health(&self) -> Vec<StorageHealth> {
+        self.storages.health()
     }
 
     /// Creates an instance group.

@@ -80,6 +80,7 @@ pub use registration::InstanceInfo;
 pub use remove::TrimStrategy;
 pub use sessions::{random_id, SESSION_ID_LEN};
 pub use storage_type::StorageType;
+pub use storages::StorageHealth;
 pub use write::WriteStart;
 
 use deleter::DeleteJob;

@@ -36,6 +36,19 @@ pub struct Incarnation {
 /// Every incarnation ever registered, by handle (shared; append-only).
 pub type Incarnations = Arc<IncarnationTable>;
 
+/// One storage's state for health reports and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageHealth {
+    /// The storage's unique name.
+    pub name: String,
+    /// Enabled by the admin.
+    pub enabled: bool,
+    /// Its latest health probe passed (true until one fails).
+    pub healthy: bool,
+    /// The latest failed probe's error, while unhealthy.
+    pub last_error: Option<String>,
+}
+
 /// All registered storages.
 #[derive(Debug)]
 pub struct StorageTable {
@@ -173,6 +186,23 @@ impl StorageTable {
             .collect();
         configs.sort_by(|a, b| a.global_unique_name.cmp(&b.global_unique_name));
         configs
+    }
+
+    /// Every registered storage's admin state and latest probe result, by name.
+    pub fn health(&self) -> Vec<StorageHealth> {
+        let mut health: Vec<StorageHealth> = self
+            .registry
+            .list()
+            .into_iter()
+            .map(|status| StorageHealth {
+                name: status.storage.config().global_unique_name.clone(),
+                enabled: status.enabled,
+                healthy: status.healthy,
+                last_error: status.last_error,
+            })
+            .collect();
+        health.sort_by(|a, b| a.name.cmp(&b.name));
+        health
     }
 
     /// Every registered storage among `candidates`, with whether it is available.

@@ -94,9 +94,9 @@ pub(crate) fn remove_if_present(path: &Path) -> Result<(), StorageError> {
 /// Subdirectory of a storage's anchor that health probes write in (kvcm's own).
 pub(crate) const PROBE_SUBDIR: &str = ".kvcm";
 
-/// Fails unless `dir` is a directory in which a file can be created and removed; the probe
-/// file is created in kvcm's own subdirectory [`PROBE_SUBDIR`] (created when missing), never
-/// among other files of `dir`.
+/// Fails unless `dir` is a directory in which a file can be created, written, read back
+/// with the same bytes and removed; the probe file is created in kvcm's own subdirectory
+/// [`PROBE_SUBDIR`] (created when missing), never among other files of `dir`.
 pub(crate) fn probe_directory(dir: &Path) -> Result<(), StorageError> {
     static PROBES: AtomicU64 = AtomicU64::new(0);
     let metadata = fs::metadata(dir).map_err(|e| io_error(dir, e))?;
@@ -108,10 +108,25 @@ pub(crate) fn probe_directory(dir: &Path) -> Result<(), StorageError> {
     fs::create_dir_all(&own).map_err(|e| io_error(&own, e))?;
     let probe_number = PROBES.fetch_add(1, Ordering::Relaxed);
     let probe = own.join(format!("probe-{}-{probe_number}", std::process::id()));
-    OpenOptions::new()
+    let written = format!("kvcm health probe {probe_number}\n");
+    let outcome = write_and_read_back(&probe, written.as_bytes());
+    let removed = remove_if_present(&probe);
+    outcome.and(removed)
+}
+
+/// Creates `path` with `bytes` and checks that reading it gives them back.
+fn write_and_read_back(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .open(&probe)
-        .map_err(|e| io_error(&probe, e))?;
-    fs::remove_file(&probe).map_err(|e| io_error(&probe, e))
+        .open(path)
+        .map_err(|e| io_error(path, e))?;
+    std::io::Write::write_all(&mut file, bytes).map_err(|e| io_error(path, e))?;
+    drop(file);
+    let read = fs::read(path).map_err(|e| io_error(path, e))?;
+    if read != bytes {
+        let mismatch = std::io::Error::new(ErrorKind::InvalidData, "read back other bytes");
+        return Err(io_error(path, mismatch));
+    }
+    Ok(())
 }
