@@ -206,6 +206,22 @@ impl Manager {
                 .map_err(ManagerError::Thread)?;
         }
         let weak: Weak<Manager> = Arc::downgrade(&manager);
+        let on_health = weak.clone();
+        manager
+            .storages
+            .on_health_change(Box::new(move |name, healthy| {
+                if healthy {
+                    tracing::info!(storage = name, "storage healthy again: back in service");
+                } else {
+                    tracing::warn!(
+                        storage = name,
+                        "storage failed its health probe: out of service"
+                    );
+                }
+                if let Some(manager) = on_health.upgrade() {
+                    manager.published_storages_changed();
+                }
+            }));
         let on_demote = weak.clone();
         manager.leadership.set_on_demote(Arc::new(move || {
             if let Some(manager) = on_demote.upgrade() {

@@ -188,6 +188,12 @@ impl StorageTable {
         configs
     }
 
+    /// Sets who is told when a health probe flips a storage (see
+    /// `StorageRegistry::set_health_listener`).
+    pub(crate) fn on_health_change(&self, listener: kvcm_storage::HealthListener) {
+        self.registry.set_health_listener(listener);
+    }
+
     /// Every registered storage's admin state and latest probe result, by name.
     pub fn health(&self) -> Vec<StorageHealth> {
         let mut health: Vec<StorageHealth> = self

@@ -20,7 +20,7 @@ mod uri;
 mod validate;
 
 pub use backends::open;
-pub use registry::{StorageRegistry, StorageStatus};
+pub use registry::{HealthListener, StorageRegistry, StorageStatus};
 pub use uri::BlockUri;
 
 /// A block key: a signed 64-bit prefix hash.

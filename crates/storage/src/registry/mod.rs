@@ -9,7 +9,7 @@
 mod health;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use self::health::HealthProber;
@@ -37,11 +37,23 @@ impl StorageStatus {
 
 type Entries = BTreeMap<String, StorageStatus>;
 
+/// Told the name and new health of a storage whose probe result flipped.
+pub type HealthListener = Box<dyn Fn(&str, bool) + Send + Sync>;
+
 /// The registered storages.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct StorageRegistry {
     entries: Arc<RwLock<Entries>>,
     prober: Mutex<Option<HealthProber>>,
+    listener: Arc<OnceLock<HealthListener>>,
+}
+
+impl std::fmt::Debug for StorageRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageRegistry")
+            .field("entries", &self.entries)
+            .finish_non_exhaustive()
+    }
 }
 
 impl StorageRegistry {
@@ -55,15 +67,20 @@ impl StorageRegistry {
     pub fn with_health_probes(interval: Duration) -> Result<Self, StorageError> {
         let registry = Self::new();
         let entries = registry.entries.clone();
-        let prober =
-            HealthProber::start(interval, move || probe_all(&entries)).map_err(|source| {
-                StorageError::Io {
-                    path: "<health probe thread>".to_string(),
-                    source,
-                }
+        let listener = registry.listener.clone();
+        let prober = HealthProber::start(interval, move || probe_all(&entries, &listener))
+            .map_err(|source| StorageError::Io {
+                path: "<health probe thread>".to_string(),
+                source,
             })?;
         *registry.prober_slot() = Some(prober);
         Ok(registry)
+    }
+
+    /// Sets who is told when a probe flips a storage's health (once; later calls are
+    /// ignored). It runs on the probing thread, after the new state is recorded.
+    pub fn set_health_listener(&self, listener: HealthListener) {
+        let _ = self.listener.set(listener);
     }
 
     /// Stops and joins the background probe thread, if any.
@@ -140,7 +157,7 @@ impl StorageRegistry {
 
     /// Probes every storage once now and records the results.
     pub fn probe_now(&self) {
-        probe_all(&self.entries);
+        probe_all(&self.entries, &self.listener);
     }
 
     /// Probes one storage now and records the result (nothing for an unknown name).
@@ -148,7 +165,8 @@ impl StorageRegistry {
         let Some(storage) = self.get(name) else {
             return;
         };
-        record_probe(&self.entries, name, &storage, storage.check_health());
+        let flipped = record_probe(&self.entries, name, &storage, storage.check_health());
+        tell(&self.listener, name, flipped);
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Entries> {
@@ -169,8 +187,8 @@ fn unknown(name: &str) -> StorageError {
 }
 
 /// Probes each storage without holding the lock, then records each result on its entry if
-/// that entry still holds the same backend.
-fn probe_all(entries: &RwLock<Entries>) {
+/// that entry still holds the same backend, and tells `listener` of each flip.
+fn probe_all(entries: &RwLock<Entries>, listener: &OnceLock<HealthListener>) {
     let storages: Vec<(String, Arc<dyn DataStorage>)> = {
         let entries = entries.read().unwrap_or_else(PoisonError::into_inner);
         let named = entries.iter();
@@ -180,24 +198,35 @@ fn probe_all(entries: &RwLock<Entries>) {
     };
     for (name, storage) in storages {
         let outcome = storage.check_health();
-        record_probe(entries, &name, &storage, outcome);
+        let flipped = record_probe(entries, &name, &storage, outcome);
+        tell(listener, &name, flipped);
     }
 }
 
-/// Records a probe's outcome on the entry of `name` if it still holds `storage`.
+/// Tells `listener` (if set) the new health of `name` when it `flipped`.
+fn tell(listener: &OnceLock<HealthListener>, name: &str, flipped: Option<bool>) {
+    if let (Some(healthy), Some(listener)) = (flipped, listener.get()) {
+        listener(name, healthy);
+    }
+}
+
+/// Records a probe's outcome on the entry of `name` if it still holds `storage`; the new
+/// health when it changed.
 fn record_probe(
     entries: &RwLock<Entries>,
     name: &str,
     storage: &Arc<dyn DataStorage>,
     outcome: Result<(), StorageError>,
-) {
+) -> Option<bool> {
     let mut entries = entries.write().unwrap_or_else(PoisonError::into_inner);
-    if let Some(status) = entries.get_mut(name) {
-        if Arc::ptr_eq(&status.storage, storage) {
-            status.healthy = outcome.is_ok();
-            status.last_error = outcome.err().map(|error| error.to_string());
-        }
+    let status = entries.get_mut(name)?;
+    if !Arc::ptr_eq(&status.storage, storage) {
+        return None;
     }
+    let was = status.healthy;
+    status.healthy = outcome.is_ok();
+    status.last_error = outcome.err().map(|error| error.to_string());
+    (status.healthy != was).then_some(status.healthy)
 }
 
 #[cfg(test)]

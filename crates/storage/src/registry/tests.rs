@@ -133,6 +133,26 @@ fn manual_probe_without_a_thread() {
 }
 
 #[test]
+fn the_listener_hears_each_flip_once() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let root = parent.path().join("store");
+    let registry = StorageRegistry::new();
+    let heard: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let log = heard.clone();
+    registry.set_health_listener(Box::new(move |name, healthy| {
+        log.lock().unwrap().push((name.to_string(), healthy));
+    }));
+    registry.add(nfs_config("n", &root)).expect("add");
+    registry.probe_now();
+    registry.probe("n");
+    std::fs::create_dir_all(&root).expect("mkdir");
+    registry.probe("n");
+    registry.probe_now();
+    let flips = heard.lock().unwrap().clone();
+    assert_eq!(flips, [("n".to_string(), false), ("n".to_string(), true)]);
+}
+
+#[test]
 fn stopping_or_dropping_joins_the_probe_thread() {
     let registry = StorageRegistry::with_health_probes(Duration::from_secs(3600)).expect("start");
     let entries = Arc::downgrade(&registry.entries);
