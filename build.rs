@@ -70,7 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Upstream trunk fields of 2026-02 messages, printed only when set: package, message,
 /// field, and the condition (on `self`) under which it is printed.
-const TRUNK_FIELDS: [(&str, &str, &str, &str); 5] = [
+const TRUNK_FIELDS: [(&str, &str, &str, &str); 7] = [
     (
         "kv_cache_manager.proto.meta",
         "InstanceInfo",
@@ -100,6 +100,18 @@ const TRUNK_FIELDS: [(&str, &str, &str, &str); 5] = [
         "StorageConfig",
         "storage_type",
         "self.storage_type != 0",
+    ),
+    (
+        "kv_cache_manager.proto.meta",
+        "ModelDeployment",
+        "use_eagle_pop",
+        "self.use_eagle_pop",
+    ),
+    (
+        "kv_cache_manager.proto.admin",
+        "ModelDeployment",
+        "use_eagle_pop",
+        "self.use_eagle_pop",
     ),
 ];
 

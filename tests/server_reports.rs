@@ -966,6 +966,71 @@ async fn the_default_query_type_is_registered_answered_and_read_by_host_state() 
     );
 }
 
+/// An instance registered with `use_eagle_pop` (upstream trunk's EaglePop mode) gets every
+/// host's prefix one block shorter, a host left with none unanswered; the flag is echoed only
+/// when set and survives a restart.
+#[tokio::test]
+async fn eagle_pop_instances_get_each_host_prefix_one_block_shorter() {
+    let server = TestServer::start().await;
+    reporting_instance(&server, steady_timings()).await;
+    let mut registration = common::registration("eagle", 4);
+    registration["instance_group"] = json!("rg");
+    registration["model_deployment"]["use_eagle_pop"] = json!(true);
+    registration["location_spec_infos"] =
+        json!([{"name": "F0", "size": 64}, {"name": "L1", "size": 64}]);
+    let registered = server
+        .meta_http("registerInstance", registration.clone())
+        .await;
+    assert_eq!(code(&registered), "OK", "{registered}");
+    registration["model_deployment"]["use_eagle_pop"] = json!(false);
+    let other = server.meta_http("registerInstance", registration).await;
+    assert_ne!(code(&other), "OK", "another identity: {other}");
+    assert!(other.to_string().contains("model_deployment"), "{other}");
+    for instance in ["inst", "eagle"] {
+        for (host, keys) in [("a:1", &[1, 2, 3][..]), ("b:1", &[1][..])] {
+            let events = keys
+                .iter()
+                .map(|&key| add(host, "gpu", key))
+                .collect::<Vec<_>>();
+            let body = json!({"trace_id": "rep", "instance_id": instance, "host_ip_port": host,
+                              "storage_type": "ST_EVENT_REPORT_L1P5", "events": events});
+            let reported = server.meta_http("reportEvent", body).await;
+            assert_eq!(code(&reported), "OK", "{reported}");
+        }
+    }
+    let keys = [1, 2, 3, 4];
+    assert_eq!(
+        host_state(&server, &keys, json!({})).await,
+        owned(&[("a:1", 3, 3), ("b:1", 1, 1)])
+    );
+    assert_eq!(
+        host_state(&server, &keys, json!({"instance_id": "eagle"})).await,
+        owned(&[("a:1", 2, 2)])
+    );
+    let info = |instance: &'static str| {
+        let server = &server;
+        async move {
+            let info = server
+                .meta_http("getInstanceInfo", json!({"instance_id": instance}))
+                .await;
+            info["instance_info"]["model_deployment"].clone()
+        }
+    };
+    assert!(
+        info("inst").await.get("use_eagle_pop").is_none(),
+        "unset: not printed"
+    );
+    assert_eq!(info("eagle").await["use_eagle_pop"], true);
+    let server = server.kill_and_restart().await;
+    let info = server
+        .meta_http("getInstanceInfo", json!({"instance_id": "eagle"}))
+        .await;
+    assert_eq!(
+        info["instance_info"]["model_deployment"]["use_eagle_pop"], true,
+        "{info}"
+    );
+}
+
 fn add_specs(host: &str, medium: &str, key: i64, names: &[&str]) -> Value {
     json!({"event_type": "EVENT_BLOCK_ADD",
            "block_add": {"block_key": key.to_string(), "medium": medium,

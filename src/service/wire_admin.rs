@@ -280,6 +280,7 @@ pub fn registration_from_wire(
             pp_size: model.pp_size,
             extra: model.extra,
             user_data: model.user_data,
+            use_eagle_pop: model.use_eagle_pop,
         },
         spec_groups: request
             .location_spec_groups
@@ -351,6 +352,7 @@ pub fn instance_info_to_wire(info: &InstanceInfo) -> meta::InstanceInfo {
             pp_size: model.pp_size,
             extra: model.extra.clone(),
             user_data: model.user_data.clone(),
+            use_eagle_pop: model.use_eagle_pop,
         }),
         location_spec_groups: info
             .spec_groups

@@ -71,6 +71,9 @@ pub struct ModelDeployment {
     pub extra: String,
     /// Opaque text (not part of the identity).
     pub user_data: String,
+    /// Upstream trunk's EaglePop mode: GetHostCacheState answers each host's prefix one
+    /// block shorter.
+    pub use_eagle_pop: bool,
 }
 
 /// A named subset of an instance's parts.

@@ -17,7 +17,8 @@
 //!
 //! Versions: v1 is the first format; v2 adds the writer's checksums to entry locations and
 //! upstream trunk's `extra_info` / `revisit_interval_buckets` to instance groups; v3 adds
-//! upstream trunk's event-report storages and groups' `event_report_storage_candidates`. A
+//! upstream trunk's event-report storages, groups' `event_report_storage_candidates` and
+//! instances' default query type; v4 adds instances' `use_eagle_pop`. A
 //! value is written in the oldest version that holds it ([`Encode::version`]: an entry
 //! without checksums is still written as v1, byte-identical to what v1 binaries wrote), so
 //! an older binary reads everything that does not use a newer feature.
@@ -26,7 +27,7 @@
 //! [`DecodeError::NewerVersion`]. Decoding never panics, refuses trailing bytes, and never
 //! allocates more than [`ALLOCATION_FACTOR`] times the input length: every allocation is
 //! charged to a budget before it is made. The encodings of representative objects are
-//! committed under `fixtures/encoding/v1/` and `v2/`; every later decoder must read them.
+//! committed under `fixtures/encoding/v1/` … `v4/`; every later decoder must read them.
 
 mod entry;
 mod reader;
@@ -39,7 +40,7 @@ pub use reader::{DecodeError, Reader};
 pub use writer::Writer;
 
 /// The newest version this build writes and reads.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 
 /// A decode allocates at most this many bytes per input byte.
 pub const ALLOCATION_FACTOR: usize = 4;

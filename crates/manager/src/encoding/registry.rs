@@ -391,11 +391,14 @@ const DEFAULT_QUERIES: [DefaultQuery; 5] = [
 impl Encode for InstanceInfo {
     const KIND: Kind = Kind::Instance;
 
-    /// v3 when a default query type is set (upstream trunk), else v1.
+    /// v4 with `use_eagle_pop`, v3 with a default query type (both upstream trunk), else v1.
     fn version(&self) -> u8 {
-        match self.default_query {
-            DefaultQuery::Unspecified => 1,
-            _ => 3,
+        if self.model.use_eagle_pop {
+            4
+        } else if self.default_query != DefaultQuery::Unspecified {
+            3
+        } else {
+            1
         }
     }
 
@@ -428,6 +431,9 @@ impl Encode for InstanceInfo {
                 .position(|q| *q == self.default_query);
             out.u8(code.unwrap_or(0) as u8);
         }
+        if self.version() >= 4 {
+            out.bool(self.model.use_eagle_pop);
+        }
     }
 
     fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
@@ -452,6 +458,7 @@ impl Encode for InstanceInfo {
                 pp_size: input.i32()?,
                 extra: input.string()?,
                 user_data: input.string()?,
+                use_eagle_pop: false,
             },
             spec_groups: input.list(|input| {
                 Ok(SpecGroup {
@@ -467,9 +474,14 @@ impl Encode for InstanceInfo {
                 .get(code)
                 .ok_or(DecodeError::Invalid("an unknown default query type"))?;
         }
-        if version >= 3 && info.version() < 3 {
+        if version >= 4 {
+            info.model.use_eagle_pop = input.bool()?;
+        }
+        if version >= 3 && info.version() != version {
             // Each value is written in the oldest version that holds it.
-            return Err(DecodeError::Invalid("a v3 instance without v3 fields"));
+            return Err(DecodeError::Invalid(
+                "an instance in another version than its fields need",
+            ));
         }
         Ok(info)
     }

@@ -253,6 +253,7 @@ fn instance() -> InstanceInfo {
             pp_size: 1,
             extra: "x".into(),
             user_data: "u".into(),
+            use_eagle_pop: false,
         },
         spec_groups: vec![SpecGroup {
             name: "first".into(),
@@ -412,12 +413,12 @@ fn a_group_with_trunk_fields_is_v2_and_round_trips() {
     assert_eq!(group().encode()[2], 1, "a group without them stays v1");
 
     let mut newer = bytes.clone();
-    newer[2] = 4;
+    newer[2] = VERSION + 1;
     assert_eq!(
         GroupConfig::decode(&newer),
         Err(DecodeError::NewerVersion {
-            found: 4,
-            newest: 3
+            found: VERSION + 1,
+            newest: VERSION
         })
     );
     // A v2 header on a group whose trunk fields are empty is not what any build writes.
@@ -496,4 +497,33 @@ fn v3_headers_carry_only_v3_values() {
         StorageConfig::decode(&older),
         Err(DecodeError::Invalid(_))
     ));
+}
+
+/// An instance in upstream trunk's EaglePop mode (a v4 feature), with a default query type.
+fn eagle_pop_instance() -> InstanceInfo {
+    let mut info = defaulted_instance();
+    info.model.use_eagle_pop = true;
+    info
+}
+
+#[test]
+fn the_v4_fixture_decodes() {
+    check_fixture(4, "instance_eagle_pop.bin", eagle_pop_instance());
+}
+
+#[test]
+fn v4_headers_carry_only_v4_values() {
+    // A v4 header on an instance without `use_eagle_pop` is not what any build writes.
+    let mut padded = defaulted_instance().encode();
+    padded[2] = 4;
+    padded.push(0);
+    assert!(matches!(
+        InstanceInfo::decode(&padded),
+        Err(DecodeError::Invalid(_))
+    ));
+    // Nor is a v3 header on one with it (the flag would be a trailing byte).
+    let mut older = eagle_pop_instance().encode();
+    older[2] = 3;
+    assert!(InstanceInfo::decode(&older).is_err());
+    assert_eq!(defaulted_instance().encode()[2], 3);
 }

@@ -11,7 +11,10 @@
 //!   the consecutive keys from the first held by the host, a SERVING location of kvcm's own
 //!   storages, or (with `p2p`) the one L2 peer of another host that makes this run
 //!   longest; every other host has `global == local`;
-//! - answers are ordered by `local` descending, then host ascending.
+//! - answers are ordered by `local` descending, then host ascending;
+//! - an instance registered with `use_eagle_pop` (upstream's EaglePop mode) gets every
+//!   answered `local` and `global` one block shorter, the last matched block popped; a host
+//!   left with no block is not answered.
 
 use std::time::Instant;
 
@@ -106,6 +109,7 @@ impl Manager {
             }
         }
         let (keys, mediums) = (query.keys, query.mediums);
+        let popped = usize::from(instance.info().model.use_eagle_pop);
         let mut answers: Vec<(usize, HostCacheState)> = hosts
             .iter()
             .enumerate()
@@ -120,7 +124,7 @@ impl Manager {
                     },
                 )
             })
-            .filter(|(_, answer)| answer.local > 0)
+            .filter(|(_, answer)| answer.local > popped)
             .collect();
         answers.sort_by(|(_, a), (_, b)| b.local.cmp(&a.local).then_with(|| a.host.cmp(&b.host)));
         let selected = query.remote_hosts.min(answers.len());
@@ -145,6 +149,11 @@ impl Manager {
                 answer.global = best_peer;
             }
         }
-        Ok(answers.into_iter().map(|(_, answer)| answer).collect())
+        let pop = |answer: HostCacheState| HostCacheState {
+            local: answer.local - popped,
+            global: answer.global - popped,
+            ..answer
+        };
+        Ok(answers.into_iter().map(|(_, answer)| pop(answer)).collect())
     }
 }
