@@ -33,6 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let packages: Vec<(String, usize)> = descriptors
         .file
         .iter()
+        .filter(|file| file.package().starts_with("kv_cache_manager"))
         .map(|file| {
             let mut messages: Vec<_> = file.message_type.iter().collect();
             let mut enum_fields = 0;

@@ -220,6 +220,7 @@ async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
     let mut trunk = group("trunk", &["nfs_t"]);
     trunk["extra_info"] = json!("{\"tier\":\"gold\"}");
     trunk["revisit_interval_buckets"] = json!("1,5,30,60");
+    trunk["cache_config"]["meta_indexer_config"]["mutex_enabled"] = json!(false);
     let created = server
         .admin_http("createInstanceGroup", json!({"instance_group": trunk}))
         .await;
@@ -251,6 +252,8 @@ async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
         assert_eq!(group["extra_info"], "{\"tier\":\"gold\"}", "{group}");
         assert_eq!(group["revisit_interval_buckets"], "1,5,30,60", "{group}");
         assert_eq!(group["version"], "1", "{group}");
+        let indexer = &group["cache_config"]["meta_indexer_config"];
+        assert_eq!(indexer["mutex_enabled"], false, "{group}");
     };
     let fetched = server
         .admin_http("getInstanceGroup", json!({"name": "trunk"}))
@@ -265,6 +268,11 @@ async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
     assert_eq!(names, ["default", "trunk"]);
     check(&groups[1]);
     assert_eq!(groups[0]["extra_info"], "", "a group without one");
+    let default_indexer = &groups[0]["cache_config"]["meta_indexer_config"];
+    assert!(
+        default_indexer.get("mutex_enabled").is_none(),
+        "absent = enabled: {default_indexer}"
+    );
     let mut client = server.admin().await;
     let answer = client
         .list_instance_group(admin::ListInstanceGroupRequest {
@@ -288,6 +296,9 @@ async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
         answer.instance_group[1].revisit_interval_buckets,
         "1,5,30,60"
     );
+    let indexer = answer.instance_group[1].cache_config.as_ref().unwrap();
+    let indexer = indexer.meta_indexer_config.as_ref().unwrap();
+    assert_eq!(indexer.mutex_enabled, Some(false));
 
     // The registry's encoding carries them through a restart (journal recovery).
     let server = server.kill_and_restart().await;

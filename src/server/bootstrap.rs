@@ -151,6 +151,7 @@ fn default_group() -> admin::InstanceGroup {
                 max_key_count: 0,
                 mutex_shard_num: 256,
                 batch_key_size: 64,
+                mutex_enabled: None,
                 meta_storage_backend_config: Some(admin::MetaStorageBackendConfig {
                     storage_type: "local".into(),
                     storage_uri: String::new(),

@@ -138,6 +138,7 @@ fn indexer_from_wire(indexer: admin::MetaIndexerConfig) -> IndexerConfig {
         max_key_count: indexer.max_key_count,
         mutex_shard_num: indexer.mutex_shard_num,
         batch_key_size: indexer.batch_key_size,
+        mutex_disabled: indexer.mutex_enabled == Some(false),
         backend: IndexBackend {
             storage_type: backend.storage_type,
             storage_uri: backend.storage_uri,
@@ -189,6 +190,8 @@ pub fn group_to_wire(group: &GroupConfig) -> admin::InstanceGroup {
                 max_key_count: indexer.max_key_count,
                 mutex_shard_num: indexer.mutex_shard_num,
                 batch_key_size: indexer.batch_key_size,
+                // Absent means true upstream: only a disabled mutex is printed.
+                mutex_enabled: indexer.mutex_disabled.then_some(false),
                 meta_storage_backend_config: Some(admin::MetaStorageBackendConfig {
                     storage_type: indexer.backend.storage_type.clone(),
                     storage_uri: indexer.backend.storage_uri.clone(),

@@ -146,6 +146,9 @@ pub struct IndexerConfig {
     pub backend: IndexBackend,
     /// The search cache in front of it.
     pub cache_policy: SearchCachePolicy,
+    /// Upstream trunk's `mutex_enabled = false` (stored and answered; kvcm's index keeps its
+    /// shard locks, which its atomic read-modify-write needs).
+    pub mutex_disabled: bool,
 }
 
 /// The index backend of a group.

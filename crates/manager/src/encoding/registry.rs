@@ -282,6 +282,8 @@ fn read_cache(input: &mut Reader<'_>) -> Result<CacheConfig, DecodeError> {
             cache_shard_bits: input.i32()?,
             high_pri_pool_ratio: input.f64()?,
         },
+        // A v4 group body carries it at its end.
+        mutex_disabled: false,
     };
     Ok(CacheConfig {
         reclaim,
@@ -293,9 +295,11 @@ fn read_cache(input: &mut Reader<'_>) -> Result<CacheConfig, DecodeError> {
 impl GroupConfig {
     /// The oldest encoding version that holds this group: 1 unless a trunk field is set
     /// (v2 appends upstream trunk's `extra_info` and `revisit_interval_buckets`, v3 its
-    /// `event_report_storage_candidates`).
+    /// `event_report_storage_candidates`, v4 its `mutex_enabled = false`).
     fn group_version(&self) -> u8 {
-        if !self.event_report_storage_candidates.is_empty() {
+        if self.cache.indexer.mutex_disabled {
+            4
+        } else if !self.event_report_storage_candidates.is_empty() {
             3
         } else if self.extra_info.is_empty() && self.revisit_interval_buckets.is_empty() {
             1
@@ -336,6 +340,9 @@ impl Encode for GroupConfig {
                 out.str(name)
             });
         }
+        if self.group_version() >= 4 {
+            out.bool(self.cache.indexer.mutex_disabled);
+        }
     }
 
     fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
@@ -368,6 +375,9 @@ impl Encode for GroupConfig {
         }
         if version >= 3 {
             group.event_report_storage_candidates = input.list(Reader::string)?;
+        }
+        if version >= 4 {
+            group.cache.indexer.mutex_disabled = input.bool()?;
         }
         if group.group_version() != version {
             // Each value is written in the oldest version that holds it.

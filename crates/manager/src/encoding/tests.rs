@@ -217,6 +217,7 @@ fn group() -> GroupConfig {
                     cache_shard_bits: 4,
                     high_pri_pool_ratio: 0.5,
                 },
+                mutex_disabled: false,
             },
         },
         user_data: "{\"team\":\"serving\"}".into(),
@@ -526,4 +527,23 @@ fn v4_headers_carry_only_v4_values() {
     older[2] = 3;
     assert!(InstanceInfo::decode(&older).is_err());
     assert_eq!(defaulted_instance().encode()[2], 3);
+}
+
+/// A group with upstream trunk's `mutex_enabled = false` (a v4 feature).
+fn unlocked_group() -> GroupConfig {
+    let mut group = reported_group();
+    group.cache.indexer.mutex_disabled = true;
+    group
+}
+
+#[test]
+fn the_v4_group_fixture_decodes_and_v4_headers_need_the_flag() {
+    check_fixture(4, "group_mutex_disabled.bin", unlocked_group());
+    let mut padded = reported_group().encode();
+    padded[2] = 4;
+    padded.push(0);
+    assert!(matches!(
+        GroupConfig::decode(&padded),
+        Err(DecodeError::Invalid(_))
+    ));
 }
