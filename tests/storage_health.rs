@@ -1,16 +1,19 @@
 //! Storage health failover against a real `kvcm serve` (issue 11, item 3): one of two file
 //! storages made unwritable for root by a read-only bind mount is marked down by the
 //! background probes, its blocks read as misses, new writes go to the other storage, and
-//! once the mount is gone it serves again with the same URIs. Needs `mount` (root, as CI
-//! runs); without it the test says so loudly and fails nothing it did not check.
+//! once the mount is gone it serves again with the same URIs — on the server and on the fast
+//! lookup path alike. Needs `mount` (root, as CI runs); without it the test says so loudly
+//! and fails nothing it did not check.
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{code, uris, wait_until, TestServer};
+use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
 use serde_json::{json, Value};
 
 const PROBE_MS: u64 = 100;
@@ -92,7 +95,55 @@ async fn batch_uris(server: &TestServer, keys: &[i64]) -> Vec<String> {
     uris(&answer["locations"])
 }
 
-#[tokio::test]
+/// A soft-shm fast-path client of `inst` (connected off the async runtime).
+async fn fast_client(server: &TestServer) -> Arc<Client> {
+    let config = ClientConfig {
+        servers: vec![ServerAddress {
+            grpc: format!("http://{}", server.address("grpc")),
+            http: server.address("http"),
+        }],
+        instance_id: "inst".into(),
+        wire: Some(Wire::Shm),
+    };
+    let client = tokio::task::spawn_blocking(move || Client::connect(config).expect("client"))
+        .await
+        .expect("connect");
+    assert!(client.fast_path_up(), "the fast path connected");
+    Arc::new(client)
+}
+
+/// The fast path's batch-get URIs of `keys` (empty for a miss).
+async fn fast_uris(client: &Arc<Client>, keys: &[i64]) -> Vec<String> {
+    let (client, keys) = (client.clone(), keys.to_vec());
+    tokio::task::spawn_blocking(move || {
+        let answer = client.batch_get(&keys).expect("fast path");
+        let first =
+            |l: &kvcm::proto::meta::CacheLocation| l.location_specs.first().map(|s| s.uri.clone());
+        answer
+            .iter()
+            .map(|l| first(l).unwrap_or_default())
+            .collect()
+    })
+    .await
+    .expect("lookup")
+}
+
+/// Awaits the fast path answering `keys` as the server does; how long that took.
+async fn await_fast_path(server: &TestServer, client: &Arc<Client>, keys: &[i64]) -> Duration {
+    let begun = Instant::now();
+    let agreed = wait_until(Duration::from_secs(5), async || {
+        let slow = batch_uris(server, keys).await;
+        (fast_uris(client, keys).await == slow).then_some(())
+    })
+    .await;
+    assert!(
+        agreed.is_some(),
+        "the fast path never agreed with the server"
+    );
+    begun.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwritable_storage_fails_over_and_comes_back() {
     let server =
         TestServer::start_with(&[&format!("kvcm.storage.probe_interval_ms={PROBE_MS}")]).await;
@@ -125,6 +176,8 @@ async fn an_unwritable_storage_fails_over_and_comes_back() {
         ("nfs_b", &root_b, &root_a)
     };
     assert_eq!(batch_uris(&server, &old_keys).await, written);
+    let client = fast_client(&server).await;
+    assert_eq!(fast_uris(&client, &old_keys).await, written);
 
     let mount = match ReadOnly::mount(down_root) {
         Ok(mount) => mount,
@@ -141,6 +194,8 @@ async fn an_unwritable_storage_fails_over_and_comes_back() {
         let expected = if on(before, down_root) { "" } else { before };
         assert_eq!(now, expected, "{answered:?}");
     }
+    let took = await_fast_path(&server, &client, &old_keys).await;
+    eprintln!("the fast path agreed {took:?} after the server marked {down} down");
     // New writes go to the other storage.
     let new_keys: Vec<i64> = (100..108).collect();
     let fresh = uris(&server.write_keys("inst", &new_keys).await["locations"]);
@@ -151,4 +206,10 @@ async fn an_unwritable_storage_fails_over_and_comes_back() {
     eprintln!("{down} back in service {took:?} after the unmount");
     assert_eq!(batch_uris(&server, &old_keys).await, written);
     assert_eq!(batch_uris(&server, &new_keys).await, fresh);
+    await_fast_path(&server, &client, &old_keys).await;
+    assert_eq!(fast_uris(&client, &old_keys).await, written);
+    // The client owns a runtime: it must not be dropped on this one's threads.
+    tokio::task::spawn_blocking(move || drop(client))
+        .await
+        .expect("drop");
 }

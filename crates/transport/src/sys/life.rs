@@ -52,7 +52,7 @@ pub(crate) fn process_page() -> Result<&'static SharedMemory> {
     PROCESS_PAGE
         .get_or_init(start_keeper)
         .clone()
-        .map_err(|why| TransportError::BadEndpoint(format!("process liveness page: {why}")))
+        .map_err(|why| TransportError::io("process liveness page", std::io::Error::other(why)))
 }
 
 /// Whether the process owning `page` (a peer's, mapped) still runs.
