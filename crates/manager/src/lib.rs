@@ -206,6 +206,7 @@ impl Manager {
                 .map_err(ManagerError::Thread)?;
         }
         let weak: Weak<Manager> = Arc::downgrade(&manager);
+        reports::spawn_reporter_sweep(weak.clone()).map_err(ManagerError::Thread)?;
         let on_health = weak.clone();
         manager
             .storages

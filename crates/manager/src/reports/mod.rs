@@ -15,13 +15,14 @@
 //!   never wait for each other;
 //! - a query sees a reporter only while it is live and within its heartbeat timeout; past
 //!   timeout + cleanup grace the reporter is unregistered (checked when its reporter or
-//!   any query of its instance touches it).
+//!   any query of its instance touches it, and by the background [`sweep`]).
 
 mod by_backend;
 mod gate;
 mod host_state;
 mod reporter;
 mod request;
+mod sweep;
 #[cfg(test)]
 mod tests;
 mod uri;
@@ -43,6 +44,7 @@ pub use host_state::{HostCacheState, HostStateQuery};
 
 use gate::Gate;
 use reporter::ReporterState;
+pub(crate) use sweep::spawn_reporter_sweep;
 
 /// One spec of a reported block, as the reporter sent it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,11 +14,15 @@ use crate::{Instance, Manager};
 /// A manager with an L1.5 event-report storage `er` (no snapshot cooldown) listed by group
 /// `g`, and instance `i` (spec `tp0`).
 fn reporting_manager() -> (Arc<Manager>, Arc<Instance>) {
-    let manager = Manager::new(test_deps()).expect("manager");
-    let timings = ReportTimings {
+    reporting_manager_with(ReportTimings {
         snapshot_min_interval_ms: 1,
         ..ReportTimings::default()
-    };
+    })
+}
+
+/// [`reporting_manager`] with `er`'s timings.
+fn reporting_manager_with(timings: ReportTimings) -> (Arc<Manager>, Arc<Instance>) {
+    let manager = Manager::new(test_deps()).expect("manager");
     manager
         .add_storage(StorageConfig {
             global_unique_name: "er".into(),
@@ -188,4 +192,65 @@ fn concurrent_deltas_and_snapshots_leave_one_generation_on_every_spec() {
             .is_empty()
     });
     assert_eq!(held.count(), stored(&manager, "h:1").1.len());
+}
+
+#[test]
+fn the_sweep_unregisters_expired_reporters_nobody_asks_about() {
+    let (manager, instance) = reporting_manager();
+    let add = ReportEvent::Add(block(7, "event_report://h:1/gpu/7?size=64"));
+    let report = |host: &str| {
+        manager
+            .report_event(&instance, &request(host, vec![add.clone()]))
+            .expect("report")
+    };
+    assert_eq!(report("h:1").results, [ItemResult::Ok]);
+    let now = std::time::Instant::now();
+    assert_eq!(manager.sweep_reporters(now), 0, "within its timeout");
+    let timings = ReportTimings::default();
+    let past = now
+        + std::time::Duration::from_millis(
+            timings.heartbeat_timeout_ms + timings.cleanup_grace_ms + 1,
+        );
+    assert_eq!(manager.sweep_reporters(past), 1);
+    assert_eq!(
+        stored(&manager, "h:1"),
+        (None, Vec::new()),
+        "its blocks are freed"
+    );
+    assert_eq!(
+        manager.sweep_reporters(past),
+        0,
+        "a tombstone is swept once"
+    );
+}
+
+#[test]
+fn the_sweeper_thread_runs_at_the_storages_interval() {
+    let (manager, instance) = reporting_manager_with(ReportTimings {
+        heartbeat_timeout_ms: 1,
+        cleanup_grace_ms: 1,
+        liveness_check_interval_ms: 10,
+        ..ReportTimings::default()
+    });
+    let add = ReportEvent::Add(block(7, "event_report://h:1/gpu/7?size=64"));
+    let outcome = manager
+        .report_event(&instance, &request("h:1", vec![add]))
+        .expect("report");
+    assert_eq!(outcome.results, [ItemResult::Ok]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while stored(&manager, "h:1").1.len() == 1 {
+        assert!(std::time::Instant::now() < deadline, "never swept");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let refused = manager
+        .report_event(
+            &instance,
+            &request("h:1", vec![ReportEvent::Add(block(8, "e://h:1/gpu/8"))]),
+        )
+        .expect("report");
+    assert_eq!(
+        refused.results,
+        [ItemResult::NotRegistered],
+        "tombstoned by the sweep"
+    );
 }
