@@ -71,7 +71,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Upstream trunk fields of 2026-02 messages, printed only when set: package, message,
 /// field, and the condition (on `self`) under which it is printed.
-const TRUNK_FIELDS: [(&str, &str, &str, &str); 7] = [
+const TRUNK_FIELDS: [(&str, &str, &str, &str); 11] = [
     (
         "kv_cache_manager.proto.meta",
         "InstanceInfo",
@@ -113,6 +113,30 @@ const TRUNK_FIELDS: [(&str, &str, &str, &str); 7] = [
         "ModelDeployment",
         "use_eagle_pop",
         "self.use_eagle_pop",
+    ),
+    (
+        "kv_cache_manager.proto.meta",
+        "TairMemPoolStorageSpec",
+        "service_discovery_url",
+        "!self.service_discovery_url.is_empty()",
+    ),
+    (
+        "kv_cache_manager.proto.meta",
+        "TairMemPoolStorageSpec",
+        "media_type",
+        "self.media_type != 0",
+    ),
+    (
+        "kv_cache_manager.proto.admin",
+        "TairMemPoolStorageSpec",
+        "service_discovery_url",
+        "!self.service_discovery_url.is_empty()",
+    ),
+    (
+        "kv_cache_manager.proto.admin",
+        "TairMemPoolStorageSpec",
+        "media_type",
+        "self.media_type != 0",
     ),
 ];
 

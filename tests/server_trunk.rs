@@ -614,3 +614,64 @@ async fn the_new_responses_answer_the_canonical_json() {
                "instance_group": [default_group]})
     );
 }
+
+/// The pool spec of `name` as ListStorage answers it.
+async fn listed_pool(server: &TestServer, name: &str) -> Value {
+    let listed = server.admin_http("listStorage", json!({})).await;
+    assert_eq!(code(&listed), "OK", "{listed}");
+    let storages = listed["storage"].as_array().expect("storages");
+    let found = storages.iter().find(|s| s["global_unique_name"] == name);
+    found.expect("listed")["tair_mem_pool"].clone()
+}
+
+#[tokio::test]
+async fn pool_discovery_url_and_media_type_are_checked_stored_and_survive_a_restart() {
+    let server = TestServer::start().await;
+    let pool = |name: &str, url: &str, media_type: i32| {
+        json!({"global_unique_name": name,
+               "tair_mem_pool": {"domain": "d", "timeout": 100,
+                                 "service_discovery_url": url, "media_type": media_type}})
+    };
+    let added = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": pool("mp", "static://10.0.0.1:7000,10.0.0.2:7000", 2)}),
+        )
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let plain = server
+        .admin_http("addStorage", json!({"storage": pool("plain", "", 0)}))
+        .await;
+    assert_eq!(code(&plain), "OK", "{plain}");
+    for (url, media_type, field) in [
+        ("", 5, "media_type"),
+        ("", 3, "media_type"),
+        ("http://x", 0, "service_discovery_url"),
+        ("static://h", 0, "service_discovery_url"),
+    ] {
+        let refused = server
+            .admin_http(
+                "addStorage",
+                json!({"storage": pool("bad", url, media_type)}),
+            )
+            .await;
+        assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused}");
+        let message = refused["header"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{message}");
+    }
+    let check = |spec: &Value| {
+        assert_eq!(
+            spec["service_discovery_url"], "static://10.0.0.1:7000,10.0.0.2:7000",
+            "{spec}"
+        );
+        assert_eq!(spec["media_type"], 2, "{spec}");
+    };
+    check(&listed_pool(&server, "mp").await);
+    let unset = listed_pool(&server, "plain").await;
+    assert!(
+        unset.get("service_discovery_url").is_none() && unset.get("media_type").is_none(),
+        "unset fields are not printed: {unset}"
+    );
+    let server = server.kill_and_restart().await;
+    check(&listed_pool(&server, "mp").await);
+}

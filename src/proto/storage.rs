@@ -119,6 +119,8 @@ pub fn from_wire(wire: &admin::StorageConfig) -> Result<StorageConfig, StorageCo
             domain: pool.domain,
             timeout: pool.timeout,
             enable_vipserver: pool.enable_vipserver,
+            service_discovery_url: pool.service_discovery_url,
+            media_type: pool.media_type,
         },
         Some(WireSpec::EventReport(spec)) => StorageSpec::EventReport {
             tier: tier.ok_or_else(|| StorageConfigError::EventReportType(name.clone(), 0))?,
@@ -188,10 +190,14 @@ pub fn to_wire(config: &StorageConfig) -> admin::StorageConfig {
             domain,
             timeout,
             enable_vipserver,
+            service_discovery_url,
+            media_type,
         } => WireSpec::TairMemPool(admin::TairMemPoolStorageSpec {
             domain,
             timeout,
             enable_vipserver,
+            service_discovery_url,
+            media_type,
         }),
         StorageSpec::EventReport { tier, timings } => {
             storage_type = EVENT_REPORT_TYPES
@@ -273,6 +279,7 @@ pub fn storage_config_json(config: &StorageConfig, is_available: bool) -> Value 
             domain,
             timeout,
             enable_vipserver,
+            ..
         } => (
             "pace",
             json!({"enable_vipserver": enable_vipserver, "domain": domain, "timeout": timeout}),

@@ -124,6 +124,8 @@ fn default_pool() -> StorageConfig {
             domain: "embedded".into(),
             timeout: 0,
             enable_vipserver: false,
+            service_discovery_url: String::new(),
+            media_type: 0,
         },
         check_storage_available_when_open: false,
     }

@@ -139,8 +139,15 @@ pub enum StorageSpec {
         domain: String,
         /// Connect / request timeout.
         timeout: i32,
-        /// Name-service discovery switch.
+        /// Name-service discovery switch (2026-02; upstream trunk reserves its number).
         enable_vipserver: bool,
+        /// Upstream trunk's discovery URL (`vipserver://…`, `spectrum://…`,
+        /// `static://h:p,h:p`; empty = use `domain`). Stored: kvcm's pool nodes register
+        /// themselves (docs/data-plane.md).
+        service_discovery_url: String,
+        /// Upstream trunk's medium: 0 unset, 2 DRAM (5 SSD needs ST_TAIRMEMPOOL_SSD, not
+        /// served).
+        media_type: i32,
     },
     /// A namespace of locations that cache subscribers report (ReportEvent); holds no bytes.
     EventReport {

@@ -82,8 +82,56 @@ fn check_spec(spec: &StorageSpec) -> Result<(), String> {
             required("storage_spec.meta_storage_uri", meta_storage_uri)
         }
         StorageSpec::Mooncake { .. } => check_mooncake(spec),
-        StorageSpec::TairMemPool { domain, .. } => required("storage_spec.domain", domain),
+        StorageSpec::TairMemPool {
+            domain,
+            service_discovery_url,
+            media_type,
+            ..
+        } => {
+            required("storage_spec.domain", domain)?;
+            check_discovery_url(service_discovery_url)?;
+            check_media_type(*media_type)
+        }
         StorageSpec::EventReport { timings, .. } => check_timings(timings),
+    }
+}
+
+/// A pool's discovery URL: empty, or `vipserver://`, `spectrum://` or `static://` with
+/// something after the scheme (`static://` a comma-separated list of `host:port`).
+fn check_discovery_url(url: &str) -> Result<(), String> {
+    const FIELD: &str = "storage_spec.service_discovery_url";
+    if url.is_empty() {
+        return Ok(());
+    }
+    let rest = ["vipserver://", "spectrum://", "static://"]
+        .iter()
+        .find_map(|scheme| url.strip_prefix(scheme).map(|rest| (*scheme, rest)));
+    let Some((scheme, rest)) = rest else {
+        return Err(format!(
+            "{FIELD} {url:?} must start with vipserver://, spectrum:// or static://"
+        ));
+    };
+    if rest.trim().is_empty() {
+        return Err(format!("{FIELD} {url:?} names nothing after {scheme}"));
+    }
+    if scheme == "static://" {
+        let bad = rest.split(',').find(|hp| {
+            hp.rsplit_once(':')
+                .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+        });
+        if let Some(bad) = bad {
+            return Err(format!("{FIELD}: {bad:?} is not host:port"));
+        }
+    }
+    Ok(())
+}
+
+/// A pool's medium: 0 (unset) or 2 (DRAM); 5 (SSD) belongs to ST_TAIRMEMPOOL_SSD.
+fn check_media_type(media_type: i32) -> Result<(), String> {
+    match media_type {
+        0 | 2 => Ok(()),
+        5 => Err("storage_spec.media_type 5 (SSD) needs storage type ST_TAIRMEMPOOL_SSD, which kvcm does not serve".into()),
+        other => Err(format!("storage_spec.media_type {other} is not 0 (unset) or 2 (DRAM)")),
     }
 }
 

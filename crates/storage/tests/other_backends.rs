@@ -111,6 +111,8 @@ fn vcns_is_unsupported_and_a_tair_mempool_opens_as_an_empty_pool() {
         domain: "pool".to_string(),
         timeout: 10,
         enable_vipserver: false,
+        service_discovery_url: String::new(),
+        media_type: 0,
     };
     let pool = open(config(pace)).expect("a memory pool opens");
     assert_eq!(pool.kind(), StorageKind::TairMemPool);

@@ -29,10 +29,16 @@ fn write_storage_type(out: &mut Writer, storage_type: StorageType) {
 impl Encode for StorageConfig {
     const KIND: Kind = Kind::Storage;
 
-    /// v3 for an event-report storage (upstream trunk), else v1.
+    /// v3 for an event-report storage, v4 for a pool with a discovery URL or a media type
+    /// (both upstream trunk), else v1.
     fn version(&self) -> u8 {
-        match self.spec {
+        match &self.spec {
             StorageSpec::EventReport { .. } => 3,
+            StorageSpec::TairMemPool {
+                service_discovery_url,
+                media_type,
+                ..
+            } if !service_discovery_url.is_empty() || *media_type != 0 => 4,
             _ => 1,
         }
     }
@@ -99,11 +105,17 @@ impl Encode for StorageConfig {
                 domain,
                 timeout,
                 enable_vipserver,
+                service_discovery_url,
+                media_type,
             } => {
                 out.u8(4);
                 out.str(domain);
                 out.i32(*timeout);
                 out.bool(*enable_vipserver);
+                if self.version() >= 4 {
+                    out.str(service_discovery_url);
+                    out.i32(*media_type);
+                }
             }
             StorageSpec::EventReport { tier, timings } => {
                 out.u8(5);
@@ -157,6 +169,12 @@ impl Encode for StorageConfig {
                 domain: input.string()?,
                 timeout: input.i32()?,
                 enable_vipserver: input.bool()?,
+                service_discovery_url: if version >= 4 {
+                    input.string()?
+                } else {
+                    String::new()
+                },
+                media_type: if version >= 4 { input.i32()? } else { 0 },
             },
             5 if version >= 3 => StorageSpec::EventReport {
                 tier: match input.u8()? {
@@ -174,11 +192,18 @@ impl Encode for StorageConfig {
             },
             _ => return Err(DecodeError::Invalid("an unknown storage spec")),
         };
-        Ok(StorageConfig {
+        let config = StorageConfig {
             global_unique_name,
             spec,
             check_storage_available_when_open,
-        })
+        };
+        if version >= 4 && config.version() != version {
+            // Each value is written in the oldest version that holds it.
+            return Err(DecodeError::Invalid(
+                "a storage in a newer version than its fields need",
+            ));
+        }
+        Ok(config)
     }
 }
 

@@ -547,3 +547,39 @@ fn the_v4_group_fixture_decodes_and_v4_headers_need_the_flag() {
         Err(DecodeError::Invalid(_))
     ));
 }
+
+/// A pool with upstream trunk's discovery URL and media type (a v4 feature).
+fn discovered_pool() -> StorageConfig {
+    StorageConfig {
+        global_unique_name: "pool".into(),
+        spec: StorageSpec::TairMemPool {
+            domain: "pool.domain".into(),
+            timeout: 100,
+            enable_vipserver: false,
+            service_discovery_url: "static://10.0.0.1:7000,10.0.0.2:7000".into(),
+            media_type: 2,
+        },
+        check_storage_available_when_open: false,
+    }
+}
+
+#[test]
+fn the_v4_pool_fixture_decodes_and_v4_headers_need_its_fields() {
+    check_fixture(4, "storage_pool_discovery.bin", discovered_pool());
+    let mut plain = discovered_pool();
+    plain.spec = StorageSpec::TairMemPool {
+        domain: "pool.domain".into(),
+        timeout: 100,
+        enable_vipserver: false,
+        service_discovery_url: String::new(),
+        media_type: 0,
+    };
+    assert_eq!(plain.encode()[2], 1, "a pool without them stays v1");
+    let mut padded = plain.encode();
+    padded[2] = 4;
+    padded.extend_from_slice(&[0; 8]);
+    assert!(matches!(
+        StorageConfig::decode(&padded),
+        Err(DecodeError::Invalid(_))
+    ));
+}

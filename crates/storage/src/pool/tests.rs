@@ -13,6 +13,8 @@ fn pool() -> MemPool {
             domain: "d".into(),
             timeout: 0,
             enable_vipserver: false,
+            service_discovery_url: String::new(),
+            media_type: 0,
         },
         check_storage_available_when_open: false,
     })

@@ -70,6 +70,8 @@ fn valid_configs_pass() {
             domain: "pool".to_string(),
             timeout: 10,
             enable_vipserver: false,
+            service_discovery_url: String::new(),
+            media_type: 0,
         },
     ] {
         let config = config(spec);
@@ -124,8 +126,45 @@ fn vcns_and_pace_need_their_fields() {
         domain: " ".to_string(),
         timeout: 10,
         enable_vipserver: false,
+        service_discovery_url: String::new(),
+        media_type: 0,
     };
     assert_refused(config(pace), "domain");
+}
+
+fn pool(url: &str, media_type: i32) -> StorageSpec {
+    StorageSpec::TairMemPool {
+        domain: "pool".to_string(),
+        timeout: 10,
+        enable_vipserver: false,
+        service_discovery_url: url.to_string(),
+        media_type,
+    }
+}
+
+#[test]
+fn pool_discovery_urls_and_media_types_are_checked() {
+    for (url, media_type) in [
+        ("", 0),
+        ("vipserver://kvcm.pool", 2),
+        ("spectrum://svc/pool", 0),
+        ("static://10.0.0.1:7000,h2:7001", 2),
+    ] {
+        let checked = config(pool(url, media_type)).validate();
+        assert!(checked.is_ok(), "{url} {media_type}: {checked:?}");
+    }
+    for url in [
+        "http://x",
+        "static://",
+        "static://h",
+        "static://h:99999",
+        "vipserver:// ",
+    ] {
+        assert_refused(config(pool(url, 0)), "service_discovery_url");
+    }
+    for media_type in [1, 5, -1] {
+        assert_refused(config(pool("", media_type)), "media_type");
+    }
 }
 
 #[test]
