@@ -21,6 +21,11 @@ use crate::{Result, TransportError};
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
+// The kernel writes the 32-bit futex word at `WORD`; it is read as the low half of an
+// 8-byte atomic, which is where it lies on little-endian machines only.
+#[cfg(not(target_endian = "little"))]
+compile_error!("sys/life.rs reads the futex word as the low half of a u64 (little-endian)");
+
 /// Bytes of the page peers map.
 pub(crate) const PAGE: usize = 4096;
 /// Offset of the 32-bit word in the page (the low half of an aligned 8-byte word on the
