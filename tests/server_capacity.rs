@@ -142,6 +142,12 @@ async fn capacity_metrics_are_reported(server: &TestServer) {
         ),
         "{text}"
     );
+    assert!(
+        text.contains(
+            r#"kvcm_capacity_type_used_bytes{instance_group="default",storage_type="ST_NFS"}"#
+        ),
+        "{text}"
+    );
 }
 
 /// The value of the first series named `name` in a GetMetrics answer.

@@ -1,5 +1,5 @@
 //! Capacity metrics (docs/capacity.md) in GetMetrics and `GET /metrics`: per group its quota
-//! and usage, per instance its bytes and keys, the reclaimer's passes and evictions, and per
+//! and usage in all and per storage type (types with a quota or bytes), per instance its bytes and keys, the reclaimer's passes and evictions, and per
 //! storage whether it is enabled, healthy (its latest probe passed) and so available.
 //! Counters are `int_value`, gauges `float_value` on the wire (fact sheet §16.4).
 
@@ -39,6 +39,17 @@ fn samples(manager: &Manager) -> Vec<Sample> {
             group.quota_bytes,
         ));
         out.push(gauge("capacity.group_used_bytes", tags, used));
+        for per_type in &group.per_type {
+            let tags = vec![
+                ("instance_group", group.name.clone()),
+                ("storage_type", type_name(per_type.storage_type)),
+            ];
+            let used = per_type.used_bytes.unwrap_or(i64::MAX);
+            out.push(gauge("capacity.type_used_bytes", tags.clone(), used));
+            if let Some(quota) = per_type.quota_bytes {
+                out.push(gauge("capacity.type_quota_bytes", tags, quota));
+            }
+        }
     }
     for group in &report {
         for instance in &group.instances {
@@ -64,6 +75,13 @@ fn samples(manager: &Manager) -> Vec<Sample> {
     }
     out.sort_by_key(|s| s.name);
     out
+}
+
+/// The wire name of a storage type (`ST_NFS`, …), as a label.
+fn type_name(storage_type: kvcm_manager::StorageType) -> String {
+    let number = super::wire_admin::storage_type_number(storage_type);
+    admin::StorageType::try_from(number)
+        .map_or_else(|_| number.to_string(), |t| t.as_str_name().to_string())
 }
 
 fn counter(name: &'static str, tags: Vec<(&'static str, String)>, value: u64) -> Sample {

@@ -74,7 +74,7 @@ pub use journal::{FsyncPolicy, JournalConfig, JournalError, JournalStats, Recove
 pub use leader::Leadership;
 pub use local_index::local_index_factory;
 pub use publication::{Publication, ServingLocation, StorageWeights};
-pub use quota::{GroupCapacity, InstanceCapacity};
+pub use quota::{GroupCapacity, InstanceCapacity, TypeCapacity};
 pub use read::{BlockLocation, CacheLookup, CacheMeta, LocationView, PartView, RenderedPart};
 pub use registration::InstanceInfo;
 pub use remove::TrimStrategy;

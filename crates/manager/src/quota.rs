@@ -236,8 +236,42 @@ pub struct GroupCapacity {
     pub quota_bytes: i64,
     /// Bytes its instances store (`None`: past `i64::MAX`).
     pub used_bytes: Option<i64>,
+    /// Per storage type (quota slots, VCNS 3FS counted as 3FS) that has a quota or usage.
+    pub per_type: Vec<TypeCapacity>,
     /// Its instances.
     pub instances: Vec<InstanceCapacity>,
+}
+
+/// A group's quota and usage of one storage type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeCapacity {
+    /// The type (its quota slot).
+    pub storage_type: StorageType,
+    /// Its type quota, if the group has one.
+    pub quota_bytes: Option<i64>,
+    /// Bytes of the type the group's instances store (`None`: past `i64::MAX`).
+    pub used_bytes: Option<i64>,
+}
+
+/// The types of `group` with a quota or usage, in [`StorageType::ALL`] order.
+fn per_type(group: &GroupConfig, usage: &GroupUsage) -> Vec<TypeCapacity> {
+    let slots = StorageType::ALL
+        .into_iter()
+        .filter(|t| *t != StorageType::Unspecified && !t.is_event_report() && t.quota_type() == *t);
+    let quota_of = |t: StorageType| {
+        let limits = group.quota.as_ref().map(|q| q.per_type.as_slice());
+        let limit = limits.unwrap_or(&[]).iter();
+        let mut own = limit.filter(|limit| limit.storage_type.quota_type() == t);
+        own.next().map(|limit| limit.capacity)
+    };
+    slots
+        .map(|t| TypeCapacity {
+            storage_type: t,
+            quota_bytes: quota_of(t),
+            used_bytes: usage.of(t),
+        })
+        .filter(|c| c.quota_bytes.is_some() || c.used_bytes != Some(0))
+        .collect()
 }
 
 /// An instance's usage as the metrics report it.
@@ -258,19 +292,23 @@ impl Manager {
         instances.sort_by(|a, b| a.id().cmp(b.id()));
         self.list_groups()
             .iter()
-            .map(|group| GroupCapacity {
-                name: group.name.clone(),
-                quota_bytes: group.quota.as_ref().map_or(0, |q| q.capacity),
-                used_bytes: self.group_usage(&group.name).total(),
-                instances: instances
-                    .iter()
-                    .filter(|i| i.group() == group.name)
-                    .map(|i| InstanceCapacity {
-                        instance_id: i.id().clone(),
-                        used_bytes: i.usage().total(),
-                        keys: i.index.len().unwrap_or(0),
-                    })
-                    .collect(),
+            .map(|group| {
+                let usage = self.group_usage(&group.name);
+                GroupCapacity {
+                    name: group.name.clone(),
+                    quota_bytes: group.quota.as_ref().map_or(0, |q| q.capacity),
+                    used_bytes: usage.total(),
+                    per_type: per_type(group, &usage),
+                    instances: instances
+                        .iter()
+                        .filter(|i| i.group() == group.name)
+                        .map(|i| InstanceCapacity {
+                            instance_id: i.id().clone(),
+                            used_bytes: i.usage().total(),
+                            keys: i.index.len().unwrap_or(0),
+                        })
+                        .collect(),
+                }
             })
             .collect()
     }

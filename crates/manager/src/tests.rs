@@ -339,6 +339,17 @@ fn a_type_quota_excludes_its_type_until_deletes_free_room() {
         matches!(refused, Err(ManagerError::NoSpace(_))),
         "{refused:?}"
     );
+    // The capacity report (metrics) carries the type's quota and usage.
+    let report = fx.manager.capacity_report();
+    let per_type = &report.iter().find(|g| g.name == "g").expect("g").per_type;
+    assert_eq!(
+        per_type.as_slice(),
+        [crate::TypeCapacity {
+            storage_type: StorageType::Nfs,
+            quota_bytes: Some(200),
+            used_bytes: Some(200),
+        }]
+    );
     fx.manager
         .finish_write(&instance, &first.session_id, &BlockMask::Offset(0))
         .expect("fail both blocks");
