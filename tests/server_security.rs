@@ -6,7 +6,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{code, http_exchange, TestServer};
+use common::{code, http_exchange, nfs_group, nfs_storage, TestServer};
 use serde_json::{json, Value};
 
 const TOKENS: &str = "kvcm.service.admin_auth_token= first-secret , second-secret ";
@@ -304,22 +304,6 @@ async fn an_answer_estimated_beyond_max_response_bytes_is_refused() {
     assert_eq!(code(&served), "OK", "{served}");
 }
 
-fn nfs_storage(name: &str, root: &std::path::Path) -> Value {
-    json!({"global_unique_name": name,
-           "nfs": {"root_path": format!("{}/", root.display()), "key_count_per_file": 1}})
-}
-
-fn group(name: &str, storage: &str) -> Value {
-    json!({"name": name, "storage_candidates": [storage], "global_quota_group_name": name,
-           "quota": {"capacity": "1000000000"},
-           "cache_config": {"reclaim_strategy": {"storage_unique_name": storage},
-                            "data_storage_strategy": "CPS_PREFER_3FS",
-                            "meta_indexer_config": {"mutex_shard_num": 16,
-                                "meta_cache_policy_config": {"type": "lru"},
-                                "meta_storage_backend_config": {"storage_type": "local"}}},
-           "version": 1})
-}
-
 #[tokio::test]
 async fn names_longer_than_a_path_component_are_refused_naming_the_field() {
     let server = TestServer::start().await;
@@ -362,7 +346,7 @@ async fn names_longer_than_a_path_component_are_refused_naming_the_field() {
     let created = server
         .admin_http(
             "createInstanceGroup",
-            json!({"instance_group": group(&long(256), "default_file")}),
+            json!({"instance_group": nfs_group(&long(256), &["default_file"])}),
         )
         .await;
     assert_invalid(&created, "instance_group.name", "256-byte group name");
@@ -451,7 +435,7 @@ async fn client_names_never_make_files_outside_the_storage_root() {
     let created = server
         .admin_http(
             "createInstanceGroup",
-            json!({"instance_group": group("walk", "walk")}),
+            json!({"instance_group": nfs_group("walk", &["walk"])}),
         )
         .await;
     assert_eq!(code(&created), "OK", "{created}");

@@ -3,25 +3,9 @@
 
 mod common;
 
-use common::{admin_code, code, grpc_code, new_keys, TestServer};
+use common::{admin_code, code, grpc_code, new_keys, nfs_group, nfs_storage, TestServer};
 use kvcm::proto::{admin, meta};
 use serde_json::{json, Value};
-
-fn nfs_storage(name: &str, root: &std::path::Path) -> Value {
-    json!({"global_unique_name": name,
-           "nfs": {"root_path": format!("{}/", root.display()), "key_count_per_file": 1}})
-}
-
-fn group(name: &str, candidates: &[&str]) -> Value {
-    json!({"name": name, "storage_candidates": candidates, "global_quota_group_name": name,
-           "quota": {"capacity": "1000000000"},
-           "cache_config": {"reclaim_strategy": {"storage_unique_name": candidates[0]},
-                            "data_storage_strategy": "CPS_PREFER_3FS",
-                            "meta_indexer_config": {"mutex_shard_num": 16,
-                                "meta_cache_policy_config": {"type": "lru"},
-                                "meta_storage_backend_config": {"storage_type": "local"}}},
-           "version": 1})
-}
 
 /// Adds NFS storages `names` (in their own directories) and a group `g` over them, in
 /// that order, and registers `inst` in it.
@@ -36,7 +20,7 @@ async fn instance_over_storages(server: &TestServer, names: &[&str]) {
     let created = server
         .admin_http(
             "createInstanceGroup",
-            json!({"instance_group": group("g", names)}),
+            json!({"instance_group": nfs_group("g", names)}),
         )
         .await;
     assert_eq!(code(&created), "OK", "{created}");
@@ -217,7 +201,7 @@ async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
         )
         .await;
     assert_eq!(code(&added), "OK", "{added}");
-    let mut trunk = group("trunk", &["nfs_t"]);
+    let mut trunk = nfs_group("trunk", &["nfs_t"]);
     trunk["extra_info"] = json!("{\"tier\":\"gold\"}");
     trunk["revisit_interval_buckets"] = json!("1,5,30,60");
     trunk["cache_config"]["meta_indexer_config"]["mutex_enabled"] = json!(false);
@@ -228,7 +212,7 @@ async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
 
     // Bad buckets: INVALID_ARGUMENT naming the field; nothing created or changed.
     for bad in ["1,,5", "5,1", "0,3", "a", "-1"] {
-        let mut refused = group("refused", &["nfs_t"]);
+        let mut refused = nfs_group("refused", &["nfs_t"]);
         refused["revisit_interval_buckets"] = json!(bad);
         let answer = server
             .admin_http("createInstanceGroup", json!({"instance_group": refused}))
@@ -237,7 +221,7 @@ async fn group_trunk_fields_are_stored_listed_and_survive_a_restart() {
         let message = answer["header"]["status"]["message"].as_str().unwrap();
         assert!(message.contains("revisit_interval_buckets"), "{message}");
     }
-    let mut stale = group("trunk", &["nfs_t"]);
+    let mut stale = nfs_group("trunk", &["nfs_t"]);
     stale["revisit_interval_buckets"] = json!("3,2");
     stale["version"] = json!(2);
     let answer = server

@@ -12,27 +12,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{code, uris, wait_until, TestServer};
+use common::{code, nfs_group, nfs_storage, uris, wait_until, TestServer};
 use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
-use serde_json::{json, Value};
+use serde_json::json;
 
 const PROBE_MS: u64 = 100;
-
-fn nfs_storage(name: &str, root: &Path) -> Value {
-    json!({"global_unique_name": name,
-           "nfs": {"root_path": format!("{}/", root.display()), "key_count_per_file": 1}})
-}
-
-fn two_storage_group() -> Value {
-    json!({"name": "gh", "storage_candidates": ["nfs_a", "nfs_b"], "global_quota_group_name": "gh",
-           "quota": {"capacity": "1000000000"},
-           "cache_config": {"reclaim_strategy": {"storage_unique_name": "nfs_a"},
-                            "data_storage_strategy": "CPS_PREFER_3FS",
-                            "meta_indexer_config": {"mutex_shard_num": 16,
-                                "meta_cache_policy_config": {"type": "lru"},
-                                "meta_storage_backend_config": {"storage_type": "local"}}},
-           "version": 1})
-}
 
 /// A read-only bind mount of a directory over itself, undone on drop.
 struct ReadOnly(PathBuf);
@@ -158,7 +142,7 @@ async fn an_unwritable_storage_fails_over_and_comes_back() {
     let created = server
         .admin_http(
             "createInstanceGroup",
-            json!({"instance_group": two_storage_group()}),
+            json!({"instance_group": nfs_group("gh", &["nfs_a", "nfs_b"])}),
         )
         .await;
     assert_eq!(code(&created), "OK", "{created}");

@@ -296,6 +296,30 @@ impl TestServer {
     }
 }
 
+/// An AddStorage body for an NFS storage at `root` (one block per file).
+pub fn nfs_storage(name: &str, root: &std::path::Path) -> Value {
+    json!({"global_unique_name": name,
+           "nfs": {"root_path": format!("{}/", root.display()), "key_count_per_file": 1}})
+}
+
+/// An instance group over `candidates` (reclaiming from the first), quota 1 GB, version 1.
+pub fn nfs_group(name: &str, candidates: &[&str]) -> Value {
+    group_preferring(name, candidates, "CPS_PREFER_3FS", "1000000000")
+}
+
+/// An instance group over `candidates` (reclaiming from the first) with prefer strategy
+/// `strategy` and a `capacity`-byte quota, version 1.
+pub fn group_preferring(name: &str, candidates: &[&str], strategy: &str, capacity: &str) -> Value {
+    json!({"name": name, "storage_candidates": candidates, "global_quota_group_name": name,
+           "quota": {"capacity": capacity},
+           "cache_config": {"reclaim_strategy": {"storage_unique_name": candidates[0]},
+                            "data_storage_strategy": strategy,
+                            "meta_indexer_config": {"mutex_shard_num": 16,
+                                "meta_cache_policy_config": {"type": "lru"},
+                                "meta_storage_backend_config": {"storage_type": "local"}}},
+           "version": 1})
+}
+
 /// A RegisterInstance body for group `default`.
 pub fn registration(instance_id: &str, block_size: i64) -> Value {
     json!({

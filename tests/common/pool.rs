@@ -99,14 +99,7 @@ pub fn pool_storage(name: &str) -> Value {
 }
 
 pub fn group(name: &str, candidates: &[&str]) -> Value {
-    json!({"name": name, "storage_candidates": candidates, "global_quota_group_name": name,
-           "quota": {"capacity": "1000000000000"},
-           "cache_config": {"reclaim_strategy": {"storage_unique_name": candidates[0]},
-                            "data_storage_strategy": "CPS_PREFER_TAIR_MEMPOOL",
-                            "meta_indexer_config": {"mutex_shard_num": 16,
-                                "meta_cache_policy_config": {"type": "lru"},
-                                "meta_storage_backend_config": {"storage_type": "local"}}},
-           "version": 1})
+    super::group_preferring(name, candidates, "CPS_PREFER_TAIR_MEMPOOL", "1000000000000")
 }
 
 impl PoolProcess {

@@ -123,6 +123,18 @@ fn mutations(bytes: &[u8]) -> Vec<Vec<u8>> {
 
 /// Decoding every damaged copy either fails or yields some object, never panics, and never
 /// allocates more than the budget.
+/// `value` re-headed as `version` with `padding` zero bytes appended (a shape no build
+/// writes) decodes as `Invalid`: each value is written in the oldest version that holds it.
+fn assert_reheaded_is_invalid<T: Encode + std::fmt::Debug>(value: &T, version: u8, padding: usize) {
+    let mut bytes = value.encode();
+    bytes[2] = version;
+    bytes.extend(std::iter::repeat_n(0, padding));
+    assert!(
+        matches!(T::decode(&bytes), Err(DecodeError::Invalid(_))),
+        "{value:?} as v{version}"
+    );
+}
+
 fn assert_hostile_inputs_are_safe<T: Encode>(bytes: &[u8]) {
     for damaged in mutations(bytes) {
         let (_, allocated) = decode_counted::<T>(&damaged);
@@ -423,13 +435,7 @@ fn a_group_with_trunk_fields_is_v2_and_round_trips() {
         })
     );
     // A v2 header on a group whose trunk fields are empty is not what any build writes.
-    let mut padded = group().encode();
-    padded[2] = 2;
-    padded.extend_from_slice(&[0; 8]);
-    assert!(matches!(
-        GroupConfig::decode(&padded),
-        Err(DecodeError::Invalid(_))
-    ));
+    assert_reheaded_is_invalid(&group(), 2, 8);
 }
 
 /// A group with event-report candidates (a v3 feature).
@@ -476,28 +482,11 @@ fn defaulted_instance() -> InstanceInfo {
 #[test]
 fn v3_headers_carry_only_v3_values() {
     // A v3 header on a group without candidates is not what any build writes.
-    let mut padded = trunk_group().encode();
-    padded[2] = 3;
-    padded.extend_from_slice(&[0; 4]);
-    assert!(matches!(
-        GroupConfig::decode(&padded),
-        Err(DecodeError::Invalid(_))
-    ));
-    let mut padded = instance().encode();
-    padded[2] = 3;
-    padded.push(0);
-    assert!(matches!(
-        InstanceInfo::decode(&padded),
-        Err(DecodeError::Invalid(_))
-    ));
+    assert_reheaded_is_invalid(&trunk_group(), 3, 4);
+    assert_reheaded_is_invalid(&instance(), 3, 1);
     assert_eq!(instance().encode()[2], 1, "no default query type: v1");
     // An older header cannot carry the event-report spec.
-    let mut older = storage_event_report().encode();
-    older[2] = 2;
-    assert!(matches!(
-        StorageConfig::decode(&older),
-        Err(DecodeError::Invalid(_))
-    ));
+    assert_reheaded_is_invalid(&storage_event_report(), 2, 0);
 }
 
 /// An instance in upstream trunk's EaglePop mode (a v4 feature), with a default query type.
@@ -507,28 +496,6 @@ fn eagle_pop_instance() -> InstanceInfo {
     info
 }
 
-#[test]
-fn the_v4_fixture_decodes() {
-    check_fixture(4, "instance_eagle_pop.bin", eagle_pop_instance());
-}
-
-#[test]
-fn v4_headers_carry_only_v4_values() {
-    // A v4 header on an instance without `use_eagle_pop` is not what any build writes.
-    let mut padded = defaulted_instance().encode();
-    padded[2] = 4;
-    padded.push(0);
-    assert!(matches!(
-        InstanceInfo::decode(&padded),
-        Err(DecodeError::Invalid(_))
-    ));
-    // Nor is a v3 header on one with it (the flag would be a trailing byte).
-    let mut older = eagle_pop_instance().encode();
-    older[2] = 3;
-    assert!(InstanceInfo::decode(&older).is_err());
-    assert_eq!(defaulted_instance().encode()[2], 3);
-}
-
 /// A group with upstream trunk's `mutex_enabled = false` (a v4 feature).
 fn unlocked_group() -> GroupConfig {
     let mut group = reported_group();
@@ -536,50 +503,38 @@ fn unlocked_group() -> GroupConfig {
     group
 }
 
-#[test]
-fn the_v4_group_fixture_decodes_and_v4_headers_need_the_flag() {
-    check_fixture(4, "group_mutex_disabled.bin", unlocked_group());
-    let mut padded = reported_group().encode();
-    padded[2] = 4;
-    padded.push(0);
-    assert!(matches!(
-        GroupConfig::decode(&padded),
-        Err(DecodeError::Invalid(_))
-    ));
-}
-
-/// A pool with upstream trunk's discovery URL and media type (a v4 feature).
-fn discovered_pool() -> StorageConfig {
+/// A pool with upstream trunk's discovery URL and media type (a v4 feature), or without.
+fn pool(service_discovery_url: &str, media_type: i32) -> StorageConfig {
     StorageConfig {
         global_unique_name: "pool".into(),
         spec: StorageSpec::TairMemPool {
             domain: "pool.domain".into(),
             timeout: 100,
             enable_vipserver: false,
-            service_discovery_url: "static://10.0.0.1:7000,10.0.0.2:7000".into(),
-            media_type: 2,
+            service_discovery_url: service_discovery_url.into(),
+            media_type,
         },
         check_storage_available_when_open: false,
     }
 }
 
 #[test]
-fn the_v4_pool_fixture_decodes_and_v4_headers_need_its_fields() {
-    check_fixture(4, "storage_pool_discovery.bin", discovered_pool());
-    let mut plain = discovered_pool();
-    plain.spec = StorageSpec::TairMemPool {
-        domain: "pool.domain".into(),
-        timeout: 100,
-        enable_vipserver: false,
-        service_discovery_url: String::new(),
-        media_type: 0,
-    };
-    assert_eq!(plain.encode()[2], 1, "a pool without them stays v1");
-    let mut padded = plain.encode();
-    padded[2] = 4;
-    padded.extend_from_slice(&[0; 8]);
-    assert!(matches!(
-        StorageConfig::decode(&padded),
-        Err(DecodeError::Invalid(_))
-    ));
+fn the_v4_fixtures_decode() {
+    check_fixture(4, "instance_eagle_pop.bin", eagle_pop_instance());
+    check_fixture(4, "group_mutex_disabled.bin", unlocked_group());
+    let discovered = pool("static://10.0.0.1:7000,10.0.0.2:7000", 2);
+    check_fixture(4, "storage_pool_discovery.bin", discovered);
+}
+
+#[test]
+fn v4_headers_carry_only_v4_values() {
+    assert_eq!(defaulted_instance().encode()[2], 3);
+    assert_eq!(pool("", 0).encode()[2], 1, "a pool without them stays v1");
+    assert_reheaded_is_invalid(&defaulted_instance(), 4, 1);
+    assert_reheaded_is_invalid(&reported_group(), 4, 1);
+    assert_reheaded_is_invalid(&pool("", 0), 4, 8);
+    // Nor is a v3 header on a v4 value (its flag would be a trailing byte).
+    let mut older = eagle_pop_instance().encode();
+    older[2] = 3;
+    assert!(InstanceInfo::decode(&older).is_err());
 }
