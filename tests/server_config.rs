@@ -36,7 +36,7 @@ async fn env_overrides_the_toml_file_and_variables_override_env() {
 #[test]
 fn invalid_settings_stop_the_start_with_the_key_named() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--env", "kvcm.service.rpc_port=99999"],
             "kvcm.service.rpc_port",
@@ -49,6 +49,18 @@ fn invalid_settings_stop_the_start_with_the_key_named() {
         (
             &["--env", "kvcm.journal.fsync=sometimes"],
             "kvcm.journal.fsync",
+        ),
+        (
+            &["--env", "kvcm.service.storage_root_allow_list=relative/dir"],
+            "kvcm.service.storage_root_allow_list",
+        ),
+        // A list that leaves out the embedded default storage (under the data dir).
+        (
+            &[
+                "--env",
+                "kvcm.service.storage_root_allow_list=/nonexistent-kvcm-roots",
+            ],
+            "kvcm.service.storage_root_allow_list",
         ),
         (
             &[

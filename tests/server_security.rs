@@ -409,6 +409,49 @@ async fn storage_roots_in_system_directories_are_refused() {
     assert_eq!(code(&added), "OK", "{added}");
 }
 
+#[tokio::test]
+async fn storage_roots_outside_the_allow_list_are_refused() {
+    // The server's data dir and `allowed` lie in the temporary directory; `outside` does not.
+    let temp = std::env::temp_dir().canonicalize().expect("temp dir");
+    let outside = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("outside dir");
+    assert!(
+        !outside.path().starts_with(&temp),
+        "{outside:?} lies in {temp:?}"
+    );
+    let setting = format!("kvcm.service.storage_root_allow_list={}", temp.display());
+    let server = TestServer::start_with(&[&setting]).await;
+    let target = outside.path().join("kv");
+    let refused = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": nfs_storage("out", &target)}),
+        )
+        .await;
+    assert_invalid(
+        &refused,
+        "kvcm.service.storage_root_allow_list",
+        "outside root",
+    );
+    assert!(!target.exists(), "nothing was created outside the list");
+    let allowed = server.dir.path().join("allowed");
+    let added = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": nfs_storage("in", &allowed)}),
+        )
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    // An update may not move a storage out of the list either.
+    let moved = server
+        .admin_http(
+            "updateStorage",
+            json!({"storage": nfs_storage("in", &target)}),
+        )
+        .await;
+    assert_invalid(&moved, "kvcm.service.storage_root_allow_list", "update");
+    assert!(!target.exists(), "nothing was created outside the list");
+}
+
 /// Every file under `dir`, recursively.
 fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();

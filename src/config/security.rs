@@ -9,6 +9,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use kvcm_manager::ManagerLimits;
+use kvcm_storage::AllowedRoots;
 
 use super::{parse, ConfigError};
 
@@ -104,10 +105,13 @@ pub struct SecurityConfig {
     /// `kvcm.service.max_sessions_per_instance`, `max_instances_per_group`,
     /// `max_reporters_per_instance`.
     pub manager: ManagerLimits,
+    /// `kvcm.service.storage_root_allow_list`: directories file-tier roots must lie in
+    /// (comma-separated; empty = anywhere but the system directories).
+    pub allowed_roots: AllowedRoots,
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 10] = [
+pub const SECURITY_KEYS: [&str; 11] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.service.bind_host",
@@ -118,6 +122,7 @@ pub const SECURITY_KEYS: [&str; 10] = [
     "kvcm.service.max_sessions_per_instance",
     "kvcm.service.max_instances_per_group",
     "kvcm.service.max_reporters_per_instance",
+    "kvcm.service.storage_root_allow_list",
 ];
 
 impl SecurityConfig {
@@ -144,6 +149,13 @@ impl SecurityConfig {
             }
             "kvcm.service.max_reporters_per_instance" => {
                 self.manager.max_reporters_per_instance = positive(key, value)?
+            }
+            "kvcm.service.storage_root_allow_list" => {
+                self.allowed_roots =
+                    AllowedRoots::parse(value).map_err(|reason| ConfigError::InvalidValue {
+                        key: key.to_string(),
+                        reason,
+                    })?
             }
             "kvcm.service.idle_timeout_ms" => {
                 connections.idle_timeout_ms = positive(key, value)? as u64
@@ -237,5 +249,26 @@ mod tests {
             .set("kvcm.service.max_response_bytes", "1024")
             .unwrap();
         assert_eq!(config.limits.max_response_bytes, 1024);
+    }
+
+    #[test]
+    fn the_root_allow_list_is_parsed_and_bad_entries_name_the_key() {
+        let mut config = SecurityConfig::default();
+        config
+            .set("kvcm.service.storage_root_allow_list", "/data/kv, /mnt/3fs")
+            .unwrap();
+        assert_eq!(config.allowed_roots.prefixes(), ["/data/kv", "/mnt/3fs"]);
+        let error = config
+            .set("kvcm.service.storage_root_allow_list", "data")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("kvcm.service.storage_root_allow_list"),
+            "{error}"
+        );
+        config
+            .set("kvcm.service.storage_root_allow_list", "")
+            .unwrap();
+        assert!(config.allowed_roots.is_empty());
     }
 }

@@ -36,6 +36,7 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         pool_timing: config.pool.timing(),
         reclaim_period: config.reclaimer.period(),
         limits: config.security.manager,
+        allowed_roots: config.security.allowed_roots.clone(),
     })?;
     // Each node recovers its own journal before it campaigns (nothing is shared between
     // nodes' local journals); a node that wins then serves what it recovered.

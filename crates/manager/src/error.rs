@@ -17,9 +17,9 @@ pub enum ManagerError {
         /// What is wrong with it.
         detail: String,
     },
-    /// A storage config cannot be used.
-    #[error("invalid storage config: {0}")]
-    InvalidStorage(#[source] StorageError),
+    /// A storage config cannot be used (the storage error says why).
+    #[error(transparent)]
+    InvalidStorage(StorageError),
     /// The operation exists in the reference but has no sound meaning here.
     #[error("unsupported: {0}")]
     Unsupported(String),

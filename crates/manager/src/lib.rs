@@ -110,6 +110,9 @@ pub struct ManagerDeps {
     pub reclaim_period: Option<std::time::Duration>,
     /// Limits on what clients may open.
     pub limits: ManagerLimits,
+    /// Where file-tier roots may lie (`kvcm.service.storage_root_allow_list`; empty = anywhere
+    /// the storage checks allow).
+    pub allowed_roots: kvcm_storage::AllowedRoots,
 }
 
 /// Limits on what clients may open; beyond one, REACH_MAX_ENTITY_CAPACITY naming its key.
@@ -176,6 +179,7 @@ impl Manager {
         let storages = Arc::new(StorageTable::new(
             deps.storage_probe_interval,
             deps.pool_timing,
+            deps.allowed_roots,
         )?);
         let feed = ChangeFeed::default();
         let (deletes, jobs) = mpsc::channel();

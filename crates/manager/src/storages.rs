@@ -12,7 +12,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use kvcm_storage::pool::PoolTiming;
-use kvcm_storage::{DataStorage, StorageConfig, StorageError, StorageRegistry};
+use kvcm_storage::{AllowedRoots, DataStorage, StorageConfig, StorageError, StorageRegistry};
 
 use super::entry::{LocationRef, StorageHandle};
 use super::error::{ManagerError, ManagerResult};
@@ -59,12 +59,18 @@ pub struct StorageTable {
     incarnations: Incarnations,
     /// Given to every memory pool registered.
     pool_timing: PoolTiming,
+    /// Where file-tier roots may lie (`kvcm.service.storage_root_allow_list`).
+    allowed_roots: AllowedRoots,
 }
 
 impl StorageTable {
     /// An empty table; with `probe_interval`, storages are health-probed in the background.
-    /// Memory pools get `pool_timing`.
-    pub fn new(probe_interval: Option<Duration>, pool_timing: PoolTiming) -> ManagerResult<Self> {
+    /// Memory pools get `pool_timing`; file tiers must lie in `allowed_roots`.
+    pub fn new(
+        probe_interval: Option<Duration>,
+        pool_timing: PoolTiming,
+        allowed_roots: AllowedRoots,
+    ) -> ManagerResult<Self> {
         let registry = match probe_interval {
             Some(interval) => StorageRegistry::with_health_probes(interval)?,
             None => StorageRegistry::new(),
@@ -74,6 +80,7 @@ impl StorageTable {
             current: RwLock::default(),
             incarnations: Arc::default(),
             pool_timing,
+            allowed_roots,
         })
     }
 
@@ -84,7 +91,7 @@ impl StorageTable {
 
     /// Validates, opens and registers a storage (available at once).
     pub fn add(&self, config: StorageConfig) -> ManagerResult<()> {
-        config.validate().map_err(ManagerError::InvalidStorage)?;
+        self.validate(&config)?;
         let mut current = write_lock(&self.current);
         self.check_handles_left()?;
         let name = config.global_unique_name.clone();
@@ -99,7 +106,7 @@ impl StorageTable {
     /// (remove + add). Should the add still fail, the old one is restored, or, if even that
     /// fails, forgotten (never a stale entry).
     pub fn update(&self, config: StorageConfig) -> ManagerResult<()> {
-        config.validate().map_err(ManagerError::InvalidStorage)?;
+        self.validate(&config)?;
         let name = config.global_unique_name.clone();
         let mut current = write_lock(&self.current);
         if !current.contains_key(&name) {
@@ -128,6 +135,14 @@ impl StorageTable {
         self.registry.remove(name)?;
         current.remove(name);
         Ok(())
+    }
+
+    /// The config's own checks, then the allow-list of roots.
+    fn validate(&self, config: &StorageConfig) -> ManagerResult<()> {
+        config
+            .validate()
+            .and_then(|()| self.allowed_roots.check(config))
+            .map_err(ManagerError::InvalidStorage)
     }
 
     /// Refuses a registration when every handle is taken.

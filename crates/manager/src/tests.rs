@@ -41,6 +41,7 @@ pub(crate) fn test_deps() -> ManagerDeps {
         pool_timing: Default::default(),
         reclaim_period: None,
         limits: Default::default(),
+        allowed_roots: Default::default(),
     }
 }
 

@@ -5,6 +5,8 @@
 //! The control plane holds backends as `Arc<dyn DataStorage>`; it never parses a URI itself.
 
 pub mod allocator;
+mod allowed_roots;
+pub use allowed_roots::AllowedRoots;
 mod backends;
 mod block_file;
 mod kind;
