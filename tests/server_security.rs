@@ -252,14 +252,14 @@ async fn issue_request(server: &TestServer) -> Value {
 #[tokio::test]
 async fn the_issues_615k_missing_keys_are_refused_by_default() {
     let server = TestServer::start_with(&["kvcm.service.http_max_body_bytes=8388608"]).await;
-    let idle = rss_bytes(server.pid());
+    let idle = common::rss_bytes(server.pid());
     let refused = issue_request(&server).await;
     assert_invalid(
         &refused,
         "kvcm.service.max_keys_per_request = 131072",
         "615k keys",
     );
-    let after = rss_bytes(server.pid());
+    let after = common::rss_bytes(server.pid());
     assert!(
         after < idle + (256 << 20),
         "RSS grew from {idle} to {after} bytes"
@@ -267,19 +267,6 @@ async fn the_issues_615k_missing_keys_are_refused_by_default() {
 }
 
 /// Resident set size of process `pid` (Linux `/proc/<pid>/status`).
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .expect("kB");
-    kib << 10
-}
 
 #[tokio::test]
 async fn an_answer_estimated_beyond_max_response_bytes_is_refused() {
