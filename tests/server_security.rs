@@ -606,6 +606,79 @@ async fn a_listener_full_of_idle_connections_leaves_the_others_answering() {
     );
 }
 
+/// Sends `bytes` one at a time, `every` apart (each before the idle timeout), until the
+/// server closes the connection; what the server sent, or `None` if every byte went out
+/// and the connection stayed open `grace` after the last.
+async fn trickle(
+    stream: &mut tokio::net::TcpStream,
+    bytes: &[u8],
+    every: std::time::Duration,
+    grace: std::time::Duration,
+) -> Option<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut answer = Vec::new();
+    for byte in bytes {
+        tokio::select! {
+            _ = stream.read_to_end(&mut answer) => return Some(answer),
+            _ = tokio::time::sleep(every) => {}
+        }
+        if stream.write_all(std::slice::from_ref(byte)).await.is_err() {
+            return Some(answer);
+        }
+    }
+    let closed = tokio::time::timeout(grace, stream.read_to_end(&mut answer)).await;
+    closed.is_ok().then_some(answer)
+}
+
+#[tokio::test]
+async fn a_trickled_request_head_or_body_meets_its_deadline() {
+    use std::time::{Duration, Instant};
+    use tokio::io::AsyncWriteExt;
+    let settings = [
+        "kvcm.service.idle_timeout_ms=60000",
+        "kvcm.service.header_timeout_ms=1000",
+        "kvcm.service.body_timeout_ms=1000",
+    ];
+    let server = TestServer::start_with(&settings).await;
+    let every = Duration::from_millis(100);
+    let routes = [
+        ("http", "/api/getClusterInfo"),
+        ("admin_http", "/api/listStorage"),
+        ("debug_http", "/api/clearFaults"),
+    ];
+    for (listener, route) in routes {
+        // A head that never ends, one byte per 100 ms: closed at the header deadline.
+        let mut stream = tokio::net::TcpStream::connect(server.address(listener))
+            .await
+            .expect("connect");
+        let started = Instant::now();
+        let head = [b"POST /api/x HTTP/1.1\r\nX: ".as_slice(), &[b'a'; 100]].concat();
+        let closed = trickle(&mut stream, &head, every, Duration::from_secs(5)).await;
+        assert!(closed.is_some(), "{listener}: a 10 s head is cut");
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "{listener}: closed after {took:?}"
+        );
+
+        // A whole head, then a body of 100 bytes, one per 100 ms: 408 at the body deadline.
+        let mut stream = tokio::net::TcpStream::connect(server.address(listener))
+            .await
+            .expect("connect");
+        let head = format!("POST {route} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.expect("head");
+        let answer = trickle(&mut stream, &[b' '; 100], every, Duration::from_secs(5)).await;
+        let answer =
+            String::from_utf8_lossy(&answer.expect("the server answers and closes")).into_owned();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{listener}: {answer:?}");
+        assert!(answer.ends_with("{}"), "{listener}: {answer:?}");
+    }
+    // A request that keeps to both deadlines is served as before.
+    let (status, _) =
+        common::http_request(server.address("http"), "POST", "/api/getClusterInfo", b"{}").await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test]
 async fn open_sessions_per_instance_and_instances_per_group_are_bounded() {
     let settings = [

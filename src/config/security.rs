@@ -76,6 +76,12 @@ pub struct ConnectionLimits {
     /// `kvcm.service.idle_timeout_ms`: a connection without progress for this long (half
     /// a header, a stalled body, an idle keep-alive) is closed.
     pub idle_timeout_ms: u64,
+    /// `kvcm.service.header_timeout_ms`: an HTTP request head not complete this long after
+    /// its first byte closes the connection, however steadily it trickles in.
+    pub header_timeout_ms: u64,
+    /// `kvcm.service.body_timeout_ms`: an HTTP request body not complete this long after its
+    /// head is answered 408 `{}`.
+    pub body_timeout_ms: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -83,6 +89,8 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             per_listener: 4096,
             idle_timeout_ms: 60_000,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
         }
     }
 }
@@ -100,7 +108,8 @@ pub struct SecurityConfig {
     pub bind_host: Option<IpAddr>,
     /// `kvcm.service.max_keys_per_request`, `max_response_bytes`.
     pub limits: RequestLimits,
-    /// `kvcm.service.max_connections_per_listener`, `idle_timeout_ms`.
+    /// `kvcm.service.max_connections_per_listener`, `idle_timeout_ms`, `header_timeout_ms`,
+    /// `body_timeout_ms`.
     pub connections: ConnectionLimits,
     /// `kvcm.service.max_sessions_per_instance`, `max_instances_per_group`,
     /// `max_reporters_per_instance`.
@@ -111,7 +120,7 @@ pub struct SecurityConfig {
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 11] = [
+pub const SECURITY_KEYS: [&str; 13] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.service.bind_host",
@@ -119,6 +128,8 @@ pub const SECURITY_KEYS: [&str; 11] = [
     "kvcm.service.max_response_bytes",
     "kvcm.service.max_connections_per_listener",
     "kvcm.service.idle_timeout_ms",
+    "kvcm.service.header_timeout_ms",
+    "kvcm.service.body_timeout_ms",
     "kvcm.service.max_sessions_per_instance",
     "kvcm.service.max_instances_per_group",
     "kvcm.service.max_reporters_per_instance",
@@ -159,6 +170,12 @@ impl SecurityConfig {
             }
             "kvcm.service.idle_timeout_ms" => {
                 connections.idle_timeout_ms = positive(key, value)? as u64
+            }
+            "kvcm.service.header_timeout_ms" => {
+                connections.header_timeout_ms = positive(key, value)? as u64
+            }
+            "kvcm.service.body_timeout_ms" => {
+                connections.body_timeout_ms = positive(key, value)? as u64
             }
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }

@@ -11,7 +11,6 @@
 
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -47,16 +46,16 @@ impl Admission {
     }
 
     /// Waits for a free slot, then accepts one connection (Nagle off).
-    async fn admit(&self, listener: &TcpListener) -> (Admitted, SocketAddr) {
+    async fn admit(&self, listener: &TcpListener) -> Admitted {
         let Ok(permit) = self.permits.clone().acquire_owned().await else {
             // The semaphore is never closed; should it be, accept nothing more.
             return std::future::pending().await;
         };
         loop {
             match listener.accept().await {
-                Ok((stream, peer)) => {
+                Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
-                    return (Admitted::new(stream, permit, self.idle), peer);
+                    return Admitted::new(stream, permit, self.idle);
                 }
                 Err(error) => {
                     tracing::warn!("accepting a connection failed: {error}");
@@ -172,7 +171,7 @@ impl Connected for Admitted {
     }
 }
 
-/// An admitted TCP listener, for `axum::serve`.
+/// An admitted TCP listener.
 #[derive(Debug)]
 pub struct AdmittedListener {
     listener: TcpListener,
@@ -188,25 +187,17 @@ impl AdmittedListener {
         }
     }
 
-    /// The admitted connections, for tonic's `serve_with_incoming`.
-    pub fn incoming(self) -> impl tokio_stream::Stream<Item = io::Result<Admitted>> {
-        futures_util::stream::unfold(self, |this| async move {
-            let (connection, _) = this.admission.admit(&this.listener).await;
-            Some((Ok(connection), this))
-        })
-    }
-}
-
-impl axum::serve::Listener for AdmittedListener {
-    type Io = Admitted;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Admitted, SocketAddr) {
+    /// Waits for a free slot, then accepts one connection.
+    pub async fn accept(&self) -> Admitted {
         self.admission.admit(&self.listener).await
     }
 
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.listener.local_addr()
+    /// The admitted connections, for tonic's `serve_with_incoming`.
+    pub fn incoming(self) -> impl tokio_stream::Stream<Item = io::Result<Admitted>> {
+        futures_util::stream::unfold(self, |this| async move {
+            let connection = this.admission.admit(&this.listener).await;
+            Some((Ok(connection), this))
+        })
     }
 }
 
@@ -229,10 +220,9 @@ mod tests {
     async fn a_full_listener_accepts_nothing_until_a_connection_closes() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
-        let mut admitted =
-            AdmittedListener::new(listener, Admission::new(1, Duration::from_secs(60)));
+        let admitted = AdmittedListener::new(listener, Admission::new(1, Duration::from_secs(60)));
         let _first = TcpStream::connect(address).await.expect("connect");
-        let (held, _) = axum::serve::Listener::accept(&mut admitted).await;
+        let held = admitted.accept().await;
         let _second = TcpStream::connect(address).await.expect("backlog");
         let blocked = tokio::time::timeout(
             Duration::from_millis(200),
@@ -240,10 +230,7 @@ mod tests {
         );
         assert!(blocked.await.is_err(), "no slot while the first is open");
         drop(held);
-        let next = tokio::time::timeout(
-            Duration::from_secs(5),
-            axum::serve::Listener::accept(&mut admitted),
-        );
+        let next = tokio::time::timeout(Duration::from_secs(5), admitted.accept());
         assert!(next.await.is_ok(), "the freed slot admits the next");
     }
 
@@ -254,7 +241,7 @@ mod tests {
         let address = listener.local_addr().expect("address");
         let admission = Admission::new(1, Duration::from_millis(100));
         let _client = TcpStream::connect(address).await.expect("connect");
-        let (mut connection, _) = admission.admit(&listener).await;
+        let mut connection = admission.admit(&listener).await;
         let mut byte = [0u8; 1];
         let read = tokio::time::timeout(Duration::from_secs(5), connection.read(&mut byte));
         let error = read

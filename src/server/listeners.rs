@@ -45,6 +45,8 @@ pub struct RunningServer {
     tasks: Vec<(&'static str, JoinHandle<Result<(), String>>)>,
     /// Connections per listener and their idle timeout.
     connections: (usize, Duration),
+    /// How long an HTTP request head may take (`kvcm.service.header_timeout_ms`).
+    header_timeout: Duration,
 }
 
 impl RunningServer {
@@ -181,11 +183,15 @@ pub async fn start(
         stop,
         tasks: Vec::new(),
         connections: connection_budget(config),
+        header_timeout: Duration::from_millis(config.security.connections.header_timeout_ms),
     };
     for key in &config.ignored_keys {
         tracing::warn!(key = %key, "ignoring a config key kvcm does not use");
     }
-    let limit = config.http_max_body_bytes;
+    let limit = http::HttpLimits {
+        max_body_bytes: config.http_max_body_bytes,
+        body_timeout: Duration::from_millis(config.security.connections.body_timeout_ms),
+    };
     let debug = config.enable_debug_service;
     let security = &config.security;
     let auth = handlers.core.auth.clone();
@@ -283,13 +289,12 @@ impl RunningServer {
         let listener = listen.bind().await?;
         self.announce(name, &listener)?;
         let listener = self.admitted(listener);
-        let shutdown = stopped(stop.clone());
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await
-                .map_err(|e| e.to_string())
-        });
+        let task = tokio::spawn(super::http_serve::serve(
+            listener,
+            router,
+            self.header_timeout,
+            stop.clone(),
+        ));
         self.tasks.push((name, task));
         Ok(())
     }

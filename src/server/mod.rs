@@ -5,6 +5,7 @@
 mod admission;
 mod bootstrap;
 mod election;
+mod http_serve;
 mod listeners;
 
 use std::path::PathBuf;

@@ -1,13 +1,14 @@
 //! The HTTP edge: `POST /api/<lowerCamelRpc>` with protobuf-JSON bodies (wire fact sheet
 //! §2.2, §7). Application errors answer 200 with the status in the header; a body that is
 //! not a JSON object of the request's shape answers 400 `{}`; a body over the configured
-//! limit answers 413 `{}`. The admin router also serves Prometheus text at `GET /metrics`
-//! and the leader health probe `GET /api/healthy`.
+//! limit answers 413 `{}`, one that takes longer than the configured deadline 408 `{}`. The
+//! admin router also serves Prometheus text at `GET /metrics` and the leader health probe
+//! `GET /api/healthy`.
 //! Decoding judges no enum number: a body becomes the message the same gRPC request carries
 //! (see [`crate::proto::json`]), so the handlers answer both transports alike.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, StatusCode};
@@ -27,10 +28,19 @@ use crate::proto::json::{self, JsonBody};
 /// Body of every non-200 answer.
 const EMPTY_OBJECT: &str = "{}";
 
+/// What one HTTP request body may be: its size and the time it may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// `kvcm.service.http_max_body_bytes`: a larger body is answered 413 `{}`.
+    pub max_body_bytes: usize,
+    /// `kvcm.service.body_timeout_ms`: a body not complete within it is answered 408 `{}`.
+    pub body_timeout: Duration,
+}
+
 /// Reads, decodes, calls (as `mode` says), encodes.
 async fn json_rpc<Req, Resp>(
     body: Body,
-    limit: usize,
+    limits: HttpLimits,
     mode: Mode,
     call: impl FnOnce(Req) -> Resp + Send + 'static,
 ) -> Response
@@ -39,8 +49,11 @@ where
     Resp: JsonBody + Send + 'static,
 {
     let started = Instant::now();
-    let Ok(bytes) = axum::body::to_bytes(body, limit).await else {
-        return json_answer(StatusCode::PAYLOAD_TOO_LARGE, EMPTY_OBJECT.into());
+    let read = axum::body::to_bytes(body, limits.max_body_bytes);
+    let bytes = match tokio::time::timeout(limits.body_timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => return json_answer(StatusCode::PAYLOAD_TOO_LARGE, EMPTY_OBJECT.into()),
+        Err(_) => return json_answer(StatusCode::REQUEST_TIMEOUT, EMPTY_OBJECT.into()),
     };
     let Ok(request) = json::decode::<Req>(&bytes) else {
         return json_answer(StatusCode::BAD_REQUEST, EMPTY_OBJECT.into());
@@ -71,7 +84,7 @@ fn json_answer(status: StatusCode, body: Vec<u8>) -> Response {
 pub(super) fn route<Req, Resp>(
     router: Router,
     rpc: &'static Rpc,
-    limit: usize,
+    limits: HttpLimits,
     call: impl Fn(Req) -> Resp + Clone + Send + Sync + 'static,
 ) -> Router
 where
@@ -82,14 +95,14 @@ where
         rpc.route,
         post(move |body: Body| {
             let call = call.clone();
-            async move { json_rpc(body, limit, rpc.mode, call).await }
+            async move { json_rpc(body, limits, rpc.mode, call).await }
         }),
     )
 }
 
 /// The meta HTTP router.
-pub fn meta_router(handler: MetaHandler, limit: usize) -> Router {
-    rpcs::meta_router(handler, limit)
+pub fn meta_router(handler: MetaHandler, limits: HttpLimits) -> Router {
+    rpcs::meta_router(handler, limits)
 }
 
 /// Body of `GET /api/healthy` on a healthy leader.
@@ -100,10 +113,10 @@ const HEALTHY: &str = r#"{"status":"OK"}"#;
 pub fn admin_router(
     handler: AdminHandler,
     core: Arc<Core>,
-    limit: usize,
+    limits: HttpLimits,
     prometheus_prefix: Option<&str>,
 ) -> Router {
-    let router = rpcs::admin_routes(handler.clone(), limit);
+    let router = rpcs::admin_routes(handler.clone(), limits);
     let router = router.route("/api/healthy", get(move || healthy(handler.clone())));
     let Some(prefix) = prometheus_prefix else {
         return router;
@@ -142,6 +155,6 @@ async fn healthy(handler: AdminHandler) -> Response {
 }
 
 /// The debug HTTP router.
-pub fn debug_router(handler: DebugHandler, limit: usize) -> Router {
-    rpcs::debug_router(handler, limit)
+pub fn debug_router(handler: DebugHandler, limits: HttpLimits) -> Router {
+    rpcs::debug_router(handler, limits)
 }

@@ -135,12 +135,12 @@ macro_rules! rpc_table {
             }
 
             #[doc = concat!("The HTTP router of ", stringify!($trait), ".")]
-            pub fn $router(handler: $handler, limit: usize) -> Router {
+            pub fn $router(handler: $handler, limits: super::http::HttpLimits) -> Router {
                 let router = Router::new();
                 $(
                     let router = {
                         let handler = handler.clone();
-                        super::http::route(router, &$module::$constant, limit, move |request| {
+                        super::http::route(router, &$module::$constant, limits, move |request| {
                             http_call!(handler, request, $method $(, $http)?)
                         })
                     };
