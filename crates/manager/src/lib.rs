@@ -33,6 +33,9 @@ pub mod encoding;
 pub mod entry;
 mod error;
 pub mod feed;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod group_config;
 mod groups;
 mod incarnations;

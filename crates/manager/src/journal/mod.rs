@@ -42,6 +42,8 @@ use std::time::Duration;
 
 use kvcm_index::LogTicket;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use record::nesting as record_nesting;
 pub(crate) use record::Record;
 pub use recover::RecoveryReport;
 pub(crate) use sink::InstanceLog;

@@ -198,6 +198,32 @@ impl Record {
     }
 }
 
+/// Fuzzing only: `bytes` as the payload of each kind of record that nests an object (a
+/// storage config, group, instance, account, or one entry of an `Entries` record).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn nesting(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut records = Vec::new();
+    for tag in [STORAGE, INCARNATION, GROUP, INSTANCE, ACCOUNT] {
+        let mut out = Writer::default();
+        out.u8(tag);
+        if matches!(tag, STORAGE | INCARNATION) {
+            out.u16(1);
+        }
+        out.blob(bytes);
+        records.push(out.finish());
+    }
+    let mut out = Writer::default();
+    out.u8(ENTRIES);
+    out.str("instance");
+    out.len(1);
+    out.i64(7);
+    out.u8(1);
+    out.blob(bytes);
+    out.len(0);
+    records.push(out.finish());
+    records
+}
+
 fn named(out: &mut Writer, tag: u8, name: &str) {
     out.u8(tag);
     out.str(name);
