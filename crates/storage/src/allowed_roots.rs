@@ -84,21 +84,7 @@ impl AllowedRoots {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn config(spec: StorageSpec) -> StorageConfig {
-        StorageConfig {
-            global_unique_name: "tier-1".into(),
-            spec,
-            check_storage_available_when_open: false,
-        }
-    }
-
-    fn nfs(root: &str) -> StorageConfig {
-        config(StorageSpec::Nfs {
-            root_path: root.into(),
-            key_count_per_file: 1,
-        })
-    }
+    use crate::test_support::{config, nfs};
 
     #[test]
     fn roots_must_lie_in_a_listed_directory_by_components() {
@@ -111,10 +97,10 @@ mod tests {
             "/data/./kv/b",
             "/mnt/x",
         ] {
-            assert!(allowed.check(&nfs(root)).is_ok(), "{root}");
+            assert!(allowed.check(&config(nfs(root))).is_ok(), "{root}");
         }
         for root in ["/data", "/data/kv2", "/data/k", "/tmp/kv", "/mnt"] {
-            let error = allowed.check(&nfs(root)).unwrap_err().to_string();
+            let error = allowed.check(&config(nfs(root))).unwrap_err().to_string();
             assert!(
                 error.contains("storage_spec.root_path")
                     && error.contains("kvcm.service.storage_root_allow_list"),
@@ -142,7 +128,9 @@ mod tests {
 
     #[test]
     fn an_empty_list_allows_every_root_and_bad_entries_are_named() {
-        assert!(AllowedRoots::default().check(&nfs("/anywhere")).is_ok());
+        assert!(AllowedRoots::default()
+            .check(&config(nfs("/anywhere")))
+            .is_ok());
         assert_eq!(AllowedRoots::parse(" , ").unwrap(), AllowedRoots::default());
         assert!(AllowedRoots::parse("/a,relative")
             .unwrap_err()

@@ -1,6 +1,23 @@
-//! Builders of allocation requests for the crate's unit tests.
+//! Builders of storage configs and allocation requests for the crate's unit tests.
 
-use crate::{BlockSpec, BlockToAllocate};
+use crate::{BlockSpec, BlockToAllocate, StorageConfig, StorageSpec};
+
+/// A storage `store_1` with this spec, not probed at open.
+pub(crate) fn config(spec: StorageSpec) -> StorageConfig {
+    StorageConfig {
+        global_unique_name: "store_1".to_string(),
+        spec,
+        check_storage_available_when_open: false,
+    }
+}
+
+/// An NFS spec rooted at `root_path`, 8 blocks per file.
+pub(crate) fn nfs(root_path: &str) -> StorageSpec {
+    StorageSpec::Nfs {
+        root_path: root_path.to_string(),
+        key_count_per_file: 8,
+    }
+}
 
 /// Parts named `tp0`, `tp1`, ... with these sizes.
 pub(crate) fn specs(sizes: &[i64]) -> Vec<BlockSpec> {

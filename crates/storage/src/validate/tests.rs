@@ -1,21 +1,7 @@
 //! One test per rule of `StorageConfig::validate`.
 
+use crate::test_support::{config, nfs};
 use crate::{StorageConfig, StorageError, StorageSpec};
-
-fn config(spec: StorageSpec) -> StorageConfig {
-    StorageConfig {
-        global_unique_name: "store_1".to_string(),
-        spec,
-        check_storage_available_when_open: false,
-    }
-}
-
-fn nfs(root_path: &str) -> StorageSpec {
-    StorageSpec::Nfs {
-        root_path: root_path.to_string(),
-        key_count_per_file: 8,
-    }
-}
 
 fn three_fs(mountpoint: &str, root_dir: &str) -> StorageSpec {
     StorageSpec::ThreeFs {
