@@ -76,8 +76,10 @@ pub struct ConnectionLimits {
     /// `kvcm.service.idle_timeout_ms`: a connection without progress for this long (half
     /// a header, a stalled body, an idle keep-alive) is closed.
     pub idle_timeout_ms: u64,
-    /// `kvcm.service.header_timeout_ms`: an HTTP request head not complete this long after
-    /// its first byte closes the connection, however steadily it trickles in.
+    /// `kvcm.service.header_timeout_ms`: an HTTP connection that has waited this long for a
+    /// request head without receiving all of it is closed, however steadily the head
+    /// trickles in (the clock starts when the connection starts waiting, so an idle
+    /// keep-alive connection is closed after it too).
     pub header_timeout_ms: u64,
     /// `kvcm.service.body_timeout_ms`: an HTTP request body not complete this long after its
     /// head is answered 408 `{}`.
@@ -89,7 +91,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             per_listener: 4096,
             idle_timeout_ms: 60_000,
-            header_timeout_ms: 10_000,
+            header_timeout_ms: 30_000,
             body_timeout_ms: 30_000,
         }
     }

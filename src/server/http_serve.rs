@@ -1,9 +1,11 @@
 //! Serves an HTTP router on an admitted listener with hyper's HTTP/1.1 connection builder
 //! (in place of `axum::serve`, which cannot bound how long a request head may take).
 //!
-//! Invariants: a request head must be complete within `kvcm.service.header_timeout_ms` of
-//! its first byte, however steadily it trickles in (the idle timeout alone would keep a
-//! client sending one byte per interval); the body's deadline is the handlers'
+//! Invariants: a connection waiting for a request head gets all of it within
+//! `kvcm.service.header_timeout_ms`, however steadily it trickles in (the idle timeout alone
+//! would keep a client sending one byte per interval), or is closed; hyper starts that clock
+//! when the connection starts waiting, so an idle keep-alive connection is closed after it
+//! too. The body's deadline is the handlers'
 //! (`kvcm.service.body_timeout_ms`, [`crate::service::http`]). On stop the listener accepts
 //! nothing more and every open connection finishes its in-flight request, then closes.
 
