@@ -18,13 +18,14 @@ use tower::ServiceExt;
 type Request = tonic::codegen::http::Request<Full<Bytes>>;
 type Response = tonic::codegen::http::Response<tonic::body::Body>;
 
+/// The gRPC path of `rpc` (the generated services' names).
 fn path(rpc: &Rpc) -> String {
-    let (package, service) = match rpc.service {
-        Service::Meta => ("meta", "MetaService"),
-        Service::Admin => ("admin", "AdminService"),
-        Service::Debug => ("debug", "DebugService"),
+    let service = match rpc.service {
+        Service::Meta => kvcm::proto::meta::meta_service_server::SERVICE_NAME,
+        Service::Admin => kvcm::proto::admin::admin_service_server::SERVICE_NAME,
+        Service::Debug => kvcm::proto::debug::debug_service_server::SERVICE_NAME,
     };
-    format!("/kv_cache_manager.proto.{package}.{service}/{}", rpc.name)
+    format!("/{service}/{}", rpc.name)
 }
 
 /// A gRPC request carrying `message` as its one length-prefixed, uncompressed message.
