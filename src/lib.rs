@@ -7,10 +7,12 @@
 //! `kvcm-transport` (verbs-shaped RDMA API) and `kvcm-optimizer` (trace replay).
 //! See docs/ARCHITECTURE.md for the module map.
 
+pub mod access_log;
 pub mod config;
 pub mod events;
 mod handshakes;
 pub mod http_json;
+pub mod logs;
 pub mod lookup;
 pub mod pool;
 pub mod proto;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kvcm::config::ServerConfig;
-use kvcm::service::{Handlers, LogLevelSetter};
+use kvcm::service::{Handlers, LogLevelSetter, LogSinks};
 
 mod bench;
 
@@ -128,12 +128,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
         let events = kvcm::events::EventLog::from_config(&config)?;
-        let handlers = Handlers::with_events(
-            manager,
-            Some(log_level),
-            events.sink(),
-            config.security.limits,
-        );
+        let access = kvcm::access_log::AccessLog::from_config(&config)?;
+        let logs = LogSinks {
+            events: events.sink(),
+            access: access.sink(),
+        };
+        let handlers = Handlers::with_logs(manager, Some(log_level), logs, config.security.limits);
         let server = kvcm::server::start(&config, handlers).await?;
         if let Some(path) = &args.ready_file {
             server.write_ready_file(path)?;
@@ -142,6 +142,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down");
         server.stop().await?;
         events.close()?;
+        access.close()?;
         anyhow::Ok(())
     })
 }

@@ -265,12 +265,23 @@ async fn a_disabled_log_writes_nothing_and_a_moved_log_writes_there() {
 }
 
 #[test]
-fn bad_event_log_settings_stop_the_start_with_the_key_named() {
+fn bad_event_and_access_log_settings_stop_the_start_with_the_key_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let not_a_dir = dir.path().join("file");
     std::fs::write(&not_a_dir, b"x").expect("write");
     let moved = format!("kvcm.event_log.dir={}", not_a_dir.display());
+    let access_moved = format!("kvcm.access_log.dir={}", not_a_dir.display());
     let cases = [
+        (access_moved.as_str(), "access log"),
+        (
+            "kvcm.access_log.max_file_bytes=0",
+            "kvcm.access_log.max_file_bytes",
+        ),
+        ("kvcm.access_log.bodies=maybe", "kvcm.access_log.bodies"),
+        (
+            "kvcm.access_log.max_body_bytes=-1",
+            "kvcm.access_log.max_body_bytes",
+        ),
         (
             "kvcm.event_log.max_file_bytes=0",
             "kvcm.event_log.max_file_bytes",

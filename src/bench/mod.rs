@@ -86,10 +86,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         data_dir: data_dir.clone(),
         ..ServerConfig::default()
     };
-    // `KVCM_EVENT_LOG_ENABLED=false` measures the server without its event log,
-    // `KVCM_JOURNAL_FSYNC=never` (or `KVCM_JOURNAL_ENABLED=false`) with a lighter journal.
+    // `KVCM_EVENT_LOG_ENABLED=false` / `KVCM_ACCESS_LOG_ENABLED=false` measure the server
+    // without its event / access log, `KVCM_JOURNAL_FSYNC=never` (or
+    // `KVCM_JOURNAL_ENABLED=false`) with a lighter journal.
     let keys = kvcm::config::EVENT_LOG_KEYS
         .iter()
+        .chain(&kvcm::config::ACCESS_LOG_KEYS)
         .chain(&kvcm::config::JOURNAL_KEYS);
     for key in keys {
         if let Ok(value) = std::env::var(kvcm::config::env_name(key)) {
@@ -98,14 +100,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     config.validate()?;
     let events = kvcm::events::EventLog::from_config(&config)?;
+    let access = kvcm::access_log::AccessLog::from_config(&config)?;
+    let logs = kvcm::service::LogSinks {
+        events: events.sink(),
+        access: access.sink(),
+    };
     let (grpc, http, echo_grpc, echo_http) = server_runtime.block_on(async {
         let manager = kvcm::server::embedded_manager(&config)?;
-        let handlers = kvcm::service::Handlers::with_events(
-            manager,
-            None,
-            events.sink(),
-            config.security.limits,
-        );
+        let handlers =
+            kvcm::service::Handlers::with_logs(manager, None, logs, config.security.limits);
         let server = kvcm::server::start(&config, handlers).await?;
         let answers = seed(&server.handlers.meta)?;
         let echo_http = echo::spawn_http_echo(answers.clone()).await?;
@@ -144,9 +147,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })?;
-    let sink = events.sink();
+    let (sink, access_sink) = (events.sink(), access.sink());
     events.close()?;
-    println!("event log: {} events dropped", sink.dropped());
+    access.close()?;
+    println!(
+        "event log: {} events dropped; access log: {} lines dropped",
+        sink.dropped(),
+        access_sink.dropped()
+    );
     index::run(args.index_keys);
     let _ = std::fs::remove_dir_all(&data_dir);
     Ok(())

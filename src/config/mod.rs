@@ -4,8 +4,9 @@
 //! then validated. Keys are the reference's dotted names; a TOML file may nest them
 //! (`[kvcm.service] rpc_port = 6381`) or quote them (`"kvcm.service.rpc_port" = 6381`).
 
-mod event_log;
+mod access_log;
 mod journal;
+mod log_files;
 mod metrics;
 mod reclaimer;
 mod security;
@@ -16,8 +17,9 @@ use std::time::Duration;
 
 use kvcm_manager::leader::{ElectorSettings, LockUri};
 
-pub use event_log::{EventLogConfig, EVENT_LOG_KEYS};
+pub use access_log::{AccessLogConfig, ACCESS_LOG_KEYS};
 pub use journal::{JournalSettings, JOURNAL_KEYS};
+pub use log_files::{EventLogConfig, LogFilesConfig, EVENT_LOG_KEYS};
 pub use metrics::{MetricsConfig, METRICS_KEYS};
 pub use reclaimer::{ReclaimerConfig, RECLAIMER_KEYS};
 pub use security::{AdminTokens, ConnectionLimits, RequestLimits, SecurityConfig, SECURITY_KEYS};
@@ -85,6 +87,8 @@ pub struct ServerConfig {
     pub ignored_keys: Vec<String>,
     /// `kvcm.event_log.*`: the event log the optimizer replays.
     pub event_log: EventLogConfig,
+    /// `kvcm.access_log.*`: one line per served RPC.
+    pub access_log: AccessLogConfig,
     /// `kvcm.lookup.enabled`, `kvcm.lookup.bind`: the published lookup tables.
     pub lookup: crate::lookup::LookupConfig,
     /// `kvcm.pool.*`: memory-pool membership timing and the embedded pool node.
@@ -121,6 +125,7 @@ impl Default for ServerConfig {
             custom_info: String::new(),
             ignored_keys: Vec::new(),
             event_log: EventLogConfig::default(),
+            access_log: AccessLogConfig::default(),
             lookup: crate::lookup::LookupConfig::default(),
             pool: crate::pool::PoolConfig::default(),
             journal: JournalSettings::default(),
@@ -132,7 +137,8 @@ impl Default for ServerConfig {
     }
 }
 
-/// Every key except [`EVENT_LOG_KEYS`], in the order they are documented.
+/// Every key except those of the logs, journal, metrics, reclaimer and security, in the
+/// order they are documented.
 pub const KEYS: [&str; 20] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
@@ -197,7 +203,11 @@ impl ServerConfig {
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
             "kvcm.storage.probe_interval_ms" => self.storage_probe_interval_ms = parse(key, value)?,
-            _ if key.starts_with("kvcm.event_log.") => self.event_log.set(key, value)?,
+            _ if key.starts_with("kvcm.event_log.") => {
+                self.event_log
+                    .set(log_files::EVENT_LOG_PREFIX, key, value)?
+            }
+            _ if key.starts_with("kvcm.access_log.") => self.access_log.set(key, value)?,
             _ if METRICS_KEYS.contains(&key) => self.metrics.set(key, value)?,
             _ if RECLAIMER_KEYS.contains(&key) => self.reclaimer.set(key, value)?,
             _ if SECURITY_KEYS.contains(&key) => self.security.set(key, value)?,
@@ -246,7 +256,8 @@ impl ServerConfig {
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        let keys = KEYS.iter().chain(&EVENT_LOG_KEYS).chain(&JOURNAL_KEYS);
+        let logs = EVENT_LOG_KEYS.iter().chain(&ACCESS_LOG_KEYS);
+        let keys = KEYS.iter().chain(logs).chain(&JOURNAL_KEYS);
         for key in keys
             .chain(&METRICS_KEYS)
             .chain(&RECLAIMER_KEYS)
@@ -293,7 +304,8 @@ impl ServerConfig {
             let key = reason.split_whitespace().next().unwrap_or("kvcm.pool");
             return Err(invalid(key, &reason));
         }
-        self.event_log.validate()?;
+        self.event_log.validate(log_files::EVENT_LOG_PREFIX)?;
+        self.access_log.validate()?;
         self.metrics.validate()?;
         self.reclaimer.validate()?;
         self.journal.validate()
@@ -359,7 +371,14 @@ impl ServerConfig {
 
     /// Where the event log is written: `kvcm.event_log.dir`, else `<data_dir>/events`.
     pub fn event_log_dir(&self) -> PathBuf {
-        self.event_log.resolved_dir(&self.data_dir)
+        let subdir = log_files::EVENT_LOG_SUBDIR;
+        self.event_log.resolved_dir(&self.data_dir, subdir)
+    }
+
+    /// Where the access log is written: `kvcm.access_log.dir`, else `<data_dir>/access`.
+    pub fn access_log_dir(&self) -> PathBuf {
+        let subdir = access_log::ACCESS_LOG_SUBDIR;
+        self.access_log.files.resolved_dir(&self.data_dir, subdir)
     }
 
     /// Whether Admin (and Debug) gRPC share the main gRPC listener.

@@ -2,7 +2,6 @@
 //! as cheap to build as possible. The writer thread turns records into schema-v1 lines.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use kvcm_index::BlockKey;
 use kvcm_optimizer::trace::events::{Event, EventType, EVENT_LOG_VERSION};
@@ -55,13 +54,6 @@ pub enum Record {
         /// The evicted keys, in key order.
         keys: Vec<BlockKey>,
     },
-}
-
-/// Microseconds since the Unix epoch (0 if the clock is before it).
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// The `u64` written for a wire key (same bits).

@@ -2,19 +2,12 @@
 //! offers it with a non-blocking `try_send`; a full (or closed) channel drops it and counts it
 //! in `event_log.dropped`. A disabled sink does nothing and allocates nothing.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::SyncSender;
-use std::sync::Arc;
-
 use kvcm_index::BlockKey;
 
-use super::record::{now_us, Record};
-use super::thread::Message;
+use super::record::Record;
+use crate::logs::{now_us, LogFeed};
 use crate::proto::admin;
 use kvcm_manager::{Instance, WriteStart};
-
-use crate::service::metrics::prometheus_name;
 
 /// Name of the counter of records that were not written.
 pub const DROPPED_METRIC: &str = "event_log.dropped";
@@ -22,13 +15,7 @@ pub const DROPPED_METRIC: &str = "event_log.dropped";
 /// Cloneable handle that emits records; disabled when the log is off.
 #[derive(Debug, Clone, Default)]
 pub struct EventSink {
-    enabled: Option<Arc<Enabled>>,
-}
-
-#[derive(Debug)]
-struct Enabled {
-    sender: SyncSender<Message>,
-    dropped: Arc<AtomicU64>,
+    feed: LogFeed<Record>,
 }
 
 impl EventSink {
@@ -37,38 +24,23 @@ impl EventSink {
         EventSink::default()
     }
 
-    pub(super) fn new(sender: SyncSender<Message>) -> EventSink {
-        let dropped = Arc::new(AtomicU64::new(0));
-        EventSink {
-            enabled: Some(Arc::new(Enabled { sender, dropped })),
-        }
-    }
-
-    pub(super) fn dropped_counter(&self) -> Arc<AtomicU64> {
-        self.enabled
-            .as_ref()
-            .map_or_else(Arc::default, |e| e.dropped.clone())
+    pub(super) fn new(feed: LogFeed<Record>) -> EventSink {
+        EventSink { feed }
     }
 
     /// Whether records are written.
     pub fn is_enabled(&self) -> bool {
-        self.enabled.is_some()
+        self.feed.is_enabled()
     }
 
     /// Records not written so far (channel full, log closed, write failed).
     pub fn dropped(&self) -> u64 {
-        self.enabled
-            .as_ref()
-            .map_or(0, |e| e.dropped.load(Ordering::Relaxed))
+        self.feed.dropped()
     }
 
     /// Offers one record; never blocks.
     pub fn emit(&self, record: Record) {
-        if let Some(enabled) = &self.enabled {
-            if enabled.sender.try_send(Message::Record(record)).is_err() {
-                enabled.dropped.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.feed.offer(record);
     }
 
     /// A copy of `keys` when the log is on (StartWriteCache consumes its keys).
@@ -145,22 +117,11 @@ impl EventSink {
 
     /// The `event_log.dropped` counter for GetMetrics.
     pub fn to_wire(&self) -> Vec<admin::MetricsData> {
-        use admin::metric_value::Value;
-        vec![admin::MetricsData {
-            metric_name: DROPPED_METRIC.into(),
-            metric_value: Some(admin::MetricValue {
-                value: Some(Value::IntValue(self.dropped() as i64)),
-            }),
-            metric_tags: Vec::new(),
-        }]
+        vec![self.feed.dropped_to_wire(DROPPED_METRIC)]
     }
 
-    /// The `event_log.dropped` counter in Prometheus text (named with `prefix`, see
-    /// [`prometheus_name`]).
+    /// The `event_log.dropped` counter in Prometheus text (names prefixed with `prefix`).
     pub fn to_prometheus(&self, prefix: &str) -> String {
-        let name = prometheus_name(prefix, DROPPED_METRIC);
-        let mut text = String::new();
-        let _ = writeln!(text, "# TYPE {name} counter\n{name} {}", self.dropped());
-        text
+        self.feed.dropped_to_prometheus(prefix, DROPPED_METRIC)
     }
 }

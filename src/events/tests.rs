@@ -5,8 +5,8 @@ use std::sync::mpsc;
 use kvcm_optimizer::trace::events::{Event, EventLogWriter, EventType};
 
 use super::record::Record;
-use super::thread::Message;
-use super::{EventLog, EventLogError, EventSink};
+use super::{EventLog, EventSink};
+use crate::logs::{LogError, LogFeed, Message};
 
 fn read_log(dir: &std::path::Path) -> Vec<Event> {
     EventLogWriter::files_oldest_first(dir)
@@ -71,8 +71,8 @@ fn records_are_written_in_order_and_finish_carries_the_committed_keys() {
 
 #[test]
 fn a_full_channel_drops_without_blocking_and_counts() {
-    let (sender, receiver) = mpsc::sync_channel::<Message>(1);
-    let sink = EventSink::new(sender);
+    let (sender, receiver) = mpsc::sync_channel::<Message<Record>>(1);
+    let sink = EventSink::new(LogFeed::over(sender));
     sink.emit(started("a", vec![1]));
     sink.emit(started("b", vec![2]));
     sink.emit(started("c", vec![3]));
@@ -109,7 +109,7 @@ fn an_unusable_directory_is_an_open_error_naming_it() {
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, b"x").expect("write");
     let error = EventLog::start(&file, 1024, 1).unwrap_err();
-    assert!(matches!(error, EventLogError::Open { .. }), "{error}");
+    assert!(matches!(error, LogError::Open { .. }), "{error}");
     assert!(error.to_string().contains("not-a-dir"), "{error}");
 }
 

@@ -9,15 +9,20 @@
 //! (`kvcm.service.body_timeout_ms`, [`crate::service::http`]). On stop the listener accepts
 //! nothing more and every open connection finishes its in-flight request, then closes.
 
+use std::net::SocketAddr;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tonic::transport::server::Connected;
 
 use super::admission::AdmittedListener;
+use crate::service::http::ClientAddr;
 
 /// Serves `router` on `listener` until `stop` turns true, then waits for open connections.
 pub(super) async fn serve(
@@ -38,7 +43,10 @@ pub(super) async fn serve(
             _ = stop.wait_for(|&stop| stop) => break,
         };
         while connections.try_join_next().is_some() {}
-        let service = TowerToHyperService::new(router.clone());
+        let service = TowerToHyperService::new(WithPeer {
+            router: router.clone(),
+            peer: io.connect_info().remote_addr(),
+        });
         let connection = builder.serve_connection(TokioIo::new(io), service);
         let mut stop = stop.clone();
         connections.spawn(async move {
@@ -54,4 +62,29 @@ pub(super) async fn serve(
     }
     while connections.join_next().await.is_some() {}
     Ok(())
+}
+
+/// The router, tagging each request with the connection's peer ([`ClientAddr`]) for the
+/// access log.
+#[derive(Clone)]
+struct WithPeer {
+    router: Router,
+    peer: Option<SocketAddr>,
+}
+
+impl tower_service::Service<hyper::Request<Incoming>> for WithPeer {
+    type Response = <Router as tower_service::Service<hyper::Request<Incoming>>>::Response;
+    type Error = <Router as tower_service::Service<hyper::Request<Incoming>>>::Error;
+    type Future = <Router as tower_service::Service<hyper::Request<Incoming>>>::Future;
+
+    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower_service::Service::<hyper::Request<Incoming>>::poll_ready(&mut self.router, context)
+    }
+
+    fn call(&mut self, mut request: hyper::Request<Incoming>) -> Self::Future {
+        if let Some(peer) = self.peer {
+            request.extensions_mut().insert(ClientAddr(peer));
+        }
+        self.router.call(request)
+    }
 }

@@ -21,7 +21,7 @@ use crate::proto::{admin, meta, storage as wire_storage};
 /// Handlers of AdminService.
 #[derive(Debug, Clone)]
 pub struct AdminHandler {
-    core: Arc<Core>,
+    pub(super) core: Arc<Core>,
 }
 
 /// An admin call that answers a plain CommonResponse.
@@ -466,6 +466,7 @@ impl AdminHandler {
                 metrics: [
                     core.metrics.to_wire(),
                     core.events.to_wire(),
+                    core.access.to_wire(),
                     super::capacity_metrics::to_wire(&core.manager),
                 ]
                 .concat(),

@@ -2,7 +2,7 @@
 //! gate, fault injection, the manager call, the status mapping (done here, once) and the
 //! metrics. Handlers only convert wire requests into manager calls and results back.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,22 +19,45 @@ use kvcm_manager::{Instance, Manager, ManagerError, ManagerResult};
 const SPAN_TRACER_SUFFIX: &str = "__kvcm_need_span_tracer";
 
 thread_local! {
-    /// When the transport call served on this thread began (set by [`served_since`]).
-    static CALL_STARTED: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The transport call served on this thread (set by [`served_since`]).
+    static CALL: RefCell<Option<Served>> = const { RefCell::new(None) };
+}
+
+/// The transport call being served on a thread.
+struct Served {
+    /// When it began.
+    started: Instant,
+    /// Its request's trace id, noted by the call machinery when the access log is on.
+    trace_id: Option<String>,
 }
 
 /// Serves one transport call that began at `started` (before its request was read and
-/// decoded): the RPC's response time metric counts from there.
-pub fn served_since<T>(started: Instant, serve: impl FnOnce() -> T) -> T {
-    CALL_STARTED.with(|cell| cell.set(Some(started)));
+/// decoded): the RPC's response time metric counts from there. Returns what `serve` returned
+/// and, when the access log is on, the request's trace id (which only the handlers know).
+pub fn served_since<T>(started: Instant, serve: impl FnOnce() -> T) -> (T, Option<String>) {
+    let call = Served {
+        started,
+        trace_id: None,
+    };
+    CALL.with(|cell| *cell.borrow_mut() = Some(call));
     let served = serve();
-    CALL_STARTED.with(|cell| cell.set(None));
-    served
+    let trace_id = CALL.with(|cell| cell.borrow_mut().take().and_then(|call| call.trace_id));
+    (served, trace_id)
 }
 
 /// The start of the call served on this thread (now, outside [`served_since`]).
 fn call_started() -> Instant {
-    CALL_STARTED.with(Cell::get).unwrap_or_else(Instant::now)
+    CALL.with(|cell| cell.borrow().as_ref().map(|call| call.started))
+        .unwrap_or_else(Instant::now)
+}
+
+/// Notes the trace id of the call served on this thread (nothing outside [`served_since`]).
+fn note_trace_id(trace_id: &str) {
+    CALL.with(|cell| {
+        if let Some(call) = cell.borrow_mut().as_mut() {
+            call.trace_id = Some(trace_id.to_string());
+        }
+    });
 }
 
 /// Which service's status rules apply (wire fact sheet §8.0).
@@ -86,6 +109,8 @@ pub struct Core {
     pub log_level: Option<super::LogLevelSetter>,
     /// The event log of successful meta calls.
     pub events: crate::events::EventSink,
+    /// The access log: one line per transport call.
+    pub access: crate::access_log::AccessSink,
     /// `kvcm.service.max_*`: what one request may ask for.
     pub limits: RequestLimits,
     /// The admin tokens in force (set by the listeners from the config, changed by the
@@ -140,6 +165,9 @@ impl Core {
                 (R::default(), code, message)
             }
         };
+        if self.access.is_enabled() {
+            note_trace_id(trace_id);
+        }
         reply.set_header(code, message, request_id(trace_id));
         let elapsed = started.elapsed();
         let micros = elapsed.as_micros() as u64;
@@ -167,6 +195,9 @@ impl Core {
         let Some(instance) = self.manager.instance(instance_id) else {
             let mut reply = R::default();
             let (code, message) = wire_status(&Failure::UnknownInstance, rpc.name, Rules::of(rpc));
+            if self.access.is_enabled() {
+                note_trace_id(trace_id);
+            }
             reply.set_header(code, message, String::new());
             self.metrics.record(rpc.name, call_started().elapsed());
             return reply;

@@ -14,7 +14,7 @@ use crate::proto::{debug, meta::ErrorCode};
 /// Handlers of DebugService.
 #[derive(Debug, Clone)]
 pub struct DebugHandler {
-    core: Arc<Core>,
+    pub(super) core: Arc<Core>,
 }
 
 fn done(message: &str) -> debug::CommonResponse {

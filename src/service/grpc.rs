@@ -2,34 +2,56 @@
 //! hands the decoded request to the handler of the same name. Application errors travel in
 //! `header.status`; the gRPC status is always OK (as in the reference). Blocking RPCs
 //! (file-system work, whole-instance scans, opening backends) run on tokio's blocking pool,
-//! never on a runtime thread.
+//! never on a runtime thread. Every call gets its access-log line.
 
 use std::time::Instant;
 
+use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use super::core::served_since;
+use super::reply::Reply;
 use super::rpcs::{Mode, Rpc};
+use crate::access_log::{AccessSink, Transport};
+use crate::proto::json::JsonBody;
 
 /// Serves one gRPC call of `rpc` with its handler method `call`.
 pub(super) async fn serve<Req, Resp>(
-    rpc: &Rpc,
+    rpc: &'static Rpc,
+    access: &AccessSink,
     request: Request<Req>,
     call: impl FnOnce(Req) -> Resp + Send + 'static,
 ) -> Result<Response<Resp>, Status>
 where
-    Req: Send + 'static,
-    Resp: Send + 'static,
+    Req: Serialize + Send + 'static,
+    Resp: Reply + JsonBody + Send + 'static,
 {
     let started = Instant::now();
+    let mut line = access.begin(rpc, Transport::Grpc, request.remote_addr());
     let request = request.into_inner();
-    let reply = match rpc.mode {
-        Mode::Inline => served_since(started, || call(request)),
+    if let Some(line) = line.as_mut() {
+        line.request_message(&request);
+    }
+    let served = match rpc.mode {
+        Mode::Inline => Ok(served_since(started, || call(request))),
         Mode::Blocking => {
-            tokio::task::spawn_blocking(move || served_since(started, || call(request)))
-                .await
-                .map_err(|error| Status::internal(format!("handler task failed: {error}")))?
+            tokio::task::spawn_blocking(move || served_since(started, || call(request))).await
         }
     };
+    let (reply, trace_id) = match served {
+        Ok(served) => served,
+        Err(error) => {
+            if let Some(line) = line {
+                line.finish(access, None, None, None);
+            }
+            return Err(Status::internal(format!("handler task failed: {error}")));
+        }
+    };
+    if let Some(mut line) = line {
+        if line.wants_bodies() {
+            line.response_json(&reply.to_json().unwrap_or_default());
+        }
+        line.finish(access, trace_id, reply.status(), None);
+    }
     Ok(Response::new(reply))
 }

@@ -4,13 +4,16 @@
 //! limit answers 413 `{}`, one that takes longer than the configured deadline 408 `{}`. The
 //! admin router also serves Prometheus text at `GET /metrics` and the leader health probe
 //! `GET /api/healthy`.
+//! Every request of an RPC route gets its access-log line, refusals included.
 //! Decoding judges no enum number: a body becomes the message the same gRPC request carries
 //! (see [`crate::proto::json`]), so the handlers answer both transports alike.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,7 +24,9 @@ use super::admin::AdminHandler;
 use super::core::{served_since, Core};
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
+use super::reply::Reply;
 use super::rpcs::{self, Mode, Rpc};
+use crate::access_log::{AccessLine, AccessSink, Transport};
 use crate::proto::admin;
 use crate::proto::json::{self, JsonBody};
 
@@ -37,42 +42,121 @@ pub struct HttpLimits {
     pub body_timeout: Duration,
 }
 
-/// Reads, decodes, calls (as `mode` says), encodes.
+/// The peer of an HTTP connection, set on each of its requests by the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// Serves one request of `rpc`: the answer, and its access-log line.
 async fn json_rpc<Req, Resp>(
-    body: Body,
+    request: Request,
+    rpc: &'static Rpc,
     limits: HttpLimits,
-    mode: Mode,
+    access: &AccessSink,
     call: impl FnOnce(Req) -> Resp + Send + 'static,
 ) -> Response
 where
     Req: DeserializeOwned + Send + 'static,
-    Resp: JsonBody + Send + 'static,
+    Resp: Reply + JsonBody + Send + 'static,
 {
     let started = Instant::now();
+    let client = request.extensions().get::<ClientAddr>().map(|addr| addr.0);
+    let mut line = access.begin(rpc, Transport::Http, client);
+    let answer = answer(
+        request.into_body(),
+        rpc.mode,
+        limits,
+        line.as_mut(),
+        started,
+        call,
+    )
+    .await;
+    if let Some(mut line) = line {
+        line.response_json(&answer.body);
+        let status = answer
+            .reply_status
+            .as_ref()
+            .map(|(code, id)| (*code, id.as_str()));
+        line.finish(
+            access,
+            answer.trace_id,
+            status,
+            Some(answer.status.as_u16()),
+        );
+    }
+    json_answer(answer.status, answer.body)
+}
+
+/// What one HTTP request was answered.
+struct Answer {
+    status: StatusCode,
+    body: Vec<u8>,
+    /// The trace id the handlers saw (access log on, a handler ran).
+    trace_id: Option<String>,
+    /// The answer header's code and request id (a handler ran).
+    reply_status: Option<(i32, String)>,
+}
+
+impl Answer {
+    /// An answer no handler gave: `{}` with `status`.
+    fn refused(status: StatusCode) -> Answer {
+        Answer {
+            status,
+            body: EMPTY_OBJECT.into(),
+            trace_id: None,
+            reply_status: None,
+        }
+    }
+}
+
+/// Reads, decodes, calls (as `mode` says), encodes.
+async fn answer<Req, Resp>(
+    body: Body,
+    mode: Mode,
+    limits: HttpLimits,
+    line: Option<&mut AccessLine>,
+    started: Instant,
+    call: impl FnOnce(Req) -> Resp + Send + 'static,
+) -> Answer
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Reply + JsonBody + Send + 'static,
+{
+    let logged = line.is_some();
     let read = axum::body::to_bytes(body, limits.max_body_bytes);
     let bytes = match tokio::time::timeout(limits.body_timeout, read).await {
         Ok(Ok(bytes)) => bytes,
-        Ok(Err(_)) => return json_answer(StatusCode::PAYLOAD_TOO_LARGE, EMPTY_OBJECT.into()),
-        Err(_) => return json_answer(StatusCode::REQUEST_TIMEOUT, EMPTY_OBJECT.into()),
+        Ok(Err(_)) => return Answer::refused(StatusCode::PAYLOAD_TOO_LARGE),
+        Err(_) => return Answer::refused(StatusCode::REQUEST_TIMEOUT),
     };
+    if let Some(line) = line {
+        line.request_json(&bytes);
+    }
     let Ok(request) = json::decode::<Req>(&bytes) else {
-        return json_answer(StatusCode::BAD_REQUEST, EMPTY_OBJECT.into());
+        return Answer::refused(StatusCode::BAD_REQUEST);
     };
-    let reply = match mode {
+    let (reply, trace_id) = match mode {
         Mode::Inline => served_since(started, || call(request)),
         Mode::Blocking => {
             let task = tokio::task::spawn_blocking(move || served_since(started, || call(request)));
             match task.await {
-                Ok(reply) => reply,
-                Err(_) => {
-                    return json_answer(StatusCode::INTERNAL_SERVER_ERROR, EMPTY_OBJECT.into())
-                }
+                Ok(served) => served,
+                Err(_) => return Answer::refused(StatusCode::INTERNAL_SERVER_ERROR),
             }
         }
     };
-    match reply.to_json() {
-        Ok(text) => json_answer(StatusCode::OK, text),
-        Err(_) => json_answer(StatusCode::INTERNAL_SERVER_ERROR, EMPTY_OBJECT.into()),
+    let reply_status = reply
+        .status()
+        .filter(|_| logged)
+        .map(|(code, id)| (code, id.to_string()));
+    let (status, body) = match reply.to_json() {
+        Ok(text) => (StatusCode::OK, text),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, EMPTY_OBJECT.into()),
+    };
+    Answer {
+        status,
+        body,
+        trace_id,
+        reply_status,
     }
 }
 
@@ -85,17 +169,18 @@ pub(super) fn route<Req, Resp>(
     router: Router,
     rpc: &'static Rpc,
     limits: HttpLimits,
+    access: AccessSink,
     call: impl Fn(Req) -> Resp + Clone + Send + Sync + 'static,
 ) -> Router
 where
     Req: DeserializeOwned + Send + 'static,
-    Resp: JsonBody + Send + 'static,
+    Resp: Reply + JsonBody + Send + 'static,
 {
     router.route(
         rpc.route,
-        post(move |body: Body| {
-            let call = call.clone();
-            async move { json_rpc(body, limits, rpc.mode, call).await }
+        post(move |request: Request| {
+            let (call, access) = (call.clone(), access.clone());
+            async move { json_rpc(request, rpc, limits, &access, call).await }
         }),
     )
 }
@@ -127,6 +212,7 @@ pub fn admin_router(
         get(move || async move {
             let text = core.metrics.to_prometheus(&prefix)
                 + &core.events.to_prometheus(&prefix)
+                + &core.access.to_prometheus(&prefix)
                 + &super::journal_metrics::to_prometheus(&core.manager, &prefix)
                 + &super::capacity_metrics::to_prometheus(&core.manager, &prefix);
             ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text)

@@ -40,6 +40,11 @@ impl Reply for LocationsJson {
             header.tracer_result = tracer_result;
         }
     }
+
+    fn status(&self) -> Option<(i32, &str)> {
+        let header = self.header.as_ref()?;
+        Some((header.status.as_ref()?.code, &header.request_id))
+    }
 }
 
 impl JsonBody for LocationsJson {

@@ -46,21 +46,34 @@ pub struct Handlers {
     pub debug: debug::DebugHandler,
 }
 
+/// Where the handlers and transports log.
+#[derive(Debug, Clone, Default)]
+pub struct LogSinks {
+    /// The event log of successful meta calls and reclaims.
+    pub events: crate::events::EventSink,
+    /// The access log of every transport call.
+    pub access: crate::access_log::AccessSink,
+}
+
 impl Handlers {
     /// Handlers serving this manager; `log_level` makes UpdateLogger effective.
     pub fn new(manager: Arc<Manager>, log_level: Option<LogLevelSetter>) -> Self {
-        let events = crate::events::EventSink::disabled();
-        Self::with_events(manager, log_level, events, RequestLimits::default())
+        Self::with_logs(
+            manager,
+            log_level,
+            LogSinks::default(),
+            RequestLimits::default(),
+        )
     }
 
-    /// As [`Handlers::new`], logging successful meta calls to `events`, requests bounded by
-    /// `limits`.
-    pub fn with_events(
+    /// As [`Handlers::new`], logging to `logs`, requests bounded by `limits`.
+    pub fn with_logs(
         manager: Arc<Manager>,
         log_level: Option<LogLevelSetter>,
-        events: crate::events::EventSink,
+        logs: LogSinks,
         limits: RequestLimits,
     ) -> Self {
+        let LogSinks { events, access } = logs;
         if events.is_enabled() {
             let reclaims = events.clone();
             manager.set_reclaim_listener(Arc::new(move |instance, keys| {
@@ -80,6 +93,7 @@ impl Handlers {
             faults: faults::Faults::default(),
             log_level,
             events,
+            access,
             limits,
             auth: auth::AdminAuth::default(),
         });

@@ -10,6 +10,9 @@ pub trait Reply: Default {
 
     /// Sets `header.tracer_result` (only meta headers have one).
     fn set_tracer_result(&mut self, _tracer_result: String) {}
+
+    /// `header.status.code` and `header.request_id`, once set.
+    fn status(&self) -> Option<(i32, &str)>;
 }
 
 macro_rules! meta_replies {
@@ -28,6 +31,11 @@ macro_rules! meta_replies {
                     header.tracer_result = tracer_result;
                 }
             }
+
+            fn status(&self) -> Option<(i32, &str)> {
+                let header = self.header.as_ref()?;
+                Some((header.status.as_ref()?.code, &header.request_id))
+            }
         }
     )*};
 }
@@ -40,6 +48,11 @@ macro_rules! plain_replies {
                     status: Some($package::Status { code: code as i32, message }),
                     request_id,
                 });
+            }
+
+            fn status(&self) -> Option<(i32, &str)> {
+                let header = self.header.as_ref()?;
+                Some((header.status.as_ref()?.code, &header.request_id))
             }
         }
     )*};

@@ -129,7 +129,7 @@ macro_rules! rpc_table {
                     ) -> Result<tonic::Response<crate::proto::$package::$response>, tonic::Status> {
                         let handler = self.clone();
                         let call = move |request| handler.$method(request);
-                        super::grpc::serve(&$module::$constant, request, call).await
+                        super::grpc::serve(&$module::$constant, &self.core.access, request, call).await
                     }
                 )*
             }
@@ -140,7 +140,8 @@ macro_rules! rpc_table {
                 $(
                     let router = {
                         let handler = handler.clone();
-                        super::http::route(router, &$module::$constant, limits, move |request| {
+                        let access = handler.core.access.clone();
+                        super::http::route(router, &$module::$constant, limits, access, move |request| {
                             http_call!(handler, request, $method $(, $http)?)
                         })
                     };

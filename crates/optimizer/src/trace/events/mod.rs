@@ -6,7 +6,7 @@
 
 mod writer;
 
-pub use writer::EventLogWriter;
+pub use writer::{EventLogWriter, RotatingLog, EVENTS_STEM};
 
 use serde::{Deserialize, Serialize};
 
