@@ -12,9 +12,9 @@ use kvcm::proto::meta;
 use kvcm_optimizer::trace::events::RotatingLog;
 use serde_json::{json, Value};
 
-/// Every line of the access log in `dir`, oldest first.
-fn access_lines(dir: &Path) -> Vec<Value> {
-    RotatingLog::files_oldest_first(dir, "access")
+/// Every line of the log of file stem `stem` in `dir`, oldest first.
+fn log_lines(dir: &Path, stem: &str) -> Vec<Value> {
+    RotatingLog::files_oldest_first(dir, stem)
         .iter()
         .flat_map(|path| {
             let text = std::fs::read_to_string(path).expect("read access log");
@@ -25,17 +25,23 @@ fn access_lines(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// The lines once one with `trace_id` has been written (the writer flushes within ~20 ms).
+/// The access log's lines once one with `trace_id` has been written (the writer flushes
+/// within ~20 ms).
 async fn lines_through(dir: &Path, trace_id: &str) -> Vec<Value> {
+    stem_lines_through(dir, "access", trace_id).await
+}
+
+/// The lines of the log of stem `stem` once one with `trace_id` has been written.
+async fn stem_lines_through(dir: &Path, stem: &str, trace_id: &str) -> Vec<Value> {
     let written = wait_until(Duration::from_secs(10), async || {
-        let lines = access_lines(dir);
+        let lines = log_lines(dir, stem);
         lines
             .iter()
             .any(|line| line["trace_id"] == trace_id)
             .then_some(lines)
     })
     .await;
-    written.unwrap_or_else(|| panic!("no access-log line for {trace_id}: {:?}", access_lines(dir)))
+    written.unwrap_or_else(|| panic!("no {stem} line for {trace_id}: {:?}", log_lines(dir, stem)))
 }
 
 /// The one line of `api` with `trace_id`.
@@ -204,4 +210,125 @@ async fn a_disabled_access_log_writes_nothing() {
     // The directory is created when the log opens, before the server reports ready.
     assert!(!server.dir.path().join("access").exists());
     assert!(server.dir.path().join("events").exists());
+}
+
+/// An admin HTTP call of `rpc` with these header lines; returns the status.
+async fn admin_post(server: &TestServer, rpc: &str, headers: &[&str], body: Value) -> u16 {
+    let path = format!("/api/{rpc}");
+    let address = server.address("admin_http");
+    let body = body.to_string();
+    let (status, _, _) =
+        common::http_exchange(address, "POST", &path, headers, body.as_bytes()).await;
+    status
+}
+
+#[tokio::test]
+async fn the_audit_log_holds_state_changing_admin_calls_and_token_refusals_with_their_caller() {
+    const TOKEN: &str = "audit-token-7f3";
+    let server = TestServer::start_with(&[
+        &format!("kvcm.service.admin_auth_token={TOKEN}"),
+        "kvcm.service.admin_auth_grpc=true",
+    ])
+    .await;
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let account = json!({"trace_id": "acct", "user_name": "bob",
+        "password": "pw-9a8b", "role": "ROLE_ADMIN"});
+    assert_eq!(
+        admin_post(&server, "addAccount", &[&bearer], account.clone()).await,
+        200
+    );
+    let list = json!({"trace_id": "list"});
+    assert_eq!(
+        admin_post(&server, "listStorage", &[&bearer], list).await,
+        200
+    );
+    assert_eq!(
+        admin_post(&server, "addAccount", &[], account.clone()).await,
+        401
+    );
+    let wrong = ["Authorization: Bearer not-it"];
+    assert_eq!(
+        admin_post(&server, "removeStorage", &wrong, json!({})).await,
+        401
+    );
+    let mut admin = server.admin().await;
+    let refused = admin.list_storage(kvcm::proto::admin::ListStorageRequest::default());
+    assert_eq!(
+        refused.await.unwrap_err().code(),
+        tonic::Code::Unauthenticated
+    );
+    server
+        .meta_http("getClusterInfo", json!({"trace_id": "meta"}))
+        .await;
+    let last =
+        json!({"trace_id": "last", "user_name": "carol", "password": "x", "role": "ROLE_ADMIN"});
+    assert_eq!(
+        admin_post(&server, "addAccount", &[&bearer], last).await,
+        200
+    );
+
+    let audit_dir = server.dir.path().join("audit");
+    let audit = stem_lines_through(&audit_dir, "audit", "last").await;
+    let summary: Vec<(&str, &str, &Value, &Value)> = audit
+        .iter()
+        .map(|line| {
+            let api = line["api_name"].as_str().unwrap();
+            let transport = line["transport"].as_str().unwrap();
+            (api, transport, &line["http_status"], &line["caller"])
+        })
+        .collect();
+    let caller = json!(format!("{:08x}", fnv1a(TOKEN.as_bytes())));
+    let (ok, refused) = (json!(200), json!(401));
+    assert_eq!(
+        summary,
+        [
+            ("AddAccount", "http", &ok, &caller),
+            ("AddAccount", "http", &refused, &Value::Null),
+            ("RemoveStorage", "http", &refused, &Value::Null),
+            ("AdminService", "grpc", &Value::Null, &Value::Null),
+            ("AddAccount", "http", &ok, &caller),
+        ],
+        "read-only and meta calls are not audited: {audit:?}"
+    );
+    assert_eq!(audit[0]["request"]["password"], "<redacted>");
+    assert_eq!(audit[0]["request"]["user_name"], "bob");
+    assert_eq!(audit[0]["response"]["header"]["status"]["code"], "OK");
+    let reasons: Vec<&Value> = audit[1..4]
+        .iter()
+        .map(|l| &l["response"]["kvcm_reason"])
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "an admin bearer token is required",
+            "the admin bearer token is not valid",
+            "an admin bearer token is required",
+        ]
+    );
+
+    let access = lines_through(&server.dir.path().join("access"), "last").await;
+    let listed = line(&access, "ListStorage", "list");
+    assert_eq!(
+        (&listed["caller"], &listed["request"]),
+        (&caller, &json!({}))
+    );
+    assert_eq!(access.iter().filter(|l| l["http_status"] == 401).count(), 2);
+    for dir in [audit_dir, server.dir.path().join("access")] {
+        for path in
+            RotatingLog::files_oldest_first(&dir, dir.file_name().unwrap().to_str().unwrap())
+        {
+            let text = std::fs::read_to_string(path).unwrap();
+            assert!(
+                !text.contains(TOKEN) && !text.contains("pw-9a8b"),
+                "a secret reached a log"
+            );
+        }
+    }
+}
+
+/// 32-bit FNV-1a: the token fingerprint ListAdminAuthTokens answers.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |hash, &b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }

@@ -4,20 +4,22 @@
 //! A line (kvcm-defined, with the reference's field names where it has them):
 //! `{"request_begin_time":"2026-12-03T15:24:31.123456Z","ts_us":…,"client_ip":"127.0.0.1",
 //! "client_port":40112,"transport":"grpc","service":"meta","api_name":"GetCacheLocation",
-//! "trace_id":"…","request_id":"…","status_code":0,"http_status":200,
-//! "request_cost_time_us":87,"request":{…},"response":{…}}`. `status_code` is the header's
+//! "caller":null,"trace_id":"…","request_id":"…","status_code":1,"http_status":200,
+//! "request_cost_time_us":87,"request":{…},"response":{…}}`. `caller` is the fingerprint of
+//! the admin token that authenticated the call (`null`: none was presented or required). `status_code` is the header's
 //! wire code, `null` when the edge refused the call before a handler ran (an HTTP body that
 //! is too large, too slow or not JSON: see `http_status`); `http_status` is `null` on gRPC;
 //! `client_ip` / `client_port` are `null` when the peer address is unknown; `request` and
 //! `response` are `{}` unless `kvcm.access_log.bodies` is on.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use serde::Serialize;
 use serde_json::Value;
 
 use super::redact::redact;
-use crate::service::rpcs::{Rpc, Service};
+use crate::service::rpcs::Service;
 
 /// The transport a call came over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -38,8 +40,12 @@ pub struct AccessRecord {
     pub client: Option<SocketAddr>,
     /// Its transport.
     pub transport: Transport,
-    /// The RPC.
-    pub rpc: &'static Rpc,
+    /// The RPC's service.
+    pub service: Service,
+    /// The RPC's name (the path of a request refused before its RPC was known).
+    pub api_name: Cow<'static, str>,
+    /// The fingerprint of the admin token that authenticated the call.
+    pub caller: Option<String>,
     /// The request's trace id ("" when no handler saw it).
     pub trace_id: String,
     /// The answer's header code (`None`: refused before a handler ran).
@@ -64,7 +70,8 @@ struct Line<'a> {
     client_port: Option<u16>,
     transport: Transport,
     service: &'static str,
-    api_name: &'static str,
+    api_name: &'a str,
+    caller: Option<&'a str>,
     trace_id: &'a str,
     request_id: &'a str,
     status_code: Option<i32>,
@@ -76,7 +83,7 @@ struct Line<'a> {
 
 /// The JSON line of a record (secrets in its bodies redacted).
 pub fn line_of(record: AccessRecord) -> Vec<u8> {
-    let service = match record.rpc.service {
+    let service = match record.service {
         Service::Meta => "meta",
         Service::Admin => "admin",
         Service::Debug => "debug",
@@ -88,7 +95,8 @@ pub fn line_of(record: AccessRecord) -> Vec<u8> {
         client_port: record.client.map(|client| client.port()),
         transport: record.transport,
         service,
-        api_name: record.rpc.name,
+        api_name: &record.api_name,
+        caller: record.caller.as_deref(),
         trace_id: &record.trace_id,
         request_id: &record.request_id,
         status_code: record.status_code,
@@ -154,7 +162,6 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::rpcs;
 
     #[test]
     fn times_render_as_utc_rfc3339_with_microseconds() {
@@ -180,7 +187,9 @@ mod tests {
             begin_us: 1_796_311_471_123_456,
             client: Some("10.1.2.3:4567".parse().unwrap()),
             transport: Transport::Http,
-            rpc: &rpcs::admin::ADD_ACCOUNT,
+            service: Service::Admin,
+            api_name: "AddAccount".into(),
+            caller: Some("e40c292c".into()),
             trace_id: "t-1".into(),
             status_code: Some(0),
             request_id: "t-1_17".into(),
@@ -200,6 +209,7 @@ mod tests {
                 "transport": "http",
                 "service": "admin",
                 "api_name": "AddAccount",
+                "caller": "e40c292c",
                 "trace_id": "t-1",
                 "request_id": "t-1_17",
                 "status_code": 0,

@@ -1,9 +1,10 @@
 //! The keys of the logs `kvcm serve` writes as rotated JSON-lines files: the event log the
-//! optimizer replays (`kvcm.event_log.*`) and the access log (`kvcm.access_log.*`, see
-//! [`super::access_log`]). Each log has the same four keys under its prefix: whether it is
-//! written, where, and how it rotates. Both are on by default: replaying a production day
-//! needs the event log from day one, and tracing a request needs its access-log line; each
-//! costs the request path one non-blocking channel send.
+//! optimizer replays (`kvcm.event_log.*`), the access log (`kvcm.access_log.*`, see
+//! [`super::access_log`]) and the audit log (`kvcm.audit_log.*`). Each log has the same four
+//! keys under its prefix: whether it is written, where, and how it rotates. All are on by
+//! default: replaying a production day needs the event log from day one, tracing a request
+//! its access-log line, and an incident the audit trail; each costs the request path one
+//! non-blocking channel send.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,20 @@ pub const EVENT_LOG_PREFIX: &str = "kvcm.event_log";
 
 /// Subdirectory of the data directory that holds the event log when its `dir` is empty.
 pub const EVENT_LOG_SUBDIR: &str = "events";
+
+/// Key prefix of the audit log (admin and debug calls that change state, token refusals).
+pub const AUDIT_LOG_PREFIX: &str = "kvcm.audit_log";
+
+/// Subdirectory of the data directory that holds the audit log when its `dir` is empty.
+pub const AUDIT_LOG_SUBDIR: &str = "audit";
+
+/// The audit-log keys, in the order they are documented.
+pub const AUDIT_LOG_KEYS: [&str; 4] = [
+    "kvcm.audit_log.enabled",
+    "kvcm.audit_log.dir",
+    "kvcm.audit_log.max_file_bytes",
+    "kvcm.audit_log.keep_files",
+];
 
 /// Settings of one rotated log.
 #[derive(Debug, Clone, PartialEq)]

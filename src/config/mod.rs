@@ -19,7 +19,7 @@ use kvcm_manager::leader::{ElectorSettings, LockUri};
 
 pub use access_log::{AccessLogConfig, ACCESS_LOG_KEYS};
 pub use journal::{JournalSettings, JOURNAL_KEYS};
-pub use log_files::{EventLogConfig, LogFilesConfig, EVENT_LOG_KEYS};
+pub use log_files::{EventLogConfig, LogFilesConfig, AUDIT_LOG_KEYS, EVENT_LOG_KEYS};
 pub use metrics::{MetricsConfig, METRICS_KEYS};
 pub use reclaimer::{ReclaimerConfig, RECLAIMER_KEYS};
 pub use security::{AdminTokens, ConnectionLimits, RequestLimits, SecurityConfig, SECURITY_KEYS};
@@ -89,6 +89,8 @@ pub struct ServerConfig {
     pub event_log: EventLogConfig,
     /// `kvcm.access_log.*`: one line per served RPC.
     pub access_log: AccessLogConfig,
+    /// `kvcm.audit_log.*`: one line per state-changing admin or debug call.
+    pub audit_log: LogFilesConfig,
     /// `kvcm.lookup.enabled`, `kvcm.lookup.bind`: the published lookup tables.
     pub lookup: crate::lookup::LookupConfig,
     /// `kvcm.pool.*`: memory-pool membership timing and the embedded pool node.
@@ -126,6 +128,7 @@ impl Default for ServerConfig {
             ignored_keys: Vec::new(),
             event_log: EventLogConfig::default(),
             access_log: AccessLogConfig::default(),
+            audit_log: LogFilesConfig::default(),
             lookup: crate::lookup::LookupConfig::default(),
             pool: crate::pool::PoolConfig::default(),
             journal: JournalSettings::default(),
@@ -208,6 +211,10 @@ impl ServerConfig {
                     .set(log_files::EVENT_LOG_PREFIX, key, value)?
             }
             _ if key.starts_with("kvcm.access_log.") => self.access_log.set(key, value)?,
+            _ if key.starts_with("kvcm.audit_log.") => {
+                self.audit_log
+                    .set(log_files::AUDIT_LOG_PREFIX, key, value)?
+            }
             _ if METRICS_KEYS.contains(&key) => self.metrics.set(key, value)?,
             _ if RECLAIMER_KEYS.contains(&key) => self.reclaimer.set(key, value)?,
             _ if SECURITY_KEYS.contains(&key) => self.security.set(key, value)?,
@@ -256,7 +263,10 @@ impl ServerConfig {
         &mut self,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<(), ConfigError> {
-        let logs = EVENT_LOG_KEYS.iter().chain(&ACCESS_LOG_KEYS);
+        let logs = EVENT_LOG_KEYS
+            .iter()
+            .chain(&ACCESS_LOG_KEYS)
+            .chain(&AUDIT_LOG_KEYS);
         let keys = KEYS.iter().chain(logs).chain(&JOURNAL_KEYS);
         for key in keys
             .chain(&METRICS_KEYS)
@@ -306,6 +316,7 @@ impl ServerConfig {
         }
         self.event_log.validate(log_files::EVENT_LOG_PREFIX)?;
         self.access_log.validate()?;
+        self.audit_log.validate(log_files::AUDIT_LOG_PREFIX)?;
         self.metrics.validate()?;
         self.reclaimer.validate()?;
         self.journal.validate()
@@ -373,6 +384,12 @@ impl ServerConfig {
     pub fn event_log_dir(&self) -> PathBuf {
         let subdir = log_files::EVENT_LOG_SUBDIR;
         self.event_log.resolved_dir(&self.data_dir, subdir)
+    }
+
+    /// Where the audit log is written: `kvcm.audit_log.dir`, else `<data_dir>/audit`.
+    pub fn audit_log_dir(&self) -> PathBuf {
+        let subdir = log_files::AUDIT_LOG_SUBDIR;
+        self.audit_log.resolved_dir(&self.data_dir, subdir)
     }
 
     /// Where the access log is written: `kvcm.access_log.dir`, else `<data_dir>/access`.

@@ -27,6 +27,7 @@ use crate::proto::admin::admin_service_server::AdminServiceServer;
 use crate::proto::debug::debug_service_server::DebugServiceServer;
 use crate::proto::meta::meta_service_server::MetaServiceServer;
 use crate::service::auth::GrpcGate;
+use crate::service::rpcs::Service;
 use crate::service::{http, Handlers};
 use std::sync::Arc;
 
@@ -200,11 +201,12 @@ pub async fn start(
     let (meta_host, admin_host) = (security.meta_host(), security.admin_host());
 
     let shared = config.admin_rpc_shared();
-    let gate = GrpcGate::new(&auth, security.admin_auth_grpc);
+    let access = &handlers.core.access;
+    let gate = |service| GrpcGate::new(&auth, security.admin_auth_grpc, service, access.clone());
     let admin_service =
-        || AdminServiceServer::with_interceptor(handlers.admin.clone(), gate.clone());
+        || AdminServiceServer::with_interceptor(handlers.admin.clone(), gate(Service::Admin));
     let debug_service =
-        || DebugServiceServer::with_interceptor(handlers.debug.clone(), gate.clone());
+        || DebugServiceServer::with_interceptor(handlers.debug.clone(), gate(Service::Debug));
     let grpc = Server::builder()
         .add_service(MetaServiceServer::new(handlers.meta.clone()))
         .add_optional_service(shared.then(admin_service))
@@ -246,10 +248,15 @@ pub async fn start(
     );
     let listen = Listen::new("admin_http", admin_host, config.admin_http_port);
     server
-        .spawn_http(listen, auth.protect(admin_http), &stop_rx)
+        .spawn_http(
+            listen,
+            auth.protect(admin_http, Service::Admin, access.clone()),
+            &stop_rx,
+        )
         .await?;
     if debug {
-        let debug_http = auth.protect(http::debug_router(handlers.debug.clone(), limit));
+        let debug_router = http::debug_router(handlers.debug.clone(), limit);
+        let debug_http = auth.protect(debug_router, Service::Debug, access.clone());
         let listen = Listen::new("debug_http", admin_host, config.debug_http_port());
         server.spawn_http(listen, debug_http, &stop_rx).await?;
     }

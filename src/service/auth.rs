@@ -18,6 +18,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 
+use super::http::ClientAddr;
+use super::rpcs::Service;
+use crate::access_log::{AccessSink, Transport};
+
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
@@ -122,33 +126,55 @@ impl AdminAuth {
 
     /// One fingerprint per token, in order: 8 lower-case hex digits of its 32-bit FNV-1a.
     pub fn fingerprints(&self) -> Vec<String> {
-        self.current()
-            .iter()
-            .map(|t| format!("{:08x}", fnv1a(t)))
-            .collect()
+        self.current().iter().map(|t| fingerprint(t)).collect()
     }
 
-    /// Checks one `Authorization` value (`None`: absent).
-    pub fn check(&self, authorization: Option<&[u8]>) -> Result<(), AuthError> {
+    /// Checks one `Authorization` value (`None`: absent): the caller the matching token
+    /// names (`None` while no token is set, and everything passes).
+    pub fn check(&self, authorization: Option<&[u8]>) -> Result<Option<Caller>, AuthError> {
         let tokens = self.current();
         if tokens.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let presented = bearer_token(authorization.ok_or(AuthError::Missing)?)?;
         // Every configured token is compared, whichever matches.
         let matches = tokens.iter().fold(false, |found, token| {
             constant_time_eq(token, presented) | found
         });
-        matches.then_some(()).ok_or(AuthError::UnknownToken)
+        if !matches {
+            return Err(AuthError::UnknownToken);
+        }
+        Ok(Some(Caller(fingerprint(presented))))
     }
 
-    /// `router` behind the check (which passes everything while no token is set).
-    pub fn protect(&self, router: Router) -> Router {
-        router.layer(axum::middleware::from_fn_with_state(
-            self.clone(),
-            require_bearer,
-        ))
+    /// `router` of `service` behind the check (which passes everything while no token is
+    /// set); refusals are logged to `access`.
+    pub fn protect(&self, router: Router, service: Service, access: AccessSink) -> Router {
+        let guard = HttpGuard {
+            auth: self.clone(),
+            service,
+            access,
+        };
+        router.layer(axum::middleware::from_fn_with_state(guard, require_bearer))
     }
+}
+
+/// Who an admin or debug call came from: the fingerprint of the token it presented (the
+/// access and audit logs' `caller`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+/// 8 lower-case hex digits of a token's 32-bit FNV-1a.
+fn fingerprint(token: &[u8]) -> String {
+    format!("{:08x}", fnv1a(token))
+}
+
+/// The state of the HTTP middleware.
+#[derive(Clone)]
+struct HttpGuard {
+    auth: AdminAuth,
+    service: Service,
+    access: AccessSink,
 }
 
 /// 32-bit FNV-1a.
@@ -190,15 +216,32 @@ fn constant_time_eq(expected: &[u8], presented: &[u8]) -> bool {
     std::hint::black_box(difference) == 0
 }
 
-/// The HTTP middleware: passes an authorised request on, answers the others 401.
-async fn require_bearer(State(auth): State<AdminAuth>, request: Request, next: Next) -> Response {
+/// The HTTP middleware: passes an authorised request on (with its [`Caller`]), answers the
+/// others 401 and logs them.
+async fn require_bearer(
+    State(guard): State<HttpGuard>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    match auth.check(authorization) {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => unauthorized(refusal),
+    match guard.auth.check(authorization) {
+        Ok(caller) => {
+            if let Some(caller) = caller {
+                request.extensions_mut().insert(caller);
+            }
+            next.run(request).await
+        }
+        Err(refusal) => {
+            let client = request.extensions().get::<ClientAddr>().map(|addr| addr.0);
+            let path = request.uri().path();
+            let reason = refusal.to_string();
+            let access = &guard.access;
+            access.unauthorized(guard.service, path, Transport::Http, client, &reason);
+            unauthorized(refusal)
+        }
     }
 }
 
@@ -210,21 +253,33 @@ fn unauthorized(refusal: AuthError) -> Response {
     (StatusCode::UNAUTHORIZED, headers, UNAUTHORIZED).into_response()
 }
 
-/// The gRPC gate of Admin and Debug services: open unless `kvcm.service.admin_auth_grpc`
-/// is on and a token is in force; refusals are UNAUTHENTICATED.
-#[derive(Debug, Clone, Default)]
-pub struct GrpcGate(Option<AdminAuth>);
+/// The gRPC gate of the Admin or Debug service: open unless `kvcm.service.admin_auth_grpc`
+/// is on and a token is in force; refusals are UNAUTHENTICATED and logged (the interceptor
+/// does not see the method: the line names the service, `AdminService` / `DebugService`).
+#[derive(Debug, Clone)]
+pub struct GrpcGate {
+    auth: Option<AdminAuth>,
+    service: Service,
+    access: AccessSink,
+}
 
 impl GrpcGate {
-    /// Enforces `auth` when `enforce` is set.
-    pub fn new(auth: &AdminAuth, enforce: bool) -> GrpcGate {
-        GrpcGate(enforce.then(|| auth.clone()))
+    /// Enforces `auth` on `service` when `enforce` is set; refusals are logged to `access`.
+    pub fn new(auth: &AdminAuth, enforce: bool, service: Service, access: AccessSink) -> GrpcGate {
+        GrpcGate {
+            auth: enforce.then(|| auth.clone()),
+            service,
+            access,
+        }
     }
 }
 
 impl tonic::service::Interceptor for GrpcGate {
-    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        let Some(auth) = &self.0 else {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        let Some(auth) = &self.auth else {
             return Ok(request);
         };
         let authorization = request
@@ -232,8 +287,22 @@ impl tonic::service::Interceptor for GrpcGate {
             .get("authorization")
             .map(|v| v.as_bytes());
         match auth.check(authorization) {
-            Ok(()) => Ok(request),
-            Err(refusal) => Err(tonic::Status::unauthenticated(refusal.to_string())),
+            Ok(caller) => {
+                if let Some(caller) = caller {
+                    request.extensions_mut().insert(caller);
+                }
+                Ok(request)
+            }
+            Err(refusal) => {
+                let reason = refusal.to_string();
+                let name = match self.service {
+                    Service::Debug => "DebugService",
+                    Service::Admin | Service::Meta => "AdminService",
+                };
+                let (client, access) = (request.remote_addr(), &self.access);
+                access.unauthorized(self.service, name, Transport::Grpc, client, &reason);
+                Err(tonic::Status::unauthenticated(reason))
+            }
         }
     }
 }
@@ -249,8 +318,14 @@ mod tests {
     #[test]
     fn bearer_tokens_are_parsed_as_the_trunk_says() {
         let auth = auth();
-        for good in ["Bearer s3cret", "bearer other-token", "BEARER \t s3cret"] {
-            assert_eq!(auth.check(Some(good.as_bytes())), Ok(()), "{good}");
+        let caller = |token: &[u8]| Ok(Some(Caller(fingerprint(token))));
+        for (good, token) in [
+            ("Bearer s3cret", "s3cret"),
+            ("bearer other-token", "other-token"),
+            ("BEARER \t s3cret", "s3cret"),
+        ] {
+            let outcome = auth.check(Some(good.as_bytes()));
+            assert_eq!(outcome, caller(token.as_bytes()), "{good}");
         }
         assert_eq!(auth.check(None), Err(AuthError::Missing));
         for malformed in [
@@ -267,13 +342,13 @@ mod tests {
             let outcome = auth.check(Some(unknown.as_bytes()));
             assert_eq!(outcome, Err(AuthError::UnknownToken), "{unknown:?}");
         }
-        assert_eq!(AdminAuth::new(&[]).check(None), Ok(()), "open mode");
+        assert_eq!(AdminAuth::new(&[]).check(None), Ok(None), "open mode");
     }
 
     #[test]
     fn tokens_are_replaced_rotated_and_fingerprinted() {
         let auth = AdminAuth::new(&[]);
-        assert_eq!(auth.check(None), Ok(()), "open without tokens");
+        assert_eq!(auth.check(None), Ok(None), "open without tokens");
         auth.replace(["a".to_string(), " ".to_string(), "b".to_string()]);
         assert_eq!(
             auth.fingerprints(),
@@ -296,7 +371,8 @@ mod tests {
         );
         auth.rotate("a", "c").unwrap();
         assert_eq!(auth.check(Some(b"Bearer a")), Err(AuthError::UnknownToken));
-        assert_eq!(auth.check(Some(b"Bearer c")), Ok(()));
+        let caller = Caller("e60c2c52".into()); // FNV-1a 32 of "c"
+        assert_eq!(auth.check(Some(b"Bearer c")), Ok(Some(caller)));
         auth.rotate("", "c").unwrap();
         assert_eq!(
             auth.fingerprints().len(),
@@ -304,7 +380,7 @@ mod tests {
             "a duplicate new token is ignored"
         );
         auth.replace(Vec::new());
-        assert_eq!(auth.check(None), Ok(()), "an empty set is open mode");
+        assert_eq!(auth.check(None), Ok(None), "an empty set is open mode");
     }
 
     #[test]
@@ -319,14 +395,18 @@ mod tests {
     #[test]
     fn the_grpc_gate_enforces_only_when_asked() {
         let request = || tonic::Request::new(());
-        let mut open = GrpcGate::new(&auth(), false);
+        let gate =
+            |enforce| GrpcGate::new(&auth(), enforce, Service::Admin, AccessSink::disabled());
+        let mut open = gate(false);
         assert!(tonic::service::Interceptor::call(&mut open, request()).is_ok());
-        let mut gate = GrpcGate::new(&auth(), true);
+        let mut gate = gate(true);
         let refusal = tonic::service::Interceptor::call(&mut gate, request()).unwrap_err();
         assert_eq!(refusal.code(), tonic::Code::Unauthenticated);
         let mut authorised = request();
         let value = "Bearer s3cret".parse().expect("metadata");
         authorised.metadata_mut().insert("authorization", value);
-        assert!(tonic::service::Interceptor::call(&mut gate, authorised).is_ok());
+        let passed = tonic::service::Interceptor::call(&mut gate, authorised).unwrap();
+        let caller = passed.extensions().get::<Caller>().cloned();
+        assert_eq!(caller, Some(Caller(fingerprint(b"s3cret"))));
     }
 }

@@ -9,6 +9,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
+use super::auth::Caller;
 use super::core::served_since;
 use super::reply::Reply;
 use super::rpcs::{Mode, Rpc};
@@ -28,9 +29,13 @@ where
 {
     let started = Instant::now();
     let mut line = access.begin(rpc, Transport::Grpc, request.remote_addr());
+    if let Some(line) = line.as_mut() {
+        let caller = request.extensions().get::<Caller>();
+        line.set_caller(caller.map(|caller| caller.0.clone()));
+    }
     let request = request.into_inner();
     if let Some(line) = line.as_mut() {
-        line.request_message(&request);
+        line.request_message(access, &request);
     }
     let served = match rpc.mode {
         Mode::Inline => Ok(served_since(started, || call(request))),
@@ -48,8 +53,8 @@ where
         }
     };
     if let Some(mut line) = line {
-        if line.wants_bodies() {
-            line.response_json(&reply.to_json().unwrap_or_default());
+        if line.wants_bodies(access) {
+            line.response_json(access, &reply.to_json().unwrap_or_default());
         }
         line.finish(access, trace_id, reply.status(), None);
     }

@@ -21,6 +21,7 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 
 use super::admin::AdminHandler;
+use super::auth::Caller;
 use super::core::{served_since, Core};
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
@@ -61,17 +62,15 @@ where
     let started = Instant::now();
     let client = request.extensions().get::<ClientAddr>().map(|addr| addr.0);
     let mut line = access.begin(rpc, Transport::Http, client);
-    let answer = answer(
-        request.into_body(),
-        rpc.mode,
-        limits,
-        line.as_mut(),
-        started,
-        call,
-    )
-    .await;
+    if let Some(line) = line.as_mut() {
+        let caller = request.extensions().get::<Caller>();
+        line.set_caller(caller.map(|caller| caller.0.clone()));
+    }
+    let log_to = line.as_mut().map(|line| (line, access));
+    let body = request.into_body();
+    let answer = answer(body, rpc.mode, limits, log_to, started, call).await;
     if let Some(mut line) = line {
-        line.response_json(&answer.body);
+        line.response_json(access, &answer.body);
         let status = answer
             .reply_status
             .as_ref()
@@ -113,7 +112,7 @@ async fn answer<Req, Resp>(
     body: Body,
     mode: Mode,
     limits: HttpLimits,
-    line: Option<&mut AccessLine>,
+    line: Option<(&mut AccessLine, &AccessSink)>,
     started: Instant,
     call: impl FnOnce(Req) -> Resp + Send + 'static,
 ) -> Answer
@@ -128,8 +127,8 @@ where
         Ok(Err(_)) => return Answer::refused(StatusCode::PAYLOAD_TOO_LARGE),
         Err(_) => return Answer::refused(StatusCode::REQUEST_TIMEOUT),
     };
-    if let Some(line) = line {
-        line.request_json(&bytes);
+    if let Some((line, access)) = line {
+        line.request_json(access, &bytes);
     }
     let Ok(request) = json::decode::<Req>(&bytes) else {
         return Answer::refused(StatusCode::BAD_REQUEST);
