@@ -630,6 +630,7 @@ async fn trickle(
     closed.is_ok().then_some(answer)
 }
 
+/// Every listener's HTTP routes, kvcm's own (pool membership, lookup bootstrap) included.
 #[tokio::test]
 async fn a_trickled_request_head_or_body_meets_its_deadline() {
     use std::time::{Duration, Instant};
@@ -641,12 +642,15 @@ async fn a_trickled_request_head_or_body_meets_its_deadline() {
     ];
     let server = TestServer::start_with(&settings).await;
     let every = Duration::from_millis(100);
+    let too_slow = r#"{"error":"the body is too large or too slow"}"#;
     let routes = [
-        ("http", "/api/getClusterInfo"),
-        ("admin_http", "/api/listStorage"),
-        ("debug_http", "/api/clearFaults"),
+        ("http", "/api/getClusterInfo", "{}"),
+        ("admin_http", "/api/listStorage", "{}"),
+        ("debug_http", "/api/clearFaults", "{}"),
+        ("http", "/kvcm/v1/poolJoin", too_slow),
+        ("http", "/kvcm/v1/lookupBootstrap", too_slow),
     ];
-    for (listener, route) in routes {
+    for (listener, route, refusal) in routes {
         // A head that never ends, one byte per 100 ms: closed at the header deadline.
         let mut stream = tokio::net::TcpStream::connect(server.address(listener))
             .await
@@ -671,7 +675,7 @@ async fn a_trickled_request_head_or_body_meets_its_deadline() {
         let answer =
             String::from_utf8_lossy(&answer.expect("the server answers and closes")).into_owned();
         assert!(answer.starts_with("HTTP/1.1 408"), "{listener}: {answer:?}");
-        assert!(answer.ends_with("{}"), "{listener}: {answer:?}");
+        assert!(answer.ends_with(refusal), "{listener} {route}: {answer:?}");
     }
     // A request that keeps to both deadlines is served as before.
     let (status, _) =
@@ -838,4 +842,48 @@ async fn admin_tokens_are_listed_by_fingerprint_rotated_and_replaced_at_run_time
         !log.contains("third-secret") && !log.contains("fourth"),
         "{log}"
     );
+}
+
+#[tokio::test]
+async fn a_grpc_call_whose_message_never_completes_is_cancelled_at_its_deadline() {
+    use std::time::{Duration, Instant};
+    let server = TestServer::start_with(&["kvcm.service.grpc_request_timeout_ms=1000"]).await;
+    let tcp = tokio::net::TcpStream::connect(server.address("grpc"))
+        .await
+        .expect("connect");
+    let (mut client, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    tokio::spawn(connection);
+    let service = kvcm::proto::meta::meta_service_server::SERVICE_NAME;
+    let request = axum::http::Request::post(format!("http://kvcm/{service}/GetCacheLocation"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let (response, mut message) = client.send_request(request, false).expect("stream");
+    // The length prefix of a 100-byte message, and then nothing more.
+    let prefix = axum::body::Bytes::from_static(&[0, 0, 0, 0, 100]);
+    message.send_data(prefix, false).expect("prefix");
+    let started = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("the server answers within its deadline")
+        .expect("a response");
+    let took = started.elapsed();
+    let status = match response.headers().get("grpc-status") {
+        Some(status) => status.clone(),
+        None => {
+            let mut body = response.into_body();
+            let trailers = body.trailers().await.expect("trailers").expect("some");
+            trailers["grpc-status"].clone()
+        }
+    };
+    assert_eq!(status, "1", "CANCELLED (tonic's \"Timeout expired\")");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "answered after {took:?}"
+    );
+    // An ordinary call on a new connection is served.
+    let mut meta = server.meta().await;
+    let info = meta.get_cluster_info(kvcm::proto::meta::GetClusterInfoRequest::default());
+    assert!(info.await.expect("served").into_inner().header.is_some());
 }

@@ -29,7 +29,7 @@ fn routers() -> &'static [Router; 4] {
             meta_router(handlers.meta.clone(), limits),
             admin_router(handlers.admin.clone(), handlers.core.clone(), limits, None),
             debug_router(handlers.debug.clone(), limits),
-            kvcm::pool::routes::router(manager),
+            kvcm::pool::routes::router(manager, limits),
         ]
     })
 }

@@ -5,7 +5,9 @@
 //!
 //! The server is built once per fuzzing process and keeps its state across inputs, as a
 //! long-running server does; libFuzzer's panic hook turns a panic on any thread (a handler
-//! on a runtime worker included) into a crash.
+//! on a runtime worker included) into a crash. Its access and audit logs are on, bodies
+//! included (small files, rotated), so every input's request and answer also pass through
+//! the logs' redaction on their writer threads.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -13,7 +15,8 @@ use std::time::Duration;
 use kvcm::config::ServerConfig;
 use kvcm::service::http::HttpLimits;
 use kvcm::service::rpcs::{Rpc, ALL};
-use kvcm::service::Handlers;
+use kvcm::access_log::AccessLog;
+use kvcm::service::{Handlers, LogSinks};
 
 /// RPCs the targets never call: they change this process's role in the election (a
 /// demoted node answers SERVER_NOT_LEADER to everything after), which tests/election.rs
@@ -28,6 +31,8 @@ pub struct Harness {
     pub handlers: Handlers,
     /// What an HTTP body may be (`kvcm.service.http_max_body_bytes`, `body_timeout_ms`).
     pub http_limits: HttpLimits,
+    /// The access and audit logs the handlers write.
+    _logs: AccessLog,
     /// The data directory (storage roots may lie only here).
     _dir: tempfile::TempDir,
 }
@@ -51,6 +56,12 @@ fn build() -> Result<Harness, String> {
         ("kvcm.journal.fsync", "never"),
         ("kvcm.lookup.enabled", "false"),
         ("kvcm.storage.probe_interval_ms", "0"),
+        ("kvcm.event_log.enabled", "false"),
+        ("kvcm.access_log.bodies", "true"),
+        ("kvcm.access_log.max_file_bytes", "1048576"),
+        ("kvcm.access_log.keep_files", "1"),
+        ("kvcm.audit_log.max_file_bytes", "1048576"),
+        ("kvcm.audit_log.keep_files", "1"),
     ] {
         config.set(key, value).map_err(|e| e.to_string())?;
     }
@@ -61,13 +72,20 @@ fn build() -> Result<Harness, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let manager = kvcm::server::embedded_manager(&config).map_err(|e| e.to_string())?;
+    let logs = AccessLog::from_config(&config).map_err(|e| e.to_string())?;
+    let sinks = LogSinks {
+        events: kvcm::events::EventSink::disabled(),
+        access: logs.sink(),
+    };
+    let limits = config.security.limits;
     Ok(Harness {
         runtime,
-        handlers: Handlers::new(Arc::clone(&manager), None),
+        handlers: Handlers::with_logs(Arc::clone(&manager), None, sinks, limits),
         http_limits: HttpLimits {
             max_body_bytes: config.http_max_body_bytes,
             body_timeout: Duration::from_millis(config.security.connections.body_timeout_ms),
         },
+        _logs: logs,
         _dir: dir,
     })
 }

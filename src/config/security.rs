@@ -84,6 +84,10 @@ pub struct ConnectionLimits {
     /// `kvcm.service.body_timeout_ms`: an HTTP request body not complete this long after its
     /// head is answered 408 `{}`.
     pub body_timeout_ms: u64,
+    /// `kvcm.service.grpc_request_timeout_ms`: a gRPC call not answered this long after its
+    /// headers arrived (a trickled request message included) is ended with CANCELLED
+    /// "Timeout expired"; a client's shorter `grpc-timeout` wins.
+    pub grpc_request_timeout_ms: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -93,6 +97,7 @@ impl Default for ConnectionLimits {
             idle_timeout_ms: 60_000,
             header_timeout_ms: 30_000,
             body_timeout_ms: 30_000,
+            grpc_request_timeout_ms: 30_000,
         }
     }
 }
@@ -122,7 +127,7 @@ pub struct SecurityConfig {
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 13] = [
+pub const SECURITY_KEYS: [&str; 14] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.service.bind_host",
@@ -132,6 +137,7 @@ pub const SECURITY_KEYS: [&str; 13] = [
     "kvcm.service.idle_timeout_ms",
     "kvcm.service.header_timeout_ms",
     "kvcm.service.body_timeout_ms",
+    "kvcm.service.grpc_request_timeout_ms",
     "kvcm.service.max_sessions_per_instance",
     "kvcm.service.max_instances_per_group",
     "kvcm.service.max_reporters_per_instance",
@@ -178,6 +184,9 @@ impl SecurityConfig {
             }
             "kvcm.service.body_timeout_ms" => {
                 connections.body_timeout_ms = positive(key, value)? as u64
+            }
+            "kvcm.service.grpc_request_timeout_ms" => {
+                connections.grpc_request_timeout_ms = positive(key, value)? as u64
             }
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }

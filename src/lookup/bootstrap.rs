@@ -1,19 +1,21 @@
 //! The bootstrap: `POST /kvcm/v1/lookupBootstrap` on the meta HTTP port, body
 //! `{"instance_id":"..."}`, answers where the instance's table is and how to connect
 //! (kvcm's own namespace: nothing of the reference's API changes). Errors answer a non-200
-//! status with `{"error":"..."}`: 404 unknown instance, 403 refused, 400 bad body, 503 the
-//! table cannot be published (clients then use gRPC).
+//! status with `{"error":"..."}`: 404 unknown instance, 403 refused, 400 bad body, 408 /
+//! 413 a body slower or larger than the listener's limits, 503 the table cannot be
+//! published (clients then use gRPC).
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use serde::{Deserialize, Serialize};
 
 use super::{AccessCheck, LookupError, LookupService, WIRE_SOFT_SHM, WIRE_SOFT_TCP};
+use crate::service::http::{own_answer, own_refusal, read_body, ClientAddr, HttpLimits};
 
 /// The route.
 pub const ROUTE: &str = "/kvcm/v1/lookupBootstrap";
@@ -87,53 +89,52 @@ impl LookupService {
     }
 }
 
-/// The bootstrap route, to merge into the meta HTTP router.
-pub fn router(service: Arc<LookupService>) -> Router {
-    Router::new().route(ROUTE, post(answer)).with_state(service)
+/// The bootstrap route, to merge into the meta HTTP router; bodies are read within
+/// `limits`.
+pub fn router(service: Arc<LookupService>, limits: HttpLimits) -> Router {
+    Router::new()
+        .route(ROUTE, post(answer))
+        .with_state((service, limits))
 }
 
 async fn answer(
-    State(service): State<Arc<LookupService>>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+    State((service, limits)): State<(Arc<LookupService>, HttpLimits)>,
+    request: Request,
 ) -> Response {
+    let authorization = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let peer = request.extensions().get::<ClientAddr>().map(|addr| addr.0);
+    let body = match read_body(request.into_body(), limits).await {
+        Ok(body) => body,
+        Err(status) => return own_refusal(status, "the body is too large or too slow"),
+    };
     let Ok(request) = serde_json::from_slice::<BootstrapRequest>(&body) else {
-        return refusal(
+        return own_refusal(
             StatusCode::BAD_REQUEST,
             "body must be {\"instance_id\":\"...\"}",
         );
     };
-    let authorization = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
     let task = tokio::task::spawn_blocking(move || {
         let check = AccessCheck {
             instance_id: &request.instance_id,
-            peer: None,
+            peer,
             authorization: authorization.as_deref(),
         };
         service.bootstrap(&check)
     });
     match task.await {
-        Ok(Ok(answer)) => json(StatusCode::OK, &answer),
+        Ok(Ok(answer)) => own_answer(StatusCode::OK, &answer),
         Ok(Err(error)) => {
             let status = match error {
                 LookupError::UnknownInstance(_) => StatusCode::NOT_FOUND,
                 LookupError::Refused(_) => StatusCode::FORBIDDEN,
                 _ => StatusCode::SERVICE_UNAVAILABLE,
             };
-            refusal(status, &error.to_string())
+            own_refusal(status, &error.to_string())
         }
-        Err(_) => refusal(StatusCode::INTERNAL_SERVER_ERROR, "bootstrap failed"),
+        Err(_) => own_refusal(StatusCode::INTERNAL_SERVER_ERROR, "bootstrap failed"),
     }
-}
-
-fn refusal(status: StatusCode, message: &str) -> Response {
-    json(status, &serde_json::json!({ "error": message }))
-}
-
-fn json(status: StatusCode, body: &impl Serialize) -> Response {
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
-    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }

@@ -1,15 +1,18 @@
 //! The server's side of pool membership, on the meta HTTP port in kvcm's own namespace:
 //! `POST /kvcm/v1/poolJoin`, `/kvcm/v1/poolHeartbeat` and `/kvcm/v1/poolNodes` (JSON
 //! bodies below); errors answer `{"error":"..."}` with 400 (bad body or value), 404
-//! (unknown storage, or an incarnation that is not live: join again) or 500. And the
-//! reaper thread that declares silent nodes dead.
+//! (unknown storage, or an incarnation that is not live: join again), 408 / 413 (a body
+//! slower than `kvcm.service.body_timeout_ms` or larger than
+//! `kvcm.service.http_max_body_bytes`) or 500. And the reaper thread that declares silent
+//! nodes dead.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use kvcm_manager::{Manager, ManagerError};
@@ -17,6 +20,8 @@ use kvcm_storage::pool::{PoolNodeJoin, PoolNodeStatus};
 use kvcm_storage::StorageError;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+use crate::service::http::{own_answer, own_refusal, read_body, HttpLimits};
 
 /// Join route.
 pub const JOIN_ROUTE: &str = "/kvcm/v1/poolJoin";
@@ -102,17 +107,26 @@ impl From<PoolNodeStatus> for NodeAnswer {
     }
 }
 
-/// The membership routes, to merge into the meta HTTP router.
-pub fn router(manager: Arc<Manager>) -> Router {
+/// The membership routes, to merge into the meta HTTP router; bodies are read within
+/// `limits`.
+pub fn router(manager: Arc<Manager>, limits: HttpLimits) -> Router {
     Router::new()
         .route(JOIN_ROUTE, post(join))
         .route(HEARTBEAT_ROUTE, post(heartbeat))
         .route(NODES_ROUTE, post(nodes))
-        .with_state(manager)
+        .with_state(Routes { manager, limits })
 }
 
-async fn join(State(manager): State<Arc<Manager>>, body: axum::body::Bytes) -> Response {
-    answer(&body, move |request: JoinRequest| {
+/// What the routes share.
+#[derive(Clone)]
+struct Routes {
+    manager: Arc<Manager>,
+    limits: HttpLimits,
+}
+
+async fn join(State(routes): State<Routes>, body: Body) -> Response {
+    let manager = routes.manager;
+    answer(body, routes.limits, move |request: JoinRequest| {
         let join = PoolNodeJoin {
             node_id: request.node_id,
             endpoint: request.endpoint,
@@ -127,16 +141,18 @@ async fn join(State(manager): State<Arc<Manager>>, body: axum::body::Bytes) -> R
     .await
 }
 
-async fn heartbeat(State(manager): State<Arc<Manager>>, body: axum::body::Bytes) -> Response {
-    answer(&body, move |request: HeartbeatRequest| {
+async fn heartbeat(State(routes): State<Routes>, body: Body) -> Response {
+    let manager = routes.manager;
+    answer(body, routes.limits, move |request: HeartbeatRequest| {
         manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
         Ok(serde_json::json!({}))
     })
     .await
 }
 
-async fn nodes(State(manager): State<Arc<Manager>>, body: axum::body::Bytes) -> Response {
-    answer(&body, move |request: NodesRequest| {
+async fn nodes(State(routes): State<Routes>, body: Body) -> Response {
+    let manager = routes.manager;
+    answer(body, routes.limits, move |request: NodesRequest| {
         let nodes = manager.pool_nodes(&request.storage)?;
         Ok(NodesAnswer {
             nodes: nodes.into_iter().map(NodeAnswer::from).collect(),
@@ -145,24 +161,29 @@ async fn nodes(State(manager): State<Arc<Manager>>, body: axum::body::Bytes) -> 
     .await
 }
 
-/// Decodes the body, runs `handle` off the async threads (a join may sweep an index) and
-/// encodes its answer or error.
+/// Reads and decodes the body, runs `handle` off the async threads (a join may sweep an
+/// index) and encodes its answer or error.
 async fn answer<Q, A>(
-    body: &[u8],
+    body: Body,
+    limits: HttpLimits,
     handle: impl FnOnce(Q) -> Result<A, ManagerError> + Send + 'static,
 ) -> Response
 where
     Q: DeserializeOwned + Send + 'static,
     A: Serialize + Send + 'static,
 {
-    let request: Q = match serde_json::from_slice(body) {
+    let body = match read_body(body, limits).await {
+        Ok(body) => body,
+        Err(status) => return own_refusal(status, "the body is too large or too slow"),
+    };
+    let request: Q = match serde_json::from_slice(&body) {
         Ok(request) => request,
-        Err(error) => return refusal(StatusCode::BAD_REQUEST, &format!("bad body: {error}")),
+        Err(error) => return own_refusal(StatusCode::BAD_REQUEST, &format!("bad body: {error}")),
     };
     match tokio::task::spawn_blocking(move || handle(request)).await {
-        Ok(Ok(answer)) => json(StatusCode::OK, &answer),
-        Ok(Err(error)) => refusal(status_of(&error), &error.to_string()),
-        Err(_) => refusal(StatusCode::INTERNAL_SERVER_ERROR, "pool request failed"),
+        Ok(Ok(answer)) => own_answer(StatusCode::OK, &answer),
+        Ok(Err(error)) => own_refusal(status_of(&error), &error.to_string()),
+        Err(_) => own_refusal(StatusCode::INTERNAL_SERVER_ERROR, "pool request failed"),
     }
 }
 
@@ -176,15 +197,6 @@ fn status_of(error: &ManagerError) -> StatusCode {
         }
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
-}
-
-fn refusal(status: StatusCode, message: &str) -> Response {
-    json(status, &serde_json::json!({ "error": message }))
-}
-
-fn json(status: StatusCode, body: &impl Serialize) -> Response {
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
-    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }
 
 /// Declares silent pool nodes dead every `interval` until the manager is gone.

@@ -207,7 +207,9 @@ pub async fn start(
         || AdminServiceServer::with_interceptor(handlers.admin.clone(), gate(Service::Admin));
     let debug_service =
         || DebugServiceServer::with_interceptor(handlers.debug.clone(), gate(Service::Debug));
+    let grpc_timeout = Duration::from_millis(security.connections.grpc_request_timeout_ms);
     let grpc = Server::builder()
+        .timeout(grpc_timeout)
         .add_service(MetaServiceServer::new(handlers.meta.clone()))
         .add_optional_service(shared.then(admin_service))
         .add_optional_service((shared && debug).then(debug_service));
@@ -215,6 +217,7 @@ pub async fn start(
     server.spawn_grpc(main_grpc, grpc, &stop_rx).await?;
     if !shared {
         let admin_grpc = Server::builder()
+            .timeout(grpc_timeout)
             .add_service(admin_service())
             .add_optional_service(debug.then(debug_service));
         let listen = Listen::new("admin_grpc", admin_host, config.admin_rpc_port);
@@ -227,11 +230,11 @@ pub async fn start(
         let service = LookupService::start(manager, meta, &config.lookup, lookup::allow_all())
             .map_err(|e| ServerError::Lookup(e.to_string()))?;
         tracing::info!("lookup tables: queue pairs on {}", service.connect_addr());
-        meta_http = meta_http.merge(lookup::router(service.clone()));
+        meta_http = meta_http.merge(lookup::router(service.clone(), limit));
         server.lookup = Some(service);
     }
     let manager = &handlers.core.manager;
-    meta_http = meta_http.merge(pool::routes::router(manager.clone()));
+    meta_http = meta_http.merge(pool::routes::router(manager.clone(), limit));
     let reap_every = std::time::Duration::from_millis(config.pool.heartbeat_ms / 2).max(MIN_REAP);
     pool::routes::start_reaper(manager, reap_every)
         .map_err(|e| ServerError::Pool(e.to_string()))?;

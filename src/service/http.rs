@@ -12,13 +12,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use super::admin::AdminHandler;
 use super::auth::Caller;
@@ -121,11 +122,9 @@ where
     Resp: Reply + JsonBody + Send + 'static,
 {
     let logged = line.is_some();
-    let read = axum::body::to_bytes(body, limits.max_body_bytes);
-    let bytes = match tokio::time::timeout(limits.body_timeout, read).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(_)) => return Answer::refused(StatusCode::PAYLOAD_TOO_LARGE),
-        Err(_) => return Answer::refused(StatusCode::REQUEST_TIMEOUT),
+    let bytes = match read_body(body, limits).await {
+        Ok(bytes) => bytes,
+        Err(status) => return Answer::refused(status),
     };
     if let Some((line, access)) = line {
         line.request_json(access, &bytes);
@@ -157,6 +156,28 @@ where
         trace_id,
         reply_status,
     }
+}
+
+/// Reads a request body within `limits`: `Err(413)` beyond its size, `Err(408)` when it is
+/// not complete within its deadline. Every POST route of kvcm's listeners reads through it.
+pub async fn read_body(body: Body, limits: HttpLimits) -> Result<Bytes, StatusCode> {
+    let read = axum::body::to_bytes(body, limits.max_body_bytes);
+    match tokio::time::timeout(limits.body_timeout, read).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(StatusCode::PAYLOAD_TOO_LARGE),
+        Err(_) => Err(StatusCode::REQUEST_TIMEOUT),
+    }
+}
+
+/// The answer of kvcm's own routes (lookup bootstrap, pool membership): `body` as JSON.
+pub fn own_answer(status: StatusCode, body: &impl Serialize) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    json_answer(status, bytes)
+}
+
+/// A refusal of kvcm's own routes: `{"error": message}`.
+pub fn own_refusal(status: StatusCode, message: &str) -> Response {
+    own_answer(status, &serde_json::json!({ "error": message }))
 }
 
 fn json_answer(status: StatusCode, body: Vec<u8>) -> Response {
