@@ -12,10 +12,10 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use kvcm::access_log::AccessLog;
 use kvcm::config::ServerConfig;
 use kvcm::service::http::HttpLimits;
 use kvcm::service::rpcs::{Rpc, ALL};
-use kvcm::access_log::AccessLog;
 use kvcm::service::{Handlers, LogSinks};
 
 /// RPCs the targets never call: they change this process's role in the election (a
