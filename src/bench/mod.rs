@@ -5,8 +5,10 @@
 //! beside a plain HashMap. The server writes its event log as `kvcm serve` does by default
 //! (`KVCM_EVENT_LOG_ENABLED=false` and the other `KVCM_EVENT_LOG_*` variables apply).
 //! `kvcm bench --memory` measures memory per SERVING block instead (see `memory`),
-//! `kvcm bench --reports` the cache-subscriber RPCs (see `reports`).
+//! `kvcm bench --reports` the cache-subscriber RPCs (see `reports`), `kvcm bench --attack`
+//! the lookup latency during issue 14's attacks (see `attack`).
 
+mod attack;
 mod echo;
 mod http_client;
 mod index;
@@ -51,6 +53,9 @@ pub struct BenchArgs {
     /// Measure the cache-subscriber RPCs (ReportEvent, GetHostCacheState) instead.
     #[arg(long)]
     pub reports: bool,
+    /// Measure GetCacheLocation idle and during each hostile-client attack instead.
+    #[arg(long)]
+    pub attack: bool,
 }
 
 const PREFIX_SIZES: [usize; 2] = [16, 128];
@@ -59,6 +64,9 @@ const PREFIX_SIZES: [usize; 2] = [16, 128];
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.reports {
         return reports::run();
+    }
+    if args.attack {
+        return attack::run(&args);
     }
     if args.memory {
         let serve_binary = match args.serve_binary {
@@ -79,26 +87,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let data_dir = std::env::temp_dir().join(format!("kvcm-bench-{}", std::process::id()));
-    let mut config = ServerConfig {
-        rpc_port: 0,
-        http_port: 0,
-        admin_http_port: 0,
-        data_dir: data_dir.clone(),
-        ..ServerConfig::default()
-    };
-    // `KVCM_EVENT_LOG_ENABLED=false` / `KVCM_ACCESS_LOG_ENABLED=false` measure the server
-    // without its event / access log, `KVCM_JOURNAL_FSYNC=never` (or
-    // `KVCM_JOURNAL_ENABLED=false`) with a lighter journal.
-    let keys = kvcm::config::EVENT_LOG_KEYS
-        .iter()
-        .chain(&kvcm::config::ACCESS_LOG_KEYS)
-        .chain(&kvcm::config::JOURNAL_KEYS);
-    for key in keys {
-        if let Ok(value) = std::env::var(kvcm::config::env_name(key)) {
-            config.set(key, &value)?;
-        }
-    }
-    config.validate()?;
+    let config = bench_config(&data_dir)?;
     let events = kvcm::events::EventLog::from_config(&config)?;
     let access = kvcm::access_log::AccessLog::from_config(&config)?;
     let logs = kvcm::service::LogSinks {
@@ -106,16 +95,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         access: access.sink(),
     };
     let (grpc, http, echo_grpc, echo_http) = server_runtime.block_on(async {
-        let manager = kvcm::server::embedded_manager(&config)?;
-        let handlers =
-            kvcm::service::Handlers::with_logs(manager, None, logs, config.security.limits);
-        let server = kvcm::server::start(&config, handlers).await?;
-        let answers = seed(&server.handlers.meta)?;
+        let (grpc, http, answers) = start_seeded(&config, logs).await?;
         let echo_http = echo::spawn_http_echo(answers.clone()).await?;
         let echo_grpc = echo::spawn_grpc_echo(echo::EchoMeta { answers }).await?;
-        let grpc = server.addresses["grpc"];
-        let http = server.addresses["http"];
-        std::mem::forget(server); // serves until the process exits
         anyhow::Ok((grpc, http, echo_grpc, echo_http))
     })?;
     let local = |a: SocketAddr| SocketAddr::from(([127, 0, 0, 1], a.port()));
@@ -158,6 +140,51 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     index::run(args.index_keys);
     let _ = std::fs::remove_dir_all(&data_dir);
     Ok(())
+}
+
+/// The server's configuration: `kvcm serve`'s defaults on OS-chosen ports, data in
+/// `data_dir`. `KVCM_EVENT_LOG_ENABLED=false` / `KVCM_ACCESS_LOG_ENABLED=false` /
+/// `KVCM_AUDIT_LOG_ENABLED=false` measure the server without that log,
+/// `KVCM_JOURNAL_FSYNC=never` (or `KVCM_JOURNAL_ENABLED=false`) with a lighter journal.
+fn bench_config(data_dir: &std::path::Path) -> anyhow::Result<ServerConfig> {
+    let mut config = ServerConfig {
+        rpc_port: 0,
+        http_port: 0,
+        admin_http_port: 0,
+        data_dir: data_dir.to_path_buf(),
+        ..ServerConfig::default()
+    };
+    let keys = kvcm::config::EVENT_LOG_KEYS
+        .iter()
+        .chain(&kvcm::config::ACCESS_LOG_KEYS)
+        .chain(&kvcm::config::AUDIT_LOG_KEYS)
+        .chain(&kvcm::config::JOURNAL_KEYS);
+    for key in keys {
+        if let Ok(value) = std::env::var(kvcm::config::env_name(key)) {
+            config.set(key, &value)?;
+        }
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// Starts the server (on the calling runtime; it serves until the process exits) and seeds
+/// instance `bench`; returns its gRPC and meta HTTP addresses and the real prefix answers.
+async fn start_seeded(
+    config: &ServerConfig,
+    logs: kvcm::service::LogSinks,
+) -> anyhow::Result<(
+    SocketAddr,
+    SocketAddr,
+    Vec<(usize, meta::GetCacheLocationResponse)>,
+)> {
+    let manager = kvcm::server::embedded_manager(config)?;
+    let handlers = kvcm::service::Handlers::with_logs(manager, None, logs, config.security.limits);
+    let server = kvcm::server::start(config, handlers).await?;
+    let answers = seed(&server.handlers.meta)?;
+    let (grpc, http) = (server.addresses["grpc"], server.addresses["http"]);
+    std::mem::forget(server); // serves until the process exits
+    Ok((grpc, http, answers))
 }
 
 /// Measures the targets of one comparison (the first is the floor) and prints them.

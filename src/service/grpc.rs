@@ -2,7 +2,8 @@
 //! hands the decoded request to the handler of the same name. Application errors travel in
 //! `header.status`; the gRPC status is always OK (as in the reference). Blocking RPCs
 //! (file-system work, whole-instance scans, opening backends) run on tokio's blocking pool,
-//! never on a runtime thread. Every call gets its access-log line.
+//! never on a runtime thread, and so do calls whose request is large (many keys,
+//! [`super::rpcs::HEAVY_REQUEST_BYTES`]). Every call gets its access-log line.
 
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ pub(super) async fn serve<Req, Resp>(
     call: impl FnOnce(Req) -> Resp + Send + 'static,
 ) -> Result<Response<Resp>, Status>
 where
-    Req: Serialize + Send + 'static,
+    Req: prost::Message + Serialize + Send + 'static,
     Resp: Reply + JsonBody + Send + 'static,
 {
     let started = Instant::now();
@@ -37,7 +38,7 @@ where
     if let Some(line) = line.as_mut() {
         line.request_message(access, &request);
     }
-    let served = match rpc.mode {
+    let served = match rpc.mode.for_request(request.encoded_len()) {
         Mode::Inline => Ok(served_since(started, || call(request))),
         Mode::Blocking => {
             tokio::task::spawn_blocking(move || served_since(started, || call(request))).await

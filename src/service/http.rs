@@ -129,19 +129,32 @@ where
     if let Some((line, access)) = line {
         line.request_json(access, &bytes);
     }
-    let Ok(request) = json::decode::<Req>(&bytes) else {
+    let mode = mode.for_request(bytes.len());
+    let work = move || process(&bytes, logged, started, call);
+    match mode {
+        Mode::Inline => work(),
+        Mode::Blocking => tokio::task::spawn_blocking(work)
+            .await
+            .unwrap_or_else(|_| Answer::refused(StatusCode::INTERNAL_SERVER_ERROR)),
+    }
+}
+
+/// Decodes, calls, encodes (on a blocking thread for a blocking mode: the JSON of a large
+/// request and of its answer is work too).
+fn process<Req, Resp>(
+    bytes: &[u8],
+    logged: bool,
+    started: Instant,
+    call: impl FnOnce(Req) -> Resp,
+) -> Answer
+where
+    Req: DeserializeOwned,
+    Resp: Reply + JsonBody,
+{
+    let Ok(request) = json::decode::<Req>(bytes) else {
         return Answer::refused(StatusCode::BAD_REQUEST);
     };
-    let (reply, trace_id) = match mode {
-        Mode::Inline => served_since(started, || call(request)),
-        Mode::Blocking => {
-            let task = tokio::task::spawn_blocking(move || served_since(started, || call(request)));
-            match task.await {
-                Ok(served) => served,
-                Err(_) => return Answer::refused(StatusCode::INTERNAL_SERVER_ERROR),
-            }
-        }
-    };
+    let (reply, trace_id) = served_since(started, || call(request));
     let reply_status = reply
         .status()
         .filter(|_| logged)

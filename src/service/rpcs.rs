@@ -34,6 +34,22 @@ pub enum Mode {
     Blocking,
 }
 
+/// Request bytes beyond which an inline RPC runs on the blocking pool instead (about 7,000
+/// keys): a call that resolves many keys and builds a large answer (a 100k-key batch get
+/// takes tens of ms) must not hold a runtime thread that small calls are waiting for.
+pub const HEAVY_REQUEST_BYTES: usize = 64 << 10;
+
+impl Mode {
+    /// How a call of this mode whose request is `request_bytes` long runs.
+    pub fn for_request(self, request_bytes: usize) -> Mode {
+        if request_bytes > HEAVY_REQUEST_BYTES {
+            Mode::Blocking
+        } else {
+            self
+        }
+    }
+}
+
 /// One RPC as the edge serves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rpc {
