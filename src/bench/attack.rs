@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use super::measure::{paired_latency, Figures, Target};
-use super::{bench_config, prefix_request, start_seeded, BenchArgs};
+use super::{bench_config, prefix_request, runtimes, start_seeded, BenchArgs};
 
 /// Connections of a trickling attack, and of the idle flood.
 const TRICKLERS: usize = 400;
@@ -58,13 +58,7 @@ const ATTACKS: [Attack; 5] = [
 
 /// Runs the attack benchmark and prints its table.
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let server_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let client_runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let (server_runtime, client_runtime) = runtimes()?;
     let attack_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -79,13 +79,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             serve_binary,
         });
     }
-    let server_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let client_runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let (server_runtime, client_runtime) = runtimes()?;
     let data_dir = std::env::temp_dir().join(format!("kvcm-bench-{}", std::process::id()));
     let config = bench_config(&data_dir)?;
     let events = kvcm::events::EventLog::from_config(&config)?;
@@ -140,6 +134,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     index::run(args.index_keys);
     let _ = std::fs::remove_dir_all(&data_dir);
     Ok(())
+}
+
+/// The server's runtime (two workers) and the measuring client's (one thread).
+fn runtimes() -> anyhow::Result<(tokio::runtime::Runtime, tokio::runtime::Runtime)> {
+    let server = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let client = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok((server, client))
 }
 
 /// The server's configuration: `kvcm serve`'s defaults on OS-chosen ports, data in
