@@ -84,15 +84,6 @@ pub struct AccessLog {
 }
 
 impl AccessLog {
-    /// Logs that write nothing.
-    pub fn disabled() -> AccessLog {
-        AccessLog {
-            access: BackgroundLog::disabled(),
-            audit: BackgroundLog::disabled(),
-            sink: AccessSink::default(),
-        }
-    }
-
     /// The logs `kvcm serve` writes under this configuration (each off when its
     /// `enabled` key is false).
     pub fn from_config(config: &ServerConfig) -> Result<AccessLog, LogError> {
@@ -177,11 +168,6 @@ impl Default for AccessSink {
 }
 
 impl AccessSink {
-    /// A sink that logs nothing.
-    pub fn disabled() -> AccessSink {
-        AccessSink::default()
-    }
-
     /// Whether either log is written.
     pub fn is_enabled(&self) -> bool {
         self.access.is_enabled() || self.audit.is_enabled()

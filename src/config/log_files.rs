@@ -57,9 +57,6 @@ impl Default for LogFilesConfig {
     }
 }
 
-/// The key suffixes of every rotated log, in the order they are documented.
-const SUFFIXES: [&str; 4] = ["enabled", "dir", "max_file_bytes", "keep_files"];
-
 /// The event-log keys, in the order they are documented.
 pub const EVENT_LOG_KEYS: [&str; 4] = [
     "kvcm.event_log.enabled",
@@ -72,11 +69,6 @@ pub const EVENT_LOG_KEYS: [&str; 4] = [
 const MAX_KEEP_FILES: usize = 10_000;
 
 impl LogFilesConfig {
-    /// Whether `key` is one of the four keys under `prefix`.
-    pub fn owns(prefix: &str, key: &str) -> bool {
-        suffix(prefix, key).is_some_and(|suffix| SUFFIXES.contains(&suffix))
-    }
-
     /// Sets one `<prefix>.*` key from its text form.
     pub fn set(&mut self, prefix: &str, key: &str, value: &str) -> Result<(), ConfigError> {
         match suffix(prefix, key) {
@@ -172,12 +164,6 @@ mod tests {
             .set(EVENT_LOG_PREFIX, "kvcm.event_log.nope", "1")
             .unwrap_err();
         assert!(error.to_string().contains("kvcm.event_log.nope"), "{error}");
-        assert!(!LogFilesConfig::owns(
-            EVENT_LOG_PREFIX,
-            "kvcm.event_log.nope"
-        ));
-        assert!(LogFilesConfig::owns(EVENT_LOG_PREFIX, "kvcm.event_log.dir"));
-        assert!(!LogFilesConfig::owns(EVENT_LOG_PREFIX, "kvcm.event_logdir"));
     }
 
     #[test]

@@ -395,8 +395,7 @@ mod tests {
     #[test]
     fn the_grpc_gate_enforces_only_when_asked() {
         let request = || tonic::Request::new(());
-        let gate =
-            |enforce| GrpcGate::new(&auth(), enforce, Service::Admin, AccessSink::disabled());
+        let gate = |enforce| GrpcGate::new(&auth(), enforce, Service::Admin, AccessSink::default());
         let mut open = gate(false);
         assert!(tonic::service::Interceptor::call(&mut open, request()).is_ok());
         let mut gate = gate(true);
