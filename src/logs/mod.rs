@@ -1,5 +1,5 @@
-//! Background JSON-lines logs: the event log ([`crate::events`]) and the access log
-//! ([`crate::access_log`]).
+//! Background JSON-lines logs: the event log ([`crate::events`]), the access log and the
+//! audit log ([`crate::access_log`]).
 //!
 //! The request path only offers a record to a bounded channel ([`LogFeed::offer`]); it never
 //! blocks: a full channel drops the record and counts it. One background thread per log
@@ -36,7 +36,7 @@ pub enum LogError {
     /// The log directory or its current file cannot be opened.
     #[error("{log} {path}: {source}")]
     Open {
-        /// Which log ("event log", "access log").
+        /// Which log ("event log", "access log", "audit log").
         log: &'static str,
         /// The log directory.
         path: PathBuf,
