@@ -17,8 +17,12 @@ fn log_lines(dir: &Path, stem: &str) -> Vec<Value> {
     RotatingLog::files_oldest_first(dir, stem)
         .iter()
         .flat_map(|path| {
-            let text = std::fs::read_to_string(path).expect("read access log");
-            text.lines()
+            // A file renamed away since the listing is read on the next poll.
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            // A line still being written has no newline yet.
+            let complete = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+            complete
+                .lines()
                 .map(|line| serde_json::from_str(line).expect("a line is one JSON object"))
                 .collect::<Vec<Value>>()
         })
@@ -32,16 +36,23 @@ async fn lines_through(dir: &Path, trace_id: &str) -> Vec<Value> {
 }
 
 /// The lines of the log of stem `stem` once one with `trace_id` has been written.
+///
+/// A read that races a rotation can miss the file being renamed, so the lines
+/// returned come from a second read begun after the line was seen: the
+/// rotation that preceded its write is complete by then.
 async fn stem_lines_through(dir: &Path, stem: &str, trace_id: &str) -> Vec<Value> {
     let written = wait_until(Duration::from_secs(10), async || {
         let lines = log_lines(dir, stem);
         lines
             .iter()
             .any(|line| line["trace_id"] == trace_id)
-            .then_some(lines)
+            .then_some(())
     })
     .await;
-    written.unwrap_or_else(|| panic!("no {stem} line for {trace_id}: {:?}", log_lines(dir, stem)))
+    if written.is_none() {
+        panic!("no {stem} line for {trace_id}: {:?}", log_lines(dir, stem));
+    }
+    log_lines(dir, stem)
 }
 
 /// The one line of `api` with `trace_id`.
