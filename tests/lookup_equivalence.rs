@@ -3,7 +3,8 @@
 //! writes, removals, trims, table growth, a storage disabled and re-enabled, every storage
 //! disabled), with random queries of all three types after every step, on both soft wires;
 //! and keys with a replica on each storage (`min_replica_count`), whose readable set the
-//! fast path must draw from exactly as gRPC does.
+//! fast path must draw from exactly as gRPC does; and keys cache subscribers report
+//! (ReportEvent), which the fast path leaves to the server.
 
 mod common;
 mod lookup_common;
@@ -348,4 +349,57 @@ fn replicated_keys_answer_the_same_readable_set_on_soft_tcp() {
 #[test]
 fn replicated_keys_answer_the_same_readable_set_on_soft_shm() {
     replicas_on(Wire::Shm);
+}
+
+/// Keys kvcm stores (the lower half of the universe) and keys a subscriber reports (the
+/// upper half): each key has one candidate, so every answer is determined.
+fn reported_on(wire: Wire) {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let server = runtime.block_on(async {
+        let server = TestServer::start().await;
+        prepare(&server).await;
+        add_reporting(&server).await;
+        let own: Vec<i64> = (0..UNIVERSE / 2).collect();
+        let started = start(&server, &own, &[], 30).await;
+        finish(&server, &started["write_session_id"], vec![true; own.len()]).await;
+        server
+    });
+    let client = client(&server, wire);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut compare = |queries: usize| {
+        for _ in 0..queries {
+            let request = random_query(&mut rng);
+            let fast = fast_answer(&client, &request);
+            let slow = runtime.block_on(grpc_answer(&server, request.clone()));
+            assert_eq!(fast, slow, "{wire:?}, {request:?}");
+        }
+    };
+    compare(20);
+    let before = client.metrics();
+    // (A query the server refuses, as a bad `sw_size`, is asked of it.)
+    assert!(before.hits >= 10, "the fast path answered: {before:?}");
+    let reported: Vec<i64> = (UNIVERSE / 2..UNIVERSE).collect();
+    runtime.block_on(report_keys(&server, "sub:1", &reported));
+    compare(60);
+    let after = client.metrics();
+    assert_eq!(
+        (after.hits, after.fallbacks - before.fallbacks),
+        (before.hits, 60),
+        "the server answered every query once reports arrived: {after:?}"
+    );
+    let all: Vec<i64> = (0..UNIVERSE).collect();
+    let found = client.prefix_match(&all).expect("prefix match");
+    assert_eq!(found.len(), UNIVERSE as usize, "own and reported keys");
+    let last = &found[UNIVERSE as usize - 1];
+    assert_eq!(last.r#type, meta::StorageType::StEventReportL1p5 as i32);
+}
+
+#[test]
+fn reported_keys_are_answered_as_grpc_answers_them_on_soft_tcp() {
+    reported_on(Wire::Tcp);
+}
+
+#[test]
+fn reported_keys_are_answered_as_grpc_answers_them_on_soft_shm() {
+    reported_on(Wire::Shm);
 }

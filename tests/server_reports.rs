@@ -1269,3 +1269,185 @@ async fn reporters_per_instance_are_capped_and_known_ones_keep_reporting() {
         "OK"
     );
 }
+
+/// A GetCacheLocation over HTTP: its locations as `(type, spec_size, [(name, uri without
+/// s_version)])`.
+async fn cache_locations(
+    server: &TestServer,
+    query_type: &str,
+    keys: &[i64],
+    spec_names: &[&str],
+) -> Vec<(String, i64, Vec<(String, String)>)> {
+    let body = json!({"trace_id": "loc", "instance_id": "inst", "query_type": query_type,
+                      "block_keys": keys, "location_spec_names": spec_names});
+    let answer = server.meta_http("getCacheLocation", body).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+    let locations = answer["locations"].as_array().expect("locations");
+    let unversioned = |uri: &str| uri.split("&s_version=").next().unwrap_or("").to_string();
+    locations
+        .iter()
+        .map(|location| {
+            let specs = location["location_specs"].as_array().expect("specs");
+            let specs = specs.iter().map(|spec| {
+                let uri = spec["uri"].as_str().unwrap_or("");
+                (spec["name"].as_str().unwrap().to_string(), unversioned(uri))
+            });
+            (
+                location["type"].as_str().unwrap().to_string(),
+                location["spec_size"].as_i64().unwrap(),
+                specs.collect(),
+            )
+        })
+        .collect()
+}
+
+fn reported_uri(host: &str, medium: &str, key: i64) -> String {
+    format!("event_report://{host}/{medium}/{key}?size=64")
+}
+
+#[tokio::test]
+async fn get_cache_location_answers_the_visible_reported_locations() {
+    let server = TestServer::start().await;
+    reporting_instance(&server, steady_timings()).await;
+    let both = add_specs("a:1", "memory", 1, &["F0", "L1"]);
+    let added = l1(&server, "a:1", vec![add("a:1", "gpu", 2), both]).await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let l2 = report(
+        &server,
+        "v:1",
+        "ST_EVENT_REPORT_L2",
+        vec![add("v:1", "gpu", 3)],
+    )
+    .await;
+    assert_eq!(code(&l2), "OK", "{l2}");
+
+    // Prefix match runs over reported keys and stops at the first key nobody holds.
+    let l1p5 = |specs: &[(&str, &str, i64)]| {
+        let specs = specs
+            .iter()
+            .map(|(name, medium, key)| (name.to_string(), reported_uri("a:1", medium, *key)));
+        (
+            "ST_EVENT_REPORT_L1P5".to_string(),
+            specs.len() as i64,
+            specs.collect::<Vec<_>>(),
+        )
+    };
+    let found = cache_locations(&server, "QT_PREFIX_MATCH", &[1, 2, 3, 4, 5], &[]).await;
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(found[0], l1p5(&[("F0", "memory", 1), ("L1", "memory", 1)]));
+    assert_eq!(found[1], l1p5(&[("F0", "gpu", 2)]));
+    let l2_location = (
+        "ST_EVENT_REPORT_L2".to_string(),
+        1,
+        vec![("F0".to_string(), reported_uri("v:1", "gpu", 3))],
+    );
+    assert_eq!(found[2], l2_location);
+    let len = server
+        .meta_http(
+            "getCacheLocationLen",
+            json!({"instance_id": "inst",
+            "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2, 3, 4, 5]}),
+        )
+        .await;
+    assert_eq!(len["cache_location_len"], "3", "{len}");
+
+    // A spec-name filter keeps spec_size; a batch get answers misses with placeholders.
+    let filtered = cache_locations(&server, "QT_BATCH_GET", &[1, 9], &["L1"]).await;
+    let placeholder = (
+        "ST_UNSPECIFIED".to_string(),
+        2,
+        vec![("L1".into(), String::new())],
+    );
+    assert_eq!(
+        filtered,
+        vec![
+            (
+                "ST_EVENT_REPORT_L1P5".to_string(),
+                2,
+                vec![("L1".into(), reported_uri("a:1", "memory", 1))]
+            ),
+            placeholder
+        ]
+    );
+
+    // A reporter's mediums holding a key answer as one location: the drawn medium's specs
+    // first, then the others' not answered yet.
+    assert_eq!(
+        code(&l1(&server, "a:1", vec![add("a:1", "gpu", 1)]).await),
+        "OK"
+    );
+    let mut f0_mediums = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let found = cache_locations(&server, "QT_BATCH_GET", &[1], &[]).await;
+        let (_, spec_size, specs) = &found[0];
+        assert_eq!((*spec_size, specs.len()), (2, 2), "{found:?}");
+        assert_eq!(specs[1], ("L1".into(), reported_uri("a:1", "memory", 1)));
+        assert_eq!(specs[0].0, "F0");
+        f0_mediums.insert(specs[0].1.clone());
+    }
+    let both_mediums = [
+        reported_uri("a:1", "gpu", 1),
+        reported_uri("a:1", "memory", 1),
+    ];
+    assert_eq!(f0_mediums, both_mediums.into_iter().collect());
+
+    // gRPC answers the same.
+    let mut meta = server.meta().await;
+    let answer = meta
+        .get_cache_location(meta::GetCacheLocationRequest {
+            trace_id: "loc".into(),
+            instance_id: "inst".into(),
+            query_type: meta::QueryType::QtPrefixMatch as i32,
+            block_keys: vec![2, 3, 4],
+            ..Default::default()
+        })
+        .await
+        .expect("grpc")
+        .into_inner();
+    assert_eq!(grpc_code(&answer.header), meta::ErrorCode::Ok);
+    let types: Vec<i32> = answer.locations.iter().map(|l| l.r#type).collect();
+    assert_eq!(
+        types,
+        vec![
+            meta::StorageType::StEventReportL1p5 as i32,
+            meta::StorageType::StEventReportL2 as i32
+        ]
+    );
+    assert!(answer.locations[0].location_specs[0]
+        .uri
+        .starts_with(&format!("{}&s_version=", reported_uri("a:1", "gpu", 2))));
+
+    // A reporter that went down is no longer answered; kvcm's own copy still is.
+    server.write_keys("inst", &[2]).await;
+    assert_eq!(code(&l1(&server, "a:1", vec![host_down()]).await), "OK");
+    let after = cache_locations(&server, "QT_PREFIX_MATCH", &[1, 2], &[]).await;
+    assert!(after.is_empty(), "key 1 was a:1's only: {after:?}");
+    let own = cache_locations(&server, "QT_BATCH_GET", &[2], &[]).await;
+    assert_eq!(own[0].0, "ST_NFS", "{own:?}");
+}
+
+#[tokio::test]
+async fn reported_and_own_locations_are_drawn_by_weight() {
+    let server = TestServer::start().await;
+    reporting_instance(&server, steady_timings()).await;
+    server.write_keys("inst", &[7]).await;
+    assert_eq!(
+        code(&l1(&server, "a:1", vec![add("a:1", "gpu", 7)]).await),
+        "OK"
+    );
+    let mut reported = 0;
+    const DRAWS: usize = 300;
+    for _ in 0..DRAWS {
+        let found = cache_locations(&server, "QT_BATCH_GET", &[7], &[]).await;
+        match found[0].0.as_str() {
+            "ST_EVENT_REPORT_L1P5" => reported += 1,
+            "ST_NFS" => {}
+            other => panic!("{other}: {found:?}"),
+        }
+    }
+    // NFS weighs 5, a reported location 1: 1/6 of the draws (50 ± 6.5) are reported.
+    assert!(
+        (15..=100).contains(&reported),
+        "{reported} of {DRAWS} reported"
+    );
+}

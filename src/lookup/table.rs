@@ -496,6 +496,7 @@ fn availability(manager: &Manager, instance: &Instance) -> Availability {
     let weights = manager.storage_weights(instance);
     Availability {
         no_storage: weights.no_storage,
+        reported: weights.reported,
         storages: weights
             .by_handle
             .iter()

@@ -124,3 +124,46 @@ pub async fn remove(server: &TestServer, keys: &[i64]) {
         .await;
     assert_eq!(code(&answer), "OK", "{answer}");
 }
+
+/// Adds an event-report storage `er_l1p5` and lists it as the group's L1.5 reporters'.
+pub async fn add_reporting(server: &TestServer) {
+    let storage = json!({"global_unique_name": "er_l1p5", "storage_type": "ST_EVENT_REPORT_L1P5",
+        "event_report": {"heartbeat_timeout_ms": 600_000, "cleanup_grace_ms": 600_000}});
+    let added = server
+        .admin_http("addStorage", json!({ "storage": storage }))
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let fetched = server
+        .admin_http("getInstanceGroup", json!({ "name": GROUP }))
+        .await;
+    let mut group = fetched["instance_group"].clone();
+    let version: i64 = group["version"].as_str().expect("version").parse().unwrap();
+    group["event_report_storage_candidates"] = json!(["er_l1p5"]);
+    group["version"] = json!(version + 1);
+    let updated = server
+        .admin_http(
+            "updateInstanceGroup",
+            json!({"instance_group": group, "current_version": version}),
+        )
+        .await;
+    assert_eq!(code(&updated), "OK", "{updated}");
+}
+
+/// A cache subscriber `host` reports that it holds `keys` (both specs, medium `gpu`).
+pub async fn report_keys(server: &TestServer, host: &str, keys: &[i64]) {
+    let events: Vec<Value> = keys
+        .iter()
+        .map(|key| {
+            let specs: Vec<Value> = ["tp0", "tp1"]
+                .iter()
+                .map(|name| json!({"name": name, "uri": format!("event_report://{host}/gpu/{key}/{name}")}))
+                .collect();
+            json!({"event_type": "EVENT_BLOCK_ADD",
+                   "block_add": {"block_key": key.to_string(), "medium": "gpu", "specs": specs}})
+        })
+        .collect();
+    let body = json!({"instance_id": INSTANCE, "host_ip_port": host,
+                      "storage_type": "ST_EVENT_REPORT_L1P5", "events": events});
+    let answer = server.meta_http("reportEvent", body).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+}

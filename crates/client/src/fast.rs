@@ -353,6 +353,11 @@ impl FastPath {
             if self.availability.no_storage {
                 return Err(FastError::AskServer("no storage is available"));
             }
+            if self.availability.reported {
+                return Err(FastError::AskServer(
+                    "reported locations are answered by the server",
+                ));
+            }
             if overflow {
                 return Err(FastError::AskServer(
                     "a key has more locations than its buckets hold",

@@ -1,16 +1,19 @@
 //! The availability block (offset 0 of a generation): per storage handle, the read weight a
 //! location on it has for this instance (wire fact sheet §11: 0 = a miss) and its storage
-//! type's wire number; and whether none of the group's storages is available (every query
-//! then fails as on gRPC).
+//! type's wire number; whether none of the group's storages is available (every query
+//! then fails as on gRPC); and whether reporters report for the instance (their locations
+//! are not in the table: every query is then answered by the server).
 //!
-//! Body: `flags: u32` (bit 0: no storage available), `count: u32`, then per handle
-//! `weight: u8`, `storage_type: u8`; the rest zero.
+//! Body: `flags: u32` (bit 0: no storage available; bit 1: reported for), `count: u32`,
+//! then per handle `weight: u8`, `storage_type: u8`; the rest zero.
 
 use crate::error::{FormatError, Full, Result};
 use crate::seqlock::OVERHEAD;
 
 /// Flag: none of the instance group's storages is available.
 const NO_STORAGE: u32 = 1;
+/// Flag: reporters report for the instance; only the server answers with their locations.
+const REPORTED: u32 = 2;
 
 /// One storage handle's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -26,6 +29,8 @@ pub struct StorageWeight {
 pub struct Availability {
     /// No storage of the group is available: queries fail.
     pub no_storage: bool,
+    /// Reporters report for the instance: queries are answered by the server.
+    pub reported: bool,
     /// Per handle.
     pub storages: Vec<StorageWeight>,
 }
@@ -52,7 +57,8 @@ impl Availability {
             return Err(FormatError::Full(Full::Handles));
         }
         let mut body = Vec::with_capacity(body_len);
-        let flags = if self.no_storage { NO_STORAGE } else { 0 };
+        let flags =
+            if self.no_storage { NO_STORAGE } else { 0 } | if self.reported { REPORTED } else { 0 };
         body.extend_from_slice(&flags.to_le_bytes());
         body.extend_from_slice(&(self.storages.len() as u32).to_le_bytes());
         for storage in &self.storages {
@@ -84,6 +90,7 @@ impl Availability {
             .get(8..8 + 2 * count)
             .ok_or(FormatError::Corrupt("availability count out of bounds"))?;
         self.no_storage = flags & NO_STORAGE != 0;
+        self.reported = flags & REPORTED != 0;
         self.storages.clear();
         self.storages
             .extend(pairs.chunks_exact(2).map(|p| StorageWeight {
@@ -102,6 +109,7 @@ mod tests {
     fn availability_round_trips_and_refuses_what_does_not_fit() {
         let availability = Availability {
             no_storage: false,
+            reported: true,
             storages: vec![
                 StorageWeight::default(),
                 StorageWeight {
@@ -118,6 +126,7 @@ mod tests {
         assert_eq!(availability.get(9).weight, 0);
         let many = Availability {
             no_storage: true,
+            reported: false,
             storages: vec![StorageWeight::default(); 100],
         };
         assert!(matches!(

@@ -48,6 +48,9 @@ pub struct ServingLocation {
 pub struct StorageWeights {
     /// None of the group's storages is available: every query fails.
     pub no_storage: bool,
+    /// Reporters report for the instance: queries must see their locations, which only the
+    /// server does.
+    pub reported: bool,
     /// Per handle (index = handle): read weight and storage type.
     pub by_handle: Vec<(u32, StorageType)>,
 }
@@ -134,6 +137,7 @@ impl Manager {
 
     /// The read weight of every storage handle for `instance`'s queries.
     pub fn storage_weights(&self, instance: &Instance) -> StorageWeights {
+        let reported = self.has_reporters(instance);
         let group = self.shared_group(instance.group());
         let candidates = group
             .as_deref()
@@ -142,6 +146,7 @@ impl Manager {
         let Ok(weights) = self.storages.read_weights(candidates) else {
             return StorageWeights {
                 no_storage: true,
+                reported,
                 by_handle: Vec::new(),
             };
         };
@@ -157,6 +162,7 @@ impl Manager {
             .collect();
         StorageWeights {
             no_storage: false,
+            reported,
             by_handle,
         }
     }

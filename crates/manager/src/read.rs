@@ -1,6 +1,9 @@
 //! The read paths: GetCacheLocation (three query types, masks, replica choice) and
 //! GetCacheMeta. Lookups are one batch `get` on the index; the chosen locations' URIs are
-//! rendered by the backends that allocated them.
+//! rendered by the backends that allocated them. GetCacheLocation also draws among the
+//! locations visible reporters hold ([`crate::reports`]), whose URIs are stored as reported.
+
+use std::time::Instant;
 
 use kvcm_index::BlockKey;
 use kvcm_storage::{BlockSpec, PartAddress, PartRef};
@@ -10,6 +13,7 @@ use super::error::{ManagerError, ManagerResult};
 use super::instance::Instance;
 use super::mask::BlockMask;
 use super::query::{self, QueryKind};
+use super::reports::{ReportedChoice, ReportedLocation, ReportedSources};
 use super::storage_type::StorageType;
 use super::storages::{Incarnations, ReadWeights};
 use super::Manager;
@@ -49,15 +53,29 @@ pub struct CacheMeta {
 /// demand (URIs are written straight into the caller's buffer, never stored).
 pub struct CacheLookup<'a> {
     render: Renderer<'a>,
-    /// A hit (the entry and the position of the chosen location in it) or a miss.
+    /// A hit or a miss.
     slots: Vec<Option<Hit>>,
 }
 
 /// The chosen location of one key.
-struct Hit {
-    key: BlockKey,
-    entry: Entry,
-    position: usize,
+enum Hit {
+    /// On one of kvcm's storages: the entry and the position of the location in it.
+    Own {
+        key: BlockKey,
+        entry: Entry,
+        position: usize,
+    },
+    /// A reporter's.
+    Reported(ReportedLocation),
+}
+
+/// What a draw among a key's readable locations chose.
+#[derive(Clone, Copy)]
+enum Choice {
+    /// The location at this position of the key's entry.
+    Own(usize),
+    /// A reported location.
+    Reported(ReportedChoice),
 }
 
 impl CacheLookup<'_> {
@@ -82,9 +100,16 @@ impl CacheLookup<'_> {
     /// type, every kept spec with an empty URI).
     pub fn locations(&self) -> impl Iterator<Item = LocationView<'_>> {
         self.slots.iter().map(|slot| {
-            let found = slot.as_ref().and_then(|hit| {
-                let location = hit.entry.locations().nth(hit.position)?;
-                Some((hit.key, location))
+            let found = slot.as_ref().and_then(|hit| match hit {
+                Hit::Own {
+                    key,
+                    entry,
+                    position,
+                } => entry
+                    .locations()
+                    .nth(*position)
+                    .map(|location| Found::Own(*key, location)),
+                Hit::Reported(location) => Some(Found::Reported(location)),
             });
             LocationView {
                 render: &self.render,
@@ -103,52 +128,59 @@ impl CacheLookup<'_> {
 /// One answered location, borrowed from a [`CacheLookup`].
 pub struct LocationView<'v> {
     render: &'v Renderer<'v>,
-    /// The key and its chosen location; `None` for a miss.
-    found: Option<(BlockKey, LocationRef<'v>)>,
+    /// The chosen location; `None` for a miss.
+    found: Option<Found<'v>>,
+}
+
+/// A location found for a key.
+#[derive(Clone, Copy)]
+enum Found<'v> {
+    /// A stored location of this key.
+    Own(BlockKey, LocationRef<'v>),
+    /// A reported one.
+    Reported(&'v ReportedLocation),
 }
 
 impl<'v> LocationView<'v> {
     /// The storage type (`Unspecified` for a miss).
     pub fn storage_type(&self) -> StorageType {
-        self.found
-            .as_ref()
-            .map_or(StorageType::Unspecified, |(_, location)| {
-                self.render.storage_type(location)
-            })
+        match &self.found {
+            Some(Found::Own(_, location)) => self.render.storage_type(location),
+            Some(Found::Reported(location)) => location.storage_type,
+            None => StorageType::Unspecified,
+        }
     }
 
     /// How many parts the location has (before any spec-name filter).
     pub fn spec_count(&self) -> usize {
         match &self.found {
-            Some((_, location)) => location.parts.len(),
+            Some(Found::Own(_, location)) => location.parts.len(),
+            Some(Found::Reported(location)) => location.parts.len(),
             None => self.render.instance.specs().len(),
         }
     }
 
     /// The parts, in spec order (filtered by spec name when asked).
     pub fn parts(&self) -> impl Iterator<Item = PartView<'_>> {
-        let (key, parts) = match &self.found {
-            Some((key, location)) => (
-                *key,
-                PartsOf::Stored(location.parts.iter().enumerate(), location.checksums),
-            ),
-            None => (
-                0,
-                PartsOf::Placeholder(0..self.render.instance.specs().len()),
-            ),
+        let parts = match self.found {
+            Some(Found::Own(key, location)) => PartsOf::Stored {
+                key,
+                storage: location.storage,
+                parts: location.parts.iter().enumerate(),
+                checksums: location.checksums,
+            },
+            Some(Found::Reported(location)) => PartsOf::Reported(location.parts.iter()),
+            None => PartsOf::Placeholder(0..self.render.instance.specs().len()),
         };
-        let storage = self.found.as_ref().map(|(_, location)| location.storage);
         parts
             .filter(|(spec, ..)| self.render.keeps(*spec))
-            .filter_map(move |(spec, address, checksum)| {
+            .filter_map(move |(spec, source, checksum)| {
                 Some(PartView {
                     render: self.render,
                     spec_index: spec,
                     spec: self.render.instance.specs().get(usize::from(spec))?,
                     checksum,
-                    stored: storage
-                        .zip(address)
-                        .map(|(storage, address)| (key, storage, address)),
+                    source,
                 })
             })
     }
@@ -173,24 +205,53 @@ impl<'v> LocationView<'v> {
     }
 }
 
-/// The parts of a stored location with its checksums, or the specs of a placeholder.
+/// The parts of a stored location with its checksums, of a reported location, or the
+/// specs of a placeholder.
 enum PartsOf<'p> {
-    Stored(std::iter::Enumerate<std::slice::Iter<'p, Part>>, &'p [u64]),
+    Stored {
+        key: BlockKey,
+        storage: StorageHandle,
+        parts: std::iter::Enumerate<std::slice::Iter<'p, Part>>,
+        checksums: &'p [u64],
+    },
+    Reported(std::slice::Iter<'p, (u16, String)>),
     Placeholder(std::ops::Range<usize>),
 }
 
-impl Iterator for PartsOf<'_> {
-    /// Spec index, stored address, checksum.
-    type Item = (u16, Option<PartAddress>, Option<u64>);
+impl<'p> Iterator for PartsOf<'p> {
+    /// Spec index, where the URI comes from, checksum.
+    type Item = (u16, PartSource<'p>, Option<u64>);
 
     fn next(&mut self) -> Option<Self::Item> {
         match self {
-            PartsOf::Stored(parts, checksums) => parts
+            PartsOf::Stored {
+                key,
+                storage,
+                parts,
+                checksums,
+            } => parts.next().map(|(i, p)| {
+                let source = PartSource::Stored(*key, *storage, p.address);
+                (p.spec, source, checksums.get(i).copied())
+            }),
+            PartsOf::Reported(parts) => parts
                 .next()
-                .map(|(i, p)| (p.spec, Some(p.address), checksums.get(i).copied())),
-            PartsOf::Placeholder(specs) => specs.next().map(|spec| (spec as u16, None, None)),
+                .map(|(spec, uri)| (*spec, PartSource::Reported(uri), None)),
+            PartsOf::Placeholder(specs) => specs
+                .next()
+                .map(|spec| (spec as u16, PartSource::Placeholder, None)),
         }
     }
+}
+
+/// Where a part's URI comes from.
+#[derive(Clone, Copy)]
+enum PartSource<'p> {
+    /// Rendered by the backend of the storage the part is stored on.
+    Stored(BlockKey, StorageHandle, PartAddress),
+    /// As a reporter reported it.
+    Reported(&'p str),
+    /// None: a placeholder's URI is empty.
+    Placeholder,
 }
 
 /// One part of an answered location.
@@ -202,16 +263,18 @@ pub struct PartView<'p> {
     pub spec: &'p BlockSpec,
     /// The writer's checksum of the part's bytes, when it gave one.
     pub checksum: Option<u64>,
-    /// Key, storage and address of a stored part; `None` in a placeholder.
-    stored: Option<(BlockKey, StorageHandle, PartAddress)>,
+    /// Where its URI comes from.
+    source: PartSource<'p>,
 }
 
 impl PartView<'_> {
     /// Appends the part's URI to `out` (nothing for a placeholder or a part whose backend no
     /// longer knows it, whose URI is empty).
     pub fn write_uri(&self, out: &mut String) {
-        let Some((key, storage, address)) = self.stored else {
-            return;
+        let (key, storage, address) = match self.source {
+            PartSource::Stored(key, storage, address) => (key, storage, address),
+            PartSource::Reported(uri) => return out.push_str(uri),
+            PartSource::Placeholder => return,
         };
         let reference = PartRef {
             instance_id: self.render.instance.id(),
@@ -249,14 +312,27 @@ impl Manager {
             .map_or(&[][..], |g| g.storage_candidates.as_slice());
         let weights = self.storages.read_weights(candidates)?;
         instance.access().touch(keys);
+        let reporters = self.reporters_of(instance);
+        let reported = ReportedSources::lock(self, instance, &reporters, Instant::now());
         let hit_at = |(key, entry): (&BlockKey, Option<Entry>)| {
-            let entry = entry?;
-            let position = readable(&entry, &weights)?;
-            Some(Hit {
-                key: *key,
-                entry,
-                position,
-            })
+            let mut draw = Draw::default();
+            if let Some(entry) = &entry {
+                let own = |position, weight| draw.offer(Choice::Own(position), weight);
+                offer_readable(entry, &weights, |_| true, own);
+            }
+            reported.offer(*key, |choice, weight| {
+                draw.offer(Choice::Reported(choice), weight)
+            });
+            match draw.chosen? {
+                Choice::Own(position) => Some(Hit::Own {
+                    key: *key,
+                    entry: entry?,
+                    position,
+                }),
+                Choice::Reported(choice) => {
+                    reported.location(instance, *key, choice).map(Hit::Reported)
+                }
+            }
         };
         let slots = match kind {
             QueryKind::PrefixMatch => {
@@ -332,7 +408,7 @@ impl Manager {
                 let location = entry.locations().nth(position)?;
                 let view = LocationView {
                     render,
-                    found: Some((*key, location)),
+                    found: Some(Found::Own(*key, location)),
                 };
                 Some(view.to_owned()).filter(|owned| !owned.parts.is_empty())
             });
@@ -359,7 +435,7 @@ impl Manager {
                 let location = entry.locations().next()?;
                 let view = LocationView {
                     render: &render,
-                    found: Some((*key, location)),
+                    found: Some(Found::Own(*key, location)),
                 };
                 Some(CacheMeta {
                     location: view.to_owned(),
@@ -382,7 +458,7 @@ pub(crate) fn stored_uris(
     let render = Renderer::new(instance, incarnations, &[]);
     let view = LocationView {
         render: &render,
-        found: Some((key, *location)),
+        found: Some(Found::Own(key, *location)),
     };
     let mut uris = Vec::with_capacity(location.parts.len());
     for part in view.parts() {
@@ -455,20 +531,52 @@ pub(crate) fn readable_where(
     weights: &ReadWeights<'_>,
     wanted: impl Fn(&LocationRef<'_>) -> bool,
 ) -> Option<usize> {
-    let weighted = entry
-        .locations()
-        .enumerate()
-        .filter(|(_, l)| l.state == LocationState::Serving && wanted(l))
-        .map(|(position, l)| (position, weights.weight(&l)))
-        .filter(|(_, w)| *w > 0);
-    let mut chosen = None;
-    let mut total = 0u32;
-    for (position, weight) in weighted {
-        // Weighted reservoir sampling: keep this one with probability weight / total.
-        total += weight;
-        if fastrand::u32(..total) < weight {
-            chosen = Some(position);
+    let mut draw = Draw::default();
+    offer_readable(entry, weights, wanted, |position, weight| {
+        draw.offer(position, weight)
+    });
+    draw.chosen
+}
+
+/// Offers each readable location of `entry` that `wanted` accepts — SERVING, of positive
+/// weight — to `offer`, with its position and weight.
+fn offer_readable(
+    entry: &Entry,
+    weights: &ReadWeights<'_>,
+    wanted: impl Fn(&LocationRef<'_>) -> bool,
+    mut offer: impl FnMut(usize, u32),
+) {
+    for (position, location) in entry.locations().enumerate() {
+        if location.state == LocationState::Serving && wanted(&location) {
+            let weight = weights.weight(&location);
+            if weight > 0 {
+                offer(position, weight);
+            }
         }
     }
-    chosen
+}
+
+/// A weighted draw by reservoir sampling: each offer replaces the choice with probability
+/// weight / total weight offered so far, so each is chosen in proportion to its weight.
+struct Draw<T> {
+    total: u32,
+    chosen: Option<T>,
+}
+
+impl<T> Default for Draw<T> {
+    fn default() -> Self {
+        Draw {
+            total: 0,
+            chosen: None,
+        }
+    }
+}
+
+impl<T> Draw<T> {
+    fn offer(&mut self, choice: T, weight: u32) {
+        self.total = self.total.saturating_add(weight);
+        if fastrand::u32(..self.total) < weight {
+            self.chosen = Some(choice);
+        }
+    }
 }

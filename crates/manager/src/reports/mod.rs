@@ -20,6 +20,7 @@
 mod by_backend;
 mod gate;
 mod host_state;
+mod in_lookup;
 mod reporter;
 mod request;
 mod sweep;
@@ -41,6 +42,7 @@ use crate::Manager;
 
 pub use by_backend::{BackendQuery, BackendSelector, ChosenLocation, SelectStrategy};
 pub use host_state::{HostCacheState, HostStateQuery};
+pub(crate) use in_lookup::{ReportedChoice, ReportedLocation, ReportedSources};
 
 use gate::Gate;
 use reporter::ReporterState;
@@ -143,7 +145,7 @@ pub struct ReportOutcome {
 
 /// One reporter: its gate and its state.
 #[derive(Debug)]
-struct Reporter {
+pub(crate) struct Reporter {
     gate: Gate,
     state: Mutex<ReporterState>,
 }
@@ -152,7 +154,7 @@ struct Reporter {
 type InstanceReporters = BTreeMap<(String, ReportTier), Arc<Reporter>>;
 
 /// One reporter with its identity within its instance.
-type ReporterEntry = ((String, ReportTier), Arc<Reporter>);
+pub(crate) type ReporterEntry = ((String, ReportTier), Arc<Reporter>);
 
 /// The states of `reporters` a query sees at `now`, locked, in their order: those of a tier
 /// that has `timings` (an enabled storage), expired first, kept while available.
@@ -183,21 +185,22 @@ pub struct Reports {
 
 impl Reports {
     /// The reporter of an identity, created fresh when new — unless the instance already
-    /// has `limit` reporters (REACH_MAX_ENTITY_CAPACITY naming the key).
+    /// has `limit` reporters (REACH_MAX_ENTITY_CAPACITY naming the key). The flag is true
+    /// when it is the instance's first reporter.
     fn reporter(
         &self,
         instance: &Arc<str>,
         tier: ReportTier,
         host: &str,
         limit: usize,
-    ) -> ManagerResult<Arc<Reporter>> {
+    ) -> ManagerResult<(Arc<Reporter>, bool)> {
         let id = (host.to_string(), tier);
         let known = read_lock(&self.by_instance)
             .get(instance)
             .and_then(|r| r.get(&id))
             .cloned();
         if let Some(found) = known {
-            return Ok(found);
+            return Ok((found, false));
         }
         let mut all = write_lock(&self.by_instance);
         let reporters = all.entry(instance.clone()).or_default();
@@ -206,13 +209,21 @@ impl Reports {
                 "instance {instance:?} has {limit} reporters (kvcm.service.max_reporters_per_instance)"
             )));
         }
+        let first = reporters.is_empty();
         let reporter = reporters.entry(id).or_insert_with(|| {
             Arc::new(Reporter {
                 gate: Gate::default(),
                 state: Mutex::new(ReporterState::fresh()),
             })
         });
-        Ok(reporter.clone())
+        Ok((reporter.clone(), first))
+    }
+
+    /// Whether the instance has a reporter (in any state).
+    fn knows_instance(&self, instance: &str) -> bool {
+        read_lock(&self.by_instance)
+            .get(instance)
+            .is_some_and(|reporters| !reporters.is_empty())
     }
 
     /// The reporters of an instance, by host then tier.

@@ -30,9 +30,14 @@ impl Manager {
             .map(|group| group.extra_info.clone())
             .unwrap_or_default();
         let limit = self.limits.max_reporters_per_instance;
-        let reporter = self
-            .reports
-            .reporter(instance.id(), request.tier, &request.host, limit)?;
+        let (reporter, first) =
+            self.reports
+                .reporter(instance.id(), request.tier, &request.host, limit)?;
+        if first {
+            // The lookup table marks the instance as reported for before any report of it
+            // is applied, so no fast-path answer misses one (docs/lookup-table.md).
+            self.published_storages_changed();
+        }
         let arrival_generation = {
             let mut state = lock(&reporter.state);
             state.expire(Instant::now(), &timings);

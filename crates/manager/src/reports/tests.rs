@@ -67,7 +67,8 @@ fn stored(manager: &Manager, host: &str) -> (Option<u128>, Vec<String>) {
     let reporter = manager
         .reports
         .reporter(&Arc::from("i"), ReportTier::L1p5, host, 1)
-        .expect("known");
+        .expect("known")
+        .0;
     let state = crate::sync::lock(&reporter.state);
     let mut uris: Vec<String> = state
         .blocks
