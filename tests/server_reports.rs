@@ -1451,3 +1451,140 @@ async fn reported_and_own_locations_are_drawn_by_weight() {
         "{reported} of {DRAWS} reported"
     );
 }
+
+/// ReportEvent for instance `hyb`.
+async fn hybrid_report(server: &TestServer, host: &str, tier: &str, events: Vec<Value>) {
+    let body = json!({"instance_id": "hyb", "host_ip_port": host, "storage_type": tier,
+                      "events": events});
+    let answer = server.meta_http("reportEvent", body).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+}
+
+/// GetHostCacheState of `hyb` with `extra` fields.
+async fn hybrid_state(server: &TestServer, extra: Value) -> Value {
+    let body = json!({"instance_id": "hyb", "block_cache_keys": [1, 2, 3, 4, 5, 6]});
+    server
+        .meta_http("getHostCacheState", with_fields(body, &extra))
+        .await
+}
+
+fn hosts_of(answer: &Value) -> Vec<(String, i64, i64)> {
+    assert_eq!(code(answer), "OK", "{answer}");
+    let number = |v: &Value| v.as_str().unwrap().parse::<i64>().unwrap();
+    let hosts = answer["hosts"].as_array().expect("hosts").iter();
+    let host = |h: &Value| {
+        let name = h["host_ip_port"].as_str().unwrap().to_string();
+        (name, number(&h["local"]), number(&h["global"]))
+    };
+    hosts.map(host).collect()
+}
+
+#[tokio::test]
+async fn mamba_matching_reuses_full_attention_prefixes_up_to_a_state_snapshot() {
+    let server = TestServer::start().await;
+    reporting_instance(&server, steady_timings()).await;
+    let mut registration = common::registration("hyb", 4);
+    registration["instance_group"] = json!("rg");
+    registration["default_query_type"] = json!("QT_PREFIX_MATCH_WITH_MAMBA");
+    registration["location_spec_infos"] =
+        json!([{"name": "F0", "size": 64}, {"name": "L1", "size": 64}]);
+    registration["location_spec_groups"] = json!([
+        {"name": "F_full", "spec_names": ["F0"]}, {"name": "L_state", "spec_names": ["L1"]}]);
+    let registered = server.meta_http("registerInstance", registration).await;
+    assert_eq!(code(&registered), "OK", "{registered}");
+    let l1p5 = "ST_EVENT_REPORT_L1P5";
+    // a:1 holds full attention for keys 1-5 and state for keys 2 and 4: reusable up to 4.
+    let mut events: Vec<Value> = (1..=5)
+        .map(|k| add_specs("a:1", "gpu", k, &["F0"]))
+        .collect();
+    events.extend([2, 4].map(|k| add_specs("a:1", "gpu", k, &["F0", "L1"])));
+    hybrid_report(&server, "a:1", l1p5, events).await;
+    // b:1 holds full attention for 1-3 on gpu and the state of 3 on another medium.
+    let mut events: Vec<Value> = (1..=3)
+        .map(|k| add_specs("b:1", "gpu", k, &["F0"]))
+        .collect();
+    events.push(add_specs("b:1", "memory", 3, &["L1"]));
+    hybrid_report(&server, "b:1", l1p5, events).await;
+    // c:1 holds full attention everywhere but no state: nothing is reusable.
+    let events = (1..=6)
+        .map(|k| add_specs("c:1", "gpu", k, &["F0"]))
+        .collect();
+    hybrid_report(&server, "c:1", l1p5, events).await;
+
+    let expected = owned(&[("a:1", 4, 4), ("b:1", 3, 3)]);
+    let mamba = json!({"query_type": "QT_PREFIX_MATCH_WITH_MAMBA"});
+    assert_eq!(
+        hosts_of(&hybrid_state(&server, mamba.clone()).await),
+        expected
+    );
+    assert_eq!(
+        hosts_of(&hybrid_state(&server, json!({})).await),
+        expected,
+        "QT_UNSPECIFIED reads the instance's default"
+    );
+    let prefix = json!({"query_type": "QT_PREFIX_MATCH"});
+    assert_eq!(
+        hosts_of(&hybrid_state(&server, prefix).await),
+        owned(&[("c:1", 6, 6), ("a:1", 5, 5), ("b:1", 3, 3)]),
+        "plain prefix match counts any location"
+    );
+    let gpu_only = json!({"query_type": "QT_PREFIX_MATCH_WITH_MAMBA", "medium": ["gpu"]});
+    assert_eq!(
+        hosts_of(&hybrid_state(&server, gpu_only).await),
+        owned(&[("a:1", 4, 4)]),
+        "b:1's state is on another medium"
+    );
+
+    // An L2 peer holding the state of key 5 makes a:1's whole full run reusable.
+    let peer = vec![add_specs("p:1", "dram", 5, &["L1"])];
+    hybrid_report(&server, "p:1", "ST_EVENT_REPORT_L2", peer).await;
+    let remote = json!({"query_type": "QT_PREFIX_MATCH_WITH_MAMBA", "global_kvs_host_count": 1,
+                        "enable_p2p": true});
+    assert_eq!(
+        hosts_of(&hybrid_state(&server, remote.clone()).await),
+        owned(&[("a:1", 4, 5), ("b:1", 3, 3)])
+    );
+    // kvcm's own copy of key 6 (every spec) extends it to the end.
+    server.write_keys("hyb", &[6]).await;
+    assert_eq!(
+        hosts_of(&hybrid_state(&server, remote).await),
+        owned(&[("a:1", 4, 6), ("b:1", 3, 3)])
+    );
+
+    // An instance without full-attention and mamba-state groups cannot be matched so.
+    let refused = server
+        .meta_http(
+            "getHostCacheState",
+            json!({"instance_id": "inst",
+            "query_type": "QT_PREFIX_MATCH_WITH_MAMBA", "block_cache_keys": [1]}),
+        )
+        .await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused}");
+    let message = refused["header"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("no full-attention (F…) location spec group"),
+        "{message}"
+    );
+    let mut other = common::registration("sliding", 4);
+    other["instance_group"] = json!("rg");
+    other["location_spec_infos"] = json!([{"name": "F0", "size": 64}, {"name": "W0", "size": 64}]);
+    other["location_spec_groups"] = json!([
+        {"name": "F_full", "spec_names": ["F0"]}, {"name": "W_window", "spec_names": ["W0"]}]);
+    assert_eq!(
+        code(&server.meta_http("registerInstance", other).await),
+        "OK"
+    );
+    let refused = server
+        .meta_http(
+            "getHostCacheState",
+            json!({"instance_id": "sliding",
+            "query_type": "QT_PREFIX_MATCH_WITH_MAMBA", "block_cache_keys": [1]}),
+        )
+        .await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused}");
+    let message = refused["header"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("\"W_window\" is of category W"),
+        "{message}"
+    );
+}

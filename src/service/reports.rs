@@ -5,8 +5,8 @@
 use kvcm_index::BlockKey;
 use kvcm_manager::registration::DefaultQuery;
 use kvcm_manager::reports::{
-    HostStateQuery, ItemResult, ReportEvent, ReportOutcome, ReportRequest, ReportedBlock,
-    ReportedSpec,
+    HostMatch, HostStateQuery, ItemResult, ReportEvent, ReportOutcome, ReportRequest,
+    ReportedBlock, ReportedSpec,
 };
 use kvcm_manager::ManagerError;
 use kvcm_storage::ReportTier;
@@ -58,7 +58,7 @@ impl MetaHandler {
         let (trace_id, instance_id) = take_ids(&mut request.trace_id, &mut request.instance_id);
         let rpc = &rpcs::meta::GET_HOST_CACHE_STATE;
         core.instance_call(rpc, &trace_id, &instance_id, |instance| {
-            check_prefix_query(request.query_type, instance.info().default_query)?;
+            let matching = host_match(request.query_type, instance.info().default_query)?;
             let remote_hosts = usize::try_from(request.global_kvs_host_count)
                 .map_err(|_| ManagerError::invalid_because("global_kvs_host_count", "negative"))?;
             let keys = core.request_keys(&instance, request.block_cache_keys, &[])?;
@@ -67,6 +67,7 @@ impl MetaHandler {
                 mediums: &request.medium,
                 remote_hosts,
                 p2p: request.enable_p2p,
+                matching,
             };
             let hosts = core.manager.host_cache_state(&instance, query)?;
             let hosts = hosts.into_iter().map(|host| meta::HostCacheMatch {
@@ -95,29 +96,29 @@ fn report_tier(storage_type: i32) -> Result<ReportTier, ManagerError> {
     }
 }
 
-/// GetHostCacheState counts prefixes: QT_PREFIX_MATCH, or QT_UNSPECIFIED when the
-/// instance's `default_query_type` is QT_PREFIX_MATCH or unset (kvcm-defined: unset reads as
-/// prefix match). QT_PREFIX_MATCH_WITH_MAMBA needs the hybrid-attention spec groups kvcm does
-/// not model.
-fn check_prefix_query(query_type: i32, default: DefaultQuery) -> Result<(), ManagerError> {
+/// How GetHostCacheState matches: QT_PREFIX_MATCH or QT_PREFIX_MATCH_WITH_MAMBA, or
+/// QT_UNSPECIFIED read as the instance's `default_query_type` (kvcm-defined: unset reads as
+/// prefix match); any other type is refused.
+fn host_match(query_type: i32, default: DefaultQuery) -> Result<HostMatch, ManagerError> {
     use meta::QueryType as Qt;
-    let prefix = match Qt::try_from(query_type) {
-        Ok(Qt::QtPrefixMatch) => true,
-        Ok(Qt::QtUnspecified) => matches!(
-            default,
-            DefaultQuery::Unspecified | DefaultQuery::PrefixMatch
-        ),
-        _ => false,
+    let matching = match Qt::try_from(query_type) {
+        Ok(Qt::QtPrefixMatch) => Some(HostMatch::Prefix),
+        Ok(Qt::QtPrefixMatchWithMamba) => Some(HostMatch::PrefixWithMamba),
+        Ok(Qt::QtUnspecified) => match default {
+            DefaultQuery::Unspecified | DefaultQuery::PrefixMatch => Some(HostMatch::Prefix),
+            DefaultQuery::PrefixMatchWithMamba => Some(HostMatch::PrefixWithMamba),
+            DefaultQuery::BatchGet | DefaultQuery::ReverseRollSwMatch => None,
+        },
+        _ => None,
     };
-    match prefix {
-        true => Ok(()),
-        false => Err(ManagerError::invalid_because(
+    matching.ok_or_else(|| {
+        ManagerError::invalid_because(
             "query_type",
             format!(
-                "{query_type} (instance default {default:?}): GetHostCacheState answers QT_PREFIX_MATCH only"
+                "{query_type} (instance default {default:?}): GetHostCacheState answers QT_PREFIX_MATCH and QT_PREFIX_MATCH_WITH_MAMBA only"
             ),
-        )),
-    }
+        )
+    })
 }
 
 /// A block key sent as a decimal `int64` or `uint64` (the same 64 bits: "18446744073709551615"

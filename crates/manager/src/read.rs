@@ -363,17 +363,53 @@ impl Manager {
         instance: &Instance,
         keys: &[BlockKey],
     ) -> ManagerResult<Vec<bool>> {
+        self.per_own_entry(instance, keys, |entry, weights| {
+            entry.is_some_and(|e| readable(e, weights).is_some())
+        })
+    }
+
+    /// Per key, the spec indexes of kvcm's own readable locations of it (all of them, for a
+    /// hybrid model's GetHostCacheState); as [`Manager::own_readable`] otherwise.
+    pub(crate) fn own_readable_specs(
+        &self,
+        instance: &Instance,
+        keys: &[BlockKey],
+    ) -> ManagerResult<Vec<Vec<u16>>> {
+        self.per_own_entry(instance, keys, |entry, weights| {
+            let mut specs = Vec::new();
+            if let Some(entry) = entry {
+                offer_readable(
+                    entry,
+                    weights,
+                    |_| true,
+                    |position, _| {
+                        let parts = entry.locations().nth(position).map(|l| l.parts);
+                        specs.extend(parts.into_iter().flatten().map(|part| part.spec));
+                    },
+                );
+            }
+            specs
+        })
+    }
+
+    /// `answer` of each key's entry under the group's read weights; the default answer for
+    /// every key when no candidate storage is available.
+    fn per_own_entry<T: Default + Clone>(
+        &self,
+        instance: &Instance,
+        keys: &[BlockKey],
+        answer: impl Fn(Option<&Entry>, &ReadWeights<'_>) -> T,
+    ) -> ManagerResult<Vec<T>> {
         let group = self.shared_group(instance.group());
         let candidates = group
             .as_deref()
             .map_or(&[][..], |g| g.storage_candidates.as_slice());
         let Ok(weights) = self.storages.read_weights(candidates) else {
-            return Ok(vec![false; keys.len()]);
+            return Ok(vec![T::default(); keys.len()]);
         };
         let entries = instance.index.get(keys)?;
-        let readable_entry =
-            |entry: Option<Entry>| entry.is_some_and(|e| readable(&e, &weights).is_some());
-        Ok(entries.into_iter().map(readable_entry).collect())
+        let answers = entries.iter().map(|entry| answer(entry.as_ref(), &weights));
+        Ok(answers.collect())
     }
 
     /// Per key, a readable location on a storage of `storage_type` (weighted as GetCacheLocation

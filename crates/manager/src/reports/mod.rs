@@ -41,7 +41,7 @@ use crate::sync::{lock, read_lock, write_lock};
 use crate::Manager;
 
 pub use by_backend::{BackendQuery, BackendSelector, ChosenLocation, SelectStrategy};
-pub use host_state::{HostCacheState, HostStateQuery};
+pub use host_state::{HostCacheState, HostMatch, HostStateQuery};
 pub(crate) use in_lookup::{ReportedChoice, ReportedLocation, ReportedSources};
 
 use gate::Gate;

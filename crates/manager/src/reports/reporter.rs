@@ -216,12 +216,24 @@ impl ReporterState {
         self.blocks = replaced;
     }
 
-    /// The block's locations on the mediums `mediums` allows (all when empty).
+    /// Whether the block has a location on a medium `mediums` allows (all when empty).
     pub fn holds(&self, key: BlockKey, mediums: &[String]) -> bool {
         self.blocks.get(&key).is_some_and(|stored| {
             stored
                 .iter()
                 .any(|m| mediums.is_empty() || mediums.contains(&m.medium))
+        })
+    }
+
+    /// Whether the block has spec `spec` on a medium `mediums` allows (all when empty).
+    pub fn holds_spec(&self, key: BlockKey, mediums: &[String], spec: &str) -> bool {
+        self.blocks.get(&key).is_some_and(|stored| {
+            let allowed = stored
+                .iter()
+                .filter(|m| mediums.is_empty() || mediums.contains(&m.medium));
+            allowed
+                .into_iter()
+                .any(|m| m.specs.iter().any(|s| s.name == spec))
         })
     }
 }

@@ -186,6 +186,7 @@ fn concurrent_deltas_and_snapshots_leave_one_generation_on_every_spec() {
             mediums: &[],
             remote_hosts: 0,
             p2p: false,
+            matching: HostMatch::Prefix,
         };
         !manager
             .host_cache_state(&instance, query)
