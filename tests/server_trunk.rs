@@ -659,3 +659,75 @@ async fn pool_discovery_url_and_media_type_are_checked_stored_and_survive_a_rest
     let server = server.kill_and_restart().await;
     check(&listed_pool(&server, "mp").await);
 }
+
+#[tokio::test]
+async fn a_dummy_storage_places_locations_holds_no_bytes_and_survives_a_restart() {
+    let server = TestServer::start().await;
+    let root = server.dir.path().join("dummy_root");
+    let dummy = |root: &str| json!({"global_unique_name": "dm", "dummy": {"root_path": root, "key_count_per_file": 2}});
+    for (bad, why) in [
+        ("", "storage_spec.root_path is empty"),
+        ("relative/dir", "is not an absolute path"),
+        ("/a?b", "contains the character '?'"),
+        ("/a/../b", "contains \"..\""),
+    ] {
+        let refused = server
+            .admin_http("addStorage", json!({"storage": dummy(bad)}))
+            .await;
+        assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused}");
+        let message = refused["header"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains(why), "{bad:?}: {message}");
+    }
+    let root_text = root.display().to_string();
+    let added = server
+        .admin_http("addStorage", json!({"storage": dummy(&root_text)}))
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let group = common::nfs_group("dg", &["dm"]);
+    let created = server
+        .admin_http("createInstanceGroup", json!({"instance_group": group}))
+        .await;
+    assert_eq!(code(&created), "OK", "{created}");
+    let mut registration = common::registration("dinst", 4);
+    registration["instance_group"] = json!("dg");
+    let registered = server.meta_http("registerInstance", registration).await;
+    assert_eq!(code(&registered), "OK", "{registered}");
+    assert_eq!(
+        registered["storage_configs"], "[]",
+        "dummy storages are server-internal, as upstream"
+    );
+
+    let started = server.write_keys("dinst", &[1, 255]).await;
+    let expected: Vec<String> = ["1", "ff"]
+        .iter()
+        .map(|hex| format!("dummy://dm{root_text}/dinst/tp0/{hex}?size=1024"))
+        .collect();
+    assert_eq!(common::uris(&started["locations"]), expected);
+    assert!(!root.exists(), "nothing is created under a dummy root");
+    let lookup = json!({"instance_id": "dinst", "query_type": "QT_PREFIX_MATCH",
+                        "block_keys": [1, 255]});
+    let found = server.meta_http("getCacheLocation", lookup.clone()).await;
+    assert_eq!(found["locations"][0]["type"], "ST_DUMMY", "{found}");
+    assert_eq!(common::uris(&found["locations"]), expected);
+
+    let server = server.kill_and_restart().await;
+    let listed = server.admin_http("listStorage", json!({})).await;
+    let storages = listed["storage"].as_array().expect("storages");
+    let spec = storages
+        .iter()
+        .find(|s| s["global_unique_name"] == "dm")
+        .map(|s| s["dummy"].clone());
+    assert_eq!(
+        spec,
+        Some(json!({"root_path": root_text, "key_count_per_file": 2}))
+    );
+    let found = server.meta_http("getCacheLocation", lookup).await;
+    assert_eq!(common::uris(&found["locations"]), expected, "{found}");
+    let removed = server
+        .meta_http(
+            "removeCache",
+            json!({"instance_id": "dinst", "block_keys": [1, 255]}),
+        )
+        .await;
+    assert_eq!(code(&removed), "OK", "{removed}");
+}

@@ -122,6 +122,10 @@ pub fn from_wire(wire: &admin::StorageConfig) -> Result<StorageConfig, StorageCo
             service_discovery_url: pool.service_discovery_url,
             media_type: pool.media_type,
         },
+        Some(WireSpec::Dummy(dummy)) => StorageSpec::Dummy {
+            root_path: dummy.root_path,
+            key_count_per_file: dummy.key_count_per_file,
+        },
         Some(WireSpec::EventReport(spec)) => StorageSpec::EventReport {
             tier: tier.ok_or_else(|| StorageConfigError::EventReportType(name.clone(), 0))?,
             timings: timings_from_wire(&name, &spec)?,
@@ -199,6 +203,13 @@ pub fn to_wire(config: &StorageConfig) -> admin::StorageConfig {
             service_discovery_url,
             media_type,
         }),
+        StorageSpec::Dummy {
+            root_path,
+            key_count_per_file,
+        } => WireSpec::Dummy(admin::DummyStorageSpec {
+            root_path,
+            key_count_per_file,
+        }),
         StorageSpec::EventReport { tier, timings } => {
             storage_type = EVENT_REPORT_TYPES
                 .iter()
@@ -222,16 +233,17 @@ pub fn to_wire(config: &StorageConfig) -> admin::StorageConfig {
     }
 }
 
-/// The `storage_configs` JSON text: one element per (storage, is available).
+/// The `storage_configs` JSON text: one element per (storage, is available), dummy storages
+/// left out as upstream does (server-internal: clients have no SDK for them).
 pub fn storage_configs_json(statuses: &[(StorageConfig, bool)]) -> String {
     let items = statuses
         .iter()
-        .map(|(config, available)| storage_config_json(config, *available));
+        .filter_map(|(config, available)| storage_config_json(config, *available));
     Value::Array(items.collect()).to_string()
 }
 
-/// One element of the `storage_configs` JSON array.
-pub fn storage_config_json(config: &StorageConfig, is_available: bool) -> Value {
+/// One element of the `storage_configs` JSON array (`None` for a dummy storage).
+pub fn storage_config_json(config: &StorageConfig, is_available: bool) -> Option<Value> {
     let (kind, spec) = match &config.spec {
         StorageSpec::Nfs {
             root_path,
@@ -289,9 +301,10 @@ pub fn storage_config_json(config: &StorageConfig, is_available: bool) -> Value 
             json!({"heartbeat_timeout_ms": timings.heartbeat_timeout_ms,
                    "cleanup_grace_ms": timings.cleanup_grace_ms}),
         ),
+        StorageSpec::Dummy { .. } => return None,
     };
-    json!({"type": kind, "is_available": is_available,
-           "global_unique_name": config.global_unique_name, "storage_spec": spec})
+    Some(json!({"type": kind, "is_available": is_available,
+           "global_unique_name": config.global_unique_name, "storage_spec": spec}))
 }
 
 #[cfg(test)]
@@ -310,12 +323,28 @@ mod tests {
             storage_type: 0,
         };
         let config = from_wire(&wire).expect("valid nfs config");
-        let value = storage_config_json(&config, true);
+        let value = storage_config_json(&config, true).expect("an nfs storage is printed");
         assert_eq!(value["type"], "file");
         assert_eq!(value["is_available"], true);
         assert_eq!(value["global_unique_name"], "nfs_01");
         assert_eq!(value["storage_spec"]["root_path"], "/tmp/nfs/");
         assert_eq!(value["storage_spec"]["key_count_per_file"], 8);
+    }
+
+    #[test]
+    fn a_dummy_storage_round_trips_and_is_left_out_of_storage_configs() {
+        let wire = admin::StorageConfig {
+            global_unique_name: "dm".into(),
+            storage_spec: Some(WireSpec::Dummy(admin::DummyStorageSpec {
+                root_path: "/dummy".into(),
+                key_count_per_file: 4,
+            })),
+            check_storage_available_when_open: true,
+            storage_type: 0,
+        };
+        let config = from_wire(&wire).expect("valid dummy config");
+        assert_eq!(to_wire(&config), wire);
+        assert_eq!(storage_configs_json(&[(config, true)]), "[]");
     }
 
     #[test]

@@ -14,15 +14,16 @@ use kvcm_storage::BlockSpec;
 
 use crate::proto::{admin, meta};
 
-/// The wire numbers of the storage types (upstream trunk numbers 7 and 8 for the
-/// event-report types; 6, ST_DUMMY, and 9, ST_TAIRMEMPOOL_SSD, have no domain type).
-const STORAGE_TYPE_NUMBERS: [(StorageType, i32); 8] = [
+/// The wire numbers of the storage types (upstream trunk numbers 6 for ST_DUMMY, 7 and 8
+/// for the event-report types; 9, ST_TAIRMEMPOOL_SSD, has no domain type).
+const STORAGE_TYPE_NUMBERS: [(StorageType, i32); 9] = [
     (StorageType::Unspecified, 0),
     (StorageType::ThreeFs, 1),
     (StorageType::Mooncake, 2),
     (StorageType::TairMemPool, 3),
     (StorageType::Nfs, 4),
     (StorageType::VcnsThreeFs, 5),
+    (StorageType::Dummy, 6),
     (StorageType::EventReportL1p5, 7),
     (StorageType::EventReportL2, 8),
 ];
@@ -241,13 +242,15 @@ fn prefer_number(strategy: PreferStrategy) -> i32 {
             StorageType::Nfs
             | StorageType::Unspecified
             | StorageType::EventReportL1p5
-            | StorageType::EventReportL2,
+            | StorageType::EventReportL2
+            | StorageType::Dummy,
         )
         | Prefer(
             StorageType::Nfs
             | StorageType::Unspecified
             | StorageType::EventReportL1p5
-            | StorageType::EventReportL2,
+            | StorageType::EventReportL2
+            | StorageType::Dummy,
         ) => Cps::CpsUnspecified,
     };
     wire as i32

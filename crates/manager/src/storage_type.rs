@@ -22,12 +22,15 @@ pub enum StorageType {
     EventReportL1p5,
     /// Locations reported by L2 cache subscribers, the peer-to-peer sources (upstream trunk).
     EventReportL2,
+    /// A storage that places locations and holds no bytes (upstream trunk's `ST_DUMMY`).
+    Dummy,
 }
 
 impl StorageType {
-    /// Every type (the 2026-02 ones in wire order, then upstream trunk's event-report
-    /// types; their wire numbers belong to the service layer).
-    pub const ALL: [StorageType; 8] = [
+    /// Every type (the 2026-02 ones in wire order, then upstream trunk's event-report and
+    /// dummy types; their wire numbers belong to the service layer). Positions are stored
+    /// (registry encoding): new types go at the end.
+    pub const ALL: [StorageType; 9] = [
         StorageType::Unspecified,
         StorageType::ThreeFs,
         StorageType::Mooncake,
@@ -36,6 +39,7 @@ impl StorageType {
         StorageType::VcnsThreeFs,
         StorageType::EventReportL1p5,
         StorageType::EventReportL2,
+        StorageType::Dummy,
     ];
 
     /// The type of a backend kind.
@@ -48,6 +52,7 @@ impl StorageType {
             StorageKind::TairMemPool => StorageType::TairMemPool,
             StorageKind::EventReportL1p5 => StorageType::EventReportL1p5,
             StorageKind::EventReportL2 => StorageType::EventReportL2,
+            StorageKind::Dummy => StorageType::Dummy,
         }
     }
 
@@ -62,6 +67,7 @@ impl StorageType {
             StorageType::TairMemPool => Some(StorageKind::TairMemPool),
             StorageType::EventReportL1p5 => Some(StorageKind::EventReportL1p5),
             StorageType::EventReportL2 => Some(StorageKind::EventReportL2),
+            StorageType::Dummy => Some(StorageKind::Dummy),
         }
     }
 
@@ -73,7 +79,8 @@ impl StorageType {
             StorageType::Unspecified
             | StorageType::VcnsThreeFs
             | StorageType::EventReportL1p5
-            | StorageType::EventReportL2 => 1,
+            | StorageType::EventReportL2
+            | StorageType::Dummy => 1,
         }
     }
 

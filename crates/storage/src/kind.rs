@@ -5,8 +5,8 @@ use crate::{ReportTier, StorageKind, StorageSpec};
 
 impl StorageKind {
     /// The `type` string of this kind in `storage_configs`: `file`, `hf3fs`, `vcns_hf3fs`,
-    /// `mooncake`, `pace`, or `event_report` (never printed there: an event-report storage is
-    /// not a write candidate).
+    /// `mooncake`, `pace`, or `event_report` and `dummy` (never printed there: an
+    /// event-report storage is not a write candidate, a dummy one is server-internal).
     pub fn type_name(self) -> &'static str {
         match self {
             StorageKind::Nfs => "file",
@@ -15,6 +15,7 @@ impl StorageKind {
             StorageKind::Mooncake => "mooncake",
             StorageKind::TairMemPool => "pace",
             StorageKind::EventReportL1p5 | StorageKind::EventReportL2 => "event_report",
+            StorageKind::Dummy => "dummy",
         }
     }
 
@@ -36,6 +37,7 @@ impl StorageSpec {
             StorageSpec::VcnsThreeFs { .. } => StorageKind::VcnsThreeFs,
             StorageSpec::Mooncake { .. } => StorageKind::Mooncake,
             StorageSpec::TairMemPool { .. } => StorageKind::TairMemPool,
+            StorageSpec::Dummy { .. } => StorageKind::Dummy,
             StorageSpec::EventReport { tier, .. } => match tier {
                 ReportTier::L1p5 => StorageKind::EventReportL1p5,
                 ReportTier::L2 => StorageKind::EventReportL2,

@@ -46,6 +46,8 @@ pub enum StorageKind {
     EventReportL1p5,
     /// As [`StorageKind::EventReportL1p5`], tier L2 (`ST_EVENT_REPORT_L2`, the P2P peers).
     EventReportL2,
+    /// Upstream trunk's `ST_DUMMY` (`dummy://`): places locations, holds no bytes.
+    Dummy,
 }
 
 /// The tier of an event-report storage (upstream trunk's two `ST_EVENT_REPORT_*` types).
@@ -150,6 +152,14 @@ pub enum StorageSpec {
         /// Upstream trunk's medium: 0 unset, 2 DRAM (5 SSD needs ST_TAIRMEMPOOL_SSD, not
         /// served).
         media_type: i32,
+    },
+    /// Places locations and holds no bytes (upstream trunk's dummy storage: control-plane
+    /// tests and load runs without a data tier).
+    Dummy {
+        /// Absolute path printed in the URIs; nothing is created there.
+        root_path: String,
+        /// Stored and answered (≤ 0 means 1); every part is its own object.
+        key_count_per_file: i32,
     },
     /// A namespace of locations that cache subscribers report (ReportEvent); holds no bytes.
     EventReport {

@@ -92,6 +92,7 @@ fn check_spec(spec: &StorageSpec) -> Result<(), String> {
             check_discovery_url(service_discovery_url)?;
             check_media_type(*media_type)
         }
+        StorageSpec::Dummy { root_path, .. } => absolute_path("storage_spec.root_path", root_path),
         StorageSpec::EventReport { timings, .. } => check_timings(timings),
     }
 }

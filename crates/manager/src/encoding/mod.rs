@@ -40,7 +40,7 @@ pub use reader::{DecodeError, Reader};
 pub use writer::Writer;
 
 /// The newest version this build writes and reads.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 
 /// A decode allocates at most this many bytes per input byte.
 pub const ALLOCATION_FACTOR: usize = 4;

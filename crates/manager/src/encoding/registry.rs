@@ -2,7 +2,8 @@
 //! registrations and accounts. Every field is written, so an object decodes to exactly what
 //! was encoded. Each value is written in the oldest version that holds it: a group without
 //! upstream trunk's fields is v1 byte for byte (the committed fixture), one with them v2 (v3
-//! with event-report candidates); an event-report storage is v3, every other storage v1.
+//! with event-report candidates); an event-report storage is v3, a dummy storage v5, every
+//! other storage v1 (a pool with trunk fields v4).
 
 use kvcm_storage::{BlockSpec, ReportTier, ReportTimings, StorageConfig, StorageSpec};
 
@@ -29,11 +30,12 @@ fn write_storage_type(out: &mut Writer, storage_type: StorageType) {
 impl Encode for StorageConfig {
     const KIND: Kind = Kind::Storage;
 
-    /// v3 for an event-report storage, v4 for a pool with a discovery URL or a media type
-    /// (both upstream trunk), else v1.
+    /// v3 for an event-report storage, v4 for a pool with a discovery URL or a media type,
+    /// v5 for a dummy storage (all upstream trunk), else v1.
     fn version(&self) -> u8 {
         match &self.spec {
             StorageSpec::EventReport { .. } => 3,
+            StorageSpec::Dummy { .. } => 5,
             StorageSpec::TairMemPool {
                 service_discovery_url,
                 media_type,
@@ -117,6 +119,14 @@ impl Encode for StorageConfig {
                     out.i32(*media_type);
                 }
             }
+            StorageSpec::Dummy {
+                root_path,
+                key_count_per_file,
+            } => {
+                out.u8(6);
+                out.str(root_path);
+                out.i32(*key_count_per_file);
+            }
             StorageSpec::EventReport { tier, timings } => {
                 out.u8(5);
                 out.u8(match tier {
@@ -189,6 +199,10 @@ impl Encode for StorageConfig {
                     snapshot_min_interval_ms: input.u64()?,
                     snapshot_delta_drain_timeout_ms: input.u64()?,
                 },
+            },
+            6 if version >= 5 => StorageSpec::Dummy {
+                root_path: input.string()?,
+                key_count_per_file: input.i32()?,
             },
             _ => return Err(DecodeError::Invalid("an unknown storage spec")),
         };

@@ -6,13 +6,17 @@
 //! storage with `InvalidUri` before freeing anything.
 
 mod block_files;
+mod dummy;
 mod event_report;
 mod mooncake;
 
 use std::sync::Arc;
 
 use crate::pool::MemPool;
-use crate::{DataStorage, StorageConfig, StorageError, StorageSpec};
+use crate::{
+    AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartAddress, StorageConfig,
+    StorageError, StorageSpec,
+};
 
 /// Validates `config`, opens its backend and, when `check_storage_available_when_open` is
 /// set, probes it (memory pools excepted: their nodes join later). VCNS 3FS is `Unsupported` in this build.
@@ -26,6 +30,7 @@ pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError>
         StorageSpec::Mooncake { .. } => Arc::new(mooncake::MooncakeStorage::new(config)),
         StorageSpec::TairMemPool { .. } => Arc::new(MemPool::new(config)),
         StorageSpec::EventReport { .. } => Arc::new(event_report::EventReportStorage::new(config)),
+        StorageSpec::Dummy { .. } => Arc::new(dummy::DummyStorage::new(config)),
         StorageSpec::VcnsThreeFs { .. } => {
             return Err(StorageError::Unsupported(config.spec.kind()));
         }
@@ -35,4 +40,26 @@ pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError>
         storage.check_health()?;
     }
     Ok(storage)
+}
+
+/// The parts of a checked request placed where only their names say (no address): each
+/// part's URI is `uri(spec, key)`. For the backends that hold no bytes of their own.
+fn place_by_name(
+    request: &AllocationRequest<'_>,
+    uri: impl Fn(&BlockSpec, BlockKey) -> String,
+) -> Vec<Vec<AllocatedSpec>> {
+    let placed = request.blocks.iter().map(|block| {
+        let specs = block
+            .spec_indexes
+            .iter()
+            .map(|&index| &request.specs[index]);
+        specs
+            .map(|spec| AllocatedSpec {
+                name: spec.name.clone(),
+                uri: uri(spec, block.key),
+                address: PartAddress::default(),
+            })
+            .collect()
+    });
+    placed.collect()
 }

@@ -1,12 +1,13 @@
 //! The `mooncake` backend: URIs only (`mooncake://<name>/?key=<object name>&size=<bytes>`);
 //! the Mooncake store itself is driven by the clients, nothing is allocated or freed here.
 
+use super::place_by_name;
 use crate::names::object_name;
 use crate::packing::check_request;
 use crate::uri::BlockUri;
 use crate::{
-    AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartAddress, PartRef,
-    StorageConfig, StorageError, StorageKind, UriTemplate,
+    AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartRef, StorageConfig,
+    StorageError, StorageKind, UriTemplate,
 };
 
 /// A Mooncake store as seen by the manager: a namespace of object keys.
@@ -70,20 +71,9 @@ impl DataStorage for MooncakeStorage {
         request: &AllocationRequest<'_>,
     ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
         check_request(request)?;
-        let placed = request.blocks.iter().map(|block| {
-            let specs = block
-                .spec_indexes
-                .iter()
-                .map(|&index| &request.specs[index]);
-            specs
-                .map(|spec| AllocatedSpec {
-                    name: spec.name.clone(),
-                    uri: self.uri(request.instance_id, spec, block.key),
-                    address: PartAddress::default(),
-                })
-                .collect()
-        });
-        Ok(placed.collect())
+        Ok(place_by_name(request, |spec, key| {
+            self.uri(request.instance_id, spec, key)
+        }))
     }
 
     fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {

@@ -1,0 +1,168 @@
+//! The `dummy` backend (upstream trunk's `ST_DUMMY`): places every part at
+//! `dummy://<name>/<root path>/<instance>/<spec>/<hex key>?size=<bytes>` and holds no bytes —
+//! for control-plane tests and load runs without a data tier. Nothing is created under the
+//! root path; a delete only checks that the URIs are this storage's.
+
+use super::place_by_name;
+use crate::names::object_name;
+use crate::packing::check_request;
+use crate::uri::BlockUri;
+use crate::{
+    AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartRef, StorageConfig,
+    StorageError, StorageKind, StorageSpec, UriTemplate,
+};
+
+/// A dummy storage: its config and the root path as printed in URIs.
+#[derive(Debug)]
+pub(crate) struct DummyStorage {
+    config: StorageConfig,
+    /// The root path without trailing slashes (`/` alone prints as nothing).
+    root: String,
+}
+
+impl DummyStorage {
+    /// The backend of a validated `Dummy` config.
+    pub(crate) fn new(config: StorageConfig) -> Self {
+        let root = match &config.spec {
+            StorageSpec::Dummy { root_path, .. } => root_path.trim_end_matches('/').to_string(),
+            _ => String::new(),
+        };
+        Self { config, root }
+    }
+
+    fn push_uri(&self, out: &mut String, instance_id: &str, spec: &BlockSpec, key: BlockKey) {
+        out.push_str(StorageKind::Dummy.scheme());
+        out.push_str("://");
+        out.push_str(&self.config.global_unique_name);
+        out.push_str(&self.root);
+        out.push('/');
+        out.push_str(&object_name(instance_id, &spec.name, key));
+        out.push_str("?size=");
+        out.push_str(itoa::Buffer::new().format(spec.size));
+    }
+
+    fn check_uri(&self, text: &str) -> Result<(), StorageError> {
+        let uri = BlockUri::parse(text)?;
+        let ours = uri.scheme == StorageKind::Dummy.scheme()
+            && uri.storage_name == self.config.global_unique_name
+            && uri.path.starts_with(&format!("{}/", self.root));
+        if !ours {
+            return Err(StorageError::InvalidUri {
+                uri: text.to_string(),
+                reason: "not a dummy location of this storage".to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl DataStorage for DummyStorage {
+    fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    fn kind(&self) -> StorageKind {
+        StorageKind::Dummy
+    }
+
+    fn allocate(
+        &self,
+        request: &AllocationRequest<'_>,
+    ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
+        check_request(request)?;
+        Ok(place_by_name(request, |spec, key| {
+            let mut uri = String::new();
+            self.push_uri(&mut uri, request.instance_id, spec, key);
+            uri
+        }))
+    }
+
+    fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {
+        self.push_uri(out, part.instance_id, part.spec, part.key);
+        true
+    }
+
+    fn uri_template(&self, part: &PartRef<'_>) -> Option<UriTemplate> {
+        let mut head = String::new();
+        self.push_uri(&mut head, part.instance_id, part.spec, part.key);
+        Some(UriTemplate {
+            head,
+            block: None,
+            tail: String::new(),
+        })
+    }
+
+    /// Checks the URIs; there are no bytes to free.
+    fn delete(&self, uris: &[String]) -> Result<(), StorageError> {
+        uris.iter().try_for_each(|uri| self.check_uri(uri))
+    }
+
+    /// Always healthy: nothing is reached.
+    fn check_health(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BlockToAllocate, PartAddress};
+
+    fn storage(root_path: &str) -> DummyStorage {
+        DummyStorage::new(StorageConfig {
+            global_unique_name: "dm".into(),
+            spec: StorageSpec::Dummy {
+                root_path: root_path.into(),
+                key_count_per_file: 4,
+            },
+            check_storage_available_when_open: true,
+        })
+    }
+
+    #[test]
+    fn parts_get_dummy_uris_that_render_again_and_delete_checks_them() {
+        let dummy = storage("/data/dummy/");
+        let specs = [BlockSpec {
+            name: "tp0".into(),
+            size: 64,
+        }];
+        let blocks = [BlockToAllocate {
+            key: 123,
+            spec_indexes: vec![0],
+        }];
+        let request = AllocationRequest {
+            instance_id: "inst",
+            specs: &specs,
+            blocks: &blocks,
+        };
+        let placed = dummy.allocate(&request).expect("placed");
+        let uri = &placed[0][0].uri;
+        assert_eq!(uri, "dummy://dm/data/dummy/inst/tp0/7b?size=64");
+        let part = PartRef {
+            instance_id: "inst",
+            key: 123,
+            spec: &specs[0],
+            address: PartAddress::default(),
+        };
+        let mut again = String::new();
+        assert!(dummy.write_uri(&part, &mut again));
+        assert_eq!(&again, uri);
+        assert_eq!(dummy.uri_template(&part).map(|t| t.head), Some(again));
+        dummy.delete(std::slice::from_ref(uri)).expect("ours");
+        for foreign in [
+            "dummy://other/data/dummy/inst/tp0/7b?size=64",
+            "file://dm/data/dummy/inst/tp0/7b?size=64",
+            "dummy://dm/elsewhere/inst/tp0/7b?size=64",
+        ] {
+            let refused = dummy.delete(&[foreign.to_string()]);
+            assert!(
+                matches!(refused, Err(StorageError::InvalidUri { .. })),
+                "{foreign}"
+            );
+        }
+        assert_eq!(
+            storage("/").allocate(&request).unwrap()[0][0].uri,
+            "dummy://dm/inst/tp0/7b?size=64"
+        );
+    }
+}
