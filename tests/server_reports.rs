@@ -908,6 +908,27 @@ async fn the_new_responses_answer_the_canonical_json() {
                                    "location_specs": [{"name": "F0", "uri": null}]}]},
                    {"locations": []}]})
     );
+    let located = server
+        .meta_http(
+            "getCacheLocation",
+            json!({"trace_id": "gold", "instance_id": "inst",
+            "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2]}),
+        )
+        .await;
+    let mut located = golden(located);
+    let uri = located["locations"][0]["location_specs"][0]["uri"].take();
+    assert_eq!(
+        uri.as_str()
+            .and_then(|uri| uri.split_once("&s_version="))
+            .map(|(stem, _)| stem),
+        Some("event_report://a:1/gpu/1?size=64")
+    );
+    assert_eq!(
+        located,
+        json!({"header": header("OK", "Cache locations retrieved successfully"),
+               "locations": [{"type": "ST_EVENT_REPORT_L1P5", "spec_size": 1,
+                              "location_specs": [{"name": "F0", "uri": null}]}]})
+    );
 }
 
 #[tokio::test]
