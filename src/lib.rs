@@ -9,6 +9,7 @@
 
 pub mod access_log;
 pub mod config;
+pub mod curves;
 pub mod events;
 mod handshakes;
 pub mod http_json;

@@ -129,9 +129,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let manager = kvcm::server::embedded_manager(&config)?;
         let events = kvcm::events::EventLog::from_config(&config)?;
         let access = kvcm::access_log::AccessLog::from_config(&config)?;
+        let curves = kvcm::curves::LiveCurves::new(config.capacity_curve_window_accesses);
         let logs = LogSinks {
             events: events.sink(),
             access: access.sink(),
+            curves: std::sync::Arc::new(curves),
         };
         let handlers = Handlers::with_logs(manager, Some(log_level), logs, config.security.limits);
         let server = kvcm::server::start(&config, handlers).await?;

@@ -1,6 +1,7 @@
 //! Capacity on a real `kvcm serve` (docs/capacity.md): an instance at its `max_key_count`
 //! refuses the next block and says why; a watermark lowered through UpdateInstanceGroup
-//! frees room within 2 s; the evictions reach the event log as `reclaim` lines.
+//! frees room within 2 s; the evictions reach the event log as `reclaim` lines; the live
+//! capacity curve of served lookups is the optimizer's LRU curve of the event log.
 
 mod common;
 
@@ -159,4 +160,86 @@ fn metric(metrics: &Value, name: &str) -> Value {
         .find(|m| m["metric_name"] == name)
         .unwrap_or_else(|| panic!("{name} in {metrics}"))["metric_value"]
         .clone()
+}
+
+/// `GET <path>` on the admin HTTP port: status and JSON body.
+async fn admin_get(server: &TestServer, path: &str) -> (u16, Value) {
+    let (status, body) = common::http_request(server.address("admin_http"), "GET", path, b"").await;
+    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    (status, body)
+}
+
+#[tokio::test]
+async fn the_live_capacity_curve_is_the_optimizers_lru_curve_of_the_event_log() {
+    let mut server = TestServer::start().await;
+    let registered = server.register("inst", 4).await;
+    assert_eq!(code(&registered), "OK", "{registered}");
+    let mut rng = fastrand::Rng::with_seed(11);
+    for i in 0..300 {
+        let start = rng.i64(0..80);
+        let keys: Vec<i64> = (start..start + rng.i64(1..10)).collect();
+        let mut body = json!({"trace_id": format!("c{i}"), "instance_id": "inst",
+                              "query_type": "QT_PREFIX_MATCH", "block_keys": keys});
+        if i % 3 == 0 {
+            body["token_ids"] = json!(vec![1; keys.len() * 4 - 2]);
+        }
+        let answer = server.meta_http("getCacheLocation", body).await;
+        assert_eq!(code(&answer), "OK", "{answer}");
+    }
+    let (status, curve) =
+        admin_get(&server, "/kvcm/capacity_curve?instance_id=inst&points=65").await;
+    assert_eq!(status, 200, "{curve}");
+    assert_eq!(curve["window_requests"], 300);
+    assert_eq!(curve["block_bytes"], 1024);
+    let points = curve["points"].as_array().expect("points");
+    assert!(points.len() > 30, "{curve}");
+
+    let (_, text) =
+        common::http_request(server.address("admin_http"), "GET", "/metrics", b"").await;
+    let text = String::from_utf8_lossy(&text).to_string();
+    let gauge = format!(
+        "kvcm_capacity_curve_blocks_for_hit_rate{{instance_id=\"inst\",fraction=\"0.9\"}} {}",
+        curve["capacity_for"][1]["capacity_blocks"]
+    );
+    assert!(text.contains(&gauge), "{gauge} in {text}");
+
+    for (path, status) in [
+        ("/kvcm/capacity_curve", 400),
+        ("/kvcm/capacity_curve?instance_id=inst&points=1", 400),
+        ("/kvcm/capacity_curve?instance_id=inst&colour=red", 400),
+        ("/kvcm/capacity_curve?instance_id=nobody", 404),
+    ] {
+        let (answered, body) = admin_get(&server, path).await;
+        assert_eq!(answered, status, "{path}: {body}");
+        assert!(
+            body["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{body}"
+        );
+    }
+
+    assert!(server.signal_and_wait("TERM").success());
+    let dir = server.dir.path().join("events");
+    let workload = kvcm_optimizer::model::Workload::load(
+        &[dir],
+        Some(kvcm_optimizer::trace::TraceFormat::Events),
+        None,
+    )
+    .expect("the event log replays");
+    let expected = kvcm_optimizer::sim::LruCurve::compute(&workload);
+    assert_eq!(curve["unique_blocks"], expected.max_capacity());
+    for point in points {
+        let capacity = point["capacity_blocks"].as_u64().unwrap() as usize;
+        let (blocks, tokens) = (
+            point["block_hit_rate"].as_f64().unwrap(),
+            point["token_hit_rate"].as_f64().unwrap(),
+        );
+        assert!(
+            (blocks - expected.block_hit_rate(capacity)).abs() <= 0.01,
+            "{point}"
+        );
+        assert!(
+            (tokens - expected.token_hit_rate(capacity)).abs() <= 0.01,
+            "{point}"
+        );
+    }
 }

@@ -84,9 +84,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let config = bench_config(&data_dir)?;
     let events = kvcm::events::EventLog::from_config(&config)?;
     let access = kvcm::access_log::AccessLog::from_config(&config)?;
+    let curves = kvcm::curves::LiveCurves::new(config.capacity_curve_window_accesses);
     let logs = kvcm::service::LogSinks {
         events: events.sink(),
         access: access.sink(),
+        curves: std::sync::Arc::new(curves),
     };
     let (grpc, http, echo_grpc, echo_http) = server_runtime.block_on(async {
         let (grpc, http, answers) = start_seeded(&config, logs).await?;

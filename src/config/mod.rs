@@ -104,6 +104,9 @@ pub struct ServerConfig {
     /// `kvcm.storage.probe_interval_ms`: milliseconds between health-probe rounds of the
     /// registered storages (0 = no probes; docs/storage.md).
     pub storage_probe_interval_ms: u64,
+    /// `kvcm.capacity_curve.window_accesses`: block accesses of GetCacheLocation each
+    /// instance's live capacity curve covers (0 = no curves; docs/capacity.md).
+    pub capacity_curve_window_accesses: usize,
     /// `kvcm.service.admin_auth_*`, `bind_host`, `max_*`: tokens, bind address, limits.
     pub security: SecurityConfig,
 }
@@ -135,6 +138,7 @@ impl Default for ServerConfig {
             metrics: MetricsConfig::default(),
             reclaimer: ReclaimerConfig::default(),
             storage_probe_interval_ms: 5_000,
+            capacity_curve_window_accesses: 100_000,
             security: SecurityConfig::default(),
         }
     }
@@ -142,7 +146,7 @@ impl Default for ServerConfig {
 
 /// Every key except those of the logs, journal, metrics, reclaimer and security, in the
 /// order they are documented.
-pub const KEYS: [&str; 20] = [
+pub const KEYS: [&str; 21] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -163,7 +167,11 @@ pub const KEYS: [&str; 20] = [
     "kvcm.pool.rejoin_ramp_ms",
     "kvcm.pool.size",
     "kvcm.storage.probe_interval_ms",
+    "kvcm.capacity_curve.window_accesses",
 ];
+
+/// The largest live-curve window: 16 Mi accesses (128 MiB of keys per instance).
+const MAX_CURVE_WINDOW: usize = 1 << 24;
 
 /// The environment variable of a key (`kvcm.service.rpc_port` → `KVCM_SERVICE_RPC_PORT`).
 pub fn env_name(key: &str) -> String {
@@ -206,6 +214,9 @@ impl ServerConfig {
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
             "kvcm.storage.probe_interval_ms" => self.storage_probe_interval_ms = parse(key, value)?,
+            "kvcm.capacity_curve.window_accesses" => {
+                self.capacity_curve_window_accesses = parse(key, value)?
+            }
             _ if key.starts_with("kvcm.event_log.") => {
                 self.event_log
                     .set(log_files::EVENT_LOG_PREFIX, key, value)?
@@ -310,6 +321,12 @@ impl ServerConfig {
             ));
         }
         self.validate_election()?;
+        if self.capacity_curve_window_accesses > MAX_CURVE_WINDOW {
+            return Err(invalid(
+                "kvcm.capacity_curve.window_accesses",
+                &format!("at most {MAX_CURVE_WINDOW} block accesses (8 bytes each per instance)"),
+            ));
+        }
         if let Err(reason) = self.pool.validate() {
             let key = reason.split_whitespace().next().unwrap_or("kvcm.pool");
             return Err(invalid(key, &reason));

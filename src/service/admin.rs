@@ -467,7 +467,7 @@ impl AdminHandler {
                     core.metrics.to_wire(),
                     core.events.to_wire(),
                     core.access.to_wire(),
-                    super::capacity_metrics::to_wire(&core.manager),
+                    super::capacity_metrics::to_wire(&core.manager, &core.curves),
                 ]
                 .concat(),
                 extra_data: String::new(),

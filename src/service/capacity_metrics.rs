@@ -1,10 +1,13 @@
 //! Capacity metrics (docs/capacity.md) in GetMetrics and `GET /metrics`: per group its quota
 //! and usage in all and per storage type (types with a quota or bytes), per instance its bytes and keys, the reclaimer's passes and evictions, and per
-//! storage whether it is enabled, healthy (its latest probe passed) and so available.
+//! storage whether it is enabled, healthy (its latest probe passed) and so available; per
+//! instance with a live capacity curve, its window's requests and the capacity (blocks) for
+//! 80 / 90 / 95 % of the hit rate the window allows.
 //! Counters are `int_value`, gauges `float_value` on the wire (fact sheet §16.4).
 
 use std::fmt::Write;
 
+use crate::curves::{LiveCurves, FRACTIONS};
 use crate::proto::admin;
 use kvcm_manager::Manager;
 
@@ -19,7 +22,7 @@ struct Sample {
 }
 
 /// Every series, grouped by name in the order below.
-fn samples(manager: &Manager) -> Vec<Sample> {
+fn samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
     let stats = manager.reclaim_stats();
     let mut out = vec![
         counter("capacity.reclaim_passes", Vec::new(), stats.passes()),
@@ -73,7 +76,29 @@ fn samples(manager: &Manager) -> Vec<Sample> {
         out.push(gauge("storage.healthy", tags(), i64::from(storage.healthy)));
         out.push(gauge("storage.available", tags(), i64::from(available)));
     }
+    out.extend(curve_samples(manager, curves));
     out.sort_by_key(|s| s.name);
+    out
+}
+
+/// The live-curve gauges of every registered instance with a window.
+fn curve_samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
+    curves.retain(|id| manager.instance(id).is_some());
+    let mut out = Vec::new();
+    for id in curves.instances() {
+        let Some(curve) = curves.curve(&id) else {
+            continue;
+        };
+        let tags = || vec![("instance_id", id.to_string())];
+        let requests = i64::try_from(curve.requests).unwrap_or(i64::MAX);
+        out.push(gauge("capacity.curve_window_requests", tags(), requests));
+        for fraction in FRACTIONS {
+            let mut tags = tags();
+            tags.push(("fraction", fraction.to_string()));
+            let blocks = i64::try_from(curve.capacity_for(fraction)).unwrap_or(i64::MAX);
+            out.push(gauge("capacity.curve_blocks_for_hit_rate", tags, blocks));
+        }
+    }
     out
 }
 
@@ -104,9 +129,9 @@ fn gauge(name: &'static str, tags: Vec<(&'static str, String)>, value: i64) -> S
 }
 
 /// The capacity series for GetMetrics.
-pub fn to_wire(manager: &Manager) -> Vec<admin::MetricsData> {
+pub fn to_wire(manager: &Manager, curves: &LiveCurves) -> Vec<admin::MetricsData> {
     use admin::metric_value::Value;
-    samples(manager)
+    samples(manager, curves)
         .into_iter()
         .map(|s| admin::MetricsData {
             metric_name: s.name.into(),
@@ -130,10 +155,10 @@ pub fn to_wire(manager: &Manager) -> Vec<admin::MetricsData> {
 }
 
 /// The capacity lines of the exposition (named with `prefix`, see [`prometheus_name`]).
-pub fn to_prometheus(manager: &Manager, prefix: &str) -> String {
+pub fn to_prometheus(manager: &Manager, curves: &LiveCurves, prefix: &str) -> String {
     let mut text = String::new();
     let mut last = "";
-    for sample in samples(manager) {
+    for sample in samples(manager, curves) {
         let name = prometheus_name(prefix, sample.name);
         if sample.name != last {
             let kind = if sample.counter { "counter" } else { "gauge" };

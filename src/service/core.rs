@@ -111,6 +111,8 @@ pub struct Core {
     pub events: crate::events::EventSink,
     /// The access log: one line per transport call.
     pub access: crate::access_log::AccessSink,
+    /// Live capacity curves of the served lookups.
+    pub curves: std::sync::Arc<crate::curves::LiveCurves>,
     /// `kvcm.service.max_*`: what one request may ask for.
     pub limits: RequestLimits,
     /// The admin tokens in force (set by the listeners from the config, changed by the

@@ -236,6 +236,11 @@ pub fn admin_router(
 ) -> Router {
     let router = rpcs::admin_routes(handler.clone(), limits);
     let router = router.route("/api/healthy", get(move || healthy(handler.clone())));
+    let curves = core.clone();
+    let router = router.route(
+        CAPACITY_CURVE_ROUTE,
+        get(move |uri: axum::http::Uri| async move { capacity_curve(&curves, &uri) }),
+    );
     let Some(prefix) = prometheus_prefix else {
         return router;
     };
@@ -247,10 +252,73 @@ pub fn admin_router(
                 + &core.events.to_prometheus(&prefix)
                 + &core.access.to_prometheus(&prefix)
                 + &super::journal_metrics::to_prometheus(&core.manager, &prefix)
-                + &super::capacity_metrics::to_prometheus(&core.manager, &prefix);
+                + &super::capacity_metrics::to_prometheus(&core.manager, &core.curves, &prefix);
             ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text)
         }),
     )
+}
+
+/// The live capacity curve of one instance (kvcm's own route, docs/capacity.md).
+pub const CAPACITY_CURVE_ROUTE: &str = "/kvcm/capacity_curve";
+
+/// Points answered when the query does not say.
+const DEFAULT_CURVE_POINTS: usize = 33;
+
+/// `GET /kvcm/capacity_curve?instance_id=<id>[&points=<n>]`: 200 with the curve's JSON; 400
+/// naming a missing or bad parameter; 404 for an unregistered instance or when
+/// `kvcm.capacity_curve.window_accesses` is 0.
+fn capacity_curve(core: &Core, uri: &axum::http::Uri) -> Response {
+    let refuse = |status: StatusCode, error: String| {
+        let body = serde_json::json!({ "error": error }).to_string();
+        json_answer(status, body.into_bytes())
+    };
+    let mut instance_id = None;
+    let mut points = DEFAULT_CURVE_POINTS;
+    for pair in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "instance_id" => instance_id = Some(value.to_string()),
+            "points" => match value.parse::<usize>() {
+                Ok(n) if (2..=crate::curves::MAX_POINTS).contains(&n) => points = n,
+                _ => {
+                    let why = format!(
+                        "points {value:?} is not in 2..={}",
+                        crate::curves::MAX_POINTS
+                    );
+                    return refuse(StatusCode::BAD_REQUEST, why);
+                }
+            },
+            other => {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown parameter {other:?}"),
+                )
+            }
+        }
+    }
+    let Some(instance_id) = instance_id.filter(|id| !id.is_empty()) else {
+        return refuse(StatusCode::BAD_REQUEST, "instance_id is missing".into());
+    };
+    let Some(instance) = core.manager.instance(&instance_id) else {
+        let why = format!("instance {instance_id:?} is not registered");
+        return refuse(StatusCode::NOT_FOUND, why);
+    };
+    let Some(curve) = core.curves.curve(&instance_id) else {
+        let why = "kvcm.capacity_curve.window_accesses is 0: no curves are kept".to_string();
+        return refuse(StatusCode::NOT_FOUND, why);
+    };
+    let block_bytes = instance
+        .specs()
+        .iter()
+        .map(|spec| spec.size.max(0) as u64)
+        .sum();
+    let body = curve.to_json(&instance_id, points, block_bytes);
+    json_answer(StatusCode::OK, body.into_bytes())
 }
 
 /// Content type of the Prometheus text exposition (upstream trunk, wire delta §8).

@@ -154,6 +154,10 @@ impl MetaHandler {
             let reply = answer(&lookup);
             if *rpc == rpcs::meta::GET_CACHE_LOCATION {
                 core.events.lookup(&instance, &keys, &request.token_ids);
+                // Registration guarantees a positive i32 block size.
+                let block_tokens = u32::try_from(instance.info().block_size).unwrap_or(1);
+                let curves = &core.curves;
+                curves.record(instance.id(), block_tokens, &keys, &request.token_ids);
             }
             Ok((reply, "Cache locations retrieved successfully".into()))
         })

@@ -53,6 +53,8 @@ pub struct LogSinks {
     pub events: crate::events::EventSink,
     /// The access log of every transport call.
     pub access: crate::access_log::AccessSink,
+    /// The live capacity curves fed by served lookups.
+    pub curves: Arc<crate::curves::LiveCurves>,
 }
 
 impl Handlers {
@@ -73,7 +75,11 @@ impl Handlers {
         logs: LogSinks,
         limits: RequestLimits,
     ) -> Self {
-        let LogSinks { events, access } = logs;
+        let LogSinks {
+            events,
+            access,
+            curves,
+        } = logs;
         if events.is_enabled() {
             let reclaims = events.clone();
             manager.set_reclaim_listener(Arc::new(move |instance, keys| {
@@ -94,6 +100,7 @@ impl Handlers {
             log_level,
             events,
             access,
+            curves,
             limits,
             auth: auth::AdminAuth::default(),
         });
