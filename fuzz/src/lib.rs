@@ -76,6 +76,9 @@ fn build() -> Result<Harness, String> {
     let sinks = LogSinks {
         events: kvcm::events::EventSink::disabled(),
         access: logs.sink(),
+        curves: Arc::new(kvcm::curves::LiveCurves::new(
+            config.capacity_curve_window_accesses,
+        )),
     };
     let limits = config.security.limits;
     Ok(Harness {
