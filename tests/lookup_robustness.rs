@@ -1,7 +1,8 @@
 //! The fast path under stress and abuse, against a real `kvcm serve`: a writer publishing
 //! and unpublishing at full speed under four readers (no answer may name a location that
 //! was not SERVING during its read), no server thread working per lookup, a SIGKILLed and
-//! restarted server, and bad bootstrap and queue-pair input.
+//! restarted server, and bad bootstrap and queue-pair input; fast-path reads reported to
+//! the server when the client asks for it.
 
 mod common;
 mod lookup_common;
@@ -645,4 +646,70 @@ fn the_client_fails_over_past_an_unreachable_server() {
     });
     assert!(removed.is_ok(), "{removed:?}");
     assert!(fast.prefix_match(&keys).expect("fast").is_empty());
+}
+
+/// A client with read reports on: every lookup its fast path answers is counted by the
+/// server — in the live capacity curve and the event log — though none reached it as a
+/// GetCacheLocation.
+fn reads_reported_on(wire: Wire) {
+    let (runtime, server) = start_server();
+    let keys: Vec<i64> = (0..16).collect();
+    runtime.block_on(async {
+        let started = start(&server, &keys, &[], 30).await;
+        finish(&server, &started["write_session_id"], vec![true; 16]).await;
+    });
+    let counters = runtime.block_on(location_counters(&server));
+    let client = client(&server, wire).with_read_reports(true);
+    // 600 lookups of 16 keys: two reports fall due on their own, the rest is flushed.
+    const LOOKUPS: u64 = 600;
+    for _ in 0..LOOKUPS {
+        assert_eq!(client.prefix_match(&keys).expect("lookup").len(), 16);
+    }
+    client.flush_read_reports();
+    let metrics = client.metrics();
+    assert_eq!(metrics.hits, LOOKUPS, "{metrics:?}");
+    assert_eq!(
+        (metrics.reads_reported, metrics.reads_unreported),
+        (LOOKUPS, 0)
+    );
+    assert_eq!(
+        runtime.block_on(location_counters(&server)),
+        counters,
+        "no GetCacheLocation reached the server"
+    );
+    let path = format!("/kvcm/capacity_curve?instance_id={INSTANCE}");
+    let (status, body) = runtime.block_on(common::http_request(
+        server.address("admin_http"),
+        "GET",
+        &path,
+        b"",
+    ));
+    assert_eq!(status, 200);
+    let curve: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(curve["window_requests"], LOOKUPS, "{curve}");
+    assert_eq!(curve["unique_blocks"], 16, "{curve}");
+    let events = server.dir.path().join("events");
+    let logged = common::wait_until_blocking(Duration::from_secs(10), || {
+        let files = kvcm_optimizer::trace::events::EventLogWriter::files_oldest_first(&events);
+        let text: String = files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+            .collect();
+        let lookups = text.matches("\"get_cache_location\"").count() as u64;
+        (lookups == LOOKUPS).then_some(())
+    });
+    assert!(
+        logged.is_some(),
+        "every reported lookup reaches the event log"
+    );
+}
+
+#[test]
+fn reported_fast_path_reads_are_counted_by_the_server_on_soft_tcp() {
+    reads_reported_on(Wire::Tcp);
+}
+
+#[test]
+fn reported_fast_path_reads_are_counted_by_the_server_on_soft_shm() {
+    reads_reported_on(Wire::Shm);
 }

@@ -225,6 +225,10 @@ fn serve(
             Request::Remove(r) => {
                 messages::encode_reply(job.id, job.op, &Reply::Common(meta.remove_cache(r)))
             }
+            Request::Reads(lookups) => {
+                let answer = meta.record_table_lookups(lookups);
+                messages::encode_reply(job.id, job.op, &Reply::Common(answer))
+            }
         };
         if answers.send((job.peer, bytes)).is_err() {
             return;

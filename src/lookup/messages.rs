@@ -1,6 +1,9 @@
 //! The write path as RDMA messages: StartWriteCache, FinishWriteCache and RemoveCache sent
 //! as SENDs on the lookup queue pair, answered by SENDs, carrying the same protobuf messages
-//! as gRPC (so the server's answers are the gRPC handlers' answers).
+//! as gRPC (so the server's answers are the gRPC handlers' answers); and the lookups a client
+//! answered from the published table, reported in batches (`Reads`: the GetCacheLocation
+//! requests, each length-delimited, answered by a CommonResponse) so that the server counts
+//! them as it counts its own (access clock, event log, live capacity curves).
 //!
 //! Message: `request_id u32, op u8, status u8, 0u16`, then the protobuf body. A request's
 //! status is 0. A reply echoes the id and op; status 0 = the body is the response
@@ -28,11 +31,13 @@ pub enum Op {
     FinishWrite = 2,
     /// RemoveCache.
     Remove = 3,
+    /// Lookups answered from the table.
+    Reads = 4,
 }
 
 impl Op {
     fn from_byte(byte: u8) -> Option<Op> {
-        [Op::StartWrite, Op::FinishWrite, Op::Remove]
+        [Op::StartWrite, Op::FinishWrite, Op::Remove, Op::Reads]
             .into_iter()
             .find(|op| *op as u8 == byte)
     }
@@ -47,6 +52,20 @@ pub enum Request {
     FinishWrite(meta::FinishWriteCacheRequest),
     /// RemoveCache.
     Remove(meta::RemoveCacheRequest),
+    /// Lookups the client answered from the table (their keys and token ids).
+    Reads(Vec<meta::GetCacheLocationRequest>),
+}
+
+impl Request {
+    /// The op of this request.
+    pub fn op(&self) -> Op {
+        match self {
+            Request::StartWrite(_) => Op::StartWrite,
+            Request::FinishWrite(_) => Op::FinishWrite,
+            Request::Remove(_) => Op::Remove,
+            Request::Reads(_) => Op::Reads,
+        }
+    }
 }
 
 /// A reply's status.
@@ -83,12 +102,19 @@ fn header(id: u32, op: u8, status: u8) -> Vec<u8> {
 
 /// Encodes a request; `None` when it exceeds [`MAX_MESSAGE`].
 pub fn encode_request(id: u32, request: &Request) -> Option<Vec<u8>> {
-    let (op, mut bytes) = match request {
-        Request::StartWrite(r) => (Op::StartWrite, r.encode_to_vec()),
-        Request::FinishWrite(r) => (Op::FinishWrite, r.encode_to_vec()),
-        Request::Remove(r) => (Op::Remove, r.encode_to_vec()),
+    let mut bytes = match request {
+        Request::StartWrite(r) => r.encode_to_vec(),
+        Request::FinishWrite(r) => r.encode_to_vec(),
+        Request::Remove(r) => r.encode_to_vec(),
+        Request::Reads(lookups) => {
+            let mut body = Vec::new();
+            for lookup in lookups {
+                lookup.encode_length_delimited(&mut body).ok()?;
+            }
+            body
+        }
     };
-    let mut message = header(id, op as u8, 0);
+    let mut message = header(id, request.op() as u8, 0);
     message.append(&mut bytes);
     (message.len() <= MAX_MESSAGE).then_some(message)
 }
@@ -123,8 +149,18 @@ pub fn decode_request(message: &[u8]) -> Option<(u32, Request)> {
         Op::StartWrite => Request::StartWrite(meta::StartWriteCacheRequest::decode(body).ok()?),
         Op::FinishWrite => Request::FinishWrite(meta::FinishWriteCacheRequest::decode(body).ok()?),
         Op::Remove => Request::Remove(meta::RemoveCacheRequest::decode(body).ok()?),
+        Op::Reads => Request::Reads(decode_reads(body)?),
     };
     Some((id, request))
+}
+
+/// The lookups of a `Reads` body; `None` when one is malformed.
+fn decode_reads(mut body: &[u8]) -> Option<Vec<meta::GetCacheLocationRequest>> {
+    let mut lookups = Vec::new();
+    while !body.is_empty() {
+        lookups.push(meta::GetCacheLocationRequest::decode_length_delimited(&mut body).ok()?);
+    }
+    Some(lookups)
 }
 
 /// Encodes a reply (a response too large becomes [`Status::TooLarge`]).
@@ -155,7 +191,9 @@ pub fn decode_reply(message: &[u8], id: u32, op: Op) -> Option<Reply> {
     }
     Some(match op {
         Op::StartWrite => Reply::StartWrite(meta::StartWriteCacheResponse::decode(body).ok()?),
-        Op::FinishWrite | Op::Remove => Reply::Common(meta::CommonResponse::decode(body).ok()?),
+        Op::FinishWrite | Op::Remove | Op::Reads => {
+            Reply::Common(meta::CommonResponse::decode(body).ok()?)
+        }
     })
 }
 
@@ -197,5 +235,25 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(encode_request(1, &huge), None);
+    }
+
+    #[test]
+    fn a_batch_of_reads_round_trips_and_a_torn_one_is_refused() {
+        let lookup = |keys: Vec<i64>| meta::GetCacheLocationRequest {
+            instance_id: "i".into(),
+            block_keys: keys,
+            ..Default::default()
+        };
+        let reads = Request::Reads(vec![lookup(vec![1, 2]), lookup(vec![-3]), lookup(vec![])]);
+        let bytes = encode_request(9, &reads).unwrap();
+        assert_eq!(decode_request(&bytes), Some((9, reads)));
+        assert_eq!(
+            decode_request(&bytes[..bytes.len() - 1]),
+            None,
+            "a torn last lookup"
+        );
+        let empty = Request::Reads(Vec::new());
+        let bytes = encode_request(10, &empty).unwrap();
+        assert_eq!(decode_request(&bytes), Some((10, empty)));
     }
 }

@@ -216,6 +216,15 @@ impl Core {
 const LOCATION_OVERHEAD: usize = 128;
 
 impl Core {
+    /// Counts a served GetCacheLocation in the event log and the live capacity curves.
+    pub fn record_lookup(&self, instance: &Instance, keys: &[BlockKey], token_ids: &[i64]) {
+        self.events.lookup(instance, keys, token_ids);
+        // Registration guarantees a positive i32 block size.
+        let block_tokens = u32::try_from(instance.info().block_size).unwrap_or(1);
+        self.curves
+            .record(instance.id(), block_tokens, keys, token_ids);
+    }
+
     /// The keys of a meta request (its block keys, else those of its token ids), refused
     /// beyond `kvcm.service.max_keys_per_request`.
     pub fn request_keys(

@@ -153,11 +153,7 @@ impl MetaHandler {
             )?;
             let reply = answer(&lookup);
             if *rpc == rpcs::meta::GET_CACHE_LOCATION {
-                core.events.lookup(&instance, &keys, &request.token_ids);
-                // Registration guarantees a positive i32 block size.
-                let block_tokens = u32::try_from(instance.info().block_size).unwrap_or(1);
-                let curves = &core.curves;
-                curves.record(instance.id(), block_tokens, &keys, &request.token_ids);
+                core.record_lookup(&instance, &keys, &request.token_ids);
             }
             Ok((reply, "Cache locations retrieved successfully".into()))
         })
@@ -206,6 +202,42 @@ impl MetaHandler {
                 Ok((reply, message))
             },
         )
+    }
+
+    /// Lookups a client answered from the published table, reported afterwards (the `Reads`
+    /// message, src/lookup/messages.rs): each counts as a served GetCacheLocation counts —
+    /// its keys touch the access clock, it reaches the event log and the live capacity
+    /// curves. A lookup of an unknown instance or with keys the server would refuse is
+    /// skipped; the answer's message says how many counted. Not the leader: SERVER_NOT_LEADER,
+    /// nothing counted.
+    pub fn record_table_lookups(
+        &self,
+        lookups: Vec<meta::GetCacheLocationRequest>,
+    ) -> meta::CommonResponse {
+        let core = &self.core;
+        let mut reply = meta::CommonResponse::default();
+        if !core.manager.leadership().is_leader() {
+            let why = "not the leader: lookups are counted by the leader".to_string();
+            reply.set_header(meta::ErrorCode::ServerNotLeader, why, String::new());
+            return reply;
+        }
+        let total = lookups.len();
+        let mut counted = 0;
+        for request in lookups {
+            let Some(instance) = core.manager.instance(&request.instance_id) else {
+                continue;
+            };
+            let keys = core.request_keys(&instance, request.block_keys, &request.token_ids);
+            let Ok(keys) = keys else {
+                continue;
+            };
+            instance.access().touch(&keys);
+            core.record_lookup(&instance, &keys, &request.token_ids);
+            counted += 1;
+        }
+        let message = format!("{counted} of {total} lookups recorded");
+        reply.set_header(meta::ErrorCode::Ok, message, String::new());
+        reply
     }
 
     /// Abandons a write session whose answer could not be delivered (see

@@ -1,6 +1,12 @@
 //! The client: lookups on the fast path when it can answer, gRPC otherwise; writes and
 //! removals as RDMA messages on the fast path's queue pair, gRPC otherwise. A message
 //! that was sent but not answered is an error (its outcome is unknown), never retried.
+//! With [`Client::with_read_reports`], lookups the fast path answered are reported to the
+//! server in batches (a `Reads` message once [`REPORT_KEYS`] keys or [`REPORT_AFTER`] have
+//! gathered, checked at each lookup, and when the client is dropped or
+//! [`Client::flush_read_reports`] is called), so that its access clock (the reclaimer's
+//! order), event log and capacity curves count them; a lost report is counted, not retried.
+//! Off by default: then the server does no work at all for fast-path reads.
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -21,6 +27,10 @@ use crate::metrics::{FastPathMetrics, Metrics};
 
 /// After the fast path broke, how long the client uses gRPC alone before connecting again.
 const RECONNECT_AFTER: Duration = Duration::from_millis(200);
+/// Keys of fast-path lookups that make a report due.
+pub const REPORT_KEYS: usize = 4096;
+/// Age of the oldest unreported fast-path lookup that makes a report due.
+pub const REPORT_AFTER: Duration = Duration::from_millis(100);
 
 /// One kvcm server: its gRPC endpoint and its meta HTTP address (for the bootstrap).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +60,17 @@ pub struct Client {
     fast: Mutex<FastState>,
     grpc: Mutex<Grpc>,
     metrics: Metrics,
+    /// Whether fast-path lookups are reported (and those not reported yet).
+    report_reads: bool,
+    reads: Mutex<PendingReads>,
+}
+
+/// Fast-path lookups not reported yet.
+#[derive(Default)]
+struct PendingReads {
+    lookups: Vec<meta::GetCacheLocationRequest>,
+    keys: usize,
+    since: Option<Instant>,
 }
 
 /// The fast path, or since when it is down.
@@ -78,12 +99,22 @@ impl Client {
             fast: Mutex::new(FastState::Off),
             grpc: Mutex::new(grpc),
             metrics: Metrics::default(),
+            report_reads: false,
+            reads: Mutex::default(),
             config,
         };
         if client.config.wire.is_some() {
             *client.fast() = client.connect_fast();
         }
         Ok(client)
+    }
+
+    /// Reports the lookups the fast path answers to the server (`on`), so that they count as
+    /// reads for its reclaimer, event log and capacity curves, at the cost of one message per
+    /// [`REPORT_KEYS`] keys read (or per [`REPORT_AFTER`]); off by default.
+    pub fn with_read_reports(mut self, on: bool) -> Client {
+        self.report_reads = on;
+        self
     }
 
     /// Whether lookups currently use the fast path.
@@ -212,6 +243,9 @@ impl Client {
     ) -> Result<(), ClientError> {
         if self.try_fast(query, out) {
             self.metrics.hit();
+            if self.report_reads {
+                self.note_read(query);
+            }
             return Ok(());
         }
         if self.config.wire.is_some() {
@@ -224,6 +258,43 @@ impl Client {
         })?;
         *out = response.locations;
         Ok(())
+    }
+
+    /// Remembers a lookup the fast path answered; reports the batch when it is due.
+    fn note_read(&self, query: &Query<'_>) {
+        let due = {
+            let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+            reads.keys += query.block_keys.len().max(query.token_ids.len());
+            reads.lookups.push(meta::GetCacheLocationRequest {
+                instance_id: self.config.instance_id.clone(),
+                block_keys: query.block_keys.to_vec(),
+                token_ids: query.token_ids.to_vec(),
+                ..Default::default()
+            });
+            let since = *reads.since.get_or_insert_with(Instant::now);
+            reads.keys >= REPORT_KEYS || since.elapsed() >= REPORT_AFTER
+        };
+        if due {
+            self.flush_read_reports();
+        }
+    }
+
+    /// Reports the fast-path lookups not reported yet (one `Reads` message); what the server
+    /// did not acknowledge is counted in [`FastPathMetrics::reads_unreported`].
+    pub fn flush_read_reports(&self) {
+        let lookups = {
+            let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::take(&mut *reads).lookups
+        };
+        if lookups.is_empty() {
+            return;
+        }
+        let count = lookups.len() as u64;
+        let acknowledged = match self.message(Request::Reads(lookups)) {
+            Some(Ok(Reply::Common(response))) => checked(response).is_ok(),
+            _ => false,
+        };
+        self.metrics.reads_reported(count, acknowledged);
     }
 
     /// Whether the fast path answered `query` into `out`, reconnecting it when it has been
@@ -335,6 +406,13 @@ impl Client {
                 ))))
             }
         }
+    }
+}
+
+impl Drop for Client {
+    /// Reports the fast-path lookups not reported yet.
+    fn drop(&mut self) {
+        self.flush_read_reports();
     }
 }
 

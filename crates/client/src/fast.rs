@@ -28,7 +28,7 @@ use kvcm_transport::soft::Wire;
 use crate::connection::{CallError, Connection, Read};
 use crate::error::FastError;
 use crate::metrics::Metrics;
-use kvcm::lookup::messages::{self, Op, Reply, Request};
+use kvcm::lookup::messages::{self, Reply, Request};
 
 /// Attempts at a consistent copy before the server is asked instead.
 const MAX_ATTEMPTS: usize = 16;
@@ -176,11 +176,7 @@ impl FastPath {
     pub(crate) fn call(&mut self, request: &Request) -> Result<Reply, CallError> {
         self.next_id = self.next_id.wrapping_add(1);
         let id = self.next_id;
-        let op = match request {
-            Request::StartWrite(_) => Op::StartWrite,
-            Request::FinishWrite(_) => Op::FinishWrite,
-            Request::Remove(_) => Op::Remove,
-        };
+        let op = request.op();
         let message = messages::encode_request(id, request).ok_or(CallError::NotSent(
             FastError::AskServer("request too large"),
         ))?;

@@ -10,6 +10,8 @@ pub(crate) struct Metrics {
     retries: AtomicU64,
     extra_round_trips: AtomicU64,
     reconnects: AtomicU64,
+    reads_reported: AtomicU64,
+    reads_unreported: AtomicU64,
 }
 
 /// A snapshot of a client's fast-path counters.
@@ -25,6 +27,10 @@ pub struct FastPathMetrics {
     pub extra_round_trips: u64,
     /// Fast-path connections made after the first.
     pub reconnects: u64,
+    /// Fast-path answers the server acknowledged counting (access clock, event log, curves).
+    pub reads_reported: u64,
+    /// Fast-path answers whose report was lost (fast path down, server not leader or busy).
+    pub reads_unreported: u64,
 }
 
 impl Metrics {
@@ -44,6 +50,15 @@ impl Metrics {
         self.reconnects.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn reads_reported(&self, count: u64, reported: bool) {
+        let counter = if reported {
+            &self.reads_reported
+        } else {
+            &self.reads_unreported
+        };
+        counter.fetch_add(count, Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> FastPathMetrics {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         FastPathMetrics {
@@ -52,6 +67,8 @@ impl Metrics {
             retries: get(&self.retries),
             extra_round_trips: get(&self.extra_round_trips),
             reconnects: get(&self.reconnects),
+            reads_reported: get(&self.reads_reported),
+            reads_unreported: get(&self.reads_unreported),
         }
     }
 }
