@@ -13,27 +13,12 @@ use serde_json::{json, Value};
 
 /// Replaces group `default`'s key cap and watermark through UpdateInstanceGroup.
 async fn set_capacity(server: &TestServer, max_key_count: i64, used_percentage: f64) {
-    let fetched = server
-        .admin_http("getInstanceGroup", json!({"name": "default"}))
-        .await;
-    assert_eq!(code(&fetched), "OK", "{fetched}");
-    let mut group = fetched["instance_group"].clone();
-    let version: i64 = group["version"]
-        .as_str()
-        .expect("version")
-        .parse()
-        .expect("int");
-    group["version"] = json!(version + 1);
-    let cache = &mut group["cache_config"];
-    cache["meta_indexer_config"]["max_key_count"] = json!(max_key_count);
-    cache["reclaim_strategy"]["trigger_strategy"] = json!({"used_percentage": used_percentage});
-    let updated = server
-        .admin_http(
-            "updateInstanceGroup",
-            json!({"instance_group": group, "current_version": version}),
-        )
-        .await;
-    assert_eq!(code(&updated), "OK", "{updated}");
+    common::update_group(server, "default", |group| {
+        let cache = &mut group["cache_config"];
+        cache["meta_indexer_config"]["max_key_count"] = json!(max_key_count);
+        cache["reclaim_strategy"]["trigger_strategy"] = json!({"used_percentage": used_percentage});
+    })
+    .await;
 }
 
 async fn start_write(server: &TestServer, keys: &[i64]) -> Value {

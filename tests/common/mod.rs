@@ -302,6 +302,30 @@ pub fn nfs_storage(name: &str, root: &std::path::Path) -> Value {
            "nfs": {"root_path": format!("{}/", root.display()), "key_count_per_file": 1}})
 }
 
+/// Changes group `name` through UpdateInstanceGroup: `edit` changes its fetched config, whose
+/// version is then raised by one; asserts both calls OK.
+pub async fn update_group(server: &TestServer, name: &str, edit: impl FnOnce(&mut Value)) {
+    let fetched = server
+        .admin_http("getInstanceGroup", json!({ "name": name }))
+        .await;
+    assert_eq!(code(&fetched), "OK", "{fetched}");
+    let mut group = fetched["instance_group"].clone();
+    let version: i64 = group["version"]
+        .as_str()
+        .expect("version")
+        .parse()
+        .expect("int");
+    edit(&mut group);
+    group["version"] = json!(version + 1);
+    let updated = server
+        .admin_http(
+            "updateInstanceGroup",
+            json!({"instance_group": group, "current_version": version}),
+        )
+        .await;
+    assert_eq!(code(&updated), "OK", "{updated}");
+}
+
 /// An instance group over `candidates` (reclaiming from the first), quota 1 GB, version 1.
 pub fn nfs_group(name: &str, candidates: &[&str]) -> Value {
     group_preferring(name, candidates, "CPS_PREFER_3FS", "1000000000")

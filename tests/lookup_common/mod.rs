@@ -133,20 +133,10 @@ pub async fn add_reporting(server: &TestServer) {
         .admin_http("addStorage", json!({ "storage": storage }))
         .await;
     assert_eq!(code(&added), "OK", "{added}");
-    let fetched = server
-        .admin_http("getInstanceGroup", json!({ "name": GROUP }))
-        .await;
-    let mut group = fetched["instance_group"].clone();
-    let version: i64 = group["version"].as_str().expect("version").parse().unwrap();
-    group["event_report_storage_candidates"] = json!(["er_l1p5"]);
-    group["version"] = json!(version + 1);
-    let updated = server
-        .admin_http(
-            "updateInstanceGroup",
-            json!({"instance_group": group, "current_version": version}),
-        )
-        .await;
-    assert_eq!(code(&updated), "OK", "{updated}");
+    super::common::update_group(server, GROUP, |group| {
+        group["event_report_storage_candidates"] = json!(["er_l1p5"]);
+    })
+    .await;
 }
 
 /// A cache subscriber `host` reports that it holds `keys` (both specs, medium `gpu`).

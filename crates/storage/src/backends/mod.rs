@@ -1,22 +1,19 @@
-//! The backends behind [`crate::DataStorage`], one file each, and [`open`], which picks one
-//! for a config.
+//! The backends behind [`crate::DataStorage`], one file per way of holding blocks (block
+//! files, URIs only, reported locations; the memory pool is [`crate::pool`]), and [`open`],
+//! which picks one for a config.
 //!
 //! Every backend: checks the allocation request (`packing::check_request`) before acting;
 //! emits URIs through `BlockUri` (§14); refuses, on delete, URIs of another scheme or
 //! storage with `InvalidUri` before freeing anything.
 
 mod block_files;
-mod dummy;
 mod event_report;
-mod mooncake;
+mod uri_only;
 
 use std::sync::Arc;
 
 use crate::pool::MemPool;
-use crate::{
-    AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartAddress, StorageConfig,
-    StorageError, StorageSpec,
-};
+use crate::{DataStorage, StorageConfig, StorageError, StorageSpec};
 
 /// Validates `config`, opens its backend and, when `check_storage_available_when_open` is
 /// set, probes it (memory pools excepted: their nodes join later). VCNS 3FS is `Unsupported` in this build.
@@ -27,10 +24,11 @@ pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError>
         StorageSpec::Nfs { .. } | StorageSpec::ThreeFs { .. } => {
             Arc::new(block_files::BlockFileStorage::new(config)?)
         }
-        StorageSpec::Mooncake { .. } => Arc::new(mooncake::MooncakeStorage::new(config)),
+        StorageSpec::Mooncake { .. } | StorageSpec::Dummy { .. } => {
+            Arc::new(uri_only::UriOnlyStorage::new(config))
+        }
         StorageSpec::TairMemPool { .. } => Arc::new(MemPool::new(config)),
         StorageSpec::EventReport { .. } => Arc::new(event_report::EventReportStorage::new(config)),
-        StorageSpec::Dummy { .. } => Arc::new(dummy::DummyStorage::new(config)),
         StorageSpec::VcnsThreeFs { .. } => {
             return Err(StorageError::Unsupported(config.spec.kind()));
         }
@@ -40,26 +38,4 @@ pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError>
         storage.check_health()?;
     }
     Ok(storage)
-}
-
-/// The parts of a checked request placed where only their names say (no address): each
-/// part's URI is `uri(spec, key)`. For the backends that hold no bytes of their own.
-fn place_by_name(
-    request: &AllocationRequest<'_>,
-    uri: impl Fn(&BlockSpec, BlockKey) -> String,
-) -> Vec<Vec<AllocatedSpec>> {
-    let placed = request.blocks.iter().map(|block| {
-        let specs = block
-            .spec_indexes
-            .iter()
-            .map(|&index| &request.specs[index]);
-        specs
-            .map(|spec| AllocatedSpec {
-                name: spec.name.clone(),
-                uri: uri(spec, block.key),
-                address: PartAddress::default(),
-            })
-            .collect()
-    });
-    placed.collect()
 }

@@ -1,27 +1,32 @@
-//! The `dummy` backend (upstream trunk's `ST_DUMMY`): places every part at
-//! `dummy://<name>/<root path>/<instance>/<spec>/<hex key>?size=<bytes>` and holds no bytes —
-//! for control-plane tests and load runs without a data tier. Nothing is created under the
-//! root path; a delete only checks that the URIs are this storage's.
+//! The backends that place locations by name and hold no bytes of their own, so they only
+//! render and check URIs; nothing is allocated, created or freed here:
+//! - `mooncake` — `mooncake://<name>/?key=<object name>&size=<bytes>`; the Mooncake store is
+//!   driven by the clients;
+//! - `dummy` (upstream trunk's `ST_DUMMY`) —
+//!   `dummy://<name><root path>/<object name>?size=<bytes>`, for control-plane tests and
+//!   load runs without a data tier; nothing is created under the root path.
+//!
+//! A delete only checks that the URIs are this storage's.
 
-use super::place_by_name;
 use crate::names::object_name;
 use crate::packing::check_request;
 use crate::uri::BlockUri;
 use crate::{
-    AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartRef, StorageConfig,
-    StorageError, StorageKind, StorageSpec, UriTemplate,
+    AllocatedSpec, AllocationRequest, BlockKey, BlockSpec, DataStorage, PartAddress, PartRef,
+    StorageConfig, StorageError, StorageKind, StorageSpec, UriTemplate,
 };
 
-/// A dummy storage: its config and the root path as printed in URIs.
+/// A storage whose locations are URIs only.
 #[derive(Debug)]
-pub(crate) struct DummyStorage {
+pub(crate) struct UriOnlyStorage {
     config: StorageConfig,
-    /// The root path without trailing slashes (`/` alone prints as nothing).
+    /// `Dummy`: the root path without trailing slashes (`/` alone prints as nothing);
+    /// `Mooncake`: unused.
     root: String,
 }
 
-impl DummyStorage {
-    /// The backend of a validated `Dummy` config.
+impl UriOnlyStorage {
+    /// The backend of a validated `Mooncake` or `Dummy` config.
     pub(crate) fn new(config: StorageConfig) -> Self {
         let root = match &config.spec {
             StorageSpec::Dummy { root_path, .. } => root_path.trim_end_matches('/').to_string(),
@@ -30,39 +35,55 @@ impl DummyStorage {
         Self { config, root }
     }
 
+    /// Appends the URI of a part to `out` (the text `BlockUri` prints: parameters sorted by
+    /// name).
     fn push_uri(&self, out: &mut String, instance_id: &str, spec: &BlockSpec, key: BlockKey) {
-        out.push_str(StorageKind::Dummy.scheme());
+        let kind = self.kind();
+        out.push_str(kind.scheme());
         out.push_str("://");
         out.push_str(&self.config.global_unique_name);
-        out.push_str(&self.root);
-        out.push('/');
-        out.push_str(&object_name(instance_id, &spec.name, key));
-        out.push_str("?size=");
+        let object = object_name(instance_id, &spec.name, key);
+        if kind == StorageKind::Mooncake {
+            out.push_str("/?key=");
+            out.push_str(&object);
+            out.push_str("&size=");
+        } else {
+            out.push_str(&self.root);
+            out.push('/');
+            out.push_str(&object);
+            out.push_str("?size=");
+        }
         out.push_str(itoa::Buffer::new().format(spec.size));
     }
 
     fn check_uri(&self, text: &str) -> Result<(), StorageError> {
         let uri = BlockUri::parse(text)?;
-        let ours = uri.scheme == StorageKind::Dummy.scheme()
+        let kind = self.kind();
+        let placed = if kind == StorageKind::Mooncake {
+            uri.path == "/" && uri.param("key").is_some_and(|key| !key.is_empty())
+        } else {
+            uri.path.starts_with(&format!("{}/", self.root))
+        };
+        let ours = uri.scheme == kind.scheme()
             && uri.storage_name == self.config.global_unique_name
-            && uri.path.starts_with(&format!("{}/", self.root));
+            && placed;
         if !ours {
             return Err(StorageError::InvalidUri {
                 uri: text.to_string(),
-                reason: "not a dummy location of this storage".to_string(),
+                reason: format!("not a {} location of this storage", kind.type_name()),
             });
         }
         Ok(())
     }
 }
 
-impl DataStorage for DummyStorage {
+impl DataStorage for UriOnlyStorage {
     fn config(&self) -> &StorageConfig {
         &self.config
     }
 
     fn kind(&self) -> StorageKind {
-        StorageKind::Dummy
+        self.config.spec.kind()
     }
 
     fn allocate(
@@ -70,11 +91,24 @@ impl DataStorage for DummyStorage {
         request: &AllocationRequest<'_>,
     ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
         check_request(request)?;
-        Ok(place_by_name(request, |spec, key| {
-            let mut uri = String::new();
-            self.push_uri(&mut uri, request.instance_id, spec, key);
-            uri
-        }))
+        let placed = request.blocks.iter().map(|block| {
+            let specs = block
+                .spec_indexes
+                .iter()
+                .map(|&index| &request.specs[index]);
+            specs
+                .map(|spec| {
+                    let mut uri = String::new();
+                    self.push_uri(&mut uri, request.instance_id, spec, block.key);
+                    AllocatedSpec {
+                        name: spec.name.clone(),
+                        uri,
+                        address: PartAddress::default(),
+                    }
+                })
+                .collect()
+        });
+        Ok(placed.collect())
     }
 
     fn write_uri(&self, part: &PartRef<'_>, out: &mut String) -> bool {
@@ -92,12 +126,12 @@ impl DataStorage for DummyStorage {
         })
     }
 
-    /// Checks the URIs; there are no bytes to free.
+    /// Checks the URIs; there are no bytes to free here.
     fn delete(&self, uris: &[String]) -> Result<(), StorageError> {
         uris.iter().try_for_each(|uri| self.check_uri(uri))
     }
 
-    /// Always healthy: nothing is reached.
+    /// Nothing to probe from here (Mooncake is reached by the clients only).
     fn check_health(&self) -> Result<(), StorageError> {
         Ok(())
     }
@@ -106,10 +140,10 @@ impl DataStorage for DummyStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{BlockToAllocate, PartAddress};
+    use crate::BlockToAllocate;
 
-    fn storage(root_path: &str) -> DummyStorage {
-        DummyStorage::new(StorageConfig {
+    fn storage(root_path: &str) -> UriOnlyStorage {
+        UriOnlyStorage::new(StorageConfig {
             global_unique_name: "dm".into(),
             spec: StorageSpec::Dummy {
                 root_path: root_path.into(),
