@@ -731,3 +731,52 @@ async fn a_dummy_storage_places_locations_holds_no_bytes_and_survives_a_restart(
         .await;
     assert_eq!(code(&removed), "OK", "{removed}");
 }
+
+#[tokio::test]
+async fn the_tairmempool_ssd_type_and_strategies_are_refused_naming_why() {
+    let server = TestServer::start().await;
+    let root = server.dir.path().join("nfs_ssd");
+    let added = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": nfs_storage("nfs_ssd", &root)}),
+        )
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let mut by_strategy =
+        common::group_preferring("g_ssd", &["nfs_ssd"], "CPS_PREFER_TAIR_MEMPOOL_SSD", "1000");
+    let mut by_quota = nfs_group("g_quota", &["nfs_ssd"]);
+    by_quota["quota"]["quota_config"] =
+        json!([{"storage_type": "ST_TAIRMEMPOOL_SSD", "capacity": "10"}]);
+    for (group, field) in [
+        (&mut by_strategy, "cache_config.data_storage_strategy"),
+        (&mut by_quota, "quota.quota_config.storage_type"),
+    ] {
+        let refused = server
+            .admin_http(
+                "createInstanceGroup",
+                json!({"instance_group": group.clone()}),
+            )
+            .await;
+        assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused}");
+        let message = refused["header"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(field) && message.contains("no SSD medium"),
+            "{message}"
+        );
+    }
+    let listed = server.admin_http("listInstanceGroup", json!({})).await;
+    let groups = listed["instance_group"].as_array().expect("groups");
+    let names: Vec<&str> = groups.iter().filter_map(|g| g["name"].as_str()).collect();
+    assert_eq!(names, ["default"], "nothing was created");
+    server.register("inst", 4).await;
+    let refused = server
+        .meta_http(
+            "getCacheLocationsByBackend",
+            json!({"instance_id": "inst",
+            "query_type": "QT_BATCH_GET", "block_keys": [1],
+            "backend_selectors": [{"backend_type": "ST_TAIRMEMPOOL_SSD"}]}),
+        )
+        .await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused}");
+}

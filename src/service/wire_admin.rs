@@ -28,8 +28,19 @@ const STORAGE_TYPE_NUMBERS: [(StorageType, i32); 9] = [
     (StorageType::EventReportL2, 8),
 ];
 
+/// The wire number of upstream trunk's `ST_TAIRMEMPOOL_SSD`, which kvcm does not serve.
+const TAIRMEMPOOL_SSD: i32 = 9;
+
+/// Why kvcm refuses `ST_TAIRMEMPOOL_SSD` and the strategies that name it.
+const NO_SSD_MEDIUM: &str =
+    "is not served by kvcm: its memory-pool nodes serve memory regions, there is no SSD medium";
+
 /// The domain storage type of a wire number.
 pub fn storage_type(number: i32, field: &'static str) -> ManagerResult<StorageType> {
+    if number == TAIRMEMPOOL_SSD {
+        let why = format!("ST_TAIRMEMPOOL_SSD ({number}) {NO_SSD_MEDIUM}");
+        return Err(ManagerError::invalid_because(field, why));
+    }
     STORAGE_TYPE_NUMBERS
         .iter()
         .find(|(_, wire)| *wire == number)
@@ -123,6 +134,12 @@ fn prefer_from_wire(strategy: i32) -> ManagerResult<PreferStrategy> {
         Ok(Cps::CpsPreferTairMempool) => Prefer(StorageType::TairMemPool),
         Ok(Cps::CpsAlwaysVcns3fs) => Always(StorageType::VcnsThreeFs),
         Ok(Cps::CpsPreferVcns3fs) => Prefer(StorageType::VcnsThreeFs),
+        Ok(ssd @ (Cps::CpsAlwaysTairMempoolSsd | Cps::CpsPreferTairMempoolSsd)) => {
+            return Err(ManagerError::invalid_because(
+                "cache_config.data_storage_strategy",
+                format!("{} {NO_SSD_MEDIUM}", ssd.as_str_name()),
+            ))
+        }
         Err(_) => {
             return Err(ManagerError::invalid_because(
                 "cache_config.data_storage_strategy",
