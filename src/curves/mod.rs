@@ -43,7 +43,8 @@ struct Window {
     requests: VecDeque<Request>,
     accesses: usize,
     block_tokens: u32,
-    computed: Option<(Instant, Arc<LruCurve>)>,
+    /// The last curve: when, of how many requests.
+    computed: Option<(Instant, Arc<LruCurve>, usize)>,
 }
 
 impl Default for LiveCurves {
@@ -116,14 +117,14 @@ impl LiveCurves {
             let fresh = guard
                 .computed
                 .as_ref()
-                .filter(|(at, _)| at.elapsed() < REUSE_FOR);
-            if let Some((_, curve)) = fresh {
-                return Some(CurveSummary::of(curve, guard.requests.len()));
+                .filter(|(at, ..)| at.elapsed() < REUSE_FOR);
+            if let Some((_, curve, requests)) = fresh {
+                return Some(CurveSummary::of(curve, *requests));
             }
             (guard.requests.clone(), guard.block_tokens.max(1))
         };
         let curve = Arc::new(compute(&requests, block_tokens)?);
-        lock(&window).computed = Some((Instant::now(), curve.clone()));
+        lock(&window).computed = Some((Instant::now(), curve.clone(), requests.len()));
         Some(CurveSummary::of(&curve, requests.len()))
     }
 
