@@ -159,6 +159,22 @@ int32_t kvcm_client_metrics(const kvcm_client *client, kvcm_fast_path_metrics *o
 int32_t kvcm_client_fast_path_up(const kvcm_client *client);
 
 /*
+ * Read reports (off by default): with `on` != 0 the lookups the fast path answers are
+ * reported to the server in batches (every 4,096 keys or 100 ms, checked at each lookup, and
+ * when the client is freed), so that its reclaimer, event log and capacity curves count
+ * them as reads. KVCM_E_NULL_ARGUMENT for NULL.
+ */
+int32_t kvcm_client_set_read_reports(const kvcm_client *client, int32_t on);
+
+/*
+ * Reports the lookups not reported yet, then copies how many lookups the server has
+ * acknowledged counting (*reported) and how many reports were lost (*unreported: fast path
+ * down, server not leader or busy; never retried). KVCM_E_NULL_ARGUMENT for NULL.
+ */
+int32_t kvcm_client_flush_read_reports(const kvcm_client *client, uint64_t *reported,
+                                       uint64_t *unreported);
+
+/*
  * Connects a transfer engine for `instance_id` (arguments as kvcm_client_connect); `wire` is
  * used for lookups and pool nodes (KVCM_WIRE_NONE: lookups over gRPC, pools over soft-TCP).
  * On success *engine_out is a new engine (free it with kvcm_engine_free).

@@ -233,6 +233,47 @@ pub unsafe extern "C" fn kvcm_client_metrics(
     }
 }
 
+/// Turns read reports on (`on` ≠ 0) or off (see kvcm.h).
+///
+/// # Safety
+/// `client` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_client_set_read_reports(client: *const Client, on: i32) -> i32 {
+    // SAFETY: the caller's promises are passed on unchanged; setters return no message.
+    unsafe {
+        guard(std::ptr::null_mut(), || {
+            args::object(client, "client")?.set_read_reports(on != 0);
+            Ok(())
+        })
+    }
+}
+
+/// Reports the fast-path lookups not reported yet and copies the counts of reported and
+/// lost ones into `*reported` / `*unreported` (see kvcm.h).
+///
+/// # Safety
+/// `client` is NULL or live; `reported` and `unreported` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_client_flush_read_reports(
+    client: *const Client,
+    reported: *mut u64,
+    unreported: *mut u64,
+) -> i32 {
+    // SAFETY: the caller's promises are passed on unchanged; accessors return no message.
+    unsafe {
+        guard(std::ptr::null_mut(), || {
+            let client = args::object(client, "client")?;
+            // Bad output pointers are refused before anything is sent.
+            args::store(reported, "reported", 0)?;
+            args::store(unreported, "unreported", 0)?;
+            client.flush_read_reports();
+            let metrics = client.metrics();
+            args::store(reported, "reported", metrics.reads_reported)?;
+            args::store(unreported, "unreported", metrics.reads_unreported)
+        })
+    }
+}
+
 /// 1 when lookups currently use the fast path, 0 when not, `KVCM_E_NULL_ARGUMENT` for NULL.
 ///
 /// # Safety
@@ -427,6 +468,17 @@ mod tests {
                 kvcm_client_fast_path_up(std::ptr::null()),
                 KVCM_E_NULL_ARGUMENT
             );
+            let null = std::ptr::null();
+            assert_eq!(kvcm_client_set_read_reports(null, 1), KVCM_E_NULL_ARGUMENT);
+            assert_eq!(kvcm_client_set_read_reports(client, 1), KVCM_OK);
+            let (mut reported, mut unreported) = (7, 7);
+            let flushed = kvcm_client_flush_read_reports(client, &mut reported, &mut unreported);
+            assert_eq!((flushed, reported, unreported), (KVCM_OK, 0, 0));
+            let refused =
+                kvcm_client_flush_read_reports(client, std::ptr::null_mut(), &mut unreported);
+            assert_eq!(refused, KVCM_E_NULL_ARGUMENT);
+            let refused = kvcm_client_flush_read_reports(null, &mut reported, &mut unreported);
+            assert_eq!(refused, KVCM_E_NULL_ARGUMENT);
             kvcm_client_free(client);
             kvcm_client_free(std::ptr::null_mut());
         }

@@ -9,6 +9,7 @@
 //! Off by default: then the server does no work at all for fast-path reads.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -61,7 +62,7 @@ pub struct Client {
     grpc: Mutex<Grpc>,
     metrics: Metrics,
     /// Whether fast-path lookups are reported (and those not reported yet).
-    report_reads: bool,
+    report_reads: AtomicBool,
     reads: Mutex<PendingReads>,
 }
 
@@ -99,7 +100,7 @@ impl Client {
             fast: Mutex::new(FastState::Off),
             grpc: Mutex::new(grpc),
             metrics: Metrics::default(),
-            report_reads: false,
+            report_reads: AtomicBool::new(false),
             reads: Mutex::default(),
             config,
         };
@@ -112,9 +113,15 @@ impl Client {
     /// Reports the lookups the fast path answers to the server (`on`), so that they count as
     /// reads for its reclaimer, event log and capacity curves, at the cost of one message per
     /// [`REPORT_KEYS`] keys read (or per [`REPORT_AFTER`]); off by default.
-    pub fn with_read_reports(mut self, on: bool) -> Client {
-        self.report_reads = on;
+    pub fn with_read_reports(self, on: bool) -> Client {
+        self.set_read_reports(on);
         self
+    }
+
+    /// As [`Client::with_read_reports`], on a client in use (lookups already noted are still
+    /// reported when it is turned off).
+    pub fn set_read_reports(&self, on: bool) {
+        self.report_reads.store(on, Ordering::Relaxed);
     }
 
     /// Whether lookups currently use the fast path.
@@ -243,7 +250,7 @@ impl Client {
     ) -> Result<(), ClientError> {
         if self.try_fast(query, out) {
             self.metrics.hit();
-            if self.report_reads {
+            if self.report_reads.load(Ordering::Relaxed) {
                 self.note_read(query);
             }
             return Ok(());

@@ -76,6 +76,8 @@ def _declare(lib):
         "kvcm_sliding_window": ([c_void_p, c_void_p, c_size_t, c_int32, out, out], c_int32),
         "kvcm_client_metrics": ([c_void_p, POINTER(FastPathMetrics)], c_int32),
         "kvcm_client_fast_path_up": ([c_void_p], c_int32),
+        "kvcm_client_set_read_reports": ([c_void_p, c_int32], c_int32),
+        "kvcm_client_flush_read_reports": ([c_void_p, POINTER(c_uint64), POINTER(c_uint64)], c_int32),
         "kvcm_locations_view": ([c_void_p, POINTER(FlatView)], c_int32),
         "kvcm_locations_count": ([c_void_p], c_size_t),
         "kvcm_locations_free": ([c_void_p], None),

@@ -8,7 +8,7 @@ one copy of the strings. The C result is freed then, or when the sequence is dro
 """
 
 from collections.abc import Sequence
-from ctypes import byref, c_void_p, string_at
+from ctypes import byref, c_uint64, c_void_p, string_at
 from itertools import islice, repeat
 from typing import List, NamedTuple, Tuple
 
@@ -220,6 +220,21 @@ class Client(Connected):
         out = FastPathMetrics()
         LIB.kvcm_client_metrics(self._handle, byref(out))
         return Metrics(out.hits, out.fallbacks, out.retries, out.extra_round_trips, out.reconnects)
+
+    def set_read_reports(self, on: bool) -> None:
+        """Reports the lookups the fast path answers to the server (off by default), so that
+        its reclaimer, event log and capacity curves count them as reads."""
+        if self._handle is None:
+            raise ValueError("kvcm client is closed")
+        LIB.kvcm_client_set_read_reports(self._handle, 1 if on else 0)
+
+    def flush_read_reports(self) -> Tuple[int, int]:
+        """Reports the lookups not reported yet; returns (reported, unreported) so far."""
+        if self._handle is None:
+            raise ValueError("kvcm client is closed")
+        reported, unreported = c_uint64(), c_uint64()
+        LIB.kvcm_client_flush_read_reports(self._handle, byref(reported), byref(unreported))
+        return reported.value, unreported.value
 
     @property
     def fast_path_up(self) -> bool:

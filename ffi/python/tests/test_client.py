@@ -149,6 +149,21 @@ class Lookups(unittest.TestCase):
                     self.assertEqual(metrics.hits, 0)
 
 
+class ReadReports(unittest.TestCase):
+    def test_fast_path_lookups_are_reported_when_asked(self):
+        prefix_keys = keys("KVCM_TEST_PREFIX_KEYS")
+        with kvcm.Client(GRPC, HTTP, INSTANCE, wire="soft-tcp") as client:
+            client.prefix_match(prefix_keys)
+            self.assertEqual(client.flush_read_reports(), (0, 0), "off by default")
+            client.set_read_reports(True)
+            for _ in range(3):
+                client.prefix_match(prefix_keys)
+            self.assertEqual(client.flush_read_reports(), (3, 0))
+            client.set_read_reports(False)
+            client.prefix_match(prefix_keys)
+            self.assertEqual(client.flush_read_reports(), (3, 0))
+
+
 class BadInput(unittest.TestCase):
     def setUp(self):
         self.client = kvcm.Client(GRPC, HTTP, INSTANCE)
