@@ -84,10 +84,8 @@ impl Host<'_> {
     }
 
     fn holds_spec(&self, key: BlockKey, mediums: &[String], spec: &str) -> bool {
-        let states = self.states.iter();
-        states
-            .into_iter()
-            .any(|state| state.holds_spec(key, mediums, spec))
+        let mut states = self.states.iter();
+        states.any(|state| state.holds_spec(key, mediums, spec))
     }
 }
 
@@ -107,11 +105,8 @@ impl<'i> HybridSpecs<'i> {
             ManagerError::invalid_because("query_type", why)
         };
         let index = |name: &str| {
-            let specs = instance.specs().iter();
-            specs
-                .into_iter()
-                .position(|s| s.name == name)
-                .map(|i| i as u16)
+            let mut specs = instance.specs().iter();
+            specs.position(|s| s.name == name).map(|i| i as u16)
         };
         let mut hybrid = HybridSpecs {
             full: Vec::new(),

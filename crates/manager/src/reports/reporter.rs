@@ -228,12 +228,10 @@ impl ReporterState {
     /// Whether the block has spec `spec` on a medium `mediums` allows (all when empty).
     pub fn holds_spec(&self, key: BlockKey, mediums: &[String], spec: &str) -> bool {
         self.blocks.get(&key).is_some_and(|stored| {
-            let allowed = stored
+            let mut allowed = stored
                 .iter()
                 .filter(|m| mediums.is_empty() || mediums.contains(&m.medium));
-            allowed
-                .into_iter()
-                .any(|m| m.specs.iter().any(|s| s.name == spec))
+            allowed.any(|m| m.specs.iter().any(|s| s.name == spec))
         })
     }
 }
