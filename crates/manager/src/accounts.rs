@@ -1,4 +1,6 @@
-//! Accounts (stored, listed; not used for authentication yet).
+//! Accounts: the reference's user accounts with roles (ROLE_OPERATOR is kvcm's extension).
+//! An account authenticates through its API keys ([`crate::api_keys`]); its password is kept
+//! as the reference keeps it and is never returned.
 
 use super::error::{ManagerError, ManagerResult};
 use super::journal::Record;
@@ -12,6 +14,9 @@ pub enum AccountRole {
     User,
     /// An administrator.
     Admin,
+    /// kvcm's extension: runs the registry (storages, groups, instances) and the meta API of
+    /// every instance, but manages no accounts, keys or admin tokens.
+    Operator,
 }
 
 /// One account.
@@ -44,7 +49,14 @@ impl Manager {
         self.journal_wait(ticket)
     }
 
-    /// Deletes an account.
+    /// The role of an account, when it exists.
+    pub fn account_role(&self, user_name: &str) -> Option<AccountRole> {
+        lock(&self.accounts)
+            .get(user_name)
+            .map(|account| account.role)
+    }
+
+    /// Deletes an account and revokes its API keys.
     pub fn delete_account(&self, user_name: &str) -> ManagerResult<()> {
         let mut accounts = lock(&self.accounts);
         if !accounts.contains_key(user_name) {
@@ -52,6 +64,8 @@ impl Manager {
                 "account {user_name:?} does not exist"
             )));
         }
+        // Accounts are locked before keys, as in `create_api_key`.
+        self.revoke_keys_of(user_name)?;
         let ticket = self.journal_append(&Record::AccountRemoved(user_name.to_string()))?;
         accounts.remove(user_name);
         drop(accounts);

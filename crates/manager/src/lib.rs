@@ -28,6 +28,7 @@
 
 mod access;
 mod accounts;
+mod api_keys;
 mod deleter;
 pub mod encoding;
 pub mod entry;
@@ -68,6 +69,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use kvcm_index::{ChangeLog, MetaIndex};
 
 pub use accounts::{Account, AccountRole};
+pub use api_keys::{ApiKey, KeyGrant, KeyRefusal, NewApiKey, MAX_API_KEYS, MAX_KEY_INSTANCES};
 pub use entry::{Entry, Location, LocationId, LocationRef, LocationState, Part, StorageHandle};
 pub use error::{ManagerError, ManagerResult};
 pub use feed::{ChangeFeed, StateChange};
@@ -146,6 +148,8 @@ pub struct Manager {
     groups: RwLock<BTreeMap<String, Arc<GroupConfig>>>,
     instances: RwLock<HashMap<String, Arc<Instance>>>,
     accounts: Mutex<BTreeMap<String, Account>>,
+    /// API keys by id (locked after `accounts` where both are held).
+    api_keys: RwLock<BTreeMap<String, ApiKey>>,
     sessions: Arc<SessionTable>,
     deletes: Sender<DeleteJob>,
     feed: ChangeFeed,
@@ -194,6 +198,7 @@ impl Manager {
             groups: RwLock::default(),
             instances: RwLock::default(),
             accounts: Mutex::default(),
+            api_keys: RwLock::default(),
             sessions: sessions.clone(),
             deletes,
             feed,

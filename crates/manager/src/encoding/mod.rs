@@ -1,9 +1,9 @@
 //! The stable, versioned storage encoding of the manager's objects: block entries and the
-//! registry (storages, instance groups, instances, accounts). The write-ahead log, snapshots
+//! registry (storages, instance groups, instances, accounts, API keys). The write-ahead log, snapshots
 //! and the Redis index store these bytes; the lookup table has its own fixed-size projection.
 //!
 //! Layout of every encoding: a 2-byte kind tag (`KE` entry, `KS` storage, `KG` group, `KI`
-//! instance, `KA` account), a version byte, then the body. Integers are fixed-width little
+//! instance, `KA` account, `KK` API key), a version byte, then the body. Integers are fixed-width little
 //! endian, strings and lists a `u32` length then their items, options a `0`/`1` byte, enums
 //! one byte whose numbering belongs to this format (not to the wire).
 //!
@@ -18,7 +18,8 @@
 //! Versions: v1 is the first format; v2 adds the writer's checksums to entry locations and
 //! upstream trunk's `extra_info` / `revisit_interval_buckets` to instance groups; v3 adds
 //! upstream trunk's event-report storages, groups' `event_report_storage_candidates` and
-//! instances' default query type; v4 adds instances' `use_eagle_pop`. A
+//! instances' default query type; v4 adds instances' `use_eagle_pop`; v5 adds
+//! ST_DUMMY storages; v6 adds API keys and the ROLE_OPERATOR account role. A
 //! value is written in the oldest version that holds it ([`Encode::version`]: an entry
 //! without checksums is still written as v1, byte-identical to what v1 binaries wrote), so
 //! an older binary reads everything that does not use a newer feature.
@@ -40,7 +41,7 @@ pub use reader::{DecodeError, Reader};
 pub use writer::Writer;
 
 /// The newest version this build writes and reads.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 
 /// A decode allocates at most this many bytes per input byte.
 pub const ALLOCATION_FACTOR: usize = 4;
@@ -58,6 +59,8 @@ pub enum Kind {
     Instance,
     /// An account.
     Account,
+    /// An API key.
+    ApiKey,
 }
 
 impl Kind {
@@ -68,6 +71,7 @@ impl Kind {
             Kind::Group => *b"KG",
             Kind::Instance => *b"KI",
             Kind::Account => *b"KA",
+            Kind::ApiKey => *b"KK",
         }
     }
 }

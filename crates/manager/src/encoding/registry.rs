@@ -9,6 +9,7 @@ use kvcm_storage::{BlockSpec, ReportTier, ReportTimings, StorageConfig, StorageS
 
 use super::{DecodeError, Encode, Kind, Reader, Writer};
 use crate::accounts::{Account, AccountRole};
+use crate::api_keys::ApiKey;
 use crate::group_config::{
     CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
     ReclaimPolicy, ReclaimStrategy, ReclaimTrigger, SearchCachePolicy, TypeQuota,
@@ -539,24 +540,74 @@ impl Encode for InstanceInfo {
 impl Encode for Account {
     const KIND: Kind = Kind::Account;
 
+    /// v6 for ROLE_OPERATOR, else v1.
+    fn version(&self) -> u8 {
+        if self.role == AccountRole::Operator {
+            6
+        } else {
+            1
+        }
+    }
+
     fn write_body(&self, out: &mut Writer) {
         out.str(&self.user_name);
         out.str(&self.password);
         out.u8(match self.role {
             AccountRole::User => 0,
             AccountRole::Admin => 1,
+            AccountRole::Operator => 2,
         });
     }
 
-    fn read_body(input: &mut Reader<'_>, _version: u8) -> Result<Self, DecodeError> {
-        Ok(Account {
+    fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
+        let account = Account {
             user_name: input.string()?,
             password: input.string()?,
             role: match input.u8()? {
                 0 => AccountRole::User,
                 1 => AccountRole::Admin,
+                2 => AccountRole::Operator,
                 _ => return Err(DecodeError::Invalid("an unknown account role")),
             },
+        };
+        if account.version() != version {
+            // Each value is written in the oldest version that holds it.
+            return Err(DecodeError::Invalid(
+                "an account in another version than its role needs",
+            ));
+        }
+        Ok(account)
+    }
+}
+
+impl Encode for ApiKey {
+    const KIND: Kind = Kind::ApiKey;
+
+    /// API keys exist from v6 on.
+    fn version(&self) -> u8 {
+        6
+    }
+
+    fn write_body(&self, out: &mut Writer) {
+        out.str(&self.id);
+        out.str(&self.user_name);
+        out.bytes(&self.digest);
+        out.list(&self.instances, |out, id| out.str(id));
+        out.u64(self.created_ms);
+        out.u64(self.expires_ms);
+    }
+
+    fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
+        if version < 6 {
+            return Err(DecodeError::Invalid("an API key before v6"));
+        }
+        Ok(ApiKey {
+            id: input.string()?,
+            user_name: input.string()?,
+            digest: input.array::<32>()?,
+            instances: input.list(Reader::string)?,
+            created_ms: input.u64()?,
+            expires_ms: input.u64()?,
         })
     }
 }

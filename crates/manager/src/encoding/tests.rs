@@ -11,6 +11,7 @@ use proptest::prelude::*;
 
 use super::{DecodeError, Encode, ALLOCATION_FACTOR, VERSION};
 use crate::accounts::{Account, AccountRole};
+use crate::api_keys::ApiKey;
 use crate::entry::{Entry, Location, LocationState, Part, StorageHandle};
 use crate::group_config::{
     CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
@@ -524,6 +525,40 @@ fn the_v4_fixtures_decode() {
     check_fixture(4, "group_mutex_disabled.bin", unlocked_group());
     let discovered = pool("static://10.0.0.1:7000,10.0.0.2:7000", 2);
     check_fixture(4, "storage_pool_discovery.bin", discovered);
+}
+
+fn operator() -> Account {
+    Account {
+        role: AccountRole::Operator,
+        ..account()
+    }
+}
+
+fn api_key() -> ApiKey {
+    ApiKey {
+        id: "00112233445566ff".into(),
+        user_name: "ops".into(),
+        digest: std::array::from_fn(|i| i as u8),
+        instances: vec!["engine-a".into(), "engine-b".into()],
+        created_ms: 1_764_000_000_000,
+        expires_ms: 1_800_000_000_000,
+    }
+}
+
+#[test]
+fn the_v6_fixtures_decode() {
+    check_fixture(6, "account_operator.bin", operator());
+    check_fixture(6, "api_key.bin", api_key());
+}
+
+#[test]
+fn v6_headers_carry_only_v6_values() {
+    assert_eq!(account().encode()[2], 1, "a v1 role stays v1");
+    assert_reheaded_is_invalid(&operator(), 1, 0);
+    assert_reheaded_is_invalid(&account(), 6, 0);
+    let mut older = api_key().encode();
+    older[2] = 5;
+    assert!(ApiKey::decode(&older).is_err(), "no API key before v6");
 }
 
 #[test]

@@ -14,6 +14,7 @@ use kvcm_index::BlockKey;
 use kvcm_storage::StorageConfig;
 
 use crate::accounts::Account;
+use crate::api_keys::ApiKey;
 use crate::encoding::{DecodeError, Encode, Reader, Writer};
 use crate::entry::{Entry, StorageHandle};
 use crate::group_config::GroupConfig;
@@ -58,6 +59,10 @@ pub(crate) enum Record {
     Account(Account),
     /// An account was deleted.
     AccountRemoved(String),
+    /// An API key was created.
+    ApiKey(ApiKey),
+    /// An API key was revoked (by id).
+    ApiKeyRevoked(String),
     /// Index changes of one instance: per key its new entry, `None` when removed.
     Entries {
         /// The instance.
@@ -113,6 +118,8 @@ const ACCOUNT_REMOVED: u8 = 9;
 const ENTRIES: u8 = 10;
 const END: u8 = 11;
 const STORAGE_AVAILABILITY: u8 = 12;
+const API_KEY: u8 = 13;
+const API_KEY_REVOKED: u8 = 14;
 
 impl Record {
     /// The record's bytes.
@@ -140,6 +147,8 @@ impl Record {
             Record::InstanceRemoved(id) => named(&mut out, INSTANCE_REMOVED, id),
             Record::Account(account) => nested(&mut out, ACCOUNT, account),
             Record::AccountRemoved(name) => named(&mut out, ACCOUNT_REMOVED, name),
+            Record::ApiKey(key) => nested(&mut out, API_KEY, key),
+            Record::ApiKeyRevoked(id) => named(&mut out, API_KEY_REVOKED, id),
             Record::Entries {
                 instance_id,
                 changes,
@@ -186,6 +195,8 @@ impl Record {
             INSTANCE_REMOVED => Record::InstanceRemoved(input.string()?),
             ACCOUNT => Record::Account(Account::decode(input.blob()?)?),
             ACCOUNT_REMOVED => Record::AccountRemoved(input.string()?),
+            API_KEY => Record::ApiKey(ApiKey::decode(input.blob()?)?),
+            API_KEY_REVOKED => Record::ApiKeyRevoked(input.string()?),
             ENTRIES => Record::Entries {
                 instance_id: input.string()?,
                 changes: input.list(|input| Ok((input.i64()?, input.option(read_entry)?)))?,

@@ -20,6 +20,7 @@ use super::files::{self, ReadEnd, SNAPSHOT_MAGIC};
 use super::record::{DurableEntry, Record};
 use super::JournalError;
 use crate::accounts::Account;
+use crate::api_keys::ApiKey;
 use crate::entry::{Entry, Location, LocationState, StorageHandle};
 use crate::error::ManagerResult;
 use crate::group_config::GroupConfig;
@@ -40,7 +41,7 @@ pub struct RecoveryReport {
     pub cut: Vec<String>,
     /// Objects or records refused and skipped, with the reason.
     pub skipped: Vec<String>,
-    /// Storages, groups, instances and accounts restored.
+    /// Storages, groups, instances, accounts and API keys restored.
     pub registry_objects: usize,
     /// Block entries restored.
     pub entries: u64,
@@ -65,6 +66,7 @@ pub(crate) struct Replay {
     groups: BTreeMap<String, GroupConfig>,
     instances: BTreeMap<String, InstanceInfo>,
     accounts: BTreeMap<String, Account>,
+    api_keys: BTreeMap<String, ApiKey>,
     entries: HashMap<String, HashMap<BlockKey, DurableEntry>>,
 }
 
@@ -109,7 +111,14 @@ impl Replay {
                 self.accounts.insert(account.user_name.clone(), account);
             }
             Record::AccountRemoved(name) => {
+                self.api_keys.retain(|_, key| key.user_name != name);
                 self.accounts.remove(&name);
+            }
+            Record::ApiKey(key) => {
+                self.api_keys.insert(key.id.clone(), key);
+            }
+            Record::ApiKeyRevoked(id) => {
+                self.api_keys.remove(&id);
             }
             Record::Entries {
                 instance_id,
@@ -268,6 +277,7 @@ impl Manager {
             groups,
             instances,
             accounts,
+            api_keys,
             mut entries,
         } = replay;
         let mut restored = |what: String, result: ManagerResult<()>| match result {
@@ -290,6 +300,9 @@ impl Manager {
         }
         for (name, account) in accounts {
             restored(format!("account {name:?}"), self.add_account(account));
+        }
+        for (id, key) in api_keys {
+            restored(format!("API key {id:?}"), self.restore_api_key(key));
         }
         let mut max_nonce = 0;
         for (id, entries) in entries.drain() {

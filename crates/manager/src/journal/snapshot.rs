@@ -82,6 +82,9 @@ impl Manager {
         for account in self.list_accounts() {
             out.record(&Record::Account(account))?;
         }
+        for key in self.list_api_keys() {
+            out.record(&Record::ApiKey(key))?;
+        }
         for instance in self.all_instances() {
             out.record(&Record::Instance(instance.info().clone()))?;
             let mut cursor = Some(ScanCursor::START);

@@ -113,6 +113,15 @@ fn every_record_round_trips() {
             role: crate::AccountRole::Admin,
         }),
         Record::AccountRemoved("u".into()),
+        Record::ApiKey(crate::ApiKey {
+            id: "0123456789abcdef".into(),
+            user_name: "u".into(),
+            digest: [7; 32],
+            instances: vec!["i".into()],
+            created_ms: 1,
+            expires_ms: 0,
+        }),
+        Record::ApiKeyRevoked("0123456789abcdef".into()),
         Record::Entries {
             instance_id: "i".into(),
             changes: vec![(1, Some(durable)), (-9, None)],
@@ -529,5 +538,108 @@ fn blocks_of_a_moved_storage_are_reported_stale_and_their_bytes_left() {
     assert_eq!(
         again.stale_locations, 0,
         "reported once: the snapshot no longer holds them"
+    );
+}
+
+#[test]
+fn api_keys_survive_a_restart_and_revocations_and_deletions_do_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, _) = reopen(dir.path());
+    let account = |user_name: &str, role| crate::Account {
+        user_name: user_name.into(),
+        password: "p".into(),
+        role,
+    };
+    manager
+        .add_account(account("eng", crate::AccountRole::User))
+        .unwrap();
+    manager
+        .add_account(account("ops", crate::AccountRole::Operator))
+        .unwrap();
+    let new_key = |user_name: &str, instances: &[&str]| crate::NewApiKey {
+        user_name: user_name.into(),
+        instances: instances.iter().map(|i| i.to_string()).collect(),
+        expires_ms: 0,
+    };
+    let (kept, kept_text) = manager.create_api_key(new_key("eng", &["i"])).unwrap();
+    let (revoked, revoked_text) = manager.create_api_key(new_key("eng", &["i"])).unwrap();
+    let (_, ops_text) = manager.create_api_key(new_key("ops", &[])).unwrap();
+    assert!(
+        manager.create_api_key(new_key("eng", &[])).is_err(),
+        "user keys name instances"
+    );
+    assert!(manager.create_api_key(new_key("nobody", &["i"])).is_err());
+    manager.revoke_api_key(&revoked.id).unwrap();
+    assert_eq!(
+        manager.verify_api_key(revoked_text.as_bytes()),
+        Err(crate::KeyRefusal::Unknown),
+        "revoked at once"
+    );
+    manager.delete_account("ops").unwrap();
+    assert_eq!(
+        manager.verify_api_key(ops_text.as_bytes()),
+        Err(crate::KeyRefusal::Unknown),
+        "deleting an account revokes its keys"
+    );
+    drop(manager);
+
+    let (manager, report) = reopen(dir.path());
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    let grant = manager
+        .verify_api_key(kept_text.as_bytes())
+        .expect("kept key");
+    assert_eq!(grant.key_id, kept.id);
+    assert_eq!(
+        (grant.role, grant.instances),
+        (crate::AccountRole::User, vec!["i".to_string()])
+    );
+    let ids: Vec<String> = manager.list_api_keys().into_iter().map(|k| k.id).collect();
+    assert_eq!(ids, vec![kept.id.clone()]);
+    for gone in [&revoked_text, &ops_text] {
+        assert_eq!(
+            manager.verify_api_key(gone.as_bytes()),
+            Err(crate::KeyRefusal::Unknown)
+        );
+    }
+    let mut wrong_secret = kept_text.clone();
+    let last = wrong_secret.pop().unwrap();
+    wrong_secret.push(if last == '0' { '1' } else { '0' });
+    assert_eq!(
+        manager.verify_api_key(wrong_secret.as_bytes()),
+        Err(crate::KeyRefusal::Unknown)
+    );
+    // Nothing of the secret is kept at rest.
+    let secret = kept_text.rsplit('_').next().unwrap();
+    for file in std::fs::read_dir(dir.path().join("meta")).unwrap() {
+        let bytes = std::fs::read(file.unwrap().path()).unwrap();
+        let found = bytes.windows(secret.len()).any(|w| w == secret.as_bytes());
+        assert!(!found, "a secret was written to the journal");
+    }
+}
+
+#[test]
+fn an_expired_key_is_refused() {
+    let manager = manager();
+    manager
+        .add_account(crate::Account {
+            user_name: "eng".into(),
+            password: "p".into(),
+            role: crate::AccountRole::User,
+        })
+        .unwrap();
+    let now = crate::leader::now_ms();
+    let request = crate::NewApiKey {
+        user_name: "eng".into(),
+        instances: vec!["i".into()],
+        expires_ms: now + 50,
+    };
+    let (_, text) = manager.create_api_key(request).unwrap();
+    assert!(manager.verify_api_key(text.as_bytes()).is_ok());
+    while crate::leader::now_ms() <= now + 50 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        manager.verify_api_key(text.as_bytes()),
+        Err(crate::KeyRefusal::Expired)
     );
 }

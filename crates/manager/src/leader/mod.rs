@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use file::FileLock;
+pub(crate) use lock::now_ms;
 pub use lock::{HolderRecord, LeaseLock, LeaseToken, LockError, LockResult, LockUri, NodeEndpoint};
 pub use memory::MemoryLock;
 
