@@ -296,6 +296,7 @@ fn client(grpc: u16, http: u16, wire: Option<Wire>) -> Client {
         }],
         instance_id: INSTANCE.into(),
         wire,
+        api_key: None,
     })
     .unwrap()
 }

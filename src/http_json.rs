@@ -44,15 +44,38 @@ pub fn post_json<A: DeserializeOwned>(
     body: &impl Serialize,
     deadline: Duration,
 ) -> Result<A, PostError> {
+    post_json_with(addr, route, body, deadline, None)
+}
+
+/// As [`post_json`], with `Authorization: Bearer <bearer>` when given (a bearer that could
+/// break the request head is refused as malformed).
+pub fn post_json_with<A: DeserializeOwned>(
+    addr: SocketAddr,
+    route: &str,
+    body: &impl Serialize,
+    deadline: Duration,
+    bearer: Option<&str>,
+) -> Result<A, PostError> {
     let io = |what| move |source| PostError::Io { what, source };
     let body = serde_json::to_vec(body).map_err(|e| PostError::Malformed(e.to_string()))?;
+    let authorization = match bearer {
+        Some(token) if token.bytes().all(|b| b.is_ascii_graphic()) => {
+            format!("Authorization: Bearer {token}\r\n")
+        }
+        Some(_) => {
+            return Err(PostError::Malformed(
+                "a bearer token that is not visible ASCII".into(),
+            ))
+        }
+        None => String::new(),
+    };
     let mut stream = TcpStream::connect_timeout(&addr, deadline).map_err(io("connect"))?;
     stream
         .set_read_timeout(Some(deadline))
         .and_then(|()| stream.set_write_timeout(Some(deadline)))
         .map_err(io("socket"))?;
     let head = format!(
-        "POST {route} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "POST {route} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream

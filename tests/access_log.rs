@@ -311,9 +311,9 @@ async fn the_audit_log_holds_state_changing_admin_calls_and_token_refusals_with_
     assert_eq!(
         reasons,
         [
-            "an admin bearer token is required",
-            "the admin bearer token is not valid",
-            "an admin bearer token is required",
+            "a bearer token (admin token or API key) is required",
+            "the bearer token is not valid",
+            "a bearer token (admin token or API key) is required",
         ]
     );
 

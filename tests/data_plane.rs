@@ -80,6 +80,7 @@ fn engine(server: &TestServer, instance: &str, config: TransferConfig) -> Transf
         }],
         instance_id: instance.into(),
         wire: Some(Wire::Tcp),
+        api_key: None,
     };
     TransferEngine::connect(client, config).expect("engine")
 }

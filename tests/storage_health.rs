@@ -88,6 +88,7 @@ async fn fast_client(server: &TestServer) -> Arc<Client> {
         }],
         instance_id: "inst".into(),
         wire: Some(Wire::Shm),
+        api_key: None,
     };
     let client = tokio::task::spawn_blocking(move || Client::connect(config).expect("client"))
         .await

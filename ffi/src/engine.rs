@@ -105,6 +105,7 @@ pub unsafe extern "C" fn kvcm_engine_connect(
                 servers: servers(args::text(grpc, "grpc")?, args::text(http, "http")?)?,
                 instance_id: args::text(instance_id, "instance_id")?.to_string(),
                 wire: lookup_wire,
+                api_key: None,
             };
             let config = TransferConfig {
                 pool_wire: lookup_wire.unwrap_or(Wire::Tcp),

@@ -52,27 +52,10 @@ pub const AUDIT_DROPPED_METRIC: &str = "audit_log.dropped";
 /// What a body too large to log is written as (its size follows).
 const TRUNCATED_MEMBER: &str = "kvcm_truncated_bytes";
 
-/// The admin and debug RPCs that only read: every other call of those services is audited
-/// (a new RPC is audited until it is listed here).
-const READ_ONLY: [&str; 13] = [
-    "ListStorage",
-    "GetInstanceGroup",
-    "GetCacheMeta",
-    "GetInstanceInfo",
-    "ListInstanceInfo",
-    "ListAccount",
-    "GenConfigSnapshot",
-    "GetMetrics",
-    "CheckHealth",
-    "GetManagerClusterInfo",
-    "GetLeaderElectorConfig",
-    "ListInstanceGroup",
-    "ListAdminAuthTokens",
-];
-
-/// Whether calls of `rpc` go to the audit log: admin and debug calls that can change state.
+/// Whether calls of `rpc` go to the audit log: admin and debug calls that can change state
+/// (the RPC table's access column says which only read).
 pub fn audited(rpc: &Rpc) -> bool {
-    rpc.service != Service::Meta && !READ_ONLY.contains(&rpc.name)
+    rpc.service != Service::Meta && !rpc.access.reads_only()
 }
 
 /// The running access and audit logs.
@@ -222,18 +205,58 @@ impl AccessSink {
         if !self.is_enabled() {
             return;
         }
-        let api_name = rpcs::ALL
-            .iter()
-            .find(|rpc| rpc.service == service && rpc.route == path)
-            .map_or_else(|| Cow::Owned(path.to_string()), |rpc| rpc.name.into());
-        let mut record = new_record(service, api_name, transport, client);
-        record.http_status = (transport == Transport::Http).then_some(401);
-        let answer = serde_json::json!({"error": "unauthorized", "kvcm_reason": reason});
+        let record = new_record(service, api_name_of(service, path), transport, client);
+        self.refused(record, 401, "unauthorized", reason);
+    }
+
+    /// Logs, in both logs, a call of `rpc` by `caller` refused because its credential may not
+    /// make it (`reason`); the answer was HTTP 403 (or gRPC PERMISSION_DENIED).
+    pub fn forbidden(
+        &self,
+        rpc: &Rpc,
+        transport: Transport,
+        client: Option<SocketAddr>,
+        caller: &str,
+        reason: &str,
+    ) {
+        self.forbidden_path(rpc.service, rpc.route, transport, client, caller, reason);
+    }
+
+    /// As [`AccessSink::forbidden`], for a request to `path` of `service`'s listener.
+    pub fn forbidden_path(
+        &self,
+        service: Service,
+        path: &str,
+        transport: Transport,
+        client: Option<SocketAddr>,
+        caller: &str,
+        reason: &str,
+    ) {
+        if !self.is_enabled() {
+            return;
+        }
+        let mut record = new_record(service, api_name_of(service, path), transport, client);
+        record.caller = Some(caller.to_string());
+        self.refused(record, 403, "forbidden", reason);
+    }
+
+    fn refused(&self, mut record: AccessRecord, http_status: u16, error: &str, reason: &str) {
+        let transport = record.transport;
+        record.http_status = (transport == Transport::Http).then_some(http_status);
+        let answer = serde_json::json!({"error": error, "kvcm_reason": reason});
         record.response = Some(answer.to_string().into_bytes());
         self.audit.offer(record.clone());
         record.response = None;
         self.access.offer(record);
     }
+}
+
+/// The name of the RPC whose route `path` is, else the path.
+fn api_name_of(service: Service, path: &str) -> Cow<'static, str> {
+    rpcs::ALL
+        .iter()
+        .find(|rpc| rpc.service == service && rpc.route == path)
+        .map_or_else(|| Cow::Owned(path.to_string()), |rpc| rpc.name.into())
 }
 
 fn new_record(

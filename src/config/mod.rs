@@ -321,6 +321,7 @@ impl ServerConfig {
             ));
         }
         self.validate_election()?;
+        security::validate_auth(&self.security)?;
         if self.capacity_curve_window_accesses > MAX_CURVE_WINDOW {
             return Err(invalid(
                 "kvcm.capacity_curve.window_accesses",

@@ -110,6 +110,11 @@ pub struct SecurityConfig {
     /// `kvcm.service.admin_auth_grpc`: also demand a token (as `authorization` metadata) on
     /// Admin and Debug gRPC (our extension; upstream leaves gRPC open). Default off.
     pub admin_auth_grpc: bool,
+    /// `kvcm.auth.meta`: `required` makes every meta call (HTTP, gRPC, the lookup bootstrap)
+    /// demand an API key that names the instance it touches (or an admin token), and every
+    /// admin and debug call, on both transports, a credential. Default `off` (the
+    /// reference's open meta API).
+    pub meta_auth_required: bool,
     /// `kvcm.service.bind_host`: the address every listener binds; unset = all interfaces
     /// for meta gRPC/HTTP and, without a token, loopback for admin and debug.
     pub bind_host: Option<IpAddr>,
@@ -127,9 +132,10 @@ pub struct SecurityConfig {
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 14] = [
+pub const SECURITY_KEYS: [&str; 15] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
+    "kvcm.auth.meta",
     "kvcm.service.bind_host",
     "kvcm.service.max_keys_per_request",
     "kvcm.service.max_response_bytes",
@@ -151,6 +157,7 @@ impl SecurityConfig {
         match key {
             "kvcm.service.admin_auth_token" => self.admin_tokens = AdminTokens::parse(value),
             "kvcm.service.admin_auth_grpc" => self.admin_auth_grpc = parse(key, value)?,
+            "kvcm.auth.meta" => self.meta_auth_required = meta_auth(key, value)?,
             "kvcm.service.bind_host" if value.trim().is_empty() => self.bind_host = None,
             "kvcm.service.bind_host" => self.bind_host = Some(parse(key, value.trim())?),
             "kvcm.service.max_keys_per_request" => {
@@ -212,6 +219,31 @@ impl SecurityConfig {
     pub fn admin_loopback_only(&self) -> bool {
         self.bind_host.is_none() && self.admin_tokens.is_empty()
     }
+}
+
+/// `off` or `required`.
+fn meta_auth(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim() {
+        "off" => Ok(false),
+        "required" => Ok(true),
+        other => Err(ConfigError::InvalidValue {
+            key: key.to_string(),
+            reason: format!("{other:?} is neither \"off\" nor \"required\""),
+        }),
+    }
+}
+
+/// Cross-key rule: meta auth needs an admin token, else no one could create the first key.
+pub fn validate_auth(security: &SecurityConfig) -> Result<(), ConfigError> {
+    if security.meta_auth_required && security.admin_tokens.is_empty() {
+        return Err(ConfigError::InvalidValue {
+            key: "kvcm.auth.meta".into(),
+            reason: "\"required\" needs kvcm.service.admin_auth_token: without a token no one \
+                     could create the first API key"
+                .into(),
+        });
+    }
+    Ok(())
 }
 
 fn positive(key: &str, value: &str) -> Result<usize, ConfigError> {

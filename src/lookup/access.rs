@@ -1,5 +1,6 @@
-//! The one access check every lookup bootstrap passes through. Today it admits everyone
-//! (as the control plane does); the security issue fills it in (tokens bound to instances).
+//! The one access check every lookup bootstrap passes through: the server's
+//! (`service::auth::Authenticator::lookup_access`) admits everyone while `kvcm.auth.meta` is
+//! off, and otherwise a credential that may make meta calls of the instance.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,8 +18,3 @@ pub struct AccessCheck<'a> {
 
 /// Decides whether a caller may read an instance's table (`Err` = refused, with why).
 pub type LookupAccess = Arc<dyn Fn(&AccessCheck<'_>) -> Result<(), String> + Send + Sync>;
-
-/// The check that admits every caller.
-pub fn allow_all() -> LookupAccess {
-    Arc::new(|_| Ok(()))
-}

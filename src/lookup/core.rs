@@ -218,6 +218,10 @@ fn serve(
 ) {
     for job in jobs {
         let bytes = match job.request {
+            // No message carries a credential: with meta auth on, every call goes to gRPC.
+            _ if meta.auth_required() => {
+                messages::encode_reply(job.id, job.op, &Reply::Refused(Status::Unauthenticated))
+            }
             Request::StartWrite(r) => start_write(meta, job.id, job.op, r),
             Request::FinishWrite(r) => {
                 messages::encode_reply(job.id, job.op, &Reply::Common(meta.finish_write_cache(r)))

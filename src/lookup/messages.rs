@@ -10,7 +10,8 @@
 //! (StartWriteCacheResponse, or CommonResponse); any other status means nothing was
 //! applied: 1 = the answer would exceed [`MAX_MESSAGE`] (a StartWriteCache whose answer is
 //! that large has its new session failed at once; ask gRPC), 2 = the request was
-//! malformed, 3 = the server is busy (ask gRPC).
+//! malformed, 3 = the server is busy (ask gRPC), 4 = the message path does not authenticate
+//! and `kvcm.auth.meta = required` is on (ask gRPC, with a key).
 
 use prost::Message;
 
@@ -80,6 +81,8 @@ pub enum Status {
     Malformed = 2,
     /// The server was busy (nothing applied).
     Busy = 3,
+    /// Meta auth is required and messages carry no credential (nothing applied).
+    Unauthenticated = 4,
 }
 
 /// A decoded reply.
@@ -136,6 +139,7 @@ pub fn peek_status(message: &[u8]) -> Option<Status> {
         Status::TooLarge,
         Status::Malformed,
         Status::Busy,
+        Status::Unauthenticated,
     ]
     .into_iter()
     .find(|s| *s as u8 == byte)

@@ -30,7 +30,7 @@ use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 
 use crate::service::meta::MetaHandler;
 
-pub use access::{allow_all, AccessCheck, LookupAccess};
+pub use access::{AccessCheck, LookupAccess};
 pub use bootstrap::{router, BootstrapAnswer, BootstrapRequest, WireAnswer, ROUTE};
 pub use peers::HELLO as QP_HELLO;
 pub use table::{InstanceTable, TableAddress, GRACE};

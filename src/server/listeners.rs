@@ -197,6 +197,7 @@ pub async fn start(
     let security = &config.security;
     let auth = handlers.core.auth.clone();
     auth.replace(security.admin_tokens.as_slice().iter().cloned());
+    auth.require_meta(security.meta_auth_required);
     announce_security(config);
     let (meta_host, admin_host) = (security.meta_host(), security.admin_host());
 
@@ -210,7 +211,10 @@ pub async fn start(
     let grpc_timeout = Duration::from_millis(security.connections.grpc_request_timeout_ms);
     let grpc = Server::builder()
         .timeout(grpc_timeout)
-        .add_service(MetaServiceServer::new(handlers.meta.clone()))
+        .add_service(MetaServiceServer::with_interceptor(
+            handlers.meta.clone(),
+            gate(Service::Meta),
+        ))
         .add_optional_service(shared.then(admin_service))
         .add_optional_service((shared && debug).then(debug_service));
     let main_grpc = Listen::new("grpc", meta_host, config.rpc_port);
@@ -223,11 +227,17 @@ pub async fn start(
         let listen = Listen::new("admin_grpc", admin_host, config.admin_rpc_port);
         server.spawn_grpc(listen, admin_grpc, &stop_rx).await?;
     }
-    let mut meta_http = http::meta_router(handlers.meta.clone(), limit);
+    let meta_router = http::meta_router(handlers.meta.clone(), limit);
+    let mut meta_http = auth.protect(meta_router, Service::Meta, access.clone());
     if config.lookup.enabled {
         let manager = &handlers.core.manager;
         let meta = handlers.meta.clone();
-        let service = LookupService::start(manager, meta, &config.lookup, lookup::allow_all())
+        let bootstrap_auth = auth.clone();
+        let check: lookup::LookupAccess = Arc::new(move |check: &lookup::AccessCheck<'_>| {
+            let authorization = check.authorization.map(str::as_bytes);
+            bootstrap_auth.lookup_access(check.instance_id, authorization)
+        });
+        let service = LookupService::start(manager, meta, &config.lookup, check)
             .map_err(|e| ServerError::Lookup(e.to_string()))?;
         tracing::info!("lookup tables: queue pairs on {}", service.connect_addr());
         meta_http = meta_http.merge(lookup::router(service.clone(), limit));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kvcm_manager::leader::NodeEndpoint;
-use kvcm_manager::{Account, GroupConfig, ManagerError};
+use kvcm_manager::{Account, GroupConfig, ManagerError, NewApiKey};
 
 use super::auth::TokenChangeError;
 use super::convert::transcode;
@@ -426,6 +426,59 @@ impl AdminHandler {
                 },
                 String::new(),
             ))
+        })
+    }
+
+    /// CreateApiKey (kvcm's extension): the key's text is answered here and never again.
+    pub fn create_api_key(
+        &self,
+        request: admin::CreateApiKeyRequest,
+    ) -> admin::CreateApiKeyResponse {
+        self.call(&rpcs::admin::CREATE_API_KEY, &request.trace_id, |core| {
+            let expires_ms = u64::try_from(request.expires_at_ms).map_err(|_| {
+                ManagerError::invalid_because("expires_at_ms", "must not be negative")
+            })?;
+            let (key, text) = core.manager.create_api_key(NewApiKey {
+                user_name: request.user_name.clone(),
+                instances: request.instance_ids.clone(),
+                expires_ms,
+            })?;
+            let reply = admin::CreateApiKeyResponse {
+                header: None,
+                key_id: key.id,
+                api_key: text,
+            };
+            Ok((reply, String::new()))
+        })
+    }
+
+    /// RevokeApiKey (kvcm's extension): the key stops working at the next request.
+    pub fn revoke_api_key(&self, request: admin::RevokeApiKeyRequest) -> admin::CommonResponse {
+        self.call(&rpcs::admin::REVOKE_API_KEY, &request.trace_id, |core| {
+            core.manager.revoke_api_key(&request.key_id)?;
+            done("API key revoked")
+        })
+    }
+
+    /// ListApiKeys (kvcm's extension): ids, accounts and scopes, never secrets.
+    pub fn list_api_keys(&self, request: admin::ListApiKeysRequest) -> admin::ListApiKeysResponse {
+        self.call(&rpcs::admin::LIST_API_KEYS, &request.trace_id, |core| {
+            let role_of = |user: &str| core.manager.account_role(user).map(account_role_number);
+            let keys = core
+                .manager
+                .list_api_keys()
+                .into_iter()
+                .map(|key| admin::ApiKeyInfo {
+                    role: role_of(&key.user_name).unwrap_or_default(),
+                    key_id: key.id,
+                    user_name: key.user_name,
+                    instance_ids: key.instances,
+                    created_at_ms: key.created_ms as i64,
+                    expires_at_ms: key.expires_ms as i64,
+                })
+                .collect();
+            let reply = admin::ListApiKeysResponse { header: None, keys };
+            Ok((reply, String::new()))
         })
     }
 

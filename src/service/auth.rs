@@ -1,15 +1,30 @@
-//! Admin bearer tokens (upstream trunk, wire delta §1): with `kvcm.service.admin_auth_token`
-//! set, every admin and debug HTTP request — `/metrics` and `/api/healthy` included — must
-//! carry `Authorization: Bearer <token>` naming one of the configured tokens, else it is
-//! answered 401 `{"error":"unauthorized"}` with `WWW-Authenticate: Bearer realm="kvcm"`
-//! (plus `error="invalid_request"` for a malformed or non-Bearer header, `error="invalid_token"`
-//! for an unknown token). With `kvcm.service.admin_auth_grpc` the same check guards Admin
-//! and Debug gRPC, the token read from the `authorization` metadata (our extension).
+//! Who a caller is (authentication) and what it may call (authorization).
+//!
+//! Credentials: the admin bearer tokens of upstream trunk (wire delta §1,
+//! `kvcm.service.admin_auth_token`) and kvcm's API keys (accounts' keys, see
+//! `kvcm_manager::api_keys`), both presented as `Authorization: Bearer <credential>` (HTTP
+//! header or gRPC metadata). A token acts as root; a key acts with its account's role, on
+//! the instances it names.
+//!
+//! When a credential is required: on the admin and debug HTTP listeners (`/metrics` and
+//! `/api/healthy` included) while a token is configured or `kvcm.auth.meta = required`; on
+//! Admin and Debug gRPC likewise, when `kvcm.service.admin_auth_grpc` is on or meta auth is
+//! required; on the meta API (HTTP, gRPC, the lookup bootstrap) only with `kvcm.auth.meta =
+//! required`. A request without a required credential is answered 401
+//! `{"error":"unauthorized"}` with `WWW-Authenticate: Bearer realm="kvcm"` (plus
+//! `error="invalid_request"` for a malformed or non-Bearer header, `error="invalid_token"`
+//! for an unknown or expired credential), or UNAUTHENTICATED on gRPC. A known credential
+//! that may not call the RPC (its role, or an instance its key does not name) is answered
+//! 403 `{"error":"forbidden","message":...}`, PERMISSION_DENIED on gRPC. Where no credential
+//! is required, every request passes (the reference's open mode), whatever it carries.
 //!
 //! Invariants: the scheme is case-insensitive and followed by at least one SP or HTAB; the
-//! token has no white space inside; a presented token is compared with every configured
-//! one in time independent of where they differ; no token is ever logged or echoed.
+//! credential has no white space inside; a presented token is compared with every configured
+//! one in time independent of where they differ (a key, by its digest); no credential is
+//! ever logged or echoed; a key is checked against the manager at every request, so a
+//! revocation holds from the next one.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use axum::extract::{Request, State};
@@ -18,22 +33,27 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 
+use kvcm_manager::{AccountRole, KeyGrant, KeyRefusal, Manager};
+
 use super::http::ClientAddr;
-use super::rpcs::Service;
+use super::rpcs::{Access, Service};
 use crate::access_log::{AccessSink, Transport};
 
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
     /// No `Authorization` header (or metadata).
-    #[error("an admin bearer token is required")]
+    #[error("a bearer token (admin token or API key) is required")]
     Missing,
     /// Not `Bearer <token>`.
     #[error("the authorization is not of the form \"Bearer <token>\"")]
     Malformed,
-    /// A well-formed token that is not configured.
-    #[error("the admin bearer token is not valid")]
+    /// A well-formed token that is neither a configured token nor a valid API key.
+    #[error("the bearer token is not valid")]
     UnknownToken,
+    /// An API key past its expiry.
+    #[error("the API key has expired")]
+    ExpiredKey,
 }
 
 impl AuthError {
@@ -42,7 +62,9 @@ impl AuthError {
         match self {
             AuthError::Missing => r#"Bearer realm="kvcm""#,
             AuthError::Malformed => r#"Bearer realm="kvcm", error="invalid_request""#,
-            AuthError::UnknownToken => r#"Bearer realm="kvcm", error="invalid_token""#,
+            AuthError::UnknownToken | AuthError::ExpiredKey => {
+                r#"Bearer realm="kvcm", error="invalid_token""#
+            }
         }
     }
 }
@@ -50,39 +72,80 @@ impl AuthError {
 /// Body of every 401.
 const UNAUTHORIZED: &str = r#"{"error":"unauthorized"}"#;
 
-/// The admin tokens in force (empty = open), shared by the HTTP middleware, the gRPC gate
-/// and the token RPCs; replaced at run time by SetAdminAuthTokens / RotateAdminAuthToken.
+/// The credentials in force: the admin tokens (replaced at run time by SetAuthenticatorTokens /
+/// RotateAuthenticatorToken), the manager's API keys, and whether the meta API requires one.
+/// Shared by the HTTP middleware, the gRPC gates, the lookup bootstrap and the token RPCs.
 #[derive(Clone, Default)]
-pub struct AdminAuth {
+pub struct Authenticator {
     tokens: Arc<RwLock<Tokens>>,
+    /// Where API keys are verified (`None`: tokens only).
+    keys: Option<Arc<Manager>>,
+    /// `kvcm.auth.meta = required`.
+    meta_required: Arc<AtomicBool>,
 }
 
 /// One immutable set of tokens (swapped whole, so a check never sees half a change).
 type Tokens = Arc<[Box<[u8]>]>;
 
-impl std::fmt::Debug for AdminAuth {
+impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AdminAuth({} tokens)", self.current().len())
+        write!(f, "Authenticator({} tokens)", self.current().len())
+    }
+}
+
+impl From<KeyRefusal> for AuthError {
+    fn from(refusal: KeyRefusal) -> AuthError {
+        match refusal {
+            KeyRefusal::Malformed | KeyRefusal::Unknown => AuthError::UnknownToken,
+            KeyRefusal::Expired => AuthError::ExpiredKey,
+        }
     }
 }
 
 /// Why a token change was refused (nothing changed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TokenChangeError {
-    /// RotateAdminAuthToken without a new token.
+    /// RotateAuthenticatorToken without a new token.
     #[error("new_token is empty")]
     EmptyNewToken,
-    /// RotateAdminAuthToken naming an old token that is not configured.
+    /// RotateAuthenticatorToken naming an old token that is not configured.
     #[error("old_token is not a configured token")]
     UnknownOldToken,
 }
 
-impl AdminAuth {
-    /// Guards with these tokens (none = open).
-    pub fn new(tokens: &[String]) -> AdminAuth {
-        let auth = AdminAuth::default();
+impl Authenticator {
+    /// Guards with these tokens (none = open) and no API keys.
+    pub fn new(tokens: &[String]) -> Authenticator {
+        let auth = Authenticator::default();
         auth.replace(tokens.iter().cloned());
         auth
+    }
+
+    /// Guards with no token yet and the API keys of `manager`.
+    pub fn with_keys(manager: Arc<Manager>) -> Authenticator {
+        Authenticator {
+            keys: Some(manager),
+            ..Authenticator::default()
+        }
+    }
+
+    /// Sets `kvcm.auth.meta = required` (on) or off.
+    pub fn require_meta(&self, required: bool) {
+        self.meta_required.store(required, Ordering::Release);
+    }
+
+    /// Whether the meta API requires a credential.
+    pub fn meta_required(&self) -> bool {
+        self.meta_required.load(Ordering::Acquire)
+    }
+
+    /// Whether a call of `service` needs a credential now (gRPC admin and debug calls only
+    /// when their gate enforces, see [`GrpcGate`]).
+    fn required(&self, service: Service, tokens: &Tokens) -> bool {
+        match service {
+            Service::Meta => self.meta_required(),
+            Service::Admin | Service::Debug => self.meta_required() || !tokens.is_empty(),
+        }
     }
 
     fn current(&self) -> Tokens {
@@ -129,11 +192,15 @@ impl AdminAuth {
         self.current().iter().map(|t| fingerprint(t)).collect()
     }
 
-    /// Checks one `Authorization` value (`None`: absent): the caller the matching token
-    /// names (`None` while no token is set, and everything passes).
-    pub fn check(&self, authorization: Option<&[u8]>) -> Result<Option<Caller>, AuthError> {
+    /// Checks one `Authorization` value (`None`: absent) of a call of `service`: the caller
+    /// its credential names (`None` where no credential is required, and everything passes).
+    pub fn check(
+        &self,
+        service: Service,
+        authorization: Option<&[u8]>,
+    ) -> Result<Option<Caller>, AuthError> {
         let tokens = self.current();
-        if tokens.is_empty() {
+        if !self.required(service, &tokens) {
             return Ok(None);
         }
         let presented = bearer_token(authorization.ok_or(AuthError::Missing)?)?;
@@ -141,10 +208,24 @@ impl AdminAuth {
         let matches = tokens.iter().fold(false, |found, token| {
             constant_time_eq(token, presented) | found
         });
-        if !matches {
-            return Err(AuthError::UnknownToken);
+        if matches {
+            return Ok(Some(Caller::token(presented)));
         }
-        Ok(Some(Caller(fingerprint(presented))))
+        let keys = self.keys.as_ref().ok_or(AuthError::UnknownToken)?;
+        Ok(Some(Caller::key(keys.verify_api_key(presented)?)))
+    }
+
+    /// Whether the caller `authorization` shows may read `instance_id`'s lookup table (the
+    /// bootstrap's access check: a meta call of that instance).
+    pub fn lookup_access(
+        &self,
+        instance_id: &str,
+        authorization: Option<&[u8]>,
+    ) -> Result<(), String> {
+        let caller = self
+            .check(Service::Meta, authorization)
+            .map_err(|e| e.to_string())?;
+        authorize(caller.as_ref(), Access::Client, Some(instance_id))
     }
 
     /// `router` of `service` behind the check (which passes everything while no token is
@@ -159,10 +240,90 @@ impl AdminAuth {
     }
 }
 
-/// Who an admin or debug call came from: the fingerprint of the token it presented (the
-/// access and audit logs' `caller`).
+/// Who a call came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller(pub String);
+pub struct Caller {
+    /// Its name in the access and audit logs' `caller`: the fingerprint of a token, or
+    /// `<account>:<key id>` for an API key.
+    pub name: String,
+    /// What its credential grants.
+    pub grant: Grant,
+}
+
+/// What a credential grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grant {
+    /// An admin token: everything.
+    Token,
+    /// An API key: its account's role, on the instances it names (none named = every one).
+    Key {
+        /// The account's role.
+        role: AccountRole,
+        /// The instances the key names.
+        instances: Vec<String>,
+    },
+}
+
+impl Caller {
+    fn token(token: &[u8]) -> Caller {
+        Caller {
+            name: fingerprint(token),
+            grant: Grant::Token,
+        }
+    }
+
+    fn key(grant: KeyGrant) -> Caller {
+        Caller {
+            name: format!("{}:{}", grant.user_name, grant.key_id),
+            grant: Grant::Key {
+                role: grant.role,
+                instances: grant.instances,
+            },
+        }
+    }
+}
+
+/// Whether `caller` may make a call that needs `access` (on `instance`, for a meta call of
+/// one): `Err` says why not. No caller passes: the authentication layer lets a request
+/// through without one only where none is required.
+pub fn authorize(
+    caller: Option<&Caller>,
+    access: Access,
+    instance: Option<&str>,
+) -> Result<(), String> {
+    let Some(Caller {
+        grant: Grant::Key { role, instances },
+        ..
+    }) = caller
+    else {
+        return Ok(());
+    };
+    let role_may = match access {
+        Access::Client | Access::Anyone => true,
+        Access::Read | Access::Operate => *role != AccountRole::User,
+        Access::AdminRead | Access::Admin => *role == AccountRole::Admin,
+    };
+    if !role_may {
+        return Err(format!(
+            "the key's account role ({role:?}) may not call this RPC"
+        ));
+    }
+    match (access, instance) {
+        (Access::Client, Some(id))
+            if !instances.is_empty() && !instances.iter().any(|i| i == id) =>
+        {
+            Err(format!("the key does not name instance {id:?}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The instance a request touches, for the authorization of instance-scoped RPCs
+/// (implemented for every request type by the RPC table).
+pub trait Scoped {
+    /// The request's `instance_id` where its RPC is scoped to one, else `None`.
+    fn instance_id(&self) -> Option<&str>;
+}
 
 /// 8 lower-case hex digits of a token's 32-bit FNV-1a.
 fn fingerprint(token: &[u8]) -> String {
@@ -172,7 +333,7 @@ fn fingerprint(token: &[u8]) -> String {
 /// The state of the HTTP middleware.
 #[derive(Clone)]
 struct HttpGuard {
-    auth: AdminAuth,
+    auth: Authenticator,
     service: Service,
     access: AccessSink,
 }
@@ -227,8 +388,17 @@ async fn require_bearer(
         .headers()
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    match guard.auth.check(authorization) {
+    match guard.auth.check(guard.service, authorization) {
         Ok(caller) => {
+            // Routes that are no RPC (`/metrics`, `/api/healthy`, capacity curves) read the
+            // admin plane: a ROLE_USER key may not, whichever route it asks.
+            let plane = match guard.service {
+                Service::Meta => Access::Anyone,
+                Service::Admin | Service::Debug => Access::Read,
+            };
+            if let Err(reason) = authorize(caller.as_ref(), plane, None) {
+                return forbidden_route(&guard, &request, caller.as_ref(), &reason);
+            }
             if let Some(caller) = caller {
                 request.extensions_mut().insert(caller);
             }
@@ -245,6 +415,23 @@ async fn require_bearer(
     }
 }
 
+/// A 403 for a route of the admin plane that `caller` may not read, logged.
+fn forbidden_route(
+    guard: &HttpGuard,
+    request: &Request,
+    caller: Option<&Caller>,
+    reason: &str,
+) -> Response {
+    let client = request.extensions().get::<ClientAddr>().map(|addr| addr.0);
+    let name = caller.map_or("", |caller| caller.name.as_str());
+    let path = request.uri().path();
+    let access = &guard.access;
+    access.forbidden_path(guard.service, path, Transport::Http, client, name, reason);
+    let body = serde_json::json!({"error": "forbidden", "message": reason});
+    let headers = [(header::CONTENT_TYPE, "application/json")];
+    (StatusCode::FORBIDDEN, headers, body.to_string()).into_response()
+}
+
 fn unauthorized(refusal: AuthError) -> Response {
     let headers = [
         (header::CONTENT_TYPE, "application/json"),
@@ -253,24 +440,39 @@ fn unauthorized(refusal: AuthError) -> Response {
     (StatusCode::UNAUTHORIZED, headers, UNAUTHORIZED).into_response()
 }
 
-/// The gRPC gate of the Admin or Debug service: open unless `kvcm.service.admin_auth_grpc`
-/// is on and a token is in force; refusals are UNAUTHENTICATED and logged (the interceptor
-/// does not see the method: the line names the service, `AdminService` / `DebugService`).
+/// The gRPC gate of a service. MetaService needs a credential when meta auth is required;
+/// Admin and Debug when `kvcm.service.admin_auth_grpc` is on (and a token is in force) or
+/// meta auth is required (else anyone could create a key over gRPC). Refusals are
+/// UNAUTHENTICATED and logged (the interceptor does not see the method: the line names the
+/// service, `MetaService` / `AdminService` / `DebugService`).
 #[derive(Debug, Clone)]
 pub struct GrpcGate {
-    auth: Option<AdminAuth>,
+    auth: Authenticator,
+    /// `kvcm.service.admin_auth_grpc`.
+    admin_grpc: bool,
     service: Service,
     access: AccessSink,
 }
 
 impl GrpcGate {
-    /// Enforces `auth` on `service` when `enforce` is set; refusals are logged to `access`.
-    pub fn new(auth: &AdminAuth, enforce: bool, service: Service, access: AccessSink) -> GrpcGate {
+    /// The gate of `service` checking with `auth` (`admin_grpc`:
+    /// `kvcm.service.admin_auth_grpc`); refusals are logged to `access`.
+    pub fn new(
+        auth: &Authenticator,
+        admin_grpc: bool,
+        service: Service,
+        access: AccessSink,
+    ) -> GrpcGate {
         GrpcGate {
-            auth: enforce.then(|| auth.clone()),
+            auth: auth.clone(),
+            admin_grpc,
             service,
             access,
         }
+    }
+
+    fn enforces(&self) -> bool {
+        self.service == Service::Meta || self.admin_grpc || self.auth.meta_required()
     }
 }
 
@@ -279,14 +481,14 @@ impl tonic::service::Interceptor for GrpcGate {
         &mut self,
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
-        let Some(auth) = &self.auth else {
+        if !self.enforces() {
             return Ok(request);
-        };
+        }
         let authorization = request
             .metadata()
             .get("authorization")
             .map(|v| v.as_bytes());
-        match auth.check(authorization) {
+        match self.auth.check(self.service, authorization) {
             Ok(caller) => {
                 if let Some(caller) = caller {
                     request.extensions_mut().insert(caller);
@@ -296,8 +498,9 @@ impl tonic::service::Interceptor for GrpcGate {
             Err(refusal) => {
                 let reason = refusal.to_string();
                 let name = match self.service {
+                    Service::Meta => "MetaService",
                     Service::Debug => "DebugService",
-                    Service::Admin | Service::Meta => "AdminService",
+                    Service::Admin => "AdminService",
                 };
                 let (client, access) = (request.remote_addr(), &self.access);
                 access.unauthorized(self.service, name, Transport::Grpc, client, &reason);
@@ -311,23 +514,23 @@ impl tonic::service::Interceptor for GrpcGate {
 mod tests {
     use super::*;
 
-    fn auth() -> AdminAuth {
-        AdminAuth::new(&["s3cret".into(), "other-token".into()])
+    fn auth() -> Authenticator {
+        Authenticator::new(&["s3cret".into(), "other-token".into()])
     }
 
     #[test]
     fn bearer_tokens_are_parsed_as_the_trunk_says() {
         let auth = auth();
-        let caller = |token: &[u8]| Ok(Some(Caller(fingerprint(token))));
+        let caller = |token: &[u8]| Ok(Some(Caller::token(token)));
         for (good, token) in [
             ("Bearer s3cret", "s3cret"),
             ("bearer other-token", "other-token"),
             ("BEARER \t s3cret", "s3cret"),
         ] {
-            let outcome = auth.check(Some(good.as_bytes()));
+            let outcome = auth.check(Service::Admin, Some(good.as_bytes()));
             assert_eq!(outcome, caller(token.as_bytes()), "{good}");
         }
-        assert_eq!(auth.check(None), Err(AuthError::Missing));
+        assert_eq!(auth.check(Service::Admin, None), Err(AuthError::Missing));
         for malformed in [
             "Basic s3cret",
             "Bearer",
@@ -335,20 +538,28 @@ mod tests {
             "Bearers3cret",
             "Bearer s3 cret",
         ] {
-            let outcome = auth.check(Some(malformed.as_bytes()));
+            let outcome = auth.check(Service::Admin, Some(malformed.as_bytes()));
             assert_eq!(outcome, Err(AuthError::Malformed), "{malformed:?}");
         }
         for unknown in ["Bearer s3cre", "Bearer s3cret2", "Bearer S3CRET"] {
-            let outcome = auth.check(Some(unknown.as_bytes()));
+            let outcome = auth.check(Service::Admin, Some(unknown.as_bytes()));
             assert_eq!(outcome, Err(AuthError::UnknownToken), "{unknown:?}");
         }
-        assert_eq!(AdminAuth::new(&[]).check(None), Ok(None), "open mode");
+        assert_eq!(
+            Authenticator::new(&[]).check(Service::Admin, None),
+            Ok(None),
+            "open mode"
+        );
     }
 
     #[test]
     fn tokens_are_replaced_rotated_and_fingerprinted() {
-        let auth = AdminAuth::new(&[]);
-        assert_eq!(auth.check(None), Ok(None), "open without tokens");
+        let auth = Authenticator::new(&[]);
+        assert_eq!(
+            auth.check(Service::Admin, None),
+            Ok(None),
+            "open without tokens"
+        );
         auth.replace(["a".to_string(), " ".to_string(), "b".to_string()]);
         assert_eq!(
             auth.fingerprints(),
@@ -370,9 +581,16 @@ mod tests {
             "a refused change changes nothing"
         );
         auth.rotate("a", "c").unwrap();
-        assert_eq!(auth.check(Some(b"Bearer a")), Err(AuthError::UnknownToken));
-        let caller = Caller("e60c2c52".into()); // FNV-1a 32 of "c"
-        assert_eq!(auth.check(Some(b"Bearer c")), Ok(Some(caller)));
+        assert_eq!(
+            auth.check(Service::Admin, Some(b"Bearer a")),
+            Err(AuthError::UnknownToken)
+        );
+        let caller = Caller::token(b"c");
+        assert_eq!(caller.name, "e60c2c52", "FNV-1a 32 of \"c\"");
+        assert_eq!(
+            auth.check(Service::Admin, Some(b"Bearer c")),
+            Ok(Some(caller))
+        );
         auth.rotate("", "c").unwrap();
         assert_eq!(
             auth.fingerprints().len(),
@@ -380,7 +598,11 @@ mod tests {
             "a duplicate new token is ignored"
         );
         auth.replace(Vec::new());
-        assert_eq!(auth.check(None), Ok(None), "an empty set is open mode");
+        assert_eq!(
+            auth.check(Service::Admin, None),
+            Ok(None),
+            "an empty set is open mode"
+        );
     }
 
     #[test]
@@ -406,6 +628,6 @@ mod tests {
         authorised.metadata_mut().insert("authorization", value);
         let passed = tonic::service::Interceptor::call(&mut gate, authorised).unwrap();
         let caller = passed.extensions().get::<Caller>().cloned();
-        assert_eq!(caller, Some(Caller(fingerprint(b"s3cret"))));
+        assert_eq!(caller, Some(Caller::token(b"s3cret")));
     }
 }

@@ -115,9 +115,9 @@ pub struct Core {
     pub curves: std::sync::Arc<crate::curves::LiveCurves>,
     /// `kvcm.service.max_*`: what one request may ask for.
     pub limits: RequestLimits,
-    /// The admin tokens in force (set by the listeners from the config, changed by the
-    /// token RPCs).
-    pub auth: super::auth::AdminAuth,
+    /// The credentials in force: admin tokens (set by the listeners from the config, changed
+    /// by the token RPCs), the manager's API keys, whether the meta API requires one.
+    pub auth: super::auth::Authenticator,
 }
 
 impl std::fmt::Debug for Core {

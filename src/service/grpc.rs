@@ -3,14 +3,15 @@
 //! `header.status`; the gRPC status is always OK (as in the reference). Blocking RPCs
 //! (file-system work, whole-instance scans, opening backends) run on tokio's blocking pool,
 //! never on a runtime thread, and so do calls whose request is large (many keys,
-//! [`super::rpcs::HEAVY_REQUEST_BYTES`]). Every call gets its access-log line.
+//! [`super::rpcs::HEAVY_REQUEST_BYTES`]). Every call gets its access-log line. A caller whose
+//! credential may not make the call (see [`super::auth`]) is answered PERMISSION_DENIED.
 
 use std::time::Instant;
 
 use serde::Serialize;
 use tonic::{Request, Response, Status};
 
-use super::auth::Caller;
+use super::auth::{authorize, Caller, Scoped};
 use super::core::served_since;
 use super::reply::Reply;
 use super::rpcs::{Mode, Rpc};
@@ -25,14 +26,20 @@ pub(super) async fn serve<Req, Resp>(
     call: impl FnOnce(Req) -> Resp + Send + 'static,
 ) -> Result<Response<Resp>, Status>
 where
-    Req: prost::Message + Serialize + Send + 'static,
+    Req: prost::Message + Serialize + Scoped + Send + 'static,
     Resp: Reply + JsonBody + Send + 'static,
 {
     let started = Instant::now();
+    let caller = request.extensions().get::<Caller>();
+    if let Err(reason) = authorize(caller, rpc.access, request.get_ref().instance_id()) {
+        let name = caller.map_or("", |caller| caller.name.as_str());
+        access.forbidden(rpc, Transport::Grpc, request.remote_addr(), name, &reason);
+        return Err(Status::permission_denied(reason));
+    }
     let mut line = access.begin(rpc, Transport::Grpc, request.remote_addr());
     if let Some(line) = line.as_mut() {
         let caller = request.extensions().get::<Caller>();
-        line.set_caller(caller.map(|caller| caller.0.clone()));
+        line.set_caller(caller.map(|caller| caller.name.clone()));
     }
     let request = request.into_inner();
     if let Some(line) = line.as_mut() {

@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::admin::AdminHandler;
-use super::auth::Caller;
+use super::auth::{authorize, Caller, Scoped};
 use super::core::{served_since, Core};
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
@@ -57,19 +57,28 @@ async fn json_rpc<Req, Resp>(
     call: impl FnOnce(Req) -> Resp + Send + 'static,
 ) -> Response
 where
-    Req: DeserializeOwned + Send + 'static,
+    Req: DeserializeOwned + Scoped + Send + 'static,
     Resp: Reply + JsonBody + Send + 'static,
 {
     let started = Instant::now();
     let client = request.extensions().get::<ClientAddr>().map(|addr| addr.0);
+    let caller = request.extensions().get::<Caller>().cloned();
     let mut line = access.begin(rpc, Transport::Http, client);
     if let Some(line) = line.as_mut() {
-        let caller = request.extensions().get::<Caller>();
-        line.set_caller(caller.map(|caller| caller.0.clone()));
+        line.set_caller(caller.as_ref().map(|caller| caller.name.clone()));
     }
     let log_to = line.as_mut().map(|line| (line, access));
     let body = request.into_body();
-    let answer = answer(body, rpc.mode, limits, log_to, started, call).await;
+    let gate = Gate { rpc, caller };
+    let answer = answer(body, gate.clone(), limits, log_to, started, call).await;
+    if let Some(reason) = &answer.forbidden {
+        let name = gate
+            .caller
+            .as_ref()
+            .map_or("", |caller| caller.name.as_str());
+        access.forbidden(rpc, Transport::Http, client, name, reason);
+        return forbidden(reason);
+    }
     if let Some(mut line) = line {
         line.response_json(access, &answer.body);
         let status = answer
@@ -86,6 +95,13 @@ where
     json_answer(answer.status, answer.body)
 }
 
+/// The RPC of a request and its caller, for the authorization after decoding.
+#[derive(Clone)]
+struct Gate {
+    rpc: &'static Rpc,
+    caller: Option<Caller>,
+}
+
 /// What one HTTP request was answered.
 struct Answer {
     status: StatusCode,
@@ -94,6 +110,8 @@ struct Answer {
     trace_id: Option<String>,
     /// The answer header's code and request id (a handler ran).
     reply_status: Option<(i32, String)>,
+    /// Why the caller may not make this call (answered 403; no handler ran).
+    forbidden: Option<String>,
 }
 
 impl Answer {
@@ -104,21 +122,28 @@ impl Answer {
             body: EMPTY_OBJECT.into(),
             trace_id: None,
             reply_status: None,
+            forbidden: None,
         }
     }
+}
+
+/// The answer to a caller whose credential may not make the call.
+fn forbidden(reason: &str) -> Response {
+    let body = serde_json::json!({"error": "forbidden", "message": reason});
+    json_answer(StatusCode::FORBIDDEN, body.to_string().into_bytes())
 }
 
 /// Reads, decodes, calls (as `mode` says), encodes.
 async fn answer<Req, Resp>(
     body: Body,
-    mode: Mode,
+    gate: Gate,
     limits: HttpLimits,
     line: Option<(&mut AccessLine, &AccessSink)>,
     started: Instant,
     call: impl FnOnce(Req) -> Resp + Send + 'static,
 ) -> Answer
 where
-    Req: DeserializeOwned + Send + 'static,
+    Req: DeserializeOwned + Scoped + Send + 'static,
     Resp: Reply + JsonBody + Send + 'static,
 {
     let logged = line.is_some();
@@ -129,8 +154,8 @@ where
     if let Some((line, access)) = line {
         line.request_json(access, &bytes);
     }
-    let mode = mode.for_request(bytes.len());
-    let work = move || process(&bytes, logged, started, call);
+    let mode = gate.rpc.mode.for_request(bytes.len());
+    let work = move || process(&bytes, &gate, logged, started, call);
     match mode {
         Mode::Inline => work(),
         Mode::Blocking => tokio::task::spawn_blocking(work)
@@ -143,17 +168,25 @@ where
 /// request and of its answer is work too).
 fn process<Req, Resp>(
     bytes: &[u8],
+    gate: &Gate,
     logged: bool,
     started: Instant,
     call: impl FnOnce(Req) -> Resp,
 ) -> Answer
 where
-    Req: DeserializeOwned,
+    Req: DeserializeOwned + Scoped,
     Resp: Reply + JsonBody,
 {
     let Ok(request) = json::decode::<Req>(bytes) else {
         return Answer::refused(StatusCode::BAD_REQUEST);
     };
+    let scope = request.instance_id();
+    if let Err(reason) = authorize(gate.caller.as_ref(), gate.rpc.access, scope) {
+        return Answer {
+            forbidden: Some(reason),
+            ..Answer::refused(StatusCode::FORBIDDEN)
+        };
+    }
     let (reply, trace_id) = served_since(started, || call(request));
     let reply_status = reply
         .status()
@@ -168,6 +201,7 @@ where
         body,
         trace_id,
         reply_status,
+        forbidden: None,
     }
 }
 
@@ -206,7 +240,7 @@ pub(super) fn route<Req, Resp>(
     call: impl Fn(Req) -> Resp + Clone + Send + Sync + 'static,
 ) -> Router
 where
-    Req: DeserializeOwned + Send + 'static,
+    Req: DeserializeOwned + Scoped + Send + 'static,
     Resp: Reply + JsonBody + Send + 'static,
 {
     router.route(

@@ -28,6 +28,11 @@ impl MetaHandler {
         MetaHandler { core }
     }
 
+    /// Whether meta calls need a credential (`kvcm.auth.meta = required`).
+    pub fn auth_required(&self) -> bool {
+        self.core.auth.meta_required()
+    }
+
     /// RegisterInstance.
     pub fn register_instance(
         &self,

@@ -93,6 +93,7 @@ impl Handlers {
         };
         let (api_names, instance_api_names) = rpcs::metric_names();
         let metrics = metrics::Metrics::new(&api_names, &instance_api_names, Box::new(registered));
+        let auth = auth::Authenticator::with_keys(manager.clone());
         let core = Arc::new(core::Core {
             manager,
             metrics,
@@ -102,7 +103,7 @@ impl Handlers {
             access,
             curves,
             limits,
-            auth: auth::AdminAuth::default(),
+            auth,
         });
         Handlers {
             meta: meta::MetaHandler::new(core.clone()),

@@ -87,6 +87,8 @@ plain_replies!(admin:
     admin::GetLeaderElectorConfigResponse,
     admin::ListInstanceGroupResponse,
     admin::ListAdminAuthTokensResponse,
+    admin::CreateApiKeyResponse,
+    admin::ListApiKeysResponse,
 );
 
 plain_replies!(debug: debug::CommonResponse);

@@ -1,8 +1,9 @@
 //! The one table of RPCs. Each line declares an RPC once — its constant, handler method,
 //! request and response types, name, HTTP route, how it runs, whether it is leader-only,
-//! whether debug faults apply to it, and whether it is counted per instance — and from this
-//! table come the tonic service implementations, the HTTP routers, the metric names and the
-//! fault-injection list. A new RPC is one line here plus its handler method. A line may name
+//! whether debug faults apply to it, whether it is counted per instance, and what it asks of
+//! its caller — and from this table come the tonic service implementations, the HTTP
+//! routers, the metric names, the fault-injection list, the authorization rule and the audit
+//! list. A new RPC is one line here plus its handler method. A line may name
 //! a second method after `/` for the HTTP route (an answer that prints its own JSON).
 
 use axum::Router;
@@ -50,6 +51,31 @@ impl Mode {
     }
 }
 
+/// What an RPC asks of its caller where a credential is required (see `auth`): the roles
+/// allowed, and for a meta call of one instance, a key that names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// A meta call of the request's `instance_id`: a key must name that instance (or none).
+    Client,
+    /// A meta call of no instance: any authenticated caller.
+    Anyone,
+    /// Admin or debug, read only: operators and admins (not audited).
+    Read,
+    /// Admin or debug, changes state: operators and admins.
+    Operate,
+    /// Accounts, API keys, admin tokens, read only: admins (not audited).
+    AdminRead,
+    /// Accounts, API keys, admin tokens, changes: admins.
+    Admin,
+}
+
+impl Access {
+    /// Whether it only reads.
+    pub fn reads_only(self) -> bool {
+        matches!(self, Access::Read | Access::AdminRead)
+    }
+}
+
 /// One RPC as the edge serves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rpc {
@@ -67,6 +93,8 @@ pub struct Rpc {
     pub faultable: bool,
     /// Counted per instance as well as per API.
     pub per_instance: bool,
+    /// What it asks of its caller.
+    pub access: Access,
 }
 
 macro_rules! flag {
@@ -100,6 +128,37 @@ macro_rules! http_call {
     };
 }
 
+macro_rules! access {
+    (client) => {
+        Access::Client
+    };
+    (anyone) => {
+        Access::Anyone
+    };
+    (read) => {
+        Access::Read
+    };
+    (operate) => {
+        Access::Operate
+    };
+    (admin_read) => {
+        Access::AdminRead
+    };
+    (admin) => {
+        Access::Admin
+    };
+}
+
+/// The instance a request of an RPC with this access touches.
+macro_rules! scope {
+    (client, $request:expr) => {
+        Some($request.instance_id.as_str())
+    };
+    ($other:ident, $request:expr) => {
+        None
+    };
+}
+
 macro_rules! mode {
     (inline) => {
         Mode::Inline
@@ -115,13 +174,13 @@ macro_rules! rpc_table {
     ($(
         $module:ident ($service:ident, $trait:ident for $handler:ty, $router:ident, $package:ident) {
             $( $constant:ident $method:ident $(/ $http:ident)? ($request:ident) -> $response:ident
-                = $name:literal $route:literal $mode:ident $gate:ident $faults:ident $scope:ident; )*
+                = $name:literal $route:literal $mode:ident $gate:ident $faults:ident $scope:ident $access:ident; )*
         }
     )*) => {
         $(
             #[doc = concat!("The RPCs of ", stringify!($trait), ".")]
             pub mod $module {
-                use super::{Mode, Rpc, Service};
+                use super::{Access, Mode, Rpc, Service};
                 $(
                     #[doc = concat!("`", $name, "`.")]
                     pub const $constant: Rpc = Rpc {
@@ -132,9 +191,18 @@ macro_rules! rpc_table {
                         leader_only: flag!($gate),
                         faultable: flag!($faults),
                         per_instance: flag!($scope),
+                        access: access!($access),
                     };
                 )*
             }
+
+            $(
+                impl super::auth::Scoped for crate::proto::$package::$request {
+                    fn instance_id(&self) -> Option<&str> {
+                        scope!($access, self)
+                    }
+                }
+            )*
 
             #[tonic::async_trait]
             impl $trait for $handler {
@@ -174,106 +242,112 @@ macro_rules! rpc_table {
 rpc_table! {
     meta (Meta, MetaService for MetaHandler, meta_router, meta) {
         REGISTER_INSTANCE register_instance(RegisterInstanceRequest) -> RegisterInstanceResponse
-            = "RegisterInstance" "/api/registerInstance" inline leader nofaults global;
+            = "RegisterInstance" "/api/registerInstance" inline leader nofaults global client;
         GET_INSTANCE_INFO get_instance_info(GetInstanceInfoRequest) -> GetInstanceInfoResponse
-            = "GetInstanceInfo" "/api/getInstanceInfo" inline leader nofaults global;
+            = "GetInstanceInfo" "/api/getInstanceInfo" inline leader nofaults global client;
         GET_CACHE_META get_cache_meta(GetCacheMetaRequest) -> GetCacheMetaResponse
-            = "GetCacheMeta" "/api/getCacheMeta" inline leader nofaults instance;
+            = "GetCacheMeta" "/api/getCacheMeta" inline leader nofaults instance client;
         GET_CACHE_LOCATION get_cache_location / get_cache_location_json
             (GetCacheLocationRequest) -> GetCacheLocationResponse
-            = "GetCacheLocation" "/api/getCacheLocation" inline leader faults instance;
+            = "GetCacheLocation" "/api/getCacheLocation" inline leader faults instance client;
         START_WRITE_CACHE start_write_cache(StartWriteCacheRequest) -> StartWriteCacheResponse
-            = "StartWriteCache" "/api/startWriteCache" blocking leader faults instance;
+            = "StartWriteCache" "/api/startWriteCache" blocking leader faults instance client;
         FINISH_WRITE_CACHE finish_write_cache(FinishWriteCacheRequest) -> CommonResponse
-            = "FinishWriteCache" "/api/finishWriteCache" inline leader faults instance;
+            = "FinishWriteCache" "/api/finishWriteCache" inline leader faults instance client;
         REMOVE_CACHE remove_cache(RemoveCacheRequest) -> CommonResponse
-            = "RemoveCache" "/api/removeCache" inline leader nofaults instance;
+            = "RemoveCache" "/api/removeCache" inline leader nofaults instance client;
         TRIM_CACHE trim_cache(TrimCacheRequest) -> CommonResponse
-            = "TrimCache" "/api/trimCache" blocking leader nofaults instance;
+            = "TrimCache" "/api/trimCache" blocking leader nofaults instance client;
         GET_CLUSTER_INFO get_cluster_info(GetClusterInfoRequest) -> GetClusterInfoResponse
-            = "GetClusterInfo" "/api/getClusterInfo" blocking any nofaults global;
+            = "GetClusterInfo" "/api/getClusterInfo" blocking any nofaults global anyone;
         GET_CACHE_LOCATION_LEN get_cache_location_len(GetCacheLocationLenRequest) -> GetCacheLocationLenResponse
-            = "GetCacheLocationLen" "/api/getCacheLocationLen" inline leader faults instance;
+            = "GetCacheLocationLen" "/api/getCacheLocationLen" inline leader faults instance client;
         REPORT_EVENT report_event(ReportEventRequest) -> ReportEventResponse
-            = "ReportEvent" "/api/reportEvent" blocking leader faults instance;
+            = "ReportEvent" "/api/reportEvent" blocking leader faults instance client;
         GET_HOST_CACHE_STATE get_host_cache_state(GetHostCacheStateRequest) -> GetHostCacheStateResponse
-            = "GetHostCacheState" "/api/getHostCacheState" inline leader faults instance;
+            = "GetHostCacheState" "/api/getHostCacheState" inline leader faults instance client;
         GET_CACHE_LOCATIONS_BY_BACKEND get_cache_locations_by_backend(GetCacheLocationsByBackendRequest) -> GetCacheLocationsByBackendResponse
-            = "GetCacheLocationsByBackend" "/api/getCacheLocationsByBackend" inline leader faults instance;
+            = "GetCacheLocationsByBackend" "/api/getCacheLocationsByBackend" inline leader faults instance client;
     }
     admin (Admin, AdminService for AdminHandler, admin_routes, admin) {
         ADD_STORAGE add_storage(AddStorageRequest) -> CommonResponse
-            = "AddStorage" "/api/addStorage" blocking leader nofaults global;
+            = "AddStorage" "/api/addStorage" blocking leader nofaults global operate;
         ENABLE_STORAGE enable_storage(EnableStorageRequest) -> CommonResponse
-            = "EnableStorage" "/api/enableStorage" inline leader nofaults global;
+            = "EnableStorage" "/api/enableStorage" inline leader nofaults global operate;
         DISABLE_STORAGE disable_storage(DisableStorageRequest) -> CommonResponse
-            = "DisableStorage" "/api/disableStorage" inline leader nofaults global;
+            = "DisableStorage" "/api/disableStorage" inline leader nofaults global operate;
         REMOVE_STORAGE remove_storage(RemoveStorageRequest) -> CommonResponse
-            = "RemoveStorage" "/api/removeStorage" blocking leader nofaults global;
+            = "RemoveStorage" "/api/removeStorage" blocking leader nofaults global operate;
         UPDATE_STORAGE update_storage(UpdateStorageRequest) -> CommonResponse
-            = "UpdateStorage" "/api/updateStorage" blocking leader nofaults global;
+            = "UpdateStorage" "/api/updateStorage" blocking leader nofaults global operate;
         LIST_STORAGE list_storage(ListStorageRequest) -> ListStorageResponse
-            = "ListStorage" "/api/listStorage" inline leader nofaults global;
+            = "ListStorage" "/api/listStorage" inline leader nofaults global read;
         CREATE_INSTANCE_GROUP create_instance_group(CreateInstanceGroupRequest) -> CommonResponse
-            = "CreateInstanceGroup" "/api/createInstanceGroup" inline leader nofaults global;
+            = "CreateInstanceGroup" "/api/createInstanceGroup" inline leader nofaults global operate;
         UPDATE_INSTANCE_GROUP update_instance_group(UpdateInstanceGroupRequest) -> CommonResponse
-            = "UpdateInstanceGroup" "/api/updateInstanceGroup" inline leader nofaults global;
+            = "UpdateInstanceGroup" "/api/updateInstanceGroup" inline leader nofaults global operate;
         REMOVE_INSTANCE_GROUP remove_instance_group(RemoveInstanceGroupRequest) -> CommonResponse
-            = "RemoveInstanceGroup" "/api/removeInstanceGroup" inline leader nofaults global;
+            = "RemoveInstanceGroup" "/api/removeInstanceGroup" inline leader nofaults global operate;
         GET_INSTANCE_GROUP get_instance_group(GetInstanceGroupRequest) -> GetInstanceGroupResponse
-            = "GetInstanceGroup" "/api/getInstanceGroup" inline leader nofaults global;
+            = "GetInstanceGroup" "/api/getInstanceGroup" inline leader nofaults global read;
         GET_CACHE_META get_cache_meta(GetCacheMetaRequest) -> GetCacheMetaResponse
-            = "GetCacheMeta" "/api/getCacheMeta" inline leader nofaults global;
+            = "GetCacheMeta" "/api/getCacheMeta" inline leader nofaults global read;
         REMOVE_CACHE remove_cache(RemoveCacheRequest) -> CommonResponse
-            = "RemoveCache" "/api/removeCache" inline leader nofaults global;
+            = "RemoveCache" "/api/removeCache" inline leader nofaults global operate;
         REGISTER_INSTANCE register_instance(RegisterInstanceRequest) -> CommonResponse
-            = "RegisterInstance" "/api/registerInstance" inline leader nofaults global;
+            = "RegisterInstance" "/api/registerInstance" inline leader nofaults global operate;
         REMOVE_INSTANCE remove_instance(RemoveInstanceRequest) -> CommonResponse
-            = "RemoveInstance" "/api/removeInstance" blocking leader nofaults global;
+            = "RemoveInstance" "/api/removeInstance" blocking leader nofaults global operate;
         GET_INSTANCE_INFO get_instance_info(GetInstanceInfoRequest) -> GetInstanceInfoResponse
-            = "GetInstanceInfo" "/api/getInstanceInfo" inline leader nofaults global;
+            = "GetInstanceInfo" "/api/getInstanceInfo" inline leader nofaults global read;
         LIST_INSTANCE_INFO list_instance_info(ListInstanceInfoRequest) -> ListInstanceInfoResponse
-            = "ListInstanceInfo" "/api/listInstanceInfo" inline leader nofaults global;
+            = "ListInstanceInfo" "/api/listInstanceInfo" inline leader nofaults global read;
         ADD_ACCOUNT add_account(AddAccountRequest) -> CommonResponse
-            = "AddAccount" "/api/addAccount" inline leader nofaults global;
+            = "AddAccount" "/api/addAccount" inline leader nofaults global admin;
         DELETE_ACCOUNT delete_account(DeleteAccountRequest) -> CommonResponse
-            = "DeleteAccount" "/api/deleteAccount" inline leader nofaults global;
+            = "DeleteAccount" "/api/deleteAccount" inline leader nofaults global admin;
         LIST_ACCOUNT list_account(ListAccountRequest) -> ListAccountResponse
-            = "ListAccount" "/api/listAccount" inline leader nofaults global;
+            = "ListAccount" "/api/listAccount" inline leader nofaults global admin_read;
         GEN_CONFIG_SNAPSHOT gen_config_snapshot(GenConfigSnapshotRequest) -> ConfigSnapShotResponse
-            = "GenConfigSnapshot" "/api/genConfigSnapshot" inline leader nofaults global;
+            = "GenConfigSnapshot" "/api/genConfigSnapshot" inline leader nofaults global admin_read;
         LOAD_CONFIG_SNAPSHOT load_config_snapshot(LoadConfigSnapshotRequest) -> CommonResponse
-            = "LoadConfigSnapshot" "/api/loadConfigSnapshot" inline leader nofaults global;
+            = "LoadConfigSnapshot" "/api/loadConfigSnapshot" inline leader nofaults global admin;
         GET_METRICS get_metrics(GetMetricsRequest) -> GetMetricsResponse
-            = "GetMetrics" "/api/getMetrics" inline any nofaults global;
+            = "GetMetrics" "/api/getMetrics" inline any nofaults global read;
         CHECK_HEALTH check_health(CheckHealthRequest) -> CheckHealthResponse
-            = "CheckHealth" "/api/checkHealth" inline any nofaults global;
+            = "CheckHealth" "/api/checkHealth" inline any nofaults global read;
         GET_MANAGER_CLUSTER_INFO get_manager_cluster_info(GetManagerClusterInfoRequest) -> GetManagerClusterInfoResponse
-            = "GetManagerClusterInfo" "/api/getManagerClusterInfo" blocking any nofaults global;
+            = "GetManagerClusterInfo" "/api/getManagerClusterInfo" blocking any nofaults global read;
         LEADER_DEMOTE leader_demote(LeaderDemoteRequest) -> CommonResponse
-            = "LeaderDemote" "/api/leaderDemote" inline any nofaults global;
+            = "LeaderDemote" "/api/leaderDemote" inline any nofaults global operate;
         GET_LEADER_ELECTOR_CONFIG get_leader_elector_config(GetLeaderElectorConfigRequest) -> GetLeaderElectorConfigResponse
-            = "GetLeaderElectorConfig" "/api/getLeaderElectorConfig" inline any nofaults global;
+            = "GetLeaderElectorConfig" "/api/getLeaderElectorConfig" inline any nofaults global read;
         UPDATE_LEADER_ELECTOR_CONFIG update_leader_elector_config(UpdateLeaderElectorConfigRequest) -> CommonResponse
-            = "UpdateLeaderElectorConfig" "/api/updateLeaderElectorConfig" inline any nofaults global;
+            = "UpdateLeaderElectorConfig" "/api/updateLeaderElectorConfig" inline any nofaults global operate;
         UPDATE_LOGGER update_logger(UpdateLoggerRequest) -> CommonResponse
-            = "UpdateLogger" "/api/updateLogger" inline any nofaults global;
+            = "UpdateLogger" "/api/updateLogger" inline any nofaults global operate;
         LIST_INSTANCE_GROUP list_instance_group(ListInstanceGroupRequest) -> ListInstanceGroupResponse
-            = "ListInstanceGroup" "/api/listInstanceGroup" inline leader nofaults global;
+            = "ListInstanceGroup" "/api/listInstanceGroup" inline leader nofaults global read;
         SET_ADMIN_AUTH_TOKENS set_admin_auth_tokens(SetAdminAuthTokensRequest) -> CommonResponse
-            = "SetAdminAuthTokens" "/api/setAdminAuthTokens" inline any nofaults global;
+            = "SetAdminAuthTokens" "/api/setAdminAuthTokens" inline any nofaults global admin;
         ROTATE_ADMIN_AUTH_TOKEN rotate_admin_auth_token(RotateAdminAuthTokenRequest) -> CommonResponse
-            = "RotateAdminAuthToken" "/api/rotateAdminAuthToken" inline any nofaults global;
+            = "RotateAdminAuthToken" "/api/rotateAdminAuthToken" inline any nofaults global admin;
         LIST_ADMIN_AUTH_TOKENS list_admin_auth_tokens(ListAdminAuthTokensRequest) -> ListAdminAuthTokensResponse
-            = "ListAdminAuthTokens" "/api/listAdminAuthTokens" inline any nofaults global;
+            = "ListAdminAuthTokens" "/api/listAdminAuthTokens" inline any nofaults global admin_read;
+        CREATE_API_KEY create_api_key(CreateApiKeyRequest) -> CreateApiKeyResponse
+            = "CreateApiKey" "/api/createApiKey" inline leader nofaults global admin;
+        REVOKE_API_KEY revoke_api_key(RevokeApiKeyRequest) -> CommonResponse
+            = "RevokeApiKey" "/api/revokeApiKey" inline leader nofaults global admin;
+        LIST_API_KEYS list_api_keys(ListApiKeysRequest) -> ListApiKeysResponse
+            = "ListApiKeys" "/api/listApiKeys" inline leader nofaults global admin_read;
     }
     debug (Debug, DebugService for DebugHandler, debug_router, debug) {
         INJECT_FAULT inject_fault(InjectFaultRequest) -> CommonResponse
-            = "InjectFault" "/api/injectFault" inline any nofaults global;
+            = "InjectFault" "/api/injectFault" inline any nofaults global operate;
         REMOVE_FAULT remove_fault(RemoveFaultRequest) -> CommonResponse
-            = "RemoveFault" "/api/removeFault" inline any nofaults global;
+            = "RemoveFault" "/api/removeFault" inline any nofaults global operate;
         CLEAR_FAULTS clear_faults(ClearFaultsRequest) -> CommonResponse
-            = "ClearFaults" "/api/clearFaults" inline any nofaults global;
+            = "ClearFaults" "/api/clearFaults" inline any nofaults global operate;
     }
 }
 
@@ -314,7 +388,7 @@ mod tests {
     #[test]
     fn metrics_count_every_meta_and_admin_name_once() {
         let (global, per_instance) = metric_names();
-        assert_eq!((global.len(), per_instance.len()), (31, 10));
+        assert_eq!((global.len(), per_instance.len()), (34, 10));
         assert!(per_instance.contains(&"GetCacheLocation"));
         assert!(!global.contains(&"GetCacheMeta"), "counted per instance");
     }

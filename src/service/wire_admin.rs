@@ -394,6 +394,7 @@ pub fn account_role(number: i32) -> ManagerResult<AccountRole> {
     match admin::AccountRole::try_from(number) {
         Ok(admin::AccountRole::RoleUser) => Ok(AccountRole::User),
         Ok(admin::AccountRole::RoleAdmin) => Ok(AccountRole::Admin),
+        Ok(admin::AccountRole::RoleOperator) => Ok(AccountRole::Operator),
         Err(_) => Err(ManagerError::invalid_because(
             "role",
             format!("{number} is not an AccountRole"),
@@ -406,6 +407,7 @@ pub fn account_role_number(role: AccountRole) -> i32 {
     let wire = match role {
         AccountRole::User => admin::AccountRole::RoleUser,
         AccountRole::Admin => admin::AccountRole::RoleAdmin,
+        AccountRole::Operator => admin::AccountRole::RoleOperator,
     };
     wire as i32
 }

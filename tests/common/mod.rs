@@ -99,12 +99,18 @@ impl TestServer {
 
     /// SIGKILLs the server and starts it again on the same data directory and ports.
     pub async fn kill_and_restart(self) -> TestServer {
+        self.kill_and_restart_with(&[]).await
+    }
+
+    /// As [`TestServer::kill_and_restart`], with extra `--env key=value` settings.
+    pub async fn kill_and_restart_with(self, extra: &[&str]) -> TestServer {
         let port = |name: &str| self.address(name).port();
-        let pinned = [
+        let mut pinned = vec![
             format!("kvcm.service.rpc_port={}", port("grpc")),
             format!("kvcm.service.http_port={}", port("http")),
             format!("kvcm.service.admin_http_port={}", port("admin_http")),
         ];
+        pinned.extend(extra.iter().map(|setting| setting.to_string()));
         let mut server = self;
         server.child.kill().expect("SIGKILL");
         server.child.wait().expect("wait");

@@ -11,11 +11,15 @@ use crate::error::FastError;
 /// Connect and read deadline.
 const DEADLINE: Duration = Duration::from_secs(5);
 
-/// The bootstrap answer of the server at `http` for `instance_id`.
-pub(crate) fn fetch(http: SocketAddr, instance_id: &str) -> Result<BootstrapAnswer, FastError> {
+/// The bootstrap answer of the server at `http` for `instance_id`, asked with `api_key`.
+pub(crate) fn fetch(
+    http: SocketAddr,
+    instance_id: &str,
+    api_key: Option<&str>,
+) -> Result<BootstrapAnswer, FastError> {
     let request = BootstrapRequest {
         instance_id: instance_id.to_string(),
     };
-    kvcm::http_json::post_json(http, ROUTE, &request, DEADLINE)
+    kvcm::http_json::post_json_with(http, ROUTE, &request, DEADLINE, api_key)
         .map_err(|e| FastError::Broken(format!("bootstrap: {e}")))
 }

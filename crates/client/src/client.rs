@@ -17,13 +17,11 @@ use kvcm::proto::meta;
 use kvcm_transport::soft::Wire;
 
 use kvcm::lookup::messages::{Reply, Request};
-use kvcm::proto::meta::meta_service_client::MetaServiceClient;
-use tonic::transport::Channel;
 
 use crate::connection::CallError;
 use crate::error::{ClientError, FastError};
 use crate::fast::{FastPath, Query};
-use crate::grpc::{Grpc, WithHeader};
+use crate::grpc::{Bearer, Grpc, MetaClient, WithHeader};
 use crate::metrics::{FastPathMetrics, Metrics};
 
 /// After the fast path broke, how long the client uses gRPC alone before connecting again.
@@ -52,6 +50,9 @@ pub struct ClientConfig {
     /// The wire of the fast path: `Tcp` anywhere, `Shm` on the server's host; `None`
     /// turns the fast path off.
     pub wire: Option<Wire>,
+    /// The API key calls carry (`kvcm.auth.meta = required`): gRPC metadata and the lookup
+    /// bootstrap's `Authorization`. `None`: calls carry none.
+    pub api_key: Option<String>,
 }
 
 /// A connected client (one fast-path queue pair; calls are serialised on it, so give each
@@ -95,7 +96,11 @@ impl Client {
         if config.instance_id.is_empty() {
             return Err(ClientError::InvalidArgument("instance_id is empty".into()));
         }
-        let grpc = Grpc::new(config.servers.iter().map(|s| s.grpc.clone()).collect())?;
+        let bearer = Bearer::new(config.api_key.as_deref())?;
+        let grpc = Grpc::new(
+            config.servers.iter().map(|s| s.grpc.clone()).collect(),
+            bearer,
+        )?;
         let client = Client {
             fast: Mutex::new(FastState::Off),
             grpc: Mutex::new(grpc),
@@ -172,7 +177,8 @@ impl Client {
             return FastState::Off;
         };
         for server in &self.config.servers {
-            let connected = crate::bootstrap::fetch(server.http, &self.config.instance_id)
+            let (instance, key) = (&self.config.instance_id, self.config.api_key.as_deref());
+            let connected = crate::bootstrap::fetch(server.http, instance, key)
                 .and_then(|answer| FastPath::connect(answer, wire));
             match connected {
                 Ok(fast) => return FastState::Up(Box::new(fast)),
@@ -373,7 +379,7 @@ impl Client {
     /// A call answered by a CommonResponse: by message, else by `grpc`.
     fn common<F, Fut>(&self, request: Request, grpc: F) -> Result<(), ClientError>
     where
-        F: Fn(MetaServiceClient<Channel>) -> Fut,
+        F: Fn(MetaClient) -> Fut,
         Fut: std::future::Future<
             Output = Result<tonic::Response<meta::CommonResponse>, tonic::Status>,
         >,

@@ -1,8 +1,11 @@
 //! The gRPC side of the client: every meta RPC against the configured servers in turn,
-//! moving on when one is unreachable or answers SERVER_NOT_LEADER.
+//! moving on when one is unreachable or answers SERVER_NOT_LEADER; each call carries the
+//! client's API key, when it has one, as `authorization: Bearer <key>` metadata.
 
 use kvcm::proto::meta;
 use kvcm::proto::meta::meta_service_client::MetaServiceClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::error::ClientError;
@@ -12,11 +15,48 @@ const OK: i32 = 1;
 /// `ErrorCode::ServerNotLeader`.
 const SERVER_NOT_LEADER: i32 = 9;
 
+/// A meta client whose calls carry the API key.
+pub(crate) type MetaClient = MetaServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// Adds `authorization: Bearer <key>` to every call (nothing without a key).
+#[derive(Clone)]
+pub(crate) struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    /// The metadata of `api_key`; a key that is not visible ASCII is refused.
+    pub(crate) fn new(api_key: Option<&str>) -> Result<Bearer, ClientError> {
+        let Some(key) = api_key else {
+            return Ok(Bearer(None));
+        };
+        let refused = || ClientError::InvalidArgument("api_key must be visible ASCII".into());
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(refused());
+        }
+        let value = format!("Bearer {key}").parse().map_err(|_| refused())?;
+        Ok(Bearer(Some(value)))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
 /// Connections to the servers (made on first use), on a runtime of the client's own.
 pub(crate) struct Grpc {
     runtime: tokio::runtime::Runtime,
     endpoints: Vec<String>,
-    channels: Vec<Option<MetaServiceClient<Channel>>>,
+    bearer: Bearer,
+    channels: Vec<Option<MetaClient>>,
     /// The server that answered last (tried first).
     current: usize,
 }
@@ -44,8 +84,8 @@ with_header!(
 );
 
 impl Grpc {
-    /// Clients of `endpoints` (`http://host:port`).
-    pub(crate) fn new(endpoints: Vec<String>) -> Result<Grpc, ClientError> {
+    /// Clients of `endpoints` (`http://host:port`), calling with `bearer`.
+    pub(crate) fn new(endpoints: Vec<String>, bearer: Bearer) -> Result<Grpc, ClientError> {
         if endpoints.is_empty() {
             return Err(ClientError::InvalidArgument("no server address".into()));
         }
@@ -57,6 +97,7 @@ impl Grpc {
             runtime,
             channels: endpoints.iter().map(|_| None).collect(),
             endpoints,
+            bearer,
             current: 0,
         })
     }
@@ -66,7 +107,7 @@ impl Grpc {
     pub(crate) fn call<R, F, Fut>(&mut self, rpc: F) -> Result<R, ClientError>
     where
         R: WithHeader,
-        F: Fn(MetaServiceClient<Channel>) -> Fut,
+        F: Fn(MetaClient) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>>,
     {
         let mut last = String::new();
@@ -104,15 +145,17 @@ impl Grpc {
         Err(ClientError::Unreachable(last))
     }
 
-    fn channel(&mut self, index: usize) -> Result<MetaServiceClient<Channel>, String> {
+    fn channel(&mut self, index: usize) -> Result<MetaClient, String> {
         if let Some(client) = &self.channels[index] {
             return Ok(client.clone());
         }
-        let endpoint = self.endpoints[index].clone();
-        let client = self
+        let endpoint =
+            Channel::from_shared(self.endpoints[index].clone()).map_err(|e| e.to_string())?;
+        let channel = self
             .runtime
-            .block_on(MetaServiceClient::connect(endpoint))
+            .block_on(endpoint.connect())
             .map_err(|e| e.to_string())?;
+        let client = MetaServiceClient::with_interceptor(channel, self.bearer.clone());
         self.channels[index] = Some(client.clone());
         Ok(client)
     }

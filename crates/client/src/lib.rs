@@ -16,6 +16,7 @@
 //!     }],
 //!     instance_id: "instance1".into(),
 //!     wire: Some(Wire::Tcp),
+//!     api_key: None,
 //! })?;
 //! let hits = client.prefix_match(&[1, 2, 3])?;
 //! println!("{} of 3 blocks cached", hits.len());

@@ -110,6 +110,7 @@ impl Harness {
             }],
             instance_id: instance.into(),
             wire,
+            api_key: None,
         })
         .expect("client connects")
     }

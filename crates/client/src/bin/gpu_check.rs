@@ -252,6 +252,7 @@ impl Server {
             }],
             instance_id: instance.into(),
             wire: Some(Wire::Tcp),
+            api_key: None,
         };
         let config = TransferConfig {
             pool_wire: wire,
