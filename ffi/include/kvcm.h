@@ -59,6 +59,7 @@ extern "C" {
 #define KVCM_E_OUT_OF_RANGE (-6)      /* an index past the end of a result */
 #define KVCM_E_BAD_ANSWER (-7)        /* the server answered an error without a usable code */
 #define KVCM_E_DEVICE (-8)            /* the device (GPU) holding the blocks failed or is missing */
+#define KVCM_E_UNAUTHORIZED (-9)      /* the server refused the API key, or what it may call */
 
 /* Wires of the fast path (kvcm_client_connect's `wire`). */
 #define KVCM_WIRE_NONE 0      /* no fast path: every lookup over gRPC */
@@ -136,6 +137,16 @@ uint32_t kvcm_abi_version(void);
  */
 int32_t kvcm_client_connect(const char *grpc, const char *http, const char *instance_id,
                             int32_t wire, kvcm_client **client_out, char **error_message);
+
+/*
+ * As kvcm_client_connect, with an API key (NULL: none) that every call carries: gRPC
+ * `authorization` metadata and the fast path's bootstrap (servers with kvcm.auth.meta =
+ * required; docs/security.md). A call the server refuses for its key fails with
+ * KVCM_E_UNAUTHORIZED.
+ */
+int32_t kvcm_client_connect_with_key(const char *grpc, const char *http, const char *instance_id,
+                                     int32_t wire, const char *api_key, kvcm_client **client_out,
+                                     char **error_message);
 
 /* Frees a client (NULL: no-op). No call on it may be in flight. */
 void kvcm_client_free(kvcm_client *client);

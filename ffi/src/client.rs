@@ -92,15 +92,48 @@ pub unsafe extern "C" fn kvcm_client_connect(
     client_out: *mut *mut Client,
     error_message: *mut *mut c_char,
 ) -> i32 {
+    // SAFETY: the caller's promises are passed on; a NULL key is allowed.
+    unsafe {
+        kvcm_client_connect_with_key(
+            grpc,
+            http,
+            instance_id,
+            wire_kind,
+            std::ptr::null(),
+            client_out,
+            error_message,
+        )
+    }
+}
+
+/// As [`kvcm_client_connect`], with an API key (NULL: none) its calls carry.
+///
+/// # Safety
+/// The strings are NULL or NUL-terminated; `client_out` and `error_message` are NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_client_connect_with_key(
+    grpc: *const c_char,
+    http: *const c_char,
+    instance_id: *const c_char,
+    wire_kind: i32,
+    api_key: *const c_char,
+    client_out: *mut *mut Client,
+    error_message: *mut *mut c_char,
+) -> i32 {
     // SAFETY: the caller's promises about every pointer are passed on unchanged.
     unsafe {
         guard(error_message, || {
             args::store(client_out, "client_out", std::ptr::null_mut())?;
+            let api_key = match api_key.is_null() {
+                true => None,
+                false => Some(args::text(api_key, "api_key")?.to_string()),
+            };
             let config = ClientConfig {
                 servers: servers(args::text(grpc, "grpc")?, args::text(http, "http")?)?,
                 instance_id: args::text(instance_id, "instance_id")?.to_string(),
                 wire: wire(wire_kind)?,
-                api_key: None,
+                api_key,
             };
             let client = Box::new(Client::connect(config)?);
             args::store(client_out, "client_out", Box::into_raw(client))

@@ -29,6 +29,8 @@ pub const KVCM_E_OUT_OF_RANGE: i32 = -6;
 pub const KVCM_E_BAD_ANSWER: i32 = -7;
 /// The device (GPU) holding the blocks failed or is missing.
 pub const KVCM_E_DEVICE: i32 = -8;
+/// The server refused the API key (none, unknown, revoked, expired) or what it may call.
+pub const KVCM_E_UNAUTHORIZED: i32 = -9;
 
 /// What an entry point can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,7 @@ impl FfiError {
             FfiError::Client(ClientError::Server { code, .. }) if *code > 1 => *code,
             FfiError::Client(ClientError::Server { .. }) => KVCM_E_BAD_ANSWER,
             FfiError::Client(ClientError::Device(_)) => KVCM_E_DEVICE,
+            FfiError::Client(ClientError::Unauthorized(_)) => KVCM_E_UNAUTHORIZED,
             FfiError::Panic(_) => KVCM_E_PANIC,
         }
     }
@@ -198,6 +201,8 @@ mod tests {
         assert_eq!(invalid.code(), KVCM_E_INVALID_ARGUMENT);
         let device = FfiError::Client(ClientError::Device("x".into()));
         assert_eq!(device.code(), KVCM_E_DEVICE);
+        let refused = FfiError::Client(ClientError::Unauthorized("x".into()));
+        assert_eq!(refused.code(), KVCM_E_UNAUTHORIZED);
         let (code, message) = run(|| Err(FfiError::NullArgument("keys")));
         assert_eq!(code, KVCM_E_NULL_ARGUMENT);
         assert_eq!(message.as_deref(), Some("argument `keys` is NULL"));

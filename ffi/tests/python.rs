@@ -87,6 +87,38 @@ fn python_package_tests() {
 }
 
 #[test]
+fn python_auth_tests() {
+    if !common::require_tool("python3", "python_auth_tests") {
+        return;
+    }
+    const KEYS: [i64; 3] = [301, 302, 303];
+    let harness = Harness::start_with_key(INSTANCE);
+    harness.register(INSTANCE);
+    harness.write(INSTANCE, &KEYS);
+    let mut command = Command::new("python3");
+    command
+        .current_dir(common::ffi_dir().join("python"))
+        .env("PYTHONPATH", common::ffi_dir().join("python"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("KVCM_FFI_LIB", common::library())
+        .env("KVCM_TEST_GRPC", &harness.grpc)
+        .env("KVCM_TEST_HTTP", &harness.http)
+        .env("KVCM_TEST_INSTANCE", INSTANCE)
+        .env("KVCM_TEST_KEYS", joined(&KEYS))
+        .env(
+            "KVCM_TEST_API_KEY",
+            harness.api_key.as_deref().expect("a key"),
+        );
+    command.args(["-m", "unittest", "discover", "-v", "-s", "tests_auth"]);
+    let output = run(command);
+    println!("{output}");
+    assert!(
+        output.contains("Ran 3 tests") && output.contains("\nOK"),
+        "{output}"
+    );
+}
+
+#[test]
 #[ignore = "a measurement: cargo test -p kvcm-ffi --test python -- --ignored --nocapture"]
 fn python_overhead_report() {
     if !common::require_tool("python3", "python_overhead_report") {

@@ -14,6 +14,10 @@ pub enum ClientError {
     /// No server could be reached.
     #[error("no kvcm server reachable: {0}")]
     Unreachable(String),
+    /// The server refused the call's credential (gRPC UNAUTHENTICATED: none, unknown,
+    /// revoked or expired) or what it may call (PERMISSION_DENIED); the server's reason.
+    #[error("refused by the server's access check: {0}")]
+    Unauthorized(String),
     /// The arguments are unusable (named).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

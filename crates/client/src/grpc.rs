@@ -83,6 +83,14 @@ with_header!(
     meta::CommonResponse
 );
 
+/// Whether a gRPC status is the server's access check refusing the call.
+fn refused_access(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+    )
+}
+
 impl Grpc {
     /// Clients of `endpoints` (`http://host:port`), calling with `bearer`.
     pub(crate) fn new(endpoints: Vec<String>, bearer: Bearer) -> Result<Grpc, ClientError> {
@@ -135,6 +143,10 @@ impl Grpc {
                         }
                         None => last = "answer without a status".into(),
                     }
+                }
+                Err(status) if refused_access(&status) => {
+                    // Every server checks the same keys: another would refuse too.
+                    return Err(ClientError::Unauthorized(status.message().to_string()));
                 }
                 Err(status) => {
                     self.channels[index] = None;

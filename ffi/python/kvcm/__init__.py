@@ -14,7 +14,13 @@ copy bundled in this package (see kvcm._lib).
 from ._lib import BUILD_COMMAND
 from .client import Client, Location, Locations, Metrics
 from .engine import Engine, Outcome
-from .errors import InvalidArgumentError, KvcmError, ServerError, UnreachableError
+from .errors import (
+    InvalidArgumentError,
+    KvcmError,
+    ServerError,
+    UnauthorizedError,
+    UnreachableError,
+)
 
 __all__ = [
     "BUILD_COMMAND",
@@ -27,5 +33,6 @@ __all__ = [
     "Metrics",
     "Outcome",
     "ServerError",
+    "UnauthorizedError",
     "UnreachableError",
 ]

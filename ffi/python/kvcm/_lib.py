@@ -70,6 +70,7 @@ def _declare(lib):
     signatures = {
         "kvcm_abi_version": ([], c_uint32),
         "kvcm_client_connect": ([c_char_p, c_char_p, c_char_p, c_int32, out, out], c_int32),
+        "kvcm_client_connect_with_key": ([c_char_p, c_char_p, c_char_p, c_int32, c_char_p, out, out], c_int32),
         "kvcm_client_free": ([c_void_p], None),
         "kvcm_prefix_match": (lookup, c_int32),
         "kvcm_batch_get": (lookup, c_int32),

@@ -143,13 +143,14 @@ class Connected:
     _connect = None
     _free = None
 
-    def __init__(self, grpc, http, instance_id, wire="soft-tcp"):
+    def __init__(self, grpc, http, instance_id, wire="soft-tcp", extra=()):
+        """`extra`: the C arguments `_connect` takes after the wire."""
         self._handle = None
         if wire not in WIRES:
             raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'none', not {wire!r}")
         handle, message = c_void_p(), c_void_p()
         args = (_text(grpc, "grpc"), _text(http, "http"), _text(instance_id, "instance_id"))
-        status = self._connect(*args, WIRES[wire], byref(handle), byref(message))
+        status = self._connect(*args, WIRES[wire], *extra, byref(handle), byref(message))
         if status:
             _raise(status, message)
         self._handle = handle
@@ -176,14 +177,19 @@ class Client(Connected):
 
     grpc: "http://host:port" of the gRPC service; http: "ip:port" of the meta HTTP listener
     (both may be comma-separated lists for failover); wire: "soft-tcp", "soft-shm" or
-    "none"/None (every lookup over gRPC). Connecting does not fail when the servers are down;
-    lookups then raise UnreachableError. One client may be shared by threads (calls
-    serialise); use one per thread for parallel lookups. Do not close it while a call on it
-    is in flight.
+    "none"/None (every lookup over gRPC); api_key: the API key every call carries, for servers
+    with kvcm.auth.meta = required (a refused key raises UnauthorizedError). Connecting does
+    not fail when the servers are down; lookups then raise UnreachableError. One client may
+    be shared by threads (calls serialise); use one per thread for parallel lookups. Do not
+    close it while a call on it is in flight.
     """
 
-    _connect = LIB.kvcm_client_connect
+    _connect = LIB.kvcm_client_connect_with_key
     _free = LIB.kvcm_client_free
+
+    def __init__(self, grpc, http, instance_id, wire="soft-tcp", api_key=None):
+        key = None if api_key is None else _text(api_key, "api_key")
+        super().__init__(grpc, http, instance_id, wire, (key,))
 
     def _lookup(self, function, keys, *extra):
         handle = self._handle

@@ -13,6 +13,7 @@ E_PANIC = -5
 E_OUT_OF_RANGE = -6
 E_BAD_ANSWER = -7
 E_DEVICE = -8
+E_UNAUTHORIZED = -9
 
 INSTANCE_NOT_EXIST = 8
 """The server's wire code for an unknown instance."""
@@ -35,6 +36,10 @@ class UnreachableError(KvcmError, ConnectionError):
     """No kvcm server could be reached."""
 
 
+class UnauthorizedError(KvcmError, PermissionError):
+    """The server refused the API key (none, unknown, revoked, expired) or what it may call."""
+
+
 class ServerError(KvcmError):
     """The server answered an error; `code` is its wire ErrorCode."""
 
@@ -44,6 +49,7 @@ _BY_CODE = {
     E_INVALID_UTF8: InvalidArgumentError,
     E_INVALID_ARGUMENT: InvalidArgumentError,
     E_UNREACHABLE: UnreachableError,
+    E_UNAUTHORIZED: UnauthorizedError,
 }
 
 

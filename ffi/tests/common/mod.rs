@@ -21,6 +21,25 @@ pub struct Harness {
     pub grpc: String,
     /// `127.0.0.1:<port>` of the meta HTTP listener.
     pub http: String,
+    /// The API key of a server started by [`Harness::start_with_key`].
+    pub api_key: Option<String>,
+}
+
+/// A ROLE_USER account `engine` and a key of it naming `instance`.
+fn key_for(manager: &kvcm_manager::Manager, instance: &str) -> String {
+    manager
+        .add_account(kvcm_manager::Account {
+            user_name: "engine".into(),
+            password: "unused".into(),
+            role: kvcm_manager::AccountRole::User,
+        })
+        .expect("account");
+    let request = kvcm_manager::NewApiKey {
+        user_name: "engine".into(),
+        instances: vec![instance.to_string()],
+        expires_ms: 0,
+    };
+    manager.create_api_key(request).expect("key").1
 }
 
 impl Drop for Harness {
@@ -38,30 +57,47 @@ impl Drop for Harness {
 impl Harness {
     /// Starts the server.
     pub fn start() -> Harness {
+        Self::start_as(None)
+    }
+
+    /// Starts a server with `kvcm.auth.meta = required` and one ROLE_USER API key naming
+    /// `instance` ([`Harness::api_key`]); the harness's own calls carry it.
+    pub fn start_with_key(instance: &str) -> Harness {
+        Self::start_as(Some(instance))
+    }
+
+    fn start_as(keyed_instance: Option<&str>) -> Harness {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = kvcm::config::ServerConfig {
+        let mut config = kvcm::config::ServerConfig {
             rpc_port: 0,
             http_port: 0,
             admin_http_port: 0,
             data_dir: dir.path().to_path_buf(),
             ..Default::default()
         };
+        if keyed_instance.is_some() {
+            config.security.meta_auth_required = true;
+            config.security.admin_tokens = kvcm::config::AdminTokens::parse("harness-root");
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("runtime");
-        let server = runtime.block_on(async {
+        let (server, api_key) = runtime.block_on(async {
             let manager = kvcm::server::embedded_manager(&config).expect("manager");
+            let api_key = keyed_instance.map(|instance| key_for(&manager, instance));
             let handlers = kvcm::service::Handlers::new(manager, None);
-            kvcm::server::start(&config, handlers)
+            let server = kvcm::server::start(&config, handlers)
                 .await
-                .expect("server starts")
+                .expect("server starts");
+            (server, api_key)
         });
         let port = |name: &str| server.addresses[name].port();
         Harness {
             grpc: format!("http://127.0.0.1:{}", port("grpc")),
             http: format!("127.0.0.1:{}", port("http")),
+            api_key,
             runtime,
             server: Some(server),
             _dir: dir,
@@ -88,6 +124,11 @@ impl Harness {
             location_spec_groups: Vec::new(),
             default_query_type: 0,
         };
+        let mut request = tonic::Request::new(request);
+        if let Some(key) = &self.api_key {
+            let value = format!("Bearer {key}").parse().expect("metadata");
+            request.metadata_mut().insert("authorization", value);
+        }
         let answer = self.runtime.block_on(async {
             let mut grpc = MetaServiceClient::connect(self.grpc.clone())
                 .await
@@ -110,7 +151,7 @@ impl Harness {
             }],
             instance_id: instance.into(),
             wire,
-            api_key: None,
+            api_key: self.api_key.clone(),
         })
         .expect("client connects")
     }
