@@ -481,87 +481,90 @@ async fn revoked_expired_and_orphaned_keys_stop_at_the_next_request_and_keys_sur
     );
 }
 
+/// A Rust client of [`MINE`] on the soft-TCP fast path, calling with `api_key`.
+fn rust_client(server: (SocketAddr, SocketAddr), api_key: Option<String>) -> Client {
+    Client::connect(ClientConfig {
+        servers: vec![ServerAddress {
+            grpc: format!("http://{}", server.0),
+            http: server.1,
+        }],
+        instance_id: MINE.into(),
+        wire: Some(Wire::Tcp),
+        api_key,
+    })
+    .expect("client")
+}
+
+/// StartWriteCache + FinishWriteCache of `keys` (every block written).
+fn write(client: &Client, keys: &[i64]) -> Result<(), kvcm_client::ClientError> {
+    let started = client.start_write(kvcm::proto::meta::StartWriteCacheRequest {
+        block_keys: keys.to_vec(),
+        write_timeout_seconds: 30,
+        ..Default::default()
+    })?;
+    let all = kvcm::proto::meta::block_mask::Info::Offset(keys.len() as i32);
+    client.finish_write(kvcm::proto::meta::FinishWriteCacheRequest {
+        write_session_id: started.write_session_id,
+        success_blocks: Some(kvcm::proto::meta::BlockMask { info: Some(all) }),
+        ..Default::default()
+    })
+}
+
 #[tokio::test]
-async fn the_client_library_reads_the_table_and_writes_with_its_key_and_nothing_without() {
+async fn the_client_library_writes_by_message_and_reads_the_table_with_its_key_and_nothing_without()
+{
     let server = TestServer::start_with(&SETTINGS).await;
     let callers = populated(&server).await;
-    let key = callers
-        .iter()
-        .find(|(who, _)| *who == Who::Client)
-        .and_then(|(_, key)| key.clone());
-    let client_key = key.clone().expect("the client's key");
-    let (with_key, without) = tokio::task::spawn_blocking({
-        let server_grpc = server.address("grpc");
-        let server_http = server.address("http");
+    let key = callers[4].1.clone().expect("the client's key");
+    assert_eq!(callers[4].0, Who::Client);
+    let addresses = (server.address("grpc"), server.address("http"));
+    const KEYS: [i64; 4] = [11, 12, 13, 14];
+    let (client, by_message, hits, anonymous) = tokio::task::spawn_blocking({
+        let key = key.clone();
         move || {
-            let server = (server_grpc, server_http);
-            let connect = |api_key| {
-                Client::connect(ClientConfig {
-                    servers: vec![ServerAddress {
-                        grpc: format!("http://{}", server.0),
-                        http: server.1,
-                    }],
-                    instance_id: MINE.into(),
-                    wire: Some(Wire::Tcp),
-                    api_key,
-                })
-                .expect("client")
-            };
-            let client = connect(key);
+            let client = rust_client(addresses, Some(key));
             assert!(client.fast_path_up(), "the bootstrap admitted the key");
-            let keys = [11, 12, 13, 14];
-            let started = client
-                .start_write(kvcm::proto::meta::StartWriteCacheRequest {
-                    block_keys: keys.to_vec(),
-                    write_timeout_seconds: 30,
-                    ..Default::default()
-                })
-                .expect("start write (messages refused, gRPC with the key)");
-            client
-                .finish_write(kvcm::proto::meta::FinishWriteCacheRequest {
-                    write_session_id: started.write_session_id,
-                    success_blocks: Some(kvcm::proto::meta::BlockMask {
-                        info: Some(kvcm::proto::meta::block_mask::Info::Offset(4)),
-                    }),
-                    ..Default::default()
-                })
-                .expect("finish write");
-            let with_key = common::wait_until_blocking(Duration::from_secs(10), || {
-                let hits = client.prefix_match(&keys).expect("lookup");
-                (hits.len() == keys.len()).then_some(hits.len())
-            });
-            let anonymous = connect(None);
+            write(&client, &KEYS).expect("a write with the key");
+            let by_message = client.metrics().writes_by_message;
+            let hits = client.prefix_match(&KEYS).expect("lookup").len();
+            let anonymous = rust_client(addresses, None);
             assert!(!anonymous.fast_path_up(), "no table without a key");
-            let without = anonymous
-                .prefix_match(&keys)
-                .map(|hits| hits.len())
-                .map_err(|e| e.to_string());
-            (with_key, without)
+            let anonymous = anonymous.prefix_match(&KEYS).map(|h| h.len());
+            (client, by_message, hits, anonymous)
         }
     })
     .await
     .expect("client thread");
-    assert_eq!(with_key, Some(4));
-    let refusal = without.expect_err("gRPC refuses a call without a key");
-    assert!(
-        refusal.contains("bearer") || refusal.contains("Unauthenticated"),
-        "{refusal}"
+    assert_eq!(
+        by_message, 2,
+        "Start and Finish went as messages, checked with the key"
     );
+    assert_eq!(hits, KEYS.len());
+    match anonymous {
+        Err(kvcm_client::ClientError::Unauthorized(why)) => {
+            assert!(why.contains("bearer"), "{why}")
+        }
+        other => panic!("a call without a key: {other:?}"),
+    }
     // The same server over HTTP agrees with the fast path.
-    let body = json!({"instance_id": MINE, "query_type": "QT_PREFIX_MATCH", "block_keys": [11, 12, 13, 14]});
-    let (status, answer) = post(
-        &server,
-        "http",
-        "/api/getCacheLocation",
-        body,
-        Some(&client_key),
-    )
-    .await;
+    let body = json!({"instance_id": MINE, "query_type": "QT_PREFIX_MATCH", "block_keys": KEYS});
+    let (status, answer) = post(&server, "http", "/api/getCacheLocation", body, Some(&key)).await;
     assert_eq!((status, code(&answer)), (200, "OK"));
     assert_eq!(
         answer["locations"].as_array().map(Vec::len),
-        Some(4),
+        Some(KEYS.len()),
         "{answer}"
+    );
+
+    // Revoked: the queue pair's next message is refused, and so is the gRPC fallback.
+    let key_id = key.split('_').nth(1).expect("key id").to_string();
+    admin_ok(&server, "/api/revokeApiKey", json!({"key_id": key_id})).await;
+    let refused = tokio::task::spawn_blocking(move || write(&client, &[21, 22]))
+        .await
+        .expect("client thread");
+    assert!(
+        matches!(refused, Err(kvcm_client::ClientError::Unauthorized(_))),
+        "{refused:?}"
     );
 }
 

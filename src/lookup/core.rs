@@ -52,6 +52,9 @@ pub(super) struct Peer {
     free_sends: Vec<usize>,
     /// Replies waiting for a free send buffer.
     waiting: VecDeque<Vec<u8>>,
+    /// The credential its last Authenticate carried (checked again at every message, so a
+    /// revoked key stops at the next one).
+    credential: Option<Arc<[u8]>>,
 }
 
 /// One domain's completion queues, shared by every peer queue pair of that wire.
@@ -118,6 +121,7 @@ impl CoreHandle {
             region,
             free_sends: (0..SEND_SLOTS).collect(),
             waiting: VecDeque::new(),
+            credential: None,
         };
         self.new_peers
             .send((wire, peer))
@@ -149,6 +153,8 @@ struct Work {
     id: u32,
     op: u8,
     request: Request,
+    /// The queue pair's credential.
+    credential: Option<Arc<[u8]>>,
 }
 
 /// Starts the polling thread and the workers on `domains`, serving requests with `meta`.
@@ -217,9 +223,13 @@ fn serve(
     doorbell: &Doorbell,
 ) {
     for job in jobs {
+        let credential = job.credential.as_deref();
         let bytes = match job.request {
-            // No message carries a credential: with meta auth on, every call goes to gRPC.
-            _ if meta.auth_required() => {
+            Request::Authenticate(_) => {
+                let answer = meta.check_credential(credential);
+                messages::encode_reply(job.id, job.op, &Reply::Common(answer))
+            }
+            request if !meta.message_allowed(credential, &request) => {
                 messages::encode_reply(job.id, job.op, &Reply::Refused(Status::Unauthenticated))
             }
             Request::StartWrite(r) => start_write(meta, job.id, job.op, r),
@@ -342,11 +352,19 @@ impl Poller {
             return;
         };
         let op = message[4];
+        let Some(peer) = self.peers.get_mut(&key) else {
+            return;
+        };
+        if let Request::Authenticate(credential) = &request {
+            peer.credential = Some(credential.as_slice().into());
+        }
+        let credential = peer.credential.clone();
         match self.work.try_send(Work {
             peer: key,
             id,
             op,
             request,
+            credential,
         }) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {

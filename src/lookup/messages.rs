@@ -3,15 +3,18 @@
 //! as gRPC (so the server's answers are the gRPC handlers' answers); and the lookups a client
 //! answered from the published table, reported in batches (`Reads`: the GetCacheLocation
 //! requests, each length-delimited, answered by a CommonResponse) so that the server counts
-//! them as it counts its own (access clock, event log, live capacity curves).
+//! them as it counts its own (access clock, event log, live capacity curves); and
+//! `Authenticate` (body: an API key or admin token), which gives the queue pair the
+//! credential its later messages are checked with (`kvcm.auth.meta = required`), answered
+//! by a CommonResponse saying whether the credential is valid.
 //!
 //! Message: `request_id u32, op u8, status u8, 0u16`, then the protobuf body. A request's
 //! status is 0. A reply echoes the id and op; status 0 = the body is the response
 //! (StartWriteCacheResponse, or CommonResponse); any other status means nothing was
 //! applied: 1 = the answer would exceed [`MAX_MESSAGE`] (a StartWriteCache whose answer is
 //! that large has its new session failed at once; ask gRPC), 2 = the request was
-//! malformed, 3 = the server is busy (ask gRPC), 4 = the message path does not authenticate
-//! and `kvcm.auth.meta = required` is on (ask gRPC, with a key).
+//! malformed, 3 = the server is busy (ask gRPC), 4 = `kvcm.auth.meta = required` and the
+//! queue pair's credential (none, or one no longer valid) may not make this call.
 
 use prost::Message;
 
@@ -34,13 +37,21 @@ pub enum Op {
     Remove = 3,
     /// Lookups answered from the table.
     Reads = 4,
+    /// The queue pair's credential.
+    Authenticate = 5,
 }
 
 impl Op {
     fn from_byte(byte: u8) -> Option<Op> {
-        [Op::StartWrite, Op::FinishWrite, Op::Remove, Op::Reads]
-            .into_iter()
-            .find(|op| *op as u8 == byte)
+        [
+            Op::StartWrite,
+            Op::FinishWrite,
+            Op::Remove,
+            Op::Reads,
+            Op::Authenticate,
+        ]
+        .into_iter()
+        .find(|op| *op as u8 == byte)
     }
 }
 
@@ -55,6 +66,8 @@ pub enum Request {
     Remove(meta::RemoveCacheRequest),
     /// Lookups the client answered from the table (their keys and token ids).
     Reads(Vec<meta::GetCacheLocationRequest>),
+    /// The credential later messages of this queue pair carry (an API key or admin token).
+    Authenticate(Vec<u8>),
 }
 
 impl Request {
@@ -65,6 +78,7 @@ impl Request {
             Request::FinishWrite(_) => Op::FinishWrite,
             Request::Remove(_) => Op::Remove,
             Request::Reads(_) => Op::Reads,
+            Request::Authenticate(_) => Op::Authenticate,
         }
     }
 }
@@ -81,7 +95,8 @@ pub enum Status {
     Malformed = 2,
     /// The server was busy (nothing applied).
     Busy = 3,
-    /// Meta auth is required and messages carry no credential (nothing applied).
+    /// Meta auth is required and the queue pair's credential may not make the call
+    /// (nothing applied).
     Unauthenticated = 4,
 }
 
@@ -116,6 +131,7 @@ pub fn encode_request(id: u32, request: &Request) -> Option<Vec<u8>> {
             }
             body
         }
+        Request::Authenticate(credential) => credential.clone(),
     };
     let mut message = header(id, request.op() as u8, 0);
     message.append(&mut bytes);
@@ -154,6 +170,7 @@ pub fn decode_request(message: &[u8]) -> Option<(u32, Request)> {
         Op::FinishWrite => Request::FinishWrite(meta::FinishWriteCacheRequest::decode(body).ok()?),
         Op::Remove => Request::Remove(meta::RemoveCacheRequest::decode(body).ok()?),
         Op::Reads => Request::Reads(decode_reads(body)?),
+        Op::Authenticate => Request::Authenticate(body.to_vec()),
     };
     Some((id, request))
 }
@@ -195,7 +212,7 @@ pub fn decode_reply(message: &[u8], id: u32, op: Op) -> Option<Reply> {
     }
     Some(match op {
         Op::StartWrite => Reply::StartWrite(meta::StartWriteCacheResponse::decode(body).ok()?),
-        Op::FinishWrite | Op::Remove | Op::Reads => {
+        Op::FinishWrite | Op::Remove | Op::Reads | Op::Authenticate => {
             Reply::Common(meta::CommonResponse::decode(body).ok()?)
         }
     })
@@ -259,5 +276,8 @@ mod tests {
         let empty = Request::Reads(Vec::new());
         let bytes = encode_request(10, &empty).unwrap();
         assert_eq!(decode_request(&bytes), Some((10, empty)));
+        let credential = Request::Authenticate(b"kvcm_key".to_vec());
+        let bytes = encode_request(11, &credential).unwrap();
+        assert_eq!(decode_request(&bytes), Some((11, credential)));
     }
 }

@@ -199,11 +199,25 @@ impl Authenticator {
         service: Service,
         authorization: Option<&[u8]>,
     ) -> Result<Option<Caller>, AuthError> {
+        if !self.required(service, &self.current()) {
+            return Ok(None);
+        }
+        let presented = bearer_token(authorization.ok_or(AuthError::Missing)?)?;
+        self.check_token(service, Some(presented))
+    }
+
+    /// As [`Authenticator::check`], for a credential presented bare (the RDMA message path's
+    /// Authenticate carries no `Bearer` scheme).
+    pub fn check_token(
+        &self,
+        service: Service,
+        presented: Option<&[u8]>,
+    ) -> Result<Option<Caller>, AuthError> {
         let tokens = self.current();
         if !self.required(service, &tokens) {
             return Ok(None);
         }
-        let presented = bearer_token(authorization.ok_or(AuthError::Missing)?)?;
+        let presented = presented.ok_or(AuthError::Missing)?;
         // Every configured token is compared, whichever matches.
         let matches = tokens.iter().fold(false, |found, token| {
             constant_time_eq(token, presented) | found

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use kvcm_manager::{CacheLookup, Instance, ManagerError};
 
+use super::auth::authorize;
 use super::convert::{
     cache_meta_to_wire, checksums_from_wire, location_to_wire, mask_from_wire, mask_to_wire,
     query_kind, trim_strategy, view_to_wire,
@@ -12,8 +13,9 @@ use super::convert::{
 use super::core::{Core, Outcome};
 use super::location_json::LocationsJson;
 use super::reply::Reply;
-use super::rpcs;
+use super::rpcs::{self, Access, Service};
 use super::wire_admin::{instance_info_to_wire, registration_from_wire};
+use crate::lookup::messages::Request;
 use crate::proto::{meta, storage};
 
 /// Handlers of MetaService.
@@ -28,9 +30,37 @@ impl MetaHandler {
         MetaHandler { core }
     }
 
-    /// Whether meta calls need a credential (`kvcm.auth.meta = required`).
-    pub fn auth_required(&self) -> bool {
-        self.core.auth.meta_required()
+    /// The answer to a message-path Authenticate: OK when `credential` (an API key or admin
+    /// token) is valid now (or none is required), INVALID_ARGUMENT saying why not.
+    pub fn check_credential(&self, credential: Option<&[u8]>) -> meta::CommonResponse {
+        let mut reply = meta::CommonResponse::default();
+        match self.core.auth.check_token(Service::Meta, credential) {
+            Ok(_) => reply.set_header(meta::ErrorCode::Ok, String::new(), String::new()),
+            Err(refusal) => {
+                let why = refusal.to_string();
+                reply.set_header(meta::ErrorCode::InvalidArgument, why, String::new())
+            }
+        }
+        reply
+    }
+
+    /// Whether a message-path request may run with the queue pair's `credential` (always,
+    /// while no credential is required): the same rule as its RPC on gRPC, for every
+    /// instance it names.
+    pub fn message_allowed(&self, credential: Option<&[u8]>, request: &Request) -> bool {
+        let Ok(caller) = self.core.auth.check_token(Service::Meta, credential) else {
+            return false;
+        };
+        let may = |instance_id: &str| {
+            authorize(caller.as_ref(), Access::Client, Some(instance_id)).is_ok()
+        };
+        match request {
+            Request::StartWrite(r) => may(&r.instance_id),
+            Request::FinishWrite(r) => may(&r.instance_id),
+            Request::Remove(r) => may(&r.instance_id),
+            Request::Reads(lookups) => lookups.iter().all(|r| may(&r.instance_id)),
+            Request::Authenticate(_) => true,
+        }
     }
 
     /// RegisterInstance.

@@ -179,7 +179,8 @@ impl Client {
         for server in &self.config.servers {
             let (instance, key) = (&self.config.instance_id, self.config.api_key.as_deref());
             let connected = crate::bootstrap::fetch(server.http, instance, key)
-                .and_then(|answer| FastPath::connect(answer, wire));
+                .and_then(|answer| FastPath::connect(answer, wire))
+                .and_then(|fast| authenticated(fast, key));
             match connected {
                 Ok(fast) => return FastState::Up(Box::new(fast)),
                 Err(error) => tracing_debug(&error),
@@ -403,7 +404,12 @@ impl Client {
             // Refused unapplied, or by a follower: gRPC (with its failover) answers.
             Ok(Reply::Refused(_)) => None,
             Ok(reply) if reply_code(&reply) == Some(SERVER_NOT_LEADER) => None,
-            Ok(reply) => Some(Ok(reply)),
+            Ok(reply) => {
+                if !matches!(request, Request::Reads(_)) {
+                    self.metrics.write_by_message();
+                }
+                Some(Ok(reply))
+            }
             Err(CallError::NotSent(error)) => {
                 tracing_debug(&error);
                 if matches!(error, FastError::Broken(_)) {
@@ -419,6 +425,24 @@ impl Client {
                 ))))
             }
         }
+    }
+}
+
+/// `fast` after it gave its queue pair the API key (none: as it is), so that write-path
+/// messages are checked with it; a key the server refuses fails the fast path.
+fn authenticated(mut fast: FastPath, api_key: Option<&str>) -> Result<FastPath, FastError> {
+    let Some(key) = api_key else {
+        return Ok(fast);
+    };
+    let broken = |why: String| FastError::Broken(format!("authenticating the queue pair: {why}"));
+    match fast.call(&Request::Authenticate(key.as_bytes().to_vec())) {
+        Ok(Reply::Common(response)) => checked(response)
+            .map(|_| fast)
+            .map_err(|e| broken(e.to_string())),
+        // A server without the message (older) refuses it; its messages then go to gRPC.
+        Ok(Reply::Refused(_)) => Ok(fast),
+        Ok(_) => Err(broken("an unexpected reply".into())),
+        Err(CallError::NotSent(error) | CallError::Lost(error)) => Err(broken(error.to_string())),
     }
 }
 

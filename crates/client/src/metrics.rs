@@ -12,6 +12,7 @@ pub(crate) struct Metrics {
     reconnects: AtomicU64,
     reads_reported: AtomicU64,
     reads_unreported: AtomicU64,
+    writes_by_message: AtomicU64,
 }
 
 /// A snapshot of a client's fast-path counters.
@@ -31,6 +32,9 @@ pub struct FastPathMetrics {
     pub reads_reported: u64,
     /// Fast-path answers whose report was lost (fast path down, server not leader or busy).
     pub reads_unreported: u64,
+    /// Write-path calls (StartWriteCache, FinishWriteCache, RemoveCache) answered by message;
+    /// the others went over gRPC.
+    pub writes_by_message: u64,
 }
 
 impl Metrics {
@@ -45,6 +49,9 @@ impl Metrics {
     }
     pub(crate) fn extra_round_trip(&self) {
         self.extra_round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn write_by_message(&self) {
+        self.writes_by_message.fetch_add(1, Ordering::Relaxed);
     }
     pub(crate) fn reconnect(&self) {
         self.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -69,6 +76,7 @@ impl Metrics {
             reconnects: get(&self.reconnects),
             reads_reported: get(&self.reads_reported),
             reads_unreported: get(&self.reads_unreported),
+            writes_by_message: get(&self.writes_by_message),
         }
     }
 }
