@@ -55,6 +55,19 @@ impl Target {
         Ok(Target::Grpc { address, client })
     }
 
+    /// A gRPC target over TLS, trusting the CA of `ca_pem` for the name `localhost`.
+    pub async fn grpc_tls(address: SocketAddr, ca_pem: &str) -> anyhow::Result<Target> {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
+            .domain_name("localhost");
+        let channel = Channel::from_shared(format!("https://{address}"))?
+            .tls_config(tls)?
+            .connect()
+            .await?;
+        let client = MetaServiceClient::new(channel);
+        Ok(Target::Grpc { address, client })
+    }
+
     /// An HTTP target.
     pub async fn http(address: SocketAddr, path: &str) -> anyhow::Result<Target> {
         let connection = Mutex::new(HttpConnection::connect(address).await?);

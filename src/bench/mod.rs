@@ -6,7 +6,8 @@
 //! (`KVCM_EVENT_LOG_ENABLED=false` and the other `KVCM_EVENT_LOG_*` variables apply).
 //! `kvcm bench --memory` measures memory per SERVING block instead (see `memory`),
 //! `kvcm bench --reports` the cache-subscriber RPCs (see `reports`), `kvcm bench --attack`
-//! the lookup latency during issue 14's attacks (see `attack`).
+//! the lookup latency during issue 14's attacks (see `attack`), `kvcm bench --tls` gRPC
+//! over TLS beside plaintext (see `tls`).
 
 mod attack;
 mod echo;
@@ -15,6 +16,7 @@ mod index;
 mod measure;
 mod memory;
 mod reports;
+mod tls;
 
 use std::net::SocketAddr;
 
@@ -56,6 +58,9 @@ pub struct BenchArgs {
     /// Measure GetCacheLocation idle and during each hostile-client attack instead.
     #[arg(long)]
     pub attack: bool,
+    /// Measure GetCacheLocation over gRPC with TLS beside plaintext instead.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 const PREFIX_SIZES: [usize; 2] = [16, 128];
@@ -67,6 +72,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.attack {
         return attack::run(&args);
+    }
+    if args.tls {
+        return tls::run(&args);
     }
     if args.memory {
         let serve_binary = match args.serve_binary {

@@ -22,7 +22,9 @@ pub use journal::{JournalSettings, JOURNAL_KEYS};
 pub use log_files::{EventLogConfig, LogFilesConfig, AUDIT_LOG_KEYS, EVENT_LOG_KEYS};
 pub use metrics::{MetricsConfig, METRICS_KEYS};
 pub use reclaimer::{ReclaimerConfig, RECLAIMER_KEYS};
-pub use security::{AdminTokens, ConnectionLimits, RequestLimits, SecurityConfig, SECURITY_KEYS};
+pub use security::{
+    AdminTokens, ConnectionLimits, RequestLimits, SecurityConfig, TlsSettings, SECURITY_KEYS,
+};
 
 /// Why a configuration cannot be used; every variant names the key.
 #[derive(Debug, thiserror::Error)]

@@ -7,6 +7,7 @@
 //! bind loopback only.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
 
 use kvcm_manager::ManagerLimits;
 use kvcm_storage::AllowedRoots;
@@ -129,10 +130,24 @@ pub struct SecurityConfig {
     /// `kvcm.service.storage_root_allow_list`: directories file-tier roots must lie in
     /// (comma-separated; empty = anywhere but the system directories).
     pub allowed_roots: AllowedRoots,
+    /// `kvcm.tls.*`: TLS on every TCP listener.
+    pub tls: TlsSettings,
+}
+
+/// `kvcm.tls.cert_file`, `key_file` (PEM; both or neither: TLS on every TCP listener),
+/// `client_ca_file` (PEM; clients must present a certificate it signed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// The server's certificate chain.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key.
+    pub key_file: Option<PathBuf>,
+    /// The CA client certificates must chain to (mutual TLS).
+    pub client_ca_file: Option<PathBuf>,
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 15] = [
+pub const SECURITY_KEYS: [&str; 18] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.auth.meta",
@@ -148,6 +163,9 @@ pub const SECURITY_KEYS: [&str; 15] = [
     "kvcm.service.max_instances_per_group",
     "kvcm.service.max_reporters_per_instance",
     "kvcm.service.storage_root_allow_list",
+    "kvcm.tls.cert_file",
+    "kvcm.tls.key_file",
+    "kvcm.tls.client_ca_file",
 ];
 
 impl SecurityConfig {
@@ -158,6 +176,9 @@ impl SecurityConfig {
             "kvcm.service.admin_auth_token" => self.admin_tokens = AdminTokens::parse(value),
             "kvcm.service.admin_auth_grpc" => self.admin_auth_grpc = parse(key, value)?,
             "kvcm.auth.meta" => self.meta_auth_required = meta_auth(key, value)?,
+            "kvcm.tls.cert_file" => self.tls.cert_file = path_or_none(value),
+            "kvcm.tls.key_file" => self.tls.key_file = path_or_none(value),
+            "kvcm.tls.client_ca_file" => self.tls.client_ca_file = path_or_none(value),
             "kvcm.service.bind_host" if value.trim().is_empty() => self.bind_host = None,
             "kvcm.service.bind_host" => self.bind_host = Some(parse(key, value.trim())?),
             "kvcm.service.max_keys_per_request" => {
@@ -233,8 +254,29 @@ fn meta_auth(key: &str, value: &str) -> Result<bool, ConfigError> {
     }
 }
 
-/// Cross-key rule: meta auth needs an admin token, else no one could create the first key.
+/// A path, or none for an empty value.
+fn path_or_none(value: &str) -> Option<PathBuf> {
+    let value = value.trim();
+    (!value.is_empty()).then(|| PathBuf::from(value))
+}
+
+/// Cross-key rules: meta auth needs an admin token, else no one could create the first key;
+/// a TLS certificate needs its key and the other way round, a client CA needs both.
 pub fn validate_auth(security: &SecurityConfig) -> Result<(), ConfigError> {
+    let tls = &security.tls;
+    let invalid = |key: &str, reason: &str| ConfigError::InvalidValue {
+        key: key.into(),
+        reason: reason.into(),
+    };
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(_), None) => return Err(invalid("kvcm.tls.key_file", "kvcm.tls.cert_file needs it")),
+        (None, Some(_)) => return Err(invalid("kvcm.tls.cert_file", "kvcm.tls.key_file needs it")),
+        (None, None) if tls.client_ca_file.is_some() => {
+            let why = "needs kvcm.tls.cert_file and kvcm.tls.key_file (mutual TLS is TLS)";
+            return Err(invalid("kvcm.tls.client_ca_file", why));
+        }
+        _ => {}
+    }
     if security.meta_auth_required && security.admin_tokens.is_empty() {
         return Err(ConfigError::InvalidValue {
             key: "kvcm.auth.meta".into(),

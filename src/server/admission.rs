@@ -191,14 +191,6 @@ impl AdmittedListener {
     pub async fn accept(&self) -> Admitted {
         self.admission.admit(&self.listener).await
     }
-
-    /// The admitted connections, for tonic's `serve_with_incoming`.
-    pub fn incoming(self) -> impl tokio_stream::Stream<Item = io::Result<Admitted>> {
-        futures_util::stream::unfold(self, |this| async move {
-            let connection = this.admission.admit(&this.listener).await;
-            Some((Ok(connection), this))
-        })
-    }
 }
 
 #[cfg(test)]

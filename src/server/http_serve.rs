@@ -22,11 +22,14 @@ use tokio::task::JoinSet;
 use tonic::transport::server::Connected;
 
 use super::admission::AdmittedListener;
+use super::tls::{self, Tls};
 use crate::service::http::ClientAddr;
 
-/// Serves `router` on `listener` until `stop` turns true, then waits for open connections.
+/// Serves `router` on `listener` (over TLS when `tls` is set, each handshake on its
+/// connection's task) until `stop` turns true, then waits for open connections.
 pub(super) async fn serve(
     listener: AdmittedListener,
+    tls: Option<Tls>,
     router: Router,
     header_timeout: Duration,
     mut stop: watch::Receiver<bool>,
@@ -47,9 +50,13 @@ pub(super) async fn serve(
             router: router.clone(),
             peer: io.connect_info().remote_addr(),
         });
-        let connection = builder.serve_connection(TokioIo::new(io), service);
-        let mut stop = stop.clone();
+        let (builder, tls, mut stop) = (builder.clone(), tls.clone(), stop.clone());
         connections.spawn(async move {
+            // A failed handshake (or one past its deadline) closes the connection.
+            let Ok(io) = tls::open(tls.as_ref(), io).await else {
+                return;
+            };
+            let connection = builder.serve_connection(TokioIo::new(io), service);
             let mut connection = std::pin::pin!(connection);
             tokio::select! {
                 // A connection ends with an error when its peer misbehaves or goes (a

@@ -19,6 +19,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
 use super::admission::{self, Admission, AdmittedListener};
+use super::tls::{self, Conn, Tls};
 use super::ServerError;
 use crate::config::ServerConfig;
 use crate::lookup::{self, LookupService};
@@ -46,8 +47,11 @@ pub struct RunningServer {
     tasks: Vec<(&'static str, JoinHandle<Result<(), String>>)>,
     /// Connections per listener and their idle timeout.
     connections: (usize, Duration),
-    /// How long an HTTP request head may take (`kvcm.service.header_timeout_ms`).
+    /// How long an HTTP request head may take (`kvcm.service.header_timeout_ms`); a TLS
+    /// handshake too.
     header_timeout: Duration,
+    /// TLS on every listener (`kvcm.tls.*`), when configured.
+    tls: Option<Tls>,
 }
 
 impl RunningServer {
@@ -176,6 +180,7 @@ pub async fn start(
     handlers: Handlers,
 ) -> Result<RunningServer, ServerError> {
     let (stop, stop_rx) = watch::channel(false);
+    let header_timeout = Duration::from_millis(config.security.connections.header_timeout_ms);
     let mut server = RunningServer {
         addresses: BTreeMap::new(),
         handlers: handlers.clone(),
@@ -184,7 +189,8 @@ pub async fn start(
         stop,
         tasks: Vec::new(),
         connections: connection_budget(config),
-        header_timeout: Duration::from_millis(config.security.connections.header_timeout_ms),
+        header_timeout,
+        tls: Tls::from_settings(&config.security.tls, header_timeout)?,
     };
     for key in &config.ignored_keys {
         tracing::warn!(key = %key, "ignoring a config key kvcm does not use");
@@ -277,6 +283,32 @@ pub async fn start(
     Ok(server)
 }
 
+/// The connections of `listener`, each opened (its TLS handshake, when `tls` is set) on a
+/// task of its own, so that a slow handshake holds no other connection back; ends when the
+/// server drops the stream.
+fn opened(
+    listener: AdmittedListener,
+    tls: Option<Tls>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Conn>> {
+    let (sender, receiver) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let io = tokio::select! {
+                io = listener.accept() => io,
+                () = sender.closed() => return,
+            };
+            let (tls, sender) = (tls.clone(), sender.clone());
+            tokio::spawn(async move {
+                match tls::open(tls.as_ref(), io).await {
+                    Ok(conn) => drop(sender.send(Ok(conn)).await),
+                    Err(error) => tracing::debug!("a connection failed to open: {error}"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(receiver)
+}
+
 impl RunningServer {
     async fn spawn_grpc(
         &mut self,
@@ -287,7 +319,8 @@ impl RunningServer {
         let name = listen.name;
         let listener = listen.bind().await?;
         self.announce(name, &listener)?;
-        let incoming = self.admitted(listener).incoming();
+        let tls = self.tls.as_ref().map(|tls| tls.for_protocol(b"h2"));
+        let incoming = opened(self.admitted(listener), tls);
         let shutdown = stopped(stop.clone());
         let task = tokio::spawn(async move {
             router
@@ -311,6 +344,7 @@ impl RunningServer {
         let listener = self.admitted(listener);
         let task = tokio::spawn(super::http_serve::serve(
             listener,
+            self.tls.as_ref().map(|tls| tls.for_protocol(b"http/1.1")),
             router,
             self.header_timeout,
             stop.clone(),

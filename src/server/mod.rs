@@ -7,6 +7,7 @@ mod bootstrap;
 mod election;
 mod http_serve;
 mod listeners;
+pub mod tls;
 
 use std::path::PathBuf;
 
@@ -62,6 +63,9 @@ pub enum ServerError {
     /// The lookup path could not start.
     #[error("lookup path: {0}")]
     Lookup(String),
+    /// TLS could not be set up (a certificate, key or CA file).
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     /// A listener failed while serving.
     #[error("{name} stopped: {reason}")]
     Serve {

@@ -1,0 +1,303 @@
+//! TLS on kvcm's TCP listeners (`kvcm.tls.*`, rustls with the `ring` provider): with a
+//! certificate and key configured, meta gRPC, meta HTTP, admin gRPC, admin HTTP and debug
+//! HTTP speak only TLS (1.2 and 1.3); with a client CA as well, every client must present a
+//! certificate that CA signed (mutual TLS).
+//!
+//! Invariants: a handshake runs on its connection's own task and must finish within the
+//! header timeout (a client that stalls in it holds one admission permit, never the accept
+//! loop); the certificate and key are re-read when either file's modification time changes
+//! (checked at most once per [`RELOAD_CHECK`], on a handshake), and a pair that does not load
+//! leaves the previous one in force (logged), so a half-written renewal never takes the
+//! listeners down; the client CA is read once, at start.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use super::admission::Admitted;
+use crate::config::TlsSettings;
+
+/// How often a handshake may look at the certificate files' modification times.
+pub const RELOAD_CHECK: Duration = Duration::from_secs(1);
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or holds nothing usable.
+    #[error("{key} {path}: {reason}")]
+    File {
+        /// The config key naming the file.
+        key: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// The TLS side of the listeners: one acceptor, shared.
+#[derive(Clone)]
+pub struct Tls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// The acceptor of `settings` (`None` when no certificate is configured); handshakes
+    /// must finish within `handshake_timeout`.
+    pub fn from_settings(
+        settings: &TlsSettings,
+        handshake_timeout: Duration,
+    ) -> Result<Option<Tls>, TlsError> {
+        let (Some(cert), Some(key)) = (&settings.cert_file, &settings.key_file) else {
+            return Ok(None);
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let resolver = Arc::new(ReloadingCert::load(cert, key, provider.clone())?);
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?;
+        let builder = match &settings.client_ca_file {
+            Some(ca) => {
+                let roots = client_roots(ca)?;
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|e| rustls::Error::General(e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let config = builder.with_cert_resolver(resolver);
+        Ok(Some(Tls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            handshake_timeout,
+        }))
+    }
+
+    /// The same acceptor offering only `protocol` in ALPN (`h2` for gRPC, `http/1.1` for the
+    /// HTTP listeners, which serve HTTP/1.1 only).
+    pub fn for_protocol(&self, protocol: &[u8]) -> Tls {
+        let mut config = self.acceptor.config().as_ref().clone();
+        config.alpn_protocols = vec![protocol.to_vec()];
+        Tls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            handshake_timeout: self.handshake_timeout,
+        }
+    }
+
+    /// Runs the handshake of `io` within the handshake timeout.
+    pub async fn accept(&self, io: Admitted) -> io::Result<Conn> {
+        let handshake = self.acceptor.accept(io);
+        match tokio::time::timeout(self.handshake_timeout, handshake).await {
+            Ok(stream) => Ok(Conn::Tls(Box::new(stream?))),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "TLS handshake longer than kvcm.service.header_timeout_ms",
+            )),
+        }
+    }
+}
+
+/// The client CA's certificates.
+fn client_roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let key = "kvcm.tls.client_ca_file";
+    let certs = read_certs(key, path)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| file_error(key, path, e.to_string()))?;
+    }
+    Ok(roots)
+}
+
+fn file_error(key: &'static str, path: &Path, reason: String) -> TlsError {
+    TlsError::File {
+        key,
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+fn read_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| file_error(key, path, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(file_error(key, path, "no PEM certificate in it".into()));
+    }
+    Ok(certs)
+}
+
+/// The certificate and key of the files, as rustls signs with them.
+fn load_pair(
+    cert: &Path,
+    key: &Path,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let chain = read_certs("kvcm.tls.cert_file", cert)?;
+    let private = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| file_error("kvcm.tls.key_file", key, e.to_string()))?;
+    CertifiedKey::from_der(chain, private, provider)
+        .map_err(|e| file_error("kvcm.tls.key_file", key, e.to_string()))
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The certificate in force, re-read when its files change.
+#[derive(Debug)]
+struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    state: Mutex<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    pair: Arc<CertifiedKey>,
+    /// The files' modification times when `pair` was read (or last failed to load).
+    stamps: (Option<SystemTime>, Option<SystemTime>),
+    checked: Instant,
+}
+
+impl ReloadingCert {
+    fn load(
+        cert: &Path,
+        key: &Path,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<ReloadingCert, TlsError> {
+        let stamps = (modified(cert), modified(key));
+        let pair = Arc::new(load_pair(cert, key, &provider)?);
+        Ok(ReloadingCert {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            provider,
+            state: Mutex::new(Loaded {
+                pair,
+                stamps,
+                checked: Instant::now(),
+            }),
+        })
+    }
+
+    /// The pair in force, re-read first when a check is due and the files changed.
+    fn current(&self) -> Arc<CertifiedKey> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.checked.elapsed() >= RELOAD_CHECK {
+            state.checked = Instant::now();
+            let stamps = (modified(&self.cert), modified(&self.key));
+            if stamps != state.stamps {
+                state.stamps = stamps;
+                match load_pair(&self.cert, &self.key, &self.provider) {
+                    Ok(pair) => {
+                        tracing::info!("TLS certificate reloaded from {}", self.cert.display());
+                        state.pair = Arc::new(pair);
+                    }
+                    Err(error) => {
+                        tracing::warn!(
+                            "TLS certificate not reloaded, the previous one serves: {error}"
+                        )
+                    }
+                }
+            }
+        }
+        state.pair.clone()
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+/// An accepted connection: plain, or TLS over it.
+pub enum Conn {
+    /// No TLS configured.
+    Plain(Admitted),
+    /// After the handshake.
+    Tls(Box<tokio_rustls::server::TlsStream<Admitted>>),
+}
+
+impl Conn {
+    fn project(self: Pin<&mut Self>) -> Pin<&mut dyn AsyncReadWrite> {
+        match self.get_mut() {
+            Conn::Plain(io) => Pin::new(io),
+            Conn::Tls(io) => Pin::new(io.as_mut()),
+        }
+    }
+}
+
+/// Both halves of a stream.
+trait AsyncReadWrite: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncReadWrite for T {}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.project().poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.project().poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().poll_shutdown(cx)
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        match self {
+            Conn::Plain(io) => io.connect_info(),
+            Conn::Tls(io) => io.get_ref().0.connect_info(),
+        }
+    }
+}
+
+/// Opens a connection: the handshake when `tls` is set, else as it is.
+pub async fn open(tls: Option<&Tls>, io: Admitted) -> io::Result<Conn> {
+    match tls {
+        Some(tls) => tls.accept(io).await,
+        None => Ok(Conn::Plain(io)),
+    }
+}

@@ -1,0 +1,356 @@
+//! TLS and mutual TLS on a real `kvcm serve` (docs/security.md, "TLS"): gRPC and HTTP over
+//! TLS, plaintext refused, a renewed certificate served without a restart (and a broken one
+//! ignored), client certificates required and checked against the configured CA.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{wait_until, TestServer};
+use kvcm::proto::meta;
+use kvcm::proto::meta::meta_service_client::MetaServiceClient;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+/// A CA and what it signed.
+struct Authority {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, in PEM.
+struct Pem {
+    cert: String,
+    key: String,
+}
+
+impl Authority {
+    fn new(name: &str) -> Authority {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let issuer =
+            CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA");
+        Authority { issuer }
+    }
+
+    fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A leaf for `names` (DNS names or IP addresses), signed by this CA.
+    fn sign(&self, names: &[&str]) -> Pem {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let params = CertificateParams::new(names).expect("params");
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("signed");
+        Pem {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+}
+
+/// Writes `text` to `path` atomically (a renewal never shows half a file).
+fn replace(path: &Path, text: &str) {
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, text).expect("write");
+    std::fs::rename(&partial, path).expect("rename");
+}
+
+/// The server's files: certificate, key and (for mutual TLS) client CA.
+struct Files {
+    _dir: tempfile::TempDir,
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: PathBuf,
+}
+
+impl Files {
+    fn new(server: &Pem, client_ca: &Authority) -> Files {
+        let dir = tempfile::tempdir().expect("dir");
+        let files = Files {
+            cert: dir.path().join("server.pem"),
+            key: dir.path().join("server.key"),
+            client_ca: dir.path().join("clients.pem"),
+            _dir: dir,
+        };
+        replace(&files.cert, &server.cert);
+        replace(&files.key, &server.key);
+        replace(&files.client_ca, &client_ca.pem());
+        files
+    }
+
+    fn settings(&self, mutual: bool) -> Vec<String> {
+        let mut settings = vec![
+            format!("kvcm.tls.cert_file={}", self.cert.display()),
+            format!("kvcm.tls.key_file={}", self.key.display()),
+        ];
+        if mutual {
+            settings.push(format!(
+                "kvcm.tls.client_ca_file={}",
+                self.client_ca.display()
+            ));
+        }
+        settings
+    }
+}
+
+async fn start(settings: &[String]) -> TestServer {
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    TestServer::start_with(&settings).await
+}
+
+/// A gRPC meta client over TLS trusting `ca`, presenting `identity` when given.
+async fn grpc_tls(
+    address: SocketAddr,
+    ca: &str,
+    identity: Option<&Pem>,
+) -> Result<MetaServiceClient<Channel>, tonic::transport::Error> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let Some(pem) = identity {
+        tls = tls.identity(Identity::from_pem(&pem.cert, &pem.key));
+    }
+    let endpoint = Channel::from_shared(format!("https://{address}"))
+        .expect("uri")
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(5));
+    Ok(MetaServiceClient::new(endpoint.connect().await?))
+}
+
+fn rustls_client(ca: &str, identity: Option<&Pem>) -> Arc<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert.expect("ca pem")).expect("root");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots);
+    let config = match identity {
+        Some(pem) => {
+            let chain = CertificateDer::pem_slice_iter(pem.cert.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .expect("chain");
+            let key = PrivateKeyDer::from_pem_slice(pem.key.as_bytes()).expect("key");
+            builder
+                .with_client_auth_cert(chain, key)
+                .expect("client cert")
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Arc::new(config)
+}
+
+/// One HTTP/1.1 request over TLS trusting `ca`: the status, or why the exchange failed.
+async fn https(
+    address: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    ca: &str,
+    identity: Option<&Pem>,
+) -> Result<u16, String> {
+    let connector = tokio_rustls::TlsConnector::from(rustls_client(ca, identity));
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("localhost").expect("name");
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(head.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    // A peer that closes without close_notify still delivered its answer.
+    let _ = tls.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no HTTP answer: {text:?}"))
+}
+
+/// What a listener answers a plaintext HTTP request (within 5 s).
+async fn plaintext(address: SocketAddr) -> Vec<u8> {
+    let mut tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    let _ = tcp
+        .write_all(b"GET /api/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let mut answer = Vec::new();
+    let read = tcp.read_to_end(&mut answer);
+    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    answer
+}
+
+#[tokio::test]
+async fn grpc_and_http_speak_tls_only_and_a_renewed_certificate_is_served_without_restart() {
+    let (first, second) = (Authority::new("first CA"), Authority::new("second CA"));
+    let files = Files::new(&first.sign(&["localhost"]), &first);
+    let server = start(&files.settings(false)).await;
+
+    // gRPC over TLS: a real call.
+    let mut grpc = grpc_tls(server.address("grpc"), &first.pem(), None)
+        .await
+        .expect("TLS channel");
+    let request = common::registration_grpc("tls-instance", 4);
+    let answer = grpc
+        .register_instance(request)
+        .await
+        .expect("call")
+        .into_inner();
+    assert_eq!(common::grpc_code(&answer.header), meta::ErrorCode::Ok);
+    // Plaintext gRPC gets no answer.
+    let plain = MetaServiceClient::connect(format!("http://{}", server.address("grpc"))).await;
+    let refused = match plain {
+        Err(_) => true,
+        Ok(mut client) => client
+            .get_cluster_info(meta::GetClusterInfoRequest::default())
+            .await
+            .is_err(),
+    };
+    assert!(refused, "plaintext gRPC is refused");
+
+    // Every HTTP listener over TLS; plaintext HTTP gets no HTTP answer.
+    let body = r#"{"instance_id":"tls-instance","block_keys":[1]}"#;
+    for (listener, method, path) in [
+        ("http", "POST", "/api/getCacheLocation"),
+        ("admin_http", "GET", "/api/healthy"),
+        ("debug_http", "POST", "/api/clearFaults"),
+    ] {
+        let address = server.address(listener);
+        let status = https(address, method, path, body, &first.pem(), None).await;
+        assert_eq!(status, Ok(200), "{listener} over TLS");
+        let answer = plaintext(address).await;
+        assert!(
+            !answer.starts_with(b"HTTP/"),
+            "{listener}: plaintext answered"
+        );
+    }
+    // A client that trusts another CA fails the handshake.
+    let untrusting = https(
+        server.address("http"),
+        "POST",
+        "/api/getCacheLocation",
+        body,
+        &second.pem(),
+        None,
+    )
+    .await;
+    assert!(untrusting.is_err(), "{untrusting:?}");
+
+    // Renewal: a certificate of the second CA replaces the first, no restart.
+    let renewed = second.sign(&["localhost"]);
+    replace(&files.key, &renewed.key);
+    replace(&files.cert, &renewed.cert);
+    let http = server.address("http");
+    let served = wait_until(Duration::from_secs(10), async || {
+        https(
+            http,
+            "POST",
+            "/api/getCacheLocation",
+            body,
+            &second.pem(),
+            None,
+        )
+        .await
+        .ok()
+        .filter(|status| *status == 200)
+    })
+    .await;
+    assert_eq!(served, Some(200), "the renewed certificate is served");
+    // A broken renewal is refused and the one in force keeps serving.
+    replace(&files.cert, "not a certificate");
+    let warned = wait_until(Duration::from_secs(10), async || {
+        // Each handshake lets the server look at the files again.
+        let _ = https(
+            http,
+            "POST",
+            "/api/getCacheLocation",
+            body,
+            &second.pem(),
+            None,
+        )
+        .await;
+        server
+            .log()
+            .contains("TLS certificate not reloaded")
+            .then_some(())
+    })
+    .await;
+    assert!(warned.is_some(), "{}", server.log());
+    let status = https(
+        http,
+        "POST",
+        "/api/getCacheLocation",
+        body,
+        &second.pem(),
+        None,
+    )
+    .await;
+    assert_eq!(status, Ok(200), "the previous certificate still serves");
+}
+
+#[tokio::test]
+async fn mutual_tls_demands_a_client_certificate_of_the_configured_ca() {
+    let (ours, rogue) = (Authority::new("client CA"), Authority::new("rogue CA"));
+    let server_ca = Authority::new("server CA");
+    let files = Files::new(&server_ca.sign(&["localhost"]), &ours);
+    let server = start(&files.settings(true)).await;
+    let (engine, impostor) = (ours.sign(&["engine-1"]), rogue.sign(&["engine-1"]));
+    let http = server.address("http");
+    let body = r#"{"instance_id":"none","block_keys":[1]}"#;
+    let server_ca_pem = server_ca.pem();
+    let call = |identity| {
+        let path = "/api/getCacheLocation";
+        https(http, "POST", path, body, &server_ca_pem, identity)
+    };
+    assert_eq!(
+        call(Some(&engine)).await,
+        Ok(200),
+        "a certificate of the client CA"
+    );
+    assert!(call(None).await.is_err(), "no client certificate");
+    assert!(
+        call(Some(&impostor)).await.is_err(),
+        "a certificate of another CA"
+    );
+
+    let grpc = server.address("grpc");
+    let mut client = grpc_tls(grpc, &server_ca.pem(), Some(&engine))
+        .await
+        .expect("mTLS channel");
+    let registered = client
+        .register_instance(common::registration_grpc("mtls", 4))
+        .await
+        .expect("call")
+        .into_inner();
+    assert_eq!(common::grpc_code(&registered.header), meta::ErrorCode::Ok);
+    let anonymous = match grpc_tls(grpc, &server_ca.pem(), None).await {
+        Err(_) => true,
+        Ok(mut client) => client
+            .get_cluster_info(meta::GetClusterInfoRequest::default())
+            .await
+            .is_err(),
+    };
+    assert!(anonymous, "gRPC without a client certificate is refused");
+}
