@@ -36,7 +36,7 @@ async fn env_overrides_the_toml_file_and_variables_override_env() {
 #[test]
 fn invalid_settings_stop_the_start_with_the_key_named() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--env", "kvcm.service.rpc_port=99999"],
             "kvcm.service.rpc_port",
@@ -70,6 +70,25 @@ fn invalid_settings_stop_the_start_with_the_key_named() {
                 "kvcm.service.enable_debug_service=true",
             ],
             "kvcm.service.http_port",
+        ),
+        // TLS files that are missing, or hold no certificate.
+        (
+            &[
+                "--env",
+                "kvcm.tls.cert_file=/nonexistent/cert.pem",
+                "--env",
+                "kvcm.tls.key_file=/nonexistent/key.pem",
+            ],
+            "kvcm.tls.cert_file",
+        ),
+        (
+            &[
+                "--env",
+                "kvcm.tls.cert_file=/dev/null",
+                "--env",
+                "kvcm.tls.key_file=/dev/null",
+            ],
+            "kvcm.tls.cert_file",
         ),
     ];
     for (args, key) in cases {

@@ -59,6 +59,30 @@ impl Authority {
     }
 }
 
+impl Authority {
+    /// A client certificate of account `common_name` scoped to `instances`
+    /// (`urn:kvcm:instance:<id>` URIs), signed by this CA.
+    fn sign_client(&self, common_name: &str, instances: &[&str]) -> Pem {
+        let mut params = CertificateParams::default();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.subject_alt_names = instances
+            .iter()
+            .map(|id| {
+                let uri = format!("urn:kvcm:instance:{id}");
+                rcgen::SanType::URI(uri.try_into().expect("IA5 URI"))
+            })
+            .collect();
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("signed");
+        Pem {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+}
+
 /// Writes `text` to `path` atomically (a renewal never shows half a file).
 fn replace(path: &Path, text: &str) {
     let partial = path.with_extension("partial");
@@ -162,30 +186,66 @@ async fn https(
     ca: &str,
     identity: Option<&Pem>,
 ) -> Result<u16, String> {
-    let connector = tokio_rustls::TlsConnector::from(rustls_client(ca, identity));
-    let tcp = tokio::net::TcpStream::connect(address)
+    let request = Https {
+        ca,
+        identity,
+        bearer: None,
+    };
+    request
+        .send(address, method, path, body)
         .await
-        .map_err(|e| e.to_string())?;
-    let name = ServerName::try_from("localhost").expect("name");
-    let mut tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tls.write_all(head.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut answer = Vec::new();
-    // A peer that closes without close_notify still delivered its answer.
-    let _ = tls.read_to_end(&mut answer).await;
-    let text = String::from_utf8_lossy(&answer);
-    text.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no HTTP answer: {text:?}"))
+        .map(|(status, _)| status)
+}
+
+/// What an HTTPS request presents: the CA it trusts, a client certificate, a bearer token.
+struct Https<'a> {
+    ca: &'a str,
+    identity: Option<&'a Pem>,
+    bearer: Option<&'a str>,
+}
+
+impl Https<'_> {
+    /// One HTTP/1.1 request: the status and the body, or why the exchange failed.
+    async fn send(
+        &self,
+        address: SocketAddr,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> Result<(u16, String), String> {
+        let (ca, identity) = (self.ca, self.identity);
+        let connector = tokio_rustls::TlsConnector::from(rustls_client(ca, identity));
+        let tcp = tokio::net::TcpStream::connect(address)
+            .await
+            .map_err(|e| e.to_string())?;
+        let name = ServerName::try_from("localhost").expect("name");
+        let mut tls = connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        let authorization = self
+            .bearer
+            .map(|token| format!("Authorization: Bearer {token}\r\n"))
+            .unwrap_or_default();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tls.write_all(head.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut answer = Vec::new();
+        // A peer that closes without close_notify still delivered its answer.
+        let _ = tls.read_to_end(&mut answer).await;
+        let text = String::from_utf8_lossy(&answer);
+        let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+        let answer = text
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string());
+        status
+            .zip(answer)
+            .ok_or_else(|| format!("no HTTP answer: {text:?}"))
+    }
 }
 
 /// What a listener answers a plaintext HTTP request (within 5 s).
@@ -353,4 +413,167 @@ async fn mutual_tls_demands_a_client_certificate_of_the_configured_ca() {
             .is_err(),
     };
     assert!(anonymous, "gRPC without a client certificate is refused");
+}
+
+/// The `header.status.code` of a JSON answer.
+fn json_code(body: &str) -> String {
+    let answer: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    answer["header"]["status"]["code"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_names() {
+    const ROOT: &str = "root-token";
+    let (clients, server_ca) = (Authority::new("client CA"), Authority::new("server CA"));
+    let files = Files::new(&server_ca.sign(&["localhost"]), &clients);
+    let mut settings = files.settings(true);
+    settings.extend([
+        "kvcm.tls.client_identity=account".to_string(),
+        "kvcm.auth.meta=required".to_string(),
+        format!("kvcm.service.admin_auth_token={ROOT}"),
+    ]);
+    let server = start(&settings).await;
+    let ca = server_ca.pem();
+    let operator = clients.sign_client("ops", &[]);
+    let as_root = Https {
+        ca: &ca,
+        identity: Some(&operator),
+        bearer: Some(ROOT),
+    };
+    for (user, role) in [("eng", "ROLE_USER"), ("ops", "ROLE_OPERATOR")] {
+        let body = format!(r#"{{"user_name":"{user}","password":"pw","role":"{role}"}}"#);
+        let answer = as_root
+            .send(
+                server.address("admin_http"),
+                "POST",
+                "/api/addAccount",
+                &body,
+            )
+            .await
+            .expect("addAccount");
+        assert_eq!(
+            (answer.0, json_code(&answer.1)),
+            (200, "OK".into()),
+            "{answer:?}"
+        );
+    }
+
+    let engine = clients.sign_client("eng", &["mine"]);
+    let as_engine = Https {
+        ca: &ca,
+        identity: Some(&engine),
+        bearer: None,
+    };
+    let http = server.address("http");
+    let register = |id: &str| common::registration(id, 4).to_string();
+    let mine = as_engine
+        .send(http, "POST", "/api/registerInstance", &register("mine"))
+        .await;
+    assert_eq!(
+        mine.map(|(s, b)| (s, json_code(&b))),
+        Ok((200, "OK".into()))
+    );
+    let theirs = as_engine
+        .send(http, "POST", "/api/registerInstance", &register("theirs"))
+        .await
+        .expect("answer");
+    assert_eq!(
+        theirs.0, 403,
+        "an instance the certificate does not name: {theirs:?}"
+    );
+    assert!(theirs.1.contains("theirs"), "{theirs:?}");
+    // The operator's certificate (no instance named) may register any instance.
+    let as_operator = Https {
+        bearer: None,
+        ..as_root
+    };
+    let theirs = as_operator
+        .send(http, "POST", "/api/registerInstance", &register("theirs"))
+        .await;
+    assert_eq!(
+        theirs.map(|(s, b)| (s, json_code(&b))),
+        Ok((200, "OK".into()))
+    );
+
+    // The lookup bootstrap admits the certificate for its instance only.
+    let bootstrap = |id: &str| format!(r#"{{"instance_id":"{id}"}}"#);
+    let route = "/kvcm/v1/lookupBootstrap";
+    let admitted = as_engine
+        .send(http, "POST", route, &bootstrap("mine"))
+        .await;
+    assert_eq!(admitted.map(|(status, _)| status), Ok(200));
+    let refused = as_engine
+        .send(http, "POST", route, &bootstrap("theirs"))
+        .await;
+    assert_eq!(refused.map(|(status, _)| status), Ok(403));
+
+    // gRPC: the same identity, the same scope.
+    let grpc = server.address("grpc");
+    let mut client = grpc_tls(grpc, &ca, Some(&engine)).await.expect("mTLS");
+    let lookup = |id: &str| meta::GetCacheLocationRequest {
+        instance_id: id.to_string(),
+        query_type: meta::QueryType::QtPrefixMatch as i32,
+        block_keys: vec![1],
+        ..Default::default()
+    };
+    let answer = client
+        .get_cache_location(lookup("mine"))
+        .await
+        .expect("call");
+    assert_eq!(
+        common::grpc_code(&answer.into_inner().header),
+        meta::ErrorCode::Ok
+    );
+    let denied = client
+        .get_cache_location(lookup("theirs"))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+
+    // No account of that name, or a ROLE_USER certificate naming no instance: 401.
+    for (who, pem) in [
+        ("unknown account", clients.sign_client("ghost", &["mine"])),
+        ("unscoped user", clients.sign_client("eng", &[])),
+    ] {
+        let caller = Https {
+            ca: &ca,
+            identity: Some(&pem),
+            bearer: None,
+        };
+        let refused = caller
+            .send(http, "POST", "/api/registerInstance", &register("mine"))
+            .await;
+        assert_eq!(refused.map(|(status, _)| status), Ok(401), "{who}");
+        let mut client = grpc_tls(grpc, &ca, Some(&pem)).await.expect("mTLS");
+        let refused = client.get_cache_location(lookup("mine")).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{who}");
+    }
+
+    // A ROLE_USER certificate may not call admin RPCs; deleting its account stops it.
+    let admin = server.address("admin_http");
+    let forbidden = as_engine
+        .send(admin, "POST", "/api/listStorage", "{}")
+        .await;
+    assert_eq!(forbidden.map(|(status, _)| status), Ok(403));
+    let deleted = as_root
+        .send(
+            admin,
+            "POST",
+            "/api/deleteAccount",
+            r#"{"user_name":"eng"}"#,
+        )
+        .await
+        .expect("deleteAccount");
+    assert_eq!(deleted.0, 200, "{deleted:?}");
+    let after = as_engine
+        .send(http, "POST", "/api/registerInstance", &register("mine"))
+        .await;
+    assert_eq!(
+        after.map(|(status, _)| status),
+        Ok(401),
+        "a deleted account"
+    );
 }

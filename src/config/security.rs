@@ -135,7 +135,9 @@ pub struct SecurityConfig {
 }
 
 /// `kvcm.tls.cert_file`, `key_file` (PEM; both or neither: TLS on every TCP listener),
-/// `client_ca_file` (PEM; clients must present a certificate it signed).
+/// `client_ca_file` (PEM; clients must present a certificate it signed), `client_identity`
+/// (`none` or `account`: a client certificate's Common Name names the account a request
+/// without a bearer credential acts as).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsSettings {
     /// The server's certificate chain.
@@ -144,10 +146,12 @@ pub struct TlsSettings {
     pub key_file: Option<PathBuf>,
     /// The CA client certificates must chain to (mutual TLS).
     pub client_ca_file: Option<PathBuf>,
+    /// `kvcm.tls.client_identity = account`.
+    pub certificate_accounts: bool,
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 18] = [
+pub const SECURITY_KEYS: [&str; 19] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.auth.meta",
@@ -166,6 +170,7 @@ pub const SECURITY_KEYS: [&str; 18] = [
     "kvcm.tls.cert_file",
     "kvcm.tls.key_file",
     "kvcm.tls.client_ca_file",
+    "kvcm.tls.client_identity",
 ];
 
 impl SecurityConfig {
@@ -175,10 +180,13 @@ impl SecurityConfig {
         match key {
             "kvcm.service.admin_auth_token" => self.admin_tokens = AdminTokens::parse(value),
             "kvcm.service.admin_auth_grpc" => self.admin_auth_grpc = parse(key, value)?,
-            "kvcm.auth.meta" => self.meta_auth_required = meta_auth(key, value)?,
+            "kvcm.auth.meta" => self.meta_auth_required = switch(key, value, ("off", "required"))?,
             "kvcm.tls.cert_file" => self.tls.cert_file = path_or_none(value),
             "kvcm.tls.key_file" => self.tls.key_file = path_or_none(value),
             "kvcm.tls.client_ca_file" => self.tls.client_ca_file = path_or_none(value),
+            "kvcm.tls.client_identity" => {
+                self.tls.certificate_accounts = switch(key, value, ("none", "account"))?
+            }
             "kvcm.service.bind_host" if value.trim().is_empty() => self.bind_host = None,
             "kvcm.service.bind_host" => self.bind_host = Some(parse(key, value.trim())?),
             "kvcm.service.max_keys_per_request" => {
@@ -242,14 +250,14 @@ impl SecurityConfig {
     }
 }
 
-/// `off` or `required`.
-fn meta_auth(key: &str, value: &str) -> Result<bool, ConfigError> {
+/// `off` (false) or `on` (true): the two words a switch of `key` takes.
+fn switch(key: &str, value: &str, (off, on): (&str, &str)) -> Result<bool, ConfigError> {
     match value.trim() {
-        "off" => Ok(false),
-        "required" => Ok(true),
+        word if word == off => Ok(false),
+        word if word == on => Ok(true),
         other => Err(ConfigError::InvalidValue {
             key: key.to_string(),
-            reason: format!("{other:?} is neither \"off\" nor \"required\""),
+            reason: format!("{other:?} is neither {off:?} nor {on:?}"),
         }),
     }
 }
@@ -276,6 +284,11 @@ pub fn validate_auth(security: &SecurityConfig) -> Result<(), ConfigError> {
             return Err(invalid("kvcm.tls.client_ca_file", why));
         }
         _ => {}
+    }
+    if tls.certificate_accounts && tls.client_ca_file.is_none() {
+        let why =
+            "account needs kvcm.tls.client_ca_file (client certificates come with mutual TLS)";
+        return Err(invalid("kvcm.tls.client_identity", why));
     }
     if security.meta_auth_required && security.admin_tokens.is_empty() {
         return Err(ConfigError::InvalidValue {
@@ -372,5 +385,44 @@ mod tests {
             .set("kvcm.service.storage_root_allow_list", "")
             .unwrap();
         assert!(config.allowed_roots.is_empty());
+    }
+
+    #[test]
+    fn tls_keys_come_in_pairs_and_name_the_missing_one() {
+        let refusal = |settings: &[(&str, &str)]| {
+            let mut config = SecurityConfig::default();
+            for (key, value) in settings {
+                if let Err(error) = config.set(key, value) {
+                    return Some(error.to_string());
+                }
+            }
+            validate_auth(&config).err().map(|e| e.to_string())
+        };
+        let (cert, key) = (
+            ("kvcm.tls.cert_file", "c.pem"),
+            ("kvcm.tls.key_file", "k.pem"),
+        );
+        let ca = ("kvcm.tls.client_ca_file", "ca.pem");
+        let accounts = ("kvcm.tls.client_identity", "account");
+        assert_eq!(refusal(&[cert, key, ca, accounts]), None);
+        assert_eq!(refusal(&[cert, key]), None);
+        let missing = [
+            (vec![cert], "kvcm.tls.key_file"),
+            (vec![key], "kvcm.tls.cert_file"),
+            (vec![ca], "kvcm.tls.client_ca_file"),
+            (vec![cert, key, accounts], "kvcm.tls.client_identity"),
+            (
+                vec![cert, key, ca, ("kvcm.tls.client_identity", "cn")],
+                "kvcm.tls.client_identity",
+            ),
+        ];
+        for (settings, named) in missing {
+            let error = refusal(&settings).unwrap_or_default();
+            assert!(error.contains(named), "{settings:?}: {error:?}");
+        }
+        let mut config = SecurityConfig::default();
+        config.set("kvcm.tls.client_identity", "account").unwrap();
+        config.set("kvcm.tls.client_identity", "none").unwrap();
+        assert!(!config.tls.certificate_accounts);
     }
 }

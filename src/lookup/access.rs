@@ -5,6 +5,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::service::auth::CertIdentity;
+
 /// What a bootstrap request shows about its caller.
 #[derive(Debug, Clone)]
 pub struct AccessCheck<'a> {
@@ -14,6 +16,8 @@ pub struct AccessCheck<'a> {
     pub peer: Option<SocketAddr>,
     /// The `Authorization` header, when sent.
     pub authorization: Option<&'a str>,
+    /// What the connection's client certificate names (mutual TLS), when it has one.
+    pub certificate: Option<&'a CertIdentity>,
 }
 
 /// Decides whether a caller may read an instance's table (`Err` = refused, with why).

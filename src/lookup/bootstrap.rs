@@ -15,7 +15,9 @@ use axum::Router;
 use serde::{Deserialize, Serialize};
 
 use super::{AccessCheck, LookupError, LookupService, WIRE_SOFT_SHM, WIRE_SOFT_TCP};
-use crate::service::http::{own_answer, own_refusal, read_body, ClientAddr, HttpLimits};
+use crate::service::http::{
+    own_answer, own_refusal, read_body, ClientAddr, ClientCertificate, HttpLimits,
+};
 
 /// The route.
 pub const ROUTE: &str = "/kvcm/v1/lookupBootstrap";
@@ -107,6 +109,7 @@ async fn answer(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let peer = request.extensions().get::<ClientAddr>().map(|addr| addr.0);
+    let certificate = request.extensions().get::<ClientCertificate>().cloned();
     let body = match read_body(request.into_body(), limits).await {
         Ok(body) => body,
         Err(status) => return own_refusal(status, "the body is too large or too slow"),
@@ -122,6 +125,7 @@ async fn answer(
             instance_id: &request.instance_id,
             peer,
             authorization: authorization.as_deref(),
+            certificate: certificate.as_ref().map(|c| c.0.as_ref()),
         };
         service.bootstrap(&check)
     });

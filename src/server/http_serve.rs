@@ -9,7 +9,6 @@
 //! (`kvcm.service.body_timeout_ms`, [`crate::service::http`]). On stop the listener accepts
 //! nothing more and every open connection finishes its in-flight request, then closes.
 
-use std::net::SocketAddr;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use tonic::transport::server::Connected;
 
 use super::admission::AdmittedListener;
 use super::tls::{self, Tls};
-use crate::service::http::ClientAddr;
+use crate::service::http::{ClientAddr, ClientCertificate, Peer};
 
 /// Serves `router` on `listener` (over TLS when `tls` is set, each handshake on its
 /// connection's task) until `stop` turns true, then waits for open connections.
@@ -46,16 +45,17 @@ pub(super) async fn serve(
             _ = stop.wait_for(|&stop| stop) => break,
         };
         while connections.try_join_next().is_some() {}
-        let service = TowerToHyperService::new(WithPeer {
-            router: router.clone(),
-            peer: io.connect_info().remote_addr(),
-        });
-        let (builder, tls, mut stop) = (builder.clone(), tls.clone(), stop.clone());
+        let (router, builder, tls) = (router.clone(), builder.clone(), tls.clone());
+        let mut stop = stop.clone();
         connections.spawn(async move {
             // A failed handshake (or one past its deadline) closes the connection.
             let Ok(io) = tls::open(tls.as_ref(), io).await else {
                 return;
             };
+            let service = TowerToHyperService::new(WithPeer {
+                router,
+                peer: io.connect_info(),
+            });
             let connection = builder.serve_connection(TokioIo::new(io), service);
             let mut connection = std::pin::pin!(connection);
             tokio::select! {
@@ -71,12 +71,12 @@ pub(super) async fn serve(
     Ok(())
 }
 
-/// The router, tagging each request with the connection's peer ([`ClientAddr`]) for the
-/// access log.
+/// The router, tagging each request with the connection's peer ([`ClientAddr`], for the
+/// access log) and the identity of its client certificate ([`ClientCertificate`]).
 #[derive(Clone)]
 struct WithPeer {
     router: Router,
-    peer: Option<SocketAddr>,
+    peer: Peer,
 }
 
 impl tower_service::Service<hyper::Request<Incoming>> for WithPeer {
@@ -89,8 +89,13 @@ impl tower_service::Service<hyper::Request<Incoming>> for WithPeer {
     }
 
     fn call(&mut self, mut request: hyper::Request<Incoming>) -> Self::Future {
-        if let Some(peer) = self.peer {
-            request.extensions_mut().insert(ClientAddr(peer));
+        if let Some(addr) = self.peer.addr {
+            request.extensions_mut().insert(ClientAddr(addr));
+        }
+        if let Some(identity) = &self.peer.certificate {
+            request
+                .extensions_mut()
+                .insert(ClientCertificate(identity.clone()));
         }
         self.router.call(request)
     }

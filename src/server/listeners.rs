@@ -204,6 +204,7 @@ pub async fn start(
     let auth = handlers.core.auth.clone();
     auth.replace(security.admin_tokens.as_slice().iter().cloned());
     auth.require_meta(security.meta_auth_required);
+    auth.accept_certificates(security.tls.certificate_accounts);
     announce_security(config);
     let (meta_host, admin_host) = (security.meta_host(), security.admin_host());
 
@@ -241,7 +242,8 @@ pub async fn start(
         let bootstrap_auth = auth.clone();
         let check: lookup::LookupAccess = Arc::new(move |check: &lookup::AccessCheck<'_>| {
             let authorization = check.authorization.map(str::as_bytes);
-            bootstrap_auth.lookup_access(check.instance_id, authorization)
+            let certificate = check.certificate;
+            bootstrap_auth.lookup_access(check.instance_id, authorization, certificate)
         });
         let service = LookupService::start(manager, meta, &config.lookup, check)
             .map_err(|e| ServerError::Lookup(e.to_string()))?;

@@ -4,6 +4,7 @@
 
 mod admission;
 mod bootstrap;
+mod client_cert;
 mod election;
 mod http_serve;
 mod listeners;

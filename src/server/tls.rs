@@ -23,10 +23,13 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use tokio_rustls::rustls::sign::CertifiedKey;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 use super::admission::Admitted;
+use super::client_cert;
 use crate::config::TlsSettings;
+use crate::service::auth::CertIdentity;
+use crate::service::http::Peer;
 
 /// How often a handshake may look at the certificate files' modification times.
 pub const RELOAD_CHECK: Duration = Duration::from_secs(1);
@@ -109,7 +112,16 @@ impl Tls {
     pub async fn accept(&self, io: Admitted) -> io::Result<Conn> {
         let handshake = self.acceptor.accept(io);
         match tokio::time::timeout(self.handshake_timeout, handshake).await {
-            Ok(stream) => Ok(Conn::Tls(Box::new(stream?))),
+            Ok(stream) => {
+                let stream = stream?;
+                // The chain's first certificate is the client's own (verified by now).
+                let certificate = stream.get_ref().1.peer_certificates();
+                let identity = certificate
+                    .and_then(|chain| chain.first())
+                    .and_then(|leaf| client_cert::identity(leaf))
+                    .map(Arc::new);
+                Ok(Conn::Tls(Box::new(stream), identity))
+            }
             Err(_) => Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "TLS handshake longer than kvcm.service.header_timeout_ms",
@@ -238,15 +250,18 @@ impl ResolvesServerCert for ReloadingCert {
 pub enum Conn {
     /// No TLS configured.
     Plain(Admitted),
-    /// After the handshake.
-    Tls(Box<tokio_rustls::server::TlsStream<Admitted>>),
+    /// After the handshake, with what the client certificate names (mutual TLS).
+    Tls(
+        Box<tokio_rustls::server::TlsStream<Admitted>>,
+        Option<Arc<CertIdentity>>,
+    ),
 }
 
 impl Conn {
     fn project(self: Pin<&mut Self>) -> Pin<&mut dyn AsyncReadWrite> {
         match self.get_mut() {
             Conn::Plain(io) => Pin::new(io),
-            Conn::Tls(io) => Pin::new(io.as_mut()),
+            Conn::Tls(io, _) => Pin::new(io.as_mut()),
         }
     }
 }
@@ -284,12 +299,16 @@ impl AsyncWrite for Conn {
 }
 
 impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = Peer;
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        match self {
-            Conn::Plain(io) => io.connect_info(),
-            Conn::Tls(io) => io.get_ref().0.connect_info(),
+    fn connect_info(&self) -> Peer {
+        let (io, certificate) = match self {
+            Conn::Plain(io) => (io, None),
+            Conn::Tls(io, identity) => (io.get_ref().0, identity.clone()),
+        };
+        Peer {
+            addr: io.connect_info().remote_addr(),
+            certificate,
         }
     }
 }

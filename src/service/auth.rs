@@ -4,7 +4,10 @@
 //! `kvcm.service.admin_auth_token`) and kvcm's API keys (accounts' keys, see
 //! `kvcm_manager::api_keys`), both presented as `Authorization: Bearer <credential>` (HTTP
 //! header or gRPC metadata). A token acts as root; a key acts with its account's role, on
-//! the instances it names.
+//! the instances it names. With mutual TLS and `kvcm.tls.client_identity = account`, a
+//! request that carries no `Authorization` is authenticated by its connection's client
+//! certificate instead: its Common Name names an account, its `urn:kvcm:instance:<id>` URI
+//! names the instances (a [`CertIdentity`]); a bearer credential, when sent, always decides.
 //!
 //! When a credential is required: on the admin and debug HTTP listeners (`/metrics` and
 //! `/api/healthy` included) while a token is configured or `kvcm.auth.meta = required`; on
@@ -35,7 +38,7 @@ use axum::Router;
 
 use kvcm_manager::{AccountRole, KeyGrant, KeyRefusal, Manager};
 
-use super::http::ClientAddr;
+use super::http::{ClientAddr, ClientCertificate, Peer};
 use super::rpcs::{Access, Service};
 use crate::access_log::{AccessSink, Transport};
 
@@ -54,6 +57,12 @@ pub enum AuthError {
     /// An API key past its expiry.
     #[error("the API key has expired")]
     ExpiredKey,
+    /// A client certificate whose Common Name is no account.
+    #[error("the client certificate's account does not exist")]
+    UnknownAccount,
+    /// A client certificate of a ROLE_USER account that names no instance.
+    #[error("the client certificate names no instance (urn:kvcm:instance:<id>), which a ROLE_USER account needs")]
+    UnscopedCertificate,
 }
 
 impl AuthError {
@@ -62,9 +71,10 @@ impl AuthError {
         match self {
             AuthError::Missing => r#"Bearer realm="kvcm""#,
             AuthError::Malformed => r#"Bearer realm="kvcm", error="invalid_request""#,
-            AuthError::UnknownToken | AuthError::ExpiredKey => {
-                r#"Bearer realm="kvcm", error="invalid_token""#
-            }
+            AuthError::UnknownToken
+            | AuthError::ExpiredKey
+            | AuthError::UnknownAccount
+            | AuthError::UnscopedCertificate => r#"Bearer realm="kvcm", error="invalid_token""#,
         }
     }
 }
@@ -82,6 +92,17 @@ pub struct Authenticator {
     keys: Option<Arc<Manager>>,
     /// `kvcm.auth.meta = required`.
     meta_required: Arc<AtomicBool>,
+    /// `kvcm.tls.client_identity = account`: client certificates name accounts.
+    certificate_accounts: Arc<AtomicBool>,
+}
+
+/// What a verified client certificate names (see `server::client_cert`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertIdentity {
+    /// The subject's Common Name: an account's user name.
+    pub account: String,
+    /// The ids of its `urn:kvcm:instance:<id>` URI subject-alternative names.
+    pub instances: Vec<String>,
 }
 
 /// One immutable set of tokens (swapped whole, so a check never sees half a change).
@@ -127,6 +148,12 @@ impl Authenticator {
             keys: Some(manager),
             ..Authenticator::default()
         }
+    }
+
+    /// Whether a request without a bearer credential is authenticated by the account its
+    /// client certificate names (`kvcm.tls.client_identity = account`).
+    pub fn accept_certificates(&self, accepted: bool) {
+        self.certificate_accounts.store(accepted, Ordering::Release);
     }
 
     /// Sets `kvcm.auth.meta = required` (on) or off.
@@ -192,18 +219,46 @@ impl Authenticator {
         self.current().iter().map(|t| fingerprint(t)).collect()
     }
 
-    /// Checks one `Authorization` value (`None`: absent) of a call of `service`: the caller
-    /// its credential names (`None` where no credential is required, and everything passes).
+    /// Checks one `Authorization` value (`None`: absent) of a call of `service` on a
+    /// connection whose client certificate names `certificate`: the caller its credential
+    /// names (`None` where no credential is required, and everything passes).
     pub fn check(
         &self,
         service: Service,
         authorization: Option<&[u8]>,
+        certificate: Option<&CertIdentity>,
     ) -> Result<Option<Caller>, AuthError> {
         if !self.required(service, &self.current()) {
             return Ok(None);
         }
-        let presented = bearer_token(authorization.ok_or(AuthError::Missing)?)?;
-        self.check_token(service, Some(presented))
+        match (authorization, certificate) {
+            (None, Some(identity)) if self.certificate_accounts.load(Ordering::Acquire) => {
+                self.check_certificate(identity).map(Some)
+            }
+            _ => {
+                let presented = bearer_token(authorization.ok_or(AuthError::Missing)?)?;
+                self.check_token(service, Some(presented))
+            }
+        }
+    }
+
+    /// The caller a client certificate names: its account, checked now (a deleted account
+    /// stops working from the next request).
+    fn check_certificate(&self, identity: &CertIdentity) -> Result<Caller, AuthError> {
+        let keys = self.keys.as_ref().ok_or(AuthError::UnknownAccount)?;
+        let role = keys
+            .account_role(&identity.account)
+            .ok_or(AuthError::UnknownAccount)?;
+        if role == AccountRole::User && identity.instances.is_empty() {
+            return Err(AuthError::UnscopedCertificate);
+        }
+        Ok(Caller {
+            name: format!("cert:{}", identity.account),
+            grant: Grant::Key {
+                role,
+                instances: identity.instances.clone(),
+            },
+        })
     }
 
     /// As [`Authenticator::check`], for a credential presented bare (the RDMA message path's
@@ -235,9 +290,10 @@ impl Authenticator {
         &self,
         instance_id: &str,
         authorization: Option<&[u8]>,
+        certificate: Option<&CertIdentity>,
     ) -> Result<(), String> {
         let caller = self
-            .check(Service::Meta, authorization)
+            .check(Service::Meta, authorization, certificate)
             .map_err(|e| e.to_string())?;
         authorize(caller.as_ref(), Access::Client, Some(instance_id))
     }
@@ -257,8 +313,8 @@ impl Authenticator {
 /// Who a call came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
-    /// Its name in the access and audit logs' `caller`: the fingerprint of a token, or
-    /// `<account>:<key id>` for an API key.
+    /// Its name in the access and audit logs' `caller`: the fingerprint of a token,
+    /// `<account>:<key id>` for an API key, `cert:<account>` for a client certificate.
     pub name: String,
     /// What its credential grants.
     pub grant: Grant,
@@ -269,7 +325,8 @@ pub struct Caller {
 pub enum Grant {
     /// An admin token: everything.
     Token,
-    /// An API key: its account's role, on the instances it names (none named = every one).
+    /// An API key or a client certificate: its account's role, on the instances it names
+    /// (none named = every one).
     Key {
         /// The account's role.
         role: AccountRole,
@@ -402,7 +459,9 @@ async fn require_bearer(
         .headers()
         .get(header::AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    match guard.auth.check(guard.service, authorization) {
+    let certificate = request.extensions().get::<ClientCertificate>();
+    let certificate = certificate.map(|c| c.0.as_ref());
+    match guard.auth.check(guard.service, authorization, certificate) {
         Ok(caller) => {
             // Routes that are no RPC (`/metrics`, `/api/healthy`, capacity curves) read the
             // admin plane: a ROLE_USER key may not, whichever route it asks.
@@ -502,7 +561,11 @@ impl tonic::service::Interceptor for GrpcGate {
             .metadata()
             .get("authorization")
             .map(|v| v.as_bytes());
-        match self.auth.check(self.service, authorization) {
+        let peer = Peer::of(&request);
+        match self
+            .auth
+            .check(self.service, authorization, peer.certificate.as_deref())
+        {
             Ok(caller) => {
                 if let Some(caller) = caller {
                     request.extensions_mut().insert(caller);
@@ -516,7 +579,7 @@ impl tonic::service::Interceptor for GrpcGate {
                     Service::Debug => "DebugService",
                     Service::Admin => "AdminService",
                 };
-                let (client, access) = (request.remote_addr(), &self.access);
+                let (client, access) = (peer.addr, &self.access);
                 access.unauthorized(self.service, name, Transport::Grpc, client, &reason);
                 Err(tonic::Status::unauthenticated(reason))
             }
@@ -541,10 +604,13 @@ mod tests {
             ("bearer other-token", "other-token"),
             ("BEARER \t s3cret", "s3cret"),
         ] {
-            let outcome = auth.check(Service::Admin, Some(good.as_bytes()));
+            let outcome = auth.check(Service::Admin, Some(good.as_bytes()), None);
             assert_eq!(outcome, caller(token.as_bytes()), "{good}");
         }
-        assert_eq!(auth.check(Service::Admin, None), Err(AuthError::Missing));
+        assert_eq!(
+            auth.check(Service::Admin, None, None),
+            Err(AuthError::Missing)
+        );
         for malformed in [
             "Basic s3cret",
             "Bearer",
@@ -552,15 +618,15 @@ mod tests {
             "Bearers3cret",
             "Bearer s3 cret",
         ] {
-            let outcome = auth.check(Service::Admin, Some(malformed.as_bytes()));
+            let outcome = auth.check(Service::Admin, Some(malformed.as_bytes()), None);
             assert_eq!(outcome, Err(AuthError::Malformed), "{malformed:?}");
         }
         for unknown in ["Bearer s3cre", "Bearer s3cret2", "Bearer S3CRET"] {
-            let outcome = auth.check(Service::Admin, Some(unknown.as_bytes()));
+            let outcome = auth.check(Service::Admin, Some(unknown.as_bytes()), None);
             assert_eq!(outcome, Err(AuthError::UnknownToken), "{unknown:?}");
         }
         assert_eq!(
-            Authenticator::new(&[]).check(Service::Admin, None),
+            Authenticator::new(&[]).check(Service::Admin, None, None),
             Ok(None),
             "open mode"
         );
@@ -570,7 +636,7 @@ mod tests {
     fn tokens_are_replaced_rotated_and_fingerprinted() {
         let auth = Authenticator::new(&[]);
         assert_eq!(
-            auth.check(Service::Admin, None),
+            auth.check(Service::Admin, None, None),
             Ok(None),
             "open without tokens"
         );
@@ -596,13 +662,13 @@ mod tests {
         );
         auth.rotate("a", "c").unwrap();
         assert_eq!(
-            auth.check(Service::Admin, Some(b"Bearer a")),
+            auth.check(Service::Admin, Some(b"Bearer a"), None),
             Err(AuthError::UnknownToken)
         );
         let caller = Caller::token(b"c");
         assert_eq!(caller.name, "e60c2c52", "FNV-1a 32 of \"c\"");
         assert_eq!(
-            auth.check(Service::Admin, Some(b"Bearer c")),
+            auth.check(Service::Admin, Some(b"Bearer c"), None),
             Ok(Some(caller))
         );
         auth.rotate("", "c").unwrap();
@@ -613,7 +679,7 @@ mod tests {
         );
         auth.replace(Vec::new());
         assert_eq!(
-            auth.check(Service::Admin, None),
+            auth.check(Service::Admin, None, None),
             Ok(None),
             "an empty set is open mode"
         );

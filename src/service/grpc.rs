@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::auth::{authorize, Caller, Scoped};
 use super::core::served_since;
+use super::http::Peer;
 use super::reply::Reply;
 use super::rpcs::{Mode, Rpc};
 use crate::access_log::{AccessSink, Transport};
@@ -31,12 +32,13 @@ where
 {
     let started = Instant::now();
     let caller = request.extensions().get::<Caller>();
+    let client = Peer::of(&request).addr;
     if let Err(reason) = authorize(caller, rpc.access, request.get_ref().instance_id()) {
         let name = caller.map_or("", |caller| caller.name.as_str());
-        access.forbidden(rpc, Transport::Grpc, request.remote_addr(), name, &reason);
+        access.forbidden(rpc, Transport::Grpc, client, name, &reason);
         return Err(Status::permission_denied(reason));
     }
-    let mut line = access.begin(rpc, Transport::Grpc, request.remote_addr());
+    let mut line = access.begin(rpc, Transport::Grpc, client);
     if let Some(line) = line.as_mut() {
         let caller = request.extensions().get::<Caller>();
         line.set_caller(caller.map(|caller| caller.name.clone()));

@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::admin::AdminHandler;
-use super::auth::{authorize, Caller, Scoped};
+use super::auth::{authorize, Caller, CertIdentity, Scoped};
 use super::core::{served_since, Core};
 use super::debug::DebugHandler;
 use super::meta::MetaHandler;
@@ -47,6 +47,32 @@ pub struct HttpLimits {
 /// The peer of an HTTP connection, set on each of its requests by the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientAddr(pub SocketAddr);
+
+/// What a connection's verified client certificate names (mutual TLS), set on each of its
+/// requests by the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCertificate(pub Arc<CertIdentity>);
+
+/// What a connection shows of its peer: the connect info of every kvcm listener's
+/// connections, which gRPC requests carry in their extensions.
+#[derive(Debug, Clone, Default)]
+pub struct Peer {
+    /// The peer's address, when known.
+    pub addr: Option<SocketAddr>,
+    /// What its client certificate names (mutual TLS only).
+    pub certificate: Option<Arc<CertIdentity>>,
+}
+
+impl Peer {
+    /// The peer of a gRPC request (an empty one where the request has none).
+    pub fn of<T>(request: &tonic::Request<T>) -> Peer {
+        request
+            .extensions()
+            .get::<Peer>()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
 
 /// Serves one request of `rpc`: the answer, and its access-log line.
 async fn json_rpc<Req, Resp>(
