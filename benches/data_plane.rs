@@ -120,6 +120,7 @@ fn engine(grpc: u16, http: u16, instance: String, wire: Wire, checksums: bool) -
         instance_id: instance,
         wire: Some(Wire::Tcp),
         api_key: None,
+        tls: None,
     };
     let config = TransferConfig {
         pool_wire: wire,

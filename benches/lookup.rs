@@ -297,6 +297,7 @@ fn client(grpc: u16, http: u16, wire: Option<Wire>) -> Client {
         instance_id: INSTANCE.into(),
         wire,
         api_key: None,
+        tls: None,
     })
     .unwrap()
 }

@@ -1,6 +1,7 @@
 //! A minimal blocking HTTP/1.1 JSON client for kvcm's own routes (lookup bootstrap, pool
-//! membership): one POST per connection (`Connection: close`), the whole answer read up
-//! to a size limit; only a 200 with a JSON body is an answer. No HTTP client dependency.
+//! membership): one POST per connection (`Connection: close`), over TLS when the server
+//! serves it ([`TlsClient`]), the whole answer read up to a size limit; only a 200 with a
+//! JSON body is an answer. No HTTP client dependency.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -8,6 +9,8 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+
+use crate::tls_client::TlsClient;
 
 /// Largest answer accepted.
 const MAX_ANSWER: u64 = 1 << 20;
@@ -44,17 +47,18 @@ pub fn post_json<A: DeserializeOwned>(
     body: &impl Serialize,
     deadline: Duration,
 ) -> Result<A, PostError> {
-    post_json_with(addr, route, body, deadline, None)
+    post_json_with(addr, route, body, deadline, None, None)
 }
 
 /// As [`post_json`], with `Authorization: Bearer <bearer>` when given (a bearer that could
-/// break the request head is refused as malformed).
+/// break the request head is refused as malformed), over TLS when `tls` is given.
 pub fn post_json_with<A: DeserializeOwned>(
     addr: SocketAddr,
     route: &str,
     body: &impl Serialize,
     deadline: Duration,
     bearer: Option<&str>,
+    tls: Option<&TlsClient>,
 ) -> Result<A, PostError> {
     let io = |what| move |source| PostError::Io { what, source };
     let body = serde_json::to_vec(body).map_err(|e| PostError::Malformed(e.to_string()))?;
@@ -69,7 +73,7 @@ pub fn post_json_with<A: DeserializeOwned>(
         }
         None => String::new(),
     };
-    let mut stream = TcpStream::connect_timeout(&addr, deadline).map_err(io("connect"))?;
+    let stream = TcpStream::connect_timeout(&addr, deadline).map_err(io("connect"))?;
     stream
         .set_read_timeout(Some(deadline))
         .and_then(|()| stream.set_write_timeout(Some(deadline)))
@@ -78,16 +82,31 @@ pub fn post_json_with<A: DeserializeOwned>(
         "POST {route} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
+    let answer = match tls {
+        Some(tls) => exchange(tls.wrap(stream).map_err(io("TLS"))?, &head, &body),
+        None => exchange(stream, &head, &body),
+    }?;
+    parse_response(&answer)
+}
+
+/// Sends `head` and `body` on `stream`, then reads the answer to its end.
+fn exchange(mut stream: impl Read + Write, head: &str, body: &[u8]) -> Result<Vec<u8>, PostError> {
+    let io = |what| move |source| PostError::Io { what, source };
     stream
         .write_all(head.as_bytes())
-        .and_then(|()| stream.write_all(&body))
+        .and_then(|()| stream.write_all(body))
+        .and_then(|()| stream.flush())
         .map_err(io("send"))?;
     let mut answer = Vec::new();
-    stream
-        .take(MAX_ANSWER)
-        .read_to_end(&mut answer)
-        .map_err(io("read"))?;
-    parse_response(&answer)
+    match stream.take(MAX_ANSWER).read_to_end(&mut answer) {
+        Ok(_) => Ok(answer),
+        // A TLS peer that closes without close_notify after its whole answer: the answer is
+        // still checked (a cut one fails to parse).
+        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {
+            Ok(answer)
+        }
+        Err(error) => Err(io("read")(error)),
+    }
 }
 
 /// The JSON body of a raw HTTP response with status 200 (anything else refused).

@@ -19,5 +19,6 @@ pub mod pool;
 pub mod proto;
 pub mod server;
 pub mod service;
+pub mod tls_client;
 
 pub use kvcm_manager as manager;

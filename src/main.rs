@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kvcm::config::ServerConfig;
 use kvcm::service::{Handlers, LogLevelSetter, LogSinks};
+use kvcm::tls_client::TlsClient;
 
 mod bench;
 
@@ -53,6 +54,19 @@ struct PoolArgs {
     /// Write `{"listen":"ip:port"}` here once listening.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Speak TLS to the servers, trusting the CA of this PEM file (servers with
+    /// `kvcm.tls.cert_file`).
+    #[arg(long, value_name = "PEM")]
+    tls_ca: Option<PathBuf>,
+    /// The name the servers' certificates carry (default: `localhost`).
+    #[arg(long, requires = "tls_ca", default_value = "localhost")]
+    tls_server_name: String,
+    /// Present this client certificate (servers with `kvcm.tls.client_ca_file`).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// The client certificate's private key.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -151,12 +165,22 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 fn pool(args: PoolArgs) -> anyhow::Result<()> {
     init_logging();
+    let tls = match &args.tls_ca {
+        Some(ca) => {
+            let identity = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
+            let tls = TlsClient::from_files(ca, identity, &args.tls_server_name)
+                .context("--tls-ca / --tls-cert / --tls-key / --tls-server-name")?;
+            Some(tls)
+        }
+        None => None,
+    };
     let node = kvcm::pool::PoolNode::start(
         args.size,
         args.listen,
         args.servers,
         args.storage,
         args.node_id,
+        tls,
     )?;
     tracing::info!(
         "pool node: {} bytes, queue pairs on {}",

@@ -81,6 +81,7 @@ fn engine(server: &TestServer, instance: &str, config: TransferConfig) -> Transf
         instance_id: instance.into(),
         wire: Some(Wire::Tcp),
         api_key: None,
+        tls: None,
     };
     TransferEngine::connect(client, config).expect("engine")
 }

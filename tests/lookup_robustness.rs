@@ -42,6 +42,7 @@ fn grpc_client(server: &TestServer) -> Client {
         instance_id: INSTANCE.into(),
         wire: None,
         api_key: None,
+        tls: None,
     })
     .expect("client")
 }
@@ -629,6 +630,7 @@ fn the_client_fails_over_past_an_unreachable_server() {
             instance_id: INSTANCE.into(),
             wire,
             api_key: None,
+            tls: None,
         })
         .expect("client")
     };

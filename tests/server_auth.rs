@@ -491,6 +491,7 @@ fn rust_client(server: (SocketAddr, SocketAddr), api_key: Option<String>) -> Cli
         instance_id: MINE.into(),
         wire: Some(Wire::Tcp),
         api_key,
+        tls: None,
     })
     .expect("client")
 }

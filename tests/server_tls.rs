@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::{wait_until, TestServer};
 use kvcm::proto::meta;
 use kvcm::proto::meta::meta_service_client::MetaServiceClient;
+use kvcm_client::{Client, ClientConfig, ServerAddress, TlsClient, Wire};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls;
@@ -426,7 +427,6 @@ fn json_code(body: &str) -> String {
 
 #[tokio::test]
 async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_names() {
-    const ROOT: &str = "root-token";
     let (clients, server_ca) = (Authority::new("client CA"), Authority::new("server CA"));
     let files = Files::new(&server_ca.sign(&["localhost"]), &clients);
     let mut settings = files.settings(true);
@@ -575,5 +575,248 @@ async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_n
         after.map(|(status, _)| status),
         Ok(401),
         "a deleted account"
+    );
+}
+
+/// A server with mutual TLS whose client certificates name accounts, meta auth required,
+/// the admin token [`ROOT`], the ROLE_USER account `eng` and its instance `mine`: the
+/// server, its CA's PEM, the client CA and the engine's certificate (scoped to `mine`).
+const ROOT: &str = "root-token";
+
+struct Secured {
+    server: TestServer,
+    _files: Files,
+    server_ca: String,
+    clients: Authority,
+    engine: Pem,
+}
+
+impl Secured {
+    async fn start() -> Secured {
+        let (clients, server_ca) = (Authority::new("client CA"), Authority::new("server CA"));
+        let files = Files::new(&server_ca.sign(&["localhost"]), &clients);
+        let mut settings = files.settings(true);
+        settings.extend([
+            "kvcm.tls.client_identity=account".to_string(),
+            "kvcm.auth.meta=required".to_string(),
+            format!("kvcm.service.admin_auth_token={ROOT}"),
+        ]);
+        let server = start(&settings).await;
+        let secured = Secured {
+            server,
+            _files: files,
+            server_ca: server_ca.pem(),
+            engine: clients.sign_client("eng", &["mine"]),
+            clients,
+        };
+        let body = r#"{"user_name":"eng","password":"pw","role":"ROLE_USER"}"#;
+        let added = secured
+            .as_root()
+            .send(
+                secured.server.address("admin_http"),
+                "POST",
+                "/api/addAccount",
+                body,
+            )
+            .await;
+        assert_eq!(
+            added.map(|(s, b)| (s, json_code(&b))),
+            Ok((200, "OK".into()))
+        );
+        let registration = common::registration("mine", 4).to_string();
+        let http = secured.server.address("http");
+        let registered = secured
+            .as_engine()
+            .send(http, "POST", "/api/registerInstance", &registration)
+            .await;
+        assert_eq!(
+            registered.map(|(s, b)| (s, json_code(&b))),
+            Ok((200, "OK".into()))
+        );
+        secured
+    }
+
+    fn as_root(&self) -> Https<'_> {
+        Https {
+            ca: &self.server_ca,
+            identity: Some(&self.engine),
+            bearer: Some(ROOT),
+        }
+    }
+
+    fn as_engine(&self) -> Https<'_> {
+        Https {
+            ca: &self.server_ca,
+            identity: Some(&self.engine),
+            bearer: None,
+        }
+    }
+
+    /// The Rust client's view of the server, over TLS (`tls`) or not.
+    fn client_config(&self, tls: Option<TlsClient>) -> ClientConfig {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        ClientConfig {
+            servers: vec![ServerAddress {
+                grpc: format!("{scheme}://{}", self.server.address("grpc")),
+                http: self.server.address("http"),
+            }],
+            instance_id: "mine".into(),
+            wire: Some(Wire::Tcp),
+            api_key: None,
+            tls,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rust_client_speaks_tls_and_its_certificate_is_its_credential() {
+    let secured = Secured::start().await;
+    let tls = TlsClient::from_pem(
+        &secured.server_ca,
+        Some((&secured.engine.cert, &secured.engine.key)),
+        "localhost",
+    )
+    .expect("TLS client");
+    let config = secured.client_config(Some(tls.clone()));
+    let plain = secured.client_config(None);
+    let mut mismatched = secured.client_config(Some(tls));
+    mismatched.servers[0].grpc = format!("http://{}", secured.server.address("grpc"));
+    tokio::task::spawn_blocking(move || {
+        let client = Client::connect(config).expect("client");
+        assert!(
+            client.fast_path_up(),
+            "the bootstrap admitted the certificate over TLS"
+        );
+        let start = client
+            .start_write(meta::StartWriteCacheRequest {
+                block_keys: vec![11, 12],
+                write_timeout_seconds: 30,
+                ..Default::default()
+            })
+            .expect("StartWriteCache");
+        client
+            .finish_write(meta::FinishWriteCacheRequest {
+                write_session_id: start.write_session_id,
+                success_blocks: Some(meta::BlockMask {
+                    info: Some(meta::block_mask::Info::Offset(2)),
+                }),
+                ..Default::default()
+            })
+            .expect("FinishWriteCache");
+        let hits = client.prefix_match(&[11, 12, 13]).expect("lookup");
+        assert_eq!(
+            hits.len(),
+            2,
+            "both committed blocks are found on the fast path"
+        );
+        // The queue pair carries no certificate: its write messages are refused unapplied
+        // and the writes went over gRPC, which the certificate authenticates.
+        assert_eq!(client.metrics().writes_by_message, 0);
+
+        // Plaintext towards a TLS server reaches nothing; a gRPC address whose scheme
+        // contradicts the TLS setting is refused before anything is sent.
+        let plain = Client::connect(plain).expect("client");
+        assert!(!plain.fast_path_up());
+        let refused = plain.prefix_match(&[11]).unwrap_err();
+        assert!(
+            matches!(refused, kvcm_client::ClientError::Unreachable(_)),
+            "{refused:?}"
+        );
+        let refused = Client::connect(mismatched).unwrap_err();
+        assert!(refused.to_string().contains("https://"), "{refused}");
+    })
+    .await
+    .expect("client thread");
+}
+
+#[tokio::test]
+async fn a_pool_node_joins_a_tls_server_with_its_certificate() {
+    let secured = Secured::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let node = secured.clients.sign_client("pool-node", &[]);
+    let (ca, cert, key) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("node.pem"),
+        dir.path().join("node.key"),
+    );
+    replace(&ca, &secured.server_ca);
+    replace(&cert, &node.cert);
+    replace(&key, &node.key);
+    let storage = r#"{"storage":{"global_unique_name":"pool_a","tair_mem_pool":{"domain":"test","timeout":100}}}"#;
+    let admin = secured.server.address("admin_http");
+    let added = secured
+        .as_root()
+        .send(admin, "POST", "/api/addStorage", storage)
+        .await;
+    assert_eq!(
+        added.map(|(s, b)| (s, json_code(&b))),
+        Ok((200, "OK".into()))
+    );
+    let pool = |extra: &[&std::ffi::OsStr]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvcm"))
+            .args([
+                "pool",
+                "--size",
+                "1M",
+                "--listen",
+                "127.0.0.1:0",
+                "--node-id",
+                "n1",
+            ])
+            .args(["--storage", "pool_a"])
+            .arg("--server")
+            .arg(secured.server.address("http").to_string())
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn kvcm pool")
+    };
+    let mut child = pool(&[
+        "--tls-ca".as_ref(),
+        ca.as_os_str(),
+        "--tls-cert".as_ref(),
+        cert.as_os_str(),
+        "--tls-key".as_ref(),
+        key.as_os_str(),
+    ]);
+    let http = secured.server.address("http");
+    let route = kvcm::pool::NODES_ROUTE;
+    let body = r#"{"storage":"pool_a"}"#;
+    let joined = wait_until(Duration::from_secs(20), async || {
+        let (status, answer) = secured
+            .as_engine()
+            .send(http, "POST", route, body)
+            .await
+            .ok()?;
+        let answer: serde_json::Value = serde_json::from_str(&answer).ok()?;
+        let live = answer["nodes"]
+            .as_array()?
+            .iter()
+            .any(|n| n["node_id"] == "n1" && n["live"] == true);
+        (status == 200 && live).then_some(())
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(joined.is_some(), "the node joined over mutual TLS");
+
+    // A key file that does not exist: the start fails naming the flags.
+    let missing = dir.path().join("missing.key");
+    let output = pool(&[
+        "--tls-ca".as_ref(),
+        ca.as_os_str(),
+        "--tls-cert".as_ref(),
+        cert.as_os_str(),
+        "--tls-key".as_ref(),
+        missing.as_os_str(),
+    ])
+    .wait_with_output()
+    .expect("kvcm pool");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--tls-key") && stderr.contains("missing.key"),
+        "{stderr}"
     );
 }

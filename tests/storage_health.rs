@@ -89,6 +89,7 @@ async fn fast_client(server: &TestServer) -> Arc<Client> {
         instance_id: "inst".into(),
         wire: Some(Wire::Shm),
         api_key: None,
+        tls: None,
     };
     let client = tokio::task::spawn_blocking(move || Client::connect(config).expect("client"))
         .await

@@ -134,6 +134,7 @@ pub unsafe extern "C" fn kvcm_client_connect_with_key(
                 instance_id: args::text(instance_id, "instance_id")?.to_string(),
                 wire: wire(wire_kind)?,
                 api_key,
+                tls: None,
             };
             let client = Box::new(Client::connect(config)?);
             args::store(client_out, "client_out", Box::into_raw(client))

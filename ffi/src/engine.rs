@@ -106,6 +106,7 @@ pub unsafe extern "C" fn kvcm_engine_connect(
                 instance_id: args::text(instance_id, "instance_id")?.to_string(),
                 wire: lookup_wire,
                 api_key: None,
+                tls: None,
             };
             let config = TransferConfig {
                 pool_wire: lookup_wire.unwrap_or(Wire::Tcp),

@@ -334,6 +334,12 @@ impl ServerConfig {
             let key = reason.split_whitespace().next().unwrap_or("kvcm.pool");
             return Err(invalid(key, &reason));
         }
+        if self.pool.embedded_size > 0 && self.security.tls.cert_file.is_some() {
+            return Err(invalid(
+                "kvcm.pool.size",
+                "the embedded pool node joins over meta HTTP, which kvcm.tls.cert_file puts behind TLS it has no client settings for; run `kvcm pool --tls-ca` beside the server instead",
+            ));
+        }
         self.event_log.validate(log_files::EVENT_LOG_PREFIX)?;
         self.access_log.validate()?;
         self.audit_log.validate(log_files::AUDIT_LOG_PREFIX)?;

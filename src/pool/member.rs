@@ -14,7 +14,8 @@ use std::time::Duration;
 use super::region::PoolRegion;
 use super::routes::{HeartbeatRequest, JoinAnswer, JoinRequest, HEARTBEAT_ROUTE, JOIN_ROUTE};
 use super::PoolError;
-use crate::http_json::{post_json, PostError};
+use crate::http_json::{post_json_with, PostError};
+use crate::tls_client::TlsClient;
 
 /// Deadline of one membership request.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
@@ -34,6 +35,8 @@ pub struct MemberConfig {
     pub endpoint: String,
     /// Bytes of the region.
     pub capacity: u64,
+    /// TLS towards the servers (when they serve it).
+    pub tls: Option<TlsClient>,
 }
 
 /// Whether to stop.
@@ -111,11 +114,13 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
             if pause(shared, interval, None) {
                 return;
             }
-            match post_json::<serde_json::Value>(
+            match post_json_with::<serde_json::Value>(
                 config.servers[server],
                 HEARTBEAT_ROUTE,
                 &beat,
                 REQUEST_DEADLINE,
+                None,
+                config.tls.as_ref(),
             ) {
                 Ok(_) => {}
                 Err(PostError::Status { status: 404, .. }) => break, // forgotten: join again
@@ -137,7 +142,8 @@ fn join(config: &MemberConfig, server: &mut usize) -> Result<JoinAnswer, String>
         capacity: config.capacity,
     };
     let address = config.servers[*server];
-    post_json(address, JOIN_ROUTE, &request, REQUEST_DEADLINE).map_err(|error| {
+    let tls = config.tls.as_ref();
+    post_json_with(address, JOIN_ROUTE, &request, REQUEST_DEADLINE, None, tls).map_err(|error| {
         *server = (*server + 1) % config.servers.len();
         format!("join at {address}: {error}")
     })

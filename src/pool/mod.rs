@@ -22,6 +22,8 @@ pub mod routes;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::tls_client::TlsClient;
+
 pub use listener::{RegionInfo, HELLO as POOL_HELLO};
 pub use member::{Member, MemberConfig};
 pub use region::PoolRegion;
@@ -133,13 +135,15 @@ pub struct PoolNode {
 
 impl PoolNode {
     /// Allocates and registers `size` bytes, starts the listener on `listen` and joins
-    /// pool storage `storage` on one of `servers` (meta HTTP addresses).
+    /// pool storage `storage` on one of `servers` (meta HTTP addresses; over `tls` when
+    /// given).
     pub fn start(
         size: u64,
         listen: SocketAddr,
         servers: Vec<SocketAddr>,
         storage: String,
         node_id: Option<String>,
+        tls: Option<TlsClient>,
     ) -> Result<PoolNode, PoolError> {
         let region = std::sync::Arc::new(PoolRegion::open(size, listen.ip())?);
         let listen_addr = listener::listen(listen, region.clone())?;
@@ -150,6 +154,7 @@ impl PoolNode {
                 node_id: node_id.unwrap_or_else(|| listen_addr.to_string()),
                 endpoint: listen_addr.to_string(),
                 capacity: size,
+                tls,
             },
             region.clone(),
         )?;

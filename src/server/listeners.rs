@@ -164,6 +164,7 @@ fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNo
         vec![meta],
         super::DEFAULT_POOL.to_string(),
         None,
+        None,
     )
     .map_err(|e| ServerError::Pool(e.to_string()))?;
     tracing::info!(

@@ -62,6 +62,7 @@ pub fn client(server: &TestServer, wire: Wire) -> Client {
         instance_id: INSTANCE.into(),
         wire: Some(wire),
         api_key: None,
+        tls: None,
     })
     .expect("client");
     assert!(client.fast_path_up(), "the fast path connected on {wire:?}");

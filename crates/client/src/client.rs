@@ -14,6 +14,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use kvcm::proto::meta;
+use kvcm::tls_client::TlsClient;
 use kvcm_transport::soft::Wire;
 
 use kvcm::lookup::messages::{Reply, Request};
@@ -34,7 +35,7 @@ pub const REPORT_AFTER: Duration = Duration::from_millis(100);
 /// One kvcm server: its gRPC endpoint and its meta HTTP address (for the bootstrap).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerAddress {
-    /// `http://host:port` of the gRPC MetaService.
+    /// `http://host:port` of the gRPC MetaService (`https://` with [`ClientConfig::tls`]).
     pub grpc: String,
     /// The meta HTTP listener.
     pub http: SocketAddr,
@@ -53,6 +54,10 @@ pub struct ClientConfig {
     /// The API key calls carry (`kvcm.auth.meta = required`): gRPC metadata and the lookup
     /// bootstrap's `Authorization`. `None`: calls carry none.
     pub api_key: Option<String>,
+    /// TLS towards the servers (`kvcm.tls.*` on the server): gRPC, the lookup bootstrap
+    /// and the pool directory. `None`: plaintext. The fast path's queue pairs are not
+    /// TLS (docs/security.md).
+    pub tls: Option<TlsClient>,
 }
 
 /// A connected client (one fast-path queue pair; calls are serialised on it, so give each
@@ -97,9 +102,26 @@ impl Client {
             return Err(ClientError::InvalidArgument("instance_id is empty".into()));
         }
         let bearer = Bearer::new(config.api_key.as_deref())?;
+        let scheme = if config.tls.is_some() {
+            "https://"
+        } else {
+            "http://"
+        };
+        if let Some(server) = config.servers.iter().find(|s| !s.grpc.starts_with(scheme)) {
+            return Err(ClientError::InvalidArgument(format!(
+                "grpc address {:?} must start with {scheme} (tls is {})",
+                server.grpc,
+                if config.tls.is_some() {
+                    "set"
+                } else {
+                    "not set"
+                }
+            )));
+        }
         let grpc = Grpc::new(
             config.servers.iter().map(|s| s.grpc.clone()).collect(),
             bearer,
+            config.tls.as_ref().map(TlsClient::grpc),
         )?;
         let client = Client {
             fast: Mutex::new(FastState::Off),
@@ -178,7 +200,8 @@ impl Client {
         };
         for server in &self.config.servers {
             let (instance, key) = (&self.config.instance_id, self.config.api_key.as_deref());
-            let connected = crate::bootstrap::fetch(server.http, instance, key)
+            let tls = self.config.tls.as_ref();
+            let connected = crate::bootstrap::fetch(server.http, instance, key, tls)
                 .and_then(|answer| FastPath::connect(answer, wire))
                 .and_then(|fast| authenticated(fast, key));
             match connected {

@@ -6,7 +6,7 @@ use kvcm::proto::meta;
 use kvcm::proto::meta::meta_service_client::MetaServiceClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::error::ClientError;
 
@@ -56,6 +56,7 @@ pub(crate) struct Grpc {
     runtime: tokio::runtime::Runtime,
     endpoints: Vec<String>,
     bearer: Bearer,
+    tls: Option<ClientTlsConfig>,
     channels: Vec<Option<MetaClient>>,
     /// The server that answered last (tried first).
     current: usize,
@@ -92,8 +93,13 @@ fn refused_access(status: &tonic::Status) -> bool {
 }
 
 impl Grpc {
-    /// Clients of `endpoints` (`http://host:port`), calling with `bearer`.
-    pub(crate) fn new(endpoints: Vec<String>, bearer: Bearer) -> Result<Grpc, ClientError> {
+    /// Clients of `endpoints` (`http://host:port`, or `https://` with `tls`), calling with
+    /// `bearer`.
+    pub(crate) fn new(
+        endpoints: Vec<String>,
+        bearer: Bearer,
+        tls: Option<ClientTlsConfig>,
+    ) -> Result<Grpc, ClientError> {
         if endpoints.is_empty() {
             return Err(ClientError::InvalidArgument("no server address".into()));
         }
@@ -106,6 +112,7 @@ impl Grpc {
             channels: endpoints.iter().map(|_| None).collect(),
             endpoints,
             bearer,
+            tls,
             current: 0,
         })
     }
@@ -161,8 +168,13 @@ impl Grpc {
         if let Some(client) = &self.channels[index] {
             return Ok(client.clone());
         }
-        let endpoint =
+        let mut endpoint =
             Channel::from_shared(self.endpoints[index].clone()).map_err(|e| e.to_string())?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| e.to_string())?;
+        }
         let channel = self
             .runtime
             .block_on(endpoint.connect())

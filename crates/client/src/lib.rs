@@ -17,6 +17,7 @@
 //!     instance_id: "instance1".into(),
 //!     wire: Some(Wire::Tcp),
 //!     api_key: None,
+//!     tls: None,
 //! })?;
 //! let hits = client.prefix_match(&[1, 2, 3])?;
 //! println!("{} of 3 blocks cached", hits.len());
@@ -48,6 +49,7 @@ pub use data::{
     TransferPath,
 };
 pub use error::ClientError;
+pub use kvcm::tls_client::TlsClient;
 pub use kvcm_data::{DirectMode, FileIoConfig, IoBackend, IoPath};
 pub use kvcm_transport::soft::Wire;
 pub use metrics::FastPathMetrics;

@@ -152,6 +152,7 @@ impl Harness {
             instance_id: instance.into(),
             wire,
             api_key: self.api_key.clone(),
+            tls: None,
         })
         .expect("client connects")
     }

@@ -253,6 +253,7 @@ impl Server {
             instance_id: instance.into(),
             wire: Some(Wire::Tcp),
             api_key: None,
+            tls: None,
         };
         let config = TransferConfig {
             pool_wire: wire,

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvcm::pool::{NodesAnswer, NodesRequest, NODES_ROUTE};
+use kvcm::tls_client::TlsClient;
 
 /// Deadline of one directory request.
 const DEADLINE: Duration = Duration::from_secs(2);
@@ -24,14 +25,16 @@ pub(crate) struct NodePlace {
 #[derive(Debug, Default)]
 pub(crate) struct Directory {
     servers: Vec<SocketAddr>,
+    tls: Option<TlsClient>,
     nodes: HashMap<(String, String), NodePlace>,
 }
 
 impl Directory {
-    /// A directory asking these meta HTTP servers (in order).
-    pub(crate) fn new(servers: Vec<SocketAddr>) -> Self {
+    /// A directory asking these meta HTTP servers (in order; over `tls` when given).
+    pub(crate) fn new(servers: Vec<SocketAddr>, tls: Option<TlsClient>) -> Self {
         Directory {
             servers,
+            tls,
             nodes: HashMap::new(),
         }
     }
@@ -63,11 +66,13 @@ impl Directory {
         };
         let mut last = String::from("no server");
         for server in &self.servers {
-            match kvcm::http_json::post_json::<NodesAnswer>(
+            match kvcm::http_json::post_json_with::<NodesAnswer>(
                 *server,
                 NODES_ROUTE,
                 &request,
                 DEADLINE,
+                None,
+                self.tls.as_ref(),
             ) {
                 Ok(answer) => {
                     self.nodes.retain(|(s, _), _| s != storage);

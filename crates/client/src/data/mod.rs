@@ -283,10 +283,11 @@ impl TransferEngine {
     /// on first use).
     pub fn connect(client: ClientConfig, config: TransferConfig) -> Result<Self, ClientError> {
         let servers = client.servers.iter().map(|s| s.http).collect();
+        let directory = Directory::new(servers, client.tls.clone());
         Ok(TransferEngine {
             client: Client::connect(client)?,
             files: FileIo::new(config.file_io.clone()),
-            directory: Directory::new(servers),
+            directory,
             links: HashMap::new(),
             config,
         })
