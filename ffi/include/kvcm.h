@@ -122,6 +122,23 @@ typedef struct kvcm_fast_path_metrics {
     uint64_t reconnects;         /* fast-path connections made after the first */
 } kvcm_fast_path_metrics;
 
+/*
+ * TLS towards servers that serve it (kvcm.tls.* on the server; docs/security.md), for
+ * kvcm_client_connect_tls. Each field is a NUL-terminated path of a PEM file, read while
+ * connecting (the struct and its strings need not outlive the call).
+ * ca_file: the CA the servers' certificates chain to (required).
+ * cert_file, key_file: the client's certificate and private key for mutual TLS (servers with
+ * kvcm.tls.client_ca_file); both or neither (NULL).
+ * server_name: the name the servers' certificates must carry (NULL: "localhost").
+ * gRPC and the fast path's bootstrap speak TLS; the fast path's queue pairs do not.
+ */
+typedef struct kvcm_tls {
+    const char *ca_file;
+    const char *cert_file;
+    const char *key_file;
+    const char *server_name;
+} kvcm_tls;
+
 /* Version of this ABI (1). */
 uint32_t kvcm_abi_version(void);
 
@@ -147,6 +164,21 @@ int32_t kvcm_client_connect(const char *grpc, const char *http, const char *inst
 int32_t kvcm_client_connect_with_key(const char *grpc, const char *http, const char *instance_id,
                                      int32_t wire, const char *api_key, kvcm_client **client_out,
                                      char **error_message);
+
+/*
+ * As kvcm_client_connect_with_key, over TLS when `tls` is not NULL (NULL: plaintext, exactly
+ * kvcm_client_connect_with_key). With TLS a "host:port" gRPC endpoint means
+ * "https://host:port"; an "http://" one is refused (KVCM_E_INVALID_ARGUMENT), as is
+ * "https://" without TLS. The PEM files are read and checked here: a NULL ca_file is
+ * KVCM_E_NULL_ARGUMENT, a cert_file without key_file (or the other way round), an unreadable
+ * file, a file without a usable PEM or a bad server_name is KVCM_E_INVALID_ARGUMENT, the
+ * message naming the field ("tls.ca_file", "tls.cert_file", ...). A server that refuses the
+ * handshake (no client certificate, one of another CA) makes the calls fail like an
+ * unreachable one (KVCM_E_UNREACHABLE), as does a plaintext client of a TLS server.
+ */
+int32_t kvcm_client_connect_tls(const char *grpc, const char *http, const char *instance_id,
+                                int32_t wire, const char *api_key, const kvcm_tls *tls,
+                                kvcm_client **client_out, char **error_message);
 
 /* Frees a client (NULL: no-op). No call on it may be in flight. */
 void kvcm_client_free(kvcm_client *client);

@@ -18,6 +18,21 @@ pub unsafe fn text<'a>(text: *const c_char, name: &'static str) -> Result<&'a st
     bytes.to_str().map_err(|_| FfiError::InvalidUtf8(name))
 }
 
+/// The UTF-8 text of the optional string argument `name`: `None` when `text` is NULL.
+///
+/// # Safety
+/// `text` is NULL or a NUL-terminated string that stays valid for `'a`.
+pub unsafe fn optional_text<'a>(
+    text: *const c_char,
+    name: &'static str,
+) -> Result<Option<&'a str>, FfiError> {
+    if text.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL, and the caller promises a NUL-terminated string living for 'a.
+    unsafe { self::text(text, name) }.map(Some)
+}
+
 /// The `count` keys at `keys` (NULL is allowed when `count` is 0).
 ///
 /// # Safety
@@ -156,6 +171,12 @@ mod tests {
                 Err(FfiError::InvalidUtf8("b"))
             ));
             assert_eq!(text(c"ok".as_ptr(), "c").unwrap(), "ok");
+            assert_eq!(optional_text(std::ptr::null(), "d").unwrap(), None);
+            assert!(matches!(
+                optional_text(c"\xff".as_ptr(), "e"),
+                Err(FfiError::InvalidUtf8("e"))
+            ));
+            assert_eq!(optional_text(c"ok".as_ptr(), "f").unwrap(), Some("ok"));
         }
     }
 

@@ -1,12 +1,15 @@
-//! `kvcm_client`: connect, the three lookups, fast-path metrics, free.
+//! `kvcm_client`: connect (plaintext or TLS), the three lookups, fast-path metrics, free.
 //!
-//! Invariants: a `kvcm_client*` is a `Box<Client>` from [`kvcm_client_connect`], freed once
-//! by [`kvcm_client_free`]; it is `Send + Sync`, so C may share it across threads (calls
-//! serialise inside the client). Each lookup hands out a new, independent result.
+//! Invariants: a `kvcm_client*` is a `Box<Client>` from [`kvcm_client_connect_tls`] (which
+//! the other connects call), freed once by [`kvcm_client_free`]; it is `Send + Sync`, so C
+//! may share it across threads (calls serialise inside the client). Each lookup hands out a
+//! new, independent result.
 
 use std::ffi::c_char;
+use std::path::Path;
 
-use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
+use kvcm::tls_client::TlsClientError;
+use kvcm_client::{Client, ClientConfig, ServerAddress, TlsClient, Wire};
 
 use crate::args;
 use crate::error::{guard, shielded, FfiError, KVCM_E_NULL_ARGUMENT, KVCM_E_PANIC};
@@ -47,8 +50,9 @@ pub(crate) fn wire(code: i32) -> Result<Option<Wire>, FfiError> {
     }
 }
 
-/// The servers of comma-separated gRPC endpoints and HTTP addresses, paired in order.
-pub(crate) fn servers(grpc: &str, http: &str) -> Result<Vec<ServerAddress>, FfiError> {
+/// The servers of comma-separated gRPC endpoints and HTTP addresses, paired in order;
+/// a `host:port` endpoint gets the scheme of the connection (`https://` when `tls`).
+pub(crate) fn servers(grpc: &str, http: &str, tls: bool) -> Result<Vec<ServerAddress>, FfiError> {
     let grpc: Vec<&str> = grpc.split(',').map(str::trim).collect();
     let http: Vec<&str> = http.split(',').map(str::trim).collect();
     if grpc.len() != http.len() {
@@ -58,24 +62,132 @@ pub(crate) fn servers(grpc: &str, http: &str) -> Result<Vec<ServerAddress>, FfiE
             http.len()
         )));
     }
-    grpc.iter().zip(&http).map(|(g, h)| server(g, h)).collect()
+    grpc.iter()
+        .zip(&http)
+        .map(|(g, h)| server(g, h, tls))
+        .collect()
 }
 
-fn server(grpc: &str, http: &str) -> Result<ServerAddress, FfiError> {
+/// One server; an explicit scheme is kept as written (the client library refuses one that
+/// contradicts the TLS setting).
+fn server(grpc: &str, http: &str, tls: bool) -> Result<ServerAddress, FfiError> {
     let http = http.parse().map_err(|_| {
         FfiError::InvalidArgument(format!("HTTP address {http:?} is not host-ip:port"))
     })?;
     let grpc = match grpc {
         "" => return Err(FfiError::InvalidArgument("gRPC endpoint is empty".into())),
-        g if g.starts_with("http://") => g.to_string(),
+        g if g.starts_with("http://") || g.starts_with("https://") => g.to_string(),
         g if g.contains("://") => {
             return Err(FfiError::InvalidArgument(format!(
-                "gRPC endpoint {g:?}: only http:// is supported"
+                "gRPC endpoint {g:?}: only http:// and https:// are supported"
             )))
         }
+        g if tls => format!("https://{g}"),
         g => format!("http://{g}"),
     };
     Ok(ServerAddress { grpc, http })
+}
+
+/// TLS towards the servers (`kvcm_tls`): PEM file paths and the name the servers'
+/// certificates must carry.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KvcmTls {
+    /// The CA the servers' certificates chain to (required).
+    pub ca_file: *const c_char,
+    /// The client certificate for mutual TLS (NULL: none; set with `key_file` or not at all).
+    pub cert_file: *const c_char,
+    /// Its private key (NULL exactly when `cert_file` is).
+    pub key_file: *const c_char,
+    /// The name the servers' certificates carry (NULL: `localhost`).
+    pub server_name: *const c_char,
+}
+
+/// The server name of a `kvcm_tls` whose `server_name` is NULL.
+const DEFAULT_SERVER_NAME: &str = "localhost";
+
+/// The field of `kvcm_tls` a TLS setup error is about.
+fn tls_field(error: &TlsClientError) -> &'static str {
+    let what = match error {
+        TlsClientError::File { what, .. } | TlsClientError::Pem { what, .. } => *what,
+        TlsClientError::ServerName(_) => return "tls.server_name",
+        TlsClientError::Config(_) => return "tls",
+    };
+    match what {
+        "CA" => "tls.ca_file",
+        "certificate" => "tls.cert_file",
+        "key" => "tls.key_file",
+        _ => "tls",
+    }
+}
+
+/// The TLS client of a `kvcm_tls` (NULL: plaintext), its files read and checked.
+///
+/// # Safety
+/// `tls` is NULL or points to a readable `kvcm_tls` whose strings are NULL or
+/// NUL-terminated.
+unsafe fn tls_client(tls: *const KvcmTls) -> Result<Option<TlsClient>, FfiError> {
+    // SAFETY: the caller promises NULL or a readable kvcm_tls.
+    let Some(tls) = (unsafe { tls.as_ref() }) else {
+        return Ok(None);
+    };
+    // SAFETY: the caller promises each field is NULL or NUL-terminated.
+    let (ca, cert, key, server_name) = unsafe {
+        (
+            args::text(tls.ca_file, "tls.ca_file")?,
+            args::optional_text(tls.cert_file, "tls.cert_file")?,
+            args::optional_text(tls.key_file, "tls.key_file")?,
+            args::optional_text(tls.server_name, "tls.server_name")?,
+        )
+    };
+    let identity = match (cert, key) {
+        (Some(cert), Some(key)) => Some((Path::new(cert), Path::new(key))),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(FfiError::InvalidArgument(
+                "tls.key_file is NULL but tls.cert_file is set (mutual TLS needs both)".into(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(FfiError::InvalidArgument(
+                "tls.cert_file is NULL but tls.key_file is set (mutual TLS needs both)".into(),
+            ))
+        }
+    };
+    let server_name = server_name.unwrap_or(DEFAULT_SERVER_NAME);
+    TlsClient::from_files(Path::new(ca), identity, server_name)
+        .map(Some)
+        .map_err(|e| FfiError::InvalidArgument(format!("{}: {e}", tls_field(&e))))
+}
+
+/// The client configuration of a connect's arguments (NULL `api_key`: none; NULL `tls`:
+/// plaintext), shared by the client and engine connects.
+///
+/// # Safety
+/// The strings are NULL or NUL-terminated; `tls` is NULL or a readable `kvcm_tls`.
+pub(crate) unsafe fn client_config(
+    grpc: *const c_char,
+    http: *const c_char,
+    instance_id: *const c_char,
+    wire_kind: i32,
+    api_key: *const c_char,
+    tls: *const KvcmTls,
+) -> Result<ClientConfig, FfiError> {
+    // SAFETY: the caller's promises about every pointer are passed on unchanged.
+    unsafe {
+        let (grpc, http) = (args::text(grpc, "grpc")?, args::text(http, "http")?);
+        let instance_id = args::text(instance_id, "instance_id")?.to_string();
+        let wire = wire(wire_kind)?;
+        let api_key = args::optional_text(api_key, "api_key")?.map(str::to_string);
+        let tls = tls_client(tls)?;
+        Ok(ClientConfig {
+            servers: servers(grpc, http, tls.is_some())?,
+            instance_id,
+            wire,
+            api_key,
+            tls,
+        })
+    }
 }
 
 /// Connects a client (see kvcm.h); `*client_out` is NULL on failure.
@@ -92,14 +204,16 @@ pub unsafe extern "C" fn kvcm_client_connect(
     client_out: *mut *mut Client,
     error_message: *mut *mut c_char,
 ) -> i32 {
-    // SAFETY: the caller's promises are passed on; a NULL key is allowed.
+    let (api_key, tls) = (std::ptr::null(), std::ptr::null());
+    // SAFETY: the caller's promises are passed on; a NULL key and NULL TLS are allowed.
     unsafe {
-        kvcm_client_connect_with_key(
+        kvcm_client_connect_tls(
             grpc,
             http,
             instance_id,
             wire_kind,
-            std::ptr::null(),
+            api_key,
+            tls,
             client_out,
             error_message,
         )
@@ -121,21 +235,42 @@ pub unsafe extern "C" fn kvcm_client_connect_with_key(
     client_out: *mut *mut Client,
     error_message: *mut *mut c_char,
 ) -> i32 {
+    // SAFETY: the caller's promises are passed on; NULL TLS is allowed.
+    unsafe {
+        kvcm_client_connect_tls(
+            grpc,
+            http,
+            instance_id,
+            wire_kind,
+            api_key,
+            std::ptr::null(),
+            client_out,
+            error_message,
+        )
+    }
+}
+
+/// As [`kvcm_client_connect_with_key`], over TLS when `tls` is not NULL (see kvcm.h).
+///
+/// # Safety
+/// The strings are NULL or NUL-terminated; `tls` is NULL or a readable `kvcm_tls` whose
+/// strings are NULL or NUL-terminated; `client_out` and `error_message` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_client_connect_tls(
+    grpc: *const c_char,
+    http: *const c_char,
+    instance_id: *const c_char,
+    wire_kind: i32,
+    api_key: *const c_char,
+    tls: *const KvcmTls,
+    client_out: *mut *mut Client,
+    error_message: *mut *mut c_char,
+) -> i32 {
     // SAFETY: the caller's promises about every pointer are passed on unchanged.
     unsafe {
         guard(error_message, || {
             args::store(client_out, "client_out", std::ptr::null_mut())?;
-            let api_key = match api_key.is_null() {
-                true => None,
-                false => Some(args::text(api_key, "api_key")?.to_string()),
-            };
-            let config = ClientConfig {
-                servers: servers(args::text(grpc, "grpc")?, args::text(http, "http")?)?,
-                instance_id: args::text(instance_id, "instance_id")?.to_string(),
-                wire: wire(wire_kind)?,
-                api_key,
-                tls: None,
-            };
+            let config = client_config(grpc, http, instance_id, wire_kind, api_key, tls)?;
             let client = Box::new(Client::connect(config)?);
             args::store(client_out, "client_out", Box::into_raw(client))
         })
@@ -376,7 +511,7 @@ mod tests {
     #[test]
     fn connect_rejects_bad_arguments() {
         let (grpc, http) = (c"127.0.0.1:1", c"127.0.0.1:1");
-        let cases: [(&CStr, &CStr, *const c_char, i32, i32, &str); 7] = [
+        let cases: [(&CStr, &CStr, *const c_char, i32, i32, &str); 8] = [
             (
                 grpc,
                 http,
@@ -410,12 +545,20 @@ mod tests {
                 "\"nope\" is not host-ip:port",
             ),
             (
+                c"ftp://h:1",
+                http,
+                c"i".as_ptr(),
+                1,
+                KVCM_E_INVALID_ARGUMENT,
+                "only http:// and https://",
+            ),
+            (
                 c"https://h:1",
                 http,
                 c"i".as_ptr(),
                 1,
                 KVCM_E_INVALID_ARGUMENT,
-                "only http://",
+                "must start with http:// (tls is not set)",
             ),
             (
                 c"a:1,b:2",
@@ -521,10 +664,19 @@ mod tests {
 
     #[test]
     fn several_servers_pair_in_order() {
-        let pairs = servers("a:1, http://b:2", "127.0.0.1:1,127.0.0.1:2").unwrap();
+        let pairs = servers("a:1, http://b:2", "127.0.0.1:1,127.0.0.1:2", false).unwrap();
         assert_eq!(pairs[0].grpc, "http://a:1");
         assert_eq!(pairs[1].grpc, "http://b:2");
         assert_eq!(pairs[1].http.port(), 2);
-        assert!(servers("", "127.0.0.1:1").is_err());
+        assert!(servers("", "127.0.0.1:1", false).is_err());
+        // With TLS a bare endpoint is https://; an explicit scheme is kept for the client
+        // library to judge.
+        let tls = servers(
+            "a:1,https://b:2,http://c:3",
+            "1.1.1.1:1,1.1.1.1:2,1.1.1.1:3",
+            true,
+        );
+        let grpc: Vec<String> = tls.unwrap().into_iter().map(|s| s.grpc).collect();
+        assert_eq!(grpc, ["https://a:1", "https://b:2", "http://c:3"]);
     }
 }

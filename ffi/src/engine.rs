@@ -9,12 +9,10 @@
 use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
-use kvcm_client::{
-    ClientConfig, GetOutcome, PutOutcome, TransferConfig, TransferEngine, TransferPath, Wire,
-};
+use kvcm_client::{GetOutcome, PutOutcome, TransferConfig, TransferEngine, TransferPath, Wire};
 
 use crate::args;
-use crate::client::{servers, wire};
+use crate::client::client_config;
 use crate::error::{guard, shielded, FfiError};
 
 /// Put outcome: written and committed.
@@ -100,16 +98,10 @@ pub unsafe extern "C" fn kvcm_engine_connect(
     unsafe {
         guard(error_message, || {
             args::store(engine_out, "engine_out", std::ptr::null_mut())?;
-            let lookup_wire = wire(wire_kind)?;
-            let client = ClientConfig {
-                servers: servers(args::text(grpc, "grpc")?, args::text(http, "http")?)?,
-                instance_id: args::text(instance_id, "instance_id")?.to_string(),
-                wire: lookup_wire,
-                api_key: None,
-                tls: None,
-            };
+            let (api_key, tls) = (std::ptr::null(), std::ptr::null());
+            let client = client_config(grpc, http, instance_id, wire_kind, api_key, tls)?;
             let config = TransferConfig {
-                pool_wire: lookup_wire.unwrap_or(Wire::Tcp),
+                pool_wire: client.wire.unwrap_or(Wire::Tcp),
                 ..TransferConfig::default()
             };
             let engine = TransferEngine::connect(client, config)?;

@@ -128,6 +128,9 @@ fn bad_input_gives_the_documented_codes() {
         ("invalid_utf8", -2),
         ("unknown_wire", -3),
         ("null_grpc", -1),
+        ("tls_null_ca_file", -1),
+        ("tls_cert_without_key", -3),
+        ("tls_server_name_not_utf8", -2),
         ("null_metrics", -1),
         ("null_count", 0),
     ];

@@ -1,6 +1,8 @@
 //! The Python package (ffi/python) against an in-process server: its unittest suite runs
 //! with KVCM_FFI_LIB set to this test run's libkvcm_ffi.so and the server's addresses, the
-//! written keys and the Rust client's answers in `KVCM_TEST_*` variables.
+//! written keys and the Rust client's answers in `KVCM_TEST_*` variables; `tests_auth`
+//! against a server requiring API keys, `tests_tls` against one serving mutual TLS (its
+//! PEM files in `KVCM_TEST_TLS_*`).
 //! `python_overhead_report` (ignored: a measurement, not a check) runs bench_overhead.py.
 
 mod common;
@@ -30,6 +32,20 @@ fn joined(keys: &[i64]) -> String {
         .join(",")
 }
 
+/// A `python3` command in ffi/python with the library and the harness's addresses.
+fn python(harness: &Harness) -> Command {
+    let mut command = Command::new("python3");
+    command
+        .current_dir(common::ffi_dir().join("python"))
+        .env("PYTHONPATH", common::ffi_dir().join("python"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("KVCM_FFI_LIB", common::library())
+        .env("KVCM_TEST_GRPC", &harness.grpc)
+        .env("KVCM_TEST_HTTP", &harness.http)
+        .env("KVCM_TEST_INSTANCE", INSTANCE);
+    command
+}
+
 /// A server with the written keys, and a `python3` command with the environment the
 /// scripts read.
 fn prepared(harness: &Harness) -> Command {
@@ -39,15 +55,8 @@ fn prepared(harness: &Harness) -> Command {
     let answer = |result: Result<Vec<CacheLocation>, ClientError>| {
         common::lines(&result.expect("Rust client answers")).join("\n")
     };
-    let mut command = Command::new("python3");
+    let mut command = python(harness);
     command
-        .current_dir(common::ffi_dir().join("python"))
-        .env("PYTHONPATH", common::ffi_dir().join("python"))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("KVCM_FFI_LIB", common::library())
-        .env("KVCM_TEST_GRPC", &harness.grpc)
-        .env("KVCM_TEST_HTTP", &harness.http)
-        .env("KVCM_TEST_INSTANCE", INSTANCE)
         .env("KVCM_TEST_PREFIX_KEYS", joined(&PREFIX))
         .env("KVCM_TEST_PREFIX", answer(rust.prefix_match(&PREFIX)))
         .env("KVCM_TEST_BATCH_KEYS", joined(&BATCH))
@@ -95,21 +104,37 @@ fn python_auth_tests() {
     let harness = Harness::start_with_key(INSTANCE);
     harness.register(INSTANCE);
     harness.write(INSTANCE, &KEYS);
-    let mut command = Command::new("python3");
-    command
-        .current_dir(common::ffi_dir().join("python"))
-        .env("PYTHONPATH", common::ffi_dir().join("python"))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("KVCM_FFI_LIB", common::library())
-        .env("KVCM_TEST_GRPC", &harness.grpc)
-        .env("KVCM_TEST_HTTP", &harness.http)
-        .env("KVCM_TEST_INSTANCE", INSTANCE)
-        .env("KVCM_TEST_KEYS", joined(&KEYS))
-        .env(
-            "KVCM_TEST_API_KEY",
-            harness.api_key.as_deref().expect("a key"),
-        );
+    let mut command = python(&harness);
+    command.env("KVCM_TEST_KEYS", joined(&KEYS)).env(
+        "KVCM_TEST_API_KEY",
+        harness.api_key.as_deref().expect("a key"),
+    );
     command.args(["-m", "unittest", "discover", "-v", "-s", "tests_auth"]);
+    let output = run(command);
+    println!("{output}");
+    assert!(
+        output.contains("Ran 3 tests") && output.contains("\nOK"),
+        "{output}"
+    );
+}
+
+#[test]
+fn python_tls_tests() {
+    if !common::require_tool("python3", "python_tls_tests") {
+        return;
+    }
+    const KEYS: [i64; 3] = [401, 402, 403];
+    let harness = Harness::start_tls();
+    harness.register(INSTANCE);
+    harness.write(INSTANCE, &KEYS);
+    let files = harness.tls.as_ref().expect("TLS files");
+    let mut command = python(&harness);
+    command
+        .env("KVCM_TEST_KEYS", joined(&KEYS))
+        .env("KVCM_TEST_TLS_CA", &files.ca)
+        .env("KVCM_TEST_TLS_CERT", &files.cert)
+        .env("KVCM_TEST_TLS_KEY", &files.key);
+    command.args(["-m", "unittest", "discover", "-v", "-s", "tests_tls"]);
     let output = run(command);
     println!("{output}");
     assert!(

@@ -30,6 +30,17 @@ class FlatView(Structure):
     ]
 
 
+class Tls(Structure):
+    """kvcm_tls: PEM file paths (UTF-8, NUL-terminated; None is NULL) and the server name."""
+
+    _fields_ = [
+        ("ca_file", c_char_p),
+        ("cert_file", c_char_p),
+        ("key_file", c_char_p),
+        ("server_name", c_char_p),
+    ]
+
+
 class FastPathMetrics(Structure):
     """kvcm_fast_path_metrics."""
 
@@ -71,6 +82,10 @@ def _declare(lib):
         "kvcm_abi_version": ([], c_uint32),
         "kvcm_client_connect": ([c_char_p, c_char_p, c_char_p, c_int32, out, out], c_int32),
         "kvcm_client_connect_with_key": ([c_char_p, c_char_p, c_char_p, c_int32, c_char_p, out, out], c_int32),
+        "kvcm_client_connect_tls": (
+            [c_char_p, c_char_p, c_char_p, c_int32, c_char_p, POINTER(Tls), out, out],
+            c_int32,
+        ),
         "kvcm_client_free": ([c_void_p], None),
         "kvcm_prefix_match": (lookup, c_int32),
         "kvcm_batch_get": (lookup, c_int32),

@@ -7,13 +7,14 @@ first access to a location decodes the whole result in one pass from a single fl
 one copy of the strings. The C result is freed then, or when the sequence is dropped.
 """
 
+import os
 from collections.abc import Sequence
 from ctypes import byref, c_uint64, c_void_p, string_at
 from itertools import islice, repeat
 from typing import List, NamedTuple, Tuple
 
 from . import _keys
-from ._lib import LIB, FastPathMetrics, FlatView
+from ._lib import LIB, FastPathMetrics, FlatView, Tls
 from .errors import error
 
 WIRES = {None: 0, "none": 0, "soft-tcp": 1, "soft-shm": 2}
@@ -43,6 +44,29 @@ def _text(value, name):
     if "\0" in value:
         raise ValueError(f"{name} contains a NUL character")
     return value.encode("utf-8")
+
+
+def _path(value, name):
+    """A file path argument (str or os.PathLike of str) as UTF-8 bytes; None stays None."""
+    if value is None:
+        return None
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise TypeError(f"{name} must be a str path, not {type(path).__name__}")
+    return _text(path, name)
+
+
+def _tls(ca, cert, key, server_name):
+    """The kvcm_tls of the TLS arguments (None: plaintext), passed by reference."""
+    if ca is None:
+        named = (("tls_cert", cert), ("tls_key", key), ("tls_server_name", server_name))
+        given = [name for name, value in named if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} given without tls_ca (TLS needs the servers' CA)")
+        return None
+    name = None if server_name is None else _text(server_name, "tls_server_name")
+    tls = Tls(_path(ca, "tls_ca"), _path(cert, "tls_cert"), _path(key, "tls_key"), name)
+    return byref(tls)
 
 
 def _raise(status, message):
@@ -178,18 +202,36 @@ class Client(Connected):
     grpc: "http://host:port" of the gRPC service; http: "ip:port" of the meta HTTP listener
     (both may be comma-separated lists for failover); wire: "soft-tcp", "soft-shm" or
     "none"/None (every lookup over gRPC); api_key: the API key every call carries, for servers
-    with kvcm.auth.meta = required (a refused key raises UnauthorizedError). Connecting does
-    not fail when the servers are down; lookups then raise UnreachableError. One client may
+    with kvcm.auth.meta = required (a refused key raises UnauthorizedError).
+    TLS (servers with kvcm.tls.*): tls_ca, the path of the PEM CA the servers' certificates
+    chain to, turns it on ("host:port" endpoints then mean https://; an http:// one is
+    refused); tls_cert and tls_key (both or neither), the client certificate and key for
+    mutual TLS; tls_server_name, the name the servers' certificates carry (default
+    "localhost"). Unreadable files or a certificate without its key raise
+    InvalidArgumentError naming the field. Connecting does not fail when the servers are down
+    (or refuse the TLS handshake); lookups then raise UnreachableError. One client may
     be shared by threads (calls serialise); use one per thread for parallel lookups. Do not
     close it while a call on it is in flight.
     """
 
-    _connect = LIB.kvcm_client_connect_with_key
+    _connect = LIB.kvcm_client_connect_tls
     _free = LIB.kvcm_client_free
 
-    def __init__(self, grpc, http, instance_id, wire="soft-tcp", api_key=None):
+    def __init__(
+        self,
+        grpc,
+        http,
+        instance_id,
+        wire="soft-tcp",
+        api_key=None,
+        tls_ca=None,
+        tls_cert=None,
+        tls_key=None,
+        tls_server_name=None,
+    ):
         key = None if api_key is None else _text(api_key, "api_key")
-        super().__init__(grpc, http, instance_id, wire, (key,))
+        tls = _tls(tls_ca, tls_cert, tls_key, tls_server_name)
+        super().__init__(grpc, http, instance_id, wire, (key, tls))
 
     def _lookup(self, function, keys, *extra):
         handle = self._handle

@@ -7,7 +7,8 @@
  *     against the flat view; then "metrics hits=H fallbacks=F".
  *   client_test errors GRPC HTTP
  *     Prints "case status" for bad input (NULL client, NULL keys with count > 0, unknown
- *     instance, invalid UTF-8, unknown wire), checking each message is set and freeing it.
+ *     instance, invalid UTF-8, unknown wire, bad kvcm_tls fields), checking each message is
+ *     set (and names the kvcm_tls field) and freeing it.
  *
  * Exit status 0 on success, 1 on a call that failed or a check that did not hold.
  */
@@ -123,6 +124,12 @@ static void report(const char *name, int32_t status, char *message) {
     kvcm_string_free(message);
 }
 
+/* As report, checking that the message names `field`. */
+static void report_naming(const char *name, int32_t status, char *message, const char *field) {
+    CHECK(message != NULL && strstr(message, field) != NULL);
+    report(name, status, message);
+}
+
 static int errors(int argc, char **argv) {
     if (argc != 4) {
         fprintf(stderr, "usage: client_test errors GRPC HTTP\n");
@@ -155,6 +162,21 @@ static int errors(int argc, char **argv) {
     report("unknown_wire", status, message);
     status = kvcm_client_connect(NULL, http, "i", KVCM_WIRE_NONE, &client, &message);
     report("null_grpc", status, message);
+
+    /* kvcm_tls as C lays it out: each case is refused for the field it sets or leaves out. */
+    kvcm_tls tls = {NULL, "client.pem", "client.key", NULL};
+    status = kvcm_client_connect_tls(grpc, http, "i", KVCM_WIRE_NONE, NULL, &tls, &client,
+                                     &message);
+    CHECK(client == NULL);
+    report_naming("tls_null_ca_file", status, message, "tls.ca_file");
+    kvcm_tls no_key = {"ca.pem", "client.pem", NULL, NULL};
+    status = kvcm_client_connect_tls(grpc, http, "i", KVCM_WIRE_NONE, NULL, &no_key, &client,
+                                     &message);
+    report_naming("tls_cert_without_key", status, message, "tls.key_file is NULL");
+    kvcm_tls bad_name = {"ca.pem", NULL, NULL, "\xff\xfe"};
+    status = kvcm_client_connect_tls(grpc, http, "i", KVCM_WIRE_NONE, NULL, &bad_name, &client,
+                                     &message);
+    report_naming("tls_server_name_not_utf8", status, message, "tls.server_name");
 
     kvcm_fast_path_metrics metrics;
     printf("null_metrics %d\n", kvcm_client_metrics(NULL, &metrics));

@@ -1,7 +1,8 @@
 //! Test harness of the ffi tests: a real kvcm server started in-process (as `kvcm serve`
 //! does: every port 0, a temp data directory, the lookup path on) on a tokio runtime the
 //! harness keeps alive, an instance registered over gRPC, keys written with the Rust
-//! client, and the library cargo built for this test run.
+//! client, and the library cargo built for this test run. [`Harness::start_tls`] serves
+//! mutual TLS with certificates made here (rcgen) and written as PEM files.
 
 #![allow(dead_code)] // each test binary uses part of the harness
 
@@ -10,7 +11,9 @@ use std::process::Command;
 
 use kvcm::proto::meta;
 use kvcm::proto::meta::meta_service_client::MetaServiceClient;
-use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
+use kvcm_client::{Client, ClientConfig, ServerAddress, TlsClient, Wire};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use tonic::transport::Channel;
 
 /// A running in-process server; stopped when dropped.
 pub struct Harness {
@@ -23,6 +26,73 @@ pub struct Harness {
     pub http: String,
     /// The API key of a server started by [`Harness::start_with_key`].
     pub api_key: Option<String>,
+    /// The client's PEM files of a server started by [`Harness::start_tls`].
+    pub tls: Option<TlsFiles>,
+    /// The harness's own TLS client (from [`Harness::tls`]).
+    tls_client: Option<TlsClient>,
+}
+
+/// The files a client of a mutual-TLS harness needs: the CA of the server's certificate
+/// (issued for `localhost`), and a certificate of the CA the server trusts for clients,
+/// with its key.
+pub struct TlsFiles {
+    /// The server's CA (PEM).
+    pub ca: PathBuf,
+    /// The client certificate (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+}
+
+/// A self-signed CA named `name`.
+fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA")
+}
+
+/// Writes a leaf of `params` signed by `issuer` to `<dir>/<name>.pem` and `<name>.key`.
+fn leaf(
+    params: CertificateParams,
+    issuer: &CertifiedIssuer<'static, KeyPair>,
+    dir: &Path,
+    name: &str,
+) -> (PathBuf, PathBuf) {
+    let key = KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, issuer).expect("signed");
+    let paths = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&paths.0, cert.pem()).expect("write certificate");
+    std::fs::write(&paths.1, key.serialize_pem()).expect("write key");
+    paths
+}
+
+/// Certificates for mutual TLS under `dir`: the server's settings and the client's files.
+fn mutual_tls(dir: &Path) -> (kvcm::config::TlsSettings, TlsFiles) {
+    let (server_ca, client_ca) = (authority("server CA"), authority("client CA"));
+    let names = vec!["localhost".to_string()];
+    let server = CertificateParams::new(names).expect("server params");
+    let (server_cert, server_key) = leaf(server, &server_ca, dir, "server");
+    let mut client = CertificateParams::default();
+    client
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "engine");
+    let (cert, key) = leaf(client, &client_ca, dir, "client");
+    let (ca, clients) = (dir.join("ca.pem"), dir.join("clients.pem"));
+    std::fs::write(&ca, server_ca.pem()).expect("write CA");
+    std::fs::write(&clients, client_ca.pem()).expect("write client CA");
+    let settings = kvcm::config::TlsSettings {
+        cert_file: Some(server_cert),
+        key_file: Some(server_key),
+        client_ca_file: Some(clients),
+        certificate_accounts: false,
+    };
+    (settings, TlsFiles { ca, cert, key })
 }
 
 /// A ROLE_USER account `engine` and a key of it naming `instance`.
@@ -57,16 +127,22 @@ impl Drop for Harness {
 impl Harness {
     /// Starts the server.
     pub fn start() -> Harness {
-        Self::start_as(None)
+        Self::start_as(None, false)
     }
 
     /// Starts a server with `kvcm.auth.meta = required` and one ROLE_USER API key naming
     /// `instance` ([`Harness::api_key`]); the harness's own calls carry it.
     pub fn start_with_key(instance: &str) -> Harness {
-        Self::start_as(Some(instance))
+        Self::start_as(Some(instance), false)
     }
 
-    fn start_as(keyed_instance: Option<&str>) -> Harness {
+    /// Starts a server with TLS on every listener and client certificates required (mutual
+    /// TLS); [`Harness::tls`] names the client's files, [`Harness::grpc`] is `https://`.
+    pub fn start_tls() -> Harness {
+        Self::start_as(None, true)
+    }
+
+    fn start_as(keyed_instance: Option<&str>, tls: bool) -> Harness {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut config = kvcm::config::ServerConfig {
             rpc_port: 0,
@@ -79,6 +155,15 @@ impl Harness {
             config.security.meta_auth_required = true;
             config.security.admin_tokens = kvcm::config::AdminTokens::parse("harness-root");
         }
+        let tls = tls.then(|| {
+            let (settings, files) = mutual_tls(dir.path());
+            config.security.tls = settings;
+            files
+        });
+        let tls_client = tls.as_ref().map(|files| {
+            let identity = Some((files.cert.as_path(), files.key.as_path()));
+            TlsClient::from_files(&files.ca, identity, "localhost").expect("TLS client")
+        });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -94,10 +179,13 @@ impl Harness {
             (server, api_key)
         });
         let port = |name: &str| server.addresses[name].port();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         Harness {
-            grpc: format!("http://127.0.0.1:{}", port("grpc")),
+            grpc: format!("{scheme}://127.0.0.1:{}", port("grpc")),
             http: format!("127.0.0.1:{}", port("http")),
             api_key,
+            tls,
+            tls_client,
             runtime,
             server: Some(server),
             _dir: dir,
@@ -129,10 +217,13 @@ impl Harness {
             let value = format!("Bearer {key}").parse().expect("metadata");
             request.metadata_mut().insert("authorization", value);
         }
+        let mut endpoint = Channel::from_shared(self.grpc.clone()).expect("grpc endpoint");
+        if let Some(tls) = &self.tls_client {
+            endpoint = endpoint.tls_config(tls.grpc()).expect("grpc TLS");
+        }
         let answer = self.runtime.block_on(async {
-            let mut grpc = MetaServiceClient::connect(self.grpc.clone())
-                .await
-                .expect("grpc connect");
+            let channel = endpoint.connect().await.expect("grpc connect");
+            let mut grpc = MetaServiceClient::new(channel);
             grpc.register_instance(request)
                 .await
                 .expect("register")
@@ -152,7 +243,7 @@ impl Harness {
             instance_id: instance.into(),
             wire,
             api_key: self.api_key.clone(),
-            tls: None,
+            tls: self.tls_client.clone(),
         })
         .expect("client connects")
     }
