@@ -90,7 +90,7 @@ impl Target {
     }
 
     /// Sends one request and checks the answer's size.
-    async fn call(
+    pub(super) async fn call(
         &self,
         request: &meta::GetCacheLocationRequest,
         body: &[u8],

@@ -7,7 +7,8 @@
 //! `kvcm bench --memory` measures memory per SERVING block instead (see `memory`),
 //! `kvcm bench --reports` the cache-subscriber RPCs (see `reports`), `kvcm bench --attack`
 //! the lookup latency during issue 14's attacks (see `attack`), `kvcm bench --tls` gRPC
-//! over TLS beside plaintext (see `tls`).
+//! over TLS beside plaintext (see `tls`), `kvcm bench --reclaim` the reclaimer (see
+//! `reclaim`).
 
 mod attack;
 mod echo;
@@ -15,6 +16,7 @@ mod http_client;
 mod index;
 mod measure;
 mod memory;
+mod reclaim;
 mod reports;
 mod tls;
 
@@ -61,6 +63,10 @@ pub struct BenchArgs {
     /// Measure GetCacheLocation over gRPC with TLS beside plaintext instead.
     #[arg(long)]
     pub tls: bool,
+    /// Measure the reclaimer's eviction throughput and GetCacheLocation under reclaim
+    /// beside idle instead (`--blocks` SERVING blocks).
+    #[arg(long)]
+    pub reclaim: bool,
 }
 
 const PREFIX_SIZES: [usize; 2] = [16, 128];
@@ -75,6 +81,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.tls {
         return tls::run(&args);
+    }
+    if args.reclaim {
+        return reclaim::run(&args);
     }
     if args.memory {
         let serve_binary = match args.serve_binary {

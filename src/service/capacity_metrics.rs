@@ -31,6 +31,7 @@ fn samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
             Vec::new(),
             stats.evicted(),
         ),
+        counter("capacity.reclaim_busy_us", Vec::new(), stats.busy_us()),
     ];
     let report = manager.capacity_report();
     for group in &report {

@@ -49,6 +49,7 @@ pub type ReclaimListener = Arc<dyn Fn(&Instance, &[BlockKey]) + Send + Sync>;
 pub struct ReclaimStats {
     passes: AtomicU64,
     evicted: AtomicU64,
+    busy_us: AtomicU64,
 }
 
 impl ReclaimStats {
@@ -60,6 +61,11 @@ impl ReclaimStats {
     /// Locations evicted.
     pub fn evicted(&self) -> u64 {
         self.evicted.load(Ordering::Acquire)
+    }
+
+    /// Time spent in passes, in microseconds.
+    pub fn busy_us(&self) -> u64 {
+        self.busy_us.load(Ordering::Acquire)
     }
 }
 
@@ -154,6 +160,8 @@ impl Manager {
                 }
             }
         }
+        let busy = u64::try_from(now.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.reclaim_stats.busy_us.fetch_add(busy, Ordering::AcqRel);
         self.reclaim_stats.passes.fetch_add(1, Ordering::AcqRel);
     }
 
