@@ -18,6 +18,8 @@ pub struct Instance {
     info: InstanceInfo,
     id: Arc<str>,
     usage: TypeUsage,
+    /// New keys of StartWriteCache calls in flight, budgeted but maybe not indexed yet.
+    pub(crate) pending_keys: std::sync::atomic::AtomicU64,
     access: AccessClock,
     /// This instance's key space.
     pub index: Arc<dyn MetaIndex<Entry>>,
@@ -39,6 +41,7 @@ impl Instance {
             id: info.instance_id.as_str().into(),
             info,
             usage: TypeUsage::default(),
+            pending_keys: std::sync::atomic::AtomicU64::new(0),
             access: AccessClock::new(max_key_count),
             index,
         }

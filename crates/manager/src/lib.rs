@@ -166,6 +166,8 @@ pub struct Manager {
     storage_admin: Mutex<()>,
     /// What the reclaimer did so far.
     reclaim_stats: reclaimer::ReclaimStats,
+    /// Held while a StartWriteCache budgets and allocates (see [`quota::WriteGates`]).
+    write_gates: quota::WriteGates,
     /// Told about every eviction, once installed.
     reclaim_listener: std::sync::OnceLock<reclaimer::ReclaimListener>,
     /// Limits on what clients may open.
@@ -209,6 +211,7 @@ impl Manager {
             journal: journal::JournalSlot::default(),
             storage_admin: Mutex::default(),
             reclaim_stats: reclaimer::ReclaimStats::default(),
+            write_gates: quota::WriteGates::default(),
             reclaim_listener: std::sync::OnceLock::new(),
             limits: deps.limits,
             reports: reports::Reports::default(),

@@ -1,17 +1,25 @@
 //! Quotas (wire fact sheet §16.3, docs/capacity.md): a group's total byte capacity, per
 //! storage type a byte capacity, and per instance the key cap `max_key_count`.
 //!
-//! Usage is counted per instance and type as locations enter the index (allocation) and
-//! leave it (deleter), and recomputed from the index on recovery; VCNS 3FS counts as 3FS.
+//! Usage is counted per instance and type from the moment a StartWriteCache allocates a
+//! location (and given back when the allocation is freed before it entered the index) until
+//! the deleter frees it, and recomputed from the index on recovery; VCNS 3FS counts as 3FS.
 //!
 //! Invariants:
+//! - budgets are exact under concurrent writes: a StartWriteCache budgets and allocates
+//!   inside its group's write gate ([`WriteGates`]) and counts what it placed before leaving
+//!   it, so the next one sees those bytes; its new keys count against the key cap
+//!   ([`PendingKeys`]) until they are in the index (briefly twice, which only refuses
+//!   sooner);
 //! - no counter wraps: additions saturate at `i64::MAX` (a saturated counter keeps refusing
 //!   writes) and group sums use checked arithmetic, an overflowing sum reading as full;
 //! - a write is budgeted block by block ([`Budget`]): a block that would take the group past
 //!   its capacity, or the instance past its key cap, is refused; one that would take a type
 //!   past its type quota is left to a storage of another candidate type.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use kvcm_storage::StorageKind;
 
@@ -20,7 +28,55 @@ use super::group_config::GroupConfig;
 use super::instance::Instance;
 use super::storage_type::StorageType;
 use super::Manager;
-use crate::sync::read_lock;
+use crate::sync::{lock, read_lock};
+
+/// Stripes of [`WriteGates`].
+const WRITE_GATES: usize = 64;
+
+/// Per group (striped by name), the lock a StartWriteCache holds while it budgets and
+/// allocates, so that budgets never overlap.
+#[derive(Debug)]
+pub(crate) struct WriteGates([Mutex<()>; WRITE_GATES]);
+
+impl Default for WriteGates {
+    fn default() -> WriteGates {
+        WriteGates(std::array::from_fn(|_| Mutex::new(())))
+    }
+}
+
+impl WriteGates {
+    /// Holds the gate of `group` until the guard drops.
+    pub(crate) fn enter(&self, group: &str) -> MutexGuard<'_, ()> {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        group.hash(&mut hasher);
+        lock(&self.0[(hasher.finish() % WRITE_GATES as u64) as usize])
+    }
+}
+
+/// New keys a StartWriteCache placed that may not be in the index yet: they count against
+/// the instance's key cap until this drops.
+#[derive(Debug)]
+pub(crate) struct PendingKeys<'a> {
+    counter: &'a AtomicU64,
+    count: u64,
+}
+
+impl<'a> PendingKeys<'a> {
+    /// Counts `count` new keys of `instance`.
+    pub(crate) fn hold(instance: &'a Instance, count: u64) -> PendingKeys<'a> {
+        instance.pending_keys.fetch_add(count, Ordering::AcqRel);
+        PendingKeys {
+            counter: &instance.pending_keys,
+            count,
+        }
+    }
+}
+
+impl Drop for PendingKeys<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.count, Ordering::AcqRel);
+    }
+}
 
 /// Number of usage slots (one per storage type; VCNS shares the 3FS slot).
 const TYPE_SLOTS: usize = StorageType::ALL.len();
@@ -222,7 +278,7 @@ impl Manager {
                 )));
             }
         }
-        let keys = instance.index.len()?;
+        let keys = instance.index.len()? + instance.pending_keys.load(Ordering::Acquire);
         Ok(Budget::new(group, &usage, keys))
     }
 }

@@ -16,7 +16,7 @@ use super::feed::StateChange;
 use super::group_config::PreferStrategy;
 use super::instance::Instance;
 use super::mask::BlockMask;
-use super::quota::{Budget, NoRoom};
+use super::quota::{Budget, NoRoom, PendingKeys};
 use super::read::{BlockLocation, RenderedPart};
 use super::sessions::{OpenRefusal, PendingWrite, Session};
 use super::storage_type::StorageType;
@@ -96,10 +96,12 @@ impl Manager {
         }
         let held = held_storages(&keys, &entries, &blocks);
         let new_key = new_keys(&keys, &entries, &blocks);
-        let placement = self.allocate_somewhere(instance, &blocks, &held, &new_key)?;
+        let (placement, pending_keys) =
+            self.allocate_somewhere(instance, &blocks, &held, &new_key)?;
         let refused = placement.refusal.clone();
-        let new_locations =
-            self.insert_batches(instance, placement.batches, &blocks, min_replicas)?;
+        let new_locations = self.insert_batches(instance, placement.batches, &blocks, min_replicas);
+        drop(pending_keys); // the new keys are in the index now, or given up
+        let new_locations = new_locations?;
         let written: HashSet<BlockKey> = new_locations.iter().map(|(k, ..)| *k).collect();
         for (i, key) in keys.iter().enumerate() {
             if !present[i] && !written.contains(key) {
@@ -136,6 +138,7 @@ impl Manager {
                 Ok(won) => inserted.extend(won),
                 Err(error) => {
                     for (incarnation, rest) in batches {
+                        uncount(instance, &rest);
                         free_locations(incarnation.backend.as_ref(), rest.iter().map(|(.., l)| l));
                     }
                     let writes: Vec<PendingWrite> = inserted
@@ -472,16 +475,14 @@ impl Manager {
                 self.feed
                     .publish(change(*key, Some(LocationState::Writing), None));
             }
+            uncount(instance, &allocated);
             free_locations(backend, allocated.iter().map(|(.., l)| l));
             return Err(error.into());
         }
         let (lost, won): (Vec<_>, Vec<_>) =
             allocated.into_iter().partition(|(k, ..)| taken.contains(k));
+        uncount(instance, &lost);
         free_locations(backend, lost.iter().map(|(.., l)| l));
-        for (_, location, rendered) in &won {
-            let bytes = instance.location_bytes(&location.as_ref());
-            instance.usage().add(rendered.storage_type, bytes);
-        }
         Ok(won)
     }
 
@@ -494,8 +495,36 @@ impl Manager {
     /// every candidate already holds is left out of the answer (its key is skipped), and so
     /// is a refused one (the reason comes back with the batches); a block no storage had
     /// bytes for fails the whole call, freeing what was allocated, and so does a call whose
-    /// every block was refused.
-    fn allocate_somewhere(
+    /// every block was refused. Runs inside the group's write gate and counts the placed
+    /// blocks' bytes in the usage (and their new keys as pending) before leaving it, so the
+    /// next write's budget sees them.
+    fn allocate_somewhere<'a>(
+        &self,
+        instance: &'a Instance,
+        blocks: &[BlockToAllocate],
+        held: &[Vec<StorageHandle>],
+        new_key: &[bool],
+    ) -> ManagerResult<(Placement, PendingKeys<'a>)> {
+        let _gate = self.write_gates.enter(instance.group());
+        let placement = self.place(instance, blocks, held, new_key)?;
+        let placed: HashSet<BlockKey> = placement
+            .batches
+            .iter()
+            .flat_map(|(_, allocated)| allocated.iter().map(|(key, ..)| *key))
+            .collect();
+        for (_, allocated) in &placement.batches {
+            count(instance, allocated);
+        }
+        let new_keys = blocks
+            .iter()
+            .zip(new_key)
+            .filter(|(block, &new)| new && placed.contains(&block.key))
+            .count();
+        Ok((placement, PendingKeys::hold(instance, new_keys as u64)))
+    }
+
+    /// The placement of [`Manager::allocate_somewhere`], before it is counted.
+    fn place(
         &self,
         instance: &Instance,
         blocks: &[BlockToAllocate],
@@ -679,6 +708,23 @@ impl Placement {
                 allocated.iter().map(|(.., l)| l),
             );
         }
+    }
+}
+
+/// Counts new locations in their instance's usage.
+fn count(instance: &Instance, allocated: &[NewLocation]) {
+    for (_, location, rendered) in allocated {
+        let bytes = instance.location_bytes(&location.as_ref());
+        instance.usage().add(rendered.storage_type, bytes);
+    }
+}
+
+/// Takes counted locations back out of the usage (their allocation is freed before they
+/// entered the index).
+fn uncount(instance: &Instance, allocated: &[NewLocation]) {
+    for (_, location, rendered) in allocated {
+        let bytes = instance.location_bytes(&location.as_ref());
+        instance.usage().add(rendered.storage_type, -bytes);
     }
 }
 

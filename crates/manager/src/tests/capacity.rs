@@ -182,3 +182,76 @@ fn quota_arithmetic_at_i64_limits_refuses_instead_of_wrapping() {
         .start_write(&j, vec![1], &[], 30)
         .expect("room again once the usage is back");
 }
+
+/// Writes keys `keys` one StartWriteCache each from `threads` threads at once (thread `t`
+/// takes every `threads`-th key); returns how many got a location.
+fn write_concurrently(
+    fx: &Fixture,
+    instance: &Arc<Instance>,
+    keys: Vec<BlockKey>,
+    threads: usize,
+) -> usize {
+    let barrier = std::sync::Barrier::new(threads);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (barrier, keys) = (&barrier, &keys);
+                scope.spawn(move || {
+                    barrier.wait();
+                    keys.iter()
+                        .skip(t)
+                        .step_by(threads)
+                        .filter(|&&key| {
+                            fx.manager
+                                .start_write(instance, vec![key], &[], 30)
+                                .is_ok_and(|started| started.locations.len() == 1)
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("writer")).sum()
+    })
+}
+
+#[test]
+fn concurrent_writes_never_take_a_group_past_its_quota() {
+    for _ in 0..20 {
+        let (fx, instance) = fixture(50 * 100, PREFER_3FS);
+        let placed = write_concurrently(&fx, &instance, (1..=200).collect(), 8);
+        assert_eq!(placed, 50, "exactly the 50 blocks of 100 bytes that fit");
+        assert_eq!(instance.usage().total(), 5_000);
+        assert_eq!(instance.index.len().expect("len"), 50);
+    }
+}
+
+#[test]
+fn concurrent_writes_never_take_an_instance_past_its_key_cap() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manager = Manager::new(test_deps()).expect("manager");
+        manager
+            .add_storage(storage("s", dir.path()))
+            .expect("storage");
+        let mut config = group(i64::MAX, PREFER_3FS);
+        config.cache.indexer.max_key_count = 30;
+        manager.create_group(config).expect("group");
+        manager
+            .register_instance(instance_info())
+            .expect("register");
+        let instance = manager.instance("i").expect("registered");
+        let fx = Fixture { manager, dir };
+        let placed = write_concurrently(&fx, &instance, (1..=120).collect(), 8);
+        assert!(placed <= 30, "{placed} keys placed past a cap of 30");
+        assert_eq!(instance.index.len().expect("len"), placed as u64);
+        // Nothing stays counted once the writers are done: the cap fills up to 30 exactly.
+        let more = write_concurrently(&fx, &instance, (1_000..1_100).collect(), 1);
+        assert_eq!(placed + more, 30);
+        assert_eq!(
+            instance
+                .pending_keys
+                .load(std::sync::atomic::Ordering::Acquire),
+            0
+        );
+    }
+}
