@@ -1,14 +1,16 @@
 //! The deleter: a background thread that frees the bytes of DELETING locations on their
 //! storage, then removes each location from the index if it is still DELETING
-//! (compare-and-delete); a key left without locations is removed.
+//! (compare-and-delete); a key left without locations is removed. It takes what is queued
+//! in batches, one index batch (and so one journal sync) per instance.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use kvcm_index::{BlockKey, Modify};
 
-use super::entry::{Entry, Location, LocationState};
+use super::entry::{without_deleting, Entry, Location, LocationState};
 use super::feed::{ChangeFeed, StateChange};
 use super::instance::Instance;
 use super::read::stored_uris;
@@ -25,7 +27,11 @@ pub struct DeleteJob {
     pub location: Location,
 }
 
-/// Starts the deleter; it runs until every sender of `jobs` is dropped.
+/// Most jobs the deleter takes at once: one index batch (so one journal sync) per instance.
+const BATCH: usize = 4096;
+
+/// Starts the deleter; it runs until every sender of `jobs` is dropped. It takes the jobs
+/// queued so far (up to [`BATCH`]) together.
 pub fn spawn_deleter(
     jobs: Receiver<DeleteJob>,
     storages: Arc<StorageTable>,
@@ -34,8 +40,10 @@ pub fn spawn_deleter(
     std::thread::Builder::new()
         .name("kvcm-deleter".into())
         .spawn(move || {
-            for job in jobs {
-                delete_now(&job, &storages, &feed);
+            while let Ok(first) = jobs.recv() {
+                let mut batch = vec![first];
+                batch.extend(jobs.try_iter().take(BATCH - 1));
+                delete_now(&batch, &storages, &feed);
             }
         })
 }
@@ -49,45 +57,76 @@ pub fn enqueue(sender: &Sender<DeleteJob>, jobs: Vec<DeleteJob>) {
     }
 }
 
-/// Frees a DELETING location's bytes and removes it from the index, on this thread.
-pub(crate) fn delete_now(job: &DeleteJob, storages: &StorageTable, feed: &ChangeFeed) {
-    free_bytes(job, storages);
-    let id = job.location.as_ref().id();
-    let mut removed = false;
-    let result = job.instance.index.read_modify_write(&[job.key], &mut |key,
-                                                                        current: Option<
-        &Entry,
-    >| {
-        let Some(rest) = current.and_then(|entry| entry.without_deleting(id)) else {
-            return Modify::Keep;
-        };
-        removed = true;
-        feed.publish(StateChange {
-            instance_id: job.instance.id().clone(),
-            key,
-            location_id: id,
-            from: Some(LocationState::Deleting),
-            to: None,
-        });
-        if rest.is_empty() {
-            Modify::Delete
-        } else {
-            Modify::Put(Entry::new(rest))
-        }
-    });
-    match result {
-        Err(error) => tracing::warn!(%error, key = job.key, "removing a deleted location failed"),
-        Ok(()) if removed => {
-            let bytes = job.instance.location_bytes(&job.location.as_ref());
-            let storage_type = storages
-                .incarnations()
-                .get(job.location.storage)
-                .map(|i| i.storage_type);
-            if let Some(storage_type) = storage_type {
-                job.instance.usage().add(storage_type, -bytes);
+/// Frees DELETING locations' bytes and removes them from the index, on this thread: one
+/// index batch per instance.
+pub(crate) fn delete_now(jobs: &[DeleteJob], storages: &StorageTable, feed: &ChangeFeed) {
+    for job in jobs {
+        free_bytes(job, storages);
+    }
+    let mut by_instance: HashMap<&str, (&Arc<Instance>, BTreeMap<BlockKey, Vec<&DeleteJob>>)> =
+        HashMap::new();
+    for job in jobs {
+        let (_, keys) = by_instance
+            .entry(job.instance.id())
+            .or_insert_with(|| (&job.instance, BTreeMap::new()));
+        keys.entry(job.key).or_default().push(job);
+    }
+    for (instance, keys) in by_instance.into_values() {
+        remove_from_index(instance, &keys, storages, feed);
+    }
+}
+
+/// Removes each job's location from its key's entry if it is still DELETING (a key left
+/// without locations is removed), then takes the removed ones out of the usage.
+fn remove_from_index(
+    instance: &Arc<Instance>,
+    jobs: &BTreeMap<BlockKey, Vec<&DeleteJob>>,
+    storages: &StorageTable,
+    feed: &ChangeFeed,
+) {
+    let keys: Vec<BlockKey> = jobs.keys().copied().collect();
+    // Per key, what its last run of the closure removed (a backend may run it again).
+    let mut removed: HashMap<BlockKey, Vec<&DeleteJob>> = HashMap::new();
+    let result = instance
+        .index
+        .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
+            let Some(entry) = current else {
+                return Modify::Keep;
+            };
+            let mut rest = entry.to_locations();
+            let removed_here = removed.entry(key).or_default();
+            removed_here.clear();
+            for job in jobs.get(&key).into_iter().flatten() {
+                let id = job.location.as_ref().id();
+                let Some(remaining) = without_deleting(&rest, id) else {
+                    continue;
+                };
+                rest = remaining;
+                removed_here.push(job);
+                feed.publish(StateChange {
+                    instance_id: instance.id().clone(),
+                    key,
+                    location_id: id,
+                    from: Some(LocationState::Deleting),
+                    to: None,
+                });
             }
+            match (rest.len() == entry.locations().count(), rest.is_empty()) {
+                (true, _) => Modify::Keep,
+                (false, true) => Modify::Delete,
+                (false, false) => Modify::Put(Entry::new(rest)),
+            }
+        });
+    if let Err(error) = result {
+        tracing::warn!(%error, instance = %instance.id(), keys = keys.len(), "removing deleted locations failed");
+        return;
+    }
+    let incarnations = storages.incarnations();
+    for job in removed.into_values().flatten() {
+        let bytes = instance.location_bytes(&job.location.as_ref());
+        if let Some(incarnation) = incarnations.get(job.location.storage) {
+            instance.usage().add(incarnation.storage_type, -bytes);
         }
-        Ok(()) => {}
     }
 }
 

@@ -214,17 +214,18 @@ impl Entry {
     pub fn to_locations(&self) -> Vec<Location> {
         self.locations().map(|l| l.to_owned()).collect()
     }
+}
 
-    /// A copy with location `id` removed if it is `Deleting`; `None` when it is not there in
-    /// that state. The result may have no locations left (the caller then deletes the key).
-    pub fn without_deleting(&self, id: LocationId) -> Option<Vec<Location>> {
-        let mut locations = self.to_locations();
-        let position = locations
-            .iter()
-            .position(|l| l.as_ref().id() == id && l.state == LocationState::Deleting)?;
-        locations.remove(position);
-        Some(locations)
-    }
+/// `locations` without location `id` if it is there and `Deleting`; `None` when it is not
+/// there in that state. The result may have no locations left (the caller then deletes the
+/// key).
+pub fn without_deleting(locations: &[Location], id: LocationId) -> Option<Vec<Location>> {
+    let position = locations
+        .iter()
+        .position(|l| l.as_ref().id() == id && l.state == LocationState::Deleting)?;
+    let mut rest = locations.to_vec();
+    rest.remove(position);
+    Some(rest)
 }
 
 #[cfg(test)]
@@ -254,11 +255,9 @@ mod tests {
     fn only_deleting_locations_are_removed() {
         let serving = location(1, LocationState::Serving, 1);
         let deleting = location(2, LocationState::Deleting, 1);
-        let entry = Entry::new(vec![serving.clone(), deleting.clone()]);
-        assert!(entry.without_deleting(serving.as_ref().id()).is_none());
-        let rest = entry
-            .without_deleting(deleting.as_ref().id())
-            .expect("deleting");
+        let locations = vec![serving.clone(), deleting.clone()];
+        assert!(without_deleting(&locations, serving.as_ref().id()).is_none());
+        let rest = without_deleting(&locations, deleting.as_ref().id()).expect("deleting");
         assert_eq!(rest, vec![serving]);
     }
 

@@ -61,14 +61,15 @@ impl Manager {
         instance: &Arc<Instance>,
         moved: Vec<(BlockKey, Location)>,
     ) {
-        for (key, location) in moved {
-            let job = DeleteJob {
+        let jobs: Vec<DeleteJob> = moved
+            .into_iter()
+            .map(|(key, location)| DeleteJob {
                 instance: instance.clone(),
                 key,
                 location,
-            };
-            deleter::delete_now(&job, &self.storages, &self.feed);
-        }
+            })
+            .collect();
+        deleter::delete_now(&jobs, &self.storages, &self.feed);
     }
 
     /// Applies a trim strategy to an instance.
