@@ -67,6 +67,12 @@ pub struct BenchArgs {
     /// beside idle instead (`--blocks` SERVING blocks).
     #[arg(long)]
     pub reclaim: bool,
+    /// `--reclaim`: blocks one reclaimer pass may evict (the group's `reclaim_step_size`).
+    #[arg(long, default_value_t = 16_384)]
+    pub reclaim_step: i32,
+    /// `--reclaim`: milliseconds between reclaimer passes (`kvcm.cache_reclaimer.period_ms`).
+    #[arg(long, default_value_t = 100)]
+    pub reclaim_period_ms: u64,
 }
 
 const PREFIX_SIZES: [usize; 2] = [16, 128];

@@ -27,8 +27,15 @@ pub struct DeleteJob {
     pub location: Location,
 }
 
-/// Most jobs the deleter takes at once: one index batch (so one journal sync) per instance.
+/// An instance's jobs, by key.
+type JobsByKey<'a> = BTreeMap<BlockKey, Vec<&'a DeleteJob>>;
+
+/// Most jobs the deleter takes at once.
 const BATCH: usize = 4096;
+
+/// Most keys of one index batch of background work (the deleter, the reclaimer): an
+/// instance's lookups wait for at most this many keys' changes behind its shard locks.
+pub(crate) const INDEX_CHUNK: usize = 64;
 
 /// Starts the deleter; it runs until every sender of `jobs` is dropped. It takes the jobs
 /// queued so far (up to [`BATCH`]) together.
@@ -40,6 +47,7 @@ pub fn spawn_deleter(
     std::thread::Builder::new()
         .name("kvcm-deleter".into())
         .spawn(move || {
+            super::background::lower_priority();
             while let Ok(first) = jobs.recv() {
                 let mut batch = vec![first];
                 batch.extend(jobs.try_iter().take(BATCH - 1));
@@ -57,39 +65,41 @@ pub fn enqueue(sender: &Sender<DeleteJob>, jobs: Vec<DeleteJob>) {
     }
 }
 
-/// Frees DELETING locations' bytes and removes them from the index, on this thread: one
-/// index batch per instance.
+/// Frees DELETING locations' bytes and removes them from the index, on this thread: per
+/// instance, index batches of at most [`INDEX_CHUNK`] keys.
 pub(crate) fn delete_now(jobs: &[DeleteJob], storages: &StorageTable, feed: &ChangeFeed) {
     for job in jobs {
         free_bytes(job, storages);
     }
-    let mut by_instance: HashMap<&str, (&Arc<Instance>, BTreeMap<BlockKey, Vec<&DeleteJob>>)> =
-        HashMap::new();
+    let mut by_instance: HashMap<&str, (&Arc<Instance>, JobsByKey<'_>)> = HashMap::new();
     for job in jobs {
         let (_, keys) = by_instance
             .entry(job.instance.id())
             .or_insert_with(|| (&job.instance, BTreeMap::new()));
         keys.entry(job.key).or_default().push(job);
     }
-    for (instance, keys) in by_instance.into_values() {
-        remove_from_index(instance, &keys, storages, feed);
+    for (instance, jobs) in by_instance.into_values() {
+        let keys: Vec<BlockKey> = jobs.keys().copied().collect();
+        for chunk in keys.chunks(INDEX_CHUNK) {
+            remove_from_index(instance, chunk, &jobs, storages, feed);
+        }
     }
 }
 
-/// Removes each job's location from its key's entry if it is still DELETING (a key left
-/// without locations is removed), then takes the removed ones out of the usage.
+/// Removes the location of each job of `keys` from its key's entry if it is still DELETING
+/// (a key left without locations is removed), then takes the removed ones out of the usage.
 fn remove_from_index(
     instance: &Arc<Instance>,
-    jobs: &BTreeMap<BlockKey, Vec<&DeleteJob>>,
+    keys: &[BlockKey],
+    jobs: &JobsByKey<'_>,
     storages: &StorageTable,
     feed: &ChangeFeed,
 ) {
-    let keys: Vec<BlockKey> = jobs.keys().copied().collect();
     // Per key, what its last run of the closure removed (a backend may run it again).
     let mut removed: HashMap<BlockKey, Vec<&DeleteJob>> = HashMap::new();
     let result = instance
         .index
-        .read_modify_write(&keys, &mut |key, current: Option<&Entry>| {
+        .read_modify_write(keys, &mut |key, current: Option<&Entry>| {
             let Some(entry) = current else {
                 return Modify::Keep;
             };

@@ -29,6 +29,7 @@
 mod access;
 mod accounts;
 mod api_keys;
+mod background;
 mod deleter;
 pub mod encoding;
 pub mod entry;

@@ -10,8 +10,9 @@
 //!   before the prefixes they extend) — a sampled LRU, exact while the sample covers the
 //!   instance;
 //! - eviction takes the RemoveCache path (SERVING → DELETING through `move_locations`, so
-//!   the lookup table unpublishes and the journal logs it); bytes are freed by the deleter
-//!   `delay_before_delete_ms` later;
+//!   the lookup table unpublishes and the journal logs it), in index batches of at most
+//!   `INDEX_CHUNK` keys so lookups never wait long behind it; bytes are freed by the
+//!   deleter `delay_before_delete_ms` later;
 //! - fair and rate-limited: a group's byte excess is split evenly over its instances, and
 //!   no instance loses more than `reclaim_step_size` blocks (default [`DEFAULT_STEP`]) per
 //!   pass; keys already evicted but not yet deleted count against the excess, so a pass
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use kvcm_index::BlockKey;
 
+use super::deleter::INDEX_CHUNK;
 use super::entry::{Entry, Location, LocationRef, LocationState};
 use super::error::ManagerResult;
 use super::group_config::GroupConfig;
@@ -95,6 +97,7 @@ pub(crate) fn spawn_reclaimer(
     std::thread::Builder::new()
         .name("kvcm-reclaimer".into())
         .spawn(move || {
+            super::background::lower_priority();
             let mut state = ReclaimState::default();
             loop {
                 std::thread::sleep(period);
@@ -261,10 +264,13 @@ impl Manager {
         victims.sort_unstable();
         let mut keys: Vec<BlockKey> = victims.into_iter().take(count).map(|(_, k)| k).collect();
         keys.sort_unstable();
-        let moved =
-            self.move_locations(instance, &keys, LocationState::Deleting, &mut |_, l| {
+        let mut moved = Vec::new();
+        for chunk in keys.chunks(INDEX_CHUNK) {
+            let deleting = LocationState::Deleting;
+            moved.extend(self.move_locations(instance, chunk, deleting, &mut |_, l| {
                 evictable(&l.as_ref())
-            })?;
+            })?);
+        }
         if moved.is_empty() {
             return Ok(());
         }
