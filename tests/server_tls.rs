@@ -1,6 +1,7 @@
 //! TLS and mutual TLS on a real `kvcm serve` (docs/security.md, "TLS"): gRPC and HTTP over
-//! TLS, plaintext refused, a renewed certificate served without a restart (and a broken one
-//! ignored), client certificates required and checked against the configured CA.
+//! TLS, plaintext refused, a renewed certificate or client CA served without a restart (and
+//! a broken one ignored), client certificates required and checked against the configured
+//! CA and mapped to accounts; kvcm's own clients (Rust client, `kvcm pool`) over TLS.
 
 mod common;
 
@@ -414,6 +415,32 @@ async fn mutual_tls_demands_a_client_certificate_of_the_configured_ca() {
             .is_err(),
     };
     assert!(anonymous, "gRPC without a client certificate is refused");
+
+    // A new client CA replaces the old one without a restart.
+    let renewed = Authority::new("renewed client CA");
+    replace(&files.client_ca, &renewed.pem());
+    let newcomer = renewed.sign(&["engine-2"]);
+    let accepted = wait_until(Duration::from_secs(10), async || {
+        (call(Some(&newcomer)).await == Ok(200)).then_some(())
+    })
+    .await;
+    assert!(accepted.is_some(), "a certificate of the new client CA");
+    assert!(
+        call(Some(&engine)).await.is_err(),
+        "a certificate of the replaced CA"
+    );
+    // A broken CA file is ignored: the new CA stays in force.
+    replace(&files.client_ca, "not a CA");
+    let warned = wait_until(Duration::from_secs(10), async || {
+        let _ = call(Some(&newcomer)).await;
+        server
+            .log()
+            .contains("TLS client CA not reloaded")
+            .then_some(())
+    })
+    .await;
+    assert!(warned.is_some(), "{}", server.log());
+    assert_eq!(call(Some(&newcomer)).await, Ok(200));
 }
 
 /// The `header.status.code` of a JSON answer.

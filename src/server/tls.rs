@@ -5,10 +5,10 @@
 //!
 //! Invariants: a handshake runs on its connection's own task and must finish within the
 //! header timeout (a client that stalls in it holds one admission permit, never the accept
-//! loop); the certificate and key are re-read when either file's modification time changes
-//! (checked at most once per [`RELOAD_CHECK`], on a handshake), and a pair that does not load
-//! leaves the previous one in force (logged), so a half-written renewal never takes the
-//! listeners down; the client CA is read once, at start.
+//! loop); the certificate and key, and the client CA, are re-read when one of their files'
+//! modification times changes (looked at, at most once per [`RELOAD_CHECK`], on a
+//! handshake), and files that do not load leave the previous ones in force (logged), so a
+//! half-written renewal never takes the listeners down.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -19,10 +19,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::rustls;
+use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tonic::transport::server::Connected;
 
 use super::admission::Admitted;
@@ -76,17 +79,22 @@ impl Tls {
             return Ok(None);
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let resolver = Arc::new(ReloadingCert::load(cert, key, provider.clone())?);
+        let pair = {
+            let (cert, key, provider) = (cert.clone(), key.clone(), provider.clone());
+            move || load_pair(&cert, &key, &provider)
+        };
+        let files = vec![cert.clone(), key.clone()];
+        let resolver = Arc::new(ServerCert(Reloading::new("certificate", files, pair)?));
         let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()?;
         let builder = match &settings.client_ca_file {
             Some(ca) => {
-                let roots = client_roots(ca)?;
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                        .build()
-                        .map_err(|e| rustls::Error::General(e.to_string()))?;
-                builder.with_client_cert_verifier(verifier)
+                let load = {
+                    let ca = ca.clone();
+                    move || client_verifier(&ca, provider.clone())
+                };
+                let verifier = Reloading::new("client CA", vec![ca.clone()], load)?;
+                builder.with_client_cert_verifier(Arc::new(ClientCa(verifier)))
             }
             None => builder.with_no_client_auth(),
         };
@@ -130,17 +138,21 @@ impl Tls {
     }
 }
 
-/// The client CA's certificates.
-fn client_roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+/// The verifier of client certificates signed by the CA(s) of `path`.
+fn client_verifier(
+    path: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let key = "kvcm.tls.client_ca_file";
-    let certs = read_certs(key, path)?;
     let mut roots = rustls::RootCertStore::empty();
-    for cert in certs {
+    for cert in read_certs(key, path)? {
         roots
             .add(cert)
             .map_err(|e| file_error(key, path, e.to_string()))?;
     }
-    Ok(roots)
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| file_error(key, path, e.to_string()))
 }
 
 fn file_error(key: &'static str, path: &Path, reason: String) -> TlsError {
@@ -178,71 +190,132 @@ fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// The certificate in force, re-read when its files change.
-#[derive(Debug)]
-struct ReloadingCert {
-    cert: PathBuf,
-    key: PathBuf,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-    state: Mutex<Loaded>,
+/// A value loaded from files, loaded again when one of their modification times changes
+/// (looked at, at most once per [`RELOAD_CHECK`]); a load that fails leaves the value in
+/// force (logged).
+struct Reloading<T: ?Sized> {
+    /// What it is, for the log ("certificate", "client CA").
+    what: &'static str,
+    files: Vec<PathBuf>,
+    load: Box<dyn Fn() -> Result<Arc<T>, TlsError> + Send + Sync>,
+    state: Mutex<Loaded<T>>,
 }
 
-#[derive(Debug)]
-struct Loaded {
-    pair: Arc<CertifiedKey>,
-    /// The files' modification times when `pair` was read (or last failed to load).
-    stamps: (Option<SystemTime>, Option<SystemTime>),
+struct Loaded<T: ?Sized> {
+    value: Arc<T>,
+    /// The files' modification times when `value` was loaded (or last failed to load).
+    stamps: Vec<Option<SystemTime>>,
     checked: Instant,
 }
 
-impl ReloadingCert {
-    fn load(
-        cert: &Path,
-        key: &Path,
-        provider: Arc<rustls::crypto::CryptoProvider>,
-    ) -> Result<ReloadingCert, TlsError> {
-        let stamps = (modified(cert), modified(key));
-        let pair = Arc::new(load_pair(cert, key, &provider)?);
-        Ok(ReloadingCert {
-            cert: cert.to_path_buf(),
-            key: key.to_path_buf(),
-            provider,
+impl<T: ?Sized> std::fmt::Debug for Reloading<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloading")
+            .field("what", &self.what)
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: ?Sized> Reloading<T> {
+    /// Loads the value once (an error stops the start) and keeps `load` for later.
+    fn new<V: Into<Arc<T>>>(
+        what: &'static str,
+        files: Vec<PathBuf>,
+        load: impl Fn() -> Result<V, TlsError> + Send + Sync + 'static,
+    ) -> Result<Reloading<T>, TlsError> {
+        let load: Box<dyn Fn() -> Result<Arc<T>, TlsError> + Send + Sync> =
+            Box::new(move || load().map(Into::into));
+        let stamps = files.iter().map(|f| modified(f)).collect();
+        let value = load()?;
+        Ok(Reloading {
+            what,
+            files,
+            load,
             state: Mutex::new(Loaded {
-                pair,
+                value,
                 stamps,
                 checked: Instant::now(),
             }),
         })
     }
 
-    /// The pair in force, re-read first when a check is due and the files changed.
-    fn current(&self) -> Arc<CertifiedKey> {
+    /// The value in force, loaded again first when a check is due and a file changed.
+    fn current(&self) -> Arc<T> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if state.checked.elapsed() >= RELOAD_CHECK {
             state.checked = Instant::now();
-            let stamps = (modified(&self.cert), modified(&self.key));
+            let stamps: Vec<_> = self.files.iter().map(|f| modified(f)).collect();
             if stamps != state.stamps {
                 state.stamps = stamps;
-                match load_pair(&self.cert, &self.key, &self.provider) {
-                    Ok(pair) => {
-                        tracing::info!("TLS certificate reloaded from {}", self.cert.display());
-                        state.pair = Arc::new(pair);
+                match (self.load)() {
+                    Ok(value) => {
+                        tracing::info!("TLS {} reloaded from {:?}", self.what, self.files);
+                        state.value = value;
                     }
-                    Err(error) => {
-                        tracing::warn!(
-                            "TLS certificate not reloaded, the previous one serves: {error}"
-                        )
-                    }
+                    Err(error) => tracing::warn!(
+                        "TLS {} not reloaded, the previous one serves: {error}",
+                        self.what
+                    ),
                 }
             }
         }
-        state.pair.clone()
+        state.value.clone()
     }
 }
 
-impl ResolvesServerCert for ReloadingCert {
+/// The server certificate in force.
+#[derive(Debug)]
+struct ServerCert(Reloading<CertifiedKey>);
+
+impl ResolvesServerCert for ServerCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current())
+        Some(self.0.current())
+    }
+}
+
+/// The client-certificate verifier of the client CA in force. It names no CA in its
+/// certificate request (the hints would have to outlive a reload): a client sends the
+/// certificate it has.
+#[derive(Debug)]
+struct ClientCa(Reloading<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for ClientCa {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.0
+            .current()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.current().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.current().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.current().supported_verify_schemes()
     }
 }
 
