@@ -124,7 +124,7 @@ typedef struct kvcm_fast_path_metrics {
 
 /*
  * TLS towards servers that serve it (kvcm.tls.* on the server; docs/security.md), for
- * kvcm_client_connect_tls. Each field is a NUL-terminated path of a PEM file, read while
+ * kvcm_client_connect_tls and kvcm_engine_connect_with. Each field is a NUL-terminated path of a PEM file, read while
  * connecting (the struct and its strings need not outlive the call).
  * ca_file: the CA the servers' certificates chain to (required).
  * cert_file, key_file: the client's certificate and private key for mutual TLS (servers with
@@ -224,6 +224,20 @@ int32_t kvcm_client_flush_read_reports(const kvcm_client *client, uint64_t *repo
  */
 int32_t kvcm_engine_connect(const char *grpc, const char *http, const char *instance_id,
                             int32_t wire, kvcm_engine **engine_out, char **error_message);
+
+/*
+ * As kvcm_engine_connect, with an API key (NULL: none) and over TLS when `tls` is not NULL
+ * (NULL: plaintext; both NULL: exactly kvcm_engine_connect). The key and the TLS settings
+ * are those of kvcm_client_connect_tls, with the same codes for bad ones: the key goes with
+ * the engine's gRPC calls and the fast path's bootstrap; with TLS, gRPC, the bootstrap and
+ * the pool directory (where pool nodes are) speak TLS, the pool nodes' and the fast path's
+ * queue pairs do not. A server that refuses the key makes puts and gets fail with
+ * KVCM_E_UNAUTHORIZED; one that refuses the handshake (or a plaintext engine of a TLS server)
+ * makes them fail with KVCM_E_UNREACHABLE.
+ */
+int32_t kvcm_engine_connect_with(const char *grpc, const char *http, const char *instance_id,
+                                 int32_t wire, const char *api_key, const kvcm_tls *tls,
+                                 kvcm_engine **engine_out, char **error_message);
 
 /* Frees an engine (NULL: no-op). No call on it may be in flight. */
 void kvcm_engine_free(kvcm_engine *engine);

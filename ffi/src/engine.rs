@@ -1,10 +1,11 @@
 //! `kvcm_engine`: the transfer engine (put / get of whole blocks between the caller's host
 //! buffers and pool nodes or files) over the C ABI.
 //!
-//! Invariants: a `kvcm_engine*` is a `Box<Engine>` from [`kvcm_engine_connect`], freed
-//! once by [`kvcm_engine_free`]; calls on one engine are serialised by its mutex, so C may
-//! share it across threads. Every buffer pointer and length is checked before it is read;
-//! the buffers of a get must not overlap (checked: overlapping ones are refused).
+//! Invariants: a `kvcm_engine*` is a `Box<Engine>` from [`kvcm_engine_connect_with`] (which
+//! [`kvcm_engine_connect`] calls), freed once by [`kvcm_engine_free`]; calls on one engine
+//! are serialised by its mutex, so C may share it across threads. Every buffer pointer and
+//! length is checked before it is read; the buffers of a get must not overlap (checked:
+//! overlapping ones are refused).
 
 use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
@@ -12,7 +13,7 @@ use std::sync::Mutex;
 use kvcm_client::{GetOutcome, PutOutcome, TransferConfig, TransferEngine, TransferPath, Wire};
 
 use crate::args;
-use crate::client::client_config;
+use crate::client::{client_config, KvcmTls};
 use crate::error::{guard, shielded, FfiError};
 
 /// Put outcome: written and committed.
@@ -94,11 +95,43 @@ pub unsafe extern "C" fn kvcm_engine_connect(
     engine_out: *mut *mut Engine,
     error_message: *mut *mut c_char,
 ) -> i32 {
+    let (api_key, tls) = (std::ptr::null(), std::ptr::null());
+    // SAFETY: the caller's promises are passed on; a NULL key and NULL TLS are allowed.
+    unsafe {
+        kvcm_engine_connect_with(
+            grpc,
+            http,
+            instance_id,
+            wire_kind,
+            api_key,
+            tls,
+            engine_out,
+            error_message,
+        )
+    }
+}
+
+/// As [`kvcm_engine_connect`], with an API key (NULL: none) and over TLS when `tls` is not
+/// NULL (see kvcm.h).
+///
+/// # Safety
+/// The strings are NULL or NUL-terminated; `tls` is NULL or a readable `kvcm_tls` whose
+/// strings are NULL or NUL-terminated; `engine_out` and `error_message` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_engine_connect_with(
+    grpc: *const c_char,
+    http: *const c_char,
+    instance_id: *const c_char,
+    wire_kind: i32,
+    api_key: *const c_char,
+    tls: *const KvcmTls,
+    engine_out: *mut *mut Engine,
+    error_message: *mut *mut c_char,
+) -> i32 {
     // SAFETY: the caller's promises about every pointer are passed on unchanged.
     unsafe {
         guard(error_message, || {
             args::store(engine_out, "engine_out", std::ptr::null_mut())?;
-            let (api_key, tls) = (std::ptr::null(), std::ptr::null());
             let client = client_config(grpc, http, instance_id, wire_kind, api_key, tls)?;
             let config = TransferConfig {
                 pool_wire: client.wire.unwrap_or(Wire::Tcp),

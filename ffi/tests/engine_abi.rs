@@ -1,15 +1,19 @@
 //! The transfer engine's C entry points (`kvcm_engine_*`), called through the ABI against
 //! an in-process server (the embedded file storage): put and get with byte checks, outcome
-//! and path codes, and the codes kvcm.h documents for bad buffers.
+//! and path codes, and the codes kvcm.h documents for bad buffers; `kvcm_engine_connect_with`
+//! against a server serving mutual TLS and one requiring API keys.
 
 mod common;
 
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::Path;
 
-use common::Harness;
-use kvcm_ffi::client::KVCM_WIRE_SOFT_TCP;
+use common::{Harness, TlsFiles};
+use kvcm_ffi::client::{KvcmTls, KVCM_WIRE_SOFT_TCP};
 use kvcm_ffi::engine::*;
-use kvcm_ffi::error::{KVCM_E_INVALID_ARGUMENT, KVCM_E_NULL_ARGUMENT, KVCM_OK};
+use kvcm_ffi::error::{
+    KVCM_E_INVALID_ARGUMENT, KVCM_E_NULL_ARGUMENT, KVCM_E_UNAUTHORIZED, KVCM_E_UNREACHABLE, KVCM_OK,
+};
 
 const SPEC_BYTES: usize = 1024;
 
@@ -40,12 +44,83 @@ fn connect(harness: &Harness, instance: &str) -> *mut Engine {
     engine
 }
 
-/// kvcm_engine_put of one-part blocks; the status and the outcomes.
-fn put(engine: *mut Engine, keys: &[i64], data: &[Vec<u8>]) -> (i32, Vec<i32>, Vec<i32>) {
+fn c_path(path: &Path) -> CString {
+    CString::new(path.to_str().expect("UTF-8 path")).unwrap()
+}
+
+/// The `kvcm_tls` fields of a TLS harness's files (`cert` false: no client certificate).
+fn tls_fields(files: &TlsFiles, cert: bool) -> [Option<CString>; 3] {
+    let identity = |path: &Path| cert.then(|| c_path(path));
+    [
+        Some(c_path(&files.ca)),
+        identity(&files.cert),
+        identity(&files.key),
+    ]
+}
+
+/// `kvcm_engine_connect_with` (`tls` None: a NULL `kvcm_tls*`; its fields None: NULL): the
+/// status, the engine (NULL on failure) and the message.
+fn connect_with(
+    grpc: &str,
+    http: &str,
+    instance: &str,
+    api_key: Option<&str>,
+    tls: Option<&[Option<CString>; 3]>,
+) -> (i32, *mut Engine, String) {
+    let text = |s: &str| CString::new(s).unwrap();
+    let (grpc, http, instance) = (text(grpc), text(http), text(instance));
+    let key = api_key.map(text);
+    let field = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    let raw = tls.map(|[ca, cert, key]| KvcmTls {
+        ca_file: field(ca),
+        cert_file: field(cert),
+        key_file: field(key),
+        server_name: std::ptr::null(),
+    });
+    let tls = raw
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const KvcmTls);
+    let mut engine = std::ptr::dangling_mut();
+    let mut message = std::ptr::null_mut();
+    // SAFETY: NUL-terminated strings (or NULL) and a kvcm_tls that outlive the call; local
+    // outputs.
+    let status = unsafe {
+        kvcm_engine_connect_with(
+            grpc.as_ptr(),
+            http.as_ptr(),
+            instance.as_ptr(),
+            KVCM_WIRE_SOFT_TCP,
+            key.as_ref().map_or(std::ptr::null(), |k| k.as_ptr()),
+            tls,
+            &mut engine,
+            &mut message,
+        )
+    };
+    (status, engine, take_message(message))
+}
+
+/// A connected engine (the connect must succeed).
+fn connected_with(
+    grpc: &str,
+    http: &str,
+    instance: &str,
+    api_key: Option<&str>,
+    tls: Option<&[Option<CString>; 3]>,
+) -> *mut Engine {
+    let (status, engine, message) = connect_with(grpc, http, instance, api_key, tls);
+    assert_eq!(status, KVCM_OK, "{message}");
+    assert!(!engine.is_null());
+    engine
+}
+
+/// kvcm_engine_put of one-part blocks: the status, the outcomes and paths (0 and -1 where
+/// none was written) and the message.
+fn put(engine: *mut Engine, keys: &[i64], data: &[Vec<u8>]) -> (i32, Vec<i32>, Vec<i32>, String) {
     let buffers: Vec<*const c_void> = data.iter().map(|d| d.as_ptr().cast()).collect();
     let lengths: Vec<usize> = data.iter().map(Vec::len).collect();
     let mut outcomes = vec![0; keys.len()];
     let mut paths = vec![-1; keys.len()];
+    let mut message: *mut c_char = std::ptr::null_mut();
     // SAFETY: arrays of `keys.len()` elements, buffers valid for their lengths.
     let status = unsafe {
         kvcm_engine_put(
@@ -57,10 +132,10 @@ fn put(engine: *mut Engine, keys: &[i64], data: &[Vec<u8>]) -> (i32, Vec<i32>, V
             lengths.as_ptr(),
             outcomes.as_mut_ptr(),
             paths.as_mut_ptr(),
-            std::ptr::null_mut(),
+            &mut message,
         )
     };
-    (status, outcomes, paths)
+    (status, outcomes, paths, take_message(message))
 }
 
 /// kvcm_engine_get of one-part blocks into `data`.
@@ -92,9 +167,7 @@ fn take_message(message: *mut c_char) -> String {
     }
     // SAFETY: a message the library handed out, freed once here.
     unsafe {
-        let text = std::ffi::CStr::from_ptr(message)
-            .to_string_lossy()
-            .into_owned();
+        let text = CStr::from_ptr(message).to_string_lossy().into_owned();
         kvcm_ffi::error::kvcm_string_free(message);
         text
     }
@@ -107,15 +180,15 @@ fn blocks_put_and_got_through_the_c_abi_read_back_whole() {
     let engine = connect(&harness, "engine");
     let keys = [11i64, 12, 13];
     let data: Vec<Vec<u8>> = keys.iter().map(|&k| pattern(k)).collect();
-    let (status, outcomes, paths) = put(engine, &keys, &data);
+    let (status, outcomes, paths, _) = put(engine, &keys, &data);
     assert_eq!(status, KVCM_OK);
     assert_eq!(outcomes, [KVCM_PUT_WRITTEN; 3]);
     assert_eq!(paths, [KVCM_PATH_FILE; 3]);
-    let (_, again, paths) = put(engine, &keys, &data);
+    let (_, again, paths, _) = put(engine, &keys, &data);
     assert_eq!(again, [KVCM_PUT_PRESENT; 3]);
     assert_eq!(paths, [KVCM_PATH_NONE; 3]);
     // A wrong part size is that block's failure only.
-    let (status, short, _) = put(engine, &[14, 15], &[vec![0; 1023], pattern(15)]);
+    let (status, short, ..) = put(engine, &[14, 15], &[vec![0; 1023], pattern(15)]);
     assert_eq!(status, KVCM_OK);
     assert_eq!(short, [KVCM_PUT_FAILED, KVCM_PUT_WRITTEN]);
 
@@ -211,4 +284,127 @@ fn bad_buffers_are_refused_with_the_documented_codes() {
         kvcm_engine_free(engine);
         kvcm_engine_free(std::ptr::null_mut());
     }
+}
+
+fn free(engine: *mut Engine) {
+    // SAFETY: an engine of this library, freed once.
+    unsafe { kvcm_engine_free(engine) };
+}
+
+/// A put then a get of block `key` through `engine`: both written / hit on the file tier,
+/// the bytes read back whole.
+fn round_trip(engine: *mut Engine, key: i64) {
+    let (status, outcomes, paths, message) = put(engine, &[key], &[pattern(key)]);
+    assert_eq!(status, KVCM_OK, "{message}");
+    assert_eq!(
+        (outcomes, paths),
+        (vec![KVCM_PUT_WRITTEN], vec![KVCM_PATH_FILE])
+    );
+    let mut read = vec![vec![0u8; SPEC_BYTES]];
+    let (status, outcomes, message) = get(engine, &[key], &mut read);
+    assert_eq!(status, KVCM_OK, "{message}");
+    assert_eq!(outcomes, [KVCM_GET_HIT]);
+    assert!(read[0] == pattern(key), "block {key} read back whole");
+}
+
+#[test]
+fn an_engine_over_mutual_tls_round_trips_and_plaintext_or_anonymous_ones_are_unreachable() {
+    let harness = Harness::start_tls();
+    harness.register("engine-tls");
+    let files = harness.tls.as_ref().expect("TLS files");
+    let bare = harness.grpc.strip_prefix("https://").expect("https://");
+
+    // A bare host:port means https:// with TLS.
+    let mutual = tls_fields(files, true);
+    let engine = connected_with(bare, &harness.http, "engine-tls", None, Some(&mutual));
+    round_trip(engine, 21);
+    free(engine);
+
+    let plain = format!("http://{bare}");
+    let anonymous = tls_fields(files, false);
+    let cases = [
+        ("plaintext", plain.as_str(), None),
+        ("no client certificate", bare, Some(&anonymous)),
+    ];
+    for (case, grpc, tls) in cases {
+        let engine = connected_with(grpc, &harness.http, "engine-tls", None, tls);
+        let (status, outcomes, _, message) = put(engine, &[22], &[pattern(22)]);
+        assert_eq!(status, KVCM_E_UNREACHABLE, "{case}: {message}");
+        assert!(
+            message.contains("no kvcm server reachable"),
+            "{case}: {message}"
+        );
+        assert_eq!(
+            outcomes,
+            [0],
+            "{case}: no outcome written when the call fails"
+        );
+        let mut read = vec![vec![0u8; SPEC_BYTES]];
+        let (status, _, message) = get(engine, &[21], &mut read);
+        assert_eq!(status, KVCM_E_UNREACHABLE, "{case}: {message}");
+        free(engine);
+    }
+
+    // Bad settings are refused before anything is sent, as for the client.
+    let [ca, cert, _] = tls_fields(files, true);
+    let no_key = [ca, cert, None];
+    let (status, engine, message) = connect_with(bare, &harness.http, "e", None, Some(&no_key));
+    assert_eq!(status, KVCM_E_INVALID_ARGUMENT, "{message}");
+    assert!(message.contains("tls.key_file is NULL"), "{message}");
+    assert!(engine.is_null(), "failure leaves *engine_out NULL");
+    let (status, engine, message) = connect_with(&harness.grpc, &harness.http, "e", None, None);
+    assert_eq!(
+        status, KVCM_E_INVALID_ARGUMENT,
+        "https:// without TLS: {message}"
+    );
+    assert!(engine.is_null());
+    // The block written over TLS is still there for a TLS engine.
+    let engine = connected_with(
+        &harness.grpc,
+        &harness.http,
+        "engine-tls",
+        None,
+        Some(&mutual),
+    );
+    let (status, outcomes, ..) = put(engine, &[21], &[pattern(21)]);
+    assert_eq!((status, outcomes), (KVCM_OK, vec![KVCM_PUT_PRESENT]));
+    free(engine);
+}
+
+#[test]
+fn an_engine_with_the_key_writes_and_one_without_is_unauthorized() {
+    const INSTANCE: &str = "engine-auth";
+    let harness = Harness::start_with_key(INSTANCE);
+    harness.register(INSTANCE);
+    let key = harness.api_key.clone().expect("a key");
+
+    let engine = connected_with(&harness.grpc, &harness.http, INSTANCE, Some(&key), None);
+    round_trip(engine, 31);
+    free(engine);
+
+    let forged = format!("kvcm_{}_{}", "0".repeat(16), "0".repeat(64));
+    for api_key in [None, Some(forged.as_str())] {
+        let engine = connected_with(&harness.grpc, &harness.http, INSTANCE, api_key, None);
+        let (status, outcomes, _, message) = put(engine, &[32], &[pattern(32)]);
+        assert_eq!(status, KVCM_E_UNAUTHORIZED, "{api_key:?}: {message}");
+        assert!(message.contains("access check"), "{api_key:?}: {message}");
+        assert_eq!(outcomes, [0], "{api_key:?}: no outcome written");
+        let mut read = vec![vec![0u8; SPEC_BYTES]];
+        let (status, _, message) = get(engine, &[31], &mut read);
+        assert_eq!(status, KVCM_E_UNAUTHORIZED, "{api_key:?}: {message}");
+        assert!(read[0].iter().all(|&b| b == 0), "{api_key:?}: nothing read");
+        free(engine);
+    }
+    // The plain connect is the keyless one: refused likewise.
+    let engine = connect(&harness, INSTANCE);
+    let (status, ..) = put(engine, &[33], &[pattern(33)]);
+    assert_eq!(status, KVCM_E_UNAUTHORIZED);
+    free(engine);
+    // Nothing the refused engines tried was stored.
+    let engine = connected_with(&harness.grpc, &harness.http, INSTANCE, Some(&key), None);
+    let mut read = vec![vec![0u8; SPEC_BYTES]; 2];
+    let (status, outcomes, message) = get(engine, &[32, 33], &mut read);
+    assert_eq!(status, KVCM_OK, "{message}");
+    assert_eq!(outcomes, [KVCM_GET_MISS, KVCM_GET_MISS]);
+    free(engine);
 }

@@ -113,7 +113,7 @@ fn python_auth_tests() {
     let output = run(command);
     println!("{output}");
     assert!(
-        output.contains("Ran 3 tests") && output.contains("\nOK"),
+        output.contains("Ran 4 tests") && output.contains("\nOK"),
         "{output}"
     );
 }
@@ -138,7 +138,7 @@ fn python_tls_tests() {
     let output = run(command);
     println!("{output}");
     assert!(
-        output.contains("Ran 3 tests") && output.contains("\nOK"),
+        output.contains("Ran 4 tests") && output.contains("\nOK"),
         "{output}"
     );
 }

@@ -99,6 +99,10 @@ def _declare(lib):
         "kvcm_locations_free": ([c_void_p], None),
         "kvcm_string_free": ([c_void_p], None),
         "kvcm_engine_connect": ([c_char_p, c_char_p, c_char_p, c_int32, out, out], c_int32),
+        "kvcm_engine_connect_with": (
+            [c_char_p, c_char_p, c_char_p, c_int32, c_char_p, POINTER(Tls), out, out],
+            c_int32,
+        ),
         "kvcm_engine_free": ([c_void_p], None),
         "kvcm_engine_put": (transfer, c_int32),
         "kvcm_engine_get": (transfer, c_int32),

@@ -7,17 +7,14 @@ first access to a location decodes the whole result in one pass from a single fl
 one copy of the strings. The C result is freed then, or when the sequence is dropped.
 """
 
-import os
 from collections.abc import Sequence
 from ctypes import byref, c_uint64, c_void_p, string_at
 from itertools import islice, repeat
 from typing import List, NamedTuple, Tuple
 
 from . import _keys
-from ._lib import LIB, FastPathMetrics, FlatView, Tls
-from .errors import error
-
-WIRES = {None: 0, "none": 0, "soft-tcp": 1, "soft-shm": 2}
+from ._connected import Connected, raise_error
+from ._lib import LIB, FastPathMetrics, FlatView
 
 
 class Location(NamedTuple):
@@ -36,43 +33,6 @@ class Metrics(NamedTuple):
     retries: int
     extra_round_trips: int
     reconnects: int
-
-
-def _text(value, name):
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be str, not {type(value).__name__}")
-    if "\0" in value:
-        raise ValueError(f"{name} contains a NUL character")
-    return value.encode("utf-8")
-
-
-def _path(value, name):
-    """A file path argument (str or os.PathLike of str) as UTF-8 bytes; None stays None."""
-    if value is None:
-        return None
-    path = os.fspath(value)
-    if not isinstance(path, str):
-        raise TypeError(f"{name} must be a str path, not {type(path).__name__}")
-    return _text(path, name)
-
-
-def _tls(ca, cert, key, server_name):
-    """The kvcm_tls of the TLS arguments (None: plaintext), passed by reference."""
-    if ca is None:
-        named = (("tls_cert", cert), ("tls_key", key), ("tls_server_name", server_name))
-        given = [name for name, value in named if value is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} given without tls_ca (TLS needs the servers' CA)")
-        return None
-    name = None if server_name is None else _text(server_name, "tls_server_name")
-    tls = Tls(_path(ca, "tls_ca"), _path(cert, "tls_cert"), _path(key, "tls_key"), name)
-    return byref(tls)
-
-
-def _raise(status, message):
-    text = string_at(message.value).decode("utf-8", "replace") if message.value else ""
-    LIB.kvcm_string_free(message)
-    raise error(status, text)
 
 
 def _strings(view, total):
@@ -158,44 +118,6 @@ class Locations(Sequence):
             self._result = None
 
 
-class Connected:
-    """A library object connected to one instance (a client or an engine): connects in its
-    constructor, frees itself on close (idempotent), in `with` or when collected. Subclasses
-    name their C functions in `_connect` and `_free` (held by the class, so that `__del__`
-    still finds them while the interpreter shuts down)."""
-
-    _connect = None
-    _free = None
-
-    def __init__(self, grpc, http, instance_id, wire="soft-tcp", extra=()):
-        """`extra`: the C arguments `_connect` takes after the wire."""
-        self._handle = None
-        if wire not in WIRES:
-            raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'none', not {wire!r}")
-        handle, message = c_void_p(), c_void_p()
-        args = (_text(grpc, "grpc"), _text(http, "http"), _text(instance_id, "instance_id"))
-        status = self._connect(*args, WIRES[wire], *extra, byref(handle), byref(message))
-        if status:
-            _raise(status, message)
-        self._handle = handle
-        self.instance_id = instance_id
-
-    def close(self):
-        """Frees the object (idempotent)."""
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle is not None:
-            self._free(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-
 class Client(Connected):
     """A connected kvcm client for one instance.
 
@@ -217,22 +139,6 @@ class Client(Connected):
     _connect = LIB.kvcm_client_connect_tls
     _free = LIB.kvcm_client_free
 
-    def __init__(
-        self,
-        grpc,
-        http,
-        instance_id,
-        wire="soft-tcp",
-        api_key=None,
-        tls_ca=None,
-        tls_cert=None,
-        tls_key=None,
-        tls_server_name=None,
-    ):
-        key = None if api_key is None else _text(api_key, "api_key")
-        tls = _tls(tls_ca, tls_cert, tls_key, tls_server_name)
-        super().__init__(grpc, http, instance_id, wire, (key, tls))
-
     def _lookup(self, function, keys, *extra):
         handle = self._handle
         if handle is None:
@@ -242,7 +148,7 @@ class Client(Connected):
         status = function(handle, address, count, *extra, byref(result), byref(message))
         del keep  # the keys stayed exported until the call returned
         if status:
-            _raise(status, message)
+            raise_error(status, message)
         return Locations(result)
 
     def prefix_match(self, keys) -> "Locations":

@@ -16,7 +16,7 @@ from typing import List, NamedTuple
 
 from . import _keys
 from ._lib import LIB
-from .client import Connected, _raise
+from ._connected import Connected, raise_error
 
 PUT_OUTCOMES = {1: "written", 2: "present", 3: "failed"}
 GET_OUTCOMES = {1: "hit", 2: "miss", 3: "unreadable"}
@@ -74,11 +74,14 @@ def _parts(keys, blocks, writable):
 
 
 class Engine(Connected):
-    """A transfer engine for one instance (arguments as `kvcm.Client`; `wire` is used for
-    lookups and pool nodes). Calls on one engine run one at a time; use one per thread for
-    parallel transfers."""
+    """A transfer engine for one instance. Arguments as `kvcm.Client`, `api_key` and the
+    `tls_*` ones included: the key goes with its gRPC calls and the fast path's bootstrap (a
+    refused key makes put and get raise UnauthorizedError); with TLS, gRPC, the bootstrap and
+    the pool directory speak TLS (a plaintext engine of a TLS server, or a refused handshake,
+    makes them raise UnreachableError). `wire` is used for lookups and pool nodes. Calls on
+    one engine run one at a time; use one per thread for parallel transfers."""
 
-    _connect = LIB.kvcm_engine_connect
+    _connect = LIB.kvcm_engine_connect_with
     _free = LIB.kvcm_engine_free
 
     def _call(self, function, names, keys, blocks, writable):
@@ -91,7 +94,7 @@ class Engine(Connected):
         status = function(self._handle, address, count, specs, pointers, lengths, outcomes, paths, byref(message))
         del alive  # every buffer stayed exported until the call returned
         if status:
-            _raise(status, message)
+            raise_error(status, message)
         return [Outcome(names[o], PATHS[p]) for o, p in zip(outcomes, paths)]
 
     def put(self, keys, blocks) -> List[Outcome]:

@@ -16,6 +16,8 @@ import kvcm  # noqa: E402 (after the check, for a clear message)
 
 GRPC, HTTP, INSTANCE = ENV["KVCM_TEST_GRPC"], ENV["KVCM_TEST_HTTP"], ENV["KVCM_TEST_INSTANCE"]
 KEYS = [int(k) for k in ENV["KVCM_TEST_KEYS"].split(",")]
+SPEC_BYTES = 1024  # the size of the instance's one spec (the harness registers it)
+ENGINE_KEY = 3901
 
 
 class ApiKeys(unittest.TestCase):
@@ -33,11 +35,25 @@ class ApiKeys(unittest.TestCase):
                 self.assertEqual(refused.exception.code, -9)
                 self.assertIn("access check", refused.exception.message)
 
+    def test_an_engine_with_the_key_writes_and_one_without_is_unauthorized(self):
+        part = bytes(range(256)) * (SPEC_BYTES // 256)
+        with kvcm.Engine(GRPC, HTTP, INSTANCE, api_key=ENV["KVCM_TEST_API_KEY"]) as engine:
+            self.assertEqual(engine.put([ENGINE_KEY], [[part]]), [kvcm.Outcome("written", "file")])
+            target = bytearray(SPEC_BYTES)
+            self.assertEqual(engine.get([ENGINE_KEY], [[target]])[0].status, "hit")
+            self.assertEqual(bytes(target), part)
+        with kvcm.Engine(GRPC, HTTP, INSTANCE) as engine:
+            with self.assertRaises(kvcm.UnauthorizedError) as refused:
+                engine.put([ENGINE_KEY + 1], [[part]])
+            self.assertEqual(refused.exception.code, -9)
+
     def test_a_bad_key_argument_is_refused_before_connecting(self):
         with self.assertRaises(TypeError):
             kvcm.Client(GRPC, HTTP, INSTANCE, api_key=b"bytes")
         with self.assertRaises(ValueError):
             kvcm.Client(GRPC, HTTP, INSTANCE, api_key="a\0b")
+        with self.assertRaises(TypeError):
+            kvcm.Engine(GRPC, HTTP, INSTANCE, api_key=b"bytes")
 
 
 if __name__ == "__main__":

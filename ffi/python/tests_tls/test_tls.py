@@ -29,6 +29,8 @@ GRPC, HTTP, INSTANCE = ENV["KVCM_TEST_GRPC"], ENV["KVCM_TEST_HTTP"], ENV["KVCM_T
 KEYS = [int(k) for k in ENV["KVCM_TEST_KEYS"].split(",")]
 CA, CERT, KEY = ENV["KVCM_TEST_TLS_CA"], ENV["KVCM_TEST_TLS_CERT"], ENV["KVCM_TEST_TLS_KEY"]
 BARE = GRPC.split("://", 1)[1]
+SPEC_BYTES = 1024  # the size of the instance's one spec (the harness registers it)
+ENGINE_KEY = 4901
 
 
 class Tls(unittest.TestCase):
@@ -55,6 +57,20 @@ class Tls(unittest.TestCase):
                     client.prefix_match(KEYS)
                 self.assertEqual(failed.exception.code, -4)
 
+    def test_an_engine_puts_and_gets_over_tls(self):
+        part = bytes((i * 7 + 3) % 256 for i in range(SPEC_BYTES))
+        tls = dict(tls_ca=CA, tls_cert=CERT, tls_key=KEY)
+        with kvcm.Engine(BARE, HTTP, INSTANCE, **tls) as engine:
+            self.assertEqual(engine.put([ENGINE_KEY], [[part]]), [kvcm.Outcome("written", "file")])
+            target = bytearray(SPEC_BYTES)
+            self.assertEqual(engine.get([ENGINE_KEY], [[target]]), [kvcm.Outcome("hit", "file")])
+            self.assertEqual(bytes(target), part)
+        # A plaintext engine of the same server reaches nothing.
+        with kvcm.Engine("http://" + BARE, HTTP, INSTANCE) as engine:
+            with self.assertRaises(kvcm.UnreachableError) as failed:
+                engine.put([ENGINE_KEY + 1], [[part]])
+            self.assertEqual(failed.exception.code, -4)
+
     def test_bad_tls_arguments_are_refused(self):
         with self.assertRaises(kvcm.InvalidArgumentError) as refused:
             kvcm.Client(BARE, HTTP, INSTANCE, tls_ca=CA, tls_cert=CERT)
@@ -71,6 +87,12 @@ class Tls(unittest.TestCase):
         self.assertIn("without tls_ca", str(refused.exception))
         with self.assertRaises(TypeError):
             kvcm.Client(BARE, HTTP, INSTANCE, tls_ca=b"/bytes/path")
+        # The engine takes the same arguments, checked the same way.
+        with self.assertRaises(kvcm.InvalidArgumentError) as refused:
+            kvcm.Engine(BARE, HTTP, INSTANCE, tls_ca=CA, tls_key=KEY)
+        self.assertIn("tls.cert_file", refused.exception.message)
+        with self.assertRaises(ValueError):
+            kvcm.Engine(BARE, HTTP, INSTANCE, tls_server_name="localhost")
 
 
 if __name__ == "__main__":
