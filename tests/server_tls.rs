@@ -512,11 +512,18 @@ async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_n
         "an instance the certificate does not name: {theirs:?}"
     );
     assert!(theirs.1.contains("theirs"), "{theirs:?}");
-    // The operator's certificate (no instance named) may register any instance.
+    // The operator's certificate (no instance named) may register any instance, but not
+    // add accounts: above, the root token sent with that certificate decided.
     let as_operator = Https {
         bearer: None,
         ..as_root
     };
+    let body = r#"{"user_name":"x","password":"pw","role":"ROLE_USER"}"#;
+    let admin = server.address("admin_http");
+    let forbidden = as_operator
+        .send(admin, "POST", "/api/addAccount", body)
+        .await;
+    assert_eq!(forbidden.map(|(status, _)| status), Ok(403));
     let theirs = as_operator
         .send(http, "POST", "/api/registerInstance", &register("theirs"))
         .await;
@@ -605,11 +612,12 @@ async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_n
     );
 }
 
+/// The admin token of [`Secured`].
+const ROOT: &str = "root-token";
+
 /// A server with mutual TLS whose client certificates name accounts, meta auth required,
 /// the admin token [`ROOT`], the ROLE_USER account `eng` and its instance `mine`: the
 /// server, its CA's PEM, the client CA and the engine's certificate (scoped to `mine`).
-const ROOT: &str = "root-token";
-
 struct Secured {
     server: TestServer,
     _files: Files,
@@ -845,5 +853,51 @@ async fn a_pool_node_joins_a_tls_server_with_its_certificate() {
     assert!(
         stderr.contains("--tls-key") && stderr.contains("missing.key"),
         "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn without_client_identity_a_certificate_is_no_credential() {
+    let (clients, server_ca) = (Authority::new("client CA"), Authority::new("server CA"));
+    let files = Files::new(&server_ca.sign(&["localhost"]), &clients);
+    let mut settings = files.settings(true);
+    settings.extend([
+        "kvcm.auth.meta=required".to_string(),
+        format!("kvcm.service.admin_auth_token={ROOT}"),
+    ]);
+    let server = start(&settings).await;
+    let ca = server_ca.pem();
+    let engine = clients.sign_client("eng", &["mine"]);
+    let body = r#"{"user_name":"eng","password":"pw","role":"ROLE_USER"}"#;
+    let as_root = Https {
+        ca: &ca,
+        identity: Some(&engine),
+        bearer: Some(ROOT),
+    };
+    let added = as_root
+        .send(
+            server.address("admin_http"),
+            "POST",
+            "/api/addAccount",
+            body,
+        )
+        .await;
+    assert_eq!(
+        added.map(|(s, b)| (s, json_code(&b))),
+        Ok((200, "OK".into()))
+    );
+    let as_engine = Https {
+        bearer: None,
+        ..as_root
+    };
+    let registration = common::registration("mine", 4).to_string();
+    let http = server.address("http");
+    let refused = as_engine
+        .send(http, "POST", "/api/registerInstance", &registration)
+        .await;
+    assert_eq!(
+        refused.map(|(status, _)| status),
+        Ok(401),
+        "kvcm.tls.client_identity is none"
     );
 }

@@ -57,9 +57,7 @@ impl Target {
 
     /// A gRPC target over TLS, trusting the CA of `ca_pem` for the name `localhost`.
     pub async fn grpc_tls(address: SocketAddr, ca_pem: &str) -> anyhow::Result<Target> {
-        let tls = tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem))
-            .domain_name("localhost");
+        let tls = kvcm::tls_client::TlsClient::from_pem(ca_pem, None, "localhost")?.grpc();
         let channel = Channel::from_shared(format!("https://{address}"))?
             .tls_config(tls)?
             .connect()

@@ -147,20 +147,22 @@ async fn reclaim_block(
     set_capacity(handlers, args.blocks, LOWERED, args.reclaim_step)?;
     let done = || stats.evicted() - before >= wanted;
     let reclaiming = lookups(target, request, IDLE_LOOKUPS, done).await?;
+    let (evicted, eviction_time) = (stats.evicted() - before, started.elapsed());
     anyhow::ensure!(
-        stats.evicted() > before,
+        evicted > 0,
         "the reclaimer evicted nothing during {IDLE_LOOKUPS} lookups"
     );
     // The pass that made the last eviction adds its time when it ends.
     let passes = stats.passes();
     while stats.passes() == passes {
+        anyhow::ensure!(started.elapsed() < GIVE_UP, "a reclaimer pass never ended");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     Ok(Round {
         idle: Histogram::new(3)?,
         reclaiming,
-        evicted: stats.evicted() - before,
-        eviction_time: started.elapsed(),
+        evicted,
+        eviction_time,
         busy: Duration::from_micros(stats.busy_us() - busy_before),
     })
 }

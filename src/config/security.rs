@@ -130,11 +130,11 @@ pub struct SecurityConfig {
     /// `kvcm.service.storage_root_allow_list`: directories file-tier roots must lie in
     /// (comma-separated; empty = anywhere but the system directories).
     pub allowed_roots: AllowedRoots,
-    /// `kvcm.tls.*`: TLS on every TCP listener.
+    /// `kvcm.tls.*`: TLS on every gRPC and HTTP listener.
     pub tls: TlsSettings,
 }
 
-/// `kvcm.tls.cert_file`, `key_file` (PEM; both or neither: TLS on every TCP listener),
+/// `kvcm.tls.cert_file`, `key_file` (PEM; both or neither: TLS on every gRPC and HTTP listener),
 /// `client_ca_file` (PEM; clients must present a certificate it signed), `client_identity`
 /// (`none` or `account`: a client certificate's Common Name names the account a request
 /// without a bearer credential acts as).

@@ -1,4 +1,4 @@
-//! TLS on kvcm's TCP listeners (`kvcm.tls.*`, rustls with the `ring` provider): with a
+//! TLS on kvcm's gRPC and HTTP listeners (`kvcm.tls.*`, rustls with the `ring` provider): with a
 //! certificate and key configured, meta gRPC, meta HTTP, admin gRPC, admin HTTP and debug
 //! HTTP speak only TLS (1.2 and 1.3); with a client CA as well, every client must present a
 //! certificate that CA signed (mutual TLS).
@@ -8,7 +8,9 @@
 //! loop); the certificate and key, and the client CA, are re-read when one of their files'
 //! modification times changes (looked at, at most once per [`RELOAD_CHECK`], on a
 //! handshake), and files that do not load leave the previous ones in force (logged), so a
-//! half-written renewal never takes the listeners down.
+//! half-written renewal never takes the listeners down. Under mutual TLS sessions are never
+//! resumed (rustls does not verify a resumed session's certificate again), so every new
+//! connection is checked against the client CA in force; open connections keep going.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -98,7 +100,13 @@ impl Tls {
             }
             None => builder.with_no_client_auth(),
         };
-        let config = builder.with_cert_resolver(resolver);
+        let mut config = builder.with_cert_resolver(resolver);
+        if settings.client_ca_file.is_some() {
+            // A resumed session is not verified again: without resumption every connection
+            // is checked against the client CA in force.
+            config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+            config.send_tls13_tickets = 0;
+        }
         Ok(Some(Tls {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             handshake_timeout,
@@ -186,8 +194,10 @@ fn load_pair(
         .map_err(|e| file_error("kvcm.tls.key_file", key, e.to_string()))
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+fn stamp(path: &Path) -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
 }
 
 /// A value loaded from files, loaded again when one of their modification times changes
@@ -203,10 +213,14 @@ struct Reloading<T: ?Sized> {
 
 struct Loaded<T: ?Sized> {
     value: Arc<T>,
-    /// The files' modification times when `value` was loaded (or last failed to load).
-    stamps: Vec<Option<SystemTime>>,
+    /// The files' stamps when `value` was loaded (or last failed to load).
+    stamps: Vec<Option<FileStamp>>,
     checked: Instant,
 }
+
+/// What tells a file changed: its modification time, length and inode (a rename gives a
+/// new inode even within one tick of the clock).
+type FileStamp = (SystemTime, u64, u64);
 
 impl<T: ?Sized> std::fmt::Debug for Reloading<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -226,7 +240,7 @@ impl<T: ?Sized> Reloading<T> {
     ) -> Result<Reloading<T>, TlsError> {
         let load: Box<dyn Fn() -> Result<Arc<T>, TlsError> + Send + Sync> =
             Box::new(move || load().map(Into::into));
-        let stamps = files.iter().map(|f| modified(f)).collect();
+        let stamps = files.iter().map(|f| stamp(f)).collect();
         let value = load()?;
         Ok(Reloading {
             what,
@@ -240,27 +254,36 @@ impl<T: ?Sized> Reloading<T> {
         })
     }
 
-    /// The value in force, loaded again first when a check is due and a file changed.
+    fn state(&self) -> std::sync::MutexGuard<'_, Loaded<T>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The value in force. When a check is due and a file changed, this caller loads the
+    /// files again, outside the lock (other handshakes meanwhile get the value in force).
     fn current(&self) -> Arc<T> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.checked.elapsed() >= RELOAD_CHECK {
-            state.checked = Instant::now();
-            let stamps: Vec<_> = self.files.iter().map(|f| modified(f)).collect();
-            if stamps != state.stamps {
-                state.stamps = stamps;
-                match (self.load)() {
-                    Ok(value) => {
-                        tracing::info!("TLS {} reloaded from {:?}", self.what, self.files);
-                        state.value = value;
-                    }
-                    Err(error) => tracing::warn!(
-                        "TLS {} not reloaded, the previous one serves: {error}",
-                        self.what
-                    ),
-                }
+        let mut state = self.state();
+        if state.checked.elapsed() < RELOAD_CHECK {
+            return state.value.clone();
+        }
+        state.checked = Instant::now();
+        let stamps: Vec<_> = self.files.iter().map(|f| stamp(f)).collect();
+        if stamps == state.stamps {
+            return state.value.clone();
+        }
+        state.stamps = stamps;
+        drop(state);
+        match (self.load)() {
+            Ok(value) => {
+                tracing::info!("TLS {} reloaded from {:?}", self.what, self.files);
+                self.state().value = value.clone();
+                value
+            }
+            Err(error) => {
+                let what = self.what;
+                tracing::warn!("TLS {what} not reloaded, the previous one serves: {error}");
+                self.state().value.clone()
             }
         }
-        state.value.clone()
     }
 }
 

@@ -71,10 +71,12 @@ pub(crate) fn delete_now(jobs: &[DeleteJob], storages: &StorageTable, feed: &Cha
     for job in jobs {
         free_bytes(job, storages);
     }
-    let mut by_instance: HashMap<&str, (&Arc<Instance>, JobsByKey<'_>)> = HashMap::new();
+    // By the instance object, not its id: a re-registered instance of the same id is
+    // another key space.
+    let mut by_instance: HashMap<*const Instance, (&Arc<Instance>, JobsByKey<'_>)> = HashMap::new();
     for job in jobs {
         let (_, keys) = by_instance
-            .entry(job.instance.id())
+            .entry(Arc::as_ptr(&job.instance))
             .or_insert_with(|| (&job.instance, BTreeMap::new()));
         keys.entry(job.key).or_default().push(job);
     }
@@ -100,12 +102,12 @@ fn remove_from_index(
     let result = instance
         .index
         .read_modify_write(keys, &mut |key, current: Option<&Entry>| {
+            let removed_here = removed.entry(key).or_default();
+            removed_here.clear();
             let Some(entry) = current else {
                 return Modify::Keep;
             };
             let mut rest = entry.to_locations();
-            let removed_here = removed.entry(key).or_default();
-            removed_here.clear();
             for job in jobs.get(&key).into_iter().flatten() {
                 let id = job.location.as_ref().id();
                 let Some(remaining) = without_deleting(&rest, id) else {

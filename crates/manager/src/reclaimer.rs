@@ -265,15 +265,34 @@ impl Manager {
         let mut keys: Vec<BlockKey> = victims.into_iter().take(count).map(|(_, k)| k).collect();
         keys.sort_unstable();
         let mut moved = Vec::new();
+        let mut failed = Ok(());
         for chunk in keys.chunks(INDEX_CHUNK) {
             let deleting = LocationState::Deleting;
-            moved.extend(self.move_locations(instance, chunk, deleting, &mut |_, l| {
+            match self.move_locations(instance, chunk, deleting, &mut |_, l| {
                 evictable(&l.as_ref())
-            })?);
+            }) {
+                Ok(chunk_moved) => moved.extend(chunk_moved),
+                // What earlier chunks moved is DELETING already: it is still handed on.
+                Err(error) => {
+                    failed = Err(error);
+                    break;
+                }
+            }
         }
-        if moved.is_empty() {
-            return Ok(());
+        if !moved.is_empty() {
+            self.hand_on_evicted(instance, moved, delay, state);
         }
+        failed
+    }
+
+    /// Reports, counts and queues for deletion the locations an eviction moved to DELETING.
+    fn hand_on_evicted(
+        &self,
+        instance: &Arc<Instance>,
+        moved: Vec<(BlockKey, Location)>,
+        delay: Duration,
+        state: &mut ReclaimState,
+    ) {
         let mut evicted: Vec<BlockKey> = moved.iter().map(|(key, _)| *key).collect();
         evicted.dedup();
         if let Some(listener) = self.reclaim_listener.get() {
@@ -295,7 +314,6 @@ impl Manager {
                 .delayed
                 .push((Instant::now() + delay, instance.clone(), moved));
         }
-        Ok(())
     }
 }
 
