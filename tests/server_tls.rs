@@ -454,55 +454,22 @@ fn json_code(body: &str) -> String {
 
 #[tokio::test]
 async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_names() {
-    let (clients, server_ca) = (Authority::new("client CA"), Authority::new("server CA"));
-    let files = Files::new(&server_ca.sign(&["localhost"]), &clients);
-    let mut settings = files.settings(true);
-    settings.extend([
-        "kvcm.tls.client_identity=account".to_string(),
-        "kvcm.auth.meta=required".to_string(),
-        format!("kvcm.service.admin_auth_token={ROOT}"),
-    ]);
-    let server = start(&settings).await;
-    let ca = server_ca.pem();
-    let operator = clients.sign_client("ops", &[]);
-    let as_root = Https {
-        ca: &ca,
-        identity: Some(&operator),
-        bearer: Some(ROOT),
-    };
-    for (user, role) in [("eng", "ROLE_USER"), ("ops", "ROLE_OPERATOR")] {
-        let body = format!(r#"{{"user_name":"{user}","password":"pw","role":"{role}"}}"#);
-        let answer = as_root
-            .send(
-                server.address("admin_http"),
-                "POST",
-                "/api/addAccount",
-                &body,
-            )
-            .await
-            .expect("addAccount");
-        assert_eq!(
-            (answer.0, json_code(&answer.1)),
-            (200, "OK".into()),
-            "{answer:?}"
-        );
-    }
-
-    let engine = clients.sign_client("eng", &["mine"]);
-    let as_engine = Https {
-        ca: &ca,
-        identity: Some(&engine),
-        bearer: None,
-    };
-    let http = server.address("http");
-    let register = |id: &str| common::registration(id, 4).to_string();
-    let mine = as_engine
-        .send(http, "POST", "/api/registerInstance", &register("mine"))
+    let secured = Secured::start().await; // `eng` registered `mine` with its certificate
+    let (server, clients, ca) = (&secured.server, &secured.clients, &secured.server_ca);
+    let admin = server.address("admin_http");
+    let body = r#"{"user_name":"ops","password":"pw","role":"ROLE_OPERATOR"}"#;
+    let added = secured
+        .as_root()
+        .send(admin, "POST", "/api/addAccount", body)
         .await;
     assert_eq!(
-        mine.map(|(s, b)| (s, json_code(&b))),
+        added.map(|(s, b)| (s, json_code(&b))),
         Ok((200, "OK".into()))
     );
+
+    let (engine, as_engine) = (&secured.engine, secured.as_engine());
+    let http = server.address("http");
+    let register = |id: &str| common::registration(id, 4).to_string();
     let theirs = as_engine
         .send(http, "POST", "/api/registerInstance", &register("theirs"))
         .await
@@ -513,13 +480,14 @@ async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_n
     );
     assert!(theirs.1.contains("theirs"), "{theirs:?}");
     // The operator's certificate (no instance named) may register any instance, but not
-    // add accounts: above, the root token sent with that certificate decided.
+    // add accounts (the root token sent with the engine's certificate did).
+    let operator = clients.sign_client("ops", &[]);
     let as_operator = Https {
+        ca,
+        identity: Some(&operator),
         bearer: None,
-        ..as_root
     };
     let body = r#"{"user_name":"x","password":"pw","role":"ROLE_USER"}"#;
-    let admin = server.address("admin_http");
     let forbidden = as_operator
         .send(admin, "POST", "/api/addAccount", body)
         .await;
@@ -546,7 +514,7 @@ async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_n
 
     // gRPC: the same identity, the same scope.
     let grpc = server.address("grpc");
-    let mut client = grpc_tls(grpc, &ca, Some(&engine)).await.expect("mTLS");
+    let mut client = grpc_tls(grpc, ca, Some(engine)).await.expect("mTLS");
     let lookup = |id: &str| meta::GetCacheLocationRequest {
         instance_id: id.to_string(),
         query_type: meta::QueryType::QtPrefixMatch as i32,
@@ -573,7 +541,7 @@ async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_n
         ("unscoped user", clients.sign_client("eng", &[])),
     ] {
         let caller = Https {
-            ca: &ca,
+            ca,
             identity: Some(&pem),
             bearer: None,
         };
@@ -581,18 +549,18 @@ async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_n
             .send(http, "POST", "/api/registerInstance", &register("mine"))
             .await;
         assert_eq!(refused.map(|(status, _)| status), Ok(401), "{who}");
-        let mut client = grpc_tls(grpc, &ca, Some(&pem)).await.expect("mTLS");
+        let mut client = grpc_tls(grpc, ca, Some(&pem)).await.expect("mTLS");
         let refused = client.get_cache_location(lookup("mine")).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{who}");
     }
 
     // A ROLE_USER certificate may not call admin RPCs; deleting its account stops it.
-    let admin = server.address("admin_http");
     let forbidden = as_engine
         .send(admin, "POST", "/api/listStorage", "{}")
         .await;
     assert_eq!(forbidden.map(|(status, _)| status), Ok(403));
-    let deleted = as_root
+    let deleted = secured
+        .as_root()
         .send(
             admin,
             "POST",

@@ -79,21 +79,26 @@ fn a_full_type_passes_blocks_to_the_next_candidate_type() {
     );
 }
 
-#[test]
-fn max_key_count_refuses_the_key_past_the_cap() {
+/// Instance `i` of a group with no byte quota and `max_key_count` = `cap`.
+fn key_capped(cap: i64) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let manager = Manager::new(test_deps()).expect("manager");
     manager
         .add_storage(storage("s", dir.path()))
         .expect("storage");
     let mut config = group(i64::MAX, PREFER_3FS);
-    config.cache.indexer.max_key_count = 16;
+    config.cache.indexer.max_key_count = cap;
     manager.create_group(config).expect("group");
     manager
         .register_instance(instance_info())
         .expect("register");
     let instance = manager.instance("i").expect("registered");
-    let fx = Fixture { manager, dir };
+    (Fixture { manager, dir }, instance)
+}
+
+#[test]
+fn max_key_count_refuses_the_key_past_the_cap() {
+    let (fx, instance) = key_capped(16);
     let started = write_all(&fx, &instance, (1..=15).collect());
     assert_eq!(started.locations.len(), 15);
     let started = write_all(&fx, &instance, vec![16, 17]);
@@ -228,19 +233,7 @@ fn concurrent_writes_never_take_a_group_past_its_quota() {
 #[test]
 fn concurrent_writes_never_take_an_instance_past_its_key_cap() {
     for _ in 0..20 {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let manager = Manager::new(test_deps()).expect("manager");
-        manager
-            .add_storage(storage("s", dir.path()))
-            .expect("storage");
-        let mut config = group(i64::MAX, PREFER_3FS);
-        config.cache.indexer.max_key_count = 30;
-        manager.create_group(config).expect("group");
-        manager
-            .register_instance(instance_info())
-            .expect("register");
-        let instance = manager.instance("i").expect("registered");
-        let fx = Fixture { manager, dir };
+        let (fx, instance) = key_capped(30);
         let placed = write_concurrently(&fx, &instance, (1..=120).collect(), 8);
         assert!(placed <= 30, "{placed} keys placed past a cap of 30");
         assert_eq!(instance.index.len().expect("len"), placed as u64);
