@@ -309,34 +309,27 @@ async fn grpc_and_http_speak_tls_only_and_a_renewed_certificate_is_served_withou
         );
     }
     // A client that trusts another CA fails the handshake.
-    let untrusting = https(
-        server.address("http"),
-        "POST",
-        "/api/getCacheLocation",
-        body,
-        &second.pem(),
-        None,
-    )
-    .await;
+    let http = server.address("http");
+    let second_pem = second.pem();
+    let trusting_second = || {
+        https(
+            http,
+            "POST",
+            "/api/getCacheLocation",
+            body,
+            &second_pem,
+            None,
+        )
+    };
+    let untrusting = trusting_second().await;
     assert!(untrusting.is_err(), "{untrusting:?}");
 
     // Renewal: a certificate of the second CA replaces the first, no restart.
     let renewed = second.sign(&["localhost"]);
     replace(&files.key, &renewed.key);
     replace(&files.cert, &renewed.cert);
-    let http = server.address("http");
     let served = wait_until(Duration::from_secs(10), async || {
-        https(
-            http,
-            "POST",
-            "/api/getCacheLocation",
-            body,
-            &second.pem(),
-            None,
-        )
-        .await
-        .ok()
-        .filter(|status| *status == 200)
+        trusting_second().await.ok().filter(|status| *status == 200)
     })
     .await;
     assert_eq!(served, Some(200), "the renewed certificate is served");
@@ -344,15 +337,7 @@ async fn grpc_and_http_speak_tls_only_and_a_renewed_certificate_is_served_withou
     replace(&files.cert, "not a certificate");
     let warned = wait_until(Duration::from_secs(10), async || {
         // Each handshake lets the server look at the files again.
-        let _ = https(
-            http,
-            "POST",
-            "/api/getCacheLocation",
-            body,
-            &second.pem(),
-            None,
-        )
-        .await;
+        let _ = trusting_second().await;
         server
             .log()
             .contains("TLS certificate not reloaded")
@@ -360,15 +345,7 @@ async fn grpc_and_http_speak_tls_only_and_a_renewed_certificate_is_served_withou
     })
     .await;
     assert!(warned.is_some(), "{}", server.log());
-    let status = https(
-        http,
-        "POST",
-        "/api/getCacheLocation",
-        body,
-        &second.pem(),
-        None,
-    )
-    .await;
+    let status = trusting_second().await;
     assert_eq!(status, Ok(200), "the previous certificate still serves");
 }
 
