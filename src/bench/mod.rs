@@ -176,7 +176,8 @@ fn runtimes() -> anyhow::Result<(tokio::runtime::Runtime, tokio::runtime::Runtim
 /// The server's configuration: `kvcm serve`'s defaults on OS-chosen ports, data in
 /// `data_dir`. `KVCM_EVENT_LOG_ENABLED=false` / `KVCM_ACCESS_LOG_ENABLED=false` /
 /// `KVCM_AUDIT_LOG_ENABLED=false` measure the server without that log,
-/// `KVCM_JOURNAL_FSYNC=never` (or `KVCM_JOURNAL_ENABLED=false`) with a lighter journal.
+/// `KVCM_JOURNAL_FSYNC=never` (or `KVCM_JOURNAL_ENABLED=false`) with a lighter journal,
+/// `KVCM_CACHE_RECLAIMER_POLICY=sieve` with that reclaimer.
 fn bench_config(data_dir: &std::path::Path) -> anyhow::Result<ServerConfig> {
     let mut config = ServerConfig {
         rpc_port: 0,
@@ -189,6 +190,7 @@ fn bench_config(data_dir: &std::path::Path) -> anyhow::Result<ServerConfig> {
         .iter()
         .chain(&kvcm::config::ACCESS_LOG_KEYS)
         .chain(&kvcm::config::AUDIT_LOG_KEYS)
+        .chain(&kvcm::config::RECLAIMER_KEYS)
         .chain(&kvcm::config::JOURNAL_KEYS);
     for key in keys {
         if let Ok(value) = std::env::var(kvcm::config::env_name(key)) {

@@ -3,13 +3,14 @@
 
 use std::time::Duration;
 
+use kvcm_manager::LivePolicy;
+
 use super::{parse, ConfigError};
 
 /// Settings of the reclaimer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReclaimerConfig {
-    /// `kvcm.cache_reclaimer.policy`: the eviction policy (default and only one served:
-    /// `lru`).
+    /// `kvcm.cache_reclaimer.policy`: the eviction policy (`lru`, the default, or `sieve`).
     pub policy: String,
     /// `kvcm.cache_reclaimer.period_ms`: milliseconds between passes (default 500; 0 = no
     /// reclaimer).
@@ -32,7 +33,7 @@ pub const RECLAIMER_KEYS: [&str; 2] = [
 ];
 
 /// Policies `kvcm optimize` knows that the live reclaimer does not run yet.
-const NOT_YET_LIVE: [&str; 2] = ["s3fifo", "sieve"];
+const NOT_YET_LIVE: [&str; 1] = ["s3fifo"];
 
 impl ReclaimerConfig {
     /// Sets one `kvcm.cache_reclaimer.*` key from its text form.
@@ -45,10 +46,10 @@ impl ReclaimerConfig {
         Ok(())
     }
 
-    /// The policy must be `lru`; `s3fifo` and `sieve` are refused with a reason (they are
-    /// simulated by `kvcm optimize`, not run live yet).
+    /// The policy must be `lru` or `sieve`; `s3fifo` is refused with a reason (simulated
+    /// by `kvcm optimize`, not run live yet).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.policy == "lru" {
+        if self.live_policy().is_some() {
             return Ok(());
         }
         let reason = if NOT_YET_LIVE.contains(&self.policy.as_str()) {
@@ -58,7 +59,7 @@ impl ReclaimerConfig {
             )
         } else {
             format!(
-                "unknown policy {:?}; the live reclaimer runs \"lru\"",
+                "unknown policy {:?}; the live reclaimer runs \"lru\" or \"sieve\"",
                 self.policy
             )
         };
@@ -66,6 +67,15 @@ impl ReclaimerConfig {
             key: "kvcm.cache_reclaimer.policy".into(),
             reason,
         })
+    }
+
+    /// The live policy named by `kvcm.cache_reclaimer.policy` (`None` for one it does not run).
+    pub fn live_policy(&self) -> Option<LivePolicy> {
+        match self.policy.as_str() {
+            "lru" => Some(LivePolicy::Lru),
+            "sieve" => Some(LivePolicy::Sieve),
+            _ => None,
+        }
     }
 
     /// The period of the reclaimer's passes; `None` when it is off.
@@ -79,7 +89,7 @@ mod tests {
     use super::super::ServerConfig;
 
     #[test]
-    fn lru_is_the_default_and_other_policies_are_refused_naming_the_key() {
+    fn lru_is_the_default_sieve_runs_and_other_policies_are_refused_naming_the_key() {
         let mut config = ServerConfig::default();
         assert!(config.validate().is_ok());
         assert_eq!(
@@ -90,11 +100,15 @@ mod tests {
             .apply_pairs(&["kvcm.cache_reclaimer.policy=LRU".into()])
             .expect("pairs");
         assert!(config.validate().is_ok(), "case-insensitive");
-        for (policy, says) in [
-            ("s3fifo", "kvcm optimize"),
-            ("sieve", "kvcm optimize"),
-            ("lfu", "unknown"),
-        ] {
+        config
+            .set("kvcm.cache_reclaimer.policy", "sieve")
+            .expect("sieve");
+        assert!(config.validate().is_ok());
+        assert_eq!(
+            config.reclaimer.live_policy(),
+            Some(super::LivePolicy::Sieve)
+        );
+        for (policy, says) in [("s3fifo", "kvcm optimize"), ("lfu", "unknown")] {
             config.set("kvcm.cache_reclaimer.policy", policy).unwrap();
             let error = config.validate().unwrap_err().to_string();
             assert!(

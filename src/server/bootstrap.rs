@@ -35,6 +35,7 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         node_id: super::election::node_id(config),
         pool_timing: config.pool.timing(),
         reclaim_period: config.reclaimer.period(),
+        reclaim_policy: config.reclaimer.live_policy().unwrap_or_default(),
         limits: config.security.manager,
         allowed_roots: config.security.allowed_roots.clone(),
     })?;

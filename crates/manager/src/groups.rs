@@ -222,6 +222,7 @@ impl Manager {
             info,
             index,
             group.cache.indexer.max_key_count,
+            self.reclaim_policy,
         ));
         instances.insert(instance.id().to_string(), instance);
         drop(instances);

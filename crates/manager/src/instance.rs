@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kvcm_index::{BlockKey, MetaIndex};
 use kvcm_storage::BlockSpec;
 
-use super::access::AccessClock;
+use super::access::{AccessClock, LivePolicy};
 use super::entry::{Entry, LocationRef};
 use super::error::{ManagerError, ManagerResult};
 use super::keys::block_keys_from_tokens;
@@ -36,13 +36,18 @@ impl std::fmt::Debug for Instance {
 impl Instance {
     /// An instance from its (validated, normalised) registration and a fresh index of at
     /// most `max_key_count` keys (0 or negative: no cap).
-    pub fn new(info: InstanceInfo, index: Arc<dyn MetaIndex<Entry>>, max_key_count: i64) -> Self {
+    pub fn new(
+        info: InstanceInfo,
+        index: Arc<dyn MetaIndex<Entry>>,
+        max_key_count: i64,
+        policy: LivePolicy,
+    ) -> Self {
         Instance {
             id: info.instance_id.as_str().into(),
             info,
             usage: TypeUsage::default(),
             pending_keys: std::sync::atomic::AtomicU64::new(0),
-            access: AccessClock::new(max_key_count),
+            access: AccessClock::new(max_key_count, policy),
             index,
         }
     }

@@ -69,6 +69,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use kvcm_index::{ChangeLog, MetaIndex};
 
+pub use access::LivePolicy;
 pub use accounts::{Account, AccountRole};
 pub use api_keys::{ApiKey, KeyGrant, KeyRefusal, NewApiKey, MAX_API_KEYS, MAX_KEY_INSTANCES};
 pub use entry::{Entry, Location, LocationId, LocationRef, LocationState, Part, StorageHandle};
@@ -114,6 +115,8 @@ pub struct ManagerDeps {
     pub pool_timing: kvcm_storage::pool::PoolTiming,
     /// Period of the reclaimer's passes (`None` = no reclaimer; see [`reclaimer`]).
     pub reclaim_period: Option<std::time::Duration>,
+    /// How the reclaimer picks victims (`kvcm.cache_reclaimer.policy`).
+    pub reclaim_policy: LivePolicy,
     /// Limits on what clients may open.
     pub limits: ManagerLimits,
     /// Where file-tier roots may lie (`kvcm.service.storage_root_allow_list`; empty = anywhere
@@ -169,6 +172,8 @@ pub struct Manager {
     reclaim_stats: reclaimer::ReclaimStats,
     /// Held while a StartWriteCache budgets and allocates (see [`quota::WriteGates`]).
     write_gates: quota::WriteGates,
+    /// How the reclaimer picks victims (each instance's clock keeps what it needs).
+    reclaim_policy: LivePolicy,
     /// Told about every eviction, once installed.
     reclaim_listener: std::sync::OnceLock<reclaimer::ReclaimListener>,
     /// Limits on what clients may open.
@@ -213,6 +218,7 @@ impl Manager {
             storage_admin: Mutex::default(),
             reclaim_stats: reclaimer::ReclaimStats::default(),
             write_gates: quota::WriteGates::default(),
+            reclaim_policy: deps.reclaim_policy,
             reclaim_listener: std::sync::OnceLock::new(),
             limits: deps.limits,
             reports: reports::Reports::default(),

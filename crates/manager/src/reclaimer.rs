@@ -5,9 +5,11 @@
 //!
 //! Rules:
 //! - only SERVING locations are evicted, never WRITING ones;
-//! - victims are the least recently accessed among a uniform sample of the instance's keys
-//!   ([`AccessClock`](crate::access::AccessClock): reads and writes count; suffixes go
-//!   before the prefixes they extend) — a sampled LRU, exact while the sample covers the
+//! - victims are chosen among a uniform sample of the instance's keys by the instance's
+//!   [`AccessClock`](crate::access::AccessClock) under the configured
+//!   [`LivePolicy`](crate::LivePolicy): the least recently accessed (LRU; reads and writes
+//!   count), or SIEVE's order (the oldest inserted not visited since the hand last passed);
+//!   suffixes go before the prefixes they extend; exact while the sample covers the
 //!   instance;
 //! - eviction takes the RemoveCache path (SERVING → DELETING through `move_locations`, so
 //!   the lookup table unpublishes and the journal logs it), in index batches of at most
@@ -251,7 +253,7 @@ impl Manager {
             .index
             .sample((count.saturating_mul(SAMPLE_FACTOR)).max(MIN_SAMPLE))?;
         let entries = instance.index.get(&sample)?;
-        let mut victims: Vec<(u64, BlockKey)> = sample
+        let candidates: Vec<BlockKey> = sample
             .iter()
             .zip(&entries)
             .filter(|(_, entry)| {
@@ -259,10 +261,9 @@ impl Manager {
                     .as_ref()
                     .is_some_and(|e| e.locations().any(|l| evictable(&l)))
             })
-            .map(|(&key, _)| (instance.access().last_access(key), key))
+            .map(|(&key, _)| key)
             .collect();
-        victims.sort_unstable();
-        let mut keys: Vec<BlockKey> = victims.into_iter().take(count).map(|(_, k)| k).collect();
+        let mut keys = instance.access().victims(&candidates, count);
         keys.sort_unstable();
         let mut moved = Vec::new();
         let mut failed = Ok(());

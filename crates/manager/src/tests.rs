@@ -40,6 +40,7 @@ pub(crate) fn test_deps() -> ManagerDeps {
         node_id: "test".into(),
         pool_timing: Default::default(),
         reclaim_period: None,
+        reclaim_policy: LivePolicy::Lru,
         limits: Default::default(),
         allowed_roots: Default::default(),
     }

@@ -11,12 +11,18 @@ use crate::group_config::ReclaimTrigger;
 /// How long a lowered watermark may take to free room.
 const TAKES_EFFECT: Duration = Duration::from_secs(2);
 
-/// A manager whose reclaimer runs every 20 ms, with instance `i` of group `g` (16 keys at
-/// most, watermark 1.0: nothing is reclaimed before it is lowered).
+/// A manager whose LRU reclaimer runs every 20 ms, with instance `i` of group `g` (16 keys
+/// at most, watermark 1.0: nothing is reclaimed before it is lowered).
 fn capped() -> (Fixture, Arc<Instance>) {
+    capped_with(LivePolicy::Lru)
+}
+
+/// As [`capped`], with the reclaimer running `policy`.
+fn capped_with(policy: LivePolicy) -> (Fixture, Arc<Instance>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let manager = Manager::new(ManagerDeps {
         reclaim_period: Some(Duration::from_millis(20)),
+        reclaim_policy: policy,
         ..test_deps()
     })
     .expect("manager");
@@ -133,7 +139,13 @@ fn writing_blocks_are_never_evicted() {
 
 #[test]
 fn a_frequently_read_prefix_survives_a_flood_of_one_shot_writes() {
-    let (fx, instance) = capped();
+    for policy in [LivePolicy::Lru, LivePolicy::Sieve] {
+        a_read_prefix_survives_a_flood_under(policy);
+    }
+}
+
+fn a_read_prefix_survives_a_flood_under(policy: LivePolicy) {
+    let (fx, instance) = capped_with(policy);
     let prefix: Vec<BlockKey> = (1..=4).collect();
     write_all(&fx, &instance, prefix.clone());
     set_watermark(&fx, 0.5, 0);
@@ -155,13 +167,17 @@ fn a_frequently_read_prefix_survives_a_flood_of_one_shot_writes() {
         await_that(TAKES_EFFECT, "room for a one-shot block", || {
             write_one(&fx, &instance, key)
         });
-        assert_eq!(read_prefix(), 4, "the prefix is whole after block {key}");
+        assert_eq!(
+            read_prefix(),
+            4,
+            "{policy:?}: the prefix is whole after block {key}"
+        );
     }
     assert!(
         fx.manager.reclaim_stats().evicted() >= 40,
         "the flood was reclaimed"
     );
-    assert_eq!(read_prefix(), 4, "the read prefix survived");
+    assert_eq!(read_prefix(), 4, "{policy:?}: the read prefix survived");
 }
 
 #[test]
