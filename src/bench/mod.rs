@@ -177,7 +177,7 @@ fn runtimes() -> anyhow::Result<(tokio::runtime::Runtime, tokio::runtime::Runtim
 /// `data_dir`. `KVCM_EVENT_LOG_ENABLED=false` / `KVCM_ACCESS_LOG_ENABLED=false` /
 /// `KVCM_AUDIT_LOG_ENABLED=false` measure the server without that log,
 /// `KVCM_JOURNAL_FSYNC=never` (or `KVCM_JOURNAL_ENABLED=false`) with a lighter journal,
-/// `KVCM_CACHE_RECLAIMER_POLICY=sieve` with that reclaimer.
+/// `KVCM_CACHE_RECLAIMER_POLICY=sieve` (or `s3fifo`) with that reclaimer.
 fn bench_config(data_dir: &std::path::Path) -> anyhow::Result<ServerConfig> {
     let mut config = ServerConfig {
         rpc_port: 0,

@@ -10,7 +10,8 @@ use super::{parse, ConfigError};
 /// Settings of the reclaimer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReclaimerConfig {
-    /// `kvcm.cache_reclaimer.policy`: the eviction policy (`lru`, the default, or `sieve`).
+    /// `kvcm.cache_reclaimer.policy`: the eviction policy (`lru`, the default, `sieve` or
+    /// `s3fifo`).
     pub policy: String,
     /// `kvcm.cache_reclaimer.period_ms`: milliseconds between passes (default 500; 0 = no
     /// reclaimer).
@@ -32,9 +33,6 @@ pub const RECLAIMER_KEYS: [&str; 2] = [
     "kvcm.cache_reclaimer.period_ms",
 ];
 
-/// Policies `kvcm optimize` knows that the live reclaimer does not run yet.
-const NOT_YET_LIVE: [&str; 1] = ["s3fifo"];
-
 impl ReclaimerConfig {
     /// Sets one `kvcm.cache_reclaimer.*` key from its text form.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), ConfigError> {
@@ -46,27 +44,18 @@ impl ReclaimerConfig {
         Ok(())
     }
 
-    /// The policy must be `lru` or `sieve`; `s3fifo` is refused with a reason (simulated
-    /// by `kvcm optimize`, not run live yet).
+    /// The policy must be one the live reclaimer runs: `lru`, `sieve` or `s3fifo`.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.live_policy().is_some() {
-            return Ok(());
+        match self.live_policy() {
+            Some(_) => Ok(()),
+            None => Err(ConfigError::InvalidValue {
+                key: "kvcm.cache_reclaimer.policy".into(),
+                reason: format!(
+                    "unknown policy {:?}; the live reclaimer runs \"lru\", \"sieve\" or \"s3fifo\"",
+                    self.policy
+                ),
+            }),
         }
-        let reason = if NOT_YET_LIVE.contains(&self.policy.as_str()) {
-            format!(
-                "{:?} is simulated by `kvcm optimize` but not run by the live reclaimer yet; use \"lru\"",
-                self.policy
-            )
-        } else {
-            format!(
-                "unknown policy {:?}; the live reclaimer runs \"lru\" or \"sieve\"",
-                self.policy
-            )
-        };
-        Err(ConfigError::InvalidValue {
-            key: "kvcm.cache_reclaimer.policy".into(),
-            reason,
-        })
     }
 
     /// The live policy named by `kvcm.cache_reclaimer.policy` (`None` for one it does not run).
@@ -74,6 +63,7 @@ impl ReclaimerConfig {
         match self.policy.as_str() {
             "lru" => Some(LivePolicy::Lru),
             "sieve" => Some(LivePolicy::Sieve),
+            "s3fifo" => Some(LivePolicy::S3Fifo),
             _ => None,
         }
     }
@@ -89,7 +79,7 @@ mod tests {
     use super::super::ServerConfig;
 
     #[test]
-    fn lru_is_the_default_sieve_runs_and_other_policies_are_refused_naming_the_key() {
+    fn lru_is_the_default_sieve_and_s3fifo_run_and_others_are_refused_naming_the_key() {
         let mut config = ServerConfig::default();
         assert!(config.validate().is_ok());
         assert_eq!(
@@ -108,7 +98,15 @@ mod tests {
             config.reclaimer.live_policy(),
             Some(super::LivePolicy::Sieve)
         );
-        for (policy, says) in [("s3fifo", "kvcm optimize"), ("lfu", "unknown")] {
+        config
+            .set("kvcm.cache_reclaimer.policy", "S3FIFO")
+            .expect("s3fifo");
+        assert!(config.validate().is_ok());
+        assert_eq!(
+            config.reclaimer.live_policy(),
+            Some(super::LivePolicy::S3Fifo)
+        );
+        for (policy, says) in [("lfu", "unknown"), ("arc", "s3fifo")] {
             config.set("kvcm.cache_reclaimer.policy", policy).unwrap();
             let error = config.validate().unwrap_err().to_string();
             assert!(

@@ -1,11 +1,11 @@
 //! The access clock of one instance: for each block key, when it was last read
 //! (GetCacheLocation) or written (StartWriteCache), as a logical time, so that the reclaimer
-//! evicts by real access rather than by write time; and, under the SIEVE policy, when the key
-//! was inserted and whether it was visited since (see [`LivePolicy`]).
+//! evicts by real access rather than by write time; and, under the SIEVE and S3-FIFO
+//! policies, when the key was inserted and what it did since (see [`LivePolicy`]).
 //!
 //! Cheap on the hot path: one `fetch_add` per request and one relaxed store (and under
-//! SIEVE one `fetch_or`) per key into fixed arrays of slots chosen by hashing the key — no
-//! lock, no allocation. Keys that share a slot share its stamp and visited bit, which only
+//! SIEVE or S3-FIFO one atomic update) per key into fixed arrays of slots chosen by hashing
+//! the key — no lock, no allocation. Keys that share a slot share its stamp and visited bit, which only
 //! makes a key look more recently used than it is (it survives longer, never shorter).
 //!
 //! Within one request the earlier keys get the later stamps: a key's parent is the key
@@ -23,6 +23,14 @@ const MAX_SLOTS: u64 = 1 << 20;
 const UNCAPPED_SLOTS: u64 = 1 << 16;
 /// The visited bit of a SIEVE slot (the insertion stamp is above it).
 const VISITED: u64 = 1;
+/// An S3-FIFO slot: `stamp << 3 | in main << 2 | frequency` (0..=3; the stamp orders the
+/// key in its queue).
+const IN_MAIN: u64 = 1 << 2;
+const FREQUENCY: u64 = 3;
+const S3_STAMP_SHIFT: u32 = 3;
+/// S3-FIFO's small queue is evicted from while it holds at least this many tenths of the
+/// sampled keys.
+const SMALL_TENTHS: usize = 1;
 
 /// How the reclaimer picks victims among an instance's sampled keys
 /// (`kvcm.cache_reclaimer.policy`).
@@ -36,6 +44,13 @@ pub enum LivePolicy {
     /// stays; the first unvisited ones are the victims. The hand passes the sample twice at
     /// most, so a pass always finds its victims.
     Sieve,
+    /// S3-FIFO over the sample: a key enters the small queue (or the main queue when the
+    /// ghost remembers it was evicted lately); each access raises its frequency (at most 3).
+    /// While the sampled small queue holds at least a tenth of the sample, its oldest key
+    /// goes — to main if it was accessed, else out (remembered by the ghost); otherwise
+    /// main's oldest goes unless accessed, when it is put back as the newest with one
+    /// access less.
+    S3Fifo,
 }
 
 /// Last-access stamps of one instance's keys.
@@ -43,8 +58,13 @@ pub enum LivePolicy {
 pub struct AccessClock {
     now: AtomicU64,
     stamps: Box<[AtomicU64]>,
-    /// SIEVE only: per slot `insertion stamp << 1 | visited`.
-    sieve: Option<Box<[AtomicU64]>>,
+    policy: LivePolicy,
+    /// SIEVE and S3-FIFO: per slot the key's queue word (layouts above).
+    queue: Option<Box<[AtomicU64]>>,
+    /// S3-FIFO: per slot the eviction count when a key of the slot was evicted (0: none).
+    ghost: Option<Box<[AtomicU64]>>,
+    /// S3-FIFO: evictions so far, from 1 (the ghost's clock).
+    evictions: AtomicU64,
     shift: u32,
 }
 
@@ -64,7 +84,10 @@ impl AccessClock {
         AccessClock {
             now: AtomicU64::new(1),
             stamps: slots(count),
-            sieve: (policy == LivePolicy::Sieve).then(|| slots(count)),
+            policy,
+            queue: (policy != LivePolicy::Lru).then(|| slots(count)),
+            ghost: (policy == LivePolicy::S3Fifo).then(|| slots(count)),
+            evictions: AtomicU64::new(1),
             shift: 64 - count.trailing_zeros(),
         }
     }
@@ -81,20 +104,46 @@ impl AccessClock {
         for (&key, stamp) in keys.iter().zip(self.stamps_for(keys.len())) {
             let slot = self.slot(key);
             self.stamps[slot].store(stamp, Ordering::Relaxed);
-            if let Some(sieve) = &self.sieve {
-                sieve[slot].fetch_or(VISITED, Ordering::Relaxed);
+            let Some(queue) = &self.queue else {
+                continue;
+            };
+            if self.policy == LivePolicy::Sieve {
+                queue[slot].fetch_or(VISITED, Ordering::Relaxed);
+            } else {
+                let more = |w: u64| Some(if w & FREQUENCY < FREQUENCY { w + 1 } else { w });
+                // The closure never refuses, so the update always succeeds.
+                let _ = queue[slot].fetch_update(Ordering::Relaxed, Ordering::Relaxed, more);
             }
         }
     }
 
-    /// Records that `keys` (in request order) entered the index, unvisited (SIEVE only).
+    /// Records that `keys` (in request order) entered the index: unvisited (SIEVE), in the
+    /// small queue, or in the main one when the ghost remembers them (S3-FIFO).
     pub fn inserted(&self, keys: &[BlockKey]) {
-        let Some(sieve) = &self.sieve else {
+        let Some(queue) = &self.queue else {
             return;
         };
         for (&key, stamp) in keys.iter().zip(self.stamps_for(keys.len())) {
-            sieve[self.slot(key)].store(stamp << 1, Ordering::Relaxed);
+            let slot = self.slot(key);
+            let word = match self.policy {
+                LivePolicy::S3Fifo if self.ghost_remembers(slot) => {
+                    stamp << S3_STAMP_SHIFT | IN_MAIN
+                }
+                LivePolicy::S3Fifo => stamp << S3_STAMP_SHIFT,
+                _ => stamp << 1,
+            };
+            queue[slot].store(word, Ordering::Relaxed);
         }
+    }
+
+    /// Whether a key of `slot` was evicted within the last `slots` evictions (S3-FIFO).
+    fn ghost_remembers(&self, slot: usize) -> bool {
+        let Some(ghost) = &self.ghost else {
+            return false;
+        };
+        let evicted_at = ghost[slot].load(Ordering::Relaxed);
+        let now = self.evictions.load(Ordering::Relaxed);
+        evicted_at != 0 && now - evicted_at < ghost.len() as u64
     }
 
     /// When `key` was last accessed (0: never, as far as the clock knows).
@@ -104,14 +153,27 @@ impl AccessClock {
 
     /// Up to `count` victims among `candidates` (distinct keys), by the clock's policy.
     pub fn victims(&self, candidates: &[BlockKey], count: usize) -> Vec<BlockKey> {
-        let Some(sieve) = &self.sieve else {
-            let mut by_access: Vec<(u64, BlockKey)> = candidates
-                .iter()
-                .map(|&key| (self.last_access(key), key))
-                .collect();
-            by_access.sort_unstable();
-            return by_access.into_iter().take(count).map(|(_, k)| k).collect();
-        };
+        match (&self.queue, self.policy) {
+            (Some(queue), LivePolicy::Sieve) => self.sieve_victims(queue, candidates, count),
+            (Some(queue), LivePolicy::S3Fifo) => self.s3fifo_victims(queue, candidates, count),
+            _ => {
+                let mut by_access: Vec<(u64, BlockKey)> = candidates
+                    .iter()
+                    .map(|&key| (self.last_access(key), key))
+                    .collect();
+                by_access.sort_unstable();
+                by_access.into_iter().take(count).map(|(_, k)| k).collect()
+            }
+        }
+    }
+
+    /// SIEVE's hand over the candidates (see [`LivePolicy::Sieve`]).
+    fn sieve_victims(
+        &self,
+        sieve: &[AtomicU64],
+        candidates: &[BlockKey],
+        count: usize,
+    ) -> Vec<BlockKey> {
         let mut by_insertion: Vec<(u64, BlockKey)> = candidates
             .iter()
             .map(|&key| (sieve[self.slot(key)].load(Ordering::Relaxed) >> 1, key))
@@ -136,6 +198,61 @@ impl AccessClock {
             }
         }
         victims
+    }
+
+    /// S3-FIFO over the candidates (see [`LivePolicy::S3Fifo`]).
+    fn s3fifo_victims(
+        &self,
+        queue: &[AtomicU64],
+        candidates: &[BlockKey],
+        count: usize,
+    ) -> Vec<BlockKey> {
+        // Both queues of the sample, newest first (their oldest is popped from the back).
+        let (mut small, mut main) = (Vec::new(), Vec::new());
+        for &key in candidates {
+            let word = queue[self.slot(key)].load(Ordering::Relaxed);
+            let entry = (word >> S3_STAMP_SHIFT, key);
+            if word & IN_MAIN != 0 {
+                main.push(entry);
+            } else {
+                small.push(entry);
+            }
+        }
+        small.sort_unstable_by(|a, b| b.cmp(a));
+        main.sort_unstable_by(|a, b| b.cmp(a));
+        let small_share = (candidates.len() * SMALL_TENTHS).div_ceil(10);
+        let mut victims = Vec::new();
+        // Each key moves at most 4 times (small to main, then 3 reinsertions).
+        for _ in 0..4 * candidates.len() {
+            if victims.len() == count {
+                break;
+            }
+            let from_small = !small.is_empty() && (small.len() >= small_share || main.is_empty());
+            let Some((_, key)) = (if from_small { small.pop() } else { main.pop() }) else {
+                break;
+            };
+            let slot = &queue[self.slot(key)];
+            let frequency = slot.load(Ordering::Relaxed) & FREQUENCY;
+            if frequency == 0 {
+                victims.push(key);
+                self.remember_evicted(key);
+                continue;
+            }
+            // To main's newest end: from small with frequency 0, in main with one less.
+            let stamp = self.now.fetch_add(1, Ordering::Relaxed);
+            let kept = if from_small { 0 } else { frequency - 1 };
+            slot.store(stamp << S3_STAMP_SHIFT | IN_MAIN | kept, Ordering::Relaxed);
+            main.insert(0, (stamp, key));
+        }
+        victims
+    }
+
+    /// Lets the ghost remember that `key` was evicted (S3-FIFO).
+    fn remember_evicted(&self, key: BlockKey) {
+        if let Some(ghost) = &self.ghost {
+            let at = self.evictions.fetch_add(1, Ordering::Relaxed);
+            ghost[self.slot(key)].store(at, Ordering::Relaxed);
+        }
     }
 
     fn slot(&self, key: BlockKey) -> usize {
@@ -171,12 +288,13 @@ mod tests {
         assert_eq!(clock(0).stamps.len() as u64, UNCAPPED_SLOTS);
         assert_eq!(clock(i64::MAX).stamps.len() as u64, MAX_SLOTS);
         assert_eq!(clock(3000).stamps.len(), 4096);
-        assert!(clock(16).sieve.is_none(), "LRU keeps no insertion stamps");
+        assert!(clock(16).queue.is_none(), "LRU keeps no insertion stamps");
         let sieve = AccessClock::new(16, LivePolicy::Sieve);
-        assert_eq!(
-            sieve.sieve.as_ref().map(|s| s.len()),
-            Some(MIN_SLOTS as usize)
-        );
+        let len = |slots: &Option<Box<[AtomicU64]>>| slots.as_ref().map(|s| s.len());
+        assert_eq!(len(&sieve.queue), Some(MIN_SLOTS as usize));
+        assert_eq!(len(&sieve.ghost), None, "SIEVE keeps no ghost");
+        let s3fifo = AccessClock::new(16, LivePolicy::S3Fifo);
+        assert_eq!(len(&s3fifo.ghost), Some(MIN_SLOTS as usize));
     }
 
     #[test]
@@ -209,5 +327,43 @@ mod tests {
             [3],
             "the suffix before its prefix"
         );
+    }
+
+    #[test]
+    fn s3fifo_filters_one_hit_keys_through_small_and_promotes_accessed_ones() {
+        let clock = AccessClock::new(1 << 16, LivePolicy::S3Fifo);
+        for key in 1..=10 {
+            clock.inserted(&[key]);
+        }
+        clock.touch(&[1, 2]);
+        let keys: Vec<BlockKey> = (1..=10).collect();
+        // All ten are in small: 1 and 2 (accessed) move to main, 3 and 4 go.
+        assert_eq!(clock.victims(&keys, 2), [3, 4]);
+        // Key 3 comes back: the ghost sends it straight to main.
+        clock.inserted(&[3]);
+        // Small {5..10} still holds its share: 5 and 6 (never accessed) go first.
+        assert_eq!(clock.victims(&[1, 2, 3, 5, 6, 7, 8, 9, 10], 2), [5, 6]);
+        // Main alone {1, 2, 3}, none accessed since it got there: oldest first.
+        assert_eq!(clock.victims(&[1, 2, 3], 2), [1, 2]);
+    }
+
+    #[test]
+    fn s3fifo_gives_main_keys_one_reinsertion_per_access() {
+        let clock = AccessClock::new(1 << 16, LivePolicy::S3Fifo);
+        clock.inserted(&[1]);
+        clock.inserted(&[2]);
+        clock.touch(&[1]);
+        // Small {1, 2}: 1 (accessed) moves to main with frequency 0, 2 goes.
+        assert_eq!(clock.victims(&[1, 2], 1), [2]);
+        clock.inserted(&[3]);
+        clock.touch(&[1]);
+        clock.touch(&[1]);
+        // Small {3} holds its share of the two: it goes before main's 1.
+        assert_eq!(clock.victims(&[1, 3], 1), [3]);
+        // Main alone: 1's two accesses put it back twice, then it goes.
+        assert_eq!(clock.victims(&[1], 1), [1]);
+        clock.inserted(&[4]);
+        clock.touch(&[4]);
+        assert_eq!(clock.victims(&[4], 1), [4], "moved to main, then gone");
     }
 }

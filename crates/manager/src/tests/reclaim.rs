@@ -139,7 +139,7 @@ fn writing_blocks_are_never_evicted() {
 
 #[test]
 fn a_frequently_read_prefix_survives_a_flood_of_one_shot_writes() {
-    for policy in [LivePolicy::Lru, LivePolicy::Sieve] {
+    for policy in [LivePolicy::Lru, LivePolicy::Sieve, LivePolicy::S3Fifo] {
         a_read_prefix_survives_a_flood_under(policy);
     }
 }
