@@ -1,7 +1,8 @@
 //! The fast path answers exactly as GetCacheLocation over gRPC: a randomized workload
 //! against a real `kvcm serve` (writes with and without spec groups, failed and abandoned
 //! writes, removals, trims, table growth, a storage disabled and re-enabled, every storage
-//! disabled), with random queries of all three types after every step, on both soft wires;
+//! disabled, the reclaimer evicting half the keys), with random queries of all three types
+//! after every step, on both soft wires;
 //! and keys with a replica on each storage (`min_replica_count`), whose readable set the
 //! fast path must draw from exactly as gRPC does; and keys cache subscribers report
 //! (ReportEvent), which the fast path leaves to the server.
@@ -203,10 +204,36 @@ async fn grow(server: &TestServer, disabled: &mut [bool; 2]) {
     finish(server, &started["write_session_id"], vec![true; count]).await;
 }
 
+/// Lets the reclaimer evict down to half the universe (a key cap of [`UNIVERSE`] under a
+/// watermark of 0.5), waits until it has, then stops it again.
+async fn reclaim_half(server: &TestServer) {
+    let set = |cap: i64, watermark: f64| {
+        common::update_group(server, GROUP, move |group| {
+            let cache = &mut group["cache_config"];
+            cache["meta_indexer_config"]["max_key_count"] = serde_json::json!(cap);
+            cache["reclaim_strategy"]["trigger_strategy"] =
+                serde_json::json!({ "used_percentage": watermark });
+        })
+    };
+    set(UNIVERSE, 0.5).await;
+    let evicted = common::wait_until(std::time::Duration::from_secs(20), async || {
+        let metrics = server.admin_http("getMetrics", serde_json::json!({})).await;
+        let keys = metrics["metrics"]
+            .as_array()?
+            .iter()
+            .find(|m| m["metric_name"] == "capacity.instance_keys")?["metric_value"]["float_value"]
+            .as_f64()?;
+        (keys <= (UNIVERSE / 2) as f64).then_some(())
+    })
+    .await;
+    assert!(evicted.is_some(), "the reclaimer evicted down to half");
+    set(0, 1.0).await;
+}
+
 fn equivalence_on(wire: Wire, seed: u64) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let server = runtime.block_on(async {
-        let server = TestServer::start().await;
+        let server = TestServer::start_with(&["kvcm.cache_reclaimer.period_ms=20"]).await;
         prepare(&server).await;
         server
     });
@@ -220,6 +247,9 @@ fn equivalence_on(wire: Wire, seed: u64) {
     for step_number in 0..STEPS {
         if step_number == STEPS / 2 {
             runtime.block_on(grow(&server, &mut disabled));
+        }
+        if step_number == STEPS / 2 + 1 {
+            runtime.block_on(reclaim_half(&server));
         }
         runtime.block_on(step(&server, &mut rng, &mut disabled));
         for _ in 0..QUERIES {
