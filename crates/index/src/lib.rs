@@ -101,6 +101,13 @@ pub trait MetaIndex<V>: Send + Sync {
     fn sample(&self, count: usize) -> Result<Vec<BlockKey>, IndexError>;
     /// Number of keys stored.
     fn len(&self) -> Result<u64, IndexError>;
+    /// Which lock of the index guards `key` (keys of one group share it): background writers
+    /// batch keys by it, so that a batch blocks readers of one group only. 0 for every key
+    /// of a backend without such locks.
+    fn lock_group(&self, key: BlockKey) -> usize {
+        let _ = key;
+        0
+    }
     /// True when no key is stored.
     fn is_empty(&self) -> Result<bool, IndexError> {
         Ok(self.len()? == 0)

@@ -35,7 +35,27 @@ const BATCH: usize = 4096;
 
 /// Most keys of one index batch of background work (the deleter, the reclaimer): an
 /// instance's lookups wait for at most this many keys' changes behind its shard locks.
-pub(crate) const INDEX_CHUNK: usize = 64;
+const INDEX_CHUNK: usize = 64;
+
+/// `keys` in index batches of background work: at most [`INDEX_CHUNK`] keys, all under one
+/// lock of the index (so a batch blocks the readers of one shard only).
+pub(crate) fn background_batches(
+    instance: &Instance,
+    mut keys: Vec<BlockKey>,
+) -> Vec<Vec<BlockKey>> {
+    keys.sort_unstable_by_key(|&key| (instance.index.lock_group(key), key));
+    let mut batches: Vec<Vec<BlockKey>> = Vec::new();
+    let mut group = None;
+    for key in keys {
+        let here = Some(instance.index.lock_group(key));
+        match batches.last_mut() {
+            Some(batch) if group == here && batch.len() < INDEX_CHUNK => batch.push(key),
+            _ => batches.push(vec![key]),
+        }
+        group = here;
+    }
+    batches
+}
 
 /// Starts the deleter; it runs until every sender of `jobs` is dropped. It takes the jobs
 /// queued so far (up to [`BATCH`]) together.
@@ -66,7 +86,7 @@ pub fn enqueue(sender: &Sender<DeleteJob>, jobs: Vec<DeleteJob>) {
 }
 
 /// Frees DELETING locations' bytes and removes them from the index, on this thread: per
-/// instance, index batches of at most [`INDEX_CHUNK`] keys.
+/// instance, in [`background_batches`].
 pub(crate) fn delete_now(jobs: &[DeleteJob], storages: &StorageTable, feed: &ChangeFeed) {
     for job in jobs {
         free_bytes(job, storages);
@@ -82,8 +102,8 @@ pub(crate) fn delete_now(jobs: &[DeleteJob], storages: &StorageTable, feed: &Cha
     }
     for (instance, jobs) in by_instance.into_values() {
         let keys: Vec<BlockKey> = jobs.keys().copied().collect();
-        for chunk in keys.chunks(INDEX_CHUNK) {
-            remove_from_index(instance, chunk, &jobs, storages, feed);
+        for batch in background_batches(instance, keys) {
+            remove_from_index(instance, &batch, &jobs, storages, feed);
         }
     }
 }

@@ -12,9 +12,9 @@
 //!   suffixes go before the prefixes they extend; exact while the sample covers the
 //!   instance;
 //! - eviction takes the RemoveCache path (SERVING → DELETING through `move_locations`, so
-//!   the lookup table unpublishes and the journal logs it), in index batches of at most
-//!   `INDEX_CHUNK` keys so lookups never wait long behind it; bytes are freed by the
-//!   deleter `delay_before_delete_ms` later;
+//!   the lookup table unpublishes and the journal logs it), in small index batches of one
+//!   shard each so lookups never wait long behind it; bytes are freed by the deleter
+//!   `delay_before_delete_ms` later;
 //! - fair and rate-limited: a group's byte excess is split evenly over its instances, and
 //!   no instance loses more than `reclaim_step_size` blocks (default [`DEFAULT_STEP`]) per
 //!   pass; keys already evicted but not yet deleted count against the excess, so a pass
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use kvcm_index::BlockKey;
 
-use super::deleter::INDEX_CHUNK;
+use super::deleter::background_batches;
 use super::entry::{Entry, Location, LocationRef, LocationState};
 use super::error::ManagerResult;
 use super::group_config::GroupConfig;
@@ -263,13 +263,12 @@ impl Manager {
             })
             .map(|(&key, _)| key)
             .collect();
-        let mut keys = instance.access().victims(&candidates, count);
-        keys.sort_unstable();
+        let keys = instance.access().victims(&candidates, count);
         let mut moved = Vec::new();
         let mut failed = Ok(());
-        for chunk in keys.chunks(INDEX_CHUNK) {
+        for batch in background_batches(instance, keys) {
             let deleting = LocationState::Deleting;
-            match self.move_locations(instance, chunk, deleting, &mut |_, l| {
+            match self.move_locations(instance, &batch, deleting, &mut |_, l| {
                 evictable(&l.as_ref())
             }) {
                 Ok(chunk_moved) => moved.extend(chunk_moved),

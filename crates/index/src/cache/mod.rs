@@ -204,6 +204,10 @@ impl<I: MetaIndex<V>, V: Clone + Send + Sync> MetaIndex<V> for CachedIndex<I, V>
     fn len(&self) -> Result<u64, IndexError> {
         self.inner.len()
     }
+
+    fn lock_group(&self, key: BlockKey) -> usize {
+        self.inner.lock_group(key)
+    }
 }
 
 #[cfg(test)]

@@ -241,6 +241,10 @@ impl<V: Clone + Send + Sync> MetaIndex<V> for LocalIndex<V> {
     fn len(&self) -> Result<u64, IndexError> {
         Ok(self.key_count.load(Ordering::Acquire))
     }
+
+    fn lock_group(&self, key: BlockKey) -> usize {
+        key_order::shard_of(key_order::position_of(key), self.config.shard_bits)
+    }
 }
 
 #[cfg(test)]

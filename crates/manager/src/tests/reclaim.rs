@@ -311,3 +311,21 @@ fn a_type_over_its_watermark_loses_blocks_of_that_type_only() {
     assert_eq!(fx.manager.reclaim_stats().evicted(), 2);
     assert!(can_write(&fx, &instance, 7), "3FS has room again");
 }
+
+#[test]
+fn background_batches_hold_one_lock_group_and_at_most_64_keys() {
+    let (_fx, instance) = capped();
+    let keys: Vec<BlockKey> = (0..1000).collect();
+    let groups: std::collections::HashSet<usize> =
+        keys.iter().map(|&k| instance.index.lock_group(k)).collect();
+    assert!(groups.len() > 1, "the index has several shards");
+    let batches = crate::deleter::background_batches(&instance, keys.clone());
+    let mut all: Vec<BlockKey> = batches.iter().flatten().copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, keys, "every key once");
+    for batch in &batches {
+        assert!(!batch.is_empty() && batch.len() <= 64, "{}", batch.len());
+        let group = instance.index.lock_group(batch[0]);
+        assert!(batch.iter().all(|&k| instance.index.lock_group(k) == group));
+    }
+}
