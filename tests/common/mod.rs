@@ -152,11 +152,20 @@ impl TestServer {
             dir,
             addresses: HashMap::new(),
         };
-        let text = wait_until(Duration::from_secs(30), async || {
-            std::fs::read_to_string(&ready).ok()
+        // The ready file, or the server's exit (a failed start says why on stderr).
+        let started = wait_until(Duration::from_secs(30), async || {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Some(Err(status));
+            }
+            std::fs::read_to_string(&ready).ok().map(Ok)
         })
-        .await
-        .expect("server wrote its ready file");
+        .await;
+        let log = || std::fs::read_to_string(server.dir.path().join("stderr.log"));
+        let text = match started {
+            Some(Ok(text)) => text,
+            Some(Err(status)) => panic!("kvcm serve exited ({status}): {:?}", log()),
+            None => panic!("no ready file within 30 s: {:?}", log()),
+        };
         let map: HashMap<String, String> = serde_json::from_str(&text).expect("ready json");
         server.addresses = map
             .into_iter()
