@@ -31,12 +31,12 @@ pub enum TlsClientError {
         source: io::Error,
     },
     /// The PEM text holds nothing usable.
-    #[error("{what}: {reason}")]
+    #[error("{what}: {source}")]
     Pem {
         /// Which PEM (CA, certificate, key).
         what: &'static str,
         /// What is wrong.
-        reason: String,
+        source: Cause,
     },
     /// The server name is neither a DNS name nor an IP address.
     #[error("server name {0:?} is neither a DNS name nor an IP address")]
@@ -45,6 +45,15 @@ pub enum TlsClientError {
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
 }
+
+/// Why a PEM file or text is not usable (a PEM, rustls or webpki error, or
+/// [`NoCertificate`]).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// A PEM file or text that holds no certificate.
+#[derive(Debug, thiserror::Error)]
+#[error("no PEM certificate in it")]
+pub struct NoCertificate;
 
 /// How a client speaks TLS to kvcm servers: the CA it trusts, the name the servers'
 /// certificates must carry, and (for mutual TLS) its own certificate and key.
@@ -84,16 +93,14 @@ impl TlsClient {
         identity: Option<(&str, &str)>,
         server_name: &str,
     ) -> Result<TlsClient, TlsClientError> {
-        let pem_error = |what, reason: String| TlsClientError::Pem { what, reason };
+        let pem_error = |what, source: Cause| TlsClientError::Pem { what, source };
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            let cert = cert.map_err(|e| pem_error("CA", e.to_string()))?;
-            roots
-                .add(cert)
-                .map_err(|e| pem_error("CA", e.to_string()))?;
+            let cert = cert.map_err(|e| pem_error("CA", e.into()))?;
+            roots.add(cert).map_err(|e| pem_error("CA", e.into()))?;
         }
         if roots.is_empty() {
-            return Err(pem_error("CA", "no PEM certificate in it".into()));
+            return Err(pem_error("CA", NoCertificate.into()));
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
@@ -103,12 +110,12 @@ impl TlsClient {
             Some((cert, key)) => {
                 let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| pem_error("certificate", e.to_string()))?;
+                    .map_err(|e| pem_error("certificate", e.into()))?;
                 if chain.is_empty() {
-                    return Err(pem_error("certificate", "no PEM certificate in it".into()));
+                    return Err(pem_error("certificate", NoCertificate.into()));
                 }
                 let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
-                    .map_err(|e| pem_error("key", e.to_string()))?;
+                    .map_err(|e| pem_error("key", e.into()))?;
                 builder.with_client_auth_cert(chain, key)?
             }
             None => builder.with_no_client_auth(),
@@ -183,5 +190,32 @@ impl Write for TlsStream {
 
     fn flush(&mut self) -> io::Result<()> {
         self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    #[test]
+    fn an_unusable_ca_says_which_file_and_keeps_why_as_its_source() {
+        let error = TlsClient::from_pem("not a certificate", None, "localhost").unwrap_err();
+        assert!(
+            matches!(&error, TlsClientError::Pem { what: "CA", .. }),
+            "{error}"
+        );
+        assert_eq!(error.to_string(), "CA: no PEM certificate in it");
+        assert!(
+            error.source().is_some_and(|s| s.is::<NoCertificate>()),
+            "{error:?}"
+        );
+        let missing = Path::new("/nonexistent/ca.pem");
+        let error = TlsClient::from_files(missing, None, "localhost").unwrap_err();
+        assert!(error.to_string().contains("/nonexistent/ca.pem"), "{error}");
+        assert!(
+            error.source().is_some_and(|s| s.is::<io::Error>()),
+            "{error:?}"
+        );
     }
 }

@@ -35,6 +35,7 @@ use super::client_cert;
 use crate::config::TlsSettings;
 use crate::service::auth::CertIdentity;
 use crate::service::http::Peer;
+use crate::tls_client::{Cause, NoCertificate};
 
 /// How often a handshake may look at the certificate files' modification times.
 pub const RELOAD_CHECK: Duration = Duration::from_secs(1);
@@ -43,14 +44,14 @@ pub const RELOAD_CHECK: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A PEM file could not be read or holds nothing usable.
-    #[error("{key} {path}: {reason}")]
+    #[error("{key} {path}: {source}")]
     File {
         /// The config key naming the file.
         key: &'static str,
         /// The file.
         path: PathBuf,
         /// What is wrong.
-        reason: String,
+        source: Cause,
     },
     /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
@@ -156,27 +157,27 @@ fn client_verifier(
     for cert in read_certs(key, path)? {
         roots
             .add(cert)
-            .map_err(|e| file_error(key, path, e.to_string()))?;
+            .map_err(|e| file_error(key, path, e.into()))?;
     }
     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
         .build()
-        .map_err(|e| file_error(key, path, e.to_string()))
+        .map_err(|e| file_error(key, path, e.into()))
 }
 
-fn file_error(key: &'static str, path: &Path, reason: String) -> TlsError {
+fn file_error(key: &'static str, path: &Path, source: Cause) -> TlsError {
     TlsError::File {
         key,
         path: path.to_path_buf(),
-        reason,
+        source,
     }
 }
 
 fn read_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| file_error(key, path, e.to_string()))?;
+        .map_err(|e| file_error(key, path, e.into()))?;
     if certs.is_empty() {
-        return Err(file_error(key, path, "no PEM certificate in it".into()));
+        return Err(file_error(key, path, NoCertificate.into()));
     }
     Ok(certs)
 }
@@ -189,9 +190,9 @@ fn load_pair(
 ) -> Result<CertifiedKey, TlsError> {
     let chain = read_certs("kvcm.tls.cert_file", cert)?;
     let private = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| file_error("kvcm.tls.key_file", key, e.to_string()))?;
+        .map_err(|e| file_error("kvcm.tls.key_file", key, e.into()))?;
     CertifiedKey::from_der(chain, private, provider)
-        .map_err(|e| file_error("kvcm.tls.key_file", key, e.to_string()))
+        .map_err(|e| file_error("kvcm.tls.key_file", key, e.into()))
 }
 
 fn stamp(path: &Path) -> Option<FileStamp> {
