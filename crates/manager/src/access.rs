@@ -119,10 +119,12 @@ impl AccessClock {
 
     /// Records that `keys` (in request order) entered the index: unvisited (SIEVE), in the
     /// small queue, or in the main one when the ghost remembers them (S3-FIFO).
-    pub fn inserted(&self, keys: &[BlockKey]) {
+    /// Only the keys `placed` accepts count; under LRU nothing is done (nor allocated).
+    pub fn inserted(&self, keys: &[BlockKey], placed: impl Fn(BlockKey) -> bool) {
         let Some(queue) = &self.queue else {
             return;
         };
+        let keys: Vec<BlockKey> = keys.iter().copied().filter(|&k| placed(k)).collect();
         for (&key, stamp) in keys.iter().zip(self.stamps_for(keys.len())) {
             let slot = self.slot(key);
             let word = match self.policy {
@@ -302,7 +304,7 @@ mod tests {
         let clock = AccessClock::new(1 << 16, LivePolicy::Sieve);
         // Ten single-key writes: key 1 is the oldest.
         for key in 1..=10 {
-            clock.inserted(&[key]);
+            clock.inserted(&[key], |_| true);
         }
         clock.touch(&[1, 2]);
         let keys: Vec<BlockKey> = (1..=10).collect();
@@ -321,7 +323,7 @@ mod tests {
     #[test]
     fn sieve_inserts_a_request_suffix_first_so_it_goes_first() {
         let clock = AccessClock::new(1 << 16, LivePolicy::Sieve);
-        clock.inserted(&[1, 2, 3]);
+        clock.inserted(&[1, 2, 3], |_| true);
         assert_eq!(
             clock.victims(&[1, 2, 3], 1),
             [3],
@@ -333,14 +335,14 @@ mod tests {
     fn s3fifo_filters_one_hit_keys_through_small_and_promotes_accessed_ones() {
         let clock = AccessClock::new(1 << 16, LivePolicy::S3Fifo);
         for key in 1..=10 {
-            clock.inserted(&[key]);
+            clock.inserted(&[key], |_| true);
         }
         clock.touch(&[1, 2]);
         let keys: Vec<BlockKey> = (1..=10).collect();
         // All ten are in small: 1 and 2 (accessed) move to main, 3 and 4 go.
         assert_eq!(clock.victims(&keys, 2), [3, 4]);
         // Key 3 comes back: the ghost sends it straight to main.
-        clock.inserted(&[3]);
+        clock.inserted(&[3], |_| true);
         // Small {5..10} still holds its share: 5 and 6 (never accessed) go first.
         assert_eq!(clock.victims(&[1, 2, 3, 5, 6, 7, 8, 9, 10], 2), [5, 6]);
         // Main alone {1, 2, 3}, none accessed since it got there: oldest first.
@@ -350,19 +352,19 @@ mod tests {
     #[test]
     fn s3fifo_gives_main_keys_one_reinsertion_per_access() {
         let clock = AccessClock::new(1 << 16, LivePolicy::S3Fifo);
-        clock.inserted(&[1]);
-        clock.inserted(&[2]);
+        clock.inserted(&[1], |_| true);
+        clock.inserted(&[2], |_| true);
         clock.touch(&[1]);
         // Small {1, 2}: 1 (accessed) moves to main with frequency 0, 2 goes.
         assert_eq!(clock.victims(&[1, 2], 1), [2]);
-        clock.inserted(&[3]);
+        clock.inserted(&[3], |_| true);
         clock.touch(&[1]);
         clock.touch(&[1]);
         // Small {3} holds its share of the two: it goes before main's 1.
         assert_eq!(clock.victims(&[1, 3], 1), [3]);
         // Main alone: 1's two accesses put it back twice, then it goes.
         assert_eq!(clock.victims(&[1], 1), [1]);
-        clock.inserted(&[4]);
+        clock.inserted(&[4], |_| true);
         clock.touch(&[4]);
         assert_eq!(clock.victims(&[4], 1), [4], "moved to main, then gone");
     }

@@ -103,12 +103,9 @@ impl Manager {
         drop(pending_keys); // the new keys are in the index now, or given up
         let new_locations = new_locations?;
         let written: HashSet<BlockKey> = new_locations.iter().map(|(k, ..)| *k).collect();
-        let inserted: Vec<BlockKey> = keys
-            .iter()
-            .copied()
-            .filter(|k| written.contains(k))
-            .collect();
-        instance.access().inserted(&inserted);
+        instance
+            .access()
+            .inserted(&keys, |key| written.contains(&key));
         for (i, key) in keys.iter().enumerate() {
             if !present[i] && !written.contains(key) {
                 (present[i], prefix_eligible[i]) = (true, true);
