@@ -137,44 +137,59 @@ impl TestServer {
             .arg("--env")
             .arg("kvcm.service.enable_debug_service=true");
         command.args(args).envs(envs.iter().copied());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.path().join("stderr.log"))
-            .expect("log file");
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn kvcm serve");
-        let mut server = TestServer {
-            child,
-            dir,
-            addresses: HashMap::new(),
-        };
-        // The ready file, or the server's exit (a failed start says why on stderr).
-        let started = wait_until(Duration::from_secs(30), async || {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Some(Err(status));
-            }
-            std::fs::read_to_string(&ready).ok().map(Ok)
-        })
-        .await;
-        let log = || std::fs::read_to_string(server.dir.path().join("stderr.log"));
-        let text = match started {
-            Some(Ok(text)) => text,
-            Some(Err(status)) => panic!("kvcm serve exited ({status}): {:?}", log()),
-            None => panic!("no ready file within 30 s: {:?}", log()),
-        };
-        let map: HashMap<String, String> = serde_json::from_str(&text).expect("ready json");
-        server.addresses = map
+        let log_path = dir.path().join("stderr.log");
+        let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+        // A restart pins its ports, and `debug_http` follows `http_port` (+3000): another
+        // test may hold that port for a moment, so a start that finds a port taken is tried
+        // again, for up to ~10 s.
+        for attempt in 1.. {
+            let stderr = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log_path)
+                .expect("log file");
+            let mut child = command
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .expect("spawn kvcm serve");
+            // The ready file, or the server's exit (a failed start says why on stderr).
+            let started = wait_until(Duration::from_secs(30), async || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Some(Err(status));
+                }
+                std::fs::read_to_string(&ready).ok().map(Ok)
+            })
+            .await;
+            let text = match started {
+                Some(Ok(text)) => text,
+                Some(Err(_)) if attempt < 50 && log().contains("Address already in use") => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Some(Err(status)) => panic!("kvcm serve exited ({status}): {}", log()),
+                None => panic!("no ready file within 30 s: {}", log()),
+            };
+            return TestServer::from_ready(child, dir, &text);
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    /// The server of `child`, at the addresses of its ready file `text`.
+    fn from_ready(child: Child, dir: tempfile::TempDir, text: &str) -> TestServer {
+        let map: HashMap<String, String> = serde_json::from_str(text).expect("ready json");
+        let addresses = map
             .into_iter()
             .map(|(name, address)| {
                 let address: SocketAddr = address.parse().expect("address");
                 (name, SocketAddr::from(([127, 0, 0, 1], address.port())))
             })
             .collect();
-        server
+        TestServer {
+            child,
+            dir,
+            addresses,
+        }
     }
 
     /// The address of a listener (`grpc`, `http`, `admin_http`, `debug_http`).
