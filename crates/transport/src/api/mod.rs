@@ -62,6 +62,14 @@ pub trait Domain: Send + Sync {
     fn provider_name(&self) -> &'static str;
     /// Allocates `len` zeroed bytes of registrable memory (page aligned).
     fn alloc(&self, len: usize) -> Result<Self::Memory>;
+    /// A handle on the same device with a protection domain of its own (verbs
+    /// `ibv_alloc_pd`): a queue pair uses local keys and serves remote keys only of
+    /// regions registered in its own protection domain; any other key fails as a bad key
+    /// does (`LocalProtectionError`, `RemoteAccessError`). Completion queues are the
+    /// device's and may be shared across protection domains.
+    fn new_pd(&self) -> Result<Self>
+    where
+        Self: Sized;
     /// Registers `len` bytes at `offset` of `memory` with `access`. Ranges registered on one
     /// memory may not overlap. Dropping the region deregisters it.
     fn register(

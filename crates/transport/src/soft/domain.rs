@@ -19,12 +19,19 @@ pub(crate) struct DomainInner {
     pub(crate) config: SoftConfig,
     pub(crate) listen_addr: Option<SocketAddr>,
     next_qpn: AtomicU32,
+    next_pd: AtomicU32,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl DomainInner {
     pub(crate) fn allocate_qpn(&self) -> u32 {
         self.next_qpn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn allocate_pd(&self) -> Result<u32> {
+        self.next_pd
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |pd| pd.checked_add(1))
+            .map_err(|_| TransportError::Exhausted("protection domains"))
     }
 }
 
@@ -42,10 +49,13 @@ impl Drop for DomainInner {
     }
 }
 
-/// A soft device with its protection domain and NIC thread.
+/// A soft device (its NIC thread) with one of its protection domains: regions registered
+/// through this handle are reachable only by queue pairs created through a handle of the
+/// same protection domain (see [`Domain::new_pd`]).
 #[derive(Clone, Debug)]
 pub struct SoftDomain {
     inner: Arc<DomainInner>,
+    pd: u32,
 }
 
 impl SoftDomain {
@@ -64,10 +74,12 @@ impl SoftDomain {
             config,
             listen_addr,
             next_qpn: AtomicU32::new(1),
+            next_pd: AtomicU32::new(1),
             thread: Mutex::new(Some(thread)),
         };
         Ok(SoftDomain {
             inner: Arc::new(inner),
+            pd: 0,
         })
     }
 
@@ -103,6 +115,13 @@ impl Domain for SoftDomain {
         HostMemory::allocate(len)
     }
 
+    fn new_pd(&self) -> Result<Self> {
+        Ok(SoftDomain {
+            inner: Arc::clone(&self.inner),
+            pd: self.inner.allocate_pd()?,
+        })
+    }
+
     fn register(
         &self,
         memory: &HostMemory,
@@ -110,11 +129,11 @@ impl Domain for SoftDomain {
         len: usize,
         access: Access,
     ) -> Result<SoftRegion> {
-        let (key, entry) = self
-            .inner
-            .nic
-            .registry
-            .register(&memory.inner, offset, len, access)?;
+        let (key, entry) =
+            self.inner
+                .nic
+                .registry
+                .register(&memory.inner, (offset, len), access, self.pd)?;
         Ok(SoftRegion {
             domain: Arc::clone(&self.inner),
             key,
@@ -129,7 +148,7 @@ impl Domain for SoftDomain {
     }
 
     fn create_qp(&self, send_cq: &SoftCq, recv_cq: &SoftCq, config: QpConfig) -> Result<SoftQp> {
-        SoftQp::create(&self.inner, send_cq, recv_cq, config)
+        SoftQp::create(&self.inner, self.pd, send_cq, recv_cq, config)
     }
 }
 

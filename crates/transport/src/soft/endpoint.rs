@@ -1,7 +1,7 @@
 //! Text encoding of soft queue-pair endpoints, e.g.
 //! `soft-tcp qpn=3 addr=10.0.0.1:40123 token=9f3c…` (the token, random per queue pair,
 //! must be in the hello that binds a connection to it) or
-//! `soft-shm qpn=3 host=<boot id> pid=77 table=5 ring=9 ring_cap=4194304 bell=kvcm-nic-77-0
+//! `soft-shm qpn=3 host=<boot id> pid=77 pd=2 table=5 ring=9 ring_cap=4194304 bell=kvcm-nic-77-0
 //! life=12`.
 
 use super::shm::ShmAddress;
@@ -37,8 +37,8 @@ impl SoftEndpoint {
                 host,
                 address: a,
             } => format!(
-                "soft-shm qpn={qpn} host={host} pid={} table={} ring={} ring_cap={} bell={} life={}",
-                a.pid, a.table_fd, a.ring_fd, a.ring_capacity, a.doorbell, a.life_fd
+                "soft-shm qpn={qpn} host={host} pid={} pd={} table={} ring={} ring_cap={} bell={} life={}",
+                a.pid, a.pd, a.table_fd, a.ring_fd, a.ring_capacity, a.doorbell, a.life_fd
             ),
         };
         QpEndpoint(text.into_bytes())
@@ -73,6 +73,7 @@ impl SoftEndpoint {
                 let fd = |name: &str| i32::try_from(number(name)?).map_err(|_| bad(name));
                 let address = ShmAddress {
                     pid: u32::try_from(number("pid")?).map_err(|_| bad("pid"))?,
+                    pd: u32::try_from(number("pd")?).map_err(|_| bad("pd"))?,
                     table_fd: fd("table")?,
                     ring_fd: fd("ring")?,
                     ring_capacity: usize::try_from(number("ring_cap")?)
@@ -112,6 +113,7 @@ mod tests {
         assert_eq!(SoftEndpoint::decode(&tcp.encode()).unwrap(), tcp);
         let address = ShmAddress {
             pid: 7,
+            pd: 2,
             table_fd: 5,
             ring_fd: 9,
             ring_capacity: 1 << 22,

@@ -1,7 +1,8 @@
 //! The key table: a memfd every same-host peer maps to validate rkeys without a round trip.
 //!
-//! Layout: a header page (the NIC's `parked` word), then `SLOTS` slots of 8 words each.
-//! A key is `generation << SLOT_BITS | slot`. Slot word 0 holds `key << 1 | 1` while the
+//! Layout: a header page (the NIC's `parked` word), then `SLOTS` slots of 8 words each
+//! (word 0 the tag, then memory base, memory length, address, length, access << 32 | fd,
+//! protection domain). A key is `generation << SLOT_BITS | slot`, the generation random. Slot word 0 holds `key << 1 | 1` while the
 //! registration is live and 0 otherwise; the owner writes the other words before publishing
 //! word 0 (release) and clears word 0 first on deregistration, and readers re-check word 0
 //! after reading the rest (a seqlock), so a reader never trusts a half-written slot. The
@@ -36,6 +37,9 @@ pub(crate) struct KeyEntry {
     pub access: Access,
     /// The memory's memfd number in the owner process.
     pub fd: RawFd,
+    /// The protection domain the registration belongs to: only queue pairs of the same
+    /// protection domain may use the key.
+    pub pd: u32,
 }
 
 /// A key table mapping (own or a peer's).
@@ -86,6 +90,7 @@ impl KeyTable {
             entry.addr,
             entry.len,
             u64::from(entry.access.bits()) << 32 | u64::from(entry.fd as u32),
+            u64::from(entry.pd),
         ];
         for (index, value) in fields.into_iter().enumerate() {
             self.slot_word(key, index + 1)?
@@ -109,7 +114,7 @@ impl KeyTable {
         if head.load(Ordering::Acquire) != tag {
             return None;
         }
-        let mut fields = [0u64; 5];
+        let mut fields = [0u64; 6];
         for (index, field) in fields.iter_mut().enumerate() {
             *field = self.slot_word(key, index + 1).ok()?.load(Ordering::Relaxed);
         }
@@ -124,6 +129,7 @@ impl KeyTable {
             len: fields[3],
             access: Access::from_bits_truncate((fields[4] >> 32) as u32),
             fd: fields[4] as u32 as RawFd,
+            pd: fields[5] as u32,
         })
     }
 
@@ -162,6 +168,7 @@ mod tests {
             len: 50,
             access: Access::ALL,
             fd: 7,
+            pd: 3,
         }
     }
 
@@ -215,6 +222,7 @@ mod tests {
             len: n,
             access: Access::ALL,
             fd: n as RawFd,
+            pd: n as u32,
         };
         let latest = Arc::new(AtomicU64::new(0));
         let writer = {

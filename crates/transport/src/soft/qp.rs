@@ -36,6 +36,7 @@ pub struct SoftQp {
 impl SoftQp {
     pub(crate) fn create(
         domain: &Arc<DomainInner>,
+        pd: u32,
         send_cq: &SoftCq,
         recv_cq: &SoftCq,
         config: QpConfig,
@@ -50,7 +51,7 @@ impl SoftQp {
         let (inbound, endpoint) = match (domain.config.wire, domain.listen_addr) {
             (Wire::Shm, _) => {
                 let ring = Ring::create(domain.config.ring_capacity)?;
-                let endpoint = shm_endpoint(domain, qpn, &ring)?;
+                let endpoint = shm_endpoint(domain, (qpn, pd), &ring)?;
                 (Some(ring), endpoint)
             }
             (Wire::Tcp, Some(addr)) => (None, SoftEndpoint::Tcp { qpn, addr, token }),
@@ -61,7 +62,7 @@ impl SoftQp {
             }
         };
         let cqs = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
-        let shared = Arc::new(QpShared::new((qpn, token), config, cqs, inbound));
+        let shared = Arc::new(QpShared::new((qpn, token, pd), config, cqs, inbound));
         domain.nic.adopt_qp(Arc::clone(&shared));
         Ok(SoftQp {
             domain: Arc::clone(domain),
@@ -113,12 +114,13 @@ impl SoftQp {
 
 /// The endpoint of a shared-memory queue pair: where its process, key table, inbound ring,
 /// NIC doorbell and liveness page are.
-fn shm_endpoint(domain: &DomainInner, qpn: u32, ring: &Ring) -> Result<SoftEndpoint> {
+fn shm_endpoint(domain: &DomainInner, (qpn, pd): (u32, u32), ring: &Ring) -> Result<SoftEndpoint> {
     Ok(SoftEndpoint::Shm {
         qpn,
         host: host_id(),
         address: ShmAddress {
             pid: std::process::id(),
+            pd,
             table_fd: domain.nic.registry.table().raw_fd(),
             ring_fd: ring.raw_fd(),
             ring_capacity: ring.capacity(),

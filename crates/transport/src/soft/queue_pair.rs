@@ -62,6 +62,8 @@ pub(crate) struct QpShared {
     pub qpn: u32,
     /// Secret a TCP hello must carry to bind a connection to this queue pair.
     pub token: u64,
+    /// The protection domain whose keys this queue pair uses and serves.
+    pub pd: u32,
     pub config: QpConfig,
     state: AtomicU8,
     pub send_cq: Arc<CqShared>,
@@ -85,7 +87,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl QpShared {
     pub(crate) fn new(
-        (qpn, token): (u32, u64),
+        (qpn, token, pd): (u32, u64, u32),
         config: QpConfig,
         (send_cq, recv_cq): (Arc<CqShared>, Arc<CqShared>),
         inbound: Option<Ring>,
@@ -93,6 +95,7 @@ impl QpShared {
         QpShared {
             qpn,
             token,
+            pd,
             config,
             state: AtomicU8::new(QpState::Init as u8),
             send_cq,

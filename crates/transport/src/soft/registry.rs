@@ -52,10 +52,20 @@ struct Live {
     entry: KeyEntry,
 }
 
-/// The local key a batch resolved last (see [`Registry::resolve_memo`]).
-#[derive(Debug, Default)]
+/// The key a batch resolved last (see [`Registry::resolve_memo`]), for the queue pair of
+/// one protection domain.
+#[derive(Debug)]
 pub(crate) struct KeyMemo {
+    /// The protection domain whose keys resolve.
+    pd: u32,
     last: Option<(u32, KeyEntry, Arc<SharedMemory>)>,
+}
+
+impl KeyMemo {
+    /// An empty memo for a queue pair of protection domain `pd`.
+    pub(crate) fn new(pd: u32) -> Self {
+        KeyMemo { pd, last: None }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -93,13 +103,14 @@ impl Registry {
         &self.table
     }
 
-    /// Registers `[offset, offset + len)` of `memory`; returns the key and entry.
+    /// Registers `[offset, offset + len)` of `memory` in protection domain `pd`; returns
+    /// the key and entry.
     pub(crate) fn register(
         &self,
         memory: &Arc<MemoryInner>,
-        offset: usize,
-        len: usize,
+        (offset, len): (usize, usize),
         access: Access,
+        pd: u32,
     ) -> Result<(u32, KeyEntry)> {
         access.validate()?;
         memory.claim(self.owner_id(), offset, len)?;
@@ -114,6 +125,7 @@ impl Registry {
             len: len as u64,
             access,
             fd: memory.shm.raw_fd(),
+            pd,
         };
         self.table.publish(key, &entry)?;
         let live = Live {
@@ -148,17 +160,34 @@ impl Registry {
         std::ptr::from_ref(self) as usize
     }
 
+    /// A free slot with a new random generation (never the slot's last one), so that a
+    /// key cannot be guessed from another: a peer that knows one key of this domain still
+    /// has one chance in 2^18 per try of naming another live key (and a wrong guess breaks
+    /// its queue pair, as on hardware).
     fn allocate_key(&self) -> Option<u32> {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = slots.free.pop_front()?;
         let generation = &mut slots.generations[slot as usize];
-        *generation = (*generation + 1) & ((1 << (32 - SLOT_BITS)) - 1);
-        Some(*generation << SLOT_BITS | slot)
+        let mask = (1u32 << (32 - SLOT_BITS)) - 1;
+        let mut next = crate::sys::random_u64().map_or(*generation + 1, |r| r as u32) & mask;
+        if next == *generation {
+            next = (next + 1) & mask;
+        }
+        *generation = next;
+        Some(next << SLOT_BITS | slot)
     }
 
-    /// Resolves `len` bytes at `addr` under `key`, if live, in bounds and allowed `need`.
-    pub(crate) fn resolve(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<Target> {
-        self.resolve_memo(&mut KeyMemo::default(), key, addr, len, need)
+    /// Resolves `len` bytes at `addr` under `key` for a queue pair of protection domain
+    /// `pd`, if live, registered in `pd`, in bounds and allowed `need`.
+    pub(crate) fn resolve(
+        &self,
+        pd: u32,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<Target> {
+        self.resolve_memo(&mut KeyMemo::new(pd), key, addr, len, need)
     }
 
     /// [`Registry::resolve`], looking `key` up only when `memo` holds another key (a batch
@@ -178,7 +207,7 @@ impl Registry {
             memo.last = Some((key, found.entry, Arc::clone(&found.memory.shm)));
         }
         let (_, entry, mem) = memo.last.as_ref()?;
-        if !keytable::check_access(entry, addr, len, need) {
+        if entry.pd != memo.pd || !keytable::check_access(entry, addr, len, need) {
             return None;
         }
         Some(Target {
@@ -203,41 +232,49 @@ mod tests {
     #[test]
     fn overlapping_registration_is_refused_and_changes_nothing() {
         let (registry, memory) = setup();
-        let (key, _) = registry.register(&memory, 0, 4096, Access::ALL).unwrap();
+        let (key, _) = registry
+            .register(&memory, (0, 4096), Access::ALL, 0)
+            .unwrap();
         let err = registry
-            .register(&memory, 4000, 100, Access::ALL)
+            .register(&memory, (4000, 100), Access::ALL, 0)
             .unwrap_err();
         assert!(
             matches!(err, TransportError::OverlappingRegistration { .. }),
             "{err}"
         );
-        assert!(registry.register(&memory, 4096, 4096, Access::ALL).is_ok());
         assert!(registry
-            .resolve(key, memory.shm.addr(), 4096, Access::REMOTE_READ)
+            .register(&memory, (4096, 4096), Access::ALL, 0)
+            .is_ok());
+        assert!(registry
+            .resolve(0, key, memory.shm.addr(), 4096, Access::REMOTE_READ)
             .is_some());
     }
 
     #[test]
     fn zero_and_out_of_bounds_registrations_are_refused() {
         let (registry, memory) = setup();
-        assert!(registry.register(&memory, 0, 0, Access::ALL).is_err());
-        assert!(registry.register(&memory, 8000, 200, Access::ALL).is_err());
+        assert!(registry.register(&memory, (0, 0), Access::ALL, 0).is_err());
         assert!(registry
-            .register(&memory, usize::MAX, 2, Access::ALL)
+            .register(&memory, (8000, 200), Access::ALL, 0)
             .is_err());
         assert!(registry
-            .register(&memory, 0, 8, Access::REMOTE_WRITE)
+            .register(&memory, (usize::MAX, 2), Access::ALL, 0)
+            .is_err());
+        assert!(registry
+            .register(&memory, (0, 8), Access::REMOTE_WRITE, 0)
             .is_err());
     }
 
     #[test]
     fn deregistered_key_no_longer_resolves_and_range_is_free_again() {
         let (registry, memory) = setup();
-        let (key, entry) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
+        let (key, entry) = registry.register(&memory, (0, 64), Access::ALL, 0).unwrap();
         registry.deregister(key);
-        assert!(registry.resolve(key, entry.addr, 8, Access::NONE).is_none());
+        assert!(registry
+            .resolve(0, key, entry.addr, 8, Access::NONE)
+            .is_none());
         assert!(registry.table().lookup(key).is_none());
-        let (again, _) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
+        let (again, _) = registry.register(&memory, (0, 64), Access::ALL, 0).unwrap();
         assert_ne!(again, key, "a reused slot gets a new generation");
     }
 
@@ -245,9 +282,9 @@ mod tests {
     fn a_freed_slot_is_reused_last() {
         let (registry, memory) = setup();
         let slot = |key: u32| key & ((1 << SLOT_BITS) - 1);
-        let (first, _) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
+        let (first, _) = registry.register(&memory, (0, 64), Access::ALL, 0).unwrap();
         registry.deregister(first);
-        let (second, _) = registry.register(&memory, 0, 64, Access::ALL).unwrap();
+        let (second, _) = registry.register(&memory, (0, 64), Access::ALL, 0).unwrap();
         assert_ne!(
             slot(second),
             slot(first),
@@ -259,20 +296,48 @@ mod tests {
     fn resolve_checks_bounds_and_rights() {
         let (registry, memory) = setup();
         let (key, entry) = registry
-            .register(&memory, 64, 64, Access::REMOTE_READ)
+            .register(&memory, (64, 64), Access::REMOTE_READ, 0)
             .unwrap();
         let target = registry
-            .resolve(key, entry.addr + 8, 8, Access::REMOTE_READ)
+            .resolve(0, key, entry.addr + 8, 8, Access::REMOTE_READ)
             .unwrap();
         assert_eq!(target.offset, 72);
         assert!(registry
-            .resolve(key, entry.addr + 60, 8, Access::REMOTE_READ)
+            .resolve(0, key, entry.addr + 60, 8, Access::REMOTE_READ)
             .is_none());
         assert!(registry
-            .resolve(key, entry.addr, 8, Access::REMOTE_WRITE)
+            .resolve(0, key, entry.addr, 8, Access::REMOTE_WRITE)
             .is_none());
         assert!(registry
-            .resolve(key ^ 1, entry.addr, 8, Access::NONE)
+            .resolve(0, key ^ 1, entry.addr, 8, Access::NONE)
             .is_none());
+    }
+
+    #[test]
+    fn a_key_resolves_only_for_its_protection_domain() {
+        let (registry, memory) = setup();
+        let (key, entry) = registry.register(&memory, (0, 64), Access::ALL, 7).unwrap();
+        assert!(registry
+            .resolve(7, key, entry.addr, 8, Access::REMOTE_READ)
+            .is_some());
+        assert!(registry
+            .resolve(0, key, entry.addr, 8, Access::REMOTE_READ)
+            .is_none());
+        assert_eq!(registry.table().lookup(key).map(|e| e.pd), Some(7));
+    }
+
+    #[test]
+    fn keys_of_one_slot_do_not_follow_a_sequence() {
+        let (registry, memory) = setup();
+        let mut generations = std::collections::HashSet::new();
+        for _ in 0..64 {
+            let (key, _) = registry.register(&memory, (0, 64), Access::ALL, 0).unwrap();
+            generations.insert(key >> SLOT_BITS);
+            registry.deregister(key);
+        }
+        assert!(
+            generations.len() > 60,
+            "random generations: {generations:?}"
+        );
     }
 }

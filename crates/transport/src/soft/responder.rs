@@ -41,7 +41,7 @@ pub(crate) fn execute(
         // Shared-memory wire only (its data is already in place); on a TCP link it would
         // consume a receive for data never written.
         Op::ImmNotify => (status_reply(WcStatus::RemoteInvalidRequest, 0), None),
-        Op::CompareSwap | Op::FetchAdd => (execute_atomic(registry, header), None),
+        Op::CompareSwap | Op::FetchAdd => (execute_atomic(registry, qp, header), None),
     };
     Some(reply)
 }
@@ -65,6 +65,7 @@ fn execute_write(
     }
     let remote = header.remote;
     let target = registry.resolve(
+        qp.pd,
         remote.rkey,
         remote.addr,
         payload.len() as u64,
@@ -80,7 +81,7 @@ fn execute_write(
     }
 }
 
-fn execute_atomic(registry: &Registry, header: &RequestHeader) -> ResponseHeader {
+fn execute_atomic(registry: &Registry, qp: &QpShared, header: &RequestHeader) -> ResponseHeader {
     let op = match header.op {
         Op::CompareSwap => AtomicOp::CompareSwap {
             compare: header.operand,
@@ -89,7 +90,7 @@ fn execute_atomic(registry: &Registry, header: &RequestHeader) -> ResponseHeader
         _ => AtomicOp::FetchAdd(header.operand),
     };
     let remote = header.remote;
-    let target = registry.resolve(remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC);
+    let target = registry.resolve(qp.pd, remote.rkey, remote.addr, 8, Access::REMOTE_ATOMIC);
     match target.and_then(|target| target.run_atomic(remote.addr, op)) {
         Some(value) => ResponseHeader {
             status: WcStatus::Success,
@@ -116,7 +117,7 @@ pub(crate) fn deliver(
         WcOpcode::RecvRdmaWithImm
     };
     let outcome = match payload {
-        Some(data) => match scatter::resolve(registry, &recv.sg_list, Access::LOCAL_WRITE) {
+        Some(data) => match scatter::resolve(registry, qp.pd, &recv.sg_list, Access::LOCAL_WRITE) {
             Ok(pieces) if scatter::scatter_from_bytes(&pieces, data) => Ok(()),
             Ok(_) => Err(WcStatus::LocalLengthError),
             Err(status) => Err(status),

@@ -14,20 +14,16 @@ pub(crate) struct Piece {
     pub len: usize,
 }
 
-/// Resolves every element of `sg_list`; `need` is `LOCAL_WRITE` where the NIC writes.
+/// Resolves every element of `sg_list` for a queue pair of protection domain `pd`; `need`
+/// is `LOCAL_WRITE` where the NIC writes.
 pub(crate) fn resolve(
     registry: &Registry,
+    pd: u32,
     sg_list: &[Sge],
     need: Access,
 ) -> Result<Vec<Piece>, WcStatus> {
     let mut pieces = Vec::with_capacity(sg_list.len());
-    resolve_into(
-        registry,
-        &mut KeyMemo::default(),
-        sg_list,
-        need,
-        &mut pieces,
-    )?;
+    resolve_into(registry, &mut KeyMemo::new(pd), sg_list, need, &mut pieces)?;
     Ok(pieces)
 }
 

@@ -93,6 +93,14 @@ impl Domain for VerbsDomain {
         HostMemory::allocate(len)
     }
 
+    fn new_pd(&self) -> Result<Self> {
+        let pd = ProtectionDomain::allocate(Arc::clone(&self.pd.context))?;
+        Ok(VerbsDomain {
+            pd: Arc::new(pd),
+            port: self.port,
+        })
+    }
+
     fn register(
         &self,
         memory: &HostMemory,

@@ -325,6 +325,56 @@ pub fn bad_lkey_is_local_protection_error<D: Domain>(open: Open<D>) {
     );
 }
 
+/// Keys work only within their protection domain: a queue pair reaches the peer's regions
+/// of its peer queue pair's protection domain, and uses local keys of its own.
+pub fn protection_domains_isolate_keys<D: Domain>(open: Open<D>) {
+    let p = Pair::new(open, 4096);
+    let other_pd = p.b.domain.new_pd().expect("new pd");
+    let foreign = other_pd.alloc(4096).unwrap();
+    foreign.write(0, &[5; 8]).unwrap();
+    let foreign_region = other_pd.register(&foreign, 0, 4096, Access::ALL).unwrap();
+    expect_failure(
+        &p.a,
+        read(foreign_region.remote(0)),
+        &[p.a.sge(0, 8)],
+        WcStatus::RemoteAccessError,
+    );
+    assert_eq!(p.a.bytes(0, 8), [0; 8], "nothing was read");
+
+    // A queue pair of the other protection domain reads its regions, and only those.
+    let a = Side::new(open(), 4096, QpConfig::default());
+    let cq = other_pd.create_cq().unwrap();
+    let qp = other_pd
+        .create_qp(&cq, &cq, QpConfig::default())
+        .expect("qp in the new pd");
+    connect(&a.qp, &qp);
+    a.post(1, read(foreign_region.remote(0)), &[a.sge(0, 8)]);
+    assert_eq!(completions(&a.send_cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(a.bytes(0, 8), [5; 8]);
+    a.fill(100, &[6; 8]);
+    expect_failure(
+        &a,
+        write(p.b.region.remote(0)),
+        &[a.sge(100, 8)],
+        WcStatus::RemoteAccessError,
+    );
+    assert_eq!(p.b.bytes(0, 8), [0; 8], "nothing was written");
+
+    // Locally: a scatter element of another protection domain is refused.
+    let q = Pair::new(open, 4096);
+    let local_pd = q.a.domain.new_pd().unwrap();
+    let local = local_pd.alloc(4096).unwrap();
+    let local_region = local_pd.register(&local, 0, 4096, Access::ALL).unwrap();
+    q.b.fill(0, &[7; 8]);
+    expect_failure(
+        &q.a,
+        read(q.b.region.remote(0)),
+        &[local_region.sge(0, 8)],
+        WcStatus::LocalProtectionError,
+    );
+    assert_eq!(local.load_u64(0).unwrap(), 0, "nothing was written");
+}
+
 pub fn error_flushes_the_rest_and_breaks_the_qp<D: Domain>(open: Open<D>) {
     let p = Pair::new(open, 4096);
     let mut bad = p.b.region.remote(0);

@@ -99,7 +99,7 @@ impl RequesterLink {
     fn issue(&mut self, registry: &Registry) -> bool {
         let mut progress = false;
         // The local keys of the sends issued in one pass are looked up once each.
-        let mut memo = KeyMemo::default();
+        let mut memo = KeyMemo::new(self.qp.pd);
         while !self.halted {
             let Some(send) = self.qp.lock_sq().pop_front() else {
                 break;

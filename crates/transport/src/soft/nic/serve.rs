@@ -149,7 +149,7 @@ impl ResponderLink {
         self.awaiting_receive = false;
         // A key deregistered during this pass is served to the pass's end, as a NIC serves
         // requests already in flight.
-        let mut memo = KeyMemo::default();
+        let mut memo = KeyMemo::new(self.qp.pd);
         while self.continue_placement(readable)? {
             if self.conn.output_full() {
                 // Backpressure: no more requests until the peer reads its answers.
@@ -234,19 +234,20 @@ impl ResponderLink {
         recv: PostedRecv,
     ) -> (Placement, Placed) {
         let len = header.payload_len();
-        let status = match scatter::resolve(registry, &recv.sg_list, Access::LOCAL_WRITE) {
-            Ok(pieces) if scatter::total_len(&pieces) >= len => {
-                let placed = Placed::Receive {
-                    recv,
-                    opcode: WcOpcode::Recv,
-                    imm: header.imm,
-                    len: header.len,
-                };
-                return (Placement::new(scatter::truncate(pieces, len)), placed);
-            }
-            Ok(_) => WcStatus::LocalLengthError,
-            Err(status) => status,
-        };
+        let status =
+            match scatter::resolve(registry, self.qp.pd, &recv.sg_list, Access::LOCAL_WRITE) {
+                Ok(pieces) if scatter::total_len(&pieces) >= len => {
+                    let placed = Placed::Receive {
+                        recv,
+                        opcode: WcOpcode::Recv,
+                        imm: header.imm,
+                        len: header.len,
+                    };
+                    return (Placement::new(scatter::truncate(pieces, len)), placed);
+                }
+                Ok(_) => WcStatus::LocalLengthError,
+                Err(status) => status,
+            };
         let answer = responder::fail_receive(&self.qp, &recv, WcOpcode::Recv, status, header.imm);
         (Placement::discard(len), Placed::Answer(answer.status))
     }
@@ -292,9 +293,13 @@ impl ResponderLink {
         header: &RequestHeader,
     ) -> Option<(Placement, Placed)> {
         let (remote, len) = (header.remote, header.payload_len());
-        let Some(target) =
-            registry.resolve(remote.rkey, remote.addr, len as u64, Access::REMOTE_WRITE)
-        else {
+        let Some(target) = registry.resolve(
+            self.qp.pd,
+            remote.rkey,
+            remote.addr,
+            len as u64,
+            Access::REMOTE_WRITE,
+        ) else {
             let refused = Placed::Answer(WcStatus::RemoteAccessError);
             return Some((Placement::discard(len), refused));
         };

@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ShmAddress {
     pub pid: u32,
+    /// The protection domain of the queue pair: accesses through it may use only keys of
+    /// that protection domain.
+    pub pd: u32,
     pub table_fd: RawFd,
     pub ring_fd: RawFd,
     pub ring_capacity: usize,
@@ -73,6 +76,8 @@ const MAX_MAPPINGS: usize = 256;
 #[derive(Debug)]
 pub(crate) struct ShmPeer {
     pid: u32,
+    /// The peer queue pair's protection domain (see [`ShmAddress::pd`]).
+    pd: u32,
     table: KeyTable,
     ring: Ring,
     bell: RemoteDoorbell,
@@ -93,6 +98,7 @@ impl ShmPeer {
         let pid = address.pid;
         Ok(ShmPeer {
             pid,
+            pd: address.pd,
             life: SharedMemory::open_peer(pid, address.life_fd, life::PAGE)?,
             table: KeyTable::open_peer(pid, address.table_fd)?,
             ring: Ring::open_peer(pid, address.ring_fd, address.ring_capacity)?,
@@ -158,6 +164,9 @@ impl ShmPeer {
                 self.forget(rkey);
                 return None;
             };
+            if entry.pd != self.pd {
+                return None;
+            }
             let mem = self.mapping(rkey, entry.fd, usize::try_from(entry.mem_len).ok()?)?;
             if !self.table.is_live(rkey) {
                 return None;

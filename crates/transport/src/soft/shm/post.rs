@@ -149,7 +149,7 @@ fn drain(
     // dies while the batch runs is read as it was when it died, a moment inside the batch.
     let gone = peer.gone();
     let mut memo = Memo::default();
-    let mut local = KeyMemo::default();
+    let mut local = KeyMemo::new(qp.pd);
     let mut pieces = Vec::new();
     while let Some(send) = queue.front() {
         let need = local_need(&send.op);
