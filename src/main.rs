@@ -135,6 +135,7 @@ fn init_logging() -> LogLevelSetter {
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let log_level = init_logging();
     let config = load_config(&args)?;
+    kvcm::server::protect_process(&config.security)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

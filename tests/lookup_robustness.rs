@@ -401,8 +401,9 @@ fn bad_bootstrap_and_queue_pair_input_is_refused_and_harms_no_one() {
     let answer: kvcm::lookup::BootstrapAnswer = serde_json::from_slice(&body).expect("answer");
     for garbage in [
         &b"GET / HTTP/1.1\r\n\r\n"[..],
-        b"KVQP\x09",
+        b"KVQ2\x09",
         b"KVQP\x00\xff\xff\xff\xff",
+        &kvcm::lookup::qp_hello(9, &[0; 16])[..],
     ] {
         let mut stream = TcpStream::connect(&answer.connect).expect("connect");
         stream.write_all(garbage).expect("write");
@@ -546,7 +547,10 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
     let cq = domain.create_cq().expect("cq");
     let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
     let mut stream = TcpStream::connect(&answer.connect).expect("connect");
-    stream.write_all(b"KVQP\x00").expect("hello");
+    let token = kvcm::lookup::grants::parse_token(&answer.qp_token).expect("token");
+    stream
+        .write_all(&kvcm::lookup::qp_hello(0, &token))
+        .expect("hello");
     let remote = exchange_endpoints(&mut stream, &qp.endpoint()).expect("exchange");
     qp.connect(&remote).expect("connected");
     let memory = domain.alloc(1 << 20).expect("memory");

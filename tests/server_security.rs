@@ -890,3 +890,92 @@ async fn a_grpc_call_whose_message_never_completes_is_cancelled_at_its_deadline(
     let info = meta.get_cluster_info(kvcm::proto::meta::GetClusterInfoRequest::default());
     assert!(info.await.expect("served").into_inner().header.is_some());
 }
+
+/// Starts `kvcm serve` as uid/gid 65534 (a user without a home) with `extra` settings;
+/// the child and its data directory.
+fn serve_as_nobody(extra: &[&str]) -> (std::process::Child, tempfile::TempDir) {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::os::unix::fs::chown(dir.path(), Some(NOBODY), Some(NOBODY)).expect("chown");
+    let ready = dir.path().join("ready.json");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_kvcm"));
+    command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .arg("--ready-file")
+        .arg(&ready);
+    for setting in [
+        "kvcm.service.rpc_port=0",
+        "kvcm.service.http_port=0",
+        "kvcm.service.admin_http_port=0",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        command.arg("--env").arg(setting);
+    }
+    let mut child = command
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn kvcm serve");
+    let started = common::wait_until_blocking(std::time::Duration::from_secs(30), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("kvcm serve as uid {NOBODY} exited: {status}");
+        }
+        ready.exists().then_some(())
+    });
+    assert!(started.is_some(), "no ready file within 30 s");
+    (child, dir)
+}
+
+const NOBODY: u32 = 65534;
+
+/// Whether a process of uid 65534 (the server's own user here) can list the server's
+/// descriptors.
+fn fds_open_to_its_user(pid: u32) -> bool {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new("ls")
+        .arg(format!("/proc/{pid}/fd"))
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("run ls")
+        .success()
+}
+
+#[test]
+fn the_server_is_not_dumpable_unless_asked() {
+    let euid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("stat"));
+    if euid != 0 {
+        common::shout("SKIPPED the_server_is_not_dumpable_unless_asked: it must run as root to start the server as another user");
+        return;
+    }
+    let (mut protected, _dir) = serve_as_nobody(&[]);
+    let (mut open, _open_dir) = serve_as_nobody(&["kvcm.service.dumpable=true"]);
+    let owner = |pid: u32| {
+        std::os::unix::fs::MetadataExt::uid(
+            &std::fs::metadata(format!("/proc/{pid}/fd")).expect("stat"),
+        )
+    };
+    assert_eq!(
+        owner(open.id()),
+        NOBODY,
+        "a dumpable process owns its /proc"
+    );
+    assert!(fds_open_to_its_user(open.id()), "the control case: open");
+    assert_eq!(owner(protected.id()), 0, "not dumpable: /proc is root's");
+    assert!(
+        !fds_open_to_its_user(protected.id()),
+        "the server's own user cannot open its descriptors"
+    );
+    for child in [&mut protected, &mut open] {
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+    }
+}

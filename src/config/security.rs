@@ -132,6 +132,11 @@ pub struct SecurityConfig {
     pub allowed_roots: AllowedRoots,
     /// `kvcm.tls.*`: TLS on every gRPC and HTTP listener.
     pub tls: TlsSettings,
+    /// `kvcm.service.dumpable`: leave `kvcm serve` dumpable (core dumps, `/proc/<pid>/fd`,
+    /// `/proc/<pid>/mem` and ptrace open to processes of its user). Default false: the
+    /// server marks itself not dumpable at start, so another process of its user cannot
+    /// open its shared-memory lookup tables behind the transport's back.
+    pub dumpable: bool,
 }
 
 /// `kvcm.tls.cert_file`, `key_file` (PEM; both or neither: TLS on every gRPC and HTTP listener),
@@ -151,7 +156,7 @@ pub struct TlsSettings {
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 19] = [
+pub const SECURITY_KEYS: [&str; 20] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.auth.meta",
@@ -171,6 +176,7 @@ pub const SECURITY_KEYS: [&str; 19] = [
     "kvcm.tls.key_file",
     "kvcm.tls.client_ca_file",
     "kvcm.tls.client_identity",
+    "kvcm.service.dumpable",
 ];
 
 impl SecurityConfig {
@@ -180,6 +186,7 @@ impl SecurityConfig {
         match key {
             "kvcm.service.admin_auth_token" => self.admin_tokens = AdminTokens::parse(value),
             "kvcm.service.admin_auth_grpc" => self.admin_auth_grpc = parse(key, value)?,
+            "kvcm.service.dumpable" => self.dumpable = parse(key, value)?,
             "kvcm.auth.meta" => self.meta_auth_required = switch(key, value, ("off", "required"))?,
             "kvcm.tls.cert_file" => self.tls.cert_file = path_or_none(value),
             "kvcm.tls.key_file" => self.tls.key_file = path_or_none(value),

@@ -3,7 +3,8 @@
 //! (kvcm's own namespace: nothing of the reference's API changes). Errors answer a non-200
 //! status with `{"error":"..."}`: 404 unknown instance, 403 refused, 400 bad body, 408 /
 //! 413 a body slower or larger than the listener's limits, 503 the table cannot be
-//! published (clients then use gRPC).
+//! published or too many tokens wait (clients then use gRPC). The answer's `qp_token`
+//! opens one queue pair of that instance (`grants`).
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use axum::routing::post;
 use axum::Router;
 use serde::{Deserialize, Serialize};
 
+use super::grants::{token_hex, Grant};
 use super::{AccessCheck, LookupError, LookupService, WIRE_SOFT_SHM, WIRE_SOFT_TCP};
 use crate::service::http::{
     own_answer, own_refusal, read_body, ClientAddr, ClientCertificate, HttpLimits,
@@ -57,6 +59,9 @@ pub struct BootstrapAnswer {
     pub layout_version: u32,
     /// The wires served.
     pub wires: Vec<WireAnswer>,
+    /// The single-use token the queue-pair hello must carry (32 hex digits; valid for
+    /// `grants::TOKEN_TTL`), binding the queue pair to this instance.
+    pub qp_token: String,
 }
 
 impl LookupService {
@@ -65,6 +70,7 @@ impl LookupService {
     pub fn bootstrap(&self, check: &AccessCheck<'_>) -> Result<BootstrapAnswer, LookupError> {
         (self.access)(check).map_err(LookupError::Refused)?;
         let table = self.table_for(check.instance_id)?;
+        let token = self.grants.issue(Grant::of(check))?;
         let address = table.address();
         let name = |wire| match wire {
             WIRE_SOFT_TCP => "soft-tcp",
@@ -87,6 +93,7 @@ impl LookupService {
                     header_rkey,
                 })
                 .collect(),
+            qp_token: token_hex(&token),
         })
     }
 }

@@ -7,13 +7,17 @@
 //!
 //! Invariants: every peer has [`RECV_SLOTS`] receive buffers posted except the ones whose
 //! message is being copied out; a reply is sent on the queue pair its request came from,
-//! from one of the peer's [`SEND_SLOTS`] send buffers, reclaimed at its send completion.
+//! from one of the peer's [`SEND_SLOTS`] send buffers, reclaimed at its send completion;
+//! a peer's queue pair and buffers are in its instance's protection domain, and its
+//! messages may name only that instance (others are refused `Unauthenticated`); the
+//! [`Bindings`] map holds exactly the peers the polling thread holds (its grant, for the
+//! service's sweep), and a peer the sweep closes is dropped at the poller's next round.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -23,6 +27,7 @@ use kvcm_transport::{
     Region, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use super::grants::Grant;
 use super::messages::{self, Reply, Request, Status, MAX_MESSAGE};
 use super::LookupError;
 use crate::proto::meta::StartWriteCacheRequest;
@@ -42,7 +47,10 @@ const SPIN: Duration = Duration::from_micros(100);
 const PARK: Duration = Duration::from_millis(250);
 
 /// A peer: (wire index, queue pair number).
-type PeerKey = (usize, u32);
+pub(super) type PeerKey = (usize, u32);
+
+/// The grant of every peer the polling thread holds.
+type Bindings = Arc<Mutex<HashMap<PeerKey, Grant>>>;
 
 /// A connected peer's queue pair and buffers, owned by the polling thread.
 pub(super) struct Peer {
@@ -55,13 +63,14 @@ pub(super) struct Peer {
     /// The credential its last Authenticate carried (checked again at every message, so a
     /// revoked key stops at the next one).
     credential: Option<Arc<[u8]>>,
+    /// The only instance its messages may name.
+    instance: Arc<str>,
 }
 
 /// One domain's completion queues, shared by every peer queue pair of that wire.
 #[derive(Clone)]
 pub(super) struct WireQueues {
     wire: usize,
-    domain: SoftDomain,
     send_cq: SoftCq,
     recv_cq: SoftCq,
 }
@@ -71,6 +80,8 @@ pub(super) struct WireQueues {
 pub(super) struct CoreHandle {
     wires: Vec<WireQueues>,
     new_peers: Sender<(usize, Peer)>,
+    closing: Sender<PeerKey>,
+    bindings: Bindings,
     doorbell: Arc<Doorbell>,
 }
 
@@ -90,28 +101,29 @@ impl Doorbell {
 }
 
 impl CoreHandle {
-    /// A queue pair on `wire` bound to the core's completion queues (not yet connected).
-    pub(super) fn create_qp(&self, wire: usize) -> Result<SoftQp, LookupError> {
+    /// A queue pair on `wire` in protection domain `pd` (a handle of that wire's domain),
+    /// bound to the core's completion queues (not yet connected).
+    pub(super) fn create_qp(&self, wire: usize, pd: &SoftDomain) -> Result<SoftQp, LookupError> {
         let queues = self.queues(wire)?;
         let config = QpConfig {
             max_recv_wr: RECV_SLOTS,
             max_send_wr: SEND_SLOTS,
             max_sge: 1,
         };
-        Ok(queues
-            .domain
-            .create_qp(&queues.send_cq, &queues.recv_cq, config)?)
+        Ok(pd.create_qp(&queues.send_cq, &queues.recv_cq, config)?)
     }
 
-    /// Hands a connected queue pair to the polling thread, its receive buffers posted.
-    pub(super) fn adopt(&self, wire: usize, qp: SoftQp) -> Result<(), LookupError> {
-        let queues = self.queues(wire)?;
-        let memory = queues
-            .domain
-            .alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
-        let region = queues
-            .domain
-            .register(&memory, 0, memory.len(), Access::LOCAL_WRITE)?;
+    /// Hands a connected queue pair of protection domain `pd` to the polling thread, its
+    /// receive buffers posted, bound to `grant`'s instance.
+    pub(super) fn adopt(
+        &self,
+        wire: usize,
+        pd: &SoftDomain,
+        qp: SoftQp,
+        grant: Grant,
+    ) -> Result<(), LookupError> {
+        let memory = pd.alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
+        let region = pd.register(&memory, 0, memory.len(), Access::LOCAL_WRITE)?;
         for slot in 0..RECV_SLOTS {
             post_recv(&qp, &region, slot)?;
         }
@@ -122,12 +134,31 @@ impl CoreHandle {
             free_sends: (0..SEND_SLOTS).collect(),
             waiting: VecDeque::new(),
             credential: None,
+            instance: grant.instance_id.clone(),
         };
-        self.new_peers
-            .send((wire, peer))
-            .map_err(|_| LookupError::NoWire)?;
+        let key = (wire, peer.qp.qpn());
+        lock(&self.bindings).insert(key, grant);
+        if self.new_peers.send((wire, peer)).is_err() {
+            lock(&self.bindings).remove(&key);
+            return Err(LookupError::NoWire);
+        }
         self.doorbell.ring();
         Ok(())
+    }
+
+    /// Every connected peer and its grant.
+    pub(super) fn bound(&self) -> Vec<(PeerKey, Grant)> {
+        lock(&self.bindings)
+            .iter()
+            .map(|(key, grant)| (*key, grant.clone()))
+            .collect()
+    }
+
+    /// Tears `key`'s queue pair down (at the polling thread's next round).
+    pub(super) fn close(&self, key: PeerKey) {
+        if self.closing.send(key).is_ok() {
+            self.doorbell.ring();
+        }
     }
 
     fn queues(&self, wire: usize) -> Result<&WireQueues, LookupError> {
@@ -136,6 +167,10 @@ impl CoreHandle {
             .find(|q| q.wire == wire)
             .ok_or_else(|| LookupError::Refused(format!("unknown wire {wire}")))
     }
+}
+
+fn lock(bindings: &Bindings) -> std::sync::MutexGuard<'_, HashMap<PeerKey, Grant>> {
+    bindings.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn post_recv(qp: &SoftQp, region: &SoftRegion, slot: usize) -> Result<(), LookupError> {
@@ -155,6 +190,8 @@ struct Work {
     request: Request,
     /// The queue pair's credential.
     credential: Option<Arc<[u8]>>,
+    /// The queue pair's instance.
+    instance: Arc<str>,
 }
 
 /// Starts the polling thread and the workers on `domains`, serving requests with `meta`.
@@ -167,7 +204,6 @@ pub(super) fn start(
         .map(|(wire, domain)| {
             Ok(WireQueues {
                 wire: *wire,
-                domain: domain.clone(),
                 send_cq: domain.create_cq()?,
                 recv_cq: domain.create_cq()?,
             })
@@ -182,6 +218,8 @@ pub(super) fn start(
         wait,
     });
     let (new_peers, adopted) = crossbeam_channel::unbounded();
+    let (closing, closed) = crossbeam_channel::unbounded();
+    let bindings = Bindings::default();
     let (work, jobs) = crossbeam_channel::bounded::<Work>(WORK_QUEUE);
     let (answers, replies) = crossbeam_channel::unbounded::<(PeerKey, Vec<u8>)>();
     for n in 0..WORKERS {
@@ -200,6 +238,8 @@ pub(super) fn start(
         wires: wires.clone(),
         peers: HashMap::new(),
         adopted,
+        closed,
+        bindings: bindings.clone(),
         work,
         replies,
         doorbell: doorbell.clone(),
@@ -211,6 +251,8 @@ pub(super) fn start(
     Ok(CoreHandle {
         wires,
         new_peers,
+        closing,
+        bindings,
         doorbell,
     })
 }
@@ -229,7 +271,10 @@ fn serve(
                 let answer = meta.check_credential(credential);
                 messages::encode_reply(job.id, job.op, &Reply::Common(answer))
             }
-            request if !meta.message_allowed(credential, &request) => {
+            request
+                if !names_only(&request, &job.instance)
+                    || !meta.message_allowed(credential, &request) =>
+            {
                 messages::encode_reply(job.id, job.op, &Reply::Refused(Status::Unauthenticated))
             }
             Request::StartWrite(r) => start_write(meta, job.id, job.op, r),
@@ -248,6 +293,17 @@ fn serve(
             return;
         }
         doorbell.ring();
+    }
+}
+
+/// Whether `request` names no instance but `instance`.
+fn names_only(request: &Request, instance: &str) -> bool {
+    match request {
+        Request::StartWrite(r) => r.instance_id == instance,
+        Request::FinishWrite(r) => r.instance_id == instance,
+        Request::Remove(r) => r.instance_id == instance,
+        Request::Reads(lookups) => lookups.iter().all(|r| r.instance_id == instance),
+        Request::Authenticate(_) => true,
     }
 }
 
@@ -270,6 +326,8 @@ struct Poller {
     wires: Vec<WireQueues>,
     peers: HashMap<PeerKey, Peer>,
     adopted: Receiver<(usize, Peer)>,
+    closed: Receiver<PeerKey>,
+    bindings: Bindings,
     work: Sender<Work>,
     replies: Receiver<(PeerKey, Vec<u8>)>,
     doorbell: Arc<Doorbell>,
@@ -323,7 +381,7 @@ impl Poller {
     /// forgotten), and a completion of a forgotten peer is dropped.
     fn completed(&mut self, key: PeerKey, completion: &WorkCompletion) -> Option<&mut Peer> {
         if completion.status != WcStatus::Success {
-            self.peers.remove(&key);
+            self.forget(key);
             return None;
         }
         self.peers.get_mut(&key)
@@ -339,7 +397,7 @@ impl Poller {
         let mut message = vec![0u8; completion.byte_len as usize];
         let copied = peer.memory.read(slot * MAX_MESSAGE, &mut message);
         if copied.is_err() || post_recv(&peer.qp, &peer.region, slot).is_err() {
-            self.peers.remove(&key);
+            self.forget(key);
             return;
         }
         let refuse = |status| {
@@ -359,12 +417,14 @@ impl Poller {
             peer.credential = Some(credential.as_slice().into());
         }
         let credential = peer.credential.clone();
+        let instance = peer.instance.clone();
         match self.work.try_send(Work {
             peer: key,
             id,
             op,
             request,
             credential,
+            instance,
         }) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
@@ -409,14 +469,15 @@ impl Poller {
                 }])
                 .is_ok();
         if !posted || peer.qp.state() == QpState::Error {
-            self.peers.remove(&key);
+            self.forget(key);
         }
     }
 
     /// Sleeps until a completion, a reply or a new peer (or [`PARK`]).
     fn park(&mut self) {
         self.doorbell.parked.store(true, Ordering::SeqCst);
-        let pending = !self.replies.is_empty() || !self.adopted.is_empty();
+        let pending =
+            !self.replies.is_empty() || !self.adopted.is_empty() || !self.closed.is_empty();
         let mut armed_ready = false;
         for queues in &self.wires {
             armed_ready |= queues.recv_cq.arm().unwrap_or(true);
@@ -436,21 +497,31 @@ impl Poller {
         while self.doorbell.wait.recv(&mut drain).is_ok() {}
     }
 
-    /// Takes the queue pairs the listener connected; false once the service is gone (every
-    /// handle dropped) and no peer is left.
+    /// Drops a peer: its queue pair is destroyed (the client's reads and messages fail).
+    fn forget(&mut self, key: PeerKey) {
+        self.peers.remove(&key);
+        lock(&self.bindings).remove(&key);
+    }
+
+    /// Takes the queue pairs the listener connected and drops those the sweep closed;
+    /// false once the service is gone (every handle dropped) and no peer is left.
     fn adopt_new_peers(&mut self) -> (bool, bool) {
-        let mut adopted = false;
-        loop {
+        let mut changed = false;
+        // New peers first: a close sent after its peer's adoption then finds the peer.
+        let alive = loop {
             match self.adopted.try_recv() {
                 Ok((wire, peer)) => {
                     self.peers.insert((wire, peer.qp.qpn()), peer);
-                    adopted = true;
+                    changed = true;
                 }
-                Err(crossbeam_channel::TryRecvError::Empty) => return (true, adopted),
-                Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                    return (!self.peers.is_empty(), adopted)
-                }
+                Err(crossbeam_channel::TryRecvError::Empty) => break true,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => break false,
             }
+        };
+        while let Ok(key) = self.closed.try_recv() {
+            self.forget(key);
+            changed = true;
         }
+        (alive || !self.peers.is_empty(), changed)
     }
 }

@@ -11,10 +11,20 @@
 //!
 //! The same queue pairs carry the write path as RDMA messages ([`messages`]): a
 //! polling-thread core (`core`) hands them to manager workers and sends their replies.
+//!
+//! Isolation: each instance's table is registered in protection domains of its own (one
+//! per wire), and a client's queue pair is created in the protection domain of the
+//! instance its bootstrap named (the hello carries the bootstrap's single-use token,
+//! [`grants`]); so a queue pair reads that instance's table and no other, and its messages
+//! may name no other instance. Every [`AVAILABILITY_TICK`] the service checks each queue
+//! pair's bootstrap credentials again; a queue pair that no longer passes is torn down
+//! (and, when it was on shared memory, where a client keeps what it mapped, the instance's
+//! table is retired and rebuilt in new memory on the next bootstrap).
 
 mod access;
 mod bootstrap;
 mod core;
+pub mod grants;
 pub mod messages;
 pub(crate) mod peers;
 mod table;
@@ -32,7 +42,7 @@ use crate::service::meta::MetaHandler;
 
 pub use access::{AccessCheck, LookupAccess};
 pub use bootstrap::{router, BootstrapAnswer, BootstrapRequest, WireAnswer, ROUTE};
-pub use peers::HELLO as QP_HELLO;
+pub use peers::{hello as qp_hello, HELLO as QP_HELLO};
 pub use table::{InstanceTable, TableAddress, GRACE};
 
 /// Wire indexes of the header's rkey array.
@@ -64,6 +74,9 @@ pub enum LookupError {
     /// The access check refused the request.
     #[error("lookup bootstrap refused: {0}")]
     Refused(String),
+    /// Too many requests wait (try again later).
+    #[error("lookup busy: {0}")]
+    Busy(String),
     /// No wire is open.
     #[error("no lookup wire is open")]
     NoWire,
@@ -102,6 +115,10 @@ pub struct LookupService {
     /// Where clients connect their queue pairs.
     connect_addr: SocketAddr,
     access: LookupAccess,
+    /// Tokens issued by bootstraps, waiting for their hello.
+    grants: grants::Grants,
+    /// The polling-thread core (queue pairs are handed to it).
+    core: core::CoreHandle,
 }
 
 impl std::fmt::Debug for LookupService {
@@ -133,15 +150,18 @@ impl LookupService {
             (WIRE_SOFT_SHM, open(Wire::Shm)?),
         ];
         let core = core::start(&domains, meta)?;
-        let connect_addr = peers::listen(config.bind, core)?;
+        let listener = peers::bind(config.bind)?;
         let service = Arc::new(LookupService {
             manager: Arc::downgrade(manager),
             incarnation: fastrand::u64(1..),
             domains,
             tables: Mutex::new(HashMap::new()),
-            connect_addr,
+            connect_addr: peers::local_addr(&listener)?,
             access,
+            grants: grants::Grants::default(),
+            core,
         });
+        peers::serve(listener, Arc::downgrade(&service))?;
         manager.set_publication(service.clone());
         spawn_availability_ticks(Arc::downgrade(&service))?;
         Ok(service)
@@ -150,6 +170,11 @@ impl LookupService {
     /// Where clients connect their queue pairs.
     pub fn connect_addr(&self) -> SocketAddr {
         self.connect_addr
+    }
+
+    /// Whether wire index `wire` is open.
+    fn serves_wire(&self, wire: usize) -> bool {
+        self.domains.iter().any(|(w, _)| *w == wire)
     }
 
     fn tables(&self) -> MutexGuard<'_, HashMap<String, Arc<InstanceTable>>> {
@@ -189,7 +214,7 @@ impl LookupService {
                 }
             }
         };
-        if let Err(error) = table.ensure_published(&manager, &instance, &self.domains) {
+        if let Err(error) = table.ensure_published(&manager, &instance) {
             self.drop_table(instance_id, &error);
             return Err(error);
         }
@@ -219,9 +244,36 @@ impl LookupService {
             let Some(instance) = manager.instance(&id) else {
                 continue;
             };
-            if let Err(error) = table.refresh_availability(&manager, &instance, &self.domains) {
+            if let Err(error) = table.refresh_availability(&manager, &instance) {
                 self.drop_table(&id, &error);
             }
+        }
+    }
+
+    /// Tears down every queue pair whose bootstrap credentials no longer pass (a revoked or
+    /// expired key, a removed instance); an instance that lost a shared-memory reader so
+    /// has its table retired, so that what that reader mapped is never updated again.
+    fn sweep_queue_pairs(&self) {
+        let manager = self.manager.upgrade();
+        let mut stale_tables = Vec::new();
+        for (key, grant) in self.core.bound() {
+            let registered = manager
+                .as_ref()
+                .is_some_and(|m| m.instance(&grant.instance_id).is_some());
+            let refusal = match (self.access)(&grant.check()) {
+                Err(why) => why,
+                Ok(()) if !registered => "the instance was removed".to_string(),
+                Ok(()) => continue,
+            };
+            tracing::info!(instance = &*grant.instance_id, wire = key.0, qpn = key.1, %refusal, "lookup queue pair torn down");
+            self.core.close(key);
+            if key.0 == WIRE_SOFT_SHM && !stale_tables.contains(&grant.instance_id) {
+                stale_tables.push(grant.instance_id.clone());
+            }
+        }
+        for instance_id in stale_tables {
+            let why = LookupError::Refused("a shared-memory reader lost its access".into());
+            self.drop_table(&instance_id, &why);
         }
     }
 }
@@ -234,7 +286,7 @@ impl Publication for LookupService {
         let Some(manager) = self.manager.upgrade() else {
             return;
         };
-        if let Err(error) = table.refresh(&manager, instance, &self.domains, keys) {
+        if let Err(error) = table.refresh(&manager, instance, keys) {
             self.drop_table(instance.id(), &error);
         }
     }
@@ -259,7 +311,10 @@ fn spawn_availability_ticks(service: Weak<LookupService>) -> Result<(), LookupEr
         .spawn(move || loop {
             std::thread::sleep(AVAILABILITY_TICK);
             match service.upgrade() {
-                Some(service) => service.refresh_availability(),
+                Some(service) => {
+                    service.refresh_availability();
+                    service.sweep_queue_pairs();
+                }
                 None => return,
             }
         })

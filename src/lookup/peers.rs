@@ -1,8 +1,11 @@
-//! The queue-pair listener: a client opens a TCP connection, names the wire it speaks
-//! (`b"KVQP"` + one wire-index byte), and both sides exchange queue-pair endpoints
-//! ([`kvcm_transport::exchange_endpoints`]). The server's queue pair then answers the
-//! client's one-sided READs (its soft NIC serves them) and its write-path messages (the
-//! polling-thread core owns it from then on).
+//! The queue-pair listener: a client opens a TCP connection and sends the hello —
+//! [`HELLO`], one wire-index byte and the 16-byte token its bootstrap was answered
+//! (`grants`) — and both sides exchange queue-pair endpoints
+//! ([`kvcm_transport::exchange_endpoints`]). The server's queue pair is created in the
+//! protection domain of the token's instance, so it serves READs of that instance's table
+//! only (its soft NIC answers them) and carries write-path messages of that instance only
+//! (the polling-thread core owns it from then on). A hello without a valid, unused,
+//! unexpired token is refused: the connection is closed before any endpoint is sent.
 //!
 //! Each connection is set up on a thread of its own with a 2-second deadline, at most
 //! [`MAX_HANDSHAKES`] at once (more are closed at once), so silent clients neither delay
@@ -10,50 +13,89 @@
 
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Weak;
 use std::time::Duration;
 
 use kvcm_transport::{exchange_endpoints, QueuePair};
 
-use super::core::CoreHandle;
-use super::LookupError;
+use super::grants::{Token, TOKEN_LEN};
+use super::{LookupError, LookupService};
 
-/// First bytes of a connection request.
-pub const HELLO: &[u8; 4] = b"KVQP";
+/// First bytes of a connection request (version 2: with a token).
+pub const HELLO: &[u8; 4] = b"KVQ2";
+/// Bytes of the whole hello.
+pub const HELLO_LEN: usize = HELLO.len() + 1 + TOKEN_LEN;
 /// How long a connecting client may take.
 const DEADLINE: Duration = Duration::from_secs(2);
 /// Most connections being set up at once.
 const MAX_HANDSHAKES: usize = 64;
 
-/// Binds on `bind` (port chosen by the OS) and accepts on a thread of its own; returns
-/// the listener's address.
-pub(super) fn listen(bind: IpAddr, core: CoreHandle) -> Result<SocketAddr, LookupError> {
-    let listener = TcpListener::bind((bind, 0)).map_err(LookupError::Listener)?;
-    let addr = listener.local_addr().map_err(LookupError::Listener)?;
+/// The hello a client sends for `wire` with `token`.
+pub fn hello(wire: u8, token: &Token) -> [u8; HELLO_LEN] {
+    let mut bytes = [0u8; HELLO_LEN];
+    bytes[..4].copy_from_slice(HELLO);
+    bytes[4] = wire;
+    bytes[5..].copy_from_slice(token);
+    bytes
+}
+
+/// Binds on `bind` (port chosen by the OS).
+pub(super) fn bind(bind: IpAddr) -> Result<TcpListener, LookupError> {
+    TcpListener::bind((bind, 0)).map_err(LookupError::Listener)
+}
+
+/// Accepts on a thread of its own, connecting queue pairs for `service` while it lives.
+pub(super) fn serve(
+    listener: TcpListener,
+    service: Weak<LookupService>,
+) -> Result<(), LookupError> {
     let accept = move |stream| {
-        if let Err(error) = connect(stream, &core) {
+        let Some(service) = service.upgrade() else {
+            return;
+        };
+        if let Err(error) = connect(stream, &service) {
             tracing::debug!(%error, "lookup queue pair refused");
         }
     };
     crate::handshakes::serve(listener, "kvcm-lookup-qp", MAX_HANDSHAKES, accept)
-        .map_err(LookupError::Listener)?;
-    Ok(addr)
+        .map_err(LookupError::Listener)
 }
 
-/// Reads the hello, creates a queue pair on the named wire, connects it and hands it to
-/// the core.
-fn connect(mut stream: TcpStream, core: &CoreHandle) -> Result<(), LookupError> {
+/// Reads the hello, redeems its token, creates a queue pair on the named wire in the
+/// instance's protection domain, connects it and hands it to the core.
+fn connect(mut stream: TcpStream, service: &LookupService) -> Result<(), LookupError> {
     let io = LookupError::Listener;
     stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
     stream.set_write_timeout(Some(DEADLINE)).map_err(io)?;
     let _ = stream.set_nodelay(true);
-    let mut hello = [0u8; 5];
-    stream.read_exact(&mut hello).map_err(io)?;
-    if &hello[..4] != HELLO {
-        return Err(LookupError::Refused("not a lookup hello".into()));
+    // Magic and wire first, so that a stranger or an old client is refused at once.
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head).map_err(io)?;
+    if &head[..4] != HELLO {
+        return Err(LookupError::Refused(
+            "not a lookup hello (version 2, with a bootstrap token)".into(),
+        ));
     }
-    let wire = usize::from(hello[4]);
-    let qp = core.create_qp(wire)?;
+    let wire = usize::from(head[4]);
+    if !service.serves_wire(wire) {
+        return Err(LookupError::Refused(format!("unknown wire {wire}")));
+    }
+    let mut token = [0u8; TOKEN_LEN];
+    stream.read_exact(&mut token).map_err(io)?;
+    let grant = service
+        .grants
+        .redeem(&token)
+        .ok_or_else(|| LookupError::Refused("unknown, used or expired queue-pair token".into()))?;
+    (service.access)(&grant.check()).map_err(LookupError::Refused)?;
+    let table = service.table_for(&grant.instance_id)?;
+    let pd = table.domain(wire).ok_or(LookupError::NoWire)?;
+    let qp = service.core.create_qp(wire, pd)?;
     let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
     qp.connect(&remote)?;
-    core.adopt(wire, qp)
+    service.core.adopt(wire, pd, qp, grant)
+}
+
+/// The address a bound listener accepts on.
+pub(super) fn local_addr(listener: &TcpListener) -> Result<SocketAddr, LookupError> {
+    listener.local_addr().map_err(LookupError::Listener)
 }

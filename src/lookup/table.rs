@@ -8,7 +8,9 @@
 //!   reports converge on the latest state);
 //! - a generation that was replaced is retired (readers refuse every block of it) before
 //!   the replacing change is reported done, and its registrations are dropped after
-//!   [`GRACE`]; its memory is never reused for other table data while registered.
+//!   [`GRACE`]; its memory is never reused for other table data while registered;
+//! - every registration of the table is in the instance's own protection domains (one per
+//!   wire, [`InstanceTable::domain`]): only queue pairs created in them can read it.
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -65,6 +67,8 @@ struct State {
 /// The published table of one instance.
 pub struct InstanceTable {
     instance_id: String,
+    /// (wire index, the instance's protection domain on that wire).
+    domains: Vec<(usize, SoftDomain)>,
     header: HostMemory,
     /// (wire index, registration).
     header_regions: Vec<(usize, SoftRegion)>,
@@ -94,14 +98,19 @@ impl std::fmt::Debug for InstanceTable {
 }
 
 impl InstanceTable {
-    /// Builds the table of `instance` from its index and registers it on `domains`
-    /// (`(wire index, domain)`).
+    /// Builds the table of `instance` from its index and registers it in new protection
+    /// domains of `wires` (`(wire index, domain)`).
     pub fn create(
         manager: &Manager,
         instance: &Instance,
-        domains: &[(usize, SoftDomain)],
+        wires: &[(usize, SoftDomain)],
         incarnation: u64,
     ) -> Result<InstanceTable, LookupError> {
+        let domains = wires
+            .iter()
+            .map(|(wire, domain)| Ok((*wire, domain.new_pd()?)))
+            .collect::<Result<Vec<_>, LookupError>>()?;
+        let domains = domains.as_slice();
         let specs: Vec<(String, i64)> = instance
             .specs()
             .iter()
@@ -115,6 +124,7 @@ impl InstanceTable {
         let current = empty(domains, &specs, &availability, sizes)?;
         Ok(InstanceTable {
             instance_id: instance.id().to_string(),
+            domains: domains.to_vec(),
             header,
             header_regions,
             block_size: i64::from(instance.info().block_size),
@@ -140,7 +150,6 @@ impl InstanceTable {
         &self,
         manager: &Manager,
         instance: &Instance,
-        domains: &[(usize, SoftDomain)],
     ) -> Result<(), LookupError> {
         let mut state = self.lock();
         if state.retired {
@@ -156,7 +165,7 @@ impl InstanceTable {
         let (current, sizes) = build(
             manager,
             instance,
-            domains,
+            &self.domains,
             &self.specs,
             &state.availability,
             sizes,
@@ -166,6 +175,14 @@ impl InstanceTable {
         self.write_header(&state, true)?;
         state.published = true;
         Ok(())
+    }
+
+    /// The instance's protection domain on `wire`, where its readers' queue pairs are
+    /// created.
+    pub fn domain(&self, wire: usize) -> Option<&SoftDomain> {
+        self.domains
+            .iter()
+            .find_map(|(w, domain)| (*w == wire).then_some(domain))
     }
 
     /// Where readers find the table.
@@ -190,7 +207,6 @@ impl InstanceTable {
         &self,
         manager: &Manager,
         instance: &Instance,
-        domains: &[(usize, SoftDomain)],
         keys: &[BlockKey],
     ) -> Result<(), LookupError> {
         let mut state = self.lock();
@@ -204,7 +220,7 @@ impl InstanceTable {
                 Ok(()) => {}
                 // A rebuild reads every key's current entry, these included.
                 Err(FormatError::Full(full)) => {
-                    return self.rebuild(&mut state, manager, instance, domains, full)
+                    return self.rebuild(&mut state, manager, instance, full)
                 }
                 Err(other) => return Err(other.into()),
             }
@@ -218,7 +234,6 @@ impl InstanceTable {
         &self,
         manager: &Manager,
         instance: &Instance,
-        domains: &[(usize, SoftDomain)],
     ) -> Result<(), LookupError> {
         let mut state = self.lock();
         let availability = availability(manager, instance);
@@ -228,9 +243,7 @@ impl InstanceTable {
         state.availability = availability.clone();
         match state.current.generation.set_availability(&availability) {
             Ok(()) => Ok(()),
-            Err(FormatError::Full(full)) => {
-                self.rebuild(&mut state, manager, instance, domains, full)
-            }
+            Err(FormatError::Full(full)) => self.rebuild(&mut state, manager, instance, full),
             Err(other) => Err(other.into()),
         }
     }
@@ -243,7 +256,6 @@ impl InstanceTable {
         state: &mut State,
         manager: &Manager,
         instance: &Instance,
-        domains: &[(usize, SoftDomain)],
         full: Full,
     ) -> Result<(), LookupError> {
         let (used, dead) = state.current.generation.heap_bytes();
@@ -253,7 +265,14 @@ impl InstanceTable {
             state.sizes.grown(full)
         };
         let availability = &state.availability;
-        let (next, sizes) = build(manager, instance, domains, &self.specs, availability, sizes)?;
+        let (next, sizes) = build(
+            manager,
+            instance,
+            &self.domains,
+            &self.specs,
+            availability,
+            sizes,
+        )?;
         state.sizes = sizes;
         let old = std::mem::replace(&mut state.current, next);
         state.epoch += 1;

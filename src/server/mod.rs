@@ -15,12 +15,29 @@ use std::path::PathBuf;
 pub use bootstrap::{embedded_manager, DEFAULT_GROUP, DEFAULT_POOL, DEFAULT_STORAGE};
 pub use listeners::{nodelay_incoming, start, RunningServer};
 
+/// Marks the process not dumpable unless `kvcm.service.dumpable` is set: no core dumps,
+/// and `/proc/<pid>/fd`, `/proc/<pid>/mem` and ptrace closed to every process without
+/// `CAP_SYS_PTRACE`, its own user's included (the shared-memory wire hands its memory to
+/// clients by descriptor passing only, docs/security.md).
+pub fn protect_process(security: &crate::config::SecurityConfig) -> Result<(), ServerError> {
+    if security.dumpable {
+        tracing::warn!(
+            "kvcm.service.dumpable=true: processes of this user can read the server's memory"
+        );
+        return Ok(());
+    }
+    nix::sys::prctl::set_dumpable(false).map_err(|e| ServerError::Protect(e.into()))
+}
+
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    /// The process could not be marked not dumpable.
+    #[error("marking the process not dumpable (kvcm.service.dumpable): {0}")]
+    Protect(std::io::Error),
     /// The data directory cannot be created.
     #[error("data directory {path}: {source}")]
     DataDir {

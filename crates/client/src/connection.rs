@@ -6,6 +6,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use kvcm::lookup::grants::Token;
 use kvcm::lookup::messages::MAX_MESSAGE;
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
@@ -67,11 +68,12 @@ pub(crate) enum CallError {
 }
 
 impl Connection {
-    /// Connects to the server's queue-pair listener at `connect`, speaking `wire`.
+    /// Connects to the server's queue-pair listener at `connect`, speaking `wire`, with the
+    /// bootstrap's queue-pair `token`.
     pub(crate) fn open(
         connect: SocketAddr,
-        wire: Wire,
-        wire_index: usize,
+        (wire, wire_index): (Wire, usize),
+        token: &Token,
     ) -> Result<Self, FastError> {
         let domain = SoftDomain::open(SoftConfig::with_wire(wire))?;
         let cq = domain.create_cq()?;
@@ -80,8 +82,7 @@ impl Connection {
         let mut stream = TcpStream::connect_timeout(&connect, DEADLINE).map_err(io)?;
         stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
         let _ = stream.set_nodelay(true);
-        let mut hello = kvcm::lookup::QP_HELLO.to_vec();
-        hello.push(wire_index as u8);
+        let hello = kvcm::lookup::qp_hello(wire_index as u8, token);
         stream.write_all(&hello).map_err(io)?;
         let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
         qp.connect(&remote)?;

@@ -155,7 +155,10 @@ impl FastPath {
             .connect
             .parse()
             .map_err(|_| FastError::Broken("bad connect address".into()))?;
-        let connection = Connection::open(connect, wire, wire_answer.wire)?;
+        let token = kvcm::lookup::grants::parse_token(&bootstrap.qp_token).ok_or_else(|| {
+            FastError::Broken("the bootstrap answered no queue-pair token".into())
+        })?;
+        let connection = Connection::open(connect, (wire, wire_answer.wire), &token)?;
         let mut fast = FastPath {
             connection,
             bootstrap,

@@ -1,0 +1,166 @@
+//! Queue-pair grants: the control plane's permission to open a lookup queue pair.
+//!
+//! A bootstrap that passes the access check is answered a random 128-bit token; the
+//! client's queue-pair hello must carry it (`peers`). A token opens one queue pair, of one
+//! instance, within [`TOKEN_TTL`]: it is redeemed (removed) by the first hello that shows
+//! it, so a replayed or guessed token opens nothing. The queue pair it opens is bound to
+//! the instance (its protection domain holds only that instance's table, and its messages
+//! may name only that instance) and keeps the bootstrap's credentials, which the service
+//! checks again every sweep: a queue pair whose credentials no longer pass (a revoked or
+//! expired key, an instance removed) is torn down.
+//!
+//! Invariants: at most [`MAX_PENDING`] tokens wait at once (expired ones are dropped
+//! first; beyond that a bootstrap is refused, so unredeemed tokens cannot grow memory);
+//! tokens come from the kernel's random pool and are compared by map lookup of the whole
+//! value.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::{AccessCheck, LookupError};
+use crate::service::auth::CertIdentity;
+
+/// How long a token may wait for its hello.
+pub const TOKEN_TTL: Duration = Duration::from_secs(30);
+/// Most tokens waiting for a hello at once.
+pub const MAX_PENDING: usize = 65_536;
+/// Bytes of a token.
+pub const TOKEN_LEN: usize = 16;
+
+/// A token, as the hello carries it.
+pub type Token = [u8; TOKEN_LEN];
+
+/// What a bootstrap showed, kept to check its queue pair again later.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// The instance the queue pair is bound to.
+    pub instance_id: Arc<str>,
+    /// The bootstrap caller's address.
+    pub peer: Option<SocketAddr>,
+    /// The bootstrap's `Authorization` header.
+    pub authorization: Option<String>,
+    /// The bootstrap connection's client certificate identity.
+    pub certificate: Option<Arc<CertIdentity>>,
+}
+
+impl Grant {
+    /// The grant of a bootstrap that passed `check`.
+    pub fn of(check: &AccessCheck<'_>) -> Grant {
+        Grant {
+            instance_id: check.instance_id.into(),
+            peer: check.peer,
+            authorization: check.authorization.map(str::to_string),
+            certificate: check.certificate.cloned().map(Arc::new),
+        }
+    }
+
+    /// The access check this grant passes again.
+    pub fn check(&self) -> AccessCheck<'_> {
+        AccessCheck {
+            instance_id: &self.instance_id,
+            peer: self.peer,
+            authorization: self.authorization.as_deref(),
+            certificate: self.certificate.as_deref(),
+        }
+    }
+}
+
+/// Tokens issued and not yet redeemed.
+#[derive(Debug, Default)]
+pub struct Grants {
+    pending: Mutex<HashMap<Token, (Instant, Grant)>>,
+}
+
+impl Grants {
+    /// Issues a token for `grant`.
+    pub fn issue(&self, grant: Grant) -> Result<Token, LookupError> {
+        let mut token = [0u8; TOKEN_LEN];
+        getrandom::fill(&mut token)
+            .map_err(|e| LookupError::Listener(std::io::Error::other(e.to_string())))?;
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        if pending.len() >= MAX_PENDING {
+            let now = Instant::now();
+            pending.retain(|_, (deadline, _)| *deadline > now);
+        }
+        if pending.len() >= MAX_PENDING {
+            return Err(LookupError::Busy(format!(
+                "{MAX_PENDING} queue-pair tokens wait for their hello; try again later"
+            )));
+        }
+        pending.insert(token, (Instant::now() + TOKEN_TTL, grant));
+        Ok(token)
+    }
+
+    /// The grant of `token`, once: redeeming removes it; an expired token is refused.
+    pub fn redeem(&self, token: &Token) -> Option<Grant> {
+        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let (deadline, grant) = pending.remove(token)?;
+        (deadline > Instant::now()).then_some(grant)
+    }
+}
+
+/// A token as text (lower-case hex), as the bootstrap answers it.
+pub fn token_hex(token: &Token) -> String {
+    token.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The inverse of [`token_hex`]; `None` for anything else.
+pub fn parse_token(text: &str) -> Option<Token> {
+    if text.len() != 2 * TOKEN_LEN || !text.is_ascii() {
+        return None;
+    }
+    let mut token = [0u8; TOKEN_LEN];
+    for (at, byte) in token.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * at..2 * at + 2], 16).ok()?;
+    }
+    Some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(instance: &str) -> Grant {
+        Grant::of(&AccessCheck {
+            instance_id: instance,
+            peer: None,
+            authorization: Some("Bearer k"),
+            certificate: None,
+        })
+    }
+
+    #[test]
+    fn a_token_opens_once() {
+        let grants = Grants::default();
+        let token = grants.issue(grant("a")).unwrap();
+        let redeemed = grants.redeem(&token).unwrap();
+        assert_eq!(&*redeemed.instance_id, "a");
+        assert_eq!(redeemed.check().authorization, Some("Bearer k"));
+        assert!(grants.redeem(&token).is_none(), "replayed");
+        assert!(grants.redeem(&[0; TOKEN_LEN]).is_none(), "never issued");
+    }
+
+    #[test]
+    fn tokens_differ_and_round_trip_as_text() {
+        let grants = Grants::default();
+        let (a, b) = (
+            grants.issue(grant("a")).unwrap(),
+            grants.issue(grant("a")).unwrap(),
+        );
+        assert_ne!(a, b);
+        assert_eq!(parse_token(&token_hex(&a)), Some(a));
+        for bad in ["", "00", &"g".repeat(32), &"0".repeat(33), &"é".repeat(16)] {
+            assert_eq!(parse_token(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_expired_token_is_refused() {
+        let grants = Grants::default();
+        let token = grants.issue(grant("a")).unwrap();
+        grants.pending.lock().unwrap().get_mut(&token).unwrap().0 = Instant::now();
+        assert!(grants.redeem(&token).is_none());
+    }
+}
