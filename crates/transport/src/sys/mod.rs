@@ -6,6 +6,7 @@
 
 mod epoll;
 mod event;
+mod fd_passing;
 pub(crate) mod life;
 mod output;
 mod poll;
@@ -15,6 +16,8 @@ mod word_copy;
 
 pub(crate) use epoll::{Epoll, READ, WRITE};
 pub(crate) use event::{Doorbell, EventFd, RemoteDoorbell};
+#[allow(unused_imports)] // used by the shared-memory broker (next commit)
+pub(crate) use fd_passing::{recv_with_fd, send_with_fd};
 pub(crate) use output::OutputQueue;
 pub use poll::poll_readable;
 #[cfg(feature = "rdma")]
