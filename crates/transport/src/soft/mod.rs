@@ -19,6 +19,8 @@ mod endpoint;
 mod frame;
 mod keytable;
 mod nic;
+#[doc(hidden)]
+pub mod probe;
 mod qp;
 mod queue_pair;
 mod registry;

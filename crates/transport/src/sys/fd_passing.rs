@@ -82,9 +82,9 @@ pub(crate) fn recv_with_fd(
 ) -> io::Result<(usize, Option<OwnedFd>)> {
     let mut control = [0u64; CONTROL_WORDS];
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe {
-        libc::CMSG_SPACE((MAX_RECEIVED_FDS * std::mem::size_of::<RawFd>()) as u32)
-    } as usize;
+    let space =
+        unsafe { libc::CMSG_SPACE((MAX_RECEIVED_FDS * std::mem::size_of::<RawFd>()) as u32) }
+            as usize;
     debug_assert!(space <= std::mem::size_of_val(&control));
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -116,8 +116,7 @@ pub(crate) fn recv_with_fd(
     unsafe {
         let mut header = libc::CMSG_FIRSTHDR(&msg);
         while !header.is_null() {
-            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS
-            {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(header);
                 let payload = (*header).cmsg_len as usize - (data as usize - header as usize);
                 let count = payload / std::mem::size_of::<RawFd>();

@@ -16,11 +16,10 @@ mod word_copy;
 
 pub(crate) use epoll::{Epoll, READ, WRITE};
 pub(crate) use event::{Doorbell, EventFd, RemoteDoorbell};
-#[allow(unused_imports)] // used by the shared-memory broker (next commit)
 pub(crate) use fd_passing::{recv_with_fd, send_with_fd};
 pub(crate) use output::OutputQueue;
 pub use poll::poll_readable;
 #[cfg(feature = "rdma")]
 pub(crate) use poll::set_nonblocking;
 pub(crate) use random::random_u64;
-pub(crate) use shared_memory::SharedMemory;
+pub(crate) use shared_memory::{Protection, SharedMemory};
