@@ -4,6 +4,7 @@ use super::cq::SoftCq;
 use super::nic::{self, NicShared};
 use super::qp::SoftQp;
 use super::registry::Registry;
+use super::shm::Broker;
 use super::{SoftConfig, Wire};
 use crate::memory::HostMemory;
 use crate::{Access, Domain, QpConfig, Region, Result, TransportError};
@@ -18,6 +19,8 @@ pub(crate) struct DomainInner {
     pub(crate) nic: Arc<NicShared>,
     pub(crate) config: SoftConfig,
     pub(crate) listen_addr: Option<SocketAddr>,
+    /// The descriptor broker (shared-memory wire): peers get every memfd from it.
+    pub(crate) broker: Option<Broker>,
     next_qpn: AtomicU32,
     next_pd: AtomicU32,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -62,17 +65,22 @@ impl SoftDomain {
     /// Opens a domain: starts its NIC thread (and TCP listener on the TCP wire).
     pub fn open(config: SoftConfig) -> Result<Self> {
         let registry = Arc::new(Registry::new()?);
-        let nic = Arc::new(NicShared::new(registry, config.idle)?);
+        let nic = Arc::new(NicShared::new(Arc::clone(&registry), config.idle)?);
         let listener = match config.wire {
             Wire::Tcp => Some(listen(&config)?),
             Wire::Shm => None,
         };
         let listen_addr = listener.as_ref().and_then(|l| l.local_addr().ok());
+        let broker = match config.wire {
+            Wire::Shm => Some(Broker::start(Arc::clone(&registry))?),
+            Wire::Tcp => None,
+        };
         let thread = nic::spawn(Arc::clone(&nic), listener)?;
         let inner = DomainInner {
             nic,
             config,
             listen_addr,
+            broker,
             next_qpn: AtomicU32::new(1),
             next_pd: AtomicU32::new(1),
             thread: Mutex::new(Some(thread)),

@@ -1,8 +1,9 @@
 //! Text encoding of soft queue-pair endpoints, e.g.
 //! `soft-tcp qpn=3 addr=10.0.0.1:40123 token=9f3c…` (the token, random per queue pair,
 //! must be in the hello that binds a connection to it) or
-//! `soft-shm qpn=3 host=<boot id> pid=77 pd=2 table=5 ring=9 ring_cap=4194304 bell=kvcm-nic-77-0
-//! life=12`.
+//! `soft-shm qpn=3 host=<boot id> pid=77 pd=2 ring_cap=4194304 bell=kvcm-nic-77-0
+//! broker=kvcm-shm-77-5be1… token=9f3c…` (the broker hands the queue pair's descriptors
+//! only to requests that carry the token: see `shm::broker`).
 
 use super::shm::ShmAddress;
 use crate::{QpEndpoint, Result, TransportError};
@@ -37,8 +38,8 @@ impl SoftEndpoint {
                 host,
                 address: a,
             } => format!(
-                "soft-shm qpn={qpn} host={host} pid={} pd={} table={} ring={} ring_cap={} bell={} life={}",
-                a.pid, a.pd, a.table_fd, a.ring_fd, a.ring_capacity, a.doorbell, a.life_fd
+                "soft-shm qpn={qpn} host={host} pid={} pd={} ring_cap={} bell={} broker={} token={:016x}",
+                a.pid, a.pd, a.ring_capacity, a.doorbell, a.broker, a.token
             ),
         };
         QpEndpoint(text.into_bytes())
@@ -56,6 +57,9 @@ impl SoftEndpoint {
                 .copied()
                 .ok_or_else(|| bad(&format!("missing {name}")))
         };
+        let hex = |name: &str| {
+            u64::from_str_radix(field(name)?, 16).map_err(|_| bad(&format!("bad {name}")))
+        };
         let number = |name: &str| {
             field(name)?
                 .parse::<u64>()
@@ -65,21 +69,18 @@ impl SoftEndpoint {
         match kind {
             "soft-tcp" => {
                 let addr = field("addr")?.parse().map_err(|_| bad("bad addr"))?;
-                let token =
-                    u64::from_str_radix(field("token")?, 16).map_err(|_| bad("bad token"))?;
+                let token = hex("token")?;
                 Ok(SoftEndpoint::Tcp { qpn, addr, token })
             }
             "soft-shm" => {
-                let fd = |name: &str| i32::try_from(number(name)?).map_err(|_| bad(name));
                 let address = ShmAddress {
                     pid: u32::try_from(number("pid")?).map_err(|_| bad("pid"))?,
                     pd: u32::try_from(number("pd")?).map_err(|_| bad("pd"))?,
-                    table_fd: fd("table")?,
-                    ring_fd: fd("ring")?,
                     ring_capacity: usize::try_from(number("ring_cap")?)
                         .map_err(|_| bad("ring_cap"))?,
                     doorbell: field("bell")?.to_string(),
-                    life_fd: fd("life")?,
+                    broker: field("broker")?.to_string(),
+                    token: hex("token")?,
                 };
                 Ok(SoftEndpoint::Shm {
                     qpn,
@@ -114,11 +115,10 @@ mod tests {
         let address = ShmAddress {
             pid: 7,
             pd: 2,
-            table_fd: 5,
-            ring_fd: 9,
             ring_capacity: 1 << 22,
             doorbell: "kvcm-nic-7-0".into(),
-            life_fd: 11,
+            broker: "kvcm-shm-7-00000000deadbeef".into(),
+            token: u64::MAX - 9,
         };
         let shm = SoftEndpoint::Shm {
             qpn: 4,
@@ -138,6 +138,8 @@ mod tests {
             "soft-tcp qpn=x addr=1.2.3.4:5",
             "rdma qpn=1",
             "soft-shm qpn=1 pid=2",
+            "soft-shm qpn=1 pid=2 pd=0 ring_cap=4096 bell=b broker=k",
+            "soft-shm qpn=1 pid=2 pd=0 ring_cap=4096 bell=b broker=k token=zz",
         ] {
             let err = SoftEndpoint::decode(&QpEndpoint(text.as_bytes().to_vec())).unwrap_err();
             assert!(

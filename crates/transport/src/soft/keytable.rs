@@ -8,10 +8,15 @@
 //! after reading the rest (a seqlock), so a reader never trusts a half-written slot. The
 //! re-check suffices because a key is published once: a slot's next registration gets a
 //! new generation, hence a different word 0.
+//!
+//! Peers map the table read-only (the descriptor broker hands it out so): they only load.
+//! Every peer of the domain, whatever its protection domain, sees every entry: addresses,
+//! lengths, rights, memfd numbers and protection domains of all registrations (never the
+//! memory's contents, which only the broker hands out, per protection domain).
 
-use crate::sys::SharedMemory;
+use crate::sys::{Protection, SharedMemory};
 use crate::{Access, Result, TransportError};
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bits of a key that select the slot.
@@ -56,30 +61,48 @@ impl KeyTable {
         })
     }
 
-    /// Maps the table of peer process `pid` whose memfd is `fd`.
-    pub(crate) fn open_peer(pid: u32, fd: RawFd) -> Result<Self> {
+    /// Maps a peer's table, read-only, from the descriptor its broker handed over.
+    pub(crate) fn from_descriptor(fd: OwnedFd) -> Result<Self> {
         Ok(KeyTable {
-            memory: SharedMemory::open_peer(pid, fd, TABLE_LEN)?,
+            memory: SharedMemory::from_descriptor(fd, TABLE_LEN, Protection::ReadOnly)?,
         })
     }
 
-    /// The memfd, for the endpoint.
-    pub(crate) fn raw_fd(&self) -> RawFd {
-        self.memory.raw_fd()
+    /// The table's memory (the broker hands out read-only descriptors of it).
+    pub(crate) fn memory(&self) -> &SharedMemory {
+        &self.memory
     }
 
-    /// The owner NIC's `parked` word: non-zero while it sleeps and needs a doorbell.
+    /// The owner NIC's `parked` word: non-zero while it sleeps and needs a doorbell
+    /// (owner only: the word of a peer's table is read with [`KeyTable::is_parked`]).
     pub(crate) fn parked(&self) -> &AtomicU64 {
-        self.word(0).expect("header word 0 is in bounds")
+        self.memory
+            .atomic_u64(0)
+            .expect("header word 0 is in bounds and the own table is writable")
     }
 
-    fn word(&self, offset: usize) -> Result<&AtomicU64> {
-        self.memory.atomic_u64(offset)
+    /// Whether the owner NIC sleeps (a `SeqCst` load, for the doorbell handshake).
+    pub(crate) fn is_parked(&self) -> bool {
+        self.memory
+            .load_u64(0, Ordering::SeqCst)
+            .is_ok_and(|word| word != 0)
     }
 
-    fn slot_word(&self, key: u32, index: usize) -> Result<&AtomicU64> {
+    fn slot_offset(key: u32, index: usize) -> usize {
         let slot = (key as usize) & (SLOTS - 1);
-        self.word(HEADER + (slot * SLOT_WORDS + index) * 8)
+        HEADER + (slot * SLOT_WORDS + index) * 8
+    }
+
+    /// A word of `key`'s slot, for the owner's stores.
+    fn slot_word(&self, key: u32, index: usize) -> Result<&AtomicU64> {
+        self.memory.atomic_u64(Self::slot_offset(key, index))
+    }
+
+    /// Loads a word of `key`'s slot (own table or a peer's read-only one).
+    fn load(&self, key: u32, index: usize, order: Ordering) -> Option<u64> {
+        self.memory
+            .load_u64(Self::slot_offset(key, index), order)
+            .ok()
     }
 
     /// Publishes `entry` under `key` (owner only).
@@ -110,16 +133,15 @@ impl KeyTable {
     /// Reads the live entry for `key`, or `None` when the key is not registered.
     pub(crate) fn lookup(&self, key: u32) -> Option<KeyEntry> {
         let tag = u64::from(key) << 1 | 1;
-        let head = self.slot_word(key, 0).ok()?;
-        if head.load(Ordering::Acquire) != tag {
+        if self.load(key, 0, Ordering::Acquire)? != tag {
             return None;
         }
         let mut fields = [0u64; 6];
         for (index, field) in fields.iter_mut().enumerate() {
-            *field = self.slot_word(key, index + 1).ok()?.load(Ordering::Relaxed);
+            *field = self.load(key, index + 1, Ordering::Relaxed)?;
         }
         std::sync::atomic::fence(Ordering::Acquire);
-        if head.load(Ordering::Relaxed) != tag {
+        if self.load(key, 0, Ordering::Relaxed)? != tag {
             return None;
         }
         Some(KeyEntry {
@@ -136,8 +158,7 @@ impl KeyTable {
     /// Whether `key` is still live (a cheap re-check after slow work).
     pub(crate) fn is_live(&self, key: u32) -> bool {
         let tag = u64::from(key) << 1 | 1;
-        self.slot_word(key, 0)
-            .is_ok_and(|head| head.load(Ordering::Acquire) == tag)
+        self.load(key, 0, Ordering::Acquire) == Some(tag)
     }
 }
 
@@ -175,11 +196,18 @@ mod tests {
     #[test]
     fn published_entries_are_seen_by_a_peer_until_withdrawn() {
         let own = KeyTable::create().unwrap();
-        let peer = KeyTable::open_peer(std::process::id(), own.raw_fd()).unwrap();
+        let peer = KeyTable::from_descriptor(own.memory().reopen(false).unwrap()).unwrap();
         let key = 3 << SLOT_BITS | 5;
         own.publish(key, &entry()).unwrap();
         assert_eq!(peer.lookup(key), Some(entry()));
         assert_eq!(peer.lookup(5), None, "same slot, other generation");
+        assert!(
+            peer.publish(key ^ 1, &entry()).is_err(),
+            "a peer's table is read-only"
+        );
+        assert!(!peer.is_parked());
+        own.parked().store(1, Ordering::SeqCst);
+        assert!(peer.is_parked());
         own.withdraw(key).unwrap();
         assert_eq!(peer.lookup(key), None);
         assert!(!peer.is_live(key));
@@ -212,7 +240,7 @@ mod tests {
         use std::sync::atomic::AtomicU64;
         use std::sync::Arc;
         let own = Arc::new(KeyTable::create().unwrap());
-        let peer = KeyTable::open_peer(std::process::id(), own.raw_fd()).unwrap();
+        let peer = KeyTable::from_descriptor(own.memory().reopen(false).unwrap()).unwrap();
         // One slot, a new generation (a new key) per publication, as the registry does.
         let key_for = |n: u64| (n as u32) << SLOT_BITS | 9;
         let entry_for = |n: u64| KeyEntry {

@@ -5,13 +5,21 @@
 //! path, checking rkeys, bounds and access rights as hardware does. Two wires:
 //! - [`Wire::Tcp`]: between hosts; framed requests, many per write, TCP_NODELAY.
 //! - [`Wire::Shm`]: same host; regions are memfds mapped by both processes, so one-sided
-//!   operations are memory accesses; SENDs travel through shared rings.
+//!   operations are memory accesses; SENDs travel through shared rings. Peers get every
+//!   memfd from the owning domain's descriptor broker (SCM_RIGHTS over an abstract unix
+//!   socket, `shm/broker.rs`), which hands a queue pair's token holder only what that queue
+//!   pair may touch: the key table and liveness page read-only, its own inbound ring, and
+//!   the memories registered in its protection domain (read-write only where a
+//!   registration grants a remote write or atomic). Nothing is opened through
+//!   `/proc/<pid>/fd`, so processes may be non-dumpable and of different users; the key
+//!   table still shows every peer the metadata of every registration (not the contents).
 //!
 //! Source layout: `domain` (domain, region), `qp` (queue-pair handle), `queue_pair`
 //! (state shared with the NIC, completion rules), `cq`, `registry` + `keytable` (keys
 //! and checks), `scatter` (local lists), `responder`
 //! (request execution), `frame` + `endpoint` (encodings), `nic/` (the thread and TCP
-//! links), `shm/` (rings and inline one-sided execution).
+//! links), `shm/` (rings, the descriptor broker and inline one-sided execution), `probe`
+//! (hidden test support: a peer's view of a broker).
 
 mod cq;
 mod domain;
@@ -19,6 +27,8 @@ mod endpoint;
 mod frame;
 mod keytable;
 mod nic;
+#[doc(hidden)]
+pub mod probe;
 mod qp;
 mod queue_pair;
 mod registry;

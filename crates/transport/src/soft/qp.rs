@@ -51,7 +51,7 @@ impl SoftQp {
         let (inbound, endpoint) = match (domain.config.wire, domain.listen_addr) {
             (Wire::Shm, _) => {
                 let ring = Ring::create(domain.config.ring_capacity)?;
-                let endpoint = shm_endpoint(domain, (qpn, pd), &ring)?;
+                let endpoint = shm_endpoint(domain, (qpn, pd, token), &ring)?;
                 (Some(ring), endpoint)
             }
             (Wire::Tcp, Some(addr)) => (None, SoftEndpoint::Tcp { qpn, addr, token }),
@@ -63,6 +63,9 @@ impl SoftQp {
         };
         let cqs = (Arc::clone(&send_cq.shared), Arc::clone(&recv_cq.shared));
         let shared = Arc::new(QpShared::new((qpn, token, pd), config, cqs, inbound));
+        if let Some(broker) = &domain.broker {
+            broker.adopt_qp(&shared);
+        }
         domain.nic.adopt_qp(Arc::clone(&shared));
         Ok(SoftQp {
             domain: Arc::clone(domain),
@@ -70,6 +73,12 @@ impl SoftQp {
             endpoint: endpoint.encode(),
             link: OnceLock::new(),
         })
+    }
+
+    /// The state shared with the NIC (unit tests).
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<QpShared> {
+        &self.shared
     }
 
     fn refuse(&self, action: &'static str) -> TransportError {
@@ -98,13 +107,13 @@ impl SoftQp {
         Ok(())
     }
 
-    fn connect_shm(&self, host: &str, address: &ShmAddress) -> Result<()> {
+    fn connect_shm(&self, qpn: u32, host: &str, address: &ShmAddress) -> Result<()> {
         if host != host_id() {
             return Err(TransportError::BadEndpoint(
                 "shared-memory peer is on another host".into(),
             ));
         }
-        let peer = ShmPeer::open(address, self.domain.config.response_timeout)?;
+        let peer = ShmPeer::open(qpn, address, self.domain.config.response_timeout)?;
         self.shared
             .shm_peer
             .set(peer)
@@ -112,20 +121,32 @@ impl SoftQp {
     }
 }
 
-/// The endpoint of a shared-memory queue pair: where its process, key table, inbound ring,
-/// NIC doorbell and liveness page are.
-fn shm_endpoint(domain: &DomainInner, (qpn, pd): (u32, u32), ring: &Ring) -> Result<SoftEndpoint> {
+/// The endpoint of a shared-memory queue pair: its process, ring size, NIC doorbell, and
+/// the broker (and secret) that hands out its key table, inbound ring, liveness page and
+/// memories.
+fn shm_endpoint(
+    domain: &DomainInner,
+    (qpn, pd, token): (u32, u32, u64),
+    ring: &Ring,
+) -> Result<SoftEndpoint> {
+    let broker = domain
+        .broker
+        .as_ref()
+        .ok_or(TransportError::InvalidArgument(
+            "shared-memory domain without a descriptor broker",
+        ))?;
+    // Peers map it: start the keeper now, not at the first request.
+    crate::sys::life::process_page()?;
     Ok(SoftEndpoint::Shm {
         qpn,
         host: host_id(),
         address: ShmAddress {
             pid: std::process::id(),
             pd,
-            table_fd: domain.nic.registry.table().raw_fd(),
-            ring_fd: ring.raw_fd(),
             ring_capacity: ring.capacity(),
             doorbell: domain.nic.doorbell_name().to_string(),
-            life_fd: crate::sys::life::process_page()?.raw_fd(),
+            broker: broker.name().to_string(),
+            token,
         },
     })
 }
@@ -151,8 +172,8 @@ impl QueuePair for SoftQp {
             (SoftEndpoint::Tcp { qpn, addr, token }, Wire::Tcp) => {
                 self.connect_tcp(qpn, addr, token)?
             }
-            (SoftEndpoint::Shm { host, address, .. }, Wire::Shm) => {
-                self.connect_shm(&host, &address)?
+            (SoftEndpoint::Shm { qpn, host, address }, Wire::Shm) => {
+                self.connect_shm(qpn, &host, &address)?
             }
             _ => return Err(TransportError::BadEndpoint("peer uses another wire".into())),
         }

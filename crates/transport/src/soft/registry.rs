@@ -10,6 +10,7 @@ use crate::memory::MemoryInner;
 use crate::sys::SharedMemory;
 use crate::{Access, Result};
 use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -152,6 +153,30 @@ impl Registry {
         live.memory.release(self.owner_id(), offset);
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         slots.free.push_back(key & ((1 << SLOT_BITS) - 1));
+    }
+
+    /// The memory whose memfd number is `fd`, if some live registration of it belongs to
+    /// protection domain `pd`, and whether one of those grants a remote right that writes
+    /// (`REMOTE_WRITE` or `REMOTE_ATOMIC`). What the descriptor broker may hand a queue
+    /// pair of `pd`; the returned handle keeps the memfd (and so its number) alive.
+    pub(crate) fn memory_for_fd(&self, pd: u32, fd: RawFd) -> Option<(Arc<SharedMemory>, bool)> {
+        if fd < 0 {
+            return None;
+        }
+        let writes = |access: Access| {
+            access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC)
+        };
+        let live = self.live.read().unwrap_or_else(PoisonError::into_inner);
+        let mut found: Option<(Arc<SharedMemory>, bool)> = None;
+        for registration in live.values() {
+            let entry = &registration.entry;
+            if entry.pd != pd || entry.fd != fd {
+                continue;
+            }
+            let writable = writes(entry.access) || found.as_ref().is_some_and(|(_, w)| *w);
+            found = Some((Arc::clone(&registration.memory.shm), writable));
+        }
+        found
     }
 
     /// This registry's identity in memories' claim lists (its address: a registry lives
@@ -324,6 +349,41 @@ mod tests {
             .resolve(0, key, entry.addr, 8, Access::REMOTE_READ)
             .is_none());
         assert_eq!(registry.table().lookup(key).map(|e| e.pd), Some(7));
+    }
+
+    #[test]
+    fn a_memory_is_found_by_fd_only_in_its_protection_domain_with_its_widest_right() {
+        let (registry, memory) = setup();
+        let fd = memory.shm.raw_fd();
+        assert!(
+            registry.memory_for_fd(0, fd).is_none(),
+            "not registered yet"
+        );
+        let (read, _) = registry
+            .register(&memory, (0, 64), Access::REMOTE_READ, 3)
+            .unwrap();
+        let found = registry
+            .memory_for_fd(3, fd)
+            .map(|(mem, w)| (mem.raw_fd(), w));
+        assert_eq!(found, Some((fd, false)));
+        assert!(registry.memory_for_fd(4, fd).is_none(), "another pd");
+        assert!(registry.memory_for_fd(3, -1).is_none());
+        let (atomic, _) = registry
+            .register(
+                &memory,
+                (64, 64),
+                Access::REMOTE_ATOMIC | Access::LOCAL_WRITE,
+                3,
+            )
+            .unwrap();
+        assert_eq!(registry.memory_for_fd(3, fd).map(|(_, w)| w), Some(true));
+        registry.deregister(atomic);
+        assert_eq!(registry.memory_for_fd(3, fd).map(|(_, w)| w), Some(false));
+        registry.deregister(read);
+        assert!(
+            registry.memory_for_fd(3, fd).is_none(),
+            "no live registration"
+        );
     }
 
     #[test]

@@ -52,7 +52,7 @@ struct RobustListHead {
 static PROCESS_PAGE: OnceLock<std::result::Result<&'static SharedMemory, String>> = OnceLock::new();
 
 /// The page that says whether this process is alive (its keeper thread started on first
-/// use); peers open it through `/proc/<pid>/fd/<raw_fd>`.
+/// use); peers get it, read-only, from the descriptor broker of a shared-memory domain.
 pub(crate) fn process_page() -> Result<&'static SharedMemory> {
     PROCESS_PAGE
         .get_or_init(start_keeper)
@@ -62,8 +62,8 @@ pub(crate) fn process_page() -> Result<&'static SharedMemory> {
 
 /// Whether the process owning `page` (a peer's, mapped) still runs.
 pub(crate) fn alive(page: &SharedMemory) -> bool {
-    page.atomic_u64(WORD).is_ok_and(|word| {
-        let value = word.load(Ordering::Acquire) & 0xffff_ffff;
+    page.load_u64(WORD, Ordering::Acquire).is_ok_and(|word| {
+        let value = word & 0xffff_ffff;
         value != 0 && value & FUTEX_OWNER_DIED == 0
     })
 }

@@ -6,18 +6,21 @@
 
 mod epoll;
 mod event;
+mod fd_passing;
 pub(crate) mod life;
 mod output;
 mod poll;
+pub(crate) mod process;
 mod random;
 mod shared_memory;
 mod word_copy;
 
 pub(crate) use epoll::{Epoll, READ, WRITE};
 pub(crate) use event::{Doorbell, EventFd, RemoteDoorbell};
+pub(crate) use fd_passing::{recv_with_fd, send_with_fd};
 pub(crate) use output::OutputQueue;
 pub use poll::poll_readable;
 #[cfg(feature = "rdma")]
 pub(crate) use poll::set_nonblocking;
 pub(crate) use random::random_u64;
-pub(crate) use shared_memory::SharedMemory;
+pub(crate) use shared_memory::{Protection, SharedMemory};

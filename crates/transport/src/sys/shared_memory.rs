@@ -1,7 +1,8 @@
 //! memfd-backed shared memory mapped into this process.
 //!
 //! Invariant: `ptr` points to a live `MAP_SHARED` mapping of `len` bytes for the life of the
-//! value (the memfd is sealed against shrinking and growing, ours and peers' alike); every access is bounds-checked against `len` first. Other processes may map the
+//! value (the memfd is sealed against shrinking and growing, ours and peers' alike); every
+//! access is bounds-checked against `len` first. Other processes may map the
 //! same memfd and write concurrently, and threads of this process (application, NIC) may copy
 //! or run atomics on the same bytes at once; that is the RDMA contract (the application
 //! orders conflicting accesses with completions). So no access to the mapping from Rust is
@@ -9,6 +10,19 @@
 //! atomics are `AtomicU64` operations; racing accesses may observe torn data across words,
 //! never undefined behaviour, and never leave the mapping. The kernel (read(2), writev(2))
 //! also touches it, outside the Rust memory model.
+//!
+//! A mapping is read-only (`PROT_READ`) when it was made from a descriptor opened
+//! read-only (or asked so): every write, copy into it and read-modify-write atomic is then
+//! refused with an error before the page is touched, so a peer's claim of a write right
+//! can never turn into a SIGSEGV; loads go through [`SharedMemory::load_u64`], a relaxed
+//! 8-byte load (a plain `mov` / `ldr`, which never writes) followed by the fence the
+//! ordering asks for.
+//!
+//! Memfds we create are `chmod 0600`: reopening a descriptor through
+//! `/proc/<pid>/fd/<n>` (a process's own included) checks the memfd's mode, so a peer of
+//! another (non-root) user that was handed a read-only descriptor cannot reopen it
+//! read-write. Peers of the same user (the memfd's owner: they may `fchmod` it) and root
+//! are not held by this.
 
 use super::word_copy;
 use crate::{Result, TransportError};
@@ -16,20 +30,38 @@ use std::ffi::CStr;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 /// Seals every memfd we create carries (and every peer's must): its size is fixed, so a
 /// mapping can never lose its pages to a `ftruncate` (SIGBUS on access).
 const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+/// Seals a received descriptor must carry: size fixed (whether the sender also sealed the
+/// seals is its own business).
+const REQUIRED_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+/// Mode of the memfds we create (see the module docs).
+const MODE: libc::mode_t = 0o600;
+
+/// How to map a descriptor received from a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Protection {
+    /// Read-only, whatever the descriptor allows.
+    ReadOnly,
+    /// Read-write; a descriptor opened read-only is refused.
+    ReadWrite,
+    /// Read-write if the descriptor was opened read-write, read-only if read-only.
+    AsOpened,
+}
 
 /// A shared mapping of a whole memfd.
 #[derive(Debug)]
 pub(crate) struct SharedMemory {
-    /// The memfd of memory we created (peers open it); `None` for a peer's memory, whose
-    /// descriptor is closed once mapped (the mapping keeps the pages).
+    /// The memfd of memory we created (the broker hands it to peers); `None` for a peer's
+    /// memory, whose descriptor is closed once mapped (the mapping keeps the pages).
     fd: Option<OwnedFd>,
     ptr: NonNull<u8>,
     len: usize,
+    /// Mapped `PROT_READ | PROT_WRITE` (else `PROT_READ` only).
+    writable: bool,
 }
 
 // SAFETY: the mapping is plain shared memory owned by this value; all accesses go through
@@ -52,6 +84,10 @@ impl SharedMemory {
         }
         // SAFETY: `raw` is a fresh descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain fchmod on a descriptor we own.
+        if unsafe { libc::fchmod(fd.as_raw_fd(), MODE) } < 0 {
+            return Err(TransportError::last_os("chmod memfd"));
+        }
         File::from(
             fd.try_clone()
                 .map_err(|e| TransportError::io("dup memfd", e))?,
@@ -62,47 +98,94 @@ impl SharedMemory {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } < 0 {
             return Err(TransportError::last_os("seal memfd"));
         }
-        let ptr = Self::map(&fd, len)?;
+        let ptr = Self::map(&fd, len, true)?;
         Ok(SharedMemory {
             fd: Some(fd),
             ptr,
             len,
+            writable: true,
         })
     }
 
-    /// Maps the memfd `fd` of process `pid` (same host), which must be `len` bytes long.
-    pub(crate) fn open_peer(pid: u32, fd: RawFd, len: usize) -> Result<Self> {
-        let path = format!("/proc/{pid}/fd/{fd}");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| TransportError::io("open peer memfd", e))?;
+    /// Maps `fd`, a memfd received from a peer, which must be `len` bytes long and sealed
+    /// against resizing; the descriptor is closed once mapped.
+    pub(crate) fn from_descriptor(fd: OwnedFd, len: usize, protection: Protection) -> Result<Self> {
+        let file = File::from(fd);
         let actual = file
             .metadata()
             .map_err(|e| TransportError::io("stat peer memfd", e))?
             .len();
         if actual != len as u64 {
             return Err(TransportError::BadEndpoint(format!(
-                "{path} is {actual} bytes, expected {len}"
+                "peer memfd is {actual} bytes, expected {len}"
             )));
         }
         // SAFETY: plain fcntl on a descriptor `file` owns.
         let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-        if seals < 0 || seals & SEALS != SEALS {
-            return Err(TransportError::BadEndpoint(format!(
-                "{path} is not sealed against resizing"
-            )));
+        if seals < 0 || seals & REQUIRED_SEALS != REQUIRED_SEALS {
+            return Err(TransportError::BadEndpoint(
+                "peer memfd is not sealed against resizing".into(),
+            ));
         }
-        let ptr = Self::map(&OwnedFd::from(file), len)?;
-        Ok(SharedMemory { fd: None, ptr, len })
+        // SAFETY: plain fcntl on a descriptor `file` owns; it only reads the status flags.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        if flags < 0 {
+            return Err(TransportError::last_os("fcntl F_GETFL"));
+        }
+        let opened_writable = match flags & libc::O_ACCMODE {
+            libc::O_RDWR => true,
+            libc::O_RDONLY => false,
+            _ => {
+                return Err(TransportError::BadEndpoint(
+                    "peer memfd is opened write-only".into(),
+                ))
+            }
+        };
+        let writable = match protection {
+            Protection::ReadOnly => false,
+            Protection::AsOpened => opened_writable,
+            Protection::ReadWrite if opened_writable => true,
+            Protection::ReadWrite => {
+                return Err(TransportError::BadEndpoint(
+                    "peer memfd is read-only where read-write is needed".into(),
+                ))
+            }
+        };
+        let ptr = Self::map(&OwnedFd::from(file), len, writable)?;
+        Ok(SharedMemory {
+            fd: None,
+            ptr,
+            len,
+            writable,
+        })
     }
 
-    fn map(fd: &OwnedFd, len: usize) -> Result<NonNull<u8>> {
+    /// A fresh descriptor of this memory (created here), opened read-write or read-only,
+    /// with its own open file description: what the broker hands to a peer. Opened
+    /// through `/proc/self/fd`, which a process may always do for itself (dumpable or not).
+    pub(crate) fn reopen(&self, writable: bool) -> Result<OwnedFd> {
+        let Some(fd) = &self.fd else {
+            return Err(TransportError::InvalidArgument(
+                "a peer's memory keeps no descriptor",
+            ));
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| TransportError::io("reopen memfd", e))?;
+        Ok(OwnedFd::from(file))
+    }
+
+    fn map(fd: &OwnedFd, len: usize, writable: bool) -> Result<NonNull<u8>> {
         if len == 0 {
             return Err(TransportError::InvalidArgument("zero-length memory"));
         }
-        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        let prot = if writable {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else {
+            libc::PROT_READ
+        };
         // SAFETY: a fresh mapping chosen by the kernel (addr NULL) of a descriptor we own;
         // it aliases no Rust object.
         let ptr = unsafe {
@@ -131,10 +214,26 @@ impl SharedMemory {
         self.len
     }
 
-    /// The memfd (for peers to open through `/proc/<pid>/fd`); -1 for a peer's memory
-    /// mapped with [`SharedMemory::open_peer`], which keeps no descriptor.
+    /// The memfd number (what the key table shows peers, who ask the broker for it by
+    /// that number); -1 for a peer's memory, which keeps no descriptor.
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+
+    /// Whether the mapping may be written.
+    pub(crate) fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// Refuses writes to a read-only mapping.
+    fn check_writable(&self) -> Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(TransportError::InvalidArgument(
+                "write to a read-only mapping",
+            ))
+        }
     }
 
     /// The mapping's first byte (for iovecs; dereferenced only by the kernel).
@@ -152,6 +251,7 @@ impl SharedMemory {
 
     /// Copies `data` to `offset`.
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check_writable()?;
         self.check(offset, data.len())?;
         // SAFETY: the range was bounds-checked; `data` is a Rust slice, never a slice into a
         // mapping (none is handed out), so it is private; the mapping is written atomically.
@@ -194,7 +294,8 @@ impl SharedMemory {
         offset: usize,
         len: usize,
     ) -> std::io::Result<usize> {
-        self.check(offset, len)
+        self.check_writable()
+            .and_then(|()| self.check(offset, len))
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
         // SAFETY: the kernel writes at most `len` bytes into the bounds-checked range of
         // the live mapping; no Rust reference into the mapping exists.
@@ -213,6 +314,7 @@ impl SharedMemory {
         dst_offset: usize,
         len: usize,
     ) -> Result<()> {
+        dst.check_writable()?;
         src.check(src_offset, len)?;
         dst.check(dst_offset, len)?;
         // SAFETY: both ranges are bounds-checked; every access is atomic, so two mappings
@@ -227,8 +329,31 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// The aligned 8-byte word at `offset` as an atomic.
+    /// The aligned 8-byte word at `offset` as an atomic, for any atomic operation; refused
+    /// on a read-only mapping (use [`SharedMemory::load_u64`] there).
     pub(crate) fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
+        self.check_writable()?;
+        self.word(offset)
+    }
+
+    /// Loads the aligned 8-byte word at `offset` with `order` (`Relaxed`, `Acquire` or
+    /// `SeqCst`); works on read-only mappings.
+    pub(crate) fn load_u64(&self, offset: usize, order: Ordering) -> Result<u64> {
+        let word = self.word(offset)?;
+        if order == Ordering::SeqCst {
+            fence(Ordering::SeqCst);
+        }
+        // A relaxed load of a register-sized atomic is a plain load instruction, which
+        // never writes: sound on a read-only page (see "Atomic accesses to read-only
+        // memory" in `core::sync::atomic`). Stronger orderings come from fences.
+        let value = word.load(Ordering::Relaxed);
+        if order != Ordering::Relaxed {
+            fence(Ordering::Acquire);
+        }
+        Ok(value)
+    }
+
+    fn word(&self, offset: usize) -> Result<&AtomicU64> {
         self.check(offset, 8)?;
         if offset % 8 != 0 {
             return Err(TransportError::InvalidArgument(
@@ -238,7 +363,8 @@ impl SharedMemory {
         // SAFETY: in bounds, 8-byte aligned (the mapping is page aligned), valid for the
         // lifetime of `&self`; every access this crate makes to the mapping is atomic
         // (`word_copy` for copies), so no non-atomic access races with this one in this
-        // process; other processes and the kernel are outside the Rust memory model.
+        // process; other processes and the kernel are outside the Rust memory model. On a
+        // read-only mapping only `load_u64` uses the word, with a relaxed load.
         Ok(unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) })
     }
 }
@@ -254,21 +380,27 @@ impl Drop for SharedMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
     fn memory(len: usize) -> SharedMemory {
         SharedMemory::create(c"test", len).unwrap()
     }
 
+    /// A second mapping of `mem`, as a peer would make from a received descriptor.
+    fn second(mem: &SharedMemory, writable: bool, protection: Protection) -> SharedMemory {
+        let fd = mem.reopen(writable).unwrap();
+        SharedMemory::from_descriptor(fd, mem.len(), protection).unwrap()
+    }
+
     #[test]
     fn writes_are_seen_through_a_second_mapping() {
         let first = memory(4096);
-        let second = SharedMemory::open_peer(std::process::id(), first.raw_fd(), 4096).unwrap();
+        let second = second(&first, true, Protection::AsOpened);
         assert_eq!(
             second.raw_fd(),
             -1,
             "a peer mapping keeps no descriptor open"
         );
+        assert!(second.is_writable());
         first.write(100, b"hello").unwrap();
         let mut out = [0u8; 5];
         second.read(100, &mut out).unwrap();
@@ -280,6 +412,45 @@ mod tests {
         assert_eq!(appended.len(), 6, "a refused append changes nothing");
         second.atomic_u64(8).unwrap().fetch_add(3, Ordering::SeqCst);
         assert_eq!(first.atomic_u64(8).unwrap().load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn a_read_only_mapping_refuses_every_write_and_still_reads() {
+        let owner = memory(4096);
+        owner.write(0, b"owner's bytes").unwrap();
+        owner.atomic_u64(64).unwrap().store(77, Ordering::SeqCst);
+        let scratch = memory(4096);
+        for (writable, protection) in [
+            (false, Protection::AsOpened),
+            (false, Protection::ReadOnly),
+            (true, Protection::ReadOnly),
+        ] {
+            let peer = second(&owner, writable, protection);
+            assert!(!peer.is_writable());
+            assert!(peer.write(0, b"x").is_err(), "write");
+            assert!(peer.atomic_u64(64).is_err(), "read-modify-write atomic");
+            assert!(
+                SharedMemory::copy(&scratch, 0, &peer, 0, 8).is_err(),
+                "copy in"
+            );
+            let (reader, _writer) = std::os::unix::net::UnixStream::pair().unwrap();
+            assert!(
+                peer.read_from(reader.as_raw_fd(), 0, 8).is_err(),
+                "read(2) in"
+            );
+            let mut out = [0u8; 13];
+            peer.read(0, &mut out).unwrap();
+            assert_eq!(&out, b"owner's bytes", "nothing was written");
+            assert_eq!(peer.load_u64(64, Ordering::Acquire).unwrap(), 77);
+            assert_eq!(peer.load_u64(64, Ordering::SeqCst).unwrap(), 77);
+            assert!(peer.load_u64(60, Ordering::Relaxed).is_err(), "unaligned");
+            SharedMemory::copy(&peer, 0, &scratch, 0, 13).unwrap();
+        }
+        let read_only = owner.reopen(false).unwrap();
+        assert!(
+            SharedMemory::from_descriptor(read_only, 4096, Protection::ReadWrite).is_err(),
+            "a read-only descriptor cannot be mapped read-write"
+        );
     }
 
     #[test]
@@ -307,7 +478,7 @@ mod tests {
         File::from(unsealed.try_clone().unwrap())
             .set_len(4096)
             .unwrap();
-        let refused = SharedMemory::open_peer(std::process::id(), unsealed.as_raw_fd(), 4096);
+        let refused = SharedMemory::from_descriptor(unsealed, 4096, Protection::AsOpened);
         assert!(refused.is_err());
     }
 
@@ -315,6 +486,20 @@ mod tests {
     fn zero_length_and_wrong_size_peer_are_refused() {
         assert!(SharedMemory::create(c"zero", 0).is_err());
         let mem = memory(4096);
-        assert!(SharedMemory::open_peer(std::process::id(), mem.raw_fd(), 8192).is_err());
+        let fd = mem.reopen(true).unwrap();
+        assert!(SharedMemory::from_descriptor(fd, 8192, Protection::AsOpened).is_err());
+    }
+
+    #[test]
+    fn created_memory_is_private_to_its_user() {
+        let mem = memory(4096);
+        let mode = File::from(mem.reopen(false).unwrap())
+            .metadata()
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
     }
 }

@@ -1,15 +1,28 @@
 //! The same-host shared-memory wire.
 //!
-//! A connected queue pair maps the peer's key table, its inbound frame ring and its NIC
-//! doorbell. One-sided operations run on the posting thread as plain memory accesses to
-//! the peer's memfd-backed regions (a READ is a memory read), after the peer's key table
-//! has vouched for the rkey, bounds and right; the peer's CPU is not involved. SENDs and
-//! WRITE-with-immediate notifications go through the peer's ring, drained by its NIC
+//! A connected queue pair maps the peer's key table, its inbound frame ring and its
+//! liveness page, and rings its NIC doorbell. Every descriptor comes from the peer's
+//! descriptor broker (`broker`): the peer process passes it with SCM_RIGHTS to whoever
+//! names the queue pair by number and token, the key table and liveness page read-only,
+//! the ring read-write, and a memory only if a live registration of it belongs to the
+//! queue pair's protection domain (read-write only if one grants a remote write or
+//! atomic). Nothing is opened through `/proc/<pid>/fd`, so the peer may be non-dumpable
+//! and run as another user, and a queue pair of one protection domain cannot obtain the
+//! memory of another however it lies.
+//!
+//! One-sided operations run on the posting thread as plain memory accesses to the peer's
+//! memfd-backed regions (a READ is a memory read), after the peer's key table has vouched
+//! for the rkey, bounds and right; the peer's CPU is not involved (a memory is asked from
+//! the broker once, on the first use of a key, and stays mapped). A mapping the broker
+//! handed out read-only refuses writes and atomics whatever the key table claims. SENDs
+//! and WRITE-with-immediate notifications go through the peer's ring, drained by its NIC
 //! thread, which rings nothing back: the data is in place when the post returns.
 
+pub(crate) mod broker;
 mod post;
 mod ring;
 
+pub(crate) use broker::Broker;
 pub(crate) use post::{post_inline, read_direct, retry_stalled, write_direct};
 pub(crate) use ring::Ring;
 
@@ -18,27 +31,29 @@ use super::keytable::{self, KeyTable};
 use super::queue_pair::QpShared;
 use super::registry::{Registry, Target};
 use super::responder;
-use crate::sys::{life, RemoteDoorbell, SharedMemory};
+use crate::sys::{life, Protection, RemoteDoorbell, SharedMemory};
 use crate::{Access, Result};
+use broker::Object;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// Descriptor numbers and sizes a same-host peer publishes in its endpoint.
+/// What a same-host peer publishes in its endpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ShmAddress {
+    /// The peer process (for messages; nothing is opened through it).
     pub pid: u32,
     /// The protection domain of the queue pair: accesses through it may use only keys of
     /// that protection domain.
     pub pd: u32,
-    pub table_fd: RawFd,
-    pub ring_fd: RawFd,
     pub ring_capacity: usize,
     pub doorbell: String,
-    /// The process's liveness page (`sys::life`).
-    pub life_fd: RawFd,
+    /// The abstract socket name of the peer domain's descriptor broker.
+    pub broker: String,
+    /// The queue pair's secret: the broker serves only requests that carry it.
+    pub token: u64,
 }
 
 /// The peer key a batch resolved last: a batch's many accesses under one rkey look the key
@@ -61,6 +76,12 @@ fn within(
     if !keytable::check_access(entry, addr, len, need) {
         return None;
     }
+    // The broker decides what may be written, not the table: a read-only mapping serves
+    // reads only (its writes would be refused anyway, after this check).
+    let writes = need.contains(Access::REMOTE_WRITE) || need.contains(Access::REMOTE_ATOMIC);
+    if writes && !mem.is_writable() {
+        return None;
+    }
     // The entry comes from the peer: an offset outside the mapping is caught here or by
     // the mapping's own bounds checks.
     let offset = usize::try_from(addr.checked_sub(entry.mem_base)?).ok()?;
@@ -69,15 +90,18 @@ fn within(
 }
 
 /// Most peer memories one queue pair keeps mapped (each maps a whole memfd; no descriptor
-/// stays open).
+/// stays open), so at most this many broker requests per working set.
 const MAX_MAPPINGS: usize = 256;
 
 /// The mapped state of a connected same-host peer.
 #[derive(Debug)]
 pub(crate) struct ShmPeer {
-    pid: u32,
-    /// The peer queue pair's protection domain (see [`ShmAddress::pd`]).
+    /// The peer queue pair's number, protection domain (see [`ShmAddress::pd`]) and
+    /// token, and its broker's name: what every broker request carries.
+    qpn: u32,
     pd: u32,
+    token: u64,
+    broker: String,
     table: KeyTable,
     ring: Ring,
     bell: RemoteDoorbell,
@@ -93,15 +117,19 @@ pub(crate) struct ShmPeer {
 }
 
 impl ShmPeer {
-    /// Maps what `address` names.
-    pub(crate) fn open(address: &ShmAddress, timeout: Duration) -> Result<Self> {
-        let pid = address.pid;
+    /// Maps what queue pair `qpn` at `address` offers, each descriptor obtained from its
+    /// broker.
+    pub(crate) fn open(qpn: u32, address: &ShmAddress, timeout: Duration) -> Result<Self> {
+        let obtain = |object| broker::obtain(&address.broker, qpn, address.token, object);
+        let life = obtain(Object::LifePage)?;
         Ok(ShmPeer {
-            pid,
+            qpn,
             pd: address.pd,
-            life: SharedMemory::open_peer(pid, address.life_fd, life::PAGE)?,
-            table: KeyTable::open_peer(pid, address.table_fd)?,
-            ring: Ring::open_peer(pid, address.ring_fd, address.ring_capacity)?,
+            token: address.token,
+            broker: address.broker.clone(),
+            life: SharedMemory::from_descriptor(life, life::PAGE, Protection::ReadOnly)?,
+            table: KeyTable::from_descriptor(obtain(Object::KeyTable)?)?,
+            ring: Ring::from_descriptor(obtain(Object::Ring)?, address.ring_capacity)?,
             bell: RemoteDoorbell::new(&address.doorbell)?,
             mappings: Mutex::default(),
             send_lock: Mutex::default(),
@@ -199,7 +227,11 @@ impl ShmPeer {
                 mappings.clear();
             }
         }
-        let mem = Arc::new(SharedMemory::open_peer(self.pid, fd, len).ok()?);
+        // A refusal (say, the key's memory is not in our protection domain after all: the
+        // table lied or changed) fails the access like a bad key.
+        let fd = broker::obtain(&self.broker, self.qpn, self.token, Object::Memory(fd)).ok()?;
+        let mem = SharedMemory::from_descriptor(fd, len, Protection::AsOpened).ok()?;
+        let mem = Arc::new(mem);
         mappings.insert(rkey, Arc::clone(&mem));
         Some(mem)
     }
@@ -211,7 +243,7 @@ impl ShmPeer {
             return false;
         }
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.table.parked().load(Ordering::SeqCst) != 0 {
+        if self.table.is_parked() {
             self.bell.ring();
         }
         true

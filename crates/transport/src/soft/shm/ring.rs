@@ -6,9 +6,9 @@
 //! producer publishes `tail` with release after writing the frame; the consumer publishes
 //! `head` with release after copying it out, so neither reads bytes the other is writing.
 
-use crate::sys::SharedMemory;
+use crate::sys::{Protection, SharedMemory};
 use crate::Result;
-use std::os::fd::RawFd;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const DATA: usize = 4096;
@@ -46,19 +46,21 @@ impl Ring {
         })
     }
 
-    /// Maps the ring `fd` of process `pid` with `capacity` bytes of frames.
-    pub(crate) fn open_peer(pid: u32, fd: RawFd, capacity: usize) -> Result<Self> {
+    /// Maps a peer's ring of `capacity` bytes of frames, read-write, from the descriptor
+    /// its broker handed over.
+    pub(crate) fn from_descriptor(fd: OwnedFd, capacity: usize) -> Result<Self> {
         if !capacity.is_power_of_two() || !(MIN_CAPACITY..=MAX_CAPACITY).contains(&capacity) {
             return Err(crate::TransportError::BadEndpoint("ring capacity".into()));
         }
         Ok(Ring {
-            memory: SharedMemory::open_peer(pid, fd, DATA + capacity)?,
+            memory: SharedMemory::from_descriptor(fd, DATA + capacity, Protection::ReadWrite)?,
             capacity,
         })
     }
 
-    pub(crate) fn raw_fd(&self) -> RawFd {
-        self.memory.raw_fd()
+    /// The ring's memory (the broker hands out read-write descriptors of it).
+    pub(crate) fn memory(&self) -> &SharedMemory {
+        &self.memory
     }
 
     pub(crate) fn capacity(&self) -> usize {
@@ -185,7 +187,7 @@ mod tests {
     #[test]
     fn frames_cross_processes_in_order_and_wrap() {
         let consumer = Ring::create(4096).unwrap();
-        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 4096).unwrap();
+        let producer = Ring::from_descriptor(consumer.memory.reopen(true).unwrap(), 4096).unwrap();
         let mut out = Vec::new();
         for round in 0..200u8 {
             assert!(producer.push(&[&[round; 30], &[round + 1; 7]]));
@@ -200,7 +202,7 @@ mod tests {
     #[test]
     fn a_corrupted_head_makes_the_ring_look_full_not_overflow() {
         let ring = Ring::create(4096).unwrap();
-        let peer = Ring::open_peer(std::process::id(), ring.raw_fd(), 4096).unwrap();
+        let peer = Ring::from_descriptor(ring.memory.reopen(true).unwrap(), 4096).unwrap();
         peer.head().store(1 << 40, Ordering::Release);
         assert!(!ring.push(&[b"frame"]));
         peer.head().store(0, Ordering::Release);
@@ -210,7 +212,7 @@ mod tests {
     #[test]
     fn a_corrupted_tail_or_length_is_reported_not_trusted() {
         let consumer = Ring::create(4096).unwrap();
-        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 4096).unwrap();
+        let producer = Ring::from_descriptor(consumer.memory.reopen(true).unwrap(), 4096).unwrap();
         let mut out = Vec::new();
         producer.tail().store(1 << 60, Ordering::Release);
         assert_eq!(consumer.peek(&mut out), Err(Corrupt), "tail far past head");
@@ -236,7 +238,7 @@ mod tests {
         assert!(Ring::create(2 << 30).is_err());
         let ring = Ring::create(5000).unwrap();
         assert_eq!(ring.capacity(), 8192);
-        assert!(Ring::open_peer(std::process::id(), ring.raw_fd(), 5000).is_err());
+        assert!(Ring::from_descriptor(ring.memory.reopen(true).unwrap(), 5000).is_err());
     }
 
     #[test]
@@ -292,7 +294,7 @@ mod tests {
     fn a_producer_thread_and_a_consumer_thread_agree_on_every_frame() {
         const FRAMES: u32 = 20_000;
         let consumer = Ring::create(8192).unwrap();
-        let producer = Ring::open_peer(std::process::id(), consumer.raw_fd(), 8192).unwrap();
+        let producer = Ring::from_descriptor(consumer.memory.reopen(true).unwrap(), 8192).unwrap();
         let writer = std::thread::spawn(move || {
             for index in 0..FRAMES {
                 let frame = [
