@@ -26,7 +26,7 @@ pub fn protect_process(security: &crate::config::SecurityConfig) -> Result<(), S
         );
         return Ok(());
     }
-    nix::sys::prctl::set_dumpable(false).map_err(|e| ServerError::Protect(e.into()))
+    kvcm_transport::set_dumpable(false).map_err(ServerError::Protect)
 }
 
 /// Why the server could not start or stopped with an error.
@@ -37,7 +37,7 @@ pub enum ServerError {
     Config(#[from] crate::config::ConfigError),
     /// The process could not be marked not dumpable.
     #[error("marking the process not dumpable (kvcm.service.dumpable): {0}")]
-    Protect(std::io::Error),
+    Protect(kvcm_transport::TransportError),
     /// The data directory cannot be created.
     #[error("data directory {path}: {source}")]
     DataDir {

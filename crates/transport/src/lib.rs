@@ -56,3 +56,8 @@ pub use provider::ProviderKind;
 /// Waits until one of the descriptors is readable (e.g. completion queues' event fds and
 /// an application doorbell), for pollers that park on several at once.
 pub use sys::poll_readable;
+/// Marks this process (not) dumpable: a process that serves memory on the shared-memory
+/// wire should not be, so that other processes of its user cannot open its memfds through
+/// `/proc/<pid>/fd` behind the descriptor broker's back (its `/proc` entries then belong
+/// to root; core dumps are off).
+pub use sys::process::{is_dumpable, set_dumpable};

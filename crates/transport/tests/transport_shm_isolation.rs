@@ -162,8 +162,11 @@ fn isolation_owner_entry() {
     if std::env::var(ROLE_ENV).as_deref() != Ok("owner") {
         return;
     }
-    probe::set_dumpable(false).expect("prctl");
-    assert!(!probe::is_dumpable().unwrap(), "the owner is not dumpable");
+    kvcm_transport::set_dumpable(false).expect("prctl");
+    assert!(
+        !kvcm_transport::is_dumpable().unwrap(),
+        "the owner is not dumpable"
+    );
     let domain = open_shm();
     let other = domain.new_pd().expect("second protection domain");
     let memory_a = domain.alloc(LEN).expect("alloc");

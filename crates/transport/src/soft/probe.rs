@@ -47,13 +47,3 @@ pub fn key_memfd(endpoint: &QpEndpoint, rkey: u32) -> Result<Option<RawFd>> {
         .lookup(rkey)
         .map(|entry| entry.fd))
 }
-
-/// Makes this process non-dumpable (or dumpable again): see prctl(PR_SET_DUMPABLE).
-pub fn set_dumpable(dumpable: bool) -> Result<()> {
-    crate::sys::process::set_dumpable(dumpable)
-}
-
-/// Whether this process is dumpable.
-pub fn is_dumpable() -> Result<bool> {
-    crate::sys::process::is_dumpable()
-}

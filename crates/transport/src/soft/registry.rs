@@ -155,8 +155,9 @@ impl Registry {
         slots.free.push_back(key & ((1 << SLOT_BITS) - 1));
     }
 
-    /// The memory whose memfd number is `fd`, if some live registration of it belongs to
-    /// protection domain `pd`, and whether one of those grants a remote right that writes
+    /// The memory whose memfd number is `fd`, if some live registration of it in protection
+    /// domain `pd` grants a remote right (local-only registrations, such as message
+    /// buffers, are never handed out), and whether one of those grants a remote right that writes
     /// (`REMOTE_WRITE` or `REMOTE_ATOMIC`). What the descriptor broker may hand a queue
     /// pair of `pd`; the returned handle keeps the memfd (and so its number) alive.
     pub(crate) fn memory_for_fd(&self, pd: u32, fd: RawFd) -> Option<(Arc<SharedMemory>, bool)> {
@@ -170,7 +171,8 @@ impl Registry {
         let mut found: Option<(Arc<SharedMemory>, bool)> = None;
         for registration in live.values() {
             let entry = &registration.entry;
-            if entry.pd != pd || entry.fd != fd {
+            let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+            if entry.pd != pd || entry.fd != fd || entry.access.bits() & remote.bits() == 0 {
                 continue;
             }
             let writable = writes(entry.access) || found.as_ref().is_some_and(|(_, w)| *w);

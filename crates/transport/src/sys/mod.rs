@@ -10,7 +10,7 @@ mod fd_passing;
 pub(crate) mod life;
 mod output;
 mod poll;
-pub(crate) mod process;
+pub mod process;
 mod random;
 mod shared_memory;
 mod word_copy;

@@ -614,6 +614,16 @@ mod tests {
         crate::Memory::read(&s.writable.0, 100, &mut seen).unwrap();
         assert_eq!(&seen, b"through the broker");
 
+        let local_only = s._domain.alloc(8192).unwrap();
+        let _local_region = s
+            ._domain
+            .register(&local_only, 0, 4096, Access::LOCAL_WRITE)
+            .unwrap();
+        assert_eq!(
+            refusal(ask(&s.qp_a, Object::Memory(fd_of(&local_only)))),
+            Refusal::NotInPd,
+            "a registration without remote rights is never handed out"
+        );
         let (fd, writable) = granted(ask(&s.qp_a, Object::Memory(fd_of(&s.read_only.0))));
         assert!(!writable, "a REMOTE_READ registration: read-only");
         let mapped =
