@@ -2,8 +2,10 @@
 //! a queue pair opens only with a fresh bootstrap token, reads only the table of the
 //! instance its bootstrap named (another instance's header address and rkey, known or
 //! guessed, fail as a bad key), carries messages of that instance only, and is torn down
-//! once the key its bootstrap showed is revoked — on the soft-TCP and shared-memory wires.
-//! Raw queue pairs stand for a hostile client (the client library would never try).
+//! once the key its bootstrap showed is revoked — on the soft-TCP and shared-memory wires;
+//! and a client process of another, non-root user maps nothing of another instance on
+//! shared memory. Raw queue pairs stand for a hostile client (the client library would
+//! never try).
 
 mod common;
 
@@ -18,8 +20,8 @@ use kvcm::lookup::BootstrapAnswer;
 use kvcm::proto::meta;
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
-    exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
-    RecvWr, Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QpEndpoint,
+    QueuePair, RecvWr, Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use serde_json::{json, Value};
 
@@ -115,6 +117,8 @@ fn header_of(answer: &BootstrapAnswer, wire: Wire) -> RemoteAddr {
 /// A queue pair connected by hand, as a hostile client would.
 struct RawQp {
     wire: Wire,
+    /// The server's queue-pair endpoint.
+    remote: QpEndpoint,
     qp: SoftQp,
     cq: SoftCq,
     memory: HostMemory,
@@ -138,6 +142,7 @@ fn connect_raw(connect: &str, wire: Wire, hello: &[u8]) -> Result<RawQp, String>
         .expect("region");
     Ok(RawQp {
         wire,
+        remote,
         qp,
         cq,
         memory,
@@ -355,4 +360,119 @@ fn a_revoked_keys_queue_pairs_are_torn_down_on_soft_tcp() {
 #[test]
 fn a_revoked_keys_queue_pairs_are_torn_down_on_soft_shm() {
     revocation_tears_down(Wire::Shm);
+}
+
+/// The uid and gid the hostile shared-memory client runs as.
+const NOBODY: u32 = 65534;
+/// Hands the re-executed client what it may use: `{"mine": <bootstrap of MINE>,
+/// "theirs": [header address, rkey]}` (the other instance's exact header, as if leaked).
+const PEER_ENV: &str = "KVCM_LOOKUP_ISOLATION_PEER";
+/// The client's last line when every check held.
+const PASSED: &str = "SHM CLIENT CHECKS PASSED";
+
+fn euid() -> u32 {
+    std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("stat"))
+}
+
+/// Why user [`NOBODY`] cannot run `exe`, if it cannot.
+fn not_runnable_by_others(exe: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.permissions().mode());
+    exe.ancestors()
+        .skip(1)
+        .find(|dir| mode(dir).map_or(true, |m| m & 0o001 == 0))
+        .map(|dir| format!("{} is not traversable by others", dir.display()))
+        .or_else(|| {
+            (mode(exe).map_or(true, |m| m & 0o005 != 0o005))
+                .then(|| format!("{} is not executable by others", exe.display()))
+        })
+}
+
+#[test]
+fn a_client_of_another_user_maps_nothing_of_another_instance_on_shared_memory() {
+    let skipped =
+        "SKIPPED a_client_of_another_user_maps_nothing_of_another_instance_on_shared_memory";
+    if euid() != 0 {
+        common::shout(&format!(
+            "{skipped}: it must run as root to start the client as uid {NOBODY}"
+        ));
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    if let Some(why) = not_runnable_by_others(&exe) {
+        common::shout(&format!("{skipped}: {why}"));
+        return;
+    }
+    let runtime = runtime();
+    let server = runtime.block_on(server_with(&[]));
+    let mine = runtime.block_on(bootstrap(&server, MINE, "none"));
+    let theirs = header_of(
+        &runtime.block_on(bootstrap(&server, THEIRS, "none")),
+        Wire::Shm,
+    );
+    let handed = json!({"mine": mine, "theirs": [theirs.addr, theirs.rkey]});
+    use std::os::unix::process::CommandExt;
+    let client = std::process::Command::new(exe)
+        .args(["shm_client_entry", "--exact", "--ignored", "--nocapture"])
+        .env(PEER_ENV, handed.to_string())
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .expect("run the client");
+    let output = format!(
+        "client stdout:\n{}\nclient stderr:\n{}",
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(client.status.success(), "the client failed\n{output}");
+    assert!(
+        String::from_utf8_lossy(&client.stdout).contains(PASSED),
+        "the client did not run its checks\n{output}"
+    );
+}
+
+/// Opening `path` fails as a permission error.
+fn open_is_denied(path: &str) {
+    match std::fs::File::open(path) {
+        Ok(_) => panic!("{path} opened"),
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::PermissionDenied,
+            "{path}: {e}, not a permission error"
+        ),
+    }
+}
+
+#[test]
+#[ignore = "the hostile client of the shared-memory isolation test; started by it"]
+fn shm_client_entry() {
+    use kvcm_transport::soft::probe::{self, Object, Refusal, Reply};
+    let Ok(handed) = std::env::var(PEER_ENV) else {
+        return;
+    };
+    assert_eq!(euid(), NOBODY, "the client runs as another user");
+    let handed: Value = serde_json::from_str(&handed).expect("handed json");
+    let mine: BootstrapAnswer = serde_json::from_value(handed["mine"].clone()).expect("mine");
+    let theirs = RemoteAddr {
+        addr: handed["theirs"][0].as_u64().expect("addr"),
+        rkey: handed["theirs"][1].as_u64().expect("rkey") as u32,
+    };
+    let qp = open(&mine, Wire::Shm);
+    assert!(qp.read(header_of(&mine, Wire::Shm)), "its own table");
+    // The other table's memory: the server's key table shows its descriptor number (any
+    // peer of the domain sees registration metadata), its broker refuses it.
+    let broker = probe::broker_of(&qp.remote).expect("a shm endpoint");
+    let fd = probe::key_memfd(&qp.remote, theirs.rkey)
+        .expect("key table")
+        .expect("the other header is live");
+    match probe::request(&broker.name, broker.qpn, broker.token, Object::Memory(fd)) {
+        Ok(Reply::Refused(Refusal::NotInPd)) => {}
+        other => panic!("the other instance's table memory: {other:?}"),
+    }
+    // Nor any descriptor of the server through /proc.
+    for n in (0..256).chain([fd]) {
+        open_is_denied(&format!("/proc/{}/fd/{n}", broker.pid));
+    }
+    assert!(!qp.read(theirs), "the other table through the queue pair");
+    println!("{PASSED}");
 }
