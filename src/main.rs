@@ -67,6 +67,14 @@ struct PoolArgs {
     /// The client certificate's private key.
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Join and heartbeat with this credential (an operator's or admin's API key, or an
+    /// admin token): servers with `kvcm.auth.meta=required` demand one.
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<String>,
+    /// Stay dumpable (by default the node marks itself not dumpable, as `kvcm serve` does:
+    /// its memory is handed to shared-memory clients by descriptor passing only).
+    #[arg(long)]
+    dumpable: bool,
 }
 
 #[derive(Args)]
@@ -175,14 +183,16 @@ fn pool(args: PoolArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let node = kvcm::pool::PoolNode::start(
-        args.size,
-        args.listen,
-        args.servers,
-        args.storage,
-        args.node_id,
+    if !args.dumpable {
+        kvcm_transport::set_dumpable(false).context("marking the node not dumpable")?;
+    }
+    let joining = kvcm::pool::Joining {
+        storage: args.storage,
         tls,
-    )?;
+        api_key: args.api_key,
+    };
+    let node =
+        kvcm::pool::PoolNode::start(args.size, args.listen, args.servers, args.node_id, joining)?;
     tracing::info!(
         "pool node: {} bytes, queue pairs on {}",
         args.size,

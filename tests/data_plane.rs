@@ -565,3 +565,150 @@ fn device_blocks_round_trip_through_the_staging_ring_to_the_pool_and_to_files() 
     let got = get_checked(&mut engine, &[7777]);
     assert_eq!(got, vec![GetOutcome::Miss(None)], "nothing was committed");
 }
+
+/// `kvcm.auth.meta = required` with an admin token.
+const ROOT: &str = "root-token";
+
+/// A new key of a new account `user` with `role` (on `instances`): its text.
+async fn key_of(server: &TestServer, user: &str, role: &str, instances: &[&str]) -> String {
+    let account = json!({"user_name": user, "password": "pw", "role": role});
+    let (status, answer) = server
+        .post_as("admin_http", "/api/addAccount", &account, Some(ROOT))
+        .await;
+    assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+    let body = json!({"user_name": user, "instance_ids": instances, "expires_at_ms": 0});
+    let (status, answer) = server
+        .post_as("admin_http", "/api/createApiKey", &body, Some(ROOT))
+        .await;
+    assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+    answer["api_key"].as_str().expect("api_key").to_string()
+}
+
+/// A raw hello to the pool node at `endpoint`; whether the node answered an endpoint.
+fn pool_hello_admitted(endpoint: &str, hello: &[u8]) -> bool {
+    use kvcm_transport::soft::{SoftConfig, SoftDomain};
+    use kvcm_transport::{Domain, QpConfig, QueuePair};
+    use std::io::Write;
+    let domain = SoftDomain::open(SoftConfig::default()).expect("domain");
+    let cq = domain.create_cq().expect("cq");
+    let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
+    let mut stream = std::net::TcpStream::connect(endpoint).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    stream.write_all(hello).expect("hello");
+    kvcm_transport::exchange_endpoints(&mut stream, &qp.endpoint()).is_ok()
+}
+
+#[test]
+fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let settings = [
+        "kvcm.service.admin_auth_token=root-token",
+        "kvcm.auth.meta=required",
+        "kvcm.pool.heartbeat_ms=100",
+    ];
+    let server = runtime.block_on(TestServer::start_with(&settings));
+    let nodes = |bearer: Option<&str>| {
+        let body = json!({ "storage": "pool_a" });
+        runtime.block_on(server.post_as("http", kvcm::pool::NODES_ROUTE, &body, bearer))
+    };
+    let (client_key, operator_key) = runtime.block_on(async {
+        let (status, answer) = server
+            .post_as(
+                "admin_http",
+                "/api/addStorage",
+                &json!({"storage": pool_storage("pool_a")}),
+                Some(ROOT),
+            )
+            .await;
+        assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+        let group = json!({"instance_group": group("gp", &["pool_a"])});
+        let (status, answer) = server
+            .post_as("admin_http", "/api/createInstanceGroup", &group, Some(ROOT))
+            .await;
+        assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+        let specs: Vec<_> = (0..SPECS)
+            .map(|i| json!({"name": format!("tp{i}"), "size": SPEC_BYTES}))
+            .collect();
+        let body = json!({"instance_group": "gp", "instance_id": "on_pool", "block_size": 16,
+                          "location_spec_infos": specs,
+                          "model_deployment": {"model_name": "m", "dtype": "FP8", "tp_size": 4}});
+        let (status, answer) = server
+            .post_as("http", "/api/registerInstance", &body, Some(ROOT))
+            .await;
+        assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+        (
+            key_of(&server, "eng", "ROLE_USER", &["on_pool"]).await,
+            key_of(&server, "ops", "ROLE_OPERATOR", &[]).await,
+        )
+    });
+    // Membership: a join without a credential, or with a client's key, is refused.
+    let join = json!({"storage": "pool_a", "node_id": "rogue", "endpoint": "127.0.0.1:9", "capacity": 1 << 20});
+    for (bearer, status) in [(None, 401), (Some(client_key.as_str()), 403)] {
+        let (got, answer) =
+            runtime.block_on(server.post_as("http", kvcm::pool::JOIN_ROUTE, &join, bearer));
+        assert_eq!(got, status, "join with {bearer:?}: {answer}");
+    }
+    // A node with the operator's key joins; the directory needs a credential and lists it
+    // with a ticket.
+    let _node = runtime.block_on(PoolProcess::start_with(
+        &server,
+        "pool_a",
+        "node-1",
+        "4M",
+        &["--api-key", &operator_key],
+    ));
+    let listed = common::wait_until_blocking(Duration::from_secs(10), || {
+        let (status, answer) = nodes(Some(&client_key));
+        assert_eq!(status, 200, "{answer}");
+        answer["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["live"] == true).cloned())
+    })
+    .expect("the node joined with the operator's key");
+    assert_eq!(nodes(None).0, 401, "the directory without a credential");
+    let endpoint = listed["endpoint"].as_str().expect("endpoint").to_string();
+    let ticket: kvcm::pool::ticket::Ticket =
+        kvcm::hex::decode(listed["ticket"].as_str().expect("a ticket")).expect("ticket hex");
+    // The node's listener: no ticket, a forged one, then the directory's.
+    let hello = |magic: &[u8], ticket: Option<&[u8]>| {
+        let mut bytes = magic.to_vec();
+        bytes.push(0);
+        bytes.extend_from_slice(ticket.unwrap_or_default());
+        bytes
+    };
+    let mut forged = ticket;
+    forged[20] ^= 1;
+    assert!(
+        !pool_hello_admitted(&endpoint, &hello(b"KVPL", None)),
+        "no ticket"
+    );
+    assert!(
+        !pool_hello_admitted(&endpoint, &hello(b"KVP2", Some(&forged))),
+        "a forged ticket"
+    );
+    assert!(
+        pool_hello_admitted(&endpoint, &hello(b"KVP2", Some(&ticket))),
+        "the directory's ticket"
+    );
+    // And the engine, with the client's key, moves bytes through the node.
+    let client = ClientConfig {
+        servers: vec![ServerAddress {
+            grpc: format!("http://{}", server.address("grpc")),
+            http: server.address("http"),
+        }],
+        instance_id: "on_pool".into(),
+        wire: Some(Wire::Tcp),
+        api_key: Some(client_key),
+        tls: None,
+    };
+    let mut engine = TransferEngine::connect(client, TransferConfig::default()).expect("engine");
+    let keys = [1, 2, 3];
+    for outcome in put(&mut engine, &keys) {
+        assert!(matches!(outcome, PutOutcome::Written(_)), "{outcome:?}");
+    }
+    for outcome in get_checked(&mut engine, &keys) {
+        assert!(matches!(outcome, GetOutcome::Hit(_)), "{outcome:?}");
+    }
+}

@@ -103,19 +103,12 @@ impl Grants {
 
 /// A token as text (lower-case hex), as the bootstrap answers it.
 pub fn token_hex(token: &Token) -> String {
-    token.iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::encode(token)
 }
 
 /// The inverse of [`token_hex`]; `None` for anything else.
 pub fn parse_token(text: &str) -> Option<Token> {
-    if text.len() != 2 * TOKEN_LEN || !text.is_ascii() {
-        return None;
-    }
-    let mut token = [0u8; TOKEN_LEN];
-    for (at, byte) in token.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[2 * at..2 * at + 2], 16).ok()?;
-    }
-    Some(token)
+    crate::hex::decode(text)
 }
 
 #[cfg(test)]

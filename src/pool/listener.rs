@@ -1,5 +1,7 @@
 //! The pool node's queue-pair listener: a client opens a TCP connection, sends
-//! [`HELLO`] and one wire-index byte, both sides exchange queue-pair endpoints
+//! [`HELLO`] and one wire-index byte — or [`HELLO_TICKET`], the wire byte and a ticket,
+//! which the node demands when its server does (`super::ticket`; a hello without a valid
+//! ticket is then closed before any endpoint is sent) —, both sides exchange queue-pair endpoints
 //! ([`kvcm_transport::exchange_endpoints`]), and the node sends the [`RegionInfo`] of that
 //! wire. From then on the node's soft NIC serves the client's READs and WRITEs; no node
 //! thread runs per transfer.
@@ -17,10 +19,13 @@ use kvcm_transport::soft::SoftQp;
 use kvcm_transport::{exchange_endpoints, QpState, QueuePair};
 
 use super::region::PoolRegion;
+use super::ticket::TICKET_LEN;
 use super::PoolError;
 
-/// First bytes of a connection request.
+/// First bytes of a connection request without a ticket.
 pub const HELLO: &[u8; 4] = b"KVPL";
+/// First bytes of a connection request with a ticket (`super::ticket`) after the wire byte.
+pub const HELLO_TICKET: &[u8; 4] = b"KVP2";
 /// How long a connecting client may take.
 const DEADLINE: Duration = Duration::from_secs(2);
 /// Most connections being set up at once.
@@ -93,9 +98,16 @@ fn connect(mut stream: TcpStream, region: &PoolRegion, peers: &Peers) -> Result<
     let _ = stream.set_nodelay(true);
     let mut hello = [0u8; 5];
     stream.read_exact(&mut hello).map_err(io)?;
-    if &hello[..4] != HELLO {
-        return Err(PoolError::Config("not a pool hello".into()));
-    }
+    let ticket = match &hello[..4] {
+        magic if magic == HELLO => None,
+        magic if magic == HELLO_TICKET => {
+            let mut ticket = [0u8; TICKET_LEN];
+            stream.read_exact(&mut ticket).map_err(io)?;
+            Some(ticket)
+        }
+        _ => return Err(PoolError::Refused("not a pool hello".into())),
+    };
+    region.admit(ticket.as_ref())?;
     let (qp, addr, rkey) = region.create_qp(usize::from(hello[4]))?;
     let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
     qp.connect(&remote)?;

@@ -22,21 +22,31 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 /// Pause between join attempts.
 const JOIN_RETRY: Duration = Duration::from_millis(200);
 
+/// What a node joins and how it talks to the servers.
+#[derive(Debug, Clone)]
+pub struct Joining {
+    /// The pool storage to join.
+    pub storage: String,
+    /// TLS towards the servers (when they serve it).
+    pub tls: Option<TlsClient>,
+    /// The credential (an operator's or admin's API key, or an admin token) joins and
+    /// heartbeats carry, for servers with `kvcm.auth.meta = required`.
+    pub api_key: Option<String>,
+}
+
 /// Who the node is and where it joins.
 #[derive(Debug, Clone)]
 pub struct MemberConfig {
     /// Meta HTTP addresses of the kvcm servers (tried in order).
     pub servers: Vec<SocketAddr>,
-    /// The pool storage to join.
-    pub storage: String,
     /// The node's stable id.
     pub node_id: String,
     /// Where clients connect (the listener).
     pub endpoint: String,
     /// Bytes of the region.
     pub capacity: u64,
-    /// TLS towards the servers (when they serve it).
-    pub tls: Option<TlsClient>,
+    /// The pool, TLS and credential.
+    pub joining: Joining,
 }
 
 /// Whether to stop.
@@ -103,10 +113,15 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
                 }
             }
         };
-        region.set_range_id(membership.range_id);
+        let ticket_key = membership.ticket_key.as_deref().map(crate::hex::decode);
+        if ticket_key == Some(None) {
+            note_error("the server's ticket key is not 64 hex digits: joining again".into());
+            continue;
+        }
+        region.set_incarnation(membership.range_id, ticket_key.flatten());
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
         let beat = HeartbeatRequest {
-            storage: config.storage.clone(),
+            storage: config.joining.storage.clone(),
             node_id: config.node_id.clone(),
             range_id: membership.range_id,
         };
@@ -119,8 +134,8 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
                 HEARTBEAT_ROUTE,
                 &beat,
                 REQUEST_DEADLINE,
-                None,
-                config.tls.as_ref(),
+                config.joining.api_key.as_deref(),
+                config.joining.tls.as_ref(),
             ) {
                 Ok(_) => {}
                 Err(PostError::Status { status: 404, .. }) => break, // forgotten: join again
@@ -136,14 +151,17 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
 /// One join attempt on the current server; moves to the next on failure.
 fn join(config: &MemberConfig, server: &mut usize) -> Result<JoinAnswer, String> {
     let request = JoinRequest {
-        storage: config.storage.clone(),
+        storage: config.joining.storage.clone(),
         node_id: config.node_id.clone(),
         endpoint: config.endpoint.clone(),
         capacity: config.capacity,
     };
     let address = config.servers[*server];
-    let tls = config.tls.as_ref();
-    post_json_with(address, JOIN_ROUTE, &request, REQUEST_DEADLINE, None, tls).map_err(|error| {
+    let (tls, key) = (
+        config.joining.tls.as_ref(),
+        config.joining.api_key.as_deref(),
+    );
+    post_json_with(address, JOIN_ROUTE, &request, REQUEST_DEADLINE, key, tls).map_err(|error| {
         *server = (*server + 1) % config.servers.len();
         format!("join at {address}: {error}")
     })

@@ -18,11 +18,11 @@ pub mod listener;
 pub mod member;
 pub mod region;
 pub mod routes;
+pub use member::Joining;
+pub mod ticket;
 
 use std::net::SocketAddr;
 use std::time::Duration;
-
-use crate::tls_client::TlsClient;
 
 pub use listener::{RegionInfo, HELLO as POOL_HELLO};
 pub use member::{Member, MemberConfig};
@@ -65,6 +65,9 @@ pub enum PoolError {
     /// A setting is unusable; the message names it.
     #[error("{0}")]
     Config(String),
+    /// A connecting client was refused (no or a bad hello or ticket).
+    #[error("pool queue pair refused: {0}")]
+    Refused(String),
 }
 
 /// Settings of the pool (`kvcm.pool.*`), for servers and nodes.
@@ -135,26 +138,24 @@ pub struct PoolNode {
 
 impl PoolNode {
     /// Allocates and registers `size` bytes, starts the listener on `listen` and joins
-    /// pool storage `storage` on one of `servers` (meta HTTP addresses; over `tls` when
-    /// given).
+    /// `membership.storage` on one of `servers` (meta HTTP addresses; over the membership's
+    /// TLS and with its credential when given).
     pub fn start(
         size: u64,
         listen: SocketAddr,
         servers: Vec<SocketAddr>,
-        storage: String,
         node_id: Option<String>,
-        tls: Option<TlsClient>,
+        membership: Joining,
     ) -> Result<PoolNode, PoolError> {
         let region = std::sync::Arc::new(PoolRegion::open(size, listen.ip())?);
         let listen_addr = listener::listen(listen, region.clone())?;
         let member = Member::start(
             MemberConfig {
                 servers,
-                storage,
                 node_id: node_id.unwrap_or_else(|| listen_addr.to_string()),
                 endpoint: listen_addr.to_string(),
                 capacity: size,
-                tls,
+                joining: membership,
             },
             region.clone(),
         )?;

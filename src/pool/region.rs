@@ -1,13 +1,16 @@
 //! A pool node's region: one memory (a memfd mapping, backed lazily page by page as
 //! blocks are written) registered for remote reads and writes on a soft-TCP and a
-//! soft-shm domain, and the node's current incarnation (`range_id`).
+//! soft-shm domain, the node's current incarnation (`range_id`) and, when its server
+//! demands tickets, the incarnation's ticket key (`super::ticket`).
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{Access, Domain, HostMemory, Memory, QpConfig, Region};
 
+use super::ticket::{self, NodeKey, Ticket};
 use super::PoolError;
 use crate::lookup::{WIRE_SOFT_SHM, WIRE_SOFT_TCP};
 
@@ -24,6 +27,8 @@ pub struct PoolRegion {
     memory: HostMemory,
     wires: Vec<WireRegion>,
     range_id: AtomicU64,
+    /// The ticket key of the current incarnation (`None`: the server demands no tickets).
+    ticket_key: Mutex<Option<NodeKey>>,
 }
 
 impl PoolRegion {
@@ -61,6 +66,7 @@ impl PoolRegion {
             memory,
             wires,
             range_id: AtomicU64::new(0),
+            ticket_key: Mutex::new(None),
         })
     }
 
@@ -79,9 +85,31 @@ impl PoolRegion {
         self.range_id.load(Ordering::Acquire)
     }
 
-    /// Records a new incarnation.
-    pub(super) fn set_range_id(&self, range_id: u64) {
+    /// Records a new incarnation and its ticket key (the key first: a hello that sees the
+    /// new incarnation checks its ticket with the new key).
+    pub(super) fn set_incarnation(&self, range_id: u64, ticket_key: Option<NodeKey>) {
+        *self
+            .ticket_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = ticket_key;
         self.range_id.store(range_id, Ordering::Release);
+    }
+
+    /// Whether a hello with `ticket` may open a queue pair: always while the server demands
+    /// no tickets; otherwise only with a ticket of this incarnation that has not expired.
+    pub(super) fn admit(&self, ticket: Option<&Ticket>) -> Result<(), PoolError> {
+        let key = *self
+            .ticket_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let refused = |why: &str| PoolError::Refused(why.to_string());
+        match (key, ticket) {
+            (None, _) => Ok(()),
+            (Some(_), None) => Err(refused("this pool node's server demands a ticket")),
+            (Some(key), Some(ticket)) => {
+                ticket::verify(&key, self.range_id(), ticket, ticket::now_ms()).map_err(refused)
+            }
+        }
     }
 
     /// A new queue pair on wire `wire` and the region's address and rkey there.

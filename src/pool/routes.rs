@@ -5,12 +5,19 @@
 //! slower than `kvcm.service.body_timeout_ms` or larger than
 //! `kvcm.service.http_max_body_bytes`) or 500. And the reaper thread that declares silent
 //! nodes dead.
+//!
+//! With `kvcm.auth.meta = required` the routes check the caller as the meta API does
+//! (`Authorization: Bearer`, or a client certificate's account): join and heartbeat need an
+//! operator or admin credential (401 none or not valid, 403 a client key), the directory
+//! any valid meta credential; a join is then answered the node's ticket key and the
+//! directory a ticket per live node (`ticket`). Off, the routes are open (as before) and
+//! no tickets exist.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::post;
@@ -21,7 +28,10 @@ use kvcm_storage::StorageError;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::service::http::{own_answer, own_refusal, read_body, HttpLimits};
+use super::ticket::{self, ServerSecret};
+use crate::service::auth::{authorize, Authenticator};
+use crate::service::http::{own_answer, own_refusal, read_body, ClientCertificate, HttpLimits};
+use crate::service::rpcs::{Access, Service};
 
 /// Join route.
 pub const JOIN_ROUTE: &str = "/kvcm/v1/poolJoin";
@@ -44,12 +54,16 @@ pub struct JoinRequest {
 }
 
 /// The join's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JoinAnswer {
     /// The new incarnation.
     pub range_id: u64,
     /// Heartbeat interval in ms.
     pub heartbeat_ms: u64,
+    /// The node's ticket key (hex), when the server demands tickets: the node then refuses
+    /// queue pairs without a valid ticket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket_key: Option<String>,
 }
 
 /// A node's heartbeat.
@@ -85,6 +99,9 @@ pub struct NodeAnswer {
     pub used: u64,
     /// Whether it heartbeats.
     pub live: bool,
+    /// A ticket (hex) for its queue-pair hello, when the server demands them (live nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
 }
 
 /// The members of a pool (live incarnations first is not promised: slot order).
@@ -103,18 +120,29 @@ impl From<PoolNodeStatus> for NodeAnswer {
             capacity: status.capacity,
             used: status.used,
             live: status.live,
+            ticket: None,
         }
     }
 }
 
 /// The membership routes, to merge into the meta HTTP router; bodies are read within
-/// `limits`.
-pub fn router(manager: Arc<Manager>, limits: HttpLimits) -> Router {
+/// `limits`, callers checked by `auth`, tickets made with `secret`.
+pub fn router(
+    manager: Arc<Manager>,
+    limits: HttpLimits,
+    auth: Authenticator,
+    secret: ServerSecret,
+) -> Router {
     Router::new()
         .route(JOIN_ROUTE, post(join))
         .route(HEARTBEAT_ROUTE, post(heartbeat))
         .route(NODES_ROUTE, post(nodes))
-        .with_state(Routes { manager, limits })
+        .with_state(Routes {
+            manager,
+            limits,
+            auth,
+            secret,
+        })
 }
 
 /// What the routes share.
@@ -122,42 +150,109 @@ pub fn router(manager: Arc<Manager>, limits: HttpLimits) -> Router {
 struct Routes {
     manager: Arc<Manager>,
     limits: HttpLimits,
+    auth: Authenticator,
+    secret: ServerSecret,
 }
 
-async fn join(State(routes): State<Routes>, body: Body) -> Response {
-    let manager = routes.manager;
-    answer(body, routes.limits, move |request: JoinRequest| {
-        let join = PoolNodeJoin {
-            node_id: request.node_id,
-            endpoint: request.endpoint,
-            capacity: request.capacity,
-        };
-        let membership = manager.pool_join(&request.storage, join)?;
-        Ok(JoinAnswer {
-            range_id: membership.range_id,
-            heartbeat_ms: membership.heartbeat.as_millis() as u64,
-        })
-    })
+impl Routes {
+    /// Whether the caller of `request` may make a call that needs `access` (always, while
+    /// meta auth is off); the refusal's status and reason otherwise. True when tickets are
+    /// in force.
+    fn admit(&self, request: &Request, access: Access) -> Result<bool, (StatusCode, String)> {
+        if !self.auth.meta_required() {
+            return Ok(false);
+        }
+        let authorization = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|value| value.as_bytes());
+        let certificate = request.extensions().get::<ClientCertificate>();
+        let caller = self
+            .auth
+            .check(
+                Service::Meta,
+                authorization,
+                certificate.map(|c| c.0.as_ref()),
+            )
+            .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
+        authorize(caller.as_ref(), access, None).map_err(|why| (StatusCode::FORBIDDEN, why))?;
+        Ok(true)
+    }
+}
+
+async fn join(State(routes): State<Routes>, request: Request) -> Response {
+    let tickets = match routes.admit(&request, Access::Operate) {
+        Ok(tickets) => tickets,
+        Err((status, why)) => return own_refusal(status, &why),
+    };
+    let (manager, secret) = (routes.manager, routes.secret);
+    answer(
+        request.into_body(),
+        routes.limits,
+        move |request: JoinRequest| {
+            let join = PoolNodeJoin {
+                node_id: request.node_id.clone(),
+                endpoint: request.endpoint,
+                capacity: request.capacity,
+            };
+            let membership = manager.pool_join(&request.storage, join)?;
+            let ticket_key = tickets.then(|| {
+                let key = secret.node_key(&request.storage, &request.node_id, membership.range_id);
+                crate::hex::encode(&key)
+            });
+            Ok(JoinAnswer {
+                range_id: membership.range_id,
+                heartbeat_ms: membership.heartbeat.as_millis() as u64,
+                ticket_key,
+            })
+        },
+    )
     .await
 }
 
-async fn heartbeat(State(routes): State<Routes>, body: Body) -> Response {
+async fn heartbeat(State(routes): State<Routes>, request: Request) -> Response {
+    if let Err((status, why)) = routes.admit(&request, Access::Operate) {
+        return own_refusal(status, &why);
+    }
     let manager = routes.manager;
-    answer(body, routes.limits, move |request: HeartbeatRequest| {
-        manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
-        Ok(serde_json::json!({}))
-    })
+    answer(
+        request.into_body(),
+        routes.limits,
+        move |request: HeartbeatRequest| {
+            manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
+            Ok(serde_json::json!({}))
+        },
+    )
     .await
 }
 
-async fn nodes(State(routes): State<Routes>, body: Body) -> Response {
-    let manager = routes.manager;
-    answer(body, routes.limits, move |request: NodesRequest| {
-        let nodes = manager.pool_nodes(&request.storage)?;
-        Ok(NodesAnswer {
-            nodes: nodes.into_iter().map(NodeAnswer::from).collect(),
-        })
-    })
+async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
+    let tickets = match routes.admit(&request, Access::Client) {
+        Ok(tickets) => tickets,
+        Err((status, why)) => return own_refusal(status, &why),
+    };
+    let (manager, secret) = (routes.manager, routes.secret);
+    answer(
+        request.into_body(),
+        routes.limits,
+        move |request: NodesRequest| {
+            let expiry = ticket::now_ms() + ticket::TICKET_TTL.as_millis() as u64;
+            let nodes = manager.pool_nodes(&request.storage)?;
+            let answer = |status: PoolNodeStatus| {
+                let ticket = (tickets && status.live).then(|| {
+                    let key = secret.node_key(&request.storage, &status.node_id, status.range_id);
+                    crate::hex::encode(&ticket::issue(&key, status.range_id, expiry))
+                });
+                NodeAnswer {
+                    ticket,
+                    ..NodeAnswer::from(status)
+                }
+            };
+            Ok(NodesAnswer {
+                nodes: nodes.into_iter().map(answer).collect(),
+            })
+        },
+    )
     .await
 }
 

@@ -158,15 +158,15 @@ const MIN_REAP: std::time::Duration = std::time::Duration::from_millis(5);
 fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNode, ServerError> {
     let listen = SocketAddr::new(config.lookup.bind, 0);
     let meta = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), http.port());
-    let node = PoolNode::start(
-        config.pool.embedded_size,
-        listen,
-        vec![meta],
-        super::DEFAULT_POOL.to_string(),
-        None,
-        None,
-    )
-    .map_err(|e| ServerError::Pool(e.to_string()))?;
+    // With `kvcm.auth.meta = required` the membership routes demand a credential: the
+    // embedded node presents the first admin token configured at start.
+    let joining = pool::Joining {
+        storage: super::DEFAULT_POOL.to_string(),
+        tls: None,
+        api_key: config.security.admin_tokens.as_slice().first().cloned(),
+    };
+    let node = PoolNode::start(config.pool.embedded_size, listen, vec![meta], None, joining)
+        .map_err(|e| ServerError::Pool(e.to_string()))?;
     tracing::info!(
         "embedded pool node: {} bytes, queue pairs on {}",
         config.pool.embedded_size,
@@ -253,7 +253,10 @@ pub async fn start(
         server.lookup = Some(service);
     }
     let manager = &handlers.core.manager;
-    meta_http = meta_http.merge(pool::routes::router(manager.clone(), limit));
+    let secret =
+        pool::ticket::ServerSecret::random().map_err(|e| ServerError::Pool(e.to_string()))?;
+    let membership = pool::routes::router(manager.clone(), limit, auth.clone(), secret);
+    meta_http = meta_http.merge(membership);
     let reap_every = std::time::Duration::from_millis(config.pool.heartbeat_ms / 2).max(MIN_REAP);
     pool::routes::start_reaper(manager, reap_every)
         .map_err(|e| ServerError::Pool(e.to_string()))?;

@@ -255,6 +255,26 @@ impl TestServer {
         http_request(self.address(listener), "POST", path, body).await
     }
 
+    /// POSTs `body` to `path` on `listener` with `Authorization: Bearer <bearer>` when
+    /// given; the status and the parsed body (`Null` when not JSON).
+    pub async fn post_as(
+        &self,
+        listener: &str,
+        path: &str,
+        body: &Value,
+        bearer: Option<&str>,
+    ) -> (u16, Value) {
+        let header = bearer.map(|b| format!("Authorization: Bearer {b}"));
+        let headers: Vec<&str> = header.iter().map(String::as_str).collect();
+        let bytes = body.to_string().into_bytes();
+        let (status, _, answer) =
+            http_exchange(self.address(listener), "POST", path, &headers, &bytes).await;
+        (
+            status,
+            serde_json::from_slice(&answer).unwrap_or(Value::Null),
+        )
+    }
+
     /// POSTs JSON to `/api/<rpc>`; asserts 200 and returns the parsed body.
     pub async fn call(&self, listener: &str, rpc: &str, body: Value) -> Value {
         let (status, bytes) = self

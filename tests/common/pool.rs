@@ -19,6 +19,17 @@ impl PoolProcess {
         node_id: &str,
         size: &str,
     ) -> PoolProcess {
+        Self::start_with(server, storage, node_id, size, &[]).await
+    }
+
+    /// [`PoolProcess::start`] with `extra` arguments.
+    pub async fn start_with(
+        server: &TestServer,
+        storage: &str,
+        node_id: &str,
+        size: &str,
+        extra: &[&str],
+    ) -> PoolProcess {
         let ready = server
             .dir
             .path()
@@ -35,6 +46,7 @@ impl PoolProcess {
             ])
             .args(["--node-id", node_id, "--server"])
             .arg(server.address("http").to_string())
+            .args(extra)
             .arg("--ready-file")
             .arg(&ready)
             .stdout(Stdio::null())

@@ -1,11 +1,13 @@
 //! Where pool nodes are: `(storage, node_id)` → the live incarnation's endpoint and range,
-//! as the server lists them (`POST /kvcm/v1/poolNodes`), cached and refreshed when a URI
-//! names a node or incarnation the cache does not have.
+//! as the server lists them (`POST /kvcm/v1/poolNodes`, with the client's API key), cached
+//! and refreshed when a URI names a node or incarnation the cache does not have, or when
+//! the node's ticket (servers with `kvcm.auth.meta = required`) is half its life old.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use kvcm::pool::ticket::{Ticket, TICKET_TTL};
 use kvcm::pool::{NodesAnswer, NodesRequest, NODES_ROUTE};
 use kvcm::tls_client::TlsClient;
 
@@ -19,6 +21,19 @@ pub(crate) struct NodePlace {
     pub endpoint: SocketAddr,
     /// Its live incarnation.
     pub range_id: u64,
+    /// The ticket its hello must carry, when the server gave one.
+    pub ticket: Option<Ticket>,
+    /// When the server listed it.
+    listed: Instant,
+}
+
+impl NodePlace {
+    /// Whether the entry may still be used: the incarnation asked, and a ticket (if any)
+    /// with at least half its life left.
+    fn fresh_for(&self, range_id: u64) -> bool {
+        self.range_id == range_id
+            && (self.ticket.is_none() || self.listed.elapsed() < TICKET_TTL / 2)
+    }
 }
 
 /// The cached directory.
@@ -26,15 +41,22 @@ pub(crate) struct NodePlace {
 pub(crate) struct Directory {
     servers: Vec<SocketAddr>,
     tls: Option<TlsClient>,
+    api_key: Option<String>,
     nodes: HashMap<(String, String), NodePlace>,
 }
 
 impl Directory {
-    /// A directory asking these meta HTTP servers (in order; over `tls` when given).
-    pub(crate) fn new(servers: Vec<SocketAddr>, tls: Option<TlsClient>) -> Self {
+    /// A directory asking these meta HTTP servers (in order; over `tls` and with `api_key`
+    /// when given).
+    pub(crate) fn new(
+        servers: Vec<SocketAddr>,
+        tls: Option<TlsClient>,
+        api_key: Option<String>,
+    ) -> Self {
         Directory {
             servers,
             tls,
+            api_key,
             nodes: HashMap::new(),
         }
     }
@@ -48,7 +70,7 @@ impl Directory {
         range_id: u64,
     ) -> Result<NodePlace, String> {
         let key = (storage.to_string(), node_id.to_string());
-        if let Some(place) = self.nodes.get(&key).filter(|p| p.range_id == range_id) {
+        if let Some(place) = self.nodes.get(&key).filter(|p| p.fresh_for(range_id)) {
             return Ok(place.clone());
         }
         self.refresh(storage)?;
@@ -71,7 +93,7 @@ impl Directory {
                 NODES_ROUTE,
                 &request,
                 DEADLINE,
-                None,
+                self.api_key.as_deref(),
                 self.tls.as_ref(),
             ) {
                 Ok(answer) => {
@@ -83,6 +105,8 @@ impl Directory {
                         let place = NodePlace {
                             endpoint,
                             range_id: node.range_id,
+                            ticket: node.ticket.as_deref().and_then(kvcm::hex::decode),
+                            listed: Instant::now(),
                         };
                         self.nodes
                             .insert((storage.to_string(), node.node_id), place);

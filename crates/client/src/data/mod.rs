@@ -283,7 +283,7 @@ impl TransferEngine {
     /// on first use).
     pub fn connect(client: ClientConfig, config: TransferConfig) -> Result<Self, ClientError> {
         let servers = client.servers.iter().map(|s| s.http).collect();
-        let directory = Directory::new(servers, client.tls.clone());
+        let directory = Directory::new(servers, client.tls.clone(), client.api_key.clone());
         Ok(TransferEngine {
             client: Client::connect(client)?,
             files: FileIo::new(config.file_io.clone()),
@@ -646,7 +646,7 @@ impl TransferEngine {
             self.links.remove(&place.endpoint);
             let link = PoolLink::connect(
                 place.endpoint,
-                self.config.pool_wire,
+                (self.config.pool_wire, place.ticket.as_ref()),
                 self.config.staging_bytes,
                 self.config.timeout,
             )?;

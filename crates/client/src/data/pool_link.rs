@@ -14,6 +14,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use kvcm::pool::ticket::Ticket;
 use kvcm::pool::{RegionInfo, POOL_HELLO};
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
@@ -52,11 +53,12 @@ pub(crate) struct PoolLink {
 }
 
 impl PoolLink {
-    /// Connects to the pool node listening at `endpoint`, speaking `wire`; `staging` bytes
-    /// of registered buffer (TCP transfers), `timeout` for the peer's answers.
+    /// Connects to the pool node listening at `endpoint`, speaking `wire` (with the
+    /// directory's `ticket` when it gave one); `staging` bytes of registered buffer (TCP
+    /// transfers), `timeout` for the peer's answers.
     pub(crate) fn connect(
         endpoint: SocketAddr,
-        wire: Wire,
+        (wire, ticket): (Wire, Option<&Ticket>),
         staging: usize,
         timeout: Duration,
     ) -> Result<PoolLink, String> {
@@ -69,8 +71,12 @@ impl PoolLink {
         let io = |e: std::io::Error| format!("pool node {endpoint}: {e}");
         let mut stream = TcpStream::connect_timeout(&endpoint, timeout).map_err(io)?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
-        let mut hello = POOL_HELLO.to_vec();
+        let mut hello = match ticket {
+            Some(_) => kvcm::pool::listener::HELLO_TICKET.to_vec(),
+            None => POOL_HELLO.to_vec(),
+        };
         hello.push(wire_index(wire) as u8);
+        hello.extend_from_slice(ticket.map_or(&[][..], |t| &t[..]));
         stream.write_all(&hello).map_err(io)?;
         let remote = exchange_endpoints(&mut stream, &qp.endpoint()).map_err(|e| e.to_string())?;
         qp.connect(&remote).map_err(|e| e.to_string())?;
