@@ -189,8 +189,11 @@ impl VerbsQp {
     fn to_rts(&self) -> Result<()> {
         let mut attr = zeroed_attr();
         attr.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        // Transport timer 4.096 µs · 2^14 ≈ 67 ms, retried `TRANSPORT_RETRIES` times: a peer
+        // that stops answering fails the outstanding requests in about half a second.
         attr.timeout = 14;
-        attr.retry_cnt = 7;
+        attr.retry_cnt = TRANSPORT_RETRIES;
+        // A responder without receive buffers (RNR NAK) is waited for indefinitely (7).
         attr.rnr_retry = 7;
         attr.sq_psn = self.psn();
         attr.max_rd_atomic = 16;
@@ -216,6 +219,13 @@ impl VerbsQp {
         }
     }
 }
+
+/// Transport-timer retries before a request fails with `RETRY_EXC_ERR`. 6, not the
+/// 3-bit maximum 7: in the InfiniBand spec only the RNR retry count gives 7 the meaning
+/// "infinite", but kernel rxe (`rxe_comp.c`, `COMPST_ERROR_RETRY`) never decrements a retry
+/// count of 7 either, so with 7 a requester whose responder vanished retransmits forever
+/// and its queue pair never breaks (docs/rxe-vm.md). 6 means 6 retries everywhere.
+const TRANSPORT_RETRIES: u8 = 6;
 
 fn zeroed_attr() -> ibv_qp_attr {
     // SAFETY: ibv_qp_attr is plain old data; all-zero is a valid value.
