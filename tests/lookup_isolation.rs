@@ -45,20 +45,7 @@ const BLANK: WorkCompletion = WorkCompletion {
 };
 
 async fn post(server: &TestServer, listener: &str, route: &str, body: Value) -> (u16, Value) {
-    let header = format!("Authorization: Bearer {ROOT}");
-    let bytes = body.to_string().into_bytes();
-    let (status, _, answer) = http_exchange(
-        server.address(listener),
-        "POST",
-        route,
-        &[header.as_str()],
-        &bytes,
-    )
-    .await;
-    (
-        status,
-        serde_json::from_slice(&answer).unwrap_or(Value::Null),
-    )
+    server.post_as(listener, route, &body, Some(ROOT)).await
 }
 
 /// A server (with `settings`) and instances [`MINE`] and [`THEIRS`].

@@ -87,15 +87,7 @@ async fn post(
     body: Value,
     bearer: Option<&str>,
 ) -> (u16, Value) {
-    let header = bearer.map(|b| format!("Authorization: Bearer {b}"));
-    let headers: Vec<&str> = header.iter().map(String::as_str).collect();
-    let bytes = body.to_string().into_bytes();
-    let (status, _, answer) =
-        http_exchange(server.address(listener), "POST", route, &headers, &bytes).await;
-    (
-        status,
-        serde_json::from_slice(&answer).unwrap_or(Value::Null),
-    )
+    server.post_as(listener, route, &body, bearer).await
 }
 
 /// An admin call with the root token that must succeed.

@@ -732,6 +732,17 @@ async fn a_pool_node_joins_a_tls_server_with_its_certificate() {
         added.map(|(s, b)| (s, json_code(&b))),
         Ok((200, "OK".into()))
     );
+    // Membership needs an operator under `kvcm.auth.meta = required`: the certificate's
+    // account is one.
+    let operator = r#"{"user_name":"pool-node","password":"pw","role":"ROLE_OPERATOR"}"#;
+    let added = secured
+        .as_root()
+        .send(admin, "POST", "/api/addAccount", operator)
+        .await;
+    assert_eq!(
+        added.map(|(s, b)| (s, json_code(&b))),
+        Ok((200, "OK".into()))
+    );
     let pool = |extra: &[&std::ffi::OsStr]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_kvcm"))
             .args([

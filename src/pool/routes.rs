@@ -181,22 +181,19 @@ impl Routes {
 }
 
 async fn join(State(routes): State<Routes>, request: Request) -> Response {
-    let tickets = match routes.admit(&request, Access::Operate) {
-        Ok(tickets) => tickets,
-        Err((status, why)) => return own_refusal(status, &why),
-    };
-    let (manager, secret) = (routes.manager, routes.secret);
-    answer(
-        request.into_body(),
-        routes.limits,
-        move |request: JoinRequest| {
+    admitted(
+        routes,
+        request,
+        Access::Operate,
+        |routes, tickets, request: JoinRequest| {
             let join = PoolNodeJoin {
                 node_id: request.node_id.clone(),
                 endpoint: request.endpoint,
                 capacity: request.capacity,
             };
-            let membership = manager.pool_join(&request.storage, join)?;
+            let membership = routes.manager.pool_join(&request.storage, join)?;
             let ticket_key = tickets.then(|| {
+                let secret = &routes.secret;
                 let key = secret.node_key(&request.storage, &request.node_id, membership.range_id);
                 crate::hex::encode(&key)
             });
@@ -211,14 +208,12 @@ async fn join(State(routes): State<Routes>, request: Request) -> Response {
 }
 
 async fn heartbeat(State(routes): State<Routes>, request: Request) -> Response {
-    if let Err((status, why)) = routes.admit(&request, Access::Operate) {
-        return own_refusal(status, &why);
-    }
-    let manager = routes.manager;
-    answer(
-        request.into_body(),
-        routes.limits,
-        move |request: HeartbeatRequest| {
+    admitted(
+        routes,
+        request,
+        Access::Operate,
+        |routes, _, request: HeartbeatRequest| {
+            let manager = &routes.manager;
             manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
             Ok(serde_json::json!({}))
         },
@@ -227,20 +222,19 @@ async fn heartbeat(State(routes): State<Routes>, request: Request) -> Response {
 }
 
 async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
-    let tickets = match routes.admit(&request, Access::Client) {
-        Ok(tickets) => tickets,
-        Err((status, why)) => return own_refusal(status, &why),
-    };
-    let (manager, secret) = (routes.manager, routes.secret);
-    answer(
-        request.into_body(),
-        routes.limits,
-        move |request: NodesRequest| {
+    admitted(
+        routes,
+        request,
+        Access::Client,
+        |routes, tickets, request: NodesRequest| {
             let expiry = ticket::now_ms() + ticket::TICKET_TTL.as_millis() as u64;
-            let nodes = manager.pool_nodes(&request.storage)?;
+            let nodes = routes.manager.pool_nodes(&request.storage)?;
             let answer = |status: PoolNodeStatus| {
                 let ticket = (tickets && status.live).then(|| {
-                    let key = secret.node_key(&request.storage, &status.node_id, status.range_id);
+                    let storage = &request.storage;
+                    let key = routes
+                        .secret
+                        .node_key(storage, &status.node_id, status.range_id);
                     crate::hex::encode(&ticket::issue(&key, status.range_id, expiry))
                 });
                 NodeAnswer {
@@ -253,6 +247,29 @@ async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
             })
         },
     )
+    .await
+}
+
+/// Checks the caller of `request` for `access` (a refusal answers at once), then answers
+/// its body with `handle`, given the routes and whether tickets are in force.
+async fn admitted<Q, A>(
+    routes: Routes,
+    request: Request,
+    access: Access,
+    handle: impl FnOnce(&Routes, bool, Q) -> Result<A, ManagerError> + Send + 'static,
+) -> Response
+where
+    Q: DeserializeOwned + Send + 'static,
+    A: Serialize + Send + 'static,
+{
+    let tickets = match routes.admit(&request, access) {
+        Ok(tickets) => tickets,
+        Err((status, why)) => return own_refusal(status, &why),
+    };
+    let limits = routes.limits;
+    answer(request.into_body(), limits, move |body| {
+        handle(&routes, tickets, body)
+    })
     .await
 }
 
