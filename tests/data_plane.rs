@@ -638,11 +638,19 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
             .post_as("http", "/api/registerInstance", &body, Some(ROOT))
             .await;
         assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+        let mut elsewhere = body.clone();
+        elsewhere["instance_group"] = json!("default");
+        elsewhere["instance_id"] = json!("on_file");
+        let (status, answer) = server
+            .post_as("http", "/api/registerInstance", &elsewhere, Some(ROOT))
+            .await;
+        assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
         (
             key_of(&server, "eng", "ROLE_USER", &["on_pool"]).await,
             key_of(&server, "ops", "ROLE_OPERATOR", &[]).await,
         )
     });
+    let other_tenant = runtime.block_on(key_of(&server, "other", "ROLE_USER", &["on_file"]));
     // Membership: a join without a credential, or with a client's key, is refused.
     let join = json!({"storage": "pool_a", "node_id": "rogue", "endpoint": "127.0.0.1:9", "capacity": 1 << 20});
     for (bearer, status) in [(None, 401), (Some(client_key.as_str()), 403)] {
@@ -668,6 +676,11 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     })
     .expect("the node joined with the operator's key");
     assert_eq!(nodes(None).0, 401, "the directory without a credential");
+    let (status, answer) = nodes(Some(&other_tenant));
+    assert_eq!(
+        status, 403,
+        "a key whose instances' groups do not use the pool: {answer}"
+    );
     let endpoint = listed["endpoint"].as_str().expect("endpoint").to_string();
     let ticket: kvcm::pool::ticket::Ticket =
         kvcm::hex::decode(listed["ticket"].as_str().expect("a ticket")).expect("ticket hex");

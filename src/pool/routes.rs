@@ -9,8 +9,9 @@
 //! With `kvcm.auth.meta = required` the routes check the caller as the meta API does
 //! (`Authorization: Bearer`, or a client certificate's account): join and heartbeat need an
 //! operator or admin credential (401 none or not valid, 403 a client key), the directory
-//! any valid meta credential; a join is then answered the node's ticket key and the
-//! directory a ticket per live node (`ticket`). Off, the routes are open (as before) and
+//! any valid meta credential — a key limited to instances only for pools their groups use
+//! (403 otherwise); a join is then answered the node's ticket key and the directory a
+//! ticket per live node (`ticket`). Off, the routes are open (as before) and
 //! no tickets exist.
 
 use std::sync::{Arc, Weak};
@@ -29,7 +30,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::ticket::{self, ServerSecret};
-use crate::service::auth::{authorize, Authenticator};
+use crate::service::auth::{authorize, Authenticator, Grant};
 use crate::service::http::{own_answer, own_refusal, read_body, ClientCertificate, HttpLimits};
 use crate::service::rpcs::{Access, Service};
 
@@ -156,11 +157,11 @@ struct Routes {
 
 impl Routes {
     /// Whether the caller of `request` may make a call that needs `access` (always, while
-    /// meta auth is off); the refusal's status and reason otherwise. True when tickets are
-    /// in force.
-    fn admit(&self, request: &Request, access: Access) -> Result<bool, (StatusCode, String)> {
+    /// meta auth is off), and what it was admitted as; the refusal's status and reason
+    /// otherwise.
+    fn admit(&self, request: &Request, access: Access) -> Result<Admission, (StatusCode, String)> {
         if !self.auth.meta_required() {
-            return Ok(false);
+            return Ok(Admission::default());
         }
         let authorization = request
             .headers()
@@ -176,7 +177,60 @@ impl Routes {
             )
             .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
         authorize(caller.as_ref(), access, None).map_err(|why| (StatusCode::FORBIDDEN, why))?;
-        Ok(true)
+        let scope = match caller.map(|c| c.grant) {
+            Some(Grant::Key { instances, .. }) if !instances.is_empty() => Some(instances),
+            _ => None,
+        };
+        Ok(Admission {
+            tickets: true,
+            scope,
+        })
+    }
+}
+
+/// What a caller was admitted as.
+#[derive(Debug, Default)]
+struct Admission {
+    /// Tickets are in force (`kvcm.auth.meta = required`).
+    tickets: bool,
+    /// The instances a key is limited to (`None`: a token, or a key on every instance).
+    scope: Option<Vec<String>>,
+}
+
+impl Admission {
+    /// Refuses a key whose instances all belong to groups that do not use pool `storage`.
+    fn may_use_pool(&self, manager: &Manager, storage: &str) -> Result<(), RouteError> {
+        let Some(instances) = &self.scope else {
+            return Ok(());
+        };
+        let uses = |id: &String| {
+            manager.instance(id).is_some_and(|instance| {
+                manager
+                    .group(instance.group())
+                    .is_ok_and(|group| group.storage_candidates.iter().any(|s| s == storage))
+            })
+        };
+        if instances.iter().any(uses) {
+            return Ok(());
+        }
+        Err(RouteError::Forbidden(format!(
+            "no instance of the key belongs to a group that uses pool {storage:?}"
+        )))
+    }
+}
+
+/// Why a membership route refused a request.
+#[derive(Debug)]
+enum RouteError {
+    /// The manager refused it.
+    Manager(ManagerError),
+    /// The caller may not see what it asked for.
+    Forbidden(String),
+}
+
+impl From<ManagerError> for RouteError {
+    fn from(error: ManagerError) -> Self {
+        RouteError::Manager(error)
     }
 }
 
@@ -185,14 +239,14 @@ async fn join(State(routes): State<Routes>, request: Request) -> Response {
         routes,
         request,
         Access::Operate,
-        |routes, tickets, request: JoinRequest| {
+        |routes, admission, request: JoinRequest| {
             let join = PoolNodeJoin {
                 node_id: request.node_id.clone(),
                 endpoint: request.endpoint,
                 capacity: request.capacity,
             };
             let membership = routes.manager.pool_join(&request.storage, join)?;
-            let ticket_key = tickets.then(|| {
+            let ticket_key = admission.tickets.then(|| {
                 let secret = &routes.secret;
                 let key = secret.node_key(&request.storage, &request.node_id, membership.range_id);
                 crate::hex::encode(&key)
@@ -226,7 +280,9 @@ async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
         routes,
         request,
         Access::Client,
-        |routes, tickets, request: NodesRequest| {
+        |routes, admission, request: NodesRequest| {
+            admission.may_use_pool(&routes.manager, &request.storage)?;
+            let tickets = admission.tickets;
             let expiry = ticket::now_ms() + ticket::TICKET_TTL.as_millis() as u64;
             let nodes = routes.manager.pool_nodes(&request.storage)?;
             let answer = |status: PoolNodeStatus| {
@@ -256,19 +312,19 @@ async fn admitted<Q, A>(
     routes: Routes,
     request: Request,
     access: Access,
-    handle: impl FnOnce(&Routes, bool, Q) -> Result<A, ManagerError> + Send + 'static,
+    handle: impl FnOnce(&Routes, &Admission, Q) -> Result<A, RouteError> + Send + 'static,
 ) -> Response
 where
     Q: DeserializeOwned + Send + 'static,
     A: Serialize + Send + 'static,
 {
-    let tickets = match routes.admit(&request, access) {
-        Ok(tickets) => tickets,
+    let admission = match routes.admit(&request, access) {
+        Ok(admission) => admission,
         Err((status, why)) => return own_refusal(status, &why),
     };
     let limits = routes.limits;
     answer(request.into_body(), limits, move |body| {
-        handle(&routes, tickets, body)
+        handle(&routes, &admission, body)
     })
     .await
 }
@@ -278,7 +334,7 @@ where
 async fn answer<Q, A>(
     body: Body,
     limits: HttpLimits,
-    handle: impl FnOnce(Q) -> Result<A, ManagerError> + Send + 'static,
+    handle: impl FnOnce(Q) -> Result<A, RouteError> + Send + 'static,
 ) -> Response
 where
     Q: DeserializeOwned + Send + 'static,
@@ -294,7 +350,8 @@ where
     };
     match tokio::task::spawn_blocking(move || handle(request)).await {
         Ok(Ok(answer)) => own_answer(StatusCode::OK, &answer),
-        Ok(Err(error)) => own_refusal(status_of(&error), &error.to_string()),
+        Ok(Err(RouteError::Manager(error))) => own_refusal(status_of(&error), &error.to_string()),
+        Ok(Err(RouteError::Forbidden(why))) => own_refusal(StatusCode::FORBIDDEN, &why),
         Err(_) => own_refusal(StatusCode::INTERNAL_SERVER_ERROR, "pool request failed"),
     }
 }
