@@ -65,6 +65,9 @@ pub const DEADLINE: Duration = Duration::from_secs(1);
 pub const MAX_PENDING: usize = 64;
 /// How long a client waits for a broker (connect, request, reply).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the broker pauses after an accept failure other than "none waiting" (say,
+/// the process ran out of descriptors), so that it does not spin on a readable listener.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 
 /// What a peer asks the broker for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -421,9 +424,13 @@ impl Server {
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                // WouldBlock: all taken; anything else (descriptors exhausted): retried
-                // when epoll next reports the listener.
-                Err(_) => return,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                // Anything else (descriptors exhausted): the listener stays readable, so
+                // back off a moment instead of spinning; retried at the next report.
+                Err(_) => {
+                    std::thread::sleep(ACCEPT_BACKOFF);
+                    return;
+                }
             };
             if stream.set_nonblocking(true).is_err() {
                 continue;
