@@ -29,7 +29,12 @@ fn routers() -> &'static [Router; 4] {
             meta_router(handlers.meta.clone(), limits),
             admin_router(handlers.admin.clone(), handlers.core.clone(), limits, None),
             debug_router(handlers.debug.clone(), limits),
-            kvcm::pool::routes::router(manager, limits),
+            kvcm::pool::routes::router(
+                manager,
+                limits,
+                kvcm::service::auth::Authenticator::new(&[]),
+                kvcm::pool::ticket::ServerSecret::random().expect("a server secret"),
+            ),
         ]
     })
 }
