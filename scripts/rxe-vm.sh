@@ -3,7 +3,15 @@
 # (rdma_rxe, device rxe0), so the `verbs` provider runs against a real verbs stack
 # (docs/rxe-vm.md, ../shared/docs/rxe-vm.md).
 #
-#   scripts/rxe-vm.sh [--timeout SECONDS] [--] COMMAND [ARGS...]
+#   scripts/rxe-vm.sh [--timeout SECONDS] [--with-perftest] [--tsc] [--] COMMAND [ARGS...]
+#
+# --with-perftest: perftest (ib_read_lat, ib_write_bw, ...) is unpacked into the cache
+# (apt-get download + dpkg-deb -x, with the libraries it needs that the host lacks) and put
+# on the guest command's PATH and LD_LIBRARY_PATH.
+# --tsc: the guest's clocksource is the TSC (`tsc=reliable clocksource=tsc`), for timing runs.
+# Under TCG the guest kernel finds its vCPUs' TSCs "unsynchronized" and falls back to the
+# HPET, which the vDSO cannot read: every clock_gettime is then a system call and an
+# emulated MMIO read, where perftest reads the TSC with rdtsc.
 #
 # The guest mounts the host's / read-only (9p) under an overlay with a tmpfs upper layer and
 # chroots into it, so host-built test executables (`cargo test --no-run`) run at their host
@@ -17,16 +25,20 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 timeout_s=600
+with_perftest=0
+kernel_args=
 while [ $# -gt 0 ]; do
     case "$1" in
         --timeout) timeout_s=$2; shift 2 ;;
+        --with-perftest) with_perftest=1; shift ;;
+        --tsc) kernel_args="$kernel_args tsc=reliable clocksource=tsc"; shift ;;
         --) shift; break ;;
         -*) echo "rxe-vm: unknown option $1" >&2; exit 2 ;;
         *) break ;;
     esac
 done
 if [ $# -eq 0 ]; then
-    echo "usage: scripts/rxe-vm.sh [--timeout SECONDS] [--] COMMAND [ARGS...]" >&2
+    echo "usage: scripts/rxe-vm.sh [--timeout SECONDS] [--with-perftest] [--tsc] [--] COMMAND [ARGS...]" >&2
     exit 2
 fi
 
@@ -64,6 +76,34 @@ vmlinuz=$(ls "$cache"/kernel/boot/vmlinuz-* | head -1)
 kver=${vmlinuz##*/vmlinuz-}
 [ -f "$cache/kernel/lib/modules/$kver/modules.dep" ] || depmod -b "$cache/kernel" "$kver"
 phase "guest kernel $kver"
+
+# 2b. perftest (only with --with-perftest): the package and those of its shared-library
+#     dependencies the host lacks (the guest runs on the host's root), unpacked into the cache.
+perftest_root="$cache/perftest"
+perftest_libs="$perftest_root/usr/lib/x86_64-linux-gnu"
+if [ "$with_perftest" = 1 ]; then
+    if [ ! -x "$perftest_root/usr/bin/ib_read_lat" ]; then
+        packages=(perftest)
+        for package in $(apt-cache depends perftest | awk '/^ *Depends: lib/ {print $2}'); do
+            dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
+                packages+=("$package")
+        done
+        download=$(mktemp -d "$cache/debs.XXXXXX")
+        (cd "$download" && chmod 777 . && apt-get download "${packages[@]}" >/dev/null 2>&1) || {
+            apt-get update -qq
+            (cd "$download" && apt-get download "${packages[@]}" >/dev/null 2>&1)
+        }
+        rm -rf "$perftest_root"
+        for deb in "$download"/*.deb; do dpkg-deb -x "$deb" "$perftest_root"; done
+        rm -rf "$download"
+        echo "rxe-vm: perftest unpacked from ${packages[*]}" >&2
+    fi
+    if LD_LIBRARY_PATH="$perftest_libs" ldd "$perftest_root/usr/bin/ib_read_lat" | grep 'not found' >&2; then
+        echo "rxe-vm: perftest lacks the libraries above" >&2
+        exit 1
+    fi
+    phase "perftest"
+fi
 
 # 3. The initramfs: static busybox, the modules, /init (rebuilt when this script changes).
 stamp=$(sha256sum "$0" | cut -c1-16)
@@ -146,7 +186,7 @@ share=$(mktemp -d "$cache/run.XXXXXX")
 trap 'rm -rf "$share"' EXIT
 vm=(qemu-system-x86_64 -m 2048 -smp 2 -nographic -no-reboot
     -kernel "$vmlinuz" -initrd "$initrd"
-    -append 'console=ttyS0 quiet panic=-1 rdinit=/init'
+    -append "console=ttyS0 quiet panic=-1 rdinit=/init$kernel_args"
     -netdev user,id=n0,restrict=on -device virtio-net-pci,netdev=n0,romfile=
     -virtfs local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap
     -virtfs "local,path=$share,mount_tag=share,security_model=none")
@@ -170,6 +210,10 @@ phase "acceleration probe ($accel)"
     env | grep -E '^(KVCM_|RUST_|CI=)' | while IFS= read -r setting; do
         echo "export $(printf '%q' "$setting")"
     done
+    if [ "$with_perftest" = 1 ]; then
+        echo "export PATH=$(printf '%q' "$perftest_root/usr/bin"):\${PATH:-/usr/sbin:/usr/bin:/sbin:/bin}"
+        echo "export LD_LIBRARY_PATH=$(printf '%q' "$perftest_libs")"
+    fi
     printf 'exec'
     printf ' %q' "$@"
     echo
