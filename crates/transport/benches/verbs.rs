@@ -469,7 +469,7 @@ fn main() {
         );
     }
     println!(
-        "context: QueuePair::state() (ibv_query_qp, called by every verbs post_send) p50 {:.2} us",
+        "context: QueuePair::state() (ibv_query_qp; posts no longer call it) p50 {:.2} us",
         median(&mut state_costs)
     );
     let clocksource =

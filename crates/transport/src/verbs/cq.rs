@@ -94,9 +94,12 @@ impl VerbsCq {
         let count =
             unsafe { ibv_poll_cq(self.inner.raw.as_ptr(), POLL_BATCH as i32, raw.as_mut_ptr()) };
         let count = count.max(0) as usize;
-        let polled: Vec<WorkCompletion> = raw[..count].iter().map(convert).collect();
-        self.inner.ledgers.complete(&polled);
-        into.extend(polled);
+        if count == 0 {
+            return 0;
+        }
+        let start = into.len();
+        into.extend(raw[..count].iter().map(convert));
+        self.inner.ledgers.complete(into.range(start..));
         count
     }
 

@@ -6,10 +6,12 @@
 //! Sends: a signaled request's completion retires it and the unsignaled ones posted before
 //! it (verbs semantics); unsignaled requests after the last signaled one stay counted until
 //! a later signaled one completes. Receives: each completion retires one. An error
-//! completion breaks the queue pair (every later post is refused by its state), so the
-//! ledger then just forgets what was outstanding.
+//! completion breaks the queue pair (every later post is refused: the ledger remembers it
+//! as `broken`, which the queue pair checks instead of asking the device at every post),
+//! so the ledger then just forgets what was outstanding.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::{TransportError, WcOpcode, WcStatus, WorkCompletion};
@@ -19,6 +21,8 @@ use crate::{TransportError, WcOpcode, WcStatus, WorkCompletion};
 pub(crate) struct Ledger {
     sends: Mutex<Sends>,
     receives: Mutex<usize>,
+    /// An error completion of the queue pair was polled: it is broken for good.
+    broken: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +86,11 @@ impl Ledger {
         Ok(())
     }
 
+    /// Whether an error completion of the queue pair was polled.
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+
     /// Retires what one completion of this queue pair completed.
     fn complete(&self, completion: &WorkCompletion) {
         let receive = matches!(
@@ -89,6 +98,7 @@ impl Ledger {
             WcOpcode::Recv | WcOpcode::RecvRdmaWithImm
         );
         if completion.status != WcStatus::Success {
+            self.broken.store(true, Ordering::Release);
             *guard(&self.receives) = 0;
             *guard(&self.sends) = Sends::default();
         } else if receive {
@@ -118,7 +128,7 @@ impl Ledgers {
     }
 
     /// Counts polled completions.
-    pub fn complete(&self, completions: &[WorkCompletion]) {
+    pub fn complete<'c>(&self, completions: impl IntoIterator<Item = &'c WorkCompletion>) {
         let ledgers = guard(&self.0);
         for completion in completions {
             if let Some(ledger) = ledgers.get(&completion.qpn) {
@@ -170,7 +180,12 @@ mod tests {
             "a failed post"
         );
         ledger.post_receives(1, 2, ok).unwrap();
+        assert!(!ledger.is_broken());
         ledgers.complete(&[completion(WcOpcode::Read, WcStatus::WrFlushError)]);
+        assert!(
+            ledger.is_broken(),
+            "an error completion breaks the queue pair"
+        );
         ledger.post_sends(&[true; 4], 4, ok).unwrap();
     }
 }

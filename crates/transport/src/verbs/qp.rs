@@ -9,7 +9,8 @@ use crate::{
 };
 use rdma_sys::*;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// Where a verbs queue pair is reached: its number, port LID, GID and first PSN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,14 +78,55 @@ pub struct VerbsQp {
     port: PortInfo,
     /// Send and receive completion queues (their ledgers count this QP's completions).
     cqs: (Arc<CqInner>, Arc<CqInner>),
-    /// Outstanding work requests (the configured depths are enforced here).
+    /// Outstanding work requests (the configured depths are enforced here) and whether an
+    /// error completion broke the queue pair.
     ledger: Arc<Ledger>,
+    /// Whether `connect` reached RTS (posts check this and the ledger instead of asking
+    /// the device: an `ibv_query_qp` system call per post).
+    connected: AtomicBool,
+    /// Work-request and scatter buffers reused by every post (no allocation per post).
+    sends: Mutex<Scratch<ibv_send_wr>>,
+    receives: Mutex<Scratch<ibv_recv_wr>>,
     _pd: Arc<ProtectionDomain>,
 }
 
-// SAFETY: verbs objects are thread safe; the QP is owned and destroyed once in `Drop`.
+/// The raw work requests and scatter lists of one post, kept between posts. Their
+/// pointers (`next`, `sg_list`) are only meaningful during the post that set them, under
+/// the mutex that holds this.
+struct Scratch<T> {
+    wrs: Vec<T>,
+    sges: Vec<ibv_sge>,
+    signaled: Vec<bool>,
+}
+
+impl<T> std::fmt::Debug for Scratch<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scratch")
+            .field("wrs", &self.wrs.len())
+            .field("sges", &self.sges.len())
+            .finish()
+    }
+}
+
+impl<T> Default for Scratch<T> {
+    fn default() -> Self {
+        Scratch {
+            wrs: Vec::new(),
+            sges: Vec::new(),
+            signaled: Vec::new(),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// SAFETY: verbs objects are thread safe; the QP is owned and destroyed once in `Drop`. The
+// scratch buffers hold raw pointers only during a post, under their mutex.
 unsafe impl Send for VerbsQp {}
-// SAFETY: see `Send`; ibv_post_send / ibv_post_recv may be called concurrently.
+// SAFETY: see `Send`; ibv_post_send / ibv_post_recv may be called concurrently (each post
+// takes its scratch buffer's mutex).
 unsafe impl Sync for VerbsQp {}
 
 impl VerbsQp {
@@ -122,6 +164,9 @@ impl VerbsQp {
             port,
             cqs: (Arc::clone(&send_cq.inner), Arc::clone(&recv_cq.inner)),
             ledger: Arc::default(),
+            connected: AtomicBool::new(false),
+            sends: Mutex::default(),
+            receives: Mutex::default(),
             _pd: Arc::clone(pd),
         };
         let qpn = qp.qpn();
@@ -232,15 +277,17 @@ fn zeroed_attr() -> ibv_qp_attr {
     unsafe { std::mem::zeroed() }
 }
 
-fn raw_sges(sg_list: &[Sge]) -> Vec<ibv_sge> {
-    sg_list
-        .iter()
-        .map(|sge| ibv_sge {
+/// Fills `sges` with every element of `lists`, in order (one flat array: each work request
+/// points at its run).
+fn fill_sges<'a>(sges: &mut Vec<ibv_sge>, lists: impl Iterator<Item = &'a [Sge]>) {
+    sges.clear();
+    for sge in lists.flatten() {
+        sges.push(ibv_sge {
             addr: sge.addr,
             length: sge.len,
             lkey: sge.lkey,
-        })
-        .collect()
+        });
+    }
 }
 
 /// Fills opcode, remote address and immediate of `raw` from `op`.
@@ -346,33 +393,46 @@ impl QueuePair for VerbsQp {
         }
         let remote = VerbsAddress::decode(remote)?;
         self.to_rtr(&remote)?;
-        self.to_rts()
+        self.to_rts()?;
+        self.connected.store(true, Ordering::Release);
+        Ok(())
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         validate_send_batch(wrs, &self.config)?;
-        if self.state() != QpState::ReadyToSend {
+        if !self.connected.load(Ordering::Acquire) || self.ledger.is_broken() {
             return Err(self.refuse("post_send"));
         }
-        let mut sges: Vec<Vec<ibv_sge>> = wrs.iter().map(|wr| raw_sges(wr.sg_list)).collect();
-        // SAFETY: ibv_send_wr is plain old data; all-zero is valid (null `next`).
-        let mut raw: Vec<ibv_send_wr> = wrs.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
-        for (index, (wr, list)) in wrs.iter().zip(sges.iter_mut()).enumerate() {
-            let entry = &mut raw[index];
+        let mut scratch = lock(&self.sends);
+        let Scratch {
+            wrs: raw,
+            sges,
+            signaled,
+        } = &mut *scratch;
+        fill_sges(sges, wrs.iter().map(|wr| wr.sg_list));
+        signaled.clear();
+        signaled.extend(wrs.iter().map(|wr| wr.signaled));
+        raw.clear();
+        let mut at = 0;
+        for wr in wrs {
+            // SAFETY: ibv_send_wr is plain old data; all-zero is valid (null `next`).
+            let mut entry: ibv_send_wr = unsafe { std::mem::zeroed() };
             entry.wr_id = wr.wr_id;
-            entry.sg_list = list.as_mut_ptr();
-            entry.num_sge = list.len() as i32;
+            // `sges` is not changed again before the post: the pointer stays valid.
+            entry.sg_list = sges.as_mut_ptr().wrapping_add(at);
+            entry.num_sge = wr.sg_list.len() as i32;
+            at += wr.sg_list.len();
             entry.send_flags = if wr.signaled {
                 ibv_send_flags::IBV_SEND_SIGNALED.0
             } else {
                 0
             };
-            set_operation(entry, &wr.op);
+            set_operation(&mut entry, &wr.op);
+            raw.push(entry);
         }
-        let signaled: Vec<bool> = wrs.iter().map(|wr| wr.signaled).collect();
         self.ledger
-            .post_sends(&signaled, self.config.max_send_wr, || {
-                post_chain(&mut raw, |first, bad| {
+            .post_sends(signaled, self.config.max_send_wr, || {
+                post_chain(raw, |first, bad| {
                     // SAFETY: live QP; the chain and its scatter lists live until the call
                     // returns (verbs copies work requests into the send queue).
                     unsafe { ibv_post_send(self.raw.as_ptr(), first, bad) }
@@ -383,23 +443,27 @@ impl QueuePair for VerbsQp {
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         validate_recv_batch(wrs, &self.config)?;
-        if self.state() == QpState::Error {
+        if self.ledger.is_broken() {
             return Err(self.refuse("post_recv"));
         }
-        let mut sges: Vec<Vec<ibv_sge>> = wrs.iter().map(|wr| raw_sges(wr.sg_list)).collect();
-        let mut raw: Vec<ibv_recv_wr> = wrs
-            .iter()
-            .zip(sges.iter_mut())
-            .map(|(wr, list)| ibv_recv_wr {
+        let mut scratch = lock(&self.receives);
+        let Scratch { wrs: raw, sges, .. } = &mut *scratch;
+        fill_sges(sges, wrs.iter().map(|wr| wr.sg_list));
+        raw.clear();
+        let mut at = 0;
+        for wr in wrs {
+            raw.push(ibv_recv_wr {
                 wr_id: wr.wr_id,
                 next: std::ptr::null_mut(),
-                sg_list: list.as_mut_ptr(),
-                num_sge: list.len() as i32,
-            })
-            .collect();
+                // `sges` is not changed again before the post: the pointer stays valid.
+                sg_list: sges.as_mut_ptr().wrapping_add(at),
+                num_sge: wr.sg_list.len() as i32,
+            });
+            at += wr.sg_list.len();
+        }
         self.ledger
             .post_receives(wrs.len(), self.config.max_recv_wr, || {
-                post_chain(&mut raw, |first, bad| {
+                post_chain(raw, |first, bad| {
                     // SAFETY: as in `post_send`.
                     unsafe { ibv_post_recv(self.raw.as_ptr(), first, bad) }
                 })
