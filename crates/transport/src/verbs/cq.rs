@@ -1,4 +1,12 @@
 //! Verbs completion queue with a completion channel (the awaitable file descriptor).
+//!
+//! Invariant: the hardware queue has at least as many entries as the queue pairs using it
+//! can have outstanding (the sum of their configured depths, a queue pair counted once per
+//! queue it completes here), up to the device's largest queue (`max_cqe`): a queue pair
+//! reserves its depth when it is created, and the queue is grown (`ibv_resize_cq`) before
+//! that reservation succeeds, so it never overruns while the reservations fit the device.
+//! Beyond `max_cqe` (rxe: 32 767; hardware NICs: millions) the queue stays at the device's
+//! maximum and the application must keep fewer requests outstanding than it reserved.
 
 use super::device::DeviceContext;
 use super::ledger::Ledgers;
@@ -10,7 +18,7 @@ use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// Entries of each verbs completion queue.
+/// Entries a verbs completion queue starts with (it grows as queue pairs reserve more).
 const CQ_DEPTH: i32 = 4096;
 const POLL_BATCH: usize = 32;
 
@@ -22,7 +30,46 @@ pub(crate) struct CqInner {
     buffered: Mutex<VecDeque<WorkCompletion>>,
     /// The outstanding-request ledgers of the queue pairs completing here.
     pub(crate) ledgers: Ledgers,
+    /// Entries the queue pairs using this queue reserved.
+    reserved: Mutex<usize>,
+    /// The device's largest completion queue.
+    max_entries: usize,
     _context: Arc<DeviceContext>,
+}
+
+impl CqInner {
+    /// Reserves `entries` for a queue pair, growing the hardware queue first if needed;
+    /// refused (nothing reserved) when the device cannot grow it.
+    pub(crate) fn reserve(&self, entries: usize) -> Result<()> {
+        let mut reserved = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
+        let wanted = reserved.saturating_add(entries);
+        // SAFETY: live CQ; `cqe` is the current size (the device may round it up).
+        let capacity = unsafe { self.raw.as_ref() }.cqe.max(0) as usize;
+        if wanted > capacity && capacity < self.max_entries {
+            let size = wanted.next_power_of_two().min(self.max_entries);
+            let size = i32::try_from(size)
+                .map_err(|_| TransportError::Exhausted("completion queue entries"))?;
+            // Our own polls hold `buffered`: none runs while the queue is resized.
+            let _polls = self.buffered.lock().unwrap_or_else(PoisonError::into_inner);
+            // SAFETY: live CQ; no poll of ours runs meanwhile.
+            let rc = unsafe { ibv_resize_cq(self.raw.as_ptr(), size) };
+            if rc != 0 {
+                let why = std::io::Error::from_raw_os_error(rc);
+                return Err(TransportError::io(
+                    "grow the completion queue (ibv_resize_cq)",
+                    why,
+                ));
+            }
+        }
+        *reserved = wanted;
+        Ok(())
+    }
+
+    /// Gives back what [`CqInner::reserve`] reserved (the queue keeps its size).
+    pub(crate) fn release(&self, entries: usize) {
+        let mut reserved = self.reserved.lock().unwrap_or_else(PoisonError::into_inner);
+        *reserved = reserved.saturating_sub(entries);
+    }
 }
 
 // SAFETY: verbs objects are thread safe; pointers are owned and freed once in `Drop`.
@@ -80,6 +127,8 @@ impl VerbsCq {
             channel,
             buffered: Mutex::default(),
             ledgers: Ledgers::default(),
+            reserved: Mutex::new(0),
+            max_entries: max_cq_entries(context),
             _context: Arc::clone(context),
         };
         Ok(VerbsCq {
@@ -151,6 +200,16 @@ impl CompletionQueue for VerbsCq {
     fn event_fd(&self) -> RawFd {
         self.channel_fd()
     }
+}
+
+/// The device's largest completion queue (at least the initial size when it cannot say).
+fn max_cq_entries(context: &DeviceContext) -> usize {
+    // SAFETY: ibv_device_attr is plain old data; all-zero is valid.
+    let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: live context; `attr` is a live out-parameter.
+    let rc = unsafe { ibv_query_device(context.raw.as_ptr(), &mut attr) };
+    let max = if rc == 0 { attr.max_cqe } else { CQ_DEPTH };
+    max.max(CQ_DEPTH) as usize
 }
 
 fn convert(wc: &ibv_wc) -> WorkCompletion {

@@ -155,9 +155,20 @@ impl VerbsQp {
         init.recv_cq = recv_cq.inner.raw.as_ptr();
         init.cap = cap;
         init.qp_type = ibv_qp_type::IBV_QPT_RC;
+        // The completion queues must hold every completion this QP can have outstanding.
+        send_cq.inner.reserve(config.max_send_wr)?;
+        if let Err(error) = recv_cq.inner.reserve(config.max_recv_wr) {
+            send_cq.inner.release(config.max_send_wr);
+            return Err(error);
+        }
         // SAFETY: live PD and CQs (held below for the QP's life); `init` is initialised.
         let raw = unsafe { ibv_create_qp(pd.raw.as_ptr(), &mut init) };
-        let raw = NonNull::new(raw).ok_or_else(|| TransportError::last_os("ibv_create_qp"))?;
+        let Some(raw) = NonNull::new(raw) else {
+            let error = TransportError::last_os("ibv_create_qp");
+            send_cq.inner.release(config.max_send_wr);
+            recv_cq.inner.release(config.max_recv_wr);
+            return Err(error);
+        };
         let qp = VerbsQp {
             raw,
             config,
@@ -522,6 +533,8 @@ impl Drop for VerbsQp {
         self.cqs.1.ledgers.unregister(qpn);
         // SAFETY: created in `create`, destroyed once, before the CQs and PD it holds.
         unsafe { ibv_destroy_qp(self.raw.as_ptr()) };
+        self.cqs.0.release(self.config.max_send_wr);
+        self.cqs.1.release(self.config.max_recv_wr);
     }
 }
 
