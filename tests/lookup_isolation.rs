@@ -35,15 +35,6 @@ const THEIRS: &str = "inst-b";
 /// How long a hostile client waits for an answer.
 const WAIT: Duration = Duration::from_secs(10);
 
-const BLANK: WorkCompletion = WorkCompletion {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Recv,
-    byte_len: 0,
-    imm: None,
-    qpn: 0,
-};
-
 async fn post(server: &TestServer, listener: &str, route: &str, body: Value) -> (u16, Value) {
     server.post_as(listener, route, &body, Some(ROOT)).await
 }
@@ -168,7 +159,7 @@ impl RawQp {
     fn completion(&self) -> Option<WorkCompletion> {
         let deadline = Instant::now() + WAIT;
         while Instant::now() < deadline {
-            let mut out = [BLANK];
+            let mut out = [WorkCompletion::EMPTY];
             if self.cq.poll(&mut out) == 1 {
                 return Some(out[0]);
             }

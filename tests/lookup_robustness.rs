@@ -579,14 +579,7 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
         let mut replies = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         while replies.len() < 2 && Instant::now() < deadline {
-            let mut completions = [kvcm_transport::WorkCompletion {
-                wr_id: 0,
-                status: kvcm_transport::WcStatus::Success,
-                opcode: kvcm_transport::WcOpcode::Recv,
-                byte_len: 0,
-                imm: None,
-                qpn: 0,
-            }; 2];
+            let mut completions = [kvcm_transport::WorkCompletion::EMPTY; 2];
             let count = cq.poll(&mut completions);
             replies.extend_from_slice(&completions[..count]);
         }

@@ -24,7 +24,7 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use kvcm_transport::soft::{SoftCq, SoftDomain, SoftQp, SoftRegion};
 use kvcm_transport::{
     Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QpState, QueuePair, RecvWr,
-    Region, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Region, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 use super::grants::Grant;
@@ -336,15 +336,7 @@ struct Poller {
 impl Poller {
     fn run(mut self) {
         let mut last_work = Instant::now();
-        let blank = WorkCompletion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            byte_len: 0,
-            imm: None,
-            qpn: 0,
-        };
-        let mut completions = [blank; 32];
+        let mut completions = [WorkCompletion::EMPTY; 32];
         loop {
             let (alive, mut worked) = self.adopt_new_peers();
             if !alive {

@@ -21,16 +21,6 @@ const BATCH: usize = 512;
 /// How long a batch may take before the connection is given up.
 const DEADLINE: Duration = Duration::from_secs(2);
 
-/// An empty completion slot.
-const BLANK: WorkCompletion = WorkCompletion {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Read,
-    byte_len: 0,
-    imm: None,
-    qpn: 0,
-};
-
 /// One READ: `len` bytes at `addr` under `rkey`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Read {
@@ -140,7 +130,7 @@ impl Connection {
         let mut sent = false;
         let deadline = Instant::now() + DEADLINE;
         while reply_len.is_none() || !sent {
-            let mut completions = [BLANK; 2];
+            let mut completions = [WorkCompletion::EMPTY; 2];
             let count = self.cq.poll(&mut completions);
             for completion in &completions[..count] {
                 if completion.status != WcStatus::Success {
@@ -238,7 +228,7 @@ impl Connection {
     /// Busy-polls for the batch's one signaled completion.
     fn wait(&self) -> Result<(), FastError> {
         let deadline = Instant::now() + DEADLINE;
-        let mut completions = [BLANK; 4];
+        let mut completions = [WorkCompletion::EMPTY; 4];
         loop {
             let count = self.cq.poll(&mut completions);
             if let Some(failed) = completions[..count]

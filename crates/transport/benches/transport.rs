@@ -105,14 +105,7 @@ impl Link {
 }
 
 fn busy_poll(cq: &SoftCq) {
-    let mut out = [WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: kvcm_transport::WcOpcode::Read,
-        byte_len: 0,
-        imm: None,
-        qpn: 0,
-    }];
+    let mut out = [WorkCompletion::EMPTY];
     while cq.poll(&mut out) == 0 {
         std::thread::yield_now();
     }

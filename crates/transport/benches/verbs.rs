@@ -138,7 +138,7 @@ impl<D: Domain> Pair<D> {
 
     /// p50 and p99 of `iters` single 64-byte READs, in microseconds.
     fn read_latency(&self, iters: usize) -> (f64, f64) {
-        let mut out = [empty_completion(); 1];
+        let mut out = [WorkCompletion::EMPTY; 1];
         let mut once = || {
             self.post(false, 0, LATENCY_BYTES);
             self.wait(&mut out);
@@ -174,7 +174,7 @@ impl<D: Domain> Pair<D> {
 
     /// GB/s (10^9 bytes) of `iters` 1 MiB WRITEs with `WINDOW` outstanding.
     fn write_bandwidth(&self, iters: usize) -> f64 {
-        let mut out = [empty_completion(); WINDOW];
+        let mut out = [WorkCompletion::EMPTY; WINDOW];
         let mut run = |iters: usize| {
             let mut posted = 0;
             let mut done = 0;
@@ -198,17 +198,6 @@ impl<D: Domain> Pair<D> {
         let started = Instant::now();
         run(iters);
         (iters * BLOCK) as f64 / started.elapsed().as_secs_f64() / 1e9
-    }
-}
-
-fn empty_completion() -> WorkCompletion {
-    WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Read,
-        byte_len: 0,
-        imm: None,
-        qpn: 0,
     }
 }
 

@@ -3,7 +3,7 @@
 
 mod conformance;
 
-use conformance::{blank, pattern, Pair};
+use conformance::{pattern, Pair};
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 use kvcm_transport::{CompletionQueue, Region, SendOp, WcStatus, WorkCompletion};
 use std::os::fd::RawFd;
@@ -12,7 +12,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 async fn next_completion<C: CompletionQueue>(cq: &C, fd: &AsyncFd<RawFd>) -> WorkCompletion {
-    let mut out = [blank()];
+    let mut out = [WorkCompletion::EMPTY];
     loop {
         if cq.poll(&mut out) == 1 {
             return out[0];

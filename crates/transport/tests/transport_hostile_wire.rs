@@ -319,7 +319,7 @@ fn an_immediate_notification_on_tcp_is_refused_and_consumes_no_receive() {
     stream.write_all(&request(6, Some(9), 8, 0, 0)).unwrap();
     let (status, len) = response(&mut stream);
     assert_eq!((status, len), (4, 0), "RemoteInvalidRequest");
-    let mut out = [conformance::blank()];
+    let mut out = [kvcm_transport::WorkCompletion::EMPTY];
     assert_eq!(side.recv_cq.poll(&mut out), 0, "no receive consumed");
 }
 

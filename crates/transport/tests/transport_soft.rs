@@ -84,7 +84,7 @@ mod tcp {
     fn busy_poll(cq: &SoftCq, count: usize) -> Vec<WorkCompletion> {
         let deadline = Instant::now() + conformance::DEADLINE;
         let mut got = Vec::new();
-        let mut buf = [conformance::blank(); 8];
+        let mut buf = [kvcm_transport::WorkCompletion::EMPTY; 8];
         while got.len() < count {
             assert!(Instant::now() < deadline, "timed out polling: {got:?}");
             let n = cq.poll(&mut buf);
@@ -134,7 +134,7 @@ mod tcp {
         side.post(1, SendOp::Read(remote), &[side.sge(0, 15)]);
         let mut hello_and_request = [0u8; 16 + 40];
         peer.read_exact(&mut hello_and_request).unwrap();
-        let mut buf = [conformance::blank()];
+        let mut buf = [kvcm_transport::WorkCompletion::EMPTY];
         assert_eq!(side.send_cq.poll(&mut buf), 0, "not answered yet");
         // The last poll is over; the answer must now be taken in by the NIC thread.
         let mut response = vec![0u8; 16];
@@ -469,7 +469,7 @@ mod shm {
             })
             .collect();
         p.a.qp.post_send(&wrs).unwrap();
-        let mut buf = [conformance::blank(); 8];
+        let mut buf = [kvcm_transport::WorkCompletion::EMPTY; 8];
         let early = p.a.send_cq.poll(&mut buf);
         assert!(
             early < 8,

@@ -131,7 +131,7 @@ mod verbs {
         }
         let wanted = QPS * DEPTH;
         let mut seen = 0;
-        let mut completions = vec![conformance::blank(); 256];
+        let mut completions = vec![kvcm_transport::WorkCompletion::EMPTY; 256];
         while seen < wanted {
             assert!(
                 std::time::Instant::now() < deadline,

@@ -19,7 +19,7 @@ use kvcm::pool::{RegionInfo, POOL_HELLO};
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
-    Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Region, RemoteAddr, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 use super::wire_index;
@@ -28,16 +28,6 @@ use super::wire_index;
 const POST_BATCH: usize = 256;
 /// Most work requests of one chunk: two chunks in flight stay within the queue depth.
 const CHUNK_REQUESTS: usize = 384;
-/// An empty completion slot.
-const BLANK: WorkCompletion = WorkCompletion {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Write,
-    byte_len: 0,
-    imm: None,
-    qpn: 0,
-};
-
 /// A connected queue pair to a pool node.
 pub(crate) struct PoolLink {
     qp: SoftQp,
@@ -234,7 +224,7 @@ impl PoolLink {
     /// Waits for `count` successful completions (busy polling, then blocking on the CQ).
     fn await_completions(&self, mut count: usize) -> Result<(), String> {
         let deadline = Instant::now() + self.deadline;
-        let mut completions = [BLANK; 64];
+        let mut completions = [WorkCompletion::EMPTY; 64];
         while count > 0 {
             let got = self.cq.poll(&mut completions);
             if let Some(bad) = completions[..got]

@@ -155,6 +155,18 @@ pub struct WorkCompletion {
     pub qpn: u32,
 }
 
+impl WorkCompletion {
+    /// A blank entry, to fill the buffer [`crate::CompletionQueue::poll`] writes into.
+    pub const EMPTY: WorkCompletion = WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qpn: 0,
+    };
+}
+
 /// State of a reliable-connected queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum QpState {

@@ -816,7 +816,7 @@ pub fn expect_peer_gone<D: Domain>(
             Instant::now() < deadline,
             "outstanding requests never completed: saw {seen:?}"
         );
-        let mut buf = vec![blank(); 64];
+        let mut buf = vec![WorkCompletion::EMPTY; 64];
         a.send_cq.wait(Duration::from_millis(50)).unwrap();
         let n = a.send_cq.poll(&mut buf);
         seen.extend(

@@ -111,7 +111,7 @@ pub fn connect<Q: QueuePair>(a: &Q, b: &Q) {
 pub fn completions<C: CompletionQueue>(cq: &C, count: usize) -> Vec<WorkCompletion> {
     let deadline = Instant::now() + DEADLINE;
     let mut got = Vec::with_capacity(count);
-    let mut buf = vec![blank(); 64];
+    let mut buf = vec![WorkCompletion::EMPTY; 64];
     while got.len() < count {
         let left = deadline.saturating_duration_since(Instant::now());
         assert!(
@@ -131,20 +131,9 @@ pub fn completions<C: CompletionQueue>(cq: &C, count: usize) -> Vec<WorkCompleti
 
 /// Asserts that no completion arrives on `cq` within `quiet`.
 pub fn no_completion<C: CompletionQueue>(cq: &C, quiet: Duration) {
-    let mut buf = [blank()];
+    let mut buf = [WorkCompletion::EMPTY];
     assert!(!cq.wait(quiet).expect("cq wait"), "unexpected completion");
     assert_eq!(cq.poll(&mut buf), 0);
-}
-
-pub fn blank() -> WorkCompletion {
-    WorkCompletion {
-        wr_id: 0,
-        status: kvcm_transport::WcStatus::Success,
-        opcode: kvcm_transport::WcOpcode::Send,
-        byte_len: 0,
-        imm: None,
-        qpn: 0,
-    }
 }
 
 /// A deterministic byte pattern.
