@@ -12,7 +12,6 @@ pub mod config;
 pub mod curves;
 pub mod events;
 mod handshakes;
-pub mod hex;
 pub mod http_json;
 pub mod logs;
 pub mod lookup;

@@ -683,7 +683,8 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     );
     let endpoint = listed["endpoint"].as_str().expect("endpoint").to_string();
     let ticket: kvcm::pool::ticket::Ticket =
-        kvcm::hex::decode(listed["ticket"].as_str().expect("a ticket")).expect("ticket hex");
+        kvcm_manager::hex::decode(listed["ticket"].as_str().expect("a ticket"))
+            .expect("ticket hex");
     // The node's listener: no ticket, a forged one, then the directory's.
     let hello = |magic: &[u8], ticket: Option<&[u8]>| {
         let mut bytes = magic.to_vec();

@@ -207,6 +207,16 @@ struct Https<'a> {
 }
 
 impl Https<'_> {
+    /// POSTs `body` to `path` at `address`, which must answer 200 with code OK.
+    async fn post_ok(&self, address: SocketAddr, path: &str, body: &str) {
+        let answer = self.send(address, "POST", path, body).await;
+        assert_eq!(
+            answer.map(|(s, b)| (s, json_code(&b))),
+            Ok((200, "OK".into())),
+            "{path}"
+        );
+    }
+
     /// One HTTP/1.1 request: the status and the body, or why the exchange failed.
     async fn send(
         &self,
@@ -435,14 +445,10 @@ async fn a_client_certificate_acts_as_the_account_it_names_on_the_instances_it_n
     let (server, clients, ca) = (&secured.server, &secured.clients, &secured.server_ca);
     let admin = server.address("admin_http");
     let body = r#"{"user_name":"ops","password":"pw","role":"ROLE_OPERATOR"}"#;
-    let added = secured
+    secured
         .as_root()
-        .send(admin, "POST", "/api/addAccount", body)
+        .post_ok(admin, "/api/addAccount", body)
         .await;
-    assert_eq!(
-        added.map(|(s, b)| (s, json_code(&b))),
-        Ok((200, "OK".into()))
-    );
 
     let (engine, as_engine) = (&secured.engine, secured.as_engine());
     let http = server.address("http");
@@ -590,19 +596,14 @@ impl Secured {
             clients,
         };
         let body = r#"{"user_name":"eng","password":"pw","role":"ROLE_USER"}"#;
-        let added = secured
+        secured
             .as_root()
-            .send(
+            .post_ok(
                 secured.server.address("admin_http"),
-                "POST",
                 "/api/addAccount",
                 body,
             )
             .await;
-        assert_eq!(
-            added.map(|(s, b)| (s, json_code(&b))),
-            Ok((200, "OK".into()))
-        );
         let registration = common::registration("mine", 4).to_string();
         let http = secured.server.address("http");
         let registered = secured
@@ -724,25 +725,17 @@ async fn a_pool_node_joins_a_tls_server_with_its_certificate() {
     replace(&key, &node.key);
     let storage = r#"{"storage":{"global_unique_name":"pool_a","tair_mem_pool":{"domain":"test","timeout":100}}}"#;
     let admin = secured.server.address("admin_http");
-    let added = secured
+    secured
         .as_root()
-        .send(admin, "POST", "/api/addStorage", storage)
+        .post_ok(admin, "/api/addStorage", storage)
         .await;
-    assert_eq!(
-        added.map(|(s, b)| (s, json_code(&b))),
-        Ok((200, "OK".into()))
-    );
     // Membership needs an operator under `kvcm.auth.meta = required`: the certificate's
     // account is one.
     let operator = r#"{"user_name":"pool-node","password":"pw","role":"ROLE_OPERATOR"}"#;
-    let added = secured
+    secured
         .as_root()
-        .send(admin, "POST", "/api/addAccount", operator)
+        .post_ok(admin, "/api/addAccount", operator)
         .await;
-    assert_eq!(
-        added.map(|(s, b)| (s, json_code(&b))),
-        Ok((200, "OK".into()))
-    );
     let pool = |extra: &[&std::ffi::OsStr]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_kvcm"))
             .args([
@@ -832,18 +825,9 @@ async fn without_client_identity_a_certificate_is_no_credential() {
         identity: Some(&engine),
         bearer: Some(ROOT),
     };
-    let added = as_root
-        .send(
-            server.address("admin_http"),
-            "POST",
-            "/api/addAccount",
-            body,
-        )
+    as_root
+        .post_ok(server.address("admin_http"), "/api/addAccount", body)
         .await;
-    assert_eq!(
-        added.map(|(s, b)| (s, json_code(&b))),
-        Ok((200, "OK".into()))
-    );
     let as_engine = Https {
         bearer: None,
         ..as_root

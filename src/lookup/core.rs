@@ -50,7 +50,7 @@ const PARK: Duration = Duration::from_millis(250);
 pub(super) type PeerKey = (usize, u32);
 
 /// The grant of every peer the polling thread holds.
-type Bindings = Arc<Mutex<HashMap<PeerKey, Grant>>>;
+type Bindings = Arc<Mutex<HashMap<PeerKey, Arc<Grant>>>>;
 
 /// A connected peer's queue pair and buffers, owned by the polling thread.
 pub(super) struct Peer {
@@ -137,7 +137,7 @@ impl CoreHandle {
             instance: grant.instance_id.clone(),
         };
         let key = (wire, peer.qp.qpn());
-        lock(&self.bindings).insert(key, grant);
+        lock(&self.bindings).insert(key, Arc::new(grant));
         if self.new_peers.send((wire, peer)).is_err() {
             lock(&self.bindings).remove(&key);
             return Err(LookupError::NoWire);
@@ -147,10 +147,10 @@ impl CoreHandle {
     }
 
     /// Every connected peer and its grant.
-    pub(super) fn bound(&self) -> Vec<(PeerKey, Grant)> {
+    pub(super) fn bound(&self) -> Vec<(PeerKey, Arc<Grant>)> {
         lock(&self.bindings)
             .iter()
-            .map(|(key, grant)| (*key, grant.clone()))
+            .map(|(key, grant)| (*key, Arc::clone(grant)))
             .collect()
     }
 
@@ -169,7 +169,7 @@ impl CoreHandle {
     }
 }
 
-fn lock(bindings: &Bindings) -> std::sync::MutexGuard<'_, HashMap<PeerKey, Grant>> {
+fn lock(bindings: &Bindings) -> std::sync::MutexGuard<'_, HashMap<PeerKey, Arc<Grant>>> {
     bindings.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

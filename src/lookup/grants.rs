@@ -103,12 +103,12 @@ impl Grants {
 
 /// A token as text (lower-case hex), as the bootstrap answers it.
 pub fn token_hex(token: &Token) -> String {
-    crate::hex::encode(token)
+    kvcm_manager::hex::encode(token)
 }
 
 /// The inverse of [`token_hex`]; `None` for anything else.
 pub fn parse_token(text: &str) -> Option<Token> {
-    crate::hex::decode(text)
+    kvcm_manager::hex::decode(text)
 }
 
 #[cfg(test)]

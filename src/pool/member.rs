@@ -113,7 +113,10 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
                 }
             }
         };
-        let ticket_key = membership.ticket_key.as_deref().map(crate::hex::decode);
+        let ticket_key = membership
+            .ticket_key
+            .as_deref()
+            .map(kvcm_manager::hex::decode);
         if ticket_key == Some(None) {
             note_error("the server's ticket key is not 64 hex digits: joining again".into());
             continue;

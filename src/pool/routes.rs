@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ticket::{self, ServerSecret};
 use crate::service::auth::{authorize, Authenticator, Grant};
-use crate::service::http::{own_answer, own_refusal, read_body, ClientCertificate, HttpLimits};
+use crate::service::http::{own_answer, own_refusal, read_body, HttpLimits};
 use crate::service::rpcs::{Access, Service};
 
 /// Join route.
@@ -163,18 +163,9 @@ impl Routes {
         if !self.auth.meta_required() {
             return Ok(Admission::default());
         }
-        let authorization = request
-            .headers()
-            .get(axum::http::header::AUTHORIZATION)
-            .map(|value| value.as_bytes());
-        let certificate = request.extensions().get::<ClientCertificate>();
         let caller = self
             .auth
-            .check(
-                Service::Meta,
-                authorization,
-                certificate.map(|c| c.0.as_ref()),
-            )
+            .check_request(Service::Meta, request)
             .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
         authorize(caller.as_ref(), access, None).map_err(|why| (StatusCode::FORBIDDEN, why))?;
         let scope = match caller.map(|c| c.grant) {
@@ -249,7 +240,7 @@ async fn join(State(routes): State<Routes>, request: Request) -> Response {
             let ticket_key = admission.tickets.then(|| {
                 let secret = &routes.secret;
                 let key = secret.node_key(&request.storage, &request.node_id, membership.range_id);
-                crate::hex::encode(&key)
+                kvcm_manager::hex::encode(&key)
             });
             Ok(JoinAnswer {
                 range_id: membership.range_id,
@@ -291,7 +282,7 @@ async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
                     let key = routes
                         .secret
                         .node_key(storage, &status.node_id, status.range_id);
-                    crate::hex::encode(&ticket::issue(&key, status.range_id, expiry))
+                    kvcm_manager::hex::encode(&ticket::issue(&key, status.range_id, expiry))
                 });
                 NodeAnswer {
                     ticket,

@@ -261,6 +261,21 @@ impl Authenticator {
         })
     }
 
+    /// [`Authenticator::check`] of what an HTTP request shows: its `Authorization` header
+    /// and its connection's client certificate.
+    pub fn check_request(
+        &self,
+        service: Service,
+        request: &Request,
+    ) -> Result<Option<Caller>, AuthError> {
+        let authorization = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        let certificate = request.extensions().get::<ClientCertificate>();
+        self.check(service, authorization, certificate.map(|c| c.0.as_ref()))
+    }
+
     /// As [`Authenticator::check`], for a credential presented bare (the RDMA message path's
     /// Authenticate carries no `Bearer` scheme).
     pub fn check_token(
@@ -455,13 +470,7 @@ async fn require_bearer(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let authorization = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(HeaderValue::as_bytes);
-    let certificate = request.extensions().get::<ClientCertificate>();
-    let certificate = certificate.map(|c| c.0.as_ref());
-    match guard.auth.check(guard.service, authorization, certificate) {
+    match guard.auth.check_request(guard.service, &request) {
         Ok(caller) => {
             // Routes that are no RPC (`/metrics`, `/api/healthy`, capacity curves) read the
             // admin plane: a ROLE_USER key may not, whichever route it asks.

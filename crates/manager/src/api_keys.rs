@@ -86,11 +86,6 @@ pub enum KeyRefusal {
     Expired,
 }
 
-/// Lower-case hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn digest_of(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
 }
@@ -162,7 +157,7 @@ impl Manager {
             )));
         };
         check_new_key(&request, account.role, now)?;
-        let secret = hex(&random_bytes::<32>()?);
+        let secret = crate::hex::encode(&random_bytes::<32>()?);
         let mut keys = write_lock(&self.api_keys);
         if keys.len() >= MAX_API_KEYS {
             return Err(ManagerError::Capacity(format!(
@@ -170,7 +165,7 @@ impl Manager {
             )));
         }
         let id = loop {
-            let id = hex(&random_bytes::<8>()?);
+            let id = crate::hex::encode(&random_bytes::<8>()?);
             if !keys.contains_key(&id) {
                 break id;
             }
@@ -297,7 +292,7 @@ mod tests {
         assert!(!digests_equal(&a, &b));
         // SHA-256("abc"), FIPS 180-2 appendix B.1.
         assert_eq!(
-            hex(&digest_of("abc")),
+            crate::hex::encode(&digest_of("abc")),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
     }

@@ -40,6 +40,7 @@ pub mod feed;
 pub mod fuzzing;
 pub mod group_config;
 mod groups;
+pub mod hex;
 mod incarnations;
 mod instance;
 mod journal;

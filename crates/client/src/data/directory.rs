@@ -105,7 +105,7 @@ impl Directory {
                         let place = NodePlace {
                             endpoint,
                             range_id: node.range_id,
-                            ticket: node.ticket.as_deref().and_then(kvcm::hex::decode),
+                            ticket: node.ticket.as_deref().and_then(kvcm_manager::hex::decode),
                             listed: Instant::now(),
                         };
                         self.nodes

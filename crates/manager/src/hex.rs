@@ -1,4 +1,5 @@
-//! Lower-case hex text of fixed-size secrets (queue-pair tokens, pool keys and tickets).
+//! Lower-case hex text of secrets and digests (API key ids and secrets; the server's
+//! queue-pair tokens, pool keys and tickets).
 
 /// `bytes` as lower-case hex.
 pub fn encode(bytes: &[u8]) -> String {
