@@ -8,6 +8,13 @@
 //! `cargo bench --bench journal` (`KVCM_BENCH_WRITES` sets the writes per case, default 2000).
 //! Targets (issue 10): one writer's acknowledged call p50 ≤ 1.2× one bare fdatasync; 8
 //! writers with `always` reach ≥ 4× the bare loop's records per second (group commit).
+//!
+//! Then the same calls on the shared store (`kvcm.registry_storage.uri=redis://…`, a private
+//! `redis-server` with `appendfsync always`), beside their floor on that server: one `HSET`
+//! of a value of the same size per round trip.
+
+#[path = "../crates/index/tests/redis_support/mod.rs"]
+mod redis_support;
 
 use std::io::Write;
 use std::path::Path;
@@ -39,12 +46,25 @@ impl Run {
     }
 }
 
-fn manager(dir: &Path, fsync: FsyncPolicy) -> (Arc<Manager>, Arc<Instance>) {
+/// Where a bench manager keeps its metadata.
+#[derive(Clone, Copy)]
+enum Keeping<'a> {
+    Journal(FsyncPolicy),
+    Shared(&'a str),
+}
+
+fn manager(dir: &Path, keeping: Keeping) -> (Arc<Manager>, Arc<Instance>) {
     let mut config = ServerConfig {
         data_dir: dir.to_path_buf(),
         ..ServerConfig::default()
     };
-    config.journal.fsync = fsync;
+    match keeping {
+        Keeping::Journal(fsync) => config.journal.fsync = fsync,
+        Keeping::Shared(uri) => {
+            config.journal.shared_uri = uri.to_string();
+            config.coordination_uri = uri.to_string();
+        }
+    }
     let manager = kvcm::server::embedded_manager(&config).expect("manager");
     let info = InstanceInfo {
         quota_group_name: String::new(),
@@ -69,9 +89,9 @@ fn manager(dir: &Path, fsync: FsyncPolicy) -> (Arc<Manager>, Arc<Instance>) {
 }
 
 /// `writes` one-block writes split over `writers` threads; each start and finish is one call.
-fn journaled(fsync: FsyncPolicy, writers: usize, writes: usize) -> Run {
+fn journaled(keeping: Keeping, writers: usize, writes: usize) -> Run {
     let dir = tempfile::tempdir_in(".").expect("temp dir");
-    let (manager, instance) = manager(dir.path(), fsync);
+    let (manager, instance) = manager(dir.path(), keeping);
     let before = manager.journal_stats().expect("journal");
     let began = Instant::now();
     let calls: Vec<Duration> = std::thread::scope(|scope| {
@@ -105,11 +125,61 @@ fn journaled(fsync: FsyncPolicy, writers: usize, writes: usize) -> Run {
     let wall = began.elapsed();
     let after = manager.journal_stats().expect("journal");
     let records = (after.appended - before.appended).max(1);
+    manager.leadership().resign();
     Run {
         calls,
         wall,
         mean_record_bytes: (after.log_bytes - before.log_bytes) / records,
     }
+}
+
+/// The shared store's floor: one `HSET` of `value_bytes` per round trip, `count` times.
+fn bare_hset(address: &str, value_bytes: usize, count: usize) -> Run {
+    use kvcm_index::redis::resp::{Command, Connection, Handshake};
+    let mut connection =
+        Connection::open(address, Duration::from_secs(5), &Handshake::default()).expect("redis");
+    let value = vec![0x5a; value_bytes];
+    let began = Instant::now();
+    let calls = (0..count)
+        .map(|i| {
+            let mut hset = Command::new("HSET");
+            hset.arg("bench:floor").arg(i.to_le_bytes()).arg(&value);
+            let timed = Instant::now();
+            connection.call(&hset).expect("HSET");
+            timed.elapsed()
+        })
+        .collect();
+    Run {
+        calls,
+        wall: began.elapsed(),
+        mean_record_bytes: value_bytes as u64,
+    }
+}
+
+/// The shared-store cases, when `redis-server` is installed (said loudly otherwise); each
+/// case on a fresh server.
+fn shared_store(writes: usize) {
+    if !redis_support::redis_available("the shared-store cases of the journal bench") {
+        return;
+    }
+    let on_fresh_redis = |writers| {
+        let dir = tempfile::tempdir_in(".").expect("redis dir");
+        let redis = redis_support::RedisServer::start(dir.path());
+        journaled(Keeping::Shared(&redis.uri()), writers, writes)
+    };
+    let one = on_fresh_redis(1);
+    let dir = tempfile::tempdir_in(".").expect("redis dir");
+    let redis = redis_support::RedisServer::start(dir.path());
+    // A stored entry of one file-tier block is ~100 bytes.
+    let floor = bare_hset(&redis.address(), 128, writes);
+    println!(
+        "floor: HSET of 128 B on redis-server (appendfsync always), one per round trip: {:.0}/s, p50 {:.1} us, p99 {:.1} us",
+        floor.per_second(),
+        floor.percentile(0.5).as_secs_f64() * 1e6,
+        floor.percentile(0.99).as_secs_f64() * 1e6,
+    );
+    print("shared store, 1 writer", &one, &floor);
+    print("shared store, 8 writers", &on_fresh_redis(8), &floor);
 }
 
 /// The floor: append `record_bytes` and fdatasync, `count` times, one record per sync.
@@ -149,7 +219,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
-    let one_always = journaled(FsyncPolicy::Always, 1, writes);
+    let journal = |fsync| Keeping::Journal(fsync);
+    let one_always = journaled(journal(FsyncPolicy::Always), 1, writes);
     let floor = bare_fdatasync(one_always.mean_record_bytes, writes);
     println!(
         "floor: bare append of {} B + fdatasync, one record per sync: {:.0} records/s, p50 {:.1} us, p99 {:.1} us",
@@ -161,20 +232,21 @@ fn main() {
     print("always, 1 writer", &one_always, &floor);
     print(
         "always, 8 writers",
-        &journaled(FsyncPolicy::Always, 8, writes),
+        &journaled(journal(FsyncPolicy::Always), 8, writes),
         &floor,
     );
-    let every = FsyncPolicy::Every(Duration::from_millis(10));
+    let every = journal(FsyncPolicy::Every(Duration::from_millis(10)));
     print("10ms, 1 writer", &journaled(every, 1, writes), &floor);
     print("10ms, 8 writers", &journaled(every, 8, writes), &floor);
     print(
         "never, 1 writer",
-        &journaled(FsyncPolicy::Never, 1, writes),
+        &journaled(journal(FsyncPolicy::Never), 1, writes),
         &floor,
     );
     print(
         "never, 8 writers",
-        &journaled(FsyncPolicy::Never, 8, writes),
+        &journaled(journal(FsyncPolicy::Never), 8, writes),
         &floor,
     );
+    shared_store(writes);
 }

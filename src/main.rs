@@ -149,6 +149,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
+        // Listening before the manager starts: a restart asked for during start-up (a lead
+        // won and lost at once) is not lost.
+        let signals = Signals::install()?;
         let manager = kvcm::server::embedded_manager(&config)?;
         let events = kvcm::events::EventLog::from_config(&config)?;
         let access = kvcm::access_log::AccessLog::from_config(&config)?;
@@ -163,13 +166,30 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         if let Some(path) = &args.ready_file {
             server.write_ready_file(path)?;
         }
-        wait_for_signal().await?;
+        signals.wait().await;
         tracing::info!("shutting down");
         server.stop().await?;
         events.close()?;
         access.close()?;
         anyhow::Ok(())
-    })
+    })?;
+    drop(runtime);
+    if kvcm::server::restart_requested() {
+        return restart();
+    }
+    Ok(())
+}
+
+/// Runs this executable again in this process, with the same arguments (a node that lost
+/// its lead on the shared store starts over as a follower).
+fn restart() -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt;
+    let executable = std::env::current_exe().context("finding the executable to restart")?;
+    tracing::info!("restarting {}", executable.display());
+    let error = std::process::Command::new(&executable)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Err(error).with_context(|| format!("restarting {}", executable.display()))
 }
 
 fn pool(args: PoolArgs) -> anyhow::Result<()> {
@@ -207,19 +227,35 @@ fn pool(args: PoolArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the signal runtime")?;
-    runtime.block_on(wait_for_signal())?;
+    runtime.block_on(async {
+        Signals::install()?.wait().await;
+        anyhow::Ok(())
+    })?;
     tracing::info!("pool node shutting down");
     drop(node);
     Ok(())
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
+/// SIGTERM and SIGINT, caught from the moment this is built (inside the runtime).
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            terminate: signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+            interrupt: signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    /// Returns at the first of them.
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+        }
+    }
 }

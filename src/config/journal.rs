@@ -1,5 +1,7 @@
 //! The `kvcm.journal.*` keys: the write-ahead log and snapshots that make the metadata survive
-//! a crash. On by default, with `fsync = always`: an acknowledged write is on disk.
+//! a crash. On by default, with `fsync = always`: an acknowledged write is on disk. With
+//! `kvcm.registry_storage.uri=redis://…` the metadata is kept on Redis instead (the shared
+//! store), where any node that wins the lead finds it.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +23,8 @@ pub struct JournalSettings {
     pub fsync: FsyncPolicy,
     /// `kvcm.journal.snapshot_bytes`: log growth that triggers a snapshot.
     pub snapshot_bytes: u64,
+    /// `kvcm.registry_storage.uri=redis://…`: the shared store's URI ("" = the local journal).
+    pub shared_uri: String,
 }
 
 impl Default for JournalSettings {
@@ -30,6 +34,7 @@ impl Default for JournalSettings {
             dir: PathBuf::new(),
             fsync: FsyncPolicy::Always,
             snapshot_bytes: 64 << 20,
+            shared_uri: String::new(),
         }
     }
 }
@@ -44,7 +49,7 @@ pub const JOURNAL_KEYS: [&str; 5] = [
 ];
 
 /// The reference's registry location: `local://<path>` keeps the journal (registry and
-/// index) in the directory `<path>`; Redis is not built yet and is refused.
+/// index) in the directory `<path>`; `redis://…` keeps them in the shared store on Redis.
 pub const REGISTRY_URI_KEY: &str = "kvcm.registry_storage.uri";
 
 impl JournalSettings {
@@ -55,7 +60,7 @@ impl JournalSettings {
             "kvcm.journal.dir" => self.dir = PathBuf::from(value),
             "kvcm.journal.fsync" => self.fsync = parse(key, value)?,
             "kvcm.journal.snapshot_bytes" => self.snapshot_bytes = parse(key, value)?,
-            REGISTRY_URI_KEY => self.dir = registry_dir(value)?,
+            REGISTRY_URI_KEY => self.set_registry_uri(value)?,
             _ => return Err(ConfigError::UnknownKey(key.to_string())),
         }
         Ok(())
@@ -72,10 +77,41 @@ impl JournalSettings {
         Ok(())
     }
 
-    /// The manager's journal config (`None` when disabled), its directory resolved against
-    /// the data directory.
+    /// `kvcm.registry_storage.uri`: `local://<dir>` (the journal's directory) or
+    /// `redis://…` (the shared store; checked here, connected at start).
+    fn set_registry_uri(&mut self, uri: &str) -> Result<(), ConfigError> {
+        let invalid = |reason: String| ConfigError::InvalidValue {
+            key: REGISTRY_URI_KEY.into(),
+            reason,
+        };
+        match uri.split_once("://") {
+            Some(("local", path)) if !path.is_empty() => {
+                self.dir = PathBuf::from(path);
+                self.shared_uri.clear();
+            }
+            Some(("redis" | "rediss", _)) => {
+                kvcm_index::redis::parse_uri(uri).map_err(|e| invalid(e.to_string()))?;
+                self.shared_uri = uri.to_string();
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "{uri:?} is not local://<dir> or redis://…"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// The shared store's URI, when the metadata is kept on Redis.
+    pub fn shared_store(&self) -> Option<&str> {
+        (!self.shared_uri.is_empty()).then_some(self.shared_uri.as_str())
+    }
+
+    /// The manager's journal config (`None` when disabled or on the shared store), its
+    /// directory resolved against the data directory.
     pub fn journal(&self, data_dir: &Path) -> Option<JournalConfig> {
-        self.enabled.then(|| JournalConfig {
+        let local = self.enabled && self.shared_uri.is_empty();
+        local.then(|| JournalConfig {
             dir: if self.dir.as_os_str().is_empty() {
                 data_dir.join(DEFAULT_SUBDIR)
             } else {
@@ -87,27 +123,12 @@ impl JournalSettings {
     }
 }
 
-/// The journal directory a `kvcm.registry_storage.uri` names.
-fn registry_dir(uri: &str) -> Result<PathBuf, ConfigError> {
-    let invalid = |reason: String| ConfigError::InvalidValue {
-        key: REGISTRY_URI_KEY.into(),
-        reason,
-    };
-    match uri.split_once("://") {
-        Some(("local", path)) if !path.is_empty() => Ok(PathBuf::from(path)),
-        Some(("redis" | "rediss", _)) => Err(invalid(format!(
-            "{uri:?}: the Redis registry is not built yet; use local://<dir> or leave it unset"
-        ))),
-        _ => Err(invalid(format!("{uri:?} is not local://<dir>"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_registry_uri_names_the_journal_directory_or_is_refused() {
+    fn the_registry_uri_names_the_journal_directory_or_the_shared_store_or_is_refused() {
         let mut settings = JournalSettings::default();
         settings
             .set(REGISTRY_URI_KEY, "local:///var/kvcm/registry")
@@ -115,7 +136,8 @@ mod tests {
         let config = settings.journal(Path::new("/data")).unwrap();
         assert_eq!(config.dir, Path::new("/var/kvcm/registry"));
         for bad in [
-            "redis://127.0.0.1:6379",
+            "rediss://127.0.0.1:6379",
+            "redis://127.0.0.1:6379?no_such_option=1",
             "local://",
             "file:///x",
             "nonsense",
@@ -123,6 +145,14 @@ mod tests {
             let error = settings.set(REGISTRY_URI_KEY, bad).unwrap_err();
             assert!(error.to_string().contains(REGISTRY_URI_KEY), "{error}");
         }
+        settings
+            .set(REGISTRY_URI_KEY, "redis://127.0.0.1:6379")
+            .unwrap();
+        assert_eq!(settings.shared_store(), Some("redis://127.0.0.1:6379"));
+        assert!(
+            settings.journal(Path::new("/data")).is_none(),
+            "no local journal beside the shared store"
+        );
         let defaulted = JournalSettings::default()
             .journal(Path::new("/data"))
             .unwrap();

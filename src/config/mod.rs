@@ -387,7 +387,16 @@ impl ServerConfig {
             reason,
         };
         let (key, uri) = self.lock_uri();
-        LockUri::parse(uri).map_err(|error| invalid(key, error.to_string()))?;
+        let lock = LockUri::parse(uri).map_err(|error| invalid(key, error.to_string()))?;
+        if self.journal.shared_store().is_some() && matches!(lock, LockUri::Memory) {
+            return Err(invalid(
+                key,
+                "kvcm.registry_storage.uri keeps the metadata on Redis, which needs a lock every \
+                 node shares and whose fencing tokens outlive a process: set redis://… (the same \
+                 server works) or file://<dir>"
+                    .into(),
+            ));
+        }
         if self.loop_interval_ms == 0 {
             let key = "kvcm.leader_elector.loop_interval_ms";
             return Err(invalid(key, "must be positive".into()));
@@ -543,6 +552,26 @@ mod tests {
         config.set("kvcm.lookup.enabled", "false").unwrap();
         assert!(config.validate().is_ok());
         assert!(!config.lookup.enabled);
+    }
+
+    #[test]
+    fn the_shared_store_needs_a_lock_every_node_shares() {
+        let mut config = ServerConfig::default();
+        config
+            .set("kvcm.registry_storage.uri", "redis://127.0.0.1:6379")
+            .unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("kvcm.distributed_lock.uri"), "{error}");
+        assert!(error.contains("kvcm.registry_storage.uri"), "{error}");
+        config
+            .set("kvcm.coordination.uri", "redis://127.0.0.1:6379")
+            .unwrap();
+        assert!(config.validate().is_ok());
+        assert_eq!(
+            config.journal.shared_store(),
+            Some("redis://127.0.0.1:6379")
+        );
+        assert!(config.journal.journal(&config.data_dir).is_none());
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! node); a full pool passes writes to the file storage.
 //!
 //! With the journal on (the default), the manager first recovers what the data directory's
-//! journal holds; the defaults are then added only where missing.
+//! journal holds; the defaults are then added only where missing. On the shared store
+//! (`kvcm.registry_storage.uri=redis://…`) all of this happens when the node wins the lead.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -39,13 +40,77 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         limits: config.security.manager,
         allowed_roots: config.security.allowed_roots.clone(),
     })?;
-    // Each node recovers its own journal before it campaigns (nothing is shared between
-    // nodes' local journals); a node that wins then serves what it recovered.
-    if let Some(journal) = config.journal.journal(&config.data_dir) {
-        let report = manager.open_journal(journal)?;
-        report_recovery(&report);
+    match config.journal.shared_store() {
+        Some(uri) => lead_on_shared_store(config, &manager, uri)?,
+        None => {
+            // Each node recovers its own journal before it campaigns (nothing is shared
+            // between nodes' local journals); a node that wins then serves what it recovered.
+            if let Some(journal) = config.journal.journal(&config.data_dir) {
+                let report = manager.open_journal(journal)?;
+                report_recovery(&report);
+            }
+            super::election::join(config, &manager)?;
+            add_defaults(config, &manager)?;
+        }
     }
-    super::election::join(config, &manager)?;
+    Ok(manager)
+}
+
+/// On the shared store a node holds nothing until it wins the lead: the promotion hook
+/// fences older leaders out, restores what the store holds and adds the defaults where
+/// missing. A node that loses the lead holds a stale copy: it restarts
+/// ([`super::request_restart`]) and comes back as a follower.
+fn lead_on_shared_store(
+    config: &ServerConfig,
+    manager: &Arc<Manager>,
+    uri: &str,
+) -> Result<(), ServerError> {
+    let store = manager.connect_shared_store(uri)?;
+    let weak = Arc::downgrade(manager);
+    let settings = config.clone();
+    manager
+        .leadership()
+        .set_on_promote(Arc::new(move |promotion| {
+            let manager = weak
+                .upgrade()
+                .ok_or_else(|| "the manager is gone".to_string())?;
+            let promoted = manager
+                .promote_shared(&store, promotion.fencing_token)
+                .map_err(|e| e.to_string())
+                .and_then(|report| {
+                    report_recovery(&report);
+                    add_defaults(&settings, &manager).map_err(|e| e.to_string())
+                });
+            if promoted.is_err() && manager.journal_stats().is_some() {
+                // Restored, then failed: the copy in memory cannot serve as it is.
+                super::request_restart("taking over the shared store failed half-way");
+            }
+            promoted
+        }));
+    let weak = Arc::downgrade(manager);
+    manager.leadership().set_on_demote(Arc::new(move || {
+        // Leaving the process-local lock every node starts on (before `join`) drops a lead
+        // that loaded nothing; only a node that took the store over holds a stale copy. A
+        // resignation is the process stopping: nothing to restart.
+        let stale = weak.upgrade().is_some_and(|manager| {
+            manager.journal_stats().is_some() && !manager.leadership().is_resigned()
+        });
+        if stale {
+            super::request_restart(
+                "this node lost the lead; its copy of the shared store is stale",
+            );
+        }
+    }));
+    tracing::info!(
+        store = %kvcm_index::redis::redacted_uri(uri),
+        "metadata on the shared store: this node serves it once it wins the lead"
+    );
+    super::election::join(config, manager)
+}
+
+/// Adds the embedded default storage(s) and group where missing (a recovered registry may
+/// hold them already, possibly changed by an admin).
+fn add_defaults(config: &ServerConfig, manager: &Manager) -> Result<(), ServerError> {
     let root = block_root(&config.data_dir)?;
     let mut group = default_group();
     let mut storages = vec![default_storage(&root)];
@@ -56,8 +121,6 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
             cache.data_storage_strategy = admin::CachePreferStrategy::CpsPreferTairMempool as i32;
         }
     }
-    // A recovered registry already holds the defaults (possibly changed by an admin): they
-    // are only added where missing.
     let registered = manager.list_storages();
     for storage in storages {
         let name = &storage.global_unique_name;
@@ -69,7 +132,7 @@ pub fn embedded_manager(config: &ServerConfig) -> Result<Arc<Manager>, ServerErr
         let group = group_from_wire(group).map_err(ServerError::Bootstrap)?;
         manager.create_group(group)?;
     }
-    Ok(manager)
+    Ok(())
 }
 
 /// Logs what recovery restored, cut and skipped.

@@ -29,6 +29,27 @@ pub fn protect_process(security: &crate::config::SecurityConfig) -> Result<(), S
     kvcm_transport::set_dumpable(false).map_err(ServerError::Protect)
 }
 
+/// Set once a restart was asked for (see [`request_restart`]).
+static RESTART: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks the process to stop as on SIGTERM (listeners drained, logs closed) and then to start
+/// again with the same arguments (`kvcm serve` re-executes itself: same pid, fresh state).
+/// A node on the shared store does this when it loses the lead, since what it holds in
+/// memory may be stale from then on.
+pub fn request_restart(why: &str) {
+    tracing::warn!(why, "restarting the process");
+    RESTART.store(true, std::sync::atomic::Ordering::SeqCst);
+    if let Err(error) = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM) {
+        tracing::error!(%error, "raising SIGTERM for the restart; exiting at once");
+        std::process::exit(75);
+    }
+}
+
+/// Whether [`request_restart`] was called.
+pub fn restart_requested() -> bool {
+    RESTART.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Why the server could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {

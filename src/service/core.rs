@@ -12,8 +12,8 @@ use super::reply::Reply;
 use super::rpcs::{Rpc, Service};
 use crate::config::RequestLimits;
 use crate::proto::meta::ErrorCode;
-use kvcm_index::BlockKey;
-use kvcm_manager::{Instance, Manager, ManagerError, ManagerResult};
+use kvcm_index::{BlockKey, IndexError};
+use kvcm_manager::{Instance, JournalError, Manager, ManagerError, ManagerResult};
 
 /// A trace id ending in this asks for the span timings in `header.tracer_result`.
 const SPAN_TRACER_SUFFIX: &str = "__kvcm_need_span_tracer";
@@ -306,7 +306,13 @@ fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
         (ManagerError::InvalidField { .. } | ManagerError::InvalidStorage(_), _) => {
             ErrorCode::InvalidArgument
         }
-        (ManagerError::NotLeader, _) => ErrorCode::ServerNotLeader,
+        // A write refused by the shared store's fence: a newer leader took over.
+        (
+            ManagerError::NotLeader
+            | ManagerError::Index(IndexError::Fenced { .. })
+            | ManagerError::Journal(JournalError::Fenced { .. }),
+            _,
+        ) => ErrorCode::ServerNotLeader,
         (ManagerError::Capacity(_), _) => ErrorCode::ReachMaxEntityCapacity,
         // Upstream trunk (wire delta §4.4): the admin service answers these two as the meta
         // service does (2026-02: INTERNAL_ERROR).

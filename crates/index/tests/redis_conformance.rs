@@ -518,3 +518,50 @@ fn a_stale_leaders_writes_are_refused_once_a_newer_leader_wrote() {
         Err(IndexError::Fenced { token: 2 })
     ));
 }
+
+#[test]
+fn apply_raise_fence_and_drop_all_are_fenced_writes() {
+    if !redis_available("apply_raise_fence_and_drop_all") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = RedisServer::start(dir.path());
+    let namespace = fresh_namespace("apply");
+    let (old_token, new_token) = (Arc::new(AtomicU64::new(1)), Arc::new(AtomicU64::new(2)));
+    let old = open(&server.uri(), &namespace, u64::MAX).fenced_by(old_token);
+    let new = open(&server.uri(), &namespace, u64::MAX).fenced_by(new_token);
+    old.apply(&[(1, Some(10)), (2, Some(20)), (1, None), (3, Some(30))])
+        .expect("one write of puts and deletes");
+    assert_eq!(old.get(&[1, 2, 3]).unwrap(), [None, Some(20), Some(30)]);
+    assert_eq!(old.len().unwrap(), 2);
+    let page = old.scan(kvcm_index::ScanCursor::START, 10).unwrap();
+    assert_eq!(page.keys, [2, 3], "the order zset follows the hash");
+
+    new.raise_fence().expect("the new leader raises the fence");
+    let refused = old.apply(&[(4, Some(40))]).unwrap_err();
+    assert!(
+        matches!(refused, IndexError::Fenced { token: 1 }),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        old.drop_all(),
+        Err(IndexError::Fenced { token: 1 })
+    ));
+    assert!(matches!(
+        old.raise_fence(),
+        Err(IndexError::Fenced { token: 1 })
+    ));
+    assert_eq!(new.len().unwrap(), 2, "nothing refused changed");
+
+    new.drop_all().expect("the leader drops the namespace");
+    assert_eq!(new.len().unwrap(), 0);
+    assert!(new
+        .scan(kvcm_index::ScanCursor::START, 10)
+        .unwrap()
+        .keys
+        .is_empty());
+    assert!(
+        matches!(old.apply(&[(5, Some(50))]), Err(IndexError::Fenced { .. })),
+        "the fence outlives the dropped keys"
+    );
+}

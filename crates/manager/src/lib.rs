@@ -78,7 +78,9 @@ pub use error::{ManagerError, ManagerResult};
 pub use feed::{ChangeFeed, StateChange};
 pub use group_config::GroupConfig;
 pub use instance::Instance;
-pub use journal::{FsyncPolicy, JournalConfig, JournalError, JournalStats, RecoveryReport};
+pub use journal::{
+    FsyncPolicy, JournalConfig, JournalError, JournalStats, RecoveryReport, SharedStore,
+};
 pub use leader::Leadership;
 pub use local_index::local_index_factory;
 pub use publication::{Publication, ServingLocation, StorageWeights};

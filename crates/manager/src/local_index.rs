@@ -36,15 +36,16 @@ pub fn check_indexer_config(config: &IndexerConfig) -> ManagerResult<()> {
 
 /// `meta_storage_backend_config`: only `local` (the reference's `storage_uri` of a local
 /// backend, `file:///path` or empty, is accepted and unused: every instance's index is kept
-/// in the manager's journal). `redis` is refused until the manager serves indexes from Redis.
+/// in the manager's journal or shared store). `redis` is refused: the working index is always in
+/// memory, and the node's `kvcm.registry_storage.uri=redis://…` keeps every entry on Redis.
 fn check_backend(config: &IndexerConfig) -> ManagerResult<()> {
     let backend = &config.backend;
     let field = "meta_indexer_config.meta_storage_backend_config.storage_type";
     if backend.storage_type.eq_ignore_ascii_case("redis") {
         return Err(ManagerError::invalid_because(
             field,
-            "\"redis\": instance indexes on Redis are not served yet (use \"local\", kept durable \
-             by the journal)",
+            "\"redis\": the working index is in memory; use \"local\" and set the node's \
+             kvcm.registry_storage.uri=redis://... to keep every entry on Redis",
         ));
     }
     if !backend.storage_type.eq_ignore_ascii_case("local") {

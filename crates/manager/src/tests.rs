@@ -4,6 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Private `redis-server` processes for the tests (shared with the index's Redis tests).
+#[path = "../../index/tests/redis_support/mod.rs"]
+pub(crate) mod redis_support;
+
 use super::*;
 use crate::group_config::{
     CacheConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy, ReclaimPolicy,

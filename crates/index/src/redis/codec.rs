@@ -50,6 +50,21 @@ impl ValueCodec<u64> for U64Codec {
     }
 }
 
+/// Bytes as they are (for callers that encode values themselves, with context the codec
+/// cannot hold).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BytesCodec;
+
+impl ValueCodec<Vec<u8>> for BytesCodec {
+    fn encode(&self, value: &Vec<u8>) -> Vec<u8> {
+        value.clone()
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, String> {
+        Ok(bytes.to_vec())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

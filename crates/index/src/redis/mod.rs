@@ -51,8 +51,8 @@ use scripts::{Outcome, WriteBatch};
 
 pub use client::{Client, ClientError, Resend};
 pub use cluster::{crc16, tag_slot};
-pub use codec::{U64Codec, ValueCodec};
-pub use uri::{parse as parse_uri, RedisUri};
+pub use codec::{BytesCodec, U64Codec, ValueCodec};
+pub use uri::{parse as parse_uri, redacted as redacted_uri, RedisUri};
 
 /// Tries of one `read_modify_write` against concurrent writers before it gives up.
 pub const RMW_TRIES: u32 = 64;
@@ -191,6 +191,70 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
     /// The Redis keys of this index: the value HASH and the order ZSET.
     pub fn redis_keys(&self) -> [&str; 2] {
         [&self.layout.values, &self.layout.order]
+    }
+
+    /// Applies `changes` in one atomic write (one run of the write script, fenced like every
+    /// write): per key the last change wins, `Some` stores the value, `None` removes the key.
+    pub fn apply(&self, changes: &[(BlockKey, Option<V>)]) -> Result<(), IndexError> {
+        let mut last: HashMap<BlockKey, &Option<V>> = HashMap::with_capacity(changes.len());
+        for (key, change) in changes {
+            last.insert(*key, change);
+        }
+        let mut batch = WriteBatch::default();
+        for (key, change) in last {
+            let field = layout::field(key);
+            match change {
+                Some(value) => {
+                    batch.puts.push((field, self.codec.encode(value)));
+                    batch.new_members.push(field);
+                }
+                None => batch.deletes.push(field),
+            }
+        }
+        if self.max_key_count != u64::MAX {
+            batch.uncertain.clone_from(&batch.new_members);
+        }
+        self.write_unchecked(&batch).map(drop)
+    }
+
+    /// Raises the namespace's fence to this index's token without writing anything else: from
+    /// now on, writes carrying an older token are refused. An unfenced index does nothing.
+    pub fn raise_fence(&self) -> Result<(), IndexError> {
+        self.fenced_script(scripts::FENCE, &[&self.layout.fence])
+    }
+
+    /// Removes every key of the namespace (fenced like a write; the fence stays).
+    pub fn drop_all(&self) -> Result<(), IndexError> {
+        let keys = [&self.layout.fence, &self.layout.values, &self.layout.order];
+        self.fenced_script(scripts::DROP, &keys)
+    }
+
+    /// Runs `script` (`FENCE` or `DROP`) with this index's token; `Fenced` when refused.
+    fn fenced_script(&self, script: &str, keys: &[&String]) -> Result<(), IndexError> {
+        let Some(fence) = &self.fence else {
+            if script == scripts::FENCE {
+                return Ok(());
+            }
+            let mut unlink = Command::new("UNLINK");
+            unlink.arg(&self.layout.values).arg(&self.layout.order);
+            return self
+                .client
+                .call(&unlink, Resend::Never)
+                .map(drop)
+                .map_err(Into::into);
+        };
+        let token = fence.load(Ordering::Acquire);
+        let mut eval = Command::new("EVAL");
+        eval.arg(script).arg(keys.len().to_string());
+        for key in keys {
+            eval.arg(key.as_str());
+        }
+        eval.arg(token.to_string());
+        match self.client.call(&eval, Resend::Never)? {
+            Reply::Int(1) => Ok(()),
+            Reply::Status(status) if status == scripts::FENCED => Err(IndexError::Fenced { token }),
+            other => Err(unexpected("a fence script", &other)),
+        }
     }
 
     fn decode(&self, key: BlockKey, bytes: &[u8]) -> Result<V, IndexError> {

@@ -83,6 +83,28 @@ end)
 return removed
 "#;
 
+/// Raises a namespace's fence to a token, or refuses as `+FENCED` when a greater one is
+/// there. `KEYS`: the fence; `ARGV`: the token.
+pub const FENCE: &str = r#"
+if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then
+  return redis.status_reply('FENCED')
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"#;
+
+/// Removes a namespace's hash and zset (`UNLINK`: freed in the background) after the fence
+/// check of [`FENCE`], which it raises; the fence key stays. `KEYS`: fence, hash, zset;
+/// `ARGV`: the token.
+pub const DROP: &str = r#"
+if tonumber(ARGV[1]) < tonumber(redis.call('GET', KEYS[1]) or '0') then
+  return redis.status_reply('FENCED')
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('UNLINK', KEYS[2], KEYS[3])
+return 1
+"#;
+
 /// One write: the checks of a read-modify-write and the changes to apply.
 #[derive(Debug, Default)]
 pub struct WriteBatch {

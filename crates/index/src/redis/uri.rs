@@ -54,7 +54,7 @@ fn invalid(uri: &str, message: impl std::fmt::Display) -> IndexError {
 }
 
 /// The URI with any password replaced by `***`, for error messages.
-pub(crate) fn redacted(uri: &str) -> String {
+pub fn redacted(uri: &str) -> String {
     match (uri.find("://"), uri.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             let userinfo = &uri[scheme_end + 3..at];

@@ -30,6 +30,7 @@
 mod files;
 mod record;
 mod recover;
+mod shared;
 mod sink;
 mod snapshot;
 #[cfg(test)]
@@ -46,6 +47,7 @@ use kvcm_index::LogTicket;
 pub(crate) use record::nesting as record_nesting;
 pub(crate) use record::Record;
 pub use recover::RecoveryReport;
+pub use shared::SharedStore;
 pub(crate) use sink::InstanceLog;
 use writer::LogWriter;
 
@@ -132,6 +134,24 @@ pub enum JournalError {
     /// A journal thread could not start.
     #[error("starting a journal thread: {0}")]
     Thread(String),
+    /// The shared store failed or answered something unexpected (the write may or may not
+    /// have been applied when its reply was lost).
+    #[error("shared store {uri}: {reason}")]
+    Shared {
+        /// The store's URI, password masked.
+        uri: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A newer leader took over the shared store: this node's writes are refused (token 0:
+    /// this node never led).
+    #[error(
+        "fenced: a newer leader took over the shared store (this node's token {token} is stale)"
+    )]
+    Fenced {
+        /// This node's token.
+        token: u64,
+    },
 }
 
 impl JournalError {
@@ -195,9 +215,47 @@ pub struct JournalStats {
     pub failure: Option<String>,
 }
 
-/// The journal slot a manager and its instances' index logs share: empty until the journal
-/// is open (recovery writes nothing), then set once.
-pub(crate) type JournalSlot = Arc<OnceLock<Arc<Journal>>>;
+/// Where a manager's changes go once it keeps them: its journal directory, or the shared
+/// store on Redis.
+#[derive(Debug)]
+pub(crate) enum Durable {
+    /// The local journal.
+    Files(Arc<Journal>),
+    /// The shared store: each change is written before `append` returns.
+    Shared(Arc<SharedStore>),
+}
+
+/// The ticket of a change the shared store already holds.
+const STORED: LogTicket = LogTicket(0);
+
+impl Durable {
+    /// Appends (journal) or writes (shared store) one record.
+    pub(crate) fn append(&self, record: &Record) -> Result<LogTicket, JournalError> {
+        match self {
+            Durable::Files(journal) => journal.append(record),
+            Durable::Shared(store) => store.append(record).map(|()| STORED),
+        }
+    }
+
+    /// Waits until an appended record is durable.
+    pub(crate) fn wait(&self, ticket: LogTicket) -> Result<(), JournalError> {
+        match self {
+            Durable::Files(journal) => journal.wait(ticket),
+            Durable::Shared(_) => Ok(()),
+        }
+    }
+
+    fn stats(&self) -> JournalStats {
+        match self {
+            Durable::Files(journal) => journal.stats(),
+            Durable::Shared(store) => store.stats(),
+        }
+    }
+}
+
+/// The slot a manager and its instances' index logs share: empty until the journal is open
+/// or the shared store taken over (recovery writes nothing), then set once.
+pub(crate) type JournalSlot = Arc<OnceLock<Durable>>;
 
 impl Manager {
     /// Opens the journal in `config.dir`: replays what is there into this manager (which must
@@ -218,7 +276,7 @@ impl Manager {
             snapshotting: Mutex::new(()),
         });
         self.journal
-            .set(journal.clone())
+            .set(Durable::Files(journal.clone()))
             .map_err(|_| JournalError::AlreadyOpen)?;
         self.take_snapshot(&journal)?;
         snapshot::spawn_snapshotter(Arc::downgrade(self), journal)?;
@@ -227,7 +285,7 @@ impl Manager {
 
     /// The journal's counters, when one is open.
     pub fn journal_stats(&self) -> Option<JournalStats> {
-        self.journal.get().map(|journal| journal.stats())
+        self.journal.get().map(Durable::stats)
     }
 
     /// Appends a registry change (call it under the lock that orders the change in memory);

@@ -245,7 +245,7 @@ fn nested<T: Encode>(out: &mut Writer, tag: u8, value: &T) {
     out.blob(&value.encode());
 }
 
-fn write_entry(out: &mut Writer, entry: &DurableEntry) {
+pub(crate) fn write_entry(out: &mut Writer, entry: &DurableEntry) {
     out.blob(&entry.entry.encode());
     out.list(&entry.names, |out, name| {
         out.u16(name.storage.0);
@@ -255,7 +255,7 @@ fn write_entry(out: &mut Writer, entry: &DurableEntry) {
     });
 }
 
-fn read_entry(input: &mut Reader<'_>) -> Result<DurableEntry, DecodeError> {
+pub(crate) fn read_entry(input: &mut Reader<'_>) -> Result<DurableEntry, DecodeError> {
     let entry = Entry::decode(input.blob()?)?;
     let names = input.list(|input| {
         Ok(ObjectName {

@@ -139,6 +139,34 @@ impl Replay {
     }
 }
 
+impl Replay {
+    /// Gives the replayed storages handles 0, 1, … in name order and forgets every other
+    /// incarnation (a shared store's records carry handles of whichever process wrote them);
+    /// returns each storage's handle and spec.
+    pub fn renumber_storages(&mut self) -> HashMap<String, (StorageHandle, StorageConfig)> {
+        self.handles.clear();
+        let mut numbered = HashMap::with_capacity(self.storages.len());
+        for (number, (name, (handle, config))) in self.storages.iter_mut().enumerate() {
+            *handle = StorageHandle(number as u16);
+            self.handles.insert(*handle, config.clone());
+            numbered.insert(name.clone(), (*handle, config.clone()));
+        }
+        numbered
+    }
+
+    /// Ids of the replayed instances.
+    pub fn instance_ids(&self) -> Vec<String> {
+        self.instances.keys().cloned().collect()
+    }
+
+    /// Adds one entry of a replayed instance (ignored for any other).
+    pub fn insert_entry(&mut self, instance_id: &str, key: BlockKey, entry: DurableEntry) {
+        if let Some(entries) = self.entries.get_mut(instance_id) {
+            entries.insert(key, entry);
+        }
+    }
+}
+
 /// Reads the journal directory: the newest complete snapshot, then the segments from its
 /// sequence on; a damaged segment is cut at its last valid record (the file truncated there)
 /// and later segments are set aside (renamed `.discarded`), all reported.

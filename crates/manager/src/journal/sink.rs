@@ -8,7 +8,7 @@ use kvcm_index::{Change, ChangeLog, IndexError, LogTicket};
 use kvcm_storage::DurableAddress;
 
 use super::record::{DurableEntry, ObjectName, Record};
-use super::JournalSlot;
+use super::{JournalError, JournalSlot};
 use crate::entry::{Entry, Location};
 use crate::storages::Incarnations;
 
@@ -52,18 +52,22 @@ impl ChangeLog<Entry> for InstanceLog {
             instance_id: self.instance_id.to_string(),
             changes,
         };
-        journal
-            .append(&record)
-            .map_err(|e| IndexError::Backend(e.to_string()))
+        journal.append(&record).map_err(index_error)
     }
 
     fn wait_durable(&self, ticket: LogTicket) -> Result<(), IndexError> {
         match self.journal.get() {
-            Some(journal) if ticket != UNLOGGED => journal
-                .wait(ticket)
-                .map_err(|e| IndexError::Backend(e.to_string())),
+            Some(journal) if ticket != UNLOGGED => journal.wait(ticket).map_err(index_error),
             _ => Ok(()),
         }
+    }
+}
+
+/// A journal error as the index reports it (a fenced write stays recognisable as one).
+fn index_error(error: JournalError) -> IndexError {
+    match error {
+        JournalError::Fenced { token } => IndexError::Fenced { token },
+        other => IndexError::Backend(other.to_string()),
     }
 }
 

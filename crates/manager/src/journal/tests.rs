@@ -48,7 +48,7 @@ fn registered(dir: &Path) -> Arc<Manager> {
     manager
 }
 
-fn write(manager: &Manager, instance: &Arc<Instance>, keys: &[i64]) {
+pub(super) fn write(manager: &Manager, instance: &Arc<Instance>, keys: &[i64]) {
     let started = manager
         .start_write(instance, keys.to_vec(), &[], 30)
         .expect("start");
@@ -62,7 +62,7 @@ fn write(manager: &Manager, instance: &Arc<Instance>, keys: &[i64]) {
 }
 
 /// Per key: the URI it reads at, or `None`.
-fn uris(manager: &Manager, keys: &[i64]) -> Vec<Option<String>> {
+pub(super) fn uris(manager: &Manager, keys: &[i64]) -> Vec<Option<String>> {
     let instance = manager.instance("i").expect("instance i");
     let mask = BlockMask::default();
     keys.iter()
@@ -297,7 +297,7 @@ fn a_registry_record_refused_on_recovery_is_skipped_and_the_rest_serves() {
     orphan.instance_id = "orphan".into();
     orphan.instance_group_name = "no-such-group".into();
     manager.journal_log(&Record::Instance(orphan)).unwrap();
-    let journal = manager.journal.get().unwrap().clone();
+    let journal = files_journal(&manager);
     let ticket = journal.writer.append(b"\xff not a record").unwrap();
     journal.wait(ticket).unwrap();
     drop((instance, journal, manager));
@@ -326,7 +326,7 @@ fn a_disabled_storage_stays_disabled_after_a_restart_from_the_log_and_from_a_sna
     assert!(report.snapshot.is_some(), "recovered from a snapshot");
     assert!(manager.storages.disabled().is_empty(), "enabled again");
     manager.set_storage_available("s", false).unwrap();
-    let journal = manager.journal.get().unwrap().clone();
+    let journal = files_journal(&manager);
     manager.take_snapshot(&journal).unwrap();
     drop((journal, manager));
     let (manager, _) = reopen(dir.path());
@@ -342,7 +342,7 @@ fn snapshots_replace_the_log_and_recover_the_same_state() {
     for chunk in keys.chunks(100) {
         write(&manager, &instance, chunk);
     }
-    let journal = manager.journal.get().unwrap().clone();
+    let journal = files_journal(&manager);
     let sequence = manager.take_snapshot(&journal).unwrap();
     write(&manager, &instance, &[5000]);
     let listing = files::list(&dir.path().join("meta")).unwrap();
@@ -470,7 +470,7 @@ fn a_full_disk_refuses_writes_with_a_clear_error_and_reads_go_on() {
         .write(true)
         .open("/dev/full")
         .unwrap();
-    manager.journal.get().unwrap().writer.replace_file(full);
+    files_journal(&manager).writer.replace_file(full);
     let refused = manager
         .start_write(&instance, vec![2], &[], 30)
         .unwrap_err();
@@ -642,4 +642,12 @@ fn an_expired_key_is_refused() {
         manager.verify_api_key(text.as_bytes()),
         Err(crate::KeyRefusal::Expired)
     );
+}
+
+/// The manager's local journal (the tests here open one).
+fn files_journal(manager: &Manager) -> Arc<Journal> {
+    match manager.journal.get() {
+        Some(Durable::Files(journal)) => journal.clone(),
+        other => panic!("expected a local journal, found {other:?}"),
+    }
 }

@@ -284,6 +284,11 @@ impl Shared {
         }
     }
 
+    /// Whether [`Shared::resign`] ran.
+    pub fn resigned(&self) -> bool {
+        lock(&self.state).stopped
+    }
+
     fn run_demote_hook(&self) {
         let hook = lock(&self.on_demote).clone();
         if let Some(hook) = hook {

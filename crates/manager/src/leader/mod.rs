@@ -213,6 +213,11 @@ impl Leadership {
         self.shared.set_on_demote(hook);
     }
 
+    /// Whether the node resigned (a demotion hook running now runs for the resignation).
+    pub fn is_resigned(&self) -> bool {
+        self.shared.resigned()
+    }
+
     /// Stops campaigning for good and releases a lease held (at shutdown: the other nodes
     /// need not wait for it to expire).
     pub fn resign(&self) {

@@ -130,17 +130,12 @@ impl SlotStore for RedisLock {
     }
 }
 
-/// Private `redis-server` processes for the tests (shared with the index's Redis tests).
-#[cfg(test)]
-#[path = "../../../index/tests/redis_support/mod.rs"]
-mod redis_support;
-
 #[cfg(test)]
 mod tests {
     use super::super::lock::{conformance, LeaseLock};
     use super::*;
 
-    use super::redis_support::{redis_available, RedisServer};
+    use crate::tests::redis_support::{redis_available, RedisServer};
 
     fn two(server: &RedisServer) -> (RedisLock, RedisLock) {
         let uri = server.uri();

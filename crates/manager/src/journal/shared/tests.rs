@@ -1,0 +1,168 @@
+//! The shared store on a private `redis-server`: a new leader serves what the old one
+//! acknowledged, cleans up its open sessions, and fences it out; damaged values are reported
+//! and skipped.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::tests::redis_support::{raw_command, redis_available, RedisServer};
+use kvcm_index::redis::resp::Reply;
+use kvcm_index::{IndexError, MetaIndex};
+
+use super::SharedStore;
+use crate::error::ManagerError;
+use crate::journal::tests::{uris, write};
+use crate::journal::JournalError;
+use crate::tests::{group, instance_info, storage, test_deps, PREFER_3FS};
+use crate::Manager;
+
+/// A manager leading on the store at `uri` with fencing token `token`.
+fn leader(uri: &str, token: u64) -> (Arc<Manager>, Arc<SharedStore>, super::RecoveryReport) {
+    let manager = Manager::new(test_deps()).expect("manager");
+    let store = manager.connect_shared_store(uri).expect("connect");
+    let report = manager.promote_shared(&store, token).expect("promote");
+    (manager, store, report)
+}
+
+/// Storage `s` under `root`, group `g`, instance `i`, registered through `manager`.
+fn register(manager: &Manager, root: &Path) {
+    manager.add_storage(storage("s", root)).unwrap();
+    manager.create_group(group(i64::MAX, PREFER_3FS)).unwrap();
+    manager.register_instance(instance_info()).unwrap();
+}
+
+fn is_fenced(error: &ManagerError) -> bool {
+    matches!(
+        error,
+        ManagerError::Journal(JournalError::Fenced { .. })
+            | ManagerError::Index(IndexError::Fenced { .. })
+    )
+}
+
+#[test]
+fn a_new_leader_serves_what_the_old_one_acknowledged_and_fences_it_out() {
+    if !redis_available("a_new_leader_serves_what_the_old_one_acknowledged") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path());
+    let root = dir.path().join("blocks");
+    std::fs::create_dir_all(&root).unwrap();
+
+    let (old, _, report) = leader(&redis.uri(), 1);
+    assert_eq!(report.records, 0, "an empty store");
+    register(&old, &root);
+    let instance = old.instance("i").unwrap();
+    write(&old, &instance, &[1, 2, 3]);
+    old.remove_cache(&instance, &[2]).unwrap();
+    let open = old.start_write(&instance, vec![4], &[], 30).unwrap();
+    assert_eq!(open.locations.len(), 1, "key 4 is being written");
+    let served = uris(&old, &[1, 2, 3, 4]);
+    assert!(served[0].is_some() && served[2].is_some(), "{served:?}");
+    assert_eq!(served[1], None, "removed");
+
+    let (new, store, report) = leader(&redis.uri(), 2);
+    assert_eq!(report.registry_objects, 3, "{report:?}");
+    assert_eq!(report.entries, 2, "{report:?}");
+    assert_eq!(
+        report.cleaned_locations, 1,
+        "the open session's block: {report:?}"
+    );
+    assert!(report.skipped.is_empty(), "{report:?}");
+    assert_eq!(
+        uris(&new, &[1, 2, 3, 4]),
+        [served[0].clone(), None, served[2].clone(), None]
+    );
+    let entries = store.entries("i").unwrap();
+    assert_eq!(
+        entries.len().unwrap(),
+        2,
+        "the WRITING entry was written back as removed"
+    );
+
+    let refused = old.finish_write(
+        &instance,
+        &open.session_id,
+        &crate::mask::BlockMask::Offset(1),
+    );
+    assert!(refused.as_ref().is_err_and(is_fenced), "{refused:?}");
+    let refused = old.start_write(&instance, vec![5], &[], 30).unwrap_err();
+    assert!(is_fenced(&refused), "{refused:?}");
+    let mut other = instance_info();
+    other.instance_id = "j".into();
+    let refused = old.register_instance(other).unwrap_err();
+    assert!(is_fenced(&refused), "{refused:?}");
+    let refused = old.remove_cache(&instance, &[1]).unwrap_err();
+    assert!(is_fenced(&refused), "{refused:?}");
+
+    let (third, _, report) = leader(&redis.uri(), 3);
+    assert_eq!(
+        report.entries, 2,
+        "nothing the fenced leader sent landed: {report:?}"
+    );
+    assert_eq!(report.registry_objects, 3, "{report:?}");
+    assert_eq!(
+        uris(&third, &[1, 3]),
+        [served[0].clone(), served[2].clone()]
+    );
+}
+
+#[test]
+fn damaged_values_are_reported_and_skipped_and_the_rest_is_served() {
+    if !redis_available("damaged_values_are_reported_and_skipped") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path());
+    let root = dir.path().join("blocks");
+    std::fs::create_dir_all(&root).unwrap();
+    let (old, store, _) = leader(&redis.uri(), 1);
+    register(&old, &root);
+    let instance = old.instance("i").unwrap();
+    write(&old, &instance, &[1, 2]);
+    let served = uris(&old, &[1, 2]);
+    let [values, _] = store.entries("i").unwrap().redis_keys().map(str::to_string);
+    // The index's field of a key: its bits with the sign flipped, big-endian.
+    let field_of_2 = (2u64 ^ (1 << 63)).to_be_bytes();
+    let hset = |args: &[&[u8]]| raw_command(&redis.address(), args).unwrap();
+    let set = hset(&[b"HSET", values.as_bytes(), &field_of_2, b"\x07junk"]);
+    assert_eq!(set, Reply::Int(0), "overwrote key 2's value");
+    let set = hset(&[b"HSET", b"kvcm:{kvcm-registry}:groups", b"bad", b"\x01junk"]);
+    assert_eq!(set, Reply::Int(1));
+
+    let (new, _, report) = leader(&redis.uri(), 2);
+    assert_eq!(report.entries, 1, "{report:?}");
+    assert_eq!(report.skipped.len(), 2, "{report:?}");
+    assert!(
+        report.skipped.iter().any(|s| s.contains("entry 2")),
+        "{report:?}"
+    );
+    assert!(
+        report.skipped.iter().any(|s| s.contains("\"bad\"")),
+        "{report:?}"
+    );
+    assert_eq!(uris(&new, &[1, 2]), [served[0].clone(), None]);
+}
+
+#[test]
+fn a_node_that_never_led_writes_nothing() {
+    if !redis_available("a_node_that_never_led_writes_nothing") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path());
+    let manager = Manager::new(test_deps()).expect("manager");
+    let store = manager.connect_shared_store(&redis.uri()).expect("connect");
+    let refused = store.append(&crate::journal::Record::GroupRemoved("g".into()));
+    assert!(
+        matches!(refused, Err(JournalError::Fenced { token: 0 })),
+        "{refused:?}"
+    );
+    let bad = manager
+        .connect_shared_store("redis://127.0.0.1:1")
+        .unwrap_err();
+    assert!(
+        bad.to_string().contains("shared store redis://127.0.0.1:1"),
+        "{bad}"
+    );
+}

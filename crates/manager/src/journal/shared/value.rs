@@ -1,0 +1,156 @@
+//! The value of one block key in the shared store: a [`DurableEntry`] whose storage handles
+//! no longer depend on the process that wrote it.
+//!
+//! Handles are per process, and so are the numbers two leaders would give one storage. Each
+//! value therefore carries the list of storages it names — the storage's name and a digest
+//! of its spec when the value was written — and its handles are indices into that list. A
+//! reader maps each back to a handle of its own by name; a location whose storage's spec
+//! changed since (another root, say) is stale, as in the local journal's recovery.
+//!
+//! Layout (version 1): `u8` version, the storage list (`str` name, `u64` spec digest each),
+//! then the entry as the journal writes it ([`write_entry`]) with list indices as handles.
+//! Decoding never panics; an index past the list is an error.
+
+use std::collections::HashMap;
+
+use kvcm_storage::{StorageConfig, StorageSpec};
+use sha2::{Digest, Sha256};
+
+use crate::encoding::{DecodeError, Encode, Reader, Writer};
+use crate::entry::{Entry, StorageHandle};
+use crate::journal::record::{read_entry, write_entry, DurableEntry, ObjectName};
+
+/// The version this build writes and the only one it reads.
+const VERSION: u8 = 1;
+
+/// A storage as a shared value names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StorageRef {
+    /// The storage's `global_unique_name`.
+    pub name: String,
+    /// [`spec_digest`] of its spec when the value was written.
+    pub digest: u64,
+}
+
+/// A digest of a storage spec (the first 8 bytes of the SHA-256 of its versioned encoding):
+/// equal digests mean the same root, type and settings.
+pub(crate) fn spec_digest(spec: &StorageSpec) -> u64 {
+    let normalized = StorageConfig {
+        global_unique_name: String::new(),
+        spec: spec.clone(),
+        check_storage_available_when_open: false,
+    };
+    let hash = Sha256::digest(normalized.encode());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// The bytes of `entry`; `describe` names the storage behind each of its handles (`None`:
+/// gone, and the entry should not have named it — the location is left out).
+pub(crate) fn encode(
+    entry: &DurableEntry,
+    describe: impl Fn(StorageHandle) -> Option<StorageRef>,
+) -> Vec<u8> {
+    let mut storages: Vec<StorageRef> = Vec::new();
+    let mut index_of: HashMap<StorageHandle, StorageHandle> = HashMap::new();
+    let mut local = |handle: StorageHandle| -> Option<StorageHandle> {
+        if let Some(index) = index_of.get(&handle) {
+            return Some(*index);
+        }
+        let index = StorageHandle(u16::try_from(storages.len()).ok()?);
+        storages.push(describe(handle)?);
+        index_of.insert(handle, index);
+        Some(index)
+    };
+    let mut locations = Vec::with_capacity(entry.entry.len());
+    for location in entry.entry.locations() {
+        if let Some(index) = local(location.storage) {
+            let mut owned = location.to_owned();
+            owned.storage = index;
+            locations.push(owned);
+        }
+    }
+    let names: Vec<ObjectName> = entry
+        .names
+        .iter()
+        .filter_map(|name| {
+            let storage = *index_of.get(&name.storage)?;
+            Some(ObjectName {
+                storage,
+                ..name.clone()
+            })
+        })
+        .collect();
+    let mut out = Writer::default();
+    out.u8(VERSION);
+    out.list(&storages, |out, storage| {
+        out.str(&storage.name);
+        out.u64(storage.digest);
+    });
+    let portable = DurableEntry {
+        entry: Entry::new(locations),
+        names,
+    };
+    write_entry(&mut out, &portable);
+    out.finish()
+}
+
+/// The storages a value names and its entry, whose handles index that list.
+pub(crate) fn decode(bytes: &[u8]) -> Result<(Vec<StorageRef>, DurableEntry), DecodeError> {
+    let mut input = Reader::new(bytes);
+    let version = input.u8()?;
+    if version != VERSION {
+        return Err(DecodeError::Invalid("a shared entry of an unknown version"));
+    }
+    let storages = input.list(|input| {
+        Ok(StorageRef {
+            name: input.string()?,
+            digest: input.u64()?,
+        })
+    })?;
+    let entry = read_entry(&mut input)?;
+    input.finish()?;
+    let known = |handle: StorageHandle| usize::from(handle.0) < storages.len();
+    let handles_known = entry.entry.locations().all(|l| known(l.storage))
+        && entry.names.iter().all(|n| known(n.storage));
+    if !handles_known {
+        return Err(DecodeError::Invalid(
+            "a storage index past the value's list",
+        ));
+    }
+    Ok((storages, entry))
+}
+
+/// `entry` with each list index replaced by the handle `map` gives it; locations `map`
+/// refuses are left out (and the names of their objects). `None` when no location is left.
+pub(crate) fn remap(
+    entry: DurableEntry,
+    mut map: impl FnMut(StorageHandle) -> Option<StorageHandle>,
+) -> Option<DurableEntry> {
+    let mut mapped: HashMap<StorageHandle, Option<StorageHandle>> = HashMap::new();
+    let mut lookup = |index: StorageHandle| *mapped.entry(index).or_insert_with(|| map(index));
+    let mut locations = Vec::with_capacity(entry.entry.len());
+    for location in entry.entry.locations() {
+        if let Some(handle) = lookup(location.storage) {
+            let mut owned = location.to_owned();
+            owned.storage = handle;
+            locations.push(owned);
+        }
+    }
+    if locations.is_empty() {
+        return None;
+    }
+    let names = entry
+        .names
+        .into_iter()
+        .filter_map(|name| {
+            let storage = lookup(name.storage)?;
+            Some(ObjectName { storage, ..name })
+        })
+        .collect();
+    Some(DurableEntry {
+        entry: Entry::new(locations),
+        names,
+    })
+}
