@@ -209,21 +209,25 @@ impl Manager {
             self.journal.clone(),
             self.storages.incarnations(),
         ));
-        let index = (self.open_index)(&group.cache.indexer, log).map_err(|error| match error {
-            ManagerError::Index(source) => ManagerError::OpenIndex(source),
-            other => other,
-        })?;
+        let index =
+            (self.open_index)(&group.cache.indexer, log.clone()).map_err(|error| match error {
+                ManagerError::Index(source) => ManagerError::OpenIndex(source),
+                other => other,
+            })?;
         let info = InstanceInfo {
             quota_group_name: group.quota_group_name.clone(),
             ..info
         };
         let ticket = self.journal_append(&Record::Instance(info.clone()))?;
-        let instance = Arc::new(Instance::new(
-            info,
-            index,
-            group.cache.indexer.max_key_count,
-            self.reclaim_policy,
-        ));
+        let instance = Arc::new(
+            Instance::new(
+                info,
+                index,
+                group.cache.indexer.max_key_count,
+                self.reclaim_policy,
+            )
+            .logged_by(log),
+        );
         instances.insert(instance.id().to_string(), instance);
         drop(instances);
         self.journal_wait(ticket)?;
@@ -236,8 +240,17 @@ impl Manager {
         if !instances.contains_key(instance_id) {
             return Err(ManagerError::InstanceNotExist(instance_id.to_string()));
         }
-        let ticket = self.journal_append(&Record::InstanceRemoved(instance_id.to_string()))?;
-        let instance = instances.remove(instance_id).expect("checked above");
+        // Closed first: no batch of the instance's lands after its removal record.
+        let instance = instances[instance_id].clone();
+        instance.close_log(true);
+        let ticket = match self.journal_append(&Record::InstanceRemoved(instance_id.to_string())) {
+            Ok(ticket) => ticket,
+            Err(error) => {
+                instance.close_log(false);
+                return Err(error);
+            }
+        };
+        instances.remove(instance_id);
         drop(instances);
         self.journal_wait(ticket)?;
         if let Some(publication) = self.publication.get() {

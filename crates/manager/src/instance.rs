@@ -9,6 +9,7 @@ use kvcm_storage::BlockSpec;
 use super::access::{AccessClock, LivePolicy};
 use super::entry::{Entry, LocationRef};
 use super::error::{ManagerError, ManagerResult};
+use super::journal::InstanceLog;
 use super::keys::block_keys_from_tokens;
 use super::quota::TypeUsage;
 use super::registration::InstanceInfo;
@@ -23,6 +24,8 @@ pub struct Instance {
     access: AccessClock,
     /// This instance's key space.
     pub index: Arc<dyn MetaIndex<Entry>>,
+    /// The change log its index writes to, closed when the instance is removed.
+    log: Option<Arc<InstanceLog>>,
 }
 
 impl std::fmt::Debug for Instance {
@@ -49,6 +52,22 @@ impl Instance {
             pending_keys: std::sync::atomic::AtomicU64::new(0),
             access: AccessClock::new(max_key_count, policy),
             index,
+            log: None,
+        }
+    }
+
+    /// This instance with the change log its index writes to (see [`Instance::close_log`]).
+    pub(crate) fn logged_by(mut self, log: Arc<InstanceLog>) -> Self {
+        self.log = Some(log);
+        self
+    }
+
+    /// Stops (`true`) or resumes recording the index's changes: a removed instance's
+    /// clean-up must not land in the journal or shared store after its removal record, where
+    /// a later instance of the same id would find it.
+    pub(crate) fn close_log(&self, closed: bool) {
+        if let Some(log) = &self.log {
+            log.set_closed(closed);
         }
     }
 

@@ -2,6 +2,7 @@
 //! [`Record::Entries`] of the journal, with every entry turned into what outlives the
 //! process ([`durable_entry`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kvcm_index::{Change, ChangeLog, IndexError, LogTicket};
@@ -18,6 +19,8 @@ pub(crate) struct InstanceLog {
     instance_id: Arc<str>,
     journal: JournalSlot,
     incarnations: Incarnations,
+    /// Set when the instance is removed: later batches are not recorded.
+    closed: AtomicBool,
 }
 
 impl InstanceLog {
@@ -27,7 +30,14 @@ impl InstanceLog {
             instance_id,
             journal,
             incarnations,
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// Records nothing while closed (the instance is being removed; its removal record is
+    /// the last word on its entries).
+    pub fn set_closed(&self, closed: bool) {
+        self.closed.store(closed, Ordering::Release);
     }
 }
 
@@ -39,6 +49,9 @@ impl ChangeLog<Entry> for InstanceLog {
         let Some(journal) = self.journal.get() else {
             return Ok(UNLOGGED);
         };
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(UNLOGGED);
+        }
         let changes = changes
             .iter()
             .map(|(key, entry)| {

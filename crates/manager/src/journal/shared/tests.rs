@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::tests::redis_support::{raw_command, redis_available, RedisServer};
+use crate::tests::redis_support::{raw_command, redis_available, RedisCluster, RedisServer};
 use kvcm_index::redis::resp::Reply;
 use kvcm_index::{IndexError, MetaIndex};
 
@@ -31,6 +31,15 @@ fn register(manager: &Manager, root: &Path) {
     manager.register_instance(instance_info()).unwrap();
 }
 
+/// Waits up to 10 s for `done`; fails the test after.
+fn wait_for(mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "not within 10 s");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 fn is_fenced(error: &ManagerError) -> bool {
     matches!(
         error,
@@ -46,22 +55,38 @@ fn a_new_leader_serves_what_the_old_one_acknowledged_and_fences_it_out() {
     }
     let dir = tempfile::tempdir().unwrap();
     let redis = RedisServer::start(dir.path());
-    let root = dir.path().join("blocks");
-    std::fs::create_dir_all(&root).unwrap();
+    take_over_and_fence(&redis.uri(), &dir.path().join("blocks"));
+}
 
-    let (old, _, report) = leader(&redis.uri(), 1);
+#[test]
+fn on_a_redis_cluster_a_new_leader_serves_what_the_old_one_acknowledged() {
+    if !redis_available("on_a_redis_cluster_a_new_leader_serves") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = RedisCluster::start(dir.path());
+    take_over_and_fence(&cluster.uri(), &dir.path().join("blocks"));
+}
+
+/// Two leaders one after the other on the store at `uri`, blocks under `root`.
+fn take_over_and_fence(uri: &str, root: &Path) {
+    std::fs::create_dir_all(root).unwrap();
+    let (old, _, report) = leader(uri, 1);
     assert_eq!(report.records, 0, "an empty store");
-    register(&old, &root);
+    register(&old, root);
     let instance = old.instance("i").unwrap();
     write(&old, &instance, &[1, 2, 3]);
     old.remove_cache(&instance, &[2]).unwrap();
+    // The deleter drops the removed entry in the background; it is gone before the takeover
+    // (so the one cleaned location below is the open session's).
+    wait_for(|| instance.index.get(&[2]).unwrap()[0].is_none());
     let open = old.start_write(&instance, vec![4], &[], 30).unwrap();
     assert_eq!(open.locations.len(), 1, "key 4 is being written");
     let served = uris(&old, &[1, 2, 3, 4]);
     assert!(served[0].is_some() && served[2].is_some(), "{served:?}");
     assert_eq!(served[1], None, "removed");
 
-    let (new, store, report) = leader(&redis.uri(), 2);
+    let (new, store, report) = leader(uri, 2);
     assert_eq!(report.registry_objects, 3, "{report:?}");
     assert_eq!(report.entries, 2, "{report:?}");
     assert_eq!(
@@ -95,7 +120,7 @@ fn a_new_leader_serves_what_the_old_one_acknowledged_and_fences_it_out() {
     let refused = old.remove_cache(&instance, &[1]).unwrap_err();
     assert!(is_fenced(&refused), "{refused:?}");
 
-    let (third, _, report) = leader(&redis.uri(), 3);
+    let (third, _, report) = leader(uri, 3);
     assert_eq!(
         report.entries, 2,
         "nothing the fenced leader sent landed: {report:?}"
@@ -165,4 +190,60 @@ fn a_node_that_never_led_writes_nothing() {
         bad.to_string().contains("shared store redis://127.0.0.1:1"),
         "{bad}"
     );
+}
+
+#[test]
+fn a_removed_instance_leaves_nothing_a_new_one_of_its_id_would_find() {
+    if !redis_available("a_removed_instance_leaves_nothing") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path());
+    let root = dir.path().join("blocks");
+    std::fs::create_dir_all(&root).unwrap();
+    let (old, store, _) = leader(&redis.uri(), 1);
+    register(&old, &root);
+    let instance = old.instance("i").unwrap();
+    write(&old, &instance, &[1, 2, 3]);
+    old.remove_instance("i").unwrap();
+    old.register_instance(instance_info()).unwrap();
+    // The removed instance's clean-up (its deleter) runs on; none of it may reach the store.
+    wait_for(|| instance.index.len().unwrap() == 0);
+    assert_eq!(store.entries("i").unwrap().len().unwrap(), 0);
+    let (new, _, report) = leader(&redis.uri(), 2);
+    assert_eq!(report.entries, 0, "{report:?}");
+    assert_eq!(uris(&new, &[1, 2, 3]), [None, None, None]);
+}
+
+#[test]
+fn a_restarted_redis_fails_writes_meanwhile_and_serves_again_without_a_new_manager() {
+    if !redis_available("a_restarted_redis_fails_writes_meanwhile") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = RedisServer::start(dir.path());
+    let root = dir.path().join("blocks");
+    std::fs::create_dir_all(&root).unwrap();
+    let (manager, _, _) = leader(&redis.uri(), 1);
+    register(&manager, &root);
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1]);
+    redis.kill();
+    let refused = manager
+        .start_write(&instance, vec![2], &[], 30)
+        .unwrap_err();
+    assert!(refused.to_string().contains("shared store"), "{refused}");
+    assert_eq!(
+        uris(&manager, &[2]),
+        [None],
+        "a refused write changed nothing"
+    );
+    redis.restart();
+    write(&manager, &instance, &[3]);
+    let (next, _, report) = leader(&redis.uri(), 2);
+    assert_eq!(
+        report.entries, 2,
+        "keys 1 and 3 survived the Redis restart: {report:?}"
+    );
+    assert_eq!(uris(&next, &[1, 2, 3])[1], None);
 }
