@@ -73,7 +73,7 @@ impl Manager {
 
     /// Creates an instance group.
     pub fn create_group(&self, group: GroupConfig) -> ManagerResult<()> {
-        validate_group(&group)?;
+        validate_group(&group, self.shared_store_uri())?;
         self.check_candidate_kinds(&group)?;
         let mut groups = write_lock(&self.groups);
         if groups.contains_key(&group.name) {
@@ -91,7 +91,7 @@ impl Manager {
 
     /// Replaces a group whose stored version is `current_version` by one with a newer version.
     pub fn update_group(&self, group: GroupConfig, current_version: i64) -> ManagerResult<()> {
-        validate_group(&group)?;
+        validate_group(&group, self.shared_store_uri())?;
         self.check_candidate_kinds(&group)?;
         let mut groups = write_lock(&self.groups);
         let stored = groups
@@ -278,7 +278,7 @@ fn unknown_group(name: &str) -> ManagerError {
 
 /// The group validation rules of the reference's CreateInstanceGroup (fields named as in
 /// the request).
-fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
+fn validate_group(group: &GroupConfig, shared_store: Option<&str>) -> ManagerResult<()> {
     let names = [
         ("instance_group.name", &group.name),
         (
@@ -330,7 +330,7 @@ fn validate_group(group: &GroupConfig) -> ManagerResult<()> {
     }
     check_report_candidates(group)?;
     check_reclaim(&cache.reclaim)?;
-    check_indexer_config(indexer)
+    check_indexer_config(indexer, shared_store)
 }
 
 /// Event-report candidates are non-empty distinct names, and no quota is of an event-report

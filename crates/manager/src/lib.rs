@@ -183,6 +183,8 @@ pub struct Manager {
     limits: ManagerLimits,
     /// Cache subscribers' reported blocks (in this process only, as upstream keeps them).
     reports: reports::Reports,
+    /// The shared store's URI, once connected (groups may then name the `redis` backend).
+    shared_store_uri: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -225,6 +227,7 @@ impl Manager {
             reclaim_listener: std::sync::OnceLock::new(),
             limits: deps.limits,
             reports: reports::Reports::default(),
+            shared_store_uri: std::sync::OnceLock::new(),
         });
         if let Some(period) = deps.reclaim_period {
             reclaimer::spawn_reclaimer(Arc::downgrade(&manager), period)

@@ -27,41 +27,76 @@ pub fn local_index_factory() -> IndexFactory {
 
 /// Checks the settings an index is opened with, so that a group whose instances could not
 /// be opened is refused when it is created or updated (INVALID_ARGUMENT naming the field).
-pub fn check_indexer_config(config: &IndexerConfig) -> ManagerResult<()> {
-    check_backend(config)?;
+/// `shared_store`: the node's shared store URI, when its metadata is kept on Redis.
+pub fn check_indexer_config(
+    config: &IndexerConfig,
+    shared_store: Option<&str>,
+) -> ManagerResult<()> {
+    check_backend(config, shared_store)?;
     local_config(config)?;
     cache_config(config)?;
     Ok(())
 }
 
-/// `meta_storage_backend_config`: only `local` (the reference's `storage_uri` of a local
-/// backend, `file:///path` or empty, is accepted and unused: every instance's index is kept
-/// in the manager's journal or shared store). `redis` is refused: the working index is always in
-/// memory, and the node's `kvcm.registry_storage.uri=redis://…` keeps every entry on Redis.
-fn check_backend(config: &IndexerConfig) -> ManagerResult<()> {
+/// `meta_storage_backend_config`. The working index of every instance is in memory; where
+/// its entries are kept is the node's choice (its journal, or the shared store on Redis).
+/// - `local`: the reference's `storage_uri` of a local backend, `file:///path` or empty, is
+///   accepted and unused;
+/// - `redis`: accepted on a node whose metadata is on the shared store (the entries are on
+///   Redis, as the setting asks); its `storage_uri`, when set, must name the same server
+///   (host, port, database) — per-group Redis servers are not supported. Refused otherwise.
+fn check_backend(config: &IndexerConfig, shared_store: Option<&str>) -> ManagerResult<()> {
     let backend = &config.backend;
     let field = "meta_indexer_config.meta_storage_backend_config.storage_type";
+    let uri_field = "meta_indexer_config.meta_storage_backend_config.storage_uri";
+    let uri = &backend.storage_uri;
     if backend.storage_type.eq_ignore_ascii_case("redis") {
-        return Err(ManagerError::invalid_because(
-            field,
-            "\"redis\": the working index is in memory; use \"local\" and set the node's \
-             kvcm.registry_storage.uri=redis://... to keep every entry on Redis",
-        ));
+        let Some(store) = shared_store else {
+            return Err(ManagerError::invalid_because(
+                field,
+                "\"redis\": this node keeps its metadata in its local journal; run it with \
+                 kvcm.registry_storage.uri=redis://... to keep every entry on Redis",
+            ));
+        };
+        if !uri.is_empty() && !same_redis_server(uri, store) {
+            return Err(ManagerError::invalid_because(
+                uri_field,
+                format!(
+                    "{:?}: entries are kept on this node's shared store ({}); per-group Redis \
+                     servers are not supported",
+                    kvcm_index::redis::redacted_uri(uri),
+                    kvcm_index::redis::redacted_uri(store)
+                ),
+            ));
+        }
+        return Ok(());
     }
     if !backend.storage_type.eq_ignore_ascii_case("local") {
         return Err(ManagerError::invalid_because(
             field,
-            format!("{:?}: only \"local\" is supported", backend.storage_type),
+            format!(
+                "{:?}: only \"local\" and \"redis\" are supported",
+                backend.storage_type
+            ),
         ));
     }
-    let uri = &backend.storage_uri;
     if !uri.is_empty() && !uri.starts_with("file://") {
         return Err(ManagerError::invalid_because(
-            "meta_indexer_config.meta_storage_backend_config.storage_uri",
+            uri_field,
             format!("{uri:?}: a local backend takes file:///path or nothing"),
         ));
     }
     Ok(())
+}
+
+/// Whether two Redis URIs name the same server and database.
+fn same_redis_server(a: &str, b: &str) -> bool {
+    let server = |uri: &str| {
+        kvcm_index::redis::parse_uri(uri)
+            .ok()
+            .map(|u| (u.host, u.port, u.handshake.db))
+    };
+    matches!((server(a), server(b)), (Some(a), Some(b)) if a == b)
 }
 
 /// Bytes one cached entry is assumed to take (key, shared entry, LRU links).
@@ -158,20 +193,34 @@ mod tests {
     }
 
     #[test]
-    fn only_the_local_backend_is_accepted() {
+    fn local_is_accepted_and_redis_only_on_the_shared_store() {
         let mut config = IndexerConfig::default();
         config.backend.storage_type = "LOCAL".into();
-        check_indexer_config(&config).expect("local");
+        check_indexer_config(&config, None).expect("local");
         config.backend.storage_uri = "file:///var/kvcm/index".into();
-        check_indexer_config(&config).expect("the reference's local persistence URI");
+        check_indexer_config(&config, None).expect("the reference's local persistence URI");
         config.backend.storage_uri = "redis://h:1".into();
-        assert!(check_indexer_config(&config).is_err());
+        assert!(check_indexer_config(&config, None).is_err());
         config.backend.storage_uri.clear();
         for refused in ["redis", "rocksdb", ""] {
             config.backend.storage_type = refused.into();
-            let error = check_indexer_config(&config).unwrap_err().to_string();
+            let error = check_indexer_config(&config, None).unwrap_err().to_string();
             assert!(error.contains("storage_type"), "{refused}: {error}");
         }
+        let store = Some("redis://:secret@h:1/0");
+        config.backend.storage_type = "redis".into();
+        check_indexer_config(&config, store).expect("entries on the shared store");
+        config.backend.storage_uri = "redis://h:1?cluster_name=c".into();
+        check_indexer_config(&config, store).expect("the same server, other parameters");
+        config.backend.storage_uri = "redis://other:1".into();
+        let error = check_indexer_config(&config, store)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("storage_uri"), "{error}");
+        assert!(
+            !error.contains("secret"),
+            "passwords stay out of messages: {error}"
+        );
     }
 
     #[test]

@@ -35,10 +35,14 @@ impl Manager {
     /// Connects to the shared store at `uri` (`redis://…`); the manager reads and writes it
     /// once [`Manager::promote_shared`] ran.
     pub fn connect_shared_store(&self, uri: &str) -> ManagerResult<Arc<SharedStore>> {
-        Ok(Arc::new(SharedStore::connect(
-            uri,
-            self.storages.incarnations(),
-        )?))
+        let store = SharedStore::connect(uri, self.storages.incarnations())?;
+        let _ = self.shared_store_uri.set(uri.to_string());
+        Ok(Arc::new(store))
+    }
+
+    /// The shared store's URI, once connected.
+    pub(crate) fn shared_store_uri(&self) -> Option<&str> {
+        self.shared_store_uri.get().map(String::as_str)
     }
 
     /// Takes over as leader with the fencing token `token`: fences older leaders out, then
