@@ -88,7 +88,7 @@ fn lead_on_shared_store(
             promoted
         }));
     let weak = Arc::downgrade(manager);
-    manager.leadership().set_on_demote(Arc::new(move || {
+    manager.leadership().add_on_demote(Arc::new(move || {
         // Leaving the process-local lock every node starts on (before `join`) drops a lead
         // that loaded nothing; only a node that took the store over holds a stale copy. A
         // resignation is the process stopping: nothing to restart.

@@ -252,7 +252,7 @@ impl Manager {
                 }
             }));
         let on_demote = weak.clone();
-        manager.leadership.set_on_demote(Arc::new(move || {
+        manager.leadership.add_on_demote(Arc::new(move || {
             if let Some(manager) = on_demote.upgrade() {
                 manager.fail_open_sessions();
             }

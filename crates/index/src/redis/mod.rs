@@ -195,6 +195,9 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
 
     /// Applies `changes` in one atomic write (one run of the write script, fenced like every
     /// write): per key the last change wins, `Some` stores the value, `None` removes the key.
+    /// Its outcome is the same however often it runs, so a write whose reply was lost is sent
+    /// again: the caller must keep other writes to these keys out meanwhile (the manager's
+    /// shared store writes under the index's key locks; other nodes are fenced).
     pub fn apply(&self, changes: &[(BlockKey, Option<V>)]) -> Result<(), IndexError> {
         let mut last: HashMap<BlockKey, &Option<V>> = HashMap::with_capacity(changes.len());
         for (key, change) in changes {
@@ -214,7 +217,7 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
         if self.max_key_count != u64::MAX {
             batch.uncertain.clone_from(&batch.new_members);
         }
-        self.write_unchecked(&batch).map(drop)
+        self.write_unchecked(&batch, Resend::Safe).map(drop)
     }
 
     /// Raises the namespace's fence to this index's token without writing anything else: from
@@ -229,7 +232,8 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
         self.fenced_script(scripts::DROP, &keys)
     }
 
-    /// Runs `script` (`FENCE` or `DROP`) with this index's token; `Fenced` when refused.
+    /// Runs `script` (`FENCE` or `DROP`) with this index's token; `Fenced` when refused. Both
+    /// end in the same state however often they run: a lost reply is sent again.
     fn fenced_script(&self, script: &str, keys: &[&String]) -> Result<(), IndexError> {
         let Some(fence) = &self.fence else {
             if script == scripts::FENCE {
@@ -239,7 +243,7 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
             unlink.arg(&self.layout.values).arg(&self.layout.order);
             return self
                 .client
-                .call(&unlink, Resend::Never)
+                .call(&unlink, Resend::Safe)
                 .map(drop)
                 .map_err(Into::into);
         };
@@ -250,7 +254,7 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
             eval.arg(key.as_str());
         }
         eval.arg(token.to_string());
-        match self.client.call(&eval, Resend::Never)? {
+        match self.client.call(&eval, Resend::Safe)? {
             Reply::Int(1) => Ok(()),
             Reply::Status(status) if status == scripts::FENCED => Err(IndexError::Fenced { token }),
             other => Err(unexpected("a fence script", &other)),
@@ -286,7 +290,7 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
     }
 
     /// Runs the write script once (EVALSHA, EVAL when the server lost its script cache).
-    fn run_write(&self, batch: &WriteBatch) -> Result<Outcome, IndexError> {
+    fn run_write(&self, batch: &WriteBatch, resend: Resend) -> Result<Outcome, IndexError> {
         let keys = [
             self.layout.values.as_str(),
             &self.layout.order,
@@ -294,10 +298,10 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
         ];
         let token = self.fence.as_ref().map(|f| f.load(Ordering::Acquire));
         let by_sha = batch.command(Some(&self.script_sha), keys, self.max_key_count, token);
-        let reply = match self.client.call(&by_sha, Resend::Never)? {
+        let reply = match self.client.call(&by_sha, resend)? {
             Reply::Error(message) if message.starts_with("NOSCRIPT") => {
                 let by_text = batch.command(None, keys, self.max_key_count, token);
-                self.client.call(&by_text, Resend::Never)?
+                self.client.call(&by_text, resend)?
             }
             reply => reply,
         };
@@ -310,11 +314,11 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
     }
 
     /// Runs a write that checks nothing (put, delete): it cannot conflict.
-    fn write_unchecked(&self, batch: &WriteBatch) -> Result<u64, IndexError> {
+    fn write_unchecked(&self, batch: &WriteBatch, resend: Resend) -> Result<u64, IndexError> {
         if batch.is_noop() {
             return Ok(0);
         }
-        match self.run_write(batch)? {
+        match self.run_write(batch, resend)? {
             Outcome::Applied(removed) => Ok(removed),
             Outcome::Full => Err(IndexError::Full {
                 max: self.max_key_count,
@@ -355,7 +359,7 @@ impl<V, C: ValueCodec<V>> RedisIndex<V, C> {
         if batch.is_noop() {
             return Ok(true);
         }
-        match self.run_write(&batch)? {
+        match self.run_write(&batch, Resend::Never)? {
             Outcome::Applied(_) => Ok(true),
             Outcome::Conflict => Ok(false),
             Outcome::Full => Err(IndexError::Full {
@@ -467,7 +471,7 @@ impl<V, C: ValueCodec<V>> MetaIndex<V> for RedisIndex<V, C> {
         if self.max_key_count != u64::MAX {
             batch.uncertain.clone_from(&batch.new_members);
         }
-        self.write_unchecked(&batch).map(|_| ())
+        self.write_unchecked(&batch, Resend::Never).map(|_| ())
     }
 
     fn delete(&self, keys: &[BlockKey]) -> Result<usize, IndexError> {
@@ -475,7 +479,8 @@ impl<V, C: ValueCodec<V>> MetaIndex<V> for RedisIndex<V, C> {
             deletes: distinct(keys).into_iter().map(layout::field).collect(),
             ..WriteBatch::default()
         };
-        self.write_unchecked(&batch).map(|removed| removed as usize)
+        self.write_unchecked(&batch, Resend::Never)
+            .map(|removed| removed as usize)
     }
 
     fn read_modify_write(

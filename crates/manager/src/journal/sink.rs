@@ -2,8 +2,7 @@
 //! [`Record::Entries`] of the journal, with every entry turned into what outlives the
 //! process ([`durable_entry`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use kvcm_index::{Change, ChangeLog, IndexError, LogTicket};
 use kvcm_storage::DurableAddress;
@@ -12,6 +11,7 @@ use super::record::{DurableEntry, ObjectName, Record};
 use super::{JournalError, JournalSlot};
 use crate::entry::{Entry, Location};
 use crate::storages::Incarnations;
+use crate::sync::{read_lock, write_lock};
 
 /// Logs an instance's index batches to the manager's journal (nothing until it is open).
 #[derive(Debug)]
@@ -19,8 +19,9 @@ pub(crate) struct InstanceLog {
     instance_id: Arc<str>,
     journal: JournalSlot,
     incarnations: Incarnations,
-    /// Set when the instance is removed: later batches are not recorded.
-    closed: AtomicBool,
+    /// Set when the instance is removed: later batches are not recorded. Appends hold it
+    /// for reading across the check and the write, so closing waits for those in flight.
+    closed: RwLock<bool>,
 }
 
 impl InstanceLog {
@@ -30,14 +31,14 @@ impl InstanceLog {
             instance_id,
             journal,
             incarnations,
-            closed: AtomicBool::new(false),
+            closed: RwLock::new(false),
         }
     }
 
     /// Records nothing while closed (the instance is being removed; its removal record is
     /// the last word on its entries).
     pub fn set_closed(&self, closed: bool) {
-        self.closed.store(closed, Ordering::Release);
+        *write_lock(&self.closed) = closed;
     }
 }
 
@@ -49,7 +50,8 @@ impl ChangeLog<Entry> for InstanceLog {
         let Some(journal) = self.journal.get() else {
             return Ok(UNLOGGED);
         };
-        if self.closed.load(Ordering::Acquire) {
+        let closed = read_lock(&self.closed);
+        if *closed {
             return Ok(UNLOGGED);
         }
         let changes = changes

@@ -46,7 +46,7 @@ pub(super) struct Shared {
     /// Held for a whole step: steps never overlap.
     stepping: Mutex<()>,
     on_promote: Mutex<Option<PromoteHook>>,
-    on_demote: Mutex<Option<DemoteHook>>,
+    on_demote: Mutex<Vec<DemoteHook>>,
     /// The last lock error logged (each distinct error is logged once in a row).
     last_error: Mutex<String>,
 }
@@ -188,7 +188,12 @@ impl Shared {
             .renew(&election.endpoint, fencing_token, lease)
         {
             Ok(renewed) => renewed,
-            Err(error) => return self.log_error("renewing after promotion", &error.to_string()),
+            Err(error) => {
+                // The hook ran (it may have loaded state for a lead it never took): the
+                // demotion hooks see the lead lost.
+                self.log_error("renewing after promotion", &error.to_string());
+                return self.run_demote_hook();
+            }
         };
         let mut state = lock(&self.state);
         if state.stopped {
@@ -267,8 +272,8 @@ impl Shared {
         *lock(&self.on_promote) = Some(hook);
     }
 
-    pub fn set_on_demote(&self, hook: DemoteHook) {
-        *lock(&self.on_demote) = Some(hook);
+    pub fn add_on_demote(&self, hook: DemoteHook) {
+        lock(&self.on_demote).push(hook);
     }
 
     pub fn resign(&self) {
@@ -290,8 +295,8 @@ impl Shared {
     }
 
     fn run_demote_hook(&self) {
-        let hook = lock(&self.on_demote).clone();
-        if let Some(hook) = hook {
+        let hooks = lock(&self.on_demote).clone();
+        for hook in hooks {
             hook();
         }
     }

@@ -18,7 +18,9 @@
 //!   delay is read at every check (an update takes effect at once) and clamped to
 //!   [`MAX_CAMPAIGN_DELAY`];
 //! - losing leadership by any path (demotion, failed renewal, lease run out) runs the
-//!   demotion hook once.
+//!   demotion hooks once each; so does a promotion whose hook succeeded but whose lease
+//!   could not be renewed after it (the hook may have taken longer than the lease: it must
+//!   not, and the hooks learn that the lead was not taken).
 //!
 //! Hooks run on the thread that changes leadership (the elector's or the caller of
 //! [`Leadership::demote`]) and must not keep the manager alive: capture weak references.
@@ -208,9 +210,9 @@ impl Leadership {
         self.shared.set_on_promote(hook);
     }
 
-    /// Installs the demotion hook.
-    pub fn set_on_demote(&self, hook: DemoteHook) {
-        self.shared.set_on_demote(hook);
+    /// Adds a demotion hook (hooks run in the order they were added).
+    pub fn add_on_demote(&self, hook: DemoteHook) {
+        self.shared.add_on_demote(hook);
     }
 
     /// Whether the node resigned (a demotion hook running now runs for the resignation).

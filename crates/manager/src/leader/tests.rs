@@ -160,7 +160,7 @@ fn a_lost_lease_demotes_at_the_next_step_and_runs_the_hook() {
     let a = node("a", &lock);
     let demoted = Arc::new(AtomicBool::new(false));
     let flag = demoted.clone();
-    a.set_on_demote(Arc::new(move || flag.store(true, Ordering::SeqCst)));
+    a.add_on_demote(Arc::new(move || flag.store(true, Ordering::SeqCst)));
     let holder = lock.current_holder().unwrap().unwrap();
     assert!(
         lock.release("a", holder.fencing_token).unwrap(),

@@ -7,7 +7,8 @@
 //! Layout:
 //! - the registry under one hash tag, `{kvcm-registry}`: a HASH per kind of object
 //!   (`storages`, `disabled`, `groups`, `instances`, `accounts`, `api_keys`), field = the
-//!   object's name, value = the journal record that registers it; and the fence key;
+//!   object's name, value = the journal record that registers it (a storage's preceded by
+//!   the 8-byte id of that registration, which entries name); and the fence key;
 //! - each instance's entries in a namespace of its own, in the index layout of
 //!   [`kvcm_index::RedisIndex`] (hash, order zset, fence under one tag), named
 //!   `i.<32 hex digits of the SHA-256 of the instance id>` (any id fits a hash tag); values
@@ -41,6 +42,7 @@ use std::time::Duration;
 use kvcm_index::redis::resp::{Command, Reply};
 use kvcm_index::redis::{parse_uri, redacted_uri, BytesCodec, Client, ClientError, Resend};
 use kvcm_index::{BlockKey, IndexError, MetaIndex, RedisIndex, RedisIndexConfig, ScanCursor};
+use kvcm_storage::StorageSpec;
 use sha2::{Digest, Sha256};
 
 use super::record::{DurableEntry, Record};
@@ -159,6 +161,9 @@ pub struct SharedStore {
     incarnations: Incarnations,
     /// Each instance's entry index, opened on first use.
     instances: Mutex<HashMap<String, Arc<EntryIndex>>>,
+    /// Per storage name, the id of its current registration and the spec it was made with
+    /// (see [`value`]: entries name storages by name and id).
+    storage_ids: Mutex<HashMap<String, (u64, StorageSpec)>>,
     /// Changes written since start.
     writes: AtomicU64,
 }
@@ -193,6 +198,7 @@ impl SharedStore {
             token: Arc::new(AtomicU64::new(0)),
             incarnations,
             instances: Mutex::new(HashMap::new()),
+            storage_ids: Mutex::new(HashMap::new()),
             writes: AtomicU64::new(0),
         })
     }
@@ -233,15 +239,16 @@ impl SharedStore {
     /// Writes one record's change (see the module doc for where each kind goes).
     pub(crate) fn append(&self, record: &Record) -> Result<(), JournalError> {
         let ops = match record {
-            Record::Storage { config, .. } => vec![Op::Set(
-                Kind::Storages,
-                config.global_unique_name.clone(),
-                record.encode(),
-            )],
-            Record::StorageRemoved(name) => vec![
-                Op::Del(Kind::Storages, name.clone()),
-                Op::Del(Kind::Disabled, name.clone()),
-            ],
+            Record::Storage { config, .. } => return self.write_storage(record, config),
+            Record::StorageRemoved(name) => {
+                let ops = [
+                    Op::Del(Kind::Storages, name.clone()),
+                    Op::Del(Kind::Disabled, name.clone()),
+                ];
+                self.write_registry(&ops)?;
+                lock(&self.storage_ids).remove(name);
+                return Ok(());
+            }
             Record::StorageAvailability { name, available } => vec![if *available {
                 Op::Del(Kind::Disabled, name.clone())
             } else {
@@ -251,18 +258,19 @@ impl SharedStore {
                 vec![Op::Set(Kind::Groups, group.name.clone(), record.encode())]
             }
             Record::GroupRemoved(name) => vec![Op::Del(Kind::Groups, name.clone())],
-            Record::Instance(info) => vec![Op::Set(
-                Kind::Instances,
-                info.instance_id.clone(),
-                record.encode(),
-            )],
-            Record::InstanceRemoved(id) => {
-                self.entries(id)?
+            Record::Instance(info) => {
+                // A new registration: whatever an earlier instance of this id left (a removal
+                // whose clean-up failed) must not become this one's entries.
+                self.entries(&info.instance_id)?
                     .drop_all()
                     .map_err(|e| self.index_error(e))?;
-                lock(&self.instances).remove(id);
-                vec![Op::Del(Kind::Instances, id.clone())]
+                vec![Op::Set(
+                    Kind::Instances,
+                    info.instance_id.clone(),
+                    record.encode(),
+                )]
             }
+            Record::InstanceRemoved(id) => return self.remove_instance(id),
             Record::Account(account) => vec![Op::Set(
                 Kind::Accounts,
                 account.user_name.clone(),
@@ -287,6 +295,40 @@ impl SharedStore {
             Record::Incarnation { .. } | Record::End(_) => return Ok(()),
         };
         self.write_registry(&ops)
+    }
+
+    /// Registers a storage under an id: the id it had when its spec is unchanged (an update
+    /// of other settings), a new random one otherwise, so that entries of its earlier spec
+    /// read as stale. The stored value is the id (8 bytes, little-endian) and the record.
+    fn write_storage(
+        &self,
+        record: &Record,
+        config: &kvcm_storage::StorageConfig,
+    ) -> Result<(), JournalError> {
+        let name = &config.global_unique_name;
+        let id = match lock(&self.storage_ids).get(name) {
+            Some((id, spec)) if *spec == config.spec => *id,
+            _ => fastrand::u64(1..),
+        };
+        let mut value = id.to_le_bytes().to_vec();
+        value.extend_from_slice(&record.encode());
+        self.write_registry(&[Op::Set(Kind::Storages, name.clone(), value)])?;
+        lock(&self.storage_ids).insert(name.clone(), (id, config.spec.clone()));
+        Ok(())
+    }
+
+    /// Removes an instance: the registry's record first (the commit point), then its entries;
+    /// entries a failure leaves behind are dropped when an instance of that id registers.
+    fn remove_instance(&self, id: &str) -> Result<(), JournalError> {
+        self.write_registry(&[Op::Del(Kind::Instances, id.to_string())])?;
+        let dropped = self
+            .entries(id)
+            .and_then(|index| index.drop_all().map_err(|e| self.index_error(e)));
+        lock(&self.instances).remove(id);
+        if let Err(error) = dropped {
+            tracing::warn!(instance = id, %error, "the removed instance's entries stay on the shared store until an instance of its id registers");
+        }
+        Ok(())
     }
 
     /// One registry script run: the fence check, then `ops` (none: only the fence is raised).
@@ -316,9 +358,11 @@ impl SharedStore {
                 }
             }
         }
+        // The script ends in the same state however often it runs (and the manager orders
+        // registry changes under its locks): a lost reply is sent again.
         let reply = self
             .registry
-            .call(&eval, Resend::Never)
+            .call(&eval, Resend::Safe)
             .map_err(|e| self.failed(error_chain(&e)))?;
         match reply {
             Reply::Int(1) => {
@@ -340,11 +384,19 @@ impl SharedStore {
         if self.token.load(Ordering::Acquire) == 0 {
             return Err(JournalError::Fenced { token: 0 });
         }
+        let ids = lock(&self.storage_ids).clone();
         let describe = |handle| {
             let config = self.incarnations.get(handle)?.backend.config();
+            let name = &config.global_unique_name;
+            // A location of an earlier incarnation (its storage's spec changed since) gets
+            // id 0, which no registration has: it reads back as stale.
+            let id = match ids.get(name) {
+                Some((id, spec)) if *spec == config.spec => *id,
+                _ => 0,
+            };
             Some(StorageRef {
-                name: config.global_unique_name.clone(),
-                digest: value::spec_digest(&config.spec),
+                name: name.clone(),
+                id,
             })
         };
         let encoded: Vec<(BlockKey, Option<Vec<u8>>)> = changes
@@ -386,11 +438,24 @@ impl SharedStore {
         self.write_registry(&[])
     }
 
-    /// The registry as a replay (objects that do not decode are reported and skipped).
+    /// The registry as a replay (objects that do not decode are reported and skipped); the
+    /// storages' ids become the ones entries are written and read with.
     fn read_registry(&self, report: &mut RecoveryReport) -> Result<Replay, JournalError> {
         let mut replay = Replay::default();
+        let mut ids = HashMap::new();
         for kind in Kind::ALL {
             for (name, bytes) in self.read_kind(kind)? {
+                let bytes = match kind {
+                    Kind::Storages if bytes.len() >= 8 => {
+                        let (id, record) = bytes.split_at(8);
+                        let id = u64::from_le_bytes(id.try_into().unwrap_or_default());
+                        if let Ok(Record::Storage { config, .. }) = Record::decode(record) {
+                            ids.insert(name.clone(), (id, config.spec));
+                        }
+                        record.to_vec()
+                    }
+                    _ => bytes,
+                };
                 match Record::decode(&bytes) {
                     Ok(record) if kind.holds(&record) => {
                         report.records += 1;
@@ -406,6 +471,7 @@ impl SharedStore {
                 }
             }
         }
+        *lock(&self.storage_ids) = ids;
         Ok(replay)
     }
 
@@ -428,6 +494,11 @@ impl SharedStore {
             cursor = page.next;
         }
         Ok(())
+    }
+
+    /// The storages' registration ids as last read or written.
+    fn storage_ids(&self) -> HashMap<String, (u64, StorageSpec)> {
+        lock(&self.storage_ids).clone()
     }
 
     /// Counters in the journal's terms: every change written is durable once answered.

@@ -12,7 +12,9 @@
 //!    DELETING locations of sessions open at the old leader's end freed;
 //! 4. the store becomes the manager's journal, and every key read in step 2 is written back
 //!    as it now is (cleaned up, or removed), so the store holds no WRITING entry and no
-//!    location this node could not adopt.
+//!    location this node could not adopt. The index is quiet meanwhile: the node is not
+//!    leader yet, so no client call and no reclaimer pass runs, and there is no session to
+//!    expire and no removal for the deleter.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,6 +62,7 @@ impl Manager {
         store.take_over(token)?;
         let mut replay = store.read_registry(&mut report)?;
         let numbered = replay.renumber_storages();
+        let ids = store.storage_ids();
         let instance_ids = replay.instance_ids();
         let mut read_keys: HashMap<String, Vec<BlockKey>> = HashMap::new();
         for id in &instance_ids {
@@ -72,10 +75,12 @@ impl Manager {
             let keys = read_keys.entry(id.clone()).or_default();
             let mut restored: Vec<(BlockKey, DurableEntry)> = Vec::new();
             store.read_entries(id, |key, bytes| {
-                keys.push(key);
                 match value::decode(bytes) {
                     Ok((storages, entry)) => {
-                        let handles = map_storages(&storages, &entry, &numbered, &mut report);
+                        // Only keys that decode are written back: one written by a newer
+                        // build stays as it is for that build to read.
+                        keys.push(key);
+                        let handles = map_storages(&storages, &entry, &numbered, &ids, &mut report);
                         if let Some(entry) = value::remap(entry, |i| handles[usize::from(i.0)]) {
                             restored.push((key, entry));
                         }
@@ -126,19 +131,22 @@ impl Manager {
 }
 
 /// This process's handle for each storage a value names (by its list index): `None` for a
-/// storage that is gone (dropped) or whose spec changed since the value was written (stale);
+/// storage that is gone (dropped) or registered anew since the value was written (stale);
 /// each location on such a storage is counted in `report`.
 fn map_storages(
     storages: &[StorageRef],
     entry: &DurableEntry,
     numbered: &HashMap<String, (StorageHandle, kvcm_storage::StorageConfig)>,
+    store_ids: &HashMap<String, (u64, kvcm_storage::StorageSpec)>,
     report: &mut RecoveryReport,
 ) -> Vec<Option<StorageHandle>> {
+    let ids = store_ids;
     let handles: Vec<Option<StorageHandle>> = storages
         .iter()
         .map(|storage| {
-            let (handle, config) = numbered.get(&storage.name)?;
-            (value::spec_digest(&config.spec) == storage.digest).then_some(*handle)
+            let (handle, _) = numbered.get(&storage.name)?;
+            let current = ids.get(&storage.name).map(|(id, _)| *id);
+            (current == Some(storage.id)).then_some(*handle)
         })
         .collect();
     for location in entry.entry.locations() {

@@ -247,3 +247,49 @@ fn a_restarted_redis_fails_writes_meanwhile_and_serves_again_without_a_new_manag
     );
     assert_eq!(uris(&next, &[1, 2, 3])[1], None);
 }
+
+#[test]
+fn entries_of_a_storage_whose_spec_changed_are_stale_and_other_updates_keep_them() {
+    if !redis_available("entries_of_a_storage_whose_spec_changed_are_stale") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path());
+    let root = dir.path().join("blocks");
+    let moved = dir.path().join("moved");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&moved).unwrap();
+    let (first, _, _) = leader(&redis.uri(), 1);
+    register(&first, &root);
+    let instance = first.instance("i").unwrap();
+    write(&first, &instance, &[1, 2]);
+    let mut same_spec = storage("s", &root);
+    same_spec.check_storage_available_when_open = true;
+    first.update_storage(same_spec).unwrap();
+    write(&first, &instance, &[3]);
+
+    let (second, _, report) = leader(&redis.uri(), 2);
+    assert_eq!(
+        report.entries, 3,
+        "an update that kept the spec kept them: {report:?}"
+    );
+    assert_eq!(report.stale_locations, 0, "{report:?}");
+    second.update_storage(storage("s", &moved)).unwrap();
+    let instance = second.instance("i").unwrap();
+    write(&second, &instance, &[4]);
+
+    let (third, _, report) = leader(&redis.uri(), 3);
+    assert_eq!(
+        report.stale_locations, 3,
+        "keys 1-3 were written under the old root: {report:?}"
+    );
+    assert_eq!(report.entries, 1, "{report:?}");
+    let served = uris(&third, &[1, 4]);
+    assert_eq!(served[0], None);
+    assert!(
+        served[1]
+            .as_deref()
+            .is_some_and(|uri| uri.contains("moved")),
+        "{served:?}"
+    );
+}

@@ -2,21 +2,20 @@
 //! no longer depend on the process that wrote it.
 //!
 //! Handles are per process, and so are the numbers two leaders would give one storage. Each
-//! value therefore carries the list of storages it names — the storage's name and a digest
-//! of its spec when the value was written — and its handles are indices into that list. A
-//! reader maps each back to a handle of its own by name; a location whose storage's spec
-//! changed since (another root, say) is stale, as in the local journal's recovery.
+//! value therefore carries the list of storages it names — the storage's name and the id of
+//! the storage's registration the location was written under (random per registration with
+//! a new spec, kept by updates that leave the spec as it is; 0: an earlier registration) —
+//! and its handles are indices into that list. A reader maps each back to a handle of its
+//! own by name; a location whose id is not the storage's current one (its root moved, say) is
+//! stale, as in the local journal's recovery.
 //!
-//! Layout (version 1): `u8` version, the storage list (`str` name, `u64` spec digest each),
+//! Layout (version 1): `u8` version, the storage list (`str` name, `u64` id each),
 //! then the entry as the journal writes it ([`write_entry`]) with list indices as handles.
 //! Decoding never panics; an index past the list is an error.
 
 use std::collections::HashMap;
 
-use kvcm_storage::{StorageConfig, StorageSpec};
-use sha2::{Digest, Sha256};
-
-use crate::encoding::{DecodeError, Encode, Reader, Writer};
+use crate::encoding::{DecodeError, Reader, Writer};
 use crate::entry::{Entry, StorageHandle};
 use crate::journal::record::{read_entry, write_entry, DurableEntry, ObjectName};
 
@@ -28,22 +27,8 @@ const VERSION: u8 = 1;
 pub(crate) struct StorageRef {
     /// The storage's `global_unique_name`.
     pub name: String,
-    /// [`spec_digest`] of its spec when the value was written.
-    pub digest: u64,
-}
-
-/// A digest of a storage spec (the first 8 bytes of the SHA-256 of its versioned encoding):
-/// equal digests mean the same root, type and settings.
-pub(crate) fn spec_digest(spec: &StorageSpec) -> u64 {
-    let normalized = StorageConfig {
-        global_unique_name: String::new(),
-        spec: spec.clone(),
-        check_storage_available_when_open: false,
-    };
-    let hash = Sha256::digest(normalized.encode());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&hash[..8]);
-    u64::from_le_bytes(first)
+    /// The id of its registration the location was written under (0: none current).
+    pub id: u64,
 }
 
 /// The bytes of `entry`; `describe` names the storage behind each of its handles (`None`:
@@ -86,7 +71,7 @@ pub(crate) fn encode(
     out.u8(VERSION);
     out.list(&storages, |out, storage| {
         out.str(&storage.name);
-        out.u64(storage.digest);
+        out.u64(storage.id);
     });
     let portable = DurableEntry {
         entry: Entry::new(locations),
@@ -106,7 +91,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(Vec<StorageRef>, DurableEntry), De
     let storages = input.list(|input| {
         Ok(StorageRef {
             name: input.string()?,
-            digest: input.u64()?,
+            id: input.u64()?,
         })
     })?;
     let entry = read_entry(&mut input)?;
