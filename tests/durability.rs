@@ -382,7 +382,7 @@ async fn on_a_shared_redis_store_the_next_leader_serves_every_acknowledged_write
     let redis = redis_support::RedisServer::start(redis_dir.path());
     let a = shared_node(&redis.uri(), "a").await;
     wait_leads(&a, TAKEOVER).await;
-    let b = shared_node(&redis.uri(), "b").await;
+    let mut b = shared_node(&redis.uri(), "b").await;
     assert!(!leads(&b).await, "one leader");
     let registered = a.register(INSTANCE, 64).await;
     assert_eq!(common::code(&registered), "OK", "{registered}");
@@ -419,7 +419,7 @@ async fn on_a_shared_redis_store_the_next_leader_serves_every_acknowledged_write
         book.removed.len(),
         book.uncertain.len()
     );
-    let mut c = shared_node(&redis.uri(), "c").await;
+    let c = shared_node(&redis.uri(), "c").await;
     assert_eq!(named_leader(&c).await.as_deref(), Some("b"));
     assert!(!leads(&c).await);
 
@@ -446,14 +446,37 @@ async fn on_a_shared_redis_store_the_next_leader_serves_every_acknowledged_write
     let uris = batch_get(&c, &[-7]).await;
     assert!(!uris[0].is_empty(), "the new leader's write is served");
 
-    // SIGTERM stops a leader for good (its resignation is no lost lead to restart after).
-    signal(c.pid(), "TERM");
-    let exited = common::wait_until(Duration::from_secs(20), async || {
-        (!c.is_running()).then_some(())
+    // LeaderDemote: answered, then the demoted node restarts and follows the next leader.
+    let mut admin = admin_of(&c).await.expect("the leader answers");
+    let demoted = admin
+        .leader_demote(admin::LeaderDemoteRequest::default())
+        .await
+        .expect("LeaderDemote is answered before the restart")
+        .into_inner();
+    assert_eq!(common::admin_code(&demoted.header), admin::ErrorCode::Ok);
+    wait_leads(&b, LEASE + TAKEOVER).await;
+    let follows = common::wait_until(Duration::from_secs(30), async || {
+        let restarted = c.log().contains("restarting the process");
+        (restarted && named_leader(&c).await.as_deref() == Some("b")).then_some(())
     })
     .await;
-    assert!(exited.is_some(), "SIGTERM stops the leader: {}", c.log());
-    assert!(!c.log().contains("restarting the process"), "{}", c.log());
+    assert!(
+        follows.is_some(),
+        "the demoted node restarts and follows: {}",
+        c.log()
+    );
+    verify(&b, &book).await;
+
+    // SIGTERM stops a leader for good (its resignation is no lost lead to restart after).
+    let restarts = |log: String| log.matches("restarting the process").count();
+    let before = restarts(b.log());
+    signal(b.pid(), "TERM");
+    let exited = common::wait_until(Duration::from_secs(20), async || {
+        (!b.is_running()).then_some(())
+    })
+    .await;
+    assert!(exited.is_some(), "SIGTERM stops the leader: {}", b.log());
+    assert_eq!(restarts(b.log()), before, "{}", b.log());
 }
 
 /// Sends `kill -<name>` to `pid`.
