@@ -384,7 +384,7 @@ impl SharedStore {
         if self.token.load(Ordering::Acquire) == 0 {
             return Err(JournalError::Fenced { token: 0 });
         }
-        let ids = lock(&self.storage_ids).clone();
+        let ids = lock(&self.storage_ids);
         let describe = |handle| {
             let config = self.incarnations.get(handle)?.backend.config();
             let name = &config.global_unique_name;
@@ -403,6 +403,7 @@ impl SharedStore {
             .iter()
             .map(|(key, entry)| (*key, entry.as_ref().map(|e| value::encode(e, describe))))
             .collect();
+        drop(ids);
         self.entries(instance_id)?
             .apply(&encoded)
             .map_err(|e| self.index_error(e))?;
