@@ -86,6 +86,12 @@ fn index_rmw(index: &Index, keys: &[i64]) {
         .expect("rmw");
 }
 
+/// The shared store's write: one `apply` of the batch (puts of known values, no read).
+fn index_apply(index: &Index, keys: &[i64]) {
+    let changes: Vec<(i64, Option<u64>)> = keys.iter().map(|&k| (k, Some(k as u64))).collect();
+    index.apply(&changes).expect("apply");
+}
+
 fn populate(index: &Index, connection: &mut Connection) {
     let all: Vec<i64> = (0..STORED).collect();
     for chunk in all.chunks(1000) {
@@ -183,6 +189,11 @@ fn main() {
     compare(
         "read_modify_write_128 vs pipelined SET x128",
         |keys| index_rmw(&index, keys),
+        |keys| raw_set(&mut raw, keys),
+    );
+    compare(
+        "apply_128 (the shared store's write) vs pipelined SET x128",
+        |keys| index_apply(&index, keys),
         |keys| raw_set(&mut raw, keys),
     );
     compare(
