@@ -584,6 +584,83 @@ async fn key_of(server: &TestServer, user: &str, role: &str, instances: &[&str])
     answer["api_key"].as_str().expect("api_key").to_string()
 }
 
+/// A soft-TCP queue pair opened on a pool node with a ticket, as an engine opens one.
+struct RawPoolQp {
+    _domain: kvcm_transport::soft::SoftDomain,
+    cq: kvcm_transport::soft::SoftCq,
+    qp: kvcm_transport::soft::SoftQp,
+    _buffer: kvcm_transport::HostMemory,
+    region: kvcm_transport::soft::SoftRegion,
+    info: kvcm::pool::RegionInfo,
+}
+
+impl RawPoolQp {
+    /// The queue pair, or `None` when the node refuses the hello.
+    fn open(endpoint: &str, ticket: &[u8]) -> Option<RawPoolQp> {
+        use kvcm_transport::soft::{SoftConfig, SoftDomain};
+        use kvcm_transport::{Access, Domain, QpConfig, QueuePair};
+        use std::io::{Read, Write};
+        let config = SoftConfig::default().with_response_timeout(Duration::from_secs(2));
+        let domain = SoftDomain::open(config).expect("domain");
+        let cq = domain.create_cq().expect("cq");
+        let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
+        let mut stream = std::net::TcpStream::connect(endpoint).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut hello = b"KVP2".to_vec();
+        hello.push(0);
+        hello.extend_from_slice(ticket);
+        stream.write_all(&hello).expect("hello");
+        let remote = kvcm_transport::exchange_endpoints(&mut stream, &qp.endpoint()).ok()?;
+        qp.connect(&remote).expect("connect the queue pair");
+        let mut info = [0u8; kvcm::pool::RegionInfo::SIZE];
+        stream.read_exact(&mut info).ok()?;
+        let buffer = domain.alloc(4096).expect("buffer");
+        let region = domain
+            .register(&buffer, 0, 4096, Access::LOCAL_WRITE)
+            .expect("register");
+        Some(RawPoolQp {
+            _domain: domain,
+            cq,
+            qp,
+            _buffer: buffer,
+            region,
+            info: kvcm::pool::RegionInfo::decode(&info),
+        })
+    }
+
+    /// Whether one 8-byte READ of the node's region completes successfully.
+    fn reads(&self) -> bool {
+        use kvcm_transport::{
+            CompletionQueue, QueuePair, Region, RemoteAddr, SendOp, SendWr, Sge, WcStatus,
+            WorkCompletion,
+        };
+        let sge = [Sge {
+            addr: self.region.addr(),
+            len: 8,
+            lkey: self.region.lkey(),
+        }];
+        let read = SendWr {
+            wr_id: 7,
+            op: SendOp::Read(RemoteAddr {
+                addr: self.info.addr,
+                rkey: self.info.rkey,
+            }),
+            sg_list: &sge,
+            signaled: true,
+        };
+        if self.qp.post_send(&[read]).is_err() {
+            return false;
+        }
+        let mut done = [WorkCompletion::EMPTY];
+        let completed = common::wait_until_blocking(Duration::from_secs(10), || {
+            (self.cq.poll(&mut done) == 1).then_some(done[0].status)
+        });
+        completed == Some(WcStatus::Success)
+    }
+}
+
 /// A raw hello to the pool node at `endpoint`; whether the node answered an endpoint.
 fn pool_hello_admitted(endpoint: &str, hello: &[u8]) -> bool {
     use kvcm_transport::soft::{SoftConfig, SoftDomain};
@@ -725,4 +802,41 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     for outcome in get_checked(&mut engine, &keys) {
         assert!(matches!(outcome, GetOutcome::Hit(_)), "{outcome:?}");
     }
+    // A queue pair opened with the client's ticket reads the region until the key is
+    // revoked; within a few heartbeats the node tears it down and refuses the ticket.
+    let raw = RawPoolQp::open(&endpoint, &ticket).expect("the ticket opens a queue pair");
+    assert!(raw.reads(), "a READ on a granted queue pair");
+    runtime.block_on(async {
+        let (status, listed) = server
+            .post_as("admin_http", "/api/listApiKeys", &json!({}), Some(ROOT))
+            .await;
+        assert_eq!(status, 200, "{listed}");
+        let keys = listed["keys"].as_array().expect("keys");
+        let eng = keys
+            .iter()
+            .find(|k| k["user_name"] == "eng")
+            .expect("eng's key");
+        let key_id = eng["key_id"].as_str().expect("key_id").to_string();
+        let (status, answer) = server
+            .post_as(
+                "admin_http",
+                "/api/revokeApiKey",
+                &json!({"key_id": key_id}),
+                Some(ROOT),
+            )
+            .await;
+        assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+    });
+    let revoked_at = Instant::now();
+    let torn_down =
+        common::wait_until_blocking(Duration::from_secs(10), || (!raw.reads()).then_some(()));
+    assert!(
+        torn_down.is_some(),
+        "the revoked key's queue pair is torn down"
+    );
+    eprintln!("torn down {:?} after the revocation", revoked_at.elapsed());
+    assert!(
+        RawPoolQp::open(&endpoint, &ticket).is_none(),
+        "the revoked credential's ticket opens nothing more"
+    );
 }

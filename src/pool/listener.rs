@@ -7,16 +7,15 @@
 //! thread runs per transfer.
 //!
 //! Each handshake runs on a thread of its own with a 2-second deadline, at most
-//! [`MAX_HANDSHAKES`] at once; at most [`MAX_PEERS`] queue pairs are kept (the oldest
+//! [`MAX_HANDSHAKES`] at once; at most 1024 queue pairs are kept (the oldest
 //! broken ones are dropped first, then the oldest).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use kvcm_transport::soft::SoftQp;
-use kvcm_transport::{exchange_endpoints, QpState, QueuePair};
+use kvcm_transport::{exchange_endpoints, QueuePair};
 
 use super::region::PoolRegion;
 use super::ticket::TICKET_LEN;
@@ -30,8 +29,6 @@ pub const HELLO_TICKET: &[u8; 4] = b"KVP2";
 const DEADLINE: Duration = Duration::from_secs(2);
 /// Most connections being set up at once.
 const MAX_HANDSHAKES: usize = 64;
-/// Most queue pairs kept.
-const MAX_PEERS: usize = 1024;
 
 /// Where a client reads and writes the region on its wire, and which incarnation it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,16 +69,12 @@ impl RegionInfo {
     }
 }
 
-/// The connected queue pairs.
-type Peers = Arc<Mutex<Vec<SoftQp>>>;
-
 /// Binds `listen` and accepts on a thread of its own; returns the bound address.
 pub fn listen(listen: SocketAddr, region: Arc<PoolRegion>) -> Result<SocketAddr, PoolError> {
     let listener = TcpListener::bind(listen).map_err(PoolError::Listener)?;
     let addr = listener.local_addr().map_err(PoolError::Listener)?;
-    let peers: Peers = Arc::default();
     let accept = move |stream| {
-        if let Err(error) = connect(stream, &region, &peers) {
+        if let Err(error) = connect(stream, &region) {
             tracing::debug!(%error, "pool queue pair refused");
         }
     };
@@ -91,7 +84,7 @@ pub fn listen(listen: SocketAddr, region: Arc<PoolRegion>) -> Result<SocketAddr,
 }
 
 /// Reads the hello, connects a queue pair on the named wire, sends the region's info.
-fn connect(mut stream: TcpStream, region: &PoolRegion, peers: &Peers) -> Result<(), PoolError> {
+fn connect(mut stream: TcpStream, region: &PoolRegion) -> Result<(), PoolError> {
     let io = PoolError::Listener;
     stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
     stream.set_write_timeout(Some(DEADLINE)).map_err(io)?;
@@ -107,7 +100,7 @@ fn connect(mut stream: TcpStream, region: &PoolRegion, peers: &Peers) -> Result<
         }
         _ => return Err(PoolError::Refused("not a pool hello".into())),
     };
-    region.admit(ticket.as_ref())?;
+    let grant = region.admit(ticket.as_ref())?;
     let (qp, addr, rkey) = region.create_qp(usize::from(hello[4]))?;
     let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
     qp.connect(&remote)?;
@@ -118,20 +111,8 @@ fn connect(mut stream: TcpStream, region: &PoolRegion, peers: &Peers) -> Result<
         range_id: region.range_id(),
     };
     stream.write_all(&info.encode()).map_err(io)?;
-    keep(peers, qp);
+    region.keep(qp, grant);
     Ok(())
-}
-
-/// Keeps a queue pair, making room by dropping broken ones, then the oldest.
-fn keep(peers: &Peers, qp: SoftQp) {
-    let mut peers = peers.lock().unwrap_or_else(PoisonError::into_inner);
-    if peers.len() >= MAX_PEERS {
-        peers.retain(|peer| peer.state() != QpState::Error);
-    }
-    if peers.len() >= MAX_PEERS {
-        peers.remove(0);
-    }
-    peers.push(qp);
 }
 
 #[cfg(test)]

@@ -12,7 +12,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::region::PoolRegion;
-use super::routes::{HeartbeatRequest, JoinAnswer, JoinRequest, HEARTBEAT_ROUTE, JOIN_ROUTE};
+use super::routes::{
+    HeartbeatAnswer, HeartbeatRequest, JoinAnswer, JoinRequest, HEARTBEAT_ROUTE, JOIN_ROUTE,
+};
 use super::PoolError;
 use crate::http_json::{post_json_with, PostError};
 use crate::tls_client::TlsClient;
@@ -123,16 +125,17 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
         }
         region.set_incarnation(membership.range_id, ticket_key.flatten());
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
-        let beat = HeartbeatRequest {
-            storage: config.joining.storage.clone(),
-            node_id: config.node_id.clone(),
-            range_id: membership.range_id,
-        };
         loop {
             if pause(shared, interval, None) {
                 return;
             }
-            match post_json_with::<serde_json::Value>(
+            let beat = HeartbeatRequest {
+                storage: config.joining.storage.clone(),
+                node_id: config.node_id.clone(),
+                range_id: membership.range_id,
+                grants: region.live_grants(),
+            };
+            match post_json_with::<HeartbeatAnswer>(
                 config.servers[server],
                 HEARTBEAT_ROUTE,
                 &beat,
@@ -140,6 +143,10 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
                 config.joining.api_key.as_deref(),
                 config.joining.tls.as_ref(),
             ) {
+                Ok(answer) if !answer.revoked.is_empty() => {
+                    let closed = region.revoke(&answer.revoked);
+                    tracing::info!(closed, "queue pairs of revoked credentials torn down");
+                }
                 Ok(_) => {}
                 Err(PostError::Status { status: 404, .. }) => break, // forgotten: join again
                 Err(error) => {

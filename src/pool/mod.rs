@@ -14,6 +14,7 @@
 //! server declares an incarnation dead it forgets every block on it before the node can
 //! join again.
 
+pub mod grants;
 pub mod listener;
 pub mod member;
 pub mod region;

@@ -1,14 +1,16 @@
 //! A pool node's region: one memory (a memfd mapping, backed lazily page by page as
 //! blocks are written) registered for remote reads and writes on a soft-TCP and a
 //! soft-shm domain, the node's current incarnation (`range_id`) and, when its server
-//! demands tickets, the incarnation's ticket key (`super::ticket`).
+//! demands tickets, the incarnation's ticket key (`super::ticket`), and the connected queue
+//! pairs with the grant each was opened under (a revoked grant's are torn down).
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
 
 use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
-use kvcm_transport::{Access, Domain, HostMemory, Memory, QpConfig, Region};
+use kvcm_transport::{Access, Domain, HostMemory, Memory, QpConfig, QpState, QueuePair, Region};
 
 use super::ticket::{self, NodeKey, Ticket};
 use super::PoolError;
@@ -29,7 +31,15 @@ pub struct PoolRegion {
     range_id: AtomicU64,
     /// The ticket key of the current incarnation (`None`: the server demands no tickets).
     ticket_key: Mutex<Option<NodeKey>>,
+    /// Connected queue pairs and the grant of the ticket each was opened with.
+    peers: Mutex<Vec<(SoftQp, Option<u64>)>>,
+    /// Grants the server answered revoked, and when: their tickets open nothing more (kept
+    /// for a ticket's life, after which every ticket of theirs has expired).
+    revoked: Mutex<Vec<(u64, Instant)>>,
 }
+
+/// Most queue pairs kept.
+const MAX_PEERS: usize = 1024;
 
 impl PoolRegion {
     /// Allocates `size` bytes and registers them on both wires (soft NIC bound to `bind`).
@@ -67,6 +77,8 @@ impl PoolRegion {
             wires,
             range_id: AtomicU64::new(0),
             ticket_key: Mutex::new(None),
+            peers: Mutex::new(Vec::new()),
+            revoked: Mutex::new(Vec::new()),
         })
     }
 
@@ -97,19 +109,61 @@ impl PoolRegion {
 
     /// Whether a hello with `ticket` may open a queue pair: always while the server demands
     /// no tickets; otherwise only with a ticket of this incarnation that has not expired.
-    pub(super) fn admit(&self, ticket: Option<&Ticket>) -> Result<(), PoolError> {
+    /// The grant the ticket carries (`None` without tickets).
+    pub(super) fn admit(&self, ticket: Option<&Ticket>) -> Result<Option<u64>, PoolError> {
         let key = *self
             .ticket_key
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let refused = |why: &str| PoolError::Refused(why.to_string());
         match (key, ticket) {
-            (None, _) => Ok(()),
+            (None, _) => Ok(None),
             (Some(_), None) => Err(refused("this pool node's server demands a ticket")),
             (Some(key), Some(ticket)) => {
-                ticket::verify(&key, self.range_id(), ticket, ticket::now_ms()).map_err(refused)
+                let grant = ticket::verify(&key, self.range_id(), ticket, ticket::now_ms())
+                    .map_err(refused)?;
+                let revoked = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
+                if revoked.iter().any(|(g, _)| *g == grant) {
+                    return Err(refused("the credential of this ticket was revoked"));
+                }
+                Ok(Some(grant))
             }
         }
+    }
+
+    /// Keeps a connected queue pair, making room by dropping broken ones, then the oldest.
+    pub(super) fn keep(&self, qp: SoftQp, grant: Option<u64>) {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if peers.len() >= MAX_PEERS {
+            peers.retain(|(peer, _)| peer.state() != QpState::Error);
+        }
+        if peers.len() >= MAX_PEERS {
+            peers.remove(0);
+        }
+        peers.push((qp, grant));
+    }
+
+    /// The distinct grants of the queue pairs kept.
+    pub(super) fn live_grants(&self) -> Vec<u64> {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut grants: Vec<u64> = peers.iter().filter_map(|(_, grant)| *grant).collect();
+        grants.sort_unstable();
+        grants.dedup();
+        grants
+    }
+
+    /// Tears down the queue pairs opened under `revoked` grants and refuses their tickets
+    /// from now on; returns how many queue pairs were torn down.
+    pub(super) fn revoke(&self, revoked: &[u64]) -> usize {
+        {
+            let mut known = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
+            known.retain(|(_, at)| at.elapsed() < ticket::TICKET_TTL);
+            known.extend(revoked.iter().map(|grant| (*grant, Instant::now())));
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = peers.len();
+        peers.retain(|(_, grant)| !grant.is_some_and(|g| revoked.contains(&g)));
+        before - peers.len()
     }
 
     /// A new queue pair on wire `wire` and the region's address and rkey there.

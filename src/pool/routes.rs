@@ -29,9 +29,10 @@ use kvcm_storage::StorageError;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::grants::{Credential, PoolGrants};
 use super::ticket::{self, ServerSecret};
-use crate::service::auth::{authorize, Authenticator, Grant};
-use crate::service::http::{own_answer, own_refusal, read_body, HttpLimits};
+use crate::service::auth::{authorize, Authenticator, Caller, Grant};
+use crate::service::http::{own_answer, own_refusal, read_body, ClientCertificate, HttpLimits};
 use crate::service::rpcs::{Access, Service};
 
 /// Join route.
@@ -76,6 +77,18 @@ pub struct HeartbeatRequest {
     pub node_id: String,
     /// Its incarnation.
     pub range_id: u64,
+    /// The grants of its live queue pairs' tickets (`super::grants`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grants: Vec<u64>,
+}
+
+/// The server's answer to a heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatAnswer {
+    /// The grants of the request whose credential no longer passes: the node tears their
+    /// queue pairs down.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revoked: Vec<u64>,
 }
 
 /// Asks for a pool's members.
@@ -143,6 +156,7 @@ pub fn router(
             limits,
             auth,
             secret,
+            grants: Arc::default(),
         })
 }
 
@@ -153,6 +167,7 @@ struct Routes {
     limits: HttpLimits,
     auth: Authenticator,
     secret: ServerSecret,
+    grants: Arc<PoolGrants>,
 }
 
 impl Routes {
@@ -168,15 +183,42 @@ impl Routes {
             .check_request(Service::Meta, request)
             .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
         authorize(caller.as_ref(), access, None).map_err(|why| (StatusCode::FORBIDDEN, why))?;
-        let scope = match caller.map(|c| c.grant) {
-            Some(Grant::Key { instances, .. }) if !instances.is_empty() => Some(instances),
-            _ => None,
+        let credential = Credential {
+            authorization: request
+                .headers()
+                .get(axum::http::header::AUTHORIZATION)
+                .map(|value| value.as_bytes().to_vec()),
+            certificate: request
+                .extensions()
+                .get::<ClientCertificate>()
+                .map(|c| c.0.clone()),
         };
         Ok(Admission {
             tickets: true,
-            scope,
+            scope: scope_of(caller.as_ref()),
+            credential,
         })
     }
+}
+
+/// The instances a caller's key is limited to (`None`: a token, or a key on every
+/// instance).
+pub(super) fn scope_of(caller: Option<&Caller>) -> Option<Vec<String>> {
+    match caller.map(|c| &c.grant) {
+        Some(Grant::Key { instances, .. }) if !instances.is_empty() => Some(instances.clone()),
+        _ => None,
+    }
+}
+
+/// Whether one of `instances` belongs to a group that uses pool `storage`.
+pub(super) fn uses_pool(manager: &Manager, instances: &[String], storage: &str) -> bool {
+    instances.iter().any(|id| {
+        manager.instance(id).is_some_and(|instance| {
+            manager
+                .group(instance.group())
+                .is_ok_and(|group| group.storage_candidates.iter().any(|s| s == storage))
+        })
+    })
 }
 
 /// What a caller was admitted as.
@@ -186,6 +228,8 @@ struct Admission {
     tickets: bool,
     /// The instances a key is limited to (`None`: a token, or a key on every instance).
     scope: Option<Vec<String>>,
+    /// What the caller showed (kept with the grants of the tickets it gets).
+    credential: Credential,
 }
 
 impl Admission {
@@ -194,14 +238,7 @@ impl Admission {
         let Some(instances) = &self.scope else {
             return Ok(());
         };
-        let uses = |id: &String| {
-            manager.instance(id).is_some_and(|instance| {
-                manager
-                    .group(instance.group())
-                    .is_ok_and(|group| group.storage_candidates.iter().any(|s| s == storage))
-            })
-        };
-        if instances.iter().any(uses) {
+        if uses_pool(manager, instances, storage) {
             return Ok(());
         }
         Err(RouteError::Forbidden(format!(
@@ -260,7 +297,10 @@ async fn heartbeat(State(routes): State<Routes>, request: Request) -> Response {
         |routes, _, request: HeartbeatRequest| {
             let manager = &routes.manager;
             manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
-            Ok(serde_json::json!({}))
+            let revoked = routes
+                .grants
+                .revoked(&routes.auth, manager, &request.grants);
+            Ok(HeartbeatAnswer { revoked })
         },
     )
     .await
@@ -275,6 +315,12 @@ async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
             admission.may_use_pool(&routes.manager, &request.storage)?;
             let tickets = admission.tickets;
             let expiry = ticket::now_ms() + ticket::TICKET_TTL.as_millis() as u64;
+            let grant = tickets.then(|| {
+                let credential = &admission.credential;
+                routes
+                    .grants
+                    .issue(&routes.secret, credential, &request.storage)
+            });
             let nodes = routes.manager.pool_nodes(&request.storage)?;
             let answer = |status: PoolNodeStatus| {
                 let ticket = (tickets && status.live).then(|| {
@@ -282,7 +328,8 @@ async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
                     let key = routes
                         .secret
                         .node_key(storage, &status.node_id, status.range_id);
-                    kvcm_manager::hex::encode(&ticket::issue(&key, status.range_id, expiry))
+                    let grant = grant.unwrap_or_default();
+                    kvcm_manager::hex::encode(&ticket::issue(&key, status.range_id, expiry, grant))
                 });
                 NodeAnswer {
                     ticket,

@@ -4,12 +4,14 @@
 //! When `kvcm.auth.meta = required`, the server answers a node's join with a node key
 //! (HMAC-SHA256 of a per-process server secret over the pool, the node id and the
 //! incarnation), and answers an authenticated `poolNodes` directory request with a ticket
-//! per live node: the ticket's expiry (ms since the Unix epoch) and the HMAC-SHA256, under
-//! that node's key, of the expiry and the node's incarnation. The node refuses a hello
-//! without a ticket, with an expired one, or with one made for another incarnation or by
-//! another key. A ticket lives [`TICKET_TTL`]; it may be used more than once within it
-//! (the directory is cached by clients, and a ticket travels like a bearer token: keep the
-//! meta HTTP port on TLS when the network is not trusted).
+//! per live node: the ticket's expiry (ms since the Unix epoch), its grant (which credential
+//! it was issued to, see `grants`) and the HMAC-SHA256, under that node's key, of the
+//! expiry, the node's incarnation and the grant. The node refuses a hello without a ticket,
+//! with an expired one, or with one made for another incarnation or by another key; it
+//! remembers each queue pair's grant and tears the queue pair down when its heartbeat learns
+//! that the grant was revoked. A ticket lives [`TICKET_TTL`]; it may be used more than once
+//! within it (the directory is cached by clients, and a ticket travels like a bearer token:
+//! keep the meta HTTP port on TLS when the network is not trusted).
 //!
 //! Invariants: keys and tickets are compared in constant time (`ring::hmac::verify`); a
 //! node key is never derived for one incarnation and accepted for another.
@@ -22,8 +24,8 @@ use ring::hmac;
 pub const TICKET_TTL: Duration = Duration::from_secs(60);
 /// Bytes of a node key.
 pub const KEY_LEN: usize = 32;
-/// Bytes of a ticket: expiry (u64 LE) and the tag.
-pub const TICKET_LEN: usize = 8 + 32;
+/// Bytes of a ticket: expiry (u64 LE), grant (u64 LE) and the tag.
+pub const TICKET_LEN: usize = 8 + 8 + 32;
 
 /// A node key.
 pub type NodeKey = [u8; KEY_LEN];
@@ -62,6 +64,20 @@ impl ServerSecret {
     }
 }
 
+impl ServerSecret {
+    /// The first 8 bytes of the HMAC of `parts` (concatenated; callers separate them), as a
+    /// number: stable per server process, unguessable without the secret.
+    pub fn digest(&self, parts: &[&[u8]]) -> u64 {
+        let mut context = hmac::Context::with_key(&self.0);
+        for part in parts {
+            context.update(part);
+        }
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&context.sign().as_ref()[..8]);
+        u64::from_le_bytes(first)
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -69,45 +85,51 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn message(expiry_ms: u64, range_id: u64) -> [u8; 16] {
-    let mut bytes = [0u8; 16];
+fn message(expiry_ms: u64, range_id: u64, grant: u64) -> [u8; 24] {
+    let mut bytes = [0u8; 24];
     bytes[..8].copy_from_slice(&expiry_ms.to_le_bytes());
-    bytes[8..].copy_from_slice(&range_id.to_le_bytes());
+    bytes[8..16].copy_from_slice(&range_id.to_le_bytes());
+    bytes[16..].copy_from_slice(&grant.to_le_bytes());
     bytes
 }
 
-/// A ticket for incarnation `range_id` under `key`, valid until `expiry_ms`.
-pub fn issue(key: &NodeKey, range_id: u64, expiry_ms: u64) -> Ticket {
+/// A ticket of `grant` for incarnation `range_id` under `key`, valid until `expiry_ms`.
+pub fn issue(key: &NodeKey, range_id: u64, expiry_ms: u64, grant: u64) -> Ticket {
     let tag = hmac::sign(
         &hmac::Key::new(hmac::HMAC_SHA256, key),
-        &message(expiry_ms, range_id),
+        &message(expiry_ms, range_id, grant),
     );
     let mut ticket = [0u8; TICKET_LEN];
     ticket[..8].copy_from_slice(&expiry_ms.to_le_bytes());
-    ticket[8..].copy_from_slice(tag.as_ref());
+    ticket[8..16].copy_from_slice(&grant.to_le_bytes());
+    ticket[16..].copy_from_slice(tag.as_ref());
     ticket
 }
 
-/// Checks `ticket` for incarnation `range_id` under `key` at `now_ms`; `Err` says why not.
+/// Checks `ticket` for incarnation `range_id` under `key` at `now_ms`: its grant, or why
+/// not.
 pub fn verify(
     key: &NodeKey,
     range_id: u64,
     ticket: &Ticket,
     now_ms: u64,
-) -> Result<(), &'static str> {
-    let mut expiry = [0u8; 8];
-    expiry.copy_from_slice(&ticket[..8]);
-    let expiry_ms = u64::from_le_bytes(expiry);
+) -> Result<u64, &'static str> {
+    let u64_at = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&ticket[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    let (expiry_ms, grant) = (u64_at(0), u64_at(8));
     hmac::verify(
         &hmac::Key::new(hmac::HMAC_SHA256, key),
-        &message(expiry_ms, range_id),
-        &ticket[8..],
+        &message(expiry_ms, range_id, grant),
+        &ticket[16..],
     )
     .map_err(|_| "a ticket of another node, incarnation or server")?;
     if expiry_ms <= now_ms {
         return Err("an expired ticket");
     }
-    Ok(())
+    Ok(grant)
 }
 
 #[cfg(test)]
@@ -118,8 +140,8 @@ mod tests {
     fn a_ticket_opens_its_incarnation_until_it_expires() {
         let secret = ServerSecret::random().unwrap();
         let key = secret.node_key("pool", "n1", 7);
-        let ticket = issue(&key, 7, 1_000);
-        assert_eq!(verify(&key, 7, &ticket, 999), Ok(()));
+        let ticket = issue(&key, 7, 1_000, 42);
+        assert_eq!(verify(&key, 7, &ticket, 999), Ok(42));
         assert_eq!(verify(&key, 7, &ticket, 1_000), Err("an expired ticket"));
         assert!(verify(&key, 8, &ticket, 0).is_err(), "another incarnation");
         let other = secret.node_key("pool", "n2", 7);
@@ -132,6 +154,9 @@ mod tests {
         let mut flipped = ticket;
         flipped[TICKET_LEN - 1] ^= 1;
         assert!(verify(&key, 7, &flipped, 0).is_err(), "a flipped tag bit");
+        let mut regranted = ticket;
+        regranted[8..16].copy_from_slice(&43u64.to_le_bytes());
+        assert!(verify(&key, 7, &regranted, 0).is_err(), "a forged grant");
     }
 
     #[test]
