@@ -174,20 +174,22 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         anyhow::Ok(())
     })?;
     drop(runtime);
-    if kvcm::server::restart_requested() {
-        return restart();
+    if let Some(hold_off_ms) = kvcm::server::restart_requested() {
+        return restart(hold_off_ms);
     }
     Ok(())
 }
 
 /// Runs this executable again in this process, with the same arguments (a node that lost
-/// its lead on the shared store starts over as a follower).
-fn restart() -> anyhow::Result<()> {
+/// its lead on the shared store starts over as a follower, keeping `hold_off_ms` of campaign
+/// pause).
+fn restart(hold_off_ms: u64) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt;
     let executable = std::env::current_exe().context("finding the executable to restart")?;
     tracing::info!("restarting {}", executable.display());
     let error = std::process::Command::new(&executable)
         .args(std::env::args_os().skip(1))
+        .env(kvcm::server::RESTART_HOLD_OFF_ENV, hold_off_ms.to_string())
         .exec();
     Err(error).with_context(|| format!("restarting {}", executable.display()))
 }

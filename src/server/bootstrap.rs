@@ -83,7 +83,8 @@ fn lead_on_shared_store(
                 });
             if promoted.is_err() && manager.journal_stats().is_some() {
                 // Restored, then failed: the copy in memory cannot serve as it is.
-                super::request_restart("taking over the shared store failed half-way");
+                let why = "taking over the shared store failed half-way";
+                super::request_restart(why, std::time::Duration::ZERO);
             }
             promoted
         }));
@@ -92,19 +93,33 @@ fn lead_on_shared_store(
         // Leaving the process-local lock every node starts on (before `join`) drops a lead
         // that loaded nothing; only a node that took the store over holds a stale copy. A
         // resignation is the process stopping: nothing to restart.
-        let stale = weak.upgrade().is_some_and(|manager| {
-            manager.journal_stats().is_some() && !manager.leadership().is_resigned()
-        });
-        if stale {
-            super::request_restart(
-                "this node lost the lead; its copy of the shared store is stale",
-            );
+        let Some(manager) = weak.upgrade() else {
+            return;
+        };
+        let leadership = manager.leadership();
+        if manager.journal_stats().is_some() && !leadership.is_resigned() {
+            let why = "this node lost the lead; its copy of the shared store is stale";
+            super::request_restart(why, leadership.campaign_pause_left());
         }
     }));
     tracing::info!(
         store = %kvcm_index::redis::redacted_uri(uri),
         "metadata on the shared store: this node serves it once it wins the lead"
     );
+    // A process restarted after a LeaderDemote keeps the rest of its campaign pause.
+    let hold_off_ms = std::env::var(super::RESTART_HOLD_OFF_ENV)
+        .ok()
+        .and_then(|ms| ms.parse::<u64>().ok())
+        .unwrap_or(0);
+    if hold_off_ms > 0 {
+        tracing::info!(
+            hold_off_ms,
+            "restarted after a demotion: not campaigning before then"
+        );
+        manager
+            .leadership()
+            .hold_off(std::time::Duration::from_millis(hold_off_ms));
+    }
     super::election::join(config, manager)
 }
 

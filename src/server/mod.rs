@@ -31,13 +31,22 @@ pub fn protect_process(security: &crate::config::SecurityConfig) -> Result<(), S
 
 /// Set once a restart was asked for (see [`request_restart`]).
 static RESTART: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The campaign pause the restarted process keeps, in ms.
+static RESTART_HOLD_OFF_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The environment variable that hands a restarted `kvcm serve` the rest of its campaign
+/// pause (set by the process that restarts itself, read at start; not a setting).
+pub const RESTART_HOLD_OFF_ENV: &str = "KVCM_RESTART_HOLD_OFF_MS";
 
 /// Asks the process to stop as on SIGTERM (listeners drained, logs closed) and then to start
 /// again with the same arguments (`kvcm serve` re-executes itself: same pid, fresh state).
 /// A node on the shared store does this when it loses the lead, since what it holds in
-/// memory may be stale from then on.
-pub fn request_restart(why: &str) {
+/// memory may be stale from then on; `hold_off` is the campaign pause the new process keeps
+/// (what remains of a LeaderDemote's), so a demotion is not undone by the restart.
+pub fn request_restart(why: &str, hold_off: std::time::Duration) {
     tracing::warn!(why, "restarting the process");
+    let hold_off_ms = u64::try_from(hold_off.as_millis()).unwrap_or(u64::MAX);
+    RESTART_HOLD_OFF_MS.store(hold_off_ms, std::sync::atomic::Ordering::SeqCst);
     RESTART.store(true, std::sync::atomic::Ordering::SeqCst);
     if let Err(error) = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM) {
         tracing::error!(%error, "raising SIGTERM for the restart; exiting at once");
@@ -45,9 +54,11 @@ pub fn request_restart(why: &str) {
     }
 }
 
-/// Whether [`request_restart`] was called.
-pub fn restart_requested() -> bool {
-    RESTART.load(std::sync::atomic::Ordering::SeqCst)
+/// Whether [`request_restart`] was called, and the campaign pause to hand on (ms).
+pub fn restart_requested() -> Option<u64> {
+    RESTART
+        .load(std::sync::atomic::Ordering::SeqCst)
+        .then(|| RESTART_HOLD_OFF_MS.load(std::sync::atomic::Ordering::SeqCst))
 }
 
 /// Why the server could not start or stopped with an error.

@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
 
+pub mod crash;
 pub mod pool;
 
 /// A running `kvcm serve`, killed (SIGKILL) when dropped.

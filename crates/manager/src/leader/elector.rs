@@ -27,6 +27,8 @@ struct State {
     lease: Option<Held>,
     /// When the last LeaderDemote happened.
     demoted_at: Option<Instant>,
+    /// No campaign before this (a demotion carried over from before a restart).
+    hold_until: Option<Instant>,
     /// The last holder read from the lock.
     observed: Option<HolderRecord>,
     /// A wake-up is due (config change, shutdown).
@@ -124,7 +126,8 @@ impl Shared {
     fn may_campaign(&self, state: &State, election: &Election) -> bool {
         let delay_ms = self.campaign_delay_ms.load(Ordering::Relaxed);
         let pause = campaign_pause(delay_ms, &election.settings);
-        state.demoted_at.is_none_or(|at| at.elapsed() >= pause)
+        let held_off = state.hold_until.is_some_and(|until| Instant::now() < until);
+        !held_off && state.demoted_at.is_none_or(|at| at.elapsed() >= pause)
     }
 
     fn renew(&self, election: &Election, token: LeaseToken) {
@@ -266,6 +269,25 @@ impl Shared {
     pub fn set_endpoint(&self, mut endpoint: NodeEndpoint) {
         endpoint.node_id = self.node_id.clone();
         lock(&self.election).endpoint = endpoint;
+    }
+
+    /// How long until a demoted node may campaign again (zero when it may).
+    pub fn campaign_pause_left(&self) -> Duration {
+        let delay_ms = self.campaign_delay_ms.load(Ordering::Relaxed);
+        let pause = campaign_pause(delay_ms, &lock(&self.election).settings);
+        let state = lock(&self.state);
+        let after_demotion = state
+            .demoted_at
+            .map_or(Duration::ZERO, |at| pause.saturating_sub(at.elapsed()));
+        let held = state.hold_until.map_or(Duration::ZERO, |until| {
+            until.saturating_duration_since(Instant::now())
+        });
+        after_demotion.max(held)
+    }
+
+    /// Campaigns no sooner than `pause` from now.
+    pub fn hold_off(&self, pause: Duration) {
+        lock(&self.state).hold_until = Some(Instant::now() + pause);
     }
 
     pub fn set_on_promote(&self, hook: PromoteHook) {

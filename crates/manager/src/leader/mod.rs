@@ -210,6 +210,17 @@ impl Leadership {
         self.shared.set_on_promote(hook);
     }
 
+    /// How long until this node may campaign again after a LeaderDemote (zero when it may).
+    pub fn campaign_pause_left(&self) -> Duration {
+        self.shared.campaign_pause_left()
+    }
+
+    /// Campaigns no sooner than `pause` from now (a node restarted after a LeaderDemote
+    /// keeps the rest of its pause).
+    pub fn hold_off(&self, pause: Duration) {
+        self.shared.hold_off(pause);
+    }
+
     /// Adds a demotion hook (hooks run in the order they were added).
     pub fn add_on_demote(&self, hook: DemoteHook) {
         self.shared.add_on_demote(hook);
