@@ -595,8 +595,8 @@ struct RawPoolQp {
 }
 
 impl RawPoolQp {
-    /// The queue pair, or `None` when the node refuses the hello.
-    fn open(endpoint: &str, ticket: &[u8]) -> Option<RawPoolQp> {
+    /// The queue pair a raw `hello` opens, or `None` when the node refuses it.
+    fn open(endpoint: &str, hello: &[u8]) -> Option<RawPoolQp> {
         use kvcm_transport::soft::{SoftConfig, SoftDomain};
         use kvcm_transport::{Access, Domain, QpConfig, QueuePair};
         use std::io::{Read, Write};
@@ -608,10 +608,7 @@ impl RawPoolQp {
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
-        let mut hello = b"KVP2".to_vec();
-        hello.push(0);
-        hello.extend_from_slice(ticket);
-        stream.write_all(&hello).expect("hello");
+        stream.write_all(hello).expect("hello");
         let remote = kvcm_transport::exchange_endpoints(&mut stream, &qp.endpoint()).ok()?;
         qp.connect(&remote).expect("connect the queue pair");
         let mut info = [0u8; kvcm::pool::RegionInfo::SIZE];
@@ -661,20 +658,9 @@ impl RawPoolQp {
     }
 }
 
-/// A raw hello to the pool node at `endpoint`; whether the node answered an endpoint.
+/// A raw hello to the pool node at `endpoint`; whether the node opened a queue pair.
 fn pool_hello_admitted(endpoint: &str, hello: &[u8]) -> bool {
-    use kvcm_transport::soft::{SoftConfig, SoftDomain};
-    use kvcm_transport::{Domain, QpConfig, QueuePair};
-    use std::io::Write;
-    let domain = SoftDomain::open(SoftConfig::default()).expect("domain");
-    let cq = domain.create_cq().expect("cq");
-    let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
-    let mut stream = std::net::TcpStream::connect(endpoint).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    stream.write_all(hello).expect("hello");
-    kvcm_transport::exchange_endpoints(&mut stream, &qp.endpoint()).is_ok()
+    RawPoolQp::open(endpoint, hello).is_some()
 }
 
 #[test]
@@ -804,7 +790,8 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     }
     // A queue pair opened with the client's ticket reads the region until the key is
     // revoked; within a few heartbeats the node tears it down and refuses the ticket.
-    let raw = RawPoolQp::open(&endpoint, &ticket).expect("the ticket opens a queue pair");
+    let granted = hello(b"KVP2", Some(&ticket));
+    let raw = RawPoolQp::open(&endpoint, &granted).expect("the ticket opens a queue pair");
     assert!(raw.reads(), "a READ on a granted queue pair");
     runtime.block_on(async {
         let (status, listed) = server
@@ -836,7 +823,7 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     );
     eprintln!("torn down {:?} after the revocation", revoked_at.elapsed());
     assert!(
-        RawPoolQp::open(&endpoint, &ticket).is_none(),
+        !pool_hello_admitted(&endpoint, &granted),
         "the revoked credential's ticket opens nothing more"
     );
 }

@@ -81,7 +81,7 @@ impl Manager {
                         // build stays as it is for that build to read.
                         keys.push(key);
                         let handles = map_storages(&storages, &entry, &numbered, &ids, &mut report);
-                        if let Some(entry) = value::remap(entry, |i| handles[usize::from(i.0)]) {
+                        if let Some(entry) = value::remap(&entry, |i| handles[usize::from(i.0)]) {
                             restored.push((key, entry));
                         }
                     }

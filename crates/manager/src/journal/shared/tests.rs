@@ -24,6 +24,16 @@ fn leader(uri: &str, token: u64) -> (Arc<Manager>, Arc<SharedStore>, super::Reco
     (manager, store, report)
 }
 
+/// A private redis-server in a temporary directory, and `<dir>/blocks` (created) for the
+/// file storage.
+fn on_redis() -> (tempfile::TempDir, RedisServer, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(dir.path());
+    let root = dir.path().join("blocks");
+    std::fs::create_dir_all(&root).unwrap();
+    (dir, redis, root)
+}
+
 /// Storage `s` under `root`, group `g`, instance `i`, registered through `manager`.
 fn register(manager: &Manager, root: &Path) {
     manager.add_storage(storage("s", root)).unwrap();
@@ -137,10 +147,7 @@ fn damaged_values_are_reported_and_skipped_and_the_rest_is_served() {
     if !redis_available("damaged_values_are_reported_and_skipped") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path());
-    let root = dir.path().join("blocks");
-    std::fs::create_dir_all(&root).unwrap();
+    let (_dir, redis, root) = on_redis();
     let (old, store, _) = leader(&redis.uri(), 1);
     register(&old, &root);
     let instance = old.instance("i").unwrap();
@@ -197,10 +204,7 @@ fn a_removed_instance_leaves_nothing_a_new_one_of_its_id_would_find() {
     if !redis_available("a_removed_instance_leaves_nothing") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path());
-    let root = dir.path().join("blocks");
-    std::fs::create_dir_all(&root).unwrap();
+    let (_dir, redis, root) = on_redis();
     let (old, store, _) = leader(&redis.uri(), 1);
     register(&old, &root);
     let instance = old.instance("i").unwrap();
@@ -220,10 +224,7 @@ fn a_restarted_redis_fails_writes_meanwhile_and_serves_again_without_a_new_manag
     if !redis_available("a_restarted_redis_fails_writes_meanwhile") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let mut redis = RedisServer::start(dir.path());
-    let root = dir.path().join("blocks");
-    std::fs::create_dir_all(&root).unwrap();
+    let (_dir, mut redis, root) = on_redis();
     let (manager, _, _) = leader(&redis.uri(), 1);
     register(&manager, &root);
     let instance = manager.instance("i").unwrap();
@@ -253,11 +254,8 @@ fn entries_of_a_storage_whose_spec_changed_are_stale_and_other_updates_keep_them
     if !redis_available("entries_of_a_storage_whose_spec_changed_are_stale") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start(dir.path());
-    let root = dir.path().join("blocks");
+    let (dir, redis, root) = on_redis();
     let moved = dir.path().join("moved");
-    std::fs::create_dir_all(&root).unwrap();
     std::fs::create_dir_all(&moved).unwrap();
     let (first, _, _) = leader(&redis.uri(), 1);
     register(&first, &root);

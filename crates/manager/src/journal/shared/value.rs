@@ -38,45 +38,21 @@ pub(crate) fn encode(
     describe: impl Fn(StorageHandle) -> Option<StorageRef>,
 ) -> Vec<u8> {
     let mut storages: Vec<StorageRef> = Vec::new();
-    let mut index_of: HashMap<StorageHandle, StorageHandle> = HashMap::new();
-    let mut local = |handle: StorageHandle| -> Option<StorageHandle> {
-        if let Some(index) = index_of.get(&handle) {
-            return Some(*index);
-        }
+    let portable = remap(entry, |handle| {
         let index = StorageHandle(u16::try_from(storages.len()).ok()?);
         storages.push(describe(handle)?);
-        index_of.insert(handle, index);
         Some(index)
-    };
-    let mut locations = Vec::with_capacity(entry.entry.len());
-    for location in entry.entry.locations() {
-        if let Some(index) = local(location.storage) {
-            let mut owned = location.to_owned();
-            owned.storage = index;
-            locations.push(owned);
-        }
-    }
-    let names: Vec<ObjectName> = entry
-        .names
-        .iter()
-        .filter_map(|name| {
-            let storage = *index_of.get(&name.storage)?;
-            Some(ObjectName {
-                storage,
-                ..name.clone()
-            })
-        })
-        .collect();
+    });
+    let portable = portable.unwrap_or_else(|| DurableEntry {
+        entry: Entry::new(Vec::new()),
+        names: Vec::new(),
+    });
     let mut out = Writer::default();
     out.u8(VERSION);
     out.list(&storages, |out, storage| {
         out.str(&storage.name);
         out.u64(storage.id);
     });
-    let portable = DurableEntry {
-        entry: Entry::new(locations),
-        names,
-    };
     write_entry(&mut out, &portable);
     out.finish()
 }
@@ -107,10 +83,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(Vec<StorageRef>, DurableEntry), De
     Ok((storages, entry))
 }
 
-/// `entry` with each list index replaced by the handle `map` gives it; locations `map`
-/// refuses are left out (and the names of their objects). `None` when no location is left.
+/// `entry` with each storage handle replaced by the one `map` gives it (asked once per
+/// distinct handle); locations `map` refuses are left out (and the names of their objects).
+/// `None` when no location is left.
 pub(crate) fn remap(
-    entry: DurableEntry,
+    entry: &DurableEntry,
     mut map: impl FnMut(StorageHandle) -> Option<StorageHandle>,
 ) -> Option<DurableEntry> {
     let mut mapped: HashMap<StorageHandle, Option<StorageHandle>> = HashMap::new();
@@ -128,10 +105,13 @@ pub(crate) fn remap(
     }
     let names = entry
         .names
-        .into_iter()
+        .iter()
         .filter_map(|name| {
             let storage = lookup(name.storage)?;
-            Some(ObjectName { storage, ..name })
+            Some(ObjectName {
+                storage,
+                ..name.clone()
+            })
         })
         .collect();
     Some(DurableEntry {
