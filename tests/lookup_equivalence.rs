@@ -2,7 +2,7 @@
 //! against a real `kvcm serve` (writes with and without spec groups, failed and abandoned
 //! writes, removals, trims, table growth, a storage disabled and re-enabled, every storage
 //! disabled, the reclaimer evicting half the keys), with random queries of all three types
-//! after every step, on both soft wires;
+//! after every step, on both soft wires and, where a device exists, on verbs;
 //! and keys with a replica on each storage (`min_replica_count`), whose readable set the
 //! fast path must draw from exactly as gRPC does; and keys cache subscribers report
 //! (ReportEvent), which the fast path leaves to the server.
@@ -230,10 +230,12 @@ async fn reclaim_half(server: &TestServer) {
     set(0, 1.0).await;
 }
 
-fn equivalence_on(wire: Wire, seed: u64) {
+fn equivalence_on(wire: Wire, seed: u64, settings: &[&str]) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let server = runtime.block_on(async {
-        let server = TestServer::start_with(&["kvcm.cache_reclaimer.period_ms=20"]).await;
+        let mut all = vec!["kvcm.cache_reclaimer.period_ms=20"];
+        all.extend_from_slice(settings);
+        let server = TestServer::start_with(&all).await;
         prepare(&server).await;
         server
     });
@@ -292,12 +294,26 @@ fn equivalence_on(wire: Wire, seed: u64) {
 
 #[test]
 fn fast_path_answers_equal_grpc_on_soft_tcp() {
-    equivalence_on(Wire::Tcp, 0x5eed_0001);
+    equivalence_on(Wire::Tcp, 0x5eed_0001, &[]);
 }
 
 #[test]
 fn fast_path_answers_equal_grpc_on_soft_shm() {
-    equivalence_on(Wire::Shm, 0x5eed_0002);
+    equivalence_on(Wire::Shm, 0x5eed_0002, &[]);
+}
+
+/// The same workload on real verbs: the server also serves its tables on the RDMA device
+/// `KVCM_VERBS_DEVICE` (GID index `KVCM_VERBS_GID_INDEX`) and the client reads them there.
+/// Needs a build with feature `rdma` and a device (`.ci/rxe-verbs` runs it on kernel
+/// soft-RoCE in a VM); without either it says loudly that it skipped, and a named device
+/// that does not open fails it.
+#[test]
+fn fast_path_answers_equal_grpc_on_verbs_or_loud_skip() {
+    let Some(settings) = common::verbs_settings("the fast path on verbs") else {
+        return;
+    };
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    equivalence_on(Wire::Verbs, 0x5eed_0003, &settings);
 }
 
 /// The URIs of each answered location (one string per location, its parts joined).

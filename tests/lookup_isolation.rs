@@ -2,7 +2,8 @@
 //! a queue pair opens only with a fresh bootstrap token, reads only the table of the
 //! instance its bootstrap named (another instance's header address and rkey, known or
 //! guessed, fail as a bad key), carries messages of that instance only, and is torn down
-//! once the key its bootstrap showed is revoked — on the soft-TCP and shared-memory wires;
+//! once the key its bootstrap showed is revoked — on the soft-TCP and shared-memory wires,
+//! and on verbs where a device exists (`.ci/rxe-verbs`);
 //! and a client process of another, non-root user maps nothing of another instance on
 //! shared memory. Raw queue pairs stand for a hostile client (the client library would
 //! never try).
@@ -18,7 +19,9 @@ use kvcm::lookup::grants::{parse_token, Token};
 use kvcm::lookup::messages::{self, Request, Status};
 use kvcm::lookup::BootstrapAnswer;
 use kvcm::proto::meta;
-use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
+use kvcm_client::Wire;
+use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
+use kvcm_transport::soft::{SoftConfig, SoftDomain};
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QpEndpoint,
     QueuePair, RecvWr, Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
@@ -71,19 +74,12 @@ async fn bootstrap(server: &TestServer, instance: &str, bearer: &str) -> Bootstr
     serde_json::from_slice(&answer).expect("bootstrap answer")
 }
 
-fn wire_index(wire: Wire) -> usize {
-    match wire {
-        Wire::Tcp => kvcm::lookup::WIRE_SOFT_TCP,
-        Wire::Shm => kvcm::lookup::WIRE_SOFT_SHM,
-    }
-}
-
 /// `answer`'s header address and rkey on `wire`.
 fn header_of(answer: &BootstrapAnswer, wire: Wire) -> RemoteAddr {
     let rkey = answer
         .wires
         .iter()
-        .find(|w| w.wire == wire_index(wire))
+        .find(|w| w.wire == wire.index())
         .expect("wire served")
         .header_rkey;
     RemoteAddr {
@@ -97,16 +93,31 @@ struct RawQp {
     wire: Wire,
     /// The server's queue-pair endpoint.
     remote: QpEndpoint,
-    qp: SoftQp,
-    cq: SoftCq,
+    qp: AnyQp,
+    cq: AnyCq,
     memory: HostMemory,
-    region: SoftRegion,
-    _domain: SoftDomain,
+    region: AnyRegion,
+    _domain: AnyDomain,
+}
+
+/// A domain of `wire`'s provider (verbs: the device `KVCM_VERBS_DEVICE` names).
+fn domain_of(wire: Wire) -> AnyDomain {
+    match wire.soft() {
+        Some(soft) => SoftDomain::open(SoftConfig::with_wire(soft))
+            .expect("domain")
+            .into(),
+        None => {
+            let device = std::env::var("KVCM_VERBS_DEVICE").ok();
+            let gid_index =
+                std::env::var("KVCM_VERBS_GID_INDEX").map_or(0, |i| i.parse().expect("GID index"));
+            AnyDomain::open_verbs(device.as_deref(), gid_index).expect("verbs domain")
+        }
+    }
 }
 
 /// Sends `hello` and connects; `Err` when the server closes the connection instead.
 fn connect_raw(connect: &str, wire: Wire, hello: &[u8]) -> Result<RawQp, String> {
-    let domain = SoftDomain::open(SoftConfig::with_wire(wire)).expect("domain");
+    let domain = domain_of(wire);
     let cq = domain.create_cq().expect("cq");
     let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
     let mut stream = TcpStream::connect(connect).expect("connect");
@@ -132,16 +143,16 @@ fn connect_raw(connect: &str, wire: Wire, hello: &[u8]) -> Result<RawQp, String>
 /// A queue pair opened with `answer`'s token.
 fn open(answer: &BootstrapAnswer, wire: Wire) -> RawQp {
     let token = parse_token(&answer.qp_token).expect("token");
-    let hello = kvcm::lookup::qp_hello(wire_index(wire) as u8, &token);
+    let hello = kvcm::lookup::qp_hello(wire.index() as u8, &token);
     connect_raw(&answer.connect, wire, &hello).expect("a fresh token opens a queue pair")
 }
 
 impl RawQp {
     /// Whether a 64-byte READ at `remote` succeeds (a refused one breaks the queue pair).
     fn read(&self, remote: RemoteAddr) -> bool {
-        if self.wire == Wire::Shm {
+        if let (Wire::Shm, Some(qp)) = (self.wire, self.qp.as_soft()) {
             let mut out = [0u8; 64];
-            return self.qp.read_direct(&[(remote, 64)], &mut out).is_ok();
+            return qp.read_direct(&[(remote, 64)], &mut out).is_ok();
         }
         let posted = self.qp.post_send(&[SendWr {
             wr_id: 1,
@@ -221,7 +232,7 @@ fn a_queue_pair_opens_only_with_a_fresh_bootstrap_token() {
     let server = runtime.block_on(server_with(&[]));
     let answer = runtime.block_on(bootstrap(&server, MINE, "none"));
     let token = parse_token(&answer.qp_token).expect("token");
-    let wire = wire_index(Wire::Tcp) as u8;
+    let wire = Wire::Tcp.index() as u8;
     let zero: Token = [0; 16];
     let mut flipped = token;
     flipped[15] ^= 1;
@@ -245,9 +256,9 @@ fn a_queue_pair_opens_only_with_a_fresh_bootstrap_token() {
     );
 }
 
-fn reads_only_its_instance(wire: Wire) {
+fn reads_only_its_instance(wire: Wire, settings: &[&str]) {
     let runtime = runtime();
-    let server = runtime.block_on(server_with(&[]));
+    let server = runtime.block_on(server_with(settings));
     let mine = runtime.block_on(bootstrap(&server, MINE, "none"));
     let theirs = runtime.block_on(bootstrap(&server, THEIRS, "none"));
     let qp = open(&mine, wire);
@@ -274,12 +285,22 @@ fn reads_only_its_instance(wire: Wire) {
 
 #[test]
 fn a_queue_pair_reads_only_its_instance_on_soft_tcp() {
-    reads_only_its_instance(Wire::Tcp);
+    reads_only_its_instance(Wire::Tcp, &[]);
 }
 
 #[test]
 fn a_queue_pair_reads_only_its_instance_on_soft_shm() {
-    reads_only_its_instance(Wire::Shm);
+    reads_only_its_instance(Wire::Shm, &[]);
+}
+
+/// On verbs the NIC checks the keys: the instance's table is registered in a protection
+/// domain of its own (`ibv_alloc_pd`), and the queue pair is created in it.
+#[test]
+fn a_queue_pair_reads_only_its_instance_on_verbs_or_loud_skip() {
+    if let Some(settings) = common::verbs_settings("lookup isolation on verbs") {
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        reads_only_its_instance(Wire::Verbs, &settings);
+    }
 }
 
 /// A new key of a ROLE_USER account on [`MINE`]: (id, text).
@@ -296,9 +317,11 @@ async fn client_key(server: &TestServer, user: &str) -> (String, String) {
     )
 }
 
-fn revocation_tears_down(wire: Wire) {
+fn revocation_tears_down(wire: Wire, settings: &[&str]) {
     let runtime = runtime();
-    let server = runtime.block_on(server_with(&AUTH));
+    let mut all = AUTH.to_vec();
+    all.extend_from_slice(settings);
+    let server = runtime.block_on(server_with(&all));
     let (revoked_id, revoked) = runtime.block_on(client_key(&server, "eng"));
     let (_, kept) = runtime.block_on(client_key(&server, "other"));
     let answer = runtime.block_on(bootstrap(&server, MINE, &revoked));
@@ -332,12 +355,20 @@ fn revocation_tears_down(wire: Wire) {
 
 #[test]
 fn a_revoked_keys_queue_pairs_are_torn_down_on_soft_tcp() {
-    revocation_tears_down(Wire::Tcp);
+    revocation_tears_down(Wire::Tcp, &[]);
 }
 
 #[test]
 fn a_revoked_keys_queue_pairs_are_torn_down_on_soft_shm() {
-    revocation_tears_down(Wire::Shm);
+    revocation_tears_down(Wire::Shm, &[]);
+}
+
+#[test]
+fn a_revoked_keys_queue_pairs_are_torn_down_on_verbs_or_loud_skip() {
+    if let Some(settings) = common::verbs_settings("queue-pair revocation on verbs") {
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        revocation_tears_down(Wire::Verbs, &settings);
+    }
 }
 
 /// The uid and gid the hostile shared-memory client runs as.

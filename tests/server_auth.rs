@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::{code, http_exchange, registration, wait_until, TestServer};
 use kvcm::service::rpcs::{Service, ALL};
+use kvcm_client::Wire;
 use kvcm_client::{Client, ClientConfig, ServerAddress};
-use kvcm_transport::soft::Wire;
 use prost::bytes::{Buf, BufMut};
 use serde_json::{json, Value};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};

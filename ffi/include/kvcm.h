@@ -65,6 +65,8 @@ extern "C" {
 #define KVCM_WIRE_NONE 0      /* no fast path: every lookup over gRPC */
 #define KVCM_WIRE_SOFT_TCP 1  /* one-sided READs over soft-TCP (works across hosts) */
 #define KVCM_WIRE_SOFT_SHM 2  /* one-sided READs over shared memory (server's host only) */
+#define KVCM_WIRE_VERBS 3     /* one-sided READs over RDMA verbs (a library built with feature rdma;
+                                 KVCM_VERBS_DEVICE, KVCM_VERBS_GID_INDEX pick the device) */
 
 /* Block outcomes of kvcm_engine_put (outcomes[i]). */
 #define KVCM_PUT_WRITTEN 1     /* written and committed */
@@ -147,7 +149,7 @@ uint32_t kvcm_abi_version(void);
  * grpc: the gRPC endpoint, "http://host:port" or "host:port"; http: the server's meta HTTP
  * address "ip:port" (used to bootstrap the fast path). Both may be comma-separated lists of
  * the same length for failover (tried in order).
- * wire: KVCM_WIRE_NONE, KVCM_WIRE_SOFT_TCP or KVCM_WIRE_SOFT_SHM.
+ * wire: KVCM_WIRE_NONE, KVCM_WIRE_SOFT_TCP, KVCM_WIRE_SOFT_SHM or KVCM_WIRE_VERBS.
  * Does not fail when the servers are down (lookups then return KVCM_E_UNREACHABLE); when the
  * fast path cannot be set up, lookups use gRPC and the client retries the fast path later.
  * On success *client_out is a new client (free it with kvcm_client_free).
@@ -219,7 +221,8 @@ int32_t kvcm_client_flush_read_reports(const kvcm_client *client, uint64_t *repo
 
 /*
  * Connects a transfer engine for `instance_id` (arguments as kvcm_client_connect); `wire` is
- * used for lookups and pool nodes (KVCM_WIRE_NONE: lookups over gRPC, pools over soft-TCP).
+ * used for lookups and pool nodes (KVCM_WIRE_NONE: lookups over gRPC, pools over soft-TCP;
+ * KVCM_WIRE_VERBS: lookups over verbs, pools over soft-TCP).
  * On success *engine_out is a new engine (free it with kvcm_engine_free).
  */
 int32_t kvcm_engine_connect(const char *grpc, const char *http, const char *instance_id,

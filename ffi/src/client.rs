@@ -21,6 +21,8 @@ pub const KVCM_WIRE_NONE: i32 = 0;
 pub const KVCM_WIRE_SOFT_TCP: i32 = 1;
 /// `wire` value: the fast path over soft shared memory (the server's host only).
 pub const KVCM_WIRE_SOFT_SHM: i32 = 2;
+/// See [`KVCM_WIRE_SOFT_TCP`].
+pub const KVCM_WIRE_VERBS: i32 = 3;
 
 /// A snapshot of the fast-path counters (`kvcm_fast_path_metrics`).
 #[repr(C)]
@@ -44,8 +46,9 @@ pub(crate) fn wire(code: i32) -> Result<Option<Wire>, FfiError> {
         KVCM_WIRE_NONE => Ok(None),
         KVCM_WIRE_SOFT_TCP => Ok(Some(Wire::Tcp)),
         KVCM_WIRE_SOFT_SHM => Ok(Some(Wire::Shm)),
+        KVCM_WIRE_VERBS => Ok(Some(Wire::Verbs)),
         other => Err(FfiError::InvalidArgument(format!(
-            "wire {other} is unknown (0 none, 1 soft-tcp, 2 soft-shm)"
+            "wire {other} is unknown (0 none, 1 soft-tcp, 2 soft-shm, 3 verbs)"
         ))),
     }
 }

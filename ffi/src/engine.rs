@@ -134,7 +134,11 @@ pub unsafe extern "C" fn kvcm_engine_connect_with(
             args::store(engine_out, "engine_out", std::ptr::null_mut())?;
             let client = client_config(grpc, http, instance_id, wire_kind, api_key, tls)?;
             let config = TransferConfig {
-                pool_wire: client.wire.unwrap_or(Wire::Tcp),
+                // Pool nodes serve the soft wires only.
+                pool_wire: match client.wire {
+                    Some(Wire::Shm) => Wire::Shm,
+                    _ => Wire::Tcp,
+                },
                 ..TransferConfig::default()
             };
             let engine = TransferEngine::connect(client, config)?;

@@ -63,6 +63,7 @@ fn wire_code(wire: Option<Wire>) -> &'static str {
         None => "0",
         Some(Wire::Tcp) => "1",
         Some(Wire::Shm) => "2",
+        Some(Wire::Verbs) => "3",
     }
 }
 

@@ -148,7 +148,7 @@ impl Default for ServerConfig {
 
 /// Every key except those of the logs, journal, metrics, reclaimer and security, in the
 /// order they are documented.
-pub const KEYS: [&str; 21] = [
+pub const KEYS: [&str; 23] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -165,6 +165,8 @@ pub const KEYS: [&str; 21] = [
     "kvcm.service.custom_info",
     "kvcm.lookup.enabled",
     "kvcm.lookup.bind",
+    "kvcm.lookup.verbs_device",
+    "kvcm.lookup.verbs_gid_index",
     "kvcm.pool.heartbeat_ms",
     "kvcm.pool.rejoin_ramp_ms",
     "kvcm.pool.size",
@@ -212,6 +214,10 @@ impl ServerConfig {
             "kvcm.service.custom_info" => self.custom_info = value.to_string(),
             "kvcm.lookup.enabled" => self.lookup.enabled = parse(key, value)?,
             "kvcm.lookup.bind" => self.lookup.bind = parse(key, value)?,
+            "kvcm.lookup.verbs_device" => {
+                self.lookup.verbs_device = Some(value.to_string()).filter(|d| !d.is_empty())
+            }
+            "kvcm.lookup.verbs_gid_index" => self.lookup.verbs_gid_index = parse(key, value)?,
             "kvcm.pool.heartbeat_ms" => self.pool.heartbeat_ms = parse(key, value)?,
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
@@ -320,6 +326,12 @@ impl ServerConfig {
             return Err(invalid(
                 "kvcm.lookup.bind",
                 "must be an address clients can reach (it is handed to them), not 0.0.0.0 or ::",
+            ));
+        }
+        if self.lookup.verbs_device.is_some() && !kvcm_transport::ProviderKind::Verbs.is_built() {
+            return Err(invalid(
+                "kvcm.lookup.verbs_device",
+                "this build has no verbs provider (build kvcm with feature `rdma`)",
             ));
         }
         self.validate_election()?;
@@ -539,6 +551,30 @@ mod tests {
             .apply_pairs(&["service.rpc_port=1".into()])
             .unwrap_err();
         assert!(error.to_string().contains("service.rpc_port"), "{error}");
+    }
+
+    #[test]
+    fn a_verbs_device_needs_a_build_with_the_verbs_provider() {
+        let mut config = ServerConfig::default();
+        config.set("kvcm.lookup.verbs_device", "rxe0").unwrap();
+        config.set("kvcm.lookup.verbs_gid_index", "1").unwrap();
+        assert_eq!(config.lookup.verbs_device.as_deref(), Some("rxe0"));
+        assert_eq!(config.lookup.verbs_gid_index, 1);
+        let built = kvcm_transport::ProviderKind::Verbs.is_built();
+        match config.validate() {
+            Ok(()) => assert!(built, "accepted without the provider"),
+            Err(error) => {
+                assert!(!built, "{error}");
+                assert!(
+                    error.to_string().contains("kvcm.lookup.verbs_device"),
+                    "{error}"
+                );
+            }
+        }
+        assert!(config.set("kvcm.lookup.verbs_gid_index", "256").is_err());
+        config.set("kvcm.lookup.verbs_device", "").unwrap();
+        assert_eq!(config.lookup.verbs_device, None, "empty turns verbs off");
+        config.validate().unwrap();
     }
 
     #[test]

@@ -16,7 +16,7 @@ use axum::Router;
 use serde::{Deserialize, Serialize};
 
 use super::grants::{token_hex, Grant};
-use super::{AccessCheck, LookupError, LookupService, WIRE_SOFT_SHM, WIRE_SOFT_TCP};
+use super::{wire_name, AccessCheck, LookupError, LookupService};
 use crate::service::http::{
     own_answer, own_refusal, read_body, ClientAddr, ClientCertificate, HttpLimits,
 };
@@ -34,7 +34,7 @@ pub struct BootstrapRequest {
 /// One wire a table can be read over.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WireAnswer {
-    /// "soft-tcp" or "soft-shm".
+    /// "soft-tcp", "soft-shm" or "verbs".
     pub name: String,
     /// Index of the wire in the header's rkeys.
     pub wire: usize,
@@ -72,11 +72,6 @@ impl LookupService {
         let table = self.table_for(check.instance_id)?;
         let token = self.grants.issue(Grant::of(check))?;
         let address = table.address();
-        let name = |wire| match wire {
-            WIRE_SOFT_TCP => "soft-tcp",
-            WIRE_SOFT_SHM => "soft-shm",
-            _ => "unknown",
-        };
         Ok(BootstrapAnswer {
             format_version: kvcm_lookup::header::FORMAT_VERSION,
             server_incarnation: self.incarnation,
@@ -88,7 +83,7 @@ impl LookupService {
                 .rkeys
                 .iter()
                 .map(|&(wire, header_rkey)| WireAnswer {
-                    name: name(wire).to_string(),
+                    name: wire_name(wire).to_string(),
                     wire,
                     header_rkey,
                 })

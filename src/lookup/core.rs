@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use kvcm_transport::soft::{SoftCq, SoftDomain, SoftQp, SoftRegion};
+use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
 use kvcm_transport::{
     Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QpState, QueuePair, RecvWr,
     Region, SendOp, SendWr, WcStatus, WorkCompletion,
@@ -54,9 +54,9 @@ type Bindings = Arc<Mutex<HashMap<PeerKey, Arc<Grant>>>>;
 
 /// A connected peer's queue pair and buffers, owned by the polling thread.
 pub(super) struct Peer {
-    qp: SoftQp,
+    qp: AnyQp,
     memory: HostMemory,
-    region: SoftRegion,
+    region: AnyRegion,
     free_sends: Vec<usize>,
     /// Replies waiting for a free send buffer.
     waiting: VecDeque<Vec<u8>>,
@@ -71,8 +71,8 @@ pub(super) struct Peer {
 #[derive(Clone)]
 pub(super) struct WireQueues {
     wire: usize,
-    send_cq: SoftCq,
-    recv_cq: SoftCq,
+    send_cq: AnyCq,
+    recv_cq: AnyCq,
 }
 
 /// What the queue-pair listener needs from the core.
@@ -103,7 +103,7 @@ impl Doorbell {
 impl CoreHandle {
     /// A queue pair on `wire` in protection domain `pd` (a handle of that wire's domain),
     /// bound to the core's completion queues (not yet connected).
-    pub(super) fn create_qp(&self, wire: usize, pd: &SoftDomain) -> Result<SoftQp, LookupError> {
+    pub(super) fn create_qp(&self, wire: usize, pd: &AnyDomain) -> Result<AnyQp, LookupError> {
         let queues = self.queues(wire)?;
         let config = QpConfig {
             max_recv_wr: RECV_SLOTS,
@@ -118,8 +118,8 @@ impl CoreHandle {
     pub(super) fn adopt(
         &self,
         wire: usize,
-        pd: &SoftDomain,
-        qp: SoftQp,
+        pd: &AnyDomain,
+        qp: AnyQp,
         grant: Grant,
     ) -> Result<(), LookupError> {
         let memory = pd.alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
@@ -173,7 +173,7 @@ fn lock(bindings: &Bindings) -> std::sync::MutexGuard<'_, HashMap<PeerKey, Arc<G
     bindings.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn post_recv(qp: &SoftQp, region: &SoftRegion, slot: usize) -> Result<(), LookupError> {
+fn post_recv(qp: &AnyQp, region: &AnyRegion, slot: usize) -> Result<(), LookupError> {
     let sge = region.sge(slot * MAX_MESSAGE, MAX_MESSAGE as u32);
     qp.post_recv(&[RecvWr {
         wr_id: slot as u64,
@@ -196,7 +196,7 @@ struct Work {
 
 /// Starts the polling thread and the workers on `domains`, serving requests with `meta`.
 pub(super) fn start(
-    domains: &[(usize, SoftDomain)],
+    domains: &[(usize, AnyDomain)],
     meta: MetaHandler,
 ) -> Result<CoreHandle, LookupError> {
     let wires = domains

@@ -1,5 +1,6 @@
 //! The lookup path's server side: per instance, a table of its SERVING locations in memory
-//! registered with the soft transport (TCP and shared-memory wires), which clients read
+//! registered with the transport (the soft TCP and shared-memory wires, and verbs when
+//! `kvcm.lookup.verbs_device` names a device in a build with feature `rdma`), which clients read
 //! with one-sided READs and no server thread (docs/lookup-table.md); the queue-pair
 //! listener that connects them; and the bootstrap that tells a client where a table is.
 //!
@@ -36,6 +37,7 @@ use std::time::Duration;
 
 use kvcm_index::BlockKey;
 use kvcm_manager::{Instance, Manager, Publication};
+use kvcm_transport::any::AnyDomain;
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 
 use crate::service::meta::MetaHandler;
@@ -49,6 +51,18 @@ pub use table::{InstanceTable, TableAddress, GRACE};
 pub const WIRE_SOFT_TCP: usize = 0;
 /// See [`WIRE_SOFT_TCP`].
 pub const WIRE_SOFT_SHM: usize = 1;
+/// See [`WIRE_SOFT_TCP`].
+pub const WIRE_VERBS: usize = 2;
+
+/// The name of wire index `wire` in bootstrap answers.
+pub fn wire_name(wire: usize) -> &'static str {
+    match wire {
+        WIRE_SOFT_TCP => "soft-tcp",
+        WIRE_SOFT_SHM => "soft-shm",
+        WIRE_VERBS => "verbs",
+        _ => "unknown",
+    }
+}
 
 /// How often availability is re-read for health changes the admin API did not make.
 const AVAILABILITY_TICK: Duration = Duration::from_millis(100);
@@ -93,6 +107,12 @@ pub struct LookupConfig {
     /// `kvcm.lookup.bind`: address of the soft NIC and the queue-pair listener; it is
     /// handed to clients, so it must be reachable by them.
     pub bind: IpAddr,
+    /// `kvcm.lookup.verbs_device`: also serve the tables on this RDMA device (`mlx5_0`,
+    /// `rxe0`; a build with feature `rdma`); `None` (or empty) serves the soft wires only.
+    pub verbs_device: Option<String>,
+    /// `kvcm.lookup.verbs_gid_index`: the device's GID table index for RoCE addressing
+    /// (1 is RoCE v2 on rxe).
+    pub verbs_gid_index: u8,
 }
 
 impl Default for LookupConfig {
@@ -100,6 +120,8 @@ impl Default for LookupConfig {
         LookupConfig {
             enabled: true,
             bind: IpAddr::from([127, 0, 0, 1]),
+            verbs_device: None,
+            verbs_gid_index: 0,
         }
     }
 }
@@ -110,7 +132,7 @@ pub struct LookupService {
     /// Random id of this server process (clients refuse tables of another).
     incarnation: u64,
     /// (wire index, domain).
-    domains: Vec<(usize, SoftDomain)>,
+    domains: Vec<(usize, AnyDomain)>,
     tables: Mutex<HashMap<String, Arc<InstanceTable>>>,
     /// Where clients connect their queue pairs.
     connect_addr: SocketAddr,
@@ -138,17 +160,7 @@ impl LookupService {
         config: &LookupConfig,
         access: LookupAccess,
     ) -> Result<Arc<LookupService>, LookupError> {
-        let open = |wire| {
-            SoftDomain::open(SoftConfig {
-                wire,
-                bind: config.bind,
-                ..SoftConfig::default()
-            })
-        };
-        let domains = vec![
-            (WIRE_SOFT_TCP, open(Wire::Tcp)?),
-            (WIRE_SOFT_SHM, open(Wire::Shm)?),
-        ];
+        let domains = open_wires(config)?;
         let core = core::start(&domains, meta)?;
         let listener = peers::bind(config.bind)?;
         let service = Arc::new(LookupService {
@@ -302,6 +314,28 @@ impl Publication for LookupService {
             }
         }
     }
+}
+
+/// Opens every wire `config` asks for: both soft wires, and verbs when configured.
+fn open_wires(config: &LookupConfig) -> Result<Vec<(usize, AnyDomain)>, LookupError> {
+    let open = |wire| {
+        SoftDomain::open(SoftConfig {
+            wire,
+            bind: config.bind,
+            ..SoftConfig::default()
+        })
+        .map(AnyDomain::from)
+    };
+    let mut domains = vec![
+        (WIRE_SOFT_TCP, open(Wire::Tcp)?),
+        (WIRE_SOFT_SHM, open(Wire::Shm)?),
+    ];
+    if let Some(device) = &config.verbs_device {
+        let domain = AnyDomain::open_verbs(Some(device), config.verbs_gid_index)?;
+        tracing::info!(device, "lookup tables also served on verbs");
+        domains.push((WIRE_VERBS, domain));
+    }
+    Ok(domains)
 }
 
 /// Re-reads availability every [`AVAILABILITY_TICK`] until the service is dropped.

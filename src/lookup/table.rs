@@ -23,7 +23,7 @@ use kvcm_lookup::strings::Template;
 use kvcm_lookup::{seqlock, FormatError, Full};
 use kvcm_manager::{Entry, Instance, Manager};
 use kvcm_storage::UriTemplate;
-use kvcm_transport::soft::{SoftDomain, SoftRegion};
+use kvcm_transport::any::{AnyDomain, AnyRegion};
 use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
 
 use super::LookupError;
@@ -47,7 +47,7 @@ const MIN_HEAP: usize = 64 << 10;
 struct Published {
     generation: Generation<HostMemory>,
     /// (wire index, registration).
-    regions: Vec<(usize, SoftRegion)>,
+    regions: Vec<(usize, AnyRegion)>,
 }
 
 /// What the table's lock guards.
@@ -68,10 +68,10 @@ struct State {
 pub struct InstanceTable {
     instance_id: String,
     /// (wire index, the instance's protection domain on that wire).
-    domains: Vec<(usize, SoftDomain)>,
+    domains: Vec<(usize, AnyDomain)>,
     header: HostMemory,
     /// (wire index, registration).
-    header_regions: Vec<(usize, SoftRegion)>,
+    header_regions: Vec<(usize, AnyRegion)>,
     specs: Vec<(String, i64)>,
     block_size: i64,
     incarnation: u64,
@@ -103,7 +103,7 @@ impl InstanceTable {
     pub fn create(
         manager: &Manager,
         instance: &Instance,
-        wires: &[(usize, SoftDomain)],
+        wires: &[(usize, AnyDomain)],
         incarnation: u64,
     ) -> Result<InstanceTable, LookupError> {
         let domains = wires
@@ -179,7 +179,7 @@ impl InstanceTable {
 
     /// The instance's protection domain on `wire`, where its readers' queue pairs are
     /// created.
-    pub fn domain(&self, wire: usize) -> Option<&SoftDomain> {
+    pub fn domain(&self, wire: usize) -> Option<&AnyDomain> {
         self.domains
             .iter()
             .find_map(|(w, domain)| (*w == wire).then_some(domain))
@@ -322,11 +322,11 @@ impl InstanceTable {
 
 /// Registers `len` bytes of `memory` for remote reads on every domain.
 fn register_all(
-    domains: &[(usize, SoftDomain)],
+    domains: &[(usize, AnyDomain)],
     memory: &HostMemory,
     len: usize,
-) -> Result<Vec<(usize, SoftRegion)>, LookupError> {
-    let register = |(wire, domain): &(usize, SoftDomain)| {
+) -> Result<Vec<(usize, AnyRegion)>, LookupError> {
+    let register = |(wire, domain): &(usize, AnyDomain)| {
         let region = domain.register(memory, 0, len, Access::REMOTE_READ)?;
         Ok((*wire, region))
     };
@@ -394,7 +394,7 @@ impl Sizes {
 
 /// An empty generation of `sizes`, registered (the placeholder until the first fill).
 fn empty(
-    domains: &[(usize, SoftDomain)],
+    domains: &[(usize, AnyDomain)],
     specs: &[(String, i64)],
     availability: &Availability,
     sizes: Sizes,
@@ -415,7 +415,7 @@ fn empty(
 fn build(
     manager: &Manager,
     instance: &Instance,
-    domains: &[(usize, SoftDomain)],
+    domains: &[(usize, AnyDomain)],
     specs: &[(String, i64)],
     availability: &Availability,
     mut sizes: Sizes,

@@ -21,6 +21,9 @@ pub const STORAGES: [&str; 2] = ["nfs_a", "nfs_b"];
 pub async fn prepare(server: &TestServer) {
     for (name, kcpf) in STORAGES.iter().zip([4, 1]) {
         let root = server.dir.path().join(name);
+        // As an operator's mount would: a missing root fails the storage's health probes
+        // (a slow machine may probe it before the first write creates it).
+        std::fs::create_dir_all(&root).expect("storage root");
         let storage = json!({"global_unique_name": name,
             "nfs": {"root_path": format!("{}/", root.display()), "key_count_per_file": kcpf}});
         let added = server
@@ -90,7 +93,12 @@ pub async fn start(server: &TestServer, keys: &[i64], spec_groups: &[&str], time
         body["location_spec_group_names"] = json!(spec_groups);
     }
     let answer = server.meta_http("startWriteCache", body).await;
-    assert_eq!(code(&answer), "OK", "{answer}");
+    assert_eq!(
+        code(&answer),
+        "OK",
+        "{answer}\nserver log:\n{}",
+        server.log()
+    );
     answer
 }
 

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::Wire;
 use kvcm::proto::meta;
 use kvcm::tls_client::TlsClient;
-use kvcm_transport::soft::Wire;
 
 use kvcm::lookup::messages::{Reply, Request};
 

@@ -1,4 +1,4 @@
-//! The client's queue pair to a server's lookup tables: one soft domain on the chosen wire,
+//! The client's queue pair to a server's lookup tables: one domain on the chosen wire,
 //! one registered buffer, batches of one-sided READs posted at once and awaited by busy
 //! polling (one round trip per batch).
 
@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use kvcm::lookup::grants::Token;
 use kvcm::lookup::messages::MAX_MESSAGE;
-use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
+use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
     RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::error::FastError;
+use crate::Wire;
 
 /// Most READs posted at once (within the queue depth).
 const BATCH: usize = 512;
@@ -31,13 +32,13 @@ pub(crate) struct Read {
 
 /// A connected queue pair and its buffers.
 pub(crate) struct Connection {
-    qp: SoftQp,
-    cq: SoftCq,
-    region: SoftRegion,
+    qp: AnyQp,
+    cq: AnyCq,
+    region: AnyRegion,
     buffer: HostMemory,
     /// Message buffers: the reply's receive buffer, then the request's send buffer.
-    messages: (HostMemory, SoftRegion),
-    domain: SoftDomain,
+    messages: (HostMemory, AnyRegion),
+    domain: AnyDomain,
     /// The wire: on shared memory, reads are direct memory reads of the peer's regions.
     wire: Wire,
     /// The direct reads of the current call (kept to reuse its allocation).
@@ -60,19 +61,15 @@ pub(crate) enum CallError {
 impl Connection {
     /// Connects to the server's queue-pair listener at `connect`, speaking `wire`, with the
     /// bootstrap's queue-pair `token`.
-    pub(crate) fn open(
-        connect: SocketAddr,
-        (wire, wire_index): (Wire, usize),
-        token: &Token,
-    ) -> Result<Self, FastError> {
-        let domain = SoftDomain::open(SoftConfig::with_wire(wire))?;
+    pub(crate) fn open(connect: SocketAddr, wire: Wire, token: &Token) -> Result<Self, FastError> {
+        let domain = wire.open()?;
         let cq = domain.create_cq()?;
         let qp = domain.create_qp(&cq, &cq, QpConfig::default())?;
         let io = |e: std::io::Error| FastError::Broken(format!("lookup connect: {e}"));
         let mut stream = TcpStream::connect_timeout(&connect, DEADLINE).map_err(io)?;
         stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
         let _ = stream.set_nodelay(true);
-        let hello = kvcm::lookup::qp_hello(wire_index as u8, token);
+        let hello = kvcm::lookup::qp_hello(wire.index() as u8, token);
         stream.write_all(&hello).map_err(io)?;
         let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
         qp.connect(&remote)?;
@@ -178,7 +175,7 @@ impl Connection {
     ) -> Result<(), FastError> {
         let total: usize = reads.iter().map(|r| r.len).sum();
         bytes.resize(total, 0);
-        if self.wire == Wire::Shm {
+        if let (Wire::Shm, Some(qp)) = (self.wire, self.qp.as_soft()) {
             let remote = |r: &Read| {
                 (
                     RemoteAddr {
@@ -190,7 +187,7 @@ impl Connection {
             };
             self.direct.clear();
             self.direct.extend(reads.iter().map(remote));
-            self.qp.read_direct(&self.direct, bytes)?;
+            qp.read_direct(&self.direct, bytes)?;
             self.round_trips += 1;
             return Ok(());
         }

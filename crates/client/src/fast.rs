@@ -23,11 +23,11 @@ use kvcm_lookup::slot::SlotRef;
 use kvcm_lookup::strings::{self, Entry, Template, ENTRY_HEAD};
 use kvcm_manager::keys::block_keys_from_tokens;
 use kvcm_manager::query::{self, QueryKind};
-use kvcm_transport::soft::Wire;
 
 use crate::connection::{CallError, Connection, Read};
 use crate::error::FastError;
 use crate::metrics::Metrics;
+use crate::Wire;
 use kvcm::lookup::messages::{self, Reply, Request};
 
 /// Attempts at a consistent copy before the server is asked instead.
@@ -141,16 +141,20 @@ impl FastPath {
                 bootstrap.format_version
             )));
         }
-        let name = match wire {
-            Wire::Tcp => "soft-tcp",
-            Wire::Shm => "soft-shm",
-        };
+        let name = wire.name();
         let wire_answer = bootstrap
             .wires
             .iter()
             .find(|w| w.name == name)
             .cloned()
             .ok_or_else(|| FastError::Broken(format!("the server does not serve {name}")))?;
+        if wire_answer.wire != wire.index() {
+            return Err(FastError::Broken(format!(
+                "the server numbers {name} {}, this client {}",
+                wire_answer.wire,
+                wire.index()
+            )));
+        }
         let connect = bootstrap
             .connect
             .parse()
@@ -158,7 +162,7 @@ impl FastPath {
         let token = kvcm::lookup::grants::parse_token(&bootstrap.qp_token).ok_or_else(|| {
             FastError::Broken("the bootstrap answered no queue-pair token".into())
         })?;
-        let connection = Connection::open(connect, (wire, wire_answer.wire), &token)?;
+        let connection = Connection::open(connect, wire, &token)?;
         let mut fast = FastPath {
             connection,
             bootstrap,

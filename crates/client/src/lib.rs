@@ -1,7 +1,7 @@
 //! kvcm-client: the engine-side library of kvcm.
 //!
 //! GetCacheLocation is answered from the instance's published lookup table with one-sided
-//! READs (soft-TCP anywhere, soft-shm on the server's host): one round trip for every key's
+//! READs (soft-TCP anywhere, soft-shm on the server's host, verbs with feature `rdma`): one round trip for every key's
 //! two candidate buckets, no server thread involved, and the same answer the server gives
 //! (see `fast`). Queries the table cannot answer exactly, and every other call, go to the
 //! server over gRPC, with failover across the configured servers.
@@ -40,6 +40,7 @@ mod error;
 mod fast;
 mod grpc;
 mod metrics;
+mod wire;
 
 pub use client::{Client, ClientConfig, ServerAddress};
 #[cfg(feature = "cuda")]
@@ -51,5 +52,5 @@ pub use data::{
 pub use error::ClientError;
 pub use kvcm::tls_client::TlsClient;
 pub use kvcm_data::{DirectMode, FileIoConfig, IoBackend, IoPath};
-pub use kvcm_transport::soft::Wire;
 pub use metrics::FastPathMetrics;
+pub use wire::Wire;

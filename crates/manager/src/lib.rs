@@ -239,15 +239,18 @@ impl Manager {
         manager
             .storages
             .on_health_change(Box::new(move |name, healthy| {
+                let manager = on_health.upgrade();
                 if healthy {
                     tracing::info!(storage = name, "storage healthy again: back in service");
                 } else {
+                    let error = manager.as_ref().and_then(|m| m.storages.probe_error(name));
                     tracing::warn!(
                         storage = name,
+                        error = error.as_deref().unwrap_or("unknown"),
                         "storage failed its health probe: out of service"
                     );
                 }
-                if let Some(manager) = on_health.upgrade() {
+                if let Some(manager) = manager {
                     manager.published_storages_changed();
                 }
             }));

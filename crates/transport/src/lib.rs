@@ -40,6 +40,7 @@
 //! # }
 //! ```
 
+pub mod any;
 pub mod api;
 mod error;
 mod memory;

@@ -516,6 +516,18 @@ mod shm {
     }
 }
 
+/// The suite through the provider-dispatching types, which the lookup path serves with.
+mod any_tcp {
+    use super::*;
+    use kvcm_transport::any::AnyDomain;
+
+    fn open_any() -> AnyDomain {
+        open(Wire::Tcp, localhost()).into()
+    }
+
+    conformance_suite!(AnyDomain, open_any);
+}
+
 #[test]
 #[ignore = "far side of the SIGKILL cases; started by them, not by the harness"]
 fn peer_process_entry() {

@@ -43,6 +43,12 @@ mod verbs {
             )),
         }
         crate::with_case_names!(conformance_run_all!(VerbsDomain, open));
+        // Again through the provider-dispatching types the lookup path serves with.
+        let open_any = || kvcm_transport::any::AnyDomain::from(open());
+        crate::with_case_names!(conformance_run_all!(
+            kvcm_transport::any::AnyDomain,
+            open_any
+        ));
     }
 
     /// Queue pairs whose depths add up past a completion queue's initial size all

@@ -9,7 +9,7 @@ from ctypes import byref, c_void_p, string_at
 from ._lib import LIB, Tls
 from .errors import error
 
-WIRES = {None: 0, "none": 0, "soft-tcp": 1, "soft-shm": 2}
+WIRES = {None: 0, "none": 0, "soft-tcp": 1, "soft-shm": 2, "verbs": 3}
 
 
 def text(value, name):
@@ -75,7 +75,7 @@ class Connected:
     ):
         self._handle = None
         if wire not in WIRES:
-            raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'none', not {wire!r}")
+            raise ValueError(f"wire must be one of 'soft-tcp', 'soft-shm', 'verbs', 'none', not {wire!r}")
         key = None if api_key is None else text(api_key, "api_key")
         settings = tls(tls_ca, tls_cert, tls_key, tls_server_name)
         handle, message = c_void_p(), c_void_p()

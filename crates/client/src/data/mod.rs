@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use kvcm::proto::meta;
 use kvcm_data::{FileIo, FileIoConfig, IoPath, ReadOp, WriteOp};
-use kvcm_transport::soft::Wire;
+use kvcm_transport::soft;
 
 #[cfg(feature = "cuda")]
 pub use self::cuda::{cuda_present, CudaDevice};
@@ -45,20 +45,21 @@ pub use self::device::{Device, DeviceRange, HostStaging};
 use self::directory::Directory;
 use self::pool_link::PoolLink;
 use self::route::{target_of, Target};
-use crate::{Client, ClientConfig, ClientError};
+use crate::{Client, ClientConfig, ClientError, Wire};
 
-/// The lookup / pool listeners' index of a wire.
-fn wire_index(wire: Wire) -> usize {
+/// The pool listeners' index of a soft wire (as the lookup path numbers it).
+fn wire_index(wire: soft::Wire) -> usize {
     match wire {
-        Wire::Tcp => kvcm::lookup::WIRE_SOFT_TCP,
-        Wire::Shm => kvcm::lookup::WIRE_SOFT_SHM,
+        soft::Wire::Tcp => kvcm::lookup::WIRE_SOFT_TCP,
+        soft::Wire::Shm => kvcm::lookup::WIRE_SOFT_SHM,
     }
 }
 
 /// How the engine moves bytes.
 #[derive(Debug, Clone)]
 pub struct TransferConfig {
-    /// The wire to pool nodes: `Shm` on their host, `Tcp` anywhere.
+    /// The wire to pool nodes: `Shm` on their host, `Tcp` anywhere (pool nodes serve no
+    /// verbs: `Verbs` is refused).
     pub pool_wire: Wire,
     /// Registered staging bytes per pool node link (TCP transfers go through it).
     pub staging_bytes: usize,
@@ -264,6 +265,8 @@ fn checksums_of(buffers: &[&[u8]]) -> Vec<u64> {
 pub struct TransferEngine {
     client: Client,
     config: TransferConfig,
+    /// `config.pool_wire` (a soft wire: checked at connect).
+    pool_wire: soft::Wire,
     directory: Directory,
     links: HashMap<SocketAddr, PoolLink>,
     files: FileIo,
@@ -282,10 +285,16 @@ impl TransferEngine {
     /// Connects the control-plane client and prepares the file I/O (pool links are made
     /// on first use).
     pub fn connect(client: ClientConfig, config: TransferConfig) -> Result<Self, ClientError> {
+        let pool_wire = config.pool_wire.soft().ok_or_else(|| {
+            ClientError::InvalidArgument(
+                "pool_wire: pool nodes serve soft-tcp and soft-shm, not verbs".into(),
+            )
+        })?;
         let servers = client.servers.iter().map(|s| s.http).collect();
         let directory = Directory::new(servers, client.tls.clone(), client.api_key.clone());
         Ok(TransferEngine {
             client: Client::connect(client)?,
+            pool_wire,
             files: FileIo::new(config.file_io.clone()),
             directory,
             links: HashMap::new(),
@@ -514,7 +523,7 @@ impl TransferEngine {
         for (i, outcome) in file_parts.iter().zip(self.files.write_blocks(&file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
-        let path = pool_path(self.config.pool_wire);
+        let path = pool_path(self.pool_wire);
         for (endpoint, members) in groups {
             let link = self
                 .links
@@ -559,7 +568,7 @@ impl TransferEngine {
         for (i, outcome) in file_parts.iter().zip(self.files.read_blocks(&mut file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
-        let path = pool_path(self.config.pool_wire);
+        let path = pool_path(self.pool_wire);
         for (endpoint, members) in groups {
             let link = self
                 .links
@@ -646,7 +655,7 @@ impl TransferEngine {
             self.links.remove(&place.endpoint);
             let link = PoolLink::connect(
                 place.endpoint,
-                (self.config.pool_wire, place.ticket.as_ref()),
+                (self.pool_wire, place.ticket.as_ref()),
                 self.config.staging_bytes,
                 self.config.timeout,
             )?;
@@ -665,10 +674,10 @@ fn not_attempted(count: usize) -> Vec<Result<TransferPath, String>> {
         .collect()
 }
 
-fn pool_path(wire: Wire) -> TransferPath {
+fn pool_path(wire: soft::Wire) -> TransferPath {
     match wire {
-        Wire::Tcp => TransferPath::PoolSoftTcp,
-        Wire::Shm => TransferPath::PoolSoftShm,
+        soft::Wire::Tcp => TransferPath::PoolSoftTcp,
+        soft::Wire::Shm => TransferPath::PoolSoftShm,
     }
 }
 
