@@ -75,6 +75,13 @@ struct PoolArgs {
     /// its memory is handed to shared-memory clients by descriptor passing only).
     #[arg(long)]
     dumpable: bool,
+    /// Also serve the region on this RDMA device (`mlx5_0`, `rxe0`; a build with feature
+    /// `rdma`), for clients of the verbs wire.
+    #[arg(long)]
+    verbs_device: Option<String>,
+    /// The device's GID table index for RoCE addressing (1 is RoCE v2 on rxe).
+    #[arg(long, default_value_t = 0, requires = "verbs_device")]
+    verbs_gid_index: u8,
 }
 
 #[derive(Args)]
@@ -213,8 +220,20 @@ fn pool(args: PoolArgs) -> anyhow::Result<()> {
         tls,
         api_key: args.api_key,
     };
-    let node =
-        kvcm::pool::PoolNode::start(args.size, args.listen, args.servers, args.node_id, joining)?;
+    let verbs = args
+        .verbs_device
+        .map(|name| kvcm_transport::any::VerbsDevice {
+            name,
+            gid_index: args.verbs_gid_index,
+        });
+    let node = kvcm::pool::PoolNode::start(
+        args.size,
+        args.listen,
+        args.servers,
+        args.node_id,
+        joining,
+        verbs.as_ref(),
+    )?;
     tracing::info!(
         "pool node: {} bytes, queue pairs on {}",
         args.size,

@@ -1,6 +1,6 @@
 //! The data plane end to end: a real `kvcm serve`, real `kvcm pool` processes and real
-//! files; the client's TransferEngine puts and gets blocks over soft-TCP and soft-shm and
-//! through the file tier, and survives the death of a pool node without ever returning
+//! files; the client's TransferEngine puts and gets blocks over soft-TCP and soft-shm (and
+//! verbs where a device exists) and through the file tier, and survives the death of a pool node without ever returning
 //! wrong bytes.
 
 mod common;
@@ -41,8 +41,11 @@ async fn register(server: &TestServer, instance: &str, group: &str) {
 
 /// A server with pool storage `pool_a` (group `gp`, pool first) and instances `on_pool`
 /// (group `gp`) and `on_file` (group `default`, the file storage).
-async fn prepare_async(heartbeat_ms: u64) -> TestServer {
-    let server = TestServer::start_with(&[&format!("kvcm.pool.heartbeat_ms={heartbeat_ms}")]).await;
+async fn prepare_async(heartbeat_ms: u64, settings: &[&str]) -> TestServer {
+    let heartbeat = format!("kvcm.pool.heartbeat_ms={heartbeat_ms}");
+    let mut all = vec![heartbeat.as_str()];
+    all.extend_from_slice(settings);
+    let server = TestServer::start_with(&all).await;
     let added = server
         .admin_http("addStorage", json!({"storage": pool_storage("pool_a")}))
         .await;
@@ -64,7 +67,7 @@ async fn prepare_async(heartbeat_ms: u64) -> TestServer {
 fn prepare(heartbeat_ms: u64, size: &str) -> (tokio::runtime::Runtime, TestServer, PoolProcess) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (server, node) = runtime.block_on(async {
-        let server = prepare_async(heartbeat_ms).await;
+        let server = prepare_async(heartbeat_ms, &[]).await;
         let node = PoolProcess::start(&server, "pool_a", "node-1", size).await;
         live_range(&server, "pool_a", Some("node-1"), 1).await;
         (server, node)
@@ -73,13 +76,23 @@ fn prepare(heartbeat_ms: u64, size: &str) -> (tokio::runtime::Runtime, TestServe
 }
 
 fn engine(server: &TestServer, instance: &str, config: TransferConfig) -> TransferEngine {
+    engine_on(server, instance, Wire::Tcp, config)
+}
+
+/// An engine whose lookups use `wire`.
+fn engine_on(
+    server: &TestServer,
+    instance: &str,
+    wire: Wire,
+    config: TransferConfig,
+) -> TransferEngine {
     let client = ClientConfig {
         servers: vec![ServerAddress {
             grpc: format!("http://{}", server.address("grpc")),
             http: server.address("http"),
         }],
         instance_id: instance.into(),
-        wire: Some(Wire::Tcp),
+        wire: Some(wire),
         api_key: None,
         tls: None,
     };
@@ -154,6 +167,58 @@ fn pool_used(runtime: &tokio::runtime::Runtime, server: &TestServer) -> u64 {
         .filter(|n| n["live"] == true)
         .map(|n| n["used"].as_u64().unwrap())
         .sum()
+}
+
+/// On real verbs (a device named by `KVCM_VERBS_DEVICE`: `.ci/rxe-verbs` runs it on kernel
+/// soft-RoCE in a VM): a `kvcm pool` given the device serves its region there too, and an
+/// engine puts and gets blocks over verbs (lookups over verbs as well), byte-exact; the same
+/// blocks read back over soft-TCP. Skips loudly without a device or the `rdma` feature.
+#[test]
+fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
+    let Some(settings) = common::verbs_settings("the data plane on verbs") else {
+        return;
+    };
+    let device = std::env::var("KVCM_VERBS_DEVICE").expect("named");
+    let gid = std::env::var("KVCM_VERBS_GID_INDEX").unwrap_or_else(|_| "0".into());
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (server, _node) = runtime.block_on(async {
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        let server = prepare_async(200, &settings).await;
+        let verbs = ["--verbs-device", &device, "--verbs-gid-index", &gid];
+        let node = PoolProcess::start_with(&server, "pool_a", "node-1", "16M", &verbs).await;
+        live_range(&server, "pool_a", Some("node-1"), 1).await;
+        (server, node)
+    });
+    let keys: Vec<i64> = (1..=64).collect();
+    let verbs = TransferConfig {
+        pool_wire: Wire::Verbs,
+        ..TransferConfig::default()
+    };
+    let mut on_verbs = engine_on(&server, "on_pool", Wire::Verbs, verbs);
+    let put_outcomes = put(&mut on_verbs, &keys);
+    assert!(
+        written_by(&put_outcomes)
+            .iter()
+            .all(|p| *p == TransferPath::PoolVerbs),
+        "{:?}",
+        &put_outcomes[..2]
+    );
+    let got = get_checked(&mut on_verbs, &keys);
+    assert!(
+        got.iter()
+            .all(|o| *o == GetOutcome::Hit(TransferPath::PoolVerbs)),
+        "{:?}",
+        &got[..2]
+    );
+    let metrics = on_verbs.client().metrics();
+    assert!(
+        metrics.hits > 0 && metrics.writes_by_message > 0,
+        "lookups and the two-phase writes went over the verbs queue pair: {metrics:?}"
+    );
+    // The bytes the NIC wrote read back over the soft wire.
+    let mut tcp = engine(&server, "on_pool", TransferConfig::default());
+    let got = get_checked(&mut tcp, &keys);
+    assert_eq!(hits(&got), keys.len());
 }
 
 #[test]

@@ -21,7 +21,6 @@ use kvcm::lookup::BootstrapAnswer;
 use kvcm::proto::meta;
 use kvcm_client::Wire;
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
-use kvcm_transport::soft::{SoftConfig, SoftDomain};
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QpEndpoint,
     QueuePair, RecvWr, Region, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
@@ -100,24 +99,9 @@ struct RawQp {
     _domain: AnyDomain,
 }
 
-/// A domain of `wire`'s provider (verbs: the device `KVCM_VERBS_DEVICE` names).
-fn domain_of(wire: Wire) -> AnyDomain {
-    match wire.soft() {
-        Some(soft) => SoftDomain::open(SoftConfig::with_wire(soft))
-            .expect("domain")
-            .into(),
-        None => {
-            let device = std::env::var("KVCM_VERBS_DEVICE").ok();
-            let gid_index =
-                std::env::var("KVCM_VERBS_GID_INDEX").map_or(0, |i| i.parse().expect("GID index"));
-            AnyDomain::open_verbs(device.as_deref(), gid_index).expect("verbs domain")
-        }
-    }
-}
-
 /// Sends `hello` and connects; `Err` when the server closes the connection instead.
 fn connect_raw(connect: &str, wire: Wire, hello: &[u8]) -> Result<RawQp, String> {
-    let domain = domain_of(wire);
+    let domain = wire.open_domain(WAIT).expect("domain");
     let cq = domain.create_cq().expect("cq");
     let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
     let mut stream = TcpStream::connect(connect).expect("connect");

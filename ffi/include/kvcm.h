@@ -81,6 +81,7 @@ extern "C" {
 #define KVCM_PATH_POOL_SOFT_TCP 1  /* a pool node over soft-TCP */
 #define KVCM_PATH_POOL_SOFT_SHM 2  /* a pool node over shared memory */
 #define KVCM_PATH_FILE 3           /* the file tier (io_uring or psync) */
+#define KVCM_PATH_POOL_VERBS 4     /* a pool node over RDMA verbs */
 
 /* A connected client (opaque). */
 typedef struct kvcm_client kvcm_client;
@@ -221,8 +222,7 @@ int32_t kvcm_client_flush_read_reports(const kvcm_client *client, uint64_t *repo
 
 /*
  * Connects a transfer engine for `instance_id` (arguments as kvcm_client_connect); `wire` is
- * used for lookups and pool nodes (KVCM_WIRE_NONE: lookups over gRPC, pools over soft-TCP;
- * KVCM_WIRE_VERBS: lookups over verbs, pools over soft-TCP).
+ * used for lookups and pool nodes (KVCM_WIRE_NONE: lookups over gRPC, pools over soft-TCP).
  * On success *engine_out is a new engine (free it with kvcm_engine_free).
  */
 int32_t kvcm_engine_connect(const char *grpc, const char *http, const char *instance_id,

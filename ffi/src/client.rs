@@ -535,9 +535,9 @@ mod tests {
                 grpc,
                 http,
                 c"i".as_ptr(),
-                3,
+                4,
                 KVCM_E_INVALID_ARGUMENT,
-                "wire 3 is unknown",
+                "wire 4 is unknown",
             ),
             (
                 grpc,

@@ -36,6 +36,8 @@ pub const KVCM_PATH_POOL_SOFT_TCP: i32 = 1;
 pub const KVCM_PATH_POOL_SOFT_SHM: i32 = 2;
 /// Path: the file tier.
 pub const KVCM_PATH_FILE: i32 = 3;
+/// Path: a pool node over RDMA verbs.
+pub const KVCM_PATH_POOL_VERBS: i32 = 4;
 
 /// A transfer engine behind a mutex (`kvcm_engine`).
 pub struct Engine(Mutex<TransferEngine>);
@@ -62,6 +64,7 @@ fn path_code(path: Option<TransferPath>) -> i32 {
         Some(TransferPath::PoolSoftTcp) => KVCM_PATH_POOL_SOFT_TCP,
         Some(TransferPath::PoolSoftShm) => KVCM_PATH_POOL_SOFT_SHM,
         Some(TransferPath::File(_)) => KVCM_PATH_FILE,
+        Some(TransferPath::PoolVerbs) => KVCM_PATH_POOL_VERBS,
     }
 }
 
@@ -134,11 +137,7 @@ pub unsafe extern "C" fn kvcm_engine_connect_with(
             args::store(engine_out, "engine_out", std::ptr::null_mut())?;
             let client = client_config(grpc, http, instance_id, wire_kind, api_key, tls)?;
             let config = TransferConfig {
-                // Pool nodes serve the soft wires only.
-                pool_wire: match client.wire {
-                    Some(Wire::Shm) => Wire::Shm,
-                    _ => Wire::Tcp,
-                },
+                pool_wire: client.wire.unwrap_or(Wire::Tcp),
                 ..TransferConfig::default()
             };
             let engine = TransferEngine::connect(client, config)?;

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use kvcm_index::BlockKey;
 use kvcm_manager::{Instance, Manager, Publication};
-use kvcm_transport::any::AnyDomain;
+use kvcm_transport::any::{AnyDomain, VerbsDevice};
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 
 use crate::service::meta::MetaHandler;
@@ -113,6 +113,16 @@ pub struct LookupConfig {
     /// `kvcm.lookup.verbs_gid_index`: the device's GID table index for RoCE addressing
     /// (1 is RoCE v2 on rxe).
     pub verbs_gid_index: u8,
+}
+
+impl LookupConfig {
+    /// The RDMA device the tables are also served on, if any.
+    pub fn verbs(&self) -> Option<VerbsDevice> {
+        self.verbs_device.as_ref().map(|name| VerbsDevice {
+            name: name.clone(),
+            gid_index: self.verbs_gid_index,
+        })
+    }
 }
 
 impl Default for LookupConfig {
@@ -330,9 +340,9 @@ fn open_wires(config: &LookupConfig) -> Result<Vec<(usize, AnyDomain)>, LookupEr
         (WIRE_SOFT_TCP, open(Wire::Tcp)?),
         (WIRE_SOFT_SHM, open(Wire::Shm)?),
     ];
-    if let Some(device) = &config.verbs_device {
-        let domain = AnyDomain::open_verbs(Some(device), config.verbs_gid_index)?;
-        tracing::info!(device, "lookup tables also served on verbs");
+    if let Some(device) = config.verbs() {
+        let domain = AnyDomain::open_verbs(&device)?;
+        tracing::info!(device = device.name, "lookup tables also served on verbs");
         domains.push((WIRE_VERBS, domain));
     }
     Ok(domains)

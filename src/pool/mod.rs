@@ -1,5 +1,6 @@
 //! Memory-pool nodes (`kvcm pool`, or one inside `kvcm serve --pool-size`): a node serves
-//! one region of memory registered with the soft transport (TCP and shared-memory wires)
+//! one region of memory registered with the transport (soft TCP and shared-memory wires, and
+//! verbs when given an RDMA device)
 //! that clients read and write with one-sided operations, joins a pool storage on a kvcm
 //! server and heartbeats; the server places blocks in its region (kvcm-storage `pool`).
 //!
@@ -23,6 +24,8 @@ pub use member::Joining;
 pub mod ticket;
 
 use std::net::SocketAddr;
+
+use kvcm_transport::any::VerbsDevice;
 use std::time::Duration;
 
 pub use listener::{RegionInfo, HELLO as POOL_HELLO};
@@ -138,17 +141,18 @@ pub struct PoolNode {
 }
 
 impl PoolNode {
-    /// Allocates and registers `size` bytes, starts the listener on `listen` and joins
-    /// `membership.storage` on one of `servers` (meta HTTP addresses; over the membership's
-    /// TLS and with its credential when given).
+    /// Allocates and registers `size` bytes (also on RDMA device `verbs` when given),
+    /// starts the listener on `listen` and joins `membership.storage` on one of `servers`
+    /// (meta HTTP addresses; over the membership's TLS and with its credential when given).
     pub fn start(
         size: u64,
         listen: SocketAddr,
         servers: Vec<SocketAddr>,
         node_id: Option<String>,
         membership: Joining,
+        verbs: Option<&VerbsDevice>,
     ) -> Result<PoolNode, PoolError> {
-        let region = std::sync::Arc::new(PoolRegion::open(size, listen.ip())?);
+        let region = std::sync::Arc::new(PoolRegion::open(size, listen.ip(), verbs)?);
         let listen_addr = listener::listen(listen, region.clone())?;
         let member = Member::start(
             MemberConfig {

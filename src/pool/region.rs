@@ -1,6 +1,6 @@
 //! A pool node's region: one memory (a memfd mapping, backed lazily page by page as
 //! blocks are written) registered for remote reads and writes on a soft-TCP and a
-//! soft-shm domain, the node's current incarnation (`range_id`) and, when its server
+//! soft-shm domain (and a verbs one when the node is given an RDMA device), the node's current incarnation (`range_id`) and, when its server
 //! demands tickets, the incarnation's ticket key (`super::ticket`), and the connected queue
 //! pairs with the grant each was opened under (a revoked grant's are torn down).
 
@@ -9,19 +9,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
-use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
+use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion, VerbsDevice};
+use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 use kvcm_transport::{Access, Domain, HostMemory, Memory, QpConfig, QpState, QueuePair, Region};
 
 use super::ticket::{self, NodeKey, Ticket};
 use super::PoolError;
-use crate::lookup::{WIRE_SOFT_SHM, WIRE_SOFT_TCP};
+use crate::lookup::{WIRE_SOFT_SHM, WIRE_SOFT_TCP, WIRE_VERBS};
 
 /// One wire's domain, completion queue and registration of the memory.
 struct WireRegion {
     wire: usize,
-    domain: SoftDomain,
-    cq: SoftCq,
-    region: SoftRegion,
+    domain: AnyDomain,
+    cq: AnyCq,
+    region: AnyRegion,
 }
 
 /// The memory of a pool node and its registrations.
@@ -32,7 +33,7 @@ pub struct PoolRegion {
     /// The ticket key of the current incarnation (`None`: the server demands no tickets).
     ticket_key: Mutex<Option<NodeKey>>,
     /// Connected queue pairs and the grant of the ticket each was opened with.
-    peers: Mutex<Vec<(SoftQp, Option<u64>)>>,
+    peers: Mutex<Vec<(AnyQp, Option<u64>)>>,
     /// Grants the server answered revoked, and when: their tickets open nothing more (kept
     /// for a ticket's life, after which every ticket of theirs has expired).
     revoked: Mutex<Vec<(u64, Instant)>>,
@@ -42,8 +43,13 @@ pub struct PoolRegion {
 const MAX_PEERS: usize = 1024;
 
 impl PoolRegion {
-    /// Allocates `size` bytes and registers them on both wires (soft NIC bound to `bind`).
-    pub fn open(size: u64, bind: IpAddr) -> Result<PoolRegion, PoolError> {
+    /// Allocates `size` bytes and registers them on both soft wires (soft NIC bound to
+    /// `bind`) and, when given, on RDMA device `verbs`.
+    pub fn open(
+        size: u64,
+        bind: IpAddr,
+        verbs: Option<&VerbsDevice>,
+    ) -> Result<PoolRegion, PoolError> {
         let len = usize::try_from(size)
             .ok()
             .filter(|&len| len > 0)
@@ -54,11 +60,15 @@ impl PoolRegion {
                 bind,
                 ..SoftConfig::default()
             })
+            .map(AnyDomain::from)
         };
-        let domains = [
+        let mut domains = vec![
             (WIRE_SOFT_TCP, open(Wire::Tcp)?),
             (WIRE_SOFT_SHM, open(Wire::Shm)?),
         ];
+        if let Some(device) = verbs {
+            domains.push((WIRE_VERBS, AnyDomain::open_verbs(device)?));
+        }
         let memory = domains[0].1.alloc(len)?;
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         let mut wires = Vec::with_capacity(domains.len());
@@ -132,7 +142,7 @@ impl PoolRegion {
     }
 
     /// Keeps a connected queue pair, making room by dropping broken ones, then the oldest.
-    pub(super) fn keep(&self, qp: SoftQp, grant: Option<u64>) {
+    pub(super) fn keep(&self, qp: AnyQp, grant: Option<u64>) {
         let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
         if peers.len() >= MAX_PEERS {
             peers.retain(|(peer, _)| peer.state() != QpState::Error);
@@ -167,7 +177,7 @@ impl PoolRegion {
     }
 
     /// A new queue pair on wire `wire` and the region's address and rkey there.
-    pub(super) fn create_qp(&self, wire: usize) -> Result<(SoftQp, u64, u32), PoolError> {
+    pub(super) fn create_qp(&self, wire: usize) -> Result<(AnyQp, u64, u32), PoolError> {
         let entry = self
             .wires
             .iter()

@@ -153,8 +153,9 @@ pub fn nodelay_incoming(
 /// Shortest interval between two reaper rounds.
 const MIN_REAP: std::time::Duration = std::time::Duration::from_millis(5);
 
-/// The embedded pool node: its soft NIC and listener on the lookup bind address, joining
-/// this server's meta HTTP over loopback like any node.
+/// The embedded pool node: its soft NIC and listener on the lookup bind address (and its
+/// region on the lookup path's RDMA device, when one is set), joining this server's meta
+/// HTTP over loopback like any node.
 fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNode, ServerError> {
     let listen = SocketAddr::new(config.lookup.bind, 0);
     let meta = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), http.port());
@@ -165,8 +166,16 @@ fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNo
         tls: None,
         api_key: config.security.admin_tokens.as_slice().first().cloned(),
     };
-    let node = PoolNode::start(config.pool.embedded_size, listen, vec![meta], None, joining)
-        .map_err(|e| ServerError::Pool(e.to_string()))?;
+    let verbs = config.lookup.verbs();
+    let node = PoolNode::start(
+        config.pool.embedded_size,
+        listen,
+        vec![meta],
+        None,
+        joining,
+        verbs.as_ref(),
+    )
+    .map_err(|e| ServerError::Pool(e.to_string()))?;
     tracing::info!(
         "embedded pool node: {} bytes, queue pairs on {}",
         config.pool.embedded_size,

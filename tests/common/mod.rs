@@ -587,7 +587,11 @@ pub fn verbs_settings(what: &str) -> Option<Vec<String>> {
     let gid_index: u8 = std::env::var("KVCM_VERBS_GID_INDEX")
         .map(|index| index.parse().expect("KVCM_VERBS_GID_INDEX is 0-255"))
         .unwrap_or(0);
-    if let Err(error) = kvcm_transport::any::AnyDomain::open_verbs(Some(&device), gid_index) {
+    let verbs = kvcm_transport::any::VerbsDevice {
+        name: device.clone(),
+        gid_index,
+    };
+    if let Err(error) = kvcm_transport::any::AnyDomain::open_verbs(&verbs) {
         panic!("KVCM_VERBS_DEVICE={device}: the device does not open: {error}");
     }
     Some(vec![

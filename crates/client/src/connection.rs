@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use kvcm::lookup::grants::Token;
 use kvcm::lookup::messages::MAX_MESSAGE;
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
+use kvcm_transport::soft::SoftConfig;
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
     RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -62,7 +63,7 @@ impl Connection {
     /// Connects to the server's queue-pair listener at `connect`, speaking `wire`, with the
     /// bootstrap's queue-pair `token`.
     pub(crate) fn open(connect: SocketAddr, wire: Wire, token: &Token) -> Result<Self, FastError> {
-        let domain = wire.open()?;
+        let domain = wire.open_domain(SoftConfig::default().response_timeout)?;
         let cq = domain.create_cq()?;
         let qp = domain.create_qp(&cq, &cq, QpConfig::default())?;
         let io = |e: std::io::Error| FastError::Broken(format!("lookup connect: {e}"));

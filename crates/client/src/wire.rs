@@ -4,10 +4,10 @@
 //! (`KVCM_VERBS_DEVICE` names it, default the first; `KVCM_VERBS_GID_INDEX` the GID index
 //! for RoCE, default 0). Pool nodes serve the soft wires only.
 
-use kvcm_transport::any::AnyDomain;
+use kvcm_transport::any::{AnyDomain, VerbsDevice};
 use kvcm_transport::soft::{self, SoftConfig, SoftDomain};
-
-use crate::error::FastError;
+use kvcm_transport::TransportError;
+use std::time::Duration;
 
 /// A wire of the fast path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,22 +44,30 @@ impl Wire {
         }
     }
 
-    /// Opens a domain of this wire's provider.
-    pub(crate) fn open(self) -> Result<AnyDomain, FastError> {
+    /// Opens a domain of this wire's provider; `response_timeout` bounds how long a soft
+    /// peer may take to answer (on verbs the NIC's own retry timers apply).
+    pub fn open_domain(self, response_timeout: Duration) -> Result<AnyDomain, TransportError> {
         match self.soft() {
-            Some(wire) => Ok(SoftDomain::open(SoftConfig::with_wire(wire))?.into()),
-            None => {
-                let device = std::env::var("KVCM_VERBS_DEVICE").ok();
-                let gid_index = match std::env::var("KVCM_VERBS_GID_INDEX") {
-                    Ok(text) => text.parse().map_err(|_| {
-                        FastError::Broken(format!(
-                            "KVCM_VERBS_GID_INDEX={text:?} is not a GID index (0-255)"
-                        ))
-                    })?,
-                    Err(_) => 0,
-                };
-                Ok(AnyDomain::open_verbs(device.as_deref(), gid_index)?)
+            Some(wire) => {
+                let config = SoftConfig::with_wire(wire).with_response_timeout(response_timeout);
+                Ok(SoftDomain::open(config)?.into())
             }
+            None => AnyDomain::open_verbs(&verbs_device_from_env()?),
         }
     }
+}
+
+/// The device `KVCM_VERBS_DEVICE` names (unset: the first one), with the GID index
+/// `KVCM_VERBS_GID_INDEX` (unset: 0).
+fn verbs_device_from_env() -> Result<VerbsDevice, TransportError> {
+    let gid_index = match std::env::var("KVCM_VERBS_GID_INDEX") {
+        Ok(text) => text.parse().map_err(|_| {
+            TransportError::InvalidArgument("KVCM_VERBS_GID_INDEX is not a GID index (0-255)")
+        })?,
+        Err(_) => 0,
+    };
+    Ok(VerbsDevice {
+        name: std::env::var("KVCM_VERBS_DEVICE").unwrap_or_default(),
+        gid_index,
+    })
 }

@@ -31,6 +31,16 @@ macro_rules! forward {
     };
 }
 
+/// An RDMA device for the verbs wire: its name (`mlx5_0`, `rxe0`; empty: the first device)
+/// and the GID table index used for RoCE addressing (1 is RoCE v2 on rxe).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerbsDevice {
+    /// Device name.
+    pub name: String,
+    /// GID table index.
+    pub gid_index: u8,
+}
+
 /// A domain of any provider.
 #[derive(Clone, Debug)]
 pub enum AnyDomain {
@@ -85,22 +95,21 @@ impl From<VerbsDomain> for AnyDomain {
 }
 
 impl AnyDomain {
-    /// Opens RDMA device `device` (`None`: the first one) on port 1 with GID index
-    /// `gid_index`. `NoDevice` when the host has none, or when this build has no verbs
-    /// provider (feature `rdma`), saying which.
-    pub fn open_verbs(device: Option<&str>, gid_index: u8) -> Result<AnyDomain> {
+    /// Opens RDMA device `device` on port 1. `NoDevice` when the host has no such device,
+    /// or when this build has no verbs provider (feature `rdma`), saying which.
+    pub fn open_verbs(device: &VerbsDevice) -> Result<AnyDomain> {
         #[cfg(feature = "rdma")]
         {
             let config = crate::verbs::VerbsConfig {
-                device: device.map(str::to_string),
+                device: Some(device.name.clone()).filter(|name| !name.is_empty()),
                 port: 1,
-                gid_index,
+                gid_index: device.gid_index,
             };
             VerbsDomain::open(&config).map(AnyDomain::Verbs)
         }
         #[cfg(not(feature = "rdma"))]
         {
-            let _ = (device, gid_index);
+            let _ = device;
             Err(TransportError::NoDevice(
                 "this build has no verbs provider (build with feature `rdma`)".into(),
             ))

@@ -20,7 +20,7 @@ from ._connected import Connected, raise_error
 
 PUT_OUTCOMES = {1: "written", 2: "present", 3: "failed"}
 GET_OUTCOMES = {1: "hit", 2: "miss", 3: "unreadable"}
-PATHS = {0: "none", 1: "pool-soft-tcp", 2: "pool-soft-shm", 3: "file"}
+PATHS = {0: "none", 1: "pool-soft-tcp", 2: "pool-soft-shm", 3: "file", 4: "pool-verbs"}
 
 
 class Outcome(NamedTuple):

@@ -37,7 +37,6 @@ use std::time::Duration;
 
 use kvcm::proto::meta;
 use kvcm_data::{FileIo, FileIoConfig, IoPath, ReadOp, WriteOp};
-use kvcm_transport::soft;
 
 #[cfg(feature = "cuda")]
 pub use self::cuda::{cuda_present, CudaDevice};
@@ -47,19 +46,11 @@ use self::pool_link::PoolLink;
 use self::route::{target_of, Target};
 use crate::{Client, ClientConfig, ClientError, Wire};
 
-/// The pool listeners' index of a soft wire (as the lookup path numbers it).
-fn wire_index(wire: soft::Wire) -> usize {
-    match wire {
-        soft::Wire::Tcp => kvcm::lookup::WIRE_SOFT_TCP,
-        soft::Wire::Shm => kvcm::lookup::WIRE_SOFT_SHM,
-    }
-}
-
 /// How the engine moves bytes.
 #[derive(Debug, Clone)]
 pub struct TransferConfig {
-    /// The wire to pool nodes: `Shm` on their host, `Tcp` anywhere (pool nodes serve no
-    /// verbs: `Verbs` is refused).
+    /// The wire to pool nodes: `Shm` on their host, `Tcp` anywhere, `Verbs` to nodes given
+    /// an RDMA device.
     pub pool_wire: Wire,
     /// Registered staging bytes per pool node link (TCP transfers go through it).
     pub staging_bytes: usize,
@@ -93,6 +84,8 @@ pub enum TransferPath {
     PoolSoftTcp,
     /// A pool node over shared memory (direct copies).
     PoolSoftShm,
+    /// A pool node over RDMA verbs (through the staging buffer).
+    PoolVerbs,
     /// The file tier, by this I/O path.
     File(IoPath),
 }
@@ -102,6 +95,7 @@ impl std::fmt::Display for TransferPath {
         match self {
             TransferPath::PoolSoftTcp => f.write_str("pool over soft-tcp (staged)"),
             TransferPath::PoolSoftShm => f.write_str("pool over soft-shm (direct)"),
+            TransferPath::PoolVerbs => f.write_str("pool over verbs (staged)"),
             TransferPath::File(path) => write!(f, "file tier, {path}"),
         }
     }
@@ -265,8 +259,6 @@ fn checksums_of(buffers: &[&[u8]]) -> Vec<u64> {
 pub struct TransferEngine {
     client: Client,
     config: TransferConfig,
-    /// `config.pool_wire` (a soft wire: checked at connect).
-    pool_wire: soft::Wire,
     directory: Directory,
     links: HashMap<SocketAddr, PoolLink>,
     files: FileIo,
@@ -285,16 +277,10 @@ impl TransferEngine {
     /// Connects the control-plane client and prepares the file I/O (pool links are made
     /// on first use).
     pub fn connect(client: ClientConfig, config: TransferConfig) -> Result<Self, ClientError> {
-        let pool_wire = config.pool_wire.soft().ok_or_else(|| {
-            ClientError::InvalidArgument(
-                "pool_wire: pool nodes serve soft-tcp and soft-shm, not verbs".into(),
-            )
-        })?;
         let servers = client.servers.iter().map(|s| s.http).collect();
         let directory = Directory::new(servers, client.tls.clone(), client.api_key.clone());
         Ok(TransferEngine {
             client: Client::connect(client)?,
-            pool_wire,
             files: FileIo::new(config.file_io.clone()),
             directory,
             links: HashMap::new(),
@@ -523,7 +509,7 @@ impl TransferEngine {
         for (i, outcome) in file_parts.iter().zip(self.files.write_blocks(&file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
-        let path = pool_path(self.pool_wire);
+        let path = pool_path(self.config.pool_wire);
         for (endpoint, members) in groups {
             let link = self
                 .links
@@ -568,7 +554,7 @@ impl TransferEngine {
         for (i, outcome) in file_parts.iter().zip(self.files.read_blocks(&mut file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
-        let path = pool_path(self.pool_wire);
+        let path = pool_path(self.config.pool_wire);
         for (endpoint, members) in groups {
             let link = self
                 .links
@@ -655,7 +641,7 @@ impl TransferEngine {
             self.links.remove(&place.endpoint);
             let link = PoolLink::connect(
                 place.endpoint,
-                (self.pool_wire, place.ticket.as_ref()),
+                (self.config.pool_wire, place.ticket.as_ref()),
                 self.config.staging_bytes,
                 self.config.timeout,
             )?;
@@ -674,10 +660,11 @@ fn not_attempted(count: usize) -> Vec<Result<TransferPath, String>> {
         .collect()
 }
 
-fn pool_path(wire: soft::Wire) -> TransferPath {
+fn pool_path(wire: Wire) -> TransferPath {
     match wire {
-        soft::Wire::Tcp => TransferPath::PoolSoftTcp,
-        soft::Wire::Shm => TransferPath::PoolSoftShm,
+        Wire::Tcp => TransferPath::PoolSoftTcp,
+        Wire::Shm => TransferPath::PoolSoftShm,
+        Wire::Verbs => TransferPath::PoolVerbs,
     }
 }
 

@@ -2,8 +2,8 @@
 //! rkey, incarnation) on the chosen wire; transfers are batches of one-sided operations.
 //!
 //! On soft-shm, reads and writes are direct copies between the caller's buffers and the
-//! node's mapped region (checked like READ / WRITE, no staging). On soft-TCP the bytes go
-//! through a registered staging buffer in chunks; while the WRITEs of one half of it are in
+//! node's mapped region (checked like READ / WRITE, no staging). On soft-TCP and verbs the
+//! bytes go through a registered staging buffer in chunks; while the WRITEs of one half of it are in
 //! flight the next chunk is copied into the other half.
 //!
 //! Invariants: an operation outside the region is refused before anything is posted (one
@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 
 use kvcm::pool::ticket::Ticket;
 use kvcm::pool::{RegionInfo, POOL_HELLO};
-use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftQp, SoftRegion, Wire};
+use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
+use kvcm_transport::soft::SoftQp;
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
     Region, RemoteAddr, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
-use super::wire_index;
+use crate::Wire;
 
 /// Most operations posted at once.
 const POST_BATCH: usize = 256;
@@ -30,16 +31,16 @@ const POST_BATCH: usize = 256;
 const CHUNK_REQUESTS: usize = 384;
 /// A connected queue pair to a pool node.
 pub(crate) struct PoolLink {
-    qp: SoftQp,
-    cq: SoftCq,
+    qp: AnyQp,
+    cq: AnyCq,
     staging: HostMemory,
-    staging_region: SoftRegion,
+    staging_region: AnyRegion,
     /// The node's region on this wire.
     pub(crate) info: RegionInfo,
     wire: Wire,
     deadline: Duration,
     broken: bool,
-    _domain: SoftDomain,
+    _domain: AnyDomain,
 }
 
 impl PoolLink {
@@ -52,8 +53,7 @@ impl PoolLink {
         staging: usize,
         timeout: Duration,
     ) -> Result<PoolLink, String> {
-        let config = SoftConfig::with_wire(wire).with_response_timeout(timeout);
-        let domain = SoftDomain::open(config).map_err(|e| e.to_string())?;
+        let domain = wire.open_domain(timeout).map_err(|e| e.to_string())?;
         let cq = domain.create_cq().map_err(|e| e.to_string())?;
         let qp = domain
             .create_qp(&cq, &cq, QpConfig::default())
@@ -65,7 +65,7 @@ impl PoolLink {
             Some(_) => kvcm::pool::listener::HELLO_TICKET.to_vec(),
             None => POOL_HELLO.to_vec(),
         };
-        hello.push(wire_index(wire) as u8);
+        hello.push(wire.index() as u8);
         hello.extend_from_slice(ticket.map_or(&[][..], |t| &t[..]));
         stream.write_all(&hello).map_err(io)?;
         let remote = exchange_endpoints(&mut stream, &qp.endpoint()).map_err(|e| e.to_string())?;
@@ -118,15 +118,15 @@ impl PoolLink {
     /// Writes each `(offset, bytes)` into the region (all in bounds); on failure the link is
     /// broken and none of them counts as written.
     pub(crate) fn write(&mut self, ops: &[(u64, &[u8])]) -> Result<(), String> {
-        let done = match self.wire {
-            Wire::Shm => {
+        let done = match (self.wire, self.qp.as_soft()) {
+            (Wire::Shm, Some(qp)) => {
                 let writes: Vec<(RemoteAddr, &[u8])> = ops
                     .iter()
                     .map(|&(at, data)| (self.remote(at), data))
                     .collect();
-                self.qp.write_direct(&writes).map_err(|e| e.to_string())
+                qp.write_direct(&writes).map_err(|e| e.to_string())
             }
-            Wire::Tcp => self.write_staged(ops),
+            _ => self.write_staged(ops),
         };
         self.broken |= done.is_err();
         done
@@ -135,23 +135,23 @@ impl PoolLink {
     /// Reads each `(offset, buffer)` from the region (all in bounds); on failure the link
     /// is broken and no buffer is to be trusted.
     pub(crate) fn read(&mut self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
-        let done = match self.wire {
-            Wire::Shm => self.read_direct(ops),
-            Wire::Tcp => self.read_staged(ops),
+        let done = match (self.wire, self.qp.as_soft()) {
+            (Wire::Shm, Some(qp)) => self.read_direct(qp, ops),
+            _ => self.read_staged(ops),
         };
         self.broken |= done.is_err();
         done
     }
 
-    fn read_direct(&self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
+    fn read_direct(&self, qp: &SoftQp, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
         for (at, buf) in ops.iter_mut() {
             let read = [(self.remote(*at), buf.len())];
-            self.qp.read_direct(&read, buf).map_err(|e| e.to_string())?;
+            qp.read_direct(&read, buf).map_err(|e| e.to_string())?;
         }
         Ok(())
     }
 
-    /// TCP writes: chunks of the staging buffer's halves, the next copied while the
+    /// TCP and verbs writes: chunks of the staging buffer's halves, the next copied while the
     /// previous one's WRITEs are in flight.
     fn write_staged(&mut self, ops: &[(u64, &[u8])]) -> Result<(), String> {
         let half = self.staging.len() / 2;
@@ -176,7 +176,7 @@ impl PoolLink {
         self.await_completions(in_flight)
     }
 
-    /// TCP reads: chunks of READs into staging, then copied out.
+    /// TCP and verbs reads: chunks of READs into staging, then copied out.
     fn read_staged(&mut self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
         let sizes: Vec<(u64, usize)> = ops.iter().map(|(at, buf)| (*at, buf.len())).collect();
         for chunk in pieces(sizes.into_iter(), self.staging.len()) {
