@@ -6,6 +6,11 @@
 //! `cargo bench --bench lookup` (a real `kvcm serve` and a real `redis-server` on free
 //! ports; `KVCM_BENCH_ROUNDS` sets the rounds, default 20 of 250 requests per case). Cases
 //! of one comparison run in alternating blocks, so load drift hits them alike.
+//!
+//! On RDMA verbs too when `KVCM_VERBS_DEVICE` names a device (`--features rdma`; on kernel
+//! soft-RoCE in a VM: `scripts/rxe-vm.sh`, ratios only): the server also serves its tables
+//! there, and the verbs fast path is reported beside its own floor, the same batch of
+//! 64-byte READs between two raw queue pairs of that device (no lookup logic).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,6 +20,11 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use kvcm::proto::meta;
 use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
+use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion, VerbsDevice};
+use kvcm_transport::{
+    Access, CompletionQueue, Domain, HostMemory, QpConfig, QueuePair, Region, SendOp, SendWr,
+    WcStatus, WorkCompletion,
+};
 
 const INSTANCE: &str = "bench";
 const BLOCK: usize = 250;
@@ -45,8 +55,9 @@ fn wait_for_port(port: u16) {
     }
 }
 
-/// `kvcm serve` on free ports: (process, gRPC port, HTTP port, data dir).
-fn start_server() -> (Process, u16, u16, tempfile::TempDir) {
+/// `kvcm serve` on free ports with `--env` `settings`: (process, gRPC port, HTTP port, data
+/// dir).
+fn start_server(settings: &[String]) -> (Process, u16, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (grpc, http, admin) = (free_port(), free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_kvcm"))
@@ -56,6 +67,7 @@ fn start_server() -> (Process, u16, u16, tempfile::TempDir) {
         .args(["--env", &format!("kvcm.service.rpc_port={grpc}")])
         .args(["--env", &format!("kvcm.service.http_port={http}")])
         .args(["--env", &format!("kvcm.service.admin_http_port={admin}")])
+        .args(settings.iter().flat_map(|s| ["--env", s.as_str()]))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -302,6 +314,89 @@ fn client(grpc: u16, http: u16, wire: Option<Wire>) -> Client {
     .unwrap()
 }
 
+/// The verbs device `KVCM_VERBS_DEVICE` names (GID index `KVCM_VERBS_GID_INDEX`), when it
+/// opens; otherwise the verbs cases are skipped, saying why.
+fn verbs_device() -> Option<VerbsDevice> {
+    let name = std::env::var("KVCM_VERBS_DEVICE").ok()?;
+    let gid_index = std::env::var("KVCM_VERBS_GID_INDEX")
+        .ok()
+        .and_then(|i| i.parse().ok())
+        .unwrap_or(0);
+    let device = VerbsDevice { name, gid_index };
+    match AnyDomain::open_verbs(&device) {
+        Ok(_) => Some(device),
+        Err(error) => {
+            println!("*** verbs cases skipped: {error} ***");
+            None
+        }
+    }
+}
+
+/// The verbs floor: `reads` 64-byte READs posted at once (the last signaled) between two
+/// raw queue pairs of one device, as the fast path posts its batch, with no lookup logic.
+struct RawReads {
+    qp: AnyQp,
+    cq: AnyCq,
+    local: AnyRegion,
+    target: AnyRegion,
+    reads: usize,
+    _peer: AnyQp,
+    _memory: (HostMemory, HostMemory),
+}
+
+impl RawReads {
+    fn new(device: &VerbsDevice, reads: usize) -> RawReads {
+        let domain = AnyDomain::open_verbs(device).unwrap();
+        let cq = domain.create_cq().unwrap();
+        let qp = domain.create_qp(&cq, &cq, QpConfig::default()).unwrap();
+        let peer = domain.create_qp(&cq, &cq, QpConfig::default()).unwrap();
+        qp.connect(&peer.endpoint()).unwrap();
+        peer.connect(&qp.endpoint()).unwrap();
+        let len = reads * 64;
+        let (mine, theirs) = (domain.alloc(len).unwrap(), domain.alloc(len).unwrap());
+        let local = domain.register(&mine, 0, len, Access::LOCAL_WRITE).unwrap();
+        let target = domain
+            .register(&theirs, 0, len, Access::REMOTE_READ)
+            .unwrap();
+        RawReads {
+            qp,
+            cq,
+            local,
+            target,
+            reads,
+            _peer: peer,
+            _memory: (mine, theirs),
+        }
+    }
+}
+
+impl Case for RawReads {
+    fn name(&self) -> String {
+        format!("verbs floor: {} raw 64 B READs", self.reads)
+    }
+    fn once(&mut self) {
+        let sges: Vec<_> = (0..self.reads)
+            .map(|i| self.local.sge(i * 64, 64))
+            .collect();
+        let wrs: Vec<SendWr<'_>> = sges
+            .iter()
+            .enumerate()
+            .map(|(i, sge)| SendWr {
+                wr_id: i as u64,
+                op: SendOp::Read(self.target.remote(i * 64)),
+                sg_list: std::slice::from_ref(sge),
+                signaled: i + 1 == self.reads,
+            })
+            .collect();
+        self.qp.post_send(&wrs).unwrap();
+        let mut out = [WorkCompletion::EMPTY];
+        while self.cq.poll(&mut out) == 0 {
+            std::hint::spin_loop();
+        }
+        assert_eq!(out[0].status, WcStatus::Success);
+    }
+}
+
 /// Bytes of the fast path's READ round trip for `keys` keys with one-line buckets: one
 /// 40-byte request header per READ; one 16-byte response header per READ plus the data.
 fn fast_path_sizes(keys: usize) -> (usize, usize) {
@@ -314,7 +409,19 @@ fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(20);
-    let (_server, grpc_port, http_port, _dir) = start_server();
+    let verbs = verbs_device();
+    let settings: Vec<String> = verbs
+        .iter()
+        .flat_map(|device| {
+            [
+                format!("kvcm.lookup.verbs_device={}", device.name),
+                format!("kvcm.lookup.verbs_gid_index={}", device.gid_index),
+            ]
+        })
+        .collect();
+    let mut wires = vec![Wire::Tcp, Wire::Shm];
+    wires.extend(verbs.iter().map(|_| Wire::Verbs));
+    let (_server, grpc_port, http_port, _dir) = start_server(&settings);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut grpc = runtime
         .block_on(meta::meta_service_client::MetaServiceClient::connect(
@@ -348,7 +455,10 @@ fn main() {
     for count in [16usize, 128] {
         let (request, response) = fast_path_sizes(count);
         let mut cases: Vec<Box<dyn Case>> = vec![Box::new(PingPong::new(request, response))];
-        for wire in [Wire::Tcp, Wire::Shm] {
+        if let Some(device) = &verbs {
+            cases.push(Box::new(RawReads::new(device, 1 + 2 * count)));
+        }
+        for &wire in &wires {
             for reused in [None, Some(Vec::new())] {
                 let client = client(grpc_port, http_port, Some(wire));
                 assert!(client.fast_path_up());
@@ -384,23 +494,33 @@ fn main() {
         } else {
             println!("*** redis-server not found: the Redis GET floor is not measured ***");
         }
-        // KVCM_BENCH_ONLY=<text>: only the cases whose name contains it (and the floor).
+        // KVCM_BENCH_ONLY=<text>: only the cases whose name contains it (and the floors).
         if let Ok(only) = std::env::var("KVCM_BENCH_ONLY") {
+            let floors = 1 + usize::from(verbs.is_some());
             let mut index = 0;
             cases.retain(|case| {
                 index += 1;
-                index == 1 || case.name().contains(&only)
+                index <= floors || case.name().contains(&only)
             });
         }
         let figures = measure(&mut cases, rounds);
         let floor = figures[0].0;
+        // The verbs cases against their own floor (the second case when verbs runs).
+        let verbs_floor = verbs.as_ref().map(|_| figures[1].0);
         for (case, (p50, p99)) in cases.iter().zip(&figures) {
+            let name = case.name();
+            let (ratio, of) = match verbs_floor {
+                Some(verbs_floor) if name.contains("Verbs") || name.starts_with("verbs") => {
+                    (p50 / verbs_floor, "verbs floor")
+                }
+                _ => (p50 / floor, "floor"),
+            };
             println!(
-                "  {:<44} p50 {:>8.2}  p99 {:>8.2}  {:>5.2}x floor{}",
-                case.name(),
+                "  {:<44} p50 {:>8.2}  p99 {:>8.2}  {:>5.2}x {of}{}",
+                name,
                 p50,
                 p99,
-                p50 / floor,
+                ratio,
                 case.counters()
             );
         }
@@ -418,7 +538,7 @@ fn main() {
         grpc_pair.0,
         grpc_pair.1
     );
-    for wire in [Wire::Tcp, Wire::Shm] {
+    for &wire in &wires {
         let messages = client(grpc_port, http_port, Some(wire));
         let (p50, p99) = write_pair(&messages, rounds, &mut next);
         println!(
