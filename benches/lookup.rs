@@ -103,6 +103,10 @@ trait Case {
     fn counters(&self) -> String {
         String::new()
     }
+    /// Whether the case runs on verbs (its ratio is to the verbs floor).
+    fn is_verbs(&self) -> bool {
+        false
+    }
 }
 
 /// A fast-path prefix match; `reused` keeps one answer vector across calls
@@ -119,6 +123,9 @@ impl Case for FastPath {
     fn name(&self) -> String {
         let form = if self.reused.is_some() { " (into)" } else { "" };
         format!("fast path {:?} prefix-{}{form}", self.wire, self.keys.len())
+    }
+    fn is_verbs(&self) -> bool {
+        self.wire == Wire::Verbs
     }
     fn counters(&self) -> String {
         let m = self.client.metrics();
@@ -317,12 +324,10 @@ fn client(grpc: u16, http: u16, wire: Option<Wire>) -> Client {
 /// The verbs device `KVCM_VERBS_DEVICE` names (GID index `KVCM_VERBS_GID_INDEX`), when it
 /// opens; otherwise the verbs cases are skipped, saying why.
 fn verbs_device() -> Option<VerbsDevice> {
-    let name = std::env::var("KVCM_VERBS_DEVICE").ok()?;
-    let gid_index = std::env::var("KVCM_VERBS_GID_INDEX")
-        .ok()
-        .and_then(|i| i.parse().ok())
-        .unwrap_or(0);
-    let device = VerbsDevice { name, gid_index };
+    let device = VerbsDevice::from_env().expect("KVCM_VERBS_GID_INDEX");
+    if device.name.is_empty() {
+        return None;
+    }
     match AnyDomain::open_verbs(&device) {
         Ok(_) => Some(device),
         Err(error) => {
@@ -373,6 +378,9 @@ impl RawReads {
 impl Case for RawReads {
     fn name(&self) -> String {
         format!("verbs floor: {} raw 64 B READs", self.reads)
+    }
+    fn is_verbs(&self) -> bool {
+        true
     }
     fn once(&mut self) {
         let sges: Vec<_> = (0..self.reads)
@@ -510,9 +518,7 @@ fn main() {
         for (case, (p50, p99)) in cases.iter().zip(&figures) {
             let name = case.name();
             let (ratio, of) = match verbs_floor {
-                Some(verbs_floor) if name.contains("Verbs") || name.starts_with("verbs") => {
-                    (p50 / verbs_floor, "verbs floor")
-                }
+                Some(verbs_floor) if case.is_verbs() => (p50 / verbs_floor, "verbs floor"),
                 _ => (p50 / floor, "floor"),
             };
             println!(

@@ -178,13 +178,13 @@ fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
     let Some(settings) = common::verbs_settings("the data plane on verbs") else {
         return;
     };
-    let device = std::env::var("KVCM_VERBS_DEVICE").expect("named");
-    let gid = std::env::var("KVCM_VERBS_GID_INDEX").unwrap_or_else(|_| "0".into());
+    let device = kvcm_transport::any::VerbsDevice::from_env().expect("verbs device");
+    let gid = device.gid_index.to_string();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (server, _node) = runtime.block_on(async {
         let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
         let server = prepare_async(200, &settings).await;
-        let verbs = ["--verbs-device", &device, "--verbs-gid-index", &gid];
+        let verbs = ["--verbs-device", &device.name, "--verbs-gid-index", &gid];
         let node = PoolProcess::start_with(&server, "pool_a", "node-1", "16M", &verbs).await;
         live_range(&server, "pool_a", Some("node-1"), 1).await;
         (server, node)

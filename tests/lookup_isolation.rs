@@ -97,6 +97,9 @@ struct RawQp {
     memory: HostMemory,
     region: AnyRegion,
     _domain: AnyDomain,
+    /// The handshake connection (on verbs the server tears the queue pair down when it
+    /// closes).
+    hangup: Option<TcpStream>,
 }
 
 /// Sends `hello` and connects; `Err` when the server closes the connection instead.
@@ -121,6 +124,7 @@ fn connect_raw(connect: &str, wire: Wire, hello: &[u8]) -> Result<RawQp, String>
         memory,
         region,
         _domain: domain,
+        hangup: Some(stream),
     })
 }
 
@@ -257,8 +261,12 @@ fn reads_only_its_instance(wire: Wire, settings: &[&str]) {
         rkey: theirs_header.rkey ^ (g << 14),
         ..theirs_header
     });
-    let qp = open(&runtime.block_on(bootstrap(&server, MINE, "none")), wire);
+    // A refused READ breaks its queue pair: each guess gets a fresh one, which first reads
+    // its own table (so the refusal is the guess's).
     for guess in guesses {
+        let mine = runtime.block_on(bootstrap(&server, MINE, "none"));
+        let qp = open(&mine, wire);
+        assert!(qp.read(header_of(&mine, wire)), "a fresh queue pair reads");
         assert!(!qp.read(guess), "guessed rkey {:#x}", guess.rkey);
     }
     // Its messages may name its own instance only.
@@ -345,6 +353,31 @@ fn a_revoked_keys_queue_pairs_are_torn_down_on_soft_tcp() {
 #[test]
 fn a_revoked_keys_queue_pairs_are_torn_down_on_soft_shm() {
     revocation_tears_down(Wire::Shm, &[]);
+}
+
+/// A verbs queue pair never notices a client that is gone; its handshake connection
+/// closing does tear the server's queue pair down (the client's READs then fail).
+#[test]
+fn a_verbs_queue_pair_is_torn_down_when_its_client_hangs_up_or_loud_skip() {
+    let Some(settings) = common::verbs_settings("verbs hang-up") else {
+        return;
+    };
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let runtime = runtime();
+    let server = runtime.block_on(server_with(&settings));
+    let answer = runtime.block_on(bootstrap(&server, MINE, "none"));
+    let mut qp = open(&answer, Wire::Verbs);
+    let header = header_of(&answer, Wire::Verbs);
+    assert!(qp.read(header), "it reads while connected");
+    let kept = open(
+        &runtime.block_on(bootstrap(&server, MINE, "none")),
+        Wire::Verbs,
+    );
+    drop(qp.hangup.take());
+    let torn_down = wait_until_blocking(WAIT, || (!qp.read(header)).then_some(()));
+    assert!(torn_down.is_some(), "still reads {WAIT:?} after hanging up");
+    assert!(kept.read(header), "the other client reads on");
+    assert!(server.log().contains("its client hung up"), "logged");
 }
 
 #[test]

@@ -65,7 +65,8 @@ extern "C" {
 #define KVCM_WIRE_NONE 0      /* no fast path: every lookup over gRPC */
 #define KVCM_WIRE_SOFT_TCP 1  /* one-sided READs over soft-TCP (works across hosts) */
 #define KVCM_WIRE_SOFT_SHM 2  /* one-sided READs over shared memory (server's host only) */
-#define KVCM_WIRE_VERBS 3     /* one-sided READs over RDMA verbs (a library built with feature rdma;
+#define KVCM_WIRE_VERBS 3     /* one-sided READs over RDMA verbs (a library built with
+                                 `cargo build -p kvcm-ffi --features rdma`, else refused;
                                  KVCM_VERBS_DEVICE, KVCM_VERBS_GID_INDEX pick the device) */
 
 /* Block outcomes of kvcm_engine_put (outcomes[i]). */

@@ -21,7 +21,7 @@ pub const KVCM_WIRE_NONE: i32 = 0;
 pub const KVCM_WIRE_SOFT_TCP: i32 = 1;
 /// `wire` value: the fast path over soft shared memory (the server's host only).
 pub const KVCM_WIRE_SOFT_SHM: i32 = 2;
-/// See [`KVCM_WIRE_SOFT_TCP`].
+/// `wire` value: the fast path over RDMA verbs (a library built with feature `rdma`).
 pub const KVCM_WIRE_VERBS: i32 = 3;
 
 /// A snapshot of the fast-path counters (`kvcm_fast_path_metrics`).

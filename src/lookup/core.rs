@@ -80,7 +80,7 @@ pub(super) struct WireQueues {
 pub(super) struct CoreHandle {
     wires: Vec<WireQueues>,
     new_peers: Sender<(usize, Peer)>,
-    closing: Sender<PeerKey>,
+    closing: Sender<(PeerKey, Arc<Grant>)>,
     bindings: Bindings,
     doorbell: Arc<Doorbell>,
 }
@@ -114,14 +114,14 @@ impl CoreHandle {
     }
 
     /// Hands a connected queue pair of protection domain `pd` to the polling thread, its
-    /// receive buffers posted, bound to `grant`'s instance.
+    /// receive buffers posted, bound to `grant`'s instance; returns its key and grant.
     pub(super) fn adopt(
         &self,
         wire: usize,
         pd: &AnyDomain,
         qp: AnyQp,
         grant: Grant,
-    ) -> Result<(), LookupError> {
+    ) -> Result<(PeerKey, Arc<Grant>), LookupError> {
         let memory = pd.alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
         let region = pd.register(&memory, 0, memory.len(), Access::LOCAL_WRITE)?;
         for slot in 0..RECV_SLOTS {
@@ -137,13 +137,14 @@ impl CoreHandle {
             instance: grant.instance_id.clone(),
         };
         let key = (wire, peer.qp.qpn());
-        lock(&self.bindings).insert(key, Arc::new(grant));
+        let grant = Arc::new(grant);
+        lock(&self.bindings).insert(key, Arc::clone(&grant));
         if self.new_peers.send((wire, peer)).is_err() {
             lock(&self.bindings).remove(&key);
             return Err(LookupError::NoWire);
         }
         self.doorbell.ring();
-        Ok(())
+        Ok((key, grant))
     }
 
     /// Every connected peer and its grant.
@@ -154,9 +155,11 @@ impl CoreHandle {
             .collect()
     }
 
-    /// Tears `key`'s queue pair down (at the polling thread's next round).
-    pub(super) fn close(&self, key: PeerKey) {
-        if self.closing.send(key).is_ok() {
+    /// Tears `key`'s queue pair down (at the polling thread's next round) if it is still the
+    /// one bound to `grant` (a verbs device reuses the number of a destroyed queue pair, so
+    /// a late close must not reach its successor).
+    pub(super) fn close(&self, key: PeerKey, grant: Arc<Grant>) {
+        if self.closing.send((key, grant)).is_ok() {
             self.doorbell.ring();
         }
     }
@@ -326,7 +329,7 @@ struct Poller {
     wires: Vec<WireQueues>,
     peers: HashMap<PeerKey, Peer>,
     adopted: Receiver<(usize, Peer)>,
-    closed: Receiver<PeerKey>,
+    closed: Receiver<(PeerKey, Arc<Grant>)>,
     bindings: Bindings,
     work: Sender<Work>,
     replies: Receiver<(PeerKey, Vec<u8>)>,
@@ -510,7 +513,13 @@ impl Poller {
                 Err(crossbeam_channel::TryRecvError::Disconnected) => break false,
             }
         };
-        while let Ok(key) = self.closed.try_recv() {
+        while let Ok((key, grant)) = self.closed.try_recv() {
+            let same = lock(&self.bindings)
+                .get(&key)
+                .is_some_and(|bound| Arc::ptr_eq(bound, &grant));
+            if !same {
+                continue;
+            }
             self.forget(key);
             changed = true;
         }

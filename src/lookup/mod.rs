@@ -20,12 +20,14 @@
 //! may name no other instance. Every [`AVAILABILITY_TICK`] the service checks each queue
 //! pair's bootstrap credentials again; a queue pair that no longer passes is torn down
 //! (and, when it was on shared memory, where a client keeps what it mapped, the instance's
-//! table is retired and rebuilt in new memory on the next bootstrap).
+//! table is retired and rebuilt in new memory on the next bootstrap; on TCP and verbs a
+//! READ needs the queue pair, so tearing it down is enough).
 
 mod access;
 mod bootstrap;
 mod core;
 pub mod grants;
+mod liveness;
 pub mod messages;
 pub(crate) mod peers;
 mod table;
@@ -39,6 +41,7 @@ use kvcm_index::BlockKey;
 use kvcm_manager::{Instance, Manager, Publication};
 use kvcm_transport::any::{AnyDomain, VerbsDevice};
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
+use kvcm_transport::TransportError;
 
 use crate::service::meta::MetaHandler;
 
@@ -151,6 +154,8 @@ pub struct LookupService {
     grants: grants::Grants,
     /// The polling-thread core (queue pairs are handed to it).
     core: core::CoreHandle,
+    /// Tears verbs queue pairs down when their client hangs up.
+    hangups: liveness::Watcher,
 }
 
 impl std::fmt::Debug for LookupService {
@@ -170,7 +175,8 @@ impl LookupService {
         config: &LookupConfig,
         access: LookupAccess,
     ) -> Result<Arc<LookupService>, LookupError> {
-        let domains = open_wires(config)?;
+        let verbs = config.verbs();
+        let domains = open_wires(config.bind, verbs.as_ref(), "kvcm.lookup.verbs_device")?;
         let core = core::start(&domains, meta)?;
         let listener = peers::bind(config.bind)?;
         let service = Arc::new(LookupService {
@@ -181,6 +187,7 @@ impl LookupService {
             connect_addr: peers::local_addr(&listener)?,
             access,
             grants: grants::Grants::default(),
+            hangups: liveness::Watcher::start(core.clone())?,
             core,
         });
         peers::serve(listener, Arc::downgrade(&service))?;
@@ -288,7 +295,7 @@ impl LookupService {
                 Ok(()) => continue,
             };
             tracing::info!(instance = &*grant.instance_id, wire = key.0, qpn = key.1, %refusal, "lookup queue pair torn down");
-            self.core.close(key);
+            self.core.close(key, Arc::clone(&grant));
             if key.0 == WIRE_SOFT_SHM && !stale_tables.contains(&grant.instance_id) {
                 stale_tables.push(grant.instance_id.clone());
             }
@@ -326,12 +333,18 @@ impl Publication for LookupService {
     }
 }
 
-/// Opens every wire `config` asks for: both soft wires, and verbs when configured.
-fn open_wires(config: &LookupConfig) -> Result<Vec<(usize, AnyDomain)>, LookupError> {
+/// Opens both soft wires (their NICs bound to `bind`) and, when given, RDMA device `verbs`,
+/// each with its wire index; a device that does not open is an error naming `setting`,
+/// where it was configured. Used by the lookup path and by pool nodes.
+pub(crate) fn open_wires(
+    bind: IpAddr,
+    verbs: Option<&VerbsDevice>,
+    setting: &str,
+) -> Result<Vec<(usize, AnyDomain)>, TransportError> {
     let open = |wire| {
         SoftDomain::open(SoftConfig {
             wire,
-            bind: config.bind,
+            bind,
             ..SoftConfig::default()
         })
         .map(AnyDomain::from)
@@ -340,9 +353,11 @@ fn open_wires(config: &LookupConfig) -> Result<Vec<(usize, AnyDomain)>, LookupEr
         (WIRE_SOFT_TCP, open(Wire::Tcp)?),
         (WIRE_SOFT_SHM, open(Wire::Shm)?),
     ];
-    if let Some(device) = config.verbs() {
-        let domain = AnyDomain::open_verbs(&device)?;
-        tracing::info!(device = device.name, "lookup tables also served on verbs");
+    if let Some(device) = verbs {
+        let domain = AnyDomain::open_verbs(device).map_err(|error| {
+            TransportError::NoDevice(format!("{setting} {:?}: {error}", device.name))
+        })?;
+        tracing::info!(device = device.name, "also serving on RDMA verbs");
         domains.push((WIRE_VERBS, domain));
     }
     Ok(domains)

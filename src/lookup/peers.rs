@@ -3,9 +3,12 @@
 //! (`grants`) — and both sides exchange queue-pair endpoints
 //! ([`kvcm_transport::exchange_endpoints`]). The server's queue pair is created in the
 //! protection domain of the token's instance, so it serves READs of that instance's table
-//! only (its soft NIC answers them) and carries write-path messages of that instance only
+//! only (its NIC — the soft NIC thread, or the RDMA device — answers them) and carries write-path messages of that instance only
 //! (the polling-thread core owns it from then on). A hello without a valid, unused,
 //! unexpired token is refused: the connection is closed before any endpoint is sent.
+//!
+//! On verbs the connection then stays open for the queue pair's life: the client keeps it,
+//! and its closing tears the queue pair down (`liveness`); on the soft wires it is closed.
 //!
 //! Each connection is set up on a thread of its own with a 2-second deadline, at most
 //! [`MAX_HANDSHAKES`] at once (more are closed at once), so silent clients neither delay
@@ -19,7 +22,7 @@ use std::time::Duration;
 use kvcm_transport::{exchange_endpoints, QueuePair};
 
 use super::grants::{Token, TOKEN_LEN};
-use super::{LookupError, LookupService};
+use super::{LookupError, LookupService, WIRE_VERBS};
 
 /// First bytes of a connection request (version 2: with a token).
 pub const HELLO: &[u8; 4] = b"KVQ2";
@@ -92,7 +95,13 @@ fn connect(mut stream: TcpStream, service: &LookupService) -> Result<(), LookupE
     let qp = service.core.create_qp(wire, pd)?;
     let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
     qp.connect(&remote)?;
-    service.core.adopt(wire, pd, qp, grant)
+    let (key, grant) = service.core.adopt(wire, pd, qp, grant)?;
+    // A verbs queue pair never notices a client that is gone: the connection stays open
+    // for its life, and its closing tears it down (`liveness`).
+    if wire == WIRE_VERBS {
+        service.hangups.watch(key, grant, stream)?;
+    }
+    Ok(())
 }
 
 /// The address a bound listener accepts on.

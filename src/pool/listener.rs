@@ -3,7 +3,8 @@
 //! which the node demands when its server does (`super::ticket`; a hello without a valid
 //! ticket is then closed before any endpoint is sent) —, both sides exchange queue-pair endpoints
 //! ([`kvcm_transport::exchange_endpoints`]), and the node sends the [`RegionInfo`] of that
-//! wire. From then on the node's soft NIC serves the client's READs and WRITEs; no node
+//! wire. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
+//! client's READs and WRITEs; no node
 //! thread runs per transfer.
 //!
 //! Each handshake runs on a thread of its own with a 2-second deadline, at most

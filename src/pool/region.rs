@@ -10,12 +10,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion, VerbsDevice};
-use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 use kvcm_transport::{Access, Domain, HostMemory, Memory, QpConfig, QpState, QueuePair, Region};
 
 use super::ticket::{self, NodeKey, Ticket};
 use super::PoolError;
-use crate::lookup::{WIRE_SOFT_SHM, WIRE_SOFT_TCP, WIRE_VERBS};
 
 /// One wire's domain, completion queue and registration of the memory.
 struct WireRegion {
@@ -54,21 +52,7 @@ impl PoolRegion {
             .ok()
             .filter(|&len| len > 0)
             .ok_or_else(|| PoolError::Config(format!("--size {size} is not a usable size")))?;
-        let open = |wire| {
-            SoftDomain::open(SoftConfig {
-                wire,
-                bind,
-                ..SoftConfig::default()
-            })
-            .map(AnyDomain::from)
-        };
-        let mut domains = vec![
-            (WIRE_SOFT_TCP, open(Wire::Tcp)?),
-            (WIRE_SOFT_SHM, open(Wire::Shm)?),
-        ];
-        if let Some(device) = verbs {
-            domains.push((WIRE_VERBS, AnyDomain::open_verbs(device)?));
-        }
+        let domains = crate::lookup::open_wires(bind, verbs, "--verbs-device")?;
         let memory = domains[0].1.alloc(len)?;
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         let mut wires = Vec::with_capacity(domains.len());

@@ -569,33 +569,31 @@ pub fn shout(message: &str) {
 
 /// The server settings that serve the lookup tables on the RDMA device `KVCM_VERBS_DEVICE`
 /// (GID index `KVCM_VERBS_GID_INDEX`, default 0), or `None` after a loud skip of `what`
-/// when no device is named or this build has no verbs provider (feature `rdma`). A named
+/// when no device is named (unset or empty) or this build has no verbs provider (feature
+/// `rdma`). A named
 /// device that does not open fails the test (`.ci/rxe-verbs` names rxe0).
 pub fn verbs_settings(what: &str) -> Option<Vec<String>> {
-    let Ok(device) = std::env::var("KVCM_VERBS_DEVICE") else {
+    let verbs = kvcm_transport::any::VerbsDevice::from_env().expect("KVCM_VERBS_GID_INDEX");
+    if verbs.name.is_empty() {
         shout(&format!(
             "SKIPPED {what}: KVCM_VERBS_DEVICE names no RDMA device"
         ));
         return None;
-    };
+    }
     if !kvcm_transport::ProviderKind::Verbs.is_built() {
         shout(&format!(
             "SKIPPED {what}: this build has no verbs provider (feature `rdma`)"
         ));
         return None;
     }
-    let gid_index: u8 = std::env::var("KVCM_VERBS_GID_INDEX")
-        .map(|index| index.parse().expect("KVCM_VERBS_GID_INDEX is 0-255"))
-        .unwrap_or(0);
-    let verbs = kvcm_transport::any::VerbsDevice {
-        name: device.clone(),
-        gid_index,
-    };
     if let Err(error) = kvcm_transport::any::AnyDomain::open_verbs(&verbs) {
-        panic!("KVCM_VERBS_DEVICE={device}: the device does not open: {error}");
+        panic!(
+            "KVCM_VERBS_DEVICE={}: the device does not open: {error}",
+            verbs.name
+        );
     }
     Some(vec![
-        format!("kvcm.lookup.verbs_device={device}"),
-        format!("kvcm.lookup.verbs_gid_index={gid_index}"),
+        format!("kvcm.lookup.verbs_device={}", verbs.name),
+        format!("kvcm.lookup.verbs_gid_index={}", verbs.gid_index),
     ])
 }

@@ -48,8 +48,9 @@ pub struct ClientConfig {
     pub servers: Vec<ServerAddress>,
     /// The instance every call is for.
     pub instance_id: String,
-    /// The wire of the fast path: `Tcp` anywhere, `Shm` on the server's host; `None`
-    /// turns the fast path off.
+    /// The wire of the fast path: `Tcp` anywhere, `Shm` on the server's host, `Verbs` to a
+    /// server serving its tables on an RDMA device (refused by a build without feature
+    /// `rdma`); `None` turns the fast path off.
     pub wire: Option<Wire>,
     /// The API key calls carry (`kvcm.auth.meta = required`): gRPC metadata and the lookup
     /// bootstrap's `Authorization`. `None`: calls carry none.
@@ -117,6 +118,12 @@ impl Client {
                     "not set"
                 }
             )));
+        }
+        if config.wire == Some(Wire::Verbs) && !kvcm_transport::ProviderKind::Verbs.is_built() {
+            return Err(ClientError::InvalidArgument(
+                "wire Verbs: this build of kvcm-client has no verbs provider (feature `rdma`)"
+                    .into(),
+            ));
         }
         let grpc = Grpc::new(
             config.servers.iter().map(|s| s.grpc.clone()).collect(),

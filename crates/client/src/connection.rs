@@ -48,6 +48,9 @@ pub(crate) struct Connection {
     sges: Vec<Sge>,
     /// Round trips made (batches posted).
     pub round_trips: u64,
+    /// On verbs, the handshake connection, kept open: its closing (this connection
+    /// dropped, or the process gone) tells the server to tear its queue pair down.
+    _hangup: Option<TcpStream>,
 }
 
 /// How a message exchange failed.
@@ -94,6 +97,7 @@ impl Connection {
             direct: Vec::new(),
             sges: Vec::new(),
             round_trips: 0,
+            _hangup: (wire == Wire::Verbs).then_some(stream),
         })
     }
 

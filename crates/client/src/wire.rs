@@ -2,7 +2,7 @@
 //!
 //! The soft wires exist in every build; verbs needs feature `rdma` and an RDMA device
 //! (`KVCM_VERBS_DEVICE` names it, default the first; `KVCM_VERBS_GID_INDEX` the GID index
-//! for RoCE, default 0). Pool nodes serve the soft wires only.
+//! for RoCE, default 0) on the client, and a server or pool node given one.
 
 use kvcm_transport::any::{AnyDomain, VerbsDevice};
 use kvcm_transport::soft::{self, SoftConfig, SoftDomain};
@@ -52,22 +52,51 @@ impl Wire {
                 let config = SoftConfig::with_wire(wire).with_response_timeout(response_timeout);
                 Ok(SoftDomain::open(config)?.into())
             }
-            None => AnyDomain::open_verbs(&verbs_device_from_env()?),
+            None => AnyDomain::open_verbs(&VerbsDevice::from_env()?),
         }
     }
 }
 
-/// The device `KVCM_VERBS_DEVICE` names (unset: the first one), with the GID index
-/// `KVCM_VERBS_GID_INDEX` (unset: 0).
-fn verbs_device_from_env() -> Result<VerbsDevice, TransportError> {
-    let gid_index = match std::env::var("KVCM_VERBS_GID_INDEX") {
-        Ok(text) => text.parse().map_err(|_| {
-            TransportError::InvalidArgument("KVCM_VERBS_GID_INDEX is not a GID index (0-255)")
-        })?,
-        Err(_) => 0,
-    };
-    Ok(VerbsDevice {
-        name: std::env::var("KVCM_VERBS_DEVICE").unwrap_or_default(),
-        gid_index,
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Client, ClientConfig, ClientError, ServerAddress};
+
+    #[test]
+    fn wires_are_numbered_and_named_as_the_server_numbers_them() {
+        for (wire, index, name) in [
+            (Wire::Tcp, kvcm::lookup::WIRE_SOFT_TCP, "soft-tcp"),
+            (Wire::Shm, kvcm::lookup::WIRE_SOFT_SHM, "soft-shm"),
+            (Wire::Verbs, kvcm::lookup::WIRE_VERBS, "verbs"),
+        ] {
+            assert_eq!((wire.index(), wire.name()), (index, name));
+            assert_eq!(wire.soft().is_some(), wire != Wire::Verbs);
+        }
+    }
+
+    #[test]
+    fn verbs_is_refused_at_connect_by_a_build_without_the_provider() {
+        let config = ClientConfig {
+            servers: vec![ServerAddress {
+                grpc: "http://127.0.0.1:1".into(),
+                http: "127.0.0.1:1".parse().unwrap(),
+            }],
+            instance_id: "i".into(),
+            wire: Some(Wire::Verbs),
+            api_key: None,
+            tls: None,
+        };
+        let built = kvcm_transport::ProviderKind::Verbs.is_built();
+        match Client::connect(config) {
+            Err(ClientError::InvalidArgument(why)) => {
+                assert!(!built, "refused although built: {why}");
+                assert!(why.contains("rdma"), "{why}");
+            }
+            Ok(client) => {
+                assert!(built, "accepted without the provider");
+                assert!(!client.fast_path_up(), "no server, no fast path");
+            }
+            Err(other) => panic!("{other}"),
+        }
+    }
 }

@@ -238,19 +238,18 @@ impl Manager {
         let on_health = weak.clone();
         manager
             .storages
-            .on_health_change(Box::new(move |name, healthy| {
-                let manager = on_health.upgrade();
-                if healthy {
-                    tracing::info!(storage = name, "storage healthy again: back in service");
-                } else {
-                    let error = manager.as_ref().and_then(|m| m.storages.probe_error(name));
-                    tracing::warn!(
+            .on_health_change(Box::new(move |name, health| {
+                match health {
+                    Ok(()) => {
+                        tracing::info!(storage = name, "storage healthy again: back in service")
+                    }
+                    Err(error) => tracing::warn!(
                         storage = name,
-                        error = error.as_deref().unwrap_or("unknown"),
+                        error,
                         "storage failed its health probe: out of service"
-                    );
+                    ),
                 }
-                if let Some(manager) = manager {
+                if let Some(manager) = on_health.upgrade() {
                     manager.published_storages_changed();
                 }
             }));

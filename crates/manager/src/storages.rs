@@ -209,14 +209,6 @@ impl StorageTable {
         self.registry.set_health_listener(listener);
     }
 
-    /// The latest failed probe's error of `name`, while it is unhealthy.
-    pub fn probe_error(&self, name: &str) -> Option<String> {
-        self.health()
-            .into_iter()
-            .find(|health| health.name == name)
-            .and_then(|health| health.last_error)
-    }
-
     /// Every registered storage's admin state and latest probe result, by name.
     pub fn health(&self) -> Vec<StorageHealth> {
         let mut health: Vec<StorageHealth> = self

@@ -41,6 +41,23 @@ pub struct VerbsDevice {
     pub gid_index: u8,
 }
 
+impl VerbsDevice {
+    /// The device `KVCM_VERBS_DEVICE` names (unset or empty: the first one) with GID index
+    /// `KVCM_VERBS_GID_INDEX` (unset: 0; anything but 0–255 is refused).
+    pub fn from_env() -> Result<VerbsDevice> {
+        let gid_index = match std::env::var("KVCM_VERBS_GID_INDEX") {
+            Ok(text) => text.parse().map_err(|_| {
+                TransportError::InvalidArgument("KVCM_VERBS_GID_INDEX is not a GID index (0-255)")
+            })?,
+            Err(_) => 0,
+        };
+        Ok(VerbsDevice {
+            name: std::env::var("KVCM_VERBS_DEVICE").unwrap_or_default(),
+            gid_index,
+        })
+    }
+}
+
 /// A domain of any provider.
 #[derive(Clone, Debug)]
 pub enum AnyDomain {
@@ -113,15 +130,6 @@ impl AnyDomain {
             Err(TransportError::NoDevice(
                 "this build has no verbs provider (build with feature `rdma`)".into(),
             ))
-        }
-    }
-
-    /// The soft domain, when this is one.
-    pub fn as_soft(&self) -> Option<&SoftDomain> {
-        match self {
-            AnyDomain::Soft(domain) => Some(domain),
-            #[cfg(feature = "rdma")]
-            AnyDomain::Verbs(_) => None,
         }
     }
 }

@@ -122,8 +122,8 @@ class Client(Connected):
     """A connected kvcm client for one instance.
 
     grpc: "http://host:port" of the gRPC service; http: "ip:port" of the meta HTTP listener
-    (both may be comma-separated lists for failover); wire: "soft-tcp", "soft-shm" or
-    "none"/None (every lookup over gRPC); api_key: the API key every call carries, for servers
+    (both may be comma-separated lists for failover); wire: "soft-tcp", "soft-shm",
+    "verbs" (a library built with feature rdma) or "none"/None (every lookup over gRPC); api_key: the API key every call carries, for servers
     with kvcm.auth.meta = required (a refused key raises UnauthorizedError).
     TLS (servers with kvcm.tls.*): tls_ca, the path of the PEM CA the servers' certificates
     chain to, turns it on ("host:port" endpoints then mean https://; an http:// one is

@@ -26,7 +26,7 @@ PATHS = {0: "none", 1: "pool-soft-tcp", 2: "pool-soft-shm", 3: "file", 4: "pool-
 class Outcome(NamedTuple):
     """What became of one block: `status` (put: written / present / failed; get: hit /
     miss / unreadable) and the `path` its bytes took (none, pool-soft-tcp, pool-soft-shm,
-    file)."""
+    pool-verbs, file)."""
 
     status: str
     path: str

@@ -52,7 +52,7 @@ pub struct TransferConfig {
     /// The wire to pool nodes: `Shm` on their host, `Tcp` anywhere, `Verbs` to nodes given
     /// an RDMA device.
     pub pool_wire: Wire,
-    /// Registered staging bytes per pool node link (TCP transfers go through it).
+    /// Registered staging bytes per pool node link (TCP and verbs transfers go through it).
     pub staging_bytes: usize,
     /// How long a pool node may take to answer before its transfers fail.
     pub timeout: Duration,

@@ -25,6 +25,9 @@ use kvcm_transport::{
 
 use crate::Wire;
 
+/// A shared-memory link whose queue pair is not the soft provider's (never: `Wire::Shm`
+/// opens a soft domain).
+const SHM_NOT_SOFT: &str = "a shared-memory pool link needs a soft queue pair";
 /// Most operations posted at once.
 const POST_BATCH: usize = 256;
 /// Most work requests of one chunk: two chunks in flight stay within the queue depth.
@@ -126,7 +129,8 @@ impl PoolLink {
                     .collect();
                 qp.write_direct(&writes).map_err(|e| e.to_string())
             }
-            _ => self.write_staged(ops),
+            (Wire::Shm, None) => Err(SHM_NOT_SOFT.to_string()),
+            (Wire::Tcp | Wire::Verbs, _) => self.write_staged(ops),
         };
         self.broken |= done.is_err();
         done
@@ -137,7 +141,8 @@ impl PoolLink {
     pub(crate) fn read(&mut self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
         let done = match (self.wire, self.qp.as_soft()) {
             (Wire::Shm, Some(qp)) => self.read_direct(qp, ops),
-            _ => self.read_staged(ops),
+            (Wire::Shm, None) => Err(SHM_NOT_SOFT.to_string()),
+            (Wire::Tcp | Wire::Verbs, _) => self.read_staged(ops),
         };
         self.broken |= done.is_err();
         done

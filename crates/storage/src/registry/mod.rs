@@ -37,8 +37,9 @@ impl StorageStatus {
 
 type Entries = BTreeMap<String, StorageStatus>;
 
-/// Told the name and new health of a storage whose probe result flipped.
-pub type HealthListener = Box<dyn Fn(&str, bool) + Send + Sync>;
+/// Told the name and new health of a storage whose probe result flipped: `Ok`, or the
+/// failed probe's error.
+pub type HealthListener = Box<dyn Fn(&str, Result<(), &str>) + Send + Sync>;
 
 /// The registered storages.
 #[derive(Default)]
@@ -204,20 +205,20 @@ fn probe_all(entries: &RwLock<Entries>, listener: &OnceLock<HealthListener>) {
 }
 
 /// Tells `listener` (if set) the new health of `name` when it `flipped`.
-fn tell(listener: &OnceLock<HealthListener>, name: &str, flipped: Option<bool>) {
-    if let (Some(healthy), Some(listener)) = (flipped, listener.get()) {
-        listener(name, healthy);
+fn tell(listener: &OnceLock<HealthListener>, name: &str, flipped: Option<Result<(), String>>) {
+    if let (Some(health), Some(listener)) = (flipped, listener.get()) {
+        listener(name, health.as_ref().map(|_| ()).map_err(String::as_str));
     }
 }
 
 /// Records a probe's outcome on the entry of `name` if it still holds `storage`; the new
-/// health when it changed.
+/// health (`Ok` or the probe's error) when it changed.
 fn record_probe(
     entries: &RwLock<Entries>,
     name: &str,
     storage: &Arc<dyn DataStorage>,
     outcome: Result<(), StorageError>,
-) -> Option<bool> {
+) -> Option<Result<(), String>> {
     let mut entries = entries.write().unwrap_or_else(PoisonError::into_inner);
     let status = entries.get_mut(name)?;
     if !Arc::ptr_eq(&status.storage, storage) {
@@ -226,7 +227,11 @@ fn record_probe(
     let was = status.healthy;
     status.healthy = outcome.is_ok();
     status.last_error = outcome.err().map(|error| error.to_string());
-    (status.healthy != was).then_some(status.healthy)
+    let health = match &status.last_error {
+        None => Ok(()),
+        Some(error) => Err(error.clone()),
+    };
+    (status.healthy != was).then_some(health)
 }
 
 #[cfg(test)]

@@ -139,8 +139,11 @@ fn the_listener_hears_each_flip_once() {
     let registry = StorageRegistry::new();
     let heard: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
     let log = heard.clone();
-    registry.set_health_listener(Box::new(move |name, healthy| {
-        log.lock().unwrap().push((name.to_string(), healthy));
+    registry.set_health_listener(Box::new(move |name, health| {
+        if let Err(error) = health {
+            assert!(error.contains("store"), "the error names the root: {error}");
+        }
+        log.lock().unwrap().push((name.to_string(), health.is_ok()));
     }));
     registry.add(nfs_config("n", &root)).expect("add");
     registry.probe_now();
