@@ -649,24 +649,23 @@ async fn key_of(server: &TestServer, user: &str, role: &str, instances: &[&str])
     answer["api_key"].as_str().expect("api_key").to_string()
 }
 
-/// A soft-TCP queue pair opened on a pool node with a ticket, as an engine opens one.
+/// A queue pair opened on a pool node with a ticket, as an engine opens one.
 struct RawPoolQp {
-    _domain: kvcm_transport::soft::SoftDomain,
-    cq: kvcm_transport::soft::SoftCq,
-    qp: kvcm_transport::soft::SoftQp,
+    _domain: kvcm_transport::any::AnyDomain,
+    cq: kvcm_transport::any::AnyCq,
+    qp: kvcm_transport::any::AnyQp,
     _buffer: kvcm_transport::HostMemory,
-    region: kvcm_transport::soft::SoftRegion,
+    region: kvcm_transport::any::AnyRegion,
     info: kvcm::pool::RegionInfo,
 }
 
 impl RawPoolQp {
-    /// The queue pair a raw `hello` opens, or `None` when the node refuses it.
-    fn open(endpoint: &str, hello: &[u8]) -> Option<RawPoolQp> {
-        use kvcm_transport::soft::{SoftConfig, SoftDomain};
+    /// The queue pair a raw `hello` opens on `wire` (a TCP or verbs one), or `None` when
+    /// the node refuses it.
+    fn open(endpoint: &str, hello: &[u8], wire: Wire) -> Option<RawPoolQp> {
         use kvcm_transport::{Access, Domain, QpConfig, QueuePair};
         use std::io::{Read, Write};
-        let config = SoftConfig::default().with_response_timeout(Duration::from_secs(2));
-        let domain = SoftDomain::open(config).expect("domain");
+        let domain = wire.open_domain(Duration::from_secs(2)).expect("domain");
         let cq = domain.create_cq().expect("cq");
         let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
         let mut stream = std::net::TcpStream::connect(endpoint).expect("connect");
@@ -723,20 +722,47 @@ impl RawPoolQp {
     }
 }
 
-/// A raw hello to the pool node at `endpoint`; whether the node opened a queue pair.
-fn pool_hello_admitted(endpoint: &str, hello: &[u8]) -> bool {
-    RawPoolQp::open(endpoint, hello).is_some()
+/// A raw hello to the pool node at `endpoint` on `wire`; whether the node opened a queue
+/// pair.
+fn pool_hello_admitted(endpoint: &str, hello: &[u8], wire: Wire) -> bool {
+    RawPoolQp::open(endpoint, hello, wire).is_some()
 }
 
 #[test]
 fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket() {
+    nodes_and_tickets_under_meta_auth(Wire::Tcp, &[], &[]);
+}
+
+/// The same on verbs: the node serves its region on the device too, and a revoked key's
+/// verbs queue pair is destroyed by the node (the client's READs then fail).
+#[test]
+fn under_meta_auth_pool_queue_pairs_need_a_ticket_and_are_revoked_on_verbs_or_loud_skip() {
+    let Some(settings) = common::verbs_settings("pool tickets and revocation on verbs") else {
+        return;
+    };
+    let device = kvcm_transport::any::VerbsDevice::from_env().expect("verbs device");
+    let gid = device.gid_index.to_string();
+    let node_args = [
+        "--verbs-device",
+        device.name.as_str(),
+        "--verbs-gid-index",
+        &gid,
+    ];
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    nodes_and_tickets_under_meta_auth(Wire::Verbs, &settings, &node_args);
+}
+
+/// Membership, the directory and node tickets under `kvcm.auth.meta = required`, and the
+/// teardown of a revoked key's queue pair, on `wire` (server `settings`, node `node_args`).
+fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &[&str]) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let settings = [
+    let mut all = vec![
         "kvcm.service.admin_auth_token=root-token",
         "kvcm.auth.meta=required",
         "kvcm.pool.heartbeat_ms=100",
     ];
-    let server = runtime.block_on(TestServer::start_with(&settings));
+    all.extend_from_slice(settings);
+    let server = runtime.block_on(TestServer::start_with(&all));
     let nodes = |bearer: Option<&str>| {
         let body = json!({ "storage": "pool_a" });
         runtime.block_on(server.post_as("http", kvcm::pool::NODES_ROUTE, &body, bearer))
@@ -788,12 +814,10 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     }
     // A node with the operator's key joins; the directory needs a credential and lists it
     // with a ticket.
+    let mut args = vec!["--api-key", operator_key.as_str()];
+    args.extend_from_slice(node_args);
     let _node = runtime.block_on(PoolProcess::start_with(
-        &server,
-        "pool_a",
-        "node-1",
-        "4M",
-        &["--api-key", &operator_key],
+        &server, "pool_a", "node-1", "4M", &args,
     ));
     let listed = common::wait_until_blocking(Duration::from_secs(10), || {
         let (status, answer) = nodes(Some(&client_key));
@@ -816,22 +840,22 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     // The node's listener: no ticket, a forged one, then the directory's.
     let hello = |magic: &[u8], ticket: Option<&[u8]>| {
         let mut bytes = magic.to_vec();
-        bytes.push(0);
+        bytes.push(wire.index() as u8);
         bytes.extend_from_slice(ticket.unwrap_or_default());
         bytes
     };
     let mut forged = ticket;
     forged[20] ^= 1;
     assert!(
-        !pool_hello_admitted(&endpoint, &hello(b"KVPL", None)),
+        !pool_hello_admitted(&endpoint, &hello(b"KVPL", None), wire),
         "no ticket"
     );
     assert!(
-        !pool_hello_admitted(&endpoint, &hello(b"KVP2", Some(&forged))),
+        !pool_hello_admitted(&endpoint, &hello(b"KVP2", Some(&forged)), wire),
         "a forged ticket"
     );
     assert!(
-        pool_hello_admitted(&endpoint, &hello(b"KVP2", Some(&ticket))),
+        pool_hello_admitted(&endpoint, &hello(b"KVP2", Some(&ticket)), wire),
         "the directory's ticket"
     );
     // And the engine, with the client's key, moves bytes through the node.
@@ -841,11 +865,15 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
             http: server.address("http"),
         }],
         instance_id: "on_pool".into(),
-        wire: Some(Wire::Tcp),
+        wire: Some(wire),
         api_key: Some(client_key),
         tls: None,
     };
-    let mut engine = TransferEngine::connect(client, TransferConfig::default()).expect("engine");
+    let config = TransferConfig {
+        pool_wire: wire,
+        ..TransferConfig::default()
+    };
+    let mut engine = TransferEngine::connect(client, config).expect("engine");
     let keys = [1, 2, 3];
     for outcome in put(&mut engine, &keys) {
         assert!(matches!(outcome, PutOutcome::Written(_)), "{outcome:?}");
@@ -856,7 +884,7 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     // A queue pair opened with the client's ticket reads the region until the key is
     // revoked; within a few heartbeats the node tears it down and refuses the ticket.
     let granted = hello(b"KVP2", Some(&ticket));
-    let raw = RawPoolQp::open(&endpoint, &granted).expect("the ticket opens a queue pair");
+    let raw = RawPoolQp::open(&endpoint, &granted, wire).expect("the ticket opens a queue pair");
     assert!(raw.reads(), "a READ on a granted queue pair");
     runtime.block_on(async {
         let (status, listed) = server
@@ -888,7 +916,7 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     );
     eprintln!("torn down {:?} after the revocation", revoked_at.elapsed());
     assert!(
-        !pool_hello_admitted(&endpoint, &granted),
+        !pool_hello_admitted(&endpoint, &granted, wire),
         "the revoked credential's ticket opens nothing more"
     );
 }

@@ -714,3 +714,29 @@ fn reported_fast_path_reads_are_counted_by_the_server_on_soft_tcp() {
 fn reported_fast_path_reads_are_counted_by_the_server_on_soft_shm() {
     reads_reported_on(Wire::Shm);
 }
+
+/// The server closes connections idle for `kvcm.service.idle_timeout_ms`; a client whose
+/// gRPC connection was closed so between two calls reconnects for the next call instead of
+/// failing it (its runtime notices the close while idle).
+#[test]
+fn a_grpc_connection_the_server_closed_while_idle_is_replaced_without_an_error() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let server = runtime.block_on(async {
+        let server = TestServer::start_with(&["kvcm.service.idle_timeout_ms=200"]).await;
+        prepare(&server).await;
+        server
+    });
+    let client = grpc_client(&server);
+    let keys = [11i64, 12];
+    assert!(client.prefix_match(&keys).expect("first call").is_empty());
+    // The scenario itself is the wait: the server closes the connection after 200 ms idle.
+    std::thread::sleep(Duration::from_millis(1200));
+    for call in 0..3 {
+        let answer = client.prefix_match(&keys);
+        assert!(
+            answer.is_ok(),
+            "call {call} after the idle close: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(600));
+    }
+}

@@ -103,7 +103,12 @@ impl Grpc {
         if endpoints.is_empty() {
             return Err(ClientError::InvalidArgument("no server address".into()));
         }
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        // One worker thread drives the connections between calls too, so a connection the
+        // server closes while idle (`kvcm.service.idle_timeout_ms`) is noticed then, and the
+        // next call reconnects instead of writing into the closed socket.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kvcm-client-grpc")
             .enable_all()
             .build()
             .map_err(|e| ClientError::Unreachable(format!("runtime: {e}")))?;
