@@ -23,9 +23,14 @@ use lookup_common::*;
 const TORTURE_KEYS: i64 = 64;
 
 fn start_server() -> (tokio::runtime::Runtime, TestServer) {
+    start_server_with(&[])
+}
+
+/// [`start_server`] with `--env` `settings`.
+fn start_server_with(settings: &[&str]) -> (tokio::runtime::Runtime, TestServer) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let server = runtime.block_on(async {
-        let server = TestServer::start().await;
+        let server = TestServer::start_with(settings).await;
         prepare(&server).await;
         server
     });
@@ -129,9 +134,10 @@ fn read_until(client: &Client, stop: &AtomicBool) -> (Hits, usize) {
     (hits, lookups)
 }
 
-/// `writer_wire`: the writer's path (`None`: gRPC, else RDMA messages on that wire).
-fn torture_on(wire: Wire, writer_wire: Option<Wire>, seconds: u64) {
-    let (_runtime, server) = start_server();
+/// `writer_wire`: the writer's path (`None`: gRPC, else RDMA messages on that wire);
+/// `settings`: the server's.
+fn torture_on(wire: Wire, writer_wire: Option<Wire>, seconds: u64, settings: &[&str]) {
+    let (_runtime, server) = start_server_with(settings);
     let stop = Arc::new(AtomicBool::new(false));
     let writer_client = match writer_wire {
         None => grpc_client(&server),
@@ -181,12 +187,24 @@ fn torture_on(wire: Wire, writer_wire: Option<Wire>, seconds: u64) {
 
 #[test]
 fn torture_soft_tcp_with_a_grpc_writer() {
-    torture_on(Wire::Tcp, None, 10);
+    torture_on(Wire::Tcp, None, 10, &[]);
 }
 
 #[test]
 fn torture_soft_shm_with_an_rdma_message_writer() {
-    torture_on(Wire::Shm, Some(Wire::Shm), 10);
+    torture_on(Wire::Shm, Some(Wire::Shm), 10, &[]);
+}
+
+/// The same on verbs (the server serving its tables on `KVCM_VERBS_DEVICE`; `.ci/rxe-verbs`
+/// runs it on rxe0 in a VM), the writer's messages on verbs too.
+#[test]
+fn torture_verbs_with_an_rdma_message_writer_or_loud_skip() {
+    let Some(settings) = common::verbs_settings("the torture test on verbs") else {
+        return;
+    };
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    // 20 s: under an emulated CPU (rxe in TCG) the writer manages ~15 writes a second.
+    torture_on(Wire::Verbs, Some(Wire::Verbs), 20, &settings);
 }
 
 /// Per-thread CPU time (ns, from schedstat) of a process, by thread id, with its name.
