@@ -68,12 +68,7 @@ async fn acknowledged_writes_and_removes_survive_sigkill_at_random_moments() {
             book.merge(writer.await.expect("writer"));
         }
         verify(&server, &book).await;
-        eprintln!(
-            "kill point {point}: {} acknowledged writes, {} removes, {} uncertain so far",
-            book.written.len(),
-            book.removed.len(),
-            book.uncertain.len()
-        );
+        eprintln!("kill point {point}: {} so far", book.summary());
     }
     assert!(
         book.written.len() as i64 >= kill_points,

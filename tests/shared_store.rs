@@ -133,12 +133,7 @@ async fn on_a_shared_redis_store_the_next_leader_serves_every_acknowledged_write
     // names it.
     wait_leads(&b, TAKEOVER).await;
     verify(&b, &book).await;
-    eprintln!(
-        "{} acknowledged writes, {} removes, {} uncertain",
-        book.written.len(),
-        book.removed.len(),
-        book.uncertain.len()
-    );
+    eprintln!("{}", book.summary());
     let c = shared_node(&redis.uri(), "c").await;
     assert_eq!(named_leader(&c).await.as_deref(), Some("b"));
     assert!(!leads(&c).await);

@@ -41,6 +41,16 @@ impl Book {
         self.uncertain.extend(other.uncertain);
         self.started.extend(other.started);
     }
+
+    /// "N acknowledged writes, N removes, N uncertain", for the test's output.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} acknowledged writes, {} removes, {} uncertain",
+            self.written.len(),
+            self.removed.len(),
+            self.uncertain.len()
+        )
+    }
 }
 
 /// The bytes a key's block holds.
