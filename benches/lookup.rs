@@ -1,7 +1,9 @@
 //! The lookup path against its floors, in one run: prefix lookups of 16 and 128 keys on the
 //! fast path (soft-TCP, soft-shm) vs GetCacheLocation over gRPC vs one GET on a loopback
 //! redis-server, with a TCP ping-pong of the fast path's request and response sizes as the
-//! floor; and the StartWriteCache + FinishWriteCache pair as RDMA messages vs over gRPC.
+//! floor; and the StartWriteCache + FinishWriteCache pair as RDMA messages vs over gRPC,
+//! once on the default journal (fsync always) and once on a server whose journal does not
+//! sync (the paths' own cost, without the disk wait both share).
 //!
 //! `cargo bench --bench lookup` (a real `kvcm serve` and a real `redis-server` on free
 //! ports; `KVCM_BENCH_ROUNDS` sets the rounds, default 20 of 250 requests per case). Cases
@@ -12,6 +14,8 @@
 //! there, and the verbs fast path is reported beside its own floor, the same batch of
 //! 64-byte READs between two raw queue pairs of that device (no lookup logic).
 //! `KVCM_BENCH_TABLE_BYTES=0` skips the table-size measurement (minutes in a TCG VM).
+//! `KVCM_BENCH_ONLY=<text>` runs the floors and the lookup cases whose name contains the
+//! text; the write pairs too when the text contains `write`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -56,9 +60,17 @@ fn wait_for_port(port: u16) {
     }
 }
 
-/// `kvcm serve` on free ports with `--env` `settings`: (process, gRPC port, HTTP port, data
-/// dir).
-fn start_server(settings: &[String]) -> (Process, u16, u16, tempfile::TempDir) {
+/// A `kvcm serve` process, its ports and its data dir.
+struct Server {
+    _process: Process,
+    grpc: u16,
+    http: u16,
+    admin: u16,
+    _dir: tempfile::TempDir,
+}
+
+/// `kvcm serve` on free ports with `--env` `settings`.
+fn start_server(settings: &[String]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let (grpc, http, admin) = (free_port(), free_port(), free_port());
     let child = Command::new(env!("CARGO_BIN_EXE_kvcm"))
@@ -75,7 +87,14 @@ fn start_server(settings: &[String]) -> (Process, u16, u16, tempfile::TempDir) {
         .expect("kvcm serve");
     wait_for_port(grpc);
     wait_for_port(http);
-    (Process(child), grpc, http, dir)
+    wait_for_port(admin);
+    Server {
+        _process: Process(child),
+        grpc,
+        http,
+        admin,
+        _dir: dir,
+    }
 }
 
 fn start_redis() -> Option<(Process, u16)> {
@@ -413,25 +432,12 @@ fn fast_path_sizes(keys: usize) -> (usize, usize) {
     (40 * reads, 16 * reads + 64 + 2 * keys * 64)
 }
 
-fn main() {
-    let rounds: usize = std::env::var("KVCM_BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(20);
-    let verbs = verbs_device();
-    let settings: Vec<String> = verbs
-        .iter()
-        .flat_map(|device| {
-            [
-                format!("kvcm.lookup.verbs_device={}", device.name),
-                format!("kvcm.lookup.verbs_gid_index={}", device.gid_index),
-            ]
-        })
-        .collect();
-    let mut wires = vec![Wire::Tcp, Wire::Shm];
-    wires.extend(verbs.iter().map(|_| Wire::Verbs));
-    let (_server, grpc_port, http_port, _dir) = start_server(&settings);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+/// Registers the bench instance (one spec of 1 MiB blocks) on the server at `grpc_port`;
+/// the gRPC client it used.
+fn register(
+    runtime: &tokio::runtime::Runtime,
+    grpc_port: u16,
+) -> meta::meta_service_client::MetaServiceClient<tonic::transport::Channel> {
     let mut grpc = runtime
         .block_on(meta::meta_service_client::MetaServiceClient::connect(
             format!("http://127.0.0.1:{grpc_port}"),
@@ -456,6 +462,30 @@ fn main() {
     runtime
         .block_on(grpc.register_instance(registration))
         .unwrap();
+    grpc
+}
+
+fn main() {
+    let rounds: usize = std::env::var("KVCM_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    let verbs = verbs_device();
+    let settings: Vec<String> = verbs
+        .iter()
+        .flat_map(|device| {
+            [
+                format!("kvcm.lookup.verbs_device={}", device.name),
+                format!("kvcm.lookup.verbs_gid_index={}", device.gid_index),
+            ]
+        })
+        .collect();
+    let mut wires = vec![Wire::Tcp, Wire::Shm];
+    wires.extend(verbs.iter().map(|_| Wire::Verbs));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = start_server(&settings);
+    let (grpc_port, http_port) = (server.grpc, server.http);
+    let grpc = register(&runtime, grpc_port);
     let writer = client(grpc_port, http_port, None);
     let keys: Vec<i64> = (1..=128).collect();
     write(&writer, keys.clone());
@@ -532,33 +562,93 @@ fn main() {
             );
         }
     }
-    if std::env::var_os("KVCM_BENCH_ONLY").is_some() {
+    let only = std::env::var("KVCM_BENCH_ONLY").ok();
+    if only.as_ref().is_some_and(|only| !only.contains("write")) {
         return;
     }
     // KVCM_BENCH_TABLE_BYTES=0 skips the 200k-block table-size measurement (minutes under
     // an emulated CPU).
-    if std::env::var("KVCM_BENCH_TABLE_BYTES").as_deref() != Ok("0") {
+    if only.is_none() && std::env::var("KVCM_BENCH_TABLE_BYTES").as_deref() != Ok("0") {
         table_bytes(&writer, grpc_port, http_port);
     }
+    // The write pair twice: on the product default (every acknowledged call waits for the
+    // journal's fdatasync, the same disk wait on both paths), then on a server whose
+    // journal does not sync, which leaves each path's own cost.
+    write_pairs("journal fsync always (default)", &server, &wires, rounds);
+    let mut unsynced = settings.clone();
+    unsynced.push("kvcm.journal.fsync=never".into());
+    let unsynced = start_server(&unsynced);
+    register(&runtime, unsynced.grpc);
+    write_pairs("journal fsync never", &unsynced, &wires, rounds);
+}
+
+/// StartWriteCache + FinishWriteCache of 16 new blocks per pair over gRPC, then as RDMA
+/// messages on each wire, against `server`; beside each, the server's own time per pair
+/// (its manager work, from its `/metrics`), the floor no path goes below.
+fn write_pairs(setting: &str, server: &Server, wires: &[Wire], rounds: usize) {
+    let (grpc, http, admin) = (server.grpc, server.http, server.admin);
     let mut next = 1_000_000i64;
-    let grpc_pair = write_pair(&writer, rounds, &mut next);
-    let name = "StartWriteCache+FinishWriteCache x16";
+    let name = format!("StartWriteCache+FinishWriteCache x16, {setting}");
+    let before = server_write_time(admin);
+    let grpc_pair = write_pair(&client(grpc, http, None), rounds, &mut next);
+    let work = server_write_time(admin).pair_since(&before);
     println!(
-        "  {:<44} p50 {:>8.2}  p99 {:>8.2}",
+        "  {:<44} p50 {:>8.2}  p99 {:>8.2}  (server work {work:.2} per pair)",
         format!("gRPC {name}"),
         grpc_pair.0,
         grpc_pair.1
     );
-    for &wire in &wires {
-        let messages = client(grpc_port, http_port, Some(wire));
+    for &wire in wires {
+        let messages = client(grpc, http, Some(wire));
+        let before = server_write_time(admin);
         let (p50, p99) = write_pair(&messages, rounds, &mut next);
+        let work = server_write_time(admin).pair_since(&before);
         println!(
-            "  {:<44} p50 {:>8.2}  p99 {:>8.2}  {:>5.2}x gRPC",
+            "  {:<44} p50 {:>8.2}  p99 {:>8.2}  {:>5.2}x gRPC  (server work {work:.2} per pair)",
             format!("RDMA messages {wire:?} {name}"),
             p50,
             p99,
             p50 / grpc_pair.0
         );
+    }
+}
+
+/// The server's cumulative calls and µs of StartWriteCache and FinishWriteCache.
+struct WriteTime {
+    calls: [f64; 2],
+    micros: [f64; 2],
+}
+
+impl WriteTime {
+    /// Mean server µs of one StartWriteCache plus one FinishWriteCache since `before`.
+    fn pair_since(&self, before: &WriteTime) -> f64 {
+        (0..2)
+            .map(|i| (self.micros[i] - before.micros[i]) / (self.calls[i] - before.calls[i]))
+            .sum()
+    }
+}
+
+/// Reads the per-API counters of the server's Prometheus text (`GET /metrics` on its admin
+/// port).
+fn server_write_time(admin: u16) -> WriteTime {
+    let mut stream = TcpStream::connect(("127.0.0.1", admin)).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let value = |metric: &str, api: &str| -> f64 {
+        let series = format!("kvcm_service_{metric}{{api_name=\"{api}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    };
+    let apis = ["StartWriteCache", "FinishWriteCache"];
+    let calls = apis.map(|api| value("query_counter", api));
+    let means = apis.map(|api| value("query_rt_us", api));
+    WriteTime {
+        calls,
+        micros: [calls[0] * means[0], calls[1] * means[1]],
     }
 }
 

@@ -559,6 +559,65 @@ fn write_path_messages_behave_as_grpc() {
     }
 }
 
+/// The CPU time (ns, from schedstat) the calling thread has run so far.
+fn own_thread_cpu() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    stat.split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("run time")
+}
+
+/// A write-path message whose reply is slow (the server process is stopped) is awaited
+/// without holding a core: after a short spin the calling thread sleeps on its completion
+/// queue, and the call completes, as a message, once the server runs again.
+#[test]
+fn a_client_awaiting_a_slow_reply_sleeps_instead_of_spinning() {
+    const STOPPED: Duration = Duration::from_millis(400);
+    let (_runtime, server) = start_server();
+    let signal = |name: &str| {
+        let pid = server.pid().to_string();
+        let status = std::process::Command::new("kill")
+            .args([name, pid.as_str()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {name}");
+    };
+    for wire in [Wire::Tcp, Wire::Shm] {
+        let client = client(&server, wire);
+        let keys: Vec<i64> = (300..316).map(|k| k + 100 * wire as i64).collect();
+        let round_trips = client.round_trips();
+        signal("-STOP");
+        let waiting = std::thread::spawn(move || {
+            let (cpu, begun) = (own_thread_cpu(), Instant::now());
+            let started = client.start_write(meta::StartWriteCacheRequest {
+                block_keys: keys,
+                write_timeout_seconds: 30,
+                ..Default::default()
+            });
+            let spent = (own_thread_cpu() - cpu, begun.elapsed());
+            (started, spent, client)
+        });
+        // How long the server stays stopped is the measurement, not a wait for a condition.
+        std::thread::sleep(STOPPED);
+        signal("-CONT");
+        let (started, (cpu_ns, waited), client) = waiting.join().expect("caller");
+        assert_eq!(started.expect("start by message").locations.len(), 16);
+        assert_eq!(client.round_trips(), round_trips + 1, "sent as a message");
+        assert_eq!(client.metrics().fallbacks, 0);
+        assert!(
+            waited >= STOPPED / 2,
+            "{wire:?}: the reply waited for the server"
+        );
+        let cpu = Duration::from_nanos(cpu_ns);
+        eprintln!("{wire:?}: a call that waited {waited:?} ran {cpu:?}");
+        assert!(
+            cpu < waited / 4,
+            "{wire:?}: the caller ran {cpu:?} of the {waited:?} it waited"
+        );
+    }
+}
+
 /// A peer that sends malformed messages gets a "malformed" answer; the server keeps serving.
 #[test]
 fn malformed_rdma_messages_are_answered_and_harm_no_one() {

@@ -2,8 +2,10 @@
 //! completion queues of every lookup queue pair (all wires), decodes request messages and
 //! hands them through a bounded queue to a few manager workers, and sends their replies.
 //! The polling thread takes no lock and runs no manager code; no tokio or HTTP/2 is on the
-//! path. It busy-polls while there is work and for [`SPIN`] after, then parks on the
-//! completion queues' event descriptors and its doorbell (2-core machines must not starve).
+//! path. It busy-polls while there is work and for [`SPIN`] after (for [`SPIN_IN_FLIGHT`]
+//! while workers hold requests, so that a reply usually leaves without a wake-up), yielding
+//! the CPU between rounds, then parks on the completion queues' event descriptors and its
+//! doorbell (2-core machines must not starve).
 //!
 //! Invariants: every peer has [`RECV_SLOTS`] receive buffers posted except the ones whose
 //! message is being copied out; a reply is sent on the queue pair its request came from,
@@ -43,6 +45,9 @@ const WORK_QUEUE: usize = 1024;
 const WORKERS: usize = 2;
 /// How long the polling thread spins after its last work before parking.
 const SPIN: Duration = Duration::from_micros(100);
+/// How long it spins after its last work while workers hold requests (a write call's
+/// manager work, often a journal sync, takes a few hundred µs).
+const SPIN_IN_FLIGHT: Duration = Duration::from_millis(2);
 /// Longest park (a safety net: completions, replies and new peers all wake the poller).
 const PARK: Duration = Duration::from_millis(250);
 
@@ -245,6 +250,7 @@ pub(super) fn start(
         bindings: bindings.clone(),
         work,
         replies,
+        in_flight: 0,
         doorbell: doorbell.clone(),
     };
     std::thread::Builder::new()
@@ -333,6 +339,8 @@ struct Poller {
     bindings: Bindings,
     work: Sender<Work>,
     replies: Receiver<(PeerKey, Vec<u8>)>,
+    /// Requests handed to the workers whose replies have not come back.
+    in_flight: usize,
     doorbell: Arc<Doorbell>,
 }
 
@@ -358,12 +366,18 @@ impl Poller {
                 worked |= count + sent > 0;
             }
             while let Ok((peer, bytes)) = self.replies.try_recv() {
+                self.in_flight -= 1;
                 self.reply(peer, bytes);
                 worked = true;
             }
+            let spin = if self.in_flight > 0 {
+                SPIN_IN_FLIGHT
+            } else {
+                SPIN
+            };
             if worked {
                 last_work = Instant::now();
-            } else if last_work.elapsed() > SPIN {
+            } else if last_work.elapsed() > spin {
                 // A park that ends without work parks again after one round (no new spin).
                 self.park();
             } else {
@@ -421,7 +435,7 @@ impl Poller {
             credential,
             instance,
         }) {
-            Ok(()) => {}
+            Ok(()) => self.in_flight += 1,
             Err(TrySendError::Full(_)) => {
                 let answer = refuse(Status::Busy);
                 self.reply(key, answer);
