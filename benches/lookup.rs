@@ -26,6 +26,7 @@ use hdrhistogram::Histogram;
 use kvcm::proto::meta;
 use kvcm_client::{Client, ClientConfig, ServerAddress, Wire};
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion, VerbsDevice};
+use kvcm_transport::soft::{SoftConfig, SoftDomain};
 use kvcm_transport::{
     Access, CompletionQueue, Domain, HostMemory, QpConfig, QueuePair, Region, SendOp, SendWr,
     WcStatus, WorkCompletion,
@@ -357,39 +358,63 @@ fn verbs_device() -> Option<VerbsDevice> {
     }
 }
 
-/// The verbs floor: `reads` 64-byte READs posted at once (the last signaled) between two
-/// raw queue pairs of one device, as the fast path posts its batch, with no lookup logic.
+/// `reads` 64-byte READs posted at once (the last signaled) between two raw queue pairs,
+/// as the fast path posts its batch, with no lookup logic: on verbs the floor of the verbs
+/// cases (two queue pairs of one device); on soft-TCP the transport's own share of the
+/// fast path (two domains, so the target is served by another NIC thread, as the
+/// server's table is).
 struct RawReads {
+    verbs: bool,
     qp: AnyQp,
     cq: AnyCq,
     local: AnyRegion,
     target: AnyRegion,
     reads: usize,
-    _peer: AnyQp,
+    _peer: (AnyQp, AnyCq),
+    _domains: [AnyDomain; 2],
     _memory: (HostMemory, HostMemory),
 }
 
 impl RawReads {
-    fn new(device: &VerbsDevice, reads: usize) -> RawReads {
+    fn verbs(device: &VerbsDevice, reads: usize) -> RawReads {
         let domain = AnyDomain::open_verbs(device).unwrap();
+        RawReads::between([domain.clone(), domain], reads, true)
+    }
+
+    fn soft_tcp(reads: usize) -> RawReads {
+        let open = || AnyDomain::Soft(SoftDomain::open(SoftConfig::default()).unwrap());
+        RawReads::between([open(), open()], reads, false)
+    }
+
+    /// READs from a queue pair of the first domain to one of the second.
+    fn between(domains: [AnyDomain; 2], reads: usize, verbs: bool) -> Self {
+        let [domain, target_domain] = &domains;
         let cq = domain.create_cq().unwrap();
         let qp = domain.create_qp(&cq, &cq, QpConfig::default()).unwrap();
-        let peer = domain.create_qp(&cq, &cq, QpConfig::default()).unwrap();
+        let peer_cq = target_domain.create_cq().unwrap();
+        let peer = target_domain
+            .create_qp(&peer_cq, &peer_cq, QpConfig::default())
+            .unwrap();
         qp.connect(&peer.endpoint()).unwrap();
         peer.connect(&qp.endpoint()).unwrap();
         let len = reads * 64;
-        let (mine, theirs) = (domain.alloc(len).unwrap(), domain.alloc(len).unwrap());
+        let (mine, theirs) = (
+            domain.alloc(len).unwrap(),
+            target_domain.alloc(len).unwrap(),
+        );
         let local = domain.register(&mine, 0, len, Access::LOCAL_WRITE).unwrap();
-        let target = domain
+        let target = target_domain
             .register(&theirs, 0, len, Access::REMOTE_READ)
             .unwrap();
         RawReads {
+            verbs,
             qp,
             cq,
             local,
             target,
             reads,
-            _peer: peer,
+            _peer: (peer, peer_cq),
+            _domains: domains.clone(),
             _memory: (mine, theirs),
         }
     }
@@ -397,10 +422,13 @@ impl RawReads {
 
 impl Case for RawReads {
     fn name(&self) -> String {
-        format!("verbs floor: {} raw 64 B READs", self.reads)
+        match self.verbs {
+            true => format!("verbs floor: {} raw 64 B READs", self.reads),
+            false => format!("soft-TCP alone: {} raw 64 B READs", self.reads),
+        }
     }
     fn is_verbs(&self) -> bool {
-        true
+        self.verbs
     }
     fn once(&mut self) {
         let sges: Vec<_> = (0..self.reads)
@@ -495,8 +523,9 @@ fn main() {
         let (request, response) = fast_path_sizes(count);
         let mut cases: Vec<Box<dyn Case>> = vec![Box::new(PingPong::new(request, response))];
         if let Some(device) = &verbs {
-            cases.push(Box::new(RawReads::new(device, 1 + 2 * count)));
+            cases.push(Box::new(RawReads::verbs(device, 1 + 2 * count)));
         }
+        cases.push(Box::new(RawReads::soft_tcp(1 + 2 * count)));
         for &wire in &wires {
             for reused in [None, Some(Vec::new())] {
                 let client = client(grpc_port, http_port, Some(wire));

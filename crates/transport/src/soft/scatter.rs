@@ -48,6 +48,53 @@ pub(crate) fn resolve_into(
     Ok(())
 }
 
+/// A resolved scatter list kept with a request in flight; one element (the common case:
+/// every READ of the lookup path) is held inline, so a request costs no allocation.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Pieces {
+    #[default]
+    Empty,
+    One(Piece),
+    Many(Vec<Piece>),
+}
+
+impl std::ops::Deref for Pieces {
+    type Target = [Piece];
+
+    fn deref(&self) -> &[Piece] {
+        match self {
+            Pieces::Empty => &[],
+            Pieces::One(piece) => std::slice::from_ref(piece),
+            Pieces::Many(pieces) => pieces,
+        }
+    }
+}
+
+/// [`resolve_into`] as [`Pieces`] (no allocation for a one-element list).
+pub(crate) fn resolve_pieces(
+    registry: &Registry,
+    memo: &mut KeyMemo,
+    sg_list: &[Sge],
+    need: Access,
+) -> Result<Pieces, WcStatus> {
+    match sg_list {
+        [] => Ok(Pieces::Empty),
+        [sge] => {
+            let target = registry.resolve_memo(memo, sge.lkey, sge.addr, u64::from(sge.len), need);
+            let target = target.ok_or(WcStatus::LocalProtectionError)?;
+            Ok(Pieces::One(Piece {
+                target,
+                len: sge.len as usize,
+            }))
+        }
+        many => {
+            let mut pieces = Vec::with_capacity(many.len());
+            resolve_into(registry, memo, many, need, &mut pieces)?;
+            Ok(Pieces::Many(pieces))
+        }
+    }
+}
+
 /// Total bytes of resolved pieces.
 pub(crate) fn total_len(pieces: &[Piece]) -> usize {
     pieces.iter().map(|piece| piece.len).sum()

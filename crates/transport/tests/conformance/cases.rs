@@ -375,6 +375,46 @@ pub fn protection_domains_isolate_keys<D: Domain>(open: Open<D>) {
     assert_eq!(local.load_u64(0).unwrap(), 0, "nothing was written");
 }
 
+/// A request refused locally (its scatter element names a bad lkey) in the middle of one
+/// posted batch: the requests before it complete, it fails, the rest are flushed, in order.
+pub fn local_error_mid_batch_flushes_the_rest<D: Domain>(open: Open<D>) {
+    let p = Pair::new(open, 4096);
+    p.b.fill(0, &[5; 32]);
+    let good = p.a.sge(0, 8);
+    let mut bad = p.a.sge(8, 8);
+    bad.lkey ^= 0x77;
+    let lists = [[good], [bad], [p.a.sge(16, 8)], [p.a.sge(24, 8)]];
+    let wrs: Vec<SendWr> = lists
+        .iter()
+        .enumerate()
+        .map(|(i, sg_list)| SendWr {
+            wr_id: i as u64,
+            op: read(p.b.region.remote(8 * i)),
+            sg_list,
+            signaled: true,
+        })
+        .collect();
+    p.a.qp.post_send(&wrs).unwrap();
+    let statuses: Vec<_> = completions(&p.a.send_cq, 4)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            (0, WcStatus::Success),
+            (1, WcStatus::LocalProtectionError),
+            (2, WcStatus::WrFlushError),
+            (3, WcStatus::WrFlushError)
+        ]
+    );
+    assert_eq!(p.a.bytes(0, 8), [5; 8], "the request before it was done");
+    assert_eq!(p.a.bytes(16, 16), [0; 16], "the flushed ones moved nothing");
+    eventually("queue pair error state", || {
+        p.a.qp.state() == QpState::Error
+    });
+}
+
 pub fn error_flushes_the_rest_and_breaks_the_qp<D: Domain>(open: Open<D>) {
     let p = Pair::new(open, 4096);
     let mut bad = p.b.region.remote(0);

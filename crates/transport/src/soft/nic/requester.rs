@@ -7,7 +7,7 @@ use super::LinkClosed;
 use crate::soft::frame::{self, Op, RequestHeader, ResponseHeader};
 use crate::soft::queue_pair::{PostedSend, QpShared};
 use crate::soft::registry::{KeyMemo, Registry};
-use crate::soft::scatter::{self, Piece};
+use crate::soft::scatter::{self, Pieces};
 use crate::sys::OutputQueue;
 use crate::{Access, QpState, SendOp, WcStatus};
 use std::collections::VecDeque;
@@ -20,7 +20,7 @@ enum Pending {
     /// Sent; `scatter` receives READ data or the atomic's old value.
     Remote {
         send: PostedSend,
-        scatter: Vec<Piece>,
+        scatter: Pieces,
         byte_len: u32,
     },
     /// Refused locally; completes with `status` once everything before it has.
@@ -33,6 +33,9 @@ pub(crate) struct RequesterLink {
     pub(super) qp: Arc<QpShared>,
     pub(super) conn: Conn,
     outstanding: VecDeque<Pending>,
+    /// The sends being encoded, taken from the queue pair's send queue (kept to reuse its
+    /// allocation).
+    issuing: VecDeque<PostedSend>,
     halted: bool,
     /// The payload of the front READ response, being placed into its scatter list.
     placing: Option<Placement>,
@@ -48,6 +51,7 @@ impl RequesterLink {
             qp,
             conn,
             outstanding: VecDeque::new(),
+            issuing: VecDeque::new(),
             halted: false,
             placing: None,
             timeout,
@@ -96,21 +100,30 @@ impl RequesterLink {
         !self.outstanding.is_empty() || self.busy() || self.conn.has_output()
     }
 
+    /// Encodes the queued sends, taken from the send queue under one lock; what follows a
+    /// send refused locally goes back to the queue's front (flushed when the queue pair
+    /// fails).
     fn issue(&mut self, registry: &Registry) -> bool {
-        let mut progress = false;
+        if self.halted {
+            return false;
+        }
+        std::mem::swap(&mut *self.qp.lock_sq(), &mut self.issuing);
+        let progress = !self.issuing.is_empty();
         // The local keys of the sends issued in one pass are looked up once each.
         let mut memo = KeyMemo::new(self.qp.pd);
-        while !self.halted {
-            let Some(send) = self.qp.lock_sq().pop_front() else {
-                break;
-            };
-            progress = true;
+        while let Some(send) = self.issuing.pop_front() {
             if self.outstanding.is_empty() {
                 self.last_answer = Instant::now();
             }
             let pending = encode(registry, &mut memo, send, &mut self.conn.output);
             self.halted = matches!(pending, Pending::Failed { .. });
             self.outstanding.push_back(pending);
+            if self.halted {
+                let mut queue = self.qp.lock_sq();
+                self.issuing.append(&mut queue);
+                std::mem::swap(&mut *queue, &mut self.issuing);
+                break;
+            }
         }
         progress
     }
@@ -191,7 +204,7 @@ impl RequesterLink {
     /// Starts placing the front READ's payload straight into its scatter list.
     fn start_placement(&mut self, response: &ResponseHeader) -> Result<(), LinkClosed> {
         let pieces = match self.outstanding.front() {
-            Some(Pending::Remote { scatter, .. }) => scatter.clone(),
+            Some(Pending::Remote { scatter, .. }) => scatter.to_vec(),
             _ => Vec::new(),
         };
         if scatter::total_len(&pieces) != response.len as usize {
@@ -270,12 +283,10 @@ fn encode(
         SendOp::Write { .. } | SendOp::Send { .. } => Access::NONE,
         _ => Access::LOCAL_WRITE,
     };
-    let mut pieces = Vec::with_capacity(send.sg_list.len());
-    if let Err(status) =
-        scatter::resolve_into(registry, memo, &send.sg_list, local_need, &mut pieces)
-    {
-        return Pending::Failed { send, status };
-    }
+    let pieces = match scatter::resolve_pieces(registry, memo, &send.sg_list, local_need) {
+        Ok(pieces) => pieces,
+        Err(status) => return Pending::Failed { send, status },
+    };
     let Some(len) = u32::try_from(scatter::total_len(&pieces))
         .ok()
         .filter(|&l| l <= frame::MAX_PAYLOAD)
@@ -291,7 +302,7 @@ fn encode(
         zero_copy::queue_payload(&pieces, out);
         return Pending::Remote {
             send,
-            scatter: Vec::new(),
+            scatter: Pieces::Empty,
             byte_len: len,
         };
     }
