@@ -1,6 +1,10 @@
-//! The log writer: appenders frame their records into a shared buffer and get a ticket; one
-//! flusher thread writes whatever accumulated with one `write` and, under `fsync = always`,
-//! one `fdatasync`, then wakes every appender the flush covered (group commit).
+//! The log writer: appenders frame their records into a shared buffer and get a ticket;
+//! whoever flushes writes whatever accumulated with one `write` and, under `fsync = always`,
+//! one `fdatasync`, then wakes every appender the flush covered (group commit). Under
+//! `always` and `never`, while writers come one at a time, that is the waiter itself (no
+//! hand-off between threads on a lone writer's path); the flusher thread flushes what no
+//! waiter took, gathers batches under concurrent writers, and owns every flush under
+//! `every N ms`.
 //!
 //! Durability of a ticket: under `always` its record was fdatasync'ed; under `every N ms` and
 //! `never` it was written to the file (it survives a SIGKILL of the process, not an OS crash:
@@ -9,8 +13,9 @@
 //! Invariants:
 //! - tickets are record positions (1, 2, ...) in append order, and a ticket is durable once
 //!   `durable >= ticket`: flushes cover prefixes of the buffer, in order;
-//! - the file is only written by whoever holds it out of [`State::file`] (the flusher during
-//!   a flush, [`LogWriter::rotate`] while it switches segments), never by two at once;
+//! - the file is only written by whoever holds it out of [`State::file`] (a flush, by the
+//!   flusher or a waiter; [`LogWriter::rotate`] while it switches segments), never by two
+//!   at once;
 //! - after a failed write or sync the writer is failed for good: every waiting and later
 //!   ticket gets the error (writes are refused; reads go on), and what reaches the disk is a
 //!   prefix of the appends. A restart replays that prefix.
@@ -53,6 +58,9 @@ struct State {
     synced: u64,
     /// The highest ticket a wait returned for.
     acknowledged: u64,
+    /// Records the last flush carried: 1 while writers come one at a time (a waiter then
+    /// flushes its own record), more under concurrent writers (the flusher gathers).
+    last_batch: u64,
     /// Waits that returned, under `always`, for a ticket not yet synced (must stay 0).
     early_acknowledgements: u64,
     stop: bool,
@@ -72,6 +80,63 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes the buffered records (and fdatasyncs them when `sync`) with the lock released,
+    /// holding the file out of the state meanwhile, marks them durable and wakes every
+    /// waiter; the records written, or `None` when nothing was (nothing buffered; no file
+    /// to take: another flush holds it; or the write failed: the writer is failed for good).
+    fn flush<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        sync: bool,
+    ) -> (MutexGuard<'a, State>, Option<u64>) {
+        if state.buffer.is_empty() {
+            return (state, None);
+        }
+        let Some(mut file) = state.file.take() else {
+            return (state, None);
+        };
+        let batch = std::mem::take(&mut state.buffer);
+        let upto = state.appended;
+        let records = upto - state.durable;
+        let segment = state.segment;
+        drop(state);
+        let written = file
+            .write_all(&batch)
+            .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+        let mut state = self.lock();
+        state.file = Some(file);
+        state.flushes += 1;
+        let flushed = match written {
+            Ok(()) => {
+                state.durable = upto;
+                state.since_rotation += batch.len() as u64;
+                state.bytes += batch.len() as u64;
+                if sync {
+                    state.syncs += 1;
+                    state.synced = upto;
+                }
+                state.last_batch = records;
+                Some(records)
+            }
+            Err(error) => {
+                let path = files::segment_path(&self.dir, segment);
+                state.failed = Some(format!("writing {}: {error}", path.display()));
+                None
+            }
+        };
+        self.progress.notify_all();
+        // Reuse the batch's allocation for the next appends when nothing came meanwhile;
+        // otherwise the flusher takes what came if no waiter does.
+        if state.buffer.is_empty() {
+            let mut reuse = batch;
+            reuse.clear();
+            state.buffer = reuse;
+        } else {
+            self.work.notify_one();
+        }
+        (state, flushed)
     }
 }
 
@@ -101,6 +166,7 @@ impl LogWriter {
                 syncs: 0,
                 synced: 0,
                 acknowledged: 0,
+                last_batch: 0,
                 early_acknowledgements: 0,
                 stop: false,
             }),
@@ -135,8 +201,18 @@ impl LogWriter {
         Ok(ticket)
     }
 
-    /// Waits until `ticket` is durable.
+    /// Waits until `ticket` is durable. Under `always` and `never`, while writers come one
+    /// at a time (the last flush carried one record), a waiter that finds no flush running
+    /// writes (and syncs) the buffer itself: a lone writer's call then needs no hand-off to
+    /// the flusher thread and back. Once flushes carry several records the flusher does
+    /// them, gathering batches (group commit); under `every N ms` it does every flush (it
+    /// owns the period's clock).
     pub fn wait(&self, ticket: LogTicket) -> Result<(), JournalError> {
+        let leads = match self.shared.policy {
+            FsyncPolicy::Always => Some(true),
+            FsyncPolicy::Never => Some(false),
+            FsyncPolicy::Every(_) => None,
+        };
         let mut state = self.shared.lock();
         loop {
             if state.durable >= ticket.0 {
@@ -149,7 +225,11 @@ impl LogWriter {
             if let Some(failed) = &state.failed {
                 return Err(JournalError::Failed(failed.clone()));
             }
-            state = wait_on(&self.shared.progress, state);
+            let lone = state.last_batch <= 1 && state.file.is_some() && !state.buffer.is_empty();
+            state = match leads {
+                Some(sync) if lone => self.shared.flush(state, sync).0,
+                _ => wait_on(&self.shared.progress, state),
+            };
         }
     }
 
@@ -252,8 +332,6 @@ struct Flusher<'a> {
     last_sync: Instant,
     /// Something written is not synced yet (`every N ms`).
     unsynced: bool,
-    /// Records the last flush carried.
-    last_batch: u64,
 }
 
 /// The flusher: waits for appended records, writes them (and syncs per policy), marks them
@@ -264,7 +342,6 @@ fn flush_loop(shared: &Shared) {
         shared,
         last_sync: Instant::now(),
         unsynced: false,
-        last_batch: 0,
     };
     let mut state = shared.lock();
     loop {
@@ -315,11 +392,12 @@ impl<'a> Flusher<'a> {
 
     /// After a flush of several records, waits up to [`GATHER`] until as many are pending.
     fn gather(&self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        if self.last_batch < 2 || self.shared.policy != FsyncPolicy::Always {
+        let last_batch = state.last_batch;
+        if last_batch < 2 || self.shared.policy != FsyncPolicy::Always {
             return state;
         }
         let deadline = Instant::now() + GATHER;
-        while state.appended - state.durable < self.last_batch && !state.stop {
+        while state.appended - state.durable < last_batch && !state.stop {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 break;
             };
@@ -334,51 +412,18 @@ impl<'a> Flusher<'a> {
     }
 
     /// Writes the buffer (and syncs per policy) with the lock released; marks it durable.
-    fn flush(&mut self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        let batch = std::mem::take(&mut state.buffer);
-        let upto = state.appended;
-        let records = upto - state.durable;
-        let Some(mut file) = state.file.take() else {
-            state.buffer = batch;
-            return state;
-        };
-        let segment = state.segment;
-        drop(state);
+    fn flush(&mut self, state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         let sync = match self.shared.policy {
             FsyncPolicy::Always => true,
             FsyncPolicy::Every(period) => self.last_sync.elapsed() >= period,
             FsyncPolicy::Never => false,
         };
-        let written = file
-            .write_all(&batch)
-            .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
-        let mut state = self.shared.lock();
-        state.file = Some(file);
-        state.flushes += 1;
-        match written {
-            Ok(()) => {
-                state.durable = upto;
-                state.since_rotation += batch.len() as u64;
-                state.bytes += batch.len() as u64;
-                if sync {
-                    self.last_sync = Instant::now();
-                    state.syncs += 1;
-                    state.synced = upto;
-                }
-                self.unsynced = !sync;
-                self.last_batch = records;
+        let (state, flushed) = self.shared.flush(state, sync);
+        if flushed.is_some() {
+            if sync {
+                self.last_sync = Instant::now();
             }
-            Err(error) => {
-                let path = files::segment_path(&self.shared.dir, segment);
-                state.failed = Some(format!("writing {}: {error}", path.display()));
-            }
-        }
-        self.shared.progress.notify_all();
-        // Reuse the batch's allocation for the next appends when nothing came meanwhile.
-        if state.buffer.is_empty() {
-            let mut reuse = batch;
-            reuse.clear();
-            state.buffer = reuse;
+            self.unsynced = !sync;
         }
         state
     }
