@@ -198,7 +198,7 @@ pub struct JournalStats {
     pub durable: u64,
     /// Flushes (one write, under `always` one fdatasync, each).
     pub flushes: u64,
-    /// fdatasyncs of the log by its flusher.
+    /// fdatasyncs of the log by its flushes (rotations not counted).
     pub syncs: u64,
     /// Records (since start) known fdatasync'ed.
     pub synced: u64,

@@ -52,7 +52,7 @@ struct State {
     bytes: u64,
     /// Flushes done (each one `write`, and under `always` one `fdatasync`).
     flushes: u64,
-    /// fdatasyncs done by the flusher.
+    /// fdatasyncs done by flushes (the flusher's or a waiter's).
     syncs: u64,
     /// Every ticket up to this one was fdatasync'ed.
     synced: u64,
