@@ -175,17 +175,15 @@ fn pool_used(runtime: &tokio::runtime::Runtime, server: &TestServer) -> u64 {
 /// blocks read back over soft-TCP. Skips loudly without a device or the `rdma` feature.
 #[test]
 fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
-    let Some(settings) = common::verbs_settings("the data plane on verbs") else {
+    let Some((settings, node_args)) = on_verbs("the data plane on verbs") else {
         return;
     };
-    let device = kvcm_transport::any::VerbsDevice::from_env().expect("verbs device");
-    let gid = device.gid_index.to_string();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (server, _node) = runtime.block_on(async {
-        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        let settings = as_strs(&settings);
         let server = prepare_async(200, &settings).await;
-        let verbs = ["--verbs-device", &device.name, "--verbs-gid-index", &gid];
-        let node = PoolProcess::start_with(&server, "pool_a", "node-1", "16M", &verbs).await;
+        let node_args = as_strs(&node_args);
+        let node = PoolProcess::start_with(&server, "pool_a", "node-1", "16M", &node_args).await;
         live_range(&server, "pool_a", Some("node-1"), 1).await;
         (server, node)
     });
@@ -737,19 +735,28 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
 /// verbs queue pair is destroyed by the node (the client's READs then fail).
 #[test]
 fn under_meta_auth_pool_queue_pairs_need_a_ticket_and_are_revoked_on_verbs_or_loud_skip() {
-    let Some(settings) = common::verbs_settings("pool tickets and revocation on verbs") else {
+    let Some((settings, node_args)) = on_verbs("pool tickets and revocation on verbs") else {
         return;
     };
+    nodes_and_tickets_under_meta_auth(Wire::Verbs, &as_strs(&settings), &as_strs(&node_args));
+}
+
+/// The server settings and the pool node's arguments that serve both on the verbs device
+/// `KVCM_VERBS_DEVICE` names; `None` (skipped loudly) without one.
+fn on_verbs(what: &str) -> Option<(Vec<String>, Vec<String>)> {
+    let settings = common::verbs_settings(what)?;
     let device = kvcm_transport::any::VerbsDevice::from_env().expect("verbs device");
-    let gid = device.gid_index.to_string();
-    let node_args = [
-        "--verbs-device",
-        device.name.as_str(),
-        "--verbs-gid-index",
-        &gid,
+    let node_args = vec![
+        "--verbs-device".to_string(),
+        device.name,
+        "--verbs-gid-index".to_string(),
+        device.gid_index.to_string(),
     ];
-    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
-    nodes_and_tickets_under_meta_auth(Wire::Verbs, &settings, &node_args);
+    Some((settings, node_args))
+}
+
+fn as_strs(strings: &[String]) -> Vec<&str> {
+    strings.iter().map(String::as_str).collect()
 }
 
 /// Membership, the directory and node tickets under `kvcm.auth.meta = required`, and the

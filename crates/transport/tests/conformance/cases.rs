@@ -375,6 +375,40 @@ pub fn protection_domains_isolate_keys<D: Domain>(open: Open<D>) {
     assert_eq!(local.load_u64(0).unwrap(), 0, "nothing was written");
 }
 
+/// Posts one signaled READ per `(remote, local list)`, all in one batch; the wr ids (their
+/// positions) and statuses of their completions, in order.
+fn read_batch_statuses<D: Domain>(
+    side: &Side<D>,
+    reads: &[(RemoteAddr, &[Sge])],
+) -> Vec<(u64, WcStatus)> {
+    let wrs: Vec<SendWr> = reads
+        .iter()
+        .enumerate()
+        .map(|(i, &(remote, sg_list))| SendWr {
+            wr_id: i as u64,
+            op: read(remote),
+            sg_list,
+            signaled: true,
+        })
+        .collect();
+    side.qp.post_send(&wrs).unwrap();
+    completions(&side.send_cq, reads.len())
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect()
+}
+
+/// The completions of a batch of four whose second request fails with `failure`: the
+/// first done, the last two flushed.
+fn second_of_four_failed(failure: WcStatus) -> [(u64, WcStatus); 4] {
+    [
+        (0, WcStatus::Success),
+        (1, failure),
+        (2, WcStatus::WrFlushError),
+        (3, WcStatus::WrFlushError),
+    ]
+}
+
 /// A request refused locally (its scatter element names a bad lkey) in the middle of one
 /// posted batch: the requests before it complete, it fails, the rest are flushed, in order.
 pub fn local_error_mid_batch_flushes_the_rest<D: Domain>(open: Open<D>) {
@@ -384,29 +418,12 @@ pub fn local_error_mid_batch_flushes_the_rest<D: Domain>(open: Open<D>) {
     let mut bad = p.a.sge(8, 8);
     bad.lkey ^= 0x77;
     let lists = [[good], [bad], [p.a.sge(16, 8)], [p.a.sge(24, 8)]];
-    let wrs: Vec<SendWr> = lists
-        .iter()
-        .enumerate()
-        .map(|(i, sg_list)| SendWr {
-            wr_id: i as u64,
-            op: read(p.b.region.remote(8 * i)),
-            sg_list,
-            signaled: true,
-        })
-        .collect();
-    p.a.qp.post_send(&wrs).unwrap();
-    let statuses: Vec<_> = completions(&p.a.send_cq, 4)
-        .iter()
-        .map(|c| (c.wr_id, c.status))
+    let reads: Vec<_> = (0..4)
+        .map(|i| (p.b.region.remote(8 * i), &lists[i][..]))
         .collect();
     assert_eq!(
-        statuses,
-        [
-            (0, WcStatus::Success),
-            (1, WcStatus::LocalProtectionError),
-            (2, WcStatus::WrFlushError),
-            (3, WcStatus::WrFlushError)
-        ]
+        read_batch_statuses(&p.a, &reads),
+        second_of_four_failed(WcStatus::LocalProtectionError)
     );
     assert_eq!(p.a.bytes(0, 8), [5; 8], "the request before it was done");
     assert_eq!(p.a.bytes(16, 16), [0; 16], "the flushed ones moved nothing");
@@ -420,34 +437,16 @@ pub fn error_flushes_the_rest_and_breaks_the_qp<D: Domain>(open: Open<D>) {
     let mut bad = p.b.region.remote(0);
     bad.rkey ^= 1;
     let sg = [p.a.sge(0, 8)];
-    let wrs: Vec<SendWr> = [
+    let remotes = [
         p.b.region.remote(0),
         bad,
         p.b.region.remote(8),
         p.b.region.remote(16),
-    ]
-    .into_iter()
-    .enumerate()
-    .map(|(i, remote)| SendWr {
-        wr_id: i as u64,
-        op: read(remote),
-        sg_list: &sg,
-        signaled: true,
-    })
-    .collect();
-    p.a.qp.post_send(&wrs).unwrap();
-    let statuses: Vec<_> = completions(&p.a.send_cq, 4)
-        .iter()
-        .map(|c| (c.wr_id, c.status))
-        .collect();
+    ];
+    let reads: Vec<_> = remotes.iter().map(|&remote| (remote, &sg[..])).collect();
     assert_eq!(
-        statuses,
-        [
-            (0, WcStatus::Success),
-            (1, WcStatus::RemoteAccessError),
-            (2, WcStatus::WrFlushError),
-            (3, WcStatus::WrFlushError)
-        ]
+        read_batch_statuses(&p.a, &reads),
+        second_of_four_failed(WcStatus::RemoteAccessError)
     );
     assert_eq!(p.a.qp.state(), QpState::Error);
     assert!(p
