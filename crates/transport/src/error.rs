@@ -41,6 +41,10 @@ pub enum TransportError {
     /// The peer's queue-pair endpoint could not be decoded or used.
     #[error("bad queue-pair endpoint: {0}")]
     BadEndpoint(String),
+    /// This provider cannot do what was asked (the soft providers give peers no access to
+    /// caller-owned memory).
+    #[error("not supported by this provider: {0}")]
+    Unsupported(&'static str),
     /// No RDMA device is present (verbs provider).
     #[error("no RDMA device: {0}")]
     NoDevice(String),

@@ -1,11 +1,16 @@
 //! Registrable host memory, common to every provider.
 //!
 //! Memory is a memfd mapping (page aligned, zeroed), so the soft provider can share it
-//! with same-host peers and the verbs provider can pin it. It records the ranges
+//! with same-host peers and the verbs provider can pin it; or it is the caller's own
+//! (an engine's buffers, pinned host memory: [`HostMemory::from_vec`],
+//! [`HostMemory::from_raw_parts`]), which every provider uses in local scatter-gather
+//! elements and only verbs lets peers reach (no descriptor exists to share it). Caller
+//! memory goes back to its owner only when nothing holds it any more: not the handles,
+//! not a registration, not a transfer that resolved it. It records the ranges
 //! registered on it per domain (as verbs, one buffer may be registered in several
 //! protection domains); invariant: the ranges one domain registered never overlap.
 
-use crate::sys::SharedMemory;
+use crate::sys::{Release, SharedMemory};
 use crate::{Memory, Result, TransportError};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,10 +26,14 @@ pub(crate) struct MemoryInner {
 impl MemoryInner {
     pub(crate) fn allocate(len: usize) -> Result<Self> {
         let shm = SharedMemory::create(c"kvcm-memory", len)?;
-        Ok(MemoryInner {
+        Ok(Self::over(shm))
+    }
+
+    fn over(shm: SharedMemory) -> Self {
+        MemoryInner {
             shm: Arc::new(shm),
             registered: Mutex::new(Vec::new()),
-        })
+        }
     }
 
     /// Claims `[offset, offset + len)` for a registration of domain `owner` (any value
@@ -72,6 +81,46 @@ impl HostMemory {
         Ok(HostMemory {
             inner: Arc::new(MemoryInner::allocate(len)?),
         })
+    }
+
+    /// The bytes of `bytes` (its length, not its capacity) as caller-owned memory; the
+    /// vector is dropped once nothing holds the memory. Refused when empty.
+    pub fn from_vec(mut bytes: Vec<u8>) -> Result<Self> {
+        let (ptr, len) = (bytes.as_mut_ptr(), bytes.len());
+        // SAFETY: the vector's buffer is valid for `len` bytes and does not move while the
+        // vector is owned by the release, which drops it only when the memory is dropped;
+        // nothing else can reach the vector meanwhile.
+        unsafe { Self::from_raw_parts(ptr, len, move || drop(bytes)) }
+    }
+
+    /// `len` bytes at `addr` that the caller owns (engine buffers, pinned host memory), as
+    /// memory any provider registers; `release` runs exactly once, when nothing holds the
+    /// memory any more (handles, registrations, transfers in flight). Refused for a null
+    /// address, zero length, or a range that wraps; `release` does not run then (the bytes
+    /// stay the caller's).
+    ///
+    /// # Safety
+    /// The bytes stay allocated and valid for reads and writes until `release` runs. Until
+    /// then the caller touches them only as the RDMA contract allows: not while a transfer
+    /// it posted may write them, and through raw pointers rather than references that
+    /// outlive such a transfer's completion.
+    pub unsafe fn from_raw_parts(
+        addr: *mut u8,
+        len: usize,
+        release: impl FnOnce() + Send + 'static,
+    ) -> Result<Self> {
+        let release: Release = Box::new(release);
+        // SAFETY: forwarded from this function's contract.
+        let shm = unsafe { SharedMemory::from_caller(addr, len, release)? };
+        Ok(HostMemory {
+            inner: Arc::new(MemoryInner::over(shm)),
+        })
+    }
+
+    /// Whether this is the caller's memory ([`HostMemory::from_vec`],
+    /// [`HostMemory::from_raw_parts`]) rather than memory a domain allocated.
+    pub fn is_caller_owned(&self) -> bool {
+        self.inner.shm.is_caller_owned()
     }
 }
 
@@ -129,5 +178,43 @@ mod tests {
             memory.claim(2, 100, 100).is_err(),
             "domain 2 still holds its range"
         );
+    }
+
+    #[test]
+    fn caller_memory_is_refused_when_null_empty_or_wrapping_and_keeps_its_release_then() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static RELEASED: AtomicUsize = AtomicUsize::new(0);
+        let release = || {
+            RELEASED.fetch_add(1, Ordering::SeqCst);
+        };
+        let mut byte = 0u8;
+        // SAFETY: every call is refused before the address is used.
+        let refused = unsafe {
+            [
+                HostMemory::from_raw_parts(std::ptr::null_mut(), 8, release),
+                HostMemory::from_raw_parts(&mut byte, 0, release),
+                HostMemory::from_raw_parts(&mut byte, usize::MAX, release),
+            ]
+        };
+        for outcome in refused {
+            assert!(
+                matches!(outcome, Err(TransportError::InvalidArgument(_))),
+                "{outcome:?}"
+            );
+        }
+        assert_eq!(
+            RELEASED.load(Ordering::SeqCst),
+            0,
+            "a refusal runs no release"
+        );
+        assert!(HostMemory::from_vec(Vec::new()).is_err());
+
+        let memory = HostMemory::from_vec(vec![7u8; 20]).unwrap();
+        assert!(memory.is_caller_owned());
+        assert_eq!(memory.len(), 20);
+        let mut got = [0u8; 20];
+        memory.read(0, &mut got).unwrap();
+        assert_eq!(got, [7u8; 20]);
+        assert!(memory.write(15, &[1; 6]).is_err(), "bounds are checked");
     }
 }

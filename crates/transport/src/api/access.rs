@@ -27,6 +27,11 @@ impl Access {
         self.0 & other.0 == other.0
     }
 
+    /// Whether any right for peers (remote read, write or atomics) is granted.
+    pub fn grants_remote(self) -> bool {
+        self.0 & (Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0) != 0
+    }
+
     /// The raw bits (stable; used on the wire and in shared key tables).
     pub fn bits(self) -> u32 {
         self.0

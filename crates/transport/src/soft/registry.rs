@@ -1,18 +1,25 @@
 //! Memory and registrations of one soft domain, and the key checks the NIC applies.
 //!
 //! Invariants: a key maps to at most one live registration; registrations on one memory
-//! never overlap; a [`Target`] holds the memory alive, so a transfer that resolved its key
+//! never overlap; caller-owned memory is registered with local rights only; a [`Target`] holds the memory alive, so a transfer that resolved its key
 //! finishes on live memory even if the region is deregistered meanwhile (as with hardware,
 //! the application must not deregister memory with work in flight if it wants the data).
 
 use super::keytable::{self, KeyEntry, KeyTable, SLOT_BITS};
 use crate::memory::MemoryInner;
 use crate::sys::SharedMemory;
-use crate::{Access, Result};
+use crate::{Access, Result, TransportError};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// Why the soft providers refuse remote rights on caller memory: a same-host peer would
+/// need its descriptor (it has none), and serving it over TCP would make this process's
+/// NIC thread the only guard of memory the caller lent for local use.
+pub(crate) const CALLER_MEMORY_IS_LOCAL: &str =
+    "caller-owned memory is registered for local scatter-gather only on the soft providers; \
+     remote access to it needs the verbs provider";
 
 /// Where a checked access lands: `offset` bytes into `mem`.
 #[derive(Clone, Debug)]
@@ -114,6 +121,9 @@ impl Registry {
         pd: u32,
     ) -> Result<(u32, KeyEntry)> {
         access.validate()?;
+        if memory.shm.is_caller_owned() && access.grants_remote() {
+            return Err(TransportError::Unsupported(CALLER_MEMORY_IS_LOCAL));
+        }
         memory.claim(self.owner_id(), offset, len)?;
         let Some(key) = self.allocate_key() else {
             memory.release(self.owner_id(), offset);
@@ -171,8 +181,7 @@ impl Registry {
         let mut found: Option<(Arc<SharedMemory>, bool)> = None;
         for registration in live.values() {
             let entry = &registration.entry;
-            let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
-            if entry.pd != pd || entry.fd != fd || entry.access.bits() & remote.bits() == 0 {
+            if entry.pd != pd || entry.fd != fd || !entry.access.grants_remote() {
                 continue;
             }
             let writable = writes(entry.access) || found.as_ref().is_some_and(|(_, w)| *w);

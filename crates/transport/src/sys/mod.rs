@@ -23,4 +23,4 @@ pub use poll::poll_readable;
 #[cfg(feature = "rdma")]
 pub(crate) use poll::set_nonblocking;
 pub(crate) use random::random_u64;
-pub(crate) use shared_memory::{Protection, SharedMemory};
+pub(crate) use shared_memory::{Protection, Release, SharedMemory};

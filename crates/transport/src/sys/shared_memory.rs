@@ -1,8 +1,9 @@
-//! memfd-backed shared memory mapped into this process.
+//! memfd-backed shared memory mapped into this process, or memory a caller owns.
 //!
-//! Invariant: `ptr` points to a live `MAP_SHARED` mapping of `len` bytes for the life of the
-//! value (the memfd is sealed against shrinking and growing, ours and peers' alike); every
-//! access is bounds-checked against `len` first. Other processes may map the
+//! Invariant: `ptr` points to `len` live bytes for the life of the value: a `MAP_SHARED`
+//! mapping (the memfd is sealed against shrinking and growing, ours and peers' alike), or
+//! caller-owned memory whose owner is released only when the value drops (see
+//! [`SharedMemory::from_caller`]); every access is bounds-checked against `len` first. Other processes may map the
 //! same memfd and write concurrently, and threads of this process (application, NIC) may copy
 //! or run atomics on the same bytes at once; that is the RDMA contract (the application
 //! orders conflicting accesses with completions). So no access to the mapping from Rust is
@@ -52,22 +53,48 @@ pub(crate) enum Protection {
     AsOpened,
 }
 
-/// A shared mapping of a whole memfd.
+/// A shared mapping of a whole memfd, or caller-owned memory.
 #[derive(Debug)]
 pub(crate) struct SharedMemory {
     /// The memfd of memory we created (the broker hands it to peers); `None` for a peer's
-    /// memory, whose descriptor is closed once mapped (the mapping keeps the pages).
+    /// memory, whose descriptor is closed once mapped (the mapping keeps the pages), and
+    /// for caller-owned memory.
     fd: Option<OwnedFd>,
     ptr: NonNull<u8>,
     len: usize,
     /// Mapped `PROT_READ | PROT_WRITE` (else `PROT_READ` only).
     writable: bool,
+    /// What dropping the value does with the bytes.
+    backing: Backing,
 }
 
-// SAFETY: the mapping is plain shared memory owned by this value; all accesses go through
-// bounds-checked copies or atomics, so sharing the handle between threads is sound.
+/// Gives caller-owned memory back to its owner (runs once, when the memory is dropped).
+pub(crate) type Release = Box<dyn FnOnce() + Send>;
+
+/// Who owns the bytes behind `ptr`.
+enum Backing {
+    /// A mapping made here: unmapped on drop.
+    Mapping,
+    /// Memory of the caller's: handed back through the release (taken when it runs).
+    Caller(Option<Release>),
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backing::Mapping => "Mapping",
+            Backing::Caller(_) => "Caller",
+        })
+    }
+}
+
+// SAFETY: the bytes are plain memory owned by this value (a mapping, or caller memory lent
+// until the value drops); all accesses go through bounds-checked copies or atomics, so
+// sharing the handle between threads is sound. The caller's release is `Send` and runs
+// only in `Drop`, with exclusive access.
 unsafe impl Send for SharedMemory {}
-// SAFETY: see `Send`; no method hands out references that alias mutable state.
+// SAFETY: see `Send`; no method hands out references that alias mutable state, and no
+// method touches the release (it is not `Sync`) through `&self`.
 unsafe impl Sync for SharedMemory {}
 
 impl SharedMemory {
@@ -104,7 +131,43 @@ impl SharedMemory {
             ptr,
             len,
             writable: true,
+            backing: Backing::Mapping,
         })
+    }
+
+    /// Wraps `len` bytes at `ptr` that the caller owns; `release` runs when the value drops
+    /// (after every handle, registration and transfer holding it let go).
+    ///
+    /// # Safety
+    /// `ptr` is valid for reads and writes of `len` bytes until `release` runs, and until
+    /// then the caller touches those bytes only as the RDMA contract allows (never while a
+    /// transfer it posted may write them, and without creating Rust references that other
+    /// threads' accesses would alias).
+    pub(crate) unsafe fn from_caller(ptr: *mut u8, len: usize, release: Release) -> Result<Self> {
+        if len == 0 {
+            return Err(TransportError::InvalidArgument("zero-length memory"));
+        }
+        let ptr = NonNull::new(ptr).ok_or(TransportError::InvalidArgument(
+            "caller memory at a null address",
+        ))?;
+        if (ptr.as_ptr() as usize).checked_add(len).is_none() {
+            return Err(TransportError::InvalidArgument(
+                "caller memory wraps past the end of the address space",
+            ));
+        }
+        Ok(SharedMemory {
+            fd: None,
+            ptr,
+            len,
+            writable: true,
+            backing: Backing::Caller(Some(release)),
+        })
+    }
+
+    /// Whether the bytes are the caller's ([`SharedMemory::from_caller`]): no descriptor
+    /// exists to share them with another process.
+    pub(crate) fn is_caller_owned(&self) -> bool {
+        matches!(self.backing, Backing::Caller(_))
     }
 
     /// Maps `fd`, a memfd received from a peer, which must be `len` bytes long and sealed
@@ -157,6 +220,7 @@ impl SharedMemory {
             ptr,
             len,
             writable,
+            backing: Backing::Mapping,
         })
     }
 
@@ -166,7 +230,7 @@ impl SharedMemory {
     pub(crate) fn reopen(&self, writable: bool) -> Result<OwnedFd> {
         let Some(fd) = &self.fd else {
             return Err(TransportError::InvalidArgument(
-                "a peer's memory keeps no descriptor",
+                "a peer's memory or the caller's has no descriptor",
             ));
         };
         let file = std::fs::OpenOptions::new()
@@ -215,7 +279,7 @@ impl SharedMemory {
     }
 
     /// The memfd number (what the key table shows peers, who ask the broker for it by
-    /// that number); -1 for a peer's memory, which keeps no descriptor.
+    /// that number); -1 for a peer's memory and the caller's, which have none.
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
@@ -355,12 +419,13 @@ impl SharedMemory {
 
     fn word(&self, offset: usize) -> Result<&AtomicU64> {
         self.check(offset, 8)?;
-        if offset % 8 != 0 {
+        // The address, not the offset: caller memory need not be page aligned.
+        if (self.ptr.as_ptr() as usize + offset) % 8 != 0 {
             return Err(TransportError::InvalidArgument(
-                "atomic offset is not 8-byte aligned",
+                "atomic address is not 8-byte aligned",
             ));
         }
-        // SAFETY: in bounds, 8-byte aligned (the mapping is page aligned), valid for the
+        // SAFETY: in bounds, 8-byte aligned (checked on the address), valid for the
         // lifetime of `&self`; every access this crate makes to the mapping is atomic
         // (`word_copy` for copies), so no non-atomic access races with this one in this
         // process; other processes and the kernel are outside the Rust memory model. On a
@@ -371,9 +436,18 @@ impl SharedMemory {
 
 impl Drop for SharedMemory {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` describe the mapping made in `map`, unmapped exactly once here;
-        // no reference into it outlives `self`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        match &mut self.backing {
+            Backing::Mapping => {
+                // SAFETY: `ptr`/`len` describe the mapping made in `map`, unmapped exactly
+                // once here; no reference into it outlives `self`.
+                unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+            }
+            Backing::Caller(release) => {
+                if let Some(release) = release.take() {
+                    release();
+                }
+            }
+        };
     }
 }
 

@@ -1,7 +1,8 @@
 //! The cases of the conformance suite. Each takes a factory of fresh domains.
 
 use super::*;
-use kvcm_transport::{QpState, RemoteAddr, TransportError, WcOpcode, WcStatus};
+use kvcm_transport::{HostMemory, QpState, RemoteAddr, TransportError, WcOpcode, WcStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 type Open<'a, D> = &'a dyn Fn() -> D;
@@ -890,4 +891,103 @@ pub fn completion_fd_wakes_a_waiter<D: Domain>(open: Open<D>) {
     let fd = p.a.send_cq.event_fd();
     assert!(fd >= 0);
     assert_eq!(completions(&p.a.send_cq, 1)[0].wr_id, 1);
+}
+
+/// `len` bytes of caller-owned memory at an odd address (3 bytes into a heap buffer), and
+/// a flag raised when the memory is given back.
+fn caller_memory(len: usize) -> (HostMemory, Arc<AtomicBool>) {
+    let mut buffer = vec![0u8; len + 3].into_boxed_slice();
+    let released = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&released);
+    let addr = buffer[3..].as_mut_ptr();
+    // SAFETY: the buffer moves into the release, which frees it only after the memory
+    // is dropped; the test touches it only through the memory's copies.
+    let memory = unsafe {
+        HostMemory::from_raw_parts(addr, len, move || {
+            drop(buffer);
+            flag.store(true, Ordering::SeqCst);
+        })
+    };
+    (memory.expect("caller memory"), released)
+}
+
+/// Caller-owned memory serves as local scatter-gather elements on every provider (READ
+/// into it, WRITE and SEND from it, RECV into it); peers may reach it only on verbs (the
+/// soft providers refuse remote rights with `Unsupported`, changing nothing); and it goes
+/// back to its owner only after the handles and registrations are gone.
+pub fn caller_memory_in_scatter_gather_and_remote_only_on_verbs<D: Domain<Memory = HostMemory>>(
+    open: Open<D>,
+) {
+    let p = Pair::new(open, 8192);
+    let (mine, mine_released) = caller_memory(4096);
+    assert!(mine.is_caller_owned() && !p.a.memory.is_caller_owned());
+    let local = p.a.domain.register(&mine, 0, 2048, Access::LOCAL_WRITE);
+    let local = local.expect("caller memory registers for local use");
+    p.b.fill(100, &pattern(300, 7));
+    p.a.post(1, read(p.b.region.remote(100)), &[local.sge(5, 300)]);
+    assert_eq!(completions(&p.a.send_cq, 1)[0].status, WcStatus::Success);
+    let mut got = vec![0u8; 300];
+    mine.read(5, &mut got).unwrap();
+    assert_eq!(got, pattern(300, 7), "READ landed in caller memory");
+
+    mine.write(1000, &pattern(64, 8)).unwrap();
+    p.a.post(2, write(p.b.region.remote(6000)), &[local.sge(1000, 64)]);
+    assert_eq!(completions(&p.a.send_cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(
+        p.b.bytes(6000, 64),
+        pattern(64, 8),
+        "WRITE from caller memory"
+    );
+
+    let (theirs, theirs_released) = caller_memory(256);
+    let inbox = p.b.domain.register(&theirs, 0, 256, Access::LOCAL_WRITE);
+    let inbox = inbox.expect("a receive buffer in caller memory");
+    p.b.post_recv(9, &[inbox.sge(10, 200)]);
+    p.a.post(3, SendOp::Send { imm: None }, &[local.sge(1000, 64)]);
+    assert_eq!(completions(&p.a.send_cq, 1)[0].status, WcStatus::Success);
+    let received = completions(&p.b.recv_cq, 1);
+    assert_eq!((received[0].wr_id, received[0].byte_len), (9, 64));
+    let mut got = vec![0u8; 64];
+    theirs.read(10, &mut got).unwrap();
+    assert_eq!(got, pattern(64, 8), "SEND from and RECV into caller memory");
+
+    let shared = Access::LOCAL_WRITE | Access::REMOTE_READ;
+    match p.a.domain.register(&mine, 2048, 2048, shared) {
+        Err(TransportError::Unsupported(why)) => {
+            assert!(p.a.domain.provider_name().starts_with("soft"), "{why}");
+            assert!(
+                why.contains("verbs"),
+                "the refusal names the way out: {why}"
+            );
+            // Nothing changed: the range is free for a local registration.
+            let again = p.a.domain.register(&mine, 2048, 2048, Access::LOCAL_WRITE);
+            drop(again.expect("the refused range is still free"));
+        }
+        Ok(served) => {
+            assert_eq!(p.a.domain.provider_name(), "verbs", "only verbs serves it");
+            mine.write(3000, &pattern(40, 9)).unwrap();
+            p.b.post(4, read(served.remote(3000 - 2048)), &[p.b.sge(0, 40)]);
+            assert_eq!(completions(&p.b.send_cq, 1)[0].status, WcStatus::Success);
+            assert_eq!(
+                p.b.bytes(0, 40),
+                pattern(40, 9),
+                "a peer READ caller memory"
+            );
+        }
+        Err(other) => panic!("remote rights on caller memory: {other}"),
+    }
+
+    drop(mine);
+    assert!(
+        !mine_released.load(Ordering::SeqCst),
+        "a live registration holds caller memory"
+    );
+    drop(local);
+    eventually("the caller's memory is given back", || {
+        mine_released.load(Ordering::SeqCst)
+    });
+    drop((theirs, inbox));
+    eventually("the receive buffer is given back", || {
+        theirs_released.load(Ordering::SeqCst)
+    });
 }

@@ -162,7 +162,7 @@ macro_rules! with_case_names {
             batch_completes_in_order, bad_rkey_is_remote_access_error, out_of_bounds_is_remote_access_error,
             missing_access_rights_are_refused, deregistered_region_is_unreachable,
             bad_lkey_is_local_protection_error, protection_domains_isolate_keys, error_flushes_the_rest_and_breaks_the_qp,
-            local_error_mid_batch_flushes_the_rest,
+            local_error_mid_batch_flushes_the_rest, caller_memory_in_scatter_gather_and_remote_only_on_verbs,
             misuse_is_refused_without_effect, overlapping_registration_is_refused,
             receive_too_small_is_local_length_error, queue_depth_is_enforced,
             many_qps_many_outstanding, atomics_under_contention_are_exact,
