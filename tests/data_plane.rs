@@ -393,6 +393,137 @@ fn a_session_that_expires_during_a_put_is_cleaned_up() {
     );
 }
 
+/// Bytes of one block (every spec).
+const BLOCK_BYTES: usize = SPECS * SPEC_BYTES;
+
+/// The parts of `count` blocks lying back to back in `memory` from block `first` on.
+fn parts_in(memory: &mut [u8], first: usize, count: usize) -> Vec<Vec<&mut [u8]>> {
+    memory[first * BLOCK_BYTES..(first + count) * BLOCK_BYTES]
+        .chunks_mut(BLOCK_BYTES)
+        .map(|block| block.chunks_mut(SPEC_BYTES).collect())
+        .collect()
+}
+
+/// Blocks in memory registered with the engine move zero-copy over soft-TCP, both ways,
+/// byte-exact, and say so; buffers outside it are staged as before; after deregistration the
+/// same memory is staged again; bad registrations are refused with a reason.
+#[test]
+fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
+    let (_runtime, server, _node) = prepare(100, "80M");
+    let mut engine = engine(&server, "on_pool", TransferConfig::default());
+    const BLOCKS: usize = 32;
+    let mut memory = vec![0u8; 2 * BLOCKS * BLOCK_BYTES];
+    let base = memory.as_mut_ptr();
+    // SAFETY: `memory` outlives the engine's use of it: it is deregistered below, before
+    // it drops, and never reallocated meanwhile.
+    unsafe { engine.register_memory(base, memory.len()) }.expect("register");
+    // SAFETY: refused (it overlaps the range registered above), so nothing is kept.
+    let refused = unsafe { engine.register_memory(base.wrapping_add(10), 10) };
+    assert!(
+        matches!(&refused, Err(kvcm_client::ClientError::InvalidArgument(m)) if m.contains("overlap")),
+        "{refused:?}"
+    );
+
+    let keys: Vec<i64> = (1..=BLOCKS as i64).collect();
+    for (block, parts) in parts_in(&mut memory, 0, BLOCKS).into_iter().enumerate() {
+        for (spec, part) in parts.into_iter().enumerate() {
+            part.copy_from_slice(&pattern(keys[block], spec));
+        }
+    }
+    let put = {
+        let blocks: Vec<Vec<&[u8]>> = parts_in(&mut memory, 0, BLOCKS)
+            .into_iter()
+            .map(|parts| parts.into_iter().map(|p| &*p).collect())
+            .collect();
+        engine.put_blocks(&keys, &blocks).expect("put")
+    };
+    assert_eq!(
+        written_by(&put),
+        [TransferPath::PoolSoftTcpZeroCopy; BLOCKS]
+    );
+    let got = engine
+        .get_blocks(&keys, &mut parts_in(&mut memory, BLOCKS, BLOCKS))
+        .expect("get");
+    assert_eq!(
+        got,
+        vec![GetOutcome::Hit(TransferPath::PoolSoftTcpZeroCopy); BLOCKS]
+    );
+    for (block, parts) in parts_in(&mut memory, BLOCKS, BLOCKS).iter().enumerate() {
+        for (spec, part) in parts.iter().enumerate() {
+            assert!(
+                **part == pattern(keys[block], spec),
+                "block {block} spec {spec}"
+            );
+        }
+    }
+    let staged = get_checked(&mut engine, &keys);
+    assert_eq!(
+        staged,
+        vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); BLOCKS]
+    );
+
+    engine.deregister_memory(base).expect("deregister");
+    let again = engine.deregister_memory(base);
+    assert!(
+        matches!(again, Err(kvcm_client::ClientError::InvalidArgument(_))),
+        "{again:?}"
+    );
+    let got = engine
+        .get_blocks(&keys, &mut parts_in(&mut memory, BLOCKS, BLOCKS))
+        .expect("get after deregistration");
+    assert_eq!(
+        got,
+        vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); BLOCKS]
+    );
+}
+
+/// Cancel safety: a get into registered memory from a node that stopped answering gives
+/// up at the response timeout, and no READ it posted lands in the caller's memory later,
+/// when the node answers again (the engine tore the link down before returning).
+#[test]
+fn a_get_that_gave_up_never_writes_into_registered_memory_afterwards() {
+    // Heartbeats of 2 s: the stopped node is not declared dead meanwhile.
+    let (_runtime, server, node) = prepare(2000, "80M");
+    let config = TransferConfig {
+        timeout: Duration::from_millis(300),
+        ..TransferConfig::default()
+    };
+    let mut engine = engine(&server, "on_pool", config.clone());
+    let keys: Vec<i64> = (1..=8).collect();
+    put(&mut engine, &keys);
+    assert_eq!(hits(&get_checked(&mut engine, &keys)), keys.len());
+
+    let mut memory = vec![0u8; keys.len() * BLOCK_BYTES];
+    // SAFETY: `memory` outlives the engine (dropped first below) and is never reallocated.
+    unsafe { engine.register_memory(memory.as_mut_ptr(), memory.len()) }.expect("register");
+    node.signal("STOP");
+    let gave_up = engine
+        .get_blocks(&keys, &mut parts_in(&mut memory, 0, keys.len()))
+        .expect("the lookup answers");
+    node.signal("CONT");
+    assert!(
+        gave_up.iter().all(|o| miss_reason(o).contains("in time")),
+        "{gave_up:?}"
+    );
+    // Another engine's get succeeds only once the node serves again, after it answered
+    // the READs queued on the abandoned link.
+    let mut other = engine_on(&server, "on_pool", Wire::Tcp, config);
+    let served = common::wait_until_blocking(Duration::from_secs(10), || {
+        (hits(&get_checked(&mut other, &keys)) == keys.len()).then_some(())
+    });
+    assert!(served.is_some(), "the node serves again");
+    assert!(
+        memory.iter().all(|&b| b == 0),
+        "a READ of the abandoned get wrote into the caller's memory after the call returned"
+    );
+    assert_eq!(
+        hits(&get_checked(&mut engine, &keys)),
+        keys.len(),
+        "the engine recovers"
+    );
+    drop(engine);
+}
+
 /// GetCacheLocation (batch get) over gRPC for `keys` of `instance`.
 fn grpc_lookup(
     runtime: &tokio::runtime::Runtime,

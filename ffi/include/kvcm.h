@@ -83,6 +83,8 @@ extern "C" {
 #define KVCM_PATH_POOL_SOFT_SHM 2  /* a pool node over shared memory */
 #define KVCM_PATH_FILE 3           /* the file tier (io_uring or psync) */
 #define KVCM_PATH_POOL_VERBS 4     /* a pool node over RDMA verbs */
+#define KVCM_PATH_POOL_SOFT_TCP_ZERO_COPY 5  /* soft-TCP, zero-copy from / into registered memory */
+#define KVCM_PATH_POOL_VERBS_ZERO_COPY 6     /* verbs, zero-copy from / into registered memory */
 
 /* A connected client (opaque). */
 typedef struct kvcm_client kvcm_client;
@@ -267,6 +269,25 @@ int32_t kvcm_engine_put(const kvcm_engine *engine, const int64_t *keys, size_t c
 int32_t kvcm_engine_get(const kvcm_engine *engine, const int64_t *keys, size_t count,
                         size_t specs, void *const *buffers, const size_t *lengths,
                         int32_t *outcomes, int32_t *paths, char **error_message);
+
+/*
+ * Registers `len` bytes at `addr` (the engine's KV buffers, pinned host memory) for
+ * zero-copy transfers: buffers of later puts and gets lying inside it move between the
+ * NIC and these bytes directly on soft-TCP and verbs (paths KVCM_PATH_*_ZERO_COPY); other
+ * buffers are staged. The bytes must stay allocated until kvcm_engine_deregister_memory of
+ * `addr` returns or the engine is freed; no transfer outlives the call that started it.
+ * KVCM_E_NULL_ARGUMENT for a NULL engine or addr; KVCM_E_INVALID_ARGUMENT for zero length
+ * or a range overlapping a registered one (nothing changes).
+ */
+int32_t kvcm_engine_register_memory(const kvcm_engine *engine, void *addr, size_t len,
+                                    char **error_message);
+
+/*
+ * Forgets the memory registered at `addr`; its bytes may be freed once this returns.
+ * KVCM_E_INVALID_ARGUMENT when no registered range starts at `addr`.
+ */
+int32_t kvcm_engine_deregister_memory(const kvcm_engine *engine, const void *addr,
+                                      char **error_message);
 
 /* Number of locations in a result (0 for NULL). */
 size_t kvcm_locations_count(const kvcm_locations *locations);

@@ -38,6 +38,10 @@ pub const KVCM_PATH_POOL_SOFT_SHM: i32 = 2;
 pub const KVCM_PATH_FILE: i32 = 3;
 /// Path: a pool node over RDMA verbs.
 pub const KVCM_PATH_POOL_VERBS: i32 = 4;
+/// Path: a pool node over soft-TCP, zero-copy from or into registered memory.
+pub const KVCM_PATH_POOL_SOFT_TCP_ZERO_COPY: i32 = 5;
+/// Path: a pool node over RDMA verbs, zero-copy from or into registered memory.
+pub const KVCM_PATH_POOL_VERBS_ZERO_COPY: i32 = 6;
 
 /// A transfer engine behind a mutex (`kvcm_engine`).
 pub struct Engine(Mutex<TransferEngine>);
@@ -65,6 +69,8 @@ fn path_code(path: Option<TransferPath>) -> i32 {
         Some(TransferPath::PoolSoftShm) => KVCM_PATH_POOL_SOFT_SHM,
         Some(TransferPath::File(_)) => KVCM_PATH_FILE,
         Some(TransferPath::PoolVerbs) => KVCM_PATH_POOL_VERBS,
+        Some(TransferPath::PoolSoftTcpZeroCopy) => KVCM_PATH_POOL_SOFT_TCP_ZERO_COPY,
+        Some(TransferPath::PoolVerbsZeroCopy) => KVCM_PATH_POOL_VERBS_ZERO_COPY,
     }
 }
 
@@ -158,6 +164,49 @@ pub unsafe extern "C" fn kvcm_engine_free(engine: *mut Engine) {
     }
     // SAFETY: the caller hands back an engine from `Box::into_raw`, once, unused elsewhere.
     shielded((), || drop(unsafe { Box::from_raw(engine) }));
+}
+
+/// Registers `len` bytes at `addr` for zero-copy transfers (see kvcm.h).
+///
+/// # Safety
+/// `engine` is NULL or a live engine; the bytes stay allocated until
+/// [`kvcm_engine_deregister_memory`] of `addr` returns or the engine is freed;
+/// `error_message` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_engine_register_memory(
+    engine: *const Engine,
+    addr: *mut c_void,
+    len: usize,
+    error_message: *mut *mut c_char,
+) -> i32 {
+    // SAFETY: the caller's promises about every pointer are passed on unchanged.
+    unsafe {
+        guard(error_message, || {
+            let engine = args::object(engine, "engine")?;
+            args::require(addr, "addr")?;
+            // SAFETY: the caller keeps the bytes allocated as the engine requires.
+            Ok(engine.locked().register_memory(addr.cast(), len)?)
+        })
+    }
+}
+
+/// Forgets the memory registered at `addr` (see kvcm.h).
+///
+/// # Safety
+/// `engine` is NULL or a live engine; `error_message` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_engine_deregister_memory(
+    engine: *const Engine,
+    addr: *const c_void,
+    error_message: *mut *mut c_char,
+) -> i32 {
+    // SAFETY: the caller's promises about every pointer are passed on unchanged.
+    unsafe {
+        guard(error_message, || {
+            let engine = args::object(engine, "engine")?;
+            Ok(engine.locked().deregister_memory(addr.cast())?)
+        })
+    }
 }
 
 /// The `count × specs` buffer pointers and lengths of a call, checked.

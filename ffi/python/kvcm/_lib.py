@@ -106,6 +106,8 @@ def _declare(lib):
         "kvcm_engine_free": ([c_void_p], None),
         "kvcm_engine_put": (transfer, c_int32),
         "kvcm_engine_get": (transfer, c_int32),
+        "kvcm_engine_register_memory": ([c_void_p, c_void_p, c_size_t, out], c_int32),
+        "kvcm_engine_deregister_memory": ([c_void_p, c_void_p, out], c_int32),
     }
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)

@@ -20,13 +20,22 @@ from ._connected import Connected, raise_error
 
 PUT_OUTCOMES = {1: "written", 2: "present", 3: "failed"}
 GET_OUTCOMES = {1: "hit", 2: "miss", 3: "unreadable"}
-PATHS = {0: "none", 1: "pool-soft-tcp", 2: "pool-soft-shm", 3: "file", 4: "pool-verbs"}
+PATHS = {
+    0: "none",
+    1: "pool-soft-tcp",
+    2: "pool-soft-shm",
+    3: "file",
+    4: "pool-verbs",
+    5: "pool-soft-tcp-zero-copy",
+    6: "pool-verbs-zero-copy",
+}
 
 
 class Outcome(NamedTuple):
     """What became of one block: `status` (put: written / present / failed; get: hit /
     miss / unreadable) and the `path` its bytes took (none, pool-soft-tcp, pool-soft-shm,
-    pool-verbs, file)."""
+    pool-verbs, file; pool-soft-tcp-zero-copy and pool-verbs-zero-copy for buffers inside
+    registered memory)."""
 
     status: str
     path: str
@@ -96,6 +105,38 @@ class Engine(Connected):
         if status:
             raise_error(status, message)
         return [Outcome(names[o], PATHS[p]) for o, p in zip(outcomes, paths)]
+
+    def register_memory(self, buffer):
+        """Registers a writable, C-contiguous buffer (a bytearray, NumPy array, ...) for
+        zero-copy transfers: parts of later puts and gets lying inside it move between the
+        NIC and its bytes directly on soft-TCP and verbs. The buffer stays exported (it
+        cannot be resized) until `deregister_memory` or `close`. Overlapping an already
+        registered buffer raises InvalidArgumentError."""
+        self._registered = getattr(self, "_registered", {})
+        at, length, holder = _address(buffer, writable=True)
+        if length == 0:
+            raise ValueError("an empty buffer cannot be registered")
+        self._registry_call(LIB.kvcm_engine_register_memory, at, length)
+        self._registered[at] = holder
+
+    def deregister_memory(self, buffer):
+        """Forgets a buffer given to `register_memory` (InvalidArgumentError if it was not)."""
+        at, _, _ = _address(buffer, writable=True)
+        self._registry_call(LIB.kvcm_engine_deregister_memory, at)
+        getattr(self, "_registered", {}).pop(at, None)
+
+    def _registry_call(self, function, *args):
+        if self._handle is None:
+            raise ValueError("kvcm engine is closed")
+        message = c_void_p()
+        status = function(self._handle, *args, byref(message))
+        if status:
+            raise_error(status, message)
+
+    def close(self):
+        """Frees the engine (idempotent), then releases the registered buffers."""
+        super().close()
+        getattr(self, "_registered", {}).clear()
 
     def put(self, keys, blocks) -> List[Outcome]:
         """Stores `blocks[i]` (one buffer per spec, sized as the spec) under `keys[i]`;

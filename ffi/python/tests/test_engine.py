@@ -55,6 +55,26 @@ class Transfers(unittest.TestCase):
         put = self.engine.put([7201, 7202], [[b"\0" * 10], [pattern(7202)]])
         self.assertEqual([o.status for o in put], ["failed", "written"])
 
+    def test_registered_memory_moves_blocks_and_refuses_overlap(self):
+        memory = bytearray(2 * SPEC_BYTES)
+        self.engine.register_memory(memory)
+        with self.assertRaises(kvcm.InvalidArgumentError):
+            self.engine.register_memory(memoryview(memory)[100:200])
+        with self.assertRaises(BufferError):
+            memory.extend(b"x")  # exported while registered
+        view = memoryview(memory)
+        view[:SPEC_BYTES] = pattern(7401)
+        put = self.engine.put([7401], [[view[:SPEC_BYTES]]])
+        self.assertEqual(put, [kvcm.Outcome("written", "file")])
+        got = self.engine.get([7401], [[view[SPEC_BYTES:]]])
+        self.assertEqual(got, [kvcm.Outcome("hit", "file")])
+        self.assertEqual(bytes(view[SPEC_BYTES:]), pattern(7401))
+        view.release()
+        self.engine.deregister_memory(memory)
+        with self.assertRaises(kvcm.InvalidArgumentError):
+            self.engine.deregister_memory(memory)
+        memory.extend(b"x")  # released once deregistered
+
     def test_bad_buffers_are_refused_before_the_call(self):
         with self.assertRaises(ValueError):
             self.engine.get([7301], [[pattern(7301)]])  # read-only

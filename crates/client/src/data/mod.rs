@@ -13,6 +13,12 @@
 //! ([`TransferEngine::put_device_blocks`] / [`TransferEngine::get_device_blocks`], see
 //! `staged`), with the same sessions, outcomes and checksums.
 //!
+//! Zero-copy: memory the caller registers ([`TransferEngine::register_memory`]) is moved
+//! by the NIC straight from and into the caller's buffers on soft-TCP and verbs; other
+//! buffers go through the link's staging buffer. Cancel safety: a call never returns while
+//! a transfer it posted may still touch the caller's buffers — a link that fails or times
+//! out is torn down (its transfers stopped) before the call returns.
+//!
 //! Every block's outcome names the path its bytes took ([`TransferPath`]), so no fallback
 //! is silent. A pool part is read only from the node incarnation (`range_id`) it was
 //! placed on: a node that restarted or was declared dead answers nothing for it.
@@ -23,6 +29,7 @@
 //! do not match makes its block a miss, and the block is removed (RemoveCache) so no later
 //! lookup returns it.
 
+mod caller_memory;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;
@@ -38,6 +45,7 @@ use std::time::Duration;
 use kvcm::proto::meta;
 use kvcm_data::{FileIo, FileIoConfig, IoPath, ReadOp, WriteOp};
 
+use self::caller_memory::CallerMemory;
 #[cfg(feature = "cuda")]
 pub use self::cuda::{cuda_present, CudaDevice};
 pub use self::device::{Device, DeviceRange, HostStaging};
@@ -52,7 +60,8 @@ pub struct TransferConfig {
     /// The wire to pool nodes: `Shm` on their host, `Tcp` anywhere, `Verbs` to nodes given
     /// an RDMA device.
     pub pool_wire: Wire,
-    /// Registered staging bytes per pool node link (TCP and verbs transfers go through it).
+    /// Registered staging bytes per pool node link (TCP and verbs transfers of buffers
+    /// outside registered memory go through it).
     pub staging_bytes: usize,
     /// How long a pool node may take to answer before its transfers fail.
     pub timeout: Duration,
@@ -82,10 +91,15 @@ impl Default for TransferConfig {
 pub enum TransferPath {
     /// A pool node over the soft provider's TCP wire (through the staging buffer).
     PoolSoftTcp,
+    /// A pool node over the soft provider's TCP wire, zero-copy from or into memory the
+    /// caller registered.
+    PoolSoftTcpZeroCopy,
     /// A pool node over shared memory (direct copies).
     PoolSoftShm,
     /// A pool node over RDMA verbs (through the staging buffer).
     PoolVerbs,
+    /// A pool node over RDMA verbs, zero-copy from or into memory the caller registered.
+    PoolVerbsZeroCopy,
     /// The file tier, by this I/O path.
     File(IoPath),
 }
@@ -94,8 +108,10 @@ impl std::fmt::Display for TransferPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TransferPath::PoolSoftTcp => f.write_str("pool over soft-tcp (staged)"),
+            TransferPath::PoolSoftTcpZeroCopy => f.write_str("pool over soft-tcp (zero-copy)"),
             TransferPath::PoolSoftShm => f.write_str("pool over soft-shm (direct)"),
             TransferPath::PoolVerbs => f.write_str("pool over verbs (staged)"),
+            TransferPath::PoolVerbsZeroCopy => f.write_str("pool over verbs (zero-copy)"),
             TransferPath::File(path) => write!(f, "file tier, {path}"),
         }
     }
@@ -262,6 +278,7 @@ pub struct TransferEngine {
     directory: Directory,
     links: HashMap<SocketAddr, PoolLink>,
     files: FileIo,
+    caller: CallerMemory,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -284,8 +301,39 @@ impl TransferEngine {
             files: FileIo::new(config.file_io.clone()),
             directory,
             links: HashMap::new(),
+            caller: CallerMemory::default(),
             config,
         })
+    }
+
+    /// Registers `len` bytes at `addr` (an engine's KV buffers, pinned host memory) for
+    /// zero-copy transfers: buffers of later puts and gets that lie inside it move between
+    /// the NIC and these bytes directly on soft-TCP and verbs (reported as
+    /// [`TransferPath::PoolSoftTcpZeroCopy`] / [`TransferPath::PoolVerbsZeroCopy`]); each
+    /// pool link registers the range with its domain on first use. Refused (nothing
+    /// changes) for a null address, zero length, or a range overlapping one registered.
+    ///
+    /// # Safety
+    /// The bytes stay allocated until [`TransferEngine::deregister_memory`] of `addr`
+    /// returns or the engine is dropped. (No transfer outlives the call that posted it.)
+    pub unsafe fn register_memory(&mut self, addr: *mut u8, len: usize) -> Result<(), ClientError> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.caller.add(addr, len) }.map_err(ClientError::InvalidArgument)
+    }
+
+    /// Forgets the range registered at `addr` (every link drops its registration); its
+    /// bytes may be freed once this returns. Refused when no range starts at `addr`.
+    pub fn deregister_memory(&mut self, addr: *const u8) -> Result<(), ClientError> {
+        let base = addr as u64;
+        if !self.caller.remove(base) {
+            return Err(ClientError::InvalidArgument(format!(
+                "no memory is registered at {addr:p}"
+            )));
+        }
+        for link in self.links.values_mut() {
+            link.forget(base);
+        }
+        Ok(())
     }
 
     /// The control-plane client (lookups, removals).
@@ -509,7 +557,6 @@ impl TransferEngine {
         for (i, outcome) in file_parts.iter().zip(self.files.write_blocks(&file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
-        let path = pool_path(self.config.pool_wire);
         for (endpoint, members) in groups {
             let link = self
                 .links
@@ -519,12 +566,18 @@ impl TransferEngine {
                 .iter()
                 .map(|&i| (offset_of(&parts[i].target), parts[i].buffer))
                 .collect();
-            let done = link.write(&ops);
-            for &i in &members {
-                results[i] = done.clone().map(|()| path);
-            }
+            let done = link.write(&ops, &self.caller);
+            record_pool(&members, done, self.config.pool_wire, &mut results);
         }
+        self.drop_broken_links();
         results
+    }
+
+    /// Tears down the links whose transfers failed or timed out, so that none of their
+    /// work requests outlives the call that posted them (cancel safety for the caller's
+    /// buffers).
+    fn drop_broken_links(&mut self) {
+        self.links.retain(|_, link| !link.is_broken());
     }
 
     /// Reads every part; one result per part.
@@ -554,7 +607,6 @@ impl TransferEngine {
         for (i, outcome) in file_parts.iter().zip(self.files.read_blocks(&mut file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
-        let path = pool_path(self.config.pool_wire);
         for (endpoint, members) in groups {
             let link = self
                 .links
@@ -564,11 +616,10 @@ impl TransferEngine {
                 .iter()
                 .filter_map(|i| pool_buffers.remove(i))
                 .collect();
-            let done = link.read(&mut ops);
-            for &i in &members {
-                results[i] = done.clone().map(|()| path);
-            }
+            let done = link.read(&mut ops, &self.caller);
+            record_pool(&members, done, self.config.pool_wire, &mut results);
         }
+        self.drop_broken_links();
         results
     }
 
@@ -660,11 +711,30 @@ fn not_attempted(count: usize) -> Vec<Result<TransferPath, String>> {
         .collect()
 }
 
-fn pool_path(wire: Wire) -> TransferPath {
-    match wire {
-        Wire::Tcp => TransferPath::PoolSoftTcp,
-        Wire::Shm => TransferPath::PoolSoftShm,
-        Wire::Verbs => TransferPath::PoolVerbs,
+/// The path of a pool transfer on `wire`, zero-copy or not.
+fn pool_path(wire: Wire, zero_copy: bool) -> TransferPath {
+    match (wire, zero_copy) {
+        (Wire::Tcp, false) => TransferPath::PoolSoftTcp,
+        (Wire::Tcp, true) => TransferPath::PoolSoftTcpZeroCopy,
+        (Wire::Shm, _) => TransferPath::PoolSoftShm,
+        (Wire::Verbs, false) => TransferPath::PoolVerbs,
+        (Wire::Verbs, true) => TransferPath::PoolVerbsZeroCopy,
+    }
+}
+
+/// Records a pool link's answer for the parts `members` (its operations, in order): each
+/// part's path, or the link's error for all.
+fn record_pool(
+    members: &[usize],
+    done: Result<Vec<bool>, String>,
+    wire: Wire,
+    results: &mut [Result<TransferPath, String>],
+) {
+    for (k, &i) in members.iter().enumerate() {
+        results[i] = match &done {
+            Ok(zero_copy) => Ok(pool_path(wire, zero_copy[k])),
+            Err(reason) => Err(reason.clone()),
+        };
     }
 }
 

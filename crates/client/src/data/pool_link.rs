@@ -2,13 +2,19 @@
 //! rkey, incarnation) on the chosen wire; transfers are batches of one-sided operations.
 //!
 //! On soft-shm, reads and writes are direct copies between the caller's buffers and the
-//! node's mapped region (checked like READ / WRITE, no staging). On soft-TCP and verbs the
-//! bytes go through a registered staging buffer in chunks; while the WRITEs of one half of it are in
-//! flight the next chunk is copied into the other half.
+//! node's mapped region (checked like READ / WRITE, no staging). On soft-TCP and verbs, a
+//! buffer inside memory the caller registered with the engine ([`CallerMemory`]) is moved
+//! zero-copy: the work request's scatter-gather element is the caller's bytes (registered
+//! with this link's domain on first use). Other buffers go through a registered staging
+//! buffer in chunks; while the WRITEs of one half of it are in flight the next chunk is
+//! copied into the other half.
 //!
 //! Invariants: an operation outside the region is refused before anything is posted (one
 //! bad URI never fails the queue pair for the others); a batch that fails marks the link
-//! broken, and a broken link is never used again.
+//! broken, and a broken link is never used again; the engine drops a broken link before
+//! its call returns, and dropping a link stops its transfers (the soft domain's NIC thread
+//! is joined, the verbs queue pair destroyed), so no transfer touches a caller's buffer
+//! after the call that posted it returned.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -20,9 +26,10 @@ use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
 use kvcm_transport::soft::SoftQp;
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
-    Region, RemoteAddr, SendOp, SendWr, WcStatus, WorkCompletion,
+    Region, RemoteAddr, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
 };
 
+use super::caller_memory::CallerMemory;
 use crate::Wire;
 
 /// A shared-memory link whose queue pair is not the soft provider's (never: `Wire::Shm`
@@ -32,18 +39,23 @@ const SHM_NOT_SOFT: &str = "a shared-memory pool link needs a soft queue pair";
 const POST_BATCH: usize = 256;
 /// Most work requests of one chunk: two chunks in flight stay within the queue depth.
 const CHUNK_REQUESTS: usize = 384;
+/// Most zero-copy work requests outstanding at once (within the queue depth).
+const MAX_OUTSTANDING: usize = 2 * CHUNK_REQUESTS;
 /// A connected queue pair to a pool node.
 pub(crate) struct PoolLink {
     qp: AnyQp,
     cq: AnyCq,
     staging: HostMemory,
     staging_region: AnyRegion,
+    /// The caller's registered memories, registered with this link's domain on first use,
+    /// by their address.
+    caller_regions: Vec<(u64, AnyRegion)>,
     /// The node's region on this wire.
     pub(crate) info: RegionInfo,
     wire: Wire,
     deadline: Duration,
     broken: bool,
-    _domain: AnyDomain,
+    domain: AnyDomain,
 }
 
 impl PoolLink {
@@ -56,7 +68,11 @@ impl PoolLink {
         staging: usize,
         timeout: Duration,
     ) -> Result<PoolLink, String> {
-        let domain = wire.open_domain(timeout).map_err(|e| e.to_string())?;
+        // The link's own deadline (`timeout`) decides when a transfer gives up (and the
+        // link is torn down); the transport's retry timeout is only a backstop behind it.
+        let domain = wire
+            .open_domain(timeout.saturating_mul(2))
+            .map_err(|e| e.to_string())?;
         let cq = domain.create_cq().map_err(|e| e.to_string())?;
         let qp = domain
             .create_qp(&cq, &cq, QpConfig::default())
@@ -91,11 +107,12 @@ impl PoolLink {
             cq,
             staging: staging_memory,
             staging_region,
+            caller_regions: Vec::new(),
             info: RegionInfo::decode(&info),
             wire,
             deadline: timeout,
             broken: false,
-            _domain: domain,
+            domain,
         })
     }
 
@@ -118,34 +135,123 @@ impl PoolLink {
         }
     }
 
-    /// Writes each `(offset, bytes)` into the region (all in bounds); on failure the link is
-    /// broken and none of them counts as written.
-    pub(crate) fn write(&mut self, ops: &[(u64, &[u8])]) -> Result<(), String> {
+    /// Writes each `(offset, bytes)` into the region (all in bounds); returns per operation
+    /// whether it went zero-copy from `caller` memory. On failure the link is broken and
+    /// none of them counts as written.
+    pub(crate) fn write(
+        &mut self,
+        ops: &[(u64, &[u8])],
+        caller: &CallerMemory,
+    ) -> Result<Vec<bool>, String> {
         let done = match (self.wire, self.qp.as_soft()) {
             (Wire::Shm, Some(qp)) => {
                 let writes: Vec<(RemoteAddr, &[u8])> = ops
                     .iter()
                     .map(|&(at, data)| (self.remote(at), data))
                     .collect();
-                qp.write_direct(&writes).map_err(|e| e.to_string())
+                let written = qp.write_direct(&writes).map_err(|e| e.to_string());
+                written.map(|()| vec![false; ops.len()])
             }
             (Wire::Shm, None) => Err(SHM_NOT_SOFT.to_string()),
-            (Wire::Tcp | Wire::Verbs, _) => self.write_staged(ops),
+            (Wire::Tcp | Wire::Verbs, _) => {
+                let places = ops
+                    .iter()
+                    .map(|(at, data)| (*at, data.as_ptr(), data.len()));
+                let (direct, staged) = self.split(places, caller);
+                let write = |remote| SendOp::Write { remote, imm: None };
+                self.post_all(&direct, write)
+                    .and_then(|()| {
+                        let rest: Vec<(u64, &[u8])> = staged.iter().map(|&i| ops[i]).collect();
+                        self.write_staged(&rest)
+                    })
+                    .map(|()| zero_copy_mask(ops.len(), &staged))
+            }
         };
         self.broken |= done.is_err();
         done
     }
 
-    /// Reads each `(offset, buffer)` from the region (all in bounds); on failure the link
-    /// is broken and no buffer is to be trusted.
-    pub(crate) fn read(&mut self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
+    /// Reads each `(offset, buffer)` from the region (all in bounds); returns per operation
+    /// whether it went zero-copy into `caller` memory. On failure the link is broken and no
+    /// buffer is to be trusted.
+    pub(crate) fn read(
+        &mut self,
+        ops: &mut [(u64, &mut [u8])],
+        caller: &CallerMemory,
+    ) -> Result<Vec<bool>, String> {
         let done = match (self.wire, self.qp.as_soft()) {
-            (Wire::Shm, Some(qp)) => self.read_direct(qp, ops),
+            (Wire::Shm, Some(qp)) => self.read_direct(qp, ops).map(|()| vec![false; ops.len()]),
             (Wire::Shm, None) => Err(SHM_NOT_SOFT.to_string()),
-            (Wire::Tcp | Wire::Verbs, _) => self.read_staged(ops),
+            (Wire::Tcp | Wire::Verbs, _) => {
+                let places = ops.iter().map(|(at, buf)| (*at, buf.as_ptr(), buf.len()));
+                let (direct, staged) = self.split(places, caller);
+                let count = ops.len();
+                self.post_all(&direct, SendOp::Read)
+                    .and_then(|()| {
+                        let mut rest: Vec<(u64, &mut [u8])> = ops
+                            .iter_mut()
+                            .enumerate()
+                            .filter(|(i, _)| staged.binary_search(i).is_ok())
+                            .map(|(_, (at, buf))| (*at, &mut **buf))
+                            .collect();
+                        self.read_staged(&mut rest)
+                    })
+                    .map(|()| zero_copy_mask(count, &staged))
+            }
         };
         self.broken |= done.is_err();
         done
+    }
+
+    /// Splits operations `(region offset, buffer address, length)` into work requests on
+    /// the caller's registered memory (region offset and element) and the indexes of the
+    /// rest, which are staged.
+    fn split(
+        &mut self,
+        places: impl IntoIterator<Item = (u64, *const u8, usize)>,
+        caller: &CallerMemory,
+    ) -> (Vec<(u64, Sge)>, Vec<usize>) {
+        let mut direct = Vec::new();
+        let mut staged = Vec::new();
+        for (i, (at, addr, len)) in places.into_iter().enumerate() {
+            match self.caller_sge(caller, addr as u64, len) {
+                Some(sge) => direct.push((at, sge)),
+                None => staged.push(i),
+            }
+        }
+        (direct, staged)
+    }
+
+    /// An element over `len` bytes at `addr` when they lie inside memory the caller
+    /// registered (registering that memory with this link's domain on first use); `None`
+    /// when they do not, or when this domain refuses the registration (the bytes are staged
+    /// then).
+    fn caller_sge(&mut self, caller: &CallerMemory, addr: u64, len: usize) -> Option<Sge> {
+        let len32 = u32::try_from(len).ok()?;
+        let memory = caller.containing(addr, len)?;
+        let base = memory.addr();
+        let index = match self.caller_regions.iter().position(|(at, _)| *at == base) {
+            Some(index) => index,
+            None => {
+                let region = self
+                    .domain
+                    .register(memory, 0, memory.len(), Access::LOCAL_WRITE)
+                    .ok()?;
+                self.caller_regions.push((base, region));
+                self.caller_regions.len() - 1
+            }
+        };
+        Some(
+            self.caller_regions[index]
+                .1
+                .sge((addr - base) as usize, len32),
+        )
+    }
+
+    /// Drops this link's registration of the caller's memory at `base` (no transfer is in
+    /// flight between engine calls).
+    pub(crate) fn forget(&mut self, base: u64) {
+        self.caller_regions.retain(|(at, _)| *at != base);
     }
 
     fn read_direct(&self, qp: &SoftQp, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
@@ -206,24 +312,54 @@ impl PoolLink {
         base: usize,
         op: impl Fn(RemoteAddr) -> SendOp,
     ) -> Result<usize, String> {
-        for batch in pieces.chunks(POST_BATCH) {
-            let sges: Vec<_> = batch
-                .iter()
-                .map(|(_, p)| self.staging_region.sge(base + p.staged_at, p.len as u32))
-                .collect();
-            let wrs: Vec<SendWr<'_>> = batch
-                .iter()
-                .zip(&sges)
-                .map(|((index, piece), sge)| SendWr {
-                    wr_id: *index as u64,
-                    op: op(self.remote(piece.remote_at)),
-                    sg_list: std::slice::from_ref(sge),
-                    signaled: true,
-                })
-                .collect();
-            self.qp.post_send(&wrs).map_err(|e| e.to_string())?;
+        let wrs: Vec<(u64, Sge)> = pieces
+            .iter()
+            .map(|(_, p)| {
+                let sge = self.staging_region.sge(base + p.staged_at, p.len as u32);
+                (p.remote_at, sge)
+            })
+            .collect();
+        for batch in wrs.chunks(POST_BATCH) {
+            self.post_batch(batch, &op)?;
         }
         Ok(pieces.len())
+    }
+
+    /// Posts one signaled work request per `(region offset, local element)`.
+    fn post_batch(
+        &self,
+        batch: &[(u64, Sge)],
+        op: impl Fn(RemoteAddr) -> SendOp,
+    ) -> Result<(), String> {
+        let wrs: Vec<SendWr<'_>> = batch
+            .iter()
+            .enumerate()
+            .map(|(index, (at, sge))| SendWr {
+                wr_id: index as u64,
+                op: op(self.remote(*at)),
+                sg_list: std::slice::from_ref(sge),
+                signaled: true,
+            })
+            .collect();
+        self.qp.post_send(&wrs).map_err(|e| e.to_string())
+    }
+
+    /// Posts every `(region offset, local element)` with at most [`MAX_OUTSTANDING`] in
+    /// flight, and waits for all of them.
+    fn post_all(
+        &self,
+        wrs: &[(u64, Sge)],
+        op: impl Fn(RemoteAddr) -> SendOp,
+    ) -> Result<(), String> {
+        let mut outstanding = 0;
+        for batch in wrs.chunks(POST_BATCH) {
+            let excess = (outstanding + batch.len()).saturating_sub(MAX_OUTSTANDING);
+            self.await_completions(excess)?;
+            outstanding -= excess;
+            self.post_batch(batch, &op)?;
+            outstanding += batch.len();
+        }
+        self.await_completions(outstanding)
     }
 
     /// Waits for `count` successful completions (busy polling, then blocking on the CQ).
@@ -251,6 +387,15 @@ impl PoolLink {
         }
         Ok(())
     }
+}
+
+/// Per operation of `count`: whether it went zero-copy (every one not in `staged`).
+fn zero_copy_mask(count: usize, staged: &[usize]) -> Vec<bool> {
+    let mut mask = vec![true; count];
+    for &i in staged {
+        mask[i] = false;
+    }
+    mask
 }
 
 /// One piece of an operation staged in one chunk.
