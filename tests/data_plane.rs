@@ -171,8 +171,9 @@ fn pool_used(runtime: &tokio::runtime::Runtime, server: &TestServer) -> u64 {
 
 /// On real verbs (a device named by `KVCM_VERBS_DEVICE`: `.ci/rxe-verbs` runs it on kernel
 /// soft-RoCE in a VM): a `kvcm pool` given the device serves its region there too, and an
-/// engine puts and gets blocks over verbs (lookups over verbs as well), byte-exact; the same
-/// blocks read back over soft-TCP. Skips loudly without a device or the `rdma` feature.
+/// engine puts and gets blocks over verbs (lookups over verbs as well), byte-exact, staged
+/// and zero-copy from registered memory; the same blocks read back over soft-TCP. Skips
+/// loudly without a device or the `rdma` feature.
 #[test]
 fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
     let Some((settings, node_args)) = on_verbs("the data plane on verbs") else {
@@ -217,6 +218,9 @@ fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
     let mut tcp = engine(&server, "on_pool", TransferConfig::default());
     let got = get_checked(&mut tcp, &keys);
     assert_eq!(hits(&got), keys.len());
+    // Zero-copy: the NIC moves blocks straight from and into memory the caller registered.
+    let more: Vec<i64> = (101..=116).collect();
+    round_trip_in_registered_memory(&mut on_verbs, &more, TransferPath::PoolVerbsZeroCopy);
 }
 
 #[test]
@@ -404,51 +408,30 @@ fn parts_in(memory: &mut [u8], first: usize, count: usize) -> Vec<Vec<&mut [u8]>
         .collect()
 }
 
-/// Blocks in memory registered with the engine move zero-copy over soft-TCP, both ways,
-/// byte-exact, and say so; buffers outside it are staged as before; after deregistration the
-/// same memory is staged again; bad registrations are refused with a reason.
-#[test]
-fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
-    let (_runtime, server, _node) = prepare(100, "80M");
-    let mut engine = engine(&server, "on_pool", TransferConfig::default());
-    const BLOCKS: usize = 32;
-    let mut memory = vec![0u8; 2 * BLOCKS * BLOCK_BYTES];
+/// Puts blocks `keys` from memory registered with `engine` and gets them back into it:
+/// every block must go by `path` and read back byte-exact; the memory is deregistered after.
+fn round_trip_in_registered_memory(engine: &mut TransferEngine, keys: &[i64], path: TransferPath) {
+    let count = keys.len();
+    let mut memory = vec![0u8; 2 * count * BLOCK_BYTES];
     let base = memory.as_mut_ptr();
-    // SAFETY: `memory` outlives the engine's use of it: it is deregistered below, before
-    // it drops, and never reallocated meanwhile.
+    // SAFETY: `memory` is deregistered below, before it drops, and never reallocated.
     unsafe { engine.register_memory(base, memory.len()) }.expect("register");
-    // SAFETY: refused (it overlaps the range registered above), so nothing is kept.
-    let refused = unsafe { engine.register_memory(base.wrapping_add(10), 10) };
-    assert!(
-        matches!(&refused, Err(kvcm_client::ClientError::InvalidArgument(m)) if m.contains("overlap")),
-        "{refused:?}"
-    );
-
-    let keys: Vec<i64> = (1..=BLOCKS as i64).collect();
-    for (block, parts) in parts_in(&mut memory, 0, BLOCKS).into_iter().enumerate() {
+    for (block, parts) in parts_in(&mut memory, 0, count).into_iter().enumerate() {
         for (spec, part) in parts.into_iter().enumerate() {
             part.copy_from_slice(&pattern(keys[block], spec));
         }
     }
-    let put = {
-        let blocks: Vec<Vec<&[u8]>> = parts_in(&mut memory, 0, BLOCKS)
-            .into_iter()
-            .map(|parts| parts.into_iter().map(|p| &*p).collect())
-            .collect();
-        engine.put_blocks(&keys, &blocks).expect("put")
-    };
-    assert_eq!(
-        written_by(&put),
-        [TransferPath::PoolSoftTcpZeroCopy; BLOCKS]
-    );
+    let blocks: Vec<Vec<&[u8]>> = memory[..count * BLOCK_BYTES]
+        .chunks(BLOCK_BYTES)
+        .map(|block| block.chunks(SPEC_BYTES).collect())
+        .collect();
+    let put = engine.put_blocks(keys, &blocks).expect("put");
+    assert_eq!(written_by(&put), vec![path; count]);
     let got = engine
-        .get_blocks(&keys, &mut parts_in(&mut memory, BLOCKS, BLOCKS))
+        .get_blocks(keys, &mut parts_in(&mut memory, count, count))
         .expect("get");
-    assert_eq!(
-        got,
-        vec![GetOutcome::Hit(TransferPath::PoolSoftTcpZeroCopy); BLOCKS]
-    );
-    for (block, parts) in parts_in(&mut memory, BLOCKS, BLOCKS).iter().enumerate() {
+    assert_eq!(got, vec![GetOutcome::Hit(path); count]);
+    for (block, parts) in parts_in(&mut memory, count, count).iter().enumerate() {
         for (spec, part) in parts.iter().enumerate() {
             assert!(
                 **part == pattern(keys[block], spec),
@@ -456,12 +439,34 @@ fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
             );
         }
     }
+    engine.deregister_memory(base).expect("deregister");
+}
+
+/// Blocks in memory registered with the engine move zero-copy over soft-TCP, both ways,
+/// byte-exact, and say so; buffers outside it are staged as before, and so is memory once
+/// deregistered; bad registrations are refused with a reason and change nothing.
+#[test]
+fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
+    let (_runtime, server, _node) = prepare(100, "80M");
+    let mut engine = engine(&server, "on_pool", TransferConfig::default());
+    let keys: Vec<i64> = (1..=32).collect();
+    round_trip_in_registered_memory(&mut engine, &keys, TransferPath::PoolSoftTcpZeroCopy);
     let staged = get_checked(&mut engine, &keys);
     assert_eq!(
         staged,
-        vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); BLOCKS]
+        vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); keys.len()]
     );
 
+    let mut memory = vec![0u8; keys.len() * BLOCK_BYTES];
+    let base = memory.as_mut_ptr();
+    // SAFETY: `memory` is deregistered below, before it drops, and never reallocated.
+    unsafe { engine.register_memory(base, memory.len()) }.expect("register");
+    // SAFETY: refused (it overlaps the range registered above), so nothing is kept.
+    let refused = unsafe { engine.register_memory(base.wrapping_add(10), 10) };
+    assert!(
+        matches!(&refused, Err(kvcm_client::ClientError::InvalidArgument(m)) if m.contains("overlap")),
+        "{refused:?}"
+    );
     engine.deregister_memory(base).expect("deregister");
     let again = engine.deregister_memory(base);
     assert!(
@@ -469,11 +474,11 @@ fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
         "{again:?}"
     );
     let got = engine
-        .get_blocks(&keys, &mut parts_in(&mut memory, BLOCKS, BLOCKS))
+        .get_blocks(&keys, &mut parts_in(&mut memory, 0, keys.len()))
         .expect("get after deregistration");
     assert_eq!(
         got,
-        vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); BLOCKS]
+        vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); keys.len()]
     );
 }
 
