@@ -6,7 +6,8 @@
 //! (`cargo bench -p kvcm-data`, sequential O_DIRECT pwrite / pread). Rows: the default
 //! (checksums on), `shm-nosum` (checksums off: their cost), `shm-staged` (blocks in "device"
 //! memory through the staging ring, HostStaging with two slots of a quarter batch: the
-//! ring's cost without a GPU).
+//! ring's cost without a GPU), `tcp-zc` / `tcp-zc-nosum` (the host buffers registered with
+//! the engine: zero-copy over soft-TCP, with and without checksums).
 //!
 //! `cargo bench --bench data_plane` (a real `kvcm serve --pool-size 1G` on free ports;
 //! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5). Figures include the control
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use kvcm_client::{
     ClientConfig, DeviceRange, DirectMode, FileIoConfig, GetOutcome, HostStaging, PutOutcome,
-    ServerAddress, TransferConfig, TransferEngine, Wire,
+    ServerAddress, TransferConfig, TransferEngine, TransferPath, Wire,
 };
 use kvcm_data::AlignedBuf;
 use serde_json::{json, Value};
@@ -136,15 +137,16 @@ fn engine(grpc: u16, http: u16, instance: String, wire: Wire, checksums: bool) -
 }
 
 /// Seconds of one put and one get of `BATCH` blocks (new keys each round, removed after):
-/// from and into the host buffers, or the device's memory through its staging ring.
+/// from and into the host buffers, or the device's memory through its staging ring; and
+/// the path every block took.
 fn put_get(
     engine: &mut TransferEngine,
     buffers: &mut [AlignedBuf],
     device: Option<&mut HostStaging>,
     first_key: i64,
-) -> (f64, f64) {
+) -> (f64, f64, TransferPath) {
     let keys: Vec<i64> = (first_key..first_key + BATCH as i64).collect();
-    let (put_seconds, get_seconds) = match device {
+    let (put_seconds, get_seconds, path) = match device {
         None => host_put_get(engine, buffers, &keys),
         Some(device) => staged_put_get(engine, device, &keys),
     };
@@ -155,27 +157,27 @@ fn put_get(
             ..Default::default()
         })
         .unwrap();
-    (put_seconds, get_seconds)
+    (put_seconds, get_seconds, path)
 }
 
-fn assert_all(put: &[PutOutcome], got: &[GetOutcome]) {
+/// Checks that every block was written and hit, by one path; returns it.
+fn assert_all(put: &[PutOutcome], got: &[GetOutcome]) -> TransferPath {
+    let PutOutcome::Written(path) = put[0] else {
+        panic!("{:?}", put[0]);
+    };
     assert!(
-        put.iter().all(|o| matches!(o, PutOutcome::Written(_))),
-        "{:?}",
-        put[0]
+        put.iter().all(|o| *o == PutOutcome::Written(path)),
+        "{put:?}"
     );
-    assert!(
-        got.iter().all(|o| matches!(o, GetOutcome::Hit(_))),
-        "{:?}",
-        got[0]
-    );
+    assert!(got.iter().all(|o| *o == GetOutcome::Hit(path)), "{got:?}");
+    path
 }
 
 fn staged_put_get(
     engine: &mut TransferEngine,
     device: &mut HostStaging,
     keys: &[i64],
-) -> (f64, f64) {
+) -> (f64, f64, TransferPath) {
     let size = device.memory().len() / BATCH;
     let ranges: Vec<Vec<DeviceRange>> = (0..BATCH)
         .map(|i| {
@@ -191,15 +193,14 @@ fn staged_put_get(
     let started = Instant::now();
     let got = engine.get_device_blocks(keys, &ranges, device).unwrap();
     let get_seconds = started.elapsed().as_secs_f64();
-    assert_all(&put, &got);
-    (put_seconds, get_seconds)
+    (put_seconds, get_seconds, assert_all(&put, &got))
 }
 
 fn host_put_get(
     engine: &mut TransferEngine,
     buffers: &mut [AlignedBuf],
     keys: &[i64],
-) -> (f64, f64) {
+) -> (f64, f64, TransferPath) {
     let blocks: Vec<Vec<&[u8]>> = buffers.iter().map(|b| vec![b.as_slice()]).collect();
     let started = Instant::now();
     let put = engine.put_blocks(keys, &blocks).unwrap();
@@ -209,8 +210,7 @@ fn host_put_get(
     let started = Instant::now();
     let got = engine.get_blocks(keys, &mut outs).unwrap();
     let get_seconds = started.elapsed().as_secs_f64();
-    assert_all(&put, &got);
-    (put_seconds, get_seconds)
+    (put_seconds, get_seconds, assert_all(&put, &got))
 }
 
 /// Seconds to memcpy `bytes` bytes (best of 3).
@@ -265,6 +265,10 @@ enum Case {
     NoChecksums,
     /// Through the staging ring.
     Staged,
+    /// Host buffers registered with the engine (zero-copy on TCP), checksums on.
+    Registered,
+    /// Host buffers registered with the engine, checksums off.
+    RegisteredNoChecksums,
 }
 
 fn gbps(bytes: usize, seconds: f64) -> f64 {
@@ -282,8 +286,8 @@ fn main() {
         "data plane, batches of {BATCH} blocks, best of {rounds} rounds (GB/s; ratio to the floor)"
     );
     println!(
-        "{:<8} {:<10} {:>9} {:>9} {:>9} {:>8} {:>8}",
-        "block", "path", "put", "get", "floor", "put/fl", "get/fl"
+        "{:<8} {:<12} {:>9} {:>9} {:>9} {:>8} {:>8}  path taken",
+        "block", "case", "put", "get", "floor", "put/fl", "get/fl"
     );
     let mut next_key = 1i64;
     for size in sizes {
@@ -296,26 +300,40 @@ fn main() {
         let mut device = HostStaging::new(bytes, 2, bytes / 4);
         device.memory().fill(7);
         let memcpy = memcpy_floor(bytes);
+        let tcp = tcp_floor(bytes);
         let cases = [
             ("pool-shm", "pool", Wire::Shm, memcpy, Case::Host),
             ("shm-nosum", "pool", Wire::Shm, memcpy, Case::NoChecksums),
             ("shm-staged", "pool", Wire::Shm, memcpy, Case::Staged),
-            ("pool-tcp", "pool", Wire::Tcp, tcp_floor(bytes), Case::Host),
+            ("pool-tcp", "pool", Wire::Tcp, tcp, Case::Host),
+            ("tcp-zc", "pool", Wire::Tcp, tcp, Case::Registered),
+            ("tcp-zc-nosum", "pool", Wire::Tcp, tcp, Case::RegisteredNoChecksums),
             ("file", "file", Wire::Tcp, f64::NAN, Case::Host),
         ];
         for (name, tier, wire, floor, case) in cases {
-            let checksums = !matches!(case, Case::NoChecksums);
+            let checksums = !matches!(case, Case::NoChecksums | Case::RegisteredNoChecksums);
             let mut engine = engine(grpc, http, instance(tier, size), wire, checksums);
+            if matches!(case, Case::Registered | Case::RegisteredNoChecksums) {
+                for buffer in &mut buffers {
+                    let bytes = buffer.as_mut_slice();
+                    // SAFETY: the buffers outlive the engine (dropped at the end of this
+                    // iteration) and are never reallocated.
+                    unsafe { engine.register_memory(bytes.as_mut_ptr(), bytes.len()) }.unwrap();
+                }
+            }
             let (mut put, mut get) = (f64::MAX, f64::MAX);
+            let mut path = None;
             for _ in 0..rounds {
                 let staged = matches!(case, Case::Staged).then_some(&mut device);
-                let (p, g) = put_get(&mut engine, &mut buffers, staged, next_key);
+                let (p, g, taken) = put_get(&mut engine, &mut buffers, staged, next_key);
                 next_key += BATCH as i64;
                 (put, get) = (put.min(p), get.min(g));
+                assert!(path.is_none_or(|known| known == taken), "the path changed");
+                path = Some(taken);
             }
             let floor_gbps = gbps(bytes, floor);
             println!(
-                "{:<8} {:<10} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2}",
+                "{:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2}  {}",
                 format!("{}K", size >> 10),
                 name,
                 gbps(bytes, put),
@@ -323,6 +341,7 @@ fn main() {
                 floor_gbps,
                 gbps(bytes, put) / floor_gbps,
                 gbps(bytes, get) / floor_gbps,
+                path.map_or("-".to_string(), |p| p.to_string()),
             );
         }
     }
