@@ -307,7 +307,13 @@ fn main() {
             ("shm-staged", "pool", Wire::Shm, memcpy, Case::Staged),
             ("pool-tcp", "pool", Wire::Tcp, tcp, Case::Host),
             ("tcp-zc", "pool", Wire::Tcp, tcp, Case::Registered),
-            ("tcp-zc-nosum", "pool", Wire::Tcp, tcp, Case::RegisteredNoChecksums),
+            (
+                "tcp-zc-nosum",
+                "pool",
+                Wire::Tcp,
+                tcp,
+                Case::RegisteredNoChecksums,
+            ),
             ("file", "file", Wire::Tcp, f64::NAN, Case::Host),
         ];
         for (name, tier, wire, floor, case) in cases {

@@ -1009,7 +1009,7 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
         }],
         instance_id: "on_pool".into(),
         wire: Some(wire),
-        api_key: Some(client_key),
+        api_key: Some(client_key.clone()),
         tls: None,
     };
     let config = TransferConfig {
@@ -1025,7 +1025,18 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
         assert!(matches!(outcome, GetOutcome::Hit(_)), "{outcome:?}");
     }
     // A queue pair opened with the client's ticket reads the region until the key is
-    // revoked; within a few heartbeats the node tears it down and refuses the ticket.
+    // revoked; within a few heartbeats the node tears it down and refuses the ticket. The
+    // ticket is listed afresh: on a slow machine (rxe under TCG) the node may have missed
+    // heartbeats and rejoined as a new incarnation meanwhile, which the old ticket does
+    // not open.
+    let (status, answer) = nodes(Some(&client_key));
+    assert_eq!(status, 200, "{answer}");
+    let live = answer["nodes"]
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["live"] == true).cloned())
+        .expect("the node is live");
+    let ticket: kvcm::pool::ticket::Ticket =
+        kvcm_manager::hex::decode(live["ticket"].as_str().expect("a ticket")).expect("ticket hex");
     let granted = hello(b"KVP2", Some(&ticket));
     let raw = RawPoolQp::open(&endpoint, &granted, wire).expect("the ticket opens a queue pair");
     assert!(raw.reads(), "a READ on a granted queue pair");
