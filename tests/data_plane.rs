@@ -408,6 +408,54 @@ fn parts_in(memory: &mut [u8], first: usize, count: usize) -> Vec<Vec<&mut [u8]>
         .collect()
 }
 
+/// A batch spread over two pool nodes (placement picks a node per block) moves to and
+/// from both at once, byte-exact, on both wires and zero-copy; each node holds a share.
+#[test]
+fn a_batch_spread_over_two_pool_nodes_round_trips_on_every_path() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (server, _nodes) = runtime.block_on(async {
+        let server = prepare_async(200, &[]).await;
+        let mut nodes = Vec::new();
+        for node in ["node-1", "node-2"] {
+            nodes.push(PoolProcess::start(&server, "pool_a", node, "32M").await);
+            live_range(&server, "pool_a", Some(node), 1).await;
+        }
+        (server, nodes)
+    });
+    let keys: Vec<i64> = (1..=200).collect();
+    for (wire, path, keys) in [
+        (Wire::Tcp, TransferPath::PoolSoftTcp, &keys[..80]),
+        (Wire::Shm, TransferPath::PoolSoftShm, &keys[80..160]),
+    ] {
+        let config = TransferConfig {
+            pool_wire: wire,
+            ..TransferConfig::default()
+        };
+        let mut engine = engine(&server, "on_pool", config);
+        assert_eq!(written_by(&put(&mut engine, keys)), vec![path; keys.len()]);
+        let got = get_checked(&mut engine, keys);
+        assert_eq!(got, vec![GetOutcome::Hit(path); keys.len()]);
+    }
+    let mut engine = engine(&server, "on_pool", TransferConfig::default());
+    round_trip_in_registered_memory(&mut engine, &keys[160..], TransferPath::PoolSoftTcpZeroCopy);
+    assert_eq!(
+        hits(&get_checked(&mut engine, &keys)),
+        keys.len(),
+        "all read back"
+    );
+    let used: Vec<u64> = runtime
+        .block_on(members(&server, "pool_a"))
+        .iter()
+        .map(|n| n["used"].as_u64().expect("used"))
+        .collect();
+    assert_eq!(used.len(), 2, "{used:?}");
+    assert!(
+        used.iter().all(|&u| u > 0),
+        "both nodes hold blocks: {used:?}"
+    );
+    assert_eq!(used.iter().sum::<u64>(), (keys.len() * BLOCK_BYTES) as u64);
+}
+
 /// Puts blocks `keys` from memory registered with `engine` and gets them back into it:
 /// every block must go by `path` and read back byte-exact; the memory is deregistered after.
 fn round_trip_in_registered_memory(engine: &mut TransferEngine, keys: &[i64], path: TransferPath) {

@@ -3,7 +3,8 @@
 //! and the file tier (`kvcm-data`: io_uring, O_DIRECT when aligned, psync fallback).
 //!
 //! - [`TransferEngine::put_blocks`]: StartWriteCache → every part of every new block
-//!   written (pool parts per node in batches, file parts in one batched call beside them)
+//!   written (file parts in one batched call; pool parts per node in batches, several
+//!   nodes at once, a thread each)
 //!   → FinishWriteCache with the blocks whose every part was written.
 //! - [`TransferEngine::get_blocks`]: one lookup (the fast path when up) → every part of
 //!   every hit read into the caller's buffers; a part that cannot be read makes its block a
@@ -557,17 +558,20 @@ impl TransferEngine {
         for (i, outcome) in file_parts.iter().zip(self.files.write_blocks(&file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
-        for (endpoint, members) in groups {
-            let link = self
-                .links
-                .get_mut(&endpoint)
-                .expect("connected by pool_groups");
-            let ops: Vec<(u64, &[u8])> = members
-                .iter()
-                .map(|&i| (offset_of(&parts[i].target), parts[i].buffer))
-                .collect();
-            let done = link.write(&ops, &self.caller);
-            record_pool(&members, done, self.config.pool_wire, &mut results);
+        let jobs: Vec<(SocketAddr, NodeOps<&[u8]>)> = groups
+            .iter()
+            .map(|(endpoint, members)| {
+                let ops = members
+                    .iter()
+                    .map(|&i| (offset_of(&parts[i].target), parts[i].buffer))
+                    .collect();
+                (*endpoint, ops)
+            })
+            .collect();
+        let caller = &self.caller;
+        let answers = across_links(&mut self.links, jobs, |link, ops| link.write(&ops, caller));
+        for ((_, members), done) in groups.iter().zip(answers) {
+            record_pool(members, done, self.config.pool_wire, &mut results);
         }
         self.drop_broken_links();
         results
@@ -607,17 +611,22 @@ impl TransferEngine {
         for (i, outcome) in file_parts.iter().zip(self.files.read_blocks(&mut file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
-        for (endpoint, members) in groups {
-            let link = self
-                .links
-                .get_mut(&endpoint)
-                .expect("connected by pool_groups");
-            let mut ops: Vec<(u64, &mut [u8])> = members
-                .iter()
-                .filter_map(|i| pool_buffers.remove(i))
-                .collect();
-            let done = link.read(&mut ops, &self.caller);
-            record_pool(&members, done, self.config.pool_wire, &mut results);
+        let jobs: Vec<(SocketAddr, NodeOps<&mut [u8]>)> = groups
+            .iter()
+            .map(|(endpoint, members)| {
+                let ops = members
+                    .iter()
+                    .filter_map(|i| pool_buffers.remove(i))
+                    .collect();
+                (*endpoint, ops)
+            })
+            .collect();
+        let caller = &self.caller;
+        let answers = across_links(&mut self.links, jobs, |link, mut ops| {
+            link.read(&mut ops, caller)
+        });
+        for ((_, members), done) in groups.iter().zip(answers) {
+            record_pool(members, done, self.config.pool_wire, &mut results);
         }
         self.drop_broken_links();
         results
@@ -709,6 +718,57 @@ fn not_attempted(count: usize) -> Vec<Result<TransferPath, String>> {
     (0..count)
         .map(|_| Err("not attempted".to_string()))
         .collect()
+}
+
+/// The operations of one pool node: a buffer per region offset.
+type NodeOps<B> = Vec<(u64, B)>;
+
+/// Runs `transfer` with each job's link (`jobs`: one per node endpoint, every endpoint a
+/// connected link) and returns the answers in job order. Several nodes are served at once,
+/// one thread each: a batch spread over N nodes waits for the slowest node, not for the
+/// sum of them.
+fn across_links<J: Send, R: Send>(
+    links: &mut HashMap<SocketAddr, PoolLink>,
+    jobs: Vec<(SocketAddr, J)>,
+    transfer: impl Fn(&mut PoolLink, J) -> R + Sync,
+) -> Vec<R> {
+    let mut jobs: Vec<Option<(SocketAddr, J)>> = jobs.into_iter().map(Some).collect();
+    let mut paired: Vec<(usize, &mut PoolLink, J)> = links
+        .iter_mut()
+        .filter_map(|(endpoint, link)| {
+            let index = jobs
+                .iter()
+                .position(|job| job.as_ref().is_some_and(|(at, _)| at == endpoint))?;
+            let (_, job) = jobs[index].take()?;
+            Some((index, link, job))
+        })
+        .collect();
+    assert!(
+        jobs.iter().all(Option::is_none),
+        "every job's link is connected (pool_groups)"
+    );
+    paired.sort_by_key(|(index, ..)| *index);
+    if paired.len() < 2 {
+        return paired
+            .into_iter()
+            .map(|(_, link, job)| transfer(link, job))
+            .collect();
+    }
+    let transfer = &transfer;
+    std::thread::scope(|scope| {
+        let running: Vec<_> = paired
+            .into_iter()
+            .map(|(_, link, job)| scope.spawn(move || transfer(link, job)))
+            .collect();
+        running
+            .into_iter()
+            .map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }
 
 /// The path of a pool transfer on `wire`, zero-copy or not.
