@@ -189,17 +189,25 @@ struct PutSession {
 }
 
 impl PutSession {
-    /// Takes in the results of written parts.
-    fn record(&mut self, parts: &[Part<&[u8]>], results: Vec<Result<TransferPath, String>>) {
+    /// Takes in the results of written parts, with the checksums of all `parts` when they
+    /// were computed beside the writes (else those of the written ones are computed here).
+    fn record(
+        &mut self,
+        parts: &[Part<&[u8]>],
+        results: Vec<Result<TransferPath, String>>,
+        sums: Option<Vec<u64>>,
+    ) {
         if self.with_checksums {
-            let written: Vec<&Part<&[u8]>> = parts
-                .iter()
-                .zip(&results)
-                .filter(|(_, result)| result.is_ok())
-                .map(|(part, _)| part)
-                .collect();
-            let buffers: Vec<&[u8]> = written.iter().map(|part| part.buffer).collect();
-            for (part, sum) in written.iter().zip(checksums_of(&buffers)) {
+            let written: Vec<usize> = (0..parts.len()).filter(|&i| results[i].is_ok()).collect();
+            let written_sums = match sums {
+                Some(all) => written.iter().map(|&i| all[i]).collect(),
+                None => {
+                    let buffers: Vec<&[u8]> = written.iter().map(|&i| parts[i].buffer).collect();
+                    checksums_of(&buffers)
+                }
+            };
+            for (&i, sum) in written.iter().zip(written_sums) {
+                let part = &parts[i];
                 let sums = &mut self.checksums[part.block];
                 sums.resize(sums.len().max(part.spec + 1), 0);
                 sums[part.spec] = sum;
@@ -372,9 +380,30 @@ impl TransferEngine {
             .iter()
             .map(|planned| planned.with(blocks[planned.block][planned.spec]))
             .collect();
-        let results = self.write_parts(&parts);
-        put.record(&parts, results);
+        self.write_recorded(&mut put, &parts);
         self.finish_put(put)
+    }
+
+    /// Writes `parts` and records the results in `put`. With checksums on, a batch of at
+    /// least [`PARALLEL_HASH_BYTES`] is hashed on other threads while it is written (both
+    /// only read the caller's bytes), so the hash pass costs no time of its own where a
+    /// core is free.
+    fn write_recorded(&mut self, put: &mut PutSession, parts: &[Part<&[u8]>]) {
+        let buffers: Vec<&[u8]> = parts.iter().map(|part| part.buffer).collect();
+        let total: usize = buffers.iter().map(|b| b.len()).sum();
+        if !put.with_checksums || total < PARALLEL_HASH_BYTES {
+            let results = self.write_parts(parts);
+            return put.record(parts, results, None);
+        }
+        let (results, sums) = std::thread::scope(|scope| {
+            let hashing = scope.spawn(|| checksums_of(&buffers));
+            let results = self.write_parts(parts);
+            let sums = hashing
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (results, sums)
+        });
+        put.record(parts, results, Some(sums));
     }
 
     /// StartWriteCache for `keys` (`sizes[i]`: the bytes of each part of block `i`) and the

@@ -46,8 +46,7 @@ impl TransferEngine {
                 match device.slot((i - 1) % slots) {
                     Ok(bytes) => {
                         let parts = views(&put.planned, previous, bytes);
-                        let results = self.write_parts(&parts);
-                        put.record(&parts, results);
+                        self.write_recorded(&mut put, &parts);
                     }
                     Err(error) => broken = Some(error.to_string()),
                 }
