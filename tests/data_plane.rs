@@ -662,7 +662,7 @@ fn a_flipped_byte_in_a_file_block_is_a_miss_and_the_block_is_removed() {
 
 #[test]
 fn a_torn_pool_block_is_a_miss_and_the_block_is_removed() {
-    let (runtime, server, _node) = prepare(200, "8M");
+    let (runtime, server, _node) = prepare(200, "64M");
     // A writer commits a block whose bytes it never wrote (as after a torn write), with the
     // checksums of the bytes it meant to write.
     let checksums: Vec<u64> = (0..SPECS)
@@ -703,19 +703,28 @@ fn a_torn_pool_block_is_a_miss_and_the_block_is_removed() {
     });
     let located = grpc_lookup(&runtime, &server, "on_pool", &[7]);
     assert!(is_hit(&located[0]), "committed: {located:?}");
+    // Among 400 good blocks (25 MiB: the get reads and verifies it in waves), the torn one
+    // alone is a miss.
+    let good: Vec<i64> = (1000..1400).collect();
+    let mut keys = good.clone();
+    keys.insert(200, 7);
     for wire in [Wire::Tcp, Wire::Shm] {
         let config = TransferConfig {
             pool_wire: wire,
             ..TransferConfig::default()
         };
         let mut engine = engine(&server, "on_pool", config);
-        let got = get_checked(&mut engine, &[7]);
         if wire == Wire::Tcp {
+            put(&mut engine, &good);
+            let got = get_checked(&mut engine, &keys);
             assert!(
-                miss_reason(&got[0]).contains("do not match their checksum"),
-                "{got:?}"
+                miss_reason(&got[200]).contains("do not match their checksum"),
+                "{:?}",
+                got[200]
             );
+            assert_eq!(hits(&got), good.len(), "every good block is a hit");
         } else {
+            let got = get_checked(&mut engine, &[7]);
             assert_eq!(got, vec![GetOutcome::Miss(None)], "already removed");
         }
     }

@@ -236,7 +236,18 @@ impl GetSession {
         parts: &[Part<&mut [u8]>],
         mut results: Vec<Result<TransferPath, String>>,
     ) {
-        self.corrupt.extend(verify(parts, &mut results));
+        let corrupt = verify(parts, &mut results);
+        self.take(parts, results, corrupt);
+    }
+
+    /// Takes in the results of read parts already verified, and the blocks found corrupt.
+    fn take(
+        &mut self,
+        parts: &[Part<&mut [u8]>],
+        results: Vec<Result<TransferPath, String>>,
+        corrupt: Vec<usize>,
+    ) {
+        self.corrupt.extend(corrupt);
         let failed = &mut self.failed;
         collect(parts, results, &mut self.read, |block, reason| {
             failed[block] = Some(reason)
@@ -251,6 +262,32 @@ fn checksum_of(bytes: &[u8]) -> u64 {
 
 /// Bytes from which checksums are computed on several threads.
 const PARALLEL_HASH_BYTES: usize = 4 << 20;
+/// Least bytes of one wave of a get whose parts are verified while the next wave is read.
+const VERIFY_WAVE_BYTES: usize = 8 << 20;
+/// Most waves of one get.
+const MAX_WAVES: usize = 4;
+
+/// The lengths (in parts) of the waves a get reads `parts` in: whole blocks (parts are
+/// ordered by block), at least [`VERIFY_WAVE_BYTES`] each, at most [`MAX_WAVES`]; one wave
+/// when no part has a checksum to verify.
+fn waves<B: AsRef<[u8]>>(parts: &[Part<B>]) -> Vec<usize> {
+    let total: usize = parts.iter().map(|p| p.buffer.as_ref().len()).sum();
+    if parts.iter().all(|p| p.checksum.is_none()) || total < 2 * VERIFY_WAVE_BYTES {
+        return vec![parts.len()];
+    }
+    let target = (total / MAX_WAVES).max(VERIFY_WAVE_BYTES);
+    let mut waves = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, part) in parts.iter().enumerate() {
+        bytes += part.buffer.as_ref().len();
+        let block_ends = parts.get(i + 1).is_none_or(|next| next.block != part.block);
+        if block_ends && (bytes >= target || i + 1 == parts.len()) {
+            waves.push(i + 1 - start);
+            (start, bytes) = (i + 1, 0);
+        }
+    }
+    waves
+}
 /// Most threads hashing at once.
 const HASH_THREADS: usize = 4;
 
@@ -506,9 +543,44 @@ impl TransferEngine {
                 parts.push(planned.with(buffer));
             }
         }
-        let results = self.read_parts(&mut parts);
-        get.record(&parts, results);
+        self.read_recorded(&mut get, &mut parts);
         Ok(self.finish_get(keys, get))
+    }
+
+    /// Reads `parts` and records the verified results in `get`. A batch of at least two
+    /// [`VERIFY_WAVE_BYTES`] is read in waves of whole blocks, each verified on other
+    /// threads while the next one is read, so the hash pass overlaps the transfers.
+    fn read_recorded(&mut self, get: &mut GetSession, parts: &mut [Part<&mut [u8]>]) {
+        let waves = waves(parts);
+        if waves.len() < 2 {
+            let results = self.read_parts(parts);
+            return get.record(parts, results);
+        }
+        let verified = std::thread::scope(|scope| {
+            let mut verifying = Vec::with_capacity(waves.len());
+            let mut rest = &mut *parts;
+            for wave_len in waves {
+                let (wave, after) = rest.split_at_mut(wave_len);
+                rest = after;
+                let mut results = self.read_parts(wave);
+                let wave = &*wave;
+                verifying.push(scope.spawn(move || {
+                    let corrupt = verify(wave, &mut results);
+                    (wave, results, corrupt)
+                }));
+            }
+            verifying
+                .into_iter()
+                .map(|thread| {
+                    thread
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect::<Vec<_>>()
+        });
+        for (wave, results, corrupt) in verified {
+            get.take(wave, results, corrupt);
+        }
     }
 
     /// The lookup of `keys` (`sizes[i]`: the bytes of each part of block `i`) and the plan
@@ -958,6 +1030,41 @@ fn verify(parts: &[Part<&mut [u8]>], results: &mut [Result<TransferPath, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Parts of `blocks` (bytes per part, parts per block), with checksums or not.
+    fn parts_of(blocks: &[(usize, usize)], checksum: Option<u64>) -> Vec<Part<Vec<u8>>> {
+        let mut parts = Vec::new();
+        for (block, &(bytes, count)) in blocks.iter().enumerate() {
+            for spec in 0..count {
+                parts.push(Part {
+                    block,
+                    spec,
+                    target: Target::File {
+                        path: "f".into(),
+                        offset: 0,
+                    },
+                    buffer: vec![0u8; bytes],
+                    checksum,
+                });
+            }
+        }
+        parts
+    }
+
+    #[test]
+    fn waves_hold_whole_blocks_of_at_least_the_wave_size_and_at_most_four() {
+        const MIB: usize = 1 << 20;
+        // 64 blocks of 4 parts of 1 MiB (256 MiB): 4 waves of 16 blocks (64 parts).
+        assert_eq!(waves(&parts_of(&[(MIB, 4); 64], Some(1))), [64; 4]);
+        // 9 blocks of one 3 MiB part: waves of at least 8 MiB end at block ends.
+        assert_eq!(waves(&parts_of(&[(3 * MIB, 1); 9], Some(1))), [3, 3, 3]);
+        // Blocks of 2 parts of 5 MiB: a wave never splits a block.
+        assert_eq!(waves(&parts_of(&[(5 * MIB, 2); 3], Some(1))), [2, 2, 2]);
+        // Under two waves' bytes, or nothing to verify: one wave.
+        assert_eq!(waves(&parts_of(&[(MIB, 4); 3], Some(1))), [12]);
+        assert_eq!(waves(&parts_of(&[(MIB, 4); 64], None)), [256]);
+        assert_eq!(waves::<Vec<u8>>(&[]), [0]);
+    }
 
     #[test]
     fn checksums_on_several_threads_equal_the_serial_ones_in_order() {
