@@ -24,13 +24,18 @@
 //! * Every operation is O(log n) in the number of spans, runs and free runs: owners are
 //!   found by slab index in a `BTreeMap`, free slots by a per-span stack, open spans by a
 //!   per-class ordered set, free runs by start and by length.
+//! * An allocator can start over a region that already holds parts placed by an earlier
+//!   process ([`PoolAllocator::with_adopted`]: a restarted manager whose pool node kept its
+//!   memory): the slabs those parts touch become adopted runs, which hold exactly those parts
+//!   (nothing new is placed there) and go back to the free slab pool when their last part is
+//!   freed.
 //!
 //! # Invariants
 //!
 //! * Live allocations never overlap and lie inside `0..capacity`; every offset is a multiple
 //!   of `GRANULE`, and so is every reserved size.
-//! * Every slab is in exactly one of: a free run, a class span, a whole-slab run; hence
-//!   `reserved + class_free + free == capacity` (see [`AllocatorStats`]).
+//! * Every slab is in exactly one of: a free run, a class span, a whole-slab run, an
+//!   adopted run; hence `reserved + class_free + free == capacity` (see [`AllocatorStats`]).
 //! * `used_bytes` is the exact sum of the requested sizes of live allocations, and
 //!   `reserved_bytes` the sum of their slot or run sizes.
 //! * A failed operation changes nothing.
@@ -48,6 +53,7 @@
 //! tighter); stranded bytes over free bytes is reported too. Figures and the command that
 //! runs the 10^6-operation version are in `docs/pool-allocator.md`.
 
+mod adopted;
 mod size_class;
 mod slab_pool;
 mod span;
@@ -56,6 +62,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use adopted::{adopted_runs, AdoptedRun};
 use size_class::{preferred_span_slabs, size_class_for, SizeClass, CLASS_COUNT};
 use slab_pool::{SlabGeometry, SlabPool, SlabRun};
 use span::Span;
@@ -85,6 +92,16 @@ pub enum AllocError {
     Full {
         /// Bytes requested.
         size: u64,
+    },
+    /// Parts to adopt that overlap, are empty, unaligned or outside the region.
+    #[error("cannot adopt {size} bytes at offset {offset}: {reason}")]
+    BadAdoption {
+        /// Offset of the refused part.
+        offset: u64,
+        /// Its size.
+        size: u64,
+        /// Why.
+        reason: &'static str,
     },
     /// No live allocation starts at this offset (never allocated, or already freed).
     #[error("no live allocation at offset {offset}")]
@@ -144,6 +161,8 @@ enum Owner {
     Span(Span),
     /// One allocation of whole slabs.
     Whole(WholeRun),
+    /// Parts placed by an earlier process.
+    Adopted(AdoptedRun),
 }
 
 /// Places allocations in a region of `capacity` bytes. Single-threaded (`&mut self`); a
@@ -160,6 +179,8 @@ pub struct PoolAllocator {
     used_bytes: u64,
     slot_reserved_bytes: u64,
     whole_reserved_bytes: u64,
+    /// Bytes of the adopted runs (reserved whole until their last part is freed).
+    adopted_reserved_bytes: u64,
     span_bytes: u64,
     live_allocations: usize,
     class_spans: usize,
@@ -182,11 +203,31 @@ impl PoolAllocator {
             used_bytes: 0,
             slot_reserved_bytes: 0,
             whole_reserved_bytes: 0,
+            adopted_reserved_bytes: 0,
             span_bytes: 0,
             live_allocations: 0,
             class_spans: 0,
             whole_slab_runs: 0,
         })
+    }
+
+    /// An allocator for a region of `capacity` bytes that already holds `parts` (offset,
+    /// requested size), placed by an earlier process: they count as live allocations (one
+    /// `free` each), the slabs they touch hold nothing else until all their parts are freed.
+    /// Refuses parts that are empty, not granule-aligned, outside the region or
+    /// overlapping; nothing is built then.
+    pub fn with_adopted(capacity: u64, parts: &[(u64, u64)]) -> Result<Self, AllocError> {
+        let mut pool = Self::new(capacity)?;
+        for run in adopted_runs(pool.capacity(), parts)? {
+            let taken = pool.slab_pool.take_exact(run.run);
+            debug_assert!(taken, "adopted runs are disjoint and inside the region");
+            pool.used_bytes += run.used_bytes();
+            pool.live_allocations += run.part_count();
+            let run_bytes = pool.slab_pool.geometry().run_bytes(run.run);
+            pool.adopted_reserved_bytes += run_bytes;
+            pool.owners.insert(run.run.start, Owner::Adopted(run));
+        }
+        Ok(pool)
     }
 
     /// Places `size` bytes; returns the offset of `[offset, offset + size)`, which lies
@@ -219,6 +260,7 @@ impl PoolAllocator {
         let released = owner_start.and_then(|start| match self.owners.get(&start) {
             Some(Owner::Span(_)) => self.free_slot(start, offset),
             Some(Owner::Whole(_)) => self.free_whole_run(start, offset),
+            Some(Owner::Adopted(_)) => self.free_adopted(start, offset),
             None => None,
         });
         let requested = released.ok_or(AllocError::UnknownAllocation { offset })?;
@@ -237,9 +279,10 @@ impl PoolAllocator {
         self.used_bytes
     }
 
-    /// Bytes held by live allocations after rounding to their class or slab run.
+    /// Bytes held by live allocations after rounding to their class or slab run (adopted
+    /// runs count whole).
     pub fn reserved_bytes(&self) -> u64 {
-        self.slot_reserved_bytes + self.whole_reserved_bytes
+        self.slot_reserved_bytes + self.whole_reserved_bytes + self.adopted_reserved_bytes
     }
 
     /// Number of live allocations.
@@ -372,6 +415,22 @@ impl PoolAllocator {
             self.spans_per_class[span.class.index] -= 1;
             self.slab_pool.give_back(span.run);
         }
+    }
+
+    /// Frees the adopted part at `offset` of the adopted run starting at slab `start`; gives
+    /// the run back to the slab pool when it holds no part any more.
+    fn free_adopted(&mut self, start: u64, offset: u64) -> Option<u64> {
+        let Some(Owner::Adopted(run)) = self.owners.get_mut(&start) else {
+            return None;
+        };
+        let requested = run.release(offset)?;
+        if run.part_count() == 0 {
+            let slabs = run.run;
+            self.owners.remove(&start);
+            self.adopted_reserved_bytes -= self.slab_pool.geometry().run_bytes(slabs);
+            self.slab_pool.give_back(slabs);
+        }
+        Some(requested)
     }
 
     /// Frees the whole-slab run starting at slab `start` if `offset` is its first byte.

@@ -113,6 +113,33 @@ impl SlabPool {
         })
     }
 
+    /// Takes exactly the slabs of `run` out of the free run holding them all; false (nothing
+    /// taken) when no free run does.
+    pub fn take_exact(&mut self, run: SlabRun) -> bool {
+        let holder = self.by_start.range(..=run.start).next_back();
+        let Some((&start, &slabs)) = holder else {
+            return false;
+        };
+        if start + slabs < run.start + run.slabs {
+            return false;
+        }
+        self.remove(SlabRun { start, slabs });
+        if start < run.start {
+            self.insert(SlabRun {
+                start,
+                slabs: run.start - start,
+            });
+        }
+        let end = run.start + run.slabs;
+        if end < start + slabs {
+            self.insert(SlabRun {
+                start: end,
+                slabs: start + slabs - end,
+            });
+        }
+        true
+    }
+
     /// Returns a run to the pool, merged with the free runs just before and after it.
     pub fn give_back(&mut self, run: SlabRun) {
         let mut merged = run;

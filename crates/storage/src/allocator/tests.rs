@@ -437,6 +437,115 @@ proptest! {
     }
 }
 
+// ---- adopting an earlier process's parts ----
+
+#[test]
+fn adopted_parts_are_live_until_freed_and_their_slabs_hold_nothing_else() {
+    let capacity = 16 * MIB;
+    // Two parts in slab 0, one straddling slabs 2 and 3, one whole-slab part at slab 5.
+    let parts = [
+        (0, 16 * KIB),
+        (64 * KIB, 1000),
+        (4 * MIB - 512, 4 * KIB),
+        (10 * MIB, 2 * MIB),
+    ];
+    let mut pool = PoolAllocator::with_adopted(capacity, &parts).expect("adopt");
+    let stats = pool.stats();
+    assert_accounting_adds_up(&stats);
+    assert_eq!(stats.live_allocations, 4);
+    assert_eq!(stats.used_bytes, parts.iter().map(|p| p.1).sum::<u64>());
+    assert_eq!(stats.reserved_bytes, 4 * SLAB_BYTES, "slabs 0, 1-2 and 5");
+    // New parts never land on an adopted slab.
+    let mut placed = Vec::new();
+    while let Ok(offset) = pool.allocate(64 * KIB) {
+        let slab = offset / SLAB_BYTES;
+        assert!(
+            ![0, 1, 2, 5].contains(&slab),
+            "placed at {offset} in an adopted slab"
+        );
+        placed.push(offset);
+    }
+    assert_eq!(
+        placed.len() as u64,
+        4 * SLAB_BYTES / (64 * KIB),
+        "the 4 other slabs fill"
+    );
+    // Bogus frees inside an adopted run change nothing; real ones release the slabs.
+    let before = pool.stats();
+    assert_eq!(
+        pool.free(512),
+        Err(AllocError::UnknownAllocation { offset: 512 })
+    );
+    assert_eq!(pool.stats(), before);
+    assert_eq!(pool.free(0), Ok(16 * KIB));
+    assert_eq!(pool.free(64 * KIB), Ok(1000));
+    assert_eq!(
+        pool.free(0),
+        Err(AllocError::UnknownAllocation { offset: 0 })
+    );
+    let slab_zero = pool.allocate(64 * KIB).expect("slab 0 is free again");
+    assert_eq!(slab_zero / SLAB_BYTES, 0);
+    pool.free(slab_zero).unwrap();
+    for offset in placed {
+        pool.free(offset).unwrap();
+    }
+    assert_eq!(pool.free(4 * MIB - 512), Ok(4 * KIB));
+    assert_eq!(pool.free(10 * MIB), Ok(2 * MIB));
+    assert_empty(&pool);
+}
+
+#[test]
+fn bad_adoptions_are_refused() {
+    let refused =
+        |parts: &[(u64, u64)], why: &str| match PoolAllocator::with_adopted(8 * MIB, parts) {
+            Err(AllocError::BadAdoption { reason, .. }) => assert_eq!(reason, why),
+            other => panic!("{parts:?}: {other:?}"),
+        };
+    refused(&[(0, 0)], "empty");
+    refused(&[(100, 8)], "not granule-aligned");
+    refused(&[(8 * MIB - 512, 1024)], "outside the region");
+    refused(&[(u64::MAX - 511, 1024)], "outside the region");
+    refused(&[(0, 4096), (3584, 512)], "overlaps another part");
+    let empty = PoolAllocator::with_adopted(8 * MIB, &[]).expect("nothing to adopt");
+    assert_empty(&empty);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    /// The live parts of one allocator, adopted by a fresh one, behave as if never moved:
+    /// further random operations match the model, and freeing everything empties it.
+    #[test]
+    fn adopted_parts_and_new_operations_match_the_model(
+        capacity in region_capacity(),
+        before in prop::collection::vec(op(), 1..200),
+        after in prop::collection::vec(op(), 1..200),
+    ) {
+        let mut earlier = allocator(capacity);
+        let mut model = Model::default();
+        for op in &before {
+            apply(&mut earlier, &mut model, op);
+        }
+        let parts: Vec<(u64, u64)> = model.live.iter().map(|(&o, &s)| (o, s)).collect();
+        let mut pool = PoolAllocator::with_adopted(capacity, &parts).expect("adopt");
+        prop_assert_eq!(pool.used_bytes(), earlier.used_bytes());
+        model.freed.clear();
+        for op in &after {
+            apply(&mut pool, &mut model, op);
+            let stats = pool.stats();
+            assert_accounting_adds_up(&stats);
+            prop_assert_eq!(stats.used_bytes, model.live.values().sum::<u64>());
+            prop_assert_eq!(stats.live_allocations, model.live.len());
+        }
+        let offsets: Vec<u64> = model.live.keys().copied().collect();
+        for offset in offsets {
+            let size = model.live.remove(&offset).unwrap();
+            prop_assert_eq!(pool.free(offset), Ok(size));
+        }
+        assert_empty(&pool);
+    }
+}
+
 // ---- fragmentation under a mixed KV workload ----
 
 /// SplitMix64: a small deterministic generator, enough for workload draws.

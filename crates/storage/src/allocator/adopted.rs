@@ -1,0 +1,84 @@
+//! Adopted runs: slabs holding parts that an earlier process placed (a restarted manager
+//! whose pool node kept its memory). A run holds exactly its adopted parts: no new part is
+//! placed in it, and it goes back to the free slab pool when its last part is freed.
+//!
+//! Invariants: the parts of a run lie inside its slabs and never overlap; runs never share
+//! a slab (parts touching a common slab belong to one run).
+
+use std::collections::BTreeMap;
+
+use super::slab_pool::SlabRun;
+use super::{AllocError, GRANULE, SLAB_BYTES};
+
+/// A run of slabs and the adopted parts in it.
+#[derive(Debug)]
+pub(super) struct AdoptedRun {
+    /// The slabs.
+    pub run: SlabRun,
+    /// Live parts: offset → requested size.
+    parts: BTreeMap<u64, u64>,
+}
+
+impl AdoptedRun {
+    /// Number of live parts.
+    pub fn part_count(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Sum of the live parts' requested sizes.
+    pub fn used_bytes(&self) -> u64 {
+        self.parts.values().sum()
+    }
+
+    /// Forgets the part at `offset`; returns its requested size (`None`: no part there).
+    pub fn release(&mut self, offset: u64) -> Option<u64> {
+        self.parts.remove(&offset)
+    }
+}
+
+/// Groups `parts` (offset, requested size) of a region of `capacity` bytes into adopted
+/// runs, lowest first; refuses parts that are empty, unaligned, outside the region or
+/// overlapping.
+pub(super) fn adopted_runs(
+    capacity: u64,
+    parts: &[(u64, u64)],
+) -> Result<Vec<AdoptedRun>, AllocError> {
+    let mut sorted = parts.to_vec();
+    sorted.sort_unstable();
+    let mut runs: Vec<AdoptedRun> = Vec::new();
+    let mut end_of_last = 0;
+    for &(offset, size) in &sorted {
+        let refuse = |reason| AllocError::BadAdoption {
+            offset,
+            size,
+            reason,
+        };
+        let end = offset.checked_add(size).filter(|&end| end <= capacity);
+        let end = end.ok_or_else(|| refuse("outside the region"))?;
+        if size == 0 {
+            return Err(refuse("empty"));
+        }
+        if offset % GRANULE != 0 {
+            return Err(refuse("not granule-aligned"));
+        }
+        if offset < end_of_last {
+            return Err(refuse("overlaps another part"));
+        }
+        end_of_last = end;
+        let (first, last) = (offset / SLAB_BYTES, (end - 1) / SLAB_BYTES);
+        match runs.last_mut() {
+            Some(run) if first < run.run.start + run.run.slabs => {
+                run.run.slabs = run.run.slabs.max(last + 1 - run.run.start);
+                run.parts.insert(offset, size);
+            }
+            _ => runs.push(AdoptedRun {
+                run: SlabRun {
+                    start: first,
+                    slabs: last + 1 - first,
+                },
+                parts: BTreeMap::from([(offset, size)]),
+            }),
+        }
+    }
+    Ok(runs)
+}
