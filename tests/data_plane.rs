@@ -408,6 +408,52 @@ fn parts_in(memory: &mut [u8], first: usize, count: usize) -> Vec<Vec<&mut [u8]>
         .collect()
 }
 
+/// A server SIGKILLed and restarted on its data directory finds again the blocks of a pool
+/// node that kept running: the node resumes its incarnation (same range id), the blocks
+/// read back byte-exact, usage is exact, and new blocks go around them.
+#[test]
+fn pool_blocks_survive_a_server_restart_when_their_node_resumes() {
+    let (runtime, server, _node) = prepare(200, "32M");
+    let range = runtime.block_on(live_range(&server, "pool_a", Some("node-1"), 1));
+    let keys: Vec<i64> = (1..=40).collect();
+    let mut before = engine(&server, "on_pool", TransferConfig::default());
+    assert_eq!(
+        written_by(&put(&mut before, &keys)),
+        vec![TransferPath::PoolSoftTcp; 40]
+    );
+    drop(before);
+
+    let server = runtime.block_on(server.kill_and_restart_with(&["kvcm.pool.heartbeat_ms=200"]));
+    let resumed = runtime.block_on(common::wait_until(Duration::from_secs(20), async || {
+        let nodes = members(&server, "pool_a").await;
+        let node = nodes
+            .iter()
+            .find(|n| n["node_id"] == "node-1" && n["live"] == true)?;
+        Some((nodes.len(), node["range_id"].as_u64()))
+    }));
+    assert_eq!(
+        resumed,
+        Some((1, Some(range))),
+        "the node resumed its incarnation"
+    );
+    let mut engine = engine(&server, "on_pool", TransferConfig::default());
+    let got = get_checked(&mut engine, &keys);
+    assert_eq!(got, vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); 40]);
+    assert_eq!(
+        pool_used(&runtime, &server),
+        (keys.len() * BLOCK_BYTES) as u64
+    );
+    let more: Vec<i64> = (100..=140).collect();
+    assert_eq!(hits(&get_checked(&mut engine, &keys)), 40);
+    put(&mut engine, &more);
+    let all: Vec<i64> = keys.iter().chain(&more).copied().collect();
+    assert_eq!(
+        hits(&get_checked(&mut engine, &all)),
+        all.len(),
+        "old and new blocks"
+    );
+}
+
 /// A batch spread over two pool nodes (placement picks a node per block) moves to and
 /// from both at once, byte-exact, on both wires and zero-copy; each node holds a share.
 #[test]

@@ -148,7 +148,7 @@ impl Default for ServerConfig {
 
 /// Every key except those of the logs, journal, metrics, reclaimer and security, in the
 /// order they are documented.
-pub const KEYS: [&str; 23] = [
+pub const KEYS: [&str; 24] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -169,6 +169,7 @@ pub const KEYS: [&str; 23] = [
     "kvcm.lookup.verbs_gid_index",
     "kvcm.pool.heartbeat_ms",
     "kvcm.pool.rejoin_ramp_ms",
+    "kvcm.pool.resume_window_ms",
     "kvcm.pool.size",
     "kvcm.storage.probe_interval_ms",
     "kvcm.capacity_curve.window_accesses",
@@ -220,6 +221,7 @@ impl ServerConfig {
             "kvcm.lookup.verbs_gid_index" => self.lookup.verbs_gid_index = parse(key, value)?,
             "kvcm.pool.heartbeat_ms" => self.pool.heartbeat_ms = parse(key, value)?,
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
+            "kvcm.pool.resume_window_ms" => self.pool.resume_window_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
             "kvcm.storage.probe_interval_ms" => self.storage_probe_interval_ms = parse(key, value)?,
             "kvcm.capacity_curve.window_accesses" => {

@@ -1,7 +1,10 @@
 //! Membership of a pool node: joins its pool storage on one of the configured servers,
 //! then heartbeats at the interval the server gave. A heartbeat the server refuses (it
-//! declared this incarnation dead, or restarted and forgot it) makes the node join again
-//! as a new incarnation; an unreachable server passes to the next address.
+//! declared this incarnation dead, or restarted) makes the node join again, naming the
+//! incarnation it had: a restarted server that adopted that incarnation's blocks from its
+//! log resumes it (same `range_id`, the blocks found again, since this process kept the
+//! region); otherwise the node gets a new incarnation. An unreachable server passes to the
+//! next address.
 //!
 //! Invariant: the region's `range_id` is only set from a join answer, so it always names
 //! the incarnation the server knows (or an older one during the next join).
@@ -104,9 +107,10 @@ impl Drop for Member {
 /// Join, heartbeat until refused, join again; until stopped.
 fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
     let mut server = 0;
+    let mut had: Option<u64> = None;
     loop {
         let membership = loop {
-            match join(config, &mut server) {
+            match join(config, &mut server, had) {
                 Ok(answer) => break answer,
                 Err(error) => {
                     if pause(shared, JOIN_RETRY, Some(error)) {
@@ -123,6 +127,13 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
             note_error("the server's ticket key is not 64 hex digits: joining again".into());
             continue;
         }
+        if had == Some(membership.range_id) {
+            tracing::info!(
+                range_id = membership.range_id,
+                "the server resumed this node's incarnation: its blocks are served again"
+            );
+        }
+        had = Some(membership.range_id);
         region.set_incarnation(membership.range_id, ticket_key.flatten());
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
         loop {
@@ -158,13 +169,15 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
     }
 }
 
-/// One join attempt on the current server; moves to the next on failure.
-fn join(config: &MemberConfig, server: &mut usize) -> Result<JoinAnswer, String> {
+/// One join attempt on the current server, naming the incarnation this process `had`;
+/// moves to the next server on failure.
+fn join(config: &MemberConfig, server: &mut usize, had: Option<u64>) -> Result<JoinAnswer, String> {
     let request = JoinRequest {
         storage: config.joining.storage.clone(),
         node_id: config.node_id.clone(),
         endpoint: config.endpoint.clone(),
         capacity: config.capacity,
+        resume_range_id: had,
     };
     let address = config.servers[*server];
     let (tls, key) = (

@@ -82,6 +82,9 @@ pub struct PoolConfig {
     /// `kvcm.pool.rejoin_ramp_ms`: how long a rejoining node takes to reach its full share
     /// of new blocks.
     pub rejoin_ramp_ms: u64,
+    /// `kvcm.pool.resume_window_ms`: after a server restart, how long the blocks of a node
+    /// that kept its memory wait for it to resume its incarnation before they are removed.
+    pub resume_window_ms: u64,
     /// `kvcm.pool.size` (`kvcm serve --pool-size`): bytes of the pool node run inside the
     /// server (0 = none, the embedded default as without a pool).
     pub embedded_size: u64,
@@ -92,6 +95,7 @@ impl Default for PoolConfig {
         PoolConfig {
             heartbeat_ms: 500,
             rejoin_ramp_ms: 30_000,
+            resume_window_ms: 30_000,
             embedded_size: 0,
         }
     }
@@ -103,6 +107,7 @@ impl PoolConfig {
         kvcm_storage::pool::PoolTiming {
             heartbeat: Duration::from_millis(self.heartbeat_ms),
             rejoin_ramp: Duration::from_millis(self.rejoin_ramp_ms),
+            resume_window: Duration::from_millis(self.resume_window_ms),
         }
     }
 
@@ -113,6 +118,9 @@ impl PoolConfig {
         }
         if self.rejoin_ramp_ms > 3_600_000 {
             return Err("kvcm.pool.rejoin_ramp_ms must be at most 3600000 (one hour)".into());
+        }
+        if self.resume_window_ms > 3_600_000 {
+            return Err("kvcm.pool.resume_window_ms must be at most 3600000 (one hour)".into());
         }
         if self.embedded_size > kvcm_storage::pool::MAX_NODE_CAPACITY {
             return Err(format!(

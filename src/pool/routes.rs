@@ -53,6 +53,10 @@ pub struct JoinRequest {
     pub endpoint: String,
     /// Bytes of its region.
     pub capacity: u64,
+    /// The incarnation the node had and whose region it kept, to resume it after a
+    /// server restart (absent: a new incarnation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_range_id: Option<u64>,
 }
 
 /// The join's answer.
@@ -272,6 +276,7 @@ async fn join(State(routes): State<Routes>, request: Request) -> Response {
                 node_id: request.node_id.clone(),
                 endpoint: request.endpoint,
                 capacity: request.capacity,
+                resume_range_id: request.resume_range_id,
             };
             let membership = routes.manager.pool_join(&request.storage, join)?;
             let ticket_key = admission.tickets.then(|| {

@@ -372,10 +372,11 @@ pub trait DataStorage: Send + Sync + std::fmt::Debug {
     fn durable_address(&self, _address: PartAddress) -> DurableAddress {
         DurableAddress::AsIs
     }
-    /// Takes back block `block` of the object named `name` (a [`DurableAddress::Named`] of an
-    /// earlier process): it counts as allocated once more (one later delete frees it) and its
-    /// address in this process is returned. Nothing is created or written.
-    fn adopt(&self, name: &str, _block: u32) -> Result<PartAddress, StorageError> {
+    /// Takes back block `block` (a part of `size` bytes) of the object named `name` (a
+    /// [`DurableAddress::Named`] of an earlier process): it counts as allocated once more
+    /// (one later delete frees it) and its address in this process is returned. Nothing is
+    /// created or written.
+    fn adopt(&self, name: &str, _block: u32, _size: u64) -> Result<PartAddress, StorageError> {
         Err(StorageError::InvalidRequest(format!(
             "storage {:?} has no named objects to adopt ({name:?})",
             self.config().global_unique_name

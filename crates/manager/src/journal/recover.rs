@@ -436,12 +436,17 @@ impl Manager {
                 .names
                 .iter()
                 .find(|n| n.names(location.storage, part.address));
-            let address: Result<PartAddress, _> = match named {
-                Some(object) => backend.adopt(&object.name, part.address.block),
-                None => Ok(part.address),
+            let spec = instance.specs().get(usize::from(part.spec));
+            let address: Option<PartAddress> = match (named, spec) {
+                (Some(object), Some(spec)) => {
+                    let size = spec.size as u64;
+                    backend.adopt(&object.name, part.address.block, size).ok()
+                }
+                (None, Some(_)) => Some(part.address),
+                (_, None) => None,
             };
-            let uri = address.ok().and_then(|address| {
-                let spec = instance.specs().get(usize::from(part.spec))?;
+            let uri = address.and_then(|address| {
+                let spec = spec?;
                 let reference = PartRef {
                     instance_id: instance.id(),
                     key,

@@ -414,7 +414,7 @@ impl DataStorage for BlockFileStorage {
         named.map_or(DurableAddress::Lost, DurableAddress::Named)
     }
 
-    fn adopt(&self, name: &str, block: u32) -> Result<PartAddress, StorageError> {
+    fn adopt(&self, name: &str, block: u32, _size: u64) -> Result<PartAddress, StorageError> {
         check_object_path(name).map_err(StorageError::InvalidRequest)?;
         let (object, generation) =
             self.live
@@ -521,7 +521,7 @@ mod tests {
             let DurableAddress::Named(name) = before.durable_address(part.address) else {
                 panic!("a tracked file has a name");
             };
-            let address = after.adopt(&name, part.address.block).expect("adopt");
+            let address = after.adopt(&name, part.address.block, 0).expect("adopt");
             let reference = PartRef {
                 instance_id: "i",
                 key: block.key,
@@ -542,7 +542,7 @@ mod tests {
         assert_eq!(freed, DurableAddress::Lost);
         for bad in ["../x", "a//b", "", "a/./b"] {
             assert!(
-                matches!(after.adopt(bad, 0), Err(StorageError::InvalidRequest(_))),
+                matches!(after.adopt(bad, 0, 0), Err(StorageError::InvalidRequest(_))),
                 "{bad:?} is refused"
             );
         }

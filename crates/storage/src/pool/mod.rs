@@ -270,15 +270,52 @@ impl DataStorage for MemPool {
         )))
     }
 
-    /// Pool bytes live in the nodes' memory and the allocators in this process: a restarted
-    /// manager starts with empty pools (nodes join again as new incarnations).
-    fn durable_address(&self, _address: PartAddress) -> crate::DurableAddress {
-        crate::DurableAddress::Lost
+    /// A part of a live (or awaiting) incarnation is named by it (`<range_id>/<node_id>`):
+    /// a restarted manager adopts it, and finds it again if the node resumes that
+    /// incarnation; a dead one's is lost.
+    fn durable_address(&self, address: PartAddress) -> crate::DurableAddress {
+        let nodes = self.read();
+        match nodes.slots.get(address.object as usize) {
+            Some(slot) if nodes.holds_or_awaits(address.object as usize) => {
+                crate::DurableAddress::Named(incarnation_name(slot.range_id, &slot.node_id))
+            }
+            _ => crate::DurableAddress::Lost,
+        }
+    }
+
+    /// Takes back a part of the incarnation `name` names into its awaiting slot (see
+    /// `nodes`): not readable until the node resumes that incarnation.
+    fn adopt(&self, name: &str, block: u32, size: u64) -> Result<PartAddress, StorageError> {
+        let (range_id, node_id) = parse_incarnation_name(name).ok_or_else(|| {
+            StorageError::InvalidRequest(format!("{name:?} names no pool node incarnation"))
+        })?;
+        let offset = u64::from(block) * GRANULE;
+        let mut nodes = self.write();
+        let slot = nodes.adopt((node_id, range_id), (offset, size), Instant::now())?;
+        Ok(PartAddress {
+            object: slot as u32,
+            block,
+            generation: 0,
+        })
     }
 
     fn as_pool(&self) -> Option<&MemPool> {
         Some(self)
     }
+}
+
+/// The durable name of a node incarnation: its `range_id` in 16 hex digits, `/`, its node
+/// id (node ids hold no `/`).
+fn incarnation_name(range_id: u64, node_id: &str) -> String {
+    format!("{range_id:016x}/{node_id}")
+}
+
+/// The `(range_id, node_id)` an [`incarnation_name`] names.
+fn parse_incarnation_name(name: &str) -> Option<(u64, &str)> {
+    let (range, node_id) = name.split_once('/')?;
+    let hex = range.len() == 16 && range.bytes().all(|b| b.is_ascii_hexdigit());
+    let range_id = u64::from_str_radix(range, 16).ok()?;
+    (hex && !node_id.is_empty()).then_some((range_id, node_id))
 }
 
 #[cfg(test)]

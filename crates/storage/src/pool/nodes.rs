@@ -7,10 +7,21 @@
 //! restart, or after being declared dead) gets a new slot; its earlier live slot dies at
 //! once.
 //!
+//! Resuming after a manager restart: the write-ahead log names each pool part by its node
+//! and `range_id`, so the restarted manager adopts the parts into an *awaiting* slot of
+//! that incarnation (nothing placed or read there, not live). A node whose process kept its
+//! region joins again naming the incarnation it had (`resume_range_id`): the awaiting slot
+//! becomes live again with the same `range_id`, its allocator holding the adopted parts,
+//! and the blocks are found again. A node that does not come back within the resume window,
+//! or joins without naming it (a restarted node: its memory is gone), lets the awaiting
+//! slot die like a dead node's.
+//!
 //! Invariants: slots are never removed or reused, so a slot index in a stored address names
-//! one incarnation forever; only live slots hold an allocator; a rejoining node's share of
-//! new blocks ramps up linearly over the ramp time.
+//! one incarnation forever; only live slots hold an allocator, only awaiting ones adopted
+//! parts; a rejoining node's share of new blocks ramps up linearly over the ramp time (a
+//! resumed node's does not: it kept its blocks).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::allocator::{AllocError, PoolAllocator};
@@ -29,6 +40,9 @@ pub struct PoolTiming {
     pub heartbeat: Duration,
     /// How long a node that joins again takes to reach its full share of new blocks.
     pub rejoin_ramp: Duration,
+    /// How long, after a manager restart, the blocks of a node's earlier incarnation wait
+    /// for it to resume before they are removed.
+    pub resume_window: Duration,
 }
 
 impl Default for PoolTiming {
@@ -36,6 +50,7 @@ impl Default for PoolTiming {
         PoolTiming {
             heartbeat: Duration::from_millis(500),
             rejoin_ramp: Duration::from_secs(30),
+            resume_window: Duration::from_secs(30),
         }
     }
 }
@@ -49,6 +64,9 @@ pub struct PoolNodeJoin {
     pub endpoint: String,
     /// Bytes of its region.
     pub capacity: u64,
+    /// The incarnation this node had and whose region it kept (its process did not
+    /// restart), to resume after a manager restart.
+    pub resume_range_id: Option<u64>,
 }
 
 /// What a joined node is told.
@@ -71,7 +89,8 @@ pub struct PoolNodeStatus {
     pub range_id: u64,
     /// Bytes of its region.
     pub capacity: u64,
-    /// Bytes of the blocks placed on it (0 once dead).
+    /// Bytes of the blocks placed on it (0 once dead; while awaiting its node after a
+    /// manager restart, the bytes of the parts adopted for it).
     pub used: u64,
     /// Whether it heartbeats.
     pub live: bool,
@@ -86,6 +105,10 @@ pub(crate) struct Slot {
     pub(crate) capacity: u64,
     /// Present while live.
     pub(crate) allocator: Option<PoolAllocator>,
+    /// Present while awaiting its node after a manager restart: the adopted parts (offset
+    /// → size).
+    awaiting: Option<BTreeMap<u64, u64>>,
+    /// The last heartbeat (for an awaiting slot: when it was adopted).
     last_heartbeat: Instant,
     joined: Instant,
     /// The node had an earlier incarnation: its share of new blocks ramps up.
@@ -114,12 +137,15 @@ impl Nodes {
         if u32::try_from(self.slots.len()).is_err() {
             return Err(StorageError::InvalidRequest("2^32 pool node joins".into()));
         }
+        if let Some(resumed) = self.resume(&join, now) {
+            return Ok(resumed);
+        }
         let mut retired = Vec::new();
         let mut ramps = false;
         for (index, slot) in self.slots.iter_mut().enumerate() {
             if slot.node_id == join.node_id {
                 ramps = true;
-                if slot.allocator.take().is_some() {
+                if slot.die() {
                     retired.push(index as u32);
                 }
             }
@@ -131,15 +157,102 @@ impl Nodes {
             range_id,
             capacity: join.capacity,
             allocator: Some(allocator),
+            awaiting: None,
             last_heartbeat: now,
             joined: now,
             ramps,
         });
-        let membership = PoolMembership {
+        Ok((self.membership(range_id), retired))
+    }
+
+    fn membership(&self, range_id: u64) -> PoolMembership {
+        PoolMembership {
             range_id,
             heartbeat: self.timing.heartbeat,
+        }
+    }
+
+    /// Brings back the awaiting slot of the incarnation `join` names, when there is one
+    /// and its adopted parts fit the node's region; the node's other live slots die.
+    /// `None`: nothing to resume (the join makes a new incarnation).
+    fn resume(&mut self, join: &PoolNodeJoin, now: Instant) -> Option<(PoolMembership, Vec<u32>)> {
+        let range_id = join.resume_range_id?;
+        let index = self.slots.iter().position(|slot| {
+            slot.node_id == join.node_id && slot.range_id == range_id && slot.awaiting.is_some()
+        })?;
+        let parts: Vec<(u64, u64)> = self.slots[index]
+            .awaiting
+            .as_ref()
+            .map(|parts| parts.iter().map(|(&o, &s)| (o, s)).collect())
+            .unwrap_or_default();
+        let allocator = PoolAllocator::with_adopted(join.capacity, &parts).ok()?;
+        let mut retired = Vec::new();
+        for (other, slot) in self.slots.iter_mut().enumerate() {
+            if other != index && slot.node_id == join.node_id && slot.die() {
+                retired.push(other as u32);
+            }
+        }
+        let slot = &mut self.slots[index];
+        slot.awaiting = None;
+        slot.allocator = Some(allocator);
+        slot.endpoint.clone_from(&join.endpoint);
+        slot.capacity = join.capacity;
+        slot.last_heartbeat = now;
+        slot.joined = now;
+        slot.ramps = false;
+        Some((self.membership(range_id), retired))
+    }
+
+    /// Takes back part `[offset, offset + size)` of incarnation `range_id` of `node_id`,
+    /// placed by an earlier manager process, into that incarnation's awaiting slot (made
+    /// now if needed); returns the slot. Refused for an incarnation that is live or dead in
+    /// this process, and for a part overlapping one already adopted.
+    pub(crate) fn adopt(
+        &mut self,
+        (node_id, range_id): (&str, u64),
+        (offset, size): (u64, u64),
+        now: Instant,
+    ) -> Result<usize, StorageError> {
+        let refuse = |why: &str| {
+            StorageError::InvalidRequest(format!(
+                "cannot adopt {size} bytes at {offset} of pool node {node_id} (range {range_id}): {why}"
+            ))
         };
-        Ok((membership, retired))
+        let end = offset.checked_add(size).filter(|_| size > 0);
+        let end = end.ok_or_else(|| refuse("empty or past the end of the address space"))?;
+        let found = self
+            .slots
+            .iter()
+            .position(|slot| slot.range_id == range_id && slot.node_id == node_id);
+        let index = match found {
+            Some(index) => index,
+            None => {
+                check_name("node_id", node_id).map_err(StorageError::InvalidRequest)?;
+                self.slots.push(Slot {
+                    node_id: node_id.to_string(),
+                    endpoint: String::new(),
+                    range_id,
+                    capacity: 0,
+                    allocator: None,
+                    awaiting: Some(BTreeMap::new()),
+                    last_heartbeat: now,
+                    joined: now,
+                    ramps: false,
+                });
+                self.slots.len() - 1
+            }
+        };
+        let parts = self.slots[index]
+            .awaiting
+            .as_mut()
+            .ok_or_else(|| refuse("that incarnation is not awaiting its node"))?;
+        let before = parts.range(..=offset).next_back();
+        let after = parts.range(offset..).next();
+        if before.is_some_and(|(&o, &s)| o + s > offset) || after.is_some_and(|(&o, _)| o < end) {
+            return Err(refuse("it overlaps a part adopted already"));
+        }
+        parts.insert(offset, size);
+        Ok(index)
     }
 
     fn unused_range_id(&self) -> u64 {
@@ -176,17 +289,30 @@ impl Nodes {
     }
 
     /// Declares dead every live slot whose last heartbeat is older than
-    /// [`MISSED_HEARTBEATS`] intervals; returns their indexes.
+    /// [`MISSED_HEARTBEATS`] intervals, and every awaiting slot older than the resume
+    /// window; returns their indexes.
     pub(crate) fn reap(&mut self, now: Instant) -> Vec<u32> {
         let limit = self.timing.heartbeat * MISSED_HEARTBEATS;
+        let window = self.timing.resume_window;
         let mut died = Vec::new();
         for (index, slot) in self.slots.iter_mut().enumerate() {
-            let silent = now.saturating_duration_since(slot.last_heartbeat) > limit;
-            if silent && slot.allocator.take().is_some() {
+            let silent = now.saturating_duration_since(slot.last_heartbeat);
+            let over = match slot.awaiting {
+                Some(_) => silent > window,
+                None => silent > limit,
+            };
+            if over && slot.die() {
                 died.push(index as u32);
             }
         }
         died
+    }
+
+    /// Whether slot `index` is live or awaiting its node.
+    pub(crate) fn holds_or_awaits(&self, index: usize) -> bool {
+        self.slots
+            .get(index)
+            .is_some_and(|slot| slot.allocator.is_some() || slot.awaiting.is_some())
     }
 
     /// Whether any slot is live.
@@ -235,12 +361,19 @@ impl Nodes {
         allocator.map_or(Err(AllocError::Full { size }), |a| a.allocate(size))
     }
 
-    /// Frees the allocation at `offset` of slot `slot` (nothing to do on a dead slot, whose
-    /// allocator is gone).
+    /// Frees the allocation at `offset` of slot `slot` (an awaiting slot forgets the part;
+    /// nothing to do on a dead slot, whose allocator is gone).
     pub(crate) fn free(&mut self, slot: usize, offset: u64) -> Result<(), AllocError> {
-        match self.slots.get_mut(slot).and_then(|s| s.allocator.as_mut()) {
-            Some(allocator) => allocator.free(offset).map(|_| ()),
-            None => Ok(()),
+        let Some(slot) = self.slots.get_mut(slot) else {
+            return Ok(());
+        };
+        match (&mut slot.allocator, &mut slot.awaiting) {
+            (Some(allocator), _) => allocator.free(offset).map(|_| ()),
+            (None, Some(parts)) => parts
+                .remove(&offset)
+                .map(|_| ())
+                .ok_or(AllocError::UnknownAllocation { offset }),
+            (None, None) => Ok(()),
         }
     }
 
@@ -253,10 +386,23 @@ impl Nodes {
                 endpoint: slot.endpoint.clone(),
                 range_id: slot.range_id,
                 capacity: slot.capacity,
-                used: slot.allocator.as_ref().map_or(0, PoolAllocator::used_bytes),
+                used: match (&slot.allocator, &slot.awaiting) {
+                    (Some(allocator), _) => allocator.used_bytes(),
+                    (None, Some(parts)) => parts.values().sum(),
+                    (None, None) => 0,
+                },
                 live: slot.allocator.is_some(),
             })
             .collect()
+    }
+}
+
+impl Slot {
+    /// Ends this incarnation (live or awaiting); false when it was dead already.
+    fn die(&mut self) -> bool {
+        let was_live = self.allocator.take().is_some();
+        let was_awaiting = self.awaiting.take().is_some();
+        was_live || was_awaiting
     }
 }
 

@@ -25,6 +25,7 @@ fn join(node_id: &str, capacity: u64) -> PoolNodeJoin {
         node_id: node_id.into(),
         endpoint: format!("{node_id}:1"),
         capacity,
+        resume_range_id: None,
     }
 }
 
@@ -131,6 +132,7 @@ fn a_node_that_misses_heartbeats_dies_and_takes_nothing_more() {
     pool.set_timing(PoolTiming {
         heartbeat: Duration::from_millis(1),
         rejoin_ramp: Duration::ZERO,
+        ..PoolTiming::default()
     });
     let (membership, _) = pool.join(join("n1", 1 << 20)).unwrap();
     let placed = place(&pool, 0..1).unwrap();
@@ -180,6 +182,7 @@ fn joins_with_bad_ids_endpoints_or_capacities_are_refused() {
             node_id: "n".into(),
             endpoint: String::new(),
             capacity: 1 << 20,
+            resume_range_id: None,
         },
     ] {
         assert!(
@@ -205,6 +208,7 @@ fn a_rejoining_node_ramps_up_linearly() {
         timing: PoolTiming {
             heartbeat: Duration::from_secs(1),
             rejoin_ramp: ramp,
+            ..PoolTiming::default()
         },
         ..Nodes::default()
     };
@@ -228,4 +232,131 @@ fn a_rejoining_node_ramps_up_linearly() {
         fresh > 0.97,
         "a first join does not ramp; the rejoined one starts at 0: {fresh}"
     );
+}
+
+/// The durable names of the parts of `placed` (one per block, as the journal keeps them)
+/// and each part's block and size.
+fn durable_parts(pool: &MemPool, placed: &[Vec<AllocatedSpec>]) -> Vec<(String, u32, u64)> {
+    placed
+        .iter()
+        .flatten()
+        .map(|part| match pool.durable_address(part.address) {
+            crate::DurableAddress::Named(name) => (name, part.address.block, 16 << 10),
+            other => panic!("a live node's part must be named: {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_restarted_manager_finds_a_resumed_nodes_blocks_again() {
+    let before = pool();
+    let (membership, _) = before.join(join("n1", 8 << 20)).unwrap();
+    let placed = place(&before, 0..4).unwrap();
+    let uris: Vec<String> = placed.iter().flatten().map(|p| p.uri.clone()).collect();
+    let parts = durable_parts(&before, &placed);
+
+    // The next process adopts the parts: they await their node, not live, not placeable.
+    let after = pool();
+    let adopted: Vec<PartAddress> = parts
+        .iter()
+        .map(|(name, block, size)| after.adopt(name, *block, *size).expect("adopt"))
+        .collect();
+    assert!(
+        adopted.iter().all(|a| !after.holds(a)),
+        "awaiting is not live"
+    );
+    assert!(after.check_health().is_err(), "no live node yet");
+    assert_eq!(after.nodes()[0].used, 8 * (16 << 10));
+    assert!(
+        after.adopt(&parts[0].0, parts[0].1, parts[0].2).is_err(),
+        "twice"
+    );
+    for bad in [
+        "",
+        "n1",
+        "xyz/n1",
+        "00000000000000zz/n1",
+        "0000000000000001/",
+    ] {
+        assert!(after.adopt(bad, 0, 512).is_err(), "{bad:?}");
+    }
+
+    // The node resumes its incarnation: same range id, the same URIs, its blocks held.
+    let resume = PoolNodeJoin {
+        resume_range_id: Some(membership.range_id),
+        ..join("n1", 8 << 20)
+    };
+    let (resumed, retired) = after.join(resume).unwrap();
+    assert_eq!((resumed.range_id, retired), (membership.range_id, vec![]));
+    for ((address, part), uri) in adopted.iter().zip(placed.iter().flatten()).zip(&uris) {
+        assert!(after.holds(address));
+        let reference = PartRef {
+            instance_id: "inst",
+            key: 0,
+            spec: &specs()[0],
+            address: *address,
+        };
+        let mut again = String::new();
+        assert!(after.write_uri(&reference, &mut again));
+        assert_eq!(&again, uri, "part {:?}", part.address);
+    }
+    // New blocks never land on the adopted ones (nor in their slab, until it empties);
+    // deletes free them.
+    let more = place(&after, 10..20).unwrap();
+    let mut ranges: Vec<(u64, u64)> = placed
+        .iter()
+        .chain(&more)
+        .flatten()
+        .map(|p| {
+            let uri = PoolPartUri::parse(&p.uri).unwrap();
+            (uri.offset, uri.offset + uri.size)
+        })
+        .collect();
+    ranges.sort_unstable();
+    assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0), "{ranges:?}");
+    after.delete(&uris).expect("adopted parts free");
+    assert_eq!(after.nodes()[0].used, 10 * (32 << 10));
+}
+
+#[test]
+fn awaiting_blocks_die_when_their_node_comes_back_new_or_not_at_all() {
+    let before = pool();
+    let (membership, _) = before.join(join("n1", 1 << 20)).unwrap();
+    before.join(join("n2", 1 << 20)).unwrap();
+    let placed = place(&before, 0..8).unwrap();
+    let parts = durable_parts(&before, &placed);
+
+    let after = pool();
+    after.set_timing(PoolTiming {
+        resume_window: Duration::from_millis(1),
+        ..PoolTiming::default()
+    });
+    for (name, block, size) in &parts {
+        after.adopt(name, *block, *size).unwrap();
+    }
+    let slot_of = |node: &str| {
+        let nodes = after.nodes();
+        nodes
+            .iter()
+            .position(|n| n.node_id == node)
+            .map(|i| i as u32)
+    };
+    let (n1, n2) = (slot_of("n1"), slot_of("n2"));
+    // n1 restarted (no resume): its earlier incarnation's blocks die at its join.
+    let (fresh, retired) = after.join(join("n1", 1 << 20)).unwrap();
+    assert_ne!(fresh.range_id, membership.range_id);
+    assert_eq!(retired, n1.into_iter().collect::<Vec<_>>());
+    // A resume naming a dead incarnation makes a new one instead.
+    let stale = PoolNodeJoin {
+        resume_range_id: Some(membership.range_id),
+        ..join("n1", 1 << 20)
+    };
+    assert_ne!(after.join(stale).unwrap().0.range_id, membership.range_id);
+    // n2 never comes back: its blocks die after the resume window.
+    std::thread::sleep(Duration::from_millis(5)); // 5 ms > the 1 ms window
+    assert_eq!(after.reap(), n2.into_iter().collect::<Vec<_>>());
+    assert!(after
+        .nodes()
+        .iter()
+        .all(|n| n.node_id != "n2" || (!n.live && n.used == 0)));
 }
