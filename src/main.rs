@@ -39,6 +39,11 @@ struct PoolArgs {
     /// Bytes of the region (suffixes K, M, G, T: powers of 1024).
     #[arg(long, value_parser = kvcm::pool::parse_size)]
     size: u64,
+    /// Put the region on 2 MiB hugetlb pages: `auto` when the size is a multiple of 2 MiB
+    /// and the kernel has that many free (`vm.nr_hugepages`), `on` (refuse to start
+    /// without them), `off`.
+    #[arg(long, default_value = "auto", value_name = "auto|on|off")]
+    huge_pages: kvcm::pool::HugePages,
     /// Address of the queue-pair listener (and of the soft NIC), reachable by clients.
     #[arg(long)]
     listen: std::net::SocketAddr,
@@ -51,7 +56,7 @@ struct PoolArgs {
     /// Stable node id (default: the listener's address).
     #[arg(long)]
     node_id: Option<String>,
-    /// Write `{"listen":"ip:port"}` here once listening.
+    /// Write `{"listen":"ip:port","huge_pages":bool}` here once listening.
     #[arg(long)]
     ready_file: Option<PathBuf>,
     /// Speak TLS to the servers, trusting the CA of this PEM file (servers with
@@ -227,20 +232,28 @@ fn pool(args: PoolArgs) -> anyhow::Result<()> {
             gid_index: args.verbs_gid_index,
         });
     let node = kvcm::pool::PoolNode::start(
-        args.size,
+        (args.size, args.huge_pages),
         args.listen,
         args.servers,
         args.node_id,
         joining,
         verbs.as_ref(),
     )?;
+    let pages = if node.huge_pages() {
+        "2 MiB huge pages"
+    } else {
+        "regular pages"
+    };
     tracing::info!(
-        "pool node: {} bytes, queue pairs on {}",
+        "pool node: {} bytes on {pages}, queue pairs on {}",
         args.size,
         node.listen_addr()
     );
     if let Some(path) = &args.ready_file {
-        let ready = serde_json::json!({ "listen": node.listen_addr().to_string() });
+        let ready = serde_json::json!({
+            "listen": node.listen_addr().to_string(),
+            "huge_pages": node.huge_pages(),
+        });
         std::fs::write(path, ready.to_string())
             .with_context(|| format!("writing ready file {}", path.display()))?;
     }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::pool::{group, live_range, members, pool_storage, PoolProcess};
+use common::pool::{group, live_range, members, pool_storage, HugePages, PoolProcess};
 use common::{code, TestServer};
 use kvcm::proto::meta;
 use kvcm_client::{
@@ -406,6 +406,71 @@ fn parts_in(memory: &mut [u8], first: usize, count: usize) -> Vec<Vec<&mut [u8]>
         .chunks_mut(BLOCK_BYTES)
         .map(|block| block.chunks_mut(SPEC_BYTES).collect())
         .collect()
+}
+
+/// A pool node whose size is a multiple of 2 MiB sits on hugetlb pages when the kernel has
+/// them free, on regular pages otherwise, says which in its ready file, and serves blocks
+/// either way. Needs root to add huge pages for the test: skips loudly otherwise, except
+/// under `CI=true` (CI runs as root), where not getting them fails.
+#[test]
+fn a_pool_node_sits_on_huge_pages_when_the_kernel_has_them_or_loud_skip() {
+    let reserved = match HugePages::reserve(8) {
+        Ok(reserved) => reserved,
+        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI runs as root and must get huge pages: {why}")
+        }
+        Err(why) => return common::shout(&format!("SKIPPED huge pages for a pool node: {why}")),
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (server, nodes) = runtime.block_on(async {
+        let server = prepare_async(200, &[]).await;
+        // 16 MiB takes the 8 reserved pages; the second node finds none free.
+        let on = ["--huge-pages", "on"];
+        let huge = PoolProcess::start_with(&server, "pool_a", "huge", "16M", &on).await;
+        let auto = ["--huge-pages", "auto"];
+        let regular = PoolProcess::start_with(&server, "pool_a", "regular", "16M", &auto).await;
+        live_range(&server, "pool_a", Some("huge"), 1).await;
+        live_range(&server, "pool_a", Some("regular"), 1).await;
+        (server, [huge, regular])
+    });
+    assert_eq!(nodes[0].ready["huge_pages"], true, "{}", nodes[0].ready);
+    assert_eq!(nodes[1].ready["huge_pages"], false, "{}", nodes[1].ready);
+    // `on` without free huge pages: the node does not start, and says why; a bad value is
+    // refused naming the flag.
+    let address = server.address("http").to_string();
+    for (value, says) in [("on", "--huge-pages on"), ("maybe", "--huge-pages")] {
+        let refused = std::process::Command::new(env!("CARGO_BIN_EXE_kvcm"))
+            .args(["pool", "--size", "4M", "--listen", "127.0.0.1:0"])
+            .args(["--huge-pages", value, "--server", &address])
+            .output()
+            .expect("kvcm pool");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && stderr.contains(says),
+            "{value}: {stderr}"
+        );
+    }
+    let keys: Vec<i64> = (1..=100).collect();
+    for (wire, keys) in [(Wire::Tcp, &keys[..50]), (Wire::Shm, &keys[50..])] {
+        let config = TransferConfig {
+            pool_wire: wire,
+            ..TransferConfig::default()
+        };
+        let mut engine = engine(&server, "on_pool", config);
+        put(&mut engine, keys);
+        assert_eq!(hits(&get_checked(&mut engine, keys)), keys.len());
+    }
+    let used: Vec<u64> = runtime
+        .block_on(members(&server, "pool_a"))
+        .iter()
+        .map(|n| n["used"].as_u64().expect("used"))
+        .collect();
+    assert!(
+        used.iter().all(|&u| u > 0),
+        "both nodes hold blocks: {used:?}"
+    );
+    drop(nodes);
+    drop(reserved);
 }
 
 /// A server SIGKILLed and restarted on its data directory finds again the blocks of a pool

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 pub use listener::{RegionInfo, HELLO as POOL_HELLO};
 pub use member::{Member, MemberConfig};
-pub use region::PoolRegion;
+pub use region::{HugePages, PoolRegion};
 pub use routes::{
     HeartbeatRequest, JoinAnswer, JoinRequest, NodesAnswer, NodesRequest, HEARTBEAT_ROUTE,
     JOIN_ROUTE, NODES_ROUTE,
@@ -149,18 +149,19 @@ pub struct PoolNode {
 }
 
 impl PoolNode {
-    /// Allocates and registers `size` bytes (also on RDMA device `verbs` when given),
+    /// Allocates and registers `size` bytes (on huge pages as `huge` says; also on RDMA
+    /// device `verbs` when given),
     /// starts the listener on `listen` and joins `membership.storage` on one of `servers`
     /// (meta HTTP addresses; over the membership's TLS and with its credential when given).
     pub fn start(
-        size: u64,
+        (size, huge): (u64, HugePages),
         listen: SocketAddr,
         servers: Vec<SocketAddr>,
         node_id: Option<String>,
         membership: Joining,
         verbs: Option<&VerbsDevice>,
     ) -> Result<PoolNode, PoolError> {
-        let region = std::sync::Arc::new(PoolRegion::open(size, listen.ip(), verbs)?);
+        let region = std::sync::Arc::new(PoolRegion::open((size, huge), listen.ip(), verbs)?);
         let listen_addr = listener::listen(listen, region.clone())?;
         let member = Member::start(
             MemberConfig {
@@ -187,6 +188,11 @@ impl PoolNode {
     /// The current incarnation (0 before the first join).
     pub fn range_id(&self) -> u64 {
         self.region.range_id()
+    }
+
+    /// Whether the region lies on 2 MiB hugetlb pages.
+    pub fn huge_pages(&self) -> bool {
+        self.region.is_huge()
     }
 }
 

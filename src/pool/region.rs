@@ -1,5 +1,6 @@
 //! A pool node's region: one memory (a memfd mapping, backed lazily page by page as
-//! blocks are written) registered for remote reads and writes on a soft-TCP and a
+//! blocks are written; on 2 MiB hugetlb pages when the size is a multiple of 2 MiB and the
+//! kernel has that many free, on regular pages otherwise, and the node says which) registered for remote reads and writes on a soft-TCP and a
 //! soft-shm domain (and a verbs one when the node is given an RDMA device), the node's current incarnation (`range_id`) and, when its server
 //! demands tickets, the incarnation's ticket key (`super::ticket`), and the connected queue
 //! pairs with the grant each was opened under (a revoked grant's are torn down).
@@ -37,14 +38,52 @@ pub struct PoolRegion {
     revoked: Mutex<Vec<(u64, Instant)>>,
 }
 
+/// Whether a pool region goes on 2 MiB hugetlb pages (`kvcm pool --huge-pages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HugePages {
+    /// When the size is a multiple of 2 MiB and the kernel has enough free (the default).
+    #[default]
+    Auto,
+    /// Always: a node that cannot have them does not start.
+    Required,
+    /// Never.
+    Off,
+}
+
+impl std::str::FromStr for HugePages {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(HugePages::Auto),
+            "on" => Ok(HugePages::Required),
+            "off" => Ok(HugePages::Off),
+            other => Err(format!("{other:?} is not auto, on or off")),
+        }
+    }
+}
+
+/// `len` bytes on 2 MiB hugetlb pages, or why not.
+fn huge_pages(len: usize) -> Result<HostMemory, String> {
+    if len % (2 << 20) != 0 {
+        return Err("the size is not a multiple of 2 MiB".into());
+    }
+    HostMemory::allocate_huge(len).map_err(|error| {
+        format!(
+            "the kernel gave no {} free 2 MiB huge pages (vm.nr_hugepages): {error}",
+            len >> 21
+        )
+    })
+}
+
 /// Most queue pairs kept.
 const MAX_PEERS: usize = 1024;
 
 impl PoolRegion {
-    /// Allocates `size` bytes and registers them on both soft wires (soft NIC bound to
-    /// `bind`) and, when given, on RDMA device `verbs`.
+    /// Allocates `size` bytes (on huge pages as `huge` says) and registers them on both
+    /// soft wires (soft NIC bound to `bind`) and, when given, on RDMA device `verbs`.
     pub fn open(
-        size: u64,
+        (size, huge): (u64, HugePages),
         bind: IpAddr,
         verbs: Option<&VerbsDevice>,
     ) -> Result<PoolRegion, PoolError> {
@@ -53,7 +92,17 @@ impl PoolRegion {
             .filter(|&len| len > 0)
             .ok_or_else(|| PoolError::Config(format!("--size {size} is not a usable size")))?;
         let domains = crate::lookup::open_wires(bind, verbs, "--verbs-device")?;
-        let memory = domains[0].1.alloc(len)?;
+        let memory = match (huge, huge_pages(len)) {
+            (HugePages::Off, _) => domains[0].1.alloc(len)?,
+            (_, Ok(memory)) => memory,
+            (HugePages::Required, Err(why)) => {
+                return Err(PoolError::Config(format!("--huge-pages on: {why}")))
+            }
+            (HugePages::Auto, Err(why)) => {
+                tracing::info!("pool region on regular pages: {why}");
+                domains[0].1.alloc(len)?
+            }
+        };
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         let mut wires = Vec::with_capacity(domains.len());
         for (wire, domain) in domains {
@@ -79,6 +128,11 @@ impl PoolRegion {
     /// Bytes of the region.
     pub fn len(&self) -> u64 {
         self.memory.len() as u64
+    }
+
+    /// Whether the region lies on hugetlb pages.
+    pub fn is_huge(&self) -> bool {
+        self.memory.is_huge()
     }
 
     /// Whether the region is empty (never: `open` refuses 0).

@@ -168,7 +168,7 @@ fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNo
     };
     let verbs = config.lookup.verbs();
     let node = PoolNode::start(
-        config.pool.embedded_size,
+        (config.pool.embedded_size, pool::HugePages::Auto),
         listen,
         vec![meta],
         None,

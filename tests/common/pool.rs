@@ -10,6 +10,8 @@ use super::{wait_until, TestServer};
 /// A running `kvcm pool`, killed (SIGKILL) when dropped.
 pub struct PoolProcess {
     child: Child,
+    /// The node's ready file (`listen`, `huge_pages`).
+    pub ready: Value,
 }
 
 impl PoolProcess {
@@ -46,6 +48,13 @@ impl PoolProcess {
             ])
             .args(["--node-id", node_id, "--server"])
             .arg(server.address("http").to_string())
+            // Off unless asked: nodes of parallel tests must not take the huge pages one
+            // test reserves for its own.
+            .args(if extra.contains(&"--huge-pages") {
+                &[][..]
+            } else {
+                &["--huge-pages", "off"][..]
+            })
             .args(extra)
             .arg("--ready-file")
             .arg(&ready)
@@ -53,12 +62,13 @@ impl PoolProcess {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn kvcm pool");
-        wait_until(Duration::from_secs(20), async || {
-            std::fs::read_to_string(&ready).ok()
+        let ready = wait_until(Duration::from_secs(20), async || {
+            let text = std::fs::read_to_string(&ready).ok()?;
+            serde_json::from_str(&text).ok()
         })
         .await
         .expect("pool node wrote its ready file");
-        PoolProcess { child }
+        PoolProcess { child, ready }
     }
 
     pub fn kill(&mut self) {
@@ -123,5 +133,47 @@ impl PoolProcess {
             .status()
             .expect("kill");
         assert!(status.success(), "kill -{signal}");
+    }
+}
+
+/// Huge pages added to the kernel's hugetlb pool (`vm.nr_hugepages`) for a test, and given
+/// back on drop (pages still mapped become surplus and are freed when unmapped).
+pub struct HugePages {
+    before: u64,
+}
+
+const NR_HUGEPAGES: &str = "/proc/sys/vm/nr_hugepages";
+
+impl HugePages {
+    /// Adds `count` free 2 MiB pages; `Err` says why not (not root, a read-only /proc, no
+    /// contiguous memory left).
+    pub fn reserve(count: u64) -> Result<HugePages, String> {
+        let read = |path: &str| -> Result<String, String> {
+            std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))
+        };
+        let before: u64 = read(NR_HUGEPAGES)?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        std::fs::write(NR_HUGEPAGES, (before + count).to_string())
+            .map_err(|e| format!("raising {NR_HUGEPAGES}: {e}"))?;
+        let pages = HugePages { before };
+        let free = read("/proc/meminfo")?
+            .lines()
+            .find_map(|line| line.strip_prefix("HugePages_Free:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if free < count {
+            return Err(format!(
+                "the kernel made only {free} of {count} huge pages free"
+            ));
+        }
+        Ok(pages)
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(NR_HUGEPAGES, self.before.to_string());
     }
 }

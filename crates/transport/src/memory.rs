@@ -29,6 +29,11 @@ impl MemoryInner {
         Ok(Self::over(shm))
     }
 
+    pub(crate) fn allocate_huge(len: usize) -> Result<Self> {
+        let shm = SharedMemory::create_huge(c"kvcm-memory-huge", len)?;
+        Ok(Self::over(shm))
+    }
+
     fn over(shm: SharedMemory) -> Self {
         MemoryInner {
             shm: Arc::new(shm),
@@ -81,6 +86,21 @@ impl HostMemory {
         Ok(HostMemory {
             inner: Arc::new(MemoryInner::allocate(len)?),
         })
+    }
+
+    /// `len` zeroed bytes on 2 MiB huge pages of the kernel's hugetlb pool, registrable
+    /// like [`crate::Domain::alloc`]'s memory (fewer TLB misses and page-table entries for
+    /// a large region; the NIC pins fewer pages). `len` must be a multiple of 2 MiB; refused
+    /// when the kernel has not that many free huge pages (`vm.nr_hugepages`).
+    pub fn allocate_huge(len: usize) -> Result<Self> {
+        Ok(HostMemory {
+            inner: Arc::new(MemoryInner::allocate_huge(len)?),
+        })
+    }
+
+    /// Whether this memory lies on hugetlb pages ([`HostMemory::allocate_huge`]).
+    pub fn is_huge(&self) -> bool {
+        self.inner.shm.is_huge()
     }
 
     /// The bytes of `bytes` (its length, not its capacity) as caller-owned memory; the
@@ -216,5 +236,29 @@ mod tests {
         memory.read(0, &mut got).unwrap();
         assert_eq!(got, [7u8; 20]);
         assert!(memory.write(15, &[1; 6]).is_err(), "bounds are checked");
+    }
+
+    #[test]
+    fn huge_page_memory_needs_whole_huge_pages() {
+        for len in [0, 4096, (2 << 20) + 4096] {
+            assert!(
+                matches!(
+                    HostMemory::allocate_huge(len),
+                    Err(TransportError::InvalidArgument(_))
+                ),
+                "{len} bytes"
+            );
+        }
+        assert!(!HostMemory::allocate(4096).unwrap().is_huge());
+        // Whether the kernel has free huge pages is the machine's business; when it does,
+        // the memory is on them and works (tests/data_plane.rs reserves some as root).
+        if let Ok(memory) = HostMemory::allocate_huge(2 << 20) {
+            assert!(memory.is_huge());
+            memory.write((2 << 20) - 8, &[7; 8]).unwrap();
+            assert_eq!(
+                memory.load_u64((2 << 20) - 8).unwrap(),
+                0x0707_0707_0707_0707
+            );
+        }
     }
 }

@@ -66,7 +66,12 @@ pub(crate) struct SharedMemory {
     writable: bool,
     /// What dropping the value does with the bytes.
     backing: Backing,
+    /// On hugetlb pages (memory created here only).
+    huge: bool,
 }
+
+/// Bytes of the huge pages [`SharedMemory::create_huge`] asks for.
+const HUGE_PAGE: usize = 2 << 20;
 
 /// Gives caller-owned memory back to its owner (runs once, when the memory is dropped).
 pub(crate) type Release = Box<dyn FnOnce() + Send>;
@@ -100,10 +105,31 @@ unsafe impl Sync for SharedMemory {}
 impl SharedMemory {
     /// Creates a zeroed memfd of `len` bytes and maps it.
     pub(crate) fn create(name: &CStr, len: usize) -> Result<Self> {
+        Self::create_with(name, len, 0)
+    }
+
+    /// [`SharedMemory::create`] on 2 MiB huge pages of the kernel's hugetlb pool
+    /// (`vm.nr_hugepages`); `len` must be a multiple of 2 MiB. Refused when the kernel has
+    /// no such pages to reserve (the mapping reserves them all; they are faulted in lazily).
+    pub(crate) fn create_huge(name: &CStr, len: usize) -> Result<Self> {
+        if len % HUGE_PAGE != 0 {
+            return Err(TransportError::InvalidArgument(
+                "huge-page memory must be a multiple of 2 MiB",
+            ));
+        }
+        Self::create_with(name, len, libc::MFD_HUGETLB | libc::MFD_HUGE_2MB)
+    }
+
+    /// Whether the memory lies on hugetlb pages ([`SharedMemory::create_huge`]).
+    pub(crate) fn is_huge(&self) -> bool {
+        self.huge
+    }
+
+    fn create_with(name: &CStr, len: usize, page_flags: libc::c_uint) -> Result<Self> {
         if len == 0 {
             return Err(TransportError::InvalidArgument("zero-length memory"));
         }
-        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+        let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | page_flags;
         // SAFETY: `name` is a valid NUL-terminated string; flags are plain constants.
         let raw = unsafe { libc::memfd_create(name.as_ptr(), flags) };
         if raw < 0 {
@@ -132,6 +158,7 @@ impl SharedMemory {
             len,
             writable: true,
             backing: Backing::Mapping,
+            huge: page_flags & libc::MFD_HUGETLB != 0,
         })
     }
 
@@ -161,6 +188,7 @@ impl SharedMemory {
             len,
             writable: true,
             backing: Backing::Caller(Some(release)),
+            huge: false,
         })
     }
 
@@ -221,6 +249,7 @@ impl SharedMemory {
             len,
             writable,
             backing: Backing::Mapping,
+            huge: false,
         })
     }
 
