@@ -519,6 +519,45 @@ fn pool_blocks_survive_a_server_restart_when_their_node_resumes() {
     );
 }
 
+/// A get large enough to be read in waves (600 blocks, 39 MB) from a node that stopped
+/// answering waits for it once: the first wave gives up at the response timeout, the
+/// others do not try the node again in the same call; the next call, once it answers
+/// again, hits every block.
+#[test]
+fn a_hung_node_costs_one_timeout_per_call_even_over_waves() {
+    // Heartbeats of 2 s: the stopped node is not declared dead meanwhile.
+    let (_runtime, server, node) = prepare(2000, "80M");
+    let config = TransferConfig {
+        timeout: Duration::from_millis(300),
+        ..TransferConfig::default()
+    };
+    let mut engine = engine(&server, "on_pool", config);
+    let keys: Vec<i64> = (1..=600).collect();
+    put(&mut engine, &keys);
+    node.signal("STOP");
+    let gave_up = get_checked(&mut engine, &keys);
+    node.signal("CONT");
+    let reasons: Vec<&str> = gave_up.iter().map(miss_reason).collect();
+    assert!(
+        reasons.iter().all(|r| !r.is_empty()),
+        "all misses: {:?}",
+        &gave_up[..2]
+    );
+    let waited = reasons.iter().filter(|r| r.contains("in time")).count();
+    let skipped = reasons
+        .iter()
+        .filter(|r| r.contains("failed earlier in this call"))
+        .count();
+    assert!(
+        waited > 0 && skipped > 0 && waited + skipped == keys.len(),
+        "{waited} + {skipped}"
+    );
+    let back = common::wait_until_blocking(Duration::from_secs(10), || {
+        (hits(&get_checked(&mut engine, &keys)) == keys.len()).then_some(())
+    });
+    assert!(back.is_some(), "every block once the node answers again");
+}
+
 /// A batch spread over two pool nodes (placement picks a node per block) moves to and
 /// from both at once, byte-exact, on both wires and zero-copy; each node holds a share.
 #[test]

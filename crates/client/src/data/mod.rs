@@ -325,6 +325,8 @@ pub struct TransferEngine {
     links: HashMap<SocketAddr, PoolLink>,
     files: FileIo,
     caller: CallerMemory,
+    /// Pool nodes whose link failed during the current put or get (not retried in it).
+    failed_this_call: Vec<SocketAddr>,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -348,6 +350,7 @@ impl TransferEngine {
             directory,
             links: HashMap::new(),
             caller: CallerMemory::default(),
+            failed_this_call: Vec::new(),
             config,
         })
     }
@@ -446,6 +449,7 @@ impl TransferEngine {
     /// StartWriteCache for `keys` (`sizes[i]`: the bytes of each part of block `i`) and the
     /// plan of every part to write.
     fn begin_put(&mut self, keys: &[i64], sizes: &[Vec<usize>]) -> Result<PutSession, ClientError> {
+        self.failed_this_call.clear();
         let start = self.client.start_write(meta::StartWriteCacheRequest {
             block_keys: keys.to_vec(),
             write_timeout_seconds: self.config.write_timeout_seconds,
@@ -586,6 +590,7 @@ impl TransferEngine {
     /// The lookup of `keys` (`sizes[i]`: the bytes of each part of block `i`) and the plan
     /// of every part to read.
     fn begin_get(&mut self, keys: &[i64], sizes: &[Vec<usize>]) -> Result<GetSession, ClientError> {
+        self.failed_this_call.clear();
         let locations = self.client.batch_get(keys)?;
         let mut get = GetSession {
             outcomes: vec![GetOutcome::Miss(None); keys.len()],
@@ -682,7 +687,13 @@ impl TransferEngine {
     /// work requests outlives the call that posted them (cancel safety for the caller's
     /// buffers).
     fn drop_broken_links(&mut self) {
-        self.links.retain(|_, link| !link.is_broken());
+        let failed = &mut self.failed_this_call;
+        self.links.retain(|endpoint, link| {
+            if link.is_broken() {
+                failed.push(*endpoint);
+            }
+            !link.is_broken()
+        });
     }
 
     /// Reads every part; one result per part.
@@ -794,6 +805,11 @@ impl TransferEngine {
         range_id: u64,
     ) -> Result<SocketAddr, String> {
         let place = self.directory.place(storage, node_id, range_id)?;
+        // A node that failed once in this call (its waves or chunks come one after
+        // another) is not tried again until the next call: a hung node costs one timeout.
+        if self.failed_this_call.contains(&place.endpoint) {
+            return Err(format!("pool node {node_id} failed earlier in this call"));
+        }
         let usable = self
             .links
             .get(&place.endpoint)
