@@ -92,16 +92,17 @@ impl PoolRegion {
             .filter(|&len| len > 0)
             .ok_or_else(|| PoolError::Config(format!("--size {size} is not a usable size")))?;
         let domains = crate::lookup::open_wires(bind, verbs, "--verbs-device")?;
-        let memory = match (huge, huge_pages(len)) {
-            (HugePages::Off, _) => domains[0].1.alloc(len)?,
-            (_, Ok(memory)) => memory,
-            (HugePages::Required, Err(why)) => {
-                return Err(PoolError::Config(format!("--huge-pages on: {why}")))
-            }
-            (HugePages::Auto, Err(why)) => {
-                tracing::info!("pool region on regular pages: {why}");
-                domains[0].1.alloc(len)?
-            }
+        let memory = match huge {
+            HugePages::Off => domains[0].1.alloc(len)?,
+            HugePages::Required => huge_pages(len)
+                .map_err(|why| PoolError::Config(format!("--huge-pages on: {why}")))?,
+            HugePages::Auto => match huge_pages(len) {
+                Ok(memory) => memory,
+                Err(why) => {
+                    tracing::info!("pool region on regular pages: {why}");
+                    domains[0].1.alloc(len)?
+                }
+            },
         };
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         let mut wires = Vec::with_capacity(domains.len());

@@ -133,6 +133,28 @@ impl PoolProcess {
             .status()
             .expect("kill");
         assert!(status.success(), "kill -{signal}");
+        if signal == "STOP" {
+            // kill(2) returns before every thread has stopped (a busy-polling NIC thread
+            // stops at its next interrupt): wait until all of them have.
+            let stopped = super::wait_until_blocking(Duration::from_secs(10), || {
+                self.all_threads_stopped().then_some(())
+            });
+            assert!(stopped.is_some(), "the node's threads stopped");
+        }
+    }
+
+    /// Whether every thread of the node is stopped (state `T` in /proc).
+    fn all_threads_stopped(&self) -> bool {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let Ok(entries) = std::fs::read_dir(tasks) else {
+            return false;
+        };
+        entries.flatten().all(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the command name's closing parenthesis.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
     }
 }
 
@@ -158,17 +180,30 @@ impl HugePages {
         std::fs::write(NR_HUGEPAGES, (before + count).to_string())
             .map_err(|e| format!("raising {NR_HUGEPAGES}: {e}"))?;
         let pages = HugePages { before };
-        let free = read("/proc/meminfo")?
-            .lines()
-            .find_map(|line| line.strip_prefix("HugePages_Free:"))
-            .and_then(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0);
+        let free = Self::free();
         if free < count {
             return Err(format!(
                 "the kernel made only {free} of {count} huge pages free"
             ));
         }
         Ok(pages)
+    }
+}
+
+impl HugePages {
+    /// 2 MiB huge pages a new mapping can still reserve: free ones not reserved by a
+    /// mapping already (`HugePages_Free - HugePages_Rsvd` of /proc/meminfo; a mapping
+    /// reserves its pages at mmap and they stay free until faulted in).
+    pub fn free() -> u64 {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let field = |name: &str| -> u64 {
+            meminfo
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        field("HugePages_Free:").saturating_sub(field("HugePages_Rsvd:"))
     }
 }
 

@@ -121,9 +121,10 @@ impl HostMemory {
     ///
     /// # Safety
     /// The bytes stay allocated and valid for reads and writes until `release` runs. Until
-    /// then the caller touches them only as the RDMA contract allows: not while a transfer
-    /// it posted may write them, and through raw pointers rather than references that
-    /// outlive such a transfer's completion.
+    /// then the caller follows the RDMA contract: from the post of a work request on these
+    /// bytes to its completion (or the end of its queue pair), the caller does not write
+    /// them, nor read bytes the NIC may write; outside those windows they are the caller's
+    /// to use (the completion orders the NIC's accesses before the caller's).
     pub unsafe fn from_raw_parts(
         addr: *mut u8,
         len: usize,

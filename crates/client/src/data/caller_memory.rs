@@ -18,7 +18,8 @@ impl CallerMemory {
     ///
     /// # Safety
     /// The bytes stay allocated until [`CallerMemory::remove`] of `addr` returns or this
-    /// value drops, and are touched only between transfers that use them.
+    /// value drops. The NIC touches them only during an engine call whose buffers lie
+    /// there (the caller lends those buffers to the call), never after it returns.
     pub(crate) unsafe fn add(&mut self, addr: *mut u8, len: usize) -> Result<(), String> {
         let end = (addr as u64).checked_add(len as u64);
         let overlapping = self.ranges.iter().find(|known| {

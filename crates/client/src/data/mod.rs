@@ -286,6 +286,13 @@ fn waves<B: AsRef<[u8]>>(parts: &[Part<B>]) -> Vec<usize> {
             (start, bytes) = (i + 1, 0);
         }
     }
+    // A short tail after the last full wave joins it (at most `MAX_WAVES`).
+    if waves.len() > MAX_WAVES {
+        let tail = waves.pop().unwrap_or(0);
+        if let Some(last) = waves.last_mut() {
+            *last += tail;
+        }
+    }
     waves
 }
 /// Most threads hashing at once.
@@ -364,7 +371,12 @@ impl TransferEngine {
     ///
     /// # Safety
     /// The bytes stay allocated until [`TransferEngine::deregister_memory`] of `addr`
-    /// returns or the engine is dropped. (No transfer outlives the call that posted it.)
+    /// returns or the engine is dropped. The NIC reads or writes them only during a put or
+    /// get whose buffers lie there (the borrow the call takes), never after it returns.
+    /// Within a call, a zero-copy READ writes a get buffer through the registered address
+    /// while the call holds its `&mut [u8]`; the call reads the buffer only after the READ
+    /// completed (a completion orders the NIC's write before it), as DMA into a borrowed
+    /// buffer always does (Miri's aliasing models would flag it).
     pub unsafe fn register_memory(&mut self, addr: *mut u8, len: usize) -> Result<(), ClientError> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.caller.add(addr, len) }.map_err(ClientError::InvalidArgument)
@@ -676,11 +688,33 @@ impl TransferEngine {
             .collect();
         let caller = &self.caller;
         let answers = across_links(&mut self.links, jobs, |link, ops| link.write(&ops, caller));
+        self.record_links(&groups, answers, &mut results);
+        results
+    }
+
+    /// Records the answers of the pool nodes' transfers (one per group) as their parts'
+    /// results, then tears down every link that failed. A transfer that found no link or
+    /// panicked (`None`) tears down all links: its work requests may still be posted.
+    fn record_links(
+        &mut self,
+        groups: &[(SocketAddr, Vec<usize>)],
+        answers: Vec<Option<Result<Vec<bool>, String>>>,
+        results: &mut [Result<TransferPath, String>],
+    ) {
+        let mut unsettled = false;
         for ((_, members), done) in groups.iter().zip(answers) {
-            record_pool(members, done, self.config.pool_wire, &mut results);
+            let done = done.unwrap_or_else(|| {
+                unsettled = true;
+                Err("the transfer to this pool node was abandoned".into())
+            });
+            record_pool(members, done, self.config.pool_wire, results);
+        }
+        if unsettled {
+            let endpoints = self.links.keys().copied();
+            self.failed_this_call.extend(endpoints);
+            self.links.clear();
         }
         self.drop_broken_links();
-        results
     }
 
     /// Tears down the links whose transfers failed or timed out, so that none of their
@@ -737,10 +771,7 @@ impl TransferEngine {
         let answers = across_links(&mut self.links, jobs, |link, mut ops| {
             link.read(&mut ops, caller)
         });
-        for ((_, members), done) in groups.iter().zip(answers) {
-            record_pool(members, done, self.config.pool_wire, &mut results);
-        }
-        self.drop_broken_links();
+        self.record_links(&groups, answers, &mut results);
         results
     }
 
@@ -821,7 +852,8 @@ impl TransferEngine {
                 (self.config.pool_wire, place.ticket.as_ref()),
                 self.config.staging_bytes,
                 self.config.timeout,
-            )?;
+            )
+            .inspect_err(|_| self.failed_this_call.push(place.endpoint))?;
             if link.info.range_id != range_id {
                 return Err(format!("pool node {node_id} is on another incarnation now"));
             }
@@ -840,17 +872,19 @@ fn not_attempted(count: usize) -> Vec<Result<TransferPath, String>> {
 /// The operations of one pool node: a buffer per region offset.
 type NodeOps<B> = Vec<(u64, B)>;
 
-/// Runs `transfer` with each job's link (`jobs`: one per node endpoint, every endpoint a
-/// connected link) and returns the answers in job order. Several nodes are served at once,
-/// one thread each: a batch spread over N nodes waits for the slowest node, not for the
-/// sum of them.
+/// Runs `transfer` with each job's link (`jobs`: one per node endpoint) and returns the
+/// answers in job order. Several nodes are served at once, one thread each: a batch spread
+/// over N nodes waits for the slowest node, not for the sum of them. `None` for a job
+/// whose link is gone (two incarnations met at one endpoint in this call, and the later
+/// replaced the link) or whose transfer panicked: the caller then tears the links down.
 fn across_links<J: Send, R: Send>(
     links: &mut HashMap<SocketAddr, PoolLink>,
     jobs: Vec<(SocketAddr, J)>,
     transfer: impl Fn(&mut PoolLink, J) -> R + Sync,
-) -> Vec<R> {
+) -> Vec<Option<R>> {
+    let count = jobs.len();
     let mut jobs: Vec<Option<(SocketAddr, J)>> = jobs.into_iter().map(Some).collect();
-    let mut paired: Vec<(usize, &mut PoolLink, J)> = links
+    let paired: Vec<(usize, &mut PoolLink, J)> = links
         .iter_mut()
         .filter_map(|(endpoint, link)| {
             let index = jobs
@@ -860,32 +894,27 @@ fn across_links<J: Send, R: Send>(
             Some((index, link, job))
         })
         .collect();
-    assert!(
-        jobs.iter().all(Option::is_none),
-        "every job's link is connected (pool_groups)"
-    );
-    paired.sort_by_key(|(index, ..)| *index);
+    let guarded = |link: &mut PoolLink, job: J| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| transfer(link, job))).ok()
+    };
+    let mut answers: Vec<Option<R>> = (0..count).map(|_| None).collect();
     if paired.len() < 2 {
-        return paired
-            .into_iter()
-            .map(|(_, link, job)| transfer(link, job))
-            .collect();
+        for (index, link, job) in paired {
+            answers[index] = guarded(link, job);
+        }
+        return answers;
     }
-    let transfer = &transfer;
+    let guarded = &guarded;
     std::thread::scope(|scope| {
         let running: Vec<_> = paired
             .into_iter()
-            .map(|(_, link, job)| scope.spawn(move || transfer(link, job)))
+            .map(|(index, link, job)| (index, scope.spawn(move || guarded(link, job))))
             .collect();
-        running
-            .into_iter()
-            .map(|thread| {
-                thread
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    })
+        for (index, thread) in running {
+            answers[index] = thread.join().ok().flatten();
+        }
+    });
+    answers
 }
 
 /// The path of a pool transfer on `wire`, zero-copy or not.
@@ -1074,6 +1103,11 @@ mod tests {
         assert_eq!(waves(&parts_of(&[(MIB, 4); 64], Some(1))), [64; 4]);
         // 9 blocks of one 3 MiB part: waves of at least 8 MiB end at block ends.
         assert_eq!(waves(&parts_of(&[(3 * MIB, 1); 9], Some(1))), [3, 3, 3]);
+        // Four blocks of exactly a quarter each and a 3-byte tail: the tail joins the last
+        // wave (at most four).
+        let mut with_tail = vec![(8 * MIB, 1); 4];
+        with_tail.push((3, 1));
+        assert_eq!(waves(&parts_of(&with_tail, Some(1))), [1, 1, 1, 2]);
         // Blocks of 2 parts of 5 MiB: a wave never splits a block.
         assert_eq!(waves(&parts_of(&[(5 * MIB, 2); 3], Some(1))), [2, 2, 2]);
         // Under two waves' bytes, or nothing to verify: one wave.

@@ -442,7 +442,7 @@ proptest! {
 #[test]
 fn adopted_parts_are_live_until_freed_and_their_slabs_hold_nothing_else() {
     let capacity = 16 * MIB;
-    // Two parts in slab 0, one straddling slabs 2 and 3, one whole-slab part at slab 5.
+    // Two parts in slab 0, one straddling slabs 1 and 2, one whole-slab part at slab 5.
     let parts = [
         (0, 16 * KIB),
         (64 * KIB, 1000),

@@ -247,7 +247,10 @@ impl DataStorage for MemPool {
             .collect::<Result<_, _>>()?;
         let mut nodes = self.write();
         for part in parts {
-            let slot = nodes.slots.iter().position(|s| s.range_id == part.range_id);
+            let slot = nodes
+                .slots
+                .iter()
+                .position(|s| s.range_id == part.range_id && s.node_id == part.node_id);
             let Some(slot) = slot else { continue };
             if let Err(AllocError::UnknownAllocation { offset }) = nodes.free(slot, part.offset) {
                 return Err(StorageError::InvalidRequest(format!(

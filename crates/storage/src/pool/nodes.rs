@@ -12,9 +12,10 @@
 //! that incarnation (nothing placed or read there, not live). A node whose process kept its
 //! region joins again naming the incarnation it had (`resume_range_id`): the awaiting slot
 //! becomes live again with the same `range_id`, its allocator holding the adopted parts,
-//! and the blocks are found again. A node that does not come back within the resume window,
-//! or joins without naming it (a restarted node: its memory is gone), lets the awaiting
-//! slot die like a dead node's.
+//! and the blocks are found again. A node that does not come back within the resume window
+//! (counted from the first reap after the restart: the reaper starts once recovery is
+//! over), or joins without naming it (a restarted node: its memory is gone), lets the
+//! awaiting slot die like a dead node's.
 //!
 //! Invariants: slots are never removed or reused, so a slot index in a stored address names
 //! one incarnation forever; only live slots hold an allocator, only awaiting ones adopted
@@ -41,7 +42,7 @@ pub struct PoolTiming {
     /// How long a node that joins again takes to reach its full share of new blocks.
     pub rejoin_ramp: Duration,
     /// How long, after a manager restart, the blocks of a node's earlier incarnation wait
-    /// for it to resume before they are removed.
+    /// for it to resume before they are removed (counted from the first reap).
     pub resume_window: Duration,
 }
 
@@ -105,14 +106,23 @@ pub(crate) struct Slot {
     pub(crate) capacity: u64,
     /// Present while live.
     pub(crate) allocator: Option<PoolAllocator>,
-    /// Present while awaiting its node after a manager restart: the adopted parts (offset
-    /// → size).
-    awaiting: Option<BTreeMap<u64, u64>>,
-    /// The last heartbeat (for an awaiting slot: when it was adopted).
+    /// Present while awaiting its node after a manager restart.
+    awaiting: Option<Awaiting>,
+    /// The last heartbeat.
     last_heartbeat: Instant,
     joined: Instant,
     /// The node had an earlier incarnation: its share of new blocks ramps up.
     ramps: bool,
+}
+
+/// An incarnation adopted from an earlier manager process, awaiting its node.
+#[derive(Debug, Default)]
+struct Awaiting {
+    /// The adopted parts: offset → size.
+    parts: BTreeMap<u64, u64>,
+    /// When the resume window opened: at the first reap after adoption (the reaper starts
+    /// with the listeners, once recovery is over, so a long recovery does not eat into it).
+    since: Option<Instant>,
 }
 
 /// Every slot of one pool.
@@ -183,7 +193,7 @@ impl Nodes {
         let parts: Vec<(u64, u64)> = self.slots[index]
             .awaiting
             .as_ref()
-            .map(|parts| parts.iter().map(|(&o, &s)| (o, s)).collect())
+            .map(|awaiting| awaiting.parts.iter().map(|(&o, &s)| (o, s)).collect())
             .unwrap_or_default();
         let allocator = PoolAllocator::with_adopted(join.capacity, &parts).ok()?;
         let mut retired = Vec::new();
@@ -234,7 +244,7 @@ impl Nodes {
                     range_id,
                     capacity: 0,
                     allocator: None,
-                    awaiting: Some(BTreeMap::new()),
+                    awaiting: Some(Awaiting::default()),
                     last_heartbeat: now,
                     joined: now,
                     ramps: false,
@@ -242,10 +252,11 @@ impl Nodes {
                 self.slots.len() - 1
             }
         };
-        let parts = self.slots[index]
+        let parts = &mut self.slots[index]
             .awaiting
             .as_mut()
-            .ok_or_else(|| refuse("that incarnation is not awaiting its node"))?;
+            .ok_or_else(|| refuse("that incarnation is not awaiting its node"))?
+            .parts;
         let before = parts.range(..=offset).next_back();
         let after = parts.range(offset..).next();
         if before.is_some_and(|(&o, &s)| o + s > offset) || after.is_some_and(|(&o, _)| o < end) {
@@ -296,10 +307,12 @@ impl Nodes {
         let window = self.timing.resume_window;
         let mut died = Vec::new();
         for (index, slot) in self.slots.iter_mut().enumerate() {
-            let silent = now.saturating_duration_since(slot.last_heartbeat);
-            let over = match slot.awaiting {
-                Some(_) => silent > window,
-                None => silent > limit,
+            let over = match &mut slot.awaiting {
+                Some(awaiting) => {
+                    let since = *awaiting.since.get_or_insert(now);
+                    now.saturating_duration_since(since) > window
+                }
+                None => now.saturating_duration_since(slot.last_heartbeat) > limit,
             };
             if over && slot.die() {
                 died.push(index as u32);
@@ -369,7 +382,8 @@ impl Nodes {
         };
         match (&mut slot.allocator, &mut slot.awaiting) {
             (Some(allocator), _) => allocator.free(offset).map(|_| ()),
-            (None, Some(parts)) => parts
+            (None, Some(awaiting)) => awaiting
+                .parts
                 .remove(&offset)
                 .map(|_| ())
                 .ok_or(AllocError::UnknownAllocation { offset }),
@@ -388,7 +402,7 @@ impl Nodes {
                 capacity: slot.capacity,
                 used: match (&slot.allocator, &slot.awaiting) {
                     (Some(allocator), _) => allocator.used_bytes(),
-                    (None, Some(parts)) => parts.values().sum(),
+                    (None, Some(awaiting)) => awaiting.parts.values().sum(),
                     (None, None) => 0,
                 },
                 live: slot.allocator.is_some(),

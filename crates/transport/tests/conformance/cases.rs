@@ -896,15 +896,19 @@ pub fn completion_fd_wakes_a_waiter<D: Domain>(open: Open<D>) {
 /// `len` bytes of caller-owned memory at an odd address (3 bytes into a heap buffer), and
 /// a flag raised when the memory is given back.
 fn caller_memory(len: usize) -> (HostMemory, Arc<AtomicBool>) {
-    let mut buffer = vec![0u8; len + 3].into_boxed_slice();
+    let buffer: *mut [u8] = Box::into_raw(vec![0u8; len + 3].into_boxed_slice());
     let released = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&released);
-    let addr = buffer[3..].as_mut_ptr();
-    // SAFETY: the buffer moves into the release, which frees it only after the memory
-    // is dropped; the test touches it only through the memory's copies.
+    let owned = buffer as *mut u8 as usize; // the release frees it by address
+                                            // SAFETY: `buffer` is a live allocation of `len + 3` bytes, so 3 bytes in there are
+                                            // `len`; the release frees it (rebuilding the box from the same pointer and length)
+                                            // only once the memory is dropped, and the test touches it only through the
+                                            // memory's copies.
     let memory = unsafe {
-        HostMemory::from_raw_parts(addr, len, move || {
-            drop(buffer);
+        HostMemory::from_raw_parts(buffer.cast::<u8>().add(3), len, move || {
+            let slice = std::ptr::slice_from_raw_parts_mut(owned as *mut u8, len + 3);
+            // SAFETY: the box leaked above, freed once here.
+            drop(Box::from_raw(slice));
             flag.store(true, Ordering::SeqCst);
         })
     };
