@@ -112,6 +112,24 @@ fn put(engine: &mut TransferEngine, keys: &[i64]) -> Vec<PutOutcome> {
     engine.put_blocks(keys, &blocks).expect("put_blocks")
 }
 
+/// Puts blocks `keys` through an engine whose pool wire is `wire` and gets them back:
+/// every block must be written and hit by `path`, byte-exact. Returns the engine.
+fn round_trip_by(
+    server: &TestServer,
+    (wire, path): (Wire, TransferPath),
+    keys: &[i64],
+) -> TransferEngine {
+    let config = TransferConfig {
+        pool_wire: wire,
+        ..TransferConfig::default()
+    };
+    let mut engine = engine(server, "on_pool", config);
+    assert_eq!(written_by(&put(&mut engine, keys)), vec![path; keys.len()]);
+    let got = get_checked(&mut engine, keys);
+    assert_eq!(got, vec![GetOutcome::Hit(path); keys.len()]);
+    engine
+}
+
 /// Gets blocks `keys`; every hit must carry exactly its pattern. Returns the outcomes (an
 /// error when the server refused the lookup).
 fn try_get_checked(
@@ -227,27 +245,15 @@ fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
 fn a_thousand_blocks_of_four_specs_round_trip_through_the_pool_on_both_wires_and_through_files() {
     let (runtime, server, _node) = prepare(200, "80M");
     let keys: Vec<i64> = (1..=1000).collect();
-    for (wire, expected, keys) in [
+    for (wire, path, keys) in [
         (Wire::Tcp, TransferPath::PoolSoftTcp, &keys[..500]),
         (Wire::Shm, TransferPath::PoolSoftShm, &keys[500..]),
     ] {
-        let config = TransferConfig {
-            pool_wire: wire,
-            ..TransferConfig::default()
-        };
-        let mut engine = engine(&server, "on_pool", config);
-        let put_outcomes = put(&mut engine, keys);
-        assert!(written_by(&put_outcomes).iter().all(|p| *p == expected));
+        let mut engine = round_trip_by(&server, (wire, path), keys);
         let again = put(&mut engine, keys);
         assert!(
             again.iter().all(|o| *o == PutOutcome::Present),
             "a second put writes nothing"
-        );
-        let got = get_checked(&mut engine, keys);
-        assert!(
-            got.iter().all(|o| *o == GetOutcome::Hit(expected)),
-            "{:?}",
-            &got[..3]
         );
     }
     // Every block reads back on the other wire too (same bytes, other path).
@@ -454,14 +460,11 @@ fn a_pool_node_sits_on_huge_pages_when_the_kernel_has_them_or_loud_skip() {
         );
     }
     let keys: Vec<i64> = (1..=100).collect();
-    for (wire, keys) in [(Wire::Tcp, &keys[..50]), (Wire::Shm, &keys[50..])] {
-        let config = TransferConfig {
-            pool_wire: wire,
-            ..TransferConfig::default()
-        };
-        let mut engine = engine(&server, "on_pool", config);
-        put(&mut engine, keys);
-        assert_eq!(hits(&get_checked(&mut engine, keys)), keys.len());
+    for (wire, path, keys) in [
+        (Wire::Tcp, TransferPath::PoolSoftTcp, &keys[..50]),
+        (Wire::Shm, TransferPath::PoolSoftShm, &keys[50..]),
+    ] {
+        round_trip_by(&server, (wire, path), keys);
     }
     let used: Vec<u64> = runtime
         .block_on(members(&server, "pool_a"))
@@ -580,14 +583,7 @@ fn a_batch_spread_over_two_pool_nodes_round_trips_on_every_path() {
         (Wire::Tcp, TransferPath::PoolSoftTcp, &keys[..80]),
         (Wire::Shm, TransferPath::PoolSoftShm, &keys[80..160]),
     ] {
-        let config = TransferConfig {
-            pool_wire: wire,
-            ..TransferConfig::default()
-        };
-        let mut engine = engine(&server, "on_pool", config);
-        assert_eq!(written_by(&put(&mut engine, keys)), vec![path; keys.len()]);
-        let got = get_checked(&mut engine, keys);
-        assert_eq!(got, vec![GetOutcome::Hit(path); keys.len()]);
+        round_trip_by(&server, (wire, path), keys);
     }
     let mut engine = engine(&server, "on_pool", TransferConfig::default());
     round_trip_in_registered_memory(&mut engine, &keys[160..], TransferPath::PoolSoftTcpZeroCopy);

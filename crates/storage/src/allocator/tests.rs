@@ -410,6 +410,17 @@ fn check_refused_free(pool: &mut PoolAllocator, model: &Model, offset: u64) {
     assert_eq!(pool.stats(), before);
 }
 
+/// The allocator's accounting after an operation: it adds up, and its usage and live
+/// count are the model's.
+fn check_against_model(pool: &PoolAllocator, model: &Model) -> Result<(), TestCaseError> {
+    let stats = pool.stats();
+    assert_accounting_adds_up(&stats);
+    prop_assert_eq!(stats.used_bytes, model.live.values().sum::<u64>());
+    prop_assert_eq!(stats.live_allocations, model.live.len());
+    prop_assert_eq!(pool.live_allocations(), model.live.len());
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -422,11 +433,7 @@ proptest! {
         let mut model = Model::default();
         for op in &ops {
             apply(&mut pool, &mut model, op);
-            let stats = pool.stats();
-            assert_accounting_adds_up(&stats);
-            prop_assert_eq!(stats.used_bytes, model.live.values().sum::<u64>());
-            prop_assert_eq!(stats.live_allocations, model.live.len());
-            prop_assert_eq!(pool.live_allocations(), model.live.len());
+            check_against_model(&pool, &model)?;
         }
         let offsets: Vec<u64> = model.live.keys().copied().collect();
         for offset in offsets {
@@ -532,10 +539,7 @@ proptest! {
         model.freed.clear();
         for op in &after {
             apply(&mut pool, &mut model, op);
-            let stats = pool.stats();
-            assert_accounting_adds_up(&stats);
-            prop_assert_eq!(stats.used_bytes, model.live.values().sum::<u64>());
-            prop_assert_eq!(stats.live_allocations, model.live.len());
+            check_against_model(&pool, &model)?;
         }
         let offsets: Vec<u64> = model.live.keys().copied().collect();
         for offset in offsets {
