@@ -7,7 +7,8 @@
 //! (checksums on), `shm-nosum` (checksums off: their cost), `shm-staged` (blocks in "device"
 //! memory through the staging ring, HostStaging with two slots of a quarter batch: the
 //! ring's cost without a GPU), `tcp-zc` / `tcp-zc-nosum` (the host buffers registered with
-//! the engine: zero-copy over soft-TCP, with and without checksums).
+//! the engine: zero-copy over soft-TCP, with and without checksums), `file-reg` (the same
+//! registration on the file tier: io_uring registered buffers).
 //!
 //! `cargo bench --bench data_plane` (a real `kvcm serve --pool-size 1G` on free ports;
 //! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5). Figures include the control
@@ -265,7 +266,8 @@ enum Case {
     NoChecksums,
     /// Through the staging ring.
     Staged,
-    /// Host buffers registered with the engine (zero-copy on TCP), checksums on.
+    /// Host buffers registered with the engine (zero-copy on TCP, io_uring registered
+    /// buffers on files), checksums on.
     Registered,
     /// Host buffers registered with the engine, checksums off.
     RegisteredNoChecksums,
@@ -315,6 +317,7 @@ fn main() {
                 Case::RegisteredNoChecksums,
             ),
             ("file", "file", Wire::Tcp, f64::NAN, Case::Host),
+            ("file-reg", "file", Wire::Tcp, f64::NAN, Case::Registered),
         ];
         for (name, tier, wire, floor, case) in cases {
             let checksums = !matches!(case, Case::NoChecksums | Case::RegisteredNoChecksums);

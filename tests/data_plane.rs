@@ -609,11 +609,12 @@ fn a_batch_spread_over_two_pool_nodes_round_trips_on_every_path() {
 /// every block must go by `path` and read back byte-exact; the memory is deregistered after.
 fn round_trip_in_registered_memory(engine: &mut TransferEngine, keys: &[i64], path: TransferPath) {
     let count = keys.len();
-    let mut memory = vec![0u8; 2 * count * BLOCK_BYTES];
+    let mut aligned = kvcm_data::AlignedBuf::new(2 * count * BLOCK_BYTES);
+    let memory = aligned.as_mut_slice();
     let base = memory.as_mut_ptr();
     // SAFETY: `memory` is deregistered below, before it drops, and never reallocated.
     unsafe { engine.register_memory(base, memory.len()) }.expect("register");
-    for (block, parts) in parts_in(&mut memory, 0, count).into_iter().enumerate() {
+    for (block, parts) in parts_in(memory, 0, count).into_iter().enumerate() {
         for (spec, part) in parts.into_iter().enumerate() {
             part.copy_from_slice(&pattern(keys[block], spec));
         }
@@ -625,10 +626,10 @@ fn round_trip_in_registered_memory(engine: &mut TransferEngine, keys: &[i64], pa
     let put = engine.put_blocks(keys, &blocks).expect("put");
     assert_eq!(written_by(&put), vec![path; count]);
     let got = engine
-        .get_blocks(keys, &mut parts_in(&mut memory, count, count))
+        .get_blocks(keys, &mut parts_in(memory, count, count))
         .expect("get");
     assert_eq!(got, vec![GetOutcome::Hit(path); count]);
-    for (block, parts) in parts_in(&mut memory, count, count).iter().enumerate() {
+    for (block, parts) in parts_in(memory, count, count).iter().enumerate() {
         for (spec, part) in parts.iter().enumerate() {
             assert!(
                 **part == pattern(keys[block], spec),
@@ -677,6 +678,30 @@ fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
         got,
         vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); keys.len()]
     );
+}
+
+/// File-tier blocks in memory registered with the engine move through io_uring's
+/// registered buffers (O_DIRECT: the memory is page aligned), both ways, byte-exact, and
+/// say so; once deregistered, the same blocks read as before.
+#[test]
+fn file_blocks_in_registered_memory_move_through_registered_buffers_and_say_so() {
+    let (_runtime, server, _node) = prepare(100, "80M");
+    let mut files = engine(&server, "on_file", TransferConfig::default());
+    assert_eq!(files.file_buffers(), (0, None));
+    let keys: Vec<i64> = (1..=32).collect();
+    let registered = TransferPath::File(kvcm_data::IoPath::UringDirectRegistered);
+    round_trip_in_registered_memory(&mut files, &keys, registered);
+    assert_eq!(
+        files.file_buffers(),
+        (0, None),
+        "deregistered from io_uring too"
+    );
+    let mut memory = kvcm_data::AlignedBuf::new(keys.len() * BLOCK_BYTES);
+    let got = files
+        .get_blocks(&keys, &mut parts_in(memory.as_mut_slice(), 0, keys.len()))
+        .expect("get");
+    let unregistered = TransferPath::File(kvcm_data::IoPath::UringDirect);
+    assert_eq!(got, vec![GetOutcome::Hit(unregistered); keys.len()]);
 }
 
 /// Cancel safety: a get into registered memory from a node that stopped answering gives

@@ -83,6 +83,16 @@ pub enum DataError {
         /// The bytes there were before end of file.
         got: usize,
     },
+    /// A range could not be registered (or unregistered) as an io_uring buffer.
+    #[error("cannot register {len} bytes at {addr:#x} as an io_uring buffer: {reason}")]
+    RegisterBuffer {
+        /// The range's address.
+        addr: usize,
+        /// Its length (0 when unregistering).
+        len: usize,
+        /// Why: the rule it breaks, or the kernel's error.
+        reason: String,
+    },
 }
 
 impl DataError {

@@ -460,3 +460,147 @@ fn one_file_io_serves_several_threads() {
         });
     }
 }
+
+/// Ops inside a registered range move through io_uring's buffer table and say so; ops
+/// outside it, straddling its end, or after it is unregistered move as before; the bytes
+/// are the same either way.
+#[test]
+fn ops_in_a_registered_buffer_move_through_it_and_say_so() {
+    let blocks = 4;
+    // Declared before `io`, so dropped after it even when an assertion fails.
+    let mut arena = AlignedBuf::new(blocks * BLOCK);
+    let io = FileIo::new(FileIoConfig::default());
+    assert_eq!(io.backend().0, IoBackend::Uring, "{:?}", io.backend());
+    let dir = scratch_dir();
+    let file = dir.path().join("i/tp0/registered");
+    for (n, chunk) in arena.as_mut_slice().chunks_mut(BLOCK).enumerate() {
+        chunk.copy_from_slice(&pattern(0, n, BLOCK));
+    }
+    let base = arena.as_mut_slice().as_mut_ptr();
+    // SAFETY: the first three blocks of `arena` stay allocated until they are unregistered
+    // below.
+    unsafe { io.register_buffer(base, 3 * BLOCK) }.unwrap();
+    assert_eq!(io.registered_buffers(), 1);
+    let outside = aligned_copy(&pattern(0, 9, BLOCK));
+    let ops: Vec<WriteOp<'_>> = arena
+        .as_slice()
+        .chunks(BLOCK)
+        .chain([outside.as_slice()])
+        .enumerate()
+        .map(|(n, data)| WriteOp {
+            path: &file,
+            offset: (n * BLOCK) as u64,
+            data,
+        })
+        .collect();
+    let paths: Vec<IoPath> = io
+        .write_blocks(&ops)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let registered = IoPath::UringDirectRegistered;
+    let unregistered = IoPath::UringDirect;
+    assert_eq!(
+        paths,
+        [
+            registered,
+            registered,
+            registered,
+            unregistered,
+            unregistered
+        ]
+    );
+    assert_eq!(
+        registered.to_string(),
+        "io_uring O_DIRECT, registered buffer"
+    );
+
+    // Read back: into the registered range, then into a span straddling its end.
+    arena.as_mut_slice().fill(0);
+    let (head, tail) = arena.as_mut_slice().split_at_mut(2 * BLOCK);
+    let mut straddling = [&mut head[..BLOCK], &mut tail[..]];
+    let mut ops: Vec<ReadOp<'_>> = straddling
+        .iter_mut()
+        .enumerate()
+        .map(|(n, buf)| ReadOp {
+            path: &file,
+            offset: (n * 2 * BLOCK) as u64,
+            buf,
+        })
+        .collect();
+    let paths: Vec<IoPath> = io
+        .read_blocks(&mut ops)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        paths,
+        [registered, IoPath::UringDirect],
+        "the second straddles the end"
+    );
+    let arena_bytes = arena.as_slice();
+    assert_eq!(&arena_bytes[..BLOCK], pattern(0, 0, BLOCK));
+    assert_eq!(&arena_bytes[2 * BLOCK..3 * BLOCK], pattern(0, 2, BLOCK));
+    assert_eq!(&arena_bytes[3 * BLOCK..], pattern(0, 3, BLOCK));
+
+    assert!(io.deregister_buffer(base).unwrap());
+    assert!(!io.deregister_buffer(base).unwrap(), "already gone");
+    assert_eq!(io.registered_buffers(), 0);
+    let mut again = AlignedBuf::new(BLOCK);
+    let mut ops = [ReadOp {
+        path: &file,
+        offset: 0,
+        buf: again.as_mut_slice(),
+    }];
+    assert_all_ok(&io.read_blocks(&mut ops), IoPath::UringDirect);
+    assert_eq!(again.as_slice(), pattern(0, 0, BLOCK));
+}
+
+/// Bad ranges are refused with the rule they break and change nothing; the psync backend
+/// refuses registration and names itself; a freed slot is taken again (more registrations
+/// than the table has slots, one after the other).
+#[test]
+fn registration_refuses_bad_ranges_and_reuses_slots() {
+    let mut arena = AlignedBuf::new(4 * BLOCK);
+    let io = FileIo::new(FileIoConfig::default());
+    let base = arena.as_mut_slice().as_mut_ptr();
+    // SAFETY: `arena` stays allocated until the range is unregistered below; what is
+    // refused registers nothing.
+    unsafe {
+        io.register_buffer(base, 2 * BLOCK).unwrap();
+        for (addr, len, says) in [
+            (base.wrapping_add(BLOCK), 2 * BLOCK, "overlaps"),
+            (base.wrapping_add(3 * BLOCK), 0, "empty"),
+            (std::ptr::null_mut(), BLOCK, "null"),
+        ] {
+            let error = io.register_buffer(addr, len).unwrap_err();
+            assert!(
+                matches!(error, DataError::RegisterBuffer { .. }),
+                "{error:?}"
+            );
+            assert!(error.to_string().contains(says), "{error}");
+        }
+    }
+    assert_eq!(io.registered_buffers(), 1, "refusals changed nothing");
+    assert!(io.deregister_buffer(base).unwrap());
+    let tail = base.wrapping_add(2 * BLOCK);
+    for _ in 0..1100 {
+        // SAFETY: `arena` stays allocated; each registration is undone before the next.
+        unsafe { io.register_buffer(tail, BLOCK) }.unwrap();
+        assert!(io.deregister_buffer(tail).unwrap());
+    }
+
+    let psync = FileIo::new(FileIoConfig {
+        force_psync: true,
+        ..FileIoConfig::default()
+    });
+    // SAFETY: refused (psync), so nothing is registered.
+    let error = unsafe { psync.register_buffer(base, BLOCK) }.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("psync backend runs (force_psync is set)"),
+        "{error}"
+    );
+    assert!(!psync.deregister_buffer(base).unwrap());
+}

@@ -334,6 +334,8 @@ pub struct TransferEngine {
     caller: CallerMemory,
     /// Pool nodes whose link failed during the current put or get (not retried in it).
     failed_this_call: Vec<SocketAddr>,
+    /// Why the file I/O last refused to register (or unregister) a caller's range.
+    file_buffer_refused: Option<String>,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -358,6 +360,7 @@ impl TransferEngine {
             links: HashMap::new(),
             caller: CallerMemory::default(),
             failed_this_call: Vec::new(),
+            file_buffer_refused: None,
             config,
         })
     }
@@ -366,8 +369,11 @@ impl TransferEngine {
     /// zero-copy transfers: buffers of later puts and gets that lie inside it move between
     /// the NIC and these bytes directly on soft-TCP and verbs (reported as
     /// [`TransferPath::PoolSoftTcpZeroCopy`] / [`TransferPath::PoolVerbsZeroCopy`]); each
-    /// pool link registers the range with its domain on first use. Refused (nothing
-    /// changes) for a null address, zero length, or a range overlapping one registered.
+    /// pool link registers the range with its domain on first use. The range is also
+    /// registered with the file I/O's io_uring, so file-tier blocks inside it move through
+    /// registered buffers (where io_uring refuses, they move as before, and
+    /// [`TransferEngine::file_buffers`] says why). Refused (nothing changes) for a null
+    /// address, zero length, or a range overlapping one registered.
     ///
     /// # Safety
     /// The bytes stay allocated until [`TransferEngine::deregister_memory`] of `addr`
@@ -379,7 +385,13 @@ impl TransferEngine {
     /// buffer always does (Miri's aliasing models would flag it).
     pub unsafe fn register_memory(&mut self, addr: *mut u8, len: usize) -> Result<(), ClientError> {
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.caller.add(addr, len) }.map_err(ClientError::InvalidArgument)
+        unsafe { self.caller.add(addr, len) }.map_err(ClientError::InvalidArgument)?;
+        // SAFETY: forwarded from this function's contract (deregister_memory unregisters
+        // the range from the file I/O too, before the bytes may be freed).
+        if let Err(refused) = unsafe { self.files.register_buffer(addr, len) } {
+            self.file_buffer_refused = Some(refused.to_string());
+        }
+        Ok(())
     }
 
     /// Forgets the range registered at `addr` (every link drops its registration); its
@@ -394,7 +406,20 @@ impl TransferEngine {
         for link in self.links.values_mut() {
             link.forget(base);
         }
+        if let Err(error) = self.files.deregister_buffer(addr) {
+            self.file_buffer_refused = Some(error.to_string());
+        }
         Ok(())
+    }
+
+    /// How many registered ranges the file I/O also moves blocks through (io_uring's
+    /// registered buffers: [`kvcm_data::IoPath::UringDirectRegistered`]), and why the last
+    /// one it refused was refused (psync backend, a range over 1 GiB, RLIMIT_MEMLOCK).
+    pub fn file_buffers(&self) -> (usize, Option<&str>) {
+        (
+            self.files.registered_buffers(),
+            self.file_buffer_refused.as_deref(),
+        )
     }
 
     /// The control-plane client (lookups, removals).

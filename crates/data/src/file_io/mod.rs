@@ -16,8 +16,11 @@
 //! * writes are not synced: a block is in the page cache (buffered) or on the device's cache
 //!   (O_DIRECT) when the call returns.
 //!
-//! Registered (fixed) buffers are not used: every op passes its own buffer address.
+//! * an op whose whole buffer lies in a range registered with [`FileIo::register_buffer`]
+//!   moves through io_uring's registered (fixed) buffer table (`READ_FIXED` / `WRITE_FIXED`:
+//!   its pages were pinned once, not per I/O); its [`IoPath`] says so.
 
+mod fixed;
 mod open;
 mod psync;
 mod uring;
@@ -87,6 +90,10 @@ pub enum IoPath {
     PsyncDirect,
     /// `pread`/`pwrite`, page cache.
     PsyncBuffered,
+    /// io_uring, O_DIRECT, from or into a registered buffer.
+    UringDirectRegistered,
+    /// io_uring, page cache, from or into a registered buffer.
+    UringBufferedRegistered,
 }
 
 impl IoPath {
@@ -98,6 +105,15 @@ impl IoPath {
             (IoBackend::Psync, false) => IoPath::PsyncBuffered,
         }
     }
+
+    /// The same path through a registered buffer.
+    fn registered(self) -> IoPath {
+        match self {
+            IoPath::UringDirect => IoPath::UringDirectRegistered,
+            IoPath::UringBuffered => IoPath::UringBufferedRegistered,
+            other => other,
+        }
+    }
 }
 
 impl fmt::Display for IoPath {
@@ -107,6 +123,8 @@ impl fmt::Display for IoPath {
             IoPath::UringBuffered => "io_uring buffered",
             IoPath::PsyncDirect => "psync O_DIRECT",
             IoPath::PsyncBuffered => "psync buffered",
+            IoPath::UringDirectRegistered => "io_uring O_DIRECT, registered buffer",
+            IoPath::UringBufferedRegistered => "io_uring buffered, registered buffer",
         })
     }
 }
@@ -169,6 +187,50 @@ impl FileIo {
         (backend, self.fallback_reason.as_deref())
     }
 
+    /// Registers `len` bytes at `addr` (an engine's KV buffers) with io_uring: later ops whose
+    /// whole buffer lies inside move through it ([`IoPath::UringDirectRegistered`],
+    /// [`IoPath::UringBufferedRegistered`]). Refused, changing nothing, on the psync backend,
+    /// for a null, empty, overlapping or longer than 1 GiB range, when 1024 ranges are
+    /// registered, or when the kernel refuses (RLIMIT_MEMLOCK, no sparse buffer tables
+    /// before Linux 5.19); ops then run as before.
+    ///
+    /// # Safety
+    /// The bytes stay allocated until [`FileIo::deregister_buffer`] of `addr` returns or
+    /// this `FileIo` drops (the kernel pinned their pages and moves data through them).
+    pub unsafe fn register_buffer(&self, addr: *mut u8, len: usize) -> Result<(), DataError> {
+        let refused = |reason: String| DataError::RegisterBuffer {
+            addr: addr as usize,
+            len,
+            reason,
+        };
+        let Some(ring) = &self.ring else {
+            let why = self.fallback_reason.as_deref().unwrap_or("no io_uring");
+            return Err(refused(format!("the psync backend runs ({why})")));
+        };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { lock(ring).register(addr, len) }.map_err(refused)
+    }
+
+    /// Unregisters the range registered at `addr`; its bytes may be freed once this returns.
+    /// Returns false when no range starts at `addr`.
+    pub fn deregister_buffer(&self, addr: *const u8) -> Result<bool, DataError> {
+        let Some(ring) = &self.ring else {
+            return Ok(false);
+        };
+        lock(ring)
+            .deregister(addr)
+            .map_err(|reason| DataError::RegisterBuffer {
+                addr: addr as usize,
+                len: 0,
+                reason: format!("unregistering it failed: {reason}"),
+            })
+    }
+
+    /// How many ranges are registered.
+    pub fn registered_buffers(&self) -> usize {
+        self.ring.as_ref().map_or(0, |ring| lock(ring).registered())
+    }
+
     /// Writes every op's bytes; one result per op, in order.
     pub fn write_blocks(&self, ops: &[WriteOp<'_>]) -> Vec<Result<IoPath, DataError>> {
         let shapes = ops.iter().map(|op| BlockShape {
@@ -193,19 +255,26 @@ impl FileIo {
                 .filter_map(|index| {
                     let file = files.get(index).ok()?;
                     let op = &ops[index];
-                    Some((index, psync::write_at(&file.file, op.data, op.offset)))
+                    Some((
+                        index,
+                        (psync::write_at(&file.file, op.data, op.offset), false),
+                    ))
                 })
                 .collect(),
         };
         let mut results = self.results_after_open(&files, ops.len());
-        for (index, outcome) in outcomes {
+        for (index, (outcome, registered)) in outcomes {
             let op = &ops[index];
-            if let Err(source) = outcome {
-                results[index] = Err(DataError::Write {
-                    path: op.path.to_owned(),
-                    offset: op.offset,
-                    source,
-                });
+            match outcome {
+                Err(source) => {
+                    results[index] = Err(DataError::Write {
+                        path: op.path.to_owned(),
+                        offset: op.offset,
+                        source,
+                    })
+                }
+                Ok(_) if registered => mark_registered(&mut results[index]),
+                Ok(_) => {}
             }
         }
         results
@@ -237,14 +306,19 @@ impl FileIo {
                 .enumerate()
                 .filter_map(|(index, op)| {
                     let file = files.get(index).ok()?;
-                    Some((index, psync::read_at(&file.file, op.buf, op.offset)))
+                    Some((
+                        index,
+                        (psync::read_at(&file.file, op.buf, op.offset), false),
+                    ))
                 })
                 .collect(),
         };
         let mut results = self.results_after_open(&files, ops.len());
-        for (index, outcome) in outcomes {
-            if let Err(error) = read_outcome(&ops[index], outcome) {
-                results[index] = Err(error);
+        for (index, (outcome, registered)) in outcomes {
+            match read_outcome(&ops[index], outcome) {
+                Err(error) => results[index] = Err(error),
+                Ok(()) if registered => mark_registered(&mut results[index]),
+                Ok(()) => {}
             }
         }
         results
@@ -278,15 +352,29 @@ impl fmt::Debug for FileIo {
     }
 }
 
+/// An op's outcome: bytes moved or the error, and whether through a registered buffer.
+type Outcome = (io::Result<usize>, bool);
+
+/// The ring, locked.
+fn lock(ring: &Mutex<Ring>) -> std::sync::MutexGuard<'_, Ring> {
+    ring.lock()
+        .expect("an earlier panic left the io_uring ring in an unknown state")
+}
+
+/// Records that an op that succeeded moved through a registered buffer.
+fn mark_registered(result: &mut Result<IoPath, DataError>) {
+    if let Ok(path) = result {
+        *path = path.registered();
+    }
+}
+
 /// Runs the transfers on the ring; returns each one's op index and outcome.
 fn run_on_ring(
     ring: &Mutex<Ring>,
     indexed: impl Iterator<Item = (usize, Transfer)>,
-) -> Vec<(usize, io::Result<usize>)> {
+) -> Vec<(usize, Outcome)> {
     let (op_indexes, mut transfers): (Vec<usize>, Vec<Transfer>) = indexed.unzip();
-    ring.lock()
-        .expect("an earlier panic left the io_uring ring in an unknown state")
-        .run(&mut transfers);
+    lock(ring).run(&mut transfers);
     op_indexes
         .into_iter()
         .zip(transfers.into_iter().map(Transfer::outcome))

@@ -8,12 +8,20 @@
 //! io_uring_enter error that leaves that unknown (none is expected in correct use: only EINTR,
 //! EAGAIN and EBUSY are, and they are retried) aborts the process rather than return while the
 //! kernel may still write into memory the caller will free.
+//!
+//! Registered buffers: a transfer whose whole buffer lies in a range registered with
+//! [`Ring::register`] moves through that slot of the kernel's buffer table
+//! (`READ_FIXED` / `WRITE_FIXED`: the pages were pinned once, at registration, not per I/O).
+//! Registration changes happen under the same `&mut Ring` as `run`, so never while an entry
+//! that uses a slot is in flight.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 
 use io_uring::{opcode, squeue, types, IoUring};
+
+use super::fixed::{FixedTable, FIXED_SLOTS};
 
 /// The most bytes one submission entry moves (its length field is 32-bit); a longer op is
 /// moved in several entries, one after the other.
@@ -26,6 +34,7 @@ const MAX_QUEUE_DEPTH: u32 = 4096;
 pub(super) struct Ring {
     ring: IoUring,
     depth: usize,
+    fixed: FixedTable,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +53,8 @@ pub(super) struct Transfer {
     offset: u64,
     done: usize,
     outcome: Option<io::Result<usize>>,
+    /// The registered buffer slot holding the whole buffer, if one does.
+    fixed: Option<u16>,
 }
 
 impl Transfer {
@@ -72,12 +83,15 @@ impl Transfer {
             offset,
             done: 0,
             outcome: (len == 0).then_some(Ok(0)),
+            fixed: None,
         }
     }
 
-    /// The outcome; `run` gives every transfer one.
-    pub fn outcome(self) -> io::Result<usize> {
-        self.outcome.expect("Ring::run finishes every transfer")
+    /// The outcome, and whether it moved through a registered buffer; `run` gives every
+    /// transfer one.
+    pub fn outcome(self) -> (io::Result<usize>, bool) {
+        let outcome = self.outcome.expect("Ring::run finishes every transfer");
+        (outcome, self.fixed.is_some())
     }
 
     /// The submission entry for the next chunk of the remainder.
@@ -86,9 +100,15 @@ impl Transfer {
         let addr = self.addr.wrapping_add(self.done);
         let offset = self.offset + self.done as u64;
         let fd = types::Fd(self.fd);
-        let entry = match self.direction {
-            Direction::Read => opcode::Read::new(fd, addr, chunk).offset(offset).build(),
-            Direction::Write => opcode::Write::new(fd, addr, chunk).offset(offset).build(),
+        let entry = match (self.direction, self.fixed) {
+            (Direction::Read, None) => opcode::Read::new(fd, addr, chunk).offset(offset).build(),
+            (Direction::Write, None) => opcode::Write::new(fd, addr, chunk).offset(offset).build(),
+            (Direction::Read, Some(slot)) => opcode::ReadFixed::new(fd, addr, chunk, slot)
+                .offset(offset)
+                .build(),
+            (Direction::Write, Some(slot)) => opcode::WriteFixed::new(fd, addr, chunk, slot)
+                .offset(offset)
+                .build(),
         };
         entry.user_data(user_data)
     }
@@ -126,11 +146,77 @@ impl Ring {
         Ok(Ring {
             ring: IoUring::new(depth)?,
             depth: depth as usize,
+            fixed: FixedTable::default(),
         })
     }
 
-    /// Runs every transfer to its outcome, keeping up to `depth` entries in flight.
+    /// Registers `len` bytes at `addr` as a fixed buffer (the kernel pins its pages);
+    /// refused, changing nothing, for an empty, overlapping or too long range, a full
+    /// table, or a kernel that refuses (no sparse tables before Linux 5.19, RLIMIT_MEMLOCK).
+    ///
+    /// # Safety
+    /// The bytes stay allocated until [`Ring::deregister`] of `addr` or the ring's drop:
+    /// the kernel moves a transfer's bytes through the pages pinned here, so memory freed
+    /// and reused at the same address while registered would not see them.
+    pub unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<(), String> {
+        let slot = self.fixed.slot_for(addr as usize, len)?;
+        if !self.fixed.is_set_up() {
+            let slots = FIXED_SLOTS as u32;
+            let sparse = self.ring.submitter().register_buffers_sparse(slots);
+            sparse.map_err(|e| format!("no sparse buffer table: {e}"))?;
+            self.fixed.set_up();
+        }
+        let range = libc::iovec {
+            iov_base: addr.cast(),
+            iov_len: len,
+        };
+        // SAFETY: the kernel pins the pages of `range`, which the caller keeps allocated
+        // while registered (this function's contract); `slot` is a free slot of the sparse
+        // table set up above (`slot_for` found it), so no registered range is replaced.
+        unsafe {
+            self.ring
+                .submitter()
+                .register_buffers_update(slot as u32, &[range], None)
+        }
+        .map_err(|e| e.to_string())?;
+        self.fixed.fill(slot, addr as usize, len);
+        Ok(())
+    }
+
+    /// Unregisters the range starting at `addr` (the kernel unpins it); false when none
+    /// does. The range is never used again even when the kernel reports an error (then its
+    /// pages stay pinned until the slot is reused or the ring drops).
+    pub fn deregister(&mut self, addr: *const u8) -> Result<bool, String> {
+        let Some(slot) = self.fixed.slot_starting_at(addr as usize) else {
+            return Ok(false);
+        };
+        self.fixed.clear(slot);
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        // SAFETY: an empty entry pins nothing; it replaces this slot's range, and no entry
+        // is in flight (`run` holds `&mut self` until all complete), so none uses it.
+        unsafe {
+            self.ring
+                .submitter()
+                .register_buffers_update(slot as u32, &[empty], None)
+        }
+        .map_err(|e| e.to_string())?;
+        Ok(true)
+    }
+
+    /// How many ranges are registered.
+    pub fn registered(&self) -> usize {
+        self.fixed.len()
+    }
+
+    /// Runs every transfer to its outcome, keeping up to `depth` entries in flight; those
+    /// whose buffer lies in a registered range move through its slot.
     pub fn run(&mut self, transfers: &mut [Transfer]) {
+        for transfer in transfers.iter_mut() {
+            transfer.fixed = self.fixed.containing(transfer.addr as usize, transfer.len);
+        }
         let mut waiting: VecDeque<usize> = (0..transfers.len())
             .filter(|&index| transfers[index].outcome.is_none())
             .collect();
@@ -160,7 +246,9 @@ impl Ring {
             // caller of FileIo::{read,write}_blocks borrows (exclusively for reads) for the whole
             // call, and its fd belongs to a FileTable that outlives `run`; `run` returns only
             // once this entry has completed (module invariant), so neither is used by the kernel
-            // after it is released.
+            // after it is released. A fixed entry's slot holds a range containing the whole
+            // buffer (`run` chose it), so the kernel's bounds check passes and its pinned pages
+            // are the buffer's own.
             if unsafe { queue.push(&entry) }.is_err() {
                 break;
             }
