@@ -4,7 +4,8 @@
 //! a paused leader that resumes after losing its lease restarts itself and follows;
 //! LeaderDemote is answered, then the demoted node restarts (keeping its campaign pause) and
 //! follows; SIGTERM stops a
-//! leader without a restart. (In a test binary of its own: it times leases, and the local
+//! leader without a restart; pool blocks survive a leader change when their node resumes.
+//! (In a test binary of its own, its tests one at a time: they time leases, and the local
 //! crash test's fsync storm beside it starved a leader's renewals on 2 cores.)
 
 mod common;
@@ -16,10 +17,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::crash::{batch_get, stream, verify, Book, INSTANCE, WRITERS};
+use common::pool::{group, live_range, members, pool_storage, PoolProcess};
 use common::TestServer;
 use kvcm::proto::admin;
 use kvcm::proto::admin::admin_service_client::AdminServiceClient;
+use kvcm_client::{
+    ClientConfig, GetOutcome, PutOutcome, ServerAddress, TransferConfig, TransferEngine,
+    TransferPath, Wire,
+};
+use serde_json::json;
 use tonic::transport::Channel;
+
+/// Held by each test for its whole run: they time leases, so they run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Lease of the shared-store nodes (longer than a promotion of the test's ~1.5k entries on a
 /// loaded 2-core machine, ~3 s at worst seen).
@@ -95,6 +105,7 @@ async fn on_a_shared_redis_store_the_next_leader_serves_every_acknowledged_write
     if !redis_support::redis_available("on_a_shared_redis_store") {
         return;
     }
+    let _alone = ONE_AT_A_TIME.lock().await;
     let redis_dir = tempfile::tempdir().expect("redis dir");
     // The kvcm processes are killed here, not Redis: its fsync policy is not under test, and
     // `always` stalls its main thread (the lock's renewals too) on a busy disk.
@@ -202,4 +213,123 @@ fn signal(pid: u32, name: &str) {
         .status()
         .expect("kill");
     assert!(sent.success(), "kill -{name} {pid}");
+}
+
+/// Bytes of one block's part: distinct for every key.
+const PART_BYTES: usize = 16 << 10;
+
+fn part_of(key: i64) -> Vec<u8> {
+    let seed = (key as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (0..PART_BYTES as u64)
+        .map(|i| (seed.wrapping_add(i.wrapping_mul(0x2545_f491)) >> 24) as u8)
+        .collect()
+}
+
+/// A transfer engine for instance `on_pool` that knows every one of `servers` (it fails
+/// over between them), its lookups on soft-TCP.
+fn pool_engine(servers: &[&TestServer]) -> TransferEngine {
+    let client = ClientConfig {
+        servers: servers
+            .iter()
+            .map(|server| ServerAddress {
+                grpc: format!("http://{}", server.address("grpc")),
+                http: server.address("http"),
+            })
+            .collect(),
+        instance_id: "on_pool".into(),
+        wire: Some(Wire::Tcp),
+        api_key: None,
+        tls: None,
+    };
+    TransferEngine::connect(client, TransferConfig::default()).expect("engine")
+}
+
+/// Pool blocks survive a leader change on the shared store: the follower that takes over
+/// finds the pool parts in the store and holds them for the node's incarnation; the node
+/// (alive, its memory kept) passes to the next server, rejoins naming that incarnation and
+/// gets it back; every block then reads back byte-exact through the new leader, and new
+/// writes go to the node beside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_blocks_survive_a_leader_change_when_their_node_resumes() {
+    if !redis_support::redis_available("pool_blocks_survive_a_leader_change") {
+        return;
+    }
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis_dir = tempfile::tempdir().expect("redis dir");
+    let redis =
+        redis_support::RedisServer::start_with_args(redis_dir.path(), &["--appendfsync", "no"]);
+    let a = shared_node(&redis.uri(), "a").await;
+    wait_leads(&a, TAKEOVER).await;
+    let b = shared_node(&redis.uri(), "b").await;
+    let added = a
+        .admin_http("addStorage", json!({"storage": pool_storage("pool_a")}))
+        .await;
+    assert_eq!(common::code(&added), "OK", "{added}");
+    let created = a
+        .admin_http(
+            "createInstanceGroup",
+            json!({"instance_group": group("gp", &["pool_a"])}),
+        )
+        .await;
+    assert_eq!(common::code(&created), "OK", "{created}");
+    let registration = json!({"instance_group": "gp", "instance_id": "on_pool", "block_size": 16,
+        "location_spec_infos": [{"name": "tp0", "size": PART_BYTES}],
+        "model_deployment": {"model_name": "m", "dtype": "FP8", "tp_size": 1}});
+    let registered = a.meta_http("registerInstance", registration).await;
+    assert_eq!(common::code(&registered), "OK", "{registered}");
+    let b_http = b.address("http").to_string();
+    let _node =
+        PoolProcess::start_with(&a, "pool_a", "node-1", "32M", &["--server", &b_http]).await;
+    let range = live_range(&a, "pool_a", Some("node-1"), 1).await;
+
+    let keys: Vec<i64> = (1..=40).collect();
+    let parts: Vec<Vec<u8>> = keys.iter().map(|&k| part_of(k)).collect();
+    let blocks: Vec<Vec<&[u8]>> = parts.iter().map(|p| vec![p.as_slice()]).collect();
+    let put = tokio::task::block_in_place(|| pool_engine(&[&a, &b]).put_blocks(&keys, &blocks))
+        .expect("put");
+    assert_eq!(
+        put,
+        vec![PutOutcome::Written(TransferPath::PoolSoftTcp); keys.len()]
+    );
+
+    signal(a.pid(), "KILL");
+    wait_leads(&b, TAKEOVER).await;
+    let resumed = common::wait_until(Duration::from_secs(30), async || {
+        let nodes = members(&b, "pool_a").await;
+        let node = nodes
+            .iter()
+            .find(|n| n["node_id"] == "node-1" && n["live"] == true)?;
+        Some((nodes.len(), node["range_id"].as_u64()))
+    })
+    .await;
+    assert_eq!(
+        resumed,
+        Some((1, Some(range))),
+        "the node resumed its incarnation on the new leader: {}",
+        b.log()
+    );
+
+    let more: Vec<i64> = (100..=120).collect();
+    let more_parts: Vec<Vec<u8>> = more.iter().map(|&k| part_of(k)).collect();
+    let more_blocks: Vec<Vec<&[u8]>> = more_parts.iter().map(|p| vec![p.as_slice()]).collect();
+    let all: Vec<i64> = keys.iter().chain(&more).copied().collect();
+    let mut read: Vec<Vec<u8>> = vec![vec![0u8; PART_BYTES]; all.len()];
+    let (put_more, got) = tokio::task::block_in_place(|| {
+        let mut engine = pool_engine(&[&a, &b]);
+        let put_more = engine.put_blocks(&more, &more_blocks).expect("put after");
+        let mut outs: Vec<Vec<&mut [u8]>> =
+            read.iter_mut().map(|p| vec![p.as_mut_slice()]).collect();
+        (put_more, engine.get_blocks(&all, &mut outs).expect("get"))
+    });
+    assert_eq!(
+        put_more,
+        vec![PutOutcome::Written(TransferPath::PoolSoftTcp); more.len()]
+    );
+    assert_eq!(
+        got,
+        vec![GetOutcome::Hit(TransferPath::PoolSoftTcp); all.len()]
+    );
+    for (key, bytes) in all.iter().zip(&read) {
+        assert!(*bytes == part_of(*key), "block {key} reads back byte-exact");
+    }
 }
