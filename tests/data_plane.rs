@@ -680,6 +680,35 @@ fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
     );
 }
 
+/// Pool parts of one size on one node share one URI template in the lookup table, so once
+/// a reader knows it, gets of blocks new to it cost one round trip of table reads, no
+/// extra one for strings (format version 3; before, every pool part had a string of its
+/// own and every get of new blocks paid one more round trip).
+#[test]
+fn lookups_of_new_pool_blocks_on_a_known_node_need_no_extra_round_trip() {
+    let (_runtime, server, _node) = prepare(100, "80M");
+    let mut engine = engine(&server, "on_pool", TransferConfig::default());
+    let first: Vec<i64> = (1..=20).collect();
+    put(&mut engine, &first);
+    assert_eq!(hits(&get_checked(&mut engine, &first)), first.len());
+    let warm = engine.client().metrics();
+    for round in 1..=3 {
+        let keys: Vec<i64> = (round * 100..round * 100 + 20).collect();
+        put(&mut engine, &keys);
+        assert_eq!(hits(&get_checked(&mut engine, &keys)), keys.len());
+    }
+    let after = engine.client().metrics();
+    assert_eq!(
+        after.hits - warm.hits,
+        3,
+        "the fast path answered the three gets"
+    );
+    assert_eq!(
+        after.extra_round_trips, warm.extra_round_trips,
+        "no string reads for blocks new to the reader: {after:?}"
+    );
+}
+
 /// File-tier blocks in memory registered with the engine move through io_uring's
 /// registered buffers (O_DIRECT: the memory is page aligned), both ways, byte-exact, and
 /// say so; once deregistered, the same blocks read as before.

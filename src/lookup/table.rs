@@ -482,17 +482,19 @@ fn published(
 ) -> Vec<PublishedLocation> {
     let part = |(spec, template): (u16, Option<UriTemplate>)| {
         // A part the backend no longer knows keeps its spec and renders empty.
-        let UriTemplate { head, block, tail } = template.unwrap_or(UriTemplate {
-            head: String::new(),
-            block: None,
-            tail: String::new(),
-        });
+        let UriTemplate {
+            head,
+            block,
+            block_shift,
+            tail,
+        } = template.unwrap_or_else(|| UriTemplate::whole(String::new()));
         let has_block = block.is_some();
         (
             Template {
                 spec,
                 head,
                 has_block,
+                block_shift,
                 tail,
             },
             block.unwrap_or(0),

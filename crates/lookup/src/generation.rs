@@ -525,6 +525,7 @@ mod tests {
             spec,
             head: format!("file://n/{file}?blkid="),
             has_block: true,
+            block_shift: 0,
             tail: "&size=8".into(),
         };
         PublishedLocation {
@@ -677,6 +678,7 @@ mod load_tests {
             spec: 0,
             head: "h".into(),
             has_block: true,
+            block_shift: 0,
             tail: String::new(),
         };
         let mut rng_key = seed as i64;
@@ -718,6 +720,7 @@ mod move_tests {
             spec: 0,
             head: "h".into(),
             has_block: true,
+            block_shift: 0,
             tail: String::new(),
         };
         PublishedLocation {

@@ -8,8 +8,9 @@ use crate::seqlock::{self, Opened};
 
 /// "KVCMLKUP", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KVCMLKUP");
-/// The format version this build writes and reads (2: slots may carry checksums).
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this build writes and reads (2: slots may carry checksums; 3:
+/// templates may shift their block number, so a pool node's parts share one template).
+pub const FORMAT_VERSION: u32 = 3;
 /// Wires whose rkeys a header carries, by index.
 pub const WIRES: usize = 4;
 

@@ -4,9 +4,10 @@
 //!
 //! Entry: `payload_len: u32`, `kind: u32`, `checksum: u64` (xxh3 of the payload), payload,
 //! zero padding to a multiple of 8. Payloads:
-//! - [`Template`] (kind 1): `spec: u16`, `has_block: u8`, 0u8, `head_len: u32`, head bytes,
-//!   tail bytes (the rest). A part's URI is head, then its block number in decimal when
-//!   `has_block`, then tail.
+//! - [`Template`] (kind 1): `spec: u16`, `has_block: u8`, `block_shift: u8`, `head_len: u32`,
+//!   head bytes, tail bytes (the rest). A part's URI is head, then — when `has_block` — its
+//!   block number shifted left by `block_shift` (at most 32) as a `u64` in decimal, then
+//!   tail.
 //! - spec list (kind 2): `count: u32`, then per spec `size: i64`, `name_len: u32`, name.
 //!
 //! Id 0 is never an entry: a part whose template is 0 has an empty URI.
@@ -32,18 +33,24 @@ pub struct Template {
     pub head: String,
     /// Whether the block number is rendered.
     pub has_block: bool,
+    /// The URI holds `block << block_shift` (at most [`MAX_BLOCK_SHIFT`]).
+    pub block_shift: u8,
     /// Text after it.
     pub tail: String,
 }
+
+/// The largest block shift a template may carry (a shifted `u32` still fits in a `u64`).
+pub const MAX_BLOCK_SHIFT: u8 = 32;
 
 impl Template {
     /// Appends the URI of block `block` to `out`.
     #[inline]
     pub fn render(&self, block: u32, out: &mut String) {
-        out.reserve(self.head.len() + 10 + self.tail.len());
+        out.reserve(self.head.len() + 20 + self.tail.len());
         out.push_str(&self.head);
         if self.has_block {
-            out.push_str(itoa::Buffer::new().format(block));
+            let number = u64::from(block) << self.block_shift;
+            out.push_str(itoa::Buffer::new().format(number));
         }
         out.push_str(&self.tail);
     }
@@ -65,7 +72,7 @@ pub fn encode(entry: &Entry) -> Vec<u8> {
             let mut p = Vec::with_capacity(8 + t.head.len() + t.tail.len());
             p.extend_from_slice(&t.spec.to_le_bytes());
             p.push(u8::from(t.has_block));
-            p.push(0);
+            p.push(t.block_shift);
             p.extend_from_slice(&(t.head.len() as u32).to_le_bytes());
             p.extend_from_slice(t.head.as_bytes());
             p.extend_from_slice(t.tail.as_bytes());
@@ -136,9 +143,14 @@ fn decode_template(p: &[u8]) -> Result<Entry> {
         .checked_add(head_len)
         .filter(|&end| end <= p.len())
         .ok_or(FormatError::Corrupt("template head out of bounds"))?;
+    let block_shift = p[3];
+    if block_shift > MAX_BLOCK_SHIFT {
+        return Err(FormatError::Corrupt("template block shift over 32"));
+    }
     Ok(Entry::Template(Template {
         spec: u16::from_le_bytes([p[0], p[1]]),
         has_block: p[2] != 0,
+        block_shift,
         head: text(&p[8..head_end])?,
         tail: text(&p[head_end..])?,
     }))
@@ -174,13 +186,22 @@ mod tests {
                 spec: 3,
                 head: "file://nfs_01/tmp/nfs/i/tp0/64_ab?blkid=".into(),
                 has_block: true,
+                block_shift: 0,
                 tail: "&size=1024".into(),
             }),
             Entry::Template(Template {
                 spec: 0,
                 head: "x".into(),
                 has_block: false,
+                block_shift: 0,
                 tail: String::new(),
+            }),
+            Entry::Template(Template {
+                spec: 1,
+                head: "pace://pool_01/".into(),
+                has_block: true,
+                block_shift: 9,
+                tail: "?media_type=2&node_id=n1&range_id=7&size=16384".into(),
             }),
             Entry::Specs(vec![("tp0".into(), 1024), ("tp1".into(), -1)]),
         ];
@@ -201,6 +222,15 @@ mod tests {
         }
         assert!(decode(&[0u8; 4]).is_err());
         assert!(decode(&[0xFF; 64]).is_err());
+        let too_far = Entry::Template(Template {
+            spec: 0,
+            head: "x".into(),
+            has_block: true,
+            block_shift: MAX_BLOCK_SHIFT + 1,
+            tail: String::new(),
+        });
+        let refused = decode(&encode(&too_far)).unwrap_err();
+        assert!(refused.to_string().contains("shift"), "{refused}");
     }
 
     #[test]
@@ -210,9 +240,23 @@ mod tests {
             spec: 0,
             head: "file://n/a?blkid=".into(),
             has_block: true,
+            block_shift: 0,
             tail: "&size=8".into(),
         };
         t.render(12, &mut out);
         assert_eq!(out, "file://n/a?blkid=12&size=8");
+        out.clear();
+        let shifted = Template {
+            spec: 0,
+            head: "pace://p/".into(),
+            has_block: true,
+            block_shift: MAX_BLOCK_SHIFT,
+            tail: "?size=512".into(),
+        };
+        shifted.render(u32::MAX, &mut out);
+        assert_eq!(
+            out,
+            format!("pace://p/{}?size=512", u64::from(u32::MAX) << 32)
+        );
     }
 }

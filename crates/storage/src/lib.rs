@@ -250,25 +250,40 @@ pub struct PartRef<'a> {
     pub address: PartAddress,
 }
 
-/// A part's URI cut where its block number goes: `head`, the block number in decimal (when
-/// there is one), `tail`. Readers that render URIs themselves (the lookup table's clients)
-/// share templates between the blocks of one object.
+/// A part's URI cut where its block number goes: `head`, the block number shifted left by
+/// `block_shift` in decimal (when there is one), `tail`. Readers that render URIs themselves
+/// (the lookup table's clients) share templates between the blocks of one object (a block
+/// file, a pool node's region).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UriTemplate {
     /// Text before the block number.
     pub head: String,
     /// The block number, when the URI has one.
     pub block: Option<u32>,
+    /// The URI holds `block << block_shift` (a pool part's byte offset is its granule
+    /// number times the granule); at most 32, so the shifted number fits in a `u64`.
+    pub block_shift: u8,
     /// Text after it.
     pub tail: String,
 }
 
 impl UriTemplate {
+    /// A template without a block number: the whole URI.
+    pub fn whole(uri: String) -> UriTemplate {
+        UriTemplate {
+            head: uri,
+            block: None,
+            block_shift: 0,
+            tail: String::new(),
+        }
+    }
+
     /// Appends the URI to `out`.
     pub fn render(&self, out: &mut String) {
         out.push_str(&self.head);
         if let Some(block) = self.block {
-            out.push_str(itoa::Buffer::new().format(block));
+            let number = u64::from(block) << self.block_shift;
+            out.push_str(itoa::Buffer::new().format(number));
         }
         out.push_str(&self.tail);
     }

@@ -68,7 +68,9 @@ use slab_pool::{SlabGeometry, SlabPool, SlabRun};
 use span::Span;
 
 /// Offsets and sizes handed out are multiples of this.
-pub const GRANULE: u64 = 512;
+pub const GRANULE: u64 = 1 << GRANULE_SHIFT;
+/// `log2(GRANULE)`.
+pub const GRANULE_SHIFT: u8 = 9;
 
 /// Bytes of one slab (2 MiB, a huge page): the unit the region is handed to classes in.
 pub const SLAB_BYTES: u64 = 2 * 1024 * 1024;

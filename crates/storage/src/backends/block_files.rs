@@ -386,7 +386,12 @@ impl DataStorage for BlockFileStorage {
         let mut tail = String::new();
         self.push_tail(&mut tail, part.spec.size);
         let block = (self.key_count_per_file > 1).then_some(address.block);
-        Some(UriTemplate { head, block, tail })
+        Some(UriTemplate {
+            head,
+            block,
+            block_shift: 0,
+            tail,
+        })
     }
 
     fn delete(&self, uris: &[String]) -> Result<(), StorageError> {

@@ -117,13 +117,9 @@ impl DataStorage for UriOnlyStorage {
     }
 
     fn uri_template(&self, part: &PartRef<'_>) -> Option<UriTemplate> {
-        let mut head = String::new();
-        self.push_uri(&mut head, part.instance_id, part.spec, part.key);
-        Some(UriTemplate {
-            head,
-            block: None,
-            tail: String::new(),
-        })
+        let mut uri = String::new();
+        self.push_uri(&mut uri, part.instance_id, part.spec, part.key);
+        Some(UriTemplate::whole(uri))
     }
 
     /// Checks the URIs; there are no bytes to free here.

@@ -25,7 +25,7 @@ pub use self::nodes::{
 pub use self::uri::{PoolPartUri, MEDIA_DRAM};
 
 use self::nodes::Nodes;
-use crate::allocator::{AllocError, GRANULE};
+use crate::allocator::{AllocError, GRANULE, GRANULE_SHIFT};
 use crate::packing::check_request;
 use crate::{
     AllocatedSpec, AllocationRequest, DataStorage, PartAddress, PartRef, StorageConfig,
@@ -229,12 +229,18 @@ impl DataStorage for MemPool {
         }
     }
 
+    /// The part's URI with its offset as the template's block number (granules: a shift
+    /// by `GRANULE_SHIFT`), so the parts of one size on one node share head and tail.
     fn uri_template(&self, part: &PartRef<'_>) -> Option<UriTemplate> {
-        let mut head = String::new();
-        self.write_uri(part, &mut head).then_some(UriTemplate {
+        let uri = self.part_uri(&part.address, part.spec.size as u64)?;
+        let (mut head, mut tail) = (String::new(), String::new());
+        uri.write_head(&mut head);
+        uri.write_tail(&mut tail);
+        Some(UriTemplate {
             head,
-            block: None,
-            tail: String::new(),
+            block: Some(part.address.block),
+            block_shift: GRANULE_SHIFT,
+            tail,
         })
     }
 

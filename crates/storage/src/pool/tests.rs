@@ -73,6 +73,7 @@ fn blocks_land_on_a_live_node_without_overlap_and_render_the_same_uri_again() {
     pool.check_health().expect("a live node");
     let placed = place(&pool, 0..8).expect("room for 8 blocks of 32 KiB");
     let mut ranges = Vec::new();
+    let mut templates = std::collections::HashSet::new();
     for (key, parts) in placed.iter().enumerate() {
         assert_eq!(parts.len(), 2);
         for (spec, part) in specs().iter().zip(parts) {
@@ -92,8 +93,18 @@ fn blocks_land_on_a_live_node_without_overlap_and_render_the_same_uri_again() {
             assert!(pool.write_uri(&reference, &mut again));
             assert_eq!(again, part.uri);
             assert!(pool.holds(&part.address));
+            let template = pool.uri_template(&reference).expect("a template");
+            let mut rendered = String::new();
+            template.render(&mut rendered);
+            assert_eq!(rendered, part.uri, "the template renders the same URI");
+            templates.insert((template.head, template.block_shift, template.tail));
         }
     }
+    assert_eq!(
+        templates.len(),
+        1,
+        "every part of one size on one node shares its head and tail: {templates:?}"
+    );
     ranges.sort_unstable();
     assert!(
         ranges.windows(2).all(|pair| pair[0].1 <= pair[1].0),

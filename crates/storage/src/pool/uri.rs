@@ -59,20 +59,31 @@ impl PoolPartUri {
 
     /// Appends the URI to `out` (parameters in key order, as [`BlockUri`] prints them).
     pub fn write(&self, out: &mut String) {
-        let number = |n: u64| itoa::Buffer::new().format(n).to_string();
+        self.write_head(out);
+        out.push_str(itoa::Buffer::new().format(self.offset));
+        self.write_tail(out);
+    }
+
+    /// Appends what comes before the offset: `pace://<storage>/`.
+    pub fn write_head(&self, out: &mut String) {
         out.push_str(StorageKind::TairMemPool.scheme());
         out.push_str("://");
         out.push_str(&self.storage_name);
         out.push('/');
-        out.push_str(&number(self.offset));
+    }
+
+    /// Appends what comes after the offset: the parameters, the same for every part of
+    /// one size on one node incarnation.
+    pub fn write_tail(&self, out: &mut String) {
+        let mut number = itoa::Buffer::new();
         out.push_str("?media_type=");
-        out.push_str(&number(u64::from(MEDIA_DRAM)));
+        out.push_str(number.format(MEDIA_DRAM));
         out.push_str("&node_id=");
         out.push_str(&self.node_id);
         out.push_str("&range_id=");
-        out.push_str(&number(self.range_id));
+        out.push_str(number.format(self.range_id));
         out.push_str("&size=");
-        out.push_str(&number(self.size));
+        out.push_str(number.format(self.size));
     }
 }
 
