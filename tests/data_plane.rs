@@ -735,7 +735,9 @@ fn file_blocks_in_registered_memory_move_through_registered_buffers_and_say_so()
 
 /// Cancel safety: a get into registered memory from a node that stopped answering gives
 /// up at the response timeout, and no READ it posted lands in the caller's memory later,
-/// when the node answers again (the engine tore the link down before returning).
+/// when the node answers again (the engine tore the link down before returning). A control
+/// queue pair's READ, posted while the node was stopped, shows that the node does answer
+/// such READs once it runs again.
 #[test]
 fn a_get_that_gave_up_never_writes_into_registered_memory_afterwards() {
     // Heartbeats of 2 s: the stopped node is not declared dead meanwhile.
@@ -752,7 +754,12 @@ fn a_get_that_gave_up_never_writes_into_registered_memory_afterwards() {
     let mut memory = vec![0u8; keys.len() * BLOCK_BYTES];
     // SAFETY: `memory` outlives the engine (dropped first below) and is never reallocated.
     unsafe { engine.register_memory(memory.as_mut_ptr(), memory.len()) }.expect("register");
+    let endpoint = node.ready["listen"].as_str().expect("listen").to_string();
+    let mut hello = kvcm::pool::POOL_HELLO.to_vec();
+    hello.push(Wire::Tcp.index() as u8);
+    let control = RawPoolQp::open(&endpoint, &hello, Wire::Tcp).expect("a control queue pair");
     node.signal("STOP");
+    assert!(control.post_read(), "the control READ is posted");
     let gave_up = engine
         .get_blocks(&keys, &mut parts_in(&mut memory, 0, keys.len()))
         .expect("the lookup answers");
@@ -760,6 +767,11 @@ fn a_get_that_gave_up_never_writes_into_registered_memory_afterwards() {
     assert!(
         gave_up.iter().all(|o| miss_reason(o).contains("in time")),
         "{gave_up:?}"
+    );
+    assert_eq!(
+        control.read_completed(),
+        Some(kvcm_transport::WcStatus::Success),
+        "the node answers a READ posted while it was stopped"
     );
     // Another engine's get succeeds only once the node serves again, after it answered
     // the READs queued on the abandoned link.
@@ -1087,10 +1099,12 @@ impl RawPoolQp {
 
     /// Whether one 8-byte READ of the node's region completes successfully.
     fn reads(&self) -> bool {
-        use kvcm_transport::{
-            CompletionQueue, QueuePair, Region, RemoteAddr, SendOp, SendWr, Sge, WcStatus,
-            WorkCompletion,
-        };
+        self.post_read() && self.read_completed() == Some(kvcm_transport::WcStatus::Success)
+    }
+
+    /// Posts one 8-byte READ of the node's region; false when the post is refused.
+    fn post_read(&self) -> bool {
+        use kvcm_transport::{QueuePair, Region, RemoteAddr, SendOp, SendWr, Sge};
         let sge = [Sge {
             addr: self.region.addr(),
             len: 8,
@@ -1105,14 +1119,16 @@ impl RawPoolQp {
             sg_list: &sge,
             signaled: true,
         };
-        if self.qp.post_send(&[read]).is_err() {
-            return false;
-        }
+        self.qp.post_send(&[read]).is_ok()
+    }
+
+    /// The status of the READ posted last, once it completes (`None` after 10 s).
+    fn read_completed(&self) -> Option<kvcm_transport::WcStatus> {
+        use kvcm_transport::{CompletionQueue, WorkCompletion};
         let mut done = [WorkCompletion::EMPTY];
-        let completed = common::wait_until_blocking(Duration::from_secs(10), || {
+        common::wait_until_blocking(Duration::from_secs(10), || {
             (self.cq.poll(&mut done) == 1).then_some(done[0].status)
-        });
-        completed == Some(WcStatus::Success)
+        })
     }
 }
 
