@@ -261,6 +261,11 @@ async fn pool_blocks_survive_a_leader_change_when_their_node_resumes() {
     let a = shared_node(&redis.uri(), "a").await;
     wait_leads(&a, TAKEOVER).await;
     let b = shared_node(&redis.uri(), "b").await;
+    assert!(
+        !b.log().contains("promoted to leader"),
+        "a follower announces no lead (its provisional local one included): {}",
+        b.log()
+    );
     let added = a
         .admin_http("addStorage", json!({"storage": pool_storage("pool_a")}))
         .await;

@@ -4,7 +4,7 @@
 //! file system). A step applies its outcome only if the lease it started from is still the
 //! one held, so a demotion racing a renewal wins; steps themselves are serialised.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,11 @@ pub(super) struct Shared {
     on_demote: Mutex<Vec<DemoteHook>>,
     /// The last lock error logged (each distinct error is logged once in a row).
     last_error: Mutex<String>,
+    /// Whether the election is the configured one (not the provisional process-local lock
+    /// a node holds from its creation until the server configures its own): promotions on
+    /// the provisional lock are not announced, so a follower never logs a lead it did not
+    /// take on the shared lock.
+    configured: AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -88,6 +93,7 @@ impl Shared {
             on_promote: Mutex::default(),
             on_demote: Mutex::default(),
             last_error: Mutex::default(),
+            configured: AtomicBool::new(false),
         }
     }
 
@@ -209,7 +215,11 @@ impl Shared {
         });
         drop(state);
         self.clear_error();
-        tracing::info!(node_id = %self.node_id, fencing_token, "promoted to leader");
+        if self.configured.load(Ordering::Relaxed) {
+            tracing::info!(node_id = %self.node_id, fencing_token, "promoted to leader");
+        } else {
+            tracing::debug!(node_id = %self.node_id, "provisional lead on the process-local lock");
+        }
     }
 
     fn release(&self, election: &Election, fencing_token: u64) {
@@ -262,6 +272,7 @@ impl Shared {
             let mut election = election;
             election.endpoint.node_id = self.node_id.clone();
             *lock(&self.election) = election;
+            self.configured.store(true, Ordering::Relaxed);
         }
         self.step();
     }
