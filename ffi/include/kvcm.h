@@ -275,8 +275,10 @@ int32_t kvcm_engine_get(const kvcm_engine *engine, const int64_t *keys, size_t c
  * zero-copy transfers: buffers of later puts and gets lying inside it move between the
  * NIC and these bytes directly on soft-TCP and verbs (paths KVCM_PATH_*_ZERO_COPY); other
  * buffers are staged. File-tier blocks inside it move through io_uring registered buffers
- * where io_uring allows (ranges up to 1 GiB; still KVCM_PATH_FILE). The bytes must stay allocated until kvcm_engine_deregister_memory of
- * `addr` returns or the engine is freed; no transfer outlives the call that started it.
+ * where io_uring allows (still KVCM_PATH_FILE). Until kvcm_engine_deregister_memory of
+ * `addr` returns or the engine is freed, the bytes must stay allocated and mapped to the
+ * same pages (no munmap, mremap, MADV_DONTNEED or MAP_FIXED over them: verbs and io_uring
+ * move data through the pages they pinned); no transfer outlives the call that started it.
  * KVCM_E_NULL_ARGUMENT for a NULL engine or addr; KVCM_E_INVALID_ARGUMENT for zero length
  * or a range overlapping a registered one (nothing changes).
  */

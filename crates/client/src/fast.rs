@@ -17,7 +17,9 @@ use kvcm::lookup::{BootstrapAnswer, WireAnswer};
 use kvcm::proto::meta;
 use kvcm::service::convert::{mask_from_wire, query_kind};
 use kvcm_lookup::avail::Availability;
-use kvcm_lookup::header::{candidates, Header, FORMAT_VERSION, HEADER_BLOCK};
+use kvcm_lookup::header::{
+    candidates, Header, FORMAT_VERSION, HEADER_BLOCK, OLDEST_READABLE_VERSION,
+};
 use kvcm_lookup::reader::{self, Copy};
 use kvcm_lookup::slot::SlotRef;
 use kvcm_lookup::strings::{self, Entry, Template, ENTRY_HEAD};
@@ -135,9 +137,10 @@ impl<'a> Draw<'a> {
 impl FastPath {
     /// Bootstraps and connects over `wire`.
     pub(crate) fn connect(bootstrap: BootstrapAnswer, wire: Wire) -> Result<FastPath, FastError> {
-        if bootstrap.format_version != FORMAT_VERSION {
+        if !kvcm_lookup::header::readable(bootstrap.format_version) {
             return Err(FastError::Broken(format!(
-                "the server writes table format {}, this client reads {FORMAT_VERSION}",
+                "the server writes table format {}, this client reads {OLDEST_READABLE_VERSION} to \
+                 {FORMAT_VERSION}",
                 bootstrap.format_version
             )));
         }

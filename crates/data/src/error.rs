@@ -83,14 +83,23 @@ pub enum DataError {
         /// The bytes there were before end of file.
         got: usize,
     },
-    /// A range could not be registered (or unregistered) as an io_uring buffer.
-    #[error("cannot register {len} bytes at {addr:#x} as an io_uring buffer: {reason}")]
+    /// A range could not be registered as io_uring buffers.
+    #[error("cannot register {len} bytes at {addr:#x} as io_uring buffers: {reason}")]
     RegisterBuffer {
         /// The range's address.
         addr: usize,
-        /// Its length (0 when unregistering).
+        /// Its length.
         len: usize,
         /// Why: the rule it breaks, or the kernel's error.
+        reason: String,
+    },
+    /// The kernel refused to empty a registered range's buffer slots (the range is not used
+    /// again all the same).
+    #[error("unregistering the io_uring buffers at {addr:#x} failed: {reason}")]
+    UnregisterBuffer {
+        /// The range's address.
+        addr: usize,
+        /// The kernel's error.
         reason: String,
     },
 }

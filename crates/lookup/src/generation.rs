@@ -432,6 +432,13 @@ impl<M: Memory> Generation<M> {
                 "a location does not fit the instance's slots",
             ));
         }
+        let shifts = location
+            .parts
+            .iter()
+            .map(|(template, _)| template.block_shift);
+        if shifts.max().unwrap_or(0) > strings::MAX_BLOCK_SHIFT {
+            return Err(FormatError::Corrupt("a template's block shift is over 32"));
+        }
         let mut parts = Vec::with_capacity(location.parts.len());
         for (template, block) in &location.parts {
             parts.push(PartRecord {
@@ -509,6 +516,29 @@ mod tests {
         generation_of(2, buckets, heap)
     }
 
+    /// Readers open headers of versions 2 (templates without a shift) and 3, and refuse
+    /// others as unknown, so they ask the server.
+    #[test]
+    fn headers_of_versions_two_and_three_open_and_others_are_refused() {
+        let generation = generation(16, 4096);
+        for version in [0, 1, 2, 3, 4, u32::MAX] {
+            let mut header = generation.header(1, 7, 9, 16, [0; WIRES]);
+            header.format_version = version;
+            let block = seqlock::seal(header.to_body(), 2);
+            match Header::open(&block) {
+                Ok(Some(opened)) => {
+                    assert!((2..=3).contains(&version), "opened version {version}");
+                    assert_eq!(opened, header);
+                }
+                Err(FormatError::UnknownVersion { found, known }) => {
+                    assert!(!(2..=3).contains(&version), "refused version {version}");
+                    assert_eq!((found, known), (version, FORMAT_VERSION));
+                }
+                other => panic!("version {version}: {other:?}"),
+            }
+        }
+    }
+
     /// A generation for two specs with slots of `max_parts` records.
     fn generation_of(max_parts: usize, buckets: u64, heap: usize) -> Generation<HostMemory> {
         let domain = SoftDomain::open(SoftConfig::default()).unwrap();
@@ -534,6 +564,22 @@ mod tests {
             parts: vec![(template(0), nonce), (template(1), nonce + 1)],
             checksums: Vec::new(),
         }
+    }
+
+    /// A template whose block shift readers would refuse is refused when published, and
+    /// nothing of the location enters the table.
+    #[test]
+    fn a_block_shift_over_32_is_refused_at_publication() {
+        let mut generation = generation(16, 4096);
+        let mut shifted = location(3, "f");
+        shifted.parts[1].0.block_shift = strings::MAX_BLOCK_SHIFT + 1;
+        let refused = generation.publish(5, &[shifted]).unwrap_err();
+        assert!(refused.to_string().contains("shift"), "{refused}");
+        assert!(slots_of(&generation, 5).is_empty());
+        let mut pool = location(3, "f");
+        pool.parts[1].0.block_shift = strings::MAX_BLOCK_SHIFT;
+        generation.publish(5, &[pool]).unwrap();
+        assert_eq!(slots_of(&generation, 5).len(), 1);
     }
 
     fn slots_of(generation: &Generation<HostMemory>, key: i64) -> Vec<Slot> {

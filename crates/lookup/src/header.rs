@@ -8,9 +8,17 @@ use crate::seqlock::{self, Opened};
 
 /// "KVCMLKUP", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"KVCMLKUP");
-/// The format version this build writes and reads (2: slots may carry checksums; 3:
-/// templates may shift their block number, so a pool node's parts share one template).
+/// The format version this build writes (2: slots may carry checksums; 3: templates may
+/// shift their block number, so a pool node's parts share one template).
 pub const FORMAT_VERSION: u32 = 3;
+/// The oldest format version this build reads: a version-2 table is a version-3 one whose
+/// templates all have shift 0 (that byte was written 0).
+pub const OLDEST_READABLE_VERSION: u32 = 2;
+
+/// Whether this build reads tables of format `version`.
+pub fn readable(version: u32) -> bool {
+    (OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version)
+}
 /// Wires whose rkeys a header carries, by index.
 pub const WIRES: usize = 4;
 
@@ -98,7 +106,7 @@ impl Header {
         if header.magic != MAGIC {
             return Err(FormatError::Corrupt("bad magic"));
         }
-        if header.format_version != FORMAT_VERSION {
+        if !readable(header.format_version) {
             return Err(FormatError::UnknownVersion {
                 found: header.format_version,
                 known: FORMAT_VERSION,

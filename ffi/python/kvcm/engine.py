@@ -110,7 +110,7 @@ class Engine(Connected):
         """Registers a writable, C-contiguous buffer (a bytearray, NumPy array, ...) for
         zero-copy transfers: parts of later puts and gets lying inside it move between the
         NIC and its bytes directly on soft-TCP and verbs, and file-tier parts through
-        io_uring registered buffers (ranges up to 1 GiB). The buffer stays exported (it
+        io_uring registered buffers. The buffer stays exported (it
         cannot be resized) until `deregister_memory` or `close`. Overlapping an already
         registered buffer raises InvalidArgumentError."""
         self._registered = getattr(self, "_registered", {})

@@ -334,6 +334,8 @@ pub struct TransferEngine {
     caller: CallerMemory,
     /// Pool nodes whose link failed during the current put or get (not retried in it).
     failed_this_call: Vec<SocketAddr>,
+    /// The caller's ranges offered to the file I/O (by start address): whether it took them.
+    file_ranges: HashMap<u64, bool>,
     /// Why the file I/O last refused to register (or unregister) a caller's range.
     file_buffer_refused: Option<String>,
 }
@@ -360,6 +362,7 @@ impl TransferEngine {
             links: HashMap::new(),
             caller: CallerMemory::default(),
             failed_this_call: Vec::new(),
+            file_ranges: HashMap::new(),
             file_buffer_refused: None,
             config,
         })
@@ -369,15 +372,17 @@ impl TransferEngine {
     /// zero-copy transfers: buffers of later puts and gets that lie inside it move between
     /// the NIC and these bytes directly on soft-TCP and verbs (reported as
     /// [`TransferPath::PoolSoftTcpZeroCopy`] / [`TransferPath::PoolVerbsZeroCopy`]); each
-    /// pool link registers the range with its domain on first use. The range is also
-    /// registered with the file I/O's io_uring, so file-tier blocks inside it move through
-    /// registered buffers (where io_uring refuses, they move as before, and
+    /// pool link registers the range with its domain on first use. So does the file I/O's
+    /// io_uring, the first time a file-tier block inside it moves: such blocks then move
+    /// through registered buffers (where io_uring refuses, they move as before, and
     /// [`TransferEngine::file_buffers`] says why). Refused (nothing changes) for a null
     /// address, zero length, or a range overlapping one registered.
     ///
     /// # Safety
-    /// The bytes stay allocated until [`TransferEngine::deregister_memory`] of `addr`
-    /// returns or the engine is dropped. The NIC reads or writes them only during a put or
+    /// Until [`TransferEngine::deregister_memory`] of `addr` returns or the engine is
+    /// dropped, the bytes stay allocated and mapped to the same pages (no `munmap`,
+    /// `mremap`, `MADV_DONTNEED` or `MAP_FIXED` over them: verbs and io_uring move data
+    /// through the pages they pinned, not through what the addresses map later). The NIC reads or writes them only during a put or
     /// get whose buffers lie there (the borrow the call takes), never after it returns.
     /// Within a call, a zero-copy READ writes a get buffer through the registered address
     /// while the call holds its `&mut [u8]`; the call reads the buffer only after the READ
@@ -385,13 +390,7 @@ impl TransferEngine {
     /// buffer always does (Miri's aliasing models would flag it).
     pub unsafe fn register_memory(&mut self, addr: *mut u8, len: usize) -> Result<(), ClientError> {
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.caller.add(addr, len) }.map_err(ClientError::InvalidArgument)?;
-        // SAFETY: forwarded from this function's contract (deregister_memory unregisters
-        // the range from the file I/O too, before the bytes may be freed).
-        if let Err(refused) = unsafe { self.files.register_buffer(addr, len) } {
-            self.file_buffer_refused = Some(refused.to_string());
-        }
-        Ok(())
+        unsafe { self.caller.add(addr, len) }.map_err(ClientError::InvalidArgument)
     }
 
     /// Forgets the range registered at `addr` (every link drops its registration); its
@@ -406,20 +405,48 @@ impl TransferEngine {
         for link in self.links.values_mut() {
             link.forget(base);
         }
-        if let Err(error) = self.files.deregister_buffer(addr) {
-            self.file_buffer_refused = Some(error.to_string());
+        if self.file_ranges.remove(&base) == Some(true) {
+            if let Err(error) = self.files.deregister_buffer(addr) {
+                self.file_buffer_refused = Some(error.to_string());
+            }
         }
         Ok(())
     }
 
-    /// How many registered ranges the file I/O also moves blocks through (io_uring's
-    /// registered buffers: [`kvcm_data::IoPath::UringDirectRegistered`]), and why the last
-    /// one it refused was refused (psync backend, a range over 1 GiB, RLIMIT_MEMLOCK).
+    /// How many registered ranges the file I/O moves blocks through (io_uring registered
+    /// buffers: [`kvcm_data::IoPath::UringDirectRegistered`]), and why the last one it
+    /// refused was refused (psync backend, RLIMIT_MEMLOCK, an old kernel).
     pub fn file_buffers(&self) -> (usize, Option<&str>) {
         (
             self.files.registered_buffers(),
             self.file_buffer_refused.as_deref(),
         )
+    }
+
+    /// Offers to the file I/O each registered range holding one of `buffers` (address,
+    /// length) that it was not offered yet: on first use, as pool links register a range
+    /// with their domain, so that an engine not using the file tier pins nothing for it.
+    fn offer_to_files(&mut self, buffers: impl Iterator<Item = (u64, usize)>) {
+        for (addr, len) in buffers {
+            let Some(range) = self.caller.containing(addr, len) else {
+                continue;
+            };
+            let (base, size) = (
+                kvcm_transport::Memory::addr(range),
+                kvcm_transport::Memory::len(range),
+            );
+            if self.file_ranges.contains_key(&base) {
+                continue;
+            }
+            // SAFETY: `register_memory`'s contract keeps the range allocated and mapped
+            // until `deregister_memory` (which unregisters it from the file I/O first) or
+            // the engine's drop (the file I/O drops with it).
+            let offered = unsafe { self.files.register_buffer(base as *mut u8, size) };
+            if let Err(refused) = &offered {
+                self.file_buffer_refused = Some(refused.to_string());
+            }
+            self.file_ranges.insert(base, offered.is_ok());
+        }
     }
 
     /// The control-plane client (lookups, removals).
@@ -698,6 +725,11 @@ impl TransferEngine {
                 file_parts.push(i);
             }
         }
+        self.offer_to_files(
+            file_ops
+                .iter()
+                .map(|op| (op.data.as_ptr() as u64, op.data.len())),
+        );
         for (i, outcome) in file_parts.iter().zip(self.files.write_blocks(&file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }
@@ -779,6 +811,11 @@ impl TransferEngine {
                 }
             }
         }
+        self.offer_to_files(
+            file_ops
+                .iter()
+                .map(|op| (op.buf.as_ptr() as u64, op.buf.len())),
+        );
         for (i, outcome) in file_parts.iter().zip(self.files.read_blocks(&mut file_ops)) {
             results[*i] = outcome.map(TransferPath::File).map_err(|e| e.to_string());
         }

@@ -187,16 +187,20 @@ impl FileIo {
         (backend, self.fallback_reason.as_deref())
     }
 
-    /// Registers `len` bytes at `addr` (an engine's KV buffers) with io_uring: later ops whose
-    /// whole buffer lies inside move through it ([`IoPath::UringDirectRegistered`],
-    /// [`IoPath::UringBufferedRegistered`]). Refused, changing nothing, on the psync backend,
-    /// for a null, empty, overlapping or longer than 1 GiB range, when 1024 ranges are
-    /// registered, or when the kernel refuses (RLIMIT_MEMLOCK, no sparse buffer tables
-    /// before Linux 5.19); ops then run as before.
+    /// Registers `len` bytes at `addr` (an engine's KV buffers) with io_uring, one buffer
+    /// slot per GiB: later ops whose whole buffer lies inside one slot's GiB move through it
+    /// ([`IoPath::UringDirectRegistered`], [`IoPath::UringBufferedRegistered`]). The pinned
+    /// pages count against RLIMIT_MEMLOCK (as a verbs registration of the same bytes does,
+    /// again). Refused, changing nothing, on the psync backend, for a null, empty or
+    /// overlapping range, when too few of the 1024 slots are free, or when the kernel
+    /// refuses (RLIMIT_MEMLOCK, no sparse buffer tables before Linux 5.19); ops then run as
+    /// before.
     ///
     /// # Safety
-    /// The bytes stay allocated until [`FileIo::deregister_buffer`] of `addr` returns or
-    /// this `FileIo` drops (the kernel pinned their pages and moves data through them).
+    /// Until [`FileIo::deregister_buffer`] of `addr` returns or this `FileIo` drops, the
+    /// bytes stay allocated and mapped to the same pages (no `munmap`, `mremap`,
+    /// `MADV_DONTNEED` or `MAP_FIXED` over them): the kernel pinned those pages and moves
+    /// data through them, not through whatever the addresses map later.
     pub unsafe fn register_buffer(&self, addr: *mut u8, len: usize) -> Result<(), DataError> {
         let refused = |reason: String| DataError::RegisterBuffer {
             addr: addr as usize,
@@ -211,18 +215,19 @@ impl FileIo {
         unsafe { lock(ring).register(addr, len) }.map_err(refused)
     }
 
-    /// Unregisters the range registered at `addr`; its bytes may be freed once this returns.
-    /// Returns false when no range starts at `addr`.
+    /// Unregisters the range registered at `addr`; its bytes may be freed once this returns,
+    /// an error included (no op uses the range again; the kernel's error leaves its pages
+    /// pinned until their slots are reused or this `FileIo` drops). Returns false when no
+    /// range starts at `addr`.
     pub fn deregister_buffer(&self, addr: *const u8) -> Result<bool, DataError> {
         let Some(ring) = &self.ring else {
             return Ok(false);
         };
         lock(ring)
             .deregister(addr)
-            .map_err(|reason| DataError::RegisterBuffer {
+            .map_err(|reason| DataError::UnregisterBuffer {
                 addr: addr as usize,
-                len: 0,
-                reason: format!("unregistering it failed: {reason}"),
+                reason,
             })
     }
 

@@ -150,71 +150,95 @@ impl Ring {
         })
     }
 
-    /// Registers `len` bytes at `addr` as a fixed buffer (the kernel pins its pages);
-    /// refused, changing nothing, for an empty, overlapping or too long range, a full
-    /// table, or a kernel that refuses (no sparse tables before Linux 5.19, RLIMIT_MEMLOCK).
+    /// Registers `len` bytes at `addr` as fixed buffers, one slot per GiB (the kernel pins
+    /// their pages); refused, changing nothing, for an empty or overlapping range, too few
+    /// free slots, or a kernel that refuses (no sparse tables before Linux 5.19,
+    /// RLIMIT_MEMLOCK).
     ///
     /// # Safety
-    /// The bytes stay allocated until [`Ring::deregister`] of `addr` or the ring's drop:
-    /// the kernel moves a transfer's bytes through the pages pinned here, so memory freed
-    /// and reused at the same address while registered would not see them.
+    /// Until [`Ring::deregister`] of `addr` or the ring's drop, the bytes stay allocated
+    /// and mapped to the same pages (no `munmap`, `mremap`, `MADV_DONTNEED` or `MAP_FIXED`
+    /// over them): the kernel moves a transfer's bytes through the pages pinned here, so
+    /// what the address maps afterwards would not see them.
     pub unsafe fn register(&mut self, addr: *mut u8, len: usize) -> Result<(), String> {
-        let slot = self.fixed.slot_for(addr as usize, len)?;
+        let plan = self.fixed.plan(addr as usize, len)?;
         if !self.fixed.is_set_up() {
             let slots = FIXED_SLOTS as u32;
             let sparse = self.ring.submitter().register_buffers_sparse(slots);
             sparse.map_err(|e| format!("no sparse buffer table: {e}"))?;
             self.fixed.set_up();
         }
-        let range = libc::iovec {
-            iov_base: addr.cast(),
-            iov_len: len,
-        };
-        // SAFETY: the kernel pins the pages of `range`, which the caller keeps allocated
-        // while registered (this function's contract); `slot` is a free slot of the sparse
-        // table set up above (`slot_for` found it), so no registered range is replaced.
-        unsafe {
-            self.ring
-                .submitter()
-                .register_buffers_update(slot as u32, &[range], None)
+        for (done, &(slot, piece)) in plan.iter().enumerate() {
+            let pages = libc::iovec {
+                iov_base: piece.addr as *mut libc::c_void,
+                iov_len: piece.len,
+            };
+            // SAFETY: the kernel pins the pages of `pages`, part of the range the caller
+            // keeps allocated and mapped while registered (this function's contract); `slot`
+            // is free in our table (`plan` chose it), so what the kernel's slot held, if
+            // anything (a piece whose unregistering failed), is no longer used.
+            let updated = unsafe { self.set_slot(slot, pages) };
+            if let Err(error) = updated {
+                for &(filled, _) in &plan[..done] {
+                    // Not used again either way; a kernel error leaves its pages pinned
+                    // until the slot is reused or the ring drops.
+                    let _ = self.empty_slot(filled);
+                }
+                return Err(error);
+            }
+            self.fixed.fill(slot, piece);
         }
-        .map_err(|e| e.to_string())?;
-        self.fixed.fill(slot, addr as usize, len);
         Ok(())
     }
 
-    /// Unregisters the range starting at `addr` (the kernel unpins it); false when none
-    /// does. The range is never used again even when the kernel reports an error (then its
-    /// pages stay pinned until the slot is reused or the ring drops).
+    /// Unregisters the range registered at `addr` (the kernel unpins it); false when none
+    /// starts there. The range is never used again even when the kernel reports an error
+    /// (its pages then stay pinned until the slot is reused or the ring drops).
     pub fn deregister(&mut self, addr: *const u8) -> Result<bool, String> {
-        let Some(slot) = self.fixed.slot_starting_at(addr as usize) else {
-            return Ok(false);
-        };
+        let slots = self.fixed.slots_of(addr as usize);
+        let mut failed = None;
+        for &slot in &slots {
+            failed = self.empty_slot(slot).err().or(failed);
+        }
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(!slots.is_empty()),
+        }
+    }
+
+    /// Frees `slot` in our table, then empties the kernel's.
+    fn empty_slot(&mut self, slot: usize) -> Result<(), String> {
         self.fixed.clear(slot);
         let empty = libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         };
-        // SAFETY: an empty entry pins nothing; it replaces this slot's range, and no entry
-        // is in flight (`run` holds `&mut self` until all complete), so none uses it.
-        unsafe {
-            self.ring
-                .submitter()
-                .register_buffers_update(slot as u32, &[empty], None)
-        }
-        .map_err(|e| e.to_string())?;
-        Ok(true)
+        // SAFETY: an empty entry pins nothing; no entry is in flight (`run` holds `&mut
+        // self` until all complete), so none uses the piece it replaces.
+        unsafe { self.set_slot(slot, empty) }
+    }
+
+    /// Points the kernel's `slot` at `pages`.
+    ///
+    /// # Safety
+    /// `pages` is empty or stays allocated and mapped while the slot holds it, and no
+    /// entry in flight uses the slot.
+    unsafe fn set_slot(&mut self, slot: usize, pages: libc::iovec) -> Result<(), String> {
+        let submitter = self.ring.submitter();
+        // SAFETY: forwarded from this function's contract.
+        unsafe { submitter.register_buffers_update(slot as u32, &[pages], None) }
+            .map_err(|e| e.to_string())
     }
 
     /// How many ranges are registered.
     pub fn registered(&self) -> usize {
-        self.fixed.len()
+        self.fixed.ranges()
     }
 
     /// Runs every transfer to its outcome, keeping up to `depth` entries in flight; those
     /// whose buffer lies in a registered range move through its slot.
     pub fn run(&mut self, transfers: &mut [Transfer]) {
-        for transfer in transfers.iter_mut() {
+        for transfer in transfers.iter_mut().filter(|t| t.len > 0) {
             transfer.fixed = self.fixed.containing(transfer.addr as usize, transfer.len);
         }
         let mut waiting: VecDeque<usize> = (0..transfers.len())
@@ -246,9 +270,9 @@ impl Ring {
             // caller of FileIo::{read,write}_blocks borrows (exclusively for reads) for the whole
             // call, and its fd belongs to a FileTable that outlives `run`; `run` returns only
             // once this entry has completed (module invariant), so neither is used by the kernel
-            // after it is released. A fixed entry's slot holds a range containing the whole
-            // buffer (`run` chose it), so the kernel's bounds check passes and its pinned pages
-            // are the buffer's own.
+            // after it is released. A fixed entry's slot holds a piece containing the whole
+            // buffer (`run` chose it), so the kernel's bounds check passes, and its pinned
+            // pages are the ones the buffer's addresses map (`Ring::register`'s contract).
             if unsafe { queue.push(&entry) }.is_err() {
                 break;
             }
