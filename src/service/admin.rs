@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kvcm_manager::leader::NodeEndpoint;
+use kvcm_manager::password::StoredPassword;
 use kvcm_manager::{Account, GroupConfig, ManagerError, NewApiKey};
 
 use super::auth::TokenChangeError;
@@ -392,7 +393,7 @@ impl AdminHandler {
         self.call(&rpcs::admin::ADD_ACCOUNT, &request.trace_id, |core| {
             core.manager.add_account(Account {
                 user_name: request.user_name.clone(),
-                password: request.password.clone(),
+                password: StoredPassword::Clear(request.password.clone()),
                 role: account_role(request.role)?,
             })?;
             done("Account added successfully")

@@ -1,10 +1,11 @@
 //! Accounts: the reference's user accounts with roles (ROLE_OPERATOR is kvcm's extension).
 //! An account authenticates through its API keys ([`crate::api_keys`]); its password is kept
-//! as the reference keeps it and is never returned.
+//! only as a salted hash ([`crate::password`]) and never returned.
 
 use super::error::{ManagerError, ManagerResult};
 use super::journal::Record;
 use super::Manager;
+use crate::password::StoredPassword;
 use crate::sync::lock;
 
 /// What an account may do.
@@ -24,18 +25,20 @@ pub enum AccountRole {
 pub struct Account {
     /// Unique user name.
     pub user_name: String,
-    /// Password as given (the reference stores it in clear; never returned).
-    pub password: String,
+    /// The password's hash (the reference stores it in clear; kvcm only reads clear ones
+    /// from older builds' records, and hashes them on replay).
+    pub password: StoredPassword,
     /// Its role.
     pub role: AccountRole,
 }
 
 impl Manager {
-    /// Adds an account; an existing name is an error.
-    pub fn add_account(&self, account: Account) -> ManagerResult<()> {
+    /// Adds an account (a clear password is hashed first); an existing name is an error.
+    pub fn add_account(&self, mut account: Account) -> ManagerResult<()> {
         if account.user_name.is_empty() {
             return Err(ManagerError::invalid("user_name"));
         }
+        account.password = account.password.hashed();
         let mut accounts = lock(&self.accounts);
         if accounts.contains_key(&account.user_name) {
             return Err(ManagerError::AlreadyExists(format!(

@@ -48,6 +48,7 @@ pub mod keys;
 pub mod leader;
 mod local_index;
 pub mod mask;
+pub mod password;
 mod pools;
 mod publication;
 pub mod query;

@@ -100,7 +100,7 @@ fn key_for(manager: &kvcm_manager::Manager, instance: &str) -> String {
     manager
         .add_account(kvcm_manager::Account {
             user_name: "engine".into(),
-            password: "unused".into(),
+            password: kvcm_manager::password::StoredPassword::Clear("unused".into()),
             role: kvcm_manager::AccountRole::User,
         })
         .expect("account");

@@ -14,6 +14,7 @@ use crate::group_config::{
     CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
     ReclaimPolicy, ReclaimStrategy, ReclaimTrigger, SearchCachePolicy, TypeQuota,
 };
+use crate::password::StoredPassword;
 use crate::registration::{DefaultQuery, InstanceInfo, ModelDeployment, SpecGroup};
 use crate::storage_type::StorageType;
 
@@ -551,7 +552,7 @@ impl Encode for Account {
 
     fn write_body(&self, out: &mut Writer) {
         out.str(&self.user_name);
-        out.str(&self.password);
+        out.str(self.password.as_stored());
         out.u8(match self.role {
             AccountRole::User => 0,
             AccountRole::Admin => 1,
@@ -562,7 +563,7 @@ impl Encode for Account {
     fn read_body(input: &mut Reader<'_>, version: u8) -> Result<Self, DecodeError> {
         let account = Account {
             user_name: input.string()?,
-            password: input.string()?,
+            password: StoredPassword::parse(input.string()?),
             role: match input.u8()? {
                 0 => AccountRole::User,
                 1 => AccountRole::Admin,

@@ -17,6 +17,7 @@ use crate::group_config::{
     CacheConfig, GroupConfig, GroupQuota, IndexBackend, IndexerConfig, PreferStrategy,
     ReclaimPolicy, ReclaimStrategy, ReclaimTrigger, SearchCachePolicy, TypeQuota,
 };
+use crate::password::StoredPassword;
 use crate::registration::{InstanceInfo, ModelDeployment, SpecGroup};
 use crate::storage_type::StorageType;
 
@@ -277,12 +278,38 @@ fn instance() -> InstanceInfo {
     }
 }
 
+/// PBKDF2-HMAC-SHA256 of "secret", 100,000 rounds, salt 00 01 … 0f (fixed, so that the
+/// fixture's bytes are too).
+const SECRET_HASH: &str = "pbkdf2-sha256$100000$000102030405060708090a0b0c0d0e0f$\
+                           9fb9dd3c8e2944366b788c7e795a5a6350d58845b2a3d21ad65f07b55181f837";
+
 fn account() -> Account {
     Account {
         user_name: "ops".into(),
-        password: "secret".into(),
+        password: StoredPassword::parse(SECRET_HASH.into()),
         role: AccountRole::Admin,
     }
+}
+
+/// An account an older build recorded with its password "secret" in clear decodes as it
+/// was written; hashed (as replay does), it writes the hash and not the password.
+fn check_legacy_account(version: u8, name: &str, role: AccountRole) {
+    let bytes = std::fs::read(fixture_path(version, name)).expect("fixture");
+    let mut decoded = Account::decode(&bytes).expect("decodes");
+    assert_eq!((decoded.user_name.as_str(), decoded.role), ("ops", role));
+    assert_eq!(decoded.password, StoredPassword::Clear("secret".into()));
+    assert_eq!(
+        decoded.encode(),
+        bytes,
+        "kept as read until replay hashes it"
+    );
+    decoded.password = decoded.password.hashed();
+    let StoredPassword::Hash(hash) = &decoded.password else {
+        panic!("{name}: not hashed");
+    };
+    assert!(hash.matches("secret"), "{name}");
+    let written = decoded.encode();
+    assert!(!written.windows(6).any(|w| w == b"secret"), "{name}");
 }
 
 fn one_part_entry() -> Entry {
@@ -366,7 +393,8 @@ fn the_v1_fixtures_decode() {
     check_fixture(1, "storage_3fs.bin", storage_3fs());
     check_fixture(1, "group.bin", group());
     check_fixture(1, "instance.bin", instance());
-    check_fixture(1, "account.bin", account());
+    check_fixture(1, "account_hashed.bin", account());
+    check_legacy_account(1, "account.bin", AccountRole::Admin);
 }
 
 #[test]
@@ -547,7 +575,8 @@ fn api_key() -> ApiKey {
 
 #[test]
 fn the_v6_fixtures_decode() {
-    check_fixture(6, "account_operator.bin", operator());
+    check_fixture(6, "account_operator_hashed.bin", operator());
+    check_legacy_account(6, "account_operator.bin", AccountRole::Operator);
     check_fixture(6, "api_key.bin", api_key());
 }
 

@@ -107,7 +107,8 @@ impl Replay {
                 self.instances.remove(&id);
                 self.entries.remove(&id);
             }
-            Record::Account(account) => {
+            Record::Account(mut account) => {
+                account.password = account.password.hashed();
                 self.accounts.insert(account.user_name.clone(), account);
             }
             Record::AccountRemoved(name) => {

@@ -109,7 +109,7 @@ fn every_record_round_trips() {
         Record::InstanceRemoved("i".into()),
         Record::Account(crate::Account {
             user_name: "u".into(),
-            password: "p".into(),
+            password: crate::password::StoredPassword::Clear("p".into()),
             role: crate::AccountRole::Admin,
         }),
         Record::AccountRemoved("u".into()),
@@ -547,7 +547,7 @@ fn api_keys_survive_a_restart_and_revocations_and_deletions_do_too() {
     let (manager, _) = reopen(dir.path());
     let account = |user_name: &str, role| crate::Account {
         user_name: user_name.into(),
-        password: "p".into(),
+        password: crate::password::StoredPassword::Clear("p".into()),
         role,
     };
     manager
@@ -617,13 +617,53 @@ fn api_keys_survive_a_restart_and_revocations_and_deletions_do_too() {
     }
 }
 
+/// An account an older build journaled with its password in clear is replayed with the
+/// password hashed, and the next journal (a restart's snapshot and log) no longer holds it.
+#[test]
+fn a_clear_password_from_an_older_build_is_hashed_on_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, _) = reopen(dir.path());
+    let older = crate::Account {
+        user_name: "old".into(),
+        password: crate::password::StoredPassword::Clear("legacy-secret".into()),
+        role: crate::AccountRole::User,
+    };
+    // What an older build wrote: the record as is, not through add_account's hashing.
+    let ticket = manager.journal_append(&Record::Account(older)).unwrap();
+    manager.journal_wait(ticket).unwrap();
+    let holds_clear = |dir: &Path| {
+        std::fs::read_dir(dir.join("meta"))
+            .unwrap()
+            .flatten()
+            .any(|file| {
+                let bytes = std::fs::read(file.path()).unwrap_or_default();
+                bytes.windows(13).any(|w| w == b"legacy-secret")
+            })
+    };
+    assert!(holds_clear(dir.path()), "the older record, as written");
+    drop(manager);
+
+    let (manager, _) = reopen(dir.path());
+    let accounts = crate::sync::lock(&manager.accounts);
+    let crate::password::StoredPassword::Hash(hash) = &accounts["old"].password else {
+        panic!("replayed in clear");
+    };
+    assert!(hash.matches("legacy-secret"));
+    drop(accounts);
+    drop(manager);
+    assert!(
+        !holds_clear(dir.path()),
+        "recovery's snapshot replaced the older log"
+    );
+}
+
 #[test]
 fn an_expired_key_is_refused() {
     let manager = manager();
     manager
         .add_account(crate::Account {
             user_name: "eng".into(),
-            password: "p".into(),
+            password: crate::password::StoredPassword::Clear("p".into()),
             role: crate::AccountRole::User,
         })
         .unwrap();
