@@ -4,9 +4,9 @@
 //!
 //! Records written by builds before this one hold the clear password; decoding keeps what
 //! it reads as it is ([`StoredPassword::Clear`]: decoding stays cheap and bounded), and
-//! replay hashes it ([`StoredPassword::hashed`]), as adding an account does, so the
-//! manager's accounts hold hashes only and the next snapshot (or rewrite of the account)
-//! drops the clear text.
+//! restoring the account hashes it ([`StoredPassword::hashed`]) as adding one does, so the
+//! manager's accounts hold hashes only; recovery's snapshot (local journal) or the promoted
+//! leader's write-back (shared store) then drops the clear text.
 //!
 //! Invariant: a [`PasswordHash`] always holds a string of the form above.
 

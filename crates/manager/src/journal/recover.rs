@@ -25,6 +25,7 @@ use crate::entry::{Entry, Location, LocationState, StorageHandle};
 use crate::error::ManagerResult;
 use crate::group_config::GroupConfig;
 use crate::instance::Instance;
+use crate::password::StoredPassword;
 use crate::registration::InstanceInfo;
 use crate::Manager;
 
@@ -71,6 +72,17 @@ pub(crate) struct Replay {
 }
 
 impl Replay {
+    /// The accounts recorded with a clear password (by an older build): restoring hashes
+    /// them, and the store they came from should be rewritten with the hash.
+    pub fn accounts_in_clear(&self) -> Vec<String> {
+        let clear = |account: &&Account| matches!(account.password, StoredPassword::Clear(_));
+        self.accounts
+            .values()
+            .filter(clear)
+            .map(|a| a.user_name.clone())
+            .collect()
+    }
+
     /// Applies one record (index changes of an instance that is not registered are ignored).
     pub fn apply(&mut self, record: Record) {
         match record {
@@ -107,8 +119,7 @@ impl Replay {
                 self.instances.remove(&id);
                 self.entries.remove(&id);
             }
-            Record::Account(mut account) => {
-                account.password = account.password.hashed();
+            Record::Account(account) => {
                 self.accounts.insert(account.user_name.clone(), account);
             }
             Record::AccountRemoved(name) => {

@@ -14,7 +14,8 @@
 //!    as it now is (cleaned up, or removed), so the store holds no WRITING entry and no
 //!    location this node could not adopt. The index is quiet meanwhile: the node is not
 //!    leader yet, so no client call and no reclaimer pass runs, and there is no session to
-//!    expire and no removal for the deleter.
+//!    expire and no removal for the deleter. Accounts an older build stored with a clear
+//!    password are written back with the hash restoring gave them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,7 +28,8 @@ use crate::entry::StorageHandle;
 use crate::error::ManagerResult;
 use crate::journal::record::DurableEntry;
 use crate::journal::sink::durable_entry;
-use crate::journal::{Durable, JournalError, RecoveryReport};
+use crate::journal::{Durable, JournalError, Record, RecoveryReport};
+use crate::sync::lock;
 use crate::Manager;
 
 /// Keys written back per script.
@@ -94,12 +96,26 @@ impl Manager {
                 replay.insert_entry(id, key, entry);
             }
         }
+        let in_clear = replay.accounts_in_clear();
         self.restore(replay, &mut report);
         self.journal
             .set(Durable::Shared(store.clone()))
             .map_err(|_| JournalError::AlreadyOpen)?;
         self.write_back(store, read_keys)?;
+        self.rewrite_accounts(&in_clear)?;
         Ok(report)
+    }
+
+    /// Writes the accounts `names` back as restored: an older build's clear password is
+    /// replaced by its hash in the store too.
+    fn rewrite_accounts(&self, names: &[String]) -> ManagerResult<()> {
+        for name in names {
+            let account = lock(&self.accounts).get(name).cloned();
+            if let Some(account) = account {
+                self.journal_log(&Record::Account(account))?;
+            }
+        }
+        Ok(())
     }
 
     /// Writes every key read at promotion back as the restored index now holds it.

@@ -291,3 +291,49 @@ fn entries_of_a_storage_whose_spec_changed_are_stale_and_other_updates_keep_them
         "{served:?}"
     );
 }
+
+/// An account an older build stored with its password in clear: the next leader restores
+/// it hashed and writes the hash back, so the store no longer holds the password.
+#[test]
+fn a_clear_password_an_older_build_stored_is_replaced_by_its_hash_at_promotion() {
+    if !redis_available("a_clear_password_an_older_build_stored") {
+        return;
+    }
+    let (_dir, redis, _root) = on_redis();
+    let (old, _, _) = leader(&redis.uri(), 1);
+    let older = crate::Account {
+        user_name: "old".into(),
+        password: crate::password::StoredPassword::Clear("legacy-secret".into()),
+        role: crate::AccountRole::User,
+    };
+    // What an older build wrote: the record as is, not through add_account's hashing.
+    old.journal_log(&crate::journal::Record::Account(older))
+        .unwrap();
+    let stored = || {
+        let accounts = b"kvcm:{kvcm-registry}:accounts";
+        match raw_command(&redis.address(), &[b"HGET", accounts, b"old"]).unwrap() {
+            Reply::Bulk(Some(bytes)) => bytes,
+            other => panic!("{other:?}"),
+        }
+    };
+    let holds = |bytes: &[u8], text: &[u8]| bytes.windows(text.len()).any(|w| w == text);
+    assert!(
+        holds(&stored(), b"legacy-secret"),
+        "the older record, as written"
+    );
+
+    let (new, _, report) = leader(&redis.uri(), 2);
+    assert!(report.skipped.is_empty(), "{report:?}");
+    let crate::password::StoredPassword::Hash(hash) =
+        &crate::sync::lock(&new.accounts)["old"].password
+    else {
+        panic!("restored in clear");
+    };
+    assert!(hash.matches("legacy-secret"));
+    let rewritten = stored();
+    assert!(
+        !holds(&rewritten, b"legacy-secret"),
+        "the store keeps the hash only"
+    );
+    assert!(holds(&rewritten, b"pbkdf2-sha256$"));
+}
