@@ -262,6 +262,11 @@ async fn pool_blocks_survive_a_leader_change_when_their_node_resumes() {
     wait_leads(&a, TAKEOVER).await;
     let b = shared_node(&redis.uri(), "b").await;
     assert!(
+        a.log().contains("promoted to leader"),
+        "the leader announces its lead: {}",
+        a.log()
+    );
+    assert!(
         !b.log().contains("promoted to leader"),
         "a follower announces no lead (its provisional local one included): {}",
         b.log()

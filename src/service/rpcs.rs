@@ -303,7 +303,7 @@ rpc_table! {
         LIST_INSTANCE_INFO list_instance_info(ListInstanceInfoRequest) -> ListInstanceInfoResponse
             = "ListInstanceInfo" "/api/listInstanceInfo" inline leader nofaults global read;
         ADD_ACCOUNT add_account(AddAccountRequest) -> CommonResponse
-            = "AddAccount" "/api/addAccount" inline leader nofaults global admin;
+            = "AddAccount" "/api/addAccount" blocking leader nofaults global admin;
         DELETE_ACCOUNT delete_account(DeleteAccountRequest) -> CommonResponse
             = "DeleteAccount" "/api/deleteAccount" inline leader nofaults global admin;
         LIST_ACCOUNT list_account(ListAccountRequest) -> ListAccountResponse

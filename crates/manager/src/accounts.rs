@@ -25,26 +25,33 @@ pub enum AccountRole {
 pub struct Account {
     /// Unique user name.
     pub user_name: String,
-    /// The password's hash (the reference stores it in clear; kvcm only reads clear ones
-    /// from older builds' records, and hashes them on replay).
+    /// The password: `Clear` as a caller gives it (or an older build's record holds it),
+    /// hashed by [`Manager::add_account`] before it is kept or recorded (the reference
+    /// stores it in clear).
     pub password: StoredPassword,
     /// Its role.
     pub role: AccountRole,
 }
 
+/// The error for an account name that is taken.
+fn already_exists(user_name: &str) -> ManagerError {
+    ManagerError::AlreadyExists(format!("account {user_name:?} already exists"))
+}
+
 impl Manager {
-    /// Adds an account (a clear password is hashed first); an existing name is an error.
+    /// Adds an account (a clear password is hashed first, outside the accounts' lock); an
+    /// existing name is an error, found before any hashing.
     pub fn add_account(&self, mut account: Account) -> ManagerResult<()> {
         if account.user_name.is_empty() {
             return Err(ManagerError::invalid("user_name"));
         }
+        if lock(&self.accounts).contains_key(&account.user_name) {
+            return Err(already_exists(&account.user_name));
+        }
         account.password = account.password.hashed();
         let mut accounts = lock(&self.accounts);
         if accounts.contains_key(&account.user_name) {
-            return Err(ManagerError::AlreadyExists(format!(
-                "account {:?} already exists",
-                account.user_name
-            )));
+            return Err(already_exists(&account.user_name));
         }
         let ticket = self.journal_append(&Record::Account(account.clone()))?;
         accounts.insert(account.user_name.clone(), account);

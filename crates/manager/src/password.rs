@@ -8,7 +8,10 @@
 //! manager's accounts hold hashes only; recovery's snapshot (local journal) or the promoted
 //! leader's write-back (shared store) then drops the clear text.
 //!
-//! Invariant: a [`PasswordHash`] always holds a string of the form above.
+//! Invariant: a [`PasswordHash`] always holds a string of the form above. What is not of that
+//! exact form reads as a clear password: a later build that changes the scheme must keep
+//! this one's form readable (or mark its own in the encoding), and a legacy clear password
+//! that happens to have that form stays as it is.
 
 use std::num::NonZeroU32;
 
@@ -90,7 +93,7 @@ impl StoredPassword {
     }
 
     /// The text a record holds.
-    pub fn as_stored(&self) -> &str {
+    pub(crate) fn as_stored(&self) -> &str {
         match self {
             StoredPassword::Hash(hash) => hash.as_str(),
             StoredPassword::Clear(clear) => clear,
@@ -109,16 +112,30 @@ impl StoredPassword {
 /// A stored hash's iterations, salt and hash.
 type Parts = (NonZeroU32, [u8; SALT_BYTES], [u8; HASH_BYTES]);
 
-/// The parts of a stored hash; `None` for anything else.
+/// Most PBKDF2 rounds a stored hash may name (a bound for any future verification).
+const MAX_ITERATIONS: u32 = 100_000_000;
+
+/// The parts of a stored hash (exactly as [`PasswordHash::of`] writes them: decimal rounds
+/// up to [`MAX_ITERATIONS`], lower-case hex); `None` for anything else.
 fn parse(stored: &str) -> Option<Parts> {
     let mut fields = stored.split('$');
     if fields.next()? != SCHEME {
         return None;
     }
-    let iterations = NonZeroU32::new(fields.next()?.parse().ok()?)?;
-    let salt = crate::hex::decode(fields.next()?)?;
-    let hash = crate::hex::decode(fields.next()?)?;
-    fields.next().is_none().then_some((iterations, salt, hash))
+    let rounds = fields
+        .next()
+        .filter(|r| r.bytes().all(|b| b.is_ascii_digit()))?;
+    let iterations = NonZeroU32::new(rounds.parse().ok()?).filter(|n| n.get() <= MAX_ITERATIONS)?;
+    let lower_hex = |text: &str| text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let (salt, hash) = (fields.next()?, fields.next()?);
+    if !lower_hex(salt) || !lower_hex(hash) || fields.next().is_some() {
+        return None;
+    }
+    Some((
+        iterations,
+        crate::hex::decode(salt)?,
+        crate::hex::decode(hash)?,
+    ))
 }
 
 #[cfg(test)]
@@ -140,6 +157,12 @@ mod tests {
     #[test]
     fn stored_hashes_parse_as_hashes_and_anything_else_is_an_older_clear_password() {
         let hash = PasswordHash::of("pw");
+        let upper_case = hash
+            .as_str()
+            .to_uppercase()
+            .replace("PBKDF2-SHA256", SCHEME);
+        let signed = hash.as_str().replace("$100000$", "$+100000$");
+        let too_many_rounds = hash.as_str().replace("$100000$", "$100000001$");
         let stored = StoredPassword::parse(hash.as_str().to_string());
         assert_eq!(stored, StoredPassword::Hash(hash.clone()));
         assert_eq!(stored.clone().hashed(), stored, "a hash stays");
@@ -151,6 +174,9 @@ mod tests {
             "pbkdf2-sha256$100000$zz$00",
             "pbkdf2-sha256$100000$00112233445566778899aabbccddeeff$00",
             "other$100000$00112233445566778899aabbccddeeff$",
+            &upper_case,
+            &signed,
+            &too_many_rounds,
         ] {
             let stored = StoredPassword::parse(clear.to_string());
             assert_eq!(stored, StoredPassword::Clear(clear.to_string()));

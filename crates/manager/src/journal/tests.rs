@@ -637,7 +637,8 @@ fn a_clear_password_from_an_older_build_is_hashed_on_replay() {
             .flatten()
             .any(|file| {
                 let bytes = std::fs::read(file.path()).unwrap_or_default();
-                bytes.windows(13).any(|w| w == b"legacy-secret")
+                let secret = b"legacy-secret";
+            bytes.windows(secret.len()).any(|w| w == secret)
             })
     };
     assert!(holds_clear(dir.path()), "the older record, as written");

@@ -218,7 +218,7 @@ impl Shared {
         if self.configured.load(Ordering::Relaxed) {
             tracing::info!(node_id = %self.node_id, fencing_token, "promoted to leader");
         } else {
-            tracing::debug!(node_id = %self.node_id, "provisional lead on the process-local lock");
+            tracing::debug!(node_id = %self.node_id, "leads on the process-local lock");
         }
     }
 
