@@ -638,7 +638,7 @@ fn a_clear_password_from_an_older_build_is_hashed_on_replay() {
             .any(|file| {
                 let bytes = std::fs::read(file.path()).unwrap_or_default();
                 let secret = b"legacy-secret";
-            bytes.windows(secret.len()).any(|w| w == secret)
+                bytes.windows(secret.len()).any(|w| w == secret)
             })
     };
     assert!(holds_clear(dir.path()), "the older record, as written");
