@@ -525,18 +525,29 @@ fn pool_blocks_survive_a_server_restart_when_their_node_resumes() {
     );
 }
 
+/// A prepared server whose node the test may SIGSTOP (heartbeats of 2 s: it is not declared
+/// dead meanwhile), and a config that gives up on it after 300 ms.
+fn prepare_to_stop() -> (
+    tokio::runtime::Runtime,
+    TestServer,
+    PoolProcess,
+    TransferConfig,
+) {
+    let (runtime, server, node) = prepare(2000, "80M");
+    let config = TransferConfig {
+        timeout: Duration::from_millis(300),
+        ..TransferConfig::default()
+    };
+    (runtime, server, node, config)
+}
+
 /// A get large enough to be read in waves (600 blocks, 39 MB) from a node that stopped
 /// answering waits for it once: the first wave gives up at the response timeout, the
 /// others do not try the node again in the same call; the next call, once it answers
 /// again, hits every block.
 #[test]
 fn a_hung_node_costs_one_timeout_per_call_even_over_waves() {
-    // Heartbeats of 2 s: the stopped node is not declared dead meanwhile.
-    let (_runtime, server, node) = prepare(2000, "80M");
-    let config = TransferConfig {
-        timeout: Duration::from_millis(300),
-        ..TransferConfig::default()
-    };
+    let (_runtime, server, node, config) = prepare_to_stop();
     let mut engine = engine(&server, "on_pool", config);
     let keys: Vec<i64> = (1..=600).collect();
     put(&mut engine, &keys);
@@ -755,12 +766,7 @@ fn file_blocks_in_registered_memory_move_through_registered_buffers_and_say_so()
 /// such READs once it runs again.
 #[test]
 fn a_get_that_gave_up_never_writes_into_registered_memory_afterwards() {
-    // Heartbeats of 2 s: the stopped node is not declared dead meanwhile.
-    let (_runtime, server, node) = prepare(2000, "80M");
-    let config = TransferConfig {
-        timeout: Duration::from_millis(300),
-        ..TransferConfig::default()
-    };
+    let (_runtime, server, node, config) = prepare_to_stop();
     let mut engine = engine(&server, "on_pool", config.clone());
     let keys: Vec<i64> = (1..=8).collect();
     put(&mut engine, &keys);

@@ -100,12 +100,22 @@ async fn wait_leads(server: &TestServer, limit: Duration) {
     eprintln!("took the lead in {:?}", started.elapsed());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_shared_redis_store_the_next_leader_serves_every_acknowledged_write() {
-    if !redis_support::redis_available("on_a_shared_redis_store") {
-        return;
+/// A test's private store and its first two nodes: `a` leading, `b` following.
+struct TwoNodes {
+    /// Held for the test's whole run (see [`ONE_AT_A_TIME`]).
+    _alone: tokio::sync::MutexGuard<'static, ()>,
+    _redis_dir: tempfile::TempDir,
+    redis: redis_support::RedisServer,
+    a: TestServer,
+    b: TestServer,
+}
+
+/// [`TwoNodes`] for `test`, or `None` after a loud skip where redis-server is missing.
+async fn two_nodes(test: &str) -> Option<TwoNodes> {
+    if !redis_support::redis_available(test) {
+        return None;
     }
-    let _alone = ONE_AT_A_TIME.lock().await;
+    let alone = ONE_AT_A_TIME.lock().await;
     let redis_dir = tempfile::tempdir().expect("redis dir");
     // The kvcm processes are killed here, not Redis: its fsync policy is not under test, and
     // `always` stalls its main thread (the lock's renewals too) on a busy disk.
@@ -113,8 +123,29 @@ async fn on_a_shared_redis_store_the_next_leader_serves_every_acknowledged_write
         redis_support::RedisServer::start_with_args(redis_dir.path(), &["--appendfsync", "no"]);
     let a = shared_node(&redis.uri(), "a").await;
     wait_leads(&a, TAKEOVER).await;
-    let mut b = shared_node(&redis.uri(), "b").await;
+    let b = shared_node(&redis.uri(), "b").await;
     assert!(!leads(&b).await, "one leader");
+    Some(TwoNodes {
+        _alone: alone,
+        _redis_dir: redis_dir,
+        redis,
+        a,
+        b,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_shared_redis_store_the_next_leader_serves_every_acknowledged_write() {
+    let Some(TwoNodes {
+        _alone,
+        _redis_dir,
+        redis,
+        a,
+        mut b,
+    }) = two_nodes("on_a_shared_redis_store").await
+    else {
+        return;
+    };
     let registered = a.register(INSTANCE, 64).await;
     assert_eq!(common::code(&registered), "OK", "{registered}");
 
@@ -251,16 +282,17 @@ fn pool_engine(servers: &[&TestServer]) -> TransferEngine {
 /// writes go to the node beside them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_blocks_survive_a_leader_change_when_their_node_resumes() {
-    if !redis_support::redis_available("pool_blocks_survive_a_leader_change") {
+    // Every field bound: the store and its directory live as long as the test.
+    let Some(TwoNodes {
+        _alone,
+        _redis_dir,
+        redis: _redis,
+        a,
+        b,
+    }) = two_nodes("pool_blocks_survive_a_leader_change").await
+    else {
         return;
-    }
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let redis_dir = tempfile::tempdir().expect("redis dir");
-    let redis =
-        redis_support::RedisServer::start_with_args(redis_dir.path(), &["--appendfsync", "no"]);
-    let a = shared_node(&redis.uri(), "a").await;
-    wait_leads(&a, TAKEOVER).await;
-    let b = shared_node(&redis.uri(), "b").await;
+    };
     assert!(
         a.log().contains("promoted to leader"),
         "the leader announces its lead: {}",

@@ -479,6 +479,19 @@ fn one_file_io_serves_several_threads() {
     }
 }
 
+/// The first block of `file`, read into a buffer of its own (unregistered, so by
+/// [`IoPath::UringDirect`]).
+fn first_block(io: &FileIo, file: &Path) -> Vec<u8> {
+    let mut block = AlignedBuf::new(BLOCK);
+    let mut ops = [ReadOp {
+        path: file,
+        offset: 0,
+        buf: block.as_mut_slice(),
+    }];
+    assert_all_ok(&io.read_blocks(&mut ops), IoPath::UringDirect);
+    block.as_slice().to_vec()
+}
+
 /// Ops inside a registered range move through io_uring's buffer table and say so; ops
 /// outside it, straddling its end, or after it is unregistered move as before; the bytes
 /// are the same either way.
@@ -565,14 +578,7 @@ fn ops_in_a_registered_buffer_move_through_it_and_say_so() {
     assert!(io.deregister_buffer(base).unwrap());
     assert!(!io.deregister_buffer(base).unwrap(), "already gone");
     assert_eq!(io.registered_buffers(), 0);
-    let mut again = AlignedBuf::new(BLOCK);
-    let mut ops = [ReadOp {
-        path: &file,
-        offset: 0,
-        buf: again.as_mut_slice(),
-    }];
-    assert_all_ok(&io.read_blocks(&mut ops), IoPath::UringDirect);
-    assert_eq!(again.as_slice(), pattern(0, 0, BLOCK));
+    assert_eq!(first_block(&io, &file), pattern(0, 0, BLOCK));
 }
 
 /// Bad ranges are refused with the rule they break and change nothing; the psync backend
@@ -631,14 +637,7 @@ fn registration_refuses_bad_ranges_and_reuses_slots() {
         assert!(io.deregister_buffer(block(n)).unwrap(), "range {n}");
     }
     assert_eq!(io.registered_buffers(), 0);
-    let mut back = AlignedBuf::new(BLOCK);
-    let mut ops = [ReadOp {
-        path: &file,
-        offset: 0,
-        buf: back.as_mut_slice(),
-    }];
-    assert_all_ok(&io.read_blocks(&mut ops), IoPath::UringDirect);
-    assert_eq!(back.as_slice(), pattern(1, 0, BLOCK));
+    assert_eq!(first_block(&io, &file), pattern(1, 0, BLOCK));
 
     let psync = FileIo::new(FileIoConfig {
         force_psync: true,

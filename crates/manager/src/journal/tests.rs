@@ -617,29 +617,37 @@ fn api_keys_survive_a_restart_and_revocations_and_deletions_do_too() {
     }
 }
 
+/// The password [`log_as_an_older_build`] records in clear.
+pub(super) const LEGACY_SECRET: &[u8] = b"legacy-secret";
+
+/// Records account `old` as a build before password hashing did: with its password in
+/// clear, as is (not through `add_account`, which hashes).
+pub(super) fn log_as_an_older_build(manager: &Manager) {
+    let older = crate::Account {
+        user_name: "old".into(),
+        password: crate::password::StoredPassword::Clear("legacy-secret".into()),
+        role: crate::AccountRole::User,
+    };
+    manager.journal_log(&Record::Account(older)).unwrap();
+}
+
+/// Whether `bytes` hold `needle`.
+pub(super) fn holds(bytes: &[u8], needle: &[u8]) -> bool {
+    bytes.windows(needle.len()).any(|w| w == needle)
+}
+
 /// An account an older build journaled with its password in clear is replayed with the
 /// password hashed, and the next journal (a restart's snapshot and log) no longer holds it.
 #[test]
 fn a_clear_password_from_an_older_build_is_hashed_on_replay() {
     let dir = tempfile::tempdir().unwrap();
     let (manager, _) = reopen(dir.path());
-    let older = crate::Account {
-        user_name: "old".into(),
-        password: crate::password::StoredPassword::Clear("legacy-secret".into()),
-        role: crate::AccountRole::User,
-    };
-    // What an older build wrote: the record as is, not through add_account's hashing.
-    let ticket = manager.journal_append(&Record::Account(older)).unwrap();
-    manager.journal_wait(ticket).unwrap();
+    log_as_an_older_build(&manager);
     let holds_clear = |dir: &Path| {
-        std::fs::read_dir(dir.join("meta"))
-            .unwrap()
-            .flatten()
-            .any(|file| {
-                let bytes = std::fs::read(file.path()).unwrap_or_default();
-                let secret = b"legacy-secret";
-                bytes.windows(secret.len()).any(|w| w == secret)
-            })
+        let files = std::fs::read_dir(dir.join("meta")).unwrap().flatten();
+        files
+            .map(|file| std::fs::read(file.path()).unwrap_or_default())
+            .any(|bytes| holds(&bytes, LEGACY_SECRET))
     };
     assert!(holds_clear(dir.path()), "the older record, as written");
     drop(manager);

@@ -11,7 +11,7 @@ use kvcm_index::{IndexError, MetaIndex};
 
 use super::SharedStore;
 use crate::error::ManagerError;
-use crate::journal::tests::{uris, write};
+use crate::journal::tests::{holds, log_as_an_older_build, uris, write, LEGACY_SECRET};
 use crate::journal::JournalError;
 use crate::tests::{group, instance_info, storage, test_deps, PREFER_3FS};
 use crate::Manager;
@@ -301,14 +301,7 @@ fn a_clear_password_an_older_build_stored_is_replaced_by_its_hash_at_promotion()
     }
     let (_dir, redis, _root) = on_redis();
     let (old, _, _) = leader(&redis.uri(), 1);
-    let older = crate::Account {
-        user_name: "old".into(),
-        password: crate::password::StoredPassword::Clear("legacy-secret".into()),
-        role: crate::AccountRole::User,
-    };
-    // What an older build wrote: the record as is, not through add_account's hashing.
-    old.journal_log(&crate::journal::Record::Account(older))
-        .unwrap();
+    log_as_an_older_build(&old);
     let stored = || {
         let accounts = b"kvcm:{kvcm-registry}:accounts";
         match raw_command(&redis.address(), &[b"HGET", accounts, b"old"]).unwrap() {
@@ -316,9 +309,8 @@ fn a_clear_password_an_older_build_stored_is_replaced_by_its_hash_at_promotion()
             other => panic!("{other:?}"),
         }
     };
-    let holds = |bytes: &[u8], text: &[u8]| bytes.windows(text.len()).any(|w| w == text);
     assert!(
-        holds(&stored(), b"legacy-secret"),
+        holds(&stored(), LEGACY_SECRET),
         "the older record, as written"
     );
 
@@ -332,7 +324,7 @@ fn a_clear_password_an_older_build_stored_is_replaced_by_its_hash_at_promotion()
     assert!(hash.matches("legacy-secret"));
     let rewritten = stored();
     assert!(
-        !holds(&rewritten, b"legacy-secret"),
+        !holds(&rewritten, LEGACY_SECRET),
         "the store keeps the hash only"
     );
     assert!(holds(&rewritten, b"pbkdf2-sha256$"));
