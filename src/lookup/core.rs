@@ -30,10 +30,13 @@ use kvcm_transport::{
 };
 
 use super::grants::Grant;
-use super::messages::{self, Reply, Request, Status, MAX_MESSAGE};
+use super::messages::{self, Op, Reply, Request, Status, MAX_MESSAGE};
 use super::LookupError;
-use crate::proto::meta::StartWriteCacheRequest;
+use crate::proto::meta::{
+    CommonResponse, ErrorCode, StartWriteCacheRequest, StartWriteCacheResponse,
+};
 use crate::service::meta::MetaHandler;
+use crate::service::Reply as _;
 
 /// Receive buffers per peer.
 pub const RECV_SLOTS: usize = 4;
@@ -274,35 +277,60 @@ fn serve(
     doorbell: &Doorbell,
 ) {
     for job in jobs {
-        let credential = job.credential.as_deref();
-        let bytes = match job.request {
-            Request::Authenticate(_) => {
-                let answer = meta.check_credential(credential);
-                messages::encode_reply(job.id, job.op, &Reply::Common(answer))
-            }
-            request
-                if !names_only(&request, &job.instance)
-                    || !meta.message_allowed(credential, &request) =>
-            {
-                messages::encode_reply(job.id, job.op, &Reply::Refused(Status::Unauthenticated))
-            }
-            Request::StartWrite(r) => start_write(meta, job.id, job.op, r),
-            Request::FinishWrite(r) => {
-                messages::encode_reply(job.id, job.op, &Reply::Common(meta.finish_write_cache(r)))
-            }
-            Request::Remove(r) => {
-                messages::encode_reply(job.id, job.op, &Reply::Common(meta.remove_cache(r)))
-            }
-            Request::Reads(lookups) => {
-                let answer = meta.record_table_lookups(lookups);
-                messages::encode_reply(job.id, job.op, &Reply::Common(answer))
-            }
-        };
-        if answers.send((job.peer, bytes)).is_err() {
+        let (peer, id, op) = (job.peer, job.id, job.op);
+        let bytes = answer_or_internal_error(id, op, || answer(meta, job));
+        if answers.send((peer, bytes)).is_err() {
             return;
         }
         doorbell.ring();
     }
+}
+
+/// The reply to one request.
+fn answer(meta: &MetaHandler, job: Work) -> Vec<u8> {
+    let credential = job.credential.as_deref();
+    match job.request {
+        Request::Authenticate(_) => {
+            let answer = meta.check_credential(credential);
+            messages::encode_reply(job.id, job.op, &Reply::Common(answer))
+        }
+        request
+            if !names_only(&request, &job.instance)
+                || !meta.message_allowed(credential, &request) =>
+        {
+            messages::encode_reply(job.id, job.op, &Reply::Refused(Status::Unauthenticated))
+        }
+        Request::StartWrite(r) => start_write(meta, job.id, job.op, r),
+        Request::FinishWrite(r) => {
+            messages::encode_reply(job.id, job.op, &Reply::Common(meta.finish_write_cache(r)))
+        }
+        Request::Remove(r) => {
+            messages::encode_reply(job.id, job.op, &Reply::Common(meta.remove_cache(r)))
+        }
+        Request::Reads(lookups) => {
+            let answer = meta.record_table_lookups(lookups);
+            messages::encode_reply(job.id, job.op, &Reply::Common(answer))
+        }
+    }
+}
+
+/// `reply()`, or, when it panics, INTERNAL_ERROR in the response type of `op`: the worker lives on and the request is answered, so
+/// the polling thread's count of requests in flight stays exact and the client is not left
+/// waiting for its timeout (the gRPC path answers such a failure with an error too).
+fn answer_or_internal_error(id: u32, op: u8, reply: impl FnOnce() -> Vec<u8>) -> Vec<u8> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(reply)).unwrap_or_else(|_| {
+        let message = "the server failed while handling this request".to_string();
+        let reply = if op == Op::StartWrite as u8 {
+            let mut response = StartWriteCacheResponse::default();
+            response.set_header(ErrorCode::InternalError, message, String::new());
+            Reply::StartWrite(response)
+        } else {
+            let mut response = CommonResponse::default();
+            response.set_header(ErrorCode::InternalError, message, String::new());
+            Reply::Common(response)
+        };
+        messages::encode_reply(id, op, &reply)
+    })
 }
 
 /// Whether `request` names no instance but `instance`.
@@ -538,5 +566,38 @@ impl Poller {
             changed = true;
         }
         (alive || !self.peers.is_empty(), changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(reply: Reply) -> i32 {
+        let header = match reply {
+            Reply::StartWrite(r) => r.header,
+            Reply::Common(r) => r.header,
+            Reply::Refused(status) => panic!("refused: {status:?}"),
+        };
+        header.and_then(|h| h.status).map_or(-1, |s| s.code)
+    }
+
+    #[test]
+    fn a_panicking_request_is_answered_internal_error_in_its_own_response_type() {
+        let start = answer_or_internal_error(7, Op::StartWrite as u8, || panic!("injected"));
+        let reply = messages::decode_reply(&start, 7, Op::StartWrite).unwrap();
+        assert!(matches!(reply, Reply::StartWrite(_)));
+        assert_eq!(code(reply), ErrorCode::InternalError as i32);
+        for op in [Op::FinishWrite, Op::Remove, Op::Reads, Op::Authenticate] {
+            let bytes = answer_or_internal_error(9, op as u8, || panic!("injected"));
+            let reply = messages::decode_reply(&bytes, 9, op).unwrap();
+            assert!(matches!(reply, Reply::Common(_)), "{op:?}");
+            assert_eq!(code(reply), ErrorCode::InternalError as i32);
+        }
+        let fine = messages::encode_reply(3, Op::Remove as u8, &Reply::Refused(Status::Busy));
+        assert_eq!(
+            answer_or_internal_error(3, Op::Remove as u8, || fine.clone()),
+            fine
+        );
     }
 }
