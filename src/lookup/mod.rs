@@ -383,6 +383,9 @@ impl Publication for LookupService {
     }
 }
 
+/// Opens both soft wires (their NICs bound to `bind`) and, when given, RDMA device `verbs`,
+/// each with its wire index; a device that does not open is an error naming `setting`,
+/// where it was configured. Used by the lookup path and by pool nodes.
 /// A growth handed to a background thread; abandoned when dropped (after its install that
 /// changes nothing), so a build that failed or panicked leaves no growth pending.
 struct PendingGrowth {
@@ -426,9 +429,6 @@ fn grow(
     }
 }
 
-/// Opens both soft wires (their NICs bound to `bind`) and, when given, RDMA device `verbs`,
-/// each with its wire index; a device that does not open is an error naming `setting`,
-/// where it was configured. Used by the lookup path and by pool nodes.
 pub(crate) fn open_wires(
     bind: IpAddr,
     verbs: Option<&VerbsDevice>,
