@@ -314,10 +314,9 @@ fn answer(meta: &MetaHandler, job: Work) -> Vec<u8> {
     }
 }
 
-/// `reply()`, or, when it panics, INTERNAL_ERROR in the response type of `op`: the worker
-/// lives on and the request is answered, so the polling thread's count of requests in
-/// flight stays exact and the client is not left waiting for its timeout (the HTTP routes
-/// answer a panicked call 500 likewise).
+/// `reply()`, or, when it panics, INTERNAL_ERROR in the response type of `op`: the worker lives on and the request is answered, so
+/// the polling thread's count of requests in flight stays exact and the client is not left
+/// waiting for its timeout (the gRPC path answers such a failure with an error too).
 fn answer_or_internal_error(id: u32, op: u8, reply: impl FnOnce() -> Vec<u8>) -> Vec<u8> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(reply)).unwrap_or_else(|_| {
         let message = "the server failed while handling this request".to_string();

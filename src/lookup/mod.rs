@@ -257,27 +257,11 @@ impl LookupService {
 
     /// Retires and forgets a table that could not be kept in step.
     fn drop_table(&self, instance_id: &str, error: &LookupError) {
-        if let Some(table) = self.table(instance_id) {
-            self.drop_this_table(instance_id, &table, error);
-        }
-    }
-
-    /// Retires `table` and forgets it if it is still the one kept for `instance_id` (a
-    /// newer table of a re-registered instance stays).
-    fn drop_this_table(&self, instance_id: &str, table: &Arc<InstanceTable>, error: &LookupError) {
-        tracing::error!(instance = instance_id, %error,
-            "lookup table dropped: readers fall back to gRPC");
-        {
-            let mut tables = self.tables();
-            if tables
-                .get(instance_id)
-                .is_some_and(|kept| Arc::ptr_eq(kept, table))
-            {
-                tables.remove(instance_id);
+        tracing::error!(instance = instance_id, %error, "lookup table dropped: readers fall back to gRPC");
+        if let Some(table) = self.tables().remove(instance_id) {
+            if let Err(error) = table.retire() {
+                tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
             }
-        }
-        if let Err(error) = table.retire() {
-            tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
         }
     }
 
@@ -300,25 +284,46 @@ impl LookupService {
         }
     }
 
-    /// Runs `growth` of `table` (of `instance`) on a thread of its own (see the growth notes
-    /// in `table.rs`).
+    /// Runs `growth` of `table` on a thread of its own (see the growth notes in
+    /// `table.rs`); a failure drops the table as a failed change does.
     fn grow_in_background(
         &self,
         table: Arc<InstanceTable>,
         manager: Arc<Manager>,
-        instance: Arc<Instance>,
+        instance_id: &str,
         growth: table::Growth,
     ) {
         let service = self.this.clone();
-        let id = instance.id().clone();
-        let pending = PendingGrowth { table, growth };
+        let id = instance_id.to_string();
+        let grow = {
+            let table = table.clone();
+            move || {
+                // A removed instance's table is retired: its growth is dropped at install.
+                let Some(instance) = manager.instance(&id) else {
+                    return;
+                };
+                let started = std::time::Instant::now();
+                let grown = table
+                    .build_grown(&manager, &instance, &growth)
+                    .and_then(|grown| table.install_grown(&manager, &instance, grown));
+                match grown {
+                    Ok(installed) => {
+                        tracing::debug!(instance = %id, installed, elapsed = ?started.elapsed(), "lookup table grown in the background");
+                    }
+                    Err(error) => {
+                        if let Some(service) = service.upgrade() {
+                            service.drop_table(&id, &error);
+                        }
+                    }
+                }
+            }
+        };
         let spawned = std::thread::Builder::new()
             .name("kvcm-table-grow".into())
-            .spawn(move || grow(&service, &manager, &instance, pending));
+            .spawn(grow);
         if let Err(error) = spawned {
-            // The closure, and with it the pending growth, was dropped: it is abandoned.
-            tracing::warn!(instance = %id, %error,
-                "lookup table growth not started: the table grows when it runs out");
+            tracing::warn!(instance = instance_id, %error, "lookup table growth not started: the table grows when it runs out");
+            table.abandon_growth(&growth);
         }
     }
 
@@ -359,12 +364,7 @@ impl Publication for LookupService {
             return;
         };
         match table.refresh(&manager, instance, keys) {
-            Ok(Some(growth)) => match manager.instance(instance.id()) {
-                Some(kept) if std::ptr::eq(Arc::as_ptr(&kept), instance) => {
-                    self.grow_in_background(table, manager, kept, growth);
-                }
-                _ => table.abandon_growth(&growth),
-            },
+            Ok(Some(growth)) => self.grow_in_background(table, manager, instance.id(), growth),
             Ok(None) => {}
             Err(error) => self.drop_table(instance.id(), &error),
         }
@@ -386,49 +386,6 @@ impl Publication for LookupService {
 /// Opens both soft wires (their NICs bound to `bind`) and, when given, RDMA device `verbs`,
 /// each with its wire index; a device that does not open is an error naming `setting`,
 /// where it was configured. Used by the lookup path and by pool nodes.
-/// A growth handed to a background thread; abandoned when dropped (after its install that
-/// changes nothing), so a build that failed or panicked leaves no growth pending.
-struct PendingGrowth {
-    table: Arc<InstanceTable>,
-    growth: table::Growth,
-}
-
-impl Drop for PendingGrowth {
-    fn drop(&mut self) {
-        self.table.abandon_growth(&self.growth);
-    }
-}
-
-/// A background growth: builds the next generation and installs it. A failed build leaves
-/// the current generation as it was (exact); a failed install drops the table, as a failed
-/// change does.
-fn grow(
-    service: &Weak<LookupService>,
-    manager: &Manager,
-    instance: &Instance,
-    pending: PendingGrowth,
-) {
-    let (table, id) = (&pending.table, instance.id());
-    let started = std::time::Instant::now();
-    let grown = match table.build_grown(manager, instance, &pending.growth) {
-        Ok(grown) => grown,
-        Err(error) => {
-            tracing::warn!(instance = %id, %error,
-                "lookup table growth failed: the table grows when it runs out");
-            return;
-        }
-    };
-    match table.install_grown(manager, instance, grown) {
-        Ok(installed) => tracing::debug!(instance = %id, installed, elapsed = ?started.elapsed(),
-            "lookup table grown in the background"),
-        Err(error) => {
-            if let Some(service) = service.upgrade() {
-                service.drop_this_table(id, table, &error);
-            }
-        }
-    }
-}
-
 pub(crate) fn open_wires(
     bind: IpAddr,
     verbs: Option<&VerbsDevice>,

@@ -2,9 +2,9 @@
 //! generations being retired, kept in step with the manager (single writer: every change
 //! runs under this table's lock).
 //!
-//! Growth: once 40% of the current generation's slots are in use ([`GROW_AT_SLOTS_PERCENT`],
-//! or three quarters of its string heap, [`GROW_AT_HEAP_PERCENT`]), the change that noticed
-//! it hands out a [`Growth`], and a background thread builds the next,
+//! Growth: once 40% of the current generation's slots are in use ([`GROW_AT_SLOTS_PERCENT`], or its
+//! string heap three quarters, [`GROW_AT_HEAP_PERCENT`]), the
+//! change that noticed it hands out a [`Growth`], and a background thread builds the next,
 //! larger generation from the index without the lock ([`InstanceTable::build_grown`]) while
 //! changes keep going to the current one and are noted; [`InstanceTable::install_grown`]
 //! then republishes the noted keys into the new generation from their entries of that
@@ -270,9 +270,7 @@ impl InstanceTable {
             // A rebuild reads every key's current entry, these included.
             Err(LookupError::Format(FormatError::Full(full))) => {
                 state.rebuilt_in_call += 1;
-                let rebuilt_in_call = state.rebuilt_in_call;
-                tracing::debug!(instance = %self.instance_id, ?full, rebuilt_in_call,
-                    "lookup table ran out before its growth: rebuilt in the call");
+                tracing::debug!(instance = %self.instance_id, ?full, rebuilt_in_call = state.rebuilt_in_call, "lookup table ran out before its growth: rebuilt in the call");
                 self.rebuild(&mut state, manager, instance, full)?;
                 return Ok(None);
             }
@@ -336,16 +334,14 @@ impl InstanceTable {
         match caught_up {
             Ok(()) => self.flip(&mut state, next, sizes)?,
             Err(LookupError::Format(FormatError::Full(full))) => {
-                let sizes = sizes.after_full(&next.generation, full);
-                self.rebuild_at(&mut state, manager, instance, sizes)?
+                self.rebuild(&mut state, manager, instance, full)?
             }
             Err(other) => return Err(other),
         }
         Ok(true)
     }
 
-    /// Forgets `growth` unless it was installed or superseded already (its build failed or
-    /// never started; a later change hands out a new one).
+    /// Forgets growth `growth` (its build could not be started).
     pub fn abandon_growth(&self, growth: &Growth) {
         let mut state = self.lock();
         if state.growing.as_ref().is_some_and(|g| g.id == growth.id) {
@@ -373,8 +369,8 @@ impl InstanceTable {
     }
 
     /// Replaces the current generation, in which `full` ran out, by one built from the
-    /// index with room for it (see [`Sizes::after_full`]); flips the header and retires the
-    /// old generation.
+    /// index with room for it (a heap that is mostly dead is compacted at its size); flips
+    /// the header and retires the old generation.
     fn rebuild(
         &self,
         state: &mut State,
@@ -382,19 +378,13 @@ impl InstanceTable {
         instance: &Instance,
         full: Full,
     ) -> Result<(), LookupError> {
-        let sizes = state.sizes.after_full(&state.current.generation, full);
-        self.rebuild_at(state, manager, instance, sizes)
-    }
-
-    /// Replaces the current generation by one of `sizes` (or larger) built from the index.
-    fn rebuild_at(
-        &self,
-        state: &mut State,
-        manager: &Manager,
-        instance: &Instance,
-        sizes: Sizes,
-    ) -> Result<(), LookupError> {
-        // A growth under way may be smaller than this generation: it is dropped at install.
+        let (used, dead) = state.current.generation.heap_bytes();
+        let sizes = if full == Full::Heap && dead * 2 >= used {
+            state.sizes
+        } else {
+            state.sizes.grown(full)
+        };
+        // A growth under way would install a generation without this change.
         state.growing = None;
         let availability = &state.availability;
         let (next, sizes) = build(
@@ -484,17 +474,14 @@ struct Sizes {
 
 impl Sizes {
     /// First sizes for about `keys` keys: at most three quarters of the slots at which a
-    /// generation grows ([`GROW_AT_SLOTS_PERCENT`]) in use, heap room for 32 bytes per
-    /// part (file-tier parts share one template per file; Mooncake parts
+    /// generation grows ([`GROW_AT_SLOTS_PERCENT`]) in use, heap room for 32 bytes per part (file-tier parts share one template per file; Mooncake parts
     /// have one each, and grow the heap).
     fn for_keys(specs: usize, keys: u64, handles: usize) -> Result<Sizes, LookupError> {
         let probe = Layout::new(specs, 2, 0, 0)?;
         let per_bucket = probe.geometry.slots_per_bucket as u64;
         Ok(Sizes {
             slot_records: specs,
-            // Slots for keys / (3/4 × GROW_AT_SLOTS_PERCENT%).
-            buckets: keys
-                .saturating_mul(4 * 100)
+            buckets: (keys * 400)
                 .div_ceil(3 * GROW_AT_SLOTS_PERCENT * per_bucket)
                 .max(MIN_BUCKETS),
             heap: (keys as usize).saturating_mul(32 * specs).max(MIN_HEAP),
@@ -527,35 +514,23 @@ impl Sizes {
     }
 
     /// The sizes of the next generation once `generation` (of these sizes) has
-    /// [`GROW_AT_SLOTS_PERCENT`] of its slots or [`GROW_AT_HEAP_PERCENT`] of its string heap
-    /// in use: twice the buckets, twice the heap unless compacting it is enough; `None`
-    /// before.
+    /// [`GROW_AT_SLOTS_PERCENT`] of its slots or [`GROW_AT_HEAP_PERCENT`] of its string heap in
+    /// use: twice the buckets, twice the heap unless at least half of it is dead (compacting
+    /// is enough); `None` before.
     fn to_grow(self, generation: &Generation<HostMemory>) -> Option<Sizes> {
         let layout = generation.layout();
         let slots = layout.bucket_count * layout.geometry.slots_per_bucket as u64;
-        let (used, _) = generation.heap_bytes();
+        let (used, dead) = generation.heap_bytes();
         let slots_due = generation.slots_used() * 100 >= slots * GROW_AT_SLOTS_PERCENT;
         let heap_due = used * 100 >= layout.strings_len * GROW_AT_HEAP_PERCENT;
         let mut next = self;
         if slots_due {
             next = next.grown(Full::Buckets);
         }
-        if heap_due {
-            next = next.after_full(generation, Full::Heap);
+        if heap_due && dead * 2 < used {
+            next = next.grown(Full::Heap);
         }
         (slots_due || heap_due).then_some(next)
-    }
-
-    /// The sizes of a generation replacing `generation` (of these sizes), in which `full`
-    /// ran out: twice the room for it, except a heap at least half dead, compacted at its
-    /// size.
-    fn after_full(self, generation: &Generation<HostMemory>, full: Full) -> Sizes {
-        let (used, dead) = generation.heap_bytes();
-        if full == Full::Heap && dead * 2 >= used {
-            self
-        } else {
-            self.grown(full)
-        }
     }
 
     fn layout(&self) -> Result<Layout, LookupError> {
@@ -643,8 +618,7 @@ fn fill(
 }
 
 /// Publishes in `generation` the SERVING locations `keys` have in the index now (none: the
-/// key is unpublished, two bucket reads in a fresh generation); a full generation is
-/// `LookupError::Format(FormatError::Full(_))`.
+/// key is unpublished); a full generation is `LookupError::Format(FormatError::Full(_))`.
 fn republish(
     generation: &mut Generation<HostMemory>,
     manager: &Manager,
@@ -888,23 +862,10 @@ mod tests {
     }
 
     #[test]
-    fn a_growth_superseded_by_a_rebuild_or_a_retirement_is_dropped() {
+    fn a_growth_superseded_by_a_retirement_is_dropped() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (manager, instance, table) = setup(dir.path());
         let mut next: BlockKey = 1;
-        let growth = write_until_growth(&manager, &instance, &table, &mut next);
-        let grown = table
-            .build_grown(&manager, &instance, &growth)
-            .expect("build");
-        // A generation that ran out in a call: rebuilt there, possibly larger than `grown`.
-        table
-            .rebuild(&mut table.lock(), &manager, &instance, Full::Buckets)
-            .expect("rebuild");
-        let epoch = table.lock().epoch;
-        assert!(!table
-            .install_grown(&manager, &instance, grown)
-            .expect("install"));
-        assert_eq!(table.lock().epoch, epoch, "the rebuilt generation stays");
         let growth = write_until_growth(&manager, &instance, &table, &mut next);
         let grown = table
             .build_grown(&manager, &instance, &growth)
