@@ -141,8 +141,6 @@ impl Default for LookupConfig {
 
 /// The lookup path's server side.
 pub struct LookupService {
-    /// Itself (for the threads it starts).
-    this: Weak<LookupService>,
     manager: Weak<Manager>,
     /// Random id of this server process (clients refuse tables of another).
     incarnation: u64,
@@ -181,18 +179,15 @@ impl LookupService {
         let domains = open_wires(config.bind, verbs.as_ref(), "kvcm.lookup.verbs_device")?;
         let core = core::start(&domains, meta)?;
         let listener = peers::bind(config.bind)?;
-        let connect_addr = peers::local_addr(&listener)?;
-        let hangups = liveness::Watcher::start(core.clone())?;
-        let service = Arc::new_cyclic(|this| LookupService {
-            this: this.clone(),
+        let service = Arc::new(LookupService {
             manager: Arc::downgrade(manager),
             incarnation: fastrand::u64(1..),
             domains,
             tables: Mutex::new(HashMap::new()),
-            connect_addr,
+            connect_addr: peers::local_addr(&listener)?,
             access,
             grants: grants::Grants::default(),
-            hangups,
+            hangups: liveness::Watcher::start(core.clone())?,
             core,
         });
         peers::serve(listener, Arc::downgrade(&service))?;
@@ -284,49 +279,6 @@ impl LookupService {
         }
     }
 
-    /// Runs `growth` of `table` on a thread of its own (see the growth notes in
-    /// `table.rs`); a failure drops the table as a failed change does.
-    fn grow_in_background(
-        &self,
-        table: Arc<InstanceTable>,
-        manager: Arc<Manager>,
-        instance_id: &str,
-        growth: table::Growth,
-    ) {
-        let service = self.this.clone();
-        let id = instance_id.to_string();
-        let grow = {
-            let table = table.clone();
-            move || {
-                // A removed instance's table is retired: its growth is dropped at install.
-                let Some(instance) = manager.instance(&id) else {
-                    return;
-                };
-                let started = std::time::Instant::now();
-                let grown = table
-                    .build_grown(&manager, &instance, &growth)
-                    .and_then(|grown| table.install_grown(&manager, &instance, grown));
-                match grown {
-                    Ok(installed) => {
-                        tracing::debug!(instance = %id, installed, elapsed = ?started.elapsed(), "lookup table grown in the background");
-                    }
-                    Err(error) => {
-                        if let Some(service) = service.upgrade() {
-                            service.drop_table(&id, &error);
-                        }
-                    }
-                }
-            }
-        };
-        let spawned = std::thread::Builder::new()
-            .name("kvcm-table-grow".into())
-            .spawn(grow);
-        if let Err(error) = spawned {
-            tracing::warn!(instance = instance_id, %error, "lookup table growth not started: the table grows when it runs out");
-            table.abandon_growth(&growth);
-        }
-    }
-
     /// Tears down every queue pair whose bootstrap credentials no longer pass (a revoked or
     /// expired key, a removed instance); an instance that lost a shared-memory reader so
     /// has its table retired, so that what that reader mapped is never updated again.
@@ -363,10 +315,8 @@ impl Publication for LookupService {
         let Some(manager) = self.manager.upgrade() else {
             return;
         };
-        match table.refresh(&manager, instance, keys) {
-            Ok(Some(growth)) => self.grow_in_background(table, manager, instance.id(), growth),
-            Ok(None) => {}
-            Err(error) => self.drop_table(instance.id(), &error),
+        if let Err(error) = table.refresh(&manager, instance, keys) {
+            self.drop_table(instance.id(), &error);
         }
     }
 
