@@ -22,7 +22,7 @@ mod reports;
 pub mod rpcs;
 mod wire_admin;
 
-pub use reply::Reply;
+pub(crate) use reply::Reply;
 pub use wire_admin::{group_from_wire, storage_type_number};
 
 use std::sync::Arc;
