@@ -700,7 +700,10 @@ fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
 /// Pool parts of one size on one node share one URI template in the lookup table, so once
 /// a reader knows it, gets of blocks new to it cost one round trip of table reads, no
 /// extra one for strings (format version 3; before, every pool part had a string of its
-/// own and every get of new blocks paid one more round trip).
+/// own and every get of new blocks paid one more round trip). The table may grow in the
+/// background meanwhile: a get that meets a new generation retries and reads that
+/// generation's strings once, so every extra round trip must come with a retry, and at
+/// least one get must have met no new generation.
 #[test]
 fn lookups_of_new_pool_blocks_on_a_known_node_need_no_extra_round_trip() {
     let (_runtime, server, _node) = prepare(100, "80M");
@@ -720,9 +723,12 @@ fn lookups_of_new_pool_blocks_on_a_known_node_need_no_extra_round_trip() {
         3,
         "the fast path answered the three gets"
     );
-    assert_eq!(
-        after.extra_round_trips, warm.extra_round_trips,
-        "no string reads for blocks new to the reader: {after:?}"
+    let extra = after.extra_round_trips - warm.extra_round_trips;
+    let new_generations = after.retries - warm.retries;
+    assert!(
+        new_generations < 3 && extra <= new_generations,
+        "no string reads for blocks new to the reader but one per new generation: \
+         {warm:?} then {after:?}"
     );
 }
 

@@ -141,6 +141,8 @@ impl Default for LookupConfig {
 
 /// The lookup path's server side.
 pub struct LookupService {
+    /// Itself (for the threads it starts).
+    this: Weak<LookupService>,
     manager: Weak<Manager>,
     /// Random id of this server process (clients refuse tables of another).
     incarnation: u64,
@@ -179,15 +181,18 @@ impl LookupService {
         let domains = open_wires(config.bind, verbs.as_ref(), "kvcm.lookup.verbs_device")?;
         let core = core::start(&domains, meta)?;
         let listener = peers::bind(config.bind)?;
-        let service = Arc::new(LookupService {
+        let connect_addr = peers::local_addr(&listener)?;
+        let hangups = liveness::Watcher::start(core.clone())?;
+        let service = Arc::new_cyclic(|this| LookupService {
+            this: this.clone(),
             manager: Arc::downgrade(manager),
             incarnation: fastrand::u64(1..),
             domains,
             tables: Mutex::new(HashMap::new()),
-            connect_addr: peers::local_addr(&listener)?,
+            connect_addr,
             access,
             grants: grants::Grants::default(),
-            hangups: liveness::Watcher::start(core.clone())?,
+            hangups,
             core,
         });
         peers::serve(listener, Arc::downgrade(&service))?;
@@ -252,11 +257,27 @@ impl LookupService {
 
     /// Retires and forgets a table that could not be kept in step.
     fn drop_table(&self, instance_id: &str, error: &LookupError) {
-        tracing::error!(instance = instance_id, %error, "lookup table dropped: readers fall back to gRPC");
-        if let Some(table) = self.tables().remove(instance_id) {
-            if let Err(error) = table.retire() {
-                tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
+        if let Some(table) = self.table(instance_id) {
+            self.drop_this_table(instance_id, &table, error);
+        }
+    }
+
+    /// Retires `table` and forgets it if it is still the one kept for `instance_id` (a
+    /// newer table of a re-registered instance stays).
+    fn drop_this_table(&self, instance_id: &str, table: &Arc<InstanceTable>, error: &LookupError) {
+        tracing::error!(instance = instance_id, %error,
+            "lookup table dropped: readers fall back to gRPC");
+        {
+            let mut tables = self.tables();
+            if tables
+                .get(instance_id)
+                .is_some_and(|kept| Arc::ptr_eq(kept, table))
+            {
+                tables.remove(instance_id);
             }
+        }
+        if let Err(error) = table.retire() {
+            tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
         }
     }
 
@@ -276,6 +297,28 @@ impl LookupService {
             if let Err(error) = table.refresh_availability(&manager, &instance) {
                 self.drop_table(&id, &error);
             }
+        }
+    }
+
+    /// Runs `growth` of `table` (of `instance`) on a thread of its own (see the growth notes
+    /// in `table.rs`).
+    fn grow_in_background(
+        &self,
+        table: Arc<InstanceTable>,
+        manager: Arc<Manager>,
+        instance: Arc<Instance>,
+        growth: table::Growth,
+    ) {
+        let service = self.this.clone();
+        let id = instance.id().clone();
+        let pending = PendingGrowth { table, growth };
+        let spawned = std::thread::Builder::new()
+            .name("kvcm-table-grow".into())
+            .spawn(move || grow(&service, &manager, &instance, pending));
+        if let Err(error) = spawned {
+            // The closure, and with it the pending growth, was dropped: it is abandoned.
+            tracing::warn!(instance = %id, %error,
+                "lookup table growth not started: the table grows when it runs out");
         }
     }
 
@@ -315,8 +358,15 @@ impl Publication for LookupService {
         let Some(manager) = self.manager.upgrade() else {
             return;
         };
-        if let Err(error) = table.refresh(&manager, instance, keys) {
-            self.drop_table(instance.id(), &error);
+        match table.refresh(&manager, instance, keys) {
+            Ok(Some(growth)) => match manager.instance(instance.id()) {
+                Some(kept) if std::ptr::eq(Arc::as_ptr(&kept), instance) => {
+                    self.grow_in_background(table, manager, kept, growth);
+                }
+                _ => table.abandon_growth(&growth),
+            },
+            Ok(None) => {}
+            Err(error) => self.drop_table(instance.id(), &error),
         }
     }
 
@@ -328,6 +378,49 @@ impl Publication for LookupService {
         if let Some(table) = self.tables().remove(instance_id) {
             if let Err(error) = table.retire() {
                 tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
+            }
+        }
+    }
+}
+
+/// A growth handed to a background thread; abandoned when dropped (after its install that
+/// changes nothing), so a build that failed or panicked leaves no growth pending.
+struct PendingGrowth {
+    table: Arc<InstanceTable>,
+    growth: table::Growth,
+}
+
+impl Drop for PendingGrowth {
+    fn drop(&mut self) {
+        self.table.abandon_growth(&self.growth);
+    }
+}
+
+/// A background growth: builds the next generation and installs it. A failed build leaves
+/// the current generation as it was (exact); a failed install drops the table, as a failed
+/// change does.
+fn grow(
+    service: &Weak<LookupService>,
+    manager: &Manager,
+    instance: &Instance,
+    pending: PendingGrowth,
+) {
+    let (table, id) = (&pending.table, instance.id());
+    let started = std::time::Instant::now();
+    let grown = match table.build_grown(manager, instance, &pending.growth) {
+        Ok(grown) => grown,
+        Err(error) => {
+            tracing::warn!(instance = %id, %error,
+                "lookup table growth failed: the table grows when it runs out");
+            return;
+        }
+    };
+    match table.install_grown(manager, instance, grown) {
+        Ok(installed) => tracing::debug!(instance = %id, installed, elapsed = ?started.elapsed(),
+            "lookup table grown in the background"),
+        Err(error) => {
+            if let Some(service) = service.upgrade() {
+                service.drop_this_table(id, table, &error);
             }
         }
     }

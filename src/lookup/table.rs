@@ -2,6 +2,16 @@
 //! generations being retired, kept in step with the manager (single writer: every change
 //! runs under this table's lock).
 //!
+//! Growth: once 40% of the current generation's slots are in use ([`GROW_AT_SLOTS_PERCENT`],
+//! or three quarters of its string heap, [`GROW_AT_HEAP_PERCENT`]), the change that noticed
+//! it hands out a [`Growth`], and a background thread builds the next,
+//! larger generation from the index without the lock ([`InstanceTable::build_grown`]) while
+//! changes keep going to the current one and are noted; [`InstanceTable::install_grown`]
+//! then republishes the noted keys into the new generation from their entries of that
+//! moment and flips to it under the lock. A write call therefore never waits for a whole
+//! build unless a generation runs out before its successor is ready (then the change that
+//! ran out rebuilds in the call, as before, and the background build is discarded).
+//!
 //! Invariants:
 //! - the table holds exactly the SERVING locations the index holds, as of the last change
 //!   the manager reported (each report re-reads the keys' entries under the lock, so racing
@@ -12,6 +22,7 @@
 //! - every registration of the table is in the instance's own protection domains (one per
 //!   wire, [`InstanceTable::domain`]): only queue pairs created in them can read it.
 
+use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -42,6 +53,11 @@ const SCAN_PAGE: usize = 1024;
 const MIN_BUCKETS: u64 = 64;
 /// Smallest string heap.
 const MIN_HEAP: usize = 64 << 10;
+/// Percent of a generation's slots in use at which it grows in the background (with two
+/// candidate buckets of two slots, the first key that finds both full comes at 46–60%).
+const GROW_AT_SLOTS_PERCENT: u64 = 40;
+/// Percent of a generation's string heap written at which it grows in the background.
+const GROW_AT_HEAP_PERCENT: usize = 75;
 
 /// One generation with its registrations (one per wire).
 struct Published {
@@ -62,6 +78,35 @@ struct State {
     published: bool,
     /// Whether the table was retired (never published again).
     retired: bool,
+    /// The growth under way, if any.
+    growing: Option<Growing>,
+    /// Growths handed out so far (the last one's id).
+    growths: u64,
+    /// Generations built in a change's call because the current one ran out.
+    rebuilt_in_call: u64,
+}
+
+/// A growth under way: which one, and the keys changed since it began.
+struct Growing {
+    id: u64,
+    changed: HashSet<BlockKey>,
+}
+
+/// A growth to run outside the table's lock: build the next generation with
+/// [`InstanceTable::build_grown`], then install it with [`InstanceTable::install_grown`].
+#[derive(Debug, Clone, Copy)]
+pub struct Growth {
+    id: u64,
+    sizes: Sizes,
+}
+
+/// A next generation built by [`InstanceTable::build_grown`], not yet installed.
+pub struct Grown {
+    id: u64,
+    next: Published,
+    sizes: Sizes,
+    /// The availability it was built with.
+    availability: Availability,
 }
 
 /// The published table of one instance.
@@ -138,6 +183,9 @@ impl InstanceTable {
                 availability,
                 published: false,
                 retired: false,
+                growing: None,
+                growths: 0,
+                rebuilt_in_call: 0,
             }),
         })
     }
@@ -202,31 +250,107 @@ impl InstanceTable {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Re-publishes `keys` from their current entries.
+    /// Re-publishes `keys` from their current entries; a [`Growth`] to run when this change
+    /// found the generation nearly full.
     pub fn refresh(
         &self,
         manager: &Manager,
         instance: &Instance,
         keys: &[BlockKey],
-    ) -> Result<(), LookupError> {
+    ) -> Result<Option<Growth>, LookupError> {
         let mut state = self.lock();
         if !state.published {
-            return Ok(()); // the fill reads these keys later
+            return Ok(None); // the fill reads these keys later
         }
-        let entries = instance.index.get(keys)?;
-        for (key, entry) in keys.iter().zip(entries) {
-            let locations = entry.map_or_else(Vec::new, |e| published(manager, instance, *key, &e));
-            match state.current.generation.publish(*key, &locations) {
-                Ok(()) => {}
-                // A rebuild reads every key's current entry, these included.
-                Err(FormatError::Full(full)) => {
-                    return self.rebuild(&mut state, manager, instance, full)
-                }
-                Err(other) => return Err(other.into()),
+        if let Some(growing) = state.growing.as_mut() {
+            growing.changed.extend(keys.iter().copied());
+        }
+        match republish(&mut state.current.generation, manager, instance, keys) {
+            Ok(()) => {}
+            // A rebuild reads every key's current entry, these included.
+            Err(LookupError::Format(FormatError::Full(full))) => {
+                state.rebuilt_in_call += 1;
+                let rebuilt_in_call = state.rebuilt_in_call;
+                tracing::debug!(instance = %self.instance_id, ?full, rebuilt_in_call,
+                    "lookup table ran out before its growth: rebuilt in the call");
+                self.rebuild(&mut state, manager, instance, full)?;
+                return Ok(None);
             }
+            Err(other) => return Err(other),
         }
         self.expire_retired(&mut state);
-        Ok(())
+        Ok(growth_due(&mut state))
+    }
+
+    /// Builds the next generation of `growth` from the index, without the table's lock.
+    pub fn build_grown(
+        &self,
+        manager: &Manager,
+        instance: &Instance,
+        growth: &Growth,
+    ) -> Result<Grown, LookupError> {
+        let availability = self.lock().availability.clone();
+        let (next, sizes) = build(
+            manager,
+            instance,
+            &self.domains,
+            &self.specs,
+            &availability,
+            growth.sizes,
+        )?;
+        Ok(Grown {
+            id: growth.id,
+            next,
+            sizes,
+            availability,
+        })
+    }
+
+    /// Brings `grown` up to date (the keys changed during its build, the availability) and
+    /// makes it the current generation; false when its growth was superseded (a rebuild in a
+    /// call, the table retired) and it was dropped.
+    pub fn install_grown(
+        &self,
+        manager: &Manager,
+        instance: &Instance,
+        grown: Grown,
+    ) -> Result<bool, LookupError> {
+        let mut state = self.lock();
+        let Some(growing) = state.growing.take_if(|g| g.id == grown.id) else {
+            return Ok(false);
+        };
+        let Grown {
+            mut next,
+            sizes,
+            availability,
+            ..
+        } = grown;
+        let changed: Vec<BlockKey> = growing.changed.into_iter().collect();
+        let mut caught_up = republish(&mut next.generation, manager, instance, &changed);
+        if caught_up.is_ok() && availability != state.availability {
+            caught_up = next
+                .generation
+                .set_availability(&state.availability)
+                .map_err(LookupError::from);
+        }
+        match caught_up {
+            Ok(()) => self.flip(&mut state, next, sizes)?,
+            Err(LookupError::Format(FormatError::Full(full))) => {
+                let sizes = sizes.after_full(&next.generation, full);
+                self.rebuild_at(&mut state, manager, instance, sizes)?
+            }
+            Err(other) => return Err(other),
+        }
+        Ok(true)
+    }
+
+    /// Forgets `growth` unless it was installed or superseded already (its build failed or
+    /// never started; a later change hands out a new one).
+    pub fn abandon_growth(&self, growth: &Growth) {
+        let mut state = self.lock();
+        if state.growing.as_ref().is_some_and(|g| g.id == growth.id) {
+            state.growing = None;
+        }
     }
 
     /// Re-publishes the availability block if the weights changed.
@@ -249,8 +373,8 @@ impl InstanceTable {
     }
 
     /// Replaces the current generation, in which `full` ran out, by one built from the
-    /// index with room for it (a heap that is mostly dead is compacted at its size); flips
-    /// the header and retires the old generation.
+    /// index with room for it (see [`Sizes::after_full`]); flips the header and retires the
+    /// old generation.
     fn rebuild(
         &self,
         state: &mut State,
@@ -258,12 +382,20 @@ impl InstanceTable {
         instance: &Instance,
         full: Full,
     ) -> Result<(), LookupError> {
-        let (used, dead) = state.current.generation.heap_bytes();
-        let sizes = if full == Full::Heap && dead * 2 >= used {
-            state.sizes
-        } else {
-            state.sizes.grown(full)
-        };
+        let sizes = state.sizes.after_full(&state.current.generation, full);
+        self.rebuild_at(state, manager, instance, sizes)
+    }
+
+    /// Replaces the current generation by one of `sizes` (or larger) built from the index.
+    fn rebuild_at(
+        &self,
+        state: &mut State,
+        manager: &Manager,
+        instance: &Instance,
+        sizes: Sizes,
+    ) -> Result<(), LookupError> {
+        // A growth under way may be smaller than this generation: it is dropped at install.
+        state.growing = None;
         let availability = &state.availability;
         let (next, sizes) = build(
             manager,
@@ -273,13 +405,19 @@ impl InstanceTable {
             availability,
             sizes,
         )?;
+        self.flip(state, next, sizes)
+    }
+
+    /// Makes `next` (of `sizes`) the current generation: the header names it under a new
+    /// epoch, then the old one is retired and kept registered for [`GRACE`].
+    fn flip(&self, state: &mut State, next: Published, sizes: Sizes) -> Result<(), LookupError> {
         state.sizes = sizes;
         let old = std::mem::replace(&mut state.current, next);
         state.epoch += 1;
         self.write_header(state, false)?;
         old.generation.retire()?;
         state.retiring.push((Instant::now() + GRACE, old));
-        tracing::debug!(instance = %self.instance_id, epoch = state.epoch, "lookup table rebuilt");
+        tracing::debug!(instance = %self.instance_id, epoch = state.epoch, "lookup table replaced");
         Ok(())
     }
 
@@ -314,6 +452,7 @@ impl InstanceTable {
         let mut state = self.lock();
         state.retired = true;
         state.published = false;
+        state.growing = None;
         seqlock::retire(&self.header, 0, HEADER_BLOCK)?;
         state.current.generation.retire()?;
         Ok(())
@@ -344,15 +483,20 @@ struct Sizes {
 }
 
 impl Sizes {
-    /// First sizes for about `keys` keys: buckets at most half full on average, heap room
-    /// for 32 bytes per part (file-tier parts share one template per file; Mooncake parts
+    /// First sizes for about `keys` keys: at most three quarters of the slots at which a
+    /// generation grows ([`GROW_AT_SLOTS_PERCENT`]) in use, heap room for 32 bytes per
+    /// part (file-tier parts share one template per file; Mooncake parts
     /// have one each, and grow the heap).
     fn for_keys(specs: usize, keys: u64, handles: usize) -> Result<Sizes, LookupError> {
         let probe = Layout::new(specs, 2, 0, 0)?;
         let per_bucket = probe.geometry.slots_per_bucket as u64;
         Ok(Sizes {
             slot_records: specs,
-            buckets: (2 * keys).div_ceil(per_bucket).max(MIN_BUCKETS),
+            // Slots for keys / (3/4 × GROW_AT_SLOTS_PERCENT%).
+            buckets: keys
+                .saturating_mul(4 * 100)
+                .div_ceil(3 * GROW_AT_SLOTS_PERCENT * per_bucket)
+                .max(MIN_BUCKETS),
             heap: (keys as usize).saturating_mul(32 * specs).max(MIN_HEAP),
             handles: (handles + 16).next_power_of_two(),
         })
@@ -379,6 +523,38 @@ impl Sizes {
                 slot_records: (self.slot_records * 2).min(kvcm_lookup::header::MAX_PARTS),
                 ..self
             },
+        }
+    }
+
+    /// The sizes of the next generation once `generation` (of these sizes) has
+    /// [`GROW_AT_SLOTS_PERCENT`] of its slots or [`GROW_AT_HEAP_PERCENT`] of its string heap
+    /// in use: twice the buckets, twice the heap unless compacting it is enough; `None`
+    /// before.
+    fn to_grow(self, generation: &Generation<HostMemory>) -> Option<Sizes> {
+        let layout = generation.layout();
+        let slots = layout.bucket_count * layout.geometry.slots_per_bucket as u64;
+        let (used, _) = generation.heap_bytes();
+        let slots_due = generation.slots_used() * 100 >= slots * GROW_AT_SLOTS_PERCENT;
+        let heap_due = used * 100 >= layout.strings_len * GROW_AT_HEAP_PERCENT;
+        let mut next = self;
+        if slots_due {
+            next = next.grown(Full::Buckets);
+        }
+        if heap_due {
+            next = next.after_full(generation, Full::Heap);
+        }
+        (slots_due || heap_due).then_some(next)
+    }
+
+    /// The sizes of a generation replacing `generation` (of these sizes), in which `full`
+    /// ran out: twice the room for it, except a heap at least half dead, compacted at its
+    /// size.
+    fn after_full(self, generation: &Generation<HostMemory>, full: Full) -> Sizes {
+        let (used, dead) = generation.heap_bytes();
+        if full == Full::Heap && dead * 2 >= used {
+            self
+        } else {
+            self.grown(full)
         }
     }
 
@@ -460,17 +636,46 @@ fn fill(
     let mut cursor = Some(ScanCursor::START);
     while let Some(position) = cursor {
         let page = instance.index.scan(position, SCAN_PAGE)?;
-        let entries = instance.index.get(&page.keys)?;
-        for (key, entry) in page.keys.iter().zip(entries) {
-            let Some(entry) = entry else { continue };
-            let locations = published(manager, instance, *key, &entry);
-            if !locations.is_empty() {
-                generation.publish(*key, &locations)?;
-            }
-        }
+        republish(generation, manager, instance, &page.keys)?;
         cursor = page.next;
     }
     Ok(())
+}
+
+/// Publishes in `generation` the SERVING locations `keys` have in the index now (none: the
+/// key is unpublished, two bucket reads in a fresh generation); a full generation is
+/// `LookupError::Format(FormatError::Full(_))`.
+fn republish(
+    generation: &mut Generation<HostMemory>,
+    manager: &Manager,
+    instance: &Instance,
+    keys: &[BlockKey],
+) -> Result<(), LookupError> {
+    for chunk in keys.chunks(SCAN_PAGE) {
+        let entries = instance.index.get(chunk)?;
+        for (key, entry) in chunk.iter().zip(entries) {
+            let locations = entry.map_or_else(Vec::new, |e| published(manager, instance, *key, &e));
+            generation.publish(*key, &locations)?;
+        }
+    }
+    Ok(())
+}
+
+/// A growth to start when the current generation is nearly full and none is under way.
+fn growth_due(state: &mut State) -> Option<Growth> {
+    if state.growing.is_some() {
+        return None;
+    }
+    let sizes = state.sizes.to_grow(&state.current.generation)?;
+    state.growths += 1;
+    state.growing = Some(Growing {
+        id: state.growths,
+        changed: HashSet::new(),
+    });
+    Some(Growth {
+        id: state.growths,
+        sizes,
+    })
 }
 
 /// The table's form of the SERVING locations of `key`'s entry (templates moved, not copied).
@@ -526,5 +731,211 @@ fn availability(manager: &Manager, instance: &Instance) -> Availability {
                 storage_type: storage_type_number(*storage_type) as u8,
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kvcm_lookup::header::candidates;
+    use kvcm_lookup::reader::{key_slots, Copy};
+    use kvcm_manager::mask::BlockMask;
+    use kvcm_manager::registration::{InstanceInfo, ModelDeployment};
+    use kvcm_storage::BlockSpec;
+    use kvcm_transport::soft::{SoftConfig, SoftDomain};
+
+    use super::*;
+    use crate::config::ServerConfig;
+
+    /// A manager with instance `i` (one spec), and that instance's published table.
+    fn setup(dir: &std::path::Path) -> (Arc<Manager>, Arc<Instance>, InstanceTable) {
+        let config = ServerConfig {
+            data_dir: dir.to_path_buf(),
+            ..ServerConfig::default()
+        };
+        let manager = crate::server::embedded_manager(&config).expect("manager");
+        manager
+            .register_instance(InstanceInfo {
+                quota_group_name: String::new(),
+                instance_group_name: "default".into(),
+                instance_id: "i".into(),
+                block_size: 4,
+                specs: vec![BlockSpec {
+                    name: "tp0".into(),
+                    size: 4096,
+                }],
+                model: ModelDeployment {
+                    model_name: "m".into(),
+                    dtype: "fp8".into(),
+                    ..Default::default()
+                },
+                spec_groups: Vec::new(),
+                default_query: Default::default(),
+            })
+            .expect("register");
+        let instance = manager.instance("i").expect("registered");
+        let domain = AnyDomain::Soft(SoftDomain::open(SoftConfig::default()).expect("domain"));
+        let table = InstanceTable::create(&manager, &instance, &[(0, domain)], 7).expect("table");
+        table
+            .ensure_published(&manager, &instance)
+            .expect("published");
+        (manager, instance, table)
+    }
+
+    /// Writes `keys` (SERVING once this returns) and reports them to the table, as the
+    /// manager's publication does; the growth the report handed out, if any.
+    fn write(
+        manager: &Manager,
+        instance: &Arc<Instance>,
+        table: &InstanceTable,
+        keys: &[BlockKey],
+    ) -> Option<Growth> {
+        let started = manager
+            .start_write(instance, keys.to_vec(), &[], 60)
+            .expect("start");
+        let mask = BlockMask::Offset(keys.len());
+        manager
+            .finish_write(instance, &started.session_id, &mask)
+            .expect("finish");
+        table.refresh(manager, instance, keys).expect("refresh")
+    }
+
+    /// Whether the current generation has a slot for `key` (read as a client reads it).
+    fn is_published(table: &InstanceTable, key: BlockKey) -> bool {
+        let state = table.lock();
+        let generation = &state.current.generation;
+        let header = generation.header(0, 0, 0, 0, [0; WIRES]);
+        let geometry = header.geometry();
+        candidates(key, header.hash_seed, header.bucket_count)
+            .iter()
+            .any(|&bucket| {
+                let mut bytes = vec![0u8; geometry.bucket_bytes];
+                let offset = header.bucket_at(bucket) as usize;
+                generation.memory().read(offset, &mut bytes).expect("read");
+                match key_slots(&bytes, &geometry, key) {
+                    Copy::Good(mut slots) => slots.next().is_some(),
+                    other => panic!("bucket of {key}: {other:?}"),
+                }
+            })
+    }
+
+    /// Writes batches of 8 new keys from `next` on until a report hands out a growth.
+    fn write_until_growth(
+        manager: &Manager,
+        instance: &Arc<Instance>,
+        table: &InstanceTable,
+        next: &mut BlockKey,
+    ) -> Growth {
+        for _ in 0..10_000 {
+            let keys: Vec<BlockKey> = (*next..*next + 8).collect();
+            *next += 8;
+            if let Some(growth) = write(manager, instance, table, &keys) {
+                return growth;
+            }
+        }
+        panic!("no growth after {next} keys");
+    }
+
+    #[test]
+    fn a_nearly_full_table_grows_aside_and_keeps_the_changes_made_during_the_build() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (manager, instance, table) = setup(dir.path());
+        let mut next: BlockKey = 1;
+        let growth = write_until_growth(&manager, &instance, &table, &mut next);
+        let (epoch, sizes) = {
+            let state = table.lock();
+            (state.epoch, state.sizes)
+        };
+        let grown = table
+            .build_grown(&manager, &instance, &growth)
+            .expect("build");
+        // Changes after the build read the index: new keys, removed keys. They reach the
+        // current generation at once and the grown one at its install.
+        let late: Vec<BlockKey> = (next..next + 8).collect();
+        assert!(
+            write(&manager, &instance, &table, &late).is_none(),
+            "one growth at a time"
+        );
+        let removed: Vec<BlockKey> = (1..=4).collect();
+        manager.remove_cache(&instance, &removed).expect("remove");
+        table
+            .refresh(&manager, &instance, &removed)
+            .expect("refresh");
+        for key in late.iter().chain(&removed) {
+            assert_eq!(
+                is_published(&table, *key),
+                *key > 4,
+                "before install: {key}"
+            );
+        }
+        assert!(table
+            .install_grown(&manager, &instance, grown)
+            .expect("install"));
+        let state = table.lock();
+        assert_eq!(
+            state.epoch,
+            epoch + 1,
+            "the header names the grown generation"
+        );
+        assert!(state.growing.is_none());
+        let bigger = state.sizes.buckets > sizes.buckets || state.sizes.heap > sizes.heap;
+        assert!(bigger, "{sizes:?} then {:?}", state.sizes);
+        drop(state);
+        for key in 1..next + 8 {
+            assert_eq!(is_published(&table, key), key > 4, "after install: {key}");
+        }
+    }
+
+    #[test]
+    fn a_growth_superseded_by_a_rebuild_or_a_retirement_is_dropped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (manager, instance, table) = setup(dir.path());
+        let mut next: BlockKey = 1;
+        let growth = write_until_growth(&manager, &instance, &table, &mut next);
+        let grown = table
+            .build_grown(&manager, &instance, &growth)
+            .expect("build");
+        // A generation that ran out in a call: rebuilt there, possibly larger than `grown`.
+        table
+            .rebuild(&mut table.lock(), &manager, &instance, Full::Buckets)
+            .expect("rebuild");
+        let epoch = table.lock().epoch;
+        assert!(!table
+            .install_grown(&manager, &instance, grown)
+            .expect("install"));
+        assert_eq!(table.lock().epoch, epoch, "the rebuilt generation stays");
+        let growth = write_until_growth(&manager, &instance, &table, &mut next);
+        let grown = table
+            .build_grown(&manager, &instance, &growth)
+            .expect("build");
+        table.retire().expect("retire");
+        assert!(!table
+            .install_grown(&manager, &instance, grown)
+            .expect("install"));
+    }
+
+    #[test]
+    fn growing_in_the_background_spares_the_writes_nearly_every_rebuild() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (manager, instance, table) = setup(dir.path());
+        let mut next: BlockKey = 1;
+        let mut grown = 0;
+        while next < 20_000 {
+            let keys: Vec<BlockKey> = (next..next + 16).collect();
+            next += 16;
+            if let Some(growth) = write(&manager, &instance, &table, &keys) {
+                let built = table.build_grown(&manager, &instance, &growth);
+                grown += u64::from(
+                    table
+                        .install_grown(&manager, &instance, built.expect("build"))
+                        .expect("install"),
+                );
+            }
+        }
+        let in_call = table.lock().rebuilt_in_call;
+        eprintln!("{grown} growths installed, {in_call} rebuilds in a call");
+        assert!(grown >= 5, "{grown}");
+        assert!(in_call <= 1, "{in_call} rebuilds in a call");
     }
 }
