@@ -8,9 +8,12 @@
 //! larger generation from the index without the lock ([`InstanceTable::build_grown`]) while
 //! changes keep going to the current one and are noted; [`InstanceTable::install_grown`]
 //! then republishes the noted keys into the new generation from their entries of that
-//! moment and flips to it under the lock. A write call therefore never waits for a whole
-//! build unless a generation runs out before its successor is ready (then the change that
-//! ran out rebuilds in the call, as before, and the background build is discarded).
+//! moment and flips to it under the lock. A change that runs out of room while a growth is
+//! under way waits for that growth's end (its keys are noted, so the install publishes
+//! them) and then publishes into the grown generation: it waits for the rest of one build,
+//! never does a second one beside it. A change rebuilds the generation in its call only
+//! when it runs out with no growth under way (one change jumped past the threshold, or the
+//! growth ended without installing), or after [`GROWTH_WAIT`].
 //!
 //! Invariants:
 //! - the table holds exactly the SERVING locations the index holds, as of the last change
@@ -23,7 +26,7 @@
 //!   wire, [`InstanceTable::domain`]): only queue pairs created in them can read it.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use kvcm_index::{BlockKey, ScanCursor};
@@ -58,6 +61,10 @@ const MIN_HEAP: usize = 64 << 10;
 const GROW_AT_SLOTS_PERCENT: u64 = 40;
 /// Percent of a generation's string heap written at which it grows in the background.
 const GROW_AT_HEAP_PERCENT: usize = 75;
+/// Longest wait of a change that ran out for the growth under way; past it the change
+/// rebuilds in its call (a guard: every growth ends by installing, being superseded or being
+/// abandoned, and wakes its waiters).
+const GROWTH_WAIT: Duration = Duration::from_secs(30);
 
 /// One generation with its registrations (one per wire).
 struct Published {
@@ -84,6 +91,8 @@ struct State {
     growths: u64,
     /// Generations built in a change's call because the current one ran out.
     rebuilt_in_call: u64,
+    /// Changes that ran out and waited for the growth under way.
+    waited_for_growth: u64,
 }
 
 /// A growth under way: which one, and the keys changed since it began.
@@ -121,6 +130,8 @@ pub struct InstanceTable {
     block_size: i64,
     incarnation: u64,
     state: Mutex<State>,
+    /// Signalled when the growth under way ends (installed, superseded, abandoned).
+    growth_ended: Condvar,
 }
 
 /// What a reader needs to find a table: per wire, the header's address and rkey.
@@ -186,7 +197,9 @@ impl InstanceTable {
                 growing: None,
                 growths: 0,
                 rebuilt_in_call: 0,
+                waited_for_growth: 0,
             }),
+            growth_ended: Condvar::new(),
         })
     }
 
@@ -251,7 +264,9 @@ impl InstanceTable {
     }
 
     /// Re-publishes `keys` from their current entries; a [`Growth`] to run when this change
-    /// found the generation nearly full.
+    /// found the generation nearly full (whoever gets it must build and install it, or
+    /// abandon it: changes that run out wait for it).
+    #[must_use = "a growth handed out must be installed or abandoned"]
     pub fn refresh(
         &self,
         manager: &Manager,
@@ -259,27 +274,67 @@ impl InstanceTable {
         keys: &[BlockKey],
     ) -> Result<Option<Growth>, LookupError> {
         let mut state = self.lock();
-        if !state.published {
-            return Ok(None); // the fill reads these keys later
-        }
-        if let Some(growing) = state.growing.as_mut() {
-            growing.changed.extend(keys.iter().copied());
-        }
-        match republish(&mut state.current.generation, manager, instance, keys) {
-            Ok(()) => {}
-            // A rebuild reads every key's current entry, these included.
-            Err(LookupError::Format(FormatError::Full(full))) => {
-                state.rebuilt_in_call += 1;
-                let rebuilt_in_call = state.rebuilt_in_call;
-                tracing::debug!(instance = %self.instance_id, ?full, rebuilt_in_call,
-                    "lookup table ran out before its growth: rebuilt in the call");
-                self.rebuild(&mut state, manager, instance, full)?;
-                return Ok(None);
+        loop {
+            if !state.published {
+                return Ok(None); // the fill reads these keys later, or the table retired
             }
-            Err(other) => return Err(other),
+            if let Some(growing) = state.growing.as_mut() {
+                growing.changed.extend(keys.iter().copied());
+            }
+            let full = match republish(&mut state.current.generation, manager, instance, keys) {
+                Ok(()) => break,
+                Err(LookupError::Format(FormatError::Full(full))) => full,
+                Err(other) => return Err(other),
+            };
+            // The growth under way publishes these keys (noted above) at its install; then
+            // they are published again into the grown generation.
+            if let Some(id) = state.growing.as_ref().map(|g| g.id) {
+                let waited;
+                (state, waited) = self.wait_for_growth(state, id);
+                if waited {
+                    continue;
+                }
+            }
+            // A rebuild reads every key's current entry, these included.
+            state.rebuilt_in_call += 1;
+            let rebuilt_in_call = state.rebuilt_in_call;
+            tracing::debug!(instance = %self.instance_id, ?full, rebuilt_in_call,
+                "lookup table ran out: rebuilt in the call");
+            self.rebuild(&mut state, manager, instance, full)?;
+            return Ok(None);
         }
         self.expire_retired(&mut state);
         Ok(growth_due(&mut state))
+    }
+
+    /// Waits, without the lock, until growth `id` ended; false when it did not within
+    /// [`GROWTH_WAIT`].
+    fn wait_for_growth<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        id: u64,
+    ) -> (MutexGuard<'a, State>, bool) {
+        state.waited_for_growth += 1;
+        let waits = state.waited_for_growth;
+        tracing::debug!(instance = %self.instance_id, waits,
+            "lookup table ran out: waiting for its growth");
+        let under_way = |state: &mut State| state.growing.as_ref().is_some_and(|g| g.id == id);
+        let (state, timeout) = self
+            .growth_ended
+            .wait_timeout_while(state, GROWTH_WAIT, under_way)
+            .unwrap_or_else(PoisonError::into_inner);
+        if timeout.timed_out() {
+            tracing::warn!(instance = %self.instance_id, wait = ?GROWTH_WAIT,
+                "lookup table growth did not end in time: rebuilding in the call");
+        }
+        (state, !timeout.timed_out())
+    }
+
+    /// Ends the growth under way, if any, and wakes the changes waiting for it.
+    fn end_growth(&self, state: &mut State) {
+        if state.growing.take().is_some() {
+            self.growth_ended.notify_all();
+        }
     }
 
     /// Builds the next generation of `growth` from the index, without the table's lock.
@@ -319,6 +374,8 @@ impl InstanceTable {
         let Some(growing) = state.growing.take_if(|g| g.id == grown.id) else {
             return Ok(false);
         };
+        // Waiters wake once the lock is released below, whichever way this goes.
+        self.growth_ended.notify_all();
         let Grown {
             mut next,
             sizes,
@@ -349,7 +406,7 @@ impl InstanceTable {
     pub fn abandon_growth(&self, growth: &Growth) {
         let mut state = self.lock();
         if state.growing.as_ref().is_some_and(|g| g.id == growth.id) {
-            state.growing = None;
+            self.end_growth(&mut state);
         }
     }
 
@@ -395,7 +452,7 @@ impl InstanceTable {
         sizes: Sizes,
     ) -> Result<(), LookupError> {
         // A growth under way may be smaller than this generation: it is dropped at install.
-        state.growing = None;
+        self.end_growth(state);
         let availability = &state.availability;
         let (next, sizes) = build(
             manager,
@@ -452,7 +509,7 @@ impl InstanceTable {
         let mut state = self.lock();
         state.retired = true;
         state.published = false;
-        state.growing = None;
+        self.end_growth(&mut state);
         seqlock::retire(&self.header, 0, HEADER_BLOCK)?;
         state.current.generation.retire()?;
         Ok(())
@@ -913,6 +970,58 @@ mod tests {
         assert!(!table
             .install_grown(&manager, &instance, grown)
             .expect("install"));
+    }
+
+    #[test]
+    fn a_change_that_runs_out_during_a_growth_waits_for_it_instead_of_rebuilding() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (manager, instance, table) = setup(dir.path());
+        let mut next: BlockKey = 1;
+        let growth = write_until_growth(&manager, &instance, &table, &mut next);
+        let (epoch, slots) = {
+            let state = table.lock();
+            let layout = state.current.generation.layout();
+            let slots = layout.bucket_count * layout.geometry.slots_per_bucket as u64;
+            (state.epoch, BlockKey::try_from(slots).expect("slots"))
+        };
+        // As many keys as the generation has slots (a multiple of 8): it runs out before
+        // they are all in.
+        let last = next + slots;
+        std::thread::scope(|scope| {
+            let writer = scope.spawn(|| {
+                let mut key = next;
+                while key < last {
+                    let keys: Vec<BlockKey> = (key..key + 8).collect();
+                    key += 8;
+                    // The grown generation may hand out a growth of its own: run at once.
+                    if let Some(later) = write(&manager, &instance, &table, &keys) {
+                        let built = table.build_grown(&manager, &instance, &later);
+                        let installed =
+                            table.install_grown(&manager, &instance, built.expect("build"));
+                        assert!(installed.expect("install"));
+                    }
+                }
+            });
+            let grown = table
+                .build_grown(&manager, &instance, &growth)
+                .expect("build");
+            // Install only once the writer ran out and waits (or, wrongly, finished).
+            while table.lock().waited_for_growth == 0 && !writer.is_finished() {
+                std::thread::yield_now();
+            }
+            assert!(table
+                .install_grown(&manager, &instance, grown)
+                .expect("install"));
+            writer.join().expect("writer");
+        });
+        let state = table.lock();
+        assert_eq!(state.rebuilt_in_call, 0, "no generation built in a call");
+        assert_eq!(state.waited_for_growth, 1, "the change that ran out waited");
+        assert!(state.epoch > epoch, "a grown generation is current");
+        drop(state);
+        for key in 1..=last {
+            assert_eq!(is_published(&table, key), key < last, "key {key}");
+        }
     }
 
     #[test]
