@@ -2,9 +2,11 @@
 //! generations being retired, kept in step with the manager (single writer: every change
 //! runs under this table's lock).
 //!
-//! Growth: once 40% of the current generation's slots are in use ([`GROW_AT_SLOTS_PERCENT`],
-//! or three quarters of its string heap, [`GROW_AT_HEAP_PERCENT`]), the change that noticed
-//! it hands out a [`Growth`], and a background thread builds the next,
+//! Growth: once 40% of the current generation's slots are in use ([`GROW_AT_SLOTS_PERCENT`];
+//! 30% from the first time the table's writes outran a growth on,
+//! [`EAGER_GROW_AT_SLOTS_PERCENT`]), or three quarters of its string heap
+//! ([`GROW_AT_HEAP_PERCENT`]), the change that noticed it hands out a [`Growth`], and a
+//! background thread builds the next,
 //! larger generation from the index without the lock ([`InstanceTable::build_grown`]) while
 //! changes keep going to the current one and are noted; [`InstanceTable::install_grown`]
 //! then republishes the noted keys into the new generation from their entries of that
@@ -59,6 +61,9 @@ const MIN_HEAP: usize = 64 << 10;
 /// Percent of a generation's slots in use at which it grows in the background (with two
 /// candidate buckets of two slots, the first key that finds both full comes at 46–60%).
 const GROW_AT_SLOTS_PERCENT: u64 = 40;
+/// The same for a table whose writes once outran a growth (a change ran out and waited):
+/// more room to fill while the next generation is built.
+const EAGER_GROW_AT_SLOTS_PERCENT: u64 = 30;
 /// Percent of a generation's string heap written at which it grows in the background.
 const GROW_AT_HEAP_PERCENT: usize = 75;
 /// Longest wait of a change that ran out for the growth under way; past it the change
@@ -93,6 +98,9 @@ struct State {
     rebuilt_in_call: u64,
     /// Changes that ran out and waited for the growth under way.
     waited_for_growth: u64,
+    /// Percent of slots in use at which the current generation grows:
+    /// [`GROW_AT_SLOTS_PERCENT`], or [`EAGER_GROW_AT_SLOTS_PERCENT`] once a change waited.
+    grow_at_slots_percent: u64,
 }
 
 /// A growth under way: which one, and the keys changed since it began.
@@ -198,6 +206,7 @@ impl InstanceTable {
                 growths: 0,
                 rebuilt_in_call: 0,
                 waited_for_growth: 0,
+                grow_at_slots_percent: GROW_AT_SLOTS_PERCENT,
             }),
             growth_ended: Condvar::new(),
         })
@@ -315,6 +324,7 @@ impl InstanceTable {
         id: u64,
     ) -> (MutexGuard<'a, State>, bool) {
         state.waited_for_growth += 1;
+        state.grow_at_slots_percent = EAGER_GROW_AT_SLOTS_PERCENT;
         let waits = state.waited_for_growth;
         tracing::debug!(instance = %self.instance_id, waits,
             "lookup table ran out: waiting for its growth");
@@ -584,14 +594,13 @@ impl Sizes {
     }
 
     /// The sizes of the next generation once `generation` (of these sizes) has
-    /// [`GROW_AT_SLOTS_PERCENT`] of its slots or [`GROW_AT_HEAP_PERCENT`] of its string heap
-    /// in use: twice the buckets, twice the heap unless compacting it is enough; `None`
-    /// before.
-    fn to_grow(self, generation: &Generation<HostMemory>) -> Option<Sizes> {
+    /// `slots_percent` of its slots or [`GROW_AT_HEAP_PERCENT`] of its string heap in use:
+    /// twice the buckets, twice the heap unless compacting it is enough; `None` before.
+    fn to_grow(self, generation: &Generation<HostMemory>, slots_percent: u64) -> Option<Sizes> {
         let layout = generation.layout();
         let slots = layout.bucket_count * layout.geometry.slots_per_bucket as u64;
         let (used, _) = generation.heap_bytes();
-        let slots_due = generation.slots_used() * 100 >= slots * GROW_AT_SLOTS_PERCENT;
+        let slots_due = generation.slots_used() * 100 >= slots * slots_percent;
         let heap_due = used * 100 >= layout.strings_len * GROW_AT_HEAP_PERCENT;
         let mut next = self;
         if slots_due {
@@ -723,7 +732,8 @@ fn growth_due(state: &mut State) -> Option<Growth> {
     if state.growing.is_some() {
         return None;
     }
-    let sizes = state.sizes.to_grow(&state.current.generation)?;
+    let grow_at = state.grow_at_slots_percent;
+    let sizes = state.sizes.to_grow(&state.current.generation, grow_at)?;
     state.growths += 1;
     state.growing = Some(Growing {
         id: state.growths,
@@ -1017,6 +1027,10 @@ mod tests {
         let state = table.lock();
         assert_eq!(state.rebuilt_in_call, 0, "no generation built in a call");
         assert_eq!(state.waited_for_growth, 1, "the change that ran out waited");
+        assert_eq!(
+            state.grow_at_slots_percent, EAGER_GROW_AT_SLOTS_PERCENT,
+            "writes outran a growth: the next ones start earlier"
+        );
         assert!(state.epoch > epoch, "a grown generation is current");
         drop(state);
         for key in 1..=last {
