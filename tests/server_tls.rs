@@ -14,7 +14,10 @@ use common::{wait_until, TestServer};
 use kvcm::proto::meta;
 use kvcm::proto::meta::meta_service_client::MetaServiceClient;
 use kvcm_client::{Client, ClientConfig, ServerAddress, TlsClient, Wire};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rcgen::{
+    date_time_ymd, BasicConstraints, CertificateParams, CertificateRevocationListParams,
+    CertifiedIssuer, IsCa, KeyIdMethod, KeyPair, RevocationReason, RevokedCertParams, SerialNumber,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -51,13 +54,48 @@ impl Authority {
     /// A leaf for `names` (DNS names or IP addresses), signed by this CA.
     fn sign(&self, names: &[&str]) -> Pem {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let params = CertificateParams::new(names).expect("params");
+        self.signed(CertificateParams::new(names).expect("params"))
+    }
+
+    /// A leaf for `name` with serial number `serial`, signed by this CA.
+    fn sign_numbered(&self, name: &str, serial: u8) -> Pem {
+        let mut params = CertificateParams::new(vec![name.to_string()]).expect("params");
+        params.serial_number = Some(SerialNumber::from_slice(&[serial]));
+        self.signed(params)
+    }
+
+    /// The certificate of `params` with a new key, signed by this CA.
+    fn signed(&self, params: CertificateParams) -> Pem {
         let key = KeyPair::generate().expect("key");
         let cert = params.signed_by(&key, &self.issuer).expect("signed");
         Pem {
             cert: cert.pem(),
             key: key.serialize_pem(),
         }
+    }
+
+    /// This CA's revocation list number `number` (PEM), revoking the certificates of serial
+    /// numbers `serials`.
+    fn revocation_list(&self, number: u8, serials: &[u8]) -> String {
+        let revoked_certs = serials
+            .iter()
+            .map(|serial| RevokedCertParams {
+                serial_number: SerialNumber::from_slice(&[*serial]),
+                revocation_time: date_time_ymd(2026, 1, 2),
+                reason_code: Some(RevocationReason::KeyCompromise),
+                invalidity_date: None,
+            })
+            .collect();
+        let params = CertificateRevocationListParams {
+            this_update: date_time_ymd(2026, 1, 1),
+            next_update: date_time_ymd(2099, 1, 1),
+            crl_number: SerialNumber::from_slice(&[number]),
+            issuing_distribution_point: None,
+            revoked_certs,
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        let list = params.signed_by(&self.issuer).expect("CRL");
+        list.pem().expect("CRL PEM")
     }
 }
 
@@ -76,12 +114,7 @@ impl Authority {
                 rcgen::SanType::URI(uri.try_into().expect("IA5 URI"))
             })
             .collect();
-        let key = KeyPair::generate().expect("key");
-        let cert = params.signed_by(&key, &self.issuer).expect("signed");
-        Pem {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
+        self.signed(params)
     }
 }
 
@@ -428,6 +461,80 @@ async fn mutual_tls_demands_a_client_certificate_of_the_configured_ca() {
     .await;
     assert!(warned.is_some(), "{}", server.log());
     assert_eq!(call(Some(&newcomer)).await, Ok(200));
+}
+
+#[tokio::test]
+async fn a_revoked_client_certificate_is_refused_and_a_new_revocation_list_applies_at_once() {
+    let (ours, partner) = (Authority::new("client CA"), Authority::new("partner CA"));
+    let server_ca = Authority::new("server CA");
+    let files = Files::new(&server_ca.sign(&["localhost"]), &ours);
+    // Two client CAs; revocation lists of the first only.
+    replace(
+        &files.client_ca,
+        &format!("{}{}", ours.pem(), partner.pem()),
+    );
+    let crl = files.client_ca.with_file_name("revoked.pem");
+    replace(&crl, &ours.revocation_list(1, &[2]));
+    let mut settings = files.settings(true);
+    settings.push(format!("kvcm.tls.client_crl_file={}", crl.display()));
+    let server = start(&settings).await;
+    let (kept, revoked) = (
+        ours.sign_numbered("engine-1", 1),
+        ours.sign_numbered("engine-2", 2),
+    );
+    let http = server.address("http");
+    let body = r#"{"instance_id":"none","block_keys":[1]}"#;
+    let server_ca_pem = server_ca.pem();
+    let call = |identity| {
+        let path = "/api/getCacheLocation";
+        https(http, "POST", path, body, &server_ca_pem, identity)
+    };
+    assert_eq!(
+        call(Some(&kept)).await,
+        Ok(200),
+        "a certificate not revoked"
+    );
+    assert!(call(Some(&revoked)).await.is_err(), "a revoked certificate");
+    let stranger = partner.sign_numbered("engine-3", 2);
+    assert!(
+        call(Some(&stranger)).await.is_err(),
+        "a certificate of a CA without a revocation list: its status is unknown"
+    );
+    let grpc = server.address("grpc");
+    let refused = match grpc_tls(grpc, &server_ca.pem(), Some(&revoked)).await {
+        Err(_) => true,
+        Ok(mut client) => client
+            .get_cluster_info(meta::GetClusterInfoRequest::default())
+            .await
+            .is_err(),
+    };
+    assert!(refused, "gRPC with a revoked certificate is refused");
+
+    // A newer list that revokes the other one too applies without a restart.
+    replace(&crl, &ours.revocation_list(2, &[1, 2]));
+    let applied = wait_until(Duration::from_secs(10), async || {
+        call(Some(&kept)).await.is_err().then_some(())
+    })
+    .await;
+    assert!(applied.is_some(), "the newer revocation list is in force");
+    // A broken list is ignored: the one in force stays.
+    replace(&crl, "not a CRL");
+    let warned = wait_until(Duration::from_secs(10), async || {
+        let _ = call(Some(&kept)).await;
+        server
+            .log()
+            .contains("TLS client CA not reloaded")
+            .then_some(())
+    })
+    .await;
+    assert!(warned.is_some(), "{}", server.log());
+    assert!(call(Some(&kept)).await.is_err(), "still revoked");
+    replace(&crl, &ours.revocation_list(3, &[]));
+    let restored = wait_until(Duration::from_secs(10), async || {
+        (call(Some(&kept)).await == Ok(200)).then_some(())
+    })
+    .await;
+    assert!(restored.is_some(), "an empty list revokes nothing");
 }
 
 /// The `header.status.code` of a JSON answer.

@@ -140,7 +140,9 @@ pub struct SecurityConfig {
 }
 
 /// `kvcm.tls.cert_file`, `key_file` (PEM; both or neither: TLS on every gRPC and HTTP listener),
-/// `client_ca_file` (PEM; clients must present a certificate it signed), `client_identity`
+/// `client_ca_file` (PEM; clients must present a certificate it signed), `client_crl_file`
+/// (PEM revocation lists of those CAs: a revoked client certificate is refused),
+/// `client_identity`
 /// (`none` or `account`: a client certificate's Common Name names the account a request
 /// without a bearer credential acts as).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -151,12 +153,14 @@ pub struct TlsSettings {
     pub key_file: Option<PathBuf>,
     /// The CA client certificates must chain to (mutual TLS).
     pub client_ca_file: Option<PathBuf>,
+    /// Revocation lists of the client CAs: a client certificate they revoke is refused.
+    pub client_crl_file: Option<PathBuf>,
     /// `kvcm.tls.client_identity = account`.
     pub certificate_accounts: bool,
 }
 
 /// The security keys, in the order they are documented.
-pub const SECURITY_KEYS: [&str; 20] = [
+pub const SECURITY_KEYS: [&str; 21] = [
     "kvcm.service.admin_auth_token",
     "kvcm.service.admin_auth_grpc",
     "kvcm.auth.meta",
@@ -175,6 +179,7 @@ pub const SECURITY_KEYS: [&str; 20] = [
     "kvcm.tls.cert_file",
     "kvcm.tls.key_file",
     "kvcm.tls.client_ca_file",
+    "kvcm.tls.client_crl_file",
     "kvcm.tls.client_identity",
     "kvcm.service.dumpable",
 ];
@@ -191,6 +196,7 @@ impl SecurityConfig {
             "kvcm.tls.cert_file" => self.tls.cert_file = path_or_none(value),
             "kvcm.tls.key_file" => self.tls.key_file = path_or_none(value),
             "kvcm.tls.client_ca_file" => self.tls.client_ca_file = path_or_none(value),
+            "kvcm.tls.client_crl_file" => self.tls.client_crl_file = path_or_none(value),
             "kvcm.tls.client_identity" => {
                 self.tls.certificate_accounts = switch(key, value, ("none", "account"))?
             }
@@ -291,6 +297,10 @@ pub fn validate_auth(security: &SecurityConfig) -> Result<(), ConfigError> {
             return Err(invalid("kvcm.tls.client_ca_file", why));
         }
         _ => {}
+    }
+    if tls.client_crl_file.is_some() && tls.client_ca_file.is_none() {
+        let why = "needs kvcm.tls.client_ca_file (revocation lists are of client CAs)";
+        return Err(invalid("kvcm.tls.client_crl_file", why));
     }
     if tls.certificate_accounts && tls.client_ca_file.is_none() {
         let why =
@@ -411,13 +421,15 @@ mod tests {
         );
         let ca = ("kvcm.tls.client_ca_file", "ca.pem");
         let accounts = ("kvcm.tls.client_identity", "account");
-        assert_eq!(refusal(&[cert, key, ca, accounts]), None);
+        let crl = ("kvcm.tls.client_crl_file", "revoked.pem");
+        assert_eq!(refusal(&[cert, key, ca, crl, accounts]), None);
         assert_eq!(refusal(&[cert, key]), None);
         let missing = [
             (vec![cert], "kvcm.tls.key_file"),
             (vec![key], "kvcm.tls.cert_file"),
             (vec![ca], "kvcm.tls.client_ca_file"),
             (vec![cert, key, accounts], "kvcm.tls.client_identity"),
+            (vec![cert, key, crl], "kvcm.tls.client_crl_file"),
             (
                 vec![cert, key, ca, ("kvcm.tls.client_identity", "cn")],
                 "kvcm.tls.client_identity",

@@ -1,11 +1,13 @@
 //! TLS on kvcm's gRPC and HTTP listeners (`kvcm.tls.*`, rustls with the `ring` provider): with a
 //! certificate and key configured, meta gRPC, meta HTTP, admin gRPC, admin HTTP and debug
 //! HTTP speak only TLS (1.2 and 1.3); with a client CA as well, every client must present a
-//! certificate that CA signed (mutual TLS).
+//! certificate that CA signed (mutual TLS) and, with revocation lists, one they do not
+//! revoke.
 //!
 //! Invariants: a handshake runs on its connection's own task and must finish within the
 //! header timeout (a client that stalls in it holds one admission permit, never the accept
-//! loop); the certificate and key, and the client CA, are re-read when one of their files'
+//! loop); the certificate and key, and the client CA with its revocation lists, are re-read
+//! when one of their files'
 //! modification times changes (looked at, at most once per [`RELOAD_CHECK`], on a
 //! handshake), and files that do not load leave the previous ones in force (logged), so a
 //! half-written renewal never takes the listeners down. Under mutual TLS sessions are never
@@ -23,9 +25,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use tokio_rustls::rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, UnixTime,
+};
 use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use tokio_rustls::rustls::server::{
+    ClientHello, ResolvesServerCert, VerifierBuilderError, WebPkiClientVerifier,
+};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tonic::transport::server::Connected;
@@ -92,11 +98,16 @@ impl Tls {
             .with_safe_default_protocol_versions()?;
         let builder = match &settings.client_ca_file {
             Some(ca) => {
+                let crl = settings.client_crl_file.clone();
+                let files = [Some(ca.clone()), crl.clone()]
+                    .into_iter()
+                    .flatten()
+                    .collect();
                 let load = {
                     let ca = ca.clone();
-                    move || client_verifier(&ca, provider.clone())
+                    move || client_verifier(&ca, crl.as_deref(), provider.clone())
                 };
-                let verifier = Reloading::new("client CA", vec![ca.clone()], load)?;
+                let verifier = Reloading::new("client CA", files, load)?;
                 builder.with_client_cert_verifier(Arc::new(ClientCa(verifier)))
             }
             None => builder.with_no_client_auth(),
@@ -147,21 +158,51 @@ impl Tls {
     }
 }
 
-/// The verifier of client certificates signed by the CA(s) of `path`.
+/// The verifier of client certificates signed by the CA(s) of `ca` and, when `crl` is given,
+/// not revoked by its lists. Only the client's own certificate is checked for revocation
+/// (against the list of the CA that issued it, which must be there); the CAs themselves are
+/// the operator's choice in `ca`.
 fn client_verifier(
-    path: &Path,
+    ca: &Path,
+    crl: Option<&Path>,
     provider: Arc<rustls::crypto::CryptoProvider>,
 ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let key = "kvcm.tls.client_ca_file";
     let mut roots = rustls::RootCertStore::empty();
-    for cert in read_certs(key, path)? {
-        roots
-            .add(cert)
-            .map_err(|e| file_error(key, path, e.into()))?;
+    for cert in read_certs(key, ca)? {
+        roots.add(cert).map_err(|e| file_error(key, ca, e.into()))?;
     }
-    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+    let Some(crl) = crl else {
+        return builder.build().map_err(|e| file_error(key, ca, e.into()));
+    };
+    let crl_key = "kvcm.tls.client_crl_file";
+    builder
+        .with_crls(read_crls(crl_key, crl)?)
+        .only_check_end_entity_revocation()
         .build()
-        .map_err(|e| file_error(key, path, e.into()))
+        .map_err(|e| match e {
+            VerifierBuilderError::InvalidCrl(_) => file_error(crl_key, crl, e.into()),
+            other => file_error(key, ca, other.into()),
+        })
+}
+
+/// A PEM file that holds no certificate revocation list.
+#[derive(Debug, thiserror::Error)]
+#[error("no PEM certificate revocation list (X509 CRL) in it")]
+struct NoRevocationList;
+
+fn read_crls(
+    key: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let crls = CertificateRevocationListDer::pem_file_iter(path)
+        .and_then(|crls| crls.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| file_error(key, path, e.into()))?;
+    if crls.is_empty() {
+        return Err(file_error(key, path, NoRevocationList.into()));
+    }
+    Ok(crls)
 }
 
 fn file_error(key: &'static str, path: &Path, source: Cause) -> TlsError {
@@ -415,5 +456,37 @@ pub async fn open(tls: Option<&Tls>, io: Admitted) -> io::Result<Conn> {
     match tls {
         Some(tls) => tls.accept(io).await,
         None => Ok(Conn::Plain(io)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_revocation_list_that_does_not_load_is_refused_naming_its_key() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, params.self_signed(&key).expect("CA").pem()).expect("write");
+        let crl = dir.path().join("revoked.pem");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let broken = [
+            "",
+            "not a CRL",
+            "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+        ];
+        for text in broken {
+            std::fs::write(&crl, text).expect("write");
+            let refused = client_verifier(&ca, Some(&crl), provider.clone()).err();
+            let message = refused.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                message.contains("kvcm.tls.client_crl_file"),
+                "{text:?}: {message:?}"
+            );
+        }
+        assert!(client_verifier(&ca, None, provider).is_ok());
     }
 }

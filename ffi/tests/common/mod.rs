@@ -90,6 +90,7 @@ fn mutual_tls(dir: &Path) -> (kvcm::config::TlsSettings, TlsFiles) {
         cert_file: Some(server_cert),
         key_file: Some(server_key),
         client_ca_file: Some(clients),
+        client_crl_file: None,
         certificate_accounts: false,
     };
     (settings, TlsFiles { ca, cert, key })
