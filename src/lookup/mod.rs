@@ -100,6 +100,10 @@ pub enum LookupError {
     /// The queue-pair listener, a connecting client or a core thread failed (I/O).
     #[error("lookup listener: {0}")]
     Listener(std::io::Error),
+    /// A background growth stopped building: a rebuild in a call or the table's retirement
+    /// replaced it.
+    #[error("lookup table growth superseded")]
+    GrowthSuperseded,
 }
 
 /// Settings of the lookup path (`kvcm.lookup.*`).
@@ -409,6 +413,11 @@ fn grow(
     let started = std::time::Instant::now();
     let grown = match table.build_grown(manager, instance, &pending.growth) {
         Ok(grown) => grown,
+        Err(LookupError::GrowthSuperseded) => {
+            tracing::debug!(instance = %id, elapsed = ?started.elapsed(),
+                "lookup table growth superseded: its build stopped");
+            return;
+        }
         Err(error) => {
             tracing::warn!(instance = %id, %error,
                 "lookup table growth failed: the table grows when it runs out");

@@ -239,6 +239,7 @@ impl InstanceTable {
             &self.specs,
             &state.availability,
             sizes,
+            &|| true,
         )?;
         state.current = current;
         state.sizes = sizes;
@@ -347,7 +348,9 @@ impl InstanceTable {
         }
     }
 
-    /// Builds the next generation of `growth` from the index, without the table's lock.
+    /// Builds the next generation of `growth` from the index, without the table's lock;
+    /// stops with [`LookupError::GrowthSuperseded`] once the growth is no longer under way
+    /// (looked at before each page of keys).
     pub fn build_grown(
         &self,
         manager: &Manager,
@@ -355,6 +358,10 @@ impl InstanceTable {
         growth: &Growth,
     ) -> Result<Grown, LookupError> {
         let availability = self.lock().availability.clone();
+        let under_way = || {
+            let state = self.lock();
+            state.growing.as_ref().is_some_and(|g| g.id == growth.id)
+        };
         let (next, sizes) = build(
             manager,
             instance,
@@ -362,6 +369,7 @@ impl InstanceTable {
             &self.specs,
             &availability,
             growth.sizes,
+            &under_way,
         )?;
         Ok(Grown {
             id: growth.id,
@@ -471,6 +479,7 @@ impl InstanceTable {
             &self.specs,
             availability,
             sizes,
+            &|| true,
         )?;
         self.flip(state, next, sizes)
     }
@@ -653,7 +662,9 @@ fn empty(
     })
 }
 
-/// A generation of `sizes` (grown while something runs out), filled from the index.
+/// A generation of `sizes` (grown while something runs out), filled from the index of
+/// `instance` and registered in `domains`; stops with [`LookupError::GrowthSuperseded`]
+/// when `wanted` says false (before each page of keys).
 fn build(
     manager: &Manager,
     instance: &Instance,
@@ -661,6 +672,7 @@ fn build(
     specs: &[(String, i64)],
     availability: &Availability,
     mut sizes: Sizes,
+    wanted: &dyn Fn() -> bool,
 ) -> Result<(Published, Sizes), LookupError> {
     loop {
         let layout = sizes.layout()?;
@@ -676,7 +688,7 @@ fn build(
             }
             Err(other) => return Err(other.into()),
         };
-        match fill(&mut generation, manager, instance) {
+        match fill(&mut generation, manager, instance, wanted) {
             Ok(()) => {
                 let regions = register_all(domains, generation.memory(), len)?;
                 return Ok((
@@ -693,14 +705,18 @@ fn build(
     }
 }
 
-/// Publishes every key of the instance's index.
+/// Publishes every key of the instance's index (see [`build`] for `wanted`).
 fn fill(
     generation: &mut Generation<HostMemory>,
     manager: &Manager,
     instance: &Instance,
+    wanted: &dyn Fn() -> bool,
 ) -> Result<(), LookupError> {
     let mut cursor = Some(ScanCursor::START);
     while let Some(position) = cursor {
+        if !wanted() {
+            return Err(LookupError::GrowthSuperseded);
+        }
         let page = instance.index.scan(position, SCAN_PAGE)?;
         republish(generation, manager, instance, &page.keys)?;
         cursor = page.next;
@@ -972,6 +988,11 @@ mod tests {
             .install_grown(&manager, &instance, grown)
             .expect("install"));
         assert_eq!(table.lock().epoch, epoch, "the rebuilt generation stays");
+        // A build that starts (or goes on) after its growth was superseded stops.
+        assert!(matches!(
+            table.build_grown(&manager, &instance, &growth),
+            Err(LookupError::GrowthSuperseded)
+        ));
         let growth = write_until_growth(&manager, &instance, &table, &mut next);
         let grown = table
             .build_grown(&manager, &instance, &growth)
@@ -980,6 +1001,10 @@ mod tests {
         assert!(!table
             .install_grown(&manager, &instance, grown)
             .expect("install"));
+        assert!(matches!(
+            table.build_grown(&manager, &instance, &growth),
+            Err(LookupError::GrowthSuperseded)
+        ));
     }
 
     #[test]
