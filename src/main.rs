@@ -44,6 +44,10 @@ struct PoolArgs {
     /// without them), `off`.
     #[arg(long, default_value = "auto", value_name = "auto|on|off")]
     huge_pages: kvcm::pool::HugePages,
+    /// Back the whole region at start instead of page by page at first write (the node
+    /// then holds all of `--size` from the start; no transfer pays the page faults).
+    #[arg(long)]
+    prefault: bool,
     /// Address of the queue-pair listener (and of the soft NIC), reachable by clients.
     #[arg(long)]
     listen: std::net::SocketAddr,
@@ -231,8 +235,13 @@ fn pool(args: PoolArgs) -> anyhow::Result<()> {
             name,
             gid_index: args.verbs_gid_index,
         });
+    let spec = kvcm::pool::RegionSpec {
+        size: args.size,
+        huge_pages: args.huge_pages,
+        prefault: args.prefault,
+    };
     let node = kvcm::pool::PoolNode::start(
-        (args.size, args.huge_pages),
+        spec,
         args.listen,
         args.servers,
         args.node_id,

@@ -414,6 +414,37 @@ fn parts_in(memory: &mut [u8], first: usize, count: usize) -> Vec<Vec<&mut [u8]>
         .collect()
 }
 
+/// `kvcm pool --prefault` backs its whole region at start (its process has all of it mapped
+/// before any block is written); without it the region is backed as blocks land.
+#[test]
+fn a_prefaulted_pool_node_holds_its_whole_region_from_the_start() {
+    const SIZE: u64 = 32 << 20;
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (server, lazy, backed) = runtime.block_on(async {
+        let server = prepare_async(200, &[]).await;
+        let lazy = PoolProcess::start(&server, "pool_a", "lazy", "32M").await;
+        let prefault = ["--prefault"];
+        let backed = PoolProcess::start_with(&server, "pool_a", "backed", "32M", &prefault).await;
+        live_range(&server, "pool_a", Some("lazy"), 1).await;
+        live_range(&server, "pool_a", Some("backed"), 1).await;
+        (server, lazy, backed)
+    });
+    assert!(
+        backed.resident_shared_bytes() >= SIZE,
+        "prefaulted: {} B resident",
+        backed.resident_shared_bytes()
+    );
+    assert!(
+        lazy.resident_shared_bytes() < SIZE / 2,
+        "lazy: {} B resident",
+        lazy.resident_shared_bytes()
+    );
+    // Blocks land on both nodes and read back byte for byte.
+    let keys: Vec<i64> = (1..=64).collect();
+    round_trip_by(&server, (Wire::Shm, TransferPath::PoolSoftShm), &keys);
+    drop((lazy, backed));
+}
+
 /// A pool node whose size is a multiple of 2 MiB sits on hugetlb pages when the kernel has
 /// them free, on regular pages otherwise, says which in its ready file, and serves blocks
 /// either way. Needs root to add huge pages for the test: skips loudly otherwise, except

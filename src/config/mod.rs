@@ -148,7 +148,7 @@ impl Default for ServerConfig {
 
 /// Every key except those of the logs, journal, metrics, reclaimer and security, in the
 /// order they are documented.
-pub const KEYS: [&str; 24] = [
+pub const KEYS: [&str; 25] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -171,6 +171,7 @@ pub const KEYS: [&str; 24] = [
     "kvcm.pool.rejoin_ramp_ms",
     "kvcm.pool.resume_window_ms",
     "kvcm.pool.size",
+    "kvcm.pool.prefault",
     "kvcm.storage.probe_interval_ms",
     "kvcm.capacity_curve.window_accesses",
 ];
@@ -223,6 +224,7 @@ impl ServerConfig {
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.resume_window_ms" => self.pool.resume_window_ms = parse(key, value)?,
             "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
+            "kvcm.pool.prefault" => self.pool.embedded_prefault = parse(key, value)?,
             "kvcm.storage.probe_interval_ms" => self.storage_probe_interval_ms = parse(key, value)?,
             "kvcm.capacity_curve.window_accesses" => {
                 self.capacity_curve_window_accesses = parse(key, value)?

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 pub use listener::{RegionInfo, HELLO as POOL_HELLO};
 pub use member::{Member, MemberConfig};
-pub use region::{HugePages, PoolRegion};
+pub use region::{HugePages, PoolRegion, RegionSpec};
 pub use routes::{
     HeartbeatRequest, JoinAnswer, JoinRequest, NodesAnswer, NodesRequest, HEARTBEAT_ROUTE,
     JOIN_ROUTE, NODES_ROUTE,
@@ -88,6 +88,9 @@ pub struct PoolConfig {
     /// `kvcm.pool.size` (`kvcm serve --pool-size`): bytes of the pool node run inside the
     /// server (0 = none, the embedded default as without a pool).
     pub embedded_size: u64,
+    /// `kvcm.pool.prefault`: back the embedded node's region at start
+    /// ([`RegionSpec::prefault`]).
+    pub embedded_prefault: bool,
 }
 
 impl Default for PoolConfig {
@@ -97,6 +100,7 @@ impl Default for PoolConfig {
             rejoin_ramp_ms: 30_000,
             resume_window_ms: 30_000,
             embedded_size: 0,
+            embedded_prefault: false,
         }
     }
 }
@@ -149,26 +153,26 @@ pub struct PoolNode {
 }
 
 impl PoolNode {
-    /// Allocates and registers `size` bytes (on huge pages as `huge` says; also on RDMA
-    /// device `verbs` when given),
+    /// Allocates and registers the memory of `spec` (also on RDMA device `verbs` when
+    /// given),
     /// starts the listener on `listen` and joins `membership.storage` on one of `servers`
     /// (meta HTTP addresses; over the membership's TLS and with its credential when given).
     pub fn start(
-        (size, huge): (u64, HugePages),
+        spec: RegionSpec,
         listen: SocketAddr,
         servers: Vec<SocketAddr>,
         node_id: Option<String>,
         membership: Joining,
         verbs: Option<&VerbsDevice>,
     ) -> Result<PoolNode, PoolError> {
-        let region = std::sync::Arc::new(PoolRegion::open((size, huge), listen.ip(), verbs)?);
+        let region = std::sync::Arc::new(PoolRegion::open(spec, listen.ip(), verbs)?);
         let listen_addr = listener::listen(listen, region.clone())?;
         let member = Member::start(
             MemberConfig {
                 servers,
                 node_id: node_id.unwrap_or_else(|| listen_addr.to_string()),
                 endpoint: listen_addr.to_string(),
-                capacity: size,
+                capacity: spec.size,
                 joining: membership,
             },
             region.clone(),

@@ -38,6 +38,19 @@ pub struct PoolRegion {
     revoked: Mutex<Vec<(u64, Instant)>>,
 }
 
+/// What memory a pool region is: its bytes, its pages, and whether they are backed at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionSpec {
+    /// Bytes of the region (`kvcm pool --size`, `kvcm.pool.size`).
+    pub size: u64,
+    /// Whether it goes on huge pages (`--huge-pages`).
+    pub huge_pages: HugePages,
+    /// Back every page at start (`--prefault`, `kvcm.pool.prefault`) instead of at its first
+    /// write: the node takes the whole size from the start, and no transfer pays for
+    /// allocating and zeroing the pages it lands on.
+    pub prefault: bool,
+}
+
 /// Whether a pool region goes on 2 MiB hugetlb pages (`kvcm pool --huge-pages`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HugePages {
@@ -80,13 +93,18 @@ fn huge_pages(len: usize) -> Result<HostMemory, String> {
 const MAX_PEERS: usize = 1024;
 
 impl PoolRegion {
-    /// Allocates `size` bytes (on huge pages as `huge` says) and registers them on both
-    /// soft wires (soft NIC bound to `bind`) and, when given, on RDMA device `verbs`.
+    /// Allocates the memory of `spec` (backed at once when it says so) and registers it on
+    /// both soft wires (soft NIC bound to `bind`) and, when given, on RDMA device `verbs`.
     pub fn open(
-        (size, huge): (u64, HugePages),
+        spec: RegionSpec,
         bind: IpAddr,
         verbs: Option<&VerbsDevice>,
     ) -> Result<PoolRegion, PoolError> {
+        let RegionSpec {
+            size,
+            huge_pages: huge,
+            prefault,
+        } = spec;
         let len = usize::try_from(size)
             .ok()
             .filter(|&len| len > 0)
@@ -104,6 +122,11 @@ impl PoolRegion {
                 }
             },
         };
+        if prefault {
+            let started = Instant::now();
+            memory.populate()?;
+            tracing::info!(bytes = len, elapsed = ?started.elapsed(), "pool region backed");
+        }
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         let mut wires = Vec::with_capacity(domains.len());
         for (wire, domain) in domains {

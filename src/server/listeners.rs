@@ -167,15 +167,13 @@ fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNo
         api_key: config.security.admin_tokens.as_slice().first().cloned(),
     };
     let verbs = config.lookup.verbs();
-    let node = PoolNode::start(
-        (config.pool.embedded_size, pool::HugePages::Auto),
-        listen,
-        vec![meta],
-        None,
-        joining,
-        verbs.as_ref(),
-    )
-    .map_err(|e| ServerError::Pool(e.to_string()))?;
+    let spec = pool::RegionSpec {
+        size: config.pool.embedded_size,
+        huge_pages: pool::HugePages::Auto,
+        prefault: config.pool.embedded_prefault,
+    };
+    let node = PoolNode::start(spec, listen, vec![meta], None, joining, verbs.as_ref())
+        .map_err(|e| ServerError::Pool(e.to_string()))?;
     tracing::info!(
         "embedded pool node: {} bytes, queue pairs on {}",
         config.pool.embedded_size,

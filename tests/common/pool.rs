@@ -71,6 +71,25 @@ impl PoolProcess {
         PoolProcess { child, ready }
     }
 
+    /// Bytes of shared memory the node's process has mapped in (`RssShmem`).
+    pub fn resident_shared_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("the node's status");
+        let kib = status
+            .lines()
+            .find_map(|line| line.strip_prefix("RssShmem:"))
+            .and_then(|value| {
+                value
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .expect("RssShmem");
+        kib * 1024
+    }
+
     pub fn kill(&mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reaped");

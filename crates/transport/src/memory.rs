@@ -103,6 +103,13 @@ impl HostMemory {
         self.inner.shm.is_huge()
     }
 
+    /// Backs every page of memory allocated here now rather than at first touch (a
+    /// pool region that must not pay page faults on its first writes); refused for memory
+    /// that is a peer's or a caller's.
+    pub fn populate(&self) -> Result<()> {
+        self.inner.shm.populate()
+    }
+
     /// The bytes of `bytes` (its length, not its capacity) as caller-owned memory; the
     /// vector is dropped once nothing holds the memory. Refused when empty.
     pub fn from_vec(mut bytes: Vec<u8>) -> Result<Self> {

@@ -125,6 +125,38 @@ impl SharedMemory {
         self.huge
     }
 
+    /// Backs every page now instead of at first touch: allocates the memfd's pages (zeroed;
+    /// huge pages too) and maps them into this process, so later accesses here take no page
+    /// fault and a peer mapping the memfd takes minor faults only. Only memory created here
+    /// (with its memfd) can be populated.
+    pub(crate) fn populate(&self) -> Result<()> {
+        let Some(fd) = &self.fd else {
+            return Err(TransportError::InvalidArgument(
+                "only memory created here can be populated",
+            ));
+        };
+        let len = libc::off_t::try_from(self.len)
+            .map_err(|_| TransportError::InvalidArgument("memory too large to populate"))?;
+        // SAFETY: fallocate(2) on a descriptor we own, within the memfd's size (its seals
+        // forbid growing it; allocating pages inside it changes no byte).
+        if unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len) } < 0 {
+            return Err(TransportError::last_os("allocate memfd pages"));
+        }
+        // SAFETY: madvise(2) on our own live mapping of `len` bytes; MADV_POPULATE_WRITE
+        // only faults its pages in (the mapping is writable: created here).
+        let advised = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if advised < 0 {
+            return Err(TransportError::last_os("map memfd pages"));
+        }
+        Ok(())
+    }
+
     fn create_with(name: &CStr, len: usize, page_flags: libc::c_uint) -> Result<Self> {
         if len == 0 {
             return Err(TransportError::InvalidArgument("zero-length memory"));
@@ -515,6 +547,28 @@ mod tests {
         assert_eq!(appended.len(), 6, "a refused append changes nothing");
         second.atomic_u64(8).unwrap().fetch_add(3, Ordering::SeqCst);
         assert_eq!(first.atomic_u64(8).unwrap().load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn populated_memory_has_every_page_allocated_and_still_reads_zero() {
+        use std::os::unix::fs::MetadataExt;
+        let len = 8 << 20;
+        let mem = memory(len);
+        let allocated = |mem: &SharedMemory| {
+            let file = File::from(mem.reopen(false).unwrap());
+            file.metadata().unwrap().blocks() * 512
+        };
+        assert_eq!(allocated(&mem), 0, "a new memfd is backed lazily");
+        mem.populate().unwrap();
+        assert!(allocated(&mem) >= len as u64, "{}", allocated(&mem));
+        let mut bytes = vec![1u8; 4096];
+        mem.read(len - 4096, &mut bytes).unwrap();
+        assert!(bytes.iter().all(|&b| b == 0), "populating changes no byte");
+        let peer = second(&mem, true, Protection::AsOpened);
+        assert!(
+            matches!(peer.populate(), Err(TransportError::InvalidArgument(_))),
+            "a peer's mapping is not ours to populate"
+        );
     }
 
     #[test]
