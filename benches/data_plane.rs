@@ -11,8 +11,10 @@
 //! registration on the file tier: io_uring registered buffers).
 //!
 //! `cargo bench --bench data_plane` (a real `kvcm serve --pool-size 1G` on free ports;
-//! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5). Figures include the control
-//! plane (StartWriteCache / FinishWriteCache, the lookup), as an engine sees them.
+//! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5; `KVCM_BENCH_PREFAULT=1` backs
+//! the pool's region at start, `kvcm.pool.prefault`, instead of as blocks land). Figures
+//! include the control plane (StartWriteCache / FinishWriteCache, the lookup), as an engine
+//! sees them.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -61,9 +63,11 @@ fn post(port: u16, rpc: &str, body: Value) -> Value {
 fn start_server(sizes: &[usize]) -> (Process, u16, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (grpc, http, admin) = (free_port(), free_port(), free_port());
+    let prefault = std::env::var("KVCM_BENCH_PREFAULT").as_deref() == Ok("1");
     let child = Command::new(env!("CARGO_BIN_EXE_kvcm"))
         .args(["serve", "--pool-size", "1G", "--data-dir"])
         .arg(dir.path())
+        .args(["--env", &format!("kvcm.pool.prefault={prefault}")])
         .args(["--env", &format!("kvcm.service.rpc_port={grpc}")])
         .args(["--env", &format!("kvcm.service.http_port={http}")])
         .args(["--env", &format!("kvcm.service.admin_http_port={admin}")])
@@ -284,8 +288,12 @@ fn main() {
         .unwrap_or(5);
     let sizes = [64 << 10, 1 << 20, 4 << 20];
     let (_server, grpc, http, _dir) = start_server(&sizes);
+    let pool = match std::env::var("KVCM_BENCH_PREFAULT").as_deref() {
+        Ok("1") => "pool region prefaulted",
+        _ => "pool region backed as blocks land",
+    };
     println!(
-        "data plane, batches of {BATCH} blocks, best of {rounds} rounds (GB/s; ratio to the floor)"
+        "data plane, batches of {BATCH} blocks, best of {rounds} rounds (GB/s; ratio to the floor; {pool})"
     );
     println!(
         "{:<8} {:<12} {:>9} {:>9} {:>9} {:>8} {:>8}  path taken",

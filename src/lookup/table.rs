@@ -1,21 +1,25 @@
 //! One instance's published table: its header memory, its current generation and the
-//! generations being retired, kept in step with the manager (single writer: every change
-//! runs under this table's lock).
+//! generations being retired, kept in step with the manager (every change to a generation
+//! is made under this table's lock; a change that waits for a growth releases the lock
+//! meanwhile and then republishes its keys from the index, so nothing it did before the
+//! wait is relied on).
 //!
 //! Growth: once 40% of the current generation's slots are in use ([`GROW_AT_SLOTS_PERCENT`];
 //! 30% from the first time the table's writes outran a growth on,
 //! [`EAGER_GROW_AT_SLOTS_PERCENT`]), or three quarters of its string heap
 //! ([`GROW_AT_HEAP_PERCENT`]), the change that noticed it hands out a [`Growth`], and a
-//! background thread builds the next,
-//! larger generation from the index without the lock ([`InstanceTable::build_grown`]) while
-//! changes keep going to the current one and are noted; [`InstanceTable::install_grown`]
-//! then republishes the noted keys into the new generation from their entries of that
-//! moment and flips to it under the lock. A change that runs out of room while a growth is
-//! under way waits for that growth's end (its keys are noted, so the install publishes
-//! them) and then publishes into the grown generation: it waits for the rest of one build,
-//! never does a second one beside it. A change rebuilds the generation in its call only
-//! when it runs out with no growth under way (one change jumped past the threshold, or the
-//! growth ended without installing), or after [`GROWTH_WAIT`].
+//! background thread builds the next, larger generation from the index without the lock
+//! ([`InstanceTable::build_grown`]) while changes keep going to the current one and are
+//! noted; [`InstanceTable::install_grown`] then republishes the noted keys into the new
+//! generation from their entries of that moment and flips to it under the lock. A change
+//! that runs out of room while a growth is under way waits for that growth's end (its keys
+//! are noted, so the install publishes them) and then publishes into the grown generation:
+//! it waits for the rest of one build, never does a second one beside it. A generation is
+//! rebuilt inside a call only when a change runs out with no growth under way (one change
+//! jumped past the threshold, or the growth ended without installing), when the build it
+//! waits for stops advancing for [`GROWTH_STALL`], or when a new availability block does
+//! not fit ([`InstanceTable::refresh_availability`]); such a rebuild supersedes the growth
+//! under way, whose build then stops.
 //!
 //! Invariants:
 //! - the table holds exactly the SERVING locations the index holds, as of the last change
@@ -66,10 +70,15 @@ const GROW_AT_SLOTS_PERCENT: u64 = 40;
 const EAGER_GROW_AT_SLOTS_PERCENT: u64 = 30;
 /// Percent of a generation's string heap written at which it grows in the background.
 const GROW_AT_HEAP_PERCENT: usize = 75;
-/// Longest wait of a change that ran out for the growth under way; past it the change
-/// rebuilds in its call (a guard: every growth ends by installing, being superseded or being
-/// abandoned, and wakes its waiters).
-const GROWTH_WAIT: Duration = Duration::from_secs(30);
+/// Longest a change that ran out waits for the growth under way while its build does not
+/// advance by one page of keys (~3.5 ms of work); past it the change rebuilds in its call (a
+/// guard against a stuck build: every growth ends by installing, being superseded or being
+/// abandoned, and wakes its waiters). 200 ms in unit tests, which stall a growth on purpose.
+const GROWTH_STALL: Duration = if cfg!(test) {
+    Duration::from_millis(200)
+} else {
+    Duration::from_secs(10)
+};
 
 /// One generation with its registrations (one per wire).
 struct Published {
@@ -103,10 +112,23 @@ struct State {
     grow_at_slots_percent: u64,
 }
 
-/// A growth under way: which one, and the keys changed since it began.
+/// A growth under way: which one, the keys changed since it began, and how far its build
+/// got.
 struct Growing {
     id: u64,
     changed: HashSet<BlockKey>,
+    /// Pages of keys its build has started.
+    pages: u64,
+}
+
+impl State {
+    /// How far growth `id` got, while it is the one under way.
+    fn progress_of(&self, id: u64) -> Option<u64> {
+        self.growing
+            .as_ref()
+            .filter(|g| g.id == id)
+            .map(|g| g.pages)
+    }
 }
 
 /// A growth to run outside the table's lock: build the next generation with
@@ -297,11 +319,17 @@ impl InstanceTable {
                 Err(other) => return Err(other),
             };
             // The growth under way publishes these keys (noted above) at its install; then
-            // they are published again into the grown generation.
+            // they are published again into the grown generation. Writes outran a build:
+            // this table's next growths start earlier.
             if let Some(id) = state.growing.as_ref().map(|g| g.id) {
-                let waited;
-                (state, waited) = self.wait_for_growth(state, id);
-                if waited {
+                state.waited_for_growth += 1;
+                state.grow_at_slots_percent = EAGER_GROW_AT_SLOTS_PERCENT;
+                let waits = state.waited_for_growth;
+                tracing::debug!(instance = %self.instance_id, waits,
+                    "lookup table ran out: waiting for its growth");
+                let (guard, ended) = self.wait_for_growth(state, id);
+                state = guard;
+                if ended {
                     continue;
                 }
             }
@@ -317,28 +345,26 @@ impl InstanceTable {
         Ok(growth_due(&mut state))
     }
 
-    /// Waits, without the lock, until growth `id` ended; false when it did not within
-    /// [`GROWTH_WAIT`].
+    /// Waits, with the lock released meanwhile, until growth `id` ended; false when its
+    /// build stopped advancing (not one page of keys in [`GROWTH_STALL`]).
     fn wait_for_growth<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
         id: u64,
     ) -> (MutexGuard<'a, State>, bool) {
-        state.waited_for_growth += 1;
-        state.grow_at_slots_percent = EAGER_GROW_AT_SLOTS_PERCENT;
-        let waits = state.waited_for_growth;
-        tracing::debug!(instance = %self.instance_id, waits,
-            "lookup table ran out: waiting for its growth");
-        let under_way = |state: &mut State| state.growing.as_ref().is_some_and(|g| g.id == id);
-        let (state, timeout) = self
-            .growth_ended
-            .wait_timeout_while(state, GROWTH_WAIT, under_way)
-            .unwrap_or_else(PoisonError::into_inner);
-        if timeout.timed_out() {
-            tracing::warn!(instance = %self.instance_id, wait = ?GROWTH_WAIT,
-                "lookup table growth did not end in time: rebuilding in the call");
+        while let Some(before) = state.progress_of(id) {
+            state = self
+                .growth_ended
+                .wait_timeout_while(state, GROWTH_STALL, |s| s.progress_of(id).is_some())
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if state.progress_of(id) == Some(before) {
+                tracing::warn!(instance = %self.instance_id, stall = ?GROWTH_STALL,
+                    "lookup table growth stopped advancing: rebuilding in the call");
+                return (state, false);
+            }
         }
-        (state, !timeout.timed_out())
+        (state, true)
     }
 
     /// Ends the growth under way, if any, and wakes the changes waiting for it.
@@ -359,8 +385,9 @@ impl InstanceTable {
     ) -> Result<Grown, LookupError> {
         let availability = self.lock().availability.clone();
         let under_way = || {
-            let state = self.lock();
-            state.growing.as_ref().is_some_and(|g| g.id == growth.id)
+            let mut state = self.lock();
+            let growing = state.growing.as_mut().filter(|g| g.id == growth.id);
+            growing.map(|g| g.pages += 1).is_some()
         };
         let (next, sizes) = build(
             manager,
@@ -408,13 +435,19 @@ impl InstanceTable {
                 .set_availability(&state.availability)
                 .map_err(LookupError::from);
         }
-        match caught_up {
-            Ok(()) => self.flip(&mut state, next, sizes)?,
+        let installed = match caught_up {
+            Ok(()) => self.flip(&mut state, next, sizes),
             Err(LookupError::Format(FormatError::Full(full))) => {
                 let sizes = sizes.after_full(&next.generation, full);
-                self.rebuild_at(&mut state, manager, instance, sizes)?
+                self.rebuild_at(&mut state, manager, instance, sizes)
             }
-            Err(other) => return Err(other),
+            Err(other) => Err(other),
+        };
+        if let Err(error) = installed {
+            // The caller drops the table (and retires it again, logging a failure); retired
+            // now, the woken waiters leave it as it is instead of rebuilding it.
+            let _also_retired_by_the_caller = self.retire_locked(&mut state);
+            return Err(error);
         }
         Ok(true)
     }
@@ -423,7 +456,7 @@ impl InstanceTable {
     /// never started; a later change hands out a new one).
     pub fn abandon_growth(&self, growth: &Growth) {
         let mut state = self.lock();
-        if state.growing.as_ref().is_some_and(|g| g.id == growth.id) {
+        if state.progress_of(growth.id).is_some() {
             self.end_growth(&mut state);
         }
     }
@@ -525,10 +558,13 @@ impl InstanceTable {
 
     /// Retires the whole table (the instance was removed): readers refuse it from now on.
     pub fn retire(&self) -> Result<(), LookupError> {
-        let mut state = self.lock();
+        self.retire_locked(&mut self.lock())
+    }
+
+    fn retire_locked(&self, state: &mut State) -> Result<(), LookupError> {
         state.retired = true;
         state.published = false;
-        self.end_growth(&mut state);
+        self.end_growth(state);
         seqlock::retire(&self.header, 0, HEADER_BLOCK)?;
         state.current.generation.retire()?;
         Ok(())
@@ -754,6 +790,7 @@ fn growth_due(state: &mut State) -> Option<Growth> {
     state.growing = Some(Growing {
         id: state.growths,
         changed: HashSet::new(),
+        pages: 0,
     });
     Some(Growth {
         id: state.growths,
@@ -1041,7 +1078,12 @@ mod tests {
                 .build_grown(&manager, &instance, &growth)
                 .expect("build");
             // Install only once the writer ran out and waits (or, wrongly, finished).
+            let deadline = Instant::now() + Duration::from_secs(60);
             while table.lock().waited_for_growth == 0 && !writer.is_finished() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the writer neither waits nor ends"
+                );
                 std::thread::yield_now();
             }
             assert!(table
@@ -1060,6 +1102,32 @@ mod tests {
         drop(state);
         for key in 1..=last {
             assert_eq!(is_published(&table, key), key < last, "key {key}");
+        }
+    }
+
+    #[test]
+    fn a_change_waiting_for_a_growth_whose_build_does_not_advance_rebuilds_in_its_call() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (manager, instance, table) = setup(dir.path());
+        let mut next: BlockKey = 1;
+        // Handed out and never built: the waiter sees no progress for GROWTH_STALL.
+        let stuck = write_until_growth(&manager, &instance, &table, &mut next);
+        let epoch = table.lock().epoch;
+        while table.lock().rebuilt_in_call == 0 {
+            let keys: Vec<BlockKey> = (next..next + 8).collect();
+            next += 8;
+            assert!(write(&manager, &instance, &table, &keys).is_none());
+        }
+        let state = table.lock();
+        assert_eq!(state.waited_for_growth, 1, "it waited once, then rebuilt");
+        assert_eq!(state.epoch, epoch + 1, "the rebuilt generation is current");
+        drop(state);
+        assert!(matches!(
+            table.build_grown(&manager, &instance, &stuck),
+            Err(LookupError::GrowthSuperseded)
+        ));
+        for key in 1..next {
+            assert!(is_published(&table, key), "key {key}");
         }
     }
 

@@ -21,7 +21,10 @@ const PUBLISH_PAGE: usize = 1024;
 
 /// The receiver of publication events.
 pub trait Publication: Send + Sync {
-    /// Locations of `keys` entered or left SERVING.
+    /// Locations of `keys` entered or left SERVING. May block for as long as a lookup
+    /// table build (a change that finds its table full waits for the table's growth, which
+    /// reads the index and the storages from another thread), so the manager calls it with
+    /// no index, registry or storage lock held.
     fn keys_changed(&self, instance: &Instance, keys: &[BlockKey]);
     /// Storages, their availability or groups' candidates may have changed.
     fn storages_changed(&self);
