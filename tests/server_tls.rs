@@ -495,7 +495,7 @@ async fn a_revoked_client_certificate_is_refused_and_a_new_revocation_list_appli
         "a certificate not revoked"
     );
     assert!(call(Some(&revoked)).await.is_err(), "a revoked certificate");
-    let stranger = partner.sign_numbered("engine-3", 2);
+    let stranger = partner.sign_numbered("engine-3", 3);
     assert!(
         call(Some(&stranger)).await.is_err(),
         "a certificate of a CA without a revocation list: its status is unknown"
@@ -517,18 +517,24 @@ async fn a_revoked_client_certificate_is_refused_and_a_new_revocation_list_appli
     })
     .await;
     assert!(applied.is_some(), "the newer revocation list is in force");
-    // A broken list is ignored: the one in force stays.
-    replace(&crl, "not a CRL");
-    let warned = wait_until(Duration::from_secs(10), async || {
-        let _ = call(Some(&kept)).await;
-        server
-            .log()
-            .contains("TLS client CA not reloaded")
-            .then_some(())
-    })
-    .await;
-    assert!(warned.is_some(), "{}", server.log());
-    assert!(call(Some(&kept)).await.is_err(), "still revoked");
+    // A broken list, or a newer one appended to the old (the verifier would use the first
+    // of a CA's lists), is not loaded: the list in force stays.
+    let appended = format!(
+        "{}{}",
+        ours.revocation_list(2, &[1, 2]),
+        ours.revocation_list(3, &[])
+    );
+    for (refusals, text) in [(1, appended.as_str()), (2, "not a CRL")] {
+        replace(&crl, text);
+        let warned = wait_until(Duration::from_secs(10), async || {
+            let _ = call(Some(&kept)).await;
+            let log = server.log();
+            (log.matches("TLS client CA not reloaded").count() >= refusals).then_some(())
+        })
+        .await;
+        assert!(warned.is_some(), "{}", server.log());
+        assert!(call(Some(&kept)).await.is_err(), "still revoked");
+    }
     replace(&crl, &ours.revocation_list(3, &[]));
     let restored = wait_until(Duration::from_secs(10), async || {
         (call(Some(&kept)).await == Ok(200)).then_some(())

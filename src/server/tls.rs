@@ -172,19 +172,67 @@ fn client_verifier(
     for cert in read_certs(key, ca)? {
         roots.add(cert).map_err(|e| file_error(key, ca, e.into()))?;
     }
+    let crl_key = "kvcm.tls.client_crl_file";
+    let crls = match crl {
+        Some(path) => {
+            let crls = read_crls(crl_key, path)?;
+            check_issuers(&crls, &roots).map_err(|e| file_error(crl_key, path, e.into()))?;
+            Some((path, crls))
+        }
+        None => None,
+    };
     let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-    let Some(crl) = crl else {
+    let Some((crl, crls)) = crls else {
         return builder.build().map_err(|e| file_error(key, ca, e.into()));
     };
-    let crl_key = "kvcm.tls.client_crl_file";
     builder
-        .with_crls(read_crls(crl_key, crl)?)
+        .with_crls(crls)
         .only_check_end_entity_revocation()
         .build()
         .map_err(|e| match e {
             VerifierBuilderError::InvalidCrl(_) => file_error(crl_key, crl, e.into()),
             other => file_error(key, ca, other.into()),
         })
+}
+
+/// Why revocation lists do not fit the client CAs.
+#[derive(Debug, thiserror::Error)]
+enum IssuerError {
+    /// A list does not decode.
+    #[error("list {0}: {1}")]
+    Decode(usize, webpki::Error),
+    /// A list's issuer is none of the client CAs.
+    #[error("list {0} is of a CA that is not in kvcm.tls.client_ca_file")]
+    UnknownIssuer(usize),
+    /// Two lists of one CA (the verifier would use the first, however old).
+    #[error("lists {0} and {1} are of the same CA: keep only its newest")]
+    Duplicate(usize, usize),
+}
+
+/// Checks that every list (numbered from 1 in the file) is of one of the client CAs, and
+/// that no CA has two. The lists' signatures are checked at each handshake, not here.
+fn check_issuers(
+    crls: &[CertificateRevocationListDer<'_>],
+    roots: &rustls::RootCertStore,
+) -> Result<(), IssuerError> {
+    let mut issuers: Vec<Vec<u8>> = Vec::with_capacity(crls.len());
+    for (index, der) in crls.iter().enumerate() {
+        let list = webpki::OwnedCertRevocationList::from_der(der)
+            .map_err(|e| IssuerError::Decode(index + 1, e))?;
+        let issuer = webpki::CertRevocationList::from(list).issuer().to_vec();
+        if !roots
+            .roots
+            .iter()
+            .any(|root| root.subject.as_ref() == issuer)
+        {
+            return Err(IssuerError::UnknownIssuer(index + 1));
+        }
+        if let Some(first) = issuers.iter().position(|seen| *seen == issuer) {
+            return Err(IssuerError::Duplicate(first + 1, index + 1));
+        }
+        issuers.push(issuer);
+    }
+    Ok(())
 }
 
 /// A PEM file that holds no certificate revocation list.
@@ -461,32 +509,69 @@ pub async fn open(tls: Option<&Tls>, io: Admitted) -> io::Result<Conn> {
 
 #[cfg(test)]
 mod tests {
+    use rcgen::{CertificateRevocationListParams, CertifiedIssuer, KeyPair, SerialNumber};
+
     use super::*;
 
-    #[test]
-    fn a_revocation_list_that_does_not_load_is_refused_naming_its_key() {
-        let dir = tempfile::tempdir().expect("dir");
+    fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let key = rcgen::KeyPair::generate().expect("key");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA")
+    }
+
+    /// An empty revocation list of `issuer`, in PEM.
+    fn revocation_list(issuer: &CertifiedIssuer<'static, KeyPair>, number: u8) -> String {
+        let params = CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2026, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: SerialNumber::from_slice(&[number]),
+            issuing_distribution_point: None,
+            revoked_certs: Vec::new(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        let list = params.signed_by(issuer).expect("CRL");
+        list.pem().expect("PEM")
+    }
+
+    #[test]
+    fn revocation_lists_that_do_not_load_or_do_not_fit_the_client_cas_are_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (ours, stranger) = (authority("client CA"), authority("another CA"));
         let ca = dir.path().join("ca.pem");
-        std::fs::write(&ca, params.self_signed(&key).expect("CA").pem()).expect("write");
+        std::fs::write(&ca, ours.pem()).expect("write");
         let crl = dir.path().join("revoked.pem");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let broken = [
-            "",
-            "not a CRL",
-            "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+        let (first, newer) = (revocation_list(&ours, 1), revocation_list(&ours, 2));
+        let refused = [
+            ("", "no PEM certificate revocation list"),
+            ("not a CRL", "no PEM certificate revocation list"),
+            (
+                "-----BEGIN X509 CRL-----\nAAAA\n-----END X509 CRL-----\n",
+                "list 1",
+            ),
+            (
+                &revocation_list(&stranger, 1),
+                "not in kvcm.tls.client_ca_file",
+            ),
+            (
+                &format!("{first}{newer}"),
+                "lists 1 and 2 are of the same CA",
+            ),
         ];
-        for text in broken {
+        for (text, says) in refused {
             std::fs::write(&crl, text).expect("write");
-            let refused = client_verifier(&ca, Some(&crl), provider.clone()).err();
-            let message = refused.map(|e| e.to_string()).unwrap_or_default();
+            let refusal = client_verifier(&ca, Some(&crl), provider.clone()).err();
+            let message = refusal.map(|e| e.to_string()).unwrap_or_default();
             assert!(
-                message.contains("kvcm.tls.client_crl_file"),
+                message.contains("kvcm.tls.client_crl_file") && message.contains(says),
                 "{text:?}: {message:?}"
             );
         }
+        std::fs::write(&crl, newer).expect("write");
+        assert!(client_verifier(&ca, Some(&crl), provider.clone()).is_ok());
         assert!(client_verifier(&ca, None, provider).is_ok());
     }
 }
