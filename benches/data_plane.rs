@@ -58,12 +58,12 @@ fn post(port: u16, rpc: &str, body: Value) -> Value {
     kvcm::http_json::post_json(local(port), &route, &body, Duration::from_secs(10)).unwrap()
 }
 
-/// `kvcm serve --pool-size 1G`, a file-only group `files`, and one instance per block size
-/// on each: (process, gRPC port, meta HTTP port, data dir).
-fn start_server(sizes: &[usize]) -> (Process, u16, u16, tempfile::TempDir) {
+/// `kvcm serve --pool-size 1G` (its region backed at start when `prefault`), a file-only
+/// group `files`, and one instance per block size on each: (process, gRPC port, meta HTTP
+/// port, data dir).
+fn start_server(sizes: &[usize], prefault: bool) -> (Process, u16, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (grpc, http, admin) = (free_port(), free_port(), free_port());
-    let prefault = std::env::var("KVCM_BENCH_PREFAULT").as_deref() == Ok("1");
     let child = Command::new(env!("CARGO_BIN_EXE_kvcm"))
         .args(["serve", "--pool-size", "1G", "--data-dir"])
         .arg(dir.path())
@@ -287,10 +287,12 @@ fn main() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(5);
     let sizes = [64 << 10, 1 << 20, 4 << 20];
-    let (_server, grpc, http, _dir) = start_server(&sizes);
-    let pool = match std::env::var("KVCM_BENCH_PREFAULT").as_deref() {
-        Ok("1") => "pool region prefaulted",
-        _ => "pool region backed as blocks land",
+    let prefault = std::env::var("KVCM_BENCH_PREFAULT").as_deref() == Ok("1");
+    let (_server, grpc, http, _dir) = start_server(&sizes, prefault);
+    let pool = if prefault {
+        "pool region prefaulted"
+    } else {
+        "pool region backed as blocks land"
     };
     println!(
         "data plane, batches of {BATCH} blocks, best of {rounds} rounds (GB/s; ratio to the floor; {pool})"
