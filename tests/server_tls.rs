@@ -187,6 +187,25 @@ async fn grpc_tls(
     Ok(MetaServiceClient::new(endpoint.connect().await?))
 }
 
+/// Whether a meta gRPC call fails on this connection attempt (no channel, or no answer).
+async fn grpc_refused(
+    channel: Result<MetaServiceClient<Channel>, tonic::transport::Error>,
+) -> bool {
+    match channel {
+        Err(_) => true,
+        Ok(mut client) => client
+            .get_cluster_info(meta::GetClusterInfoRequest::default())
+            .await
+            .is_err(),
+    }
+}
+
+/// GetCacheLocation over HTTPS at `http` (trusting `ca`), as `identity` when given: the status.
+async fn lookup_as(http: SocketAddr, ca: &str, identity: Option<&Pem>) -> Result<u16, String> {
+    let body = r#"{"instance_id":"none","block_keys":[1]}"#;
+    https(http, "POST", "/api/getCacheLocation", body, ca, identity).await
+}
+
 fn rustls_client(ca: &str, identity: Option<&Pem>) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
@@ -326,14 +345,7 @@ async fn grpc_and_http_speak_tls_only_and_a_renewed_certificate_is_served_withou
     assert_eq!(common::grpc_code(&answer.header), meta::ErrorCode::Ok);
     // Plaintext gRPC gets no answer.
     let plain = MetaServiceClient::connect(format!("http://{}", server.address("grpc"))).await;
-    let refused = match plain {
-        Err(_) => true,
-        Ok(mut client) => client
-            .get_cluster_info(meta::GetClusterInfoRequest::default())
-            .await
-            .is_err(),
-    };
-    assert!(refused, "plaintext gRPC is refused");
+    assert!(grpc_refused(plain).await, "plaintext gRPC is refused");
 
     // Every HTTP listener over TLS; plaintext HTTP gets no HTTP answer.
     let body = r#"{"instance_id":"tls-instance","block_keys":[1]}"#;
@@ -400,12 +412,8 @@ async fn mutual_tls_demands_a_client_certificate_of_the_configured_ca() {
     let server = start(&files.settings(true)).await;
     let (engine, impostor) = (ours.sign(&["engine-1"]), rogue.sign(&["engine-1"]));
     let http = server.address("http");
-    let body = r#"{"instance_id":"none","block_keys":[1]}"#;
     let server_ca_pem = server_ca.pem();
-    let call = |identity| {
-        let path = "/api/getCacheLocation";
-        https(http, "POST", path, body, &server_ca_pem, identity)
-    };
+    let call = |identity| lookup_as(http, &server_ca_pem, identity);
     assert_eq!(
         call(Some(&engine)).await,
         Ok(200),
@@ -427,14 +435,11 @@ async fn mutual_tls_demands_a_client_certificate_of_the_configured_ca() {
         .expect("call")
         .into_inner();
     assert_eq!(common::grpc_code(&registered.header), meta::ErrorCode::Ok);
-    let anonymous = match grpc_tls(grpc, &server_ca.pem(), None).await {
-        Err(_) => true,
-        Ok(mut client) => client
-            .get_cluster_info(meta::GetClusterInfoRequest::default())
-            .await
-            .is_err(),
-    };
-    assert!(anonymous, "gRPC without a client certificate is refused");
+    let anonymous = grpc_tls(grpc, &server_ca.pem(), None).await;
+    assert!(
+        grpc_refused(anonymous).await,
+        "gRPC without a client certificate is refused"
+    );
 
     // A new client CA replaces the old one without a restart.
     let renewed = Authority::new("renewed client CA");
@@ -483,12 +488,8 @@ async fn a_revoked_client_certificate_is_refused_and_a_new_revocation_list_appli
         ours.sign_numbered("engine-2", 2),
     );
     let http = server.address("http");
-    let body = r#"{"instance_id":"none","block_keys":[1]}"#;
     let server_ca_pem = server_ca.pem();
-    let call = |identity| {
-        let path = "/api/getCacheLocation";
-        https(http, "POST", path, body, &server_ca_pem, identity)
-    };
+    let call = |identity| lookup_as(http, &server_ca_pem, identity);
     assert_eq!(
         call(Some(&kept)).await,
         Ok(200),
@@ -501,14 +502,11 @@ async fn a_revoked_client_certificate_is_refused_and_a_new_revocation_list_appli
         "a certificate of a CA without a revocation list: its status is unknown"
     );
     let grpc = server.address("grpc");
-    let refused = match grpc_tls(grpc, &server_ca.pem(), Some(&revoked)).await {
-        Err(_) => true,
-        Ok(mut client) => client
-            .get_cluster_info(meta::GetClusterInfoRequest::default())
-            .await
-            .is_err(),
-    };
-    assert!(refused, "gRPC with a revoked certificate is refused");
+    let channel = grpc_tls(grpc, &server_ca.pem(), Some(&revoked)).await;
+    assert!(
+        grpc_refused(channel).await,
+        "gRPC with a revoked certificate is refused"
+    );
 
     // A newer list that revokes the other one too applies without a restart.
     replace(&crl, &ours.revocation_list(2, &[1, 2]));

@@ -957,12 +957,42 @@ mod tests {
         panic!("no growth after {next} keys");
     }
 
-    #[test]
-    fn a_nearly_full_table_grows_aside_and_keeps_the_changes_made_during_the_build() {
+    /// A table written until a change handed out its first growth (not run).
+    struct NearlyFull {
+        _dir: tempfile::TempDir,
+        manager: Arc<Manager>,
+        instance: Arc<Instance>,
+        table: InstanceTable,
+        /// The first key not written.
+        next: BlockKey,
+        growth: Growth,
+    }
+
+    fn nearly_full() -> NearlyFull {
         let dir = tempfile::tempdir().expect("tempdir");
         let (manager, instance, table) = setup(dir.path());
         let mut next: BlockKey = 1;
         let growth = write_until_growth(&manager, &instance, &table, &mut next);
+        NearlyFull {
+            _dir: dir,
+            manager,
+            instance,
+            table,
+            next,
+            growth,
+        }
+    }
+
+    #[test]
+    fn a_nearly_full_table_grows_aside_and_keeps_the_changes_made_during_the_build() {
+        let NearlyFull {
+            _dir,
+            manager,
+            instance,
+            table,
+            next,
+            growth,
+        } = nearly_full();
         let (epoch, sizes) = {
             let state = table.lock();
             (state.epoch, state.sizes)
@@ -1009,10 +1039,14 @@ mod tests {
 
     #[test]
     fn a_growth_superseded_by_a_rebuild_or_a_retirement_is_dropped() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (manager, instance, table) = setup(dir.path());
-        let mut next: BlockKey = 1;
-        let growth = write_until_growth(&manager, &instance, &table, &mut next);
+        let NearlyFull {
+            _dir,
+            manager,
+            instance,
+            table,
+            mut next,
+            growth,
+        } = nearly_full();
         let grown = table
             .build_grown(&manager, &instance, &growth)
             .expect("build");
@@ -1046,10 +1080,14 @@ mod tests {
 
     #[test]
     fn a_change_that_runs_out_during_a_growth_waits_for_it_instead_of_rebuilding() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (manager, instance, table) = setup(dir.path());
-        let mut next: BlockKey = 1;
-        let growth = write_until_growth(&manager, &instance, &table, &mut next);
+        let NearlyFull {
+            _dir,
+            manager,
+            instance,
+            table,
+            next,
+            growth,
+        } = nearly_full();
         let (epoch, slots) = {
             let state = table.lock();
             let layout = state.current.generation.layout();
@@ -1107,11 +1145,15 @@ mod tests {
 
     #[test]
     fn a_change_waiting_for_a_growth_whose_build_does_not_advance_rebuilds_in_its_call() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (manager, instance, table) = setup(dir.path());
-        let mut next: BlockKey = 1;
         // Handed out and never built: the waiter sees no progress for GROWTH_STALL.
-        let stuck = write_until_growth(&manager, &instance, &table, &mut next);
+        let NearlyFull {
+            _dir,
+            manager,
+            instance,
+            table,
+            mut next,
+            growth: stuck,
+        } = nearly_full();
         let epoch = table.lock().epoch;
         while table.lock().rebuilt_in_call == 0 {
             let keys: Vec<BlockKey> = (next..next + 8).collect();

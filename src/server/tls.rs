@@ -244,13 +244,7 @@ fn read_crls(
     key: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
-    let crls = CertificateRevocationListDer::pem_file_iter(path)
-        .and_then(|crls| crls.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| file_error(key, path, e.into()))?;
-    if crls.is_empty() {
-        return Err(file_error(key, path, NoRevocationList.into()));
-    }
-    Ok(crls)
+    read_pem(key, path, || NoRevocationList.into())
 }
 
 fn file_error(key: &'static str, path: &Path, source: Cause) -> TlsError {
@@ -262,13 +256,23 @@ fn file_error(key: &'static str, path: &Path, source: Cause) -> TlsError {
 }
 
 fn read_certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+    read_pem(key, path, || NoCertificate.into())
+}
+
+/// Every PEM item of type `T` in the file `path` (of config key `key`); none is the error
+/// `nothing` gives.
+fn read_pem<T: PemObject>(
+    key: &'static str,
+    path: &Path,
+    nothing: impl FnOnce() -> Cause,
+) -> Result<Vec<T>, TlsError> {
+    let items = T::pem_file_iter(path)
+        .and_then(|items| items.collect::<Result<Vec<_>, _>>())
         .map_err(|e| file_error(key, path, e.into()))?;
-    if certs.is_empty() {
-        return Err(file_error(key, path, NoCertificate.into()));
+    if items.is_empty() {
+        return Err(file_error(key, path, nothing()));
     }
-    Ok(certs)
+    Ok(items)
 }
 
 /// The certificate and key of the files, as rustls signs with them.
