@@ -439,7 +439,7 @@ fn a_prefaulted_pool_node_holds_its_whole_region_from_the_start() {
         "lazy: {} B resident",
         lazy.resident_shared_bytes()
     );
-    // Blocks land on both nodes and read back byte for byte.
+    // Blocks land on the pool and read back byte for byte.
     let keys: Vec<i64> = (1..=64).collect();
     round_trip_by(&server, (Wire::Shm, TransferPath::PoolSoftShm), &keys);
     drop((lazy, backed));

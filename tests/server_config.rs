@@ -36,7 +36,7 @@ async fn env_overrides_the_toml_file_and_variables_override_env() {
 #[test]
 fn invalid_settings_stop_the_start_with_the_key_named() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (
             &["--env", "kvcm.service.rpc_port=99999"],
             "kvcm.service.rpc_port",
@@ -71,6 +71,8 @@ fn invalid_settings_stop_the_start_with_the_key_named() {
             ],
             "kvcm.service.http_port",
         ),
+        // A prefault of an embedded pool node that is not there.
+        (&["--env", "kvcm.pool.prefault=true"], "kvcm.pool.prefault"),
         // TLS files that are missing, or hold no certificate.
         (
             &[

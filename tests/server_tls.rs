@@ -539,6 +539,13 @@ async fn a_revoked_client_certificate_is_refused_and_a_new_revocation_list_appli
     })
     .await;
     assert!(restored.is_some(), "an empty list revokes nothing");
+    // A CA taken out of the client CA file is untrusted at once, its list left behind.
+    replace(&files.client_ca, &partner.pem());
+    let untrusted = wait_until(Duration::from_secs(10), async || {
+        call(Some(&kept)).await.is_err().then_some(())
+    })
+    .await;
+    assert!(untrusted.is_some(), "{}", server.log());
 }
 
 /// The `header.status.code` of a JSON answer.

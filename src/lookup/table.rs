@@ -73,12 +73,9 @@ const GROW_AT_HEAP_PERCENT: usize = 75;
 /// Longest a change that ran out waits for the growth under way while its build does not
 /// advance by one page of keys (~3.5 ms of work); past it the change rebuilds in its call (a
 /// guard against a stuck build: every growth ends by installing, being superseded or being
-/// abandoned, and wakes its waiters). 200 ms in unit tests, which stall a growth on purpose.
-const GROWTH_STALL: Duration = if cfg!(test) {
-    Duration::from_millis(200)
-} else {
-    Duration::from_secs(10)
-};
+/// abandoned, and wakes its waiters). The table keeps it in [`InstanceTable::growth_stall`]
+/// (a test shortens it).
+const GROWTH_STALL: Duration = Duration::from_secs(10);
 
 /// One generation with its registrations (one per wire).
 struct Published {
@@ -129,6 +126,13 @@ impl State {
             .filter(|g| g.id == id)
             .map(|g| g.pages)
     }
+
+    /// Counts a page of growth `id`'s build; false when that growth is no longer under
+    /// way (the build stops).
+    fn page_started(&mut self, id: u64) -> bool {
+        let growing = self.growing.as_mut().filter(|g| g.id == id);
+        growing.map(|g| g.pages += 1).is_some()
+    }
 }
 
 /// A growth to run outside the table's lock: build the next generation with
@@ -162,6 +166,8 @@ pub struct InstanceTable {
     state: Mutex<State>,
     /// Signalled when the growth under way ends (installed, superseded, abandoned).
     growth_ended: Condvar,
+    /// [`GROWTH_STALL`].
+    growth_stall: Duration,
 }
 
 /// What a reader needs to find a table: per wire, the header's address and rkey.
@@ -231,6 +237,7 @@ impl InstanceTable {
                 grow_at_slots_percent: GROW_AT_SLOTS_PERCENT,
             }),
             growth_ended: Condvar::new(),
+            growth_stall: GROWTH_STALL,
         })
     }
 
@@ -355,11 +362,11 @@ impl InstanceTable {
         while let Some(before) = state.progress_of(id) {
             state = self
                 .growth_ended
-                .wait_timeout_while(state, GROWTH_STALL, |s| s.progress_of(id).is_some())
+                .wait_timeout_while(state, self.growth_stall, |s| s.progress_of(id).is_some())
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
             if state.progress_of(id) == Some(before) {
-                tracing::warn!(instance = %self.instance_id, stall = ?GROWTH_STALL,
+                tracing::warn!(instance = %self.instance_id, stall = ?self.growth_stall,
                     "lookup table growth stopped advancing: rebuilding in the call");
                 return (state, false);
             }
@@ -384,11 +391,7 @@ impl InstanceTable {
         growth: &Growth,
     ) -> Result<Grown, LookupError> {
         let availability = self.lock().availability.clone();
-        let under_way = || {
-            let mut state = self.lock();
-            let growing = state.growing.as_mut().filter(|g| g.id == growth.id);
-            growing.map(|g| g.pages += 1).is_some()
-        };
+        let under_way = || self.lock().page_started(growth.id);
         let (next, sizes) = build(
             manager,
             instance,
@@ -408,7 +411,8 @@ impl InstanceTable {
 
     /// Brings `grown` up to date (the keys changed during its build, the availability) and
     /// makes it the current generation; false when its growth was superseded (a rebuild in a
-    /// call, the table retired) and it was dropped.
+    /// call, the table retired) and it was dropped. On an error the table is retired (the
+    /// caller drops it).
     pub fn install_grown(
         &self,
         manager: &Manager,
@@ -446,7 +450,10 @@ impl InstanceTable {
         if let Err(error) = installed {
             // The caller drops the table (and retires it again, logging a failure); retired
             // now, the woken waiters leave it as it is instead of rebuilding it.
-            let _also_retired_by_the_caller = self.retire_locked(&mut state);
+            if let Err(also) = self.retire_locked(&mut state) {
+                tracing::warn!(instance = %self.instance_id, error = %also,
+                    "retiring a lookup table whose growth failed");
+            }
             return Err(error);
         }
         Ok(true)
@@ -725,6 +732,8 @@ fn build(
             Err(other) => return Err(other.into()),
         };
         match fill(&mut generation, manager, instance, wanted) {
+            // A superseded build is not registered.
+            Ok(()) if !wanted() => return Err(LookupError::GrowthSuperseded),
             Ok(()) => {
                 let regions = register_all(domains, generation.memory(), len)?;
                 return Ok((
@@ -1145,21 +1154,28 @@ mod tests {
 
     #[test]
     fn a_change_waiting_for_a_growth_whose_build_does_not_advance_rebuilds_in_its_call() {
-        // Handed out and never built: the waiter sees no progress for GROWTH_STALL.
+        // Handed out and never built: the waiter sees no progress for the stall limit.
         let NearlyFull {
             _dir,
             manager,
             instance,
-            table,
+            mut table,
             mut next,
             growth: stuck,
         } = nearly_full();
+        table.growth_stall = Duration::from_millis(200);
         let epoch = table.lock().epoch;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut slowest = Duration::ZERO;
         while table.lock().rebuilt_in_call == 0 {
+            assert!(Instant::now() < deadline, "no rebuild after {next} keys");
             let keys: Vec<BlockKey> = (next..next + 8).collect();
             next += 8;
+            let began = Instant::now();
             assert!(write(&manager, &instance, &table, &keys).is_none());
+            slowest = slowest.max(began.elapsed());
         }
+        assert!(slowest >= table.growth_stall, "it waited: {slowest:?}");
         let state = table.lock();
         assert_eq!(state.waited_for_growth, 1, "it waited once, then rebuilt");
         assert_eq!(state.epoch, epoch + 1, "the rebuilt generation is current");

@@ -132,6 +132,9 @@ impl PoolConfig {
                 kvcm_storage::pool::MAX_NODE_CAPACITY
             ));
         }
+        if self.embedded_prefault && self.embedded_size == 0 {
+            return Err("kvcm.pool.prefault needs kvcm.pool.size (an embedded pool node)".into());
+        }
         Ok(())
     }
 }

@@ -1,5 +1,5 @@
 //! A pool node's region: one memory (a memfd mapping, backed lazily page by page as
-//! blocks are written; on 2 MiB hugetlb pages when the size is a multiple of 2 MiB and the
+//! blocks are written, or wholly at start with `--prefault`; on 2 MiB hugetlb pages when the size is a multiple of 2 MiB and the
 //! kernel has that many free, on regular pages otherwise, and the node says which) registered for remote reads and writes on a soft-TCP and a
 //! soft-shm domain (and a verbs one when the node is given an RDMA device), the node's current incarnation (`range_id`) and, when its server
 //! demands tickets, the incarnation's ticket key (`super::ticket`), and the connected queue

@@ -190,47 +190,53 @@ fn client_verifier(
         .only_check_end_entity_revocation()
         .build()
         .map_err(|e| match e {
+            // Not expected: `check_issuers` decoded every list as rustls does.
             VerifierBuilderError::InvalidCrl(_) => file_error(crl_key, crl, e.into()),
             other => file_error(key, ca, other.into()),
         })
 }
 
-/// Why revocation lists do not fit the client CAs.
+/// Why revocation lists cannot be used.
 #[derive(Debug, thiserror::Error)]
 enum IssuerError {
     /// A list does not decode.
     #[error("list {0}: {1}")]
     Decode(usize, webpki::Error),
-    /// A list's issuer is none of the client CAs.
-    #[error("list {0} is of a CA that is not in kvcm.tls.client_ca_file")]
-    UnknownIssuer(usize),
-    /// Two lists of one CA (the verifier would use the first, however old).
-    #[error("lists {0} and {1} are of the same CA: keep only its newest")]
+    /// Two lists of one CA and scope (the verifier would use the first, however old).
+    #[error("lists {0} and {1} are of the same CA and scope: keep only the newest")]
     Duplicate(usize, usize),
 }
 
-/// Checks that every list (numbered from 1 in the file) is of one of the client CAs, and
-/// that no CA has two. The lists' signatures are checked at each handshake, not here.
+/// Checks that every list (numbered from 1 in the file) decodes and that no CA has two of
+/// the same scope (issuing distribution point); warns of lists of a CA that is not in the
+/// client CA file (an intermediate's list is fine: the verifier matches lists to the
+/// client certificate's issuer; a leftover of a removed CA is harmless). The lists'
+/// signatures are checked at each handshake, not here.
 fn check_issuers(
     crls: &[CertificateRevocationListDer<'_>],
     roots: &rustls::RootCertStore,
 ) -> Result<(), IssuerError> {
-    let mut issuers: Vec<Vec<u8>> = Vec::with_capacity(crls.len());
+    let mut scopes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(crls.len());
     for (index, der) in crls.iter().enumerate() {
         let list = webpki::OwnedCertRevocationList::from_der(der)
             .map_err(|e| IssuerError::Decode(index + 1, e))?;
-        let issuer = webpki::CertRevocationList::from(list).issuer().to_vec();
+        let list = webpki::CertRevocationList::from(list);
+        let scope = (
+            list.issuer().to_vec(),
+            list.issuing_distribution_point().map(<[u8]>::to_vec),
+        );
         if !roots
             .roots
             .iter()
-            .any(|root| root.subject.as_ref() == issuer)
+            .any(|root| root.subject.as_ref() == scope.0)
         {
-            return Err(IssuerError::UnknownIssuer(index + 1));
+            tracing::warn!(list = index + 1,
+                "kvcm.tls.client_crl_file: a revocation list of a CA that is not in kvcm.tls.client_ca_file");
         }
-        if let Some(first) = issuers.iter().position(|seen| *seen == issuer) {
+        if let Some(first) = scopes.iter().position(|seen| *seen == scope) {
             return Err(IssuerError::Duplicate(first + 1, index + 1));
         }
-        issuers.push(issuer);
+        scopes.push(scope);
     }
     Ok(())
 }
@@ -541,7 +547,7 @@ mod tests {
     }
 
     #[test]
-    fn revocation_lists_that_do_not_load_or_do_not_fit_the_client_cas_are_refused() {
+    fn revocation_lists_that_do_not_load_or_repeat_a_ca_are_refused() {
         let dir = tempfile::tempdir().expect("dir");
         let (ours, stranger) = (authority("client CA"), authority("another CA"));
         let ca = dir.path().join("ca.pem");
@@ -557,10 +563,6 @@ mod tests {
                 "list 1",
             ),
             (
-                &revocation_list(&stranger, 1),
-                "not in kvcm.tls.client_ca_file",
-            ),
-            (
                 &format!("{first}{newer}"),
                 "lists 1 and 2 are of the same CA",
             ),
@@ -574,7 +576,9 @@ mod tests {
                 "{text:?}: {message:?}"
             );
         }
-        std::fs::write(&crl, newer).expect("write");
+        // A list of another CA (an intermediate's, a removed CA's) is kept, with a warning.
+        let stranger = revocation_list(&stranger, 1);
+        std::fs::write(&crl, format!("{newer}{stranger}")).expect("write");
         assert!(client_verifier(&ca, Some(&crl), provider.clone()).is_ok());
         assert!(client_verifier(&ca, None, provider).is_ok());
     }

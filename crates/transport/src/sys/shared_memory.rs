@@ -137,10 +137,18 @@ impl SharedMemory {
         };
         let len = libc::off_t::try_from(self.len)
             .map_err(|_| TransportError::InvalidArgument("memory too large to populate"))?;
-        // SAFETY: fallocate(2) on a descriptor we own, within the memfd's size (its seals
-        // forbid growing it; allocating pages inside it changes no byte).
-        if unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len) } < 0 {
-            return Err(TransportError::last_os("allocate memfd pages"));
+        // A signal may interrupt the allocation (hugetlbfs stops at any pending signal):
+        // go on where it stopped; pages already allocated stay.
+        loop {
+            // SAFETY: fallocate(2) on a descriptor we own, within the memfd's size (its seals
+            // forbid growing it; allocating pages inside it changes no byte).
+            if unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len) } == 0 {
+                break;
+            }
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::Interrupted {
+                return Err(TransportError::io("allocate memfd pages", error));
+            }
         }
         // SAFETY: madvise(2) on our own live mapping of `len` bytes; MADV_POPULATE_WRITE
         // only faults its pages in (the mapping is writable: created here).
@@ -152,7 +160,12 @@ impl SharedMemory {
             )
         };
         if advised < 0 {
-            return Err(TransportError::last_os("map memfd pages"));
+            let error = std::io::Error::last_os_error();
+            let context = match error.raw_os_error() {
+                Some(libc::EINVAL) => "map memfd pages (MADV_POPULATE_WRITE needs Linux 5.14)",
+                _ => "map memfd pages",
+            };
+            return Err(TransportError::io(context, error));
         }
         Ok(())
     }
@@ -559,11 +572,14 @@ mod tests {
             file.metadata().unwrap().blocks() * 512
         };
         assert_eq!(allocated(&mem), 0, "a new memfd is backed lazily");
+        mem.write(4096, b"kept").unwrap();
         mem.populate().unwrap();
         assert!(allocated(&mem) >= len as u64, "{}", allocated(&mem));
-        let mut bytes = vec![1u8; 4096];
-        mem.read(len - 4096, &mut bytes).unwrap();
-        assert!(bytes.iter().all(|&b| b == 0), "populating changes no byte");
+        let (mut kept, mut zero) = ([0u8; 4], vec![1u8; 4096]);
+        mem.read(4096, &mut kept).unwrap();
+        mem.read(len - 4096, &mut zero).unwrap();
+        assert_eq!(&kept, b"kept", "populating changes no byte");
+        assert!(zero.iter().all(|&b| b == 0), "new pages read zero");
         let peer = second(&mem, true, Protection::AsOpened);
         assert!(
             matches!(peer.populate(), Err(TransportError::InvalidArgument(_))),
