@@ -1,7 +1,10 @@
 //! The queue-pair listener: a client opens a TCP connection and sends the hello —
 //! [`HELLO`], one wire-index byte and the 16-byte token its bootstrap was answered
-//! (`grants`) — and both sides exchange queue-pair endpoints
-//! ([`kvcm_transport::exchange_endpoints`]). The server's queue pair is created in the
+//! (`grants`) — and both sides exchange queue-pair endpoints: the client sends its endpoint
+//! first ([`kvcm_transport::exchange_endpoints`]); the server connects its queue pair and
+//! posts its receive buffers before it answers with its own, so that the client's first
+//! message never reaches a queue pair that cannot receive it yet (on verbs such a message
+//! is dropped and retried for only ~0.5 s). The server's queue pair is created in the
 //! protection domain of the token's instance, so it serves READs of that instance's table
 //! only (its NIC — the soft NIC thread, or the RDMA device — answers them) and carries write-path messages of that instance only
 //! (the polling-thread core owns it from then on). A hello without a valid, unused,
@@ -19,7 +22,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::Weak;
 use std::time::Duration;
 
-use kvcm_transport::{exchange_endpoints, QueuePair};
+use kvcm_transport::{read_endpoint, write_endpoint, QueuePair};
 
 use super::grants::{Token, TOKEN_LEN};
 use super::{LookupError, LookupService, WIRE_VERBS};
@@ -93,9 +96,11 @@ fn connect(mut stream: TcpStream, service: &LookupService) -> Result<(), LookupE
     let table = service.table_for(&grant.instance_id)?;
     let pd = table.domain(wire).ok_or(LookupError::NoWire)?;
     let qp = service.core.create_qp(wire, pd)?;
-    let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
+    let remote = read_endpoint(&mut stream)?;
     qp.connect(&remote)?;
+    let local = qp.endpoint();
     let (key, grant) = service.core.adopt(wire, pd, qp, grant)?;
+    write_endpoint(&mut stream, &local)?;
     // A verbs queue pair never notices a client that is gone: the connection stays open
     // for its life, and its closing tears it down (`liveness`).
     if wire == WIRE_VERBS {

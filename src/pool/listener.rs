@@ -1,9 +1,10 @@
 //! The pool node's queue-pair listener: a client opens a TCP connection, sends
 //! [`HELLO`] and one wire-index byte — or [`HELLO_TICKET`], the wire byte and a ticket,
 //! which the node demands when its server does (`super::ticket`; a hello without a valid
-//! ticket is then closed before any endpoint is sent) —, both sides exchange queue-pair endpoints
-//! ([`kvcm_transport::exchange_endpoints`]), and the node sends the [`RegionInfo`] of that
-//! wire. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
+//! ticket is then closed before any endpoint is sent) —, both sides exchange queue-pair
+//! endpoints (the client first, [`kvcm_transport::exchange_endpoints`]; the node connects
+//! its queue pair before it answers with its own), and the node sends the [`RegionInfo`]
+//! of that wire. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
 //! client's READs and WRITEs; no node
 //! thread runs per transfer.
 //!
@@ -16,7 +17,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvcm_transport::{exchange_endpoints, QueuePair};
+use kvcm_transport::{read_endpoint, write_endpoint, QueuePair};
 
 use super::region::PoolRegion;
 use super::ticket::TICKET_LEN;
@@ -103,8 +104,9 @@ fn connect(mut stream: TcpStream, region: &PoolRegion) -> Result<(), PoolError> 
     };
     let grant = region.admit(ticket.as_ref())?;
     let (qp, addr, rkey) = region.create_qp(usize::from(hello[4]))?;
-    let remote = exchange_endpoints(&mut stream, &qp.endpoint())?;
+    let remote = read_endpoint(&mut stream)?;
     qp.connect(&remote)?;
+    write_endpoint(&mut stream, &qp.endpoint())?;
     let info = RegionInfo {
         addr,
         len: region.len(),

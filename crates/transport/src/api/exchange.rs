@@ -11,15 +11,29 @@ const MAX_ENDPOINT_LEN: usize = 4096;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QpEndpoint(pub Vec<u8>);
 
-/// Sends `local` and receives the peer's endpoint on `stream` (both sides call it).
+/// Sends `local` and receives the peer's endpoint on `stream` (both sides may call it; a
+/// side that answers — a server — may instead [`read_endpoint`], get its queue pair ready
+/// to receive, then [`write_endpoint`], so that the peer's first message never arrives
+/// before it can be received).
 pub fn exchange_endpoints(stream: &mut TcpStream, local: &QpEndpoint) -> Result<QpEndpoint> {
+    write_endpoint(stream, local)?;
+    read_endpoint(stream)
+}
+
+/// Sends `local` on `stream`.
+pub fn write_endpoint(stream: &mut TcpStream, local: &QpEndpoint) -> Result<()> {
     let io = |e| TransportError::io("endpoint exchange", e);
     let len = u32::try_from(local.0.len())
         .ok()
         .filter(|&len| len as usize <= MAX_ENDPOINT_LEN)
         .ok_or(TransportError::InvalidArgument("endpoint too large"))?;
     stream.write_all(&len.to_le_bytes()).map_err(io)?;
-    stream.write_all(&local.0).map_err(io)?;
+    stream.write_all(&local.0).map_err(io)
+}
+
+/// Receives the peer's endpoint on `stream`.
+pub fn read_endpoint(stream: &mut TcpStream) -> Result<QpEndpoint> {
+    let io = |e| TransportError::io("endpoint exchange", e);
     let mut len_bytes = [0u8; 4];
     stream.read_exact(&mut len_bytes).map_err(io)?;
     let remote_len = u32::from_le_bytes(len_bytes) as usize;

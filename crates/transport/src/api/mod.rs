@@ -17,7 +17,7 @@ mod exchange;
 mod work;
 
 pub use access::Access;
-pub use exchange::{exchange_endpoints, QpEndpoint};
+pub use exchange::{exchange_endpoints, read_endpoint, write_endpoint, QpEndpoint};
 pub use work::{
     QpState, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
