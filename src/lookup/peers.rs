@@ -19,7 +19,7 @@
 
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use kvcm_transport::{read_endpoint, write_endpoint, QueuePair};
@@ -100,13 +100,19 @@ fn connect(mut stream: TcpStream, service: &LookupService) -> Result<(), LookupE
     qp.connect(&remote)?;
     let local = qp.endpoint();
     let (key, grant) = service.core.adopt(wire, pd, qp, grant)?;
-    write_endpoint(&mut stream, &local)?;
+    let answered = write_endpoint(&mut stream, &local).map_err(LookupError::from);
     // A verbs queue pair never notices a client that is gone: the connection stays open
     // for its life, and its closing tears it down (`liveness`).
-    if wire == WIRE_VERBS {
-        service.hangups.watch(key, grant, stream)?;
+    let watched = answered.and_then(|()| match wire {
+        WIRE_VERBS => service.hangups.watch(key, Arc::clone(&grant), stream),
+        _ => Ok(()),
+    });
+    if watched.is_err() {
+        // The queue pair is adopted already: a client that hung up meanwhile must not
+        // leave it (and its receive buffers) behind.
+        service.core.close(key, grant);
     }
-    Ok(())
+    watched
 }
 
 /// The address a bound listener accepts on.

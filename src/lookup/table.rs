@@ -127,9 +127,9 @@ impl State {
             .map(|g| g.pages)
     }
 
-    /// Counts a page of growth `id`'s build; false when that growth is no longer under
-    /// way (the build stops).
-    fn page_started(&mut self, id: u64) -> bool {
+    /// Counts a step of growth `id`'s build (a page of keys, the end of its fill); false
+    /// when that growth is no longer under way (the build stops).
+    fn advance(&mut self, id: u64) -> bool {
         let growing = self.growing.as_mut().filter(|g| g.id == id);
         growing.map(|g| g.pages += 1).is_some()
     }
@@ -383,7 +383,7 @@ impl InstanceTable {
 
     /// Builds the next generation of `growth` from the index, without the table's lock;
     /// stops with [`LookupError::GrowthSuperseded`] once the growth is no longer under way
-    /// (looked at before each page of keys).
+    /// (looked at before each page of keys and after the last).
     pub fn build_grown(
         &self,
         manager: &Manager,
@@ -391,7 +391,7 @@ impl InstanceTable {
         growth: &Growth,
     ) -> Result<Grown, LookupError> {
         let availability = self.lock().availability.clone();
-        let under_way = || self.lock().page_started(growth.id);
+        let under_way = || self.lock().advance(growth.id);
         let (next, sizes) = build(
             manager,
             instance,
@@ -707,7 +707,7 @@ fn empty(
 
 /// A generation of `sizes` (grown while something runs out), filled from the index of
 /// `instance` and registered in `domains`; stops with [`LookupError::GrowthSuperseded`]
-/// when `wanted` says false (before each page of keys).
+/// when `wanted` says false (before each page of keys and after the last).
 fn build(
     manager: &Manager,
     instance: &Instance,

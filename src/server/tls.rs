@@ -202,13 +202,15 @@ enum IssuerError {
     /// A list does not decode.
     #[error("list {0}: {1}")]
     Decode(usize, webpki::Error),
-    /// Two lists of one CA and scope (the verifier would use the first, however old).
+    /// Two lists of one CA that can speak for the same certificates (the verifier would use
+    /// the first, however old).
     #[error("lists {0} and {1} are of the same CA and scope: keep only the newest")]
     Duplicate(usize, usize),
 }
 
-/// Checks that every list (numbered from 1 in the file) decodes and that no CA has two of
-/// the same scope (issuing distribution point); warns of lists of a CA that is not in the
+/// Checks that every list (numbered from 1 in the file) decodes and that no two lists of
+/// one CA can both speak for a certificate (same issuing distribution point, or either
+/// without one: the verifier would use the first); warns of lists of a CA that is not in the
 /// client CA file (an intermediate's list is fine: the verifier matches lists to the
 /// client certificate's issuer; a leftover of a removed CA is harmless). The lists'
 /// signatures are checked at each handshake, not here.
@@ -233,7 +235,10 @@ fn check_issuers(
             tracing::warn!(list = index + 1,
                 "kvcm.tls.client_crl_file: a revocation list of a CA that is not in kvcm.tls.client_ca_file");
         }
-        if let Some(first) = scopes.iter().position(|seen| *seen == scope) {
+        let overlaps = |(issuer, point): &(Vec<u8>, Option<Vec<u8>>)| {
+            *issuer == scope.0 && (point.is_none() || scope.1.is_none() || *point == scope.1)
+        };
+        if let Some(first) = scopes.iter().position(overlaps) {
             return Err(IssuerError::Duplicate(first + 1, index + 1));
         }
         scopes.push(scope);

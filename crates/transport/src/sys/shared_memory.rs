@@ -72,6 +72,21 @@ pub(crate) struct SharedMemory {
 
 /// Bytes of the huge pages [`SharedMemory::create_huge`] asks for.
 const HUGE_PAGE: usize = 2 << 20;
+/// Bytes [`SharedMemory::populate`] allocates per call (a multiple of [`HUGE_PAGE`]).
+const POPULATE_CHUNK: usize = 64 << 20;
+
+/// Whether a system call that returned `result` succeeded (true), was interrupted by a
+/// signal and is to be made again (false), or failed (the error, with `context`).
+fn done_unless_interrupted(result: libc::c_int, context: &'static str) -> Result<bool> {
+    if result == 0 {
+        return Ok(true);
+    }
+    let error = std::io::Error::last_os_error();
+    match error.kind() {
+        std::io::ErrorKind::Interrupted => Ok(false),
+        _ => Err(TransportError::io(context, error)),
+    }
+}
 
 /// Gives caller-owned memory back to its owner (runs once, when the memory is dropped).
 pub(crate) type Release = Box<dyn FnOnce() + Send>;
@@ -135,37 +150,42 @@ impl SharedMemory {
                 "only memory created here can be populated",
             ));
         };
-        let len = libc::off_t::try_from(self.len)
+        libc::off_t::try_from(self.len)
             .map_err(|_| TransportError::InvalidArgument("memory too large to populate"))?;
-        // A signal may interrupt the allocation (hugetlbfs stops at any pending signal):
-        // go on where it stopped; pages already allocated stay.
-        loop {
+        // In chunks: a signal may interrupt an allocation, and on regular memfds the kernel
+        // then undoes that call's whole range; only the interrupted chunk is tried again.
+        let mut offset = 0;
+        while offset < self.len {
+            let chunk = POPULATE_CHUNK.min(self.len - offset);
             // SAFETY: fallocate(2) on a descriptor we own, within the memfd's size (its seals
-            // forbid growing it; allocating pages inside it changes no byte).
-            if unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len) } == 0 {
-                break;
-            }
-            let error = std::io::Error::last_os_error();
-            if error.kind() != std::io::ErrorKind::Interrupted {
-                return Err(TransportError::io("allocate memfd pages", error));
+            // forbid growing it; allocating pages inside it changes no byte); both values fit
+            // `off_t` (checked above).
+            let allocated = unsafe {
+                libc::fallocate(
+                    fd.as_raw_fd(),
+                    0,
+                    offset as libc::off_t,
+                    chunk as libc::off_t,
+                )
+            };
+            if done_unless_interrupted(allocated, "allocate memfd pages")? {
+                offset += chunk;
             }
         }
-        // SAFETY: madvise(2) on our own live mapping of `len` bytes; MADV_POPULATE_WRITE
-        // only faults its pages in (the mapping is writable: created here).
-        let advised = unsafe {
-            libc::madvise(
-                self.ptr.as_ptr().cast(),
-                self.len,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        if advised < 0 {
-            let error = std::io::Error::last_os_error();
-            let context = match error.raw_os_error() {
-                Some(libc::EINVAL) => "map memfd pages (MADV_POPULATE_WRITE needs Linux 5.14)",
-                _ => "map memfd pages",
+        loop {
+            // SAFETY: madvise(2) on our own live mapping of `len` bytes; MADV_POPULATE_WRITE
+            // only faults its pages in (the mapping is writable: created here).
+            let advised = unsafe {
+                libc::madvise(
+                    self.ptr.as_ptr().cast(),
+                    self.len,
+                    libc::MADV_POPULATE_WRITE,
+                )
             };
-            return Err(TransportError::io(context, error));
+            let context = "map memfd pages (EINVAL: MADV_POPULATE_WRITE needs Linux 5.14)";
+            if done_unless_interrupted(advised, context)? {
+                break;
+            }
         }
         Ok(())
     }
@@ -565,7 +585,7 @@ mod tests {
     #[test]
     fn populated_memory_has_every_page_allocated_and_still_reads_zero() {
         use std::os::unix::fs::MetadataExt;
-        let len = 8 << 20;
+        let len = POPULATE_CHUNK + (8 << 20); // two chunks
         let mem = memory(len);
         let allocated = |mem: &SharedMemory| {
             let file = File::from(mem.reopen(false).unwrap());
