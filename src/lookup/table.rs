@@ -104,9 +104,6 @@ struct State {
     rebuilt_in_call: u64,
     /// Changes that ran out and waited for the growth under way.
     waited_for_growth: u64,
-    /// Percent of slots in use at which the current generation grows:
-    /// [`GROW_AT_SLOTS_PERCENT`], or [`EAGER_GROW_AT_SLOTS_PERCENT`] once a change waited.
-    grow_at_slots_percent: u64,
 }
 
 /// A growth under way: which one, the keys changed since it began, and how far its build
@@ -119,6 +116,16 @@ struct Growing {
 }
 
 impl State {
+    /// Percent of slots in use at which the current generation grows:
+    /// [`GROW_AT_SLOTS_PERCENT`], or [`EAGER_GROW_AT_SLOTS_PERCENT`] once a change waited.
+    fn grow_at_slots_percent(&self) -> u64 {
+        if self.waited_for_growth > 0 {
+            EAGER_GROW_AT_SLOTS_PERCENT
+        } else {
+            GROW_AT_SLOTS_PERCENT
+        }
+    }
+
     /// How far growth `id` got, while it is the one under way.
     fn progress_of(&self, id: u64) -> Option<u64> {
         self.growing
@@ -234,7 +241,6 @@ impl InstanceTable {
                 growths: 0,
                 rebuilt_in_call: 0,
                 waited_for_growth: 0,
-                grow_at_slots_percent: GROW_AT_SLOTS_PERCENT,
             }),
             growth_ended: Condvar::new(),
             growth_stall: GROWTH_STALL,
@@ -330,7 +336,6 @@ impl InstanceTable {
             // this table's next growths start earlier.
             if let Some(id) = state.growing.as_ref().map(|g| g.id) {
                 state.waited_for_growth += 1;
-                state.grow_at_slots_percent = EAGER_GROW_AT_SLOTS_PERCENT;
                 let waits = state.waited_for_growth;
                 tracing::debug!(instance = %self.instance_id, waits,
                     "lookup table ran out: waiting for its growth");
@@ -793,7 +798,7 @@ fn growth_due(state: &mut State) -> Option<Growth> {
     if state.growing.is_some() {
         return None;
     }
-    let grow_at = state.grow_at_slots_percent;
+    let grow_at = state.grow_at_slots_percent();
     let sizes = state.sizes.to_grow(&state.current.generation, grow_at)?;
     state.growths += 1;
     state.growing = Some(Growing {
@@ -1142,7 +1147,8 @@ mod tests {
         assert_eq!(state.rebuilt_in_call, 0, "no generation built in a call");
         assert_eq!(state.waited_for_growth, 1, "the change that ran out waited");
         assert_eq!(
-            state.grow_at_slots_percent, EAGER_GROW_AT_SLOTS_PERCENT,
+            state.grow_at_slots_percent(),
+            EAGER_GROW_AT_SLOTS_PERCENT,
             "writes outran a growth: the next ones start earlier"
         );
         assert!(state.epoch > epoch, "a grown generation is current");
