@@ -693,6 +693,32 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
         ..Default::default()
     });
     assert_eq!(written.expect("still served").locations.len(), 1);
+    // The lookup path's metrics saw all of it.
+    let value = |series: &str| runtime.block_on(server.prometheus_value(series));
+    assert_eq!(value("kvcm_lookup_messages_malformed"), Some(3.0));
+    assert_eq!(value("kvcm_lookup_messages_busy"), Some(0.0));
+    assert!(value("kvcm_lookup_messages").expect("messages") >= 4.0);
+    assert_eq!(
+        value("kvcm_lookup_queue_pairs"),
+        Some(2.0),
+        "this one and the client's"
+    );
+    let table = |name: &str| {
+        value(&format!(
+            "kvcm_lookup_table_{name}{{instance_id=\"{INSTANCE}\"}}"
+        ))
+    };
+    assert!(table("bytes").expect("table bytes") > 0.0);
+    assert_eq!(table("epoch"), Some(1.0), "no generation replaced yet");
+    assert_eq!(table("rebuilds_in_call"), Some(0.0));
+    let metrics = runtime.block_on(server.admin_http("getMetrics", serde_json::json!({})));
+    let malformed = metrics["metrics"]
+        .as_array()
+        .expect("metrics")
+        .iter()
+        .find(|m| m["metric_name"] == "lookup.messages_malformed")
+        .unwrap_or_else(|| panic!("lookup series in GetMetrics: {metrics}"));
+    assert_eq!(malformed["metric_value"]["int_value"], "3", "{malformed}");
 }
 
 /// With an unreachable server listed first, the client connects its fast path to the next

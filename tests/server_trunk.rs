@@ -463,17 +463,11 @@ async fn api_healthy_is_200_on_the_leader_and_503_with_the_health_answer_otherwi
     assert_eq!(status, 405, "GET only");
 }
 
-async fn prometheus(server: &TestServer) -> (u16, String) {
-    let address = server.address("admin_http");
-    let (status, body) = common::http_request(address, "GET", "/metrics", b"").await;
-    (status, String::from_utf8(body).expect("UTF-8"))
-}
-
 #[tokio::test]
 async fn prometheus_names_take_the_configured_prefix_and_the_exposition_can_be_off() {
     let server = TestServer::start().await;
     assert_eq!(code(&server.register("inst", 16).await), "OK");
-    let (status, text) = prometheus(&server).await;
+    let (status, text) = server.prometheus().await;
     assert_eq!(status, 200);
     let lines: Vec<&str> = text.lines().collect();
     for expected in [
@@ -506,12 +500,12 @@ async fn prometheus_names_take_the_configured_prefix_and_the_exposition_can_be_o
     ];
     let server = TestServer::start_custom(&args, &[]).await;
     server.register("inst", 16).await;
-    let (_, text) = prometheus(&server).await;
+    let (_, text) = server.prometheus().await;
     assert!(text.contains("\nfrom_env_service_query_counter{"), "{text}");
     drop(server);
     let variable = [("KVCM_METRICS_PROMETHEUS_PREFIX", "from_var")];
     let server = TestServer::start_custom(&args, &variable).await;
-    let (_, text) = prometheus(&server).await;
+    let (_, text) = server.prometheus().await;
     assert!(
         text.contains("# TYPE from_var_journal_failed gauge"),
         "{text}"
@@ -521,7 +515,7 @@ async fn prometheus_names_take_the_configured_prefix_and_the_exposition_can_be_o
 
     // Off: no /metrics route; the admin RPCs and GetMetrics are still served.
     let server = TestServer::start_with(&["kvcm.metrics.enable_prometheus=false"]).await;
-    assert_eq!(prometheus(&server).await.0, 404);
+    assert_eq!(server.prometheus().await.0, 404);
     let metrics = server.admin_http("getMetrics", json!({})).await;
     assert_eq!(code(&metrics), "OK", "{metrics}");
     drop(server);

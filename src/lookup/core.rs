@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -91,6 +91,28 @@ pub(super) struct CoreHandle {
     closing: Sender<(PeerKey, Arc<Grant>)>,
     bindings: Bindings,
     doorbell: Arc<Doorbell>,
+    counts: Arc<MessageCounts>,
+}
+
+/// Messages the polling thread received, and those it refused before any manager work.
+#[derive(Debug, Default)]
+struct MessageCounts {
+    received: AtomicU64,
+    busy: AtomicU64,
+    malformed: AtomicU64,
+}
+
+/// The core's figures for the server's metrics (`kvcm_lookup_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Queue pairs connected now.
+    pub queue_pairs: u64,
+    /// Request messages received.
+    pub messages: u64,
+    /// Of those, answered busy (every worker's queue full: nothing applied).
+    pub busy: u64,
+    /// Of those, answered malformed (nothing applied).
+    pub malformed: u64,
 }
 
 /// Wakes the polling thread when it parks.
@@ -172,6 +194,17 @@ impl CoreHandle {
         }
     }
 
+    /// The core's figures now.
+    pub(super) fn stats(&self) -> CoreStats {
+        let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        CoreStats {
+            queue_pairs: lock(&self.bindings).len() as u64,
+            messages: count(&self.counts.received),
+            busy: count(&self.counts.busy),
+            malformed: count(&self.counts.malformed),
+        }
+    }
+
     fn queues(&self, wire: usize) -> Result<&WireQueues, LookupError> {
         self.wires
             .iter()
@@ -231,6 +264,7 @@ pub(super) fn start(
     let (new_peers, adopted) = crossbeam_channel::unbounded();
     let (closing, closed) = crossbeam_channel::unbounded();
     let bindings = Bindings::default();
+    let counts = Arc::new(MessageCounts::default());
     let (work, jobs) = crossbeam_channel::bounded::<Work>(WORK_QUEUE);
     let (answers, replies) = crossbeam_channel::unbounded::<(PeerKey, Vec<u8>)>();
     for n in 0..WORKERS {
@@ -255,6 +289,7 @@ pub(super) fn start(
         replies,
         in_flight: 0,
         doorbell: doorbell.clone(),
+        counts: counts.clone(),
     };
     std::thread::Builder::new()
         .name("kvcm-core-poll".into())
@@ -266,6 +301,7 @@ pub(super) fn start(
         closing,
         bindings,
         doorbell,
+        counts,
     })
 }
 
@@ -370,6 +406,7 @@ struct Poller {
     /// Requests handed to the workers whose replies have not come back.
     in_flight: usize,
     doorbell: Arc<Doorbell>,
+    counts: Arc<MessageCounts>,
 }
 
 impl Poller {
@@ -437,11 +474,13 @@ impl Poller {
             self.forget(key);
             return;
         }
+        self.counts.received.fetch_add(1, Ordering::Relaxed);
         let refuse = |status| {
             let (id, op) = messages::peek(&message).unwrap_or((0, 0));
             messages::encode_reply(id, op, &Reply::Refused(status))
         };
         let Some((id, request)) = messages::decode_request(&message) else {
+            self.counts.malformed.fetch_add(1, Ordering::Relaxed);
             let answer = refuse(Status::Malformed);
             self.reply(key, answer);
             return;
@@ -465,6 +504,7 @@ impl Poller {
         }) {
             Ok(()) => self.in_flight += 1,
             Err(TrySendError::Full(_)) => {
+                self.counts.busy.fetch_add(1, Ordering::Relaxed);
                 let answer = refuse(Status::Busy);
                 self.reply(key, answer);
             }

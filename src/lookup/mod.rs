@@ -30,10 +30,12 @@ pub mod grants;
 mod liveness;
 pub mod messages;
 pub(crate) mod peers;
+pub mod stats;
 mod table;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -162,6 +164,8 @@ pub struct LookupService {
     core: core::CoreHandle,
     /// Tears verbs queue pairs down when their client hangs up.
     hangups: liveness::Watcher,
+    /// Tables retired because they could not be kept in step.
+    tables_dropped: AtomicU64,
 }
 
 impl std::fmt::Debug for LookupService {
@@ -198,6 +202,7 @@ impl LookupService {
             grants: grants::Grants::default(),
             hangups,
             core,
+            tables_dropped: AtomicU64::new(0),
         });
         peers::serve(listener, Arc::downgrade(&service))?;
         manager.set_publication(service.clone());
@@ -271,6 +276,7 @@ impl LookupService {
     fn drop_this_table(&self, instance_id: &str, table: &Arc<InstanceTable>, error: &LookupError) {
         tracing::error!(instance = instance_id, %error,
             "lookup table dropped: readers fall back to gRPC");
+        self.tables_dropped.fetch_add(1, Ordering::Relaxed);
         {
             let mut tables = self.tables();
             if tables

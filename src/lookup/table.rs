@@ -104,6 +104,10 @@ struct State {
     rebuilt_in_call: u64,
     /// Changes that ran out and waited for the growth under way.
     waited_for_growth: u64,
+    /// Their time waiting, in all.
+    waited: Duration,
+    /// Growths whose generation became the current one.
+    growths_installed: u64,
 }
 
 /// A growth under way: which one, the keys changed since it began, and how far its build
@@ -177,6 +181,30 @@ pub struct InstanceTable {
     growth_stall: Duration,
 }
 
+/// A table's figures for the server's metrics (`kvcm_lookup_table_*`, docs/lookup-table.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableStats {
+    /// The header's epoch (one more per generation replaced).
+    pub epoch: u64,
+    /// Bytes of the current generation.
+    pub bytes: u64,
+    /// Slots of the current generation, and those in use.
+    pub slots: u64,
+    /// See `slots`.
+    pub slots_used: u64,
+    /// Background growths begun, and those installed (the others were superseded by a
+    /// rebuild, or abandoned).
+    pub growths_started: u64,
+    /// See `growths_started`.
+    pub growths_installed: u64,
+    /// Generations built inside a write call because the current one ran out.
+    pub rebuilt_in_call: u64,
+    /// Changes that ran out and waited for the growth under way, and their time waiting.
+    pub waited_for_growth: u64,
+    /// See `waited_for_growth`.
+    pub waited: Duration,
+}
+
 /// What a reader needs to find a table: per wire, the header's address and rkey.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableAddress {
@@ -241,6 +269,8 @@ impl InstanceTable {
                 growths: 0,
                 rebuilt_in_call: 0,
                 waited_for_growth: 0,
+                waited: Duration::ZERO,
+                growths_installed: 0,
             }),
             growth_ended: Condvar::new(),
             growth_stall: GROWTH_STALL,
@@ -304,6 +334,24 @@ impl InstanceTable {
         }
     }
 
+    /// What the table reports in the server's metrics.
+    pub fn stats(&self) -> TableStats {
+        let state = self.lock();
+        let generation = &state.current.generation;
+        let layout = generation.layout();
+        TableStats {
+            epoch: state.epoch,
+            bytes: layout.total_len() as u64,
+            slots: layout.bucket_count * layout.geometry.slots_per_bucket as u64,
+            slots_used: generation.slots_used(),
+            growths_started: state.growths,
+            growths_installed: state.growths_installed,
+            rebuilt_in_call: state.rebuilt_in_call,
+            waited_for_growth: state.waited_for_growth,
+            waited: state.waited,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -339,8 +387,10 @@ impl InstanceTable {
                 let waits = state.waited_for_growth;
                 tracing::debug!(instance = %self.instance_id, waits,
                     "lookup table ran out: waiting for its growth");
+                let began = Instant::now();
                 let (guard, ended) = self.wait_for_growth(state, id);
                 state = guard;
+                state.waited += began.elapsed();
                 if ended {
                     continue;
                 }
@@ -445,7 +495,10 @@ impl InstanceTable {
                 .map_err(LookupError::from);
         }
         let installed = match caught_up {
-            Ok(()) => self.flip(&mut state, next, sizes),
+            Ok(()) => {
+                state.growths_installed += 1;
+                self.flip(&mut state, next, sizes)
+            }
             Err(LookupError::Format(FormatError::Full(full))) => {
                 let sizes = sizes.after_full(&next.generation, full);
                 self.rebuild_at(&mut state, manager, instance, sizes)
@@ -1143,16 +1196,22 @@ mod tests {
                 .expect("install"));
             writer.join().expect("writer");
         });
-        let state = table.lock();
-        assert_eq!(state.rebuilt_in_call, 0, "no generation built in a call");
-        assert_eq!(state.waited_for_growth, 1, "the change that ran out waited");
+        let stats = table.stats();
+        assert_eq!(stats.rebuilt_in_call, 0, "no generation built in a call");
+        assert_eq!(stats.waited_for_growth, 1, "the change that ran out waited");
+        assert!(stats.waited > Duration::ZERO, "its wait is counted");
+        assert!(stats.epoch > epoch, "a grown generation is current");
+        assert!(stats.growths_installed >= 1, "{stats:?}");
+        assert!(
+            stats.growths_started >= stats.growths_installed,
+            "{stats:?}"
+        );
+        assert!(stats.slots_used * 100 < stats.slots * GROW_AT_SLOTS_PERCENT);
         assert_eq!(
-            state.grow_at_slots_percent(),
+            table.lock().grow_at_slots_percent(),
             EAGER_GROW_AT_SLOTS_PERCENT,
             "writes outran a growth: the next ones start earlier"
         );
-        assert!(state.epoch > epoch, "a grown generation is current");
-        drop(state);
         for key in 1..=last {
             assert_eq!(is_published(&table, key), key < last, "key {key}");
         }
@@ -1182,10 +1241,11 @@ mod tests {
             slowest = slowest.max(began.elapsed());
         }
         assert!(slowest >= table.growth_stall, "it waited: {slowest:?}");
-        let state = table.lock();
-        assert_eq!(state.waited_for_growth, 1, "it waited once, then rebuilt");
-        assert_eq!(state.epoch, epoch + 1, "the rebuilt generation is current");
-        drop(state);
+        let stats = table.stats();
+        assert_eq!(stats.waited_for_growth, 1, "it waited once, then rebuilt");
+        assert!(stats.waited >= table.growth_stall, "{stats:?}");
+        assert_eq!(stats.epoch, epoch + 1, "the rebuilt generation is current");
+        assert_eq!((stats.growths_started, stats.growths_installed), (1, 0));
         assert!(matches!(
             table.build_grown(&manager, &instance, &stuck),
             Err(LookupError::GrowthSuperseded)

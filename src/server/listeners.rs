@@ -257,6 +257,7 @@ pub async fn start(
             .map_err(|e| ServerError::Lookup(e.to_string()))?;
         tracing::info!("lookup tables: queue pairs on {}", service.connect_addr());
         meta_http = meta_http.merge(lookup::router(service.clone(), limit));
+        let _ = handlers.core.lookup.set(Arc::downgrade(&service));
         server.lookup = Some(service);
     }
     let manager = &handlers.core.manager;

@@ -522,6 +522,7 @@ impl AdminHandler {
                     core.events.to_wire(),
                     core.access.to_wire(),
                     super::capacity_metrics::to_wire(&core.manager, &core.curves),
+                    super::lookup_metrics::to_wire(core),
                 ]
                 .concat(),
                 extra_data: String::new(),

@@ -5,24 +5,14 @@
 //! 80 / 90 / 95 % of the hit rate the window allows.
 //! Counters are `int_value`, gauges `float_value` on the wire (fact sheet §16.4).
 
-use std::fmt::Write;
-
 use crate::curves::{LiveCurves, FRACTIONS};
 use crate::proto::admin;
 use kvcm_manager::Manager;
 
-use super::metrics::{escape_label, prometheus_name};
-
-/// One value of one series.
-struct Sample {
-    name: &'static str,
-    counter: bool,
-    tags: Vec<(&'static str, String)>,
-    value: i64,
-}
+use super::samples::{self, counter, gauge, Sample};
 
 /// Every series, grouped by name in the order below.
-fn samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
+fn capacity_samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
     let stats = manager.reclaim_stats();
     let mut out = vec![
         counter("capacity.reclaim_passes", Vec::new(), stats.passes()),
@@ -110,73 +100,12 @@ fn type_name(storage_type: kvcm_manager::StorageType) -> String {
         .map_or_else(|_| number.to_string(), |t| t.as_str_name().to_string())
 }
 
-fn counter(name: &'static str, tags: Vec<(&'static str, String)>, value: u64) -> Sample {
-    let value = i64::try_from(value).unwrap_or(i64::MAX);
-    Sample {
-        name,
-        counter: true,
-        tags,
-        value,
-    }
-}
-
-fn gauge(name: &'static str, tags: Vec<(&'static str, String)>, value: i64) -> Sample {
-    Sample {
-        name,
-        counter: false,
-        tags,
-        value,
-    }
-}
-
 /// The capacity series for GetMetrics.
 pub fn to_wire(manager: &Manager, curves: &LiveCurves) -> Vec<admin::MetricsData> {
-    use admin::metric_value::Value;
-    samples(manager, curves)
-        .into_iter()
-        .map(|s| admin::MetricsData {
-            metric_name: s.name.into(),
-            metric_value: Some(admin::MetricValue {
-                value: Some(if s.counter {
-                    Value::IntValue(s.value)
-                } else {
-                    Value::FloatValue(s.value as f64)
-                }),
-            }),
-            metric_tags: s
-                .tags
-                .into_iter()
-                .map(|(key, value)| admin::MetricsTag {
-                    tag_key: key.into(),
-                    tag_value: value,
-                })
-                .collect(),
-        })
-        .collect()
+    samples::to_wire(capacity_samples(manager, curves))
 }
 
-/// The capacity lines of the exposition (named with `prefix`, see [`prometheus_name`]).
+/// The capacity lines of the exposition (named with `prefix`).
 pub fn to_prometheus(manager: &Manager, curves: &LiveCurves, prefix: &str) -> String {
-    let mut text = String::new();
-    let mut last = "";
-    for sample in samples(manager, curves) {
-        let name = prometheus_name(prefix, sample.name);
-        if sample.name != last {
-            let kind = if sample.counter { "counter" } else { "gauge" };
-            let _ = writeln!(text, "# TYPE {name} {kind}");
-            last = sample.name;
-        }
-        let labels: Vec<String> = sample
-            .tags
-            .iter()
-            .map(|(key, value)| format!("{key}=\"{}\"", escape_label(value)))
-            .collect();
-        let labels = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{}}}", labels.join(","))
-        };
-        let _ = writeln!(text, "{name}{labels} {}", sample.value);
-    }
-    text
+    samples::to_prometheus(capacity_samples(manager, curves), prefix)
 }

@@ -118,6 +118,8 @@ pub struct Core {
     /// The credentials in force: admin tokens (set by the listeners from the config, changed
     /// by the token RPCs), the manager's API keys, whether the meta API requires one.
     pub auth: super::auth::Authenticator,
+    /// The lookup path, once started (its figures join the metrics).
+    pub lookup: std::sync::OnceLock<std::sync::Weak<crate::lookup::LookupService>>,
 }
 
 impl std::fmt::Debug for Core {
@@ -130,6 +132,12 @@ impl std::fmt::Debug for Core {
 pub type Outcome<R> = ManagerResult<(R, String)>;
 
 impl Core {
+    /// The lookup path's figures, when it runs.
+    pub fn lookup_stats(&self) -> Option<crate::lookup::stats::LookupStats> {
+        let service = self.lookup.get()?.upgrade()?;
+        Some(service.stats())
+    }
+
     /// Runs one RPC: leader gate (when the table says so), fault injection (likewise), `op`,
     /// header, metrics.
     pub fn call<R: Reply>(

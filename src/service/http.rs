@@ -312,7 +312,8 @@ pub fn admin_router(
                 + &core.events.to_prometheus(&prefix)
                 + &core.access.to_prometheus(&prefix)
                 + &super::journal_metrics::to_prometheus(&core.manager, &prefix)
-                + &super::capacity_metrics::to_prometheus(&core.manager, &core.curves, &prefix);
+                + &super::capacity_metrics::to_prometheus(&core.manager, &core.curves, &prefix)
+                + &super::lookup_metrics::to_prometheus(&core, &prefix);
             ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text)
         }),
     )

@@ -15,11 +15,13 @@ mod grpc;
 pub mod http;
 pub mod journal_metrics;
 mod location_json;
+mod lookup_metrics;
 pub mod meta;
 pub mod metrics;
 mod reply;
 mod reports;
 pub mod rpcs;
+mod samples;
 mod wire_admin;
 
 pub(crate) use reply::Reply;
@@ -105,6 +107,7 @@ impl Handlers {
             curves,
             limits,
             auth,
+            lookup: std::sync::OnceLock::new(),
         });
         Handlers {
             meta: meta::MetaHandler::new(core.clone()),

@@ -251,6 +251,24 @@ impl TestServer {
             .expect("grpc connect")
     }
 
+    /// The Prometheus text of `GET /metrics` on the admin port, and its status.
+    pub async fn prometheus(&self) -> (u16, String) {
+        let address = self.address("admin_http");
+        let (status, body) = http_request(address, "GET", "/metrics", b"").await;
+        (status, String::from_utf8(body).expect("UTF-8"))
+    }
+
+    /// The value of one series of `GET /metrics` (`name{labels}` exactly as written), if
+    /// the exposition has it.
+    pub async fn prometheus_value(&self, series: &str) -> Option<f64> {
+        let (status, text) = self.prometheus().await;
+        assert_eq!(status, 200, "GET /metrics");
+        text.lines().find_map(|line| {
+            let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+            Some(value.trim().parse().expect("a number"))
+        })
+    }
+
     /// POSTs raw bytes; returns the HTTP status and body.
     pub async fn post_raw(&self, listener: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
         http_request(self.address(listener), "POST", path, body).await
