@@ -12,6 +12,7 @@ pub mod config;
 pub mod curves;
 pub mod events;
 mod handshakes;
+mod hangups;
 pub mod http_json;
 pub mod logs;
 pub mod lookup;

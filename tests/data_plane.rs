@@ -241,6 +241,39 @@ fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
     round_trip_in_registered_memory(&mut on_verbs, &more, TransferPath::PoolVerbsZeroCopy);
 }
 
+/// On real verbs: a client that closes its handshake connection (as an engine's link does
+/// when dropped, or the kernel when its process dies) gets its queue pair torn down by the
+/// node — a verbs responder would otherwise keep it for good — and a client that keeps the
+/// connection keeps its queue pair. Skips loudly without a device.
+#[test]
+fn a_pool_queue_pair_is_torn_down_when_its_client_hangs_up_on_verbs_or_loud_skip() {
+    let Some((settings, node_args)) = on_verbs("pool queue-pair hang-up on verbs") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (_server, node) = runtime.block_on(async {
+        let server = prepare_async(200, &as_strs(&settings)).await;
+        let node_args = as_strs(&node_args);
+        let node = PoolProcess::start_with(&server, "pool_a", "node-1", "16M", &node_args).await;
+        live_range(&server, "pool_a", Some("node-1"), 1).await;
+        (server, node)
+    });
+    let endpoint = node.ready["listen"].as_str().expect("listen").to_string();
+    let mut hello = kvcm::pool::POOL_HELLO.to_vec();
+    hello.push(Wire::Verbs.index() as u8);
+    let open = || RawPoolQp::open(&endpoint, &hello, Wire::Verbs).expect("a verbs queue pair");
+    let (mut leaving, staying) = (open(), open());
+    assert!(leaving.reads() && staying.reads(), "both read the region");
+    drop(leaving.hangup.take());
+    let torn_down =
+        common::wait_until_blocking(Duration::from_secs(30), || (!leaving.reads()).then_some(()));
+    assert!(
+        torn_down.is_some(),
+        "the hung-up client's queue pair is torn down"
+    );
+    assert!(staying.reads(), "the other client's queue pair stays");
+}
+
 #[test]
 fn a_thousand_blocks_of_four_specs_round_trip_through_the_pool_on_both_wires_and_through_files() {
     let (runtime, server, _node) = prepare(200, "80M");
@@ -1121,6 +1154,9 @@ struct RawPoolQp {
     _buffer: kvcm_transport::HostMemory,
     region: kvcm_transport::any::AnyRegion,
     info: kvcm::pool::RegionInfo,
+    /// The handshake connection, kept as an engine keeps it (on verbs its closing tears the
+    /// node's queue pair down).
+    hangup: Option<std::net::TcpStream>,
 }
 
 impl RawPoolQp {
@@ -1152,6 +1188,7 @@ impl RawPoolQp {
             _buffer: buffer,
             region,
             info: kvcm::pool::RegionInfo::decode(&info),
+            hangup: Some(stream),
         })
     }
 

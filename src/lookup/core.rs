@@ -177,6 +177,11 @@ impl CoreHandle {
         Ok((key, grant))
     }
 
+    /// Whether `key` is a connected peer bound to `grant`.
+    pub(super) fn is_bound(&self, key: PeerKey, grant: &Arc<Grant>) -> bool {
+        bound_to(&self.bindings, key, grant)
+    }
+
     /// Every connected peer and its grant.
     pub(super) fn bound(&self) -> Vec<(PeerKey, Arc<Grant>)> {
         lock(&self.bindings)
@@ -215,6 +220,13 @@ impl CoreHandle {
 
 fn lock(bindings: &Bindings) -> std::sync::MutexGuard<'_, HashMap<PeerKey, Arc<Grant>>> {
     bindings.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether `key` is bound to `grant` in `bindings`.
+fn bound_to(bindings: &Bindings, key: PeerKey, grant: &Arc<Grant>) -> bool {
+    lock(bindings)
+        .get(&key)
+        .is_some_and(|bound| Arc::ptr_eq(bound, grant))
 }
 
 fn post_recv(qp: &AnyQp, region: &AnyRegion, slot: usize) -> Result<(), LookupError> {
@@ -596,10 +608,7 @@ impl Poller {
             }
         };
         while let Ok((key, grant)) = self.closed.try_recv() {
-            let same = lock(&self.bindings)
-                .get(&key)
-                .is_some_and(|bound| Arc::ptr_eq(bound, &grant));
-            if !same {
+            if !bound_to(&self.bindings, key, &grant) {
                 continue;
             }
             self.forget(key);

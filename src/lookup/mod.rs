@@ -27,7 +27,6 @@ mod access;
 mod bootstrap;
 mod core;
 pub mod grants;
-mod liveness;
 pub mod messages;
 pub(crate) mod peers;
 pub mod stats;
@@ -45,6 +44,7 @@ use kvcm_transport::any::{AnyDomain, VerbsDevice};
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 use kvcm_transport::TransportError;
 
+use crate::hangups::HangupWatcher;
 use crate::service::meta::MetaHandler;
 
 pub use access::{AccessCheck, LookupAccess};
@@ -163,7 +163,7 @@ pub struct LookupService {
     /// The polling-thread core (queue pairs are handed to it).
     core: core::CoreHandle,
     /// Tears verbs queue pairs down when their client hangs up.
-    hangups: liveness::Watcher,
+    hangups: HangupWatcher<(core::PeerKey, Arc<grants::Grant>)>,
     /// Tables retired because they could not be kept in step.
     tables_dropped: AtomicU64,
 }
@@ -190,7 +190,7 @@ impl LookupService {
         let core = core::start(&domains, meta)?;
         let listener = peers::bind(config.bind)?;
         let connect_addr = peers::local_addr(&listener)?;
-        let hangups = liveness::Watcher::start(core.clone())?;
+        let hangups = watch_hangups(core.clone()).map_err(LookupError::Listener)?;
         let service = Arc::new_cyclic(|this| LookupService {
             this: this.clone(),
             manager: Arc::downgrade(manager),
@@ -469,6 +469,25 @@ pub(crate) fn open_wires(
         domains.push((WIRE_VERBS, domain));
     }
     Ok(domains)
+}
+
+/// The watcher that tears a verbs queue pair down through `core` when its client hangs up
+/// (`crate::hangups`); a queue pair `core` no longer binds to its grant is not watched.
+fn watch_hangups(
+    core: core::CoreHandle,
+) -> std::io::Result<HangupWatcher<(core::PeerKey, Arc<grants::Grant>)>> {
+    let live_core = core.clone();
+    let live =
+        move |(key, grant): &(core::PeerKey, Arc<grants::Grant>)| live_core.is_bound(*key, grant);
+    let hung_up = move |(key, grant): &(core::PeerKey, Arc<grants::Grant>)| {
+        tracing::info!(
+            wire = key.0,
+            qpn = key.1,
+            "lookup queue pair torn down: its client hung up"
+        );
+        core.close(*key, Arc::clone(grant));
+    };
+    HangupWatcher::start("kvcm-lookup-hangup", live, hung_up)
 }
 
 /// Re-reads availability every [`AVAILABILITY_TICK`] until the service is dropped.

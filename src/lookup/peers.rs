@@ -11,7 +11,7 @@
 //! unexpired token is refused: the connection is closed before any endpoint is sent.
 //!
 //! On verbs the connection then stays open for the queue pair's life: the client keeps it,
-//! and its closing tears the queue pair down (`liveness`); on the soft wires it is closed.
+//! and its closing tears the queue pair down (`crate::hangups`); on the soft wires it is closed.
 //!
 //! Each connection is set up on a thread of its own with a 2-second deadline, at most
 //! [`MAX_HANDSHAKES`] at once (more are closed at once), so silent clients neither delay
@@ -102,9 +102,12 @@ fn connect(mut stream: TcpStream, service: &LookupService) -> Result<(), LookupE
     let (key, grant) = service.core.adopt(wire, pd, qp, grant)?;
     let answered = write_endpoint(&mut stream, &local).map_err(LookupError::from);
     // A verbs queue pair never notices a client that is gone: the connection stays open
-    // for its life, and its closing tears it down (`liveness`).
+    // for its life, and its closing tears it down (`crate::hangups`).
     let watched = answered.and_then(|()| match wire {
-        WIRE_VERBS => service.hangups.watch(key, Arc::clone(&grant), stream),
+        WIRE_VERBS => service
+            .hangups
+            .watch((key, Arc::clone(&grant)), stream)
+            .map_err(LookupError::Listener),
         _ => Ok(()),
     });
     if watched.is_err() {

@@ -6,7 +6,9 @@
 //! its queue pair before it answers with its own), and the node sends the [`RegionInfo`]
 //! of that wire. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
 //! client's READs and WRITEs; no node
-//! thread runs per transfer.
+//! thread runs per transfer. On verbs the client keeps the connection open for its queue
+//! pair's life and its closing tears the queue pair down (`crate::hangups`: a verbs
+//! responder never notices a client that is gone); on the soft wires it is closed.
 //!
 //! Each handshake runs on a thread of its own with a 2-second deadline, at most
 //! [`MAX_HANDSHAKES`] at once; at most 1024 queue pairs are kept (the oldest
@@ -22,6 +24,8 @@ use kvcm_transport::{read_endpoint, write_endpoint, QueuePair};
 use super::region::PoolRegion;
 use super::ticket::TICKET_LEN;
 use super::PoolError;
+use crate::hangups::HangupWatcher;
+use crate::lookup::WIRE_VERBS;
 
 /// First bytes of a connection request without a ticket.
 pub const HELLO: &[u8; 4] = b"KVPL";
@@ -75,8 +79,9 @@ impl RegionInfo {
 pub fn listen(listen: SocketAddr, region: Arc<PoolRegion>) -> Result<SocketAddr, PoolError> {
     let listener = TcpListener::bind(listen).map_err(PoolError::Listener)?;
     let addr = listener.local_addr().map_err(PoolError::Listener)?;
+    let hangups = watch_hangups(&region).map_err(PoolError::Listener)?;
     let accept = move |stream| {
-        if let Err(error) = connect(stream, &region) {
+        if let Err(error) = connect(stream, &region, &hangups) {
             tracing::debug!(%error, "pool queue pair refused");
         }
     };
@@ -85,8 +90,25 @@ pub fn listen(listen: SocketAddr, region: Arc<PoolRegion>) -> Result<SocketAddr,
     Ok(addr)
 }
 
-/// Reads the hello, connects a queue pair on the named wire, sends the region's info.
-fn connect(mut stream: TcpStream, region: &PoolRegion) -> Result<(), PoolError> {
+/// The watcher that tears a verbs queue pair of `region` down when its client hangs up
+/// (`crate::hangups`).
+fn watch_hangups(region: &Arc<PoolRegion>) -> std::io::Result<HangupWatcher<u64>> {
+    let (kept, held) = (Arc::clone(region), Arc::clone(region));
+    let live = move |id: &u64| held.holds(*id);
+    let hung_up = move |id: &u64| {
+        tracing::info!(peer = id, "pool queue pair torn down: its client hung up");
+        kept.drop_peer(*id);
+    };
+    HangupWatcher::start("kvcm-pool-hangup", live, hung_up)
+}
+
+/// Reads the hello, connects a queue pair on the named wire, sends the region's info; on
+/// verbs the connection is then watched for the queue pair's life.
+fn connect(
+    mut stream: TcpStream,
+    region: &PoolRegion,
+    hangups: &HangupWatcher<u64>,
+) -> Result<(), PoolError> {
     let io = PoolError::Listener;
     stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
     stream.set_write_timeout(Some(DEADLINE)).map_err(io)?;
@@ -103,7 +125,8 @@ fn connect(mut stream: TcpStream, region: &PoolRegion) -> Result<(), PoolError> 
         _ => return Err(PoolError::Refused("not a pool hello".into())),
     };
     let grant = region.admit(ticket.as_ref())?;
-    let (qp, addr, rkey) = region.create_qp(usize::from(hello[4]))?;
+    let wire = usize::from(hello[4]);
+    let (qp, addr, rkey) = region.create_qp(wire)?;
     let remote = read_endpoint(&mut stream)?;
     qp.connect(&remote)?;
     write_endpoint(&mut stream, &qp.endpoint())?;
@@ -114,7 +137,15 @@ fn connect(mut stream: TcpStream, region: &PoolRegion) -> Result<(), PoolError> 
         range_id: region.range_id(),
     };
     stream.write_all(&info.encode()).map_err(io)?;
-    region.keep(qp, grant);
+    let id = region.keep(qp, grant);
+    // A verbs queue pair never notices a client that is gone: the client keeps this
+    // connection for its life, and its closing tears the queue pair down.
+    if wire == WIRE_VERBS {
+        if let Err(error) = hangups.watch(id, stream) {
+            region.drop_peer(id);
+            return Err(PoolError::Listener(error));
+        }
+    }
     Ok(())
 }
 

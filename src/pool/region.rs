@@ -31,11 +31,20 @@ pub struct PoolRegion {
     range_id: AtomicU64,
     /// The ticket key of the current incarnation (`None`: the server demands no tickets).
     ticket_key: Mutex<Option<NodeKey>>,
-    /// Connected queue pairs and the grant of the ticket each was opened with.
-    peers: Mutex<Vec<(AnyQp, Option<u64>)>>,
+    /// Connected queue pairs.
+    peers: Mutex<Vec<Peer>>,
+    /// The id of the next queue pair kept.
+    next_peer: AtomicU64,
     /// Grants the server answered revoked, and when: their tickets open nothing more (kept
     /// for a ticket's life, after which every ticket of theirs has expired).
     revoked: Mutex<Vec<(u64, Instant)>>,
+}
+
+/// A connected queue pair, its id and the grant of the ticket it was opened with.
+struct Peer {
+    id: u64,
+    qp: AnyQp,
+    grant: Option<u64>,
 }
 
 /// What memory a pool region is: its bytes, its pages, and whether they are backed at start.
@@ -145,6 +154,7 @@ impl PoolRegion {
             range_id: AtomicU64::new(0),
             ticket_key: Mutex::new(None),
             peers: Mutex::new(Vec::new()),
+            next_peer: AtomicU64::new(0),
             revoked: Mutex::new(Vec::new()),
         })
     }
@@ -203,22 +213,39 @@ impl PoolRegion {
         }
     }
 
-    /// Keeps a connected queue pair, making room by dropping broken ones, then the oldest.
-    pub(super) fn keep(&self, qp: AnyQp, grant: Option<u64>) {
-        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+    fn peers(&self) -> std::sync::MutexGuard<'_, Vec<Peer>> {
+        self.peers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps a connected queue pair, making room by dropping broken ones, then the oldest;
+    /// returns its id.
+    pub(super) fn keep(&self, qp: AnyQp, grant: Option<u64>) -> u64 {
+        let id = self.next_peer.fetch_add(1, Ordering::Relaxed);
+        let mut peers = self.peers();
         if peers.len() >= MAX_PEERS {
-            peers.retain(|(peer, _)| peer.state() != QpState::Error);
+            peers.retain(|peer| peer.qp.state() != QpState::Error);
         }
         if peers.len() >= MAX_PEERS {
             peers.remove(0);
         }
-        peers.push((qp, grant));
+        peers.push(Peer { id, qp, grant });
+        id
+    }
+
+    /// Whether queue pair `id` is still kept.
+    pub(super) fn holds(&self, id: u64) -> bool {
+        self.peers().iter().any(|peer| peer.id == id)
+    }
+
+    /// Tears queue pair `id` down (its client's operations fail from then on).
+    pub(super) fn drop_peer(&self, id: u64) {
+        self.peers().retain(|peer| peer.id != id);
     }
 
     /// The distinct grants of the queue pairs kept.
     pub(super) fn live_grants(&self) -> Vec<u64> {
-        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut grants: Vec<u64> = peers.iter().filter_map(|(_, grant)| *grant).collect();
+        let peers = self.peers();
+        let mut grants: Vec<u64> = peers.iter().filter_map(|peer| peer.grant).collect();
         grants.sort_unstable();
         grants.dedup();
         grants
@@ -232,9 +259,9 @@ impl PoolRegion {
             known.retain(|(_, at)| at.elapsed() < ticket::TICKET_TTL);
             known.extend(revoked.iter().map(|grant| (*grant, Instant::now())));
         }
-        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut peers = self.peers();
         let before = peers.len();
-        peers.retain(|(_, grant)| !grant.is_some_and(|g| revoked.contains(&g)));
+        peers.retain(|peer| !peer.grant.is_some_and(|g| revoked.contains(&g)));
         before - peers.len()
     }
 

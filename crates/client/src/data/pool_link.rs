@@ -56,6 +56,9 @@ pub(crate) struct PoolLink {
     deadline: Duration,
     broken: bool,
     domain: AnyDomain,
+    /// On verbs, the handshake connection, kept open: its closing (this link dropped, or
+    /// the process gone) tells the node to tear its queue pair down.
+    _hangup: Option<TcpStream>,
 }
 
 impl PoolLink {
@@ -113,6 +116,7 @@ impl PoolLink {
             deadline: timeout,
             broken: false,
             domain,
+            _hangup: (wire == Wire::Verbs).then_some(stream),
         })
     }
 
