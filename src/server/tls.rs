@@ -176,7 +176,9 @@ fn client_verifier(
     let crls = match crl {
         Some(path) => {
             let crls = read_crls(crl_key, path)?;
-            check_issuers(&crls, &roots).map_err(|e| file_error(crl_key, path, e.into()))?;
+            check_issuers(&crls, &roots)
+                .map_err(|e| file_error(crl_key, path, e.into()))?
+                .warn();
             Some((path, crls))
         }
         None => None,
@@ -208,17 +210,42 @@ enum IssuerError {
     Duplicate(usize, usize),
 }
 
+/// What a CA file and its revocation lists leave uncovered (numbers from 1, in file order).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Uncovered {
+    /// Lists of a CA that is not in the client CA file (an intermediate's list is fine: the
+    /// verifier matches lists to the client certificate's issuer; a leftover of a removed
+    /// CA is harmless).
+    lists_of_unknown_cas: Vec<usize>,
+    /// CAs of the file without a list: a client certificate one of them issues directly is
+    /// refused (fine for a root that issues only intermediates, which have lists).
+    cas_without_list: Vec<usize>,
+}
+
+impl Uncovered {
+    fn warn(&self) {
+        for list in &self.lists_of_unknown_cas {
+            tracing::warn!(list,
+                "kvcm.tls.client_crl_file: a revocation list of a CA that is not in kvcm.tls.client_ca_file");
+        }
+        for ca in &self.cas_without_list {
+            tracing::warn!(ca,
+                "kvcm.tls.client_ca_file: a CA without a revocation list in kvcm.tls.client_crl_file: client certificates it issues directly are refused");
+        }
+    }
+}
+
 /// Checks that every list (numbered from 1 in the file) decodes and that no two lists of
 /// one CA can both speak for a certificate (same issuing distribution point, or either
-/// without one: the verifier would use the first); warns of lists of a CA that is not in the
-/// client CA file (an intermediate's list is fine: the verifier matches lists to the
-/// client certificate's issuer; a leftover of a removed CA is harmless). The lists'
-/// signatures are checked at each handshake, not here.
+/// without one: the verifier would use the first); returns the lists and CAs that do not
+/// match up (kept: see [`Uncovered`]). The lists' signatures are checked at each handshake,
+/// not here.
 fn check_issuers(
     crls: &[CertificateRevocationListDer<'_>],
     roots: &rustls::RootCertStore,
-) -> Result<(), IssuerError> {
+) -> Result<Uncovered, IssuerError> {
     let mut scopes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(crls.len());
+    let mut uncovered = Uncovered::default();
     for (index, der) in crls.iter().enumerate() {
         let list = webpki::OwnedCertRevocationList::from_der(der)
             .map_err(|e| IssuerError::Decode(index + 1, e))?;
@@ -232,8 +259,7 @@ fn check_issuers(
             .iter()
             .any(|root| root.subject.as_ref() == scope.0)
         {
-            tracing::warn!(list = index + 1,
-                "kvcm.tls.client_crl_file: a revocation list of a CA that is not in kvcm.tls.client_ca_file");
+            uncovered.lists_of_unknown_cas.push(index + 1);
         }
         let overlaps = |(issuer, point): &(Vec<u8>, Option<Vec<u8>>)| {
             *issuer == scope.0 && (point.is_none() || scope.1.is_none() || *point == scope.1)
@@ -243,7 +269,15 @@ fn check_issuers(
         }
         scopes.push(scope);
     }
-    Ok(())
+    for (index, root) in roots.roots.iter().enumerate() {
+        if !scopes
+            .iter()
+            .any(|(issuer, _)| root.subject.as_ref() == issuer)
+        {
+            uncovered.cas_without_list.push(index + 1);
+        }
+    }
+    Ok(uncovered)
 }
 
 /// A PEM file that holds no certificate revocation list.
@@ -586,5 +620,20 @@ mod tests {
         std::fs::write(&crl, format!("{newer}{stranger}")).expect("write");
         assert!(client_verifier(&ca, Some(&crl), provider.clone()).is_ok());
         assert!(client_verifier(&ca, None, provider).is_ok());
+        // So is a CA without a list (one that issues only intermediates needs none); both
+        // are reported, by their numbers in their files.
+        let listless = authority("a CA without a list");
+        std::fs::write(&ca, format!("{}{}", ours.pem(), listless.pem())).expect("write");
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in read_certs("ca", &ca).expect("CAs") {
+            roots.add(cert).expect("a CA");
+        }
+        let lists = read_crls("crl", &crl).expect("lists");
+        let uncovered = check_issuers(&lists, &roots).expect("usable lists");
+        let expected = Uncovered {
+            lists_of_unknown_cas: vec![2],
+            cas_without_list: vec![2],
+        };
+        assert_eq!(uncovered, expected);
     }
 }
