@@ -271,7 +271,14 @@ pub async fn start(
     let listen = Listen::new("http", meta_host, config.http_port);
     server.spawn_http(listen, meta_http, &stop_rx).await?;
     if config.pool.embedded_size > 0 {
-        server.pool_node = Some(start_embedded_pool(config, server.addresses["http"])?);
+        // Off the runtime's workers: a prefaulted region is backed here, and the node's
+        // join waits for this server's own meta HTTP.
+        let (pool_config, http) = (config.clone(), server.addresses["http"]);
+        let started = tokio::task::spawn_blocking(move || start_embedded_pool(&pool_config, http));
+        let node = started.await.map_err(|e| {
+            ServerError::Pool(format!("the embedded pool node's start failed: {e}"))
+        })??;
+        server.pool_node = Some(node);
     }
     let admin_http = http::admin_router(
         handlers.admin.clone(),
