@@ -296,7 +296,7 @@ fn main() {
         "pool region backed as blocks land"
     };
     println!(
-        "data plane, batches of {BATCH} blocks, best of {rounds} rounds (GB/s; ratio to the floor; {pool})"
+        "data plane, batches of {BATCH} blocks, best of {rounds} rounds and the slowest put (GB/s; ratio to the floor; {pool})"
     );
     println!(
         "{:<8} {:<12} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}  path taken",

@@ -241,10 +241,11 @@ fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
     round_trip_in_registered_memory(&mut on_verbs, &more, TransferPath::PoolVerbsZeroCopy);
 }
 
-/// On real verbs: a client that closes its handshake connection (as an engine's link does
-/// when dropped, or the kernel when its process dies) gets its queue pair torn down by the
-/// node — a verbs responder would otherwise keep it for good — and a client that keeps the
-/// connection keeps its queue pair. Skips loudly without a device.
+/// On real verbs: a client that said it keeps its handshake connection and then closes it
+/// (as an engine's link does when dropped, or the kernel when its process dies) gets its
+/// queue pair torn down by the node — a verbs responder would otherwise keep it for good —;
+/// a client that keeps the connection, and one that never said it would (an earlier
+/// release), keep theirs. Skips loudly without a device.
 #[test]
 fn a_pool_queue_pair_is_torn_down_when_its_client_hangs_up_on_verbs_or_loud_skip() {
     let Some((settings, node_args)) = on_verbs("pool queue-pair hang-up on verbs") else {
@@ -259,11 +260,24 @@ fn a_pool_queue_pair_is_torn_down_when_its_client_hangs_up_on_verbs_or_loud_skip
         (server, node)
     });
     let endpoint = node.ready["listen"].as_str().expect("listen").to_string();
-    let mut hello = kvcm::pool::POOL_HELLO.to_vec();
-    hello.push(Wire::Verbs.index() as u8);
-    let open = || RawPoolQp::open(&endpoint, &hello, Wire::Verbs).expect("a verbs queue pair");
-    let (mut leaving, staying) = (open(), open());
-    assert!(leaving.reads() && staying.reads(), "both read the region");
+    let open = |wire_byte: u8| {
+        let mut hello = kvcm::pool::POOL_HELLO.to_vec();
+        hello.push(wire_byte);
+        RawPoolQp::open(&endpoint, &hello, Wire::Verbs).expect("a verbs queue pair")
+    };
+    let verbs = Wire::Verbs.index() as u8;
+    let (mut leaving, staying) = (
+        open(verbs | kvcm::pool::KEEPS_CONNECTION),
+        open(verbs | kvcm::pool::KEEPS_CONNECTION),
+    );
+    // A client of an earlier release closes the connection after the handshake and keeps
+    // its queue pair.
+    let mut earlier = open(verbs);
+    drop(earlier.hangup.take());
+    assert!(
+        leaving.reads() && staying.reads(),
+        "the watched clients read the region"
+    );
     drop(leaving.hangup.take());
     let torn_down =
         common::wait_until_blocking(Duration::from_secs(30), || (!leaving.reads()).then_some(()));
@@ -272,6 +286,7 @@ fn a_pool_queue_pair_is_torn_down_when_its_client_hangs_up_on_verbs_or_loud_skip
         "the hung-up client's queue pair is torn down"
     );
     assert!(staying.reads(), "the other client's queue pair stays");
+    assert!(earlier.reads(), "an unwatched client's queue pair stays");
 }
 
 #[test]
@@ -1154,8 +1169,8 @@ struct RawPoolQp {
     _buffer: kvcm_transport::HostMemory,
     region: kvcm_transport::any::AnyRegion,
     info: kvcm::pool::RegionInfo,
-    /// The handshake connection, kept as an engine keeps it (on verbs its closing tears the
-    /// node's queue pair down).
+    /// The handshake connection, kept as an engine keeps it (on verbs, when the hello set
+    /// `KEEPS_CONNECTION`, its closing tears the node's queue pair down).
     hangup: Option<std::net::TcpStream>,
 }
 

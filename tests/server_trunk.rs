@@ -477,6 +477,8 @@ async fn prometheus_names_take_the_configured_prefix_and_the_exposition_can_be_o
         "# TYPE kvcm_event_log_dropped counter",
         "# TYPE kvcm_journal_failed gauge",
         "kvcm_journal_failed 0",
+        "# TYPE kvcm_lookup_queue_pairs gauge",
+        "kvcm_lookup_queue_pairs 0",
     ] {
         assert!(lines.contains(&expected), "{expected:?} in {text}");
     }
@@ -511,6 +513,13 @@ async fn prometheus_names_take_the_configured_prefix_and_the_exposition_can_be_o
         "{text}"
     );
     assert!(!text.contains("from_env"), "{text}");
+    drop(server);
+
+    // With the lookup path off, no lookup series.
+    let server = TestServer::start_with(&["kvcm.lookup.enabled=false"]).await;
+    let (_, text) = server.prometheus().await;
+    assert!(text.contains("kvcm_journal_failed 0"), "{text}");
+    assert!(!text.contains("kvcm_lookup_"), "{text}");
     drop(server);
 
     // Off: no /metrics route; the admin RPCs and GetMetrics are still served.

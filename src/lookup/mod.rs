@@ -276,7 +276,6 @@ impl LookupService {
     fn drop_this_table(&self, instance_id: &str, table: &Arc<InstanceTable>, error: &LookupError) {
         tracing::error!(instance = instance_id, %error,
             "lookup table dropped: readers fall back to gRPC");
-        self.tables_dropped.fetch_add(1, Ordering::Relaxed);
         {
             let mut tables = self.tables();
             if tables
@@ -284,6 +283,8 @@ impl LookupService {
                 .is_some_and(|kept| Arc::ptr_eq(kept, table))
             {
                 tables.remove(instance_id);
+                // Counted once per table, however many callers saw it fail.
+                self.tables_dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
         if let Err(error) = table.retire() {

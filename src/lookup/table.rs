@@ -32,7 +32,7 @@
 //!   wire, [`InstanceTable::domain`]): only queue pairs created in them can read it.
 
 use std::collections::HashSet;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use kvcm_index::{BlockKey, ScanCursor};
@@ -108,6 +108,9 @@ struct State {
     waited: Duration,
     /// Growths whose generation became the current one.
     growths_installed: u64,
+    /// Growths whose generation ran out while catching up at install (a generation was
+    /// built from the index there, under the lock).
+    rebuilt_at_install: u64,
 }
 
 /// A growth under way: which one, the keys changed since it began, and how far its build
@@ -179,10 +182,12 @@ pub struct InstanceTable {
     growth_ended: Condvar,
     /// [`GROWTH_STALL`].
     growth_stall: Duration,
+    /// The figures [`InstanceTable::stats`] answered last.
+    last_stats: Mutex<TableStats>,
 }
 
 /// A table's figures for the server's metrics (`kvcm_lookup_table_*`, docs/lookup-table.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TableStats {
     /// The header's epoch (one more per generation replaced).
     pub epoch: u64,
@@ -192,11 +197,14 @@ pub struct TableStats {
     pub slots: u64,
     /// See `slots`.
     pub slots_used: u64,
-    /// Background growths begun, and those installed (the others were superseded by a
-    /// rebuild, or abandoned).
+    /// Background growths begun, those installed, and those whose generation ran out while
+    /// catching up at install and was replaced by one built there (the others were
+    /// superseded by a rebuild in a call, or abandoned).
     pub growths_started: u64,
     /// See `growths_started`.
     pub growths_installed: u64,
+    /// See `growths_started`.
+    pub rebuilt_at_install: u64,
     /// Generations built inside a write call because the current one ran out.
     pub rebuilt_in_call: u64,
     /// Changes that ran out and waited for the growth under way, and their time waiting.
@@ -271,7 +279,9 @@ impl InstanceTable {
                 waited_for_growth: 0,
                 waited: Duration::ZERO,
                 growths_installed: 0,
+                rebuilt_at_install: 0,
             }),
+            last_stats: Mutex::new(TableStats::default()),
             growth_ended: Condvar::new(),
             growth_stall: GROWTH_STALL,
         })
@@ -334,12 +344,22 @@ impl InstanceTable {
         }
     }
 
-    /// What the table reports in the server's metrics.
+    /// What the table reports in the server's metrics. Never waits for a build: while the
+    /// table's lock is held (a rebuild inside a call holds it for O(keys)), the figures of
+    /// the previous look are answered (counters never go back).
     pub fn stats(&self) -> TableStats {
-        let state = self.lock();
+        let mut last = self
+            .last_stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return *last,
+        };
         let generation = &state.current.generation;
         let layout = generation.layout();
-        TableStats {
+        *last = TableStats {
             epoch: state.epoch,
             bytes: layout.total_len() as u64,
             slots: layout.bucket_count * layout.geometry.slots_per_bucket as u64,
@@ -347,9 +367,11 @@ impl InstanceTable {
             growths_started: state.growths,
             growths_installed: state.growths_installed,
             rebuilt_in_call: state.rebuilt_in_call,
+            rebuilt_at_install: state.rebuilt_at_install,
             waited_for_growth: state.waited_for_growth,
             waited: state.waited,
-        }
+        };
+        *last
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -495,13 +517,13 @@ impl InstanceTable {
                 .map_err(LookupError::from);
         }
         let installed = match caught_up {
-            Ok(()) => {
-                state.growths_installed += 1;
-                self.flip(&mut state, next, sizes)
-            }
+            Ok(()) => self
+                .flip(&mut state, next, sizes)
+                .map(|()| state.growths_installed += 1),
             Err(LookupError::Format(FormatError::Full(full))) => {
                 let sizes = sizes.after_full(&next.generation, full);
                 self.rebuild_at(&mut state, manager, instance, sizes)
+                    .map(|()| state.rebuilt_at_install += 1)
             }
             Err(other) => Err(other),
         };
@@ -1102,6 +1124,34 @@ mod tests {
         for key in 1..next + 8 {
             assert_eq!(is_published(&table, key), key > 4, "after install: {key}");
         }
+    }
+
+    #[test]
+    fn figures_are_read_without_waiting_for_the_tables_lock() {
+        let NearlyFull {
+            _dir,
+            manager,
+            instance,
+            table,
+            next,
+            growth,
+        } = nearly_full();
+        table.abandon_growth(&growth);
+        let before = table.stats();
+        assert!(
+            before.slots_used > 0 && before.growths_started == 1,
+            "{before:?}"
+        );
+        let held = table.lock();
+        // Answered at once, from the last look, while a build would hold the lock.
+        assert_eq!(table.stats(), before);
+        drop(held);
+        let keys: Vec<BlockKey> = (next..next + 8).collect();
+        if let Some(growth) = write(&manager, &instance, &table, &keys) {
+            table.abandon_growth(&growth);
+        }
+        let after = table.stats();
+        assert_eq!(after.slots_used, before.slots_used + 8, "{after:?}");
     }
 
     #[test]

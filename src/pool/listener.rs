@@ -6,9 +6,10 @@
 //! its queue pair before it answers with its own), and the node sends the [`RegionInfo`]
 //! of that wire. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
 //! client's READs and WRITEs; no node
-//! thread runs per transfer. On verbs the client keeps the connection open for its queue
-//! pair's life and its closing tears the queue pair down (`crate::hangups`: a verbs
-//! responder never notices a client that is gone); on the soft wires it is closed.
+//! thread runs per transfer. A client that sets [`KEEPS_CONNECTION`] in its wire byte keeps
+//! the connection open for its queue pair's life; on verbs its closing then tears the queue
+//! pair down (`crate::hangups`: a verbs responder never notices a client that is gone). A
+//! client without the bit (an engine of an earlier release) is not watched.
 //!
 //! Each handshake runs on a thread of its own with a 2-second deadline, at most
 //! [`MAX_HANDSHAKES`] at once; at most 1024 queue pairs are kept (the oldest
@@ -31,6 +32,9 @@ use crate::lookup::WIRE_VERBS;
 pub const HELLO: &[u8; 4] = b"KVPL";
 /// First bytes of a connection request with a ticket (`super::ticket`) after the wire byte.
 pub const HELLO_TICKET: &[u8; 4] = b"KVP2";
+/// Bit of the wire byte: the client keeps this connection open while it uses its queue
+/// pair (the engine sets it on verbs), so its closing means the client is gone.
+pub const KEEPS_CONNECTION: u8 = 0x80;
 /// How long a connecting client may take.
 const DEADLINE: Duration = Duration::from_secs(2);
 /// Most connections being set up at once.
@@ -125,7 +129,8 @@ fn connect(
         _ => return Err(PoolError::Refused("not a pool hello".into())),
     };
     let grant = region.admit(ticket.as_ref())?;
-    let wire = usize::from(hello[4]);
+    let keeps_connection = hello[4] & KEEPS_CONNECTION != 0;
+    let wire = usize::from(hello[4] & !KEEPS_CONNECTION);
     let (qp, addr, rkey) = region.create_qp(wire)?;
     let remote = read_endpoint(&mut stream)?;
     qp.connect(&remote)?;
@@ -138,9 +143,9 @@ fn connect(
     };
     stream.write_all(&info.encode()).map_err(io)?;
     let id = region.keep(qp, grant);
-    // A verbs queue pair never notices a client that is gone: the client keeps this
-    // connection for its life, and its closing tears the queue pair down.
-    if wire == WIRE_VERBS {
+    // A verbs queue pair never notices a client that is gone: a client that keeps this
+    // connection for its life says so, and its closing tears the queue pair down.
+    if wire == WIRE_VERBS && keeps_connection {
         if let Err(error) = hangups.watch(id, stream) {
             region.drop_peer(id);
             return Err(PoolError::Listener(error));

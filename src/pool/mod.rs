@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use kvcm_transport::any::VerbsDevice;
 use std::time::Duration;
 
-pub use listener::{RegionInfo, HELLO as POOL_HELLO};
+pub use listener::{RegionInfo, HELLO as POOL_HELLO, KEEPS_CONNECTION};
 pub use member::{Member, MemberConfig};
 pub use region::{HugePages, PoolRegion, RegionSpec};
 pub use routes::{

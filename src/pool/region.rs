@@ -3,7 +3,9 @@
 //! kernel has that many free, on regular pages otherwise, and the node says which) registered for remote reads and writes on a soft-TCP and a
 //! soft-shm domain (and a verbs one when the node is given an RDMA device), the node's current incarnation (`range_id`) and, when its server
 //! demands tickets, the incarnation's ticket key (`super::ticket`), and the connected queue
-//! pairs with the grant each was opened under (a revoked grant's are torn down).
+//! pairs, each with an id (never reused: the hang-up watcher names it) and the grant it was
+//! opened under; a revoked grant's are torn down, and so is one whose client hung up
+//! (`super::listener`).
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -168,10 +168,7 @@ fn client_verifier(
     provider: Arc<rustls::crypto::CryptoProvider>,
 ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let key = "kvcm.tls.client_ca_file";
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in read_certs(key, ca)? {
-        roots.add(cert).map_err(|e| file_error(key, ca, e.into()))?;
-    }
+    let roots = read_roots(key, ca)?;
     let crl_key = "kvcm.tls.client_crl_file";
     let crls = match crl {
         Some(path) => {
@@ -196,6 +193,17 @@ fn client_verifier(
             VerifierBuilderError::InvalidCrl(_) => file_error(crl_key, crl, e.into()),
             other => file_error(key, ca, other.into()),
         })
+}
+
+/// The CA certificates of the file `path` (of config key `key`), in file order.
+fn read_roots(key: &'static str, path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in read_certs(key, path)? {
+        roots
+            .add(cert)
+            .map_err(|e| file_error(key, path, e.into()))?;
+    }
+    Ok(roots)
 }
 
 /// Why revocation lists cannot be used.
@@ -230,7 +238,7 @@ impl Uncovered {
         }
         for ca in &self.cas_without_list {
             tracing::warn!(ca,
-                "kvcm.tls.client_ca_file: a CA without a revocation list in kvcm.tls.client_crl_file: client certificates it issues directly are refused");
+                "kvcm.tls.client_ca_file: a CA without a revocation list in kvcm.tls.client_crl_file: client certificates it issues directly are refused (fine for a CA that issues only intermediates with lists)");
         }
     }
 }
@@ -624,10 +632,7 @@ mod tests {
         // are reported, by their numbers in their files.
         let listless = authority("a CA without a list");
         std::fs::write(&ca, format!("{}{}", ours.pem(), listless.pem())).expect("write");
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in read_certs("ca", &ca).expect("CAs") {
-            roots.add(cert).expect("a CA");
-        }
+        let roots = read_roots("ca", &ca).expect("CAs");
         let lists = read_crls("crl", &crl).expect("lists");
         let uncovered = check_issuers(&lists, &roots).expect("usable lists");
         let expected = Uncovered {

@@ -9,7 +9,7 @@ use crate::curves::{LiveCurves, FRACTIONS};
 use crate::proto::admin;
 use kvcm_manager::Manager;
 
-use super::samples::{self, counter, gauge, Sample};
+use super::samples::{self, counter, gauge, gauge_u64, Sample};
 
 /// Every series, grouped by name in the order below.
 fn capacity_samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
@@ -51,13 +51,12 @@ fn capacity_samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
                 ("instance_group", group.name.clone()),
                 ("instance_id", instance.instance_id.to_string()),
             ];
-            let keys = i64::try_from(instance.keys).unwrap_or(i64::MAX);
             out.push(gauge(
                 "capacity.instance_used_bytes",
                 tags.clone(),
                 instance.used_bytes,
             ));
-            out.push(gauge("capacity.instance_keys", tags, keys));
+            out.push(gauge_u64("capacity.instance_keys", tags, instance.keys));
         }
     }
     for storage in manager.storage_health() {
@@ -81,13 +80,20 @@ fn curve_samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
             continue;
         };
         let tags = || vec![("instance_id", id.to_string())];
-        let requests = i64::try_from(curve.requests).unwrap_or(i64::MAX);
-        out.push(gauge("capacity.curve_window_requests", tags(), requests));
+        out.push(gauge_u64(
+            "capacity.curve_window_requests",
+            tags(),
+            curve.requests as u64,
+        ));
         for fraction in FRACTIONS {
             let mut tags = tags();
             tags.push(("fraction", fraction.to_string()));
-            let blocks = i64::try_from(curve.capacity_for(fraction)).unwrap_or(i64::MAX);
-            out.push(gauge("capacity.curve_blocks_for_hit_rate", tags, blocks));
+            let blocks = curve.capacity_for(fraction) as u64;
+            out.push(gauge_u64(
+                "capacity.curve_blocks_for_hit_rate",
+                tags,
+                blocks,
+            ));
         }
     }
     out

@@ -1,20 +1,20 @@
 //! The lookup path's series (docs/lookup-table.md, "Metrics") in GetMetrics and `GET
 //! /metrics`: the polling-thread core's queue pairs and messages, tables dropped, and per
-//! published table (`instance_id`) its bytes, slots, epoch, growths, rebuilds inside write
-//! calls and the changes that waited for a growth. Nothing is written when the lookup path
-//! is off.
+//! published table (`instance_id`) its bytes, slots, epoch, growths, rebuilds (inside write
+//! calls, at a growth's install) and the changes that waited for a growth. Nothing is
+//! written when the lookup path is off.
 
 use crate::lookup::stats::LookupStats;
 use crate::proto::admin;
 
 use super::core::Core;
-use super::samples::{self, counter, gauge, Sample};
+use super::samples::{self, counter, gauge_u64, Sample};
 
 /// Every series, grouped by name.
 fn lookup_samples(stats: &LookupStats) -> Vec<Sample> {
     let core = &stats.core;
     let mut out = vec![
-        gauge("lookup.queue_pairs", Vec::new(), saturate(core.queue_pairs)),
+        gauge_u64("lookup.queue_pairs", Vec::new(), core.queue_pairs),
         counter("lookup.messages", Vec::new(), core.messages),
         counter("lookup.messages_busy", Vec::new(), core.busy),
         counter("lookup.messages_malformed", Vec::new(), core.malformed),
@@ -24,14 +24,10 @@ fn lookup_samples(stats: &LookupStats) -> Vec<Sample> {
         let tags = || vec![("instance_id", id.clone())];
         let waited_us = u64::try_from(table.waited.as_micros()).unwrap_or(u64::MAX);
         out.extend([
-            gauge("lookup.table_bytes", tags(), saturate(table.bytes)),
-            gauge("lookup.table_slots", tags(), saturate(table.slots)),
-            gauge(
-                "lookup.table_slots_used",
-                tags(),
-                saturate(table.slots_used),
-            ),
-            gauge("lookup.table_epoch", tags(), saturate(table.epoch)),
+            gauge_u64("lookup.table_bytes", tags(), table.bytes),
+            gauge_u64("lookup.table_slots", tags(), table.slots),
+            gauge_u64("lookup.table_slots_used", tags(), table.slots_used),
+            gauge_u64("lookup.table_epoch", tags(), table.epoch),
             counter(
                 "lookup.table_growths_started",
                 tags(),
@@ -53,10 +49,6 @@ fn lookup_samples(stats: &LookupStats) -> Vec<Sample> {
     }
     out.sort_by_key(|s| s.name);
     out
-}
-
-fn saturate(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// The lookup series for GetMetrics (none while the lookup path is off).

@@ -44,6 +44,11 @@ pub fn gauge(name: &'static str, tags: Vec<(&'static str, String)>, value: i64) 
     }
 }
 
+/// A gauge sample of a count (saturating at `i64::MAX`).
+pub fn gauge_u64(name: &'static str, tags: Vec<(&'static str, String)>, value: u64) -> Sample {
+    gauge(name, tags, i64::try_from(value).unwrap_or(i64::MAX))
+}
+
 /// The samples as GetMetrics series.
 pub fn to_wire(samples: Vec<Sample>) -> Vec<admin::MetricsData> {
     use admin::metric_value::Value;

@@ -21,7 +21,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use kvcm::pool::ticket::Ticket;
-use kvcm::pool::{RegionInfo, POOL_HELLO};
+use kvcm::pool::{RegionInfo, KEEPS_CONNECTION, POOL_HELLO};
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
 use kvcm_transport::soft::SoftQp;
 use kvcm_transport::{
@@ -87,7 +87,14 @@ impl PoolLink {
             Some(_) => kvcm::pool::listener::HELLO_TICKET.to_vec(),
             None => POOL_HELLO.to_vec(),
         };
-        hello.push(wire.index() as u8);
+        // On verbs the connection stays open with the link: its closing tells the node that
+        // this client is gone.
+        let keeps = if wire == Wire::Verbs {
+            KEEPS_CONNECTION
+        } else {
+            0
+        };
+        hello.push(wire.index() as u8 | keeps);
         hello.extend_from_slice(ticket.map_or(&[][..], |t| &t[..]));
         stream.write_all(&hello).map_err(io)?;
         let remote = exchange_endpoints(&mut stream, &qp.endpoint()).map_err(|e| e.to_string())?;
