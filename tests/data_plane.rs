@@ -194,18 +194,9 @@ fn pool_used(runtime: &tokio::runtime::Runtime, server: &TestServer) -> u64 {
 /// loudly without a device or the `rdma` feature.
 #[test]
 fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
-    let Some((settings, node_args)) = on_verbs("the data plane on verbs") else {
+    let Some((_runtime, server, _node)) = node_on_verbs("the data plane on verbs") else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let (server, _node) = runtime.block_on(async {
-        let settings = as_strs(&settings);
-        let server = prepare_async(200, &settings).await;
-        let node_args = as_strs(&node_args);
-        let node = PoolProcess::start_with(&server, "pool_a", "node-1", "16M", &node_args).await;
-        live_range(&server, "pool_a", Some("node-1"), 1).await;
-        (server, node)
-    });
     let keys: Vec<i64> = (1..=64).collect();
     let verbs = TransferConfig {
         pool_wire: Wire::Verbs,
@@ -248,17 +239,9 @@ fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
 /// release), keep theirs. Skips loudly without a device.
 #[test]
 fn a_pool_queue_pair_is_torn_down_when_its_client_hangs_up_on_verbs_or_loud_skip() {
-    let Some((settings, node_args)) = on_verbs("pool queue-pair hang-up on verbs") else {
+    let Some((_runtime, _server, node)) = node_on_verbs("pool queue-pair hang-up on verbs") else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let (_server, node) = runtime.block_on(async {
-        let server = prepare_async(200, &as_strs(&settings)).await;
-        let node_args = as_strs(&node_args);
-        let node = PoolProcess::start_with(&server, "pool_a", "node-1", "16M", &node_args).await;
-        live_range(&server, "pool_a", Some("node-1"), 1).await;
-        (server, node)
-    });
     let endpoint = node.ready["listen"].as_str().expect("listen").to_string();
     let open = |wire_byte: u8| {
         let mut hello = kvcm::pool::POOL_HELLO.to_vec();
@@ -1275,6 +1258,21 @@ fn on_verbs(what: &str) -> Option<(Vec<String>, Vec<String>)> {
         device.gid_index.to_string(),
     ];
     Some((settings, node_args))
+}
+
+/// A server and a live 16 MiB `kvcm pool` node of `pool_a`, both also serving on the verbs
+/// device `KVCM_VERBS_DEVICE` names; `None` (skipped loudly, naming `what`) without one.
+fn node_on_verbs(what: &str) -> Option<(tokio::runtime::Runtime, TestServer, PoolProcess)> {
+    let (settings, node_args) = on_verbs(what)?;
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let (server, node) = runtime.block_on(async {
+        let server = prepare_async(200, &as_strs(&settings)).await;
+        let node_args = as_strs(&node_args);
+        let node = PoolProcess::start_with(&server, "pool_a", "node-1", "16M", &node_args).await;
+        live_range(&server, "pool_a", Some("node-1"), 1).await;
+        (server, node)
+    });
+    Some((runtime, server, node))
 }
 
 fn as_strs(strings: &[String]) -> Vec<&str> {
