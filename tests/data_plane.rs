@@ -232,6 +232,32 @@ fn blocks_round_trip_through_a_pool_node_over_verbs_or_loud_skip() {
     round_trip_in_registered_memory(&mut on_verbs, &more, TransferPath::PoolVerbsZeroCopy);
 }
 
+/// The node answers with its endpoint only once it has the client's and has connected its
+/// queue pair to it (the handshake order docs/data-plane.md states).
+#[test]
+fn a_pool_node_sends_its_endpoint_only_after_the_clients() {
+    use kvcm_transport::{Domain, QpConfig, QueuePair};
+    use std::io::{Read, Write};
+    let (_runtime, _server, node) = prepare(200, "16M");
+    let endpoint = node.ready["listen"].as_str().expect("listen").to_string();
+    let mut stream = std::net::TcpStream::connect(&endpoint).expect("connect");
+    let mut hello = kvcm::pool::POOL_HELLO.to_vec();
+    hello.push(Wire::Tcp.index() as u8);
+    stream.write_all(&hello).expect("hello");
+    common::assert_waits_for_the_clients_endpoint(&mut stream, Duration::from_millis(300));
+    let domain = Wire::Tcp
+        .open_domain(Duration::from_secs(2))
+        .expect("domain");
+    let cq = domain.create_cq().expect("cq");
+    let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
+    kvcm_transport::write_endpoint(&mut stream, &qp.endpoint()).expect("our endpoint");
+    let theirs = kvcm_transport::read_endpoint(&mut stream).expect("the node's endpoint");
+    qp.connect(&theirs).expect("connected");
+    let mut info = [0u8; kvcm::pool::RegionInfo::SIZE];
+    stream.read_exact(&mut info).expect("the region's info");
+    assert_eq!(kvcm::pool::RegionInfo::decode(&info).len, 16 << 20);
+}
+
 /// On real verbs: a client that said it keeps its handshake connection and then closes it
 /// (as an engine's link does when dropped, or the kernel when its process dies) gets its
 /// queue pair torn down by the node — a verbs responder would otherwise keep it for good —;

@@ -618,7 +618,9 @@ fn a_client_awaiting_a_slow_reply_sleeps_instead_of_spinning() {
     }
 }
 
-/// A peer that sends malformed messages gets a "malformed" answer; the server keeps serving.
+/// A peer that sends malformed messages gets a "malformed" answer; the server keeps serving
+/// and counts them in its metrics. (Its handshake also pins the order: the server answers
+/// with its endpoint only after the client's.)
 #[test]
 fn malformed_rdma_messages_are_answered_and_harm_no_one() {
     use kvcm_transport::soft::{SoftConfig, SoftDomain};
@@ -642,6 +644,8 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
     stream
         .write_all(&kvcm::lookup::qp_hello(0, &token))
         .expect("hello");
+    // The server connects its queue pair (and posts its receives) before it answers.
+    common::assert_waits_for_the_clients_endpoint(&mut stream, Duration::from_millis(300));
     let remote = exchange_endpoints(&mut stream, &qp.endpoint()).expect("exchange");
     qp.connect(&remote).expect("connected");
     let memory = domain.alloc(1 << 20).expect("memory");

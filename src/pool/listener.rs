@@ -107,7 +107,8 @@ fn watch_hangups(region: &Arc<PoolRegion>) -> std::io::Result<HangupWatcher<u64>
 }
 
 /// Reads the hello, connects a queue pair on the named wire, sends the region's info; on
-/// verbs the connection is then watched for the queue pair's life.
+/// verbs, when the client keeps the connection, it is then watched for the queue pair's
+/// life.
 fn connect(
     mut stream: TcpStream,
     region: &PoolRegion,

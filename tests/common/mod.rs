@@ -20,6 +20,25 @@ use tonic::transport::Channel;
 pub mod crash;
 pub mod pool;
 
+/// Asserts that the peer of `stream` (blocking) sends nothing for `window`: a queue-pair
+/// listener that got a hello but not yet the client's endpoint must wait for it (it
+/// connects its queue pair first, so the client's first message never reaches a queue pair
+/// not yet ready). The read timeout is restored to none.
+pub fn assert_waits_for_the_clients_endpoint(stream: &mut std::net::TcpStream, window: Duration) {
+    use std::io::Read;
+    stream.set_read_timeout(Some(window)).expect("timeout");
+    let mut byte = [0u8; 1];
+    let early = stream.read(&mut byte);
+    assert!(
+        early.as_ref().is_err_and(|e| matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        )),
+        "the listener answered before the client's endpoint: {early:?}"
+    );
+    stream.set_read_timeout(None).expect("timeout");
+}
+
 /// A running `kvcm serve`, killed (SIGKILL) when dropped.
 pub struct TestServer {
     child: Child,
