@@ -1046,42 +1046,28 @@ mod tests {
         panic!("no growth after {next} keys");
     }
 
-    /// A table written until a change handed out its first growth (not run).
-    struct NearlyFull {
-        _dir: tempfile::TempDir,
-        manager: Arc<Manager>,
-        instance: Arc<Instance>,
-        table: InstanceTable,
-        /// The first key not written.
-        next: BlockKey,
-        growth: Growth,
-    }
+    /// A table written until a change handed out its first growth (not run): its data
+    /// directory, manager, instance, table, the first key not written and that growth.
+    type NearlyFull = (
+        tempfile::TempDir,
+        Arc<Manager>,
+        Arc<Instance>,
+        InstanceTable,
+        BlockKey,
+        Growth,
+    );
 
     fn nearly_full() -> NearlyFull {
         let dir = tempfile::tempdir().expect("tempdir");
         let (manager, instance, table) = setup(dir.path());
         let mut next: BlockKey = 1;
         let growth = write_until_growth(&manager, &instance, &table, &mut next);
-        NearlyFull {
-            _dir: dir,
-            manager,
-            instance,
-            table,
-            next,
-            growth,
-        }
+        (dir, manager, instance, table, next, growth)
     }
 
     #[test]
     fn a_nearly_full_table_grows_aside_and_keeps_the_changes_made_during_the_build() {
-        let NearlyFull {
-            _dir,
-            manager,
-            instance,
-            table,
-            next,
-            growth,
-        } = nearly_full();
+        let (_dir, manager, instance, table, next, growth) = nearly_full();
         let (epoch, sizes) = {
             let state = table.lock();
             (state.epoch, state.sizes)
@@ -1128,14 +1114,7 @@ mod tests {
 
     #[test]
     fn figures_are_read_without_waiting_for_the_tables_lock() {
-        let NearlyFull {
-            _dir,
-            manager,
-            instance,
-            table,
-            next,
-            growth,
-        } = nearly_full();
+        let (_dir, manager, instance, table, next, growth) = nearly_full();
         table.abandon_growth(&growth);
         let before = table.stats();
         assert!(
@@ -1156,14 +1135,7 @@ mod tests {
 
     #[test]
     fn a_growth_superseded_by_a_rebuild_or_a_retirement_is_dropped() {
-        let NearlyFull {
-            _dir,
-            manager,
-            instance,
-            table,
-            mut next,
-            growth,
-        } = nearly_full();
+        let (_dir, manager, instance, table, mut next, growth) = nearly_full();
         let grown = table
             .build_grown(&manager, &instance, &growth)
             .expect("build");
@@ -1197,14 +1169,7 @@ mod tests {
 
     #[test]
     fn a_change_that_runs_out_during_a_growth_waits_for_it_instead_of_rebuilding() {
-        let NearlyFull {
-            _dir,
-            manager,
-            instance,
-            table,
-            next,
-            growth,
-        } = nearly_full();
+        let (_dir, manager, instance, table, next, growth) = nearly_full();
         let (epoch, slots) = {
             let state = table.lock();
             let layout = state.current.generation.layout();
@@ -1270,14 +1235,7 @@ mod tests {
     #[test]
     fn a_change_waiting_for_a_growth_whose_build_does_not_advance_rebuilds_in_its_call() {
         // Handed out and never built: the waiter sees no progress for the stall limit.
-        let NearlyFull {
-            _dir,
-            manager,
-            instance,
-            mut table,
-            mut next,
-            growth: stuck,
-        } = nearly_full();
+        let (_dir, manager, instance, mut table, mut next, stuck) = nearly_full();
         table.growth_stall = Duration::from_millis(200);
         let epoch = table.lock().epoch;
         let deadline = Instant::now() + Duration::from_secs(60);
