@@ -237,6 +237,24 @@ impl Registry {
         len: u64,
         need: Access,
     ) -> Option<Target> {
+        let (mem, offset) = self.check_memo(memo, key, addr, len, need)?;
+        Some(Target {
+            mem: Arc::clone(mem),
+            offset,
+        })
+    }
+
+    /// [`Registry::resolve_memo`] without taking a reference: the memory (held by `memo`)
+    /// and the offset in it.
+    #[inline]
+    pub(crate) fn check_memo<'m>(
+        &self,
+        memo: &'m mut KeyMemo,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<(&'m Arc<SharedMemory>, usize)> {
         if memo.last.as_ref().is_none_or(|(last, _, _)| *last != key) {
             let live = self.live.read().unwrap_or_else(PoisonError::into_inner);
             let found = live.get(&key)?;
@@ -246,10 +264,7 @@ impl Registry {
         if entry.pd != memo.pd || !keytable::check_access(entry, addr, len, need) {
             return None;
         }
-        Some(Target {
-            mem: Arc::clone(mem),
-            offset: (addr - entry.mem_base) as usize,
-        })
+        Some((mem, (addr - entry.mem_base) as usize))
     }
 }
 

@@ -177,15 +177,19 @@ impl ResponderLink {
                 }
                 continue;
             }
-            let payload = &input[frame::REQUEST_LEN..frame_len];
-            let Some((response, data)) =
-                responder::execute(registry, &mut memo, &self.qp, &header, payload)
-            else {
-                // No receive buffer: the frame waits, and so does what follows it.
-                self.awaiting_receive = true;
-                return Ok(progress);
-            };
-            append_response(output, &response, data);
+            if header.op == Op::Read && (header.len as usize) < ZERO_COPY_MIN {
+                responder::answer_small_read(registry, &mut memo, &header, output.bytes());
+            } else {
+                let payload = &input[frame::REQUEST_LEN..frame_len];
+                let Some((response, data)) =
+                    responder::execute(registry, &mut memo, &self.qp, &header, payload)
+                else {
+                    // No receive buffer: the frame waits, and so does what follows it.
+                    self.awaiting_receive = true;
+                    return Ok(progress);
+                };
+                append_response(output, &response, data);
+            }
             self.conn.consume(frame_len);
             progress = true;
         }
