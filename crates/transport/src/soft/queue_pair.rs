@@ -143,6 +143,14 @@ impl QpShared {
         lock(&self.rq)
     }
 
+    /// Frees the slots of `count` send work requests that completed successfully and
+    /// unsignaled (nothing to report); see `RequesterLink`'s `unreleased`.
+    pub(crate) fn release_sends(&self, count: usize) {
+        if count > 0 {
+            self.send_outstanding.fetch_sub(count, Ordering::AcqRel);
+        }
+    }
+
     /// Reports the outcome of a send work request and frees its slot.
     pub(crate) fn complete_send(
         &self,

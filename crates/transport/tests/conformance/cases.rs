@@ -623,6 +623,20 @@ pub fn queue_depth_is_enforced<D: Domain>(open: Open<D>) {
         .post_send(&wrs[..4])
         .expect("slots are free again after completion");
     completions(&p.a.send_cq, 4);
+    // Unsignaled requests are retired by the signaled completion after them: once it is
+    // seen, the whole depth can be posted again at once.
+    let quiet: Vec<SendWr> = (0..4)
+        .map(|i| SendWr {
+            signaled: i == 3,
+            ..wrs[i]
+        })
+        .collect();
+    for round in 0..3 {
+        p.a.qp.post_send(&quiet).unwrap_or_else(|e| {
+            panic!("round {round}: the slots of a completed batch are free: {e}")
+        });
+        assert_eq!(completions(&p.a.send_cq, 1)[0].wr_id, 3);
+    }
 }
 
 pub fn many_qps_many_outstanding<D: Domain>(open: Open<D>) {

@@ -43,6 +43,10 @@ pub(crate) struct RequesterLink {
     timeout: Duration,
     /// When bytes last moved (or the first request went out after a quiet spell).
     last_answer: Instant,
+    /// Unsignaled sends completed successfully whose slots are not yet freed: freed in one
+    /// step at the end of a pass, and before any completion is reported (so an application
+    /// that sees a completion may post as many sends as it just saw complete).
+    unreleased: usize,
 }
 
 impl RequesterLink {
@@ -56,6 +60,7 @@ impl RequesterLink {
             placing: None,
             timeout,
             last_answer: Instant::now(),
+            unreleased: 0,
         }
     }
 
@@ -128,7 +133,19 @@ impl RequesterLink {
         progress
     }
 
+    /// Completes the answered requests in order, then frees the slots of those that
+    /// completed unsignaled.
     fn complete_answered(&mut self, readable: bool) -> Result<bool, LinkClosed> {
+        let answered = self.complete_in_order(readable);
+        self.release_unsignaled();
+        answered
+    }
+
+    fn release_unsignaled(&mut self) {
+        self.qp.release_sends(std::mem::take(&mut self.unreleased));
+    }
+
+    fn complete_in_order(&mut self, readable: bool) -> Result<bool, LinkClosed> {
         let mut progress = false;
         while self.continue_placement(readable)? {
             let Some(front) = self.outstanding.front() else {
@@ -233,6 +250,12 @@ impl RequesterLink {
 
     fn complete_front(&mut self) {
         if let Some(Pending::Remote { send, byte_len, .. }) = self.outstanding.pop_front() {
+            if !send.signaled {
+                // A success with nothing to report: its slot is freed with the pass's others.
+                self.unreleased += 1;
+                return;
+            }
+            self.release_unsignaled();
             self.qp.complete_send(
                 send.wr_id,
                 &send.op,
@@ -257,6 +280,7 @@ impl RequesterLink {
     /// Completes the first outstanding request with `first`, flushes the rest and the
     /// queue pair; the link is finished.
     fn fail_outstanding(&mut self, first: WcStatus) -> LinkClosed {
+        self.release_unsignaled();
         self.qp.mark_error();
         for (index, pending) in self.outstanding.drain(..).enumerate() {
             let status = if index == 0 {
