@@ -7,68 +7,34 @@
 
 use super::frame::{Op, RequestHeader, ResponseHeader};
 use super::queue_pair::{PostedRecv, QpShared};
-use super::registry::{AtomicOp, KeyMemo, Registry, Target};
+use super::registry::{AtomicOp, Registry};
 use super::scatter;
 use crate::{Access, WcOpcode, WcStatus};
 
-/// What to send back: the header and, for a READ, where its data lies.
-pub(crate) type Reply = (ResponseHeader, Option<Target>);
-
-/// Executes `header` (+ `payload`) arriving on a TCP link for queue pair `qp`; `None`
-/// means "no receive buffer yet". READs resolve their key through `memo` (the frames of
-/// one pass over a link's input mostly name one key).
+/// Executes `header` (+ `payload`) arriving on a TCP link for queue pair `qp`, other than
+/// a READ (answered by the link itself, from registered memory); `None` means "no receive
+/// buffer yet".
 pub(crate) fn execute(
     registry: &Registry,
-    memo: &mut KeyMemo,
     qp: &QpShared,
     header: &RequestHeader,
     payload: &[u8],
-) -> Option<Reply> {
-    let len = u64::from(header.len);
-    let remote = header.remote;
-    let reply = match header.op {
-        Op::Read => {
-            match registry.resolve_memo(memo, remote.rkey, remote.addr, len, Access::REMOTE_READ) {
-                Some(target) => (status_reply(WcStatus::Success, header.len), Some(target)),
-                None => (status_reply(WcStatus::RemoteAccessError, 0), None),
-            }
-        }
-        Op::Write => (execute_write(registry, qp, header, payload)?, None),
-        Op::Send => (
-            deliver(registry, qp, header.imm, Some(payload), header.len)?,
-            None,
-        ),
+) -> Option<ResponseHeader> {
+    let response = match header.op {
+        // The link answers READs itself (`serve::answer_read`); none is routed here.
+        Op::Read => status_reply(WcStatus::RemoteInvalidRequest, 0),
+        Op::Write => execute_write(registry, qp, header, payload)?,
+        Op::Send => deliver(registry, qp, header.imm, Some(payload), header.len)?,
         // Shared-memory wire only (its data is already in place); on a TCP link it would
         // consume a receive for data never written.
-        Op::ImmNotify => (status_reply(WcStatus::RemoteInvalidRequest, 0), None),
-        Op::CompareSwap | Op::FetchAdd => (execute_atomic(registry, qp, header), None),
+        Op::ImmNotify => status_reply(WcStatus::RemoteInvalidRequest, 0),
+        Op::CompareSwap | Op::FetchAdd => execute_atomic(registry, qp, header),
     };
-    Some(reply)
+    Some(response)
 }
 
-/// Answers a READ smaller than a zero-copy payload straight into `out`: its response
-/// header and a copy of the bytes (or an error response). Unlike [`execute`] it takes no
-/// reference to the memory (two atomic operations on a count every reader shares, per
-/// READ, were a tenth of a lookup's READ batch on soft-TCP).
-#[inline]
-pub(crate) fn answer_small_read(
-    registry: &Registry,
-    memo: &mut KeyMemo,
-    header: &RequestHeader,
-    out: &mut Vec<u8>,
-) {
-    let remote = header.remote;
-    let len = u64::from(header.len);
-    let found = registry.check_memo(memo, remote.rkey, remote.addr, len, Access::REMOTE_READ);
-    let Some((mem, offset)) = found else {
-        return status_reply(WcStatus::RemoteAccessError, 0).encode(out);
-    };
-    status_reply(WcStatus::Success, header.len).encode(out);
-    // Bounds were checked against the registration, which lies inside `mem`.
-    let _ = mem.append_to(offset, header.len as usize, out);
-}
-
-fn status_reply(status: WcStatus, len: u32) -> ResponseHeader {
+/// A response with `status` and `len` (the bytes that follow it).
+pub(crate) fn status_reply(status: WcStatus, len: u32) -> ResponseHeader {
     ResponseHeader {
         status,
         len,

@@ -141,10 +141,13 @@ impl RequesterLink {
         answered
     }
 
+    /// Frees the slots counted in `unreleased`.
     fn release_unsignaled(&mut self) {
         self.qp.release_sends(std::mem::take(&mut self.unreleased));
     }
 
+    /// Completes answered requests front first; unsignaled successes are left counted in
+    /// `unreleased` (the caller frees them).
     fn complete_in_order(&mut self, readable: bool) -> Result<bool, LinkClosed> {
         let mut progress = false;
         while self.continue_placement(readable)? {
@@ -256,13 +259,9 @@ impl RequesterLink {
                 return;
             }
             self.release_unsignaled();
-            self.qp.complete_send(
-                send.wr_id,
-                &send.op,
-                WcStatus::Success,
-                byte_len,
-                send.signaled,
-            );
+            let signaled = true;
+            self.qp
+                .complete_send(send.wr_id, &send.op, WcStatus::Success, byte_len, signaled);
         }
     }
 

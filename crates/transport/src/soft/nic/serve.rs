@@ -13,11 +13,11 @@
 //! wait, it takes no more requests (nor reads the socket) until they drain.
 
 use super::conn::Conn;
-use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
+use super::zero_copy::{Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
 use crate::soft::frame::{self, Op, RequestHeader, ResponseHeader};
 use crate::soft::queue_pair::{PostedRecv, QpShared};
-use crate::soft::registry::{KeyMemo, Registry, Target};
+use crate::soft::registry::{KeyMemo, Registry};
 use crate::soft::responder;
 use crate::soft::scatter::{self, Piece};
 use crate::sys::{Epoll, OutputQueue, READ, WRITE};
@@ -177,18 +177,17 @@ impl ResponderLink {
                 }
                 continue;
             }
-            if header.op == Op::Read && (header.len as usize) < ZERO_COPY_MIN {
-                responder::answer_small_read(registry, &mut memo, &header, output.bytes());
+            if header.op == Op::Read {
+                answer_read(registry, &mut memo, &header, output);
             } else {
                 let payload = &input[frame::REQUEST_LEN..frame_len];
-                let Some((response, data)) =
-                    responder::execute(registry, &mut memo, &self.qp, &header, payload)
+                let Some(response) = responder::execute(registry, &self.qp, &header, payload)
                 else {
                     // No receive buffer: the frame waits, and so does what follows it.
                     self.awaiting_receive = true;
                     return Ok(progress);
                 };
-                append_response(output, &response, data);
+                response.encode(output.bytes());
             }
             self.conn.consume(frame_len);
             progress = true;
@@ -333,15 +332,33 @@ fn status_response(status: WcStatus) -> ResponseHeader {
     }
 }
 
-fn append_response(out: &mut OutputQueue, response: &ResponseHeader, data: Option<Target>) {
-    response.encode(out.bytes());
-    if let Some(target) = data {
-        zero_copy::queue_payload(
-            &[Piece {
-                target,
-                len: response.len as usize,
-            }],
-            out,
-        );
-    }
+/// Answers a READ into `out`: its response header, then its bytes — copied from the
+/// memory `memo` lends when smaller than [`ZERO_COPY_MIN`] (no reference count is touched
+/// per READ: a lookup sends dozens of small READs to one memory), queued by reference
+/// otherwise (the output holds the memory until the bytes are sent) — or an error
+/// response (bad key, bounds, protection domain or right) and no bytes.
+fn answer_read(
+    registry: &Registry,
+    memo: &mut KeyMemo,
+    header: &RequestHeader,
+    out: &mut OutputQueue,
+) {
+    let remote = header.remote;
+    let len = header.len as usize;
+    let found = registry.check_memo(
+        memo,
+        remote.rkey,
+        remote.addr,
+        u64::from(header.len),
+        Access::REMOTE_READ,
+    );
+    let Some((mem, offset)) = found else {
+        return responder::status_reply(WcStatus::RemoteAccessError, 0).encode(out.bytes());
+    };
+    responder::status_reply(WcStatus::Success, header.len).encode(out.bytes());
+    // Bounds were checked against the registration, which lies inside `mem`.
+    let _ = match len < ZERO_COPY_MIN {
+        true => mem.append_to(offset, len, out.bytes()),
+        false => out.memory(Arc::clone(mem), offset, len),
+    };
 }
