@@ -1,10 +1,11 @@
 //! Memory and registrations of one soft domain, and the key checks the NIC applies.
 //!
 //! Invariants: a key maps to at most one live registration; registrations on one memory
-//! never overlap; caller-owned memory is registered with local rights only; a [`Target`] (or,
-//! for the rest of a pass, the [`KeyMemo`] that lent it) holds the memory alive, so a transfer
-//! that resolved its key finishes on live memory even if the region is deregistered meanwhile (as with hardware,
-//! the application must not deregister memory with work in flight if it wants the data).
+//! never overlap; caller-owned memory is registered with local rights only; a [`Target`]
+//! (or, for the rest of a pass, the [`KeyMemo`] that lent it) holds the memory alive, so a
+//! transfer that resolved its key finishes on live memory even if the region is
+//! deregistered meanwhile (as with hardware, the application must not deregister memory
+//! with work in flight if it wants the data).
 
 use super::keytable::{self, KeyEntry, KeyTable, SLOT_BITS};
 use crate::memory::MemoryInner;

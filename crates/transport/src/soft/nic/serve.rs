@@ -353,7 +353,7 @@ fn answer_read(
         Access::REMOTE_READ,
     );
     let Some((mem, offset)) = found else {
-        return responder::status_reply(WcStatus::RemoteAccessError, 0).encode(out.bytes());
+        return status_response(WcStatus::RemoteAccessError).encode(out.bytes());
     };
     responder::status_reply(WcStatus::Success, header.len).encode(out.bytes());
     // Bounds were checked against the registration, which lies inside `mem`.
