@@ -226,8 +226,11 @@ fn pool(args: PoolArgs) -> anyhow::Result<()> {
     }
     let joining = kvcm::pool::Joining {
         storage: args.storage,
-        tls,
-        api_key: args.api_key,
+        channel: kvcm::pool::Channel::Http {
+            servers: args.servers,
+            tls,
+            api_key: args.api_key,
+        },
     };
     let verbs = args
         .verbs_device
@@ -240,14 +243,8 @@ fn pool(args: PoolArgs) -> anyhow::Result<()> {
         huge_pages: args.huge_pages,
         prefault: args.prefault,
     };
-    let node = kvcm::pool::PoolNode::start(
-        spec,
-        args.listen,
-        args.servers,
-        args.node_id,
-        joining,
-        verbs.as_ref(),
-    )?;
+    let node =
+        kvcm::pool::PoolNode::start(spec, args.listen, args.node_id, joining, verbs.as_ref())?;
     let pages = if node.huge_pages() {
         "2 MiB huge pages"
     } else {

@@ -36,7 +36,7 @@ async fn env_overrides_the_toml_file_and_variables_override_env() {
 #[test]
 fn invalid_settings_stop_the_start_with_the_key_named() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &["--env", "kvcm.service.rpc_port=99999"],
             "kvcm.service.rpc_port",
@@ -91,18 +91,6 @@ fn invalid_settings_stop_the_start_with_the_key_named() {
                 "kvcm.tls.key_file=/dev/null",
             ],
             "kvcm.tls.cert_file",
-        ),
-        // The embedded pool node has no TLS client settings.
-        (
-            &[
-                "--pool-size",
-                "1M",
-                "--env",
-                "kvcm.tls.cert_file=/nonexistent/cert.pem",
-                "--env",
-                "kvcm.tls.key_file=/nonexistent/key.pem",
-            ],
-            "kvcm.pool.size",
         ),
     ];
     for (args, key) in cases {

@@ -13,7 +13,10 @@ use std::time::Duration;
 use common::{wait_until, TestServer};
 use kvcm::proto::meta;
 use kvcm::proto::meta::meta_service_client::MetaServiceClient;
-use kvcm_client::{Client, ClientConfig, ServerAddress, TlsClient, Wire};
+use kvcm_client::{
+    Client, ClientConfig, GetOutcome, PutOutcome, ServerAddress, TlsClient, TransferConfig,
+    TransferEngine, TransferPath, Wire,
+};
 use rcgen::{
     date_time_ymd, BasicConstraints, CertificateParams, CertificateRevocationListParams,
     CertifiedIssuer, IsCa, KeyIdMethod, KeyPair, RevocationReason, RevokedCertParams, SerialNumber,
@@ -697,6 +700,11 @@ struct Secured {
 
 impl Secured {
     async fn start() -> Secured {
+        Secured::start_with(&[]).await
+    }
+
+    /// [`Secured::start`] with `extra` settings.
+    async fn start_with(extra: &[&str]) -> Secured {
         let (clients, server_ca) = (Authority::new("client CA"), Authority::new("server CA"));
         let files = Files::new(&server_ca.sign(&["localhost"]), &clients);
         let mut settings = files.settings(true);
@@ -705,6 +713,7 @@ impl Secured {
             "kvcm.auth.meta=required".to_string(),
             format!("kvcm.service.admin_auth_token={ROOT}"),
         ]);
+        settings.extend(extra.iter().map(|setting| setting.to_string()));
         let server = start(&settings).await;
         let secured = Secured {
             server,
@@ -826,6 +835,73 @@ async fn the_rust_client_speaks_tls_and_its_certificate_is_its_credential() {
     })
     .await
     .expect("client thread");
+}
+
+/// The embedded pool node joins its own server in the process, so TLS, mutual TLS and meta
+/// auth on the server's listeners do not keep it out; it demands tickets like any node, and
+/// an engine whose certificate names an instance of the default group puts blocks into it
+/// and gets them back, byte-exact, while the admin token (which the node used to present)
+/// is rotated away.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_embedded_pool_node_serves_a_tls_server_under_meta_auth() {
+    let secured = Secured::start_with(&["kvcm.pool.size=4M", "kvcm.pool.heartbeat_ms=50"]).await;
+    let http = secured.server.address("http");
+    let body = r#"{"storage":"default_pool"}"#;
+    let (status, answer) = secured
+        .as_engine()
+        .send(http, "POST", kvcm::pool::NODES_ROUTE, body)
+        .await
+        .expect("directory over TLS");
+    assert_eq!(status, 200, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+    let node = &answer["nodes"][0];
+    assert_eq!(node["live"], true, "{answer}");
+    assert!(node["ticket"].is_string(), "tickets are in force: {answer}");
+    // Rotate the only admin token: the embedded node shows none, so its heartbeats go on.
+    let rotate = r#"{"tokens":["another-root-token"]}"#;
+    let admin = secured.server.address("admin_http");
+    let (status, answer) = secured
+        .as_root()
+        .send(admin, "POST", "/api/setAdminAuthTokens", rotate)
+        .await
+        .expect("rotate");
+    assert_eq!((status, json_code(&answer)), (200, "OK".into()), "{answer}");
+
+    let tls = TlsClient::from_pem(
+        &secured.server_ca,
+        Some((&secured.engine.cert, &secured.engine.key)),
+        "localhost",
+    )
+    .expect("TLS client");
+    let config = secured.client_config(Some(tls));
+    tokio::task::spawn_blocking(move || {
+        let mut engine =
+            TransferEngine::connect(config, TransferConfig::default()).expect("engine");
+        let keys: Vec<i64> = (1..=8).collect();
+        let data: Vec<Vec<u8>> = keys.iter().map(|&k| vec![k as u8; 1024]).collect();
+        let blocks: Vec<Vec<&[u8]>> = data.iter().map(|d| vec![d.as_slice()]).collect();
+        let put = engine.put_blocks(&keys, &blocks).expect("put_blocks");
+        assert!(
+            put.iter()
+                .all(|o| *o == PutOutcome::Written(TransferPath::PoolSoftTcp)),
+            "{put:?}"
+        );
+        // Past several heartbeats after the rotation: the node is still live and serving.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut back = vec![vec![0u8; 1024]; keys.len()];
+        let mut blocks: Vec<Vec<&mut [u8]>> =
+            back.iter_mut().map(|b| vec![b.as_mut_slice()]).collect();
+        let got = engine.get_blocks(&keys, &mut blocks).expect("get_blocks");
+        drop(blocks);
+        assert!(
+            got.iter()
+                .all(|o| *o == GetOutcome::Hit(TransferPath::PoolSoftTcp)),
+            "{got:?}"
+        );
+        assert_eq!(back, data, "the blocks come back byte-exact");
+    })
+    .await
+    .expect("engine thread");
 }
 
 #[tokio::test]

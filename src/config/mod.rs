@@ -223,7 +223,13 @@ impl ServerConfig {
             "kvcm.pool.heartbeat_ms" => self.pool.heartbeat_ms = parse(key, value)?,
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.resume_window_ms" => self.pool.resume_window_ms = parse(key, value)?,
-            "kvcm.pool.size" => self.pool.embedded_size = parse(key, value)?,
+            "kvcm.pool.size" => {
+                self.pool.embedded_size =
+                    crate::pool::parse_size(value).map_err(|reason| ConfigError::InvalidValue {
+                        key: key.to_string(),
+                        reason,
+                    })?
+            }
             "kvcm.pool.prefault" => self.pool.embedded_prefault = parse(key, value)?,
             "kvcm.storage.probe_interval_ms" => self.storage_probe_interval_ms = parse(key, value)?,
             "kvcm.capacity_curve.window_accesses" => {
@@ -349,12 +355,6 @@ impl ServerConfig {
         if let Err(reason) = self.pool.validate() {
             let key = reason.split_whitespace().next().unwrap_or("kvcm.pool");
             return Err(invalid(key, &reason));
-        }
-        if self.pool.embedded_size > 0 && self.security.tls.cert_file.is_some() {
-            return Err(invalid(
-                "kvcm.pool.size",
-                "the embedded pool node joins over meta HTTP, which kvcm.tls.cert_file puts behind TLS it has no client settings for; run `kvcm pool --tls-ca` beside the server instead",
-            ));
         }
         self.event_log.validate(log_files::EVENT_LOG_PREFIX)?;
         self.access_log.validate()?;
@@ -579,6 +579,21 @@ mod tests {
         config.set("kvcm.lookup.verbs_device", "").unwrap();
         assert_eq!(config.lookup.verbs_device, None, "empty turns verbs off");
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn the_embedded_pool_size_takes_the_same_suffixes_as_the_flag() {
+        let mut config = ServerConfig::default();
+        config.set("kvcm.pool.size", "4M").unwrap();
+        assert_eq!(config.pool.embedded_size, 4 << 20);
+        config.set("kvcm.pool.size", "65536").unwrap();
+        assert_eq!(config.pool.embedded_size, 65536);
+        let error = config.set("kvcm.pool.size", "4X").unwrap_err().to_string();
+        assert!(error.contains("kvcm.pool.size"), "{error}");
+        assert_eq!(
+            config.pool.embedded_size, 65536,
+            "a refused value changes nothing"
+        );
     }
 
     #[test]

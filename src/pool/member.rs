@@ -1,5 +1,7 @@
-//! Membership of a pool node: joins its pool storage on one of the configured servers,
-//! then heartbeats at the interval the server gave. A heartbeat the server refuses (it
+//! Membership of a pool node: joins its pool storage on one of the configured servers
+//! (over their meta HTTP, [`Channel::Http`]) or on the server it runs in (the embedded node,
+//! [`Channel::InProcess`]: direct calls, so no TLS or credential is involved), then
+//! heartbeats at the interval the server gave. A heartbeat the server refuses (it
 //! declared this incarnation dead, or restarted) makes the node join again, naming the
 //! incarnation it had: a restarted server that adopted that incarnation's blocks from its
 //! log resumes it (same `range_id`, the blocks found again, since this process kept the
@@ -16,7 +18,8 @@ use std::time::Duration;
 
 use super::region::PoolRegion;
 use super::routes::{
-    HeartbeatAnswer, HeartbeatRequest, JoinAnswer, JoinRequest, HEARTBEAT_ROUTE, JOIN_ROUTE,
+    HeartbeatAnswer, HeartbeatRequest, JoinAnswer, JoinRequest, Registrar, HEARTBEAT_ROUTE,
+    JOIN_ROUTE,
 };
 use super::PoolError;
 use crate::http_json::{post_json_with, PostError};
@@ -27,23 +30,109 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 /// Pause between join attempts.
 const JOIN_RETRY: Duration = Duration::from_millis(200);
 
-/// What a node joins and how it talks to the servers.
-#[derive(Debug, Clone)]
+/// What a node joins and how it talks to the server side of membership.
+#[derive(Clone)]
 pub struct Joining {
     /// The pool storage to join.
     pub storage: String,
-    /// TLS towards the servers (when they serve it).
-    pub tls: Option<TlsClient>,
-    /// The credential (an operator's or admin's API key, or an admin token) joins and
-    /// heartbeats carry, for servers with `kvcm.auth.meta = required`.
-    pub api_key: Option<String>,
+    /// How joins and heartbeats reach a server.
+    pub channel: Channel,
+}
+
+/// How a node reaches the server side of membership.
+#[derive(Clone)]
+pub enum Channel {
+    /// The meta HTTP of kvcm servers (`kvcm pool --server`).
+    Http {
+        /// Their addresses, tried in order (an unreachable one passes to the next).
+        servers: Vec<SocketAddr>,
+        /// TLS towards them (when they serve it).
+        tls: Option<TlsClient>,
+        /// The credential (an operator's or admin's API key, or an admin token) joins and
+        /// heartbeats carry, for servers with `kvcm.auth.meta = required`.
+        api_key: Option<String>,
+    },
+    /// The server this node runs in (`kvcm serve --pool-size`): its registrar, called
+    /// directly. The node is part of the server, so it shows no credential.
+    InProcess(Registrar),
+}
+
+/// Why a heartbeat was not answered.
+enum BeatError {
+    /// The server does not know this incarnation (declared it dead, or restarted).
+    Forgotten,
+    /// Anything else (an unreachable server, a refused credential).
+    Failed(String),
+}
+
+impl Channel {
+    /// A join attempt on the current server (moving to the next on failure).
+    fn join(&self, request: &JoinRequest, server: &mut usize) -> Result<JoinAnswer, String> {
+        match self {
+            Channel::Http {
+                servers,
+                tls,
+                api_key,
+            } => {
+                let address = servers[*server];
+                let (tls, key) = (tls.as_ref(), api_key.as_deref());
+                post_json_with(address, JOIN_ROUTE, request, REQUEST_DEADLINE, key, tls).map_err(
+                    |error| {
+                        *server = (*server + 1) % servers.len();
+                        format!("join at {address}: {error}")
+                    },
+                )
+            }
+            Channel::InProcess(registrar) => registrar
+                .join(request.clone())
+                .map_err(|error| format!("join: {error}")),
+        }
+    }
+
+    /// A heartbeat on the current server (moving to the next when it fails).
+    fn heartbeat(
+        &self,
+        request: &HeartbeatRequest,
+        server: &mut usize,
+    ) -> Result<HeartbeatAnswer, BeatError> {
+        match self {
+            Channel::Http {
+                servers,
+                tls,
+                api_key,
+            } => {
+                let (tls, key) = (tls.as_ref(), api_key.as_deref());
+                let address = servers[*server];
+                match post_json_with(
+                    address,
+                    HEARTBEAT_ROUTE,
+                    request,
+                    REQUEST_DEADLINE,
+                    key,
+                    tls,
+                ) {
+                    Ok(answer) => Ok(answer),
+                    Err(PostError::Status { status: 404, .. }) => Err(BeatError::Forgotten),
+                    Err(error) => {
+                        *server = (*server + 1) % servers.len();
+                        Err(BeatError::Failed(format!(
+                            "heartbeat at {address}: {error}"
+                        )))
+                    }
+                }
+            }
+            Channel::InProcess(registrar) => match registrar.heartbeat(request) {
+                Ok(answer) => Ok(answer),
+                Err(error) if Registrar::is_forgotten(&error) => Err(BeatError::Forgotten),
+                Err(error) => Err(BeatError::Failed(format!("heartbeat: {error}"))),
+            },
+        }
+    }
 }
 
 /// Who the node is and where it joins.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MemberConfig {
-    /// Meta HTTP addresses of the kvcm servers (tried in order).
-    pub servers: Vec<SocketAddr>,
     /// The node's stable id.
     pub node_id: String,
     /// Where clients connect (the listener).
@@ -72,7 +161,8 @@ pub struct Member {
 impl Member {
     /// Starts joining and heartbeating on a thread of its own.
     pub fn start(config: MemberConfig, region: Arc<PoolRegion>) -> Result<Member, PoolError> {
-        if config.servers.is_empty() {
+        let channel = &config.joining.channel;
+        if matches!(channel, Channel::Http { servers, .. } if servers.is_empty()) {
             return Err(PoolError::Config(
                 "--server: at least one address is needed".into(),
             ));
@@ -146,31 +236,20 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
                 range_id: membership.range_id,
                 grants: region.live_grants(),
             };
-            match post_json_with::<HeartbeatAnswer>(
-                config.servers[server],
-                HEARTBEAT_ROUTE,
-                &beat,
-                REQUEST_DEADLINE,
-                config.joining.api_key.as_deref(),
-                config.joining.tls.as_ref(),
-            ) {
+            match config.joining.channel.heartbeat(&beat, &mut server) {
                 Ok(answer) if !answer.revoked.is_empty() => {
                     let closed = region.revoke(&answer.revoked);
                     tracing::info!(closed, "queue pairs of revoked credentials torn down");
                 }
                 Ok(_) => {}
-                Err(PostError::Status { status: 404, .. }) => break, // forgotten: join again
-                Err(error) => {
-                    note_error(format!("heartbeat: {error}"));
-                    server = (server + 1) % config.servers.len();
-                }
+                Err(BeatError::Forgotten) => break, // join again
+                Err(BeatError::Failed(error)) => note_error(error),
             }
         }
     }
 }
 
-/// One join attempt on the current server, naming the incarnation this process `had`;
-/// moves to the next server on failure.
+/// One join attempt on the current server, naming the incarnation this process `had`.
 fn join(config: &MemberConfig, server: &mut usize, had: Option<u64>) -> Result<JoinAnswer, String> {
     let request = JoinRequest {
         storage: config.joining.storage.clone(),
@@ -179,15 +258,7 @@ fn join(config: &MemberConfig, server: &mut usize, had: Option<u64>) -> Result<J
         capacity: config.capacity,
         resume_range_id: had,
     };
-    let address = config.servers[*server];
-    let (tls, key) = (
-        config.joining.tls.as_ref(),
-        config.joining.api_key.as_deref(),
-    );
-    post_json_with(address, JOIN_ROUTE, &request, REQUEST_DEADLINE, key, tls).map_err(|error| {
-        *server = (*server + 1) % config.servers.len();
-        format!("join at {address}: {error}")
-    })
+    config.joining.channel.join(&request, server)
 }
 
 /// Sleeps `duration` unless stopped; true when stopped. Records `error` first.

@@ -20,7 +20,6 @@ pub mod listener;
 pub mod member;
 pub mod region;
 pub mod routes;
-pub use member::Joining;
 pub mod ticket;
 
 use std::net::SocketAddr;
@@ -29,11 +28,11 @@ use kvcm_transport::any::VerbsDevice;
 use std::time::Duration;
 
 pub use listener::{RegionInfo, HELLO as POOL_HELLO, KEEPS_CONNECTION};
-pub use member::{Member, MemberConfig};
+pub use member::{Channel, Joining, Member, MemberConfig};
 pub use region::{HugePages, PoolRegion, RegionSpec};
 pub use routes::{
-    HeartbeatRequest, JoinAnswer, JoinRequest, NodesAnswer, NodesRequest, HEARTBEAT_ROUTE,
-    JOIN_ROUTE, NODES_ROUTE,
+    HeartbeatRequest, JoinAnswer, JoinRequest, NodesAnswer, NodesRequest, Registrar,
+    HEARTBEAT_ROUTE, JOIN_ROUTE, NODES_ROUTE,
 };
 
 /// A byte count with an optional binary suffix: `4096`, `64K`, `512M`, `2G`, `1T`.
@@ -157,26 +156,23 @@ pub struct PoolNode {
 
 impl PoolNode {
     /// Allocates and registers the memory of `spec` (also on RDMA device `verbs` when
-    /// given),
-    /// starts the listener on `listen` and joins `membership.storage` on one of `servers`
-    /// (meta HTTP addresses; over the membership's TLS and with its credential when given).
+    /// given), starts the listener on `listen` and joins `joining.storage` through its
+    /// channel.
     pub fn start(
         spec: RegionSpec,
         listen: SocketAddr,
-        servers: Vec<SocketAddr>,
         node_id: Option<String>,
-        membership: Joining,
+        joining: Joining,
         verbs: Option<&VerbsDevice>,
     ) -> Result<PoolNode, PoolError> {
         let region = std::sync::Arc::new(PoolRegion::open(spec, listen.ip(), verbs)?);
         let listen_addr = listener::listen(listen, region.clone())?;
         let member = Member::start(
             MemberConfig {
-                servers,
                 node_id: node_id.unwrap_or_else(|| listen_addr.to_string()),
                 endpoint: listen_addr.to_string(),
                 capacity: spec.size,
-                joining: membership,
+                joining,
             },
             region.clone(),
         )?;

@@ -143,35 +143,81 @@ impl From<PoolNodeStatus> for NodeAnswer {
     }
 }
 
-/// The membership routes, to merge into the meta HTTP router; bodies are read within
-/// `limits`, callers checked by `auth`, tickets made with `secret`.
-pub fn router(
+/// The server's side of membership: joins and heartbeats of nodes, the tickets' secret and
+/// the grants issued. The routes call it for remote nodes, the embedded node
+/// (`super::member::Channel::InProcess`) directly; both get the same answers.
+#[derive(Clone)]
+pub struct Registrar {
     manager: Arc<Manager>,
-    limits: HttpLimits,
     auth: Authenticator,
     secret: ServerSecret,
-) -> Router {
+    grants: Arc<PoolGrants>,
+}
+
+impl Registrar {
+    /// The registrar of `manager`'s pools: credentials checked by `auth`, tickets made with
+    /// `secret`.
+    pub fn new(manager: Arc<Manager>, auth: Authenticator, secret: ServerSecret) -> Self {
+        Registrar {
+            manager,
+            auth,
+            secret,
+            grants: Arc::default(),
+        }
+    }
+
+    /// Adds a node incarnation; answers its ticket key too while tickets are in force
+    /// (`kvcm.auth.meta = required`).
+    pub fn join(&self, request: JoinRequest) -> Result<JoinAnswer, ManagerError> {
+        let join = PoolNodeJoin {
+            node_id: request.node_id.clone(),
+            endpoint: request.endpoint,
+            capacity: request.capacity,
+            resume_range_id: request.resume_range_id,
+        };
+        let membership = self.manager.pool_join(&request.storage, join)?;
+        let ticket_key = self.auth.meta_required().then(|| {
+            let key = self
+                .secret
+                .node_key(&request.storage, &request.node_id, membership.range_id);
+            kvcm_manager::hex::encode(&key)
+        });
+        Ok(JoinAnswer {
+            range_id: membership.range_id,
+            heartbeat_ms: membership.heartbeat.as_millis() as u64,
+            ticket_key,
+        })
+    }
+
+    /// Records a heartbeat; answers the grants of the request whose credential fails now.
+    pub fn heartbeat(&self, request: &HeartbeatRequest) -> Result<HeartbeatAnswer, ManagerError> {
+        let manager = &self.manager;
+        manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
+        let revoked = self.grants.revoked(&self.auth, manager, &request.grants);
+        Ok(HeartbeatAnswer { revoked })
+    }
+
+    /// Whether `error` means the incarnation (or its pool) is unknown: the node joins again.
+    pub fn is_forgotten(error: &ManagerError) -> bool {
+        status_of(error) == StatusCode::NOT_FOUND
+    }
+}
+
+/// The membership routes, to merge into the meta HTTP router; bodies are read within
+/// `limits`, joins and heartbeats answered by `registrar`.
+pub fn router(registrar: Registrar, limits: HttpLimits) -> Router {
     Router::new()
         .route(JOIN_ROUTE, post(join))
         .route(HEARTBEAT_ROUTE, post(heartbeat))
         .route(NODES_ROUTE, post(nodes))
-        .with_state(Routes {
-            manager,
-            limits,
-            auth,
-            secret,
-            grants: Arc::default(),
-        })
+        .with_state(Routes { registrar, limits })
 }
 
 /// What the routes share.
 #[derive(Clone)]
 struct Routes {
-    manager: Arc<Manager>,
+    registrar: Registrar,
     limits: HttpLimits,
-    auth: Authenticator,
-    secret: ServerSecret,
-    grants: Arc<PoolGrants>,
 }
 
 impl Routes {
@@ -179,11 +225,11 @@ impl Routes {
     /// meta auth is off), and what it was admitted as; the refusal's status and reason
     /// otherwise.
     fn admit(&self, request: &Request, access: Access) -> Result<Admission, (StatusCode, String)> {
-        if !self.auth.meta_required() {
+        let auth = &self.registrar.auth;
+        if !auth.meta_required() {
             return Ok(Admission::default());
         }
-        let caller = self
-            .auth
+        let caller = auth
             .check_request(Service::Meta, request)
             .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
         authorize(caller.as_ref(), access, None).map_err(|why| (StatusCode::FORBIDDEN, why))?;
@@ -271,25 +317,7 @@ async fn join(State(routes): State<Routes>, request: Request) -> Response {
         routes,
         request,
         Access::Operate,
-        |routes, admission, request: JoinRequest| {
-            let join = PoolNodeJoin {
-                node_id: request.node_id.clone(),
-                endpoint: request.endpoint,
-                capacity: request.capacity,
-                resume_range_id: request.resume_range_id,
-            };
-            let membership = routes.manager.pool_join(&request.storage, join)?;
-            let ticket_key = admission.tickets.then(|| {
-                let secret = &routes.secret;
-                let key = secret.node_key(&request.storage, &request.node_id, membership.range_id);
-                kvcm_manager::hex::encode(&key)
-            });
-            Ok(JoinAnswer {
-                range_id: membership.range_id,
-                heartbeat_ms: membership.heartbeat.as_millis() as u64,
-                ticket_key,
-            })
-        },
+        |routes, _, request: JoinRequest| Ok(routes.registrar.join(request)?),
     )
     .await
 }
@@ -299,14 +327,7 @@ async fn heartbeat(State(routes): State<Routes>, request: Request) -> Response {
         routes,
         request,
         Access::Operate,
-        |routes, _, request: HeartbeatRequest| {
-            let manager = &routes.manager;
-            manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
-            let revoked = routes
-                .grants
-                .revoked(&routes.auth, manager, &request.grants);
-            Ok(HeartbeatAnswer { revoked })
-        },
+        |routes, _, request: HeartbeatRequest| Ok(routes.registrar.heartbeat(&request)?),
     )
     .await
 }
@@ -317,22 +338,24 @@ async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
         request,
         Access::Client,
         |routes, admission, request: NodesRequest| {
-            admission.may_use_pool(&routes.manager, &request.storage)?;
+            let Registrar {
+                manager,
+                secret,
+                grants,
+                ..
+            } = &routes.registrar;
+            admission.may_use_pool(manager, &request.storage)?;
             let tickets = admission.tickets;
             let expiry = ticket::now_ms() + ticket::TICKET_TTL.as_millis() as u64;
             let grant = tickets.then(|| {
                 let credential = &admission.credential;
-                routes
-                    .grants
-                    .issue(&routes.secret, credential, &request.storage)
+                grants.issue(secret, credential, &request.storage)
             });
-            let nodes = routes.manager.pool_nodes(&request.storage)?;
+            let nodes = manager.pool_nodes(&request.storage)?;
             let answer = |status: PoolNodeStatus| {
                 let ticket = (tickets && status.live).then(|| {
                     let storage = &request.storage;
-                    let key = routes
-                        .secret
-                        .node_key(storage, &status.node_id, status.range_id);
+                    let key = secret.node_key(storage, &status.node_id, status.range_id);
                     let grant = grant.unwrap_or_default();
                     kvcm_manager::hex::encode(&ticket::issue(&key, status.range_id, expiry, grant))
                 });

@@ -154,17 +154,16 @@ pub fn nodelay_incoming(
 const MIN_REAP: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The embedded pool node: its soft NIC and listener on the lookup bind address (and its
-/// region on the lookup path's RDMA device, when one is set), joining this server's meta
-/// HTTP over loopback like any node.
-fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNode, ServerError> {
+/// region on the lookup path's RDMA device, when one is set), joining through this
+/// server's `registrar` directly (no HTTP: TLS and credentials do not apply to it).
+fn start_embedded_pool(
+    config: &ServerConfig,
+    registrar: pool::Registrar,
+) -> Result<PoolNode, ServerError> {
     let listen = SocketAddr::new(config.lookup.bind, 0);
-    let meta = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), http.port());
-    // With `kvcm.auth.meta = required` the membership routes demand a credential: the
-    // embedded node presents the first admin token configured at start.
     let joining = pool::Joining {
         storage: super::DEFAULT_POOL.to_string(),
-        tls: None,
-        api_key: config.security.admin_tokens.as_slice().first().cloned(),
+        channel: pool::Channel::InProcess(registrar),
     };
     let verbs = config.lookup.verbs();
     let spec = pool::RegionSpec {
@@ -172,7 +171,7 @@ fn start_embedded_pool(config: &ServerConfig, http: SocketAddr) -> Result<PoolNo
         huge_pages: pool::HugePages::Auto,
         prefault: config.pool.embedded_prefault,
     };
-    let node = PoolNode::start(spec, listen, vec![meta], None, joining, verbs.as_ref())
+    let node = PoolNode::start(spec, listen, None, joining, verbs.as_ref())
         .map_err(|e| ServerError::Pool(e.to_string()))?;
     tracing::info!(
         "embedded pool node: {} bytes, queue pairs on {}",
@@ -263,18 +262,18 @@ pub async fn start(
     let manager = &handlers.core.manager;
     let secret =
         pool::ticket::ServerSecret::random().map_err(|e| ServerError::Pool(e.to_string()))?;
-    let membership = pool::routes::router(manager.clone(), limit, auth.clone(), secret);
-    meta_http = meta_http.merge(membership);
+    let registrar = pool::Registrar::new(manager.clone(), auth.clone(), secret);
+    meta_http = meta_http.merge(pool::routes::router(registrar.clone(), limit));
     let reap_every = std::time::Duration::from_millis(config.pool.heartbeat_ms / 2).max(MIN_REAP);
     pool::routes::start_reaper(manager, reap_every)
         .map_err(|e| ServerError::Pool(e.to_string()))?;
     let listen = Listen::new("http", meta_host, config.http_port);
     server.spawn_http(listen, meta_http, &stop_rx).await?;
     if config.pool.embedded_size > 0 {
-        // Off the runtime's workers: a prefaulted region is backed here, and the node's
-        // join waits for this server's own meta HTTP.
-        let (pool_config, http) = (config.clone(), server.addresses["http"]);
-        let started = tokio::task::spawn_blocking(move || start_embedded_pool(&pool_config, http));
+        // Off the runtime's workers: a prefaulted region is backed here.
+        let pool_config = config.clone();
+        let started =
+            tokio::task::spawn_blocking(move || start_embedded_pool(&pool_config, registrar));
         let node = started.await.map_err(|e| {
             ServerError::Pool(format!("the embedded pool node's start failed: {e}"))
         })??;
