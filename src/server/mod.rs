@@ -5,6 +5,7 @@
 mod admission;
 mod bootstrap;
 mod client_cert;
+mod crl_signature;
 mod election;
 mod http_serve;
 mod listeners;

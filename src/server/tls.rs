@@ -38,6 +38,7 @@ use tonic::transport::server::Connected;
 
 use super::admission::Admitted;
 use super::client_cert;
+use super::crl_signature::{self, Signature};
 use crate::config::TlsSettings;
 use crate::service::auth::CertIdentity;
 use crate::service::http::Peer;
@@ -216,6 +217,9 @@ enum IssuerError {
     /// the first, however old).
     #[error("lists {0} and {1} are of the same CA and scope: keep only the newest")]
     Duplicate(usize, usize),
+    /// A list that the CA it names (CA number `.1` of the client CA file) did not sign.
+    #[error("list {0} (of CA {1} in kvcm.tls.client_ca_file): {2}")]
+    Signature(usize, usize, String),
 }
 
 /// What a CA file and its revocation lists leave uncovered (numbers from 1, in file order).
@@ -228,6 +232,9 @@ struct Uncovered {
     /// CAs of the file without a list: a client certificate one of them issues directly is
     /// refused (fine for a root that issues only intermediates, which have lists).
     cas_without_list: Vec<usize>,
+    /// Lists whose signature algorithm is not checked at load (`super::crl_signature`): the
+    /// handshakes check them.
+    signatures_not_checked: Vec<usize>,
 }
 
 impl Uncovered {
@@ -235,6 +242,10 @@ impl Uncovered {
         for list in &self.lists_of_unknown_cas {
             tracing::warn!(list,
                 "kvcm.tls.client_crl_file: a revocation list of a CA that is not in kvcm.tls.client_ca_file");
+        }
+        for list in &self.signatures_not_checked {
+            tracing::warn!(list,
+                "kvcm.tls.client_crl_file: a revocation list's signature algorithm is not checked at load (each handshake checks it)");
         }
         for ca in &self.cas_without_list {
             tracing::warn!(ca,
@@ -245,9 +256,9 @@ impl Uncovered {
 
 /// Checks that every list (numbered from 1 in the file) decodes and that no two lists of
 /// one CA can both speak for a certificate (same issuing distribution point, or either
-/// without one: the verifier would use the first); returns the lists and CAs that do not
-/// match up (kept: see [`Uncovered`]). The lists' signatures are checked at each handshake,
-/// not here.
+/// without one: the verifier would use the first) and that each list of a CA in the file
+/// carries that CA's signature; returns the lists and CAs that do not match up (kept: see
+/// [`Uncovered`]).
 fn check_issuers(
     crls: &[CertificateRevocationListDer<'_>],
     roots: &rustls::RootCertStore,
@@ -262,12 +273,17 @@ fn check_issuers(
             list.issuer().to_vec(),
             list.issuing_distribution_point().map(<[u8]>::to_vec),
         );
-        if !roots
-            .roots
-            .iter()
-            .any(|root| root.subject.as_ref() == scope.0)
-        {
+        let cas: Vec<usize> = (0..roots.roots.len())
+            .filter(|&ca| roots.roots[ca].subject.as_ref() == scope.0)
+            .collect();
+        if cas.is_empty() {
             uncovered.lists_of_unknown_cas.push(index + 1);
+        } else {
+            match signed_by(der.as_ref(), roots, &cas) {
+                Ok(Signature::Valid) => {}
+                Ok(Signature::NotChecked) => uncovered.signatures_not_checked.push(index + 1),
+                Err(why) => return Err(IssuerError::Signature(index + 1, cas[0] + 1, why)),
+            }
         }
         let overlaps = |(issuer, point): &(Vec<u8>, Option<Vec<u8>>)| {
             *issuer == scope.0 && (point.is_none() || scope.1.is_none() || *point == scope.1)
@@ -286,6 +302,25 @@ fn check_issuers(
         }
     }
     Ok(uncovered)
+}
+
+/// Whether one of the CAs `cas` (indexes into `roots`, all of the list's issuer name: a CA
+/// being re-keyed may be there twice) signed the list `crl`; the first CA's refusal when
+/// none did.
+fn signed_by(
+    crl: &[u8],
+    roots: &rustls::RootCertStore,
+    cas: &[usize],
+) -> Result<Signature, String> {
+    let mut outcome = Ok(Signature::NotChecked);
+    for &ca in cas.iter().rev() {
+        let key = roots.roots[ca].subject_public_key_info.as_ref();
+        match crl_signature::verify(crl, key) {
+            Ok(Signature::Valid) => return Ok(Signature::Valid),
+            other => outcome = other,
+        }
+    }
+    outcome
 }
 
 /// A PEM file that holds no certificate revocation list.
@@ -566,31 +601,18 @@ pub async fn open(tls: Option<&Tls>, io: Admitted) -> io::Result<Conn> {
 
 #[cfg(test)]
 mod tests {
-    use rcgen::{CertificateRevocationListParams, CertifiedIssuer, KeyPair, SerialNumber};
+    use rcgen::{CertifiedIssuer, KeyPair};
 
+    use super::super::crl_signature::tests::{authority_with, revocation_list_of};
     use super::*;
 
     fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        CertifiedIssuer::self_signed(params, KeyPair::generate().expect("key")).expect("CA")
+        authority_with(name, &rcgen::PKCS_ECDSA_P256_SHA256)
     }
 
     /// An empty revocation list of `issuer`, in PEM.
     fn revocation_list(issuer: &CertifiedIssuer<'static, KeyPair>, number: u8) -> String {
-        let params = CertificateRevocationListParams {
-            this_update: rcgen::date_time_ymd(2026, 1, 1),
-            next_update: rcgen::date_time_ymd(2099, 1, 1),
-            crl_number: SerialNumber::from_slice(&[number]),
-            issuing_distribution_point: None,
-            revoked_certs: Vec::new(),
-            key_identifier_method: rcgen::KeyIdMethod::Sha256,
-        };
-        let list = params.signed_by(issuer).expect("CRL");
-        list.pem().expect("PEM")
+        revocation_list_of(issuer, number).pem().expect("PEM")
     }
 
     #[test]
@@ -602,6 +624,8 @@ mod tests {
         let crl = dir.path().join("revoked.pem");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let (first, newer) = (revocation_list(&ours, 1), revocation_list(&ours, 2));
+        // Another CA of the same name (a re-keyed one) signed this list, not ours.
+        let impostor = revocation_list(&authority("client CA"), 3);
         let refused = [
             ("", "no PEM certificate revocation list"),
             ("not a CRL", "no PEM certificate revocation list"),
@@ -612,6 +636,10 @@ mod tests {
             (
                 &format!("{first}{newer}"),
                 "lists 1 and 2 are of the same CA",
+            ),
+            (
+                &impostor,
+                "list 1 (of CA 1 in kvcm.tls.client_ca_file): its signature does not verify",
             ),
         ];
         for (text, says) in refused {
@@ -638,7 +666,22 @@ mod tests {
         let expected = Uncovered {
             lists_of_unknown_cas: vec![2],
             cas_without_list: vec![2],
+            signatures_not_checked: vec![],
         };
         assert_eq!(uncovered, expected);
+        // While a CA is re-keyed both certificates may be in the file: a list signed by
+        // either loads.
+        let rekeyed = authority("client CA");
+        let both = format!("{}{}", ours.pem(), rekeyed.pem());
+        std::fs::write(&ca, both).expect("write");
+        for signer in [&ours, &rekeyed] {
+            std::fs::write(&crl, revocation_list(signer, 4)).expect("write");
+            let loaded = client_verifier(
+                &ca,
+                Some(&crl),
+                Arc::new(rustls::crypto::ring::default_provider()),
+            );
+            assert!(loaded.is_ok(), "{:?}", loaded.err().map(|e| e.to_string()));
+        }
     }
 }
