@@ -847,16 +847,20 @@ async fn the_embedded_pool_node_serves_a_tls_server_under_meta_auth() {
     let secured = Secured::start_with(&["kvcm.pool.size=4M", "kvcm.pool.heartbeat_ms=50"]).await;
     let http = secured.server.address("http");
     let body = r#"{"storage":"default_pool"}"#;
-    let (status, answer) = secured
-        .as_engine()
-        .send(http, "POST", kvcm::pool::NODES_ROUTE, body)
-        .await
-        .expect("directory over TLS");
-    assert_eq!(status, 200, "{answer}");
-    let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
-    let node = &answer["nodes"][0];
-    assert_eq!(node["live"], true, "{answer}");
-    assert!(node["ticket"].is_string(), "tickets are in force: {answer}");
+    // The node joins on a thread of its own: wait for the directory to list it live.
+    let node = wait_until(Duration::from_secs(20), async || {
+        let (status, answer) = secured
+            .as_engine()
+            .send(http, "POST", kvcm::pool::NODES_ROUTE, body)
+            .await
+            .ok()?;
+        let answer: serde_json::Value = serde_json::from_str(&answer).ok()?;
+        let node = answer["nodes"][0].clone();
+        (status == 200 && node["live"] == true).then_some(node)
+    })
+    .await
+    .expect("the embedded node is listed live over TLS");
+    assert!(node["ticket"].is_string(), "tickets are in force: {node}");
     // Rotate the only admin token: the embedded node shows none, so its heartbeats go on.
     let rotate = r#"{"tokens":["another-root-token"]}"#;
     let admin = secured.server.address("admin_http");

@@ -84,7 +84,7 @@ impl Channel {
                 )
             }
             Channel::InProcess(registrar) => registrar
-                .join(request.clone())
+                .join(request)
                 .map_err(|error| format!("join: {error}")),
         }
     }
@@ -139,7 +139,7 @@ pub struct MemberConfig {
     pub endpoint: String,
     /// Bytes of the region.
     pub capacity: u64,
-    /// The pool, TLS and credential.
+    /// The pool and how to reach the server ([`Channel`]).
     pub joining: Joining,
 }
 

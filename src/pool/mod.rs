@@ -7,9 +7,10 @@
 //! - [`region`]: the memory and its registrations;
 //! - [`listener`]: the queue-pair listener clients connect to (`KVPL` + wire byte, the
 //!   endpoint exchange, then the region's description for that wire);
-//! - [`member`]: join and heartbeat (rejoining with a fresh incarnation when the server
-//!   forgot this one);
-//! - [`routes`]: the server's side of membership, `POST /kvcm/v1/pool*` on meta HTTP.
+//! - [`member`]: join and heartbeat over meta HTTP, or by direct calls for the embedded
+//!   node ([`Channel`]), rejoining with a fresh incarnation when the server forgot this one;
+//! - [`routes`]: the server's side of membership ([`Registrar`]) and the
+//!   `POST /kvcm/v1/pool*` routes over it on meta HTTP.
 //!
 //! Invariant: a node's region only ever holds blocks of its current incarnation: when the
 //! server declares an incarnation dead it forgets every block on it before the node can

@@ -1,4 +1,7 @@
-//! The server's side of pool membership, on the meta HTTP port in kvcm's own namespace:
+//! The server's side of pool membership: the [`Registrar`] (joins and heartbeats; it checks
+//! no credential itself — the routes check the caller before they call it, and the embedded
+//! pool node, part of the server, calls it directly) and, over it, the routes on the meta
+//! HTTP port in kvcm's own namespace:
 //! `POST /kvcm/v1/poolJoin`, `/kvcm/v1/poolHeartbeat` and `/kvcm/v1/poolNodes` (JSON
 //! bodies below); errors answer `{"error":"..."}` with 400 (bad body or value), 404
 //! (unknown storage, or an incarnation that is not live: join again), 408 / 413 (a body
@@ -168,10 +171,10 @@ impl Registrar {
 
     /// Adds a node incarnation; answers its ticket key too while tickets are in force
     /// (`kvcm.auth.meta = required`).
-    pub fn join(&self, request: JoinRequest) -> Result<JoinAnswer, ManagerError> {
+    pub fn join(&self, request: &JoinRequest) -> Result<JoinAnswer, ManagerError> {
         let join = PoolNodeJoin {
             node_id: request.node_id.clone(),
-            endpoint: request.endpoint,
+            endpoint: request.endpoint.clone(),
             capacity: request.capacity,
             resume_range_id: request.resume_range_id,
         };
@@ -317,7 +320,7 @@ async fn join(State(routes): State<Routes>, request: Request) -> Response {
         routes,
         request,
         Access::Operate,
-        |routes, _, request: JoinRequest| Ok(routes.registrar.join(request)?),
+        |routes, _, request: JoinRequest| Ok(routes.registrar.join(&request)?),
     )
     .await
 }

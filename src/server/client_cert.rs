@@ -7,13 +7,13 @@
 //! not the DER it expects (no Common Name, a Common Name that is not UTF-8 text, a
 //! truncated or over-long element), so a certificate it cannot read authenticates nothing.
 
+use super::der::{Der, SEQUENCE};
 use crate::service::auth::CertIdentity;
 
 /// The prefix of a URI subject-alternative name that names an instance.
 pub const INSTANCE_URI_PREFIX: &str = "urn:kvcm:instance:";
 
-/// DER tags this reader needs.
-const SEQUENCE: u8 = 0x30;
+/// DER tags this reader needs (and [`SEQUENCE`]).
 const SET: u8 = 0x31;
 const OBJECT_IDENTIFIER: u8 = 0x06;
 const OCTET_STRING: u8 = 0x04;
@@ -108,49 +108,6 @@ fn instance_uris(mut extensions: Der<'_>) -> Option<Vec<String>> {
         return Some(instances);
     }
     Some(Vec::new())
-}
-
-/// A run of DER bytes.
-#[derive(Debug, Clone, Copy)]
-struct Der<'a>(&'a [u8]);
-
-impl<'a> Der<'a> {
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The tag of the next element.
-    fn peek(&self) -> Option<u8> {
-        self.0.first().copied()
-    }
-
-    /// The next element's contents, if its tag is `tag`, and what follows it.
-    fn element(self, tag: u8) -> Option<(Der<'a>, Der<'a>)> {
-        let (&found, rest) = self.0.split_first()?;
-        if found != tag {
-            return None;
-        }
-        let (&first, rest) = rest.split_first()?;
-        let (length, rest) = match first {
-            0..=0x7f => (usize::from(first), rest),
-            // Long form: 1 to 4 length bytes (a certificate is far smaller than 4 GiB).
-            0x81..=0x84 => {
-                let count = usize::from(first & 0x7f);
-                let (bytes, rest) = rest.split_at_checked(count)?;
-                let length = bytes.iter().fold(0usize, |n, &b| (n << 8) | usize::from(b));
-                (length, rest)
-            }
-            _ => return None,
-        };
-        let (contents, rest) = rest.split_at_checked(length)?;
-        Some((Der(contents), Der(rest)))
-    }
-
-    /// What follows the next element, whatever its tag.
-    fn skip(self) -> Option<Der<'a>> {
-        let tag = self.peek()?;
-        self.element(tag).map(|(_, rest)| rest)
-    }
 }
 
 #[cfg(test)]

@@ -56,7 +56,8 @@ pub struct RunningServer {
 
 impl RunningServer {
     /// Resigns leadership (releasing the lock for the other nodes), stops every listener
-    /// (in-flight requests finish) and waits for them.
+    /// (in-flight requests finish) and waits for them, then stops the embedded pool node
+    /// (its heartbeats call the manager directly, so they would outlive the listeners).
     pub async fn stop(self) -> Result<(), ServerError> {
         self.handlers.core.manager.leadership().resign();
         // Receivers live as long as the tasks; a send error only means they all ended.
@@ -65,6 +66,7 @@ impl RunningServer {
             let outcome = task.await.map_err(|e| e.to_string()).and_then(|r| r);
             outcome.map_err(|reason| ServerError::Serve { name, reason })?;
         }
+        drop(self.pool_node);
         Ok(())
     }
 }

@@ -6,6 +6,7 @@ mod admission;
 mod bootstrap;
 mod client_cert;
 mod crl_signature;
+mod der;
 mod election;
 mod http_serve;
 mod listeners;

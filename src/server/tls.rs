@@ -26,7 +26,8 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::client::danger::HandshakeSignatureValid;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{
-    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, UnixTime,
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, SignatureVerificationAlgorithm,
+    UnixTime,
 };
 use tokio_rustls::rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use tokio_rustls::rustls::server::{
@@ -38,7 +39,7 @@ use tonic::transport::server::Connected;
 
 use super::admission::Admitted;
 use super::client_cert;
-use super::crl_signature::{self, Signature};
+use super::crl_signature;
 use crate::config::TlsSettings;
 use crate::service::auth::CertIdentity;
 use crate::service::http::Peer;
@@ -174,9 +175,13 @@ fn client_verifier(
     let crls = match crl {
         Some(path) => {
             let crls = read_crls(crl_key, path)?;
-            check_issuers(&crls, &roots)
-                .map_err(|e| file_error(crl_key, path, e.into()))?
-                .warn();
+            check_issuers(
+                &crls,
+                &roots,
+                provider.signature_verification_algorithms.all,
+            )
+            .map_err(|e| file_error(crl_key, path, e.into()))?
+            .warn();
             Some((path, crls))
         }
         None => None,
@@ -232,9 +237,6 @@ struct Uncovered {
     /// CAs of the file without a list: a client certificate one of them issues directly is
     /// refused (fine for a root that issues only intermediates, which have lists).
     cas_without_list: Vec<usize>,
-    /// Lists whose signature algorithm is not checked at load (`super::crl_signature`): the
-    /// handshakes check them.
-    signatures_not_checked: Vec<usize>,
 }
 
 impl Uncovered {
@@ -242,10 +244,6 @@ impl Uncovered {
         for list in &self.lists_of_unknown_cas {
             tracing::warn!(list,
                 "kvcm.tls.client_crl_file: a revocation list of a CA that is not in kvcm.tls.client_ca_file");
-        }
-        for list in &self.signatures_not_checked {
-            tracing::warn!(list,
-                "kvcm.tls.client_crl_file: a revocation list's signature algorithm is not checked at load (each handshake checks it)");
         }
         for ca in &self.cas_without_list {
             tracing::warn!(ca,
@@ -262,6 +260,7 @@ impl Uncovered {
 fn check_issuers(
     crls: &[CertificateRevocationListDer<'_>],
     roots: &rustls::RootCertStore,
+    algorithms: &[&dyn SignatureVerificationAlgorithm],
 ) -> Result<Uncovered, IssuerError> {
     let mut scopes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(crls.len());
     let mut uncovered = Uncovered::default();
@@ -279,11 +278,8 @@ fn check_issuers(
         if cas.is_empty() {
             uncovered.lists_of_unknown_cas.push(index + 1);
         } else {
-            match signed_by(der.as_ref(), roots, &cas) {
-                Ok(Signature::Valid) => {}
-                Ok(Signature::NotChecked) => uncovered.signatures_not_checked.push(index + 1),
-                Err(why) => return Err(IssuerError::Signature(index + 1, cas[0] + 1, why)),
-            }
+            signed_by(der.as_ref(), roots, &cas, algorithms)
+                .map_err(|why| IssuerError::Signature(index + 1, cas[0] + 1, why))?;
         }
         let overlaps = |(issuer, point): &(Vec<u8>, Option<Vec<u8>>)| {
             *issuer == scope.0 && (point.is_none() || scope.1.is_none() || *point == scope.1)
@@ -305,22 +301,21 @@ fn check_issuers(
 }
 
 /// Whether one of the CAs `cas` (indexes into `roots`, all of the list's issuer name: a CA
-/// being re-keyed may be there twice) signed the list `crl`; the first CA's refusal when
-/// none did.
+/// being re-keyed may be there twice) signed the list `crl`, as `algorithms` verify; the
+/// first CA's refusal when none did.
 fn signed_by(
     crl: &[u8],
     roots: &rustls::RootCertStore,
     cas: &[usize],
-) -> Result<Signature, String> {
-    let mut outcome = Ok(Signature::NotChecked);
-    for &ca in cas.iter().rev() {
-        let key = roots.roots[ca].subject_public_key_info.as_ref();
-        match crl_signature::verify(crl, key) {
-            Ok(Signature::Valid) => return Ok(Signature::Valid),
-            other => outcome = other,
-        }
+    algorithms: &[&dyn SignatureVerificationAlgorithm],
+) -> Result<(), String> {
+    let key = |ca: usize| roots.roots[ca].subject_public_key_info.as_ref();
+    let first = crl_signature::verify(crl, key(cas[0]), algorithms);
+    let other_signed = |&ca: &usize| crl_signature::verify(crl, key(ca), algorithms).is_ok();
+    match first {
+        Err(_) if cas[1..].iter().any(other_signed) => Ok(()),
+        first => first,
     }
-    outcome
 }
 
 /// A PEM file that holds no certificate revocation list.
@@ -616,7 +611,7 @@ mod tests {
     }
 
     #[test]
-    fn revocation_lists_that_do_not_load_or_repeat_a_ca_are_refused() {
+    fn revocation_lists_that_do_not_load_repeat_a_ca_or_lack_its_signature_are_refused() {
         let dir = tempfile::tempdir().expect("dir");
         let (ours, stranger) = (authority("client CA"), authority("another CA"));
         let ca = dir.path().join("ca.pem");
@@ -662,11 +657,13 @@ mod tests {
         std::fs::write(&ca, format!("{}{}", ours.pem(), listless.pem())).expect("write");
         let roots = read_roots("ca", &ca).expect("CAs");
         let lists = read_crls("crl", &crl).expect("lists");
-        let uncovered = check_issuers(&lists, &roots).expect("usable lists");
+        let algorithms = rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .all;
+        let uncovered = check_issuers(&lists, &roots, algorithms).expect("usable lists");
         let expected = Uncovered {
             lists_of_unknown_cas: vec![2],
             cas_without_list: vec![2],
-            signatures_not_checked: vec![],
         };
         assert_eq!(uncovered, expected);
         // While a CA is re-keyed both certificates may be in the file: a list signed by
