@@ -226,11 +226,11 @@ fn pool(args: PoolArgs) -> anyhow::Result<()> {
     }
     let joining = kvcm::pool::Joining {
         storage: args.storage,
-        channel: kvcm::pool::Channel::Http {
+        channel: kvcm::pool::Channel::Http(kvcm::pool::MetaHttp {
             servers: args.servers,
             tls,
             api_key: args.api_key,
-        },
+        }),
     };
     let verbs = args
         .verbs_device

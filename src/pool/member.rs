@@ -16,6 +16,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
 use super::region::PoolRegion;
 use super::routes::{
     HeartbeatAnswer, HeartbeatRequest, JoinAnswer, JoinRequest, Registrar, HEARTBEAT_ROUTE,
@@ -43,18 +46,42 @@ pub struct Joining {
 #[derive(Clone)]
 pub enum Channel {
     /// The meta HTTP of kvcm servers (`kvcm pool --server`).
-    Http {
-        /// Their addresses, tried in order (an unreachable one passes to the next).
-        servers: Vec<SocketAddr>,
-        /// TLS towards them (when they serve it).
-        tls: Option<TlsClient>,
-        /// The credential (an operator's or admin's API key, or an admin token) joins and
-        /// heartbeats carry, for servers with `kvcm.auth.meta = required`.
-        api_key: Option<String>,
-    },
+    Http(MetaHttp),
     /// The server this node runs in (`kvcm serve --pool-size`): its registrar, called
     /// directly. The node is part of the server, so it shows no credential.
     InProcess(Registrar),
+}
+
+/// The meta HTTP of the kvcm servers a node joins.
+#[derive(Clone)]
+pub struct MetaHttp {
+    /// Their addresses, tried in order (a failing one passes to the next).
+    pub servers: Vec<SocketAddr>,
+    /// TLS towards them (when they serve it).
+    pub tls: Option<TlsClient>,
+    /// The credential (an operator's or admin's API key, or an admin token) joins and
+    /// heartbeats carry, for servers with `kvcm.auth.meta = required`.
+    pub api_key: Option<String>,
+}
+
+impl MetaHttp {
+    /// Posts `request` to `route` of server number `at`: its address and the answer.
+    fn post<A: DeserializeOwned>(
+        &self,
+        at: usize,
+        route: &str,
+        request: &impl Serialize,
+    ) -> (SocketAddr, Result<A, PostError>) {
+        let address = self.servers[at];
+        let (tls, key) = (self.tls.as_ref(), self.api_key.as_deref());
+        let answer = post_json_with(address, route, request, REQUEST_DEADLINE, key, tls);
+        (address, answer)
+    }
+
+    /// Passes from server number `at` to the next.
+    fn next(&self, at: &mut usize) {
+        *at = (*at + 1) % self.servers.len();
+    }
 }
 
 /// Why a heartbeat was not answered.
@@ -69,19 +96,12 @@ impl Channel {
     /// A join attempt on the current server (moving to the next on failure).
     fn join(&self, request: &JoinRequest, server: &mut usize) -> Result<JoinAnswer, String> {
         match self {
-            Channel::Http {
-                servers,
-                tls,
-                api_key,
-            } => {
-                let address = servers[*server];
-                let (tls, key) = (tls.as_ref(), api_key.as_deref());
-                post_json_with(address, JOIN_ROUTE, request, REQUEST_DEADLINE, key, tls).map_err(
-                    |error| {
-                        *server = (*server + 1) % servers.len();
-                        format!("join at {address}: {error}")
-                    },
-                )
+            Channel::Http(http) => {
+                let (address, answer) = http.post(*server, JOIN_ROUTE, request);
+                answer.map_err(|error| {
+                    http.next(server);
+                    format!("join at {address}: {error}")
+                })
             }
             Channel::InProcess(registrar) => registrar
                 .join(request)
@@ -96,31 +116,15 @@ impl Channel {
         server: &mut usize,
     ) -> Result<HeartbeatAnswer, BeatError> {
         match self {
-            Channel::Http {
-                servers,
-                tls,
-                api_key,
-            } => {
-                let (tls, key) = (tls.as_ref(), api_key.as_deref());
-                let address = servers[*server];
-                match post_json_with(
-                    address,
-                    HEARTBEAT_ROUTE,
-                    request,
-                    REQUEST_DEADLINE,
-                    key,
-                    tls,
-                ) {
-                    Ok(answer) => Ok(answer),
-                    Err(PostError::Status { status: 404, .. }) => Err(BeatError::Forgotten),
-                    Err(error) => {
-                        *server = (*server + 1) % servers.len();
-                        Err(BeatError::Failed(format!(
-                            "heartbeat at {address}: {error}"
-                        )))
-                    }
+            Channel::Http(http) => match http.post(*server, HEARTBEAT_ROUTE, request) {
+                (_, Ok(answer)) => Ok(answer),
+                (_, Err(PostError::Status { status: 404, .. })) => Err(BeatError::Forgotten),
+                (address, Err(error)) => {
+                    http.next(server);
+                    let error = format!("heartbeat at {address}: {error}");
+                    Err(BeatError::Failed(error))
                 }
-            }
+            },
             Channel::InProcess(registrar) => match registrar.heartbeat(request) {
                 Ok(answer) => Ok(answer),
                 Err(error) if Registrar::is_forgotten(&error) => Err(BeatError::Forgotten),
@@ -162,7 +166,7 @@ impl Member {
     /// Starts joining and heartbeating on a thread of its own.
     pub fn start(config: MemberConfig, region: Arc<PoolRegion>) -> Result<Member, PoolError> {
         let channel = &config.joining.channel;
-        if matches!(channel, Channel::Http { servers, .. } if servers.is_empty()) {
+        if matches!(channel, Channel::Http(http) if http.servers.is_empty()) {
             return Err(PoolError::Config(
                 "--server: at least one address is needed".into(),
             ));

@@ -29,7 +29,7 @@ use kvcm_transport::any::VerbsDevice;
 use std::time::Duration;
 
 pub use listener::{RegionInfo, HELLO as POOL_HELLO, KEEPS_CONNECTION};
-pub use member::{Channel, Joining, Member, MemberConfig};
+pub use member::{Channel, Joining, Member, MemberConfig, MetaHttp};
 pub use region::{HugePages, PoolRegion, RegionSpec};
 pub use routes::{
     HeartbeatRequest, JoinAnswer, JoinRequest, NodesAnswer, NodesRequest, Registrar,
