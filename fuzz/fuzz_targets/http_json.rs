@@ -30,10 +30,12 @@ fn routers() -> &'static [Router; 4] {
             admin_router(handlers.admin.clone(), handlers.core.clone(), limits, None),
             debug_router(handlers.debug.clone(), limits),
             kvcm::pool::routes::router(
-                manager,
+                kvcm::pool::Registrar::new(
+                    manager,
+                    kvcm::service::auth::Authenticator::new(&[]),
+                    kvcm::pool::ticket::ServerSecret::random().expect("a server secret"),
+                ),
                 limits,
-                kvcm::service::auth::Authenticator::new(&[]),
-                kvcm::pool::ticket::ServerSecret::random().expect("a server secret"),
             ),
         ]
     })
