@@ -15,7 +15,7 @@
 use super::conn::Conn;
 use super::zero_copy::{Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
-use crate::soft::frame::{self, Op, RequestHeader, ResponseHeader};
+use crate::soft::frame::{self, Op, RequestHeader};
 use crate::soft::queue_pair::{PostedRecv, QpShared};
 use crate::soft::registry::{KeyMemo, Registry};
 use crate::soft::responder;
@@ -219,7 +219,7 @@ impl ResponderLink {
         self.placing = Some(match placement {
             (placement, Placed::Answer(status)) if status != WcStatus::Success => {
                 // The requester learns of the refusal without first sending the rest.
-                status_response(status).encode(self.conn.output.bytes());
+                responder::status_reply(status, 0).encode(self.conn.output.bytes());
                 (placement, Placed::Refused)
             }
             placed => placed,
@@ -284,7 +284,7 @@ impl ResponderLink {
             Some((_, Placed::Refused)) => return Ok(true),
             None => WcStatus::Success,
         };
-        status_response(status).encode(self.conn.output.bytes());
+        responder::status_reply(status, 0).encode(self.conn.output.bytes());
         Ok(true)
     }
 
@@ -324,14 +324,6 @@ impl ResponderLink {
     }
 }
 
-fn status_response(status: WcStatus) -> ResponseHeader {
-    ResponseHeader {
-        status,
-        len: 0,
-        value: 0,
-    }
-}
-
 /// Answers a READ into `out`: its response header, then its bytes — copied from the
 /// memory `memo` lends when smaller than [`ZERO_COPY_MIN`] (no reference count is touched
 /// per READ: a lookup sends dozens of small READs to one memory), queued by reference
@@ -353,12 +345,13 @@ fn answer_read(
         Access::REMOTE_READ,
     );
     let Some((mem, offset)) = found else {
-        return status_response(WcStatus::RemoteAccessError).encode(out.bytes());
+        return responder::status_reply(WcStatus::RemoteAccessError, 0).encode(out.bytes());
     };
     responder::status_reply(WcStatus::Success, header.len).encode(out.bytes());
     // Bounds were checked against the registration, which lies inside `mem`.
-    let _ = match len < ZERO_COPY_MIN {
-        true => mem.append_to(offset, len, out.bytes()),
-        false => out.memory(Arc::clone(mem), offset, len),
+    let _ = if len < ZERO_COPY_MIN {
+        mem.append_to(offset, len, out.bytes())
+    } else {
+        out.memory(Arc::clone(mem), offset, len)
     };
 }
