@@ -211,6 +211,20 @@ pub struct AllocationRequest<'a> {
     pub blocks: &'a [BlockToAllocate],
 }
 
+/// A part placed by an earlier process, as its write-ahead log names it
+/// ([`DataStorage::adopt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamedPart<'a> {
+    /// The instance whose block it is.
+    pub instance_id: &'a str,
+    /// The object's [`DurableAddress::Named`] name.
+    pub name: &'a str,
+    /// The block in the object.
+    pub block: u32,
+    /// Bytes of the part.
+    pub size: u64,
+}
+
 /// Where one part of one block lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllocatedSpec {
@@ -387,14 +401,14 @@ pub trait DataStorage: Send + Sync + std::fmt::Debug {
     fn durable_address(&self, _address: PartAddress) -> DurableAddress {
         DurableAddress::AsIs
     }
-    /// Takes back block `block` (a part of `size` bytes) of the object named `name` (a
-    /// [`DurableAddress::Named`] of an earlier process): it counts as allocated once more
-    /// (one later delete frees it) and its address in this process is returned. Nothing is
-    /// created or written.
-    fn adopt(&self, name: &str, _block: u32, _size: u64) -> Result<PartAddress, StorageError> {
+    /// Takes back a part an earlier process placed in a named object (a
+    /// [`DurableAddress::Named`]): it counts as allocated once more (one later delete frees
+    /// it) and its address in this process is returned. Nothing is created or written.
+    fn adopt(&self, part: &NamedPart<'_>) -> Result<PartAddress, StorageError> {
         Err(StorageError::InvalidRequest(format!(
-            "storage {:?} has no named objects to adopt ({name:?})",
-            self.config().global_unique_name
+            "storage {:?} has no named objects to adopt ({:?})",
+            self.config().global_unique_name,
+            part.name
         )))
     }
     /// The memory pool behind this backend, when it is one (its members join and heartbeat

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use kvcm_index::BlockKey;
-use kvcm_storage::{DataStorage, PartAddress, PartRef, StorageConfig};
+use kvcm_storage::{DataStorage, NamedPart, PartAddress, PartRef, StorageConfig};
 
 use super::files::{self, ReadEnd, SNAPSHOT_MAGIC};
 use super::record::{DurableEntry, Record};
@@ -450,10 +450,14 @@ impl Manager {
                 .find(|n| n.names(location.storage, part.address));
             let spec = instance.specs().get(usize::from(part.spec));
             let address: Option<PartAddress> = match (named, spec) {
-                (Some(object), Some(spec)) => {
-                    let size = spec.size as u64;
-                    backend.adopt(&object.name, part.address.block, size).ok()
-                }
+                (Some(object), Some(spec)) => backend
+                    .adopt(&NamedPart {
+                        instance_id: instance.id(),
+                        name: &object.name,
+                        block: part.address.block,
+                        size: spec.size as u64,
+                    })
+                    .ok(),
                 (None, Some(_)) => Some(part.address),
                 (_, None) => None,
             };

@@ -2,13 +2,24 @@
 //! whose pool node kept its memory). A run holds exactly its adopted parts: no new part is
 //! placed in it, and it goes back to the free slab pool when its last part is freed.
 //!
-//! Invariants: the parts of a run lie inside its slabs and never overlap; runs never share
-//! a slab (parts touching a common slab belong to one run).
+//! Invariants: the parts of a run lie inside its slabs, never overlap and belong to one
+//! tenant; runs never share a slab (parts touching a common slab belong to one run).
 
 use std::collections::BTreeMap;
 
 use super::slab_pool::SlabRun;
-use super::{AllocError, GRANULE, SLAB_BYTES};
+use super::{AllocError, Tenant, GRANULE, SLAB_BYTES};
+
+/// A part an earlier process placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AdoptedPart {
+    /// Its offset in the region.
+    pub offset: u64,
+    /// The bytes requested for it.
+    pub size: u64,
+    /// Whom it was placed for.
+    pub tenant: Tenant,
+}
 
 /// A run of slabs and the adopted parts in it.
 #[derive(Debug)]
@@ -36,18 +47,23 @@ impl AdoptedRun {
     }
 }
 
-/// Groups `parts` (offset, requested size) of a region of `capacity` bytes into adopted
-/// runs, lowest first; refuses parts that are empty, unaligned, outside the region or
-/// overlapping.
+/// Groups `parts` of a region of `capacity` bytes into adopted runs with their tenant,
+/// lowest first; refuses parts that are empty, unaligned, outside the region, overlapping
+/// or touching a slab another tenant's part touches.
 pub(super) fn adopted_runs(
     capacity: u64,
-    parts: &[(u64, u64)],
-) -> Result<Vec<AdoptedRun>, AllocError> {
+    parts: &[AdoptedPart],
+) -> Result<Vec<(Tenant, AdoptedRun)>, AllocError> {
     let mut sorted = parts.to_vec();
     sorted.sort_unstable();
-    let mut runs: Vec<AdoptedRun> = Vec::new();
+    let mut runs: Vec<(Tenant, AdoptedRun)> = Vec::new();
     let mut end_of_last = 0;
-    for &(offset, size) in &sorted {
+    for &AdoptedPart {
+        offset,
+        size,
+        tenant,
+    } in &sorted
+    {
         let refuse = |reason| AllocError::BadAdoption {
             offset,
             size,
@@ -66,18 +82,27 @@ pub(super) fn adopted_runs(
         }
         end_of_last = end;
         let (first, last) = (offset / SLAB_BYTES, (end - 1) / SLAB_BYTES);
-        match runs.last_mut() {
-            Some(run) if first < run.run.start + run.run.slabs => {
+        let touched = runs
+            .last_mut()
+            .filter(|(_, run)| first < run.run.start + run.run.slabs);
+        match touched {
+            Some((owner, _)) if *owner != tenant => {
+                return Err(refuse("shares a slab with another tenant's part"));
+            }
+            Some((_, run)) => {
                 run.run.slabs = run.run.slabs.max(last + 1 - run.run.start);
                 run.parts.insert(offset, size);
             }
-            _ => runs.push(AdoptedRun {
-                run: SlabRun {
-                    start: first,
-                    slabs: last + 1 - first,
+            None => runs.push((
+                tenant,
+                AdoptedRun {
+                    run: SlabRun {
+                        start: first,
+                        slabs: last + 1 - first,
+                    },
+                    parts: BTreeMap::from([(offset, size)]),
                 },
-                parts: BTreeMap::from([(offset, size)]),
-            }),
+            )),
         }
     }
     Ok(runs)

@@ -17,6 +17,10 @@
 //!   owns fewer spans than its preferred length opens one-slab spans, so a rarely used class
 //!   pins little memory. A class allocates from its fullest open span, so that the emptiest
 //!   spans drain; a span goes back to the free slab pool as soon as its last slot is freed.
+//! * Every part is placed for a [`Tenant`] (the pool storage numbers its instances), and a
+//!   span or run of slabs holds the parts of one tenant only: a class allocates from its
+//!   fullest open span *of that tenant*. So a node can give each tenant access to its own
+//!   slabs and no other's ([`PoolAllocator::owned_runs`] lists who owns what).
 //! * A request larger than a slab, or one no class span has room for, takes a run of whole
 //!   slabs (best fit over the free runs, lowest start among equals); freeing it merges the
 //!   run with its free neighbours. Its reserved bytes are the whole run, so a request just
@@ -28,12 +32,13 @@
 //!   process ([`PoolAllocator::with_adopted`]: a restarted manager whose pool node kept its
 //!   memory): the slabs those parts touch become adopted runs, which hold exactly those parts
 //!   (nothing new is placed there) and go back to the free slab pool when their last part is
-//!   freed.
+//!   freed. Parts of two tenants that touch one slab are refused.
 //!
 //! # Invariants
 //!
 //! * Live allocations never overlap and lie inside `0..capacity`; every offset is a multiple
 //!   of `GRANULE`, and so is every reserved size.
+//! * Every live allocation lies in a run of slabs owned by the tenant it was placed for.
 //! * Every slab is in exactly one of: a free run, a class span, a whole-slab run, an
 //!   adopted run; hence `reserved + class_free + free == capacity` (see [`AllocatorStats`]).
 //! * `used_bytes` is the exact sum of the requested sizes of live allocations, and
@@ -60,10 +65,11 @@ mod span;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+pub use adopted::AdoptedPart;
 use adopted::{adopted_runs, AdoptedRun};
-use size_class::{preferred_span_slabs, size_class_for, SizeClass, CLASS_COUNT};
+use size_class::{preferred_span_slabs, size_class_for, SizeClass};
 use slab_pool::{SlabGeometry, SlabPool, SlabRun};
 use span::Span;
 
@@ -74,6 +80,22 @@ pub const GRANULE_SHIFT: u8 = 9;
 
 /// Bytes of one slab (2 MiB, a huge page): the unit the region is handed to classes in.
 pub const SLAB_BYTES: u64 = 2 * 1024 * 1024;
+
+/// Whom a part is placed for: the pool storage numbers its instances. Two tenants' parts
+/// never share a slab.
+pub type Tenant = u32;
+
+/// A run of slabs that is not free, as bytes of the region, and the tenant whose parts it
+/// holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnedRun {
+    /// The tenant.
+    pub tenant: Tenant,
+    /// Offset of its first byte (a multiple of `SLAB_BYTES`).
+    pub offset: u64,
+    /// Its bytes (whole slabs, the last slab of the region possibly shorter).
+    pub len: u64,
+}
 
 /// Why an allocator operation failed; a failed operation changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,7 +117,8 @@ pub enum AllocError {
         /// Bytes requested.
         size: u64,
     },
-    /// Parts to adopt that overlap, are empty, unaligned or outside the region.
+    /// Parts to adopt that overlap, are empty, unaligned, outside the region or share a
+    /// slab with another tenant's.
     #[error("cannot adopt {size} bytes at offset {offset}: {reason}")]
     BadAdoption {
         /// Offset of the refused part.
@@ -156,7 +179,14 @@ struct WholeRun {
     requested: u64,
 }
 
-/// What owns a run of slabs that is not free.
+/// A run of slabs that is not free: what holds it, for which tenant.
+#[derive(Debug)]
+struct Owned {
+    tenant: Tenant,
+    owner: Owner,
+}
+
+/// What holds a run of slabs that is not free.
 #[derive(Debug)]
 enum Owner {
     /// A class span with slots.
@@ -173,11 +203,11 @@ enum Owner {
 pub struct PoolAllocator {
     slab_pool: SlabPool,
     /// Slab runs not free, by their first slab.
-    owners: BTreeMap<u64, Owner>,
-    /// Per class: its spans with a free slot, as (free slots, first slab), fullest first.
-    open_spans: Vec<BTreeSet<(usize, u64)>>,
-    /// Per class: how many spans it owns.
-    spans_per_class: Vec<u64>,
+    owners: BTreeMap<u64, Owned>,
+    /// Spans with a free slot, per tenant and class, fullest first.
+    open_spans: BTreeSet<OpenSpan>,
+    /// How many spans each (tenant, class index) owns (absent: none).
+    spans_per_class: HashMap<(Tenant, usize), u64>,
     used_bytes: u64,
     slot_reserved_bytes: u64,
     whole_reserved_bytes: u64,
@@ -200,8 +230,8 @@ impl PoolAllocator {
         Ok(PoolAllocator {
             slab_pool: SlabPool::new(SlabGeometry::new(usable)),
             owners: BTreeMap::new(),
-            open_spans: (0..CLASS_COUNT).map(|_| BTreeSet::new()).collect(),
-            spans_per_class: vec![0; CLASS_COUNT],
+            open_spans: BTreeSet::new(),
+            spans_per_class: HashMap::new(),
             used_bytes: 0,
             slot_reserved_bytes: 0,
             whole_reserved_bytes: 0,
@@ -213,28 +243,31 @@ impl PoolAllocator {
         })
     }
 
-    /// An allocator for a region of `capacity` bytes that already holds `parts` (offset,
-    /// requested size), placed by an earlier process: they count as live allocations (one
-    /// `free` each), the slabs they touch hold nothing else until all their parts are freed.
-    /// Refuses parts that are empty, not granule-aligned, outside the region or
-    /// overlapping; nothing is built then.
-    pub fn with_adopted(capacity: u64, parts: &[(u64, u64)]) -> Result<Self, AllocError> {
+    /// An allocator for a region of `capacity` bytes that already holds `parts`, placed by
+    /// an earlier process: they count as live allocations (one `free` each), the slabs they
+    /// touch hold nothing else until all their parts are freed. Refuses parts that are
+    /// empty, not granule-aligned, outside the region, overlapping or sharing a slab with
+    /// another tenant's; nothing is built then.
+    pub fn with_adopted(capacity: u64, parts: &[AdoptedPart]) -> Result<Self, AllocError> {
         let mut pool = Self::new(capacity)?;
-        for run in adopted_runs(pool.capacity(), parts)? {
+        for (tenant, run) in adopted_runs(pool.capacity(), parts)? {
             let taken = pool.slab_pool.take_exact(run.run);
             debug_assert!(taken, "adopted runs are disjoint and inside the region");
             pool.used_bytes += run.used_bytes();
             pool.live_allocations += run.part_count();
             let run_bytes = pool.slab_pool.geometry().run_bytes(run.run);
             pool.adopted_reserved_bytes += run_bytes;
-            pool.owners.insert(run.run.start, Owner::Adopted(run));
+            let run_start = run.run.start;
+            let owner = Owner::Adopted(run);
+            pool.owners.insert(run_start, Owned { tenant, owner });
         }
         Ok(pool)
     }
 
-    /// Places `size` bytes; returns the offset of `[offset, offset + size)`, which lies
-    /// inside the region and is a multiple of `GRANULE`.
-    pub fn allocate(&mut self, size: u64) -> Result<u64, AllocError> {
+    /// Places `size` bytes for `tenant`, in slabs holding only its parts; returns the offset
+    /// of `[offset, offset + size)`, which lies inside the region and is a multiple of
+    /// `GRANULE`.
+    pub fn allocate(&mut self, tenant: Tenant, size: u64) -> Result<u64, AllocError> {
         let capacity = self.capacity();
         if size == 0 {
             return Err(AllocError::ZeroSize);
@@ -242,8 +275,8 @@ impl PoolAllocator {
         if size > capacity {
             return Err(AllocError::TooLarge { size, capacity });
         }
-        let in_slot = slot_request(size).and_then(|requested| self.allocate_slot(requested));
-        let offset = in_slot.or_else(|| self.allocate_whole_run(size));
+        let in_slot = slot_request(size).and_then(|wanted| self.allocate_slot(tenant, wanted));
+        let offset = in_slot.or_else(|| self.allocate_whole_run(tenant, size));
         let offset = offset.ok_or(AllocError::Full { size })?;
         self.used_bytes += size;
         self.live_allocations += 1;
@@ -260,15 +293,41 @@ impl PoolAllocator {
             .next_back()
             .map(|(&start, _)| start);
         let released = owner_start.and_then(|start| match self.owners.get(&start) {
-            Some(Owner::Span(_)) => self.free_slot(start, offset),
-            Some(Owner::Whole(_)) => self.free_whole_run(start, offset),
-            Some(Owner::Adopted(_)) => self.free_adopted(start, offset),
+            Some(Owned {
+                owner: Owner::Span(_),
+                ..
+            }) => self.free_slot(start, offset),
+            Some(Owned {
+                owner: Owner::Whole(_),
+                ..
+            }) => self.free_whole_run(start, offset),
+            Some(Owned {
+                owner: Owner::Adopted(_),
+                ..
+            }) => self.free_adopted(start, offset),
             None => None,
         });
         let requested = released.ok_or(AllocError::UnknownAllocation { offset })?;
         self.used_bytes -= requested;
         self.live_allocations -= 1;
         Ok(requested)
+    }
+
+    /// Every run of slabs that is not free, lowest first, with its tenant.
+    pub fn owned_runs(&self) -> impl Iterator<Item = OwnedRun> + '_ {
+        let geometry = self.slab_pool.geometry();
+        self.owners.iter().map(move |(&start, owned)| {
+            let run = match &owned.owner {
+                Owner::Span(span) => span.run,
+                Owner::Whole(whole) => whole.run,
+                Owner::Adopted(adopted) => adopted.run,
+            };
+            OwnedRun {
+                tenant: owned.tenant,
+                offset: geometry.slab_offset(start),
+                len: geometry.run_bytes(run),
+            }
+        })
     }
 
     /// Bytes of the region (rounded down to `GRANULE`).
@@ -321,38 +380,40 @@ impl PoolAllocator {
         }
     }
 
-    /// Places `requested` bytes in a slot of its class: in the fullest open span, or in a
-    /// new span when none is open.
-    fn allocate_slot(&mut self, requested: u32) -> Option<u64> {
+    /// Places `requested` bytes for `tenant` in a slot of its class: in the tenant's fullest
+    /// open span of the class, or in a new span when none is open.
+    fn allocate_slot(&mut self, tenant: Tenant, requested: u32) -> Option<u64> {
         let class = size_class_for(u64::from(requested));
-        let fullest = self.open_spans[class.index]
-            .first()
-            .map(|&(_, start)| start);
+        let fullest = OpenSpan::of(tenant, class.index, 0, 0)..;
+        let fullest = self.open_spans.range(fullest).next();
+        let fullest = fullest.filter(|open| open.tenant == tenant && open.class == class.index);
         let start = match fullest {
-            Some(start) => start,
-            None => self.open_span(class)?,
+            Some(open) => open.start,
+            None => self.open_span(tenant, class)?,
         };
-        let Some(Owner::Span(span)) = self.owners.get_mut(&start) else {
-            return None;
-        };
+        let span = self.span_mut(start)?;
         let free_before = span.free_slot_count();
         let offset = span.take_slot(requested)?;
-        let open = &mut self.open_spans[class.index];
-        open.remove(&(free_before, start));
+        let open = OpenSpan::of(tenant, class.index, free_before, start);
+        self.open_spans.remove(&open);
         if free_before > 1 {
-            open.insert((free_before - 1, start));
+            self.open_spans.insert(OpenSpan {
+                free: free_before - 1,
+                ..open
+            });
         }
         self.slot_reserved_bytes += class.slot_bytes;
         Some(offset)
     }
 
-    /// Takes slabs for a new span of `class`; returns the span's first slab. A class owning
-    /// fewer spans than its preferred span length takes one slab (a rare class then pins
-    /// little memory), a busier one its preferred length (less tail slack); when that many
-    /// contiguous slabs are not free, one slab.
-    fn open_span(&mut self, class: SizeClass) -> Option<u64> {
+    /// Takes slabs for a new span of `class` for `tenant`; returns the span's first slab. A
+    /// class owning fewer spans (of this tenant) than its preferred span length takes one
+    /// slab (a rare class then pins little memory), a busier one its preferred length (less
+    /// tail slack); when that many contiguous slabs are not free, one slab.
+    fn open_span(&mut self, tenant: Tenant, class: SizeClass) -> Option<u64> {
         let preferred = preferred_span_slabs(class.slot_bytes);
-        let slabs = if self.spans_per_class[class.index] >= preferred {
+        let owned = self.spans_per_class.get(&(tenant, class.index));
+        let slabs = if owned.copied().unwrap_or(0) >= preferred {
             preferred
         } else {
             1
@@ -364,16 +425,21 @@ impl PoolAllocator {
         let geometry = self.slab_pool.geometry();
         let run_bytes = geometry.run_bytes(run);
         let span = Span::new(class, run, geometry.slab_offset(run.start), run_bytes);
-        self.open_spans[class.index].insert((span.slot_count(), run.start));
-        self.owners.insert(run.start, Owner::Span(span));
+        let open = OpenSpan::of(tenant, class.index, span.slot_count(), run.start);
+        self.open_spans.insert(open);
+        let owner = Owner::Span(span);
+        self.owners.insert(run.start, Owned { tenant, owner });
         self.span_bytes += run_bytes;
         self.class_spans += 1;
-        self.spans_per_class[class.index] += 1;
+        *self
+            .spans_per_class
+            .entry((tenant, class.index))
+            .or_insert(0) += 1;
         Some(run.start)
     }
 
-    /// Places `size` bytes in a run of whole slabs.
-    fn allocate_whole_run(&mut self, size: u64) -> Option<u64> {
+    /// Places `size` bytes for `tenant` in a run of whole slabs.
+    fn allocate_whole_run(&mut self, tenant: Tenant, size: u64) -> Option<u64> {
         let run = self.slab_pool.take(size.div_ceil(SLAB_BYTES), size)?;
         let geometry = self.slab_pool.geometry();
         let run_bytes = geometry.run_bytes(run);
@@ -382,7 +448,8 @@ impl PoolAllocator {
             run_bytes,
             requested: size,
         };
-        self.owners.insert(run.start, Owner::Whole(whole));
+        let owner = Owner::Whole(whole);
+        self.owners.insert(run.start, Owned { tenant, owner });
         self.whole_reserved_bytes += run_bytes;
         self.whole_slab_runs += 1;
         Some(geometry.slab_offset(run.start))
@@ -391,38 +458,66 @@ impl PoolAllocator {
     /// Frees the slot at `offset` of the span starting at slab `start`; gives the span back
     /// to the slab pool when it becomes empty.
     fn free_slot(&mut self, start: u64, offset: u64) -> Option<u64> {
-        let Some(Owner::Span(span)) = self.owners.get_mut(&start) else {
-            return None;
-        };
+        let tenant = self.owners.get(&start)?.tenant;
+        let span = self.span_mut(start)?;
         let free_before = span.free_slot_count();
         let requested = span.release_slot(offset)?;
         let class = span.class;
         let now_empty = span.is_empty();
-        let open = &mut self.open_spans[class.index];
-        open.remove(&(free_before, start));
+        let open = OpenSpan::of(tenant, class.index, free_before, start);
+        self.open_spans.remove(&open);
         self.slot_reserved_bytes -= class.slot_bytes;
         if now_empty {
             self.close_span(start);
         } else {
-            open.insert((free_before + 1, start));
+            self.open_spans.insert(OpenSpan {
+                free: free_before + 1,
+                ..open
+            });
         }
         Some(requested)
     }
 
+    /// The span starting at slab `start`.
+    fn span_mut(&mut self, start: u64) -> Option<&mut Span> {
+        match self.owners.get_mut(&start) {
+            Some(Owned {
+                owner: Owner::Span(span),
+                ..
+            }) => Some(span),
+            _ => None,
+        }
+    }
+
     /// Gives the (empty) span starting at slab `start` back to the slab pool.
     fn close_span(&mut self, start: u64) {
-        if let Some(Owner::Span(span)) = self.owners.remove(&start) {
-            self.span_bytes -= self.slab_pool.geometry().run_bytes(span.run);
-            self.class_spans -= 1;
-            self.spans_per_class[span.class.index] -= 1;
-            self.slab_pool.give_back(span.run);
+        let Some(Owned {
+            tenant,
+            owner: Owner::Span(span),
+        }) = self.owners.remove(&start)
+        else {
+            return;
+        };
+        self.span_bytes -= self.slab_pool.geometry().run_bytes(span.run);
+        self.class_spans -= 1;
+        let key = (tenant, span.class.index);
+        if let Some(count) = self.spans_per_class.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                self.spans_per_class.remove(&key);
+            }
         }
+        self.slab_pool.give_back(span.run);
     }
 
     /// Frees the adopted part at `offset` of the adopted run starting at slab `start`; gives
     /// the run back to the slab pool when it holds no part any more.
     fn free_adopted(&mut self, start: u64, offset: u64) -> Option<u64> {
-        let Some(Owner::Adopted(run)) = self.owners.get_mut(&start) else {
+        let Some(Owned {
+            owner: Owner::Adopted(run),
+            ..
+        }) = self.owners.get_mut(&start)
+        else {
             return None;
         };
         let requested = run.release(offset)?;
@@ -440,13 +535,38 @@ impl PoolAllocator {
         if offset != self.slab_pool.geometry().slab_offset(start) {
             return None;
         }
-        let Some(Owner::Whole(whole)) = self.owners.remove(&start) else {
+        let Some(Owned {
+            owner: Owner::Whole(whole),
+            ..
+        }) = self.owners.remove(&start)
+        else {
             return None;
         };
         self.whole_reserved_bytes -= whole.run_bytes;
         self.whole_slab_runs -= 1;
         self.slab_pool.give_back(whole.run);
         Some(whole.requested)
+    }
+}
+
+/// A span with a free slot, ordered by tenant, class, then fullest (fewest free slots)
+/// first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct OpenSpan {
+    tenant: Tenant,
+    class: usize,
+    free: usize,
+    start: u64,
+}
+
+impl OpenSpan {
+    fn of(tenant: Tenant, class: usize, free: usize, start: u64) -> OpenSpan {
+        OpenSpan {
+            tenant,
+            class,
+            free,
+            start,
+        }
     }
 }
 

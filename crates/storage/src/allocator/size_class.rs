@@ -14,7 +14,8 @@ const CLASSES_PER_DOUBLING: u64 = 8;
 const MAX_SPAN_SLABS: u64 = 8;
 
 /// The number of size classes: 8 exact ones (1..=8 granules), then 8 per doubling up to the
-/// 4096 granules of one slab.
+/// 4096 granules of one slab (the tests walk the ladder with it).
+#[cfg(test)]
 pub(super) const CLASS_COUNT: usize = 80;
 
 /// One size class: every slot of its spans is `slot_bytes` long.

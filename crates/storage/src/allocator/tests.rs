@@ -94,7 +94,7 @@ fn every_class_finds_a_span_with_at_most_an_eighth_of_slack() {
 fn kv_part_sizes_have_no_internal_waste() {
     let mut pool = allocator(GIB);
     for size in KV_PART_SIZES {
-        pool.allocate(size).unwrap();
+        pool.allocate(0, size).unwrap();
     }
     assert_eq!(pool.used_bytes(), pool.reserved_bytes());
     assert_eq!(
@@ -108,7 +108,7 @@ fn kv_part_sizes_have_no_internal_waste() {
 #[test]
 fn zero_size_is_refused() {
     let mut pool = allocator(64 * MIB);
-    assert_eq!(pool.allocate(0), Err(AllocError::ZeroSize));
+    assert_eq!(pool.allocate(0, 0), Err(AllocError::ZeroSize));
     assert_empty(&pool);
 }
 
@@ -118,7 +118,7 @@ fn larger_than_capacity_is_refused_up_to_u64_max() {
     let capacity = 64 * MIB;
     for size in [capacity + 1, capacity + GRANULE, u64::MAX - 1, u64::MAX] {
         assert_eq!(
-            pool.allocate(size),
+            pool.allocate(0, size),
             Err(AllocError::TooLarge { size, capacity })
         );
     }
@@ -144,13 +144,13 @@ fn capacity_is_rounded_down_and_must_hold_a_granule() {
 fn huge_region_serves_and_refuses_without_overflow() {
     let mut pool = allocator(u64::MAX);
     let capacity = pool.capacity();
-    let offset = pool.allocate(capacity).unwrap();
+    let offset = pool.allocate(0, capacity).unwrap();
     assert_eq!(offset, 0);
     assert_eq!(pool.reserved_bytes(), capacity);
-    assert_eq!(pool.allocate(1), Err(AllocError::Full { size: 1 }));
+    assert_eq!(pool.allocate(0, 1), Err(AllocError::Full { size: 1 }));
     assert_eq!(pool.free(0), Ok(capacity));
-    let near_end = pool.allocate(capacity - SLAB_BYTES).unwrap();
-    let last = pool.allocate(SLAB_BYTES - GRANULE).unwrap();
+    let near_end = pool.allocate(0, capacity - SLAB_BYTES).unwrap();
+    let last = pool.allocate(0, SLAB_BYTES - GRANULE).unwrap();
     assert!(last >= near_end + capacity - SLAB_BYTES);
     assert_eq!(
         pool.free(u64::MAX),
@@ -172,8 +172,8 @@ fn exactly_capacity_allocation_succeeds_for_any_capacity() {
     for capacity in capacities {
         let mut pool = allocator(capacity);
         let whole = pool.capacity();
-        assert_eq!(pool.allocate(whole), Ok(0), "capacity {capacity}");
-        assert_eq!(pool.allocate(1), Err(AllocError::Full { size: 1 }));
+        assert_eq!(pool.allocate(0, whole), Ok(0), "capacity {capacity}");
+        assert_eq!(pool.allocate(0, 1), Err(AllocError::Full { size: 1 }));
         assert_eq!(pool.free(0), Ok(whole));
         assert_empty(&pool);
     }
@@ -183,47 +183,47 @@ fn exactly_capacity_allocation_succeeds_for_any_capacity() {
 fn region_smaller_than_a_slab_fills_its_partial_slab() {
     let mut pool = allocator(700 * KIB + 123);
     let mut offsets = Vec::new();
-    while let Ok(offset) = pool.allocate(16 * KIB) {
+    while let Ok(offset) = pool.allocate(0, 16 * KIB) {
         assert!(offset + 16 * KIB <= pool.capacity());
         offsets.push(offset);
     }
     assert_eq!(offsets.len(), 43);
     assert_eq!(
-        pool.allocate(16 * KIB),
+        pool.allocate(0, 16 * KIB),
         Err(AllocError::Full { size: 16 * KIB })
     );
     // What is left (700 KiB - 43 * 16 KiB = 12 KiB) is the span's tail slack.
     assert_eq!(pool.stats().class_free_bytes, 12 * KIB);
     assert_eq!(pool.free(offsets[7]), Ok(16 * KIB));
-    assert_eq!(pool.allocate(16 * KIB), Ok(offsets[7]));
+    assert_eq!(pool.allocate(0, 16 * KIB), Ok(offsets[7]));
 }
 
 #[test]
 fn full_refuses_then_a_free_makes_room() {
     let mut pool = allocator(8 * MIB);
-    let first = pool.allocate(4 * MIB).unwrap();
-    let second = pool.allocate(4 * MIB).unwrap();
+    let first = pool.allocate(0, 4 * MIB).unwrap();
+    let second = pool.allocate(0, 4 * MIB).unwrap();
     assert_eq!(
-        pool.allocate(GRANULE),
+        pool.allocate(0, GRANULE),
         Err(AllocError::Full { size: GRANULE })
     );
     let before = pool.stats();
     assert_eq!(
-        pool.allocate(4 * MIB),
+        pool.allocate(0, 4 * MIB),
         Err(AllocError::Full { size: 4 * MIB })
     );
     assert_eq!(pool.stats(), before);
     assert_eq!(pool.free(second), Ok(4 * MIB));
-    assert_eq!(pool.allocate(3 * MIB + 1), Ok(second));
+    assert_eq!(pool.allocate(0, 3 * MIB + 1), Ok(second));
     assert_eq!(pool.free(first), Ok(4 * MIB));
-    assert_eq!(pool.allocate(64 * KIB), Ok(first));
+    assert_eq!(pool.allocate(0, 64 * KIB), Ok(first));
 }
 
 #[test]
 fn bogus_and_double_frees_change_nothing() {
     let mut pool = allocator(16 * MIB);
-    let small = pool.allocate(16 * KIB).unwrap();
-    let large = pool.allocate(5 * MIB).unwrap();
+    let small = pool.allocate(0, 16 * KIB).unwrap();
+    let large = pool.allocate(0, 5 * MIB).unwrap();
     let before = pool.stats();
     let bogus = [
         small + GRANULE,
@@ -258,8 +258,10 @@ fn bogus_and_double_frees_change_nothing() {
 #[test]
 fn empty_spans_go_back_and_runs_coalesce() {
     let mut pool = allocator(32 * MIB);
-    let blocks: Vec<u64> = (0..200).map(|_| pool.allocate(64 * KIB).unwrap()).collect();
-    let large = pool.allocate(9 * MIB).unwrap();
+    let blocks: Vec<u64> = (0..200)
+        .map(|_| pool.allocate(0, 64 * KIB).unwrap())
+        .collect();
+    let large = pool.allocate(0, 9 * MIB).unwrap();
     assert_eq!(pool.stats().class_spans, 7);
     for offset in blocks.iter().rev() {
         pool.free(*offset).unwrap();
@@ -277,7 +279,7 @@ fn a_rare_class_uses_one_slab_spans_a_busy_one_its_preferred_length() {
     assert_eq!(preferred_span_slabs(slot), 3);
     let mut pool = allocator(64 * MIB);
     for _ in 0..4 {
-        pool.allocate(slot).unwrap();
+        pool.allocate(0, slot).unwrap();
     }
     // Three one-slab spans of one slot, then a three-slab span of five slots.
     let stats = pool.stats();
@@ -287,7 +289,7 @@ fn a_rare_class_uses_one_slab_spans_a_busy_one_its_preferred_length() {
         3 * (SLAB_BYTES - slot) + 3 * SLAB_BYTES - slot
     );
     for _ in 0..4 {
-        pool.allocate(slot).unwrap();
+        pool.allocate(0, slot).unwrap();
     }
     assert_eq!(pool.stats().class_spans, 4);
     assert_eq!(pool.stats().free_bytes, 64 * MIB - 6 * SLAB_BYTES);
@@ -297,7 +299,7 @@ fn a_rare_class_uses_one_slab_spans_a_busy_one_its_preferred_length() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Allocate(u64),
+    Allocate(Tenant, u64),
     /// Frees the live allocation at this position (mod the number live).
     Free(usize),
     /// Frees again an offset freed before (mod the number freed).
@@ -320,7 +322,7 @@ fn request_size() -> impl Strategy<Value = u64> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => request_size().prop_map(Op::Allocate),
+        6 => (0..3 as Tenant, request_size()).prop_map(|(tenant, size)| Op::Allocate(tenant, size)),
         4 => any::<usize>().prop_map(Op::Free),
         1 => any::<usize>().prop_map(Op::FreeAgain),
         1 => prop_oneof![0u64..64 * MIB, any::<u64>()].prop_map(Op::FreeBogus),
@@ -331,16 +333,16 @@ fn region_capacity() -> impl Strategy<Value = u64> {
     prop_oneof![Just(64 * MIB + 1000), GRANULE..3 * MIB, 8 * MIB..40 * MIB,]
 }
 
-/// The live allocations as the allocator must see them: offset → requested size.
+/// The live allocations as the allocator must see them: offset → requested size and tenant.
 #[derive(Default)]
 struct Model {
-    live: BTreeMap<u64, u64>,
+    live: BTreeMap<u64, (u64, Tenant)>,
     freed: Vec<u64>,
 }
 
 impl Model {
     fn assert_no_overlap(&self, offset: u64, size: u64) {
-        if let Some((&before, &before_size)) = self.live.range(..=offset).next_back() {
+        if let Some((&before, &(before_size, _))) = self.live.range(..=offset).next_back() {
             assert!(
                 before + before_size <= offset,
                 "overlaps {before}+{before_size}"
@@ -359,10 +361,10 @@ impl Model {
 
 fn apply(pool: &mut PoolAllocator, model: &mut Model, op: &Op) {
     match *op {
-        Op::Allocate(size) => check_allocate(pool, model, size),
+        Op::Allocate(tenant, size) => check_allocate(pool, model, tenant, size),
         Op::Free(position) => {
             if let Some(offset) = model.nth_live(position) {
-                let size = model.live.remove(&offset).unwrap();
+                let (size, _) = model.live.remove(&offset).unwrap();
                 assert_eq!(pool.free(offset), Ok(size));
                 model.freed.push(offset);
             }
@@ -377,14 +379,14 @@ fn apply(pool: &mut PoolAllocator, model: &mut Model, op: &Op) {
     }
 }
 
-fn check_allocate(pool: &mut PoolAllocator, model: &mut Model, size: u64) {
+fn check_allocate(pool: &mut PoolAllocator, model: &mut Model, tenant: Tenant, size: u64) {
     let before = pool.stats();
-    match pool.allocate(size) {
+    match pool.allocate(tenant, size) {
         Ok(offset) => {
             assert_eq!(offset % GRANULE, 0);
             assert!(offset.checked_add(size).unwrap() <= pool.capacity());
             model.assert_no_overlap(offset, size);
-            model.live.insert(offset, size);
+            model.live.insert(offset, (size, tenant));
         }
         Err(AllocError::TooLarge { .. }) => assert!(size > pool.capacity()),
         Err(AllocError::Full { size: refused }) => {
@@ -410,14 +412,31 @@ fn check_refused_free(pool: &mut PoolAllocator, model: &Model, offset: u64) {
     assert_eq!(pool.stats(), before);
 }
 
-/// The allocator's accounting after an operation: it adds up, and its usage and live
-/// count are the model's.
+/// The allocator's accounting after an operation: it adds up, its usage and live count are
+/// the model's, its owned runs are disjoint slab runs, and every live allocation lies in a
+/// run of its own tenant.
 fn check_against_model(pool: &PoolAllocator, model: &Model) -> Result<(), TestCaseError> {
     let stats = pool.stats();
     assert_accounting_adds_up(&stats);
-    prop_assert_eq!(stats.used_bytes, model.live.values().sum::<u64>());
+    let used: u64 = model.live.values().map(|&(size, _)| size).sum();
+    prop_assert_eq!(stats.used_bytes, used);
     prop_assert_eq!(stats.live_allocations, model.live.len());
     prop_assert_eq!(pool.live_allocations(), model.live.len());
+    let runs: Vec<OwnedRun> = pool.owned_runs().collect();
+    for pair in runs.windows(2) {
+        prop_assert!(pair[0].offset + pair[0].len <= pair[1].offset, "{:?}", pair);
+    }
+    for (&offset, &(size, tenant)) in &model.live {
+        let run = runs.iter().rev().find(|run| run.offset <= offset);
+        let inside = run.is_some_and(|run| {
+            run.offset % SLAB_BYTES == 0 && offset + size <= run.offset + run.len
+        });
+        prop_assert!(
+            inside,
+            "{size} bytes at {offset} outside an owned run: {run:?}"
+        );
+        prop_assert_eq!(run.map(|run| run.tenant), Some(tenant), "at {}", offset);
+    }
     Ok(())
 }
 
@@ -435,36 +454,64 @@ proptest! {
             apply(&mut pool, &mut model, op);
             check_against_model(&pool, &model)?;
         }
-        let offsets: Vec<u64> = model.live.keys().copied().collect();
-        for offset in offsets {
-            let size = model.live.remove(&offset).unwrap();
-            prop_assert_eq!(pool.free(offset), Ok(size));
-        }
-        assert_empty(&pool);
+        free_all(&mut pool, &mut model)?;
     }
 }
 
+/// Frees every live allocation of the model, expecting its size back, and checks the
+/// allocator is empty then.
+fn free_all(pool: &mut PoolAllocator, model: &mut Model) -> Result<(), TestCaseError> {
+    let offsets: Vec<u64> = model.live.keys().copied().collect();
+    for offset in offsets {
+        let (size, _) = model.live.remove(&offset).unwrap();
+        prop_assert_eq!(pool.free(offset), Ok(size));
+    }
+    assert_empty(pool);
+    prop_assert_eq!(pool.owned_runs().count(), 0);
+    Ok(())
+}
+
 // ---- adopting an earlier process's parts ----
+
+/// Adopted parts from (offset, size, tenant).
+fn adopted(parts: &[(u64, u64, Tenant)]) -> Vec<AdoptedPart> {
+    let part = |&(offset, size, tenant): &(u64, u64, Tenant)| AdoptedPart {
+        offset,
+        size,
+        tenant,
+    };
+    parts.iter().map(part).collect()
+}
 
 #[test]
 fn adopted_parts_are_live_until_freed_and_their_slabs_hold_nothing_else() {
     let capacity = 16 * MIB;
     // Two parts in slab 0, one straddling slabs 1 and 2, one whole-slab part at slab 5.
-    let parts = [
-        (0, 16 * KIB),
-        (64 * KIB, 1000),
-        (4 * MIB - 512, 4 * KIB),
-        (10 * MIB, 2 * MIB),
-    ];
+    let parts = adopted(&[
+        (0, 16 * KIB, 1),
+        (64 * KIB, 1000, 1),
+        (4 * MIB - 512, 4 * KIB, 2),
+        (10 * MIB, 2 * MIB, 1),
+    ]);
     let mut pool = PoolAllocator::with_adopted(capacity, &parts).expect("adopt");
     let stats = pool.stats();
     assert_accounting_adds_up(&stats);
     assert_eq!(stats.live_allocations, 4);
-    assert_eq!(stats.used_bytes, parts.iter().map(|p| p.1).sum::<u64>());
+    assert_eq!(stats.used_bytes, parts.iter().map(|p| p.size).sum::<u64>());
+    let runs: Vec<(Tenant, u64, u64)> = pool
+        .owned_runs()
+        .map(|run| (run.tenant, run.offset, run.len))
+        .collect();
+    let expected = [
+        (1, 0, 2 * MIB),
+        (2, 2 * MIB, 4 * MIB),
+        (1, 10 * MIB, 2 * MIB),
+    ];
+    assert_eq!(runs, expected, "the adopted runs keep their parts' tenants");
     assert_eq!(stats.reserved_bytes, 4 * SLAB_BYTES, "slabs 0, 1-2 and 5");
     // New parts never land on an adopted slab.
     let mut placed = Vec::new();
-    while let Ok(offset) = pool.allocate(64 * KIB) {
+    while let Ok(offset) = pool.allocate(0, 64 * KIB) {
         let slab = offset / SLAB_BYTES;
         assert!(
             ![0, 1, 2, 5].contains(&slab),
@@ -490,7 +537,7 @@ fn adopted_parts_are_live_until_freed_and_their_slabs_hold_nothing_else() {
         pool.free(0),
         Err(AllocError::UnknownAllocation { offset: 0 })
     );
-    let slab_zero = pool.allocate(64 * KIB).expect("slab 0 is free again");
+    let slab_zero = pool.allocate(0, 64 * KIB).expect("slab 0 is free again");
     assert_eq!(slab_zero / SLAB_BYTES, 0);
     pool.free(slab_zero).unwrap();
     for offset in placed {
@@ -503,16 +550,21 @@ fn adopted_parts_are_live_until_freed_and_their_slabs_hold_nothing_else() {
 
 #[test]
 fn bad_adoptions_are_refused() {
-    let refused =
-        |parts: &[(u64, u64)], why: &str| match PoolAllocator::with_adopted(8 * MIB, parts) {
-            Err(AllocError::BadAdoption { reason, .. }) => assert_eq!(reason, why),
-            other => panic!("{parts:?}: {other:?}"),
-        };
-    refused(&[(0, 0)], "empty");
-    refused(&[(100, 8)], "not granule-aligned");
-    refused(&[(8 * MIB - 512, 1024)], "outside the region");
-    refused(&[(u64::MAX - 511, 1024)], "outside the region");
-    refused(&[(0, 4096), (3584, 512)], "overlaps another part");
+    let refused = |parts: &[(u64, u64, Tenant)], why: &str| match PoolAllocator::with_adopted(
+        8 * MIB,
+        &adopted(parts),
+    ) {
+        Err(AllocError::BadAdoption { reason, .. }) => assert_eq!(reason, why),
+        other => panic!("{parts:?}: {other:?}"),
+    };
+    refused(&[(0, 0, 0)], "empty");
+    refused(&[(100, 8, 0)], "not granule-aligned");
+    refused(&[(8 * MIB - 512, 1024, 0)], "outside the region");
+    refused(&[(u64::MAX - 511, 1024, 0)], "outside the region");
+    refused(&[(0, 4096, 0), (3584, 512, 0)], "overlaps another part");
+    let shared = "shares a slab with another tenant's part";
+    refused(&[(0, 4096, 0), (MIB, 512, 1)], shared);
+    refused(&[(MIB, 2 * MIB, 0), (3 * MIB, 512, 1)], shared);
     let empty = PoolAllocator::with_adopted(8 * MIB, &[]).expect("nothing to adopt");
     assert_empty(&empty);
 }
@@ -533,20 +585,21 @@ proptest! {
         for op in &before {
             apply(&mut earlier, &mut model, op);
         }
-        let parts: Vec<(u64, u64)> = model.live.iter().map(|(&o, &s)| (o, s)).collect();
+        let part = |(&offset, &(size, tenant)): (&u64, &(u64, Tenant))| AdoptedPart {
+            offset,
+            size,
+            tenant,
+        };
+        let parts: Vec<AdoptedPart> = model.live.iter().map(part).collect();
         let mut pool = PoolAllocator::with_adopted(capacity, &parts).expect("adopt");
+        check_against_model(&pool, &model)?;
         prop_assert_eq!(pool.used_bytes(), earlier.used_bytes());
         model.freed.clear();
         for op in &after {
             apply(&mut pool, &mut model, op);
             check_against_model(&pool, &model)?;
         }
-        let offsets: Vec<u64> = model.live.keys().copied().collect();
-        for offset in offsets {
-            let size = model.live.remove(&offset).unwrap();
-            prop_assert_eq!(pool.free(offset), Ok(size));
-        }
-        assert_empty(&pool);
+        free_all(&mut pool, &mut model)?;
     }
 }
 
@@ -634,7 +687,7 @@ fn usable_bytes_for(pool: &PoolAllocator, size: u64) -> u64 {
     let in_open_slots: u64 = pool
         .owners
         .values()
-        .filter_map(|owner| match owner {
+        .filter_map(|owned| match &owned.owner {
             Owner::Span(span) if Some(span.class.index) == class_index => {
                 Some(span.free_slot_count() as u64 * unit)
             }
@@ -668,7 +721,7 @@ fn assert_fixed_sizes_fit(pool: &mut PoolAllocator, workload: &Workload) {
             continue;
         }
         let offset = pool
-            .allocate(size)
+            .allocate(0, size)
             .unwrap_or_else(|error| panic!("{size} bytes with {free} free: {error}"));
         pool.free(offset).unwrap();
     }
@@ -737,7 +790,7 @@ fn run_workload(workload: &Workload, capacity: u64, operations: u64) -> Fragment
     let target = capacity / 10 * 9;
     for operation in 0..operations {
         if pool.reserved_bytes() < target {
-            match pool.allocate(workload.draw(&mut rng)) {
+            match pool.allocate(0, workload.draw(&mut rng)) {
                 Ok(offset) => live.push(offset),
                 Err(_) => report.failed_allocations += 1,
             }

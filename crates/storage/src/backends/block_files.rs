@@ -23,7 +23,7 @@ use crate::names::check_name;
 use crate::packing::{check_request, pack};
 use crate::uri::BlockUri;
 use crate::{
-    AllocatedSpec, AllocationRequest, DataStorage, DurableAddress, PartAddress, PartRef,
+    AllocatedSpec, AllocationRequest, DataStorage, DurableAddress, NamedPart, PartAddress, PartRef,
     StorageConfig, StorageError, StorageKind, StorageSpec, UriTemplate,
 };
 
@@ -419,14 +419,15 @@ impl DataStorage for BlockFileStorage {
         named.map_or(DurableAddress::Lost, DurableAddress::Named)
     }
 
-    fn adopt(&self, name: &str, block: u32, _size: u64) -> Result<PartAddress, StorageError> {
-        check_object_path(name).map_err(StorageError::InvalidRequest)?;
+    fn adopt(&self, part: &NamedPart<'_>) -> Result<PartAddress, StorageError> {
+        check_object_path(part.name).map_err(StorageError::InvalidRequest)?;
+        let blocks = [u64::from(part.block)];
         let (object, generation) =
             self.live
-                .allocate::<StorageError>(name, &[u64::from(block)], |_| Ok(()))?;
+                .allocate::<StorageError>(part.name, &blocks, |_| Ok(()))?;
         Ok(PartAddress {
             object,
-            block,
+            block: part.block,
             generation,
         })
     }
@@ -526,7 +527,13 @@ mod tests {
             let DurableAddress::Named(name) = before.durable_address(part.address) else {
                 panic!("a tracked file has a name");
             };
-            let address = after.adopt(&name, part.address.block, 0).expect("adopt");
+            let named = NamedPart {
+                instance_id: "i",
+                name: &name,
+                block: part.address.block,
+                size: 0,
+            };
+            let address = after.adopt(&named).expect("adopt");
             let reference = PartRef {
                 instance_id: "i",
                 key: block.key,
@@ -546,8 +553,14 @@ mod tests {
         });
         assert_eq!(freed, DurableAddress::Lost);
         for bad in ["../x", "a//b", "", "a/./b"] {
+            let named = NamedPart {
+                instance_id: "i",
+                name: bad,
+                block: 0,
+                size: 0,
+            };
             assert!(
-                matches!(after.adopt(bad, 0, 0), Err(StorageError::InvalidRequest(_))),
+                matches!(after.adopt(&named), Err(StorageError::InvalidRequest(_))),
                 "{bad:?} is refused"
             );
         }

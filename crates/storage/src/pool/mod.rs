@@ -25,10 +25,10 @@ pub use self::nodes::{
 pub use self::uri::{PoolPartUri, MEDIA_DRAM};
 
 use self::nodes::Nodes;
-use crate::allocator::{AllocError, GRANULE, GRANULE_SHIFT};
+use crate::allocator::{AdoptedPart, AllocError, Tenant, GRANULE, GRANULE_SHIFT};
 use crate::packing::check_request;
 use crate::{
-    AllocatedSpec, AllocationRequest, DataStorage, PartAddress, PartRef, StorageConfig,
+    AllocatedSpec, AllocationRequest, DataStorage, NamedPart, PartAddress, PartRef, StorageConfig,
     StorageError, StorageKind, UriTemplate,
 };
 
@@ -121,14 +121,14 @@ impl MemPool {
     fn place_block(
         &self,
         nodes: &mut Nodes,
-        sizes: &[u64],
+        (tenant, sizes): (Tenant, &[u64]),
         now: Instant,
     ) -> Option<(usize, Vec<u64>)> {
         let mut full = Vec::new();
         while let Some(slot) = nodes.choose(now, &full) {
             let mut offsets = Vec::with_capacity(sizes.len());
             for &size in sizes {
-                match nodes.allocate(slot, size) {
+                match nodes.allocate(slot, tenant, size) {
                     Ok(offset) => offsets.push(offset),
                     Err(_) => break,
                 }
@@ -172,6 +172,7 @@ impl DataStorage for MemPool {
         check_request(request)?;
         let now = Instant::now();
         let mut nodes = self.write();
+        let tenant = nodes.tenant(request.instance_id);
         let mut placed: Vec<(usize, Vec<u64>)> = Vec::with_capacity(request.blocks.len());
         for block in request.blocks {
             let sizes: Vec<u64> = block
@@ -179,7 +180,7 @@ impl DataStorage for MemPool {
                 .iter()
                 .map(|&i| request.specs[i].size as u64)
                 .collect();
-            let Some(place) = self.place_block(&mut nodes, &sizes, now) else {
+            let Some(place) = self.place_block(&mut nodes, (tenant, &sizes), now) else {
                 for (slot, offsets) in placed {
                     offsets.into_iter().for_each(|o| drop(nodes.free(slot, o)));
                 }
@@ -294,16 +295,21 @@ impl DataStorage for MemPool {
 
     /// Takes back a part of the incarnation `name` names into its awaiting slot (see
     /// `nodes`): not readable until the node resumes that incarnation.
-    fn adopt(&self, name: &str, block: u32, size: u64) -> Result<PartAddress, StorageError> {
+    fn adopt(&self, part: &NamedPart<'_>) -> Result<PartAddress, StorageError> {
+        let name = part.name;
         let (range_id, node_id) = parse_incarnation_name(name).ok_or_else(|| {
             StorageError::InvalidRequest(format!("{name:?} names no pool node incarnation"))
         })?;
-        let offset = u64::from(block) * GRANULE;
         let mut nodes = self.write();
-        let slot = nodes.adopt((node_id, range_id), (offset, size), Instant::now())?;
+        let adopted = AdoptedPart {
+            offset: u64::from(part.block) * GRANULE,
+            size: part.size,
+            tenant: nodes.tenant(part.instance_id),
+        };
+        let slot = nodes.adopt((node_id, range_id), adopted, Instant::now())?;
         Ok(PartAddress {
             object: slot as u32,
-            block,
+            block: part.block,
             generation: 0,
         })
     }

@@ -17,15 +17,18 @@
 //! over), or joins without naming it (a restarted node: its memory is gone), lets the
 //! awaiting slot die like a dead node's.
 //!
+//! Tenants: every instance that places blocks in the pool gets a [`Tenant`] number, the same
+//! on every node, so that a node's slabs each hold one instance's parts (see `allocator`).
+//!
 //! Invariants: slots are never removed or reused, so a slot index in a stored address names
-//! one incarnation forever; only live slots hold an allocator, only awaiting ones adopted
+//! one incarnation forever; a tenant number names one instance for the process's life; only live slots hold an allocator, only awaiting ones adopted
 //! parts; a rejoining node's share of new blocks ramps up linearly over the ramp time (a
 //! resumed node's does not: it kept its blocks).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use crate::allocator::{AllocError, PoolAllocator};
+use crate::allocator::{AdoptedPart, AllocError, PoolAllocator, Tenant};
 use crate::names::check_name;
 use crate::StorageError;
 
@@ -118,8 +121,8 @@ pub(crate) struct Slot {
 /// An incarnation adopted from an earlier manager process, awaiting its node.
 #[derive(Debug, Default)]
 struct Awaiting {
-    /// The adopted parts: offset → size.
-    parts: BTreeMap<u64, u64>,
+    /// The adopted parts: offset → size and tenant.
+    parts: BTreeMap<u64, (u64, Tenant)>,
     /// When the resume window opened: at the first reap after adoption (the reaper starts
     /// with the listeners, once recovery is over, so a long recovery does not eat into it).
     since: Option<Instant>,
@@ -130,9 +133,21 @@ struct Awaiting {
 pub(crate) struct Nodes {
     pub(crate) slots: Vec<Slot>,
     pub(crate) timing: PoolTiming,
+    /// The tenant number of each instance that placed or adopted a part.
+    pub(crate) tenants: HashMap<String, Tenant>,
 }
 
 impl Nodes {
+    /// The tenant number of instance `instance_id` (a new one the first time).
+    pub(crate) fn tenant(&mut self, instance_id: &str) -> Tenant {
+        if let Some(&tenant) = self.tenants.get(instance_id) {
+            return tenant;
+        }
+        let tenant = self.tenants.len() as Tenant;
+        self.tenants.insert(instance_id.to_string(), tenant);
+        tenant
+    }
+
     /// Adds a slot for `join`; returns its membership and the slots of the node's earlier
     /// incarnations that died because of it.
     pub(crate) fn join(
@@ -190,10 +205,15 @@ impl Nodes {
         let index = self.slots.iter().position(|slot| {
             slot.node_id == join.node_id && slot.range_id == range_id && slot.awaiting.is_some()
         })?;
-        let parts: Vec<(u64, u64)> = self.slots[index]
+        let part = |(&offset, &(size, tenant)): (&u64, &(u64, Tenant))| AdoptedPart {
+            offset,
+            size,
+            tenant,
+        };
+        let parts: Vec<AdoptedPart> = self.slots[index]
             .awaiting
             .as_ref()
-            .map(|awaiting| awaiting.parts.iter().map(|(&o, &s)| (o, s)).collect())
+            .map(|awaiting| awaiting.parts.iter().map(part).collect())
             .unwrap_or_default();
         let allocator = PoolAllocator::with_adopted(join.capacity, &parts).ok()?;
         let mut retired = Vec::new();
@@ -213,16 +233,21 @@ impl Nodes {
         Some((self.membership(range_id), retired))
     }
 
-    /// Takes back part `[offset, offset + size)` of incarnation `range_id` of `node_id`,
-    /// placed by an earlier manager process, into that incarnation's awaiting slot (made
-    /// now if needed); returns the slot. Refused for an incarnation that is live or dead in
-    /// this process, and for a part overlapping one already adopted.
+    /// Takes back `part` of incarnation `range_id` of `node_id`, placed by an earlier
+    /// manager process, into that incarnation's awaiting slot (made now if needed); returns
+    /// the slot. Refused for an incarnation that is live or dead in this process, and for a
+    /// part overlapping one already adopted.
     pub(crate) fn adopt(
         &mut self,
         (node_id, range_id): (&str, u64),
-        (offset, size): (u64, u64),
+        part: AdoptedPart,
         now: Instant,
     ) -> Result<usize, StorageError> {
+        let AdoptedPart {
+            offset,
+            size,
+            tenant,
+        } = part;
         let refuse = |why: &str| {
             StorageError::InvalidRequest(format!(
                 "cannot adopt {size} bytes at {offset} of pool node {node_id} (range {range_id}): {why}"
@@ -259,10 +284,12 @@ impl Nodes {
             .parts;
         let before = parts.range(..=offset).next_back();
         let after = parts.range(offset..).next();
-        if before.is_some_and(|(&o, &s)| o + s > offset) || after.is_some_and(|(&o, _)| o < end) {
+        if before.is_some_and(|(&o, &(s, _))| o + s > offset)
+            || after.is_some_and(|(&o, _)| o < end)
+        {
             return Err(refuse("it overlaps a part adopted already"));
         }
-        parts.insert(offset, size);
+        parts.insert(offset, (size, tenant));
         Ok(index)
     }
 
@@ -368,10 +395,15 @@ impl Nodes {
         (since.as_secs_f64() / ramp.as_secs_f64()).min(1.0)
     }
 
-    /// Places `size` bytes on live slot `slot`.
-    pub(crate) fn allocate(&mut self, slot: usize, size: u64) -> Result<u64, AllocError> {
+    /// Places `size` bytes for `tenant` on live slot `slot`.
+    pub(crate) fn allocate(
+        &mut self,
+        slot: usize,
+        tenant: Tenant,
+        size: u64,
+    ) -> Result<u64, AllocError> {
         let allocator = self.slots[slot].allocator.as_mut();
-        allocator.map_or(Err(AllocError::Full { size }), |a| a.allocate(size))
+        allocator.map_or(Err(AllocError::Full { size }), |a| a.allocate(tenant, size))
     }
 
     /// Frees the allocation at `offset` of slot `slot` (an awaiting slot forgets the part;
@@ -402,7 +434,7 @@ impl Nodes {
                 capacity: slot.capacity,
                 used: match (&slot.allocator, &slot.awaiting) {
                     (Some(allocator), _) => allocator.used_bytes(),
-                    (None, Some(awaiting)) => awaiting.parts.values().sum(),
+                    (None, Some(awaiting)) => awaiting.parts.values().map(|&(size, _)| size).sum(),
                     (None, None) => 0,
                 },
                 live: slot.allocator.is_some(),

@@ -54,13 +54,49 @@ fn place(
     pool: &MemPool,
     keys: std::ops::Range<i64>,
 ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
+    place_for(pool, "inst", keys)
+}
+
+fn place_for(
+    pool: &MemPool,
+    instance_id: &str,
+    keys: std::ops::Range<i64>,
+) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
     let specs = specs();
     let blocks = blocks(keys);
     pool.allocate(&AllocationRequest {
-        instance_id: "inst",
+        instance_id,
         specs: &specs,
         blocks: &blocks,
     })
+}
+
+#[test]
+fn instances_never_share_a_slab_of_a_node() {
+    let pool = pool();
+    pool.join(join("n1", 16 << 20)).unwrap();
+    let mut slabs_of = std::collections::HashMap::<&str, Vec<u64>>::new();
+    for round in 0..32 {
+        for instance in ["a", "b", "c"] {
+            let placed = place_for(&pool, instance, round * 4..round * 4 + 4).expect("room");
+            for part in placed.iter().flatten() {
+                let uri = PoolPartUri::parse(&part.uri).expect("pace uri");
+                let first = uri.offset / crate::allocator::SLAB_BYTES;
+                let last = (uri.offset + uri.size - 1) / crate::allocator::SLAB_BYTES;
+                slabs_of.entry(instance).or_default().extend(first..=last);
+            }
+        }
+    }
+    let slabs = |instance: &str| -> std::collections::HashSet<u64> {
+        slabs_of[instance].iter().copied().collect()
+    };
+    let (a, b, c) = (slabs("a"), slabs("b"), slabs("c"));
+    assert!(a.is_disjoint(&b) && a.is_disjoint(&c) && b.is_disjoint(&c));
+    assert_eq!(
+        (a.len(), b.len(), c.len()),
+        (2, 2, 2),
+        "4 MiB each: 2 slabs"
+    );
 }
 
 #[test]
@@ -247,6 +283,16 @@ fn a_rejoining_node_ramps_up_linearly() {
 
 /// The durable names of the parts of `placed` (one per block, as the journal keeps them)
 /// and each part's block and size.
+/// Adopts a part of instance "inst" (the instance `place` writes for).
+fn adopt(pool: &MemPool, name: &str, block: u32, size: u64) -> Result<PartAddress, StorageError> {
+    pool.adopt(&NamedPart {
+        instance_id: "inst",
+        name,
+        block,
+        size,
+    })
+}
+
 fn durable_parts(pool: &MemPool, placed: &[Vec<AllocatedSpec>]) -> Vec<(String, u32, u64)> {
     placed
         .iter()
@@ -270,7 +316,7 @@ fn a_restarted_manager_finds_a_resumed_nodes_blocks_again() {
     let after = pool();
     let adopted: Vec<PartAddress> = parts
         .iter()
-        .map(|(name, block, size)| after.adopt(name, *block, *size).expect("adopt"))
+        .map(|(name, block, size)| adopt(&after, name, *block, *size).expect("adopt"))
         .collect();
     assert!(
         adopted.iter().all(|a| !after.holds(a)),
@@ -279,7 +325,7 @@ fn a_restarted_manager_finds_a_resumed_nodes_blocks_again() {
     assert!(after.check_health().is_err(), "no live node yet");
     assert_eq!(after.nodes()[0].used, 8 * (16 << 10));
     assert!(
-        after.adopt(&parts[0].0, parts[0].1, parts[0].2).is_err(),
+        adopt(&after, &parts[0].0, parts[0].1, parts[0].2).is_err(),
         "twice"
     );
     for bad in [
@@ -289,7 +335,7 @@ fn a_restarted_manager_finds_a_resumed_nodes_blocks_again() {
         "00000000000000zz/n1",
         "0000000000000001/",
     ] {
-        assert!(after.adopt(bad, 0, 512).is_err(), "{bad:?}");
+        assert!(adopt(&after, bad, 0, 512).is_err(), "{bad:?}");
     }
 
     // The node resumes its incarnation: same range id, the same URIs, its blocks held.
@@ -343,7 +389,7 @@ fn awaiting_blocks_die_when_their_node_comes_back_new_or_not_at_all() {
         ..PoolTiming::default()
     });
     for (name, block, size) in &parts {
-        after.adopt(name, *block, *size).unwrap();
+        adopt(&after, name, *block, *size).unwrap();
     }
     let slot_of = |node: &str| {
         let nodes = after.nodes();
