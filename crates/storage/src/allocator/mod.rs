@@ -21,6 +21,11 @@
 //!   span or run of slabs holds the parts of one tenant only: a class allocates from its
 //!   fullest open span *of that tenant*. So a node can give each tenant access to its own
 //!   slabs and no other's ([`PoolAllocator::owned_runs`] lists who owns what).
+//! * Reporting ownership ([`PoolAllocator::report_ownership`], for a node that isolates
+//!   its tenants): every run a tenant gets and every run it gives up is recorded as an
+//!   [`OwnershipChange`] for the caller to pass on ([`PoolAllocator::take_changes`]), and a
+//!   run given up is *held* — placed for no one — until the caller reclaims it
+//!   ([`PoolAllocator::reclaim`]), once the node said its old tenant can no longer reach it.
 //! * A request larger than a slab, or one no class span has room for, takes a run of whole
 //!   slabs (best fit over the free runs, lowest start among equals); freeing it merges the
 //!   run with its free neighbours. Its reserved bytes are the whole run, so a request just
@@ -40,7 +45,10 @@
 //!   of `GRANULE`, and so is every reserved size.
 //! * Every live allocation lies in a run of slabs owned by the tenant it was placed for.
 //! * Every slab is in exactly one of: a free run, a class span, a whole-slab run, an
-//!   adopted run; hence `reserved + class_free + free == capacity` (see [`AllocatorStats`]).
+//!   adopted run, a held run; hence `reserved + class_free + free + held == capacity` (see
+//!   [`AllocatorStats`]).
+//! * While reporting, the recorded changes replayed in order give exactly
+//!   [`PoolAllocator::owned_runs`].
 //! * `used_bytes` is the exact sum of the requested sizes of live allocations, and
 //!   `reserved_bytes` the sum of their slot or run sizes.
 //! * A failed operation changes nothing.
@@ -97,6 +105,16 @@ pub struct OwnedRun {
     pub len: u64,
 }
 
+/// A change of who holds a run of slabs, recorded while the allocator reports ownership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnershipChange {
+    /// The run holds the tenant's parts from now on.
+    Granted(OwnedRun),
+    /// The run holds no part of the tenant any more; it is held (placed for no one) until
+    /// [`PoolAllocator::reclaim`].
+    Released(OwnedRun),
+}
+
 /// Why an allocator operation failed; a failed operation changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AllocError {
@@ -142,8 +160,8 @@ pub enum AllocError {
     },
 }
 
-/// A snapshot of the allocator's accounting. `reserved_bytes + class_free_bytes + free_bytes`
-/// always equals `capacity`.
+/// A snapshot of the allocator's accounting. `reserved_bytes + class_free_bytes + free_bytes
+/// + held_bytes` always equals `capacity`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocatorStats {
     /// Bytes of the region (rounded down to `GRANULE`).
@@ -157,6 +175,9 @@ pub struct AllocatorStats {
     pub class_free_bytes: u64,
     /// Bytes in free slab runs, usable by any request.
     pub free_bytes: u64,
+    /// Bytes of runs given up by their tenant and not reclaimed yet (only while reporting
+    /// ownership).
+    pub held_bytes: u64,
     /// Bytes of the longest free slab run: the largest request sure to succeed.
     pub largest_free_run_bytes: u64,
     /// Number of live allocations.
@@ -217,6 +238,13 @@ pub struct PoolAllocator {
     live_allocations: usize,
     class_spans: usize,
     whole_slab_runs: usize,
+    /// Ownership is reported: changes recorded, released runs held.
+    reporting: bool,
+    /// Changes recorded and not taken yet.
+    changes: Vec<OwnershipChange>,
+    /// Runs released while reporting, not reclaimed yet, by first slab.
+    held: BTreeMap<u64, SlabRun>,
+    held_bytes: u64,
 }
 
 impl PoolAllocator {
@@ -240,6 +268,10 @@ impl PoolAllocator {
             live_allocations: 0,
             class_spans: 0,
             whole_slab_runs: 0,
+            reporting: false,
+            changes: Vec::new(),
+            held: BTreeMap::new(),
+            held_bytes: 0,
         })
     }
 
@@ -313,6 +345,39 @@ impl PoolAllocator {
         Ok(requested)
     }
 
+    /// From now on records every change of ownership and holds released runs until they are
+    /// reclaimed; the first changes grant every run owned now. Calling it again does
+    /// nothing.
+    pub fn report_ownership(&mut self) {
+        if self.reporting {
+            return;
+        }
+        self.reporting = true;
+        let owned: Vec<OwnedRun> = self.owned_runs().collect();
+        let granted = owned.into_iter().map(OwnershipChange::Granted);
+        self.changes.extend(granted);
+    }
+
+    /// The changes recorded since the last call, oldest first.
+    pub fn take_changes(&mut self) -> Vec<OwnershipChange> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Gives the held run starting at byte `offset` back to the free slabs; false (nothing
+    /// changed) when no held run starts there.
+    pub fn reclaim(&mut self, offset: u64) -> bool {
+        let start = offset / SLAB_BYTES;
+        if offset % SLAB_BYTES != 0 {
+            return false;
+        }
+        let Some(run) = self.held.remove(&start) else {
+            return false;
+        };
+        self.held_bytes -= self.slab_pool.geometry().run_bytes(run);
+        self.slab_pool.give_back(run);
+        true
+    }
+
     /// Every run of slabs that is not free, lowest first, with its tenant.
     pub fn owned_runs(&self) -> impl Iterator<Item = OwnedRun> + '_ {
         let geometry = self.slab_pool.geometry();
@@ -359,6 +424,7 @@ impl PoolAllocator {
             reserved_bytes: self.reserved_bytes(),
             class_free_bytes: self.span_bytes - self.slot_reserved_bytes,
             free_bytes: self.slab_pool.free_bytes(),
+            held_bytes: self.held_bytes,
             largest_free_run_bytes: self.slab_pool.largest_run_bytes(),
             live_allocations: self.live_allocations,
             class_spans: self.class_spans,
@@ -429,6 +495,7 @@ impl PoolAllocator {
         self.open_spans.insert(open);
         let owner = Owner::Span(span);
         self.owners.insert(run.start, Owned { tenant, owner });
+        self.record(OwnershipChange::Granted, tenant, run);
         self.span_bytes += run_bytes;
         self.class_spans += 1;
         *self
@@ -450,6 +517,7 @@ impl PoolAllocator {
         };
         let owner = Owner::Whole(whole);
         self.owners.insert(run.start, Owned { tenant, owner });
+        self.record(OwnershipChange::Granted, tenant, run);
         self.whole_reserved_bytes += run_bytes;
         self.whole_slab_runs += 1;
         Some(geometry.slab_offset(run.start))
@@ -507,25 +575,49 @@ impl PoolAllocator {
                 self.spans_per_class.remove(&key);
             }
         }
-        self.slab_pool.give_back(span.run);
+        self.release(tenant, span.run);
+    }
+
+    /// Records `change` of `run` for `tenant` while reporting.
+    fn record(&mut self, change: fn(OwnedRun) -> OwnershipChange, tenant: Tenant, run: SlabRun) {
+        if self.reporting {
+            let geometry = self.slab_pool.geometry();
+            self.changes.push(change(OwnedRun {
+                tenant,
+                offset: geometry.slab_offset(run.start),
+                len: geometry.run_bytes(run),
+            }));
+        }
+    }
+
+    /// `tenant` gave `run` up: back to the free slabs, or, while reporting, held until
+    /// reclaimed.
+    fn release(&mut self, tenant: Tenant, run: SlabRun) {
+        self.record(OwnershipChange::Released, tenant, run);
+        if self.reporting {
+            self.held_bytes += self.slab_pool.geometry().run_bytes(run);
+            self.held.insert(run.start, run);
+        } else {
+            self.slab_pool.give_back(run);
+        }
     }
 
     /// Frees the adopted part at `offset` of the adopted run starting at slab `start`; gives
     /// the run back to the slab pool when it holds no part any more.
     fn free_adopted(&mut self, start: u64, offset: u64) -> Option<u64> {
         let Some(Owned {
+            tenant,
             owner: Owner::Adopted(run),
-            ..
         }) = self.owners.get_mut(&start)
         else {
             return None;
         };
-        let requested = run.release(offset)?;
+        let (tenant, requested) = (*tenant, run.release(offset)?);
         if run.part_count() == 0 {
             let slabs = run.run;
             self.owners.remove(&start);
             self.adopted_reserved_bytes -= self.slab_pool.geometry().run_bytes(slabs);
-            self.slab_pool.give_back(slabs);
+            self.release(tenant, slabs);
         }
         Some(requested)
     }
@@ -536,15 +628,15 @@ impl PoolAllocator {
             return None;
         }
         let Some(Owned {
+            tenant,
             owner: Owner::Whole(whole),
-            ..
         }) = self.owners.remove(&start)
         else {
             return None;
         };
         self.whole_reserved_bytes -= whole.run_bytes;
         self.whole_slab_runs -= 1;
-        self.slab_pool.give_back(whole.run);
+        self.release(tenant, whole.run);
         Some(whole.requested)
     }
 }

@@ -25,7 +25,7 @@ fn allocator(capacity: u64) -> PoolAllocator {
 /// The accounting identity every state must satisfy.
 fn assert_accounting_adds_up(stats: &AllocatorStats) {
     assert_eq!(
-        stats.reserved_bytes + stats.class_free_bytes + stats.free_bytes,
+        stats.reserved_bytes + stats.class_free_bytes + stats.free_bytes + stats.held_bytes,
         stats.capacity,
         "{stats:?}"
     );
@@ -45,6 +45,7 @@ fn assert_empty(pool: &PoolAllocator) {
         reserved_bytes: 0,
         class_free_bytes: 0,
         free_bytes: capacity,
+        held_bytes: 0,
         largest_free_run_bytes: capacity,
         live_allocations: 0,
         class_spans: 0,
@@ -469,6 +470,96 @@ fn free_all(pool: &mut PoolAllocator, model: &mut Model) -> Result<(), TestCaseE
     assert_empty(pool);
     prop_assert_eq!(pool.owned_runs().count(), 0);
     Ok(())
+}
+
+// ---- reporting ownership ----
+
+/// Who holds what, as the reported changes say: owned runs and held runs, by offset.
+#[derive(Default)]
+struct Replayed {
+    owned: BTreeMap<u64, OwnedRun>,
+    held: BTreeMap<u64, u64>,
+}
+
+impl Replayed {
+    /// Applies the changes `pool` recorded, checking that a granted run overlaps nothing
+    /// owned or held and a released one was owned as recorded.
+    fn apply(&mut self, pool: &mut PoolAllocator) -> Result<(), TestCaseError> {
+        for change in pool.take_changes() {
+            match change {
+                OwnershipChange::Granted(run) => {
+                    let end = run.offset + run.len;
+                    let overlaps =
+                        |(&offset, &len): (&u64, &u64)| offset < end && run.offset < offset + len;
+                    prop_assert!(!self.held.iter().any(overlaps), "{run:?} was held");
+                    let owned = self.owned.values().map(|r| (&r.offset, &r.len));
+                    prop_assert!(!owned.into_iter().any(overlaps), "{run:?} overlaps");
+                    self.owned.insert(run.offset, run);
+                }
+                OwnershipChange::Released(run) => {
+                    prop_assert_eq!(self.owned.remove(&run.offset), Some(run));
+                    self.held.insert(run.offset, run.len);
+                }
+            }
+        }
+        let reported: Vec<OwnedRun> = self.owned.values().copied().collect();
+        prop_assert_eq!(reported, pool.owned_runs().collect::<Vec<_>>());
+        prop_assert_eq!(self.held.values().sum::<u64>(), pool.stats().held_bytes);
+        Ok(())
+    }
+
+    /// Reclaims the held run at this position (mod the number held).
+    fn reclaim(&mut self, pool: &mut PoolAllocator, position: usize) -> Result<(), TestCaseError> {
+        let Some(&offset) = self.held.keys().nth(position % self.held.len().max(1)) else {
+            return Ok(());
+        };
+        prop_assert!(pool.reclaim(offset));
+        prop_assert!(!pool.reclaim(offset), "twice");
+        self.held.remove(&offset);
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    /// While ownership is reported, the changes replayed give the owned runs exactly, a run
+    /// is granted only when nothing owns or holds it, released runs stay out of use until
+    /// reclaimed, and reclaiming them all empties the allocator.
+    #[test]
+    fn reported_changes_replay_to_the_owned_runs_and_held_runs_stay_unused(
+        capacity in region_capacity(),
+        before in prop::collection::vec(op(), 0..50),
+        ops in prop::collection::vec((op(), any::<Option<usize>>()), 1..300),
+    ) {
+        let mut pool = allocator(capacity);
+        let mut model = Model::default();
+        for op in &before {
+            apply(&mut pool, &mut model, op);
+        }
+        pool.report_ownership();
+        let mut replayed = Replayed::default();
+        for (op, reclaim) in &ops {
+            apply(&mut pool, &mut model, op);
+            check_against_model(&pool, &model)?;
+            replayed.apply(&mut pool)?;
+            if let Some(position) = reclaim {
+                replayed.reclaim(&mut pool, *position)?;
+            }
+        }
+        prop_assert!(!pool.reclaim(1), "an unaligned offset holds no run");
+        let offsets: Vec<u64> = model.live.keys().copied().collect();
+        for offset in offsets {
+            let (size, _) = model.live.remove(&offset).unwrap();
+            prop_assert_eq!(pool.free(offset), Ok(size));
+        }
+        replayed.apply(&mut pool)?;
+        prop_assert!(replayed.owned.is_empty());
+        while !replayed.held.is_empty() {
+            replayed.reclaim(&mut pool, 0)?;
+        }
+        assert_empty(&pool);
+    }
 }
 
 // ---- adopting an earlier process's parts ----
