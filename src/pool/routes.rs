@@ -177,6 +177,8 @@ impl Registrar {
             endpoint: request.endpoint.clone(),
             capacity: request.capacity,
             resume_range_id: request.resume_range_id,
+            // Nodes do not isolate their tenants yet (docs/security.md, "Not built yet").
+            isolated: false,
         };
         let membership = self.manager.pool_join(&request.storage, join)?;
         let ticket_key = self.auth.meta_required().then(|| {
@@ -195,7 +197,9 @@ impl Registrar {
     /// Records a heartbeat; answers the grants of the request whose credential fails now.
     pub fn heartbeat(&self, request: &HeartbeatRequest) -> Result<HeartbeatAnswer, ManagerError> {
         let manager = &self.manager;
-        manager.pool_heartbeat(&request.storage, &request.node_id, request.range_id)?;
+        let incarnation = (request.node_id.as_str(), request.range_id);
+        // No node isolates its tenants yet, so there is no ownership to answer.
+        manager.pool_heartbeat(&request.storage, incarnation, 0)?;
         let revoked = self.grants.revoked(&self.auth, manager, &request.grants);
         Ok(HeartbeatAnswer { revoked })
     }

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use kvcm_index::ScanCursor;
-use kvcm_storage::pool::{MemPool, PoolMembership, PoolNodeJoin, PoolNodeStatus};
+use kvcm_storage::pool::{MemPool, OwnershipUpdate, PoolMembership, PoolNodeJoin, PoolNodeStatus};
 use kvcm_storage::DataStorage;
 
 use super::entry::{Location, LocationState, StorageHandle};
@@ -32,11 +32,18 @@ impl Manager {
         Ok(membership)
     }
 
-    /// Records a heartbeat of a live node incarnation.
-    pub fn pool_heartbeat(&self, storage: &str, node_id: &str, range_id: u64) -> ManagerResult<()> {
+    /// Records a heartbeat of a live node incarnation that applied ownership version
+    /// `applied`; answers what it is to apply next when it isolates its tenants
+    /// (`kvcm_storage::pool::MemPool::heartbeat`).
+    pub fn pool_heartbeat(
+        &self,
+        storage: &str,
+        incarnation: (&str, u64),
+        applied: u64,
+    ) -> ManagerResult<Option<OwnershipUpdate>> {
         let backend = self.pool_backend(storage)?;
         let pool = backend.as_pool().ok_or_else(|| not_a_pool(storage))?;
-        Ok(pool.heartbeat(node_id, range_id)?)
+        Ok(pool.heartbeat(incarnation, applied)?)
     }
 
     /// Every node incarnation of pool storage `storage`.

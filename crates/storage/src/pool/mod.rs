@@ -14,6 +14,7 @@
 //! (its region went away with the node).
 
 mod nodes;
+mod ownership;
 mod uri;
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -22,6 +23,7 @@ use std::time::Instant;
 pub use self::nodes::{
     PoolMembership, PoolNodeJoin, PoolNodeStatus, PoolTiming, MISSED_HEARTBEATS,
 };
+pub use self::ownership::{OwnershipUpdate, MAX_CHANGES};
 pub use self::uri::{PoolPartUri, MEDIA_DRAM};
 
 use self::nodes::Nodes;
@@ -68,9 +70,16 @@ impl MemPool {
         self.write().join(join, Instant::now())
     }
 
-    /// Records a heartbeat; an unknown or dead incarnation is `UnknownPoolNode`.
-    pub fn heartbeat(&self, node_id: &str, range_id: u64) -> Result<(), StorageError> {
-        self.write().heartbeat(node_id, range_id, Instant::now())
+    /// Records a heartbeat of a node that applied ownership version `applied`; answers
+    /// what it is to apply next when it isolates its tenants. An unknown or dead
+    /// incarnation is `UnknownPoolNode`.
+    pub fn heartbeat(
+        &self,
+        (node_id, range_id): (&str, u64),
+        applied: u64,
+    ) -> Result<Option<OwnershipUpdate>, StorageError> {
+        self.write()
+            .heartbeat((node_id, range_id), applied, Instant::now())
     }
 
     /// Declares dead the nodes that missed [`MISSED_HEARTBEATS`] heartbeats; returns their

@@ -28,6 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use super::ownership::{Feed, OwnershipUpdate};
 use crate::allocator::{AdoptedPart, AllocError, PoolAllocator, Tenant};
 use crate::names::check_name;
 use crate::StorageError;
@@ -71,6 +72,10 @@ pub struct PoolNodeJoin {
     /// The incarnation this node had and whose region it kept (its process did not
     /// restart), to resume after a manager restart.
     pub resume_range_id: Option<u64>,
+    /// The node isolates its tenants: its heartbeats are answered with who owns what
+    /// (`ownership`), and a run a tenant gave up is placed again only once the node applied
+    /// that.
+    pub isolated: bool,
 }
 
 /// What a joined node is told.
@@ -109,6 +114,8 @@ pub(crate) struct Slot {
     pub(crate) capacity: u64,
     /// Present while live.
     pub(crate) allocator: Option<PoolAllocator>,
+    /// Present while live, when the node isolates its tenants.
+    feed: Option<Feed>,
     /// Present while awaiting its node after a manager restart.
     awaiting: Option<Awaiting>,
     /// The last heartbeat.
@@ -156,7 +163,7 @@ impl Nodes {
         now: Instant,
     ) -> Result<(PoolMembership, Vec<u32>), StorageError> {
         check_join(&join)?;
-        let allocator = PoolAllocator::new(join.capacity).map_err(|error| {
+        let mut allocator = PoolAllocator::new(join.capacity).map_err(|error| {
             StorageError::InvalidRequest(format!("pool node capacity {}: {error}", join.capacity))
         })?;
         if u32::try_from(self.slots.len()).is_err() {
@@ -176,12 +183,14 @@ impl Nodes {
             }
         }
         let range_id = self.unused_range_id();
+        let feed = join.isolated.then(|| Feed::start(&mut allocator));
         self.slots.push(Slot {
             node_id: join.node_id,
             endpoint: join.endpoint,
             range_id,
             capacity: join.capacity,
             allocator: Some(allocator),
+            feed,
             awaiting: None,
             last_heartbeat: now,
             joined: now,
@@ -215,7 +224,8 @@ impl Nodes {
             .as_ref()
             .map(|awaiting| awaiting.parts.iter().map(part).collect())
             .unwrap_or_default();
-        let allocator = PoolAllocator::with_adopted(join.capacity, &parts).ok()?;
+        let mut allocator = PoolAllocator::with_adopted(join.capacity, &parts).ok()?;
+        let feed = join.isolated.then(|| Feed::start(&mut allocator));
         let mut retired = Vec::new();
         for (other, slot) in self.slots.iter_mut().enumerate() {
             if other != index && slot.node_id == join.node_id && slot.die() {
@@ -225,6 +235,7 @@ impl Nodes {
         let slot = &mut self.slots[index];
         slot.awaiting = None;
         slot.allocator = Some(allocator);
+        slot.feed = feed;
         slot.endpoint.clone_from(&join.endpoint);
         slot.capacity = join.capacity;
         slot.last_heartbeat = now;
@@ -269,6 +280,7 @@ impl Nodes {
                     range_id,
                     capacity: 0,
                     allocator: None,
+                    feed: None,
                     awaiting: Some(Awaiting::default()),
                     last_heartbeat: now,
                     joined: now,
@@ -306,21 +318,25 @@ impl Nodes {
     /// dead incarnation is refused (the node must join again).
     pub(crate) fn heartbeat(
         &mut self,
-        node_id: &str,
-        range_id: u64,
+        (node_id, range_id): (&str, u64),
+        applied: u64,
         now: Instant,
-    ) -> Result<(), StorageError> {
+    ) -> Result<Option<OwnershipUpdate>, StorageError> {
         let slot = self
             .slots
             .iter_mut()
-            .find(|slot| slot.range_id == range_id && slot.node_id == node_id)
-            .filter(|slot| slot.allocator.is_some());
+            .find(|slot| slot.range_id == range_id && slot.node_id == node_id);
         match slot {
-            Some(slot) => {
-                slot.last_heartbeat = now;
-                Ok(())
+            Some(Slot {
+                allocator: Some(allocator),
+                feed,
+                last_heartbeat,
+                ..
+            }) => {
+                *last_heartbeat = now;
+                Ok(feed.as_mut().map(|feed| feed.update(allocator, applied)))
             }
-            None => Err(StorageError::UnknownPoolNode(format!(
+            _ => Err(StorageError::UnknownPoolNode(format!(
                 "{node_id} (range {range_id}) is not a live member: join again"
             ))),
         }
@@ -446,6 +462,7 @@ impl Nodes {
 impl Slot {
     /// Ends this incarnation (live or awaiting); false when it was dead already.
     fn die(&mut self) -> bool {
+        self.feed = None;
         let was_live = self.allocator.take().is_some();
         let was_awaiting = self.awaiting.take().is_some();
         was_live || was_awaiting

@@ -26,6 +26,7 @@ fn join(node_id: &str, capacity: u64) -> PoolNodeJoin {
         endpoint: format!("{node_id}:1"),
         capacity,
         resume_range_id: None,
+        isolated: false,
     }
 }
 
@@ -69,6 +70,65 @@ fn place_for(
         specs: &specs,
         blocks: &blocks,
     })
+}
+
+#[test]
+fn an_isolating_node_learns_who_owns_what_and_a_given_up_run_waits_for_it() {
+    use crate::allocator::{OwnedRun, OwnershipChange, SLAB_BYTES};
+    let open = pool();
+    let range_id = open.join(join("open", 1 << 20)).unwrap().0.range_id;
+    let answer = open.heartbeat(("open", range_id), 0).unwrap();
+    assert!(
+        answer.is_none(),
+        "a node that does not isolate is told nothing"
+    );
+    let pool = pool();
+    let node = PoolNodeJoin {
+        isolated: true,
+        ..join("n1", 4 * SLAB_BYTES)
+    };
+    let range_id = pool.join(node).unwrap().0.range_id;
+    let beat = |applied| pool.heartbeat(("n1", range_id), applied).unwrap().unwrap();
+    let nothing = beat(0);
+    assert_eq!((nothing.version, nothing.changes.len()), (0, 0));
+    // 64 blocks of two 16 KiB parts fill one slab.
+    let a = place_for(&pool, "a", 0..64).unwrap();
+    place_for(&pool, "b", 0..64).unwrap();
+    let run = |tenant, slab| OwnedRun {
+        tenant,
+        offset: slab * SLAB_BYTES,
+        len: SLAB_BYTES,
+    };
+    let granted = beat(0);
+    assert_eq!(granted.version, 2);
+    assert!(!granted.snapshot);
+    let expected = [run(0, 0), run(1, 1)].map(OwnershipChange::Granted);
+    assert_eq!(granted.changes, expected, "the tenants of a then b");
+    let uris: Vec<String> = a.iter().flatten().map(|p| p.uri.clone()).collect();
+    pool.delete(&uris).unwrap();
+    let released = beat(2);
+    assert_eq!(released.version, 3);
+    assert_eq!(released.changes, [OwnershipChange::Released(run(0, 0))]);
+    // Until the node applied version 3, slab 0 is placed for no one: b fills the two
+    // free slabs and then finds no room.
+    place_for(&pool, "b", 64..192).unwrap();
+    assert!(matches!(
+        place_for(&pool, "b", 192..193),
+        Err(StorageError::Full(_))
+    ));
+    let caught_up = beat(3);
+    assert_eq!(
+        caught_up.changes,
+        [2, 3].map(|slab| OwnershipChange::Granted(run(1, slab)))
+    );
+    place_for(&pool, "b", 192..193).expect("slab 0 is b's once the node applied its release");
+    assert_eq!(beat(5).changes, [OwnershipChange::Granted(run(1, 0))]);
+    // A node that names a version this feed never had gets a snapshot.
+    let snapshot = beat(99);
+    assert!(snapshot.snapshot);
+    assert_eq!(snapshot.version, 6);
+    let every = [0, 1, 2, 3].map(|slab| OwnershipChange::Granted(run(1, slab)));
+    assert_eq!(snapshot.changes, every);
 }
 
 #[test]
@@ -184,14 +244,15 @@ fn a_node_that_misses_heartbeats_dies_and_takes_nothing_more() {
     let (membership, _) = pool.join(join("n1", 1 << 20)).unwrap();
     let placed = place(&pool, 0..1).unwrap();
     let address = placed[0][0].address;
-    pool.heartbeat("n1", membership.range_id).expect("live");
+    pool.heartbeat(("n1", membership.range_id), 0)
+        .expect("live");
     std::thread::sleep(Duration::from_millis(10)); // 10 ms > 3 missed 1-ms heartbeats
     assert_eq!(pool.reap(), vec![0]);
     assert!(pool.reap().is_empty(), "dies once");
     assert!(!pool.holds(&address));
     assert!(pool.check_health().is_err());
     assert!(matches!(
-        pool.heartbeat("n1", membership.range_id),
+        pool.heartbeat(("n1", membership.range_id), 0),
         Err(StorageError::UnknownPoolNode(_))
     ));
     assert!(matches!(place(&pool, 1..2), Err(StorageError::Full(_))));
@@ -230,6 +291,7 @@ fn joins_with_bad_ids_endpoints_or_capacities_are_refused() {
             endpoint: String::new(),
             capacity: 1 << 20,
             resume_range_id: None,
+            isolated: false,
         },
     ] {
         assert!(
