@@ -199,7 +199,8 @@ impl Registrar {
         let manager = &self.manager;
         let incarnation = (request.node_id.as_str(), request.range_id);
         // No node isolates its tenants yet, so there is no ownership to answer.
-        manager.pool_heartbeat(&request.storage, incarnation, 0)?;
+        let applied = kvcm_storage::pool::Applied::default();
+        manager.pool_heartbeat(&request.storage, incarnation, applied)?;
         let revoked = self.grants.revoked(&self.auth, manager, &request.grants);
         Ok(HeartbeatAnswer { revoked })
     }

@@ -10,7 +10,9 @@
 use std::sync::Arc;
 
 use kvcm_index::ScanCursor;
-use kvcm_storage::pool::{MemPool, OwnershipUpdate, PoolMembership, PoolNodeJoin, PoolNodeStatus};
+use kvcm_storage::pool::{
+    Applied, MemPool, OwnershipUpdate, PoolMembership, PoolNodeJoin, PoolNodeStatus,
+};
 use kvcm_storage::DataStorage;
 
 use super::entry::{Location, LocationState, StorageHandle};
@@ -39,7 +41,7 @@ impl Manager {
         &self,
         storage: &str,
         incarnation: (&str, u64),
-        applied: u64,
+        applied: Applied,
     ) -> ManagerResult<Option<OwnershipUpdate>> {
         let backend = self.pool_backend(storage)?;
         let pool = backend.as_pool().ok_or_else(|| not_a_pool(storage))?;

@@ -21,6 +21,17 @@ pub struct AdoptedPart {
     pub tenant: Tenant,
 }
 
+impl From<(&u64, &(u64, Tenant))> for AdoptedPart {
+    /// From an entry of a map offset → (size, tenant).
+    fn from((&offset, &(size, tenant)): (&u64, &(u64, Tenant))) -> Self {
+        AdoptedPart {
+            offset,
+            size,
+            tenant,
+        }
+    }
+}
+
 /// A run of slabs and the adopted parts in it.
 #[derive(Debug)]
 pub(super) struct AdoptedRun {

@@ -32,7 +32,7 @@
 //!   over a slab boundary wastes up to one slab (4 MiB parts waste nothing).
 //! * Every operation is O(log n) in the number of spans, runs and free runs: owners are
 //!   found by slab index in a `BTreeMap`, free slots by a per-span stack, open spans by a
-//!   per-class ordered set, free runs by start and by length.
+//!   set ordered by tenant and class, free runs by start and by length.
 //! * An allocator can start over a region that already holds parts placed by an earlier
 //!   process ([`PoolAllocator::with_adopted`]: a restarted manager whose pool node kept its
 //!   memory): the slabs those parts touch become adopted runs, which hold exactly those parts

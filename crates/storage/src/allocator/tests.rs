@@ -53,6 +53,8 @@ fn assert_empty(pool: &PoolAllocator) {
         free_runs: 1,
     };
     assert_eq!(stats, empty);
+    assert!(pool.owners.is_empty() && pool.held.is_empty());
+    assert!(pool.open_spans.is_empty() && pool.spans_per_class.is_empty());
 }
 
 // ---- size classes ----
@@ -676,12 +678,7 @@ proptest! {
         for op in &before {
             apply(&mut earlier, &mut model, op);
         }
-        let part = |(&offset, &(size, tenant)): (&u64, &(u64, Tenant))| AdoptedPart {
-            offset,
-            size,
-            tenant,
-        };
-        let parts: Vec<AdoptedPart> = model.live.iter().map(part).collect();
+        let parts: Vec<AdoptedPart> = model.live.iter().map(AdoptedPart::from).collect();
         let mut pool = PoolAllocator::with_adopted(capacity, &parts).expect("adopt");
         check_against_model(&pool, &model)?;
         prop_assert_eq!(pool.used_bytes(), earlier.used_bytes());

@@ -23,7 +23,7 @@ use std::time::Instant;
 pub use self::nodes::{
     PoolMembership, PoolNodeJoin, PoolNodeStatus, PoolTiming, MISSED_HEARTBEATS,
 };
-pub use self::ownership::{OwnershipUpdate, MAX_CHANGES};
+pub use self::ownership::{Applied, OwnershipUpdate, MAX_CHANGES};
 pub use self::uri::{PoolPartUri, MEDIA_DRAM};
 
 use self::nodes::Nodes;
@@ -76,7 +76,7 @@ impl MemPool {
     pub fn heartbeat(
         &self,
         (node_id, range_id): (&str, u64),
-        applied: u64,
+        applied: Applied,
     ) -> Result<Option<OwnershipUpdate>, StorageError> {
         self.write()
             .heartbeat((node_id, range_id), applied, Instant::now())
@@ -181,7 +181,7 @@ impl DataStorage for MemPool {
         check_request(request)?;
         let now = Instant::now();
         let mut nodes = self.write();
-        let tenant = nodes.tenant(request.instance_id);
+        let tenant = nodes.tenant(request.instance_id)?;
         let mut placed: Vec<(usize, Vec<u64>)> = Vec::with_capacity(request.blocks.len());
         for block in request.blocks {
             let sizes: Vec<u64> = block
@@ -313,7 +313,7 @@ impl DataStorage for MemPool {
         let adopted = AdoptedPart {
             offset: u64::from(part.block) * GRANULE,
             size: part.size,
-            tenant: nodes.tenant(part.instance_id),
+            tenant: nodes.tenant(part.instance_id)?,
         };
         let slot = nodes.adopt((node_id, range_id), adopted, Instant::now())?;
         Ok(PartAddress {

@@ -21,15 +21,16 @@
 //! on every node, so that a node's slabs each hold one instance's parts (see `allocator`).
 //!
 //! Invariants: slots are never removed or reused, so a slot index in a stored address names
-//! one incarnation forever; a tenant number names one instance for the process's life; only live slots hold an allocator, only awaiting ones adopted
-//! parts; a rejoining node's share of new blocks ramps up linearly over the ramp time (a
+//! one incarnation forever; a tenant number names one instance for the process's life; only
+//! live slots hold an allocator, only awaiting ones adopted parts, and no slab of an
+//! awaiting slot holds two tenants' parts; a rejoining node's share of new blocks ramps up linearly over the ramp time (a
 //! resumed node's does not: it kept its blocks).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use super::ownership::{Feed, OwnershipUpdate};
-use crate::allocator::{AdoptedPart, AllocError, PoolAllocator, Tenant};
+use super::ownership::{Applied, Feed, OwnershipUpdate};
+use crate::allocator::{AdoptedPart, AllocError, PoolAllocator, Tenant, SLAB_BYTES};
 use crate::names::check_name;
 use crate::StorageError;
 
@@ -145,14 +146,17 @@ pub(crate) struct Nodes {
 }
 
 impl Nodes {
-    /// The tenant number of instance `instance_id` (a new one the first time).
-    pub(crate) fn tenant(&mut self, instance_id: &str) -> Tenant {
+    /// The tenant number of instance `instance_id` (a new one the first time; numbers are
+    /// never given back, so a process numbers at most 2^32 instances).
+    pub(crate) fn tenant(&mut self, instance_id: &str) -> Result<Tenant, StorageError> {
         if let Some(&tenant) = self.tenants.get(instance_id) {
-            return tenant;
+            return Ok(tenant);
         }
-        let tenant = self.tenants.len() as Tenant;
+        let tenant = Tenant::try_from(self.tenants.len()).map_err(|_| {
+            StorageError::Full("the pool has numbered 2^32 instances already".into())
+        })?;
         self.tenants.insert(instance_id.to_string(), tenant);
-        tenant
+        Ok(tenant)
     }
 
     /// Adds a slot for `join`; returns its membership and the slots of the node's earlier
@@ -214,15 +218,10 @@ impl Nodes {
         let index = self.slots.iter().position(|slot| {
             slot.node_id == join.node_id && slot.range_id == range_id && slot.awaiting.is_some()
         })?;
-        let part = |(&offset, &(size, tenant)): (&u64, &(u64, Tenant))| AdoptedPart {
-            offset,
-            size,
-            tenant,
-        };
         let parts: Vec<AdoptedPart> = self.slots[index]
             .awaiting
             .as_ref()
-            .map(|awaiting| awaiting.parts.iter().map(part).collect())
+            .map(|awaiting| awaiting.parts.iter().map(AdoptedPart::from).collect())
             .unwrap_or_default();
         let mut allocator = PoolAllocator::with_adopted(join.capacity, &parts).ok()?;
         let feed = join.isolated.then(|| Feed::start(&mut allocator));
@@ -246,8 +245,10 @@ impl Nodes {
 
     /// Takes back `part` of incarnation `range_id` of `node_id`, placed by an earlier
     /// manager process, into that incarnation's awaiting slot (made now if needed); returns
-    /// the slot. Refused for an incarnation that is live or dead in this process, and for a
-    /// part overlapping one already adopted.
+    /// the slot. Refused for an incarnation that is live or dead in this process, for a
+    /// part overlapping one already adopted, and for one sharing a slab with another
+    /// tenant's (written before the pool placed instances in slabs of their own: that part
+    /// is lost, the others resume).
     pub(crate) fn adopt(
         &mut self,
         (node_id, range_id): (&str, u64),
@@ -301,6 +302,15 @@ impl Nodes {
         {
             return Err(refuse("it overlaps a part adopted already"));
         }
+        let first_slab = offset / SLAB_BYTES * SLAB_BYTES;
+        let past_last_slab = ((end - 1) / SLAB_BYTES)
+            .saturating_add(1)
+            .saturating_mul(SLAB_BYTES);
+        let neighbours = parts.range(..past_last_slab).rev();
+        let mut sharing = neighbours.take_while(|(&o, &(s, _))| o + s > first_slab);
+        if sharing.any(|(_, &(_, other))| other != tenant) {
+            return Err(refuse("it shares a slab with another instance's part"));
+        }
         parts.insert(offset, (size, tenant));
         Ok(index)
     }
@@ -319,7 +329,7 @@ impl Nodes {
     pub(crate) fn heartbeat(
         &mut self,
         (node_id, range_id): (&str, u64),
-        applied: u64,
+        applied: Applied,
         now: Instant,
     ) -> Result<Option<OwnershipUpdate>, StorageError> {
         let slot = self

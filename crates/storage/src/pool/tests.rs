@@ -77,7 +77,9 @@ fn an_isolating_node_learns_who_owns_what_and_a_given_up_run_waits_for_it() {
     use crate::allocator::{OwnedRun, OwnershipChange, SLAB_BYTES};
     let open = pool();
     let range_id = open.join(join("open", 1 << 20)).unwrap().0.range_id;
-    let answer = open.heartbeat(("open", range_id), 0).unwrap();
+    let answer = open
+        .heartbeat(("open", range_id), Applied::default())
+        .unwrap();
     assert!(
         answer.is_none(),
         "a node that does not isolate is told nothing"
@@ -88,9 +90,17 @@ fn an_isolating_node_learns_who_owns_what_and_a_given_up_run_waits_for_it() {
         ..join("n1", 4 * SLAB_BYTES)
     };
     let range_id = pool.join(node).unwrap().0.range_id;
-    let beat = |applied| pool.heartbeat(("n1", range_id), applied).unwrap().unwrap();
-    let nothing = beat(0);
+    let beat_in = |feed, version| {
+        let applied = Applied { feed, version };
+        pool.heartbeat(("n1", range_id), applied).unwrap().unwrap()
+    };
+    let nothing = beat_in(0, 0);
+    assert!(
+        nothing.snapshot,
+        "a node that applied nothing gets a snapshot"
+    );
     assert_eq!((nothing.version, nothing.changes.len()), (0, 0));
+    let beat = |version| beat_in(nothing.feed, version);
     // 64 blocks of two 16 KiB parts fill one slab.
     let a = place_for(&pool, "a", 0..64).unwrap();
     place_for(&pool, "b", 0..64).unwrap();
@@ -129,6 +139,34 @@ fn an_isolating_node_learns_who_owns_what_and_a_given_up_run_waits_for_it() {
     assert_eq!(snapshot.version, 6);
     let every = [0, 1, 2, 3].map(|slab| OwnershipChange::Granted(run(1, slab)));
     assert_eq!(snapshot.changes, every);
+}
+
+#[test]
+fn an_adopted_part_in_a_slab_of_another_instance_is_refused_and_the_rest_resume() {
+    let after = pool();
+    let name = incarnation_name(7, "n1");
+    let adopt_for = |instance_id, block, size| {
+        after.adopt(&NamedPart {
+            instance_id,
+            name: &name,
+            block,
+            size,
+        })
+    };
+    adopt_for("a", 0, 16 << 10).expect("a's part in slab 0");
+    let refused = adopt_for("b", 64, 16 << 10);
+    assert!(
+        matches!(&refused, Err(StorageError::InvalidRequest(why)) if why.contains("shares a slab")),
+        "{refused:?}"
+    );
+    adopt_for("b", 4096, 16 << 10).expect("b's part in slab 1");
+    let resume = PoolNodeJoin {
+        resume_range_id: Some(7),
+        ..join("n1", 8 << 20)
+    };
+    let (membership, _) = after.join(resume).unwrap();
+    assert_eq!(membership.range_id, 7, "the node resumes its incarnation");
+    assert_eq!(after.nodes()[0].used, 2 * (16 << 10));
 }
 
 #[test]
@@ -244,7 +282,7 @@ fn a_node_that_misses_heartbeats_dies_and_takes_nothing_more() {
     let (membership, _) = pool.join(join("n1", 1 << 20)).unwrap();
     let placed = place(&pool, 0..1).unwrap();
     let address = placed[0][0].address;
-    pool.heartbeat(("n1", membership.range_id), 0)
+    pool.heartbeat(("n1", membership.range_id), Applied::default())
         .expect("live");
     std::thread::sleep(Duration::from_millis(10)); // 10 ms > 3 missed 1-ms heartbeats
     assert_eq!(pool.reap(), vec![0]);
@@ -252,7 +290,7 @@ fn a_node_that_misses_heartbeats_dies_and_takes_nothing_more() {
     assert!(!pool.holds(&address));
     assert!(pool.check_health().is_err());
     assert!(matches!(
-        pool.heartbeat(("n1", membership.range_id), 0),
+        pool.heartbeat(("n1", membership.range_id), Applied::default()),
         Err(StorageError::UnknownPoolNode(_))
     ));
     assert!(matches!(place(&pool, 1..2), Err(StorageError::Full(_))));
