@@ -23,8 +23,8 @@
 //! Invariants: slots are never removed or reused, so a slot index in a stored address names
 //! one incarnation forever; a tenant number names one instance for the process's life; only
 //! live slots hold an allocator, only awaiting ones adopted parts, and no slab of an
-//! awaiting slot holds two tenants' parts; a rejoining node's share of new blocks ramps up linearly over the ramp time (a
-//! resumed node's does not: it kept its blocks).
+//! awaiting slot holds two tenants' parts; a rejoining node's share of new blocks ramps up
+//! linearly over the ramp time (a resumed node's does not: it kept its blocks).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
