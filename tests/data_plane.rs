@@ -284,18 +284,22 @@ fn a_pool_queue_pair_is_torn_down_when_its_client_hangs_up_on_verbs_or_loud_skip
     let mut earlier = open(verbs);
     drop(earlier.hangup.take());
     assert!(
-        leaving.reads() && staying.reads(),
+        leaving.reads(None) && staying.reads(None),
         "the watched clients read the region"
     );
     drop(leaving.hangup.take());
-    let torn_down =
-        common::wait_until_blocking(Duration::from_secs(30), || (!leaving.reads()).then_some(()));
+    let torn_down = common::wait_until_blocking(Duration::from_secs(30), || {
+        (!leaving.reads(None)).then_some(())
+    });
     assert!(
         torn_down.is_some(),
         "the hung-up client's queue pair is torn down"
     );
-    assert!(staying.reads(), "the other client's queue pair stays");
-    assert!(earlier.reads(), "an unwatched client's queue pair stays");
+    assert!(staying.reads(None), "the other client's queue pair stays");
+    assert!(
+        earlier.reads(None),
+        "an unwatched client's queue pair stays"
+    );
 }
 
 #[test]
@@ -874,7 +878,10 @@ fn a_get_that_gave_up_never_writes_into_registered_memory_afterwards() {
     hello.push(Wire::Tcp.index() as u8);
     let control = RawPoolQp::open(&endpoint, &hello, Wire::Tcp).expect("a control queue pair");
     node.signal("STOP");
-    assert!(control.post_read(), "the control READ is posted");
+    assert!(
+        control.post_read(0, control.info.rkey),
+        "the control READ is posted"
+    );
     let gave_up = engine
         .get_blocks(&keys, &mut parts_in(&mut memory, 0, keys.len()))
         .expect("the lookup answers");
@@ -1178,6 +1185,8 @@ struct RawPoolQp {
     _buffer: kvcm_transport::HostMemory,
     region: kvcm_transport::any::AnyRegion,
     info: kvcm::pool::RegionInfo,
+    /// The node answered that this queue pair reaches only its instance's runs.
+    isolated: bool,
     /// The handshake connection, kept as an engine keeps it (on verbs, when the hello set
     /// `KEEPS_CONNECTION`, its closing tears the node's queue pair down).
     hangup: Option<std::net::TcpStream>,
@@ -1201,6 +1210,12 @@ impl RawPoolQp {
         qp.connect(&remote).expect("connect the queue pair");
         let mut info = [0u8; kvcm::pool::RegionInfo::SIZE];
         stream.read_exact(&mut info).ok()?;
+        // A ticket hello is answered whether the queue pair reaches only its instance's
+        // runs.
+        let mut isolated = [0u8; 1];
+        if hello.starts_with(kvcm::pool::listener::HELLO_TICKET) {
+            stream.read_exact(&mut isolated).ok()?;
+        }
         let buffer = domain.alloc(4096).expect("buffer");
         let region = domain
             .register(&buffer, 0, 4096, Access::LOCAL_WRITE)
@@ -1212,17 +1227,31 @@ impl RawPoolQp {
             _buffer: buffer,
             region,
             info: kvcm::pool::RegionInfo::decode(&info),
+            isolated: isolated[0] == 1,
             hangup: Some(stream),
         })
     }
 
-    /// Whether one 8-byte READ of the node's region completes successfully.
-    fn reads(&self) -> bool {
-        self.post_read() && self.read_completed() == Some(kvcm_transport::WcStatus::Success)
+    /// Whether one 8-byte READ of the node's region completes successfully (at its start
+    /// with its rkey; on an isolating node at `run`'s start with its rkey).
+    fn reads(&self, run: Option<Run>) -> bool {
+        let (offset, rkey) = match run {
+            Some(run) => (run.offset, run.rkey),
+            None => (0, self.info.rkey),
+        };
+        self.reads_at(offset, rkey)
     }
 
-    /// Posts one 8-byte READ of the node's region; false when the post is refused.
-    fn post_read(&self) -> bool {
+    /// Whether one 8-byte READ at `offset` of the node's region with `rkey` completes
+    /// successfully.
+    fn reads_at(&self, offset: u64, rkey: u32) -> bool {
+        self.post_read(offset, rkey)
+            && self.read_completed() == Some(kvcm_transport::WcStatus::Success)
+    }
+
+    /// Posts one 8-byte READ at `offset` of the node's region with `rkey`; false when the
+    /// post is refused.
+    fn post_read(&self, offset: u64, rkey: u32) -> bool {
         use kvcm_transport::{QueuePair, Region, RemoteAddr, SendOp, SendWr, Sge};
         let sge = [Sge {
             addr: self.region.addr(),
@@ -1232,8 +1261,8 @@ impl RawPoolQp {
         let read = SendWr {
             wr_id: 7,
             op: SendOp::Read(RemoteAddr {
-                addr: self.info.addr,
-                rkey: self.info.rkey,
+                addr: self.info.addr + offset,
+                rkey,
             }),
             sg_list: &sge,
             signaled: true,
@@ -1249,6 +1278,65 @@ impl RawPoolQp {
             (self.cq.poll(&mut done) == 1).then_some(done[0].status)
         })
     }
+}
+
+/// A run of an instance on an isolating node, as a runs request answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    offset: u64,
+    len: u64,
+    rkey: u32,
+}
+
+/// The runs an isolating node at `endpoint` answers for `offsets` on `wire` to a runs
+/// request showing `ticket`, written byte by byte as a client of another language would
+/// (`None` for an offset in no run of the ticket's instance; `Err` when the node closes
+/// the connection instead).
+fn runs_of(
+    endpoint: &str,
+    wire: Wire,
+    ticket: &[u8],
+    offsets: &[u64],
+) -> std::io::Result<Vec<Option<Run>>> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(endpoint)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut request = b"KVPR".to_vec();
+    request.push(wire.index() as u8);
+    request.extend_from_slice(ticket);
+    request.extend_from_slice(&(offsets.len() as u32).to_le_bytes());
+    for offset in offsets {
+        request.extend_from_slice(&offset.to_le_bytes());
+    }
+    stream.write_all(&request)?;
+    let mut count = [0u8; 4];
+    stream.read_exact(&mut count)?;
+    assert_eq!(u32::from_le_bytes(count) as usize, offsets.len());
+    let mut answer = vec![0u8; offsets.len() * 20];
+    stream.read_exact(&mut answer)?;
+    Ok(answer
+        .chunks_exact(20)
+        .map(|entry| {
+            let run = Run {
+                offset: u64::from_le_bytes(entry[..8].try_into().unwrap()),
+                len: u64::from_le_bytes(entry[8..16].try_into().unwrap()),
+                rkey: u32::from_le_bytes(entry[16..].try_into().unwrap()),
+            };
+            (run.len > 0).then_some(run)
+        })
+        .collect())
+}
+
+/// The distinct runs holding the first byte of each 2 MiB slab of a node of `bytes`.
+fn runs_in(endpoint: &str, wire: Wire, ticket: &[u8], bytes: u64) -> Vec<Run> {
+    let slabs: Vec<u64> = (0..bytes).step_by(2 << 20).collect();
+    let mut runs: Vec<Run> = runs_of(endpoint, wire, ticket, &slabs)
+        .expect("the node answers the runs of the ticket's instance")
+        .into_iter()
+        .flatten()
+        .collect();
+    runs.dedup();
+    runs
 }
 
 /// A raw hello to the pool node at `endpoint` on `wire`; whether the node opened a queue
@@ -1305,8 +1393,11 @@ fn as_strs(strings: &[String]) -> Vec<&str> {
     strings.iter().map(String::as_str).collect()
 }
 
-/// Membership, the directory and node tickets under `kvcm.auth.meta = required`, and the
-/// teardown of a revoked key's queue pair, on `wire` (server `settings`, node `node_args`).
+/// Membership, the directory and node tickets under `kvcm.auth.meta = required`, the
+/// isolation of instances on the node (a queue pair opened with one instance's ticket
+/// reaches that instance's runs only: not another's with its replayed rkey, a guessed one or
+/// the whole region's), and the teardown of a revoked key's queue pair, on `wire` (server
+/// `settings`, node `node_args`).
 fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &[&str]) {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let mut all = vec![
@@ -1316,11 +1407,11 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
     ];
     all.extend_from_slice(settings);
     let server = runtime.block_on(TestServer::start_with(&all));
-    let nodes = |bearer: Option<&str>| {
-        let body = json!({ "storage": "pool_a" });
+    let nodes = |bearer: Option<&str>, instance: Option<&str>| {
+        let body = json!({ "storage": "pool_a", "instance_id": instance });
         runtime.block_on(server.post_as("http", kvcm::pool::NODES_ROUTE, &body, bearer))
     };
-    let (client_key, operator_key) = runtime.block_on(async {
+    let (client_key, client_b_key, operator_key) = runtime.block_on(async {
         let (status, answer) = server
             .post_as(
                 "admin_http",
@@ -1341,19 +1432,20 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
         let body = json!({"instance_group": "gp", "instance_id": "on_pool", "block_size": 16,
                           "location_spec_infos": specs,
                           "model_deployment": {"model_name": "m", "dtype": "FP8", "tp_size": 4}});
-        let (status, answer) = server
-            .post_as("http", "/api/registerInstance", &body, Some(ROOT))
-            .await;
-        assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+        let mut other = body.clone();
+        other["instance_id"] = json!("on_pool_b");
         let mut elsewhere = body.clone();
         elsewhere["instance_group"] = json!("default");
         elsewhere["instance_id"] = json!("on_file");
-        let (status, answer) = server
-            .post_as("http", "/api/registerInstance", &elsewhere, Some(ROOT))
-            .await;
-        assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+        for body in [&body, &other, &elsewhere] {
+            let (status, answer) = server
+                .post_as("http", "/api/registerInstance", body, Some(ROOT))
+                .await;
+            assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
+        }
         (
             key_of(&server, "eng", "ROLE_USER", &["on_pool"]).await,
+            key_of(&server, "eng_b", "ROLE_USER", &["on_pool_b"]).await,
             key_of(&server, "ops", "ROLE_OPERATOR", &[]).await,
         )
     });
@@ -1369,87 +1461,168 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
     // with a ticket.
     let mut args = vec!["--api-key", operator_key.as_str()];
     args.extend_from_slice(node_args);
+    const NODE_BYTES: u64 = 8 << 20;
     let _node = runtime.block_on(PoolProcess::start_with(
-        &server, "pool_a", "node-1", "4M", &args,
+        &server, "pool_a", "node-1", "8M", &args,
     ));
-    let listed = common::wait_until_blocking(Duration::from_secs(10), || {
-        let (status, answer) = nodes(Some(&client_key));
+    let live_ticket = |bearer: &str, instance: Option<&str>| -> Option<(String, Vec<u8>)> {
+        let (status, answer) = nodes(Some(bearer), instance);
         assert_eq!(status, 200, "{answer}");
-        answer["nodes"]
+        let live = answer["nodes"]
             .as_array()
-            .and_then(|n| n.iter().find(|n| n["live"] == true).cloned())
-    })
-    .expect("the node joined with the operator's key");
-    assert_eq!(nodes(None).0, 401, "the directory without a credential");
-    let (status, answer) = nodes(Some(&other_tenant));
+            .and_then(|n| n.iter().find(|n| n["live"] == true).cloned())?;
+        let ticket: kvcm::pool::ticket::Ticket =
+            kvcm_manager::hex::decode(live["ticket"].as_str().expect("a ticket"))
+                .expect("ticket hex");
+        let ticket = ticket.to_vec();
+        Some((
+            live["endpoint"].as_str().expect("endpoint").to_string(),
+            ticket,
+        ))
+    };
+    let (endpoint, anyone_ticket) =
+        common::wait_until_blocking(Duration::from_secs(10), || live_ticket(&client_key, None))
+            .expect("the node joined with the operator's key");
+    assert_eq!(
+        nodes(None, None).0,
+        401,
+        "the directory without a credential"
+    );
+    let (status, answer) = nodes(Some(&other_tenant), None);
     assert_eq!(
         status, 403,
         "a key whose instances' groups do not use the pool: {answer}"
     );
-    let endpoint = listed["endpoint"].as_str().expect("endpoint").to_string();
-    let ticket: kvcm::pool::ticket::Ticket =
-        kvcm_manager::hex::decode(listed["ticket"].as_str().expect("a ticket"))
-            .expect("ticket hex");
-    // The node's listener: no ticket, a forged one, then the directory's.
+    let (status, answer) = nodes(Some(&client_key), Some("on_pool_b"));
+    assert_eq!(
+        status, 403,
+        "tickets for an instance the key does not reach: {answer}"
+    );
+    let ticket_a = live_ticket(&client_key, Some("on_pool")).expect("live").1;
+    let ticket_b = live_ticket(&client_b_key, Some("on_pool_b"))
+        .expect("live")
+        .1;
+    // The node's listener: no ticket, a forged one, one of an earlier release, one naming
+    // no instance (the node isolates them), then the directory's.
     let hello = |magic: &[u8], ticket: Option<&[u8]>| {
         let mut bytes = magic.to_vec();
         bytes.push(wire.index() as u8);
         bytes.extend_from_slice(ticket.unwrap_or_default());
         bytes
     };
-    let mut forged = ticket;
+    let mut forged = ticket_a.clone();
     forged[20] ^= 1;
-    assert!(
-        !pool_hello_admitted(&endpoint, &hello(b"KVPL", None), wire),
-        "no ticket"
-    );
-    assert!(
-        !pool_hello_admitted(&endpoint, &hello(b"KVP2", Some(&forged)), wire),
-        "a forged ticket"
-    );
-    assert!(
-        pool_hello_admitted(&endpoint, &hello(b"KVP2", Some(&ticket)), wire),
-        "the directory's ticket"
-    );
-    // And the engine, with the client's key, moves bytes through the node.
-    let client = ClientConfig {
-        servers: vec![ServerAddress {
-            grpc: format!("http://{}", server.address("grpc")),
-            http: server.address("http"),
-        }],
-        instance_id: "on_pool".into(),
-        wire: Some(wire),
-        api_key: Some(client_key.clone()),
-        tls: None,
+    for (refused, why) in [
+        (hello(b"KVPL", None), "no ticket"),
+        (hello(b"KVP3", Some(&forged)), "a forged ticket"),
+        (
+            hello(b"KVP2", Some(&ticket_a[..48])),
+            "a ticket of an earlier release",
+        ),
+        (
+            hello(b"KVP3", Some(&anyone_ticket)),
+            "a ticket naming no instance",
+        ),
+    ] {
+        assert!(!pool_hello_admitted(&endpoint, &refused, wire), "{why}");
+    }
+    let granted = hello(b"KVP3", Some(&ticket_a));
+    let raw = RawPoolQp::open(&endpoint, &granted, wire).expect("the directory's ticket");
+    assert!(raw.isolated, "the node isolates instances");
+    assert_eq!(raw.info.rkey, 0, "no key of the whole region");
+    if wire == Wire::Tcp {
+        let on_shm = hello(b"KVP3", Some(&ticket_a));
+        let mut on_shm = on_shm.clone();
+        on_shm[4] = Wire::Shm.index() as u8;
+        assert!(
+            !pool_hello_admitted(&endpoint, &on_shm, Wire::Shm),
+            "the shared-memory wire would map the whole region"
+        );
+    }
+    // The engines of both instances, each with its own key, move bytes through the node.
+    let engine_of = |instance: &str, key: &str| {
+        let client = ClientConfig {
+            servers: vec![ServerAddress {
+                grpc: format!("http://{}", server.address("grpc")),
+                http: server.address("http"),
+            }],
+            instance_id: instance.into(),
+            wire: Some(wire),
+            api_key: Some(key.to_string()),
+            tls: None,
+        };
+        let config = TransferConfig {
+            pool_wire: wire,
+            ..TransferConfig::default()
+        };
+        TransferEngine::connect(client, config).expect("engine")
     };
-    let config = TransferConfig {
-        pool_wire: wire,
-        ..TransferConfig::default()
-    };
-    let mut engine = TransferEngine::connect(client, config).expect("engine");
+    let mut engine = engine_of("on_pool", &client_key);
+    let mut engine_b = engine_of("on_pool_b", &client_b_key);
     let keys = [1, 2, 3];
-    for outcome in put(&mut engine, &keys) {
-        assert!(matches!(outcome, PutOutcome::Written(_)), "{outcome:?}");
+    for engine in [&mut engine, &mut engine_b] {
+        for outcome in put(engine, &keys) {
+            assert!(matches!(outcome, PutOutcome::Written(_)), "{outcome:?}");
+        }
+        for outcome in get_checked(engine, &keys) {
+            assert!(matches!(outcome, GetOutcome::Hit(_)), "{outcome:?}");
+        }
     }
-    for outcome in get_checked(&mut engine, &keys) {
-        assert!(matches!(outcome, GetOutcome::Hit(_)), "{outcome:?}");
+    // Each instance's runs, as the node answers them to its ticket: disjoint.
+    let runs_a = runs_in(&endpoint, wire, &ticket_a, NODE_BYTES);
+    let runs_b = runs_in(&endpoint, wire, &ticket_b, NODE_BYTES);
+    assert!(
+        !runs_a.is_empty() && !runs_b.is_empty(),
+        "{runs_a:?} {runs_b:?}"
+    );
+    for a in &runs_a {
+        for b in &runs_b {
+            let disjoint = a.offset + a.len <= b.offset || b.offset + b.len <= a.offset;
+            assert!(disjoint, "instances share bytes: {a:?} {b:?}");
+        }
     }
+    let b_run = runs_b[0];
+    let asked = runs_of(&endpoint, wire, &ticket_a, &[b_run.offset]).expect("answered");
+    assert_eq!(asked, [None], "A's ticket is told nothing of B's runs");
+    let runs_without_instance = runs_of(&endpoint, wire, &anyone_ticket, &[0]);
+    assert!(
+        runs_without_instance.is_err(),
+        "runs need a ticket naming an instance"
+    );
+    // A's queue pair reads A's run, and nothing of B's: not with B's rkey (replayed), A's
+    // own, or any guessed key (a failed READ breaks the queue pair, so one each).
+    assert!(raw.reads(Some(runs_a[0])), "A reads its own run");
+    let mut guesses: Vec<u32> = (0..32).collect();
+    for near in [b_run.rkey, runs_a[0].rkey] {
+        guesses.extend(near.saturating_sub(4)..=near.saturating_add(4));
+    }
+    guesses.sort_unstable();
+    guesses.dedup();
+    for rkey in guesses {
+        let probe = RawPoolQp::open(&endpoint, &granted, wire).expect("A's ticket");
+        assert!(
+            !probe.reads_at(b_run.offset, rkey),
+            "A read B's run with rkey {rkey} (B's is {})",
+            b_run.rkey
+        );
+    }
+    let raw_b = RawPoolQp::open(&endpoint, &hello(b"KVP3", Some(&ticket_b)), wire).expect("B");
+    assert!(
+        raw_b.reads(Some(b_run)),
+        "B reads its own run with that rkey"
+    );
     // A queue pair opened with the client's ticket reads the region until the key is
     // revoked; within a few heartbeats the node tears it down and refuses the ticket. The
     // ticket is listed afresh: on a slow machine (rxe under TCG) the node may have missed
     // heartbeats and rejoined as a new incarnation meanwhile, which the old ticket does
     // not open.
-    let (status, answer) = nodes(Some(&client_key));
-    assert_eq!(status, 200, "{answer}");
-    let live = answer["nodes"]
-        .as_array()
-        .and_then(|n| n.iter().find(|n| n["live"] == true).cloned())
-        .expect("the node is live");
-    let ticket: kvcm::pool::ticket::Ticket =
-        kvcm_manager::hex::decode(live["ticket"].as_str().expect("a ticket")).expect("ticket hex");
-    let granted = hello(b"KVP2", Some(&ticket));
+    let ticket = live_ticket(&client_key, Some("on_pool"))
+        .expect("the node is live")
+        .1;
+    let granted = hello(b"KVP3", Some(&ticket));
+    let runs_a = runs_in(&endpoint, wire, &ticket, NODE_BYTES);
     let raw = RawPoolQp::open(&endpoint, &granted, wire).expect("the ticket opens a queue pair");
-    assert!(raw.reads(), "a READ on a granted queue pair");
+    assert!(raw.reads(Some(runs_a[0])), "a READ on a granted queue pair");
     runtime.block_on(async {
         let (status, listed) = server
             .post_as("admin_http", "/api/listApiKeys", &json!({}), Some(ROOT))
@@ -1472,8 +1645,9 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
         assert_eq!((status, code(&answer)), (200, "OK"), "{answer}");
     });
     let revoked_at = Instant::now();
-    let torn_down =
-        common::wait_until_blocking(Duration::from_secs(10), || (!raw.reads()).then_some(()));
+    let torn_down = common::wait_until_blocking(Duration::from_secs(10), || {
+        (!raw.reads(Some(runs_a[0]))).then_some(())
+    });
     assert!(
         torn_down.is_some(),
         "the revoked key's queue pair is torn down"

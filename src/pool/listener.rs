@@ -4,7 +4,16 @@
 //! ticket is then closed before any endpoint is sent) —, both sides exchange queue-pair
 //! endpoints (the client first, [`kvcm_transport::exchange_endpoints`]; the node connects
 //! its queue pair before it answers with its own), and the node sends the [`RegionInfo`]
-//! of that wire. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
+//! of that wire; after a ticket hello, one more byte: 1 when the queue pair reaches only
+//! the runs of the instance the ticket names (an isolating node, `super::isolation`; the
+//! region's rkey is then 0), 0 otherwise. The rkeys of an instance's runs are asked on a
+//! connection of their own: [`RUNS`], the wire byte, a ticket, a count (u32 LE, at most
+//! [`MAX_RUN_QUERIES`]) and that many region offsets (u64 LE); the node answers the count
+//! and, per offset, the run holding it — offset (u64), length (u64, 0 when no run of the
+//! instance holds it) and rkey on that wire (u32). When one of them is in no run of the
+//! instance, the node first asks its server for the latest ownership (one heartbeat,
+//! waited for at most [`RUNS_WAIT`]): a run granted a moment ago is known by the
+//! answer. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
 //! client's READs and WRITEs; no node
 //! thread runs per transfer. A client that sets [`KEEPS_CONNECTION`] in its wire byte keeps
 //! the connection open for its queue pair's life; on verbs its closing then tears the queue
@@ -22,8 +31,9 @@ use std::time::Duration;
 
 use kvcm_transport::{read_endpoint, write_endpoint, QueuePair};
 
+use super::isolation::RunKey;
 use super::region::PoolRegion;
-use super::ticket::TICKET_LEN;
+use super::ticket::{Admit, TICKET_LEN};
 use super::PoolError;
 use crate::hangups::HangupWatcher;
 use crate::lookup::WIRE_VERBS;
@@ -31,7 +41,16 @@ use crate::lookup::WIRE_VERBS;
 /// First bytes of a connection request without a ticket.
 pub const HELLO: &[u8; 4] = b"KVPL";
 /// First bytes of a connection request with a ticket (`super::ticket`) after the wire byte.
-pub const HELLO_TICKET: &[u8; 4] = b"KVP2";
+/// (`KVP2`, the tickets of earlier releases without an instance, is refused.)
+pub const HELLO_TICKET: &[u8; 4] = b"KVP3";
+/// First bytes of a request for the rkeys of an instance's runs.
+pub const RUNS: &[u8; 4] = b"KVPR";
+/// Most offsets one runs request asks about.
+pub const MAX_RUN_QUERIES: usize = 4096;
+/// Bytes of one run in a runs answer.
+pub const RUN_ENTRY: usize = 20;
+/// How long a runs request waits for the node to learn newer ownership.
+const RUNS_WAIT: Duration = Duration::from_secs(1);
 /// Bit of the wire byte: the client keeps this connection open while it uses its queue
 /// pair (the engine sets it on verbs), so its closing means the client is gone.
 pub const KEEPS_CONNECTION: u8 = 0x80;
@@ -120,30 +139,38 @@ fn connect(
     let _ = stream.set_nodelay(true);
     let mut hello = [0u8; 5];
     stream.read_exact(&mut hello).map_err(io)?;
+    let wire = usize::from(hello[4] & !KEEPS_CONNECTION);
+    let read_ticket = |stream: &mut TcpStream| {
+        let mut ticket = [0u8; TICKET_LEN];
+        stream.read_exact(&mut ticket).map(|()| ticket).map_err(io)
+    };
     let ticket = match &hello[..4] {
         magic if magic == HELLO => None,
-        magic if magic == HELLO_TICKET => {
-            let mut ticket = [0u8; TICKET_LEN];
-            stream.read_exact(&mut ticket).map_err(io)?;
-            Some(ticket)
+        magic if magic == HELLO_TICKET => Some(read_ticket(&mut stream)?),
+        magic if magic == RUNS => {
+            let admit = region.admit(Some(&read_ticket(&mut stream)?))?;
+            return answer_runs(stream, region, wire, admit);
         }
         _ => return Err(PoolError::Refused("not a pool hello".into())),
     };
-    let grant = region.admit(ticket.as_ref())?;
+    let admit = region.admit(ticket.as_ref())?;
     let keeps_connection = hello[4] & KEEPS_CONNECTION != 0;
-    let wire = usize::from(hello[4] & !KEEPS_CONNECTION);
-    let (qp, addr, rkey) = region.create_qp(wire)?;
+    let opened = region.create_qp(wire, admit)?;
     let remote = read_endpoint(&mut stream)?;
-    qp.connect(&remote)?;
-    write_endpoint(&mut stream, &qp.endpoint())?;
+    opened.qp.connect(&remote)?;
+    write_endpoint(&mut stream, &opened.qp.endpoint())?;
     let info = RegionInfo {
-        addr,
+        addr: opened.addr,
         len: region.len(),
-        rkey,
+        rkey: opened.rkey,
         range_id: region.range_id(),
     };
-    stream.write_all(&info.encode()).map_err(io)?;
-    let id = region.keep(qp, grant);
+    let mut answer = info.encode().to_vec();
+    if ticket.is_some() {
+        answer.push(u8::from(opened.isolated));
+    }
+    stream.write_all(&answer).map_err(io)?;
+    let id = region.keep(opened.qp, admit.map(|a| a.grant));
     // A verbs queue pair never notices a client that is gone: a client that keeps this
     // connection for its life says so, and its closing tears the queue pair down.
     if wire == WIRE_VERBS && keeps_connection {
@@ -153,6 +180,54 @@ fn connect(
         }
     }
     Ok(())
+}
+
+/// Answers a runs request (after its ticket): the run of the ticket's instance holding each
+/// offset asked, after one heartbeat when one of them is in none.
+fn answer_runs(
+    mut stream: TcpStream,
+    region: &PoolRegion,
+    wire: usize,
+    admit: Option<Admit>,
+) -> Result<(), PoolError> {
+    let io = PoolError::Listener;
+    let tenant = admit.and_then(|a| a.tenant).filter(|_| region.isolates());
+    let tenant = tenant.ok_or_else(|| {
+        PoolError::Refused(
+            "runs are asked of an isolating node, with a ticket naming an instance".into(),
+        )
+    })?;
+    let mut count = [0u8; 4];
+    stream.read_exact(&mut count).map_err(io)?;
+    let count = u32::from_le_bytes(count) as usize;
+    if count > MAX_RUN_QUERIES {
+        return Err(PoolError::Refused(format!(
+            "{count} offsets asked at once (at most {MAX_RUN_QUERIES})"
+        )));
+    }
+    let mut raw = vec![0u8; count * 8];
+    stream.read_exact(&mut raw).map_err(io)?;
+    let offsets: Vec<u64> = raw
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        .collect();
+    let mut runs = region.runs(tenant, wire, &offsets);
+    if runs.iter().any(Option::is_none) && region.beat_now(RUNS_WAIT) {
+        runs = region.runs(tenant, wire, &offsets);
+    }
+    let mut answer = Vec::with_capacity(4 + count * RUN_ENTRY);
+    answer.extend_from_slice(&(count as u32).to_le_bytes());
+    for run in runs {
+        let run = run.unwrap_or(RunKey {
+            offset: 0,
+            len: 0,
+            rkey: 0,
+        });
+        answer.extend_from_slice(&run.offset.to_le_bytes());
+        answer.extend_from_slice(&run.len.to_le_bytes());
+        answer.extend_from_slice(&run.rkey.to_le_bytes());
+    }
+    stream.write_all(&answer).map_err(io)
 }
 
 #[cfg(test)]

@@ -12,14 +12,14 @@
 //! the incarnation the server knows (or an older one during the next join).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::region::PoolRegion;
+use super::region::{PoolRegion, Wake};
 use super::routes::{
     HeartbeatAnswer, HeartbeatRequest, JoinAnswer, JoinRequest, Registrar, HEARTBEAT_ROUTE,
     JOIN_ROUTE,
@@ -147,18 +147,10 @@ pub struct MemberConfig {
     pub joining: Joining,
 }
 
-/// Whether to stop.
-#[derive(Debug, Default)]
-struct Progress {
-    stopped: bool,
-}
-
-type Shared = Arc<(Mutex<Progress>, Condvar)>;
-
 /// The membership thread; dropping it stops the heartbeats (the server then declares the
 /// node dead after its missed-heartbeat limit).
 pub struct Member {
-    shared: Shared,
+    region: Arc<PoolRegion>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -171,14 +163,13 @@ impl Member {
                 "--server: at least one address is needed".into(),
             ));
         }
-        let shared: Shared = Arc::default();
-        let state = shared.clone();
+        let running = region.clone();
         let thread = std::thread::Builder::new()
             .name("kvcm-pool-member".into())
-            .spawn(move || run(&config, &region, &state))
+            .spawn(move || run(&config, &running))
             .map_err(PoolError::Listener)?;
         Ok(Member {
-            shared,
+            region,
             thread: Some(thread),
         })
     }
@@ -186,12 +177,7 @@ impl Member {
 
 impl Drop for Member {
     fn drop(&mut self) {
-        let (progress, changed) = &*self.shared;
-        progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .stopped = true;
-        changed.notify_all();
+        self.region.stop();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -199,7 +185,7 @@ impl Drop for Member {
 }
 
 /// Join, heartbeat until refused, join again; until stopped.
-fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
+fn run(config: &MemberConfig, region: &PoolRegion) {
     let mut server = 0;
     let mut had: Option<u64> = None;
     loop {
@@ -207,7 +193,8 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
             match join(config, &mut server, had) {
                 Ok(answer) => break answer,
                 Err(error) => {
-                    if pause(shared, JOIN_RETRY, Some(error)) {
+                    note_error(error);
+                    if region.pause(JOIN_RETRY, false) == Wake::Stopped {
                         return;
                     }
                 }
@@ -228,27 +215,28 @@ fn run(config: &MemberConfig, region: &PoolRegion, shared: &Shared) {
             );
         }
         had = Some(membership.range_id);
-        region.set_incarnation(membership.range_id, ticket_key.flatten());
+        let (range_id, isolated) = (membership.range_id, membership.isolated);
+        region.set_incarnation(range_id, ticket_key.flatten(), isolated);
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
         loop {
-            if pause(shared, interval, None) {
+            if region.pause(interval, true) == Wake::Stopped {
                 return;
             }
+            let started = region.beat_started();
             let beat = HeartbeatRequest {
                 storage: config.joining.storage.clone(),
                 node_id: config.node_id.clone(),
-                range_id: membership.range_id,
+                range_id,
                 grants: region.live_grants(),
+                applied: region.applied(),
             };
-            match config.joining.channel.heartbeat(&beat, &mut server) {
-                Ok(answer) if !answer.revoked.is_empty() => {
-                    let closed = region.revoke(&answer.revoked);
-                    tracing::info!(closed, "queue pairs of revoked credentials torn down");
-                }
-                Ok(_) => {}
+            let answer = config.joining.channel.heartbeat(&beat, &mut server);
+            match answer {
+                Ok(answer) => take_answer(region, &answer),
                 Err(BeatError::Forgotten) => break, // join again
                 Err(BeatError::Failed(error)) => note_error(error),
             }
+            region.beat_finished(started);
         }
     }
 }
@@ -261,20 +249,22 @@ fn join(config: &MemberConfig, server: &mut usize, had: Option<u64>) -> Result<J
         endpoint: config.endpoint.clone(),
         capacity: config.capacity,
         resume_range_id: had,
+        isolates: true,
     };
     config.joining.channel.join(&request, server)
 }
 
-/// Sleeps `duration` unless stopped; true when stopped. Records `error` first.
-fn pause(shared: &Shared, duration: Duration, error: Option<String>) -> bool {
-    if let Some(error) = error {
-        note_error(error);
+/// Tears down the queue pairs of revoked grants and applies the ownership answered.
+fn take_answer(region: &PoolRegion, answer: &HeartbeatAnswer) {
+    if !answer.revoked.is_empty() {
+        let closed = region.revoke(&answer.revoked);
+        tracing::info!(closed, "queue pairs of revoked credentials torn down");
     }
-    let (progress, changed) = &**shared;
-    let guard = progress.lock().unwrap_or_else(PoisonError::into_inner);
-    let waited = changed.wait_timeout_while(guard, duration, |p| !p.stopped);
-    let (guard, _) = waited.unwrap_or_else(PoisonError::into_inner);
-    guard.stopped
+    if let Some(ownership) = &answer.ownership {
+        if let Err(error) = region.apply_ownership(ownership) {
+            note_error(format!("applying who owns which runs: {error}"));
+        }
+    }
 }
 
 fn note_error(error: String) {

@@ -17,6 +17,7 @@
 //! join again.
 
 pub mod grants;
+mod isolation;
 pub mod listener;
 pub mod member;
 pub mod region;
@@ -32,8 +33,8 @@ pub use listener::{RegionInfo, HELLO as POOL_HELLO, KEEPS_CONNECTION};
 pub use member::{Channel, Joining, Member, MemberConfig, MetaHttp};
 pub use region::{HugePages, PoolRegion, RegionSpec};
 pub use routes::{
-    HeartbeatRequest, JoinAnswer, JoinRequest, NodesAnswer, NodesRequest, Registrar,
-    HEARTBEAT_ROUTE, JOIN_ROUTE, NODES_ROUTE,
+    AppliedVersion, HeartbeatAnswer, HeartbeatRequest, JoinAnswer, JoinRequest, NodesAnswer,
+    NodesRequest, OwnershipAnswer, Registrar, RunChange, HEARTBEAT_ROUTE, JOIN_ROUTE, NODES_ROUTE,
 };
 
 /// A byte count with an optional binary suffix: `4096`, `64K`, `512M`, `2G`, `1T`.

@@ -5,18 +5,25 @@
 //! demands tickets, the incarnation's ticket key (`super::ticket`), and the connected queue
 //! pairs, each with an id (never reused: the hang-up watcher names it) and the grant it was
 //! opened under; a revoked grant's are torn down, and so is one whose client hung up
-//! (`super::listener`).
+//! (`super::listener`). When the server has the node isolate instances, each instance's
+//! queue pairs live in a protection domain of its own that reaches its runs only
+//! (`super::isolation`). It also carries the membership thread's wake-ups: its stop, and
+//! the heartbeats the listener asks for when a client needs ownership newer than the
+//! node's.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion, VerbsDevice};
-use kvcm_transport::{Access, Domain, HostMemory, Memory, QpConfig, QpState, QueuePair, Region};
+use kvcm_transport::{Domain, HostMemory, Memory, QpConfig, QpState, QueuePair, Region};
 
-use super::ticket::{self, NodeKey, Ticket};
+use super::isolation::{region_access, Isolation, RunKey};
+use super::routes::{AppliedVersion, OwnershipAnswer};
+use super::ticket::{self, Admit, NodeKey, Ticket};
 use super::PoolError;
+use crate::lookup::WIRE_SOFT_SHM;
 
 /// One wire's domain, completion queue and registration of the memory.
 struct WireRegion {
@@ -40,6 +47,47 @@ pub struct PoolRegion {
     /// Grants the server answered revoked, and when: their tickets open nothing more (kept
     /// for a ticket's life, after which every ticket of theirs has expired).
     revoked: Mutex<Vec<(u64, Instant)>>,
+    /// Each instance's access, while the server has this incarnation isolate them.
+    isolation: Mutex<Option<Isolation>>,
+    /// The membership thread's wake-ups.
+    beats: Beats,
+}
+
+/// Wake-ups of the membership thread: stop, or heartbeat now (asked by a hello that needs
+/// newer ownership), and how far the heartbeats have come.
+#[derive(Default)]
+struct Beats {
+    state: Mutex<BeatState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct BeatState {
+    stopped: bool,
+    /// Heartbeats asked for so far.
+    wanted: u64,
+    /// The `wanted` count the last finished heartbeat started at.
+    done: u64,
+}
+
+/// Why a pause of the membership thread ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wake {
+    /// The node stops.
+    Stopped,
+    /// Its time is up, or a heartbeat was asked for.
+    Beat,
+}
+
+/// A queue pair opened for a client: where it reaches the region.
+pub(super) struct Opened {
+    pub qp: AnyQp,
+    /// Address of byte 0 of the region on the wire.
+    pub addr: u64,
+    /// The whole region's rkey (0 when the queue pair reaches only its instance's runs).
+    pub rkey: u32,
+    /// The queue pair reaches only its instance's runs (`runs` gives their keys).
+    pub isolated: bool,
 }
 
 /// A connected queue pair, its id and the grant of the ticket it was opened with.
@@ -138,10 +186,9 @@ impl PoolRegion {
             memory.populate()?;
             tracing::info!(bytes = len, elapsed = ?started.elapsed(), "pool region backed");
         }
-        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         let mut wires = Vec::with_capacity(domains.len());
         for (wire, domain) in domains {
-            let region = domain.register(&memory, 0, len, access)?;
+            let region = domain.register(&memory, 0, len, region_access())?;
             let cq = domain.create_cq()?;
             wires.push(WireRegion {
                 wire,
@@ -158,6 +205,8 @@ impl PoolRegion {
             peers: Mutex::new(Vec::new()),
             next_peer: AtomicU64::new(0),
             revoked: Mutex::new(Vec::new()),
+            isolation: Mutex::new(None),
+            beats: Beats::default(),
         })
     }
 
@@ -181,20 +230,126 @@ impl PoolRegion {
         self.range_id.load(Ordering::Acquire)
     }
 
-    /// Records a new incarnation and its ticket key (the key first: a hello that sees the
-    /// new incarnation checks its ticket with the new key).
-    pub(super) fn set_incarnation(&self, range_id: u64, ticket_key: Option<NodeKey>) {
+    /// Records a new incarnation, its ticket key and whether it isolates instances (the
+    /// key and the isolation first: a hello that sees the new incarnation checks its
+    /// ticket with the new key; an isolating incarnation starts with no instance reaching
+    /// anything until its first ownership answer).
+    pub(super) fn set_incarnation(
+        &self,
+        range_id: u64,
+        ticket_key: Option<NodeKey>,
+        isolated: bool,
+    ) {
         *self
             .ticket_key
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = ticket_key;
+        *self.isolation() = isolated.then(Isolation::default);
         self.range_id.store(range_id, Ordering::Release);
+    }
+
+    fn isolation(&self) -> std::sync::MutexGuard<'_, Option<Isolation>> {
+        self.isolation
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The node's domains on the wires that can confine a queue pair to runs.
+    fn isolating_wires(&self) -> Vec<(usize, &AnyDomain)> {
+        let wires = self.wires.iter().filter(|w| w.wire != WIRE_SOFT_SHM);
+        wires.map(|w| (w.wire, &w.domain)).collect()
+    }
+
+    /// The ownership version this incarnation applied (`None` when it does not isolate,
+    /// or applied nothing yet).
+    pub(super) fn applied(&self) -> Option<AppliedVersion> {
+        self.isolation().as_ref().and_then(Isolation::applied)
+    }
+
+    /// Applies an ownership answer (nothing when this incarnation does not isolate).
+    pub(super) fn apply_ownership(&self, answer: &OwnershipAnswer) -> Result<(), PoolError> {
+        let wires = self.isolating_wires();
+        match self.isolation().as_mut() {
+            Some(isolation) => isolation.apply(answer, &wires, &self.memory),
+            None => Ok(()),
+        }
+    }
+
+    /// The runs of `tenant` holding each of `offsets`, with their rkeys on `wire` (`None`
+    /// for an offset in no run of the tenant).
+    pub(super) fn runs(&self, tenant: u32, wire: usize, offsets: &[u64]) -> Vec<Option<RunKey>> {
+        let isolation = self.isolation();
+        offsets
+            .iter()
+            .map(|&at| isolation.as_ref()?.run_at(tenant, wire, at))
+            .collect()
+    }
+
+    /// Whether this incarnation isolates instances.
+    pub(super) fn isolates(&self) -> bool {
+        self.isolation().is_some()
+    }
+
+    fn beat_state(&self) -> std::sync::MutexGuard<'_, BeatState> {
+        self.beats
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits `duration`, or less when stopped or (with `or_asked`) when a heartbeat is
+    /// asked for.
+    pub(super) fn pause(&self, duration: Duration, or_asked: bool) -> Wake {
+        let guard = self.beat_state();
+        let waiting = |s: &mut BeatState| !(s.stopped || or_asked && s.wanted > s.done);
+        let waited = self
+            .beats
+            .changed
+            .wait_timeout_while(guard, duration, waiting);
+        let (state, _) = waited.unwrap_or_else(PoisonError::into_inner);
+        if state.stopped {
+            Wake::Stopped
+        } else {
+            Wake::Beat
+        }
+    }
+
+    /// Stops the membership thread's pauses for good.
+    pub(super) fn stop(&self) {
+        self.beat_state().stopped = true;
+        self.beats.changed.notify_all();
+    }
+
+    /// A heartbeat starts: the count of those asked for so far, for [`Self::beat_finished`].
+    pub(super) fn beat_started(&self) -> u64 {
+        self.beat_state().wanted
+    }
+
+    /// The heartbeat that started at `started` is answered (and its ownership applied).
+    pub(super) fn beat_finished(&self, started: u64) {
+        let mut state = self.beat_state();
+        state.done = state.done.max(started);
+        drop(state);
+        self.beats.changed.notify_all();
+    }
+
+    /// Asks the membership thread for a heartbeat now and waits, at most `wait`, until one
+    /// that started after the ask is answered; whether one was.
+    pub(super) fn beat_now(&self, wait: Duration) -> bool {
+        let mut state = self.beat_state();
+        state.wanted += 1;
+        let target = state.wanted;
+        self.beats.changed.notify_all();
+        let pending = |s: &mut BeatState| !s.stopped && s.done < target;
+        let waited = self.beats.changed.wait_timeout_while(state, wait, pending);
+        let (state, _) = waited.unwrap_or_else(PoisonError::into_inner);
+        state.done >= target
     }
 
     /// Whether a hello with `ticket` may open a queue pair: always while the server demands
     /// no tickets; otherwise only with a ticket of this incarnation that has not expired.
-    /// The grant the ticket carries (`None` without tickets).
-    pub(super) fn admit(&self, ticket: Option<&Ticket>) -> Result<Option<u64>, PoolError> {
+    /// What the ticket admits (`None` without tickets).
+    pub(super) fn admit(&self, ticket: Option<&Ticket>) -> Result<Option<Admit>, PoolError> {
         let key = *self
             .ticket_key
             .lock()
@@ -204,13 +359,13 @@ impl PoolRegion {
             (None, _) => Ok(None),
             (Some(_), None) => Err(refused("this pool node's server demands a ticket")),
             (Some(key), Some(ticket)) => {
-                let grant = ticket::verify(&key, self.range_id(), ticket, ticket::now_ms())
+                let admit = ticket::verify(&key, self.range_id(), ticket, ticket::now_ms())
                     .map_err(refused)?;
                 let revoked = self.revoked.lock().unwrap_or_else(PoisonError::into_inner);
-                if revoked.iter().any(|(g, _)| *g == grant) {
+                if revoked.iter().any(|(g, _)| *g == admit.grant) {
                     return Err(refused("the credential of this ticket was revoked"));
                 }
-                Ok(Some(grant))
+                Ok(Some(admit))
             }
         }
     }
@@ -267,16 +422,40 @@ impl PoolRegion {
         before - peers.len()
     }
 
-    /// A new queue pair on wire `wire` and the region's address and rkey there.
-    pub(super) fn create_qp(&self, wire: usize) -> Result<(AnyQp, u64, u32), PoolError> {
+    /// A new queue pair on wire `wire` for a client admitted as `admit`: on an isolating
+    /// incarnation in the domain of the instance its ticket names (refused without one, and
+    /// on the shared-memory wire), otherwise with the whole region's rkey.
+    pub(super) fn create_qp(&self, wire: usize, admit: Option<Admit>) -> Result<Opened, PoolError> {
         let entry = self
             .wires
             .iter()
             .find(|w| w.wire == wire)
             .ok_or_else(|| PoolError::Config(format!("wire {wire} is not served")))?;
-        let qp = entry
-            .domain
-            .create_qp(&entry.cq, &entry.cq, QpConfig::default())?;
-        Ok((qp, entry.region.addr(), entry.region.rkey()))
+        let refused = |why: &str| PoolError::Refused(why.to_string());
+        let isolating_wires = self.isolating_wires();
+        let tenant_domain = match self.isolation().as_mut() {
+            None => None,
+            Some(_) if wire == WIRE_SOFT_SHM => {
+                return Err(refused(
+                    "this node isolates instances, which the shared-memory wire cannot (a \
+                     mapping covers the whole region): use the TCP or verbs wire",
+                ))
+            }
+            Some(isolation) => {
+                let tenant = admit.and_then(|a| a.tenant).ok_or_else(|| {
+                    refused("this node isolates instances: the ticket must name one")
+                })?;
+                Some(isolation.domain(tenant, wire, &isolating_wires)?)
+            }
+        };
+        let domain = tenant_domain.as_ref().unwrap_or(&entry.domain);
+        let qp = domain.create_qp(&entry.cq, &entry.cq, QpConfig::default())?;
+        let isolated = tenant_domain.is_some();
+        Ok(Opened {
+            qp,
+            addr: entry.region.addr(),
+            rkey: if isolated { 0 } else { entry.region.rkey() },
+            isolated,
+        })
     }
 }

@@ -27,7 +27,8 @@ use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use kvcm_manager::{Manager, ManagerError};
-use kvcm_storage::pool::{PoolNodeJoin, PoolNodeStatus};
+use kvcm_storage::allocator::OwnershipChange;
+use kvcm_storage::pool::{Applied, OwnershipUpdate, PoolNodeJoin, PoolNodeStatus};
 use kvcm_storage::StorageError;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -60,6 +61,14 @@ pub struct JoinRequest {
     /// server restart (absent: a new incarnation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_range_id: Option<u64>,
+    /// The node can isolate instances (one protection domain per instance, registrations
+    /// per owned run); the server has it do so while it issues tickets.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub isolates: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
 }
 
 /// The join's answer.
@@ -73,6 +82,10 @@ pub struct JoinAnswer {
     /// queue pairs without a valid ticket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ticket_key: Option<String>,
+    /// The node is to isolate instances: its heartbeats carry the ownership version it
+    /// applied and are answered who owns what ([`OwnershipAnswer`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub isolated: bool,
 }
 
 /// A node's heartbeat.
@@ -87,6 +100,54 @@ pub struct HeartbeatRequest {
     /// The grants of its live queue pairs' tickets (`super::grants`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub grants: Vec<u64>,
+    /// An isolating node: the ownership feed and version it applied (absent: none yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<AppliedVersion>,
+}
+
+/// The ownership an isolating node applied: a feed and its version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedVersion {
+    /// The feed's id.
+    pub feed: u64,
+    /// The last version of it applied.
+    pub version: u64,
+}
+
+/// Who owns what, for an isolating node: the changes after the version it applied, or
+/// every owned run (`snapshot`), replacing all it holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnershipAnswer {
+    /// The feed's id.
+    pub feed: u64,
+    /// The version applied once these changes are.
+    pub version: u64,
+    /// `changes` lists every owned run, replacing all the node holds.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub snapshot: bool,
+    /// The changes, oldest first.
+    pub changes: Vec<RunChange>,
+}
+
+/// One change, compact on the wire (a snapshot of a large region lists many):
+/// `[tenant, offset, len, released]` — the run of `len` bytes at `offset` holds the
+/// tenant's parts from now on (`released` false) or no longer does (true).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunChange(pub u32, pub u64, pub u64, pub bool);
+
+impl From<OwnershipUpdate> for OwnershipAnswer {
+    fn from(update: OwnershipUpdate) -> Self {
+        let change = |change: OwnershipChange| match change {
+            OwnershipChange::Granted(run) => RunChange(run.tenant, run.offset, run.len, false),
+            OwnershipChange::Released(run) => RunChange(run.tenant, run.offset, run.len, true),
+        };
+        OwnershipAnswer {
+            feed: update.feed,
+            version: update.version,
+            snapshot: update.snapshot,
+            changes: update.changes.into_iter().map(change).collect(),
+        }
+    }
 }
 
 /// The server's answer to a heartbeat.
@@ -96,6 +157,9 @@ pub struct HeartbeatAnswer {
     /// queue pairs down.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub revoked: Vec<u64>,
+    /// What an isolating node is to apply next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ownership: Option<OwnershipAnswer>,
 }
 
 /// Asks for a pool's members.
@@ -103,6 +167,11 @@ pub struct HeartbeatAnswer {
 pub struct NodesRequest {
     /// The pool storage's name.
     pub storage: String,
+    /// The instance the tickets are for (isolating nodes admit a queue pair to that
+    /// instance's runs only, and only with a ticket that names one); the credential must
+    /// reach it and its group must use the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
 }
 
 /// One member.
@@ -177,9 +246,10 @@ impl Registrar {
             endpoint: request.endpoint.clone(),
             capacity: request.capacity,
             resume_range_id: request.resume_range_id,
-            // Nodes do not isolate their tenants yet (docs/security.md, "Not built yet").
-            isolated: false,
+            // Without tickets a queue pair names no instance, so there is none to isolate.
+            isolated: request.isolates && self.auth.meta_required(),
         };
+        let isolated = join.isolated;
         let membership = self.manager.pool_join(&request.storage, join)?;
         let ticket_key = self.auth.meta_required().then(|| {
             let key = self
@@ -191,6 +261,7 @@ impl Registrar {
             range_id: membership.range_id,
             heartbeat_ms: membership.heartbeat.as_millis() as u64,
             ticket_key,
+            isolated,
         })
     }
 
@@ -198,11 +269,17 @@ impl Registrar {
     pub fn heartbeat(&self, request: &HeartbeatRequest) -> Result<HeartbeatAnswer, ManagerError> {
         let manager = &self.manager;
         let incarnation = (request.node_id.as_str(), request.range_id);
-        // No node isolates its tenants yet, so there is no ownership to answer.
-        let applied = kvcm_storage::pool::Applied::default();
-        manager.pool_heartbeat(&request.storage, incarnation, applied)?;
+        let applied = request.applied.unwrap_or_default();
+        let applied = Applied {
+            feed: applied.feed,
+            version: applied.version,
+        };
+        let update = manager.pool_heartbeat(&request.storage, incarnation, applied)?;
         let revoked = self.grants.revoked(&self.auth, manager, &request.grants);
-        Ok(HeartbeatAnswer { revoked })
+        Ok(HeartbeatAnswer {
+            revoked,
+            ownership: update.map(OwnershipAnswer::from),
+        })
     }
 
     /// Whether `error` means the incarnation (or its pool) is unknown: the node joins again.
@@ -303,6 +380,27 @@ impl Admission {
             "no instance of the key belongs to a group that uses pool {storage:?}"
         )))
     }
+
+    /// Refuses instance `instance` when the key does not reach it or its group does not
+    /// use pool `storage`.
+    fn may_use_instance(
+        &self,
+        manager: &Manager,
+        storage: &str,
+        instance: &str,
+    ) -> Result<(), RouteError> {
+        let reached = self
+            .scope
+            .as_ref()
+            .is_none_or(|scope| scope.iter().any(|id| id == instance));
+        if reached && uses_pool(manager, &[instance.to_string()], storage) {
+            return Ok(());
+        }
+        Err(RouteError::Forbidden(format!(
+            "the key does not reach instance {instance:?}, or its group does not use pool \
+             {storage:?}"
+        )))
+    }
 }
 
 /// Why a membership route refused a request.
@@ -355,17 +453,24 @@ async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
             admission.may_use_pool(manager, &request.storage)?;
             let tickets = admission.tickets;
             let expiry = ticket::now_ms() + ticket::TICKET_TTL.as_millis() as u64;
-            let grant = tickets.then(|| {
+            let tenant = match &request.instance_id {
+                Some(instance) if tickets => {
+                    admission.may_use_instance(manager, &request.storage, instance)?;
+                    Some(manager.pool_tenant(&request.storage, instance)?)
+                }
+                _ => None,
+            };
+            let admit = tickets.then(|| {
                 let credential = &admission.credential;
-                grants.issue(secret, credential, &request.storage)
+                let grant = grants.issue(secret, credential, &request.storage);
+                ticket::Admit { grant, tenant }
             });
             let nodes = manager.pool_nodes(&request.storage)?;
             let answer = |status: PoolNodeStatus| {
-                let ticket = (tickets && status.live).then(|| {
+                let ticket = admit.filter(|_| status.live).map(|admit| {
                     let storage = &request.storage;
                     let key = secret.node_key(storage, &status.node_id, status.range_id);
-                    let grant = grant.unwrap_or_default();
-                    kvcm_manager::hex::encode(&ticket::issue(&key, status.range_id, expiry, grant))
+                    kvcm_manager::hex::encode(&ticket::issue(&key, status.range_id, expiry, admit))
                 });
                 NodeAnswer {
                     ticket,

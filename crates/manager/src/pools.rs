@@ -48,6 +48,14 @@ impl Manager {
         Ok(pool.heartbeat(incarnation, applied)?)
     }
 
+    /// The tenant number instance `instance_id` has in pool storage `storage` (what an
+    /// isolating node knows it by).
+    pub fn pool_tenant(&self, storage: &str, instance_id: &str) -> ManagerResult<u32> {
+        let backend = self.pool_backend(storage)?;
+        let pool = backend.as_pool().ok_or_else(|| not_a_pool(storage))?;
+        Ok(pool.tenant(instance_id)?)
+    }
+
     /// Every node incarnation of pool storage `storage`.
     pub fn pool_nodes(&self, storage: &str) -> ManagerResult<Vec<PoolNodeStatus>> {
         let backend = self.pool_backend(storage)?;

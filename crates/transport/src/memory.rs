@@ -15,12 +15,17 @@ use crate::{Memory, Result, TransportError};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
+/// A protection domain as registrations name it: a value unique to its provider object
+/// (an address) and a number within it (a soft domain's protection domains share one
+/// registry).
+pub(crate) type Owner = (usize, u32);
+
 /// The mapping and its registered ranges.
 #[derive(Debug)]
 pub(crate) struct MemoryInner {
     pub(crate) shm: Arc<SharedMemory>,
-    /// (owning domain, start, end) of every registration.
-    registered: Mutex<Vec<(usize, usize, usize)>>,
+    /// (owning protection domain, start, end) of every registration.
+    registered: Mutex<Vec<(Owner, usize, usize)>>,
 }
 
 impl MemoryInner {
@@ -41,10 +46,10 @@ impl MemoryInner {
         }
     }
 
-    /// Claims `[offset, offset + len)` for a registration of domain `owner` (any value
-    /// unique to the domain): non-empty, inside the memory and overlapping no other
-    /// registration of that domain.
-    pub(crate) fn claim(&self, owner: usize, offset: usize, len: usize) -> Result<()> {
+    /// Claims `[offset, offset + len)` for a registration of protection domain `owner`:
+    /// non-empty, inside the memory and overlapping no other registration of that
+    /// protection domain.
+    pub(crate) fn claim(&self, owner: Owner, offset: usize, len: usize) -> Result<()> {
         let end = offset
             .checked_add(len)
             .filter(|&end| len > 0 && end <= self.shm.len());
@@ -65,8 +70,8 @@ impl MemoryInner {
         Ok(())
     }
 
-    /// Releases the registration of domain `owner` that starts at `offset`.
-    pub(crate) fn release(&self, owner: usize, offset: usize) {
+    /// Releases the registration of protection domain `owner` that starts at `offset`.
+    pub(crate) fn release(&self, owner: Owner, offset: usize) {
         let mut ranges = self
             .registered
             .lock()
@@ -189,21 +194,24 @@ mod tests {
     #[test]
     fn claims_refuse_overlap_within_a_domain_zero_and_out_of_bounds_and_release_frees() {
         let memory = MemoryInner::allocate(8192).unwrap();
-        memory.claim(1, 0, 4096).unwrap();
+        memory.claim((1, 0), 0, 4096).unwrap();
         assert!(matches!(
-            memory.claim(1, 4000, 100),
+            memory.claim((1, 0), 4000, 100),
             Err(TransportError::OverlappingRegistration { .. })
         ));
-        assert!(memory.claim(1, 4096, 0).is_err());
-        assert!(memory.claim(1, 8000, 200).is_err());
-        assert!(memory.claim(1, usize::MAX, 2).is_err());
+        assert!(memory.claim((1, 0), 4096, 0).is_err());
+        assert!(memory.claim((1, 0), 8000, 200).is_err());
+        assert!(memory.claim((1, 0), usize::MAX, 2).is_err());
         memory
-            .claim(2, 0, 4096)
+            .claim((2, 0), 0, 4096)
             .expect("another domain may register the same bytes");
-        memory.release(1, 0);
-        memory.claim(1, 100, 100).unwrap();
+        memory
+            .claim((1, 1), 0, 4096)
+            .expect("so may another protection domain of the same provider object");
+        memory.release((1, 0), 0);
+        memory.claim((1, 0), 100, 100).unwrap();
         assert!(
-            memory.claim(2, 100, 100).is_err(),
+            memory.claim((2, 0), 100, 100).is_err(),
             "domain 2 still holds its range"
         );
     }

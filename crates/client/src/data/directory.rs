@@ -42,21 +42,24 @@ pub(crate) struct Directory {
     servers: Vec<SocketAddr>,
     tls: Option<TlsClient>,
     api_key: Option<String>,
+    /// The instance the tickets are asked for.
+    instance_id: String,
     nodes: HashMap<(String, String), NodePlace>,
 }
 
 impl Directory {
     /// A directory asking these meta HTTP servers (in order; over `tls` and with `api_key`
-    /// when given).
+    /// when given) for the tickets of instance `instance_id`.
     pub(crate) fn new(
         servers: Vec<SocketAddr>,
-        tls: Option<TlsClient>,
-        api_key: Option<String>,
+        (tls, api_key): (Option<TlsClient>, Option<String>),
+        instance_id: String,
     ) -> Self {
         Directory {
             servers,
             tls,
             api_key,
+            instance_id,
             nodes: HashMap::new(),
         }
     }
@@ -85,6 +88,7 @@ impl Directory {
     fn refresh(&mut self, storage: &str) -> Result<(), String> {
         let request = NodesRequest {
             storage: storage.to_string(),
+            instance_id: Some(self.instance_id.clone()),
         };
         let mut last = String::from("no server");
         for server in &self.servers {

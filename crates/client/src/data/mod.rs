@@ -37,6 +37,7 @@ mod device;
 mod directory;
 mod pool_link;
 mod route;
+mod run_keys;
 mod staged;
 
 use std::collections::HashMap;
@@ -354,7 +355,8 @@ impl TransferEngine {
     /// on first use).
     pub fn connect(client: ClientConfig, config: TransferConfig) -> Result<Self, ClientError> {
         let servers = client.servers.iter().map(|s| s.http).collect();
-        let directory = Directory::new(servers, client.tls.clone(), client.api_key.clone());
+        let credentials = (client.tls.clone(), client.api_key.clone());
+        let directory = Directory::new(servers, credentials, client.instance_id.clone());
         Ok(TransferEngine {
             client: Client::connect(client)?,
             files: FileIo::new(config.file_io.clone()),
@@ -838,14 +840,54 @@ impl TransferEngine {
     }
 
     /// Groups the pool parts among `places` (target, length) by node endpoint, connecting
-    /// links on the incarnation each part was placed on; a part whose node or incarnation
-    /// is gone, or that lies outside the region, gets its error in `results` and no group.
+    /// links on the incarnation each part was placed on (and, on nodes that isolate
+    /// instances, learning the runs the parts lie in); a part whose node or incarnation
+    /// is gone, or that lies outside the region (or any run of the instance), gets its
+    /// error in `results` and no group.
     fn pool_groups(
         &mut self,
         places: &[(&Target, usize)],
         results: &mut [Result<TransferPath, String>],
     ) -> Vec<(SocketAddr, Vec<usize>)> {
+        let placed = self.pool_endpoints(places, results);
+        let mut refusals: HashMap<SocketAddr, String> = HashMap::new();
+        for (endpoint, link) in &mut self.links {
+            let offsets = placed
+                .iter()
+                .filter(|(_, e, _)| e == endpoint)
+                .map(|(_, _, (offset, _))| *offset);
+            if let Err(why) = link.learn_runs(offsets) {
+                refusals.insert(*endpoint, why);
+            }
+        }
         let mut groups: Vec<(SocketAddr, Vec<usize>)> = Vec::new();
+        for (i, endpoint, (offset, len)) in placed {
+            if !self.links[&endpoint].in_bounds(offset, len) {
+                results[i] = Err(match refusals.get(&endpoint) {
+                    Some(why) => why.clone(),
+                    None => format!(
+                        "offset {offset} is outside the node's region or its runs of this instance"
+                    ),
+                });
+                continue;
+            }
+            match groups.iter_mut().find(|(e, _)| *e == endpoint) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((endpoint, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// The node endpoint of each pool part among `places` (target, length), its link
+    /// connected: `(part, endpoint, (offset, length))`; a part whose node or incarnation is
+    /// gone gets its error in `results`.
+    fn pool_endpoints(
+        &mut self,
+        places: &[(&Target, usize)],
+        results: &mut [Result<TransferPath, String>],
+    ) -> Vec<(usize, SocketAddr, (u64, usize))> {
+        let mut placed = Vec::new();
         // One resolution per node incarnation and call: a dead node fails its parts at once,
         // a live one is looked up once for all its parts.
         let mut resolved: HashMap<(&str, &str, u64), Result<SocketAddr, String>> = HashMap::new();
@@ -868,25 +910,12 @@ impl TransferEngine {
                     found
                 }
             };
-            let endpoint = match endpoint {
-                Ok(endpoint) => endpoint,
-                Err(reason) => {
-                    results[i] = Err(reason);
-                    continue;
-                }
-            };
-            if !self.links[&endpoint].in_bounds(*offset, *len) {
-                results[i] = Err(format!(
-                    "offset {offset} is outside node {node_id}'s region"
-                ));
-                continue;
-            }
-            match groups.iter_mut().find(|(e, _)| *e == endpoint) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((endpoint, vec![i])),
+            match endpoint {
+                Ok(endpoint) => placed.push((i, endpoint, (*offset, *len))),
+                Err(reason) => results[i] = Err(reason),
             }
         }
-        groups
+        placed
     }
 
     /// The endpoint of a live link to incarnation `range_id` of the node (connected now if
@@ -905,9 +934,11 @@ impl TransferEngine {
         }
         let usable = self
             .links
-            .get(&place.endpoint)
-            .is_some_and(|l| !l.is_broken() && l.info.range_id == range_id);
-        if !usable {
+            .get_mut(&place.endpoint)
+            .filter(|l| !l.is_broken() && l.info.range_id == range_id);
+        if let Some(link) = usable {
+            link.renew_ticket(place.ticket);
+        } else {
             self.links.remove(&place.endpoint);
             let link = PoolLink::connect(
                 place.endpoint,

@@ -1,5 +1,8 @@
 //! One queue pair to one pool node: the `KVPL` handshake gives the node's region (address,
 //! rkey, incarnation) on the chosen wire; transfers are batches of one-sided operations.
+//! On a node that isolates instances the queue pair reaches only this engine's instance's
+//! runs, each with an rkey of its own ([`RunKeys`]): the engine asks for the runs of the
+//! offsets of a call before it moves anything ([`PoolLink::learn_runs`]).
 //!
 //! On soft-shm, reads and writes are direct copies between the caller's buffers and the
 //! node's mapped region (checked like READ / WRITE, no staging). On soft-TCP and verbs, a
@@ -30,6 +33,7 @@ use kvcm_transport::{
 };
 
 use super::caller_memory::CallerMemory;
+use super::run_keys::RunKeys;
 use crate::Wire;
 
 /// A shared-memory link whose queue pair is not the soft provider's (never: `Wire::Shm`
@@ -52,6 +56,12 @@ pub(crate) struct PoolLink {
     caller_regions: Vec<(u64, AnyRegion)>,
     /// The node's region on this wire.
     pub(crate) info: RegionInfo,
+    /// On a node that isolates instances, the keys of the instance's runs known (`None`:
+    /// the region's rkey reaches every offset).
+    runs: Option<RunKeys>,
+    /// Where the node listens and the latest ticket for it (runs requests show it).
+    endpoint: SocketAddr,
+    ticket: Option<Ticket>,
     wire: Wire,
     deadline: Duration,
     broken: bool,
@@ -101,6 +111,11 @@ impl PoolLink {
         qp.connect(&remote).map_err(|e| e.to_string())?;
         let mut info = [0u8; RegionInfo::SIZE];
         stream.read_exact(&mut info).map_err(io)?;
+        // After a ticket hello, whether the queue pair reaches only the instance's runs.
+        let mut isolated = [0u8; 1];
+        if ticket.is_some() {
+            stream.read_exact(&mut isolated).map_err(io)?;
+        }
         let staging_memory = domain
             .alloc(staging.max(1 << 20))
             .map_err(|e| e.to_string())?;
@@ -119,6 +134,9 @@ impl PoolLink {
             staging_region,
             caller_regions: Vec::new(),
             info: RegionInfo::decode(&info),
+            runs: (isolated[0] == 1).then(RunKeys::default),
+            endpoint,
+            ticket: ticket.copied(),
             wire,
             deadline: timeout,
             broken: false,
@@ -132,17 +150,47 @@ impl PoolLink {
         self.broken
     }
 
-    /// Whether `[offset, offset + len)` lies inside the node's region.
+    /// Whether `[offset, offset + len)` lies inside the node's region, and on an isolating
+    /// node inside one known run of the instance.
     pub(crate) fn in_bounds(&self, offset: u64, len: usize) -> bool {
-        offset
+        let in_region = offset
             .checked_add(len as u64)
-            .is_some_and(|end| end <= self.info.len)
+            .is_some_and(|end| end <= self.info.len);
+        in_region
+            && self
+                .runs
+                .as_ref()
+                .is_none_or(|runs| runs.rkey(offset, len as u64).is_some())
+    }
+
+    /// Takes the directory's latest ticket for this node (runs requests show it).
+    pub(crate) fn renew_ticket(&mut self, ticket: Option<Ticket>) {
+        self.ticket = ticket.or(self.ticket);
+    }
+
+    /// On an isolating node, learns the runs holding `offsets` that no known run holds
+    /// (one request for all of them); nothing elsewhere.
+    pub(crate) fn learn_runs(
+        &mut self,
+        offsets: impl IntoIterator<Item = u64>,
+    ) -> Result<(), String> {
+        let (Some(runs), Some(ticket)) = (self.runs.as_mut(), self.ticket.as_ref()) else {
+            return Ok(());
+        };
+        let asked = (self.endpoint, self.wire.index() as u8, ticket);
+        runs.learn(asked, offsets, self.deadline)
     }
 
     fn remote(&self, offset: u64) -> RemoteAddr {
+        // An offset of no known run gets rkey 0, which the node refuses: `in_bounds`
+        // keeps such operations from being posted.
+        let rkey = match &self.runs {
+            Some(runs) => runs.rkey(offset, 1).unwrap_or(0),
+            None => self.info.rkey,
+        };
         RemoteAddr {
             addr: self.info.addr + offset,
-            rkey: self.info.rkey,
+            rkey,
         }
     }
 

@@ -82,6 +82,12 @@ impl MemPool {
             .heartbeat((node_id, range_id), applied, Instant::now())
     }
 
+    /// The tenant number of instance `instance_id` in this pool (a new one the first time;
+    /// numbers are this process's: a restarted server numbers anew).
+    pub fn tenant(&self, instance_id: &str) -> Result<Tenant, StorageError> {
+        self.write().tenant(instance_id)
+    }
+
     /// Declares dead the nodes that missed [`MISSED_HEARTBEATS`] heartbeats; returns their
     /// slots.
     pub fn reap(&self) -> Vec<u32> {

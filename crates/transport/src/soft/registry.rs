@@ -127,9 +127,9 @@ impl Registry {
         if memory.shm.is_caller_owned() && access.grants_remote() {
             return Err(TransportError::Unsupported(CALLER_MEMORY_IS_LOCAL));
         }
-        memory.claim(self.owner_id(), offset, len)?;
+        memory.claim(self.owner_id(pd), offset, len)?;
         let Some(key) = self.allocate_key() else {
-            memory.release(self.owner_id(), offset);
+            memory.release(self.owner_id(pd), offset);
             return Err(keytable::exhausted());
         };
         let entry = KeyEntry {
@@ -163,7 +163,7 @@ impl Registry {
         let Some(live) = removed else { return };
         let _ = self.table.withdraw(key);
         let offset = (live.entry.addr - live.entry.mem_base) as usize;
-        live.memory.release(self.owner_id(), offset);
+        live.memory.release(self.owner_id(live.entry.pd), offset);
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         slots.free.push_back(key & ((1 << SLOT_BITS) - 1));
     }
@@ -195,8 +195,9 @@ impl Registry {
 
     /// This registry's identity in memories' claim lists (its address: a registry lives
     /// in an `Arc` for the whole life of its domain, so no two live registries share it).
-    fn owner_id(&self) -> usize {
-        std::ptr::from_ref(self) as usize
+    /// Protection domain `pd` of this registry, as the memory's claims name it.
+    fn owner_id(&self, pd: u32) -> crate::memory::Owner {
+        (std::ptr::from_ref(self) as usize, pd)
     }
 
     /// A free slot with a new random generation (never the slot's last one), so that a

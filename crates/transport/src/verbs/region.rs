@@ -16,7 +16,7 @@ pub struct VerbsRegion {
     len: usize,
     access: Access,
     /// The protection domain's identity in the memory's claim list.
-    owner: usize,
+    owner: crate::memory::Owner,
     _pd: Arc<ProtectionDomain>,
 }
 
@@ -34,7 +34,9 @@ impl VerbsRegion {
         access: Access,
     ) -> Result<Self> {
         access.validate()?;
-        memory.inner.claim(pd.raw.as_ptr() as usize, offset, len)?;
+        memory
+            .inner
+            .claim((pd.raw.as_ptr() as usize, 0), offset, len)?;
         let addr = (memory.inner.shm.addr() + offset as u64) as *mut std::ffi::c_void;
         // SAFETY: the claimed range lies inside a live mapping that this region keeps
         // alive (through `memory`) until after deregistration; the PD is live.
@@ -50,7 +52,7 @@ impl VerbsRegion {
             offset,
             len,
             access,
-            owner: pd.raw.as_ptr() as usize,
+            owner: (pd.raw.as_ptr() as usize, 0),
             _pd: Arc::clone(pd),
         })
     }

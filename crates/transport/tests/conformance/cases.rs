@@ -361,6 +361,35 @@ pub fn protection_domains_isolate_keys<D: Domain>(open: Open<D>) {
     );
     assert_eq!(p.b.bytes(0, 8), [0; 8], "nothing was written");
 
+    // The same bytes registered in both protection domains (overlapping ranges, as a
+    // memory-pool node registers each instance's runs beside its whole region): each
+    // registration reaches them through queue pairs of its own domain only.
+    p.b.fill(16, &[9; 8]);
+    let shared = other_pd
+        .register(&p.b.memory, 0, 4096, Access::ALL)
+        .expect("another protection domain registers bytes this one registered");
+    let c = Side::new(open(), 4096, QpConfig::default());
+    let qp = other_pd
+        .create_qp(&cq, &cq, QpConfig::default())
+        .expect("another qp in the new pd");
+    connect(&c.qp, &qp);
+    c.post(2, read(shared.remote(16)), &[c.sge(200, 8)]);
+    assert_eq!(completions(&c.send_cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(c.bytes(200, 8), [9; 8]);
+    let d = Side::new(open(), 4096, QpConfig::default());
+    let first_cq = p.b.domain.create_cq().unwrap();
+    let qp =
+        p.b.domain
+            .create_qp(&first_cq, &first_cq, QpConfig::default())
+            .expect("a qp in the first pd");
+    connect(&d.qp, &qp);
+    expect_failure(
+        &d,
+        read(shared.remote(16)),
+        &[d.sge(0, 8)],
+        WcStatus::RemoteAccessError,
+    );
+
     // Locally: a scatter element of another protection domain is refused.
     let q = Pair::new(open, 4096);
     let local_pd = q.a.domain.new_pd().unwrap();

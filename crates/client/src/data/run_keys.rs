@@ -1,0 +1,123 @@
+//! The rkeys of an instance's runs on an isolating pool node: a queue pair there reaches
+//! only the runs of the instance its ticket names, each registered on its own with its own
+//! rkey (`kvcm::pool::listener`, "runs"). A link asks the node for the runs holding the
+//! offsets it is about to move, once per run, and caches them.
+//!
+//! A cached run may go stale (the instance gave it up and the node dropped its
+//! registration): an operation with its rkey then fails, the link is torn down as for any
+//! failed transfer, and the next link starts with an empty cache.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use kvcm::pool::listener::{MAX_RUN_QUERIES, RUNS, RUN_ENTRY};
+use kvcm::pool::ticket::Ticket;
+
+/// The runs known, by their first offset: (bytes, rkey).
+#[derive(Debug, Default)]
+pub(crate) struct RunKeys {
+    runs: BTreeMap<u64, (u64, u32)>,
+}
+
+impl RunKeys {
+    /// The rkey of the known run holding `[offset, offset + len)` whole.
+    pub(crate) fn rkey(&self, offset: u64, len: u64) -> Option<u32> {
+        let (start, (run_len, rkey)) = self.runs.range(..=offset).next_back()?;
+        let end = offset.checked_add(len)?;
+        (end <= start + run_len).then_some(*rkey)
+    }
+
+    /// Asks the node at `endpoint` (showing `ticket`, for wire `wire`) for the runs holding
+    /// those of `offsets` no known run holds; offsets of no run of the instance stay
+    /// unknown.
+    pub(crate) fn learn(
+        &mut self,
+        (endpoint, wire, ticket): (SocketAddr, u8, &Ticket),
+        offsets: impl IntoIterator<Item = u64>,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let mut unknown: Vec<u64> = offsets
+            .into_iter()
+            .filter(|&at| self.rkey(at, 1).is_none())
+            .collect();
+        unknown.sort_unstable();
+        unknown.dedup();
+        for batch in unknown.chunks(MAX_RUN_QUERIES) {
+            let batch: Vec<u64> = batch
+                .iter()
+                .copied()
+                .filter(|&at| self.rkey(at, 1).is_none())
+                .collect();
+            if batch.is_empty() {
+                continue;
+            }
+            for (offset, len, rkey) in ask(endpoint, (wire, ticket), &batch, timeout)? {
+                if len > 0 {
+                    self.runs.insert(offset, (len, rkey));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One runs request: per offset, (run offset, run bytes (0: none), rkey).
+fn ask(
+    endpoint: SocketAddr,
+    (wire, ticket): (u8, &Ticket),
+    offsets: &[u64],
+    timeout: Duration,
+) -> Result<Vec<(u64, u64, u32)>, String> {
+    let io = |e: std::io::Error| format!("asking pool node {endpoint} for run keys: {e}");
+    let mut stream = TcpStream::connect_timeout(&endpoint, timeout).map_err(io)?;
+    stream.set_read_timeout(Some(timeout)).map_err(io)?;
+    let _ = stream.set_nodelay(true);
+    let mut request = RUNS.to_vec();
+    request.push(wire);
+    request.extend_from_slice(ticket);
+    request.extend_from_slice(&(offsets.len() as u32).to_le_bytes());
+    for offset in offsets {
+        request.extend_from_slice(&offset.to_le_bytes());
+    }
+    stream.write_all(&request).map_err(io)?;
+    let mut count = [0u8; 4];
+    stream.read_exact(&mut count).map_err(io)?;
+    if u32::from_le_bytes(count) as usize != offsets.len() {
+        return Err(format!(
+            "pool node {endpoint} answered another count of runs"
+        ));
+    }
+    let mut answer = vec![0u8; offsets.len() * RUN_ENTRY];
+    stream.read_exact(&mut answer).map_err(io)?;
+    let u64_at = |entry: &[u8], at: usize| {
+        u64::from_le_bytes(entry[at..at + 8].try_into().unwrap_or([0; 8]))
+    };
+    Ok(answer
+        .chunks_exact(RUN_ENTRY)
+        .map(|entry| {
+            let rkey = u32::from_le_bytes(entry[16..20].try_into().unwrap_or([0; 4]));
+            (u64_at(entry, 0), u64_at(entry, 8), rkey)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_holds_only_what_lies_wholly_inside_it() {
+        let mut keys = RunKeys::default();
+        keys.runs.insert(4096, (4096, 7));
+        keys.runs.insert(16384, (8192, 9));
+        assert_eq!(keys.rkey(4096, 4096), Some(7));
+        assert_eq!(keys.rkey(5000, 100), Some(7));
+        assert_eq!(keys.rkey(8000, 200), None, "crosses the end of the run");
+        assert_eq!(keys.rkey(10000, 1), None, "between runs");
+        assert_eq!(keys.rkey(0, 1), None, "before every run");
+        assert_eq!(keys.rkey(20000, 4576), Some(9));
+        assert_eq!(keys.rkey(u64::MAX, 2), None, "overflow");
+    }
+}

@@ -1,0 +1,289 @@
+//! An isolating node's access per instance: for each tenant (the pool's number of an
+//! instance), a protection domain of its own on each wire that can confine a queue pair
+//! (soft-TCP, verbs), holding one registration per run of the region the tenant owns. A
+//! queue pair opened with a ticket for tenant T is created in T's domain, so its one-sided
+//! operations reach T's runs and nothing else: another tenant's rkey, or the whole-region
+//! registration's, fails as a bad key does. The shared-memory wire cannot confine a mapping
+//! to runs (a peer maps a whole memfd), so an isolating node does not offer it.
+//!
+//! Who owns what comes from the server's ownership feed, in heartbeat answers
+//! ([`OwnershipAnswer`]): [`Isolation::apply`] registers granted runs and drops released
+//! ones (a dropped registration fails every later operation with its key at once), and only
+//! then is the version recorded as applied, which is what lets the server place a released
+//! run for another tenant.
+//!
+//! Invariants: a tenant's registrations never overlap (its runs are disjoint); applying a
+//! change twice is the same as once (a failed apply is retried from the last version
+//! recorded); a snapshot leaves exactly its runs registered.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use kvcm_transport::any::{AnyDomain, AnyRegion};
+use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
+
+use super::routes::{AppliedVersion, OwnershipAnswer, RunChange};
+use super::PoolError;
+
+/// What clients may do with a node's memory: read and write it (the whole region's
+/// registration, or a tenant's runs').
+pub(super) fn region_access() -> Access {
+    Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
+}
+
+/// A run a tenant owns, as a client addresses it on one wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunKey {
+    /// Offset of the run's first byte in the region.
+    pub offset: u64,
+    /// Its bytes.
+    pub len: u64,
+    /// The rkey of its registration on the wire asked.
+    pub rkey: u32,
+}
+
+/// One tenant's domain on one wire and its registrations, by run offset.
+struct TenantWire {
+    wire: usize,
+    domain: AnyDomain,
+    runs: BTreeMap<u64, AnyRegion>,
+}
+
+/// Every tenant's access, and the ownership version it reflects.
+#[derive(Default)]
+pub(super) struct Isolation {
+    applied: Option<AppliedVersion>,
+    tenants: HashMap<u32, Vec<TenantWire>>,
+}
+
+impl Isolation {
+    /// The feed and version applied (`None`: nothing yet).
+    pub(super) fn applied(&self) -> Option<AppliedVersion> {
+        self.applied
+    }
+
+    /// Applies `answer` on `memory`, whose wires are `wires` (the node's domains, by wire
+    /// index): registrations of granted runs made, those of released runs (and, for a
+    /// snapshot, of every run it does not list) dropped; then records its version. On an
+    /// error the version stays, and the next answer repeats what was not recorded.
+    pub(super) fn apply(
+        &mut self,
+        answer: &OwnershipAnswer,
+        wires: &[(usize, &AnyDomain)],
+        memory: &HostMemory,
+    ) -> Result<(), PoolError> {
+        if answer.snapshot {
+            self.keep_only(&answer.changes);
+        }
+        for &RunChange(tenant, offset, len, released) in &answer.changes {
+            if released {
+                self.release(tenant, offset);
+            } else {
+                self.grant(tenant, (offset, len), wires, memory)?;
+            }
+        }
+        self.applied = Some(AppliedVersion {
+            feed: answer.feed,
+            version: answer.version,
+        });
+        Ok(())
+    }
+
+    /// Drops every registration a snapshot of `granted` runs does not list.
+    fn keep_only(&mut self, granted: &[RunChange]) {
+        let listed: HashSet<(u32, u64, u64)> = granted
+            .iter()
+            .filter(|change| !change.3)
+            .map(|&RunChange(tenant, offset, len, _)| (tenant, offset, len))
+            .collect();
+        for (tenant, wires) in &mut self.tenants {
+            for wire in wires {
+                wire.runs.retain(|offset, region| {
+                    listed.contains(&(*tenant, *offset, region.len() as u64))
+                });
+            }
+        }
+    }
+
+    fn release(&mut self, tenant: u32, offset: u64) {
+        for wire in self.tenants.get_mut(&tenant).into_iter().flatten() {
+            wire.runs.remove(&offset);
+        }
+    }
+
+    fn grant(
+        &mut self,
+        tenant: u32,
+        (offset, len): (u64, u64),
+        wires: &[(usize, &AnyDomain)],
+        memory: &HostMemory,
+    ) -> Result<(), PoolError> {
+        let bad = || PoolError::Config(format!("run {offset}+{len} is outside the region"));
+        let start = usize::try_from(offset).map_err(|_| bad())?;
+        let bytes = usize::try_from(len).map_err(|_| bad())?;
+        if start
+            .checked_add(bytes)
+            .is_none_or(|end| end > memory.len())
+            || bytes == 0
+        {
+            return Err(bad());
+        }
+        for wire in self.tenant(tenant, wires)? {
+            if wire.runs.get(&offset).is_some_and(|r| r.len() == bytes) {
+                continue;
+            }
+            wire.runs.remove(&offset);
+            let region = wire
+                .domain
+                .register(memory, start, bytes, region_access())?;
+            wire.runs.insert(offset, region);
+        }
+        Ok(())
+    }
+
+    /// The tenant's domains, one per wire of `wires` (made the first time).
+    fn tenant(
+        &mut self,
+        tenant: u32,
+        wires: &[(usize, &AnyDomain)],
+    ) -> Result<&mut Vec<TenantWire>, PoolError> {
+        match self.tenants.entry(tenant) {
+            Entry::Occupied(own) => Ok(own.into_mut()),
+            Entry::Vacant(vacant) => {
+                let mut own = Vec::with_capacity(wires.len());
+                for &(wire, domain) in wires {
+                    own.push(TenantWire {
+                        wire,
+                        domain: domain.new_pd()?,
+                        runs: BTreeMap::new(),
+                    });
+                }
+                Ok(vacant.insert(own))
+            }
+        }
+    }
+
+    /// The tenant's domain on `wire` (made the first time), where its queue pairs are
+    /// created.
+    pub(super) fn domain(
+        &mut self,
+        tenant: u32,
+        wire: usize,
+        wires: &[(usize, &AnyDomain)],
+    ) -> Result<AnyDomain, PoolError> {
+        let own = self.tenant(tenant, wires)?;
+        own.iter()
+            .find(|w| w.wire == wire)
+            .map(|w| w.domain.clone())
+            .ok_or_else(|| PoolError::Refused(format!("wire {wire} does not isolate instances")))
+    }
+
+    /// The run of `tenant` holding `offset`, with its rkey on `wire`.
+    pub(super) fn run_at(&self, tenant: u32, wire: usize, offset: u64) -> Option<RunKey> {
+        let own = self.tenants.get(&tenant)?.iter().find(|w| w.wire == wire)?;
+        let (start, region) = own.runs.range(..=offset).next_back()?;
+        let len = region.len() as u64;
+        (offset < start + len).then_some(RunKey {
+            offset: *start,
+            len,
+            rkey: region.rkey(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lookup::{open_wires, WIRE_SOFT_TCP};
+
+    const SLAB: u64 = 2 << 20;
+
+    fn answer(feed: u64, version: u64, snapshot: bool, changes: &[RunChange]) -> OwnershipAnswer {
+        OwnershipAnswer {
+            feed,
+            version,
+            snapshot,
+            changes: changes.to_vec(),
+        }
+    }
+
+    #[test]
+    fn grants_register_releases_drop_snapshots_replace_and_errors_keep_the_version() {
+        let domains = open_wires([127, 0, 0, 1].into(), None, "test").unwrap();
+        let tcp = &domains.iter().find(|(w, _)| *w == WIRE_SOFT_TCP).unwrap().1;
+        let wires = [(WIRE_SOFT_TCP, tcp)];
+        let memory = tcp.alloc(4 * SLAB as usize).unwrap();
+        // The node's whole-region registration stays beside the tenants' runs.
+        let _whole = tcp
+            .register(&memory, 0, memory.len(), region_access())
+            .unwrap();
+        let mut isolation = Isolation::default();
+        assert_eq!(isolation.applied(), None);
+        let first = answer(
+            9,
+            2,
+            false,
+            &[
+                RunChange(1, 0, SLAB, false),
+                RunChange(2, SLAB, 2 * SLAB, false),
+            ],
+        );
+        isolation.apply(&first, &wires, &memory).unwrap();
+        let run = |i: &Isolation, tenant, at| i.run_at(tenant, WIRE_SOFT_TCP, at);
+        let a = run(&isolation, 1, 5).expect("tenant 1 holds slab 0");
+        assert_eq!((a.offset, a.len), (0, SLAB));
+        assert_eq!(
+            run(&isolation, 2, 3 * SLAB - 1).map(|r| r.offset),
+            Some(SLAB)
+        );
+        assert_eq!(run(&isolation, 1, SLAB), None, "tenant 2's run");
+        assert_eq!(run(&isolation, 2, 0), None, "tenant 1's run");
+        assert_eq!(run(&isolation, 2, 3 * SLAB), None, "nobody's");
+        assert_ne!(a.rkey, run(&isolation, 2, SLAB).unwrap().rkey);
+        // Applying the same changes again keeps the registrations.
+        isolation.apply(&first, &wires, &memory).unwrap();
+        assert_eq!(run(&isolation, 1, 0), Some(a));
+        assert_eq!(
+            isolation.applied(),
+            Some(AppliedVersion {
+                feed: 9,
+                version: 2
+            })
+        );
+        // A release drops the run; the slab then goes to tenant 2 in another domain.
+        let moved = answer(
+            9,
+            4,
+            false,
+            &[RunChange(1, 0, SLAB, true), RunChange(2, 0, SLAB, false)],
+        );
+        isolation.apply(&moved, &wires, &memory).unwrap();
+        assert_eq!(run(&isolation, 1, 0), None);
+        assert_eq!(run(&isolation, 2, 0).map(|r| r.len), Some(SLAB));
+        // A run outside the region fails and the version stays.
+        let bad = answer(9, 5, false, &[RunChange(3, 4 * SLAB, SLAB, false)]);
+        assert!(isolation.apply(&bad, &wires, &memory).is_err());
+        assert_eq!(isolation.applied().map(|a| a.version), Some(4));
+        // A snapshot of another feed leaves exactly its runs.
+        let snapshot = answer(11, 1, true, &[RunChange(1, 3 * SLAB, SLAB, false)]);
+        isolation.apply(&snapshot, &wires, &memory).unwrap();
+        assert_eq!(run(&isolation, 2, 0), None);
+        assert_eq!(run(&isolation, 2, SLAB), None);
+        assert_eq!(
+            run(&isolation, 1, 3 * SLAB).map(|r| r.offset),
+            Some(3 * SLAB)
+        );
+        assert_eq!(
+            isolation.applied(),
+            Some(AppliedVersion {
+                feed: 11,
+                version: 1
+            })
+        );
+        // Queue pairs are created in the tenant's domain on isolating wires only.
+        assert!(isolation.domain(1, WIRE_SOFT_TCP, &wires).is_ok());
+        assert!(isolation
+            .domain(1, crate::lookup::WIRE_VERBS, &wires)
+            .is_err());
+    }
+}
