@@ -6,7 +6,10 @@
 //! incarnation it had: a restarted server that adopted that incarnation's blocks from its
 //! log resumes it (same `range_id`, the blocks found again, since this process kept the
 //! region); otherwise the node gets a new incarnation. An unreachable server passes to the
-//! next address.
+//! next address. A node the server has isolate instances names in each heartbeat the
+//! ownership version it applied and applies what the answer carries
+//! (`super::isolation`); a client's runs request may ask for a heartbeat early (at most
+//! one every 5 ms).
 //!
 //! Invariant: the region's `range_id` is only set from a join answer, so it always names
 //! the incarnation the server knows (or an older one during the next join).
@@ -14,7 +17,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -32,6 +35,9 @@ use crate::tls_client::TlsClient;
 const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 /// Pause between join attempts.
 const JOIN_RETRY: Duration = Duration::from_millis(200);
+/// Least time between two heartbeats (those clients ask for come early, but not more often:
+/// a client cannot flood the server through a node).
+const ASKED_BEAT_GAP: Duration = Duration::from_millis(5);
 
 /// What a node joins and how it talks to the server side of membership.
 #[derive(Clone)]
@@ -143,6 +149,8 @@ pub struct MemberConfig {
     pub endpoint: String,
     /// Bytes of the region.
     pub capacity: u64,
+    /// Whether the node can isolate instances ([`PoolRegion::can_isolate`]).
+    pub isolates: bool,
     /// The pool and how to reach the server ([`Channel`]).
     pub joining: Joining,
 }
@@ -162,6 +170,13 @@ impl Member {
             return Err(PoolError::Config(
                 "--server: at least one address is needed".into(),
             ));
+        }
+        if !config.isolates {
+            tracing::warn!(
+                bytes = region.len(),
+                "this pool region is too large to isolate instances (at most about 32 GiB): \
+                 with meta auth required, every client admitted reaches the whole region"
+            );
         }
         let running = region.clone();
         let thread = std::thread::Builder::new()
@@ -218,10 +233,17 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
         let (range_id, isolated) = (membership.range_id, membership.isolated);
         region.set_incarnation(range_id, ticket_key.flatten(), isolated);
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
+        let mut last_beat = Instant::now();
         loop {
             if region.pause(interval, true) == Wake::Stopped {
                 return;
             }
+            // Heartbeats asked by clients' runs requests come at most every ASKED_BEAT_GAP.
+            let gap = ASKED_BEAT_GAP.saturating_sub(last_beat.elapsed());
+            if !gap.is_zero() && region.pause(gap, false) == Wake::Stopped {
+                return;
+            }
+            last_beat = Instant::now();
             let started = region.beat_started();
             let beat = HeartbeatRequest {
                 storage: config.joining.storage.clone(),
@@ -231,12 +253,16 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
                 applied: region.applied(),
             };
             let answer = config.joining.channel.heartbeat(&beat, &mut server);
+            let forgotten = matches!(answer, Err(BeatError::Forgotten));
             match answer {
                 Ok(answer) => take_answer(region, &answer),
-                Err(BeatError::Forgotten) => break, // join again
                 Err(BeatError::Failed(error)) => note_error(error),
+                Err(BeatError::Forgotten) => {}
             }
             region.beat_finished(started);
+            if forgotten {
+                break; // join again
+            }
         }
     }
 }
@@ -249,7 +275,7 @@ fn join(config: &MemberConfig, server: &mut usize, had: Option<u64>) -> Result<J
         endpoint: config.endpoint.clone(),
         capacity: config.capacity,
         resume_range_id: had,
-        isolates: true,
+        isolates: config.isolates,
     };
     config.joining.channel.join(&request, server)
 }

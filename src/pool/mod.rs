@@ -5,6 +5,8 @@
 //! server and heartbeats; the server places blocks in its region (kvcm-storage `pool`).
 //!
 //! - [`region`]: the memory and its registrations;
+//! - `isolation`: on a node the server has isolate instances, each instance's protection
+//!   domains and the registrations of the runs it owns;
 //! - [`listener`]: the queue-pair listener clients connect to (`KVPL` + wire byte, the
 //!   endpoint exchange, then the region's description for that wire);
 //! - [`member`]: join and heartbeat over meta HTTP, or by direct calls for the embedded
@@ -174,6 +176,7 @@ impl PoolNode {
                 node_id: node_id.unwrap_or_else(|| listen_addr.to_string()),
                 endpoint: listen_addr.to_string(),
                 capacity: spec.size,
+                isolates: region.can_isolate(),
                 joining,
             },
             region.clone(),

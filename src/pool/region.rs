@@ -148,6 +148,10 @@ fn huge_pages(len: usize) -> Result<HostMemory, String> {
     })
 }
 
+/// Registrations of a soft domain left for other uses than instances' runs (the whole
+/// region's, and room to spare).
+const RESERVED_REGISTRATIONS: usize = 64;
+
 /// Most queue pairs kept.
 const MAX_PEERS: usize = 1024;
 
@@ -283,6 +287,13 @@ impl PoolRegion {
             .iter()
             .map(|&at| isolation.as_ref()?.run_at(tenant, wire, at))
             .collect()
+    }
+
+    /// Whether the soft wire's registrations suffice to isolate instances: one per 2 MiB
+    /// slab of the region at most (each run is one slab or more), beside the node's own.
+    pub fn can_isolate(&self) -> bool {
+        let slabs = self.memory.len().div_ceil(2 << 20);
+        slabs + RESERVED_REGISTRATIONS <= kvcm_transport::soft::MAX_REGISTRATIONS
     }
 
     /// Whether this incarnation isolates instances.

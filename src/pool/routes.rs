@@ -14,8 +14,10 @@
 //! operator or admin credential (401 none or not valid, 403 a client key), the directory
 //! any valid meta credential — a key limited to instances only for pools their groups use
 //! (403 otherwise); a join is then answered the node's ticket key and the directory a
-//! ticket per live node (`ticket`). Off, the routes are open (as before) and
-//! no tickets exist.
+//! ticket per live node (`ticket`), for the instance the request names; a node that says it
+//! isolates instances is then told to ([`JoinAnswer::isolated`]) and its heartbeats carry
+//! the pool's ownership feed ([`OwnershipAnswer`]). Off, the routes are open (as before)
+//! and no tickets exist.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bits of a key that select the slot.
 pub(crate) const SLOT_BITS: u32 = 14;
-const SLOTS: usize = 1 << SLOT_BITS;
+pub(crate) const SLOTS: usize = 1 << SLOT_BITS;
 const HEADER: usize = 4096;
 const SLOT_WORDS: usize = 8;
 /// Bytes of a key table memfd.

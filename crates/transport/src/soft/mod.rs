@@ -41,6 +41,9 @@ pub use domain::{SoftDomain, SoftRegion};
 pub use nic::IdlePolicy;
 pub use qp::SoftQp;
 
+/// Most live registrations one soft domain holds, all its protection domains together.
+pub const MAX_REGISTRATIONS: usize = keytable::SLOTS;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
