@@ -101,6 +101,14 @@ fn engine_on(
 
 /// Puts blocks `keys` (their patterns) and returns the outcomes.
 fn put(engine: &mut TransferEngine, keys: &[i64]) -> Vec<PutOutcome> {
+    try_put(engine, keys).expect("put_blocks")
+}
+
+/// Puts blocks `keys` (their patterns): the outcomes, or the call's error.
+fn try_put(
+    engine: &mut TransferEngine,
+    keys: &[i64],
+) -> Result<Vec<PutOutcome>, kvcm_client::ClientError> {
     let data: Vec<Vec<Vec<u8>>> = keys
         .iter()
         .map(|&k| (0..SPECS).map(|s| pattern(k, s)).collect())
@@ -109,7 +117,7 @@ fn put(engine: &mut TransferEngine, keys: &[i64]) -> Vec<PutOutcome> {
         .iter()
         .map(|parts| parts.iter().map(Vec::as_slice).collect())
         .collect();
-    engine.put_blocks(keys, &blocks).expect("put_blocks")
+    engine.put_blocks(keys, &blocks)
 }
 
 /// Puts blocks `keys` through an engine whose pool wire is `wire` and gets them back:
@@ -1461,9 +1469,10 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
     // with a ticket.
     let mut args = vec!["--api-key", operator_key.as_str()];
     args.extend_from_slice(node_args);
-    const NODE_BYTES: u64 = 8 << 20;
+    // Two 2 MiB slabs: one for each instance.
+    const NODE_BYTES: u64 = 4 << 20;
     let _node = runtime.block_on(PoolProcess::start_with(
-        &server, "pool_a", "node-1", "8M", &args,
+        &server, "pool_a", "node-1", "4M", &args,
     ));
     let live_ticket = |bearer: &str, instance: Option<&str>| -> Option<(String, Vec<u8>)> {
         let (status, answer) = nodes(Some(bearer), instance);
@@ -1611,6 +1620,42 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
         raw_b.reads(Some(b_run)),
         "B reads its own run with that rkey"
     );
+    // A gives its blocks up: the node drops its run's registration, then the server places
+    // for no one there until the node said so; with B's slab taken the pool is full
+    // meanwhile. A's next blocks land in that slab again, under a new key: A's engine,
+    // which knew the old one, writes and reads them all the same (its first try fails on
+    // the stale key and is made again over a fresh link).
+    let removed = engine
+        .client()
+        .remove(kvcm::proto::meta::RemoveCacheRequest {
+            block_keys: keys.to_vec(),
+            ..Default::default()
+        });
+    removed.expect("A removes its blocks");
+    let again = [4, 5, 6];
+    let placed = common::wait_until_blocking(Duration::from_secs(10), || {
+        // Refused for room (the slab is not back yet), or all written: never a transfer
+        // that failed.
+        match try_put(&mut engine, &again) {
+            Err(error) => {
+                assert!(error.to_string().contains("no space"), "{error}");
+                None
+            }
+            Ok(outcomes) => {
+                let written = |o: &PutOutcome| matches!(o, PutOutcome::Written(_));
+                assert!(outcomes.iter().all(written), "{outcomes:?}");
+                Some(())
+            }
+        }
+    });
+    placed.expect("A's blocks are placed once its slab came back");
+    let back = runs_in(&endpoint, wire, &ticket_a, NODE_BYTES);
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert_eq!(back[0].offset, runs_a[0].offset, "the same slab");
+    assert_ne!(back[0].rkey, runs_a[0].rkey, "under a new key");
+    for outcome in get_checked(&mut engine, &again) {
+        assert!(matches!(outcome, GetOutcome::Hit(_)), "{outcome:?}");
+    }
     // A queue pair opened with the client's ticket reads the region until the key is
     // revoked; within a few heartbeats the node tears it down and refuses the ticket. The
     // ticket is listed afresh: on a slow machine (rxe under TCG) the node may have missed

@@ -19,6 +19,7 @@
 //! is joined, the verbs queue pair destroyed), so no transfer touches a caller's buffer
 //! after the call that posted it returned.
 
+use std::cell::Cell;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -65,6 +66,8 @@ pub(crate) struct PoolLink {
     wire: Wire,
     deadline: Duration,
     broken: bool,
+    /// The status of the completion that broke the link, when one did.
+    failed_with: Cell<Option<WcStatus>>,
     domain: AnyDomain,
     /// On verbs, the handshake connection, kept open: its closing (this link dropped, or
     /// the process gone) tells the node to tear its queue pair down.
@@ -140,6 +143,7 @@ impl PoolLink {
             wire,
             deadline: timeout,
             broken: false,
+            failed_with: Cell::new(None),
             domain,
             _hangup: (wire == Wire::Verbs).then_some(stream),
         })
@@ -196,8 +200,67 @@ impl PoolLink {
 
     /// Writes each `(offset, bytes)` into the region (all in bounds); returns per operation
     /// whether it went zero-copy from `caller` memory. On failure the link is broken and
-    /// none of them counts as written.
+    /// none of them counts as written. A batch that failed on a stale run key is written
+    /// once more over a fresh link ([`PoolLink::renew`]).
     pub(crate) fn write(
+        &mut self,
+        ops: &[(u64, &[u8])],
+        caller: &CallerMemory,
+    ) -> Result<Vec<bool>, String> {
+        let done = self.write_once(ops, caller);
+        if !self.failed_on_stale_key() {
+            return done;
+        }
+        self.renew(ops.iter().map(|(at, data)| (*at, data.len())))?;
+        self.write_once(ops, caller)
+    }
+
+    /// Reads each `(offset, buffer)` from the region (all in bounds); returns per operation
+    /// whether it went zero-copy into `caller` memory. On failure the link is broken and no
+    /// buffer is to be trusted. A batch that failed on a stale run key is read once more
+    /// over a fresh link ([`PoolLink::renew`]).
+    pub(crate) fn read(
+        &mut self,
+        ops: &mut [(u64, &mut [u8])],
+        caller: &CallerMemory,
+    ) -> Result<Vec<bool>, String> {
+        let done = self.read_once(ops, caller);
+        if !self.failed_on_stale_key() {
+            return done;
+        }
+        self.renew(ops.iter().map(|(at, buf)| (*at, buf.len())))?;
+        self.read_once(ops, caller)
+    }
+
+    /// Whether a transfer on an isolating node's link failed for a bad remote key: one of
+    /// the instance's runs known here was given up, and the node dropped its registration
+    /// (it may be the instance's again, under another key).
+    fn failed_on_stale_key(&self) -> bool {
+        self.broken
+            && self.runs.is_some()
+            && self.failed_with.get() == Some(WcStatus::RemoteAccessError)
+    }
+
+    /// Replaces this link by a fresh one to the same node incarnation (new queue pair and
+    /// domain; dropping the old one stops its transfers) that knows the runs holding
+    /// `places` (offset, length). `Err` when the node refuses, moved on, or no run of the
+    /// instance holds one of them now; this link stays broken then.
+    fn renew(&mut self, places: impl Iterator<Item = (u64, usize)> + Clone) -> Result<(), String> {
+        let ticket = (self.wire, self.ticket.as_ref());
+        let mut fresh =
+            PoolLink::connect(self.endpoint, ticket, self.staging.len(), self.deadline)?;
+        if fresh.info.range_id != self.info.range_id {
+            return Err("the pool node is on another incarnation now".into());
+        }
+        fresh.learn_runs(places.clone().map(|(at, _)| at))?;
+        if !places.into_iter().all(|(at, len)| fresh.in_bounds(at, len)) {
+            return Err("a run of this instance on the pool node was given up".into());
+        }
+        *self = fresh;
+        Ok(())
+    }
+
+    fn write_once(
         &mut self,
         ops: &[(u64, &[u8])],
         caller: &CallerMemory,
@@ -230,10 +293,7 @@ impl PoolLink {
         done
     }
 
-    /// Reads each `(offset, buffer)` from the region (all in bounds); returns per operation
-    /// whether it went zero-copy into `caller` memory. On failure the link is broken and no
-    /// buffer is to be trusted.
-    pub(crate) fn read(
+    fn read_once(
         &mut self,
         ops: &mut [(u64, &mut [u8])],
         caller: &CallerMemory,
@@ -431,6 +491,7 @@ impl PoolLink {
                 .iter()
                 .find(|c| c.status != WcStatus::Success)
             {
+                self.failed_with.set(Some(bad.status));
                 return Err(format!("pool transfer failed: {:?}", bad.status));
             }
             count -= got.min(count);

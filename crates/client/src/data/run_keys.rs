@@ -4,8 +4,9 @@
 //! offsets it is about to move, once per run, and caches them.
 //!
 //! A cached run may go stale (the instance gave it up and the node dropped its
-//! registration): an operation with its rkey then fails, the link is torn down as for any
-//! failed transfer, and the next link starts with an empty cache.
+//! registration; given back to the instance later, it has another rkey): an operation with
+//! its rkey then fails as a bad key, and the link makes the batch again over a fresh link
+//! that learned the runs anew (`PoolLink::renew`).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
