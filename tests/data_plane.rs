@@ -86,6 +86,16 @@ fn engine_on(
     wire: Wire,
     config: TransferConfig,
 ) -> TransferEngine {
+    engine_with_key(server, (instance, None), wire, config)
+}
+
+/// An engine of `instance` showing `api_key`, whose lookups use `wire`.
+fn engine_with_key(
+    server: &TestServer,
+    (instance, api_key): (&str, Option<&str>),
+    wire: Wire,
+    config: TransferConfig,
+) -> TransferEngine {
     let client = ClientConfig {
         servers: vec![ServerAddress {
             grpc: format!("http://{}", server.address("grpc")),
@@ -93,7 +103,7 @@ fn engine_on(
         }],
         instance_id: instance.into(),
         wire: Some(wire),
-        api_key: None,
+        api_key: api_key.map(str::to_string),
         tls: None,
     };
     TransferEngine::connect(client, config).expect("engine")
@@ -1550,21 +1560,11 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
     }
     // The engines of both instances, each with its own key, move bytes through the node.
     let engine_of = |instance: &str, key: &str| {
-        let client = ClientConfig {
-            servers: vec![ServerAddress {
-                grpc: format!("http://{}", server.address("grpc")),
-                http: server.address("http"),
-            }],
-            instance_id: instance.into(),
-            wire: Some(wire),
-            api_key: Some(key.to_string()),
-            tls: None,
-        };
         let config = TransferConfig {
             pool_wire: wire,
             ..TransferConfig::default()
         };
-        TransferEngine::connect(client, config).expect("engine")
+        engine_with_key(&server, (instance, Some(key)), wire, config)
     };
     let mut engine = engine_of("on_pool", &client_key);
     let mut engine_b = engine_of("on_pool_b", &client_b_key);
