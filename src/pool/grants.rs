@@ -8,6 +8,9 @@
 //! seen. A node's heartbeat lists the grants of its live queue pairs; the server checks each
 //! one's credential again, as for a new request (a revoked or expired API key, a deleted
 //! account, a removed admin token, or a key no longer scoped to an instance of a group that
+//! uses the pool — or, for tickets issued for one instance, a key that no longer reaches
+//! that instance or whose group no longer uses the pool — all fail; the grant id covers the
+//! instance too, so one instance's queue pairs are revoked without the others'.
 //! uses the pool all fail), and answers the ones that fail; the node tears those queue pairs
 //! down.
 //!
@@ -42,6 +45,8 @@ pub struct Credential {
 struct Entry {
     credential: Credential,
     storage: String,
+    /// The instance the tickets were issued for, when they name one.
+    instance: Option<String>,
     issued: Instant,
 }
 
@@ -52,9 +57,15 @@ pub struct PoolGrants {
 }
 
 impl PoolGrants {
-    /// The grant of `credential` on pool `storage` (remembered for later checks).
-    pub fn issue(&self, secret: &ServerSecret, credential: &Credential, storage: &str) -> u64 {
-        let id = grant_id(secret, credential, storage);
+    /// The grant of `credential` on pool `storage`, for `instance` when the tickets name
+    /// one (remembered for later checks).
+    pub fn issue(
+        &self,
+        secret: &ServerSecret,
+        credential: &Credential,
+        (storage, instance): (&str, Option<&str>),
+    ) -> u64 {
+        let id = grant_id(secret, credential, (storage, instance));
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         if !entries.contains_key(&id) && entries.len() >= MAX_GRANTS {
             let oldest = entries
@@ -70,6 +81,7 @@ impl PoolGrants {
             Entry {
                 credential: credential.clone(),
                 storage: storage.to_string(),
+                instance: instance.map(str::to_string),
                 issued: Instant::now(),
             },
         );
@@ -104,13 +116,28 @@ fn still_passes(auth: &Authenticator, manager: &Manager, entry: &Entry) -> bool 
     if authorize(caller.as_ref(), Access::Client, None).is_err() {
         return false;
     }
-    super::routes::scope_of(caller.as_ref())
-        .is_none_or(|instances| super::routes::uses_pool(manager, &instances, &entry.storage))
+    let scope = super::routes::scope_of(caller.as_ref());
+    match &entry.instance {
+        None => scope
+            .is_none_or(|instances| super::routes::uses_pool(manager, &instances, &entry.storage)),
+        Some(instance) => {
+            let reached = scope.is_none_or(|instances| instances.contains(instance));
+            reached
+                && super::routes::uses_pool(manager, std::slice::from_ref(instance), &entry.storage)
+        }
+    }
 }
 
-/// The id of a credential on a pool.
-fn grant_id(secret: &ServerSecret, credential: &Credential, storage: &str) -> u64 {
+/// The id of a credential on a pool (for an instance).
+fn grant_id(
+    secret: &ServerSecret,
+    credential: &Credential,
+    (storage, instance): (&str, Option<&str>),
+) -> u64 {
     let mut parts: Vec<&[u8]> = vec![storage.as_bytes(), b"\0"];
+    if let Some(instance) = instance {
+        parts.extend([b"instance\0".as_slice(), instance.as_bytes(), b"\0"]);
+    }
     if let Some(authorization) = &credential.authorization {
         parts.extend([b"authorization\0".as_slice(), authorization]);
     }

@@ -191,7 +191,9 @@ fn answer_runs(
     admit: Option<Admit>,
 ) -> Result<(), PoolError> {
     let io = PoolError::Listener;
-    let tenant = admit.and_then(|a| a.tenant).filter(|_| region.isolates());
+    let tenant = admit
+        .and_then(|a| a.tenant)
+        .filter(|_| region.isolates_on(wire));
     let tenant = tenant.ok_or_else(|| {
         PoolError::Refused(
             "runs are asked of an isolating node, with a ticket naming an instance".into(),

@@ -244,12 +244,18 @@ impl PoolRegion {
         ticket_key: Option<NodeKey>,
         isolated: bool,
     ) {
+        let demands_tickets = ticket_key.is_some();
         *self
             .ticket_key
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = ticket_key;
         *self.isolation() = isolated.then(Isolation::default);
         self.range_id.store(range_id, Ordering::Release);
+        // Queue pairs opened under another policy keep no access it would not give: an
+        // isolating incarnation keeps none (each instance's domain is new), one that demands
+        // tickets none opened without.
+        self.peers()
+            .retain(|peer| !isolated && (!demands_tickets || peer.grant.is_some()));
     }
 
     fn isolation(&self) -> std::sync::MutexGuard<'_, Option<Isolation>> {
@@ -296,9 +302,10 @@ impl PoolRegion {
         slabs + RESERVED_REGISTRATIONS <= kvcm_transport::soft::MAX_REGISTRATIONS
     }
 
-    /// Whether this incarnation isolates instances.
-    pub(super) fn isolates(&self) -> bool {
-        self.isolation().is_some()
+    /// Whether this incarnation isolates instances on wire `wire` (one it serves, not the
+    /// shared-memory one).
+    pub(super) fn isolates_on(&self, wire: usize) -> bool {
+        self.isolation().is_some() && self.isolating_wires().iter().any(|(w, _)| *w == wire)
     }
 
     fn beat_state(&self) -> std::sync::MutexGuard<'_, BeatState> {
@@ -366,6 +373,11 @@ impl PoolRegion {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let refused = |why: &str| PoolError::Refused(why.to_string());
+        if self.range_id() == 0 {
+            // Before the first join answer the node knows neither whether its server
+            // demands tickets nor whom it isolates: it admits no one.
+            return Err(refused("this pool node has not joined its server yet"));
+        }
         match (key, ticket) {
             (None, _) => Ok(None),
             (Some(_), None) => Err(refused("this pool node's server demands a ticket")),

@@ -455,16 +455,17 @@ async fn nodes(State(routes): State<Routes>, request: Request) -> Response {
             admission.may_use_pool(manager, &request.storage)?;
             let tickets = admission.tickets;
             let expiry = ticket::now_ms() + ticket::TICKET_TTL.as_millis() as u64;
-            let tenant = match &request.instance_id {
-                Some(instance) if tickets => {
+            let instance = request.instance_id.as_deref().filter(|_| tickets);
+            let tenant = match instance {
+                Some(instance) => {
                     admission.may_use_instance(manager, &request.storage, instance)?;
                     Some(manager.pool_tenant(&request.storage, instance)?)
                 }
-                _ => None,
+                None => None,
             };
             let admit = tickets.then(|| {
                 let credential = &admission.credential;
-                let grant = grants.issue(secret, credential, &request.storage);
+                let grant = grants.issue(secret, credential, (&request.storage, instance));
                 ticket::Admit { grant, tenant }
             });
             let nodes = manager.pool_nodes(&request.storage)?;

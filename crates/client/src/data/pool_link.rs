@@ -182,7 +182,7 @@ impl PoolLink {
             return Ok(());
         };
         let asked = (self.endpoint, self.wire.index() as u8, ticket);
-        runs.learn(asked, offsets, self.deadline)
+        runs.learn(asked, (offsets, self.info.len), self.deadline)
     }
 
     fn remote(&self, offset: u64) -> RemoteAddr {

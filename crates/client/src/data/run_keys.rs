@@ -27,16 +27,17 @@ impl RunKeys {
     pub(crate) fn rkey(&self, offset: u64, len: u64) -> Option<u32> {
         let (start, (run_len, rkey)) = self.runs.range(..=offset).next_back()?;
         let end = offset.checked_add(len)?;
-        (end <= start + run_len).then_some(*rkey)
+        (end <= start.checked_add(*run_len)?).then_some(*rkey)
     }
 
     /// Asks the node at `endpoint` (showing `ticket`, for wire `wire`) for the runs holding
     /// those of `offsets` no known run holds; offsets of no run of the instance stay
-    /// unknown.
+    /// unknown, and so do those answered a run that does not hold them or ends past the
+    /// region's `region_len` bytes (a node's answer is not trusted).
     pub(crate) fn learn(
         &mut self,
         (endpoint, wire, ticket): (SocketAddr, u8, &Ticket),
-        offsets: impl IntoIterator<Item = u64>,
+        (offsets, region_len): (impl IntoIterator<Item = u64>, u64),
         timeout: Duration,
     ) -> Result<(), String> {
         let mut unknown: Vec<u64> = offsets
@@ -54,8 +55,10 @@ impl RunKeys {
             if batch.is_empty() {
                 continue;
             }
-            for (offset, len, rkey) in ask(endpoint, (wire, ticket), &batch, timeout)? {
-                if len > 0 {
+            let answered = ask(endpoint, (wire, ticket), &batch, timeout)?;
+            for (asked, (offset, len, rkey)) in batch.iter().zip(answered) {
+                let end = offset.checked_add(len).filter(|&end| end <= region_len);
+                if len > 0 && offset <= *asked && end.is_some_and(|end| *asked < end) {
                     self.runs.insert(offset, (len, rkey));
                 }
             }
