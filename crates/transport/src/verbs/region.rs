@@ -42,7 +42,7 @@ impl VerbsRegion {
         // alive (through `memory`) until after deregistration; the PD is live.
         let raw = unsafe { ibv_reg_mr(pd.raw.as_ptr(), addr, len, verbs_access(access) as i32) };
         let Some(raw) = NonNull::new(raw) else {
-            memory.inner.release(pd.raw.as_ptr() as usize, offset);
+            memory.inner.release((pd.raw.as_ptr() as usize, 0), offset);
             return Err(TransportError::last_os("ibv_reg_mr"));
         };
         let memory = Arc::clone(&memory.inner);
