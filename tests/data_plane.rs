@@ -1632,6 +1632,12 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
             ..Default::default()
         });
     removed.expect("A removes its blocks");
+    let released = common::wait_until_blocking(Duration::from_secs(10), || {
+        runs_in(&endpoint, wire, &ticket_a, NODE_BYTES)
+            .is_empty()
+            .then_some(())
+    });
+    released.expect("the node dropped A's run once its blocks were freed");
     let again = [4, 5, 6];
     let placed = common::wait_until_blocking(Duration::from_secs(10), || {
         // Refused for room (the slab is not back yet), or all written: never a transfer
