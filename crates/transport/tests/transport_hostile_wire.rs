@@ -433,3 +433,116 @@ fn a_hello_for_a_connecting_queue_pair_waits_without_spinning_then_is_served() {
     side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
     assert_eq!(response(&mut link), (0, 8), "served once connected");
 }
+
+/// A region of `len` bytes, all `fill`, registered in `side`'s protection domain with
+/// remote read and write rights (beside the side's own region), and its memory.
+fn remote_region(
+    side: &Side<SoftDomain>,
+    len: usize,
+    fill: u8,
+) -> (kvcm_transport::HostMemory, kvcm_transport::soft::SoftRegion) {
+    use kvcm_transport::{Access, Domain, Memory};
+    let memory = side.domain.alloc(len).expect("alloc");
+    memory.write(0, &vec![fill; len]).expect("fill");
+    let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let region = side
+        .domain
+        .register(&memory, 0, len, access)
+        .expect("register");
+    (memory, region)
+}
+
+/// Drops `region` on another thread; fails the test unless the drop returns within the
+/// deadline (a withdrawal waits for the NIC to fence the region off).
+fn withdraw(region: kvcm_transport::soft::SoftRegion) {
+    let (done, returned) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(region);
+        let _ = done.send(());
+    });
+    returned
+        .recv_timeout(conformance::DEADLINE)
+        .expect("deregistration returns while a peer stalls");
+}
+
+/// Everything the NIC still sends on `stream` until it closes it (EOF or reset).
+fn rest_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(conformance::DEADLINE))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 1 << 16];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => return got,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,
+            Err(e) => panic!("the NIC should close the link, not: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_read_being_answered_is_cut_off_when_its_region_is_withdrawn() {
+    use kvcm_transport::{Memory, Region};
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    // Far more than both socket buffers hold: most of the answer stays queued in the NIC,
+    // by reference to the region's memory, while the peer reads nothing.
+    let len = 32 << 20;
+    let (memory, region) = remote_region(&side, len, 0x11);
+    let remote = region.remote(0);
+    let (mut stream, _silent) = raw_link(&side);
+    stream
+        .write_all(&request(READ, None, len as u32, remote.addr, remote.rkey))
+        .unwrap();
+    assert_eq!(response(&mut stream), (0, len as u32), "the answer started");
+    withdraw(region);
+    // The memory's next owner (another protection domain, say) writes its own bytes.
+    memory.write(0, &vec![0xbb; len]).unwrap();
+    let rest = rest_until_closed(&mut stream);
+    assert!(
+        rest.len() < len,
+        "the answer was cut short, not sent whole ({} bytes)",
+        rest.len()
+    );
+    let leaked = rest.iter().filter(|&&byte| byte != 0x11).count();
+    assert_eq!(
+        leaked, 0,
+        "bytes written after the withdrawal reached the peer"
+    );
+}
+
+#[test]
+fn a_write_being_placed_is_cut_off_when_its_region_is_withdrawn() {
+    use kvcm_transport::{Memory, Region};
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let len = 8 << 20;
+    let (memory, region) = remote_region(&side, len, 0);
+    let remote = region.remote(0);
+    let (mut stream, _silent) = raw_link(&side);
+    stream
+        .write_all(&request(WRITE, None, len as u32, remote.addr, remote.rkey))
+        .unwrap();
+    // The first MiB arrives and is placed; the rest waits in the peer.
+    stream.write_all(&vec![0x22; 1 << 20]).unwrap();
+    conformance::eventually("the first MiB placed", || {
+        let mut last = [0u8; 1];
+        memory.read((1 << 20) - 1, &mut last).unwrap();
+        last[0] == 0x22
+    });
+    withdraw(region);
+    // The rest comes after the withdrawal: none of it may land.
+    let _ = stream.write_all(&vec![0x33; len - (1 << 20)]);
+    closed_by_nic(&mut stream);
+    let mut placed = vec![0u8; len];
+    memory.read(0, &mut placed).unwrap();
+    let late = placed.iter().filter(|&&byte| byte == 0x33).count();
+    assert_eq!(
+        late, 0,
+        "bytes sent after the withdrawal landed in its memory"
+    );
+    assert!(placed[..1 << 20].iter().all(|&byte| byte == 0x22));
+}

@@ -194,6 +194,6 @@ impl Region for SoftRegion {
 
 impl Drop for SoftRegion {
     fn drop(&mut self) {
-        self.domain.nic.registry.deregister(self.key);
+        self.domain.nic.deregister(self.key, self.access);
     }
 }

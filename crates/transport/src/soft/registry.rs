@@ -3,9 +3,11 @@
 //! Invariants: a key maps to at most one live registration; registrations on one memory
 //! never overlap; caller-owned memory is registered with local rights only; a [`Target`]
 //! (or, for the rest of a pass, the [`KeyMemo`] that lent it) holds the memory alive, so a
-//! transfer that resolved its key finishes on live memory even if the region is
-//! deregistered meanwhile (as with hardware, the application must not deregister memory
-//! with work in flight if it wants the data).
+//! transfer that resolved its key never touches unmapped memory. A deregistration returns
+//! the [`Span`] it withdrew: for a registration with remote rights the NIC's fence
+//! (`nic/fence.rs`) then cuts off inbound transfers that still hold it, so that memory
+//! handed to another protection domain is never reached under the old key. Local work in
+//! flight is the application's concern, as with hardware.
 
 use super::keytable::{self, KeyEntry, KeyTable, SLOT_BITS};
 use crate::memory::MemoryInner;
@@ -28,6 +30,21 @@ pub(crate) const CALLER_MEMORY_IS_LOCAL: &str =
 pub(crate) struct Target {
     pub(crate) mem: Arc<SharedMemory>,
     pub(crate) offset: usize,
+}
+
+/// The bytes a withdrawn registration covered: `len` bytes of `mem` at `offset`.
+#[derive(Clone, Debug)]
+pub(crate) struct Span {
+    pub(crate) mem: Arc<SharedMemory>,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+impl Span {
+    /// Whether `len` bytes of `mem` at `offset` share a byte with this span.
+    pub(crate) fn overlaps(&self, mem: &Arc<SharedMemory>, offset: usize, len: usize) -> bool {
+        Arc::ptr_eq(&self.mem, mem) && offset < self.offset + self.len && self.offset < offset + len
+    }
 }
 
 /// An 8-byte remote atomic.
@@ -153,19 +170,25 @@ impl Registry {
         Ok((key, entry))
     }
 
-    /// Withdraws `key`; later accesses with it fail.
-    pub(crate) fn deregister(&self, key: u32) {
+    /// Withdraws `key`: later resolutions of it fail. Returns the bytes it covered
+    /// (`None` if it was not live).
+    pub(crate) fn deregister(&self, key: u32) -> Option<Span> {
         let removed = self
             .live
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&key);
-        let Some(live) = removed else { return };
+        let live = removed?;
         let _ = self.table.withdraw(key);
         let offset = (live.entry.addr - live.entry.mem_base) as usize;
         live.memory.release(self.owner_id(live.entry.pd), offset);
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         slots.free.push_back(key & ((1 << SLOT_BITS) - 1));
+        Some(Span {
+            mem: Arc::clone(&live.memory.shm),
+            offset,
+            len: live.entry.len as usize,
+        })
     }
 
     /// The memory whose memfd number is `fd`, if some live registration of it in protection

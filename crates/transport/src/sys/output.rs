@@ -91,6 +91,16 @@ impl OutputQueue {
         }
     }
 
+    /// The memory queued by reference and not yet all written, as (memory, offset, length).
+    pub(crate) fn memory_segments(
+        &self,
+    ) -> impl Iterator<Item = (&Arc<SharedMemory>, usize, usize)> {
+        self.segments.iter().filter_map(|segment| match segment {
+            Segment::Memory { mem, offset, len } => Some((mem, *offset, *len)),
+            Segment::Bytes(_) => None,
+        })
+    }
+
     /// Bytes queued and not yet written.
     pub(crate) fn len(&self) -> usize {
         self.sealed + self.tail.len()

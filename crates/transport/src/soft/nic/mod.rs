@@ -13,6 +13,7 @@
 //! doorbell; the flag is set before the last work check, so no wake-up is lost.
 
 mod conn;
+mod fence;
 mod requester;
 mod serve;
 mod shared_link;
@@ -24,7 +25,9 @@ use super::frame;
 use super::queue_pair::QpShared;
 use super::registry::Registry;
 use crate::sys::{Doorbell, Epoll};
+use crate::Access;
 use conn::Conn;
+use fence::Fence;
 use serve::ResponderLink;
 use std::net::TcpListener;
 use std::os::fd::{AsRawFd, RawFd};
@@ -88,6 +91,8 @@ pub(crate) struct NicShared {
     news: AtomicBool,
     stop: AtomicBool,
     idle: IdlePolicy,
+    /// Remote registrations withdrawn and not yet fenced off.
+    fence: Fence,
 }
 
 impl NicShared {
@@ -100,6 +105,7 @@ impl NicShared {
             news: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             idle,
+            fence: Fence::default(),
         })
     }
 
@@ -134,6 +140,19 @@ impl NicShared {
             .push(link);
         self.news.store(true, Ordering::Release);
         self.kick();
+    }
+
+    /// Withdraws registration `key` (granted `access`). One with remote rights is a
+    /// fence: this returns only once no inbound link holds its bytes (see [`fence`]).
+    pub(crate) fn deregister(&self, key: u32, access: Access) {
+        let Some(span) = self.registry.deregister(key) else {
+            return;
+        };
+        if access.grants_remote() {
+            let ticket = self.fence.post(span);
+            self.kick();
+            self.fence.wait(ticket);
+        }
     }
 
     /// Asks the NIC thread to exit.
@@ -171,6 +190,7 @@ pub(crate) fn spawn(
         .map_err(|e| crate::TransportError::io("spawn NIC thread", e))
 }
 
+/// The NIC thread's state; dropped when the thread ends (or unwinds).
 struct Nic {
     shared: Arc<NicShared>,
     listener: Option<TcpListener>,
@@ -185,6 +205,12 @@ struct Nic {
     liveness_checked: Instant,
     /// Rounds since the last `epoll_wait`.
     epoll_skipped: u32,
+}
+
+impl Drop for Nic {
+    fn drop(&mut self) {
+        self.shared.fence.close();
+    }
 }
 
 impl Nic {
@@ -204,7 +230,8 @@ impl Nic {
 
     fn step(&mut self) -> bool {
         let registry = Arc::clone(&self.shared.registry);
-        let mut progress = self.adopt();
+        let mut progress = self.fence_off_withdrawn();
+        progress |= self.adopt();
         let now = Instant::now();
         let direct = self.poll_ready(now);
         if self.ready.contains(&self.shared.doorbell.raw_fd()) {
@@ -228,6 +255,25 @@ impl Nic {
         }
         self.check_liveness();
         progress
+    }
+
+    /// Cuts every inbound link that holds bytes of a withdrawn remote registration, then
+    /// lets their withdrawers go. Runs between rounds: a round uses the keys it resolves
+    /// within itself, except for what links hold (see [`fence`]).
+    fn fence_off_withdrawn(&mut self) -> bool {
+        if !self.shared.fence.pending() {
+            return false;
+        }
+        let (ticket, spans) = self.shared.fence.take();
+        self.responders.retain(|link| {
+            let holds = link.holds_any(&spans);
+            if holds {
+                link.qp.enter_error();
+            }
+            !holds
+        });
+        self.shared.fence.pass(ticket);
+        true
     }
 
     /// Fills `ready` from epoll, or (at most [`EPOLL_SKIP`] rounds in a row, while an
@@ -400,6 +446,7 @@ impl Nic {
 
     fn has_work(&self) -> bool {
         self.shared.news.load(Ordering::Acquire)
+            || self.shared.fence.pending()
             || self
                 .requesters
                 .iter()

@@ -17,7 +17,7 @@ use super::zero_copy::{Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
 use crate::soft::frame::{self, Op, RequestHeader};
 use crate::soft::queue_pair::{PostedRecv, QpShared};
-use crate::soft::registry::{KeyMemo, Registry};
+use crate::soft::registry::{KeyMemo, Registry, Span};
 use crate::soft::responder;
 use crate::soft::scatter::{self, Piece};
 use crate::sys::{Epoll, OutputQueue, READ, WRITE};
@@ -316,6 +316,20 @@ impl ResponderLink {
             },
         };
         Some((Placement::new(vec![Piece { target, len }]), placed))
+    }
+
+    /// Whether this link holds bytes of one of `spans`: a payload being placed into them,
+    /// or an answer queued from them.
+    pub(crate) fn holds_any(&self, spans: &[Span]) -> bool {
+        let placing = self.placing.as_ref().map(|(placement, _)| placement);
+        spans.iter().any(|span| {
+            placing.is_some_and(|placement| placement.holds(span))
+                || self
+                    .conn
+                    .output
+                    .memory_segments()
+                    .any(|(mem, offset, len)| span.overlaps(mem, offset, len))
+        })
     }
 
     fn peer_gone(&self) -> LinkClosed {

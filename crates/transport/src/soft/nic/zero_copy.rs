@@ -2,6 +2,7 @@
 //! memory ([`queue_payload`]) and read from it into registered memory ([`Placement`]).
 
 use super::conn::Conn;
+use crate::soft::registry::Span;
 use crate::soft::scatter::{self, Piece};
 use crate::sys::OutputQueue;
 use std::io;
@@ -61,6 +62,13 @@ impl Placement {
             self.done = 0;
         }
         Ok(moved)
+    }
+
+    /// Whether bytes still to be placed land in `span`.
+    pub(crate) fn holds(&self, span: &Span) -> bool {
+        self.pieces[self.index..]
+            .iter()
+            .any(|piece| span.overlaps(&piece.target.mem, piece.target.offset, piece.len))
     }
 
     /// Whether the whole payload is in place (or dropped).
