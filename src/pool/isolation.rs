@@ -7,14 +7,18 @@
 //! to runs (a peer maps a whole memfd), so an isolating node does not offer it.
 //!
 //! Who owns what comes from the server's ownership feed, in heartbeat answers
-//! ([`OwnershipAnswer`]): [`Isolation::apply`] registers granted runs and drops released
-//! ones (a dropped registration fails every later operation with its key at once), and only
-//! then is the version recorded as applied, which is what lets the server place a released
-//! run for another tenant.
+//! ([`OwnershipAnswer`]): [`Isolation::apply`] drops released runs' registrations (a
+//! dropped registration fails every later operation with its key at once, transfers in
+//! flight included: deregistration is a fence on every wire) and registers granted ones,
+//! and only then is the version recorded as applied, which is what lets the server place a
+//! released run for another tenant. A grant that fails to register (verbs pins the run a
+//! second time, against `RLIMIT_MEMLOCK`) does not hold the feed up: the run stays
+//! unreachable for its tenant (its transfers fail) and is tried again with every later
+//! answer, while releases keep flowing.
 //!
 //! Invariants: a tenant's registrations never overlap (its runs are disjoint); applying a
-//! change twice is the same as once (a failed apply is retried from the last version
-//! recorded); a snapshot leaves exactly its runs registered.
+//! change twice is the same as once; the recorded version's releases are all dropped; a
+//! snapshot leaves exactly its runs registered or pending.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -49,11 +53,16 @@ struct TenantWire {
     runs: BTreeMap<u64, AnyRegion>,
 }
 
+/// A granted run: its tenant, offset and length.
+type Grant = (u32, u64, u64);
+
 /// Every tenant's access, and the ownership version it reflects.
 #[derive(Default)]
 pub(super) struct Isolation {
     applied: Option<AppliedVersion>,
     tenants: HashMap<u32, Vec<TenantWire>>,
+    /// Granted runs not registered on every wire yet (their registration failed).
+    pending: HashSet<Grant>,
 }
 
 impl Isolation {
@@ -63,9 +72,10 @@ impl Isolation {
     }
 
     /// Applies `answer` on `memory`, whose wires are `wires` (the node's domains, by wire
-    /// index): registrations of granted runs made, those of released runs (and, for a
-    /// snapshot, of every run it does not list) dropped; then records its version. On an
-    /// error the version stays, and the next answer repeats what was not recorded.
+    /// index): registrations of released runs (and, for a snapshot, of every run it does
+    /// not list) dropped, those of granted runs made — with those of earlier grants that
+    /// failed — and its version recorded. Grants that failed for the first time are
+    /// returned as an error (they stay pending); the version is recorded all the same.
     pub(super) fn apply(
         &mut self,
         answer: &OwnershipAnswer,
@@ -75,23 +85,44 @@ impl Isolation {
         if answer.snapshot {
             self.keep_only(&answer.changes);
         }
+        let failed_before = std::mem::take(&mut self.pending);
+        let mut grants: Vec<Grant> = failed_before.iter().copied().collect();
         for &RunChange(tenant, offset, len, released) in &answer.changes {
             if released {
                 self.release(tenant, offset);
+                grants.retain(|&(t, o, _)| (t, o) != (tenant, offset));
             } else {
-                self.grant(tenant, (offset, len), wires, memory)?;
+                grants.push((tenant, offset, len));
+            }
+        }
+        let mut errors = Vec::new();
+        for grant in grants {
+            if let Err(error) = self.grant(grant, wires, memory) {
+                if self.pending.insert(grant) && !failed_before.contains(&grant) {
+                    errors.push(format!(
+                        "run {}+{} of tenant {}: {error}",
+                        grant.1, grant.2, grant.0
+                    ));
+                }
             }
         }
         self.applied = Some(AppliedVersion {
             feed: answer.feed,
             version: answer.version,
         });
-        Ok(())
+        match errors.is_empty() {
+            true => Ok(()),
+            false => Err(PoolError::Config(format!(
+                "runs left unreachable (tried again with each heartbeat): {}",
+                errors.join("; ")
+            ))),
+        }
     }
 
-    /// Drops every registration a snapshot of `granted` runs does not list.
+    /// Drops every registration (and pending grant) a snapshot of `granted` runs does not
+    /// list.
     fn keep_only(&mut self, granted: &[RunChange]) {
-        let listed: HashSet<(u32, u64, u64)> = granted
+        let listed: HashSet<Grant> = granted
             .iter()
             .filter(|change| !change.3)
             .map(|&RunChange(tenant, offset, len, _)| (tenant, offset, len))
@@ -103,6 +134,7 @@ impl Isolation {
                 });
             }
         }
+        self.pending.retain(|grant| listed.contains(grant));
     }
 
     fn release(&mut self, tenant: u32, offset: u64) {
@@ -113,8 +145,7 @@ impl Isolation {
 
     fn grant(
         &mut self,
-        tenant: u32,
-        (offset, len): (u64, u64),
+        (tenant, offset, len): Grant,
         wires: &[(usize, &AnyDomain)],
         memory: &HostMemory,
     ) -> Result<(), PoolError> {
@@ -208,7 +239,7 @@ mod tests {
     }
 
     #[test]
-    fn grants_register_releases_drop_snapshots_replace_and_errors_keep_the_version() {
+    fn grants_register_releases_drop_snapshots_replace_and_failed_grants_do_not_hold_the_feed() {
         let domains = open_wires([127, 0, 0, 1].into(), None, "test").unwrap();
         let tcp = &domains.iter().find(|(w, _)| *w == WIRE_SOFT_TCP).unwrap().1;
         let wires = [(WIRE_SOFT_TCP, tcp)];
@@ -260,13 +291,26 @@ mod tests {
         isolation.apply(&moved, &wires, &memory).unwrap();
         assert_eq!(run(&isolation, 1, 0), None);
         assert_eq!(run(&isolation, 2, 0).map(|r| r.len), Some(SLAB));
-        // A run outside the region fails and the version stays.
+        // A run that cannot be registered (outside the region) fails once, loudly, and
+        // stays pending; the version moves on and later releases still apply.
         let bad = answer(9, 5, false, &[RunChange(3, 4 * SLAB, SLAB, false)]);
-        assert!(isolation.apply(&bad, &wires, &memory).is_err());
-        assert_eq!(isolation.applied().map(|a| a.version), Some(4));
-        // A snapshot of another feed leaves exactly its runs.
+        let error = isolation.apply(&bad, &wires, &memory).unwrap_err();
+        assert!(error.to_string().contains("tenant 3"), "{error}");
+        assert_eq!(isolation.applied().map(|a| a.version), Some(5));
+        assert_eq!(run(&isolation, 3, 4 * SLAB), None);
+        let later = answer(9, 6, false, &[RunChange(2, 0, SLAB, true)]);
+        isolation.apply(&later, &wires, &memory).unwrap();
+        assert_eq!(
+            run(&isolation, 2, 0),
+            None,
+            "released behind a failed grant"
+        );
+        assert_eq!(isolation.applied().map(|a| a.version), Some(6));
+        assert!(isolation.pending.contains(&(3, 4 * SLAB, SLAB)));
+        // A snapshot of another feed leaves exactly its runs (and drops pending grants).
         let snapshot = answer(11, 1, true, &[RunChange(1, 3 * SLAB, SLAB, false)]);
         isolation.apply(&snapshot, &wires, &memory).unwrap();
+        assert!(isolation.pending.is_empty());
         assert_eq!(run(&isolation, 2, 0), None);
         assert_eq!(run(&isolation, 2, SLAB), None);
         assert_eq!(
