@@ -153,6 +153,7 @@ fn connect(
         }
         _ => return Err(PoolError::Refused("not a pool hello".into())),
     };
+    let epoch = region.epoch();
     let admit = region.admit(ticket.as_ref())?;
     let keeps_connection = hello[4] & KEEPS_CONNECTION != 0;
     let opened = region.create_qp(wire, admit)?;
@@ -169,8 +170,11 @@ fn connect(
     if ticket.is_some() {
         answer.push(u8::from(opened.isolated));
     }
-    stream.write_all(&answer).map_err(io)?;
-    let id = region.keep(opened.qp, admit.map(|a| a.grant));
+    let id = region.keep(opened.qp, admit.map(|a| a.grant), epoch)?;
+    if let Err(error) = stream.write_all(&answer) {
+        region.drop_peer(id);
+        return Err(io(error));
+    }
     // A verbs queue pair never notices a client that is gone: a client that keeps this
     // connection for its life says so, and its closing tears the queue pair down.
     if wire == WIRE_VERBS && keeps_connection {

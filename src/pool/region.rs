@@ -44,6 +44,9 @@ pub struct PoolRegion {
     peers: Mutex<Vec<Peer>>,
     /// The id of the next queue pair kept.
     next_peer: AtomicU64,
+    /// Incarnations recorded so far: a hello admitted under an earlier one (whose policy
+    /// may have been laxer) keeps no queue pair.
+    epoch: AtomicU64,
     /// Grants the server answered revoked, and when: their tickets open nothing more (kept
     /// for a ticket's life, after which every ticket of theirs has expired).
     revoked: Mutex<Vec<(u64, Instant)>>,
@@ -208,6 +211,7 @@ impl PoolRegion {
             ticket_key: Mutex::new(None),
             peers: Mutex::new(Vec::new()),
             next_peer: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
             revoked: Mutex::new(Vec::new()),
             isolation: Mutex::new(None),
             beats: Beats::default(),
@@ -253,9 +257,16 @@ impl PoolRegion {
         self.range_id.store(range_id, Ordering::Release);
         // Queue pairs opened under another policy keep no access it would not give: an
         // isolating incarnation keeps none (each instance's domain is new), one that demands
-        // tickets none opened without.
-        self.peers()
-            .retain(|peer| !isolated && (!demands_tickets || peer.grant.is_some()));
+        // tickets none opened without. Under the peers' lock, as `keep` checks the epoch.
+        let mut peers = self.peers();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        peers.retain(|peer| !isolated && (!demands_tickets || peer.grant.is_some()));
+    }
+
+    /// The incarnations recorded so far: read before a hello is admitted, and handed to
+    /// [`Self::keep`].
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
     }
 
     fn isolation(&self) -> std::sync::MutexGuard<'_, Option<Isolation>> {
@@ -397,11 +408,17 @@ impl PoolRegion {
         self.peers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Keeps a connected queue pair, making room by dropping broken ones, then the oldest;
-    /// returns its id.
-    pub(super) fn keep(&self, qp: AnyQp, grant: Option<u64>) -> u64 {
+    /// Keeps a connected queue pair admitted at `epoch` (see [`Self::epoch`]), making room
+    /// by dropping broken ones, then the oldest; returns its id. Refused (and the queue pair
+    /// dropped) when an incarnation was recorded since: its policy may not have admitted it.
+    pub(super) fn keep(&self, qp: AnyQp, grant: Option<u64>, epoch: u64) -> Result<u64, PoolError> {
         let id = self.next_peer.fetch_add(1, Ordering::Relaxed);
         let mut peers = self.peers();
+        if self.epoch() != epoch {
+            return Err(PoolError::Refused(
+                "the node joined its server again during this hello: say hello again".into(),
+            ));
+        }
         if peers.len() >= MAX_PEERS {
             peers.retain(|peer| peer.qp.state() != QpState::Error);
         }
@@ -409,7 +426,7 @@ impl PoolRegion {
             peers.remove(0);
         }
         peers.push(Peer { id, qp, grant });
-        id
+        Ok(id)
     }
 
     /// Whether queue pair `id` is still kept.
@@ -480,5 +497,44 @@ impl PoolRegion {
             rkey: if isolated { 0 } else { entry.region.rkey() },
             isolated,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lookup::WIRE_SOFT_TCP;
+
+    #[test]
+    fn a_queue_pair_admitted_before_the_node_joined_again_is_not_kept() {
+        let spec = RegionSpec {
+            size: 4 << 20,
+            huge_pages: HugePages::Off,
+            prefault: false,
+        };
+        let region = PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap();
+        region.set_incarnation(7, None, false);
+        // A hello is admitted under a policy that isolates nothing...
+        let epoch = region.epoch();
+        let admit = region.admit(None).unwrap();
+        let opened = region.create_qp(WIRE_SOFT_TCP, admit).unwrap();
+        assert!(!opened.isolated);
+        // ...the node joins again and now isolates instances, before the hello keeps its
+        // queue pair (which reaches the whole region): it is refused.
+        region.set_incarnation(7, None, true);
+        let kept = region.keep(opened.qp, None, epoch);
+        assert!(matches!(kept, Err(PoolError::Refused(_))), "{kept:?}");
+        assert!(region.live_grants().is_empty());
+        assert_eq!(region.peers().len(), 0);
+        // A hello admitted under the current policy is kept.
+        let epoch = region.epoch();
+        let admit = Some(Admit {
+            grant: 3,
+            tenant: Some(1),
+        });
+        let opened = region.create_qp(WIRE_SOFT_TCP, admit).unwrap();
+        assert!(opened.isolated);
+        let id = region.keep(opened.qp, Some(3), epoch).unwrap();
+        assert!(region.holds(id));
     }
 }
