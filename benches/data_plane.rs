@@ -8,7 +8,11 @@
 //! memory through the staging ring, HostStaging with two slots of a quarter batch: the
 //! ring's cost without a GPU), `tcp-zc` / `tcp-zc-nosum` (the host buffers registered with
 //! the engine: zero-copy over soft-TCP, with and without checksums), `file-reg` (the same
-//! registration on the file tier: io_uring registered buffers).
+//! registration on the file tier: io_uring registered buffers), `tcp-iso` / `tcp-zc-iso`
+//! (`pool-tcp` / `tcp-zc` on a second server with `kvcm.auth.meta = required`: its pool
+//! node isolates instances, so the engine shows an API key, opens its queue pairs with a
+//! ticket in its instance's protection domain and learns its runs' keys with a runs
+//! request — the cost of isolation).
 //!
 //! `cargo bench --bench data_plane` (a real `kvcm serve --pool-size 1G` on free ports;
 //! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5; `KVCM_BENCH_PREFAULT=1` backs
@@ -54,20 +58,43 @@ fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-fn post(port: u16, rpc: &str, body: Value) -> Value {
+/// The admin token of the server that requires meta auth.
+const ROOT: &str = "bench-root";
+
+fn post(port: u16, rpc: &str, body: Value, bearer: Option<&str>) -> Value {
     let route = format!("/api/{rpc}");
-    kvcm::http_json::post_json(local(port), &route, &body, Duration::from_secs(10)).unwrap()
+    let deadline = Duration::from_secs(10);
+    kvcm::http_json::post_json_with(local(port), &route, &body, deadline, bearer, None).unwrap()
 }
 
-/// `kvcm serve --pool-size 1G` (its region backed at start when `prefault`), a file-only
-/// group `files`, and one instance per block size on each: (process, gRPC port, meta HTTP
-/// port, data dir).
-fn start_server(sizes: &[usize], prefault: bool) -> (Process, u16, u16, tempfile::TempDir) {
+/// A running `kvcm serve` of the bench and the API key its engines show (`Some` when it
+/// requires meta auth).
+struct Server {
+    _process: Process,
+    grpc: u16,
+    http: u16,
+    key: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+/// `kvcm serve --pool-size 1G` (its region backed at start when `prefault`; requiring meta
+/// auth, with a key reaching every instance, when `isolated`), a file-only group `files`,
+/// and one instance per block size on each.
+fn start_server(sizes: &[usize], prefault: bool, isolated: bool) -> Server {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (grpc, http, admin) = (free_port(), free_port(), free_port());
+    let bearer = isolated.then_some(ROOT);
+    let auth = match isolated {
+        true => [
+            "kvcm.auth.meta=required",
+            "kvcm.service.admin_auth_token=bench-root",
+        ],
+        false => ["kvcm.auth.meta=off", "kvcm.service.admin_auth_token="],
+    };
     let child = Command::new(env!("CARGO_BIN_EXE_kvcm"))
         .args(["serve", "--pool-size", "1G", "--data-dir"])
         .arg(dir.path())
+        .args(["--env", auth[0], "--env", auth[1]])
         .args(["--env", &format!("kvcm.pool.prefault={prefault}")])
         .args(["--env", &format!("kvcm.service.rpc_port={grpc}")])
         .args(["--env", &format!("kvcm.service.http_port={http}")])
@@ -78,11 +105,13 @@ fn start_server(sizes: &[usize], prefault: bool) -> (Process, u16, u16, tempfile
         .expect("kvcm serve");
     let process = Process(child);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while kvcm::http_json::post_json::<Value>(
+    while kvcm::http_json::post_json_with::<Value>(
         local(http),
         kvcm::pool::NODES_ROUTE,
         &json!({"storage": kvcm::server::DEFAULT_POOL}),
         Duration::from_secs(1),
+        bearer,
+        None,
     )
     .map_or(true, |nodes| {
         nodes["nodes"].as_array().is_none_or(|n| n.is_empty())
@@ -102,31 +131,47 @@ fn start_server(sizes: &[usize], prefault: bool) -> (Process, u16, u16, tempfile
         admin,
         "createInstanceGroup",
         json!({"instance_group": files}),
+        bearer,
     );
+    let mut instances = Vec::new();
     for &size in sizes {
         for (group, tier) in [("default", "pool"), ("files", "file")] {
             let body = json!({"instance_group": group, "instance_id": instance(tier, size),
                 "block_size": 16, "location_spec_infos": [{"name": "tp0", "size": size}],
                 "model_deployment": {"model_name": "m", "dtype": "FP8", "tp_size": 1}});
-            post(http, "registerInstance", body);
+            post(http, "registerInstance", body, bearer);
+            instances.push(instance(tier, size));
         }
     }
-    (process, grpc, http, dir)
+    let key = isolated.then(|| {
+        let account = json!({"user_name": "bench", "password": "pw", "role": "ROLE_USER"});
+        post(admin, "addAccount", account, bearer);
+        let body = json!({"user_name": "bench", "instance_ids": instances, "expires_at_ms": 0});
+        let answer = post(admin, "createApiKey", body, bearer);
+        answer["api_key"].as_str().expect("api_key").to_string()
+    });
+    Server {
+        _process: process,
+        grpc,
+        http,
+        key,
+        _dir: dir,
+    }
 }
 
 fn instance(tier: &str, size: usize) -> String {
     format!("{tier}-{size}")
 }
 
-fn engine(grpc: u16, http: u16, instance: String, wire: Wire, checksums: bool) -> TransferEngine {
+fn engine(server: &Server, instance: String, wire: Wire, checksums: bool) -> TransferEngine {
     let client = ClientConfig {
         servers: vec![ServerAddress {
-            grpc: format!("http://127.0.0.1:{grpc}"),
-            http: local(http),
+            grpc: format!("http://127.0.0.1:{}", server.grpc),
+            http: local(server.http),
         }],
         instance_id: instance,
         wire: Some(Wire::Tcp),
-        api_key: None,
+        api_key: server.key.clone(),
         tls: None,
     };
     let config = TransferConfig {
@@ -289,7 +334,8 @@ fn main() {
         .unwrap_or(5);
     let sizes = [64 << 10, 1 << 20, 4 << 20];
     let prefault = std::env::var("KVCM_BENCH_PREFAULT").as_deref() == Ok("1");
-    let (_server, grpc, http, _dir) = start_server(&sizes, prefault);
+    let open = start_server(&sizes, prefault, false);
+    let isolated = start_server(&sizes, prefault, true);
     let pool = if prefault {
         "pool region prefaulted"
     } else {
@@ -314,25 +360,22 @@ fn main() {
         device.memory().fill(7);
         let memcpy = memcpy_floor(bytes);
         let tcp = tcp_floor(bytes);
+        let (shm, tcp_zc, zc_nosum) = (Wire::Shm, Case::Registered, Case::RegisteredNoChecksums);
         let cases = [
-            ("pool-shm", "pool", Wire::Shm, memcpy, Case::Host),
-            ("shm-nosum", "pool", Wire::Shm, memcpy, Case::NoChecksums),
-            ("shm-staged", "pool", Wire::Shm, memcpy, Case::Staged),
-            ("pool-tcp", "pool", Wire::Tcp, tcp, Case::Host),
-            ("tcp-zc", "pool", Wire::Tcp, tcp, Case::Registered),
-            (
-                "tcp-zc-nosum",
-                "pool",
-                Wire::Tcp,
-                tcp,
-                Case::RegisteredNoChecksums,
-            ),
-            ("file", "file", Wire::Tcp, f64::NAN, Case::Host),
-            ("file-reg", "file", Wire::Tcp, f64::NAN, Case::Registered),
+            ("pool-shm", &open, "pool", shm, memcpy, Case::Host),
+            ("shm-nosum", &open, "pool", shm, memcpy, Case::NoChecksums),
+            ("shm-staged", &open, "pool", shm, memcpy, Case::Staged),
+            ("pool-tcp", &open, "pool", Wire::Tcp, tcp, Case::Host),
+            ("tcp-zc", &open, "pool", Wire::Tcp, tcp, tcp_zc),
+            ("tcp-zc-nosum", &open, "pool", Wire::Tcp, tcp, zc_nosum),
+            ("tcp-iso", &isolated, "pool", Wire::Tcp, tcp, Case::Host),
+            ("tcp-zc-iso", &isolated, "pool", Wire::Tcp, tcp, tcp_zc),
+            ("file", &open, "file", Wire::Tcp, f64::NAN, Case::Host),
+            ("file-reg", &open, "file", Wire::Tcp, f64::NAN, tcp_zc),
         ];
-        for (name, tier, wire, floor, case) in cases {
+        for (name, server, tier, wire, floor, case) in cases {
             let checksums = !matches!(case, Case::NoChecksums | Case::RegisteredNoChecksums);
-            let mut engine = engine(grpc, http, instance(tier, size), wire, checksums);
+            let mut engine = engine(server, instance(tier, size), wire, checksums);
             if matches!(case, Case::Registered | Case::RegisteredNoChecksums) {
                 for buffer in &mut buffers {
                     let bytes = buffer.as_mut_slice();

@@ -850,16 +850,7 @@ impl TransferEngine {
         results: &mut [Result<TransferPath, String>],
     ) -> Vec<(SocketAddr, Vec<usize>)> {
         let placed = self.pool_endpoints(places, results);
-        let mut refusals: HashMap<SocketAddr, String> = HashMap::new();
-        for (endpoint, link) in &mut self.links {
-            let offsets = placed
-                .iter()
-                .filter(|(_, e, _)| e == endpoint)
-                .map(|(_, _, (offset, _))| *offset);
-            if let Err(why) = link.learn_runs(offsets) {
-                refusals.insert(*endpoint, why);
-            }
-        }
+        let refusals = self.learn_runs(&placed);
         let mut groups: Vec<(SocketAddr, Vec<usize>)> = Vec::new();
         for (i, endpoint, (offset, len)) in placed {
             if !self.links[&endpoint].in_bounds(offset, len) {
@@ -877,6 +868,41 @@ impl TransferEngine {
             }
         }
         groups
+    }
+
+    /// Learns, from each isolating node at once (a thread per node when several must be
+    /// asked), the runs holding the `placed` parts (`pool_endpoints`) its link does not
+    /// know; returns why a node could not be asked, by endpoint.
+    fn learn_runs(
+        &mut self,
+        placed: &[(usize, SocketAddr, (u64, usize))],
+    ) -> HashMap<SocketAddr, String> {
+        let jobs: Vec<(SocketAddr, Vec<u64>)> = self
+            .links
+            .iter()
+            .map(|(endpoint, link)| {
+                let offsets = placed.iter().filter(|(_, e, _)| e == endpoint);
+                let unknown = link.unknown_runs(offsets.map(|(_, _, (offset, _))| *offset));
+                (*endpoint, unknown)
+            })
+            .filter(|(_, unknown)| !unknown.is_empty())
+            .collect();
+        let endpoints: Vec<SocketAddr> = jobs.iter().map(|(endpoint, _)| *endpoint).collect();
+        let answers = across_links(&mut self.links, jobs, |link, unknown| {
+            link.learn_runs(unknown)
+        });
+        let failed = endpoints
+            .into_iter()
+            .zip(answers)
+            .filter_map(|(endpoint, answer)| {
+                let why = match answer {
+                    Some(Ok(())) => return None,
+                    Some(Err(why)) => why,
+                    None => format!("learning the run keys of pool node {endpoint} failed"),
+                };
+                Some((endpoint, why))
+            });
+        failed.collect()
     }
 
     /// The node endpoint of each pool part among `places` (target, length), its link

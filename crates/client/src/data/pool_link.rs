@@ -172,6 +172,15 @@ impl PoolLink {
         self.ticket = ticket.or(self.ticket);
     }
 
+    /// On an isolating node, those of `offsets` no known run holds (sorted, once each);
+    /// none elsewhere.
+    pub(crate) fn unknown_runs(&self, offsets: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        match (&self.runs, &self.ticket) {
+            (Some(runs), Some(_)) => runs.unknown(offsets),
+            _ => Vec::new(),
+        }
+    }
+
     /// On an isolating node, learns the runs holding `offsets` that no known run holds
     /// (one request for all of them); nothing elsewhere.
     pub(crate) fn learn_runs(

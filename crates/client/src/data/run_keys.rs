@@ -30,6 +30,17 @@ impl RunKeys {
         (end <= start.checked_add(*run_len)?).then_some(*rkey)
     }
 
+    /// Those of `offsets` no known run holds, sorted, once each.
+    pub(crate) fn unknown(&self, offsets: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        let mut unknown: Vec<u64> = offsets
+            .into_iter()
+            .filter(|&at| self.rkey(at, 1).is_none())
+            .collect();
+        unknown.sort_unstable();
+        unknown.dedup();
+        unknown
+    }
+
     /// Asks the node at `endpoint` (showing `ticket`, for wire `wire`) for the runs holding
     /// those of `offsets` no known run holds; offsets of no run of the instance stay
     /// unknown, and so do those answered a run that does not hold them or ends past the
@@ -40,12 +51,7 @@ impl RunKeys {
         (offsets, region_len): (impl IntoIterator<Item = u64>, u64),
         timeout: Duration,
     ) -> Result<(), String> {
-        let mut unknown: Vec<u64> = offsets
-            .into_iter()
-            .filter(|&at| self.rkey(at, 1).is_none())
-            .collect();
-        unknown.sort_unstable();
-        unknown.dedup();
+        let unknown = self.unknown(offsets);
         for batch in unknown.chunks(MAX_RUN_QUERIES) {
             let batch: Vec<u64> = batch
                 .iter()
