@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use kvcm_transport::any::{AnyDomain, AnyRegion};
 use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
 
+use super::listener::RUN_ENTRY;
 use super::routes::{AppliedVersion, OwnershipAnswer, RunChange};
 use super::PoolError;
 
@@ -44,6 +45,29 @@ pub struct RunKey {
     pub len: u64,
     /// The rkey of its registration on the wire asked.
     pub rkey: u32,
+}
+
+impl RunKey {
+    /// The entry of a runs answer (`super::listener::RUNS`): offset, bytes (0: no run),
+    /// rkey, little-endian.
+    pub fn encode(&self) -> [u8; RUN_ENTRY] {
+        let mut entry = [0u8; RUN_ENTRY];
+        entry[..8].copy_from_slice(&self.offset.to_le_bytes());
+        entry[8..16].copy_from_slice(&self.len.to_le_bytes());
+        entry[16..].copy_from_slice(&self.rkey.to_le_bytes());
+        entry
+    }
+
+    /// Reads an entry written by [`RunKey::encode`].
+    pub fn decode(entry: &[u8; RUN_ENTRY]) -> RunKey {
+        let (offset, rest) = entry.split_at(8);
+        let (len, rkey) = rest.split_at(8);
+        RunKey {
+            offset: u64::from_le_bytes(offset.try_into().unwrap_or_default()),
+            len: u64::from_le_bytes(len.try_into().unwrap_or_default()),
+            rkey: u32::from_le_bytes(rkey.try_into().unwrap_or_default()),
+        }
+    }
 }
 
 /// One tenant's domain on one wire and its registrations, by run offset.
@@ -236,6 +260,16 @@ mod tests {
             snapshot,
             changes: changes.to_vec(),
         }
+    }
+
+    #[test]
+    fn run_entries_round_trip() {
+        let run = RunKey {
+            offset: u64::MAX - 7,
+            len: 2 << 20,
+            rkey: 0xfeed_f00d,
+        };
+        assert_eq!(RunKey::decode(&run.encode()), run);
     }
 
     #[test]

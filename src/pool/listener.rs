@@ -224,14 +224,12 @@ fn answer_runs(
     let mut answer = Vec::with_capacity(4 + count * RUN_ENTRY);
     answer.extend_from_slice(&(count as u32).to_le_bytes());
     for run in runs {
-        let run = run.unwrap_or(RunKey {
+        let none = RunKey {
             offset: 0,
             len: 0,
             rkey: 0,
-        });
-        answer.extend_from_slice(&run.offset.to_le_bytes());
-        answer.extend_from_slice(&run.len.to_le_bytes());
-        answer.extend_from_slice(&run.rkey.to_le_bytes());
+        };
+        answer.extend_from_slice(&run.unwrap_or(none).encode());
     }
     stream.write_all(&answer).map_err(io)
 }

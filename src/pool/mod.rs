@@ -31,6 +31,7 @@ use std::net::SocketAddr;
 use kvcm_transport::any::VerbsDevice;
 use std::time::Duration;
 
+pub use isolation::RunKey;
 pub use listener::{RegionInfo, HELLO as POOL_HELLO, KEEPS_CONNECTION};
 pub use member::{Channel, Joining, Member, MemberConfig, MetaHttp};
 pub use region::{HugePages, PoolRegion, RegionSpec};

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use kvcm::pool::listener::{MAX_RUN_QUERIES, RUNS, RUN_ENTRY};
 use kvcm::pool::ticket::Ticket;
+use kvcm::pool::RunKey;
 
 /// The runs known, by their first offset: (bytes, rkey).
 #[derive(Debug, Default)]
@@ -62,7 +63,7 @@ impl RunKeys {
                 continue;
             }
             let answered = ask(endpoint, (wire, ticket), &batch, timeout)?;
-            for (asked, (offset, len, rkey)) in batch.iter().zip(answered) {
+            for (asked, RunKey { offset, len, rkey }) in batch.iter().zip(answered) {
                 let end = offset.checked_add(len).filter(|&end| end <= region_len);
                 if len > 0 && offset <= *asked && end.is_some_and(|end| *asked < end) {
                     self.runs.insert(offset, (len, rkey));
@@ -73,13 +74,13 @@ impl RunKeys {
     }
 }
 
-/// One runs request: per offset, (run offset, run bytes (0: none), rkey).
+/// One runs request: per offset, its run (bytes 0: none).
 fn ask(
     endpoint: SocketAddr,
     (wire, ticket): (u8, &Ticket),
     offsets: &[u64],
     timeout: Duration,
-) -> Result<Vec<(u64, u64, u32)>, String> {
+) -> Result<Vec<RunKey>, String> {
     let io = |e: std::io::Error| format!("asking pool node {endpoint} for run keys: {e}");
     let mut stream = TcpStream::connect_timeout(&endpoint, timeout).map_err(io)?;
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
@@ -101,15 +102,9 @@ fn ask(
     }
     let mut answer = vec![0u8; offsets.len() * RUN_ENTRY];
     stream.read_exact(&mut answer).map_err(io)?;
-    let u64_at = |entry: &[u8], at: usize| {
-        u64::from_le_bytes(entry[at..at + 8].try_into().unwrap_or([0; 8]))
-    };
     Ok(answer
         .chunks_exact(RUN_ENTRY)
-        .map(|entry| {
-            let rkey = u32::from_le_bytes(entry[16..20].try_into().unwrap_or([0; 4]));
-            (u64_at(entry, 0), u64_at(entry, 8), rkey)
-        })
+        .filter_map(|entry| Some(RunKey::decode(entry.try_into().ok()?)))
         .collect())
 }
 
