@@ -371,7 +371,14 @@ fn main() {
             ("tcp-iso", &isolated, "pool", Wire::Tcp, tcp, Case::Host),
             ("tcp-zc-iso", &isolated, "pool", Wire::Tcp, tcp, tcp_zc),
             ("file", &open, "file", Wire::Tcp, f64::NAN, Case::Host),
-            ("file-reg", &open, "file", Wire::Tcp, f64::NAN, tcp_zc),
+            (
+                "file-reg",
+                &open,
+                "file",
+                Wire::Tcp,
+                f64::NAN,
+                Case::Registered,
+            ),
         ];
         for (name, server, tier, wire, floor, case) in cases {
             let checksums = !matches!(case, Case::NoChecksums | Case::RegisteredNoChecksums);

@@ -9,12 +9,12 @@
 //! Who owns what comes from the server's ownership feed, in heartbeat answers
 //! ([`OwnershipAnswer`]): [`Isolation::apply`] drops released runs' registrations (a
 //! dropped registration fails every later operation with its key at once, transfers in
-//! flight included: deregistration is a fence on every wire) and registers granted ones,
-//! and only then is the version recorded as applied, which is what lets the server place a
-//! released run for another tenant. A grant that fails to register (verbs pins the run a
+//! flight included: deregistration is a fence on soft-TCP and verbs) and registers granted
+//! ones, and only then is the version recorded as applied, which is what lets the server
+//! place a released run for another tenant. A grant that fails to register (verbs pins the run a
 //! second time, against `RLIMIT_MEMLOCK`) does not hold the feed up: the run stays
-//! unreachable for its tenant (its transfers fail) and is tried again with every later
-//! answer, while releases keep flowing.
+//! unreachable for its tenant on every wire (its transfers fail) and is tried again with
+//! every later answer, while releases keep flowing.
 //!
 //! Invariants: a tenant's registrations never overlap (its runs are disjoint); applying a
 //! change twice is the same as once; the recorded version's releases are all dropped; a
@@ -188,10 +188,14 @@ impl Isolation {
                 continue;
             }
             wire.runs.remove(&offset);
-            let region = wire
-                .domain
-                .register(memory, start, bytes, region_access())?;
-            wire.runs.insert(offset, region);
+            match wire.domain.register(memory, start, bytes, region_access()) {
+                Ok(region) => wire.runs.insert(offset, region),
+                Err(error) => {
+                    // Reachable on no wire until registered on every one.
+                    self.release(tenant, offset);
+                    return Err(error.into());
+                }
+            };
         }
         Ok(())
     }

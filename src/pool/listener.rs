@@ -29,7 +29,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvcm_transport::{read_endpoint, write_endpoint, QueuePair};
+use kvcm_transport::{read_endpoint, write_endpoint, QpEndpoint, QueuePair};
 
 use super::isolation::RunKey;
 use super::region::PoolRegion;
@@ -159,21 +159,21 @@ fn connect(
     let opened = region.create_qp(wire, admit)?;
     let remote = read_endpoint(&mut stream)?;
     opened.qp.connect(&remote)?;
-    write_endpoint(&mut stream, &opened.qp.endpoint())?;
+    let endpoint = opened.qp.endpoint();
     let info = RegionInfo {
         addr: opened.addr,
         len: region.len(),
         rkey: opened.rkey,
         range_id: region.range_id(),
     };
-    let mut answer = info.encode().to_vec();
-    if ticket.is_some() {
-        answer.push(u8::from(opened.isolated));
-    }
+    let isolated = ticket.is_some().then_some(opened.isolated);
+    // Kept (or refused) before the client learns the queue pair's endpoint: from then on
+    // a join that changes the policy finds it among the peers.
     let id = region.keep(opened.qp, admit.map(|a| a.grant), epoch)?;
-    if let Err(error) = stream.write_all(&answer) {
+    let answered = answer_hello(&mut stream, &endpoint, &info, isolated);
+    if let Err(error) = answered {
         region.drop_peer(id);
-        return Err(io(error));
+        return Err(error);
     }
     // A verbs queue pair never notices a client that is gone: a client that keeps this
     // connection for its life says so, and its closing tears the queue pair down.
@@ -184,6 +184,20 @@ fn connect(
         }
     }
     Ok(())
+}
+
+/// Sends a hello's answer: the queue pair's endpoint, where the region lies, and (to a
+/// hello with a ticket) whether the queue pair reaches only its instance's runs.
+fn answer_hello(
+    stream: &mut TcpStream,
+    endpoint: &QpEndpoint,
+    info: &RegionInfo,
+    isolated: Option<bool>,
+) -> Result<(), PoolError> {
+    write_endpoint(stream, endpoint)?;
+    let mut answer = info.encode().to_vec();
+    answer.extend(isolated.map(u8::from));
+    stream.write_all(&answer).map_err(PoolError::Listener)
 }
 
 /// Answers a runs request (after its ticket): the run of the ticket's instance holding each

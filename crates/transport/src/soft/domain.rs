@@ -65,7 +65,12 @@ impl SoftDomain {
     /// Opens a domain: starts its NIC thread (and TCP listener on the TCP wire).
     pub fn open(config: SoftConfig) -> Result<Self> {
         let registry = Arc::new(Registry::new()?);
-        let nic = Arc::new(NicShared::new(Arc::clone(&registry), config.idle)?);
+        let inbound_links = config.wire == Wire::Tcp;
+        let nic = Arc::new(NicShared::new(
+            Arc::clone(&registry),
+            config.idle,
+            inbound_links,
+        )?);
         let listener = match config.wire {
             Wire::Tcp => Some(listen(&config)?),
             Wire::Shm => None,
@@ -194,6 +199,6 @@ impl Region for SoftRegion {
 
 impl Drop for SoftRegion {
     fn drop(&mut self) {
-        self.domain.nic.deregister(self.key, self.access);
+        self.domain.nic.deregister(self.key);
     }
 }

@@ -4,10 +4,12 @@
 //! never overlap; caller-owned memory is registered with local rights only; a [`Target`]
 //! (or, for the rest of a pass, the [`KeyMemo`] that lent it) holds the memory alive, so a
 //! transfer that resolved its key never touches unmapped memory. A deregistration returns
-//! the [`Span`] it withdrew: for a registration with remote rights the NIC's fence
-//! (`nic/fence.rs`) then cuts off inbound transfers that still hold it, so that memory
-//! handed to another protection domain is never reached under the old key. Local work in
-//! flight is the application's concern, as with hardware.
+//! the [`Span`] it withdrew: on the TCP wire, for a registration with remote rights, the
+//! NIC's fence (`nic/fence.rs`) then cuts off inbound transfers that still hold it, so that
+//! memory handed to another protection domain is never reached under the old key. Not on
+//! the shared-memory wire, where a peer maps whole memfds and a batch it started uses a key
+//! to the batch's end. Local work in flight is the application's concern, as with
+//! hardware.
 
 use super::keytable::{self, KeyEntry, KeyTable, SLOT_BITS};
 use crate::memory::MemoryInner;
@@ -33,7 +35,7 @@ pub(crate) struct Target {
 }
 
 /// The bytes a withdrawn registration covered: `len` bytes of `mem` at `offset`.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct Span {
     pub(crate) mem: Arc<SharedMemory>,
     pub(crate) offset: usize,
@@ -170,9 +172,9 @@ impl Registry {
         Ok((key, entry))
     }
 
-    /// Withdraws `key`: later resolutions of it fail. Returns the bytes it covered
-    /// (`None` if it was not live).
-    pub(crate) fn deregister(&self, key: u32) -> Option<Span> {
+    /// Withdraws `key`: later resolutions of it fail. Returns the bytes it covered and the
+    /// rights it granted (`None` if it was not live).
+    pub(crate) fn deregister(&self, key: u32) -> Option<(Span, Access)> {
         let removed = self
             .live
             .write()
@@ -184,11 +186,12 @@ impl Registry {
         live.memory.release(self.owner_id(live.entry.pd), offset);
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         slots.free.push_back(key & ((1 << SLOT_BITS) - 1));
-        Some(Span {
+        let span = Span {
             mem: Arc::clone(&live.memory.shm),
             offset,
             len: live.entry.len as usize,
-        })
+        };
+        Some((span, live.entry.access))
     }
 
     /// The memory whose memfd number is `fd`, if some live registration of it in protection

@@ -10,6 +10,10 @@
 //! state, as a hardware NIC breaks a queue pair on an access fault — and then lets the
 //! waiters go.
 //!
+//! Links are matched by the bytes they hold, not by key: a link holding the same bytes under
+//! another registration (of another protection domain, or made after the withdrawal) is
+//! cut too — more than needed, never less.
+//!
 //! Invariant: when [`Fence::wait`] returns for a span, no inbound link holds its memory,
 //! and the registry resolves it for no one. A NIC thread that stops (or dies) releases
 //! every waiter, present and future: with no thread, no link moves bytes.

@@ -11,6 +11,9 @@
 //! `park_timeout`, after which it re-checks same-host peers' liveness). While it is parked, the `parked` word in its key
 //! table is set, and whoever adds work (a post, a connection, a same-host peer) rings the
 //! doorbell; the flag is set before the last work check, so no wake-up is lost.
+//!
+//! On the TCP wire a registration with remote rights is withdrawn through a fence
+//! ([`fence`]): between two rounds the NIC cuts the inbound links still holding its bytes.
 
 mod conn;
 mod fence;
@@ -25,7 +28,6 @@ use super::frame;
 use super::queue_pair::QpShared;
 use super::registry::Registry;
 use crate::sys::{Doorbell, Epoll};
-use crate::Access;
 use conn::Conn;
 use fence::Fence;
 use serve::ResponderLink;
@@ -93,10 +95,16 @@ pub(crate) struct NicShared {
     idle: IdlePolicy,
     /// Remote registrations withdrawn and not yet fenced off.
     fence: Fence,
+    /// The domain takes inbound TCP links (the TCP wire): only they need the fence.
+    inbound_links: bool,
 }
 
 impl NicShared {
-    pub(crate) fn new(registry: Arc<Registry>, idle: IdlePolicy) -> crate::Result<Self> {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        idle: IdlePolicy,
+        inbound_links: bool,
+    ) -> crate::Result<Self> {
         Ok(NicShared {
             registry,
             doorbell: Doorbell::new()?,
@@ -106,6 +114,7 @@ impl NicShared {
             stop: AtomicBool::new(false),
             idle,
             fence: Fence::default(),
+            inbound_links,
         })
     }
 
@@ -142,13 +151,13 @@ impl NicShared {
         self.kick();
     }
 
-    /// Withdraws registration `key` (granted `access`). One with remote rights is a
-    /// fence: this returns only once no inbound link holds its bytes (see [`fence`]).
-    pub(crate) fn deregister(&self, key: u32, access: Access) {
-        let Some(span) = self.registry.deregister(key) else {
+    /// Withdraws registration `key`. On the TCP wire one with remote rights is a fence:
+    /// this returns only once no inbound link holds its bytes (see [`fence`]).
+    pub(crate) fn deregister(&self, key: u32) {
+        let Some((span, access)) = self.registry.deregister(key) else {
             return;
         };
-        if access.grants_remote() {
+        if self.inbound_links && access.grants_remote() {
             let ticket = self.fence.post(span);
             self.kick();
             self.fence.wait(ticket);
