@@ -16,7 +16,9 @@
 //!
 //! `cargo bench --bench data_plane` (a real `kvcm serve --pool-size 1G` on free ports;
 //! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5; `KVCM_BENCH_PREFAULT=1` backs
-//! the pool's region at start, `kvcm.pool.prefault`, instead of as blocks land). Figures
+//! the pool's region at start, `kvcm.pool.prefault`, instead of as blocks land;
+//! `KVCM_BENCH_SIZES=65536,1048576` and `KVCM_BENCH_CASES=pool-shm,tcp-zc` run only those
+//! block sizes and rows, comma-separated). Figures
 //! include the control plane (StartWriteCache / FinishWriteCache, the lookup), as an engine
 //! sees them. Each case prints its best round and, as `put worst`, its slowest put (where
 //! first-touch faults of a lazily backed region show).
@@ -323,6 +325,12 @@ enum Case {
     RegisteredNoChecksums,
 }
 
+/// Whether `name` is among the comma-separated names of environment variable `var` (all
+/// are when it is unset).
+fn selected(var: &str, name: &str) -> bool {
+    std::env::var(var).map_or(true, |only| only.split(',').any(|n| n == name))
+}
+
 fn gbps(bytes: usize, seconds: f64) -> f64 {
     bytes as f64 / seconds / 1e9
 }
@@ -350,6 +358,9 @@ fn main() {
     );
     let mut next_key = 1i64;
     for size in sizes {
+        if !selected("KVCM_BENCH_SIZES", &size.to_string()) {
+            continue;
+        }
         let bytes = BATCH * size;
         let mut buffers: Vec<AlignedBuf> = (0..BATCH).map(|_| AlignedBuf::new(size)).collect();
         for (i, buffer) in buffers.iter_mut().enumerate() {
@@ -381,6 +392,9 @@ fn main() {
             ),
         ];
         for (name, server, tier, wire, floor, case) in cases {
+            if !selected("KVCM_BENCH_CASES", name) {
+                continue;
+            }
             let checksums = !matches!(case, Case::NoChecksums | Case::RegisteredNoChecksums);
             let mut engine = engine(server, instance(tier, size), wire, checksums);
             if matches!(case, Case::Registered | Case::RegisteredNoChecksums) {

@@ -1,5 +1,6 @@
 //! The journal's counters in the Prometheus text of `GET /metrics` (admin HTTP port):
-//! records appended, durable, synced and acknowledged, flushes and syncs, and
+//! records appended, durable, synced and acknowledged, waits for durability that returned,
+//! flushes and syncs, and
 //! `kvcm_journal_early_acknowledgements` — acknowledgements under `fsync = always` of a record
 //! not yet fdatasync'ed, the journal's own check of its guarantee (0 unless it is broken).
 //! Nothing is written when no journal is open.
@@ -20,6 +21,7 @@ pub fn to_prometheus(manager: &Manager, prefix: &str) -> String {
         ("records_durable", stats.durable),
         ("records_synced", stats.synced),
         ("records_acknowledged", stats.acknowledged),
+        ("waits", stats.waits),
         ("flushes", stats.flushes),
         ("syncs", stats.syncs),
         ("early_acknowledgements", stats.early_acknowledgements),

@@ -95,6 +95,22 @@ pub trait MetaIndex<V>: Send + Sync {
         keys: &[BlockKey],
         f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
     ) -> Result<(), IndexError>;
+    /// [`MetaIndex::read_modify_write`] over each of `batches` in turn (each under its own
+    /// locks, so a batch of one lock group blocks the readers of that group only), returning
+    /// once every applied batch is durable: a backend with a write-ahead log waits for it once,
+    /// after the last batch, so a background writer's many small batches share one sync. It
+    /// stops at the first batch that fails and returns its error; the batches before it stay
+    /// applied.
+    fn read_modify_write_batches(
+        &self,
+        batches: &[Vec<BlockKey>],
+        f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
+    ) -> Result<(), IndexError> {
+        for keys in batches {
+            self.read_modify_write(keys, f)?;
+        }
+        Ok(())
+    }
     /// Up to `limit` keys from `cursor` on.
     fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError>;
     /// Up to `count` distinct keys drawn uniformly at random.

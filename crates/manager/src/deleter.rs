@@ -1,7 +1,8 @@
 //! The deleter: a background thread that frees the bytes of DELETING locations on their
 //! storage, then removes each location from the index if it is still DELETING
 //! (compare-and-delete); a key left without locations is removed. It takes what is queued
-//! in batches, one index batch (and so one journal sync) per instance.
+//! together and, per instance, writes the index in background batches (each under one lock
+//! group) that share one journal sync.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{Receiver, Sender};
@@ -30,7 +31,8 @@ pub struct DeleteJob {
 /// An instance's jobs, by key.
 type JobsByKey<'a> = BTreeMap<BlockKey, Vec<&'a DeleteJob>>;
 
-/// Most jobs the deleter takes at once.
+/// Jobs the deleter takes at once: it stops taking queued pieces (each at most this many)
+/// once it holds this many.
 const BATCH: usize = 4096;
 
 /// Most keys of one index batch of background work (the deleter, the reclaimer): an
@@ -57,10 +59,10 @@ pub(crate) fn background_batches(
     batches
 }
 
-/// Starts the deleter; it runs until every sender of `jobs` is dropped. It takes the jobs
-/// queued so far (up to [`BATCH`]) together.
+/// Starts the deleter; it runs until every sender of `jobs` is dropped. It takes what was
+/// queued so far together: whole callers' batches, until one pass holds [`BATCH`] jobs.
 pub fn spawn_deleter(
-    jobs: Receiver<DeleteJob>,
+    jobs: Receiver<Vec<DeleteJob>>,
     storages: Arc<StorageTable>,
     feed: ChangeFeed,
 ) -> std::io::Result<JoinHandle<()>> {
@@ -68,20 +70,25 @@ pub fn spawn_deleter(
         .name("kvcm-deleter".into())
         .spawn(move || {
             super::background::lower_priority();
-            while let Ok(first) = jobs.recv() {
-                let mut batch = vec![first];
-                batch.extend(jobs.try_iter().take(BATCH - 1));
+            while let Ok(mut batch) = jobs.recv() {
+                while batch.len() < BATCH {
+                    let Ok(more) = jobs.try_recv() else { break };
+                    batch.extend(more);
+                }
                 delete_now(&batch, &storages, &feed);
             }
         })
 }
 
-/// Queues jobs for the deleter (no-op once it stopped).
-pub fn enqueue(sender: &Sender<DeleteJob>, jobs: Vec<DeleteJob>) {
-    for job in jobs {
-        if sender.send(job).is_err() {
+/// Queues one caller's jobs for the deleter, in pieces of at most [`BATCH`] that it takes
+/// whole (no-op once it stopped).
+pub fn enqueue(sender: &Sender<Vec<DeleteJob>>, mut jobs: Vec<DeleteJob>) {
+    while !jobs.is_empty() {
+        let rest = jobs.split_off(jobs.len().min(BATCH));
+        if sender.send(jobs).is_err() {
             return;
         }
+        jobs = rest;
     }
 }
 
@@ -102,55 +109,62 @@ pub(crate) fn delete_now(jobs: &[DeleteJob], storages: &StorageTable, feed: &Cha
     }
     for (instance, jobs) in by_instance.into_values() {
         let keys: Vec<BlockKey> = jobs.keys().copied().collect();
-        for batch in background_batches(instance, keys) {
-            remove_from_index(instance, &batch, &jobs, storages, feed);
-        }
+        remove_from_index(
+            instance,
+            &background_batches(instance, keys),
+            &jobs,
+            storages,
+            feed,
+        );
     }
 }
 
-/// Removes the location of each job of `keys` from its key's entry if it is still DELETING
-/// (a key left without locations is removed), then takes the removed ones out of the usage.
+/// Removes the location of each job of `batches` from its key's entry if it is still
+/// DELETING (a key left without locations is removed), batch by batch with one wait for the
+/// journal after the last, then takes the removed ones out of the usage.
 fn remove_from_index(
     instance: &Arc<Instance>,
-    keys: &[BlockKey],
+    batches: &[Vec<BlockKey>],
     jobs: &JobsByKey<'_>,
     storages: &StorageTable,
     feed: &ChangeFeed,
 ) {
     // Per key, what its last run of the closure removed (a backend may run it again).
     let mut removed: HashMap<BlockKey, Vec<&DeleteJob>> = HashMap::new();
-    let result = instance
-        .index
-        .read_modify_write(keys, &mut |key, current: Option<&Entry>| {
-            let removed_here = removed.entry(key).or_default();
-            removed_here.clear();
-            let Some(entry) = current else {
-                return Modify::Keep;
+    let result = instance.index.read_modify_write_batches(batches, &mut |key,
+                                                                         current: Option<
+        &Entry,
+    >| {
+        let removed_here = removed.entry(key).or_default();
+        removed_here.clear();
+        let Some(entry) = current else {
+            return Modify::Keep;
+        };
+        let mut rest = entry.to_locations();
+        for job in jobs.get(&key).into_iter().flatten() {
+            let id = job.location.as_ref().id();
+            let Some(remaining) = without_deleting(&rest, id) else {
+                continue;
             };
-            let mut rest = entry.to_locations();
-            for job in jobs.get(&key).into_iter().flatten() {
-                let id = job.location.as_ref().id();
-                let Some(remaining) = without_deleting(&rest, id) else {
-                    continue;
-                };
-                rest = remaining;
-                removed_here.push(job);
-                feed.publish(StateChange {
-                    instance_id: instance.id().clone(),
-                    key,
-                    location_id: id,
-                    from: Some(LocationState::Deleting),
-                    to: None,
-                });
-            }
-            match (rest.len() == entry.locations().count(), rest.is_empty()) {
-                (true, _) => Modify::Keep,
-                (false, true) => Modify::Delete,
-                (false, false) => Modify::Put(Entry::new(rest)),
-            }
-        });
+            rest = remaining;
+            removed_here.push(job);
+            feed.publish(StateChange {
+                instance_id: instance.id().clone(),
+                key,
+                location_id: id,
+                from: Some(LocationState::Deleting),
+                to: None,
+            });
+        }
+        match (rest.len() == entry.locations().count(), rest.is_empty()) {
+            (true, _) => Modify::Keep,
+            (false, true) => Modify::Delete,
+            (false, false) => Modify::Put(Entry::new(rest)),
+        }
+    });
     if let Err(error) = result {
-        tracing::warn!(%error, instance = %instance.id(), keys = keys.len(), "removing deleted locations failed");
+        let keys: usize = batches.iter().map(Vec::len).sum();
+        tracing::warn!(%error, instance = %instance.id(), keys, "removing deleted locations failed");
         return;
     }
     let incarnations = storages.incarnations();

@@ -159,7 +159,7 @@ pub struct Manager {
     /// API keys by id (locked after `accounts` where both are held).
     api_keys: RwLock<BTreeMap<String, ApiKey>>,
     sessions: Arc<SessionTable>,
-    deletes: Sender<DeleteJob>,
+    deletes: Sender<Vec<DeleteJob>>,
     feed: ChangeFeed,
     leadership: Leadership,
     open_index: IndexFactory,

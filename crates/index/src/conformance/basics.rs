@@ -89,6 +89,29 @@ pub fn check_read_modify_write(index: &dyn MetaIndex<Value>) {
     assert_eq!(index.len().expect("len"), 3);
 }
 
+/// Batches written together apply in order, each seeing the ones before it.
+pub fn check_read_modify_write_batches(index: &dyn MetaIndex<Value>) {
+    index.put(vec![(1, 1)]).expect("put");
+    let batches = [vec![1, 2], vec![2, 3], vec![1]];
+    let mut seen = Vec::new();
+    index
+        .read_modify_write_batches(&batches, &mut |key, current| {
+            seen.push((key, current.copied()));
+            Modify::Put(current.map_or(10, |v| v + 1))
+        })
+        .expect("rmw batches");
+    let expected = [
+        (1, Some(1)),
+        (2, None),
+        (2, Some(10)),
+        (3, None),
+        (1, Some(2)),
+    ];
+    assert_eq!(seen, expected);
+    let got = index.get(&[1, 2, 3]).expect("get");
+    assert_eq!(got, vec![Some(3), Some(11), Some(10)]);
+}
+
 /// `index` was made with a cap of `cap` (≥ 2) keys: writes that would pass it fail with
 /// `Full` and change nothing; replacing, deleting and net-neutral writes at the cap succeed.
 pub fn check_key_cap(index: &dyn MetaIndex<Value>, cap: u64) {

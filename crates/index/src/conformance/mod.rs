@@ -20,6 +20,7 @@ use crate::MetaIndex;
 
 pub use basics::{
     check_empty_batches, check_get_put_delete, check_key_cap, check_read_modify_write,
+    check_read_modify_write_batches,
 };
 pub use concurrency::{check_concurrent_increments, check_opposite_order_batches};
 pub use model::check_against_btreemap_model;
@@ -40,6 +41,7 @@ where
     check_get_put_delete(&unbounded());
     check_empty_batches(&unbounded());
     check_read_modify_write(&unbounded());
+    check_read_modify_write_batches(&unbounded());
     check_key_cap(&make(3), 3);
     check_scan_pages(&unbounded());
     check_scan_under_writes(unbounded());

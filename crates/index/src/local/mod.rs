@@ -108,12 +108,32 @@ impl<V> LocalIndex<V> {
         self.config
     }
 
-    /// Locks the shards of `keys`, lets `decide` choose each key's fate, and commits.
+    /// Locks the shards of `keys`, lets `decide` choose each key's fate, commits, and waits
+    /// for the change log.
     fn write(
         &self,
         keys: &[BlockKey],
         decide: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
     ) -> Result<(), IndexError> {
+        let ticket = self.write_unwaited(keys, decide)?;
+        self.wait_durable(ticket)
+    }
+
+    /// Returns once the append of `ticket` is durable (at once without a log or a ticket).
+    fn wait_durable(&self, ticket: Option<LogTicket>) -> Result<(), IndexError> {
+        match (ticket, &self.log) {
+            (Some(ticket), Some(log)) => log.wait_durable(ticket),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`LocalIndex::write`] up to its append to the change log, whose ticket it returns
+    /// (`None`: nothing changed or no log) with the locks released.
+    fn write_unwaited(
+        &self,
+        keys: &[BlockKey],
+        decide: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
+    ) -> Result<Option<LogTicket>, IndexError> {
         let mut locked = LockedShards::lock(&self.shards, keys, self.config.shard_bits);
         let mut batch = WriteBatch::with_capacity(keys.len());
         for &key in keys {
@@ -130,12 +150,7 @@ impl<V> LocalIndex<V> {
                 Modify::Delete => batch.record(key, Mutation::Delete, stored_before),
             }
         }
-        let ticket = self.commit(&mut locked, batch)?;
-        drop(locked);
-        match (ticket, &self.log) {
-            (Some(ticket), Some(log)) => log.wait_durable(ticket),
-            _ => Ok(()),
-        }
+        self.commit(&mut locked, batch)
     }
 
     /// Applies a staged batch to its locked shards: the one place every mutation goes through.
@@ -228,6 +243,27 @@ impl<V: Clone + Send + Sync> MetaIndex<V> for LocalIndex<V> {
         f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
     ) -> Result<(), IndexError> {
         self.write(keys, f)
+    }
+
+    /// Each batch under its own locks, one after the other; the change log is waited for
+    /// once, after the last batch that changed anything (or after the last one applied when a
+    /// later one fails), so the batches share one sync.
+    fn read_modify_write_batches(
+        &self,
+        batches: &[Vec<BlockKey>],
+        f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
+    ) -> Result<(), IndexError> {
+        let mut last = None;
+        for keys in batches {
+            match self.write_unwaited(keys, f) {
+                Ok(ticket) => last = ticket.or(last),
+                Err(error) => {
+                    self.wait_durable(last)?;
+                    return Err(error);
+                }
+            }
+        }
+        self.wait_durable(last)
     }
 
     fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError> {

@@ -215,3 +215,39 @@ fn every_changing_batch_is_logged_once_and_a_refused_append_changes_nothing() {
     );
     assert_eq!(index.len().unwrap(), 1, "the key count is restored");
 }
+
+#[test]
+fn batches_written_together_wait_for_the_log_once_and_a_failing_one_stops_the_rest() {
+    let log = Arc::new(RecordingLog::default());
+    let config = LocalIndexConfig {
+        max_key_count: 4,
+        ..LocalIndexConfig::default()
+    };
+    let index = LocalIndex::with_log(config, log.clone()).unwrap();
+    let batches = [vec![1, 2], vec![3], vec![3]];
+    let mut add_one = |_, v: Option<&u64>| Modify::Put(v.map_or(1, |v| v + 1));
+    index
+        .read_modify_write_batches(&batches, &mut add_one)
+        .unwrap();
+    assert_eq!(log.batches.lock().unwrap().len(), 3, "one record per batch");
+    assert_eq!(
+        *log.waited.lock().unwrap(),
+        [LogTicket(3)],
+        "one wait, for the last record"
+    );
+    assert_eq!(index.get(&[1, 2, 3]).unwrap(), [Some(1), Some(1), Some(2)]);
+
+    // The second batch passes the key cap: the first stays applied (and waited for), the
+    // third is not run.
+    let batches = [vec![4], vec![5, 6], vec![1]];
+    let result = index.read_modify_write_batches(&batches, &mut add_one);
+    assert!(
+        matches!(result, Err(IndexError::Full { max: 4 })),
+        "{result:?}"
+    );
+    assert_eq!(
+        index.get(&[4, 5, 6, 1]).unwrap(),
+        [Some(1), None, None, Some(1)]
+    );
+    assert_eq!(*log.waited.lock().unwrap(), [LogTicket(3), LogTicket(4)]);
+}

@@ -427,6 +427,46 @@ fn concurrent_writers_share_flushes_and_every_ack_follows_its_sync() {
 }
 
 #[test]
+fn the_deleter_waits_for_the_journal_once_per_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    let keys: Vec<i64> = (0..4096).collect();
+    write(&manager, &instance, &keys);
+    let batches = crate::deleter::background_batches(&instance, keys.clone()).len();
+    assert!(
+        batches >= 64,
+        "the keys span many lock groups: {batches} batches"
+    );
+    let before = manager.journal_stats().unwrap();
+    manager.remove_cache(&instance, &keys).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let done = || {
+        let stats = manager.journal_stats().unwrap();
+        instance.index.is_empty().unwrap() && stats.acknowledged == stats.appended
+    };
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleter removes every key and is acknowledged"
+        );
+        std::thread::yield_now();
+    }
+    let after = manager.journal_stats().unwrap();
+    let records = after.appended - before.appended;
+    let waits = after.waits - before.waits;
+    assert!(
+        records >= batches as u64,
+        "a record per batch: {records} for {batches}"
+    );
+    assert_eq!(
+        waits, 2,
+        "RemoveCache waits once, and the deleter once for {records} records"
+    );
+    assert_eq!(after.synced, after.appended);
+}
+
+#[test]
 fn fsync_policies_parse() {
     assert_eq!("always".parse(), Ok(FsyncPolicy::Always));
     assert_eq!("never".parse(), Ok(FsyncPolicy::Never));

@@ -58,9 +58,14 @@ struct State {
     synced: u64,
     /// The highest ticket a wait returned for.
     acknowledged: u64,
-    /// Records the last flush carried: 1 while writers come one at a time (a waiter then
-    /// flushes its own record), more under concurrent writers (the flusher gathers).
-    last_batch: u64,
+    /// Waits that returned durable.
+    waits: u64,
+    /// Threads in [`LogWriter::wait`] for a ticket not yet durable.
+    waiting: u64,
+    /// Writers the last flush covered (the threads waiting when it took the buffer, at least
+    /// one): 1 while writers come one at a time — a waiter then flushes its own records,
+    /// however many it appended — more under concurrent writers (the flusher gathers).
+    last_writers: u64,
     /// Waits that returned, under `always`, for a ticket not yet synced (must stay 0).
     early_acknowledgements: u64,
     stop: bool,
@@ -100,6 +105,7 @@ impl Shared {
         let batch = std::mem::take(&mut state.buffer);
         let upto = state.appended;
         let records = upto - state.durable;
+        let writers = state.waiting.max(1);
         let segment = state.segment;
         drop(state);
         let written = file
@@ -117,7 +123,7 @@ impl Shared {
                     state.syncs += 1;
                     state.synced = upto;
                 }
-                state.last_batch = records;
+                state.last_writers = writers;
                 Some(records)
             }
             Err(error) => {
@@ -166,7 +172,9 @@ impl LogWriter {
                 syncs: 0,
                 synced: 0,
                 acknowledged: 0,
-                last_batch: 0,
+                waits: 0,
+                waiting: 0,
+                last_writers: 0,
                 early_acknowledgements: 0,
                 stop: false,
             }),
@@ -202,30 +210,44 @@ impl LogWriter {
     }
 
     /// Waits until `ticket` is durable. Under `always` and `never`, while writers come one
-    /// at a time (the last flush carried one record), a waiter that finds no flush running
+    /// at a time (the last flush covered one writer), a waiter that finds no flush running
     /// writes (and syncs) the buffer itself: a lone writer's call then needs no hand-off to
-    /// the flusher thread and back. Once flushes carry several records the flusher does
-    /// them, gathering batches (group commit); under `every N ms` it does every flush (it
-    /// owns the period's clock).
+    /// the flusher thread and back, even when it appended several records before waiting.
+    /// Once flushes cover several writers the flusher does them, gathering batches (group
+    /// commit); under `every N ms` it does every flush (it owns the period's clock).
     pub fn wait(&self, ticket: LogTicket) -> Result<(), JournalError> {
+        let mut state = self.shared.lock();
+        state.waiting += 1;
+        let (mut state, waited) = self.wait_counted(state, ticket);
+        state.waiting -= 1;
+        waited
+    }
+
+    /// [`LogWriter::wait`] with the waiter counted in [`State::waiting`].
+    fn wait_counted<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        ticket: LogTicket,
+    ) -> (MutexGuard<'a, State>, Result<(), JournalError>) {
         let leads = match self.shared.policy {
             FsyncPolicy::Always => Some(true),
             FsyncPolicy::Never => Some(false),
             FsyncPolicy::Every(_) => None,
         };
-        let mut state = self.shared.lock();
         loop {
             if state.durable >= ticket.0 {
                 if self.shared.policy == FsyncPolicy::Always && state.synced < ticket.0 {
                     state.early_acknowledgements += 1;
                 }
                 state.acknowledged = state.acknowledged.max(ticket.0);
-                return Ok(());
+                state.waits += 1;
+                return (state, Ok(()));
             }
             if let Some(failed) = &state.failed {
-                return Err(JournalError::Failed(failed.clone()));
+                let failed = JournalError::Failed(failed.clone());
+                return (state, Err(failed));
             }
-            let lone = state.last_batch <= 1 && state.file.is_some() && !state.buffer.is_empty();
+            let lone = state.last_writers <= 1 && state.file.is_some() && !state.buffer.is_empty();
             state = match leads {
                 Some(sync) if lone => self.shared.flush(state, sync).0,
                 _ => wait_on(&self.shared.progress, state),
@@ -289,6 +311,7 @@ impl LogWriter {
             syncs: state.syncs,
             synced: state.synced,
             acknowledged: state.acknowledged,
+            waits: state.waits,
             early_acknowledgements: state.early_acknowledgements,
             log_bytes_since_snapshot: state.since_rotation,
             log_bytes: state.bytes,
@@ -321,9 +344,9 @@ fn wait_on<'a>(condvar: &Condvar, state: MutexGuard<'a, State>) -> MutexGuard<'a
     condvar.wait(state).unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How long a flush may wait for more records when the last flush carried several (the
-/// writers it woke are likely appending again): group commit without a delay for a lone
-/// writer, whose flushes carry one record.
+/// How long a flush may wait for more records when the last flush covered several writers
+/// (the writers it woke are likely appending again): group commit without a delay for a
+/// lone writer.
 const GATHER: Duration = Duration::from_micros(100);
 
 /// The flusher thread's own state.
@@ -390,14 +413,15 @@ impl<'a> Flusher<'a> {
         state
     }
 
-    /// After a flush of several records, waits up to [`GATHER`] until as many are pending.
+    /// After a flush that covered several writers, waits up to [`GATHER`] until as many
+    /// records are pending (each of them appends at least one).
     fn gather(&self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        let last_batch = state.last_batch;
-        if last_batch < 2 || self.shared.policy != FsyncPolicy::Always {
+        let last_writers = state.last_writers;
+        if last_writers < 2 || self.shared.policy != FsyncPolicy::Always {
             return state;
         }
         let deadline = Instant::now() + GATHER;
-        while state.appended - state.durable < last_batch && !state.stop {
+        while state.appended - state.durable < last_writers && !state.stop {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 break;
             };
@@ -457,6 +481,55 @@ mod tests {
             );
             std::thread::yield_now();
         }
+    }
+
+    /// Takes the segment out of the writer (no flush can run) until [`put_back`].
+    fn hold_file(writer: &LogWriter) -> File {
+        let mut state = writer.shared.lock();
+        while state.file.is_none() {
+            state = wait_on(&writer.shared.progress, state);
+        }
+        state.file.take().unwrap()
+    }
+
+    fn put_back(writer: &LogWriter, file: File) {
+        writer.shared.lock().file = Some(file);
+        writer.shared.progress.notify_all();
+        writer.shared.work.notify_all();
+    }
+
+    #[test]
+    fn a_flush_counts_the_writers_it_covers_not_their_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = LogWriter::create(dir.path().into(), 1, FsyncPolicy::Always).unwrap();
+        // One writer appends three records, then waits: still a lone writer (it flushes its
+        // own records next time too, with no hand-off to the flusher).
+        let file = hold_file(&writer);
+        let tickets: Vec<LogTicket> = (0..3).map(|_| writer.append(b"r").unwrap()).collect();
+        put_back(&writer, file);
+        writer.wait(tickets[2]).unwrap();
+        let state = writer.shared.lock();
+        assert_eq!((state.flushes, state.durable), (1, 3), "one flush took all");
+        assert_eq!(state.last_writers, 1);
+        drop(state);
+
+        // Two writers waiting when the flush takes the buffer: the flusher gathers next time.
+        let file = hold_file(&writer);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| writer.wait(writer.append(b"w").unwrap()).unwrap());
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while writer.shared.lock().waiting < 2 {
+                assert!(Instant::now() < deadline, "both writers wait");
+                std::thread::yield_now();
+            }
+            put_back(&writer, file);
+        });
+        let state = writer.shared.lock();
+        assert_eq!((state.flushes, state.durable), (2, 5));
+        assert_eq!(state.last_writers, 2);
+        assert_eq!(state.waiting, 0);
     }
 
     #[test]

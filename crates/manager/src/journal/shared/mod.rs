@@ -512,6 +512,7 @@ impl SharedStore {
             syncs: 0,
             synced: 0,
             acknowledged: writes,
+            waits: writes,
             early_acknowledgements: 0,
             log_bytes_since_snapshot: 0,
             log_bytes: 0,
