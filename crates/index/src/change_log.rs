@@ -27,6 +27,7 @@ pub type Change<'a, V> = (BlockKey, Option<&'a V>);
 pub trait ChangeLog<V>: Send + Sync {
     /// Records one batch (under the batch's locks); refuses when the log cannot take it.
     fn append(&self, changes: &[Change<'_, V>]) -> Result<LogTicket, IndexError>;
-    /// Returns once the append of `ticket` is durable (or fails when it cannot become so).
+    /// Returns once the append of `ticket` — and so every earlier append — is durable (or
+    /// fails when it cannot become so).
     fn wait_durable(&self, ticket: LogTicket) -> Result<(), IndexError>;
 }

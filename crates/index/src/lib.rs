@@ -77,6 +77,18 @@ pub enum IndexError {
     Backend(String),
 }
 
+/// Why [`MetaIndex::read_modify_write_batches`] stopped: batch `applied` failed with `error`
+/// and changed nothing, the batches before it are applied, the later ones were not run.
+/// (Should waiting for the log fail instead, `error` is that failure: the batches before
+/// `applied` are applied in memory, and the log refuses every later write.)
+#[derive(Debug)]
+pub struct BatchesStopped {
+    /// Batches applied before the failure.
+    pub applied: usize,
+    /// Why batch `applied` (or the wait for the log) failed.
+    pub error: IndexError,
+}
+
 /// The metadata index of one key space. `V` is the stored entry (cheap to clone: use an `Arc`).
 pub trait MetaIndex<V>: Send + Sync {
     /// Values of `keys`, in order; `None` for an absent key.
@@ -98,16 +110,17 @@ pub trait MetaIndex<V>: Send + Sync {
     /// [`MetaIndex::read_modify_write`] over each of `batches` in turn (each under its own
     /// locks, so a batch of one lock group blocks the readers of that group only), returning
     /// once every applied batch is durable: a backend with a write-ahead log waits for it once,
-    /// after the last batch, so a background writer's many small batches share one sync. It
-    /// stops at the first batch that fails and returns its error; the batches before it stay
-    /// applied.
+    /// after the last batch, so a background writer's many small batches share its syncs.
+    /// It stops at the first batch that fails ([`BatchesStopped`]: the batches before it
+    /// stay applied).
     fn read_modify_write_batches(
         &self,
         batches: &[Vec<BlockKey>],
         f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
-    ) -> Result<(), IndexError> {
-        for keys in batches {
-            self.read_modify_write(keys, f)?;
+    ) -> Result<(), BatchesStopped> {
+        for (applied, keys) in batches.iter().enumerate() {
+            self.read_modify_write(keys, f)
+                .map_err(|error| BatchesStopped { applied, error })?;
         }
         Ok(())
     }

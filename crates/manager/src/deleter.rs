@@ -4,12 +4,13 @@
 //! together and, per instance, writes the index in background batches (each under one lock
 //! group) that share one journal sync.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use kvcm_index::{BlockKey, Modify};
+use kvcm_index::{BatchesStopped, BlockKey, Modify};
 
 use super::entry::{without_deleting, Entry, Location, LocationState};
 use super::feed::{ChangeFeed, StateChange};
@@ -121,7 +122,8 @@ pub(crate) fn delete_now(jobs: &[DeleteJob], storages: &StorageTable, feed: &Cha
 
 /// Removes the location of each job of `batches` from its key's entry if it is still
 /// DELETING (a key left without locations is removed), batch by batch with one wait for the
-/// journal after the last, then takes the removed ones out of the usage.
+/// journal after the last, and takes the removed ones out of the usage. A batch that fails
+/// is skipped (its locations stay DELETING until a restart recovers them); the others go on.
 fn remove_from_index(
     instance: &Arc<Instance>,
     batches: &[Vec<BlockKey>],
@@ -130,11 +132,9 @@ fn remove_from_index(
     feed: &ChangeFeed,
 ) {
     // Per key, what its last run of the closure removed (a backend may run it again).
-    let mut removed: HashMap<BlockKey, Vec<&DeleteJob>> = HashMap::new();
-    let result = instance.index.read_modify_write_batches(batches, &mut |key,
-                                                                         current: Option<
-        &Entry,
-    >| {
+    let removed: RefCell<HashMap<BlockKey, Vec<&DeleteJob>>> = RefCell::default();
+    let mut remove = |key, current: Option<&Entry>| {
+        let mut removed = removed.borrow_mut();
         let removed_here = removed.entry(key).or_default();
         removed_here.clear();
         let Some(entry) = current else {
@@ -161,14 +161,29 @@ fn remove_from_index(
             (false, true) => Modify::Delete,
             (false, false) => Modify::Put(Entry::new(rest)),
         }
-    });
-    if let Err(error) = result {
-        let keys: usize = batches.iter().map(Vec::len).sum();
-        tracing::warn!(%error, instance = %instance.id(), keys, "removing deleted locations failed");
-        return;
+    };
+    let mut left = batches;
+    while !left.is_empty() {
+        let applied = match instance.index.read_modify_write_batches(left, &mut remove) {
+            Ok(()) => left.len(),
+            Err(BatchesStopped { applied, error }) => {
+                let keys = left[applied].len();
+                tracing::warn!(%error, instance = %instance.id(), keys, "removing deleted locations failed");
+                applied
+            }
+        };
+        for key in left[..applied].iter().flatten() {
+            let jobs = removed.borrow_mut().remove(key).unwrap_or_default();
+            uncount_removed(instance, &jobs, storages);
+        }
+        left = &left[(applied + 1).min(left.len())..];
     }
+}
+
+/// Takes the locations of `jobs`, removed from the index, out of the instance's usage.
+fn uncount_removed(instance: &Instance, jobs: &[&DeleteJob], storages: &StorageTable) {
     let incarnations = storages.incarnations();
-    for job in removed.into_values().flatten() {
+    for job in jobs {
         let bytes = instance.location_bytes(&job.location.as_ref());
         if let Some(incarnation) = incarnations.get(job.location.storage) {
             instance.usage().add(incarnation.storage_type, -bytes);

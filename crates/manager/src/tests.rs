@@ -994,3 +994,52 @@ fn a_failed_replica_allocation_fails_the_whole_start_and_changes_nothing() {
 
 mod capacity;
 mod reclaim;
+
+#[test]
+fn a_deleter_batch_that_fails_is_skipped_and_the_others_are_removed_and_uncounted() {
+    let (fx, instance, failures, _) = flaky_fixture();
+    let keys: Vec<BlockKey> = (0..512).collect();
+    let started = fx
+        .manager
+        .start_write(&instance, keys.clone(), &[], 600)
+        .expect("start");
+    fx.manager
+        .finish_write(
+            &instance,
+            &started.session_id,
+            &BlockMask::Offset(keys.len()),
+        )
+        .expect("finish");
+    let per_block = instance.usage().total() / keys.len() as i64;
+    assert!(per_block > 0, "the blocks are counted");
+    let moved = fx
+        .manager
+        .move_locations(&instance, &keys, LocationState::Deleting, &mut |_, _| true)
+        .expect("to DELETING");
+    let batches = crate::deleter::background_batches(&instance, keys.clone());
+    assert!(batches.len() >= 3, "{} batches", batches.len());
+    let jobs: Vec<crate::deleter::DeleteJob> = moved
+        .into_iter()
+        .map(|(key, location)| crate::deleter::DeleteJob {
+            instance: instance.clone(),
+            key,
+            location,
+        })
+        .collect();
+    // The first batch fails (a backend outage); the deleter goes on with the rest.
+    failures.store(1, std::sync::atomic::Ordering::SeqCst);
+    crate::deleter::delete_now(&jobs, &fx.manager.storages, &fx.manager.feed);
+    let left: Vec<BlockKey> = keys
+        .iter()
+        .copied()
+        .filter(|&key| instance.index.get(&[key]).unwrap()[0].is_some())
+        .collect();
+    let mut failed = batches[0].clone();
+    failed.sort_unstable();
+    assert_eq!(left, failed, "only the failed batch's keys stay (DELETING)");
+    assert_eq!(
+        instance.usage().total(),
+        per_block * failed.len() as i64,
+        "every removed block is uncounted, the failed batch's are not"
+    );
+}

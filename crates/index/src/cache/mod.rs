@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use self::lru::Lru;
-use crate::{BlockKey, IndexError, MetaIndex, Modify, ScanCursor, ScanPage, MAX_SHARD_BITS};
+use crate::{
+    BatchesStopped, BlockKey, IndexError, MetaIndex, Modify, ScanCursor, ScanPage, MAX_SHARD_BITS,
+};
 
 /// Settings of a [`CachedIndex`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +193,15 @@ impl<I: MetaIndex<V>, V: Clone + Send + Sync> MetaIndex<V> for CachedIndex<I, V>
     ) -> Result<(), IndexError> {
         let _window = self.open_write_window(keys.to_vec());
         self.inner.read_modify_write(keys, f)
+    }
+
+    fn read_modify_write_batches(
+        &self,
+        batches: &[Vec<BlockKey>],
+        f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
+    ) -> Result<(), BatchesStopped> {
+        let _window = self.open_write_window(batches.concat());
+        self.inner.read_modify_write_batches(batches, f)
     }
 
     fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError> {

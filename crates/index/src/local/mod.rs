@@ -28,7 +28,10 @@ pub use self::key_order::BuildMixHasher;
 use self::locked_shards::{group_by_shard, read_shard, LockedShards};
 use self::shard_map::Shard;
 use self::write_batch::{Mutation, WriteBatch};
-use crate::{BlockKey, ChangeLog, IndexError, LogTicket, MetaIndex, Modify, ScanCursor, ScanPage};
+use crate::{
+    BatchesStopped, BlockKey, ChangeLog, IndexError, LogTicket, MetaIndex, Modify, ScanCursor,
+    ScanPage,
+};
 use std::sync::Arc;
 
 /// The largest accepted `shard_bits` (65 536 shards).
@@ -246,24 +249,28 @@ impl<V: Clone + Send + Sync> MetaIndex<V> for LocalIndex<V> {
     }
 
     /// Each batch under its own locks, one after the other; the change log is waited for
-    /// once, after the last batch that changed anything (or after the last one applied when a
-    /// later one fails), so the batches share one sync.
+    /// once, for the highest ticket (a log's tickets grow with each append, and a ticket is
+    /// durable only once every earlier one is), after the last batch, or after the last one
+    /// applied when a later one fails.
     fn read_modify_write_batches(
         &self,
         batches: &[Vec<BlockKey>],
         f: &mut dyn FnMut(BlockKey, Option<&V>) -> Modify<V>,
-    ) -> Result<(), IndexError> {
+    ) -> Result<(), BatchesStopped> {
         let mut last = None;
-        for keys in batches {
+        for (applied, keys) in batches.iter().enumerate() {
+            let stopped = |error| BatchesStopped { applied, error };
             match self.write_unwaited(keys, f) {
-                Ok(ticket) => last = ticket.or(last),
+                Ok(ticket) => last = last.max(ticket),
                 Err(error) => {
-                    self.wait_durable(last)?;
-                    return Err(error);
+                    self.wait_durable(last).map_err(stopped)?;
+                    return Err(stopped(error));
                 }
             }
         }
+        let applied = batches.len();
         self.wait_durable(last)
+            .map_err(|error| BatchesStopped { applied, error })
     }
 
     fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError> {

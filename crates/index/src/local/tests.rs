@@ -242,7 +242,13 @@ fn batches_written_together_wait_for_the_log_once_and_a_failing_one_stops_the_re
     let batches = [vec![4], vec![5, 6], vec![1]];
     let result = index.read_modify_write_batches(&batches, &mut add_one);
     assert!(
-        matches!(result, Err(IndexError::Full { max: 4 })),
+        matches!(
+            result,
+            Err(BatchesStopped {
+                applied: 1,
+                error: IndexError::Full { max: 4 }
+            })
+        ),
         "{result:?}"
     );
     assert_eq!(

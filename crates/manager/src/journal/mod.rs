@@ -205,7 +205,7 @@ pub struct JournalStats {
     /// The highest record (since start) a write was acknowledged for.
     pub acknowledged: u64,
     /// Waits for durability that returned: one per acknowledged write, however many records
-    /// the writer appended before it waited (the deleter waits once per pass).
+    /// the writer appended before it waited (the deleter waits once per instance per pass).
     pub waits: u64,
     /// Acknowledgements under `always` of a record not yet fdatasync'ed: the journal's own
     /// bookkeeping of its guarantee (0 unless it is broken).
