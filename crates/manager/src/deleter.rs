@@ -83,13 +83,13 @@ pub fn spawn_deleter(
 
 /// Queues one caller's jobs for the deleter, in pieces of at most [`BATCH`] that it takes
 /// whole (no-op once it stopped).
-pub fn enqueue(sender: &Sender<Vec<DeleteJob>>, mut jobs: Vec<DeleteJob>) {
-    while !jobs.is_empty() {
-        let rest = jobs.split_off(jobs.len().min(BATCH));
-        if sender.send(jobs).is_err() {
+pub fn enqueue(sender: &Sender<Vec<DeleteJob>>, jobs: Vec<DeleteJob>) {
+    let mut jobs = jobs.into_iter();
+    loop {
+        let piece: Vec<DeleteJob> = jobs.by_ref().take(BATCH).collect();
+        if piece.is_empty() || sender.send(piece).is_err() {
             return;
         }
-        jobs = rest;
     }
 }
 

@@ -452,6 +452,36 @@ fn remote_region(
     (memory, region)
 }
 
+/// What a withdrawal test keeps: a raw peer that asked for one operation over the whole
+/// of a fresh region (its side and the silent listener kept alive), the region to withdraw
+/// and its memory.
+struct Started {
+    _side: Side<SoftDomain>,
+    memory: kvcm_transport::HostMemory,
+    region: kvcm_transport::soft::SoftRegion,
+    stream: TcpStream,
+    _silent: std::net::TcpListener,
+}
+
+/// A raw peer's request `op` over the whole of a fresh region of `len` bytes, all `fill`.
+fn started(op: u8, len: usize, fill: u8) -> Started {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let (memory, region) = remote_region(&side, len, fill);
+    let remote = region.remote(0);
+    let (mut stream, silent) = raw_link(&side);
+    stream
+        .write_all(&request(op, None, len as u32, remote.addr, remote.rkey))
+        .unwrap();
+    Started {
+        _side: side,
+        memory,
+        region,
+        stream,
+        _silent: silent,
+    }
+}
+
 /// Drops `region` on another thread; fails the test unless the drop returns within the
 /// deadline (a withdrawal waits for the NIC to fence the region off).
 fn withdraw(region: kvcm_transport::soft::SoftRegion) {
@@ -485,18 +515,17 @@ fn rest_until_closed(stream: &mut TcpStream) -> Vec<u8> {
 
 #[test]
 fn a_read_being_answered_is_cut_off_when_its_region_is_withdrawn() {
-    use kvcm_transport::{Memory, Region};
-    let (domain, _) = open_tcp();
-    let side = Side::new(domain, 4096, QpConfig::default());
+    use kvcm_transport::Memory;
     // Far more than both socket buffers hold: most of the answer stays queued in the NIC,
     // by reference to the region's memory, while the peer reads nothing.
     let len = 32 << 20;
-    let (memory, region) = remote_region(&side, len, 0x11);
-    let remote = region.remote(0);
-    let (mut stream, _silent) = raw_link(&side);
-    stream
-        .write_all(&request(READ, None, len as u32, remote.addr, remote.rkey))
-        .unwrap();
+    let Started {
+        memory,
+        region,
+        mut stream,
+        _side,
+        _silent,
+    } = started(READ, len, 0x11);
     assert_eq!(response(&mut stream), (0, len as u32), "the answer started");
     withdraw(region);
     // The memory's next owner (another protection domain, say) writes its own bytes.
@@ -516,16 +545,15 @@ fn a_read_being_answered_is_cut_off_when_its_region_is_withdrawn() {
 
 #[test]
 fn a_write_being_placed_is_cut_off_when_its_region_is_withdrawn() {
-    use kvcm_transport::{Memory, Region};
-    let (domain, _) = open_tcp();
-    let side = Side::new(domain, 4096, QpConfig::default());
+    use kvcm_transport::Memory;
     let len = 8 << 20;
-    let (memory, region) = remote_region(&side, len, 0);
-    let remote = region.remote(0);
-    let (mut stream, _silent) = raw_link(&side);
-    stream
-        .write_all(&request(WRITE, None, len as u32, remote.addr, remote.rkey))
-        .unwrap();
+    let Started {
+        memory,
+        region,
+        mut stream,
+        _side,
+        _silent,
+    } = started(WRITE, len, 0);
     // The first MiB arrives and is placed; the rest waits in the peer.
     stream.write_all(&vec![0x22; 1 << 20]).unwrap();
     conformance::eventually("the first MiB placed", || {

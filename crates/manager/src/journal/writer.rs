@@ -322,11 +322,28 @@ impl LogWriter {
     /// Makes later flushes go to `file` (a test's broken disk).
     #[cfg(test)]
     pub fn replace_file(&self, file: File) {
+        drop(self.hold_file());
+        self.put_back(file);
+    }
+
+    /// Takes the segment out of the writer (no flush can run) until [`LogWriter::put_back`].
+    #[cfg(test)]
+    fn hold_file(&self) -> File {
         let mut state = self.shared.lock();
-        while state.file.is_none() {
+        loop {
+            if let Some(file) = state.file.take() {
+                return file;
+            }
             state = wait_on(&self.shared.progress, state);
         }
-        state.file = Some(file);
+    }
+
+    /// Gives the writer `file` to flush to, and wakes whoever waits for one.
+    #[cfg(test)]
+    fn put_back(&self, file: File) {
+        self.shared.lock().file = Some(file);
+        self.shared.progress.notify_all();
+        self.shared.work.notify_all();
     }
 }
 
@@ -483,30 +500,15 @@ mod tests {
         }
     }
 
-    /// Takes the segment out of the writer (no flush can run) until [`put_back`].
-    fn hold_file(writer: &LogWriter) -> File {
-        let mut state = writer.shared.lock();
-        while state.file.is_none() {
-            state = wait_on(&writer.shared.progress, state);
-        }
-        state.file.take().unwrap()
-    }
-
-    fn put_back(writer: &LogWriter, file: File) {
-        writer.shared.lock().file = Some(file);
-        writer.shared.progress.notify_all();
-        writer.shared.work.notify_all();
-    }
-
     #[test]
     fn a_flush_counts_the_writers_it_covers_not_their_records() {
         let dir = tempfile::tempdir().unwrap();
         let writer = LogWriter::create(dir.path().into(), 1, FsyncPolicy::Always).unwrap();
         // One writer appends three records, then waits: still a lone writer (it flushes its
         // own records next time too, with no hand-off to the flusher).
-        let file = hold_file(&writer);
+        let file = writer.hold_file();
         let tickets: Vec<LogTicket> = (0..3).map(|_| writer.append(b"r").unwrap()).collect();
-        put_back(&writer, file);
+        writer.put_back(file);
         writer.wait(tickets[2]).unwrap();
         let state = writer.shared.lock();
         assert_eq!((state.flushes, state.durable), (1, 3), "one flush took all");
@@ -514,7 +516,7 @@ mod tests {
         drop(state);
 
         // Two writers waiting when the flush takes the buffer: the flusher gathers next time.
-        let file = hold_file(&writer);
+        let file = writer.hold_file();
         std::thread::scope(|scope| {
             for _ in 0..2 {
                 scope.spawn(|| writer.wait(writer.append(b"w").unwrap()).unwrap());
@@ -524,7 +526,7 @@ mod tests {
                 assert!(Instant::now() < deadline, "both writers wait");
                 std::thread::yield_now();
             }
-            put_back(&writer, file);
+            writer.put_back(file);
         });
         let state = writer.shared.lock();
         assert_eq!((state.flushes, state.durable), (2, 5));
