@@ -11,10 +11,11 @@
 //!   count), or SIEVE's order (the oldest inserted not visited since the hand last passed);
 //!   suffixes go before the prefixes they extend; exact while the sample covers the
 //!   instance;
-//! - eviction takes the RemoveCache path (SERVING → DELETING through `move_locations`, so
-//!   the lookup table unpublishes and the journal logs it), in small index batches of one
-//!   shard each so lookups never wait long behind it; bytes are freed by the deleter
-//!   `delay_before_delete_ms` later;
+//! - eviction takes the RemoveCache path (SERVING → DELETING through
+//!   `move_locations_in_batches`, so the lookup table unpublishes and the journal logs it),
+//!   in small index batches of one shard each so lookups never wait long behind it, with one
+//!   wait for the journal per pass (the batches' records share its syncs); bytes are freed
+//!   by the deleter `delay_before_delete_ms` later;
 //! - fair and rate-limited: a group's byte excess is split evenly over its instances, and
 //!   no instance loses more than `reclaim_step_size` blocks (default [`DEFAULT_STEP`]) per
 //!   pass; keys already evicted but not yet deleted count against the excess, so a pass
@@ -264,21 +265,13 @@ impl Manager {
             .map(|(&key, _)| key)
             .collect();
         let keys = instance.access().victims(&candidates, count);
-        let mut moved = Vec::new();
-        let mut failed = Ok(());
-        for batch in background_batches(instance, keys) {
-            let deleting = LocationState::Deleting;
-            match self.move_locations(instance, &batch, deleting, &mut |_, l| {
-                evictable(&l.as_ref())
-            }) {
-                Ok(chunk_moved) => moved.extend(chunk_moved),
-                // What earlier chunks moved is DELETING already: it is still handed on.
-                Err(error) => {
-                    failed = Err(error);
-                    break;
-                }
-            }
-        }
+        // What the batches before a failed one moved is DELETING already: it is handed on.
+        let (moved, failed) = self.move_locations_in_batches(
+            instance,
+            &background_batches(instance, keys),
+            LocationState::Deleting,
+            &mut |_, l| evictable(&l.as_ref()),
+        );
         if !moved.is_empty() {
             self.hand_on_evicted(instance, moved, delay, state);
         }

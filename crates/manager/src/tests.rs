@@ -564,6 +564,88 @@ impl MetaIndex<Entry> for FlakyIndex {
 }
 
 #[test]
+fn a_batched_move_that_fails_keeps_and_returns_what_the_batches_before_it_moved() {
+    let (fx, instance, failures, _) = flaky_fixture();
+    let keys: Vec<BlockKey> = (0..512).collect();
+    let started = fx
+        .manager
+        .start_write(&instance, keys.clone(), &[], 600)
+        .expect("start");
+    let all = BlockMask::Offset(keys.len());
+    fx.manager
+        .finish_write(&instance, &started.session_id, &all)
+        .expect("finish");
+    let batches = crate::deleter::background_batches(&instance, keys.clone());
+    assert!(batches.len() >= 3, "{} batches", batches.len());
+    let mut first = batches[0].clone();
+    first.sort_unstable();
+    let (moved, result) = fx.manager.move_locations_in_batches(
+        &instance,
+        &batches,
+        LocationState::Deleting,
+        &mut |key, _| {
+            // While the first batch is written, an outage is injected: the second fails.
+            if first.binary_search(&key).is_ok() {
+                failures.store(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            true
+        },
+    );
+    assert!(result.is_err(), "the second batch's outage is reported");
+    let mut moved_keys: Vec<BlockKey> = moved.iter().map(|(key, _)| *key).collect();
+    moved_keys.sort_unstable();
+    assert_eq!(moved_keys, first, "the first batch's moves, and only those");
+    for key in keys {
+        let entry = instance.index.get(&[key]).expect("get")[0]
+            .clone()
+            .expect("kept");
+        let states: Vec<LocationState> = entry.locations().map(|l| l.state).collect();
+        let expected = match first.binary_search(&key) {
+            Ok(_) => LocationState::Deleting,
+            Err(_) => LocationState::Serving,
+        };
+        assert_eq!(states, vec![expected], "key {key}");
+    }
+}
+
+#[test]
+fn enqueue_hands_the_deleter_one_callers_jobs_in_order_in_pieces_of_at_most_a_pass() {
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let started = fx
+        .manager
+        .start_write(&instance, vec![1], &[], 600)
+        .expect("start");
+    let all = BlockMask::Offset(1);
+    fx.manager
+        .finish_write(&instance, &started.session_id, &all)
+        .expect("finish");
+    let location = instance.index.get(&[1]).expect("get")[0]
+        .clone()
+        .expect("written")
+        .to_locations()
+        .remove(0);
+    let jobs: Vec<crate::deleter::DeleteJob> = (0..2 * 4096 + 1)
+        .map(|key| crate::deleter::DeleteJob {
+            instance: instance.clone(),
+            key,
+            location: location.clone(),
+        })
+        .collect();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    crate::deleter::enqueue(&sender, jobs);
+    drop(sender);
+    let pieces: Vec<Vec<crate::deleter::DeleteJob>> = receiver.iter().collect();
+    let sizes: Vec<usize> = pieces.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![4096, 4096, 1]);
+    let keys: Vec<BlockKey> = pieces.iter().flatten().map(|job| job.key).collect();
+    assert_eq!(
+        keys,
+        (0..2 * 4096 + 1).collect::<Vec<BlockKey>>(),
+        "in order"
+    );
+}
+
+#[test]
 fn blocks_of_a_session_whose_failing_failed_are_failed_again_later() {
     let (fx, instance, failures, _) = flaky_fixture();
     let started = fx

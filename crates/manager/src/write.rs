@@ -392,48 +392,78 @@ impl Manager {
         to: LocationState,
         select: &mut dyn FnMut(BlockKey, &mut Location) -> bool,
     ) -> ManagerResult<Vec<(BlockKey, Location)>> {
+        let (moved, result) =
+            self.move_locations_in_batches(instance, &[keys.to_vec()], to, select);
+        result.map(|()| moved)
+    }
+
+    /// [`Manager::move_locations`] over each of `batches` in turn (each under its own locks,
+    /// as background writers batch by lock group), waiting for the journal once, after the
+    /// last: a reclaimer's pass of many small batches shares its syncs. Returns what moved
+    /// and, when a batch failed, its error: the batches before it stay moved (and are
+    /// returned), it and those after it do not.
+    pub(crate) fn move_locations_in_batches(
+        &self,
+        instance: &Instance,
+        batches: &[Vec<BlockKey>],
+        to: LocationState,
+        select: &mut dyn FnMut(BlockKey, &mut Location) -> bool,
+    ) -> (Vec<(BlockKey, Location)>, ManagerResult<()>) {
         let mut moved = Vec::new();
         let mut visible = Vec::new();
-        instance
-            .index
-            .read_modify_write(keys, &mut |key, current: Option<&Entry>| {
-                let Some(entry) = current else {
-                    return Modify::Keep;
-                };
-                let mut locations = entry.to_locations();
-                let mut changed = false;
-                for location in locations.iter_mut() {
-                    if !select(key, location) {
-                        continue;
-                    }
-                    self.feed.publish(StateChange {
-                        instance_id: instance.id().clone(),
-                        key,
-                        location_id: location.as_ref().id(),
-                        from: Some(location.state),
-                        to: Some(to),
-                    });
-                    changed |= location.state != to;
-                    if location.state != to
-                        && (location.state == LocationState::Serving
-                            || to == LocationState::Serving)
-                    {
-                        visible.push(key);
-                    }
-                    location.state = to;
-                    moved.push((key, location.clone()));
+        let stopped = instance.index.read_modify_write_batches(batches, &mut |key,
+                                                                              current: Option<
+            &Entry,
+        >| {
+            let Some(entry) = current else {
+                return Modify::Keep;
+            };
+            let mut locations = entry.to_locations();
+            let mut changed = false;
+            for location in locations.iter_mut() {
+                if !select(key, location) {
+                    continue;
                 }
-                if changed {
-                    Modify::Put(Entry::new(locations))
-                } else {
-                    Modify::Keep
+                self.feed.publish(StateChange {
+                    instance_id: instance.id().clone(),
+                    key,
+                    location_id: location.as_ref().id(),
+                    from: Some(location.state),
+                    to: Some(to),
+                });
+                changed |= location.state != to;
+                if location.state != to
+                    && (location.state == LocationState::Serving || to == LocationState::Serving)
+                {
+                    visible.push(key);
                 }
-            })?;
+                location.state = to;
+                moved.push((key, location.clone()));
+            }
+            if changed {
+                Modify::Put(Entry::new(locations))
+            } else {
+                Modify::Keep
+            }
+        });
+        let result = match stopped {
+            Ok(()) => Ok(()),
+            Err(stopped) => {
+                let applied: HashSet<BlockKey> = batches[..stopped.applied]
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .collect();
+                moved.retain(|(key, _)| applied.contains(key));
+                visible.retain(|key| applied.contains(key));
+                Err(stopped.error.into())
+            }
+        };
         // Readers of the lookup table see SERVING only: tell the publisher about the keys
         // whose SERVING set changed, before anyone is answered.
         visible.dedup();
         self.published_keys_changed(instance, &visible);
-        Ok(moved)
+        (moved, result)
     }
 
     /// Adds one WRITING location per allocated block whose key still needs one (checked

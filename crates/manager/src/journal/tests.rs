@@ -467,6 +467,39 @@ fn the_deleter_waits_for_the_journal_once_per_pass() {
 }
 
 #[test]
+fn an_eviction_pass_waits_for_the_journal_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    let keys: Vec<i64> = (0..4096).collect();
+    write(&manager, &instance, &keys);
+    let batches = crate::deleter::background_batches(&instance, keys.clone());
+    assert!(batches.len() >= 64, "{} batches", batches.len());
+    let before = manager.journal_stats().unwrap();
+    let (moved, result) = manager.move_locations_in_batches(
+        &instance,
+        &batches,
+        crate::entry::LocationState::Deleting,
+        &mut |_, _| true,
+    );
+    result.unwrap();
+    assert_eq!(moved.len(), keys.len(), "every location moved");
+    let after = manager.journal_stats().unwrap();
+    let records = after.appended - before.appended;
+    assert!(
+        records >= batches.len() as u64,
+        "a record per batch: {records} for {}",
+        batches.len()
+    );
+    assert_eq!(
+        after.waits - before.waits,
+        1,
+        "one wait for {records} records"
+    );
+    assert_eq!(after.durable, after.appended, "durable when it returns");
+}
+
+#[test]
 fn fsync_policies_parse() {
     assert_eq!("always".parse(), Ok(FsyncPolicy::Always));
     assert_eq!("never".parse(), Ok(FsyncPolicy::Never));
