@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::pool::{group, live_range, members, pool_storage, HugePages, PoolProcess};
-use common::{code, TestServer};
+use common::{code, other_user, TestServer};
 use kvcm::proto::meta;
 use kvcm_client::{
     ClientConfig, GetOutcome, PutOutcome, ServerAddress, TransferConfig, TransferEngine,
@@ -1368,6 +1368,36 @@ fn under_meta_auth_nodes_join_with_an_operator_key_and_queue_pairs_need_a_ticket
     nodes_and_tickets_under_meta_auth(Wire::Tcp, &[], &[]);
 }
 
+/// The entry [`nodes_and_tickets_under_meta_auth`] runs as another user, and what it hands
+/// it: `{"endpoint": <node>, "hello": <a shared-memory hello with a valid ticket>, "node":
+/// <the node's pid>}`.
+const POOL_CLIENT_ENTRY: &str = "pool_client_of_another_user_entry";
+const POOL_CLIENT_ENV: &str = "KVCM_POOL_ISOLATION_CLIENT";
+
+/// As another, non-root user: an isolating node refuses the shared-memory wire to a valid
+/// ticket, and none of the node's descriptors or memory open through /proc.
+#[test]
+#[ignore = "the hostile client of the pool isolation test; started by it"]
+fn pool_client_of_another_user_entry() {
+    let Ok(handed) = std::env::var(POOL_CLIENT_ENV) else {
+        return;
+    };
+    assert_eq!(other_user::euid(), other_user::NOBODY, "another user");
+    let handed: serde_json::Value = serde_json::from_str(&handed).expect("handed json");
+    let endpoint = handed["endpoint"].as_str().expect("endpoint");
+    let hello: Vec<u8> = serde_json::from_value(handed["hello"].clone()).expect("hello");
+    let node = handed["node"].as_u64().expect("pid");
+    assert!(
+        !pool_hello_admitted(endpoint, &hello, Wire::Shm),
+        "the shared-memory wire, as another user"
+    );
+    for n in 0..256 {
+        other_user::open_is_denied(&format!("/proc/{node}/fd/{n}"));
+    }
+    other_user::open_is_denied(&format!("/proc/{node}/mem"));
+    println!("{}", other_user::PASSED);
+}
+
 /// The same on verbs: the node serves its region on the device too, and a revoked key's
 /// verbs queue pair is destroyed by the node (the client's READs then fail).
 #[test]
@@ -1481,7 +1511,7 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
     args.extend_from_slice(node_args);
     // Two 2 MiB slabs: one for each instance.
     const NODE_BYTES: u64 = 4 << 20;
-    let _node = runtime.block_on(PoolProcess::start_with(
+    let node = runtime.block_on(PoolProcess::start_with(
         &server, "pool_a", "node-1", "4M", &args,
     ));
     let live_ticket = |bearer: &str, instance: Option<&str>| -> Option<(String, Vec<u8>)> {
@@ -1550,13 +1580,17 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
     assert!(raw.isolated, "the node isolates instances");
     assert_eq!(raw.info.rkey, 0, "no key of the whole region");
     if wire == Wire::Tcp {
-        let on_shm = hello(b"KVP3", Some(&ticket_a));
-        let mut on_shm = on_shm.clone();
+        let mut on_shm = hello(b"KVP3", Some(&ticket_a));
         on_shm[4] = Wire::Shm.index() as u8;
         assert!(
             !pool_hello_admitted(&endpoint, &on_shm, Wire::Shm),
             "the shared-memory wire would map the whole region"
         );
+        // Nor does a client of another, non-root user, with the same ticket.
+        if !other_user::cannot_run("the pool node's shared-memory check as another user") {
+            let handed = json!({"endpoint": endpoint, "hello": on_shm, "node": node.pid()});
+            other_user::run_as_nobody(POOL_CLIENT_ENTRY, POOL_CLIENT_ENV, &handed.to_string());
+        }
     }
     // The engines of both instances, each with its own key, move bytes through the node.
     let engine_of = |instance: &str, key: &str| {

@@ -14,6 +14,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use common::other_user::{self, euid, open_is_denied, NOBODY, PASSED};
 use common::{code, http_exchange, registration, wait_until_blocking, TestServer};
 use kvcm::lookup::grants::{parse_token, Token};
 use kvcm::lookup::messages::{self, Request, Status};
@@ -388,45 +389,15 @@ fn a_revoked_keys_queue_pairs_are_torn_down_on_verbs_or_loud_skip() {
     }
 }
 
-/// The uid and gid the hostile shared-memory client runs as.
-const NOBODY: u32 = 65534;
 /// Hands the re-executed client what it may use: `{"mine": <bootstrap of MINE>,
 /// "theirs": [header address, rkey]}` (the other instance's exact header, as if leaked).
 const PEER_ENV: &str = "KVCM_LOOKUP_ISOLATION_PEER";
-/// The client's last line when every check held.
-const PASSED: &str = "SHM CLIENT CHECKS PASSED";
-
-fn euid() -> u32 {
-    std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("stat"))
-}
-
-/// Why user [`NOBODY`] cannot run `exe`, if it cannot.
-fn not_runnable_by_others(exe: &std::path::Path) -> Option<String> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.permissions().mode());
-    exe.ancestors()
-        .skip(1)
-        .find(|dir| mode(dir).map_or(true, |m| m & 0o001 == 0))
-        .map(|dir| format!("{} is not traversable by others", dir.display()))
-        .or_else(|| {
-            (mode(exe).map_or(true, |m| m & 0o005 != 0o005))
-                .then(|| format!("{} is not executable by others", exe.display()))
-        })
-}
 
 #[test]
 fn a_client_of_another_user_maps_nothing_of_another_instance_on_shared_memory() {
-    let skipped =
-        "SKIPPED a_client_of_another_user_maps_nothing_of_another_instance_on_shared_memory";
-    if euid() != 0 {
-        common::shout(&format!(
-            "{skipped}: it must run as root to start the client as uid {NOBODY}"
-        ));
-        return;
-    }
-    let exe = std::env::current_exe().expect("test binary");
-    if let Some(why) = not_runnable_by_others(&exe) {
-        common::shout(&format!("{skipped}: {why}"));
+    if other_user::cannot_run(
+        "a_client_of_another_user_maps_nothing_of_another_instance_on_shared_memory",
+    ) {
         return;
     }
     let runtime = runtime();
@@ -437,36 +408,7 @@ fn a_client_of_another_user_maps_nothing_of_another_instance_on_shared_memory() 
         Wire::Shm,
     );
     let handed = json!({"mine": mine, "theirs": [theirs.addr, theirs.rkey]});
-    use std::os::unix::process::CommandExt;
-    let client = std::process::Command::new(exe)
-        .args(["shm_client_entry", "--exact", "--ignored", "--nocapture"])
-        .env(PEER_ENV, handed.to_string())
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .output()
-        .expect("run the client");
-    let output = format!(
-        "client stdout:\n{}\nclient stderr:\n{}",
-        String::from_utf8_lossy(&client.stdout),
-        String::from_utf8_lossy(&client.stderr)
-    );
-    assert!(client.status.success(), "the client failed\n{output}");
-    assert!(
-        String::from_utf8_lossy(&client.stdout).contains(PASSED),
-        "the client did not run its checks\n{output}"
-    );
-}
-
-/// Opening `path` fails as a permission error.
-fn open_is_denied(path: &str) {
-    match std::fs::File::open(path) {
-        Ok(_) => panic!("{path} opened"),
-        Err(e) => assert_eq!(
-            e.kind(),
-            std::io::ErrorKind::PermissionDenied,
-            "{path}: {e}, not a permission error"
-        ),
-    }
+    other_user::run_as_nobody("shm_client_entry", PEER_ENV, &handed.to_string());
 }
 
 #[test]

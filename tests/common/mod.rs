@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 use tonic::transport::Channel;
 
 pub mod crash;
+pub mod other_user;
 pub mod pool;
 
 /// Asserts that the peer of `stream` (blocking) sends nothing for `window`: a queue-pair

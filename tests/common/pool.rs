@@ -24,6 +24,11 @@ impl PoolProcess {
         Self::start_with(server, storage, node_id, size, &[]).await
     }
 
+    /// The node's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// [`PoolProcess::start`] with `extra` arguments.
     pub async fn start_with(
         server: &TestServer,
