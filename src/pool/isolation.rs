@@ -16,9 +16,17 @@
 //! unreachable for its tenant on every wire (its transfers fail) and is tried again with
 //! every later answer, while releases keep flowing.
 //!
+//! A tenant left with no run, no pending grant and no queue pair is forgotten when an answer
+//! is applied, so a long-lived node keeps domains (verbs protection domains are a device's
+//! limited resource) only for instances that hold memory or are connected. A queue pair
+//! opened in a forgotten domain (its hello ran while the tenant was forgotten) reaches none
+//! of the tenant's later runs: its transfers fail as with a stale rkey, and the client makes
+//! them again over a fresh link, as it does for a run that came back under a new key.
+//!
 //! Invariants: a tenant's registrations never overlap (its runs are disjoint); applying a
 //! change twice is the same as once; the recorded version's releases are all dropped; a
-//! snapshot leaves exactly its runs registered or pending.
+//! snapshot leaves exactly its runs registered or pending; a tenant holding a run or a
+//! pending grant keeps its domains.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -98,13 +106,15 @@ impl Isolation {
     /// Applies `answer` on `memory`, whose wires are `wires` (the node's domains, by wire
     /// index): registrations of released runs (and, for a snapshot, of every run it does
     /// not list) dropped, those of granted runs made — with those of earlier grants that
-    /// failed — and its version recorded. Grants that failed for the first time are
-    /// returned as an error (they stay pending); the version is recorded all the same.
+    /// failed — and its version recorded; then the tenants left idle (none of `connected`,
+    /// the tenants with a queue pair) are forgotten. Grants that failed for the first time
+    /// are returned as an error (they stay pending); the version is recorded all the same.
     pub(super) fn apply(
         &mut self,
         answer: &OwnershipAnswer,
         wires: &[(usize, &AnyDomain)],
         memory: &HostMemory,
+        connected: &HashSet<u32>,
     ) -> Result<(), PoolError> {
         if answer.snapshot {
             self.keep_only(&answer.changes);
@@ -134,6 +144,7 @@ impl Isolation {
             feed: answer.feed,
             version: answer.version,
         });
+        self.forget_idle(connected);
         match errors.is_empty() {
             true => Ok(()),
             false => Err(PoolError::Config(format!(
@@ -141,6 +152,16 @@ impl Isolation {
                 errors.join("; ")
             ))),
         }
+    }
+
+    /// Forgets the tenants that hold no run, wait for no grant and are not `connected`.
+    fn forget_idle(&mut self, connected: &HashSet<u32>) {
+        let pending: HashSet<u32> = self.pending.iter().map(|grant| grant.0).collect();
+        self.tenants.retain(|tenant, wires| {
+            connected.contains(tenant)
+                || pending.contains(tenant)
+                || wires.iter().any(|wire| !wire.runs.is_empty())
+        });
     }
 
     /// Drops every registration (and pending grant) a snapshot of `granted` runs does not
@@ -286,6 +307,7 @@ mod tests {
         let _whole = tcp
             .register(&memory, 0, memory.len(), region_access())
             .unwrap();
+        let none = HashSet::new();
         let mut isolation = Isolation::default();
         assert_eq!(isolation.applied(), None);
         let first = answer(
@@ -297,7 +319,7 @@ mod tests {
                 RunChange(2, SLAB, 2 * SLAB, false),
             ],
         );
-        isolation.apply(&first, &wires, &memory).unwrap();
+        isolation.apply(&first, &wires, &memory, &none).unwrap();
         let run = |i: &Isolation, tenant, at| i.run_at(tenant, WIRE_SOFT_TCP, at);
         let a = run(&isolation, 1, 5).expect("tenant 1 holds slab 0");
         assert_eq!((a.offset, a.len), (0, SLAB));
@@ -310,7 +332,7 @@ mod tests {
         assert_eq!(run(&isolation, 2, 3 * SLAB), None, "nobody's");
         assert_ne!(a.rkey, run(&isolation, 2, SLAB).unwrap().rkey);
         // Applying the same changes again keeps the registrations.
-        isolation.apply(&first, &wires, &memory).unwrap();
+        isolation.apply(&first, &wires, &memory, &none).unwrap();
         assert_eq!(run(&isolation, 1, 0), Some(a));
         assert_eq!(
             isolation.applied(),
@@ -326,18 +348,18 @@ mod tests {
             false,
             &[RunChange(1, 0, SLAB, true), RunChange(2, 0, SLAB, false)],
         );
-        isolation.apply(&moved, &wires, &memory).unwrap();
+        isolation.apply(&moved, &wires, &memory, &none).unwrap();
         assert_eq!(run(&isolation, 1, 0), None);
         assert_eq!(run(&isolation, 2, 0).map(|r| r.len), Some(SLAB));
         // A run that cannot be registered (outside the region) fails once, loudly, and
         // stays pending; the version moves on and later releases still apply.
         let bad = answer(9, 5, false, &[RunChange(3, 4 * SLAB, SLAB, false)]);
-        let error = isolation.apply(&bad, &wires, &memory).unwrap_err();
+        let error = isolation.apply(&bad, &wires, &memory, &none).unwrap_err();
         assert!(error.to_string().contains("tenant 3"), "{error}");
         assert_eq!(isolation.applied().map(|a| a.version), Some(5));
         assert_eq!(run(&isolation, 3, 4 * SLAB), None);
         let later = answer(9, 6, false, &[RunChange(2, 0, SLAB, true)]);
-        isolation.apply(&later, &wires, &memory).unwrap();
+        isolation.apply(&later, &wires, &memory, &none).unwrap();
         assert_eq!(
             run(&isolation, 2, 0),
             None,
@@ -347,7 +369,7 @@ mod tests {
         assert!(isolation.pending.contains(&(3, 4 * SLAB, SLAB)));
         // A snapshot of another feed leaves exactly its runs (and drops pending grants).
         let snapshot = answer(11, 1, true, &[RunChange(1, 3 * SLAB, SLAB, false)]);
-        isolation.apply(&snapshot, &wires, &memory).unwrap();
+        isolation.apply(&snapshot, &wires, &memory, &none).unwrap();
         assert!(isolation.pending.is_empty());
         assert_eq!(run(&isolation, 2, 0), None);
         assert_eq!(run(&isolation, 2, SLAB), None);
@@ -367,5 +389,58 @@ mod tests {
         assert!(isolation
             .domain(1, crate::lookup::WIRE_VERBS, &wires)
             .is_err());
+    }
+
+    #[test]
+    fn tenants_without_runs_pending_grants_or_queue_pairs_are_forgotten() {
+        let domains = open_wires([127, 0, 0, 1].into(), None, "test").unwrap();
+        let tcp = &domains.iter().find(|(w, _)| *w == WIRE_SOFT_TCP).unwrap().1;
+        let wires = [(WIRE_SOFT_TCP, tcp)];
+        let memory = tcp.alloc(4 * SLAB as usize).unwrap();
+        let mut isolation = Isolation::default();
+        let grants = answer(
+            1,
+            1,
+            false,
+            &[
+                RunChange(1, 0, SLAB, false),
+                RunChange(2, SLAB, SLAB, false),
+                RunChange(3, 2 * SLAB, SLAB, false),
+                RunChange(3, 9 * SLAB, SLAB, false),
+            ],
+        );
+        let none = HashSet::new();
+        // Tenant 3's second run is outside the region: it stays pending.
+        assert!(isolation.apply(&grants, &wires, &memory, &none).is_err());
+        // Tenant 5 said hello before owning anything.
+        isolation.domain(5, WIRE_SOFT_TCP, &wires).unwrap();
+        // Every tenant is left without runs; 2 and 5 have a queue pair, 3 a pending grant.
+        let releases = answer(
+            1,
+            2,
+            false,
+            &[
+                RunChange(1, 0, SLAB, true),
+                RunChange(2, SLAB, SLAB, true),
+                RunChange(3, 2 * SLAB, SLAB, true),
+            ],
+        );
+        let connected = HashSet::from([2, 5]);
+        isolation
+            .apply(&releases, &wires, &memory, &connected)
+            .unwrap();
+        let mut kept: Vec<u32> = isolation.tenants.keys().copied().collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [2, 3, 5], "idle and unconnected tenant 1 forgotten");
+        // Once 2 and 5 hang up, they go too.
+        isolation.apply(&releases, &wires, &memory, &none).unwrap();
+        let mut kept: Vec<u32> = isolation.tenants.keys().copied().collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [3], "a tenant with a pending grant stays");
+        // A later grant gives a forgotten tenant a new domain.
+        let again = answer(1, 3, false, &[RunChange(1, 0, SLAB, false)]);
+        isolation.apply(&again, &wires, &memory, &none).unwrap();
+        let run = isolation.run_at(1, WIRE_SOFT_TCP, 0);
+        assert_eq!(run.map(|r| r.len), Some(SLAB));
     }
 }

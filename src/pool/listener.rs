@@ -169,7 +169,7 @@ fn connect(
     let isolated = ticket.is_some().then_some(opened.isolated);
     // Kept (or refused) before the client learns the queue pair's endpoint: from then on
     // a join that changes the policy finds it among the peers.
-    let id = region.keep(opened.qp, admit.map(|a| a.grant), epoch)?;
+    let id = region.keep(opened.qp, admit, epoch)?;
     let answered = answer_hello(&mut stream, &endpoint, &info, isolated);
     if let Err(error) = answered {
         region.drop_peer(id);

@@ -11,6 +11,7 @@
 //! the heartbeats the listener asks for when a client needs ownership newer than the
 //! node's.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -93,11 +94,11 @@ pub(super) struct Opened {
     pub isolated: bool,
 }
 
-/// A connected queue pair, its id and the grant of the ticket it was opened with.
+/// A connected queue pair, its id and what the ticket it was opened with admitted.
 struct Peer {
     id: u64,
     qp: AnyQp,
-    grant: Option<u64>,
+    admit: Option<Admit>,
 }
 
 /// What memory a pool region is: its bytes, its pages, and whether they are backed at start.
@@ -260,7 +261,7 @@ impl PoolRegion {
         // tickets none opened without. Under the peers' lock, as `keep` checks the epoch.
         let mut peers = self.peers();
         self.epoch.fetch_add(1, Ordering::AcqRel);
-        peers.retain(|peer| !isolated && (!demands_tickets || peer.grant.is_some()));
+        peers.retain(|peer| !isolated && (!demands_tickets || peer.admit.is_some()));
     }
 
     /// The incarnations recorded so far: read before a hello is admitted, and handed to
@@ -290,8 +291,14 @@ impl PoolRegion {
     /// Applies an ownership answer (nothing when this incarnation does not isolate).
     pub(super) fn apply_ownership(&self, answer: &OwnershipAnswer) -> Result<(), PoolError> {
         let wires = self.isolating_wires();
+        let connected: HashSet<u32> = self
+            .peers()
+            .iter()
+            .filter(|peer| peer.qp.state() != QpState::Error)
+            .filter_map(|peer| peer.admit?.tenant)
+            .collect();
         match self.isolation().as_mut() {
-            Some(isolation) => isolation.apply(answer, &wires, &self.memory),
+            Some(isolation) => isolation.apply(answer, &wires, &self.memory, &connected),
             None => Ok(()),
         }
     }
@@ -411,7 +418,12 @@ impl PoolRegion {
     /// Keeps a connected queue pair admitted at `epoch` (see [`Self::epoch`]), making room
     /// by dropping broken ones, then the oldest; returns its id. Refused (and the queue pair
     /// dropped) when an incarnation was recorded since: its policy may not have admitted it.
-    pub(super) fn keep(&self, qp: AnyQp, grant: Option<u64>, epoch: u64) -> Result<u64, PoolError> {
+    pub(super) fn keep(
+        &self,
+        qp: AnyQp,
+        admit: Option<Admit>,
+        epoch: u64,
+    ) -> Result<u64, PoolError> {
         let id = self.next_peer.fetch_add(1, Ordering::Relaxed);
         let mut peers = self.peers();
         if self.epoch() != epoch {
@@ -425,7 +437,7 @@ impl PoolRegion {
         if peers.len() >= MAX_PEERS {
             peers.remove(0);
         }
-        peers.push(Peer { id, qp, grant });
+        peers.push(Peer { id, qp, admit });
         Ok(id)
     }
 
@@ -442,7 +454,8 @@ impl PoolRegion {
     /// The distinct grants of the queue pairs kept.
     pub(super) fn live_grants(&self) -> Vec<u64> {
         let peers = self.peers();
-        let mut grants: Vec<u64> = peers.iter().filter_map(|peer| peer.grant).collect();
+        let grants = peers.iter().filter_map(|peer| Some(peer.admit?.grant));
+        let mut grants: Vec<u64> = grants.collect();
         grants.sort_unstable();
         grants.dedup();
         grants
@@ -458,7 +471,7 @@ impl PoolRegion {
         }
         let mut peers = self.peers();
         let before = peers.len();
-        peers.retain(|peer| !peer.grant.is_some_and(|g| revoked.contains(&g)));
+        peers.retain(|peer| !peer.admit.is_some_and(|a| revoked.contains(&a.grant)));
         before - peers.len()
     }
 
@@ -534,7 +547,7 @@ mod tests {
         });
         let opened = region.create_qp(WIRE_SOFT_TCP, admit).unwrap();
         assert!(opened.isolated);
-        let id = region.keep(opened.qp, Some(3), epoch).unwrap();
+        let id = region.keep(opened.qp, admit, epoch).unwrap();
         assert!(region.holds(id));
     }
 }
