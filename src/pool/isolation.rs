@@ -16,12 +16,11 @@
 //! unreachable for its tenant on every wire (its transfers fail) and is tried again with
 //! every later answer, while releases keep flowing.
 //!
-//! A tenant left with no run, no pending grant and no queue pair is forgotten when an answer
-//! is applied, so a long-lived node keeps domains (verbs protection domains are a device's
-//! limited resource) only for instances that hold memory or are connected. A queue pair
-//! opened in a forgotten domain (its hello ran while the tenant was forgotten) reaches none
-//! of the tenant's later runs: its transfers fail as with a stale rkey, and the client makes
-//! them again over a fresh link, as it does for a run that came back under a new key.
+//! A tenant left with no run, no pending grant and no queue pair for [`FORGET_AFTER`] (the
+//! listener's handshake deadline, counted from the last hello that asked for its domain) is
+//! forgotten when an answer is applied, so a long-lived node keeps domains (verbs protection
+//! domains are a device's limited resource) only for instances that hold memory or are
+//! connected; a hello that got the domain has kept its queue pair, or failed, by then.
 //!
 //! Invariants: a tenant's registrations never overlap (its runs are disjoint); applying a
 //! change twice is the same as once; the recorded version's releases are all dropped; a
@@ -30,11 +29,12 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use kvcm_transport::any::{AnyDomain, AnyRegion};
 use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
 
-use super::listener::RUN_ENTRY;
+use super::listener::{HANDSHAKE_DEADLINE, RUN_ENTRY};
 use super::routes::{AppliedVersion, OwnershipAnswer, RunChange};
 use super::PoolError;
 
@@ -85,6 +85,10 @@ struct TenantWire {
     runs: BTreeMap<u64, AnyRegion>,
 }
 
+/// How long a tenant stays idle (no run, no pending grant, no queue pair) before it is
+/// forgotten.
+const FORGET_AFTER: Duration = HANDSHAKE_DEADLINE;
+
 /// A granted run: its tenant, offset and length.
 type Grant = (u32, u64, u64);
 
@@ -95,6 +99,8 @@ pub(super) struct Isolation {
     tenants: HashMap<u32, Vec<TenantWire>>,
     /// Granted runs not registered on every wire yet (their registration failed).
     pending: HashSet<Grant>,
+    /// Tenants found idle, since when (a hello asking for the domain takes its tenant out).
+    idle_since: HashMap<u32, Instant>,
 }
 
 impl Isolation {
@@ -154,13 +160,26 @@ impl Isolation {
         }
     }
 
-    /// Forgets the tenants that hold no run, wait for no grant and are not `connected`.
+    /// Forgets the tenants that held no run, waited for no grant and were not `connected`
+    /// for [`FORGET_AFTER`]; notes since when the others in that state are.
     fn forget_idle(&mut self, connected: &HashSet<u32>) {
         let pending: HashSet<u32> = self.pending.iter().map(|grant| grant.0).collect();
+        let now = Instant::now();
+        let idle_since = &mut self.idle_since;
         self.tenants.retain(|tenant, wires| {
-            connected.contains(tenant)
+            let busy = connected.contains(tenant)
                 || pending.contains(tenant)
-                || wires.iter().any(|wire| !wire.runs.is_empty())
+                || wires.iter().any(|wire| !wire.runs.is_empty());
+            if busy {
+                idle_since.remove(tenant);
+                return true;
+            }
+            let since = *idle_since.entry(*tenant).or_insert(now);
+            let forget = now.duration_since(since) >= FORGET_AFTER;
+            if forget {
+                idle_since.remove(tenant);
+            }
+            !forget
         });
     }
 
@@ -251,6 +270,7 @@ impl Isolation {
         wire: usize,
         wires: &[(usize, &AnyDomain)],
     ) -> Result<AnyDomain, PoolError> {
+        self.idle_since.remove(&tenant);
         let own = self.tenant(tenant, wires)?;
         own.iter()
             .find(|w| w.wire == wire)
@@ -426,17 +446,47 @@ mod tests {
             ],
         );
         let connected = HashSet::from([2, 5]);
-        isolation
-            .apply(&releases, &wires, &memory, &connected)
-            .unwrap();
-        let mut kept: Vec<u32> = isolation.tenants.keys().copied().collect();
-        kept.sort_unstable();
-        assert_eq!(kept, [2, 3, 5], "idle and unconnected tenant 1 forgotten");
-        // Once 2 and 5 hang up, they go too.
-        isolation.apply(&releases, &wires, &memory, &none).unwrap();
-        let mut kept: Vec<u32> = isolation.tenants.keys().copied().collect();
-        kept.sort_unstable();
-        assert_eq!(kept, [3], "a tenant with a pending grant stays");
+        let tenants = |isolation: &Isolation| {
+            let mut kept: Vec<u32> = isolation.tenants.keys().copied().collect();
+            kept.sort_unstable();
+            kept
+        };
+        let age = |isolation: &mut Isolation| {
+            for since in isolation.idle_since.values_mut() {
+                *since = since.checked_sub(FORGET_AFTER).expect("uptime");
+            }
+        };
+        let apply = |isolation: &mut Isolation, connected: &HashSet<u32>| {
+            isolation
+                .apply(&releases, &wires, &memory, connected)
+                .unwrap()
+        };
+        apply(&mut isolation, &connected);
+        assert_eq!(
+            tenants(&isolation),
+            [1, 2, 3, 5],
+            "idle for less than the grace"
+        );
+        age(&mut isolation);
+        apply(&mut isolation, &connected);
+        assert_eq!(
+            tenants(&isolation),
+            [2, 3, 5],
+            "idle and unconnected 1 forgotten"
+        );
+        // 2 and 5 hang up; a hello of 5 asks for its domain again while 2 is idle.
+        apply(&mut isolation, &none);
+        age(&mut isolation);
+        isolation.domain(5, WIRE_SOFT_TCP, &wires).unwrap();
+        apply(&mut isolation, &none);
+        assert_eq!(tenants(&isolation), [3, 5], "the grace restarts at a hello");
+        age(&mut isolation);
+        apply(&mut isolation, &none);
+        assert_eq!(
+            tenants(&isolation),
+            [3],
+            "a tenant with a pending grant stays"
+        );
         // A later grant gives a forgotten tenant a new domain.
         let again = answer(1, 3, false, &[RunChange(1, 0, SLAB, false)]);
         isolation.apply(&again, &wires, &memory, &none).unwrap();
