@@ -1498,12 +1498,19 @@ fn nodes_and_tickets_under_meta_auth(wire: Wire, settings: &[&str], node_args: &
         )
     });
     let other_tenant = runtime.block_on(key_of(&server, "other", "ROLE_USER", &["on_file"]));
-    // Membership: a join without a credential, or with a client's key, is refused.
+    // Membership: a join without a credential, or with a client's key, is refused; so is
+    // the operator's join of a node that cannot isolate instances.
     let join = json!({"storage": "pool_a", "node_id": "rogue", "endpoint": "127.0.0.1:9", "capacity": 1 << 20});
-    for (bearer, status) in [(None, 401), (Some(client_key.as_str()), 403)] {
+    for (bearer, status) in [
+        (None, 401),
+        (Some(client_key.as_str()), 403),
+        (Some(operator_key.as_str()), 400),
+    ] {
         let (got, answer) =
             runtime.block_on(server.post_as("http", kvcm::pool::JOIN_ROUTE, &join, bearer));
         assert_eq!(got, status, "join with {bearer:?}: {answer}");
+        let says_why = answer.to_string().contains("must isolate instances");
+        assert_eq!(says_why, status == 400, "{answer}");
     }
     // A node with the operator's key joins; the directory needs a credential and lists it
     // with a ticket.

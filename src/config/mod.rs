@@ -352,6 +352,17 @@ impl ServerConfig {
                 &format!("at most {MAX_CURVE_WINDOW} block accesses (8 bytes each per instance)"),
             ));
         }
+        let size = self.pool.embedded_size;
+        if self.security.meta_auth_required && size > 0 && !crate::pool::region::can_isolate(size) {
+            return Err(invalid(
+                "kvcm.pool.size",
+                &format!(
+                    "with kvcm.auth.meta = required the embedded pool must isolate instances: \
+                     at most {} bytes (about 32 GiB)",
+                    crate::pool::region::MAX_ISOLATING_BYTES
+                ),
+            ));
+        }
         if let Err(reason) = self.pool.validate() {
             let key = reason.split_whitespace().next().unwrap_or("kvcm.pool");
             return Err(invalid(key, &reason));
@@ -578,6 +589,24 @@ mod tests {
         assert!(config.set("kvcm.lookup.verbs_gid_index", "256").is_err());
         config.set("kvcm.lookup.verbs_device", "").unwrap();
         assert_eq!(config.lookup.verbs_device, None, "empty turns verbs off");
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn under_meta_auth_an_embedded_pool_too_large_to_isolate_instances_is_refused() {
+        let mut config = ServerConfig::default();
+        config.set("kvcm.service.admin_auth_token", "t").unwrap();
+        config.set("kvcm.auth.meta", "required").unwrap();
+        let largest = crate::pool::region::MAX_ISOLATING_BYTES;
+        config.set("kvcm.pool.size", &largest.to_string()).unwrap();
+        config.validate().unwrap();
+        config
+            .set("kvcm.pool.size", &(largest + 1).to_string())
+            .unwrap();
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("kvcm.pool.size"), "{error}");
+        assert!(error.contains("isolate"), "{error}");
+        config.set("kvcm.auth.meta", "off").unwrap();
         config.validate().unwrap();
     }
 

@@ -175,7 +175,7 @@ impl Member {
             tracing::warn!(
                 bytes = region.len(),
                 "this pool region is too large to isolate instances (at most about 32 GiB): \
-                 with meta auth required, every client admitted reaches the whole region"
+                 a server that requires meta auth refuses this node"
             );
         }
         let running = region.clone();

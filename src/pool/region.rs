@@ -156,6 +156,17 @@ fn huge_pages(len: usize) -> Result<HostMemory, String> {
 /// region's, and room to spare).
 const RESERVED_REGISTRATIONS: usize = 64;
 
+/// Whether a region of `bytes` can isolate instances: the soft wire's registrations
+/// suffice for one per 2 MiB slab (each run is one slab or more), beside the node's own —
+/// [`MAX_ISOLATING_BYTES`] at most.
+pub fn can_isolate(bytes: u64) -> bool {
+    bytes <= MAX_ISOLATING_BYTES
+}
+
+/// The largest region that can isolate instances (about 32 GiB).
+pub const MAX_ISOLATING_BYTES: u64 =
+    ((kvcm_transport::soft::MAX_REGISTRATIONS - RESERVED_REGISTRATIONS) as u64) << 21;
+
 /// Most queue pairs kept.
 const MAX_PEERS: usize = 1024;
 
@@ -313,11 +324,9 @@ impl PoolRegion {
             .collect()
     }
 
-    /// Whether the soft wire's registrations suffice to isolate instances: one per 2 MiB
-    /// slab of the region at most (each run is one slab or more), beside the node's own.
+    /// Whether this region can isolate instances ([`can_isolate`]).
     pub fn can_isolate(&self) -> bool {
-        let slabs = self.memory.len().div_ceil(2 << 20);
-        slabs + RESERVED_REGISTRATIONS <= kvcm_transport::soft::MAX_REGISTRATIONS
+        can_isolate(self.memory.len() as u64)
     }
 
     /// Whether this incarnation isolates instances on wire `wire` (one it serves, not the

@@ -242,7 +242,19 @@ impl Registrar {
 
     /// Adds a node incarnation; answers its ticket key too while tickets are in force
     /// (`kvcm.auth.meta = required`).
+    /// Under meta auth a node that cannot isolate instances is refused: every client
+    /// admitted would reach its whole region.
     pub fn join(&self, request: &JoinRequest) -> Result<JoinAnswer, ManagerError> {
+        if self.auth.meta_required() && !request.isolates {
+            return Err(ManagerError::Refused(format!(
+                "this server requires meta auth (kvcm.auth.meta), so its pool nodes must \
+                 isolate instances, which node {:?} cannot: a region of more than {} bytes \
+                 (about 32 GiB), or a node of an earlier release; run nodes of at most that \
+                 size",
+                request.node_id,
+                super::region::MAX_ISOLATING_BYTES
+            )));
+        }
         let join = PoolNodeJoin {
             node_id: request.node_id.clone(),
             endpoint: request.endpoint.clone(),
