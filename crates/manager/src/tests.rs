@@ -520,6 +520,26 @@ fn flaky_fixture() -> (
     (fx, instance, failures, on_get)
 }
 
+/// A [`flaky_fixture`] whose keys 0..512 are written and committed (SERVING).
+fn flaky_with_512_served() -> (
+    Fixture,
+    Arc<Instance>,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Vec<BlockKey>,
+) {
+    let (fx, instance, failures, _) = flaky_fixture();
+    let keys: Vec<BlockKey> = (0..512).collect();
+    let started = fx
+        .manager
+        .start_write(&instance, keys.clone(), &[], 600)
+        .expect("start");
+    let all = BlockMask::Offset(keys.len());
+    fx.manager
+        .finish_write(&instance, &started.session_id, &all)
+        .expect("finish");
+    (fx, instance, failures, keys)
+}
+
 impl MetaIndex<Entry> for FlakyIndex {
     fn get(&self, keys: &[BlockKey]) -> Result<Vec<Option<Entry>>, IndexError> {
         if let Some(hook) = self.on_get.get() {
@@ -565,16 +585,7 @@ impl MetaIndex<Entry> for FlakyIndex {
 
 #[test]
 fn a_batched_move_that_fails_keeps_and_returns_what_the_batches_before_it_moved() {
-    let (fx, instance, failures, _) = flaky_fixture();
-    let keys: Vec<BlockKey> = (0..512).collect();
-    let started = fx
-        .manager
-        .start_write(&instance, keys.clone(), &[], 600)
-        .expect("start");
-    let all = BlockMask::Offset(keys.len());
-    fx.manager
-        .finish_write(&instance, &started.session_id, &all)
-        .expect("finish");
+    let (fx, instance, failures, keys) = flaky_with_512_served();
     let batches = crate::deleter::background_batches(&instance, keys.clone());
     assert!(batches.len() >= 3, "{} batches", batches.len());
     let mut first = batches[0].clone();
@@ -1079,19 +1090,7 @@ mod reclaim;
 
 #[test]
 fn a_deleter_batch_that_fails_is_skipped_and_the_others_are_removed_and_uncounted() {
-    let (fx, instance, failures, _) = flaky_fixture();
-    let keys: Vec<BlockKey> = (0..512).collect();
-    let started = fx
-        .manager
-        .start_write(&instance, keys.clone(), &[], 600)
-        .expect("start");
-    fx.manager
-        .finish_write(
-            &instance,
-            &started.session_id,
-            &BlockMask::Offset(keys.len()),
-        )
-        .expect("finish");
+    let (fx, instance, failures, keys) = flaky_with_512_served();
     let per_block = instance.usage().total() / keys.len() as i64;
     assert!(per_block > 0, "the blocks are counted");
     let moved = fx
