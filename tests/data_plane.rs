@@ -1391,10 +1391,7 @@ fn pool_client_of_another_user_entry() {
         !pool_hello_admitted(endpoint, &hello, Wire::Shm),
         "the shared-memory wire, as another user"
     );
-    for n in 0..256 {
-        other_user::open_is_denied(&format!("/proc/{node}/fd/{n}"));
-    }
-    other_user::open_is_denied(&format!("/proc/{node}/mem"));
+    other_user::proc_is_closed(node, []);
     println!("{}", other_user::PASSED);
 }
 

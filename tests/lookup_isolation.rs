@@ -14,7 +14,7 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::other_user::{self, euid, open_is_denied, NOBODY, PASSED};
+use common::other_user::{self, euid, NOBODY, PASSED};
 use common::{code, http_exchange, registration, wait_until_blocking, TestServer};
 use kvcm::lookup::grants::{parse_token, Token};
 use kvcm::lookup::messages::{self, Request, Status};
@@ -438,9 +438,7 @@ fn shm_client_entry() {
         other => panic!("the other instance's table memory: {other:?}"),
     }
     // Nor any descriptor of the server through /proc.
-    for n in (0..256).chain([fd]) {
-        open_is_denied(&format!("/proc/{}/fd/{n}", broker.pid));
-    }
+    other_user::proc_is_closed(broker.pid.into(), [fd]);
     assert!(!qp.read(theirs), "the other table through the queue pair");
     println!("{PASSED}");
 }

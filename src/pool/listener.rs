@@ -55,7 +55,7 @@ const RUNS_WAIT: Duration = Duration::from_secs(1);
 /// pair (the engine sets it on verbs), so its closing means the client is gone.
 pub const KEEPS_CONNECTION: u8 = 0x80;
 /// How long a connecting client may take.
-pub(super) const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(2);
+const DEADLINE: Duration = Duration::from_secs(2);
 /// Most connections being set up at once.
 const MAX_HANDSHAKES: usize = 64;
 
@@ -134,12 +134,8 @@ fn connect(
     hangups: &HangupWatcher<u64>,
 ) -> Result<(), PoolError> {
     let io = PoolError::Listener;
-    stream
-        .set_read_timeout(Some(HANDSHAKE_DEADLINE))
-        .map_err(io)?;
-    stream
-        .set_write_timeout(Some(HANDSHAKE_DEADLINE))
-        .map_err(io)?;
+    stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
+    stream.set_write_timeout(Some(DEADLINE)).map_err(io)?;
     let _ = stream.set_nodelay(true);
     let mut hello = [0u8; 5];
     stream.read_exact(&mut hello).map_err(io)?;

@@ -261,6 +261,7 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
             }
             region.beat_finished(started);
             if forgotten {
+                region.forget_incarnation();
                 break; // join again
             }
         }

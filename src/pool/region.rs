@@ -275,6 +275,21 @@ impl PoolRegion {
         peers.retain(|peer| !isolated && (!demands_tickets || peer.admit.is_some()));
     }
 
+    /// Forgets the incarnation (the server no longer knows it): no hello is admitted and
+    /// every queue pair is torn down until the node joins again, so nothing is served under
+    /// a policy its server no longer vouches for (as a rejoin its server refuses).
+    pub(super) fn forget_incarnation(&self) {
+        self.range_id.store(0, Ordering::Release);
+        *self
+            .ticket_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        *self.isolation() = None;
+        let mut peers = self.peers();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        peers.clear();
+    }
+
     /// The incarnations recorded so far: read before a hello is admitted, and handed to
     /// [`Self::keep`].
     pub(super) fn epoch(&self) -> u64 {
@@ -558,5 +573,12 @@ mod tests {
         assert!(opened.isolated);
         let id = region.keep(opened.qp, admit, epoch).unwrap();
         assert!(region.holds(id));
+        // The server forgets the incarnation: its queue pairs go, and no hello is admitted
+        // until the node joins again.
+        region.forget_incarnation();
+        assert!(!region.holds(id));
+        assert!(matches!(region.admit(None), Err(PoolError::Refused(_))));
+        region.set_incarnation(8, None, false);
+        assert!(region.admit(None).is_ok());
     }
 }

@@ -260,8 +260,9 @@ impl Registrar {
             endpoint: request.endpoint.clone(),
             capacity: request.capacity,
             resume_range_id: request.resume_range_id,
-            // Without tickets a queue pair names no instance, so there is none to isolate.
-            isolated: request.isolates && self.auth.meta_required(),
+            // Without tickets a queue pair names no instance, so there is none to isolate;
+            // with them, a node that cannot isolate was refused above.
+            isolated: self.auth.meta_required(),
         };
         let isolated = join.isolated;
         let membership = self.manager.pool_join(&request.storage, join)?;

@@ -81,3 +81,12 @@ pub fn open_is_denied(path: &str) {
         ),
     }
 }
+
+/// None of process `pid`'s descriptors 0–255 (and `more`) nor its memory opens through
+/// /proc.
+pub fn proc_is_closed(pid: u64, more: impl IntoIterator<Item = i32>) {
+    for n in (0..256).chain(more) {
+        open_is_denied(&format!("/proc/{pid}/fd/{n}"));
+    }
+    open_is_denied(&format!("/proc/{pid}/mem"));
+}

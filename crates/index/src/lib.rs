@@ -85,6 +85,9 @@ pub enum IndexError {
 pub struct BatchesStopped {
     /// Batches applied before the failure.
     pub applied: usize,
+    /// Whether those batches are durable: false when waiting for the log failed (they are
+    /// applied in memory only, and a restart may bring back what they changed).
+    pub durable: bool,
     /// Why batch `applied` (or the wait for the log) failed.
     pub error: IndexError,
 }
@@ -120,7 +123,11 @@ pub trait MetaIndex<V>: Send + Sync {
     ) -> Result<(), BatchesStopped> {
         for (applied, keys) in batches.iter().enumerate() {
             self.read_modify_write(keys, f)
-                .map_err(|error| BatchesStopped { applied, error })?;
+                .map_err(|error| BatchesStopped {
+                    applied,
+                    durable: true,
+                    error,
+                })?;
         }
         Ok(())
     }

@@ -34,7 +34,7 @@ type JobsByKey<'a> = BTreeMap<BlockKey, Vec<&'a DeleteJob>>;
 
 /// Jobs the deleter takes at once: it stops taking queued pieces (each at most this many)
 /// once it holds this many.
-const BATCH: usize = 4096;
+pub(crate) const BATCH: usize = 4096;
 
 /// Most keys of one index batch of background work (the deleter, the reclaimer): an
 /// instance's lookups wait for at most this many keys' changes behind its shard locks.
@@ -166,7 +166,7 @@ fn remove_from_index(
     while !left.is_empty() {
         let applied = match instance.index.read_modify_write_batches(left, &mut remove) {
             Ok(()) => left.len(),
-            Err(BatchesStopped { applied, error }) => {
+            Err(BatchesStopped { applied, error, .. }) => {
                 let keys = left[applied].len();
                 tracing::warn!(%error, instance = %instance.id(), keys, "removing deleted locations failed");
                 applied

@@ -564,6 +564,12 @@ impl MetaIndex<Entry> for FlakyIndex {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if fail {
+            // As a backend whose write fails after its read: the closure runs, nothing is
+            // applied.
+            self.inner.read_modify_write(keys, &mut |key, current| {
+                f(key, current);
+                kvcm_index::Modify::Keep
+            })?;
             return Err(IndexError::Backend("injected outage".into()));
         }
         self.inner.read_modify_write(keys, f)
@@ -635,7 +641,8 @@ fn enqueue_hands_the_deleter_one_callers_jobs_in_order_in_pieces_of_at_most_a_pa
         .expect("written")
         .to_locations()
         .remove(0);
-    let jobs: Vec<crate::deleter::DeleteJob> = (0..2 * 4096 + 1)
+    let batch = crate::deleter::BATCH;
+    let jobs: Vec<crate::deleter::DeleteJob> = (0..2 * batch as BlockKey + 1)
         .map(|key| crate::deleter::DeleteJob {
             instance: instance.clone(),
             key,
@@ -647,7 +654,7 @@ fn enqueue_hands_the_deleter_one_callers_jobs_in_order_in_pieces_of_at_most_a_pa
     drop(sender);
     let pieces: Vec<Vec<crate::deleter::DeleteJob>> = receiver.iter().collect();
     let sizes: Vec<usize> = pieces.iter().map(Vec::len).collect();
-    assert_eq!(sizes, vec![4096, 4096, 1]);
+    assert_eq!(sizes, vec![batch, batch, 1]);
     let keys: Vec<BlockKey> = pieces.iter().flatten().map(|job| job.key).collect();
     assert_eq!(
         keys,

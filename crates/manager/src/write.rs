@@ -401,7 +401,7 @@ impl Manager {
     /// as background writers batch by lock group), waiting for the journal once, after the
     /// last: a reclaimer's pass of many small batches shares its syncs. Returns what moved
     /// and, when a batch failed, its error: the batches before it stay moved (and are
-    /// returned), it and those after it do not.
+    /// returned when durable), it and those after it do not.
     pub(crate) fn move_locations_in_batches(
         &self,
         instance: &Instance,
@@ -411,10 +411,7 @@ impl Manager {
     ) -> (Vec<(BlockKey, Location)>, ManagerResult<()>) {
         let mut moved = Vec::new();
         let mut visible = Vec::new();
-        let stopped = instance.index.read_modify_write_batches(batches, &mut |key,
-                                                                              current: Option<
-            &Entry,
-        >| {
+        let mut modify = |key, current: Option<&Entry>| {
             let Some(entry) = current else {
                 return Modify::Keep;
             };
@@ -445,8 +442,11 @@ impl Manager {
             } else {
                 Modify::Keep
             }
-        });
-        let result = match stopped {
+        };
+        let result = match instance
+            .index
+            .read_modify_write_batches(batches, &mut modify)
+        {
             Ok(()) => Ok(()),
             Err(stopped) => {
                 let applied: HashSet<BlockKey> = batches[..stopped.applied]
@@ -454,8 +454,10 @@ impl Manager {
                     .flatten()
                     .copied()
                     .collect();
-                moved.retain(|(key, _)| applied.contains(key));
                 visible.retain(|key| applied.contains(key));
+                // Moves that are not durable are not handed on: a restart may bring their
+                // locations back as they were, so their bytes must stay.
+                moved.retain(|(key, _)| stopped.durable && applied.contains(key));
                 Err(stopped.error.into())
             }
         };

@@ -259,18 +259,26 @@ impl<V: Clone + Send + Sync> MetaIndex<V> for LocalIndex<V> {
     ) -> Result<(), BatchesStopped> {
         let mut last = None;
         for (applied, keys) in batches.iter().enumerate() {
-            let stopped = |error| BatchesStopped { applied, error };
-            match self.write_unwaited(keys, f) {
-                Ok(ticket) => last = last.max(ticket),
-                Err(error) => {
-                    self.wait_durable(last).map_err(stopped)?;
-                    return Err(stopped(error));
-                }
+            if let Err(error) = self.write_unwaited(keys, f).map(|t| last = last.max(t)) {
+                return Err(match self.wait_durable(last) {
+                    Ok(()) => BatchesStopped {
+                        applied,
+                        durable: true,
+                        error,
+                    },
+                    Err(error) => BatchesStopped {
+                        applied,
+                        durable: false,
+                        error,
+                    },
+                });
             }
         }
-        let applied = batches.len();
-        self.wait_durable(last)
-            .map_err(|error| BatchesStopped { applied, error })
+        self.wait_durable(last).map_err(|error| BatchesStopped {
+            applied: batches.len(),
+            durable: false,
+            error,
+        })
     }
 
     fn scan(&self, cursor: ScanCursor, limit: usize) -> Result<ScanPage, IndexError> {

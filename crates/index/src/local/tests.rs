@@ -156,6 +156,8 @@ type LoggedBatch = Vec<(BlockKey, Option<u64>)>;
 struct RecordingLog {
     batches: std::sync::Mutex<Vec<LoggedBatch>>,
     refuse: std::sync::atomic::AtomicBool,
+    /// Waits fail (a sync the disk refused).
+    refuse_waits: std::sync::atomic::AtomicBool,
     waited: std::sync::Mutex<Vec<LogTicket>>,
 }
 
@@ -171,6 +173,9 @@ impl ChangeLog<u64> for RecordingLog {
 
     fn wait_durable(&self, ticket: LogTicket) -> Result<(), IndexError> {
         self.waited.lock().unwrap().push(ticket);
+        if self.refuse_waits.load(Ordering::SeqCst) {
+            return Err(IndexError::Backend("fdatasync failed".into()));
+        }
         Ok(())
     }
 }
@@ -246,6 +251,7 @@ fn batches_written_together_wait_for_the_log_once_and_a_failing_one_stops_the_re
             result,
             Err(BatchesStopped {
                 applied: 1,
+                durable: true,
                 error: IndexError::Full { max: 4 }
             })
         ),
@@ -256,4 +262,19 @@ fn batches_written_together_wait_for_the_log_once_and_a_failing_one_stops_the_re
         [Some(1), None, None, Some(1)]
     );
     assert_eq!(*log.waited.lock().unwrap(), [LogTicket(3), LogTicket(4)]);
+
+    // The wait fails: every batch is applied in memory, none is durable.
+    log.refuse_waits.store(true, Ordering::SeqCst);
+    let result = index.read_modify_write_batches(&[vec![1], vec![2]], &mut add_one);
+    assert!(
+        matches!(
+            result,
+            Err(BatchesStopped {
+                applied: 2,
+                durable: false,
+                error: IndexError::Backend(_)
+            })
+        ),
+        "{result:?}"
+    );
 }
