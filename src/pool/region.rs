@@ -279,15 +279,10 @@ impl PoolRegion {
     /// every queue pair is torn down until the node joins again, so nothing is served under
     /// a policy its server no longer vouches for (as a rejoin its server refuses).
     pub(super) fn forget_incarnation(&self) {
-        self.range_id.store(0, Ordering::Release);
-        *self
-            .ticket_key
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
-        *self.isolation() = None;
-        let mut peers = self.peers();
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        peers.clear();
+        // Range id 0 admits no hello; a hello admitted before is refused by `keep` (the
+        // epoch moved), so the queue pairs kept until now are all there is to drop.
+        self.set_incarnation(0, None, false);
+        self.peers().clear();
     }
 
     /// The incarnations recorded so far: read before a hello is admitted, and handed to
