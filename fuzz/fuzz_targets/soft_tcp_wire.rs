@@ -3,7 +3,8 @@
 //! Frames are built from 16-byte descriptors so that the fuzzer reaches the responder's
 //! checks with real keys: each names an op byte (any value), an immediate flag, a length,
 //! and a target — the open region, a read-only guard region, bytes next to the open region
-//! that no region covers, or a raw address and key. A first byte of 0xFF sends the rest
+//! that no region covers, or a raw address and key; a READ list (op 7) gets entries from
+//! its descriptor. A first byte of 0xFF sends the rest
 //! verbatim instead. After the peer half-closes, the test reads until the NIC closes the
 //! link; then the guard region and the unregistered bytes must be as they were, and the
 //! process must be alive (a panic on the NIC thread aborts it).
@@ -112,16 +113,31 @@ fn frame(wire: &Responder, d: &[u8; 16], out: &mut Vec<u8>) {
         ),
         _ => (operand, offset as u32),
     };
+    // A READ list (op 7) counts 1–8 entries (d[15]) in its operand: READs of `len` bytes
+    // at the target, `len` apart; its length is theirs in all, one more when d[14] is odd.
+    let entries = 1 + u64::from(d[15] % 8);
+    let (len_field, operand) = match op {
+        7 => (len * entries as u32 + u32::from(d[14] & 1), entries),
+        _ => (len, operand),
+    };
     out.extend_from_slice(&[op, u8::from(imm), 0, 0]);
-    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&len_field.to_le_bytes());
     out.extend_from_slice(&addr.to_le_bytes());
     out.extend_from_slice(&rkey.to_le_bytes());
     out.extend_from_slice(&(operand as u32).to_le_bytes());
     out.extend_from_slice(&operand.to_le_bytes());
     out.extend_from_slice(&(!operand).to_le_bytes());
-    // WRITE and SEND carry their payload.
-    if op == 2 || op == 3 {
-        out.resize(out.len() + len as usize, d[15]);
+    match op {
+        // WRITE and SEND carry their payload.
+        2 | 3 => out.resize(out.len() + len as usize, d[15]),
+        7 => {
+            for entry in 0..entries {
+                out.extend_from_slice(&(addr.wrapping_add(entry * u64::from(len))).to_le_bytes());
+                out.extend_from_slice(&rkey.to_le_bytes());
+                out.extend_from_slice(&len.to_le_bytes());
+            }
+        }
+        _ => {}
     }
 }
 

@@ -254,14 +254,14 @@ fn a_peer_streaming_reads_it_never_reads_back_gets_backpressure() {
 }
 
 /// A queue pair of a fresh domain connected to a scripted peer (a plain TCP socket that
-/// has read the hello); returns both.
-fn scripted_peer() -> (Side<SoftDomain>, TcpStream) {
+/// has read the hello; `extra`: more fields of its endpoint); returns both.
+fn scripted_peer(extra: &str) -> (Side<SoftDomain>, TcpStream) {
     use kvcm_transport::QpEndpoint;
     use std::io::Read;
     let side = Side::new(open_tcp().0, 4096, QpConfig::default());
     let scripted = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let text = format!(
-        "soft-tcp qpn=1 addr={} token=0",
+        "soft-tcp qpn=1 addr={} token=0{extra}",
         scripted.local_addr().unwrap()
     );
     side.qp.connect(&QpEndpoint(text.into_bytes())).unwrap();
@@ -281,7 +281,7 @@ fn success(len: u32) -> Vec<u8> {
 fn a_read_answered_with_the_wrong_length_fails_and_leaves_memory_alone() {
     use kvcm_transport::{RemoteAddr, SendOp, WcStatus};
     use std::io::Read;
-    let (side, mut peer) = scripted_peer();
+    let (side, mut peer) = scripted_peer("");
     side.fill(0, b"untouched bytes");
     let remote = RemoteAddr { addr: 0, rkey: 1 };
     side.post(1, SendOp::Read(remote), &[side.sge(0, 15)]);
@@ -301,7 +301,7 @@ fn a_read_answered_with_the_wrong_length_fails_and_leaves_memory_alone() {
 #[test]
 fn an_unsolicited_response_breaks_the_link() {
     use kvcm_transport::QpState;
-    let (side, mut peer) = scripted_peer();
+    let (side, mut peer) = scripted_peer("");
     peer.write_all(&success(0)).unwrap();
     conformance::eventually("the queue pair to break", || {
         side.qp.state() == QpState::Error
@@ -573,4 +573,182 @@ fn a_write_being_placed_is_cut_off_when_its_region_is_withdrawn() {
         "bytes sent after the withdrawal landed in its memory"
     );
     assert!(placed[..1 << 20].iter().all(|&byte| byte == 0x22));
+}
+
+const READ_LIST: u8 = 7;
+
+/// A READ list frame (see `soft/frame.rs`): a header whose operand counts the entries,
+/// then 16-byte entries of address, key and length.
+fn read_list(entries: &[(u64, u32, u32)]) -> Vec<u8> {
+    let total = entries.iter().map(|&(_, _, len)| len).sum();
+    let mut out = request(READ_LIST, None, total, 0, 0);
+    out[24..32].copy_from_slice(&(entries.len() as u64).to_le_bytes());
+    for &(addr, rkey, len) in entries {
+        out.extend_from_slice(&addr.to_le_bytes());
+        out.extend_from_slice(&rkey.to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
+    }
+    out
+}
+
+/// One response read whole: status code, entries answered, payload.
+fn list_response(stream: &mut TcpStream) -> (u8, u64, Vec<u8>) {
+    use std::io::Read;
+    let mut header = [0u8; 16];
+    stream.read_exact(&mut header).expect("a response");
+    let len = u32::from_le_bytes(header[4..8].try_into().unwrap());
+    let mut payload = vec![0u8; len as usize];
+    stream.read_exact(&mut payload).expect("its payload");
+    let answered = u64::from_le_bytes(header[8..].try_into().unwrap());
+    (header[0], answered, payload)
+}
+
+const REMOTE_ACCESS_ERROR: u8 = 3;
+
+#[test]
+fn a_read_list_is_answered_in_order_up_to_its_first_refused_entry() {
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let bytes = conformance::pattern(4096, 3);
+    side.fill(0, &bytes);
+    let (base, rkey) = (side.region.remote(0).addr, side.region.rkey());
+    let (mut stream, _silent) = raw_link(&side);
+    stream
+        .write_all(&read_list(&[(base, rkey, 64), (base + 1000, rkey, 24)]))
+        .unwrap();
+    let whole = [&bytes[..64], &bytes[1000..1024]].concat();
+    assert_eq!(list_response(&mut stream), (0, 2, whole));
+    // A bad key third: the two before it are answered, with the third's status; the one
+    // after it is not.
+    let entries = [
+        (base + 64, rkey, 32),
+        (base + 128, rkey, 32),
+        (base, 0xdead, 32),
+        (base, rkey, 32),
+    ];
+    stream.write_all(&read_list(&entries)).unwrap();
+    let answered = bytes[64..96].iter().chain(&bytes[128..160]).copied();
+    let expected = (REMOTE_ACCESS_ERROR, 2, answered.collect());
+    assert_eq!(list_response(&mut stream), expected);
+    // Past the region's end first: nothing answered.
+    let past = read_list(&[(base + 4090, rkey, 64), (base, rkey, 8)]);
+    stream.write_all(&past).unwrap();
+    assert_eq!(
+        list_response(&mut stream),
+        (REMOTE_ACCESS_ERROR, 0, Vec::new())
+    );
+    // Entries that do not add up to the length the header asks for: a malformed frame.
+    let mut bad = read_list(&[(base, rkey, 64), (base + 64, rkey, 64)]);
+    bad[4..8].copy_from_slice(&100u32.to_le_bytes());
+    stream.write_all(&bad).unwrap();
+    closed_by_nic(&mut stream);
+}
+
+/// Posts four signaled READs of 64, 32, 16 and 8 bytes in one call (remote addresses
+/// 0x1000, 0x1100, …, key 77; local offsets 0, 128, 256, 384).
+fn post_four_reads(side: &Side<SoftDomain>) {
+    use kvcm_transport::{RemoteAddr, SendOp, SendWr};
+    let lens = [64u32, 32, 16, 8];
+    let sges: Vec<_> = (0..4).map(|i| side.sge(i * 128, lens[i])).collect();
+    let wrs: Vec<SendWr> = (0..4)
+        .map(|i| SendWr {
+            wr_id: i as u64,
+            op: SendOp::Read(RemoteAddr {
+                addr: 0x1000 + 0x100 * i as u64,
+                rkey: 77,
+            }),
+            sg_list: &sges[i..=i],
+            signaled: true,
+        })
+        .collect();
+    side.qp.post_send(&wrs).unwrap();
+}
+
+#[test]
+fn small_reads_posted_together_go_out_as_one_list_and_still_complete_one_by_one() {
+    use kvcm_transport::WcStatus;
+    use std::io::Read;
+    let (side, mut peer) = scripted_peer(" lists=1");
+    post_four_reads(&side);
+    let mut frame = [0u8; 40 + 4 * 16];
+    peer.read_exact(&mut frame).unwrap();
+    let expected: Vec<(u64, u32, u32)> = [64, 32, 16, 8]
+        .into_iter()
+        .enumerate()
+        .map(|(i, len)| (0x1000 + 0x100 * i as u64, 77, len))
+        .collect();
+    assert_eq!(
+        frame.to_vec(),
+        read_list(&expected),
+        "one list of four READs"
+    );
+    // The peer answers the first two and refuses the third.
+    let data = conformance::pattern(96, 9);
+    let mut answer = vec![REMOTE_ACCESS_ERROR, 0, 0, 0];
+    answer.extend_from_slice(&96u32.to_le_bytes());
+    answer.extend_from_slice(&2u64.to_le_bytes());
+    answer.extend_from_slice(&data);
+    peer.write_all(&answer).unwrap();
+    let done = conformance::completions(&side.send_cq, 4);
+    let outcomes: Vec<_> = done.iter().map(|wc| (wc.wr_id, wc.status)).collect();
+    let failed = [WcStatus::RemoteAccessError, WcStatus::WrFlushError];
+    assert_eq!(
+        outcomes,
+        [
+            (0, WcStatus::Success),
+            (1, WcStatus::Success),
+            (2, failed[0]),
+            (3, failed[1])
+        ]
+    );
+    assert_eq!((done[0].byte_len, done[1].byte_len), (64, 32));
+    assert_eq!(side.bytes(0, 64), data[..64]);
+    assert_eq!(side.bytes(128, 32), data[64..]);
+}
+
+#[test]
+fn a_peer_that_takes_no_lists_gets_one_frame_per_read() {
+    use std::io::Read;
+    let (side, mut peer) = scripted_peer("");
+    post_four_reads(&side);
+    let mut frames = [0u8; 4 * 40];
+    peer.read_exact(&mut frames).unwrap();
+    for (i, len) in [64, 32, 16, 8].into_iter().enumerate() {
+        let expected = request(READ, None, len, 0x1000 + 0x100 * i as u64, 77);
+        assert_eq!(frames[i * 40..][..40], expected, "READ {i}");
+    }
+    for len in [64, 32, 16, 8] {
+        peer.write_all(&success(len)).unwrap();
+        peer.write_all(&vec![1u8; len as usize]).unwrap();
+    }
+    let done = conformance::completions(&side.send_cq, 4);
+    assert!(done
+        .iter()
+        .all(|wc| wc.status == kvcm_transport::WcStatus::Success));
+    assert_eq!(side.bytes(384, 8), [1u8; 8]);
+}
+
+#[test]
+fn a_list_answer_that_claims_more_entries_or_bytes_than_asked_breaks_the_link() {
+    use kvcm_transport::WcStatus;
+    use std::io::Read;
+    // (status, entries answered, payload bytes) for a list of four READs of 120 bytes.
+    for (status, answered, len) in [(0u8, 5u64, 120u32), (0, 3, 112), (0, 4, 100), (3, 4, 120)] {
+        let (side, mut peer) = scripted_peer(" lists=1");
+        side.fill(0, &[0xEE; 64]);
+        post_four_reads(&side);
+        peer.read_exact(&mut [0u8; 40 + 4 * 16]).unwrap();
+        let mut answer = vec![status, 0, 0, 0];
+        answer.extend_from_slice(&len.to_le_bytes());
+        answer.extend_from_slice(&answered.to_le_bytes());
+        answer.extend_from_slice(&vec![1u8; len as usize]);
+        peer.write_all(&answer).unwrap();
+        let done = conformance::completions(&side.send_cq, 4);
+        assert_eq!(
+            (done[0].wr_id, done[0].status),
+            (0, WcStatus::RemoteInvalidRequest),
+            "{status} {answered} {len}"
+        );
+        assert_eq!(side.bytes(0, 64), [0xEE; 64], "memory left alone");
+    }
 }

@@ -1,6 +1,8 @@
 //! Text encoding of soft queue-pair endpoints, e.g.
-//! `soft-tcp qpn=3 addr=10.0.0.1:40123 token=9f3c…` (the token, random per queue pair,
-//! must be in the hello that binds a connection to it) or
+//! `soft-tcp qpn=3 addr=10.0.0.1:40123 token=9f3c… lists=1` (the token, random per queue
+//! pair, must be in the hello that binds a connection to it; `lists=1`: its NIC answers
+//! READ lists, see `frame` — absent in endpoints of earlier releases, whose peers then get
+//! one frame per READ; unknown fields are ignored) or
 //! `soft-shm qpn=3 host=<boot id> pid=77 pd=2 ring_cap=4194304 bell=kvcm-nic-77-0
 //! broker=kvcm-shm-77-5be1… token=9f3c…` (the broker hands the queue pair's descriptors
 //! only to requests that carry the token: see `shm::broker`).
@@ -13,11 +15,13 @@ use std::net::SocketAddr;
 /// Where a soft queue pair can be reached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum SoftEndpoint {
-    /// Over TCP: the peer NIC's listening address and the queue pair's hello token.
+    /// Over TCP: the peer NIC's listening address, the queue pair's hello token, and
+    /// whether the NIC answers READ lists.
     Tcp {
         qpn: u32,
         addr: SocketAddr,
         token: u64,
+        lists: bool,
     },
     /// Over shared memory on host `host` (a boot id).
     Shm {
@@ -30,8 +34,14 @@ pub(crate) enum SoftEndpoint {
 impl SoftEndpoint {
     pub(crate) fn encode(&self) -> QpEndpoint {
         let text = match self {
-            SoftEndpoint::Tcp { qpn, addr, token } => {
-                format!("soft-tcp qpn={qpn} addr={addr} token={token:016x}")
+            SoftEndpoint::Tcp {
+                qpn,
+                addr,
+                token,
+                lists,
+            } => {
+                let lists = if *lists { " lists=1" } else { "" };
+                format!("soft-tcp qpn={qpn} addr={addr} token={token:016x}{lists}")
             }
             SoftEndpoint::Shm {
                 qpn,
@@ -70,7 +80,13 @@ impl SoftEndpoint {
             "soft-tcp" => {
                 let addr = field("addr")?.parse().map_err(|_| bad("bad addr"))?;
                 let token = hex("token")?;
-                Ok(SoftEndpoint::Tcp { qpn, addr, token })
+                let lists = fields.get("lists") == Some(&"1");
+                Ok(SoftEndpoint::Tcp {
+                    qpn,
+                    addr,
+                    token,
+                    lists,
+                })
             }
             "soft-shm" => {
                 let address = ShmAddress {
@@ -106,12 +122,24 @@ mod tests {
 
     #[test]
     fn both_kinds_round_trip() {
-        let tcp = SoftEndpoint::Tcp {
-            qpn: 3,
-            addr: "10.0.0.1:4000".parse().unwrap(),
-            token: u64::MAX - 5,
-        };
-        assert_eq!(SoftEndpoint::decode(&tcp.encode()).unwrap(), tcp);
+        for lists in [false, true] {
+            let tcp = SoftEndpoint::Tcp {
+                qpn: 3,
+                addr: "10.0.0.1:4000".parse().unwrap(),
+                token: u64::MAX - 5,
+                lists,
+            };
+            assert_eq!(SoftEndpoint::decode(&tcp.encode()).unwrap(), tcp);
+        }
+        // An endpoint of an earlier release, and one with a field this release does not know.
+        for (text, lists) in [("", false), (" lists=1 zstd=1", true), (" lists=2", false)] {
+            let text = format!("soft-tcp qpn=3 addr=10.0.0.1:4000 token=05{text}");
+            let decoded = SoftEndpoint::decode(&QpEndpoint(text.into_bytes())).unwrap();
+            assert!(
+                matches!(decoded, SoftEndpoint::Tcp { token: 5, lists: l, .. } if l == lists),
+                "{decoded:?}"
+            );
+        }
         let address = ShmAddress {
             pid: 7,
             pd: 2,

@@ -3,6 +3,15 @@
 //! A connection starts with a [`hello`]; then the requester sends request frames and the
 //! responder answers each, in order, with a response frame (reliable-connected ordering
 //! means no sequence numbers are needed). Many frames go out in one write.
+//!
+//! A READ list ([`Op::ReadList`]) carries several small READs in one frame — what a lookup
+//! posts as dozens of 64-byte READs costs one header each way instead of one per READ. Its
+//! payload is [`READ_ENTRY_LEN`]-byte entries; its answer is one response whose `value`
+//! counts the entries answered, in order, with their bytes concatenated after it: all of
+//! them on success, the ones before the first refused entry otherwise (as a queue pair that
+//! executes READs in order stops at the first fault). A requester sends lists only to a
+//! NIC whose endpoint says it takes them (`lists=1`), so peers of earlier releases keep
+//! receiving one frame per READ.
 
 use crate::{RemoteAddr, WcStatus};
 
@@ -14,6 +23,13 @@ pub(crate) const RESPONSE_LEN: usize = 16;
 pub(crate) const HELLO_LEN: usize = 16;
 /// Largest payload one frame may carry.
 pub(crate) const MAX_PAYLOAD: u32 = 1 << 30;
+/// Bytes of one entry of a READ list: remote address, key, length.
+pub(crate) const READ_ENTRY_LEN: usize = 16;
+/// Most READs one list carries.
+pub(crate) const MAX_READ_LIST: usize = 256;
+/// Most bytes one READ list may ask for, and one of its READs (far below the zero-copy
+/// size: a list's answer is always buffered whole).
+pub(crate) const MAX_READ_LIST_BYTES: u32 = 32 * 1024;
 const MAGIC: u32 = 0x5054_564b; // "KVTP"
 
 /// Request operations.
@@ -26,10 +42,13 @@ pub(crate) enum Op {
     FetchAdd = 5,
     /// Shared-memory wire only: the data of a WRITE with immediate is already in place.
     ImmNotify = 6,
+    /// TCP wire: several READs, answered in order by one response.
+    ReadList = 7,
 }
 
 /// A request header. `len` is the payload length for WRITE / SEND, the requested length
-/// for READ and the written length for IMM_NOTIFY.
+/// for READ (for a READ list: of all its entries) and the written length for IMM_NOTIFY;
+/// `operand` is a READ list's entry count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RequestHeader {
     pub op: Op,
@@ -58,20 +77,34 @@ impl RequestHeader {
     pub(crate) fn payload_len(&self) -> usize {
         match self.op {
             Op::Write | Op::Send => self.len as usize,
+            Op::ReadList => self.operand as usize * READ_ENTRY_LEN,
             _ => 0,
         }
     }
 
+    /// The header of a READ list of `entries` entries asking for `len` bytes in all.
+    pub(crate) fn read_list(entries: usize, len: u32) -> Self {
+        RequestHeader {
+            operand: entries as u64,
+            ..RequestHeader::new(Op::ReadList, len, None)
+        }
+    }
+
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        out.push(self.op as u8);
-        out.push(u8::from(self.imm.is_some()));
-        out.extend_from_slice(&[0, 0]);
-        out.extend_from_slice(&self.len.to_le_bytes());
-        out.extend_from_slice(&self.remote.addr.to_le_bytes());
-        out.extend_from_slice(&self.remote.rkey.to_le_bytes());
-        out.extend_from_slice(&self.imm.unwrap_or(0).to_le_bytes());
-        out.extend_from_slice(&self.operand.to_le_bytes());
-        out.extend_from_slice(&self.swap.to_le_bytes());
+        out.extend_from_slice(&self.to_bytes());
+    }
+
+    pub(crate) fn to_bytes(self) -> [u8; REQUEST_LEN] {
+        let mut out = [0u8; REQUEST_LEN];
+        out[0] = self.op as u8;
+        out[1] = u8::from(self.imm.is_some());
+        out[4..8].copy_from_slice(&self.len.to_le_bytes());
+        out[8..16].copy_from_slice(&self.remote.addr.to_le_bytes());
+        out[16..20].copy_from_slice(&self.remote.rkey.to_le_bytes());
+        out[20..24].copy_from_slice(&self.imm.unwrap_or(0).to_le_bytes());
+        out[24..32].copy_from_slice(&self.operand.to_le_bytes());
+        out[32..].copy_from_slice(&self.swap.to_le_bytes());
+        out
     }
 
     /// Decodes a header from the first [`REQUEST_LEN`] bytes; `None` if malformed.
@@ -84,10 +117,16 @@ impl RequestHeader {
             4 => Op::CompareSwap,
             5 => Op::FetchAdd,
             6 => Op::ImmNotify,
+            7 => Op::ReadList,
             _ => return None,
         };
         let len = u32_at(bytes, 4);
         if len > MAX_PAYLOAD {
+            return None;
+        }
+        let operand = u64_at(bytes, 24);
+        let list_fits = (1..=MAX_READ_LIST as u64).contains(&operand) && len <= MAX_READ_LIST_BYTES;
+        if op == Op::ReadList && !list_fits {
             return None;
         }
         let imm = (bytes[1] != 0).then(|| u32_at(bytes, 20));
@@ -100,8 +139,35 @@ impl RequestHeader {
             imm,
             len,
             remote,
-            operand: u64_at(bytes, 24),
+            operand,
             swap: u64_at(bytes, 32),
+        })
+    }
+}
+
+/// One READ of a list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReadEntry {
+    pub remote: RemoteAddr,
+    pub len: u32,
+}
+
+impl ReadEntry {
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.remote.addr.to_le_bytes());
+        out.extend_from_slice(&self.remote.rkey.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+    }
+
+    /// The entries of a READ list's `payload` (whole entries; a trailing piece is ignored,
+    /// and a decoded header's payload has none).
+    pub(crate) fn decode_all(payload: &[u8]) -> impl Iterator<Item = ReadEntry> + '_ {
+        payload.chunks_exact(READ_ENTRY_LEN).map(|entry| ReadEntry {
+            remote: RemoteAddr {
+                addr: u64_at(entry, 0),
+                rkey: u32_at(entry, 8),
+            },
+            len: u32_at(entry, 12),
         })
     }
 }
@@ -116,9 +182,15 @@ pub(crate) struct ResponseHeader {
 
 impl ResponseHeader {
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&[status_code(self.status), 0, 0, 0]);
-        out.extend_from_slice(&self.len.to_le_bytes());
-        out.extend_from_slice(&self.value.to_le_bytes());
+        out.extend_from_slice(&self.to_bytes());
+    }
+
+    pub(crate) fn to_bytes(self) -> [u8; RESPONSE_LEN] {
+        let mut out = [0u8; RESPONSE_LEN];
+        out[0] = status_code(self.status);
+        out[4..8].copy_from_slice(&self.len.to_le_bytes());
+        out[8..].copy_from_slice(&self.value.to_le_bytes());
+        out
     }
 
     /// Decodes a header from the first [`RESPONSE_LEN`] bytes; `None` if malformed.
@@ -204,6 +276,44 @@ mod tests {
         header.encode(&mut out);
         assert_eq!(out.len(), REQUEST_LEN);
         assert_eq!(RequestHeader::decode(&out), Some(header));
+    }
+
+    #[test]
+    fn a_read_list_round_trips_with_its_entries() {
+        let entries =
+            [(0x1000, 7, 64), (0x2040, 9, 128), (u64::MAX - 64, 1, 0)].map(|(addr, rkey, len)| {
+                ReadEntry {
+                    remote: RemoteAddr { addr, rkey },
+                    len,
+                }
+            });
+        let header = RequestHeader::read_list(entries.len(), 192);
+        let mut out = Vec::new();
+        header.encode(&mut out);
+        entries.iter().for_each(|entry| entry.encode(&mut out));
+        let decoded = RequestHeader::decode(&out).unwrap();
+        assert_eq!(decoded, header);
+        assert_eq!(decoded.payload_len(), 3 * READ_ENTRY_LEN);
+        let payload = &out[REQUEST_LEN..];
+        assert_eq!(payload.len(), decoded.payload_len());
+        assert!(ReadEntry::decode_all(payload).eq(entries));
+    }
+
+    #[test]
+    fn read_lists_too_short_too_long_or_too_large_are_rejected() {
+        let max = MAX_READ_LIST_BYTES;
+        for (entries, len) in [(0, 64), (MAX_READ_LIST + 1, 64), (2, max + 1)] {
+            let mut out = Vec::new();
+            RequestHeader::read_list(entries, len).encode(&mut out);
+            assert_eq!(
+                RequestHeader::decode(&out),
+                None,
+                "{entries} entries, {len} B"
+            );
+        }
+        let mut out = Vec::new();
+        RequestHeader::read_list(MAX_READ_LIST, max).encode(&mut out);
+        assert!(RequestHeader::decode(&out).is_some());
     }
 
     #[test]

@@ -54,7 +54,16 @@ impl SoftQp {
                 let endpoint = shm_endpoint(domain, (qpn, pd, token), &ring)?;
                 (Some(ring), endpoint)
             }
-            (Wire::Tcp, Some(addr)) => (None, SoftEndpoint::Tcp { qpn, addr, token }),
+            (Wire::Tcp, Some(addr)) => {
+                let lists = true;
+                let endpoint = SoftEndpoint::Tcp {
+                    qpn,
+                    addr,
+                    token,
+                    lists,
+                };
+                (None, endpoint)
+            }
             (Wire::Tcp, None) => {
                 return Err(TransportError::InvalidArgument(
                     "TCP domain without a listener",
@@ -89,7 +98,9 @@ impl SoftQp {
         }
     }
 
-    fn connect_tcp(&self, qpn: u32, addr: SocketAddr, token: u64) -> Result<()> {
+    /// Opens the outbound link to queue pair `qpn` at `addr` (READ lists go to it when
+    /// its NIC takes them: `lists`).
+    fn connect_tcp(&self, qpn: u32, addr: SocketAddr, token: u64, lists: bool) -> Result<()> {
         let io = |e| TransportError::io("connect to peer NIC", e);
         let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(io)?;
         stream.set_nodelay(true).map_err(io)?;
@@ -97,7 +108,7 @@ impl SoftQp {
         let nic = Arc::clone(&self.domain.nic);
         let timeout = self.domain.config.response_timeout;
         let qp = Arc::clone(&self.shared);
-        let link = Arc::new(SharedLink::new(nic, qp, stream, timeout).map_err(io)?);
+        let link = Arc::new(SharedLink::new(nic, qp, stream, timeout, lists).map_err(io)?);
         self.link
             .set(Arc::clone(&link))
             .map_err(|_| self.refuse("connect"))?;
@@ -169,9 +180,15 @@ impl QueuePair for SoftQp {
             return Err(self.refuse("connect"));
         }
         match (SoftEndpoint::decode(remote)?, self.domain.config.wire) {
-            (SoftEndpoint::Tcp { qpn, addr, token }, Wire::Tcp) => {
-                self.connect_tcp(qpn, addr, token)?
-            }
+            (
+                SoftEndpoint::Tcp {
+                    qpn,
+                    addr,
+                    token,
+                    lists,
+                },
+                Wire::Tcp,
+            ) => self.connect_tcp(qpn, addr, token, lists)?,
             (SoftEndpoint::Shm { qpn, host, address }, Wire::Shm) => {
                 self.connect_shm(qpn, &host, &address)?
             }

@@ -21,8 +21,8 @@ pub(crate) fn execute(
     payload: &[u8],
 ) -> Option<ResponseHeader> {
     let response = match header.op {
-        // The link answers READs itself (`serve::answer_read`); none is routed here.
-        Op::Read => status_reply(WcStatus::RemoteInvalidRequest, 0),
+        // The link answers READs and READ lists itself (`serve`); none is routed here.
+        Op::Read | Op::ReadList => status_reply(WcStatus::RemoteInvalidRequest, 0),
         Op::Write => execute_write(registry, qp, header, payload)?,
         Op::Send => deliver(registry, qp, header.imm, Some(payload), header.len)?,
         // Shared-memory wire only (its data is already in place); on a TCP link it would

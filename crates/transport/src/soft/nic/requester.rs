@@ -1,10 +1,12 @@
 //! The requester half of a TCP link: turns posted send work requests into request frames
-//! and completes them, in order, as responses arrive.
+//! and completes them, in order, as responses arrive. Small READs queued back to back go
+//! out as one READ list when the peer NIC takes lists (see `frame`); each still completes
+//! as its own work request.
 
 use super::conn::Conn;
 use super::zero_copy::{self, Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
-use crate::soft::frame::{self, Op, RequestHeader, ResponseHeader};
+use crate::soft::frame::{self, Op, ReadEntry, RequestHeader, ResponseHeader};
 use crate::soft::queue_pair::{PostedSend, QpShared};
 use crate::soft::registry::{KeyMemo, Registry};
 use crate::soft::scatter::{self, Pieces};
@@ -17,11 +19,14 @@ use std::time::{Duration, Instant};
 /// A work request on the wire (or failed locally before reaching it).
 #[derive(Debug)]
 enum Pending {
-    /// Sent; `scatter` receives READ data or the atomic's old value.
+    /// Sent; `scatter` receives READ data or the atomic's old value. `frame_reads`: how
+    /// many requests the answer to its frame answers — 1 for a frame of its own, a list's
+    /// length for a list's first READ, 0 for the list's others.
     Remote {
         send: PostedSend,
         scatter: Pieces,
         byte_len: u32,
+        frame_reads: usize,
     },
     /// Refused locally; completes with `status` once everything before it has.
     Failed { send: PostedSend, status: WcStatus },
@@ -47,10 +52,12 @@ pub(crate) struct RequesterLink {
     /// step at the end of a pass, and before any completion is reported (so an application
     /// that sees a completion may post as many sends as it just saw complete).
     unreleased: usize,
+    /// The peer NIC answers READ lists.
+    lists: bool,
 }
 
 impl RequesterLink {
-    pub(crate) fn new(qp: Arc<QpShared>, conn: Conn, timeout: Duration) -> Self {
+    pub(crate) fn new(qp: Arc<QpShared>, conn: Conn, timeout: Duration, lists: bool) -> Self {
         RequesterLink {
             qp,
             conn,
@@ -61,6 +68,7 @@ impl RequesterLink {
             timeout,
             last_answer: Instant::now(),
             unreleased: 0,
+            lists,
         }
     }
 
@@ -120,10 +128,21 @@ impl RequesterLink {
             if self.outstanding.is_empty() {
                 self.last_answer = Instant::now();
             }
-            let pending = encode(registry, &mut memo, send, &mut self.conn.output);
-            self.halted = matches!(pending, Pending::Failed { .. });
-            self.outstanding.push_back(pending);
-            if self.halted {
+            let listed = self.list_len(&send);
+            let failed = if listed >= 2 {
+                self.issue_list(registry, &mut memo, send, listed)
+            } else {
+                match encode(registry, &mut memo, send, &mut self.conn.output) {
+                    failed @ Pending::Failed { .. } => Some(failed),
+                    sent => {
+                        self.outstanding.push_back(sent);
+                        None
+                    }
+                }
+            };
+            if let Some(failed) = failed {
+                self.outstanding.push_back(failed);
+                self.halted = true;
                 let mut queue = self.qp.lock_sq();
                 self.issuing.append(&mut queue);
                 std::mem::swap(&mut *queue, &mut self.issuing);
@@ -146,6 +165,89 @@ impl RequesterLink {
         self.qp.release_sends(std::mem::take(&mut self.unreleased));
     }
 
+    /// How many sends from `send` on (it, then the front of `issuing`) go out as one READ
+    /// list: the small READs that lead, within a list's limits; 0 when fewer than two do
+    /// or the peer takes no lists.
+    fn list_len(&self, send: &PostedSend) -> usize {
+        if !self.lists {
+            return 0;
+        }
+        let (mut count, mut bytes) = (0, 0u64);
+        for next in std::iter::once(send).chain(&self.issuing) {
+            let len: u64 = next.sg_list.iter().map(|sge| u64::from(sge.len)).sum();
+            let fits = count < frame::MAX_READ_LIST
+                && bytes + len <= u64::from(frame::MAX_READ_LIST_BYTES);
+            if !matches!(next.op, SendOp::Read(_)) || !fits {
+                break;
+            }
+            (count, bytes) = (count + 1, bytes + len);
+        }
+        if count >= 2 {
+            count
+        } else {
+            0
+        }
+    }
+
+    /// Encodes `first` and the next `listed - 1` sends of `issuing` (READs, see
+    /// [`Self::list_len`]) as one READ list and queues them as outstanding. A READ whose
+    /// local list is bad ends the list before it and is returned as failed (the READs
+    /// after it stay queued).
+    fn issue_list(
+        &mut self,
+        registry: &Registry,
+        memo: &mut KeyMemo,
+        first: PostedSend,
+        listed: usize,
+    ) -> Option<Pending> {
+        let at = self.conn.output.bytes().len();
+        self.conn
+            .output
+            .bytes()
+            .extend_from_slice(&[0; frame::REQUEST_LEN]);
+        let head = self.outstanding.len();
+        let (mut count, mut bytes, mut failed) = (0, 0u32, None);
+        let mut next = Some(first);
+        while let Some(send) = next.take() {
+            let SendOp::Read(remote) = send.op else {
+                self.issuing.push_front(send);
+                break;
+            };
+            let pieces =
+                match scatter::resolve_pieces(registry, memo, &send.sg_list, Access::LOCAL_WRITE) {
+                    Ok(pieces) => pieces,
+                    Err(status) => {
+                        failed = Some(Pending::Failed { send, status });
+                        break;
+                    }
+                };
+            // Within the list's limits (`list_len`), so it fits in a u32.
+            let len = scatter::total_len(&pieces) as u32;
+            ReadEntry { remote, len }.encode(self.conn.output.bytes());
+            self.outstanding.push_back(Pending::Remote {
+                send,
+                scatter: pieces,
+                byte_len: len,
+                frame_reads: 0,
+            });
+            (count, bytes) = (count + 1, bytes + len);
+            if count < listed {
+                next = self.issuing.pop_front();
+            }
+        }
+        let out = self.conn.output.bytes();
+        if count == 0 {
+            out.truncate(at);
+            return failed;
+        }
+        out[at..at + frame::REQUEST_LEN]
+            .copy_from_slice(&RequestHeader::read_list(count, bytes).to_bytes());
+        if let Some(Pending::Remote { frame_reads, .. }) = self.outstanding.get_mut(head) {
+            *frame_reads = count;
+        }
+        failed
+    }
+
     /// Completes answered requests front first; unsignaled successes are left counted in
     /// `unreleased` (the caller frees them).
     fn complete_in_order(&mut self, readable: bool) -> Result<bool, LinkClosed> {
@@ -162,6 +264,14 @@ impl RequesterLink {
                 Pending::Failed { status, .. } => {
                     let status = *status;
                     return Err(self.fail_outstanding(status));
+                }
+                Pending::Remote { frame_reads, .. } if *frame_reads != 1 => {
+                    let reads = *frame_reads;
+                    if !self.complete_list(reads)? {
+                        break;
+                    }
+                    progress = true;
+                    continue;
                 }
                 Pending::Remote { send, byte_len, .. } => match send.op {
                     SendOp::Read(_) => *byte_len,
@@ -198,6 +308,62 @@ impl RequesterLink {
             progress = true;
         }
         Ok(progress)
+    }
+
+    /// Completes the `reads` READs of the list at the front from its answer: those it
+    /// answered get their bytes; if it stopped early, the next fails with its status and
+    /// the rest are flushed. Ok(false) while the answer has not all arrived.
+    fn complete_list(&mut self, reads: usize) -> Result<bool, LinkClosed> {
+        let input = self.conn.input();
+        let Some(response) = ResponseHeader::decode(input) else {
+            if input.len() >= frame::RESPONSE_LEN {
+                return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
+            }
+            return Ok(false);
+        };
+        let answered = usize::try_from(response.value).unwrap_or(usize::MAX);
+        let whole = response.status == WcStatus::Success;
+        let answered_len: u64 = self
+            .outstanding
+            .iter()
+            .take(answered.min(reads))
+            .map(|pending| match pending {
+                Pending::Remote { byte_len, .. } => u64::from(*byte_len),
+                // A list holds only sent READs.
+                Pending::Failed { .. } => 0,
+            })
+            .sum();
+        if answered > reads || whole != (answered == reads) {
+            return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
+        }
+        if u64::from(response.len) != answered_len {
+            return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
+        }
+        let frame_len = frame::RESPONSE_LEN + response.len as usize;
+        if input.len() < frame_len {
+            self.conn.reserve_frame(frame_len);
+            return Ok(false);
+        }
+        let mut payload = &input[frame::RESPONSE_LEN..frame_len];
+        for pending in self.outstanding.iter().take(answered) {
+            if let Pending::Remote {
+                scatter, byte_len, ..
+            } = pending
+            {
+                let (bytes, rest) = payload.split_at(*byte_len as usize);
+                // The scatter list holds the READ's length, resolved when it was sent.
+                let _ = scatter::scatter_from_bytes(scatter, bytes);
+                payload = rest;
+            }
+        }
+        self.conn.consume(frame_len);
+        for _ in 0..answered {
+            self.complete_front();
+        }
+        if !whole {
+            return Err(self.fail_outstanding(response.status));
+        }
+        Ok(true)
     }
 
     /// Advances the payload being placed; Ok(false) while it waits for more bytes.
@@ -327,12 +493,14 @@ fn encode(
             send,
             scatter: Pieces::Empty,
             byte_len: len,
+            frame_reads: 1,
         };
     }
     Pending::Remote {
         send,
         scatter: pieces,
         byte_len: len,
+        frame_reads: 1,
     }
 }
 

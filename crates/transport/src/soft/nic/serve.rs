@@ -15,7 +15,7 @@
 use super::conn::Conn;
 use super::zero_copy::{Placement, ZERO_COPY_MIN};
 use super::LinkClosed;
-use crate::soft::frame::{self, Op, RequestHeader};
+use crate::soft::frame::{self, Op, ReadEntry, RequestHeader};
 use crate::soft::queue_pair::{PostedRecv, QpShared};
 use crate::soft::registry::{KeyMemo, Registry, Span};
 use crate::soft::responder;
@@ -179,6 +179,11 @@ impl ResponderLink {
             }
             if header.op == Op::Read {
                 answer_read(registry, &mut memo, &header, output);
+            } else if header.op == Op::ReadList {
+                let entries = &input[frame::REQUEST_LEN..frame_len];
+                if !answer_read_list(registry, &mut memo, &header, entries, output) {
+                    return Err(self.peer_gone());
+                }
             } else {
                 let payload = &input[frame::REQUEST_LEN..frame_len];
                 let Some(response) = responder::execute(registry, &self.qp, &header, payload)
@@ -368,4 +373,48 @@ fn answer_read(
     } else {
         out.memory(Arc::clone(mem), offset, len)
     };
+}
+
+/// Answers a READ list into `out`: one response counting the entries answered, then their
+/// bytes in order — every entry's, or those before the first one refused (bad key, bounds,
+/// protection domain or right; the response carries that status). The answer is never
+/// larger than [`frame::MAX_READ_LIST_BYTES`], so it is copied, not queued by reference.
+/// `false` (nothing written): the entries do not add up to the length the header asks
+/// for, a malformed frame.
+fn answer_read_list(
+    registry: &Registry,
+    memo: &mut KeyMemo,
+    header: &RequestHeader,
+    entries: &[u8],
+    out: &mut OutputQueue,
+) -> bool {
+    let asked: u64 = ReadEntry::decode_all(entries)
+        .map(|entry| u64::from(entry.len))
+        .sum();
+    if asked != u64::from(header.len) {
+        return false;
+    }
+    let out = out.bytes();
+    let at = out.len();
+    out.extend_from_slice(&[0; frame::RESPONSE_LEN]);
+    let mut response = responder::status_reply(WcStatus::Success, 0);
+    for entry in ReadEntry::decode_all(entries) {
+        let (remote, len) = (entry.remote, entry.len);
+        let found = registry.check_memo(
+            memo,
+            remote.rkey,
+            remote.addr,
+            u64::from(len),
+            Access::REMOTE_READ,
+        );
+        // Bounds were checked against the registration, which lies inside `mem`.
+        if found.is_none_or(|(mem, offset)| mem.append_to(offset, len as usize, out).is_err()) {
+            response.status = WcStatus::RemoteAccessError;
+            break;
+        }
+        response.len += len;
+        response.value += 1;
+    }
+    out[at..at + frame::RESPONSE_LEN].copy_from_slice(&response.to_bytes());
+    true
 }

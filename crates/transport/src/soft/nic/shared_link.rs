@@ -60,17 +60,18 @@ pub(crate) struct SharedLink {
 
 impl SharedLink {
     /// Wraps the connected `stream` of queue pair `qp` (hello already sent), to be
-    /// adopted by the NIC of `nic`.
+    /// adopted by the NIC of `nic`; `lists`: the peer NIC answers READ lists.
     pub(crate) fn new(
         nic: Arc<NicShared>,
         qp: Arc<QpShared>,
         stream: TcpStream,
         timeout: Duration,
+        lists: bool,
     ) -> std::io::Result<Self> {
         let conn = Conn::new(stream)?;
         let fd = conn.raw_fd();
         Ok(SharedLink {
-            link: Mutex::new(RequesterLink::new(qp, conn, timeout)),
+            link: Mutex::new(RequesterLink::new(qp, conn, timeout, lists)),
             nic,
             fd,
             epoch: Instant::now(),
