@@ -12,8 +12,10 @@
 //! and, per offset, the run holding it — offset (u64), length (u64, 0 when no run of the
 //! instance holds it) and rkey on that wire (u32). When one of them is in no run of the
 //! instance, the node first asks its server for the latest ownership (one heartbeat,
-//! waited for at most [`RUNS_WAIT`]): a run granted a moment ago is known by the
-//! answer. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
+//! waited for at most [`RUNS_WAIT`], by at most
+//! [`MAX_BEAT_WAITERS`](super::region::MAX_BEAT_WAITERS) requests at once — others answer
+//! what the node knows, so slow heartbeats never hold more handshake threads than that):
+//! a run granted a moment ago is known by the answer. From then on the node's NIC (the soft NIC thread, or the RDMA device) serves the
 //! client's READs and WRITEs; no node
 //! thread runs per transfer. A client that sets [`KEEPS_CONNECTION`] in its wire byte keeps
 //! the connection open for its queue pair's life; on verbs its closing then tears the queue

@@ -72,7 +72,15 @@ struct BeatState {
     wanted: u64,
     /// The `wanted` count the last finished heartbeat started at.
     done: u64,
+    /// Callers of [`PoolRegion::beat_now`] waiting now.
+    waiting: usize,
 }
+
+/// Most callers of [`PoolRegion::beat_now`] that wait at once. Each holds one of the
+/// listener's handshake threads (runs requests), so while heartbeats are slow (a server
+/// that does not answer) waiters never take more than these from the hellos; more callers
+/// ask for the heartbeat and return at once.
+pub(super) const MAX_BEAT_WAITERS: usize = 8;
 
 /// Why a pause of the membership thread ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,15 +397,21 @@ impl PoolRegion {
     }
 
     /// Asks the membership thread for a heartbeat now and waits, at most `wait`, until one
-    /// that started after the ask is answered; whether one was.
+    /// that started after the ask is answered; whether one was. With
+    /// [`MAX_BEAT_WAITERS`] callers already waiting it only asks (false at once).
     pub(super) fn beat_now(&self, wait: Duration) -> bool {
         let mut state = self.beat_state();
         state.wanted += 1;
         let target = state.wanted;
         self.beats.changed.notify_all();
+        if state.waiting >= MAX_BEAT_WAITERS {
+            return false;
+        }
+        state.waiting += 1;
         let pending = |s: &mut BeatState| !s.stopped && s.done < target;
         let waited = self.beats.changed.wait_timeout_while(state, wait, pending);
-        let (state, _) = waited.unwrap_or_else(PoisonError::into_inner);
+        let (mut state, _) = waited.unwrap_or_else(PoisonError::into_inner);
+        state.waiting -= 1;
         state.done >= target
     }
 
@@ -536,6 +550,41 @@ impl PoolRegion {
 mod tests {
     use super::*;
     use crate::lookup::WIRE_SOFT_TCP;
+
+    #[test]
+    fn while_heartbeats_are_slow_only_a_few_callers_wait_for_one() {
+        let spec = RegionSpec {
+            size: 4 << 20,
+            huge_pages: HugePages::Off,
+            prefault: false,
+        };
+        // No membership thread: no heartbeat is answered until the test says so.
+        let region =
+            std::sync::Arc::new(PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap());
+        let long = Duration::from_secs(60);
+        let waiters: Vec<_> = (0..MAX_BEAT_WAITERS)
+            .map(|_| {
+                let region = std::sync::Arc::clone(&region);
+                std::thread::spawn(move || region.beat_now(long))
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while region.beat_state().waiting < MAX_BEAT_WAITERS {
+            assert!(Instant::now() < deadline, "the waiters never waited");
+            std::thread::yield_now();
+        }
+        // One more caller asks for the heartbeat but does not wait for it.
+        let asked = Instant::now();
+        assert!(!region.beat_now(long));
+        assert!(asked.elapsed() < long / 2, "it waited");
+        assert_eq!(region.beat_state().wanted, MAX_BEAT_WAITERS as u64 + 1);
+        // The heartbeat that answers every ask releases the waiters, each answered.
+        region.beat_finished(region.beat_started());
+        for waiter in waiters {
+            assert!(waiter.join().unwrap());
+        }
+        assert_eq!(region.beat_state().waiting, 0);
+    }
 
     #[test]
     fn a_queue_pair_admitted_before_the_node_joined_again_is_not_kept() {
