@@ -104,12 +104,39 @@ pub(super) struct Isolation {
     pending: HashSet<Grant>,
     /// Tenants found idle, since when (a hello asking for the domain takes its tenant out).
     idle_since: HashMap<u32, Instant>,
+    /// What `apply` took out and has not been handed to [`Isolation::take_retired`] yet.
+    retired: Retired,
+}
+
+/// Registrations and tenant domains an answer took out of an [`Isolation`]: no operation
+/// finds them through it any more, but a client holding an rkey still reaches a run until
+/// its registration is dropped — a fence that waits for the NIC. The owner drops them
+/// after letting go of the lock that hellos take, and before it reports the version
+/// applied (the server places a released run for someone else only after that).
+#[derive(Default)]
+pub(super) struct Retired {
+    runs: Vec<AnyRegion>,
+    tenants: Vec<Vec<TenantWire>>,
+}
+
+impl Retired {
+    /// Registrations of runs held, counting those of retired tenants' domains.
+    pub(super) fn runs(&self) -> usize {
+        let of_tenants = self.tenants.iter().flatten().map(|wire| wire.runs.len());
+        self.runs.len() + of_tenants.sum::<usize>()
+    }
 }
 
 impl Isolation {
     /// The feed and version applied (`None`: nothing yet).
     pub(super) fn applied(&self) -> Option<AppliedVersion> {
         self.applied
+    }
+
+    /// What the answers applied since the last call took out, to be dropped by the caller
+    /// (see [`Retired`]).
+    pub(super) fn take_retired(&mut self) -> Retired {
+        std::mem::take(&mut self.retired)
     }
 
     /// Applies `answer` on `memory`, whose wires are `wires` (the node's domains, by wire
@@ -169,21 +196,25 @@ impl Isolation {
         let pending: HashSet<u32> = self.pending.iter().map(|grant| grant.0).collect();
         let now = Instant::now();
         let idle_since = &mut self.idle_since;
-        self.tenants.retain(|tenant, wires| {
-            let busy = connected.contains(tenant)
-                || pending.contains(tenant)
-                || wires.iter().any(|wire| !wire.runs.is_empty());
-            if busy {
-                idle_since.remove(tenant);
-                return true;
-            }
-            let since = *idle_since.entry(*tenant).or_insert(now);
-            let forget = now.duration_since(since) >= FORGET_AFTER;
-            if forget {
-                idle_since.remove(tenant);
-            }
-            !forget
-        });
+        let forgotten: Vec<u32> = self
+            .tenants
+            .iter()
+            .filter_map(|(tenant, wires)| {
+                let busy = connected.contains(tenant)
+                    || pending.contains(tenant)
+                    || wires.iter().any(|wire| !wire.runs.is_empty());
+                if busy {
+                    idle_since.remove(tenant);
+                    return None;
+                }
+                let since = *idle_since.entry(*tenant).or_insert(now);
+                (now.duration_since(since) >= FORGET_AFTER).then_some(*tenant)
+            })
+            .collect();
+        for tenant in forgotten {
+            idle_since.remove(&tenant);
+            self.retired.tenants.extend(self.tenants.remove(&tenant));
+        }
     }
 
     /// Drops every registration (and pending grant) a snapshot of `granted` runs does not
@@ -196,9 +227,18 @@ impl Isolation {
             .collect();
         for (tenant, wires) in &mut self.tenants {
             for wire in wires {
-                wire.runs.retain(|offset, region| {
-                    listed.contains(&(*tenant, *offset, region.len() as u64))
-                });
+                let unlisted: Vec<u64> = wire
+                    .runs
+                    .iter()
+                    .filter(|(offset, region)| {
+                        !listed.contains(&(*tenant, **offset, region.len() as u64))
+                    })
+                    .map(|(offset, _)| *offset)
+                    .collect();
+                let dropped = unlisted
+                    .iter()
+                    .filter_map(|offset| wire.runs.remove(offset));
+                self.retired.runs.extend(dropped);
             }
         }
         self.pending.retain(|grant| listed.contains(grant));
@@ -206,7 +246,7 @@ impl Isolation {
 
     fn release(&mut self, tenant: u32, offset: u64) {
         for wire in self.tenants.get_mut(&tenant).into_iter().flatten() {
-            wire.runs.remove(&offset);
+            self.retired.runs.extend(wire.runs.remove(&offset));
         }
     }
 
@@ -226,21 +266,31 @@ impl Isolation {
         {
             return Err(bad());
         }
+        let (mut replaced, mut failed) = (Vec::new(), None);
         for wire in self.tenant(tenant, wires)? {
             if wire.runs.get(&offset).is_some_and(|r| r.len() == bytes) {
                 continue;
             }
-            wire.runs.remove(&offset);
+            replaced.extend(wire.runs.remove(&offset));
             match wire.domain.register(memory, start, bytes, region_access()) {
-                Ok(region) => wire.runs.insert(offset, region),
-                Err(error) => {
-                    // Reachable on no wire until registered on every one.
-                    self.release(tenant, offset);
-                    return Err(error.into());
+                Ok(region) => {
+                    wire.runs.insert(offset, region);
                 }
-            };
+                Err(error) => {
+                    failed = Some(error);
+                    break;
+                }
+            }
         }
-        Ok(())
+        self.retired.runs.append(&mut replaced);
+        match failed {
+            None => Ok(()),
+            Some(error) => {
+                // Reachable on no wire until registered on every one.
+                self.release(tenant, offset);
+                Err(error.into())
+            }
+        }
     }
 
     /// The tenant's domains, one per wire of `wires` (made the first time).
@@ -357,6 +407,7 @@ mod tests {
         // Applying the same changes again keeps the registrations.
         isolation.apply(&first, &wires, &memory, &none).unwrap();
         assert_eq!(run(&isolation, 1, 0), Some(a));
+        assert_eq!(isolation.take_retired().runs(), 0, "nothing taken out");
         assert_eq!(
             isolation.applied(),
             Some(AppliedVersion {
@@ -374,6 +425,13 @@ mod tests {
         isolation.apply(&moved, &wires, &memory, &none).unwrap();
         assert_eq!(run(&isolation, 1, 0), None);
         assert_eq!(run(&isolation, 2, 0).map(|r| r.len), Some(SLAB));
+        // The released registration is handed over, still live, for the caller to drop
+        // outside its lock (and handed over once).
+        let retired = isolation.take_retired();
+        let rkeys: Vec<u32> = retired.runs.iter().map(|region| region.rkey()).collect();
+        assert_eq!(rkeys, [a.rkey]);
+        assert_eq!(isolation.take_retired().runs(), 0);
+        drop(retired);
         // A run that cannot be registered (outside the region) fails once, loudly, and
         // stays pending; the version moves on and later releases still apply.
         let bad = answer(9, 5, false, &[RunChange(3, 4 * SLAB, SLAB, false)]);
@@ -393,6 +451,9 @@ mod tests {
         // A snapshot of another feed leaves exactly its runs (and drops pending grants).
         let snapshot = answer(11, 1, true, &[RunChange(1, 3 * SLAB, SLAB, false)]);
         isolation.apply(&snapshot, &wires, &memory, &none).unwrap();
+        // Tenant 2's release (version 6) and its run at SLAB, which the snapshot does not
+        // list; the snapshot's own run is registered, not retired.
+        assert_eq!(isolation.take_retired().runs(), 2);
         assert!(isolation.pending.is_empty());
         assert_eq!(run(&isolation, 2, 0), None);
         assert_eq!(run(&isolation, 2, SLAB), None);
@@ -470,6 +531,7 @@ mod tests {
             [1, 2, 3, 5],
             "idle for less than the grace"
         );
+        isolation.take_retired();
         age(&mut isolation);
         apply(&mut isolation, &connected);
         assert_eq!(
@@ -477,6 +539,10 @@ mod tests {
             [2, 3, 5],
             "idle and unconnected 1 forgotten"
         );
+        // Its domain is handed over to be dropped outside the lock.
+        let retired = isolation.take_retired();
+        let domains: Vec<usize> = retired.tenants.iter().map(Vec::len).collect();
+        assert_eq!(domains, [1], "tenant 1's domain on the one wire");
         // 2 and 5 hang up; a hello of 5 asks for its domain again while 2 is idle.
         apply(&mut isolation, &none);
         age(&mut isolation);

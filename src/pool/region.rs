@@ -273,7 +273,9 @@ impl PoolRegion {
             .ticket_key
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = ticket_key;
-        *self.isolation() = isolated.then(Isolation::default);
+        let before = std::mem::replace(&mut *self.isolation(), isolated.then(Isolation::default));
+        // Dropped after the lock (each registration's drop waits for the NIC's fence).
+        drop(before);
         self.range_id.store(range_id, Ordering::Release);
         // Queue pairs opened under another policy keep no access it would not give: an
         // isolating incarnation keeps none (each instance's domain is new), one that demands
@@ -317,7 +319,10 @@ impl PoolRegion {
         self.isolation().as_ref().and_then(Isolation::applied)
     }
 
-    /// Applies an ownership answer (nothing when this incarnation does not isolate).
+    /// Applies an ownership answer (nothing when this incarnation does not isolate). The
+    /// registrations it takes out are dropped after the lock hellos take is let go (each
+    /// drop waits for the NIC's fence) and before this returns, so before the membership
+    /// thread reports the version applied.
     pub(super) fn apply_ownership(&self, answer: &OwnershipAnswer) -> Result<(), PoolError> {
         let wires = self.isolating_wires();
         let connected: HashSet<u32> = self
@@ -326,10 +331,15 @@ impl PoolRegion {
             .filter(|peer| peer.qp.state() != QpState::Error)
             .filter_map(|peer| peer.admit?.tenant)
             .collect();
-        match self.isolation().as_mut() {
-            Some(isolation) => isolation.apply(answer, &wires, &self.memory, &connected),
-            None => Ok(()),
-        }
+        let (applied, retired) = match self.isolation().as_mut() {
+            Some(isolation) => {
+                let applied = isolation.apply(answer, &wires, &self.memory, &connected);
+                (applied, isolation.take_retired())
+            }
+            None => return Ok(()),
+        };
+        drop(retired);
+        applied
     }
 
     /// The runs of `tenant` holding each of `offsets`, with their rkeys on `wire` (`None`
