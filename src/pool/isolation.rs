@@ -119,6 +119,7 @@ pub(super) struct Retired {
     tenants: Vec<Vec<TenantWire>>,
 }
 
+#[cfg(test)]
 impl Retired {
     /// Registrations of runs held, counting those of retired tenants' domains.
     pub(super) fn runs(&self) -> usize {
