@@ -12,7 +12,10 @@
 //! (`pool-tcp` / `tcp-zc` on a second server with `kvcm.auth.meta = required`: its pool
 //! node isolates instances, so the engine shows an API key, opens its queue pairs with a
 //! ticket in its instance's protection domain and learns its runs' keys with a runs
-//! request — the cost of isolation).
+//! request — the cost of isolation). `shm-x4` (64 KiB and 1 MiB blocks): four engines, a
+//! thread each, put and then get a batch each at once over soft-shm — what batches in
+//! flight together reach (their control-plane calls share journal syncs); its floor is a
+//! memcpy of all four batches' bytes.
 //!
 //! `cargo bench --bench data_plane` (a real `kvcm serve --pool-size 1G` on free ports;
 //! `KVCM_BENCH_ROUNDS` sets the rounds per case, default 5; `KVCM_BENCH_PREFAULT=1` backs
@@ -37,6 +40,8 @@ use serde_json::{json, Value};
 
 /// Blocks per put / get.
 const BATCH: usize = 64;
+/// Engines putting (and getting) a batch at once in the `shm-x4` row.
+const IN_FLIGHT: usize = 4;
 
 /// A child process killed on drop.
 struct Process(Child);
@@ -266,6 +271,78 @@ fn host_put_get(
     (put_seconds, get_seconds, assert_all(&put, &got))
 }
 
+/// Best seconds of [`IN_FLIGHT`] engines (a thread each, over soft-shm, checksums on)
+/// putting a batch of `size`-byte blocks each at once, and then getting them, over
+/// `rounds` rounds (keys from `first_key` on, removed after each round): (put, get, the
+/// path taken). A phase lasts from the barrier that starts it to the last engine's finish.
+fn in_flight(
+    server: &Server,
+    size: usize,
+    rounds: usize,
+    first_key: i64,
+) -> (f64, f64, TransferPath) {
+    let barrier = std::sync::Barrier::new(IN_FLIGHT + 1);
+    let (starts, finishes, path) = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..IN_FLIGHT)
+            .map(|thread| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let mut engine = engine(server, instance("pool", size), Wire::Shm, true);
+                    let mut buffers: Vec<AlignedBuf> =
+                        (0..BATCH).map(|_| AlignedBuf::new(size)).collect();
+                    let mut finished = Vec::with_capacity(rounds);
+                    let mut path = None;
+                    for round in 0..rounds {
+                        let first = first_key + ((round * IN_FLIGHT + thread) * BATCH) as i64;
+                        let keys: Vec<i64> = (first..first + BATCH as i64).collect();
+                        barrier.wait();
+                        let blocks: Vec<Vec<&[u8]>> =
+                            buffers.iter().map(|b| vec![b.as_slice()]).collect();
+                        let put = engine.put_blocks(&keys, &blocks).unwrap();
+                        let put_done = Instant::now();
+                        barrier.wait();
+                        let mut outs: Vec<Vec<&mut [u8]>> =
+                            buffers.iter_mut().map(|b| vec![b.as_mut_slice()]).collect();
+                        let got = engine.get_blocks(&keys, &mut outs).unwrap();
+                        finished.push((put_done, Instant::now()));
+                        path = Some(assert_all(&put, &got));
+                        let removal = kvcm::proto::meta::RemoveCacheRequest {
+                            block_keys: keys,
+                            ..Default::default()
+                        };
+                        engine.client().remove(removal).unwrap();
+                    }
+                    (finished, path)
+                })
+            })
+            .collect();
+        let mut starts = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            barrier.wait();
+            let put_start = Instant::now();
+            barrier.wait();
+            starts.push((put_start, Instant::now()));
+        }
+        let done: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        let path = done[0].1.expect("a round ran");
+        let finishes: Vec<_> = done.into_iter().map(|(finished, _)| finished).collect();
+        (starts, finishes, path)
+    });
+    let (mut put, mut get) = (f64::MAX, f64::MAX);
+    for (round, (put_start, get_start)) in starts.iter().enumerate() {
+        let last = |phase: fn(&(Instant, Instant)) -> Instant| {
+            finishes
+                .iter()
+                .map(|f| phase(&f[round]))
+                .max()
+                .expect("engines")
+        };
+        put = put.min(last(|f| f.0).duration_since(*put_start).as_secs_f64());
+        get = get.min(last(|f| f.1).duration_since(*get_start).as_secs_f64());
+    }
+    (put, get, path)
+}
+
 /// Seconds to memcpy `bytes` bytes (best of 3).
 fn memcpy_floor(bytes: usize) -> f64 {
     let source = vec![7u8; bytes];
@@ -333,6 +410,34 @@ fn selected(var: &str, name: &str) -> bool {
 
 fn gbps(bytes: usize, seconds: f64) -> f64 {
     bytes as f64 / seconds / 1e9
+}
+
+/// One row of the table: blocks of `size` bytes, `bytes` moved per put (and per get), the
+/// floor's seconds for them.
+struct Row<'a> {
+    size: usize,
+    name: &'a str,
+    bytes: usize,
+    floor: f64,
+}
+
+impl Row<'_> {
+    /// Prints the row for the best put and get and the slowest put (seconds).
+    fn print(&self, (put, get, put_worst): (f64, f64, f64), path: Option<TransferPath>) {
+        let (bytes, floor_gbps) = (self.bytes, gbps(self.bytes, self.floor));
+        println!(
+            "{:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>9.2}  {}",
+            format!("{}K", self.size >> 10),
+            self.name,
+            gbps(bytes, put),
+            gbps(bytes, get),
+            floor_gbps,
+            gbps(bytes, put) / floor_gbps,
+            gbps(bytes, get) / floor_gbps,
+            gbps(bytes, put_worst),
+            path.map_or("-".to_string(), |p| p.to_string()),
+        );
+    }
 }
 
 fn main() {
@@ -417,19 +522,26 @@ fn main() {
                 assert!(path.is_none_or(|known| known == taken), "the path changed");
                 path = Some(taken);
             }
-            let floor_gbps = gbps(bytes, floor);
-            println!(
-                "{:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>9.2}  {}",
-                format!("{}K", size >> 10),
+            let row = Row {
+                size,
                 name,
-                gbps(bytes, put),
-                gbps(bytes, get),
-                floor_gbps,
-                gbps(bytes, put) / floor_gbps,
-                gbps(bytes, get) / floor_gbps,
-                gbps(bytes, put_worst),
-                path.map_or("-".to_string(), |p| p.to_string()),
-            );
+                bytes,
+                floor,
+            };
+            row.print((put, get, put_worst), path);
+        }
+        // Four batches in flight at once (4 MiB blocks would not fit the pool four times).
+        if size <= 1 << 20 && selected("KVCM_BENCH_CASES", "shm-x4") {
+            let (put, get, path) = in_flight(&open, size, rounds, next_key);
+            next_key += (rounds * IN_FLIGHT * BATCH) as i64;
+            let bytes = IN_FLIGHT * bytes;
+            let row = Row {
+                size,
+                name: "shm-x4",
+                bytes,
+                floor: memcpy_floor(bytes),
+            };
+            row.print((put, get, f64::NAN), Some(path));
         }
     }
     println!(
