@@ -7,10 +7,11 @@
 //! to runs (a peer maps a whole memfd), so an isolating node does not offer it.
 //!
 //! Who owns what comes from the server's ownership feed, in heartbeat answers
-//! ([`OwnershipAnswer`]): [`Isolation::apply`] drops released runs' registrations (a
-//! dropped registration fails every later operation with its key at once, transfers in
-//! flight included: deregistration is a fence on soft-TCP and verbs) and registers granted
-//! ones, and only then is the version recorded as applied, which is what lets the server
+//! ([`OwnershipAnswer`]): [`Isolation::retire`] takes released runs' registrations out,
+//! the node drops them (a dropped registration fails every later operation with its key at
+//! once, transfers in flight included: deregistration is a fence on soft-TCP and verbs)
+//! outside the lock hellos take, [`Isolation::register`] registers granted ones, and only
+//! then is the version recorded as applied, which is what lets the server
 //! place a released run for another tenant. A grant that fails to register (verbs pins the run a
 //! second time, against `RLIMIT_MEMLOCK`) does not hold the feed up: the run stays
 //! unreachable for its tenant on every wire (its transfers fail) and is tried again with
@@ -140,12 +141,9 @@ impl Isolation {
         std::mem::take(&mut self.retired)
     }
 
-    /// Applies `answer` on `memory`, whose wires are `wires` (the node's domains, by wire
-    /// index): registrations of released runs (and, for a snapshot, of every run it does
-    /// not list) dropped, those of granted runs made — with those of earlier grants that
-    /// failed — and its version recorded; then the tenants left idle (none of `connected`,
-    /// the tenants with a queue pair) are forgotten. Grants that failed for the first time
-    /// are returned as an error (they stay pending); the version is recorded all the same.
+    /// Applies `answer` at once: [`Self::retire`], then [`Self::register`] (the node drops
+    /// what the first phase retired between the two; tests need not).
+    #[cfg(test)]
     pub(super) fn apply(
         &mut self,
         answer: &OwnershipAnswer,
@@ -153,14 +151,43 @@ impl Isolation {
         memory: &HostMemory,
         connected: &HashSet<u32>,
     ) -> Result<(), PoolError> {
+        self.retire(answer);
+        self.register(answer, wires, memory, connected)
+    }
+
+    /// The first phase of applying `answer`: the registrations of released runs (and, for
+    /// a snapshot, of every run it does not list, with the pending grants it does not
+    /// list) are taken out into [`Retired`]. The caller drops them before
+    /// [`Self::register`], so a run moving from one tenant to another in one answer is
+    /// never reachable by both.
+    pub(super) fn retire(&mut self, answer: &OwnershipAnswer) {
         if answer.snapshot {
             self.keep_only(&answer.changes);
         }
+        for &RunChange(tenant, offset, _, released) in &answer.changes {
+            if released {
+                self.release(tenant, offset);
+            }
+        }
+    }
+
+    /// The second phase of applying `answer` on `memory`, whose wires are `wires` (the
+    /// node's domains, by wire index): the registrations of granted runs are made — with
+    /// those of earlier grants that failed, less those the answer released — and its
+    /// version recorded; then the tenants left idle (none of `connected`, the tenants with
+    /// a queue pair) are forgotten. Grants that failed for the first time are returned as
+    /// an error (they stay pending); the version is recorded all the same.
+    pub(super) fn register(
+        &mut self,
+        answer: &OwnershipAnswer,
+        wires: &[(usize, &AnyDomain)],
+        memory: &HostMemory,
+        connected: &HashSet<u32>,
+    ) -> Result<(), PoolError> {
         let failed_before = std::mem::take(&mut self.pending);
         let mut grants: Vec<Grant> = failed_before.iter().copied().collect();
         for &RunChange(tenant, offset, len, released) in &answer.changes {
             if released {
-                self.release(tenant, offset);
                 grants.retain(|&(t, o, _)| (t, o) != (tenant, offset));
             } else {
                 grants.push((tenant, offset, len));
@@ -423,16 +450,24 @@ mod tests {
             false,
             &[RunChange(1, 0, SLAB, true), RunChange(2, 0, SLAB, false)],
         );
-        isolation.apply(&moved, &wires, &memory, &none).unwrap();
+        // First phase: the released registration is handed over, still live, for the
+        // caller to drop outside its lock (once), and the new owner has nothing yet.
+        isolation.retire(&moved);
         assert_eq!(run(&isolation, 1, 0), None);
-        assert_eq!(run(&isolation, 2, 0).map(|r| r.len), Some(SLAB));
-        // The released registration is handed over, still live, for the caller to drop
-        // outside its lock (and handed over once).
+        assert_eq!(
+            run(&isolation, 2, 0),
+            None,
+            "not before the release is dropped"
+        );
         let retired = isolation.take_retired();
         let rkeys: Vec<u32> = retired.runs.iter().map(|region| region.rkey()).collect();
         assert_eq!(rkeys, [a.rkey]);
         assert_eq!(isolation.take_retired().runs(), 0);
         drop(retired);
+        // Second phase: the grant.
+        isolation.register(&moved, &wires, &memory, &none).unwrap();
+        assert_eq!(run(&isolation, 2, 0).map(|r| r.len), Some(SLAB));
+        assert_eq!(isolation.take_retired().runs(), 0);
         // A run that cannot be registered (outside the region) fails once, loudly, and
         // stays pending; the version moves on and later releases still apply.
         let bad = answer(9, 5, false, &[RunChange(3, 4 * SLAB, SLAB, false)]);

@@ -319,10 +319,11 @@ impl PoolRegion {
         self.isolation().as_ref().and_then(Isolation::applied)
     }
 
-    /// Applies an ownership answer (nothing when this incarnation does not isolate). The
-    /// registrations it takes out are dropped after the lock hellos take is let go (each
-    /// drop waits for the NIC's fence) and before this returns, so before the membership
-    /// thread reports the version applied.
+    /// Applies an ownership answer (nothing when this incarnation does not isolate), in
+    /// the two phases of [`Isolation`]: the registrations the answer takes out are dropped
+    /// after the lock hellos take is let go (each drop waits for the NIC's fence) and
+    /// before the grants are registered, and the membership thread (the only caller, and
+    /// the one that changes incarnations) reports the version applied after this returns.
     pub(super) fn apply_ownership(&self, answer: &OwnershipAnswer) -> Result<(), PoolError> {
         let wires = self.isolating_wires();
         let connected: HashSet<u32> = self
@@ -331,9 +332,17 @@ impl PoolRegion {
             .filter(|peer| peer.qp.state() != QpState::Error)
             .filter_map(|peer| peer.admit?.tenant)
             .collect();
+        let retired = match self.isolation().as_mut() {
+            Some(isolation) => {
+                isolation.retire(answer);
+                isolation.take_retired()
+            }
+            None => return Ok(()),
+        };
+        drop(retired);
         let (applied, retired) = match self.isolation().as_mut() {
             Some(isolation) => {
-                let applied = isolation.apply(answer, &wires, &self.memory, &connected);
+                let applied = isolation.register(answer, &wires, &self.memory, &connected);
                 (applied, isolation.take_retired())
             }
             None => return Ok(()),

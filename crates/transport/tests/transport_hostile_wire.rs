@@ -707,6 +707,41 @@ fn small_reads_posted_together_go_out_as_one_list_and_still_complete_one_by_one(
 }
 
 #[test]
+fn a_list_carries_at_most_256_reads_and_the_rest_follow_in_the_next() {
+    use kvcm_transport::{RemoteAddr, SendOp, SendWr, WcStatus};
+    use std::io::Read;
+    let (side, mut peer) = scripted_peer(" lists=1");
+    let sges: Vec<_> = (0..300).map(|i| side.sge(i * 8, 8)).collect();
+    let wrs: Vec<SendWr> = (0..300)
+        .map(|i| SendWr {
+            wr_id: i as u64,
+            op: SendOp::Read(RemoteAddr {
+                addr: 8 * i as u64,
+                rkey: 5,
+            }),
+            sg_list: &sges[i..=i],
+            signaled: i == 299,
+        })
+        .collect();
+    side.qp.post_send(&wrs).unwrap();
+    for (entries, first) in [(256usize, 0u64), (44, 256)] {
+        let mut frame = vec![0u8; 40 + 16 * entries];
+        peer.read_exact(&mut frame).unwrap();
+        let expected: Vec<(u64, u32, u32)> = (0..entries as u64)
+            .map(|i| (8 * (first + i), 5, 8))
+            .collect();
+        assert_eq!(frame, read_list(&expected), "a list of {entries}");
+        // Every READ answered: the count of entries in the header's value, then the bytes.
+        let mut answer = success(8 * entries as u32);
+        answer[8..].copy_from_slice(&(entries as u64).to_le_bytes());
+        answer.resize(16 + 8 * entries, 0xAB);
+        peer.write_all(&answer).unwrap();
+    }
+    let done = conformance::completions(&side.send_cq, 1);
+    assert_eq!((done[0].wr_id, done[0].status), (299, WcStatus::Success));
+}
+
+#[test]
 fn a_peer_that_takes_no_lists_gets_one_frame_per_read() {
     use std::io::Read;
     let (side, mut peer) = scripted_peer("");

@@ -207,6 +207,7 @@ impl RequesterLink {
             .extend_from_slice(&[0; frame::REQUEST_LEN]);
         let head = self.outstanding.len();
         let (mut count, mut bytes, mut failed) = (0, 0u32, None);
+        let mut first_remote = None;
         let mut next = Some(first);
         while let Some(send) = next.take() {
             let SendOp::Read(remote) = send.op else {
@@ -223,6 +224,7 @@ impl RequesterLink {
                 };
             // Within the list's limits (`list_len`), so it fits in a u32.
             let len = scatter::total_len(&pieces) as u32;
+            first_remote.get_or_insert(remote);
             ReadEntry { remote, len }.encode(self.conn.output.bytes());
             self.outstanding.push_back(Pending::Remote {
                 send,
@@ -240,8 +242,18 @@ impl RequesterLink {
             out.truncate(at);
             return failed;
         }
-        out[at..at + frame::REQUEST_LEN]
-            .copy_from_slice(&RequestHeader::read_list(count, bytes).to_bytes());
+        let header = match (count, first_remote) {
+            // Cut to one READ by a local failure: sent as a plain READ, answered as one.
+            (1, Some(remote)) => {
+                out.truncate(at + frame::REQUEST_LEN);
+                RequestHeader {
+                    remote,
+                    ..RequestHeader::new(Op::Read, bytes, None)
+                }
+            }
+            _ => RequestHeader::read_list(count, bytes),
+        };
+        out[at..at + frame::REQUEST_LEN].copy_from_slice(&header.to_bytes());
         if let Some(Pending::Remote { frame_reads, .. }) = self.outstanding.get_mut(head) {
             *frame_reads = count;
         }
@@ -314,6 +326,10 @@ impl RequesterLink {
     /// answered get their bytes; if it stopped early, the next fails with its status and
     /// the rest are flushed. Ok(false) while the answer has not all arrived.
     fn complete_list(&mut self, reads: usize) -> Result<bool, LinkClosed> {
+        if reads == 0 {
+            // A list's later READ at the front: never, as a list completes as a whole.
+            return Err(self.fail_outstanding(WcStatus::RemoteInvalidRequest));
+        }
         let input = self.conn.input();
         let Some(response) = ResponseHeader::decode(input) else {
             if input.len() >= frame::RESPONSE_LEN {
