@@ -422,11 +422,13 @@ struct Row<'a> {
 }
 
 impl Row<'_> {
-    /// Prints the row for the best put and get and the slowest put (seconds).
-    fn print(&self, (put, get, put_worst): (f64, f64, f64), path: Option<TransferPath>) {
+    /// Prints the row for the best put and get and the slowest put (seconds; `None`:
+    /// not measured, printed as `-`).
+    fn print(&self, (put, get, put_worst): (f64, f64, Option<f64>), path: Option<TransferPath>) {
         let (bytes, floor_gbps) = (self.bytes, gbps(self.bytes, self.floor));
+        let worst = put_worst.map_or("-".to_string(), |w| format!("{:.2}", gbps(bytes, w)));
         println!(
-            "{:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>9.2}  {}",
+            "{:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>9}  {}",
             format!("{}K", self.size >> 10),
             self.name,
             gbps(bytes, put),
@@ -434,7 +436,7 @@ impl Row<'_> {
             floor_gbps,
             gbps(bytes, put) / floor_gbps,
             gbps(bytes, get) / floor_gbps,
-            gbps(bytes, put_worst),
+            worst,
             path.map_or("-".to_string(), |p| p.to_string()),
         );
     }
@@ -528,7 +530,7 @@ fn main() {
                 bytes,
                 floor,
             };
-            row.print((put, get, put_worst), path);
+            row.print((put, get, Some(put_worst)), path);
         }
         // Four batches in flight at once (4 MiB blocks would not fit the pool four times).
         if size <= 1 << 20 && selected("KVCM_BENCH_CASES", "shm-x4") {
@@ -541,7 +543,7 @@ fn main() {
                 bytes,
                 floor: memcpy_floor(bytes),
             };
-            row.print((put, get, f64::NAN), Some(path));
+            row.print((put, get, None), Some(path));
         }
     }
     println!(

@@ -141,20 +141,6 @@ impl Isolation {
         std::mem::take(&mut self.retired)
     }
 
-    /// Applies `answer` at once: [`Self::retire`], then [`Self::register`] (the node drops
-    /// what the first phase retired between the two; tests need not).
-    #[cfg(test)]
-    pub(super) fn apply(
-        &mut self,
-        answer: &OwnershipAnswer,
-        wires: &[(usize, &AnyDomain)],
-        memory: &HostMemory,
-        connected: &HashSet<u32>,
-    ) -> Result<(), PoolError> {
-        self.retire(answer);
-        self.register(answer, wires, memory, connected)
-    }
-
     /// The first phase of applying `answer`: the registrations of released runs (and, for
     /// a snapshot, of every run it does not list, with the pending grants it does not
     /// list) are taken out into [`Retired`]. The caller drops them before
@@ -378,6 +364,21 @@ mod tests {
     use crate::lookup::{open_wires, WIRE_SOFT_TCP};
 
     const SLAB: u64 = 2 << 20;
+
+    impl Isolation {
+        /// Both phases at once (the node drops what the first retired between them; these
+        /// tests keep it until they look).
+        fn apply(
+            &mut self,
+            answer: &OwnershipAnswer,
+            wires: &[(usize, &AnyDomain)],
+            memory: &HostMemory,
+            connected: &HashSet<u32>,
+        ) -> Result<(), PoolError> {
+            self.retire(answer);
+            self.register(answer, wires, memory, connected)
+        }
+    }
 
     fn answer(feed: u64, version: u64, snapshot: bool, changes: &[RunChange]) -> OwnershipAnswer {
         OwnershipAnswer {

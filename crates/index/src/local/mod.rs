@@ -260,17 +260,12 @@ impl<V: Clone + Send + Sync> MetaIndex<V> for LocalIndex<V> {
         let mut last = None;
         for (applied, keys) in batches.iter().enumerate() {
             if let Err(error) = self.write_unwaited(keys, f).map(|t| last = last.max(t)) {
-                return Err(match self.wait_durable(last) {
-                    Ok(()) => BatchesStopped {
-                        applied,
-                        durable: true,
-                        error,
-                    },
-                    Err(error) => BatchesStopped {
-                        applied,
-                        durable: false,
-                        error,
-                    },
+                // A failed wait is the error that matters: nothing applied is durable.
+                let waited = self.wait_durable(last);
+                return Err(BatchesStopped {
+                    applied,
+                    durable: waited.is_ok(),
+                    error: waited.err().unwrap_or(error),
                 });
             }
         }
