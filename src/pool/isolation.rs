@@ -10,7 +10,8 @@
 //! ([`OwnershipAnswer`]): [`Isolation::retire`] takes released runs' registrations out,
 //! the node drops them (a dropped registration fails every later operation with its key at
 //! once, transfers in flight included: deregistration is a fence on soft-TCP and verbs)
-//! outside the lock hellos take, [`Isolation::register`] registers granted ones, and only
+//! outside the lock hellos take, [`Isolation::plan`] plans the granted ones' registrations,
+//! the node makes them with that lock let go and [`Isolation::install`] puts them in; only
 //! then is the version recorded as applied, which is what lets the server
 //! place a released run for another tenant. A grant that fails to register (verbs pins the run a
 //! second time, against `RLIMIT_MEMLOCK`) does not hold the feed up: the run stays
@@ -129,6 +130,58 @@ impl Retired {
     }
 }
 
+/// The registrations an answer needs, planned under the lock hellos take
+/// ([`Isolation::plan`]) and made with it let go ([`Registrations::make`]): a verbs
+/// registration pins its run, which can take a while for a snapshot of many runs.
+pub(super) struct Registrations {
+    /// Each grant to register, with the tenant's domains (by wire) that lack it.
+    jobs: Vec<(Grant, Vec<(usize, AnyDomain)>)>,
+    /// Grants refused while planning.
+    refused: Vec<(Grant, PoolError)>,
+    failed_before: HashSet<Grant>,
+    applied: AppliedVersion,
+}
+
+/// One run's registrations, by wire.
+type RunRegions = Vec<(usize, AnyRegion)>;
+
+/// What [`Registrations::make`] made, for [`Isolation::install`].
+pub(super) struct Made {
+    /// Each grant's registrations (by wire), or why one failed (none is kept then).
+    outcomes: Vec<(Grant, Result<RunRegions, PoolError>)>,
+    failed_before: HashSet<Grant>,
+    applied: AppliedVersion,
+}
+
+impl Registrations {
+    /// Registers each planned run of `memory` in its domains (a grant whose registration
+    /// fails on one wire keeps none).
+    pub(super) fn make(self, memory: &HostMemory) -> Made {
+        let mut outcomes: Vec<_> = self
+            .refused
+            .into_iter()
+            .map(|(grant, error)| (grant, Err(error)))
+            .collect();
+        for (grant @ (_, offset, len), domains) in self.jobs {
+            // `plan` checked that the run lies in the region.
+            let (start, bytes) = (offset as usize, len as usize);
+            let made: Result<Vec<_>, _> = domains
+                .into_iter()
+                .map(|(wire, domain)| {
+                    let region = domain.register(memory, start, bytes, region_access())?;
+                    Ok((wire, region))
+                })
+                .collect();
+            outcomes.push((grant, made));
+        }
+        Made {
+            outcomes,
+            failed_before: self.failed_before,
+            applied: self.applied,
+        }
+    }
+}
+
 impl Isolation {
     /// The feed and version applied (`None`: nothing yet).
     pub(super) fn applied(&self) -> Option<AppliedVersion> {
@@ -144,7 +197,7 @@ impl Isolation {
     /// The first phase of applying `answer`: the registrations of released runs (and, for
     /// a snapshot, of every run it does not list, with the pending grants it does not
     /// list) are taken out into [`Retired`]. The caller drops them before
-    /// [`Self::register`], so a run moving from one tenant to another in one answer is
+    /// [`Self::plan`], so a run moving from one tenant to another in one answer is
     /// never reachable by both.
     pub(super) fn retire(&mut self, answer: &OwnershipAnswer) {
         if answer.snapshot {
@@ -157,19 +210,18 @@ impl Isolation {
         }
     }
 
-    /// The second phase of applying `answer` on `memory`, whose wires are `wires` (the
-    /// node's domains, by wire index): the registrations of granted runs are made — with
-    /// those of earlier grants that failed, less those the answer released — and its
-    /// version recorded; then the tenants left idle (none of `connected`, the tenants with
-    /// a queue pair) are forgotten. Grants that failed for the first time are returned as
-    /// an error (they stay pending); the version is recorded all the same.
-    pub(super) fn register(
+    /// The second phase of applying `answer`, under the lock: plans the registrations of
+    /// granted runs — with those of earlier grants that failed, less those the answer
+    /// released — making the tenants' domains on `wires` (the node's, by wire index) where
+    /// needed. A grant outside `memory` (or whose tenant's domains cannot be made) is
+    /// refused here. The caller makes the registrations with the lock let go
+    /// ([`Registrations::make`]) and hands them to [`Self::install`].
+    pub(super) fn plan(
         &mut self,
         answer: &OwnershipAnswer,
         wires: &[(usize, &AnyDomain)],
         memory: &HostMemory,
-        connected: &HashSet<u32>,
-    ) -> Result<(), PoolError> {
+    ) -> Registrations {
         let failed_before = std::mem::take(&mut self.pending);
         let mut grants: Vec<Grant> = failed_before.iter().copied().collect();
         for &RunChange(tenant, offset, len, released) in &answer.changes {
@@ -179,21 +231,59 @@ impl Isolation {
                 grants.push((tenant, offset, len));
             }
         }
-        let mut errors = Vec::new();
+        let mut planned = Registrations {
+            jobs: Vec::new(),
+            refused: Vec::new(),
+            failed_before,
+            applied: AppliedVersion {
+                feed: answer.feed,
+                version: answer.version,
+            },
+        };
         for grant in grants {
-            if let Err(error) = self.grant(grant, wires, memory) {
-                if self.pending.insert(grant) && !failed_before.contains(&grant) {
-                    errors.push(format!(
-                        "run {}+{} of tenant {}: {error}",
-                        grant.1, grant.2, grant.0
-                    ));
-                }
+            match self.domains_needing(grant, wires, memory.len()) {
+                Ok(domains) if domains.is_empty() => {}
+                Ok(domains) => planned.jobs.push((grant, domains)),
+                Err(error) => planned.refused.push((grant, error)),
             }
         }
-        self.applied = Some(AppliedVersion {
-            feed: answer.feed,
-            version: answer.version,
-        });
+        planned
+    }
+
+    /// The third phase, under the lock again: installs what [`Registrations::make`] made
+    /// (a run's earlier registration of another length is retired), keeps the grants that
+    /// failed pending, records the version, then forgets the tenants left idle (none of
+    /// `connected`, the tenants with a queue pair). Grants that failed for the first time
+    /// are returned as an error (they stay pending); the version is recorded all the same.
+    pub(super) fn install(
+        &mut self,
+        made: Made,
+        connected: &HashSet<u32>,
+    ) -> Result<(), PoolError> {
+        let Made {
+            outcomes,
+            failed_before,
+            applied,
+        } = made;
+        let mut errors = Vec::new();
+        for (grant, outcome) in outcomes {
+            let error = match outcome {
+                Ok(regions) => match self.put_runs(grant, regions) {
+                    Ok(()) => continue,
+                    Err(error) => error,
+                },
+                Err(error) => error,
+            };
+            // Reachable on no wire until registered on every one.
+            self.release(grant.0, grant.1);
+            if self.pending.insert(grant) && !failed_before.contains(&grant) {
+                errors.push(format!(
+                    "run {}+{} of tenant {}: {error}",
+                    grant.1, grant.2, grant.0
+                ));
+            }
+        }
+        self.applied = Some(applied);
         self.forget_idle(connected);
         match errors.is_empty() {
             true => Ok(()),
@@ -264,47 +354,52 @@ impl Isolation {
         }
     }
 
-    fn grant(
+    /// The tenant's domains (by wire) on which `grant` is not registered yet with its
+    /// length, made the first time; an error for a run outside the region.
+    fn domains_needing(
         &mut self,
         (tenant, offset, len): Grant,
         wires: &[(usize, &AnyDomain)],
-        memory: &HostMemory,
-    ) -> Result<(), PoolError> {
+        region_len: usize,
+    ) -> Result<Vec<(usize, AnyDomain)>, PoolError> {
         let bad = || PoolError::Config(format!("run {offset}+{len} is outside the region"));
         let start = usize::try_from(offset).map_err(|_| bad())?;
         let bytes = usize::try_from(len).map_err(|_| bad())?;
-        if start
-            .checked_add(bytes)
-            .is_none_or(|end| end > memory.len())
-            || bytes == 0
-        {
+        if start.checked_add(bytes).is_none_or(|end| end > region_len) || bytes == 0 {
             return Err(bad());
         }
-        let (mut replaced, mut failed) = (Vec::new(), None);
-        for wire in self.tenant(tenant, wires)? {
-            if wire.runs.get(&offset).is_some_and(|r| r.len() == bytes) {
-                continue;
-            }
-            replaced.extend(wire.runs.remove(&offset));
-            match wire.domain.register(memory, start, bytes, region_access()) {
-                Ok(region) => {
-                    wire.runs.insert(offset, region);
-                }
-                Err(error) => {
-                    failed = Some(error);
-                    break;
-                }
+        let own = self.tenant(tenant, wires)?;
+        let unregistered = own
+            .iter()
+            .filter(|wire| wire.runs.get(&offset).is_none_or(|r| r.len() != bytes));
+        Ok(unregistered
+            .map(|wire| (wire.wire, wire.domain.clone()))
+            .collect())
+    }
+
+    /// Puts the registrations made for `grant` in its tenant's domains (retiring any
+    /// earlier one of the run); an error, changing nothing, when the tenant is gone.
+    fn put_runs(
+        &mut self,
+        (tenant, offset, _): Grant,
+        regions: RunRegions,
+    ) -> Result<(), PoolError> {
+        let Some(own) = self.tenants.get_mut(&tenant) else {
+            self.retired
+                .runs
+                .extend(regions.into_iter().map(|(_, r)| r));
+            return Err(PoolError::Config(format!("tenant {tenant} was forgotten")));
+        };
+        for (wire, region) in regions {
+            match own.iter_mut().find(|w| w.wire == wire) {
+                Some(own_wire) => self
+                    .retired
+                    .runs
+                    .extend(own_wire.runs.insert(offset, region)),
+                None => self.retired.runs.push(region),
             }
         }
-        self.retired.runs.append(&mut replaced);
-        match failed {
-            None => Ok(()),
-            Some(error) => {
-                // Reachable on no wire until registered on every one.
-                self.release(tenant, offset);
-                Err(error.into())
-            }
-        }
+        Ok(())
     }
 
     /// The tenant's domains, one per wire of `wires` (made the first time).
@@ -376,7 +471,8 @@ mod tests {
             connected: &HashSet<u32>,
         ) -> Result<(), PoolError> {
             self.retire(answer);
-            self.register(answer, wires, memory, connected)
+            let made = self.plan(answer, wires, memory).make(memory);
+            self.install(made, connected)
         }
     }
 
@@ -465,8 +561,14 @@ mod tests {
         assert_eq!(rkeys, [a.rkey]);
         assert_eq!(isolation.take_retired().runs(), 0);
         drop(retired);
-        // Second phase: the grant.
-        isolation.register(&moved, &wires, &memory, &none).unwrap();
+        // Second phase: the grant is planned; until what was made is installed the
+        // isolation answers as before (a hello may ask for a domain meanwhile).
+        let planned = isolation.plan(&moved, &wires, &memory);
+        assert_eq!(run(&isolation, 2, 0), None);
+        assert!(isolation.domain(2, WIRE_SOFT_TCP, &wires).is_ok());
+        let made = planned.make(&memory);
+        assert_eq!(run(&isolation, 2, 0), None, "made, not installed");
+        isolation.install(made, &none).unwrap();
         assert_eq!(run(&isolation, 2, 0).map(|r| r.len), Some(SLAB));
         assert_eq!(isolation.take_retired().runs(), 0);
         // A run that cannot be registered (outside the region) fails once, loudly, and

@@ -320,10 +320,11 @@ impl PoolRegion {
     }
 
     /// Applies an ownership answer (nothing when this incarnation does not isolate), in
-    /// the two phases of [`Isolation`]: the registrations the answer takes out are dropped
+    /// the phases of [`Isolation`]: the registrations the answer takes out are dropped
     /// after the lock hellos take is let go (each drop waits for the NIC's fence) and
-    /// before the grants are registered, and the membership thread (the only caller, and
-    /// the one that changes incarnations) reports the version applied after this returns.
+    /// before the grants are registered; the grants are planned under that lock, registered
+    /// outside it and installed under it; the membership thread (the only caller, and the
+    /// one that changes incarnations) reports the version applied after this returns.
     pub(super) fn apply_ownership(&self, answer: &OwnershipAnswer) -> Result<(), PoolError> {
         let wires = self.isolating_wires();
         let connected: HashSet<u32> = self
@@ -340,11 +341,19 @@ impl PoolRegion {
             None => return Ok(()),
         };
         drop(retired);
+        let planned = match self.isolation().as_mut() {
+            Some(isolation) => isolation.plan(answer, &wires, &self.memory),
+            None => return Ok(()),
+        };
+        // Registering (a verbs registration pins its run) with the lock let go: no other
+        // thread changes incarnations or applies answers meanwhile, and hellos only add
+        // domains, so what was planned is still what the isolation needs.
+        let made = planned.make(&self.memory);
         let (applied, retired) = match self.isolation().as_mut() {
-            Some(isolation) => {
-                let applied = isolation.register(answer, &wires, &self.memory, &connected);
-                (applied, isolation.take_retired())
-            }
+            Some(isolation) => (
+                isolation.install(made, &connected),
+                isolation.take_retired(),
+            ),
             None => return Ok(()),
         };
         drop(retired);
