@@ -1,21 +1,48 @@
 //! Accepting connections whose first bytes are a handshake (the lookup and pool queue-pair
 //! listeners): each connection is handled on a thread of its own, at most `max` at once;
 //! more are closed at once, so silent clients neither delay others nor pile up.
+//!
+//! Invariants: a handshake holds its slot until its handler returns or panics (the slot is
+//! given back either way); a connection whose handler still runs [`HANDSHAKE_LIMIT`] after
+//! it was accepted is shut down, so a client that trickles its bytes (each read's own
+//! timeout restarting at every byte) holds a slot for that long at most. A handler that
+//! kept the connection (to watch its client's life) has returned by then and is not
+//! touched.
 
-use std::net::{TcpListener, TcpStream};
+use std::collections::BTreeMap;
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Longest a handshake's handler may use its connection: the reads of a hello, a ticket
+/// and an endpoint, a queue pair's connect (5 s at most on soft-TCP) and a heartbeat
+/// awaited by a runs request (1 s at most) all fit, with room for a loaded machine.
+pub(crate) const HANDSHAKE_LIMIT: Duration = Duration::from_secs(15);
 
 /// Accepts on `listener` on a thread named `name` until the process ends, running
-/// `handle` for each connection on its own thread (at most `max` at once).
+/// `handle` for each connection on its own thread (at most `max` at once, each for at most
+/// [`HANDSHAKE_LIMIT`]).
 pub(crate) fn serve(
     listener: TcpListener,
     name: &str,
     max: usize,
     handle: impl Fn(TcpStream) + Send + Sync + 'static,
 ) -> std::io::Result<()> {
+    serve_within(listener, name, max, HANDSHAKE_LIMIT, handle)
+}
+
+/// [`serve`] with a handler's time limited to `limit`.
+fn serve_within(
+    listener: TcpListener,
+    name: &str,
+    max: usize,
+    limit: Duration,
+    handle: impl Fn(TcpStream) + Send + Sync + 'static,
+) -> std::io::Result<()> {
     let handle = Arc::new(handle);
     let worker = format!("{name}-hello");
+    let limits = Limits::start(&format!("{name}-limit"))?;
     std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
@@ -25,18 +52,196 @@ pub(crate) fn serve(
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     continue; // dropped: closed at once
                 }
-                let (handle, done) = (handle.clone(), in_flight.clone());
+                let slot = Slot {
+                    in_flight: in_flight.clone(),
+                    limits: limits.clone(),
+                    watched: limits.watch(&stream, limit),
+                };
+                let handle = handle.clone();
                 let spawned = std::thread::Builder::new()
                     .name(worker.clone())
                     .spawn(move || {
+                        let _slot = slot;
                         handle(stream);
-                        done.fetch_sub(1, Ordering::SeqCst);
                     });
                 if spawned.is_err() {
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
                     tracing::warn!("no thread for a handshake: connection refused");
                 }
             }
         })?;
     Ok(())
+}
+
+/// A handshake's place among the `max`: given back (and its connection no longer watched)
+/// when dropped, also when its handler panics or its thread could not start.
+struct Slot {
+    in_flight: Arc<AtomicUsize>,
+    limits: Arc<Limits>,
+    watched: Option<WatchKey>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(key) = self.watched.take() {
+            self.limits.unwatch(key);
+        }
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A watched connection: its deadline and a number telling connections with the same one
+/// apart.
+type WatchKey = (Instant, u64);
+
+/// The connections whose handlers run, by deadline; a thread shuts down each one still
+/// there at its deadline.
+#[derive(Default)]
+struct Limits {
+    watched: Mutex<(BTreeMap<WatchKey, TcpStream>, u64)>,
+    changed: Condvar,
+}
+
+impl Limits {
+    fn start(name: &str) -> std::io::Result<Arc<Limits>> {
+        let limits = Arc::new(Limits::default());
+        let enforcing = Arc::clone(&limits);
+        std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || enforcing.enforce())?;
+        Ok(limits)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (BTreeMap<WatchKey, TcpStream>, u64)> {
+        self.watched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Watches `stream` until `limit` from now (`None`: it could not be watched, as when
+    /// the process is out of descriptors; its reads' own timeouts still apply).
+    fn watch(&self, stream: &TcpStream, limit: Duration) -> Option<WatchKey> {
+        let copy = stream.try_clone().ok()?;
+        let mut watched = self.lock();
+        watched.1 += 1;
+        let key = (Instant::now() + limit, watched.1);
+        watched.0.insert(key, copy);
+        drop(watched);
+        self.changed.notify_one();
+        Some(key)
+    }
+
+    fn unwatch(&self, key: WatchKey) {
+        self.lock().0.remove(&key);
+    }
+
+    /// Shuts down each connection still watched at its deadline (a blocked read on it then
+    /// fails at once); runs for the life of the process.
+    fn enforce(&self) {
+        let mut watched = self.lock();
+        loop {
+            let next = watched.0.first_key_value().map(|(key, _)| key.0);
+            let now = Instant::now();
+            watched = match next {
+                Some(deadline) if deadline <= now => {
+                    if let Some((_, stream)) = watched.0.pop_first() {
+                        let _ = stream.shutdown(Shutdown::Both);
+                    }
+                    watched
+                }
+                Some(deadline) => {
+                    self.changed
+                        .wait_timeout(watched, deadline - now)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+                None => self
+                    .changed
+                    .wait(watched)
+                    .unwrap_or_else(PoisonError::into_inner),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::sync::mpsc;
+
+    /// A listener on a free port whose handler reads 64 bytes, reporting what the read
+    /// came to; `max` handlers at once, each for at most `limit`.
+    fn reader(max: usize, limit: Duration) -> (std::net::SocketAddr, mpsc::Receiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (told, heard) = mpsc::channel();
+        let told = Mutex::new(told);
+        serve_within(listener, "test-hs", max, limit, move |mut stream| {
+            stream
+                .set_read_timeout(Some(Duration::from_secs(30)))
+                .unwrap();
+            let mut bytes = [0u8; 64];
+            let outcome = match stream.read_exact(&mut bytes) {
+                Ok(()) => "read".to_string(),
+                Err(error) => format!("{:?}", error.kind()),
+            };
+            let _ = told.lock().unwrap().send(outcome);
+            if bytes[0] == b'!' {
+                panic!("a handler that panics");
+            }
+        })
+        .unwrap();
+        (addr, heard)
+    }
+
+    #[test]
+    fn a_client_trickling_its_bytes_is_cut_off_at_the_limit() {
+        let (addr, heard) = reader(4, Duration::from_millis(300));
+        let mut client = TcpStream::connect(addr).unwrap();
+        let started = Instant::now();
+        // One byte every 50 ms: each read's own timeout (30 s) would never fire.
+        let mut cut = false;
+        for _ in 0..60 {
+            if client.write_all(b"x").is_err() {
+                cut = true;
+                break;
+            }
+            if let Ok(outcome) = heard.try_recv() {
+                assert_eq!(
+                    outcome, "UnexpectedEof",
+                    "the read ends when its connection is shut"
+                );
+                cut = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(cut, "the trickling client was never cut off");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn a_panicking_handler_gives_its_slot_back() {
+        let (addr, heard) = reader(1, Duration::from_secs(60));
+        for round in 0..3 {
+            // The slot comes back as the panicking handler's thread unwinds, which may be
+            // just after its connection closed: a connection accepted before that is
+            // closed at once, unheard, and tried again. A slot never given back would
+            // leave every try unheard.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let served = loop {
+                let mut client = TcpStream::connect(addr).unwrap();
+                let _ = client.write_all(&[b'!'; 64]);
+                if let Ok(outcome) = heard.recv_timeout(Duration::from_millis(200)) {
+                    break Some(outcome);
+                }
+                if Instant::now() > deadline {
+                    break None;
+                }
+            };
+            assert_eq!(
+                served.as_deref(),
+                Some("read"),
+                "round {round}: one slot, served"
+            );
+        }
+    }
 }
