@@ -1257,6 +1257,8 @@ async fn by_backend_chooses_per_key_by_prefix_coverage_and_weight() {
         json!({"backend_selectors": [{"backend_type": "ST_NFS", "strategy": "LSS_V6D_PREFIX"}]}),
         json!({"backend_selectors": [{"backend_type": "ST_NFS", "strategy": 9}]}),
         json!({"backend_selectors": []}),
+        // Each selector may add a location per key: a long list would multiply the answer.
+        json!({"backend_selectors": vec![json!({"backend_type": "ST_NFS"}); 17]}),
     ];
     for extra in refused {
         let body = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": keys,
@@ -1265,6 +1267,10 @@ async fn by_backend_chooses_per_key_by_prefix_coverage_and_weight() {
         let answer = server.meta_http("getCacheLocationsByBackend", body).await;
         assert_eq!(code(&answer), "INVALID_ARGUMENT", "{extra}: {answer}");
     }
+    let most = json!({"instance_id": "inst", "query_type": "QT_BATCH_GET", "block_keys": keys,
+                      "backend_selectors": vec![json!({"backend_type": "ST_NFS"}); 16]});
+    let answer = server.meta_http("getCacheLocationsByBackend", most).await;
+    assert_eq!(code(&answer), "OK", "16 selectors: {answer}");
 }
 
 #[tokio::test]

@@ -10,9 +10,13 @@ use super::rpcs;
 use super::wire_admin::{storage_type, storage_type_number};
 use crate::proto::meta::{self, LocationSelectStrategy as Lss};
 
+/// Most backend selectors in one request (storage types times strategies are fewer; each
+/// selector may add a location per key and spec to the answer).
+pub const MAX_BACKEND_SELECTORS: usize = 16;
+
 impl MetaHandler {
     /// GetCacheLocationsByBackend: QT_BATCH_GET only; `location_spec_names` empty or one
-    /// non-empty name per key; at least one selector, each of a known storage type and
+    /// non-empty name per key; 1 to [`MAX_BACKEND_SELECTORS`] selectors, each of a known storage type and
     /// strategy (V6D strategies for event-report types only).
     pub fn get_cache_locations_by_backend(
         &self,
@@ -29,7 +33,26 @@ impl MetaHandler {
                 ));
             }
             mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
-            let keys = core.located_keys(&instance, request.block_keys, &request.token_ids)?;
+            let selectors = request
+                .backend_selectors
+                .iter()
+                .map(selector_from_wire)
+                .collect::<Result<Vec<_>, _>>()?;
+            if selectors.is_empty() || selectors.len() > MAX_BACKEND_SELECTORS {
+                return Err(ManagerError::invalid_because(
+                    "backend_selectors",
+                    format!(
+                        "{} selectors: give 1 to {MAX_BACKEND_SELECTORS}",
+                        selectors.len()
+                    ),
+                ));
+            }
+            let keys = core.located_keys_times(
+                &instance,
+                request.block_keys,
+                &request.token_ids,
+                selectors.len(),
+            )?;
             let names = &request.location_spec_names;
             if !names.is_empty()
                 && (names.len() != keys.len() || names.iter().any(String::is_empty))
@@ -42,14 +65,6 @@ impl MetaHandler {
                         keys.len()
                     ),
                 ));
-            }
-            let selectors = request
-                .backend_selectors
-                .iter()
-                .map(selector_from_wire)
-                .collect::<Result<Vec<_>, _>>()?;
-            if selectors.is_empty() {
-                return Err(ManagerError::invalid_because("backend_selectors", "empty"));
             }
             let query = BackendQuery {
                 keys: &keys,

@@ -262,13 +262,27 @@ impl Core {
         block_keys: Vec<BlockKey>,
         token_ids: &[i64],
     ) -> ManagerResult<Vec<BlockKey>> {
+        self.located_keys_times(instance, block_keys, token_ids, 1)
+    }
+
+    /// As [`Core::located_keys`], for an answer of up to `answers` locations per key and
+    /// spec (one per backend selector).
+    pub fn located_keys_times(
+        &self,
+        instance: &Instance,
+        block_keys: Vec<BlockKey>,
+        token_ids: &[i64],
+        answers: usize,
+    ) -> ManagerResult<Vec<BlockKey>> {
         let keys = self.request_keys(instance, block_keys, token_ids)?;
         let per_key: usize = instance
             .specs()
             .iter()
             .map(|spec| spec.name.len() + instance.id().len() + LOCATION_OVERHEAD)
             .sum();
-        let estimate = per_key.saturating_mul(keys.len());
+        let estimate = per_key
+            .saturating_mul(keys.len())
+            .saturating_mul(answers.max(1));
         let limit = self.limits.max_response_bytes;
         if estimate > limit {
             let detail = format!(
