@@ -42,6 +42,9 @@ use crate::service::Reply as _;
 pub const RECV_SLOTS: usize = 4;
 /// Send buffers per peer.
 const SEND_SLOTS: usize = 4;
+/// Replies queued for one peer whose send buffers are all in flight, at most: a peer past
+/// this takes no replies and is dropped.
+const MAX_WAITING_REPLIES: usize = 256;
 /// Requests waiting for a worker, at most (more are answered busy).
 const WORK_QUEUE: usize = 1024;
 /// Manager worker threads.
@@ -480,7 +483,14 @@ impl Poller {
             return;
         };
         let slot = completion.wr_id as usize;
-        let mut message = vec![0u8; completion.byte_len as usize];
+        let len = completion.byte_len as usize;
+        // A receive buffer holds MAX_MESSAGE bytes: a peer claiming more lies (a soft-shm
+        // peer writes its own completions' lengths) and is dropped before any allocation.
+        if len > MAX_MESSAGE || slot >= RECV_SLOTS {
+            self.forget(key);
+            return;
+        }
+        let mut message = vec![0u8; len];
         let copied = peer.memory.read(slot * MAX_MESSAGE, &mut message);
         if copied.is_err() || post_recv(&peer.qp, &peer.region, slot).is_err() {
             self.forget(key);
@@ -542,6 +552,12 @@ impl Poller {
             return;
         };
         let Some(slot) = peer.free_sends.pop() else {
+            if peer.waiting.len() >= MAX_WAITING_REPLIES {
+                // It sends requests but takes no replies: it is dropped rather than let
+                // its queue grow without bound.
+                self.forget(key);
+                return;
+            }
             peer.waiting.push_back(bytes);
             return;
         };

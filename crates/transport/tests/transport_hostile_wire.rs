@@ -787,3 +787,34 @@ fn a_list_answer_that_claims_more_entries_or_bytes_than_asked_breaks_the_link() 
         assert_eq!(side.bytes(0, 64), [0xEE; 64], "memory left alone");
     }
 }
+
+#[test]
+fn silent_connections_make_room_for_a_peer_that_sends_its_hello() {
+    use std::io::Read;
+    let (domain, _) = open_tcp();
+    let side = Side::new(domain, 4096, QpConfig::default());
+    let remote = side.region.remote(0);
+    let addr = side.domain.listen_addr().expect("TCP wire");
+    // More silent connections than the NIC keeps waiting for a hello (256).
+    let silent: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let (mut stream, _listener) = raw_link(&side);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(&request(READ, None, 8, remote.addr, remote.rkey))
+        .unwrap();
+    let mut answer = [0u8; 16 + 8];
+    stream
+        .read_exact(&mut answer)
+        .expect("a READ answered on the link bound after 300 silent connections");
+    assert_eq!(answer[..16], success(8), "a success header: {answer:?}");
+    // The oldest silent connections were closed to make room.
+    let mut first = &silent[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(first.read(&mut [0u8; 1]).unwrap_or(0), 0, "closed");
+}

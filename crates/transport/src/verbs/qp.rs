@@ -45,7 +45,7 @@ impl VerbsAddress {
         let field = |name: &str| fields.get(name).copied().ok_or_else(bad);
         let hex = field("gid")?;
         let mut gid = [0u8; 16];
-        if hex.len() != 32 {
+        if hex.len() != 32 || !hex.is_ascii() {
             return Err(bad());
         }
         for (index, byte) in gid.iter_mut().enumerate() {

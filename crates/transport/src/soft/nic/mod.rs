@@ -41,8 +41,22 @@ use std::time::{Duration, Instant};
 /// How long an accepted connection may take to send a valid hello for a connected queue
 /// pair before it is closed.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most accepted connections waiting for their hello; more are closed at once.
+/// How long it may take to send its whole hello (a peer writes it right after connecting;
+/// the rest of [`HANDSHAKE_TIMEOUT`] is for its queue pair to finish connecting).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most accepted connections waiting for their hello; beyond, the oldest one that has not
+/// sent its whole hello is closed to make room (or the new one, when all have).
 const MAX_HANDSHAKES: usize = 256;
+/// How long an accepted connection may wait to be bound: [`HELLO_TIMEOUT`] until its whole
+/// hello is in, [`HANDSHAKE_TIMEOUT`] in all.
+fn wait_limit(has_hello: bool) -> Duration {
+    if has_hello {
+        HANDSHAKE_TIMEOUT
+    } else {
+        HELLO_TIMEOUT
+    }
+}
+
 /// How often same-host peers' liveness is checked while the NIC is busy.
 const LIVENESS_PERIOD: Duration = Duration::from_millis(1);
 /// Most rounds in a row a NIC with hot inbound links reads them directly instead of
@@ -359,18 +373,29 @@ impl Nic {
     }
 
     fn accept(&mut self) -> bool {
-        let Some(listener) = &self.listener else {
+        let Some(listener) = self.listener.take() else {
             return false;
         };
+        let progress = self.accept_from(&listener);
+        self.listener = Some(listener);
+        progress
+    }
+
+    fn accept_from(&mut self, listener: &TcpListener) -> bool {
         if !self.ready.contains(&listener.as_raw_fd()) {
             return false;
         }
         let mut accepted = Vec::new();
         while let Ok((stream, _)) = listener.accept() {
-            // Beyond the cap the stream is dropped (closed) at once: a flood costs nothing.
-            if self.handshakes.len() + accepted.len() < MAX_HANDSHAKES {
-                accepted.extend(Conn::with_input(stream, frame::HELLO_LEN).ok());
+            // At the cap, silent connections make room for new ones (oldest first), so a
+            // flood of them cannot keep honest peers out; when every waiting connection has
+            // sent its hello, the new stream is dropped (closed) at once.
+            if self.handshakes.len() + accepted.len() >= MAX_HANDSHAKES
+                && !self.close_oldest_silent()
+            {
+                continue;
             }
+            accepted.extend(Conn::with_input(stream, frame::HELLO_LEN).ok());
         }
         accepted.retain(|conn| self.watch(conn));
         let progress = !accepted.is_empty();
@@ -404,13 +429,28 @@ impl Nic {
                     self.responders.push(ResponderLink::new(qp, conn));
                     progress = true;
                 }
-                Bind::Wait if accepted.elapsed() < HANDSHAKE_TIMEOUT => {
+                Bind::Wait if accepted.elapsed() < wait_limit(has_hello) => {
                     self.handshakes.push((conn, accepted));
                 }
                 Bind::To(_) | Bind::Wait | Bind::Refuse => {}
             }
         }
         progress
+    }
+
+    /// Closes the oldest waiting connection that has not sent its whole hello; false when
+    /// there is none.
+    fn close_oldest_silent(&mut self) -> bool {
+        let silent = self
+            .handshakes
+            .iter()
+            .position(|(conn, _)| conn.input().len() < frame::HELLO_LEN);
+        let Some(at) = silent else {
+            return false;
+        };
+        let (conn, _) = self.handshakes.remove(at);
+        let _ = self.epoll.delete(conn.raw_fd());
+        true
     }
 
     /// What to do with an accepted connection, given its input so far.

@@ -213,7 +213,17 @@ pub fn request(broker: &str, qpn: u32, token: u64, object: Object) -> Result<Rep
     let mut reply = [0u8; REPLY_LEN];
     let mut got = 0;
     let mut descriptor = None;
+    // One deadline for the whole reply: a broker that trickles its bytes does not restart
+    // the clock with each one.
+    let deadline = std::time::Instant::now() + CLIENT_TIMEOUT;
     while got < REPLY_LEN {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(TransportError::BadEndpoint(format!(
+                "the peer's descriptor broker {broker} did not reply within {CLIENT_TIMEOUT:?}"
+            )));
+        }
+        stream.set_read_timeout(Some(left)).map_err(io)?;
         let (read, fd) = recv_with_fd(&stream, &mut reply[got..]).map_err(io)?;
         if read == 0 {
             return Err(TransportError::BadEndpoint(format!(
