@@ -58,14 +58,7 @@ impl AllowedRoots {
     /// directory (INVALID_ARGUMENT naming the field and the setting); other storages pass.
     pub fn check(&self, config: &StorageConfig) -> Result<(), StorageError> {
         let (field, root) = match &config.spec {
-            // Without a trailing '/' the root is a prefix of file names in its parent:
-            // that directory is where its files lie.
-            StorageSpec::Nfs { root_path, .. } => (
-                "storage_spec.root_path",
-                crate::backends::nfs_anchor(root_path)
-                    .to_string_lossy()
-                    .into_owned(),
-            ),
+            StorageSpec::Nfs { root_path, .. } => ("storage_spec.root_path", root_path.clone()),
             StorageSpec::ThreeFs {
                 mountpoint,
                 root_dir,
@@ -98,25 +91,15 @@ mod tests {
         let allowed = AllowedRoots::parse(" /data/kv , /mnt/x/ ,").unwrap();
         assert_eq!(allowed.prefixes(), ["/data/kv", "/mnt/x/"]);
         for root in [
+            "/data/kv",
             "/data/kv/",
             "/data//kv/a",
             "/data/./kv/b",
-            "/mnt/x/",
-            "/mnt/x/prefix_",
+            "/mnt/x",
         ] {
             assert!(allowed.check(&config(nfs(root))).is_ok(), "{root}");
         }
-        // Without a trailing '/', "/data/kv" is a prefix of names in /data: an instance
-        // "2" would write under /data/kv2.
-        for root in [
-            "/data/kv",
-            "/mnt/x",
-            "/data",
-            "/data/kv2",
-            "/data/k",
-            "/tmp/kv",
-            "/mnt",
-        ] {
+        for root in ["/data", "/data/kv2", "/data/k", "/tmp/kv", "/mnt"] {
             let error = allowed.check(&config(nfs(root))).unwrap_err().to_string();
             assert!(
                 error.contains("storage_spec.root_path")

@@ -51,25 +51,9 @@ fn storage_root(field: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The directory an NFS root's files lie in (itself with a trailing `/`, else its parent:
-/// the root is a prefix of file names) passes the same checks as the root.
-fn nfs_files_dir(root_path: &str) -> Result<(), String> {
-    let anchor = crate::backends::nfs_anchor(root_path);
-    let anchor = anchor.to_string_lossy();
-    storage_root("storage_spec.root_path", &anchor).map_err(|why| {
-        format!(
-            "{why}: storage_spec.root_path {root_path:?} has no trailing '/', so it is a \
-             prefix of file names in {anchor:?}"
-        )
-    })
-}
-
 fn check_spec(spec: &StorageSpec) -> Result<(), String> {
     match spec {
-        StorageSpec::Nfs { root_path, .. } => {
-            storage_root("storage_spec.root_path", root_path)?;
-            nfs_files_dir(root_path)
-        }
+        StorageSpec::Nfs { root_path, .. } => storage_root("storage_spec.root_path", root_path),
         StorageSpec::ThreeFs {
             mountpoint,
             root_dir,

