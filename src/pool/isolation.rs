@@ -231,6 +231,9 @@ impl Isolation {
                 grants.push((tenant, offset, len));
             }
         }
+        // A snapshot lists again the pending grants it keeps: each is registered once.
+        grants.sort_unstable();
+        grants.dedup();
         let mut planned = Registrations {
             jobs: Vec::new(),
             refused: Vec::new(),

@@ -38,8 +38,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long an accepted connection may take to send a valid hello for a connected queue
-/// pair before it is closed.
+/// How long an accepted connection may take to be bound (its valid hello in, for a
+/// connected queue pair) before it is closed.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long it may take to send its whole hello (a peer writes it right after connecting;
 /// the rest of [`HANDSHAKE_TIMEOUT`] is for its queue pair to finish connecting).
@@ -408,7 +408,8 @@ impl Nic {
     /// Binds accepted connections to queue pairs once their hello has arrived: it must
     /// name a connected queue pair that has no inbound link yet and carry its token. A
     /// hello for a queue pair not connected yet waits (the pair connects both ways); a
-    /// wrong one, or none within [`HANDSHAKE_TIMEOUT`], closes the connection.
+    /// wrong one, none within [`HELLO_TIMEOUT`], or no binding within [`HANDSHAKE_TIMEOUT`],
+    /// closes the connection.
     fn handshake(&mut self) -> bool {
         let mut progress = false;
         for (mut conn, accepted) in std::mem::take(&mut self.handshakes) {
