@@ -6,8 +6,9 @@
 //! given back either way); a connection whose handler still runs [`HANDSHAKE_LIMIT`] after
 //! it was accepted is shut down, so a client that trickles its bytes (each read's own
 //! timeout restarting at every byte) holds a slot for that long at most. A handler that
-//! kept the connection (to watch its client's life) has returned by then and is not
-//! touched.
+//! keeps the connection past its handshake (to watch its client's life) ends the limit
+//! first with [`Handshake::keep`], which atomically either takes the connection out of
+//! the limit's reach or says it was already cut off.
 
 use std::collections::BTreeMap;
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -22,12 +23,12 @@ pub(crate) const HANDSHAKE_LIMIT: Duration = Duration::from_secs(15);
 
 /// Accepts on `listener` on a thread named `name` until the process ends, running
 /// `handle` for each connection on its own thread (at most `max` at once, each for at most
-/// [`HANDSHAKE_LIMIT`]).
+/// [`HANDSHAKE_LIMIT`] unless it keeps the connection).
 pub(crate) fn serve(
     listener: TcpListener,
     name: &str,
     max: usize,
-    handle: impl Fn(TcpStream) + Send + Sync + 'static,
+    handle: impl Fn(TcpStream, Handshake) + Send + Sync + 'static,
 ) -> std::io::Result<()> {
     serve_within(listener, name, max, HANDSHAKE_LIMIT, handle)
 }
@@ -38,7 +39,7 @@ fn serve_within(
     name: &str,
     max: usize,
     limit: Duration,
-    handle: impl Fn(TcpStream) + Send + Sync + 'static,
+    handle: impl Fn(TcpStream, Handshake) + Send + Sync + 'static,
 ) -> std::io::Result<()> {
     let handle = Arc::new(handle);
     let worker = format!("{name}-hello");
@@ -52,8 +53,8 @@ fn serve_within(
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     continue; // dropped: closed at once
                 }
-                let slot = Slot {
-                    in_flight: in_flight.clone(),
+                let slot = Slot(in_flight.clone());
+                let handshake = Handshake {
                     limits: limits.clone(),
                     watched: limits.watch(&stream, limit),
                 };
@@ -62,7 +63,7 @@ fn serve_within(
                     .name(worker.clone())
                     .spawn(move || {
                         let _slot = slot;
-                        handle(stream);
+                        handle(stream, handshake);
                     });
                 if spawned.is_err() {
                     tracing::warn!("no thread for a handshake: connection refused");
@@ -72,20 +73,38 @@ fn serve_within(
     Ok(())
 }
 
-/// A handshake's place among the `max`: given back (and its connection no longer watched)
-/// when dropped, also when its handler panics or its thread could not start.
-struct Slot {
-    in_flight: Arc<AtomicUsize>,
+/// A handshake's place among the `max`: given back when dropped, also when its handler
+/// panics or its thread could not start.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A handshake's time limit on its connection, ended when dropped (the handler returned or
+/// panicked) or by [`Handshake::keep`].
+pub(crate) struct Handshake {
     limits: Arc<Limits>,
     watched: Option<WatchKey>,
 }
 
-impl Drop for Slot {
+impl Handshake {
+    /// Ends the limit, for a connection kept past its handshake: false when the limit
+    /// already cut the connection off (it is shut down, and must not be kept).
+    pub(crate) fn keep(&mut self) -> bool {
+        self.watched
+            .take()
+            .is_none_or(|key| self.limits.unwatch(key))
+    }
+}
+
+impl Drop for Handshake {
     fn drop(&mut self) {
         if let Some(key) = self.watched.take() {
             self.limits.unwatch(key);
         }
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -128,8 +147,9 @@ impl Limits {
         Some(key)
     }
 
-    fn unwatch(&self, key: WatchKey) {
-        self.lock().0.remove(&key);
+    /// Stops watching; false when the connection was shut down already.
+    fn unwatch(&self, key: WatchKey) -> bool {
+        self.lock().0.remove(&key).is_some()
     }
 
     /// Shuts down each connection still watched at its deadline (a blocked read on it then
@@ -174,7 +194,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (told, heard) = mpsc::channel();
         let told = Mutex::new(told);
-        serve_within(listener, "test-hs", max, limit, move |mut stream| {
+        serve_within(listener, "test-hs", max, limit, move |mut stream, _| {
             stream
                 .set_read_timeout(Some(Duration::from_secs(30)))
                 .unwrap();
@@ -243,5 +263,52 @@ mod tests {
                 "round {round}: one slot, served"
             );
         }
+    }
+
+    #[test]
+    fn a_kept_connection_outlives_the_limit_and_a_cut_one_is_not_kept() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (told, heard) = mpsc::channel();
+        let told = Mutex::new(told);
+        let limit = Duration::from_millis(200);
+        serve_within(
+            listener,
+            "test-keep",
+            4,
+            limit,
+            move |stream, mut handshake| {
+                let mut first = [0u8; 1];
+                let _ = (&stream).read_exact(&mut first);
+                if first[0] == b'k' {
+                    // Kept at once: the stream answers long after the limit.
+                    let kept = handshake.keep();
+                    std::thread::sleep(limit * 3);
+                    let _ = (&stream).write_all(b"alive");
+                    let _ = told.lock().unwrap().send(kept);
+                } else {
+                    // Kept only after the limit passed: refused.
+                    std::thread::sleep(limit * 3);
+                    let _ = told.lock().unwrap().send(handshake.keep());
+                }
+            },
+        )
+        .unwrap();
+        let mut kept = TcpStream::connect(addr).unwrap();
+        kept.write_all(b"k").unwrap();
+        kept.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut alive = [0u8; 5];
+        kept.read_exact(&mut alive)
+            .expect("the kept stream still works");
+        assert_eq!(&alive, b"alive");
+        assert_eq!(heard.recv_timeout(Duration::from_secs(10)), Ok(true));
+        let mut late = TcpStream::connect(addr).unwrap();
+        late.write_all(b"l").unwrap();
+        assert_eq!(
+            heard.recv_timeout(Duration::from_secs(10)),
+            Ok(false),
+            "a connection the limit cut off is not kept"
+        );
     }
 }

@@ -13,9 +13,9 @@
 //! On verbs the connection then stays open for the queue pair's life: the client keeps it,
 //! and its closing tears the queue pair down (`crate::hangups`); on the soft wires it is closed.
 //!
-//! Each connection is set up on a thread of its own with a 2-second deadline, at most
-//! [`MAX_HANDSHAKES`] at once (more are closed at once), so silent clients neither delay
-//! others nor pile up.
+//! Each connection is set up on a thread of its own with a 2-second timeout per read and
+//! `crate::handshakes::HANDSHAKE_LIMIT` in all, at most [`MAX_HANDSHAKES`] at once (more
+//! are closed at once), so silent or trickling clients neither delay others nor pile up.
 
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -26,6 +26,7 @@ use kvcm_transport::{read_endpoint, write_endpoint, QueuePair};
 
 use super::grants::{Token, TOKEN_LEN};
 use super::{LookupError, LookupService, WIRE_VERBS};
+use crate::handshakes::Handshake;
 
 /// First bytes of a connection request (version 2: with a token).
 pub const HELLO: &[u8; 4] = b"KVQ2";
@@ -55,11 +56,11 @@ pub(super) fn serve(
     listener: TcpListener,
     service: Weak<LookupService>,
 ) -> Result<(), LookupError> {
-    let accept = move |stream| {
+    let accept = move |stream, handshake| {
         let Some(service) = service.upgrade() else {
             return;
         };
-        if let Err(error) = connect(stream, &service) {
+        if let Err(error) = connect(stream, handshake, &service) {
             tracing::debug!(%error, "lookup queue pair refused");
         }
     };
@@ -69,7 +70,11 @@ pub(super) fn serve(
 
 /// Reads the hello, redeems its token, creates a queue pair on the named wire in the
 /// instance's protection domain, connects it and hands it to the core.
-fn connect(mut stream: TcpStream, service: &LookupService) -> Result<(), LookupError> {
+fn connect(
+    mut stream: TcpStream,
+    mut handshake: Handshake,
+    service: &LookupService,
+) -> Result<(), LookupError> {
     let io = LookupError::Listener;
     stream.set_read_timeout(Some(DEADLINE)).map_err(io)?;
     stream.set_write_timeout(Some(DEADLINE)).map_err(io)?;
@@ -104,6 +109,9 @@ fn connect(mut stream: TcpStream, service: &LookupService) -> Result<(), LookupE
     // A verbs queue pair never notices a client that is gone: the connection stays open
     // for its life, and its closing tears it down (`crate::hangups`).
     let watched = answered.and_then(|()| match wire {
+        WIRE_VERBS if !handshake.keep() => {
+            Err(LookupError::Refused("the handshake ran out of time".into()))
+        }
         WIRE_VERBS => service
             .hangups
             .watch((key, Arc::clone(&grant)), stream)

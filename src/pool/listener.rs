@@ -22,8 +22,8 @@
 //! pair down (`crate::hangups`: a verbs responder never notices a client that is gone). A
 //! client without the bit (an engine of an earlier release) is not watched.
 //!
-//! Each handshake runs on a thread of its own with a 2-second deadline, at most
-//! [`MAX_HANDSHAKES`] at once; at most 1024 queue pairs are kept (the oldest
+//! Each handshake runs on a thread of its own with a 2-second timeout per read and
+//! `crate::handshakes::HANDSHAKE_LIMIT` in all, at most [`MAX_HANDSHAKES`] at once; at most 1024 queue pairs are kept (the oldest
 //! broken ones are dropped first, then the oldest).
 
 use std::io::{Read, Write};
@@ -37,6 +37,7 @@ use super::isolation::RunKey;
 use super::region::PoolRegion;
 use super::ticket::{Admit, TICKET_LEN};
 use super::PoolError;
+use crate::handshakes::Handshake;
 use crate::hangups::HangupWatcher;
 use crate::lookup::WIRE_VERBS;
 
@@ -105,8 +106,8 @@ pub fn listen(listen: SocketAddr, region: Arc<PoolRegion>) -> Result<SocketAddr,
     let listener = TcpListener::bind(listen).map_err(PoolError::Listener)?;
     let addr = listener.local_addr().map_err(PoolError::Listener)?;
     let hangups = watch_hangups(&region).map_err(PoolError::Listener)?;
-    let accept = move |stream| {
-        if let Err(error) = connect(stream, &region, &hangups) {
+    let accept = move |stream, handshake| {
+        if let Err(error) = connect(stream, handshake, &region, &hangups) {
             tracing::debug!(%error, "pool queue pair refused");
         }
     };
@@ -132,6 +133,7 @@ fn watch_hangups(region: &Arc<PoolRegion>) -> std::io::Result<HangupWatcher<u64>
 /// life.
 fn connect(
     mut stream: TcpStream,
+    mut handshake: Handshake,
     region: &PoolRegion,
     hangups: &HangupWatcher<u64>,
 ) -> Result<(), PoolError> {
@@ -180,6 +182,10 @@ fn connect(
     // A verbs queue pair never notices a client that is gone: a client that keeps this
     // connection for its life says so, and its closing tears the queue pair down.
     if wire == WIRE_VERBS && keeps_connection {
+        if !handshake.keep() {
+            region.drop_peer(id);
+            return Err(PoolError::Refused("the handshake ran out of time".into()));
+        }
         if let Err(error) = hangups.watch(id, stream) {
             region.drop_peer(id);
             return Err(PoolError::Listener(error));
