@@ -979,3 +979,71 @@ fn the_server_is_not_dumpable_unless_asked() {
         child.wait().expect("wait");
     }
 }
+
+/// An AddStorage body for an NFS storage whose `root_path` is `root` as written (no '/'
+/// added: without a trailing '/' the root is a prefix of file names in its parent).
+fn nfs_prefix_storage(name: &str, root: &str) -> Value {
+    json!({"global_unique_name": name,
+           "nfs": {"root_path": root, "key_count_per_file": 1}})
+}
+
+#[tokio::test]
+async fn an_nfs_prefix_root_is_checked_where_its_files_land_and_kept_at_restore() {
+    // Refused where its files would land in "/" or a system directory: "/e" with an
+    // instance "tc" would write under /etc/.
+    let server = TestServer::start().await;
+    for root in ["/e", "/us", "/kvcm-prefix-test"] {
+        let refused = server
+            .admin_http(
+                "addStorage",
+                json!({"storage": nfs_prefix_storage("p", root)}),
+            )
+            .await;
+        assert_invalid(&refused, "trailing '/'", root);
+    }
+    // Accepted before a list that its files' directory lies outside of; kept (with a
+    // warning) when the server restarts under that list, and refused when added anew.
+    let outer = tempfile::tempdir().expect("temp dir");
+    let listed = outer.path().join("kv").display().to_string();
+    let before = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": nfs_prefix_storage("pre", &listed)}),
+        )
+        .await;
+    assert_eq!(code(&before), "OK", "{before}");
+    let list = format!(
+        "kvcm.service.storage_root_allow_list={},{listed}",
+        server.dir.path().display()
+    );
+    let server = server.kill_and_restart_with(&[&list]).await;
+    let storages = server.admin_http("listStorage", json!({})).await;
+    assert!(storages.to_string().contains("\"pre\""), "kept: {storages}");
+    assert!(
+        server.log().contains("AddStorage would refuse today"),
+        "the restore warns"
+    );
+    let anew = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": nfs_prefix_storage("new", &listed)}),
+        )
+        .await;
+    assert_invalid(
+        &anew,
+        "kvcm.service.storage_root_allow_list",
+        "a prefix root anew",
+    );
+    let inside = format!("{listed}/prefix_");
+    let ok = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": nfs_prefix_storage("in", &inside)}),
+        )
+        .await;
+    assert_eq!(
+        code(&ok),
+        "OK",
+        "a prefix root whose files lie in the list: {ok}"
+    );
+}

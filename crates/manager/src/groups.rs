@@ -22,6 +22,22 @@ pub type StorageStatuses = Vec<(StorageConfig, bool)>;
 impl Manager {
     /// Registers and opens a storage.
     pub fn add_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+        self.storages.check_files_dir(&config)?;
+        self.register_storage(config)
+    }
+
+    /// [`Manager::add_storage`] for a storage the journal registered: an NFS root without a
+    /// trailing `/` whose files land where a root may not be (accepted before that check
+    /// existed) is kept, with a warning, rather than dropped with its blocks.
+    pub(crate) fn restore_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+        if let Err(error) = self.storages.check_files_dir(&config) {
+            tracing::warn!(storage = %config.global_unique_name, %error,
+                "restored a storage that AddStorage would refuse today: update its root_path");
+        }
+        self.register_storage(config)
+    }
+
+    fn register_storage(&self, config: StorageConfig) -> ManagerResult<()> {
         let _ordered = lock(&self.storage_admin);
         self.storages.add(config.clone())?;
         self.published_storages_changed();
@@ -30,6 +46,7 @@ impl Manager {
 
     /// Replaces a storage's config.
     pub fn update_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+        self.storages.check_files_dir(&config)?;
         let _ordered = lock(&self.storage_admin);
         self.storages.update(config.clone())?;
         self.published_storages_changed();

@@ -137,6 +137,15 @@ impl StorageTable {
         Ok(())
     }
 
+    /// Where an NFS prefix root's files land (its parent) passes the checks a root passes:
+    /// for storages being added or updated, not for those the journal restores.
+    pub fn check_files_dir(&self, config: &StorageConfig) -> ManagerResult<()> {
+        config
+            .validate_files_dir()
+            .and_then(|()| self.allowed_roots.check_files_dir(config))
+            .map_err(ManagerError::InvalidStorage)
+    }
+
     /// The config's own checks, then the allow-list of roots.
     fn validate(&self, config: &StorageConfig) -> ManagerResult<()> {
         config

@@ -79,6 +79,23 @@ impl AllowedRoots {
             self.0.join(", ")
         )))
     }
+
+    /// For a storage being added or updated: an NFS root without a trailing `/` (a prefix
+    /// of file names in its parent) is refused when that parent lies outside every listed
+    /// directory — `/data/kv` under a list of `/data/kv` would write under `/data/kv2/`.
+    pub fn check_files_dir(&self, config: &StorageConfig) -> Result<(), StorageError> {
+        let Some(dir) = crate::validate::nfs_prefix_dir(&config.spec) else {
+            return Ok(());
+        };
+        if self.is_empty() || self.allows(&dir) {
+            return Ok(());
+        }
+        Err(StorageError::InvalidConfig(format!(
+            "storage_spec.root_path has no trailing '/', so its files lie in {dir:?}, outside \
+             kvcm.service.storage_root_allow_list ({}); add the '/'",
+            self.0.join(", ")
+        )))
+    }
 }
 
 #[cfg(test)]
@@ -107,6 +124,31 @@ mod tests {
                 "{root}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn an_nfs_prefix_root_is_checked_on_the_directory_its_files_land_in() {
+        let allowed = AllowedRoots::parse("/data/kv").unwrap();
+        for root in ["/data/kv/", "/data/kv/prefix_", "/data/kv/a/b"] {
+            assert!(
+                allowed.check_files_dir(&config(nfs(root))).is_ok(),
+                "{root}"
+            );
+        }
+        // "/data/kv" passes the root check, but its files would lie in /data (as
+        // /data/kv2/... for an instance "2").
+        assert!(allowed.check(&config(nfs("/data/kv"))).is_ok());
+        let error = allowed
+            .check_files_dir(&config(nfs("/data/kv")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("\"/data\"") && error.contains("add the '/'"),
+            "{error}"
+        );
+        assert!(AllowedRoots::default()
+            .check_files_dir(&config(nfs("/x")))
+            .is_ok());
     }
 
     #[test]

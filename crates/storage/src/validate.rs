@@ -51,6 +51,20 @@ fn storage_root(field: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Where an NFS root without a trailing `/` puts its files: in its parent (the root is a
+/// prefix of their names, so `/e` with instance `tc` writes under `/etc/`). That directory
+/// must pass the checks a root passes; `None` for every other root.
+pub(crate) fn nfs_prefix_dir(spec: &StorageSpec) -> Option<String> {
+    match spec {
+        StorageSpec::Nfs { root_path, .. } if !root_path.ends_with('/') => Some(
+            crate::backends::nfs_anchor(root_path)
+                .to_string_lossy()
+                .into_owned(),
+        ),
+        _ => None,
+    }
+}
+
 fn check_spec(spec: &StorageSpec) -> Result<(), String> {
     match spec {
         StorageSpec::Nfs { root_path, .. } => storage_root("storage_spec.root_path", root_path),
@@ -189,6 +203,21 @@ impl StorageConfig {
         check_name("global_unique_name", &self.global_unique_name)
             .and_then(|()| check_spec(&self.spec))
             .map_err(StorageError::InvalidConfig)
+    }
+
+    /// For a storage being added or updated (not one restored from the journal, which was
+    /// accepted before this check existed): an NFS root without a trailing `/` is refused
+    /// when the directory its files land in is `/` or a system directory.
+    pub fn validate_files_dir(&self) -> Result<(), StorageError> {
+        let Some(dir) = nfs_prefix_dir(&self.spec) else {
+            return Ok(());
+        };
+        storage_root("storage_spec.root_path", &dir).map_err(|why| {
+            StorageError::InvalidConfig(format!(
+                "{why}: storage_spec.root_path has no trailing '/', so it is a prefix of \
+                 file names in {dir:?} (add the '/' to keep its files inside it)"
+            ))
+        })
     }
 }
 

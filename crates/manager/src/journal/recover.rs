@@ -325,7 +325,7 @@ impl Manager {
             Err(error) => report.skipped.push(format!("{what}: {error}")),
         };
         for (name, (_, config)) in storages {
-            let mut added = self.add_storage(config);
+            let mut added = self.restore_storage(config);
             if added.is_ok() && disabled.contains(&name) {
                 added = self.storages.set_available(&name, false);
             }

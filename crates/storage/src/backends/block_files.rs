@@ -309,8 +309,9 @@ fn uri_prefix(kind: StorageKind, config: &StorageConfig, base: &str) -> String {
     format!("{}://{}{base}", kind.scheme(), config.global_unique_name)
 }
 
-/// NFS: the directory `root_path` names or lies in.
-fn nfs_anchor(root_path: &str) -> PathBuf {
+/// NFS: the directory `root_path` names or lies in (without a trailing `/`, `root_path`
+/// is a prefix of the names of files in its parent).
+pub(crate) fn nfs_anchor(root_path: &str) -> PathBuf {
     if root_path.ends_with('/') {
         return PathBuf::from(root_path);
     }

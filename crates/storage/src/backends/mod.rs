@@ -7,6 +7,7 @@
 //! storage with `InvalidUri` before freeing anything.
 
 mod block_files;
+pub(crate) use block_files::nfs_anchor;
 mod event_report;
 mod uri_only;
 

@@ -198,3 +198,20 @@ fn names_longer_than_one_path_component_are_refused() {
     bad.global_unique_name = "s".repeat(crate::MAX_NAME_BYTES + 1);
     assert_refused(bad, "global_unique_name");
 }
+
+#[test]
+fn an_nfs_prefix_root_is_checked_on_the_directory_its_files_land_in() {
+    for root in ["/e", "/us", "/data"] {
+        let config = config(nfs(root));
+        assert_eq!(
+            config.validate().map_err(|e| e.to_string()),
+            Ok(()),
+            "{root}"
+        );
+        let error = config.validate_files_dir().unwrap_err().to_string();
+        assert!(error.contains("trailing '/'"), "{root}: {error}");
+    }
+    for root in ["/tmp/nfs/prefix_", "/data/kvcm", "/tmp/nfs/", "/e/"] {
+        assert!(config(nfs(root)).validate_files_dir().is_ok(), "{root}");
+    }
+}
