@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 
 use super::grants::{Credential, PoolGrants};
 use super::ticket::{self, ServerSecret};
-use crate::service::auth::{authorize, Authenticator, Caller, Grant};
+use crate::service::auth::{authorize, canonical_authorization, Authenticator, Caller, Grant};
 use crate::service::http::{own_answer, own_refusal, read_body, ClientCertificate, HttpLimits};
 use crate::service::rpcs::{Access, Service};
 
@@ -333,11 +333,13 @@ impl Routes {
             .check_request(Service::Meta, request)
             .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
         authorize(caller.as_ref(), access, None).map_err(|why| (StatusCode::FORBIDDEN, why))?;
+        // One spelling per key: the grant's id (and what the grant keeps) must not vary
+        // with the scheme's case or the blanks of a header that authenticates alike.
         let credential = Credential {
             authorization: request
                 .headers()
                 .get(axum::http::header::AUTHORIZATION)
-                .map(|value| value.as_bytes().to_vec()),
+                .and_then(|value| canonical_authorization(value.as_bytes())),
             certificate: request
                 .extensions()
                 .get::<ClientCertificate>()

@@ -453,6 +453,14 @@ fn bearer_token(value: &[u8]) -> Result<&[u8], AuthError> {
     Ok(token)
 }
 
+/// The one spelling of an `Authorization` header that carries a bearer token
+/// (`Bearer <token>`): the scheme's case and the blanks before the token vary among
+/// headers that authenticate alike; `None` for a header without one.
+pub fn canonical_authorization(value: &[u8]) -> Option<Vec<u8>> {
+    let token = bearer_token(value).ok()?;
+    Some([b"Bearer ".as_slice(), token].concat())
+}
+
 /// Equality whose time depends on the lengths only, not on where the bytes differ.
 fn constant_time_eq(expected: &[u8], presented: &[u8]) -> bool {
     let longest = expected.len().max(presented.len());
@@ -602,6 +610,20 @@ mod tests {
 
     fn auth() -> Authenticator {
         Authenticator::new(&["s3cret".into(), "other-token".into()])
+    }
+
+    #[test]
+    fn headers_that_authenticate_alike_have_one_canonical_spelling() {
+        for spelling in ["Bearer s3cret", "bEaReR s3cret", "BEARER \t  s3cret"] {
+            assert_eq!(
+                canonical_authorization(spelling.as_bytes()).as_deref(),
+                Some(b"Bearer s3cret".as_slice()),
+                "{spelling:?}"
+            );
+        }
+        for other in ["Basic s3cret", "Bearer", "Bearer s3 cret"] {
+            assert_eq!(canonical_authorization(other.as_bytes()), None, "{other:?}");
+        }
     }
 
     #[test]
