@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use kvcm_transport::any::{AnyDomain, AnyRegion};
-use kvcm_transport::{Access, Domain, HostMemory, Memory, Region};
+use kvcm_transport::{Access, Domain, HostMemory, Region};
 
 use super::listener::RUN_ENTRY;
 use super::routes::{AppliedVersion, OwnershipAnswer, RunChange};
@@ -213,14 +213,14 @@ impl Isolation {
     /// The second phase of applying `answer`, under the lock: plans the registrations of
     /// granted runs — with those of earlier grants that failed, less those the answer
     /// released — making the tenants' domains on `wires` (the node's, by wire index) where
-    /// needed. A grant outside `memory` (or whose tenant's domains cannot be made) is
+    /// needed. A grant outside the region's `region_len` bytes (or whose tenant's domains cannot be made) is
     /// refused here. The caller makes the registrations with the lock let go
     /// ([`Registrations::make`]) and hands them to [`Self::install`].
     pub(super) fn plan(
         &mut self,
         answer: &OwnershipAnswer,
         wires: &[(usize, &AnyDomain)],
-        memory: &HostMemory,
+        region_len: usize,
     ) -> Registrations {
         let failed_before = std::mem::take(&mut self.pending);
         let mut grants: Vec<Grant> = failed_before.iter().copied().collect();
@@ -244,7 +244,7 @@ impl Isolation {
             },
         };
         for grant in grants {
-            match self.domains_needing(grant, wires, memory.len()) {
+            match self.domains_needing(grant, wires, region_len) {
                 Ok(domains) if domains.is_empty() => {}
                 Ok(domains) => planned.jobs.push((grant, domains)),
                 Err(error) => planned.refused.push((grant, error)),
@@ -381,26 +381,29 @@ impl Isolation {
     }
 
     /// Puts the registrations made for `grant` in its tenant's domains (retiring any
-    /// earlier one of the run); an error, changing nothing, when the tenant is gone.
+    /// earlier one of the run); an error, changing nothing, when the tenant (or one of the
+    /// wires the registrations were made on) is gone.
     fn put_runs(
         &mut self,
         (tenant, offset, _): Grant,
         regions: RunRegions,
     ) -> Result<(), PoolError> {
-        let Some(own) = self.tenants.get_mut(&tenant) else {
-            self.retired
-                .runs
-                .extend(regions.into_iter().map(|(_, r)| r));
-            return Err(PoolError::Config(format!("tenant {tenant} was forgotten")));
+        let has_wire = |own: &Vec<TenantWire>, wire: usize| own.iter().any(|w| w.wire == wire);
+        let own = self
+            .tenants
+            .get_mut(&tenant)
+            .filter(|own| regions.iter().all(|(wire, _)| has_wire(own, *wire)));
+        let Some(own) = own else {
+            let made = regions.into_iter().map(|(_, region)| region);
+            self.retired.runs.extend(made);
+            return Err(PoolError::Config(format!(
+                "tenant {tenant} lost its domains while its run was registered"
+            )));
         };
         for (wire, region) in regions {
-            match own.iter_mut().find(|w| w.wire == wire) {
-                Some(own_wire) => self
-                    .retired
-                    .runs
-                    .extend(own_wire.runs.insert(offset, region)),
-                None => self.retired.runs.push(region),
-            }
+            let own_wire = own.iter_mut().find(|w| w.wire == wire);
+            let earlier = own_wire.and_then(|w| w.runs.insert(offset, region));
+            self.retired.runs.extend(earlier);
         }
         Ok(())
     }
@@ -460,6 +463,7 @@ impl Isolation {
 mod tests {
     use super::*;
     use crate::lookup::{open_wires, WIRE_SOFT_TCP};
+    use kvcm_transport::Memory;
 
     const SLAB: u64 = 2 << 20;
 
@@ -474,7 +478,7 @@ mod tests {
             connected: &HashSet<u32>,
         ) -> Result<(), PoolError> {
             self.retire(answer);
-            let made = self.plan(answer, wires, memory).make(memory);
+            let made = self.plan(answer, wires, memory.len()).make(memory);
             self.install(made, connected)
         }
     }
@@ -566,7 +570,7 @@ mod tests {
         drop(retired);
         // Second phase: the grant is planned; until what was made is installed the
         // isolation answers as before (a hello may ask for a domain meanwhile).
-        let planned = isolation.plan(&moved, &wires, &memory);
+        let planned = isolation.plan(&moved, &wires, memory.len());
         assert_eq!(run(&isolation, 2, 0), None);
         assert!(isolation.domain(2, WIRE_SOFT_TCP, &wires).is_ok());
         let made = planned.make(&memory);

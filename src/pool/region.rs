@@ -342,7 +342,7 @@ impl PoolRegion {
         };
         drop(retired);
         let planned = match self.isolation().as_mut() {
-            Some(isolation) => isolation.plan(answer, &wires, &self.memory),
+            Some(isolation) => isolation.plan(answer, &wires, self.memory.len()),
             None => return Ok(()),
         };
         // Registering (a verbs registration pins its run) with the lock let go: no other

@@ -33,20 +33,18 @@ impl MetaHandler {
                 ));
             }
             mask_from_wire(request.block_mask.as_ref(), "block_mask")?;
+            let count = request.backend_selectors.len();
+            if count == 0 || count > MAX_BACKEND_SELECTORS {
+                return Err(ManagerError::invalid_because(
+                    "backend_selectors",
+                    format!("{count} selectors: give 1 to {MAX_BACKEND_SELECTORS}"),
+                ));
+            }
             let selectors = request
                 .backend_selectors
                 .iter()
                 .map(selector_from_wire)
                 .collect::<Result<Vec<_>, _>>()?;
-            if selectors.is_empty() || selectors.len() > MAX_BACKEND_SELECTORS {
-                return Err(ManagerError::invalid_because(
-                    "backend_selectors",
-                    format!(
-                        "{} selectors: give 1 to {MAX_BACKEND_SELECTORS}",
-                        selectors.len()
-                    ),
-                ));
-            }
             let keys = core.located_keys_times(
                 &instance,
                 request.block_keys,

@@ -45,7 +45,7 @@ impl VerbsAddress {
         let field = |name: &str| fields.get(name).copied().ok_or_else(bad);
         let hex = field("gid")?;
         let mut gid = [0u8; 16];
-        if hex.len() != 32 || !hex.is_ascii() {
+        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
         for (index, byte) in gid.iter_mut().enumerate() {
@@ -556,6 +556,10 @@ mod tests {
             "verbs qpn=1",
             "soft-tcp qpn=1 addr=1.2.3.4:5",
             "verbs qpn=1 lid=1 gid=zz psn=1",
+            // 32 bytes, not ASCII: slicing two bytes at a time would split a character.
+            "verbs qpn=1 lid=1 gid=a\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}a psn=1",
+            // 32 bytes, "+f" parses as a radix-16 number.
+            "verbs qpn=1 lid=1 gid=+f000000000000000000000000000000 psn=1",
         ] {
             assert!(
                 VerbsAddress::decode(&QpEndpoint(text.as_bytes().to_vec())).is_err(),

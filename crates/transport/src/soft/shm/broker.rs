@@ -45,7 +45,7 @@ use crate::soft::registry::Registry;
 use crate::sys::{life, recv_with_fd, send_with_fd, Epoll, EventFd, SharedMemory};
 use crate::{Result, TransportError};
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -206,7 +206,6 @@ pub fn request(broker: &str, qpn: u32, token: u64, object: Object) -> Result<Rep
     let io = |e| TransportError::io("talk to the peer's descriptor broker", e);
     let addr = SocketAddr::from_abstract_name(broker.as_bytes()).map_err(io)?;
     let mut stream = UnixStream::connect_addr(&addr).map_err(io)?;
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT)).map_err(io)?;
     let request = Request { object, qpn, token };
     stream.write_all(&request.encode()).map_err(io)?;
@@ -215,16 +214,24 @@ pub fn request(broker: &str, qpn: u32, token: u64, object: Object) -> Result<Rep
     let mut descriptor = None;
     // One deadline for the whole reply: a broker that trickles its bytes does not restart
     // the clock with each one.
-    let deadline = std::time::Instant::now() + CLIENT_TIMEOUT;
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    let late = || {
+        TransportError::BadEndpoint(format!(
+            "the peer's descriptor broker {broker} did not reply within {CLIENT_TIMEOUT:?}"
+        ))
+    };
     while got < REPLY_LEN {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(TransportError::BadEndpoint(format!(
-                "the peer's descriptor broker {broker} did not reply within {CLIENT_TIMEOUT:?}"
-            )));
+            return Err(late());
         }
         stream.set_read_timeout(Some(left)).map_err(io)?;
-        let (read, fd) = recv_with_fd(&stream, &mut reply[got..]).map_err(io)?;
+        let (read, fd) = match recv_with_fd(&stream, &mut reply[got..]) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(late())
+            }
+            other => other.map_err(io)?,
+        };
         if read == 0 {
             return Err(TransportError::BadEndpoint(format!(
                 "the peer's descriptor broker {broker} closed before replying"
@@ -799,5 +806,29 @@ mod tests {
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
         let refused = UnixStream::connect_addr(&addr).unwrap_err();
         assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    }
+
+    #[test]
+    fn a_broker_trickling_its_reply_runs_out_of_one_deadline() {
+        let name = format!("kvcm-test-trickle-{}", std::process::id());
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+        let listener = UnixListener::bind_addr(&addr).unwrap();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0u8; REQUEST_LEN];
+            stream.read_exact(&mut request).unwrap();
+            // One byte of the 8-byte reply every 1.5 s: each read's own timeout (5 s)
+            // would never fire, and the reply would take 12 s.
+            for _ in 0..REPLY_LEN {
+                if stream.write_all(&[0]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(1500));
+            }
+        });
+        let error = request(&name, 1, 2, Object::KeyTable)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("did not reply within"), "{error}");
     }
 }
