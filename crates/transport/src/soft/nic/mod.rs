@@ -373,6 +373,11 @@ impl Nic {
     }
 
     fn accept(&mut self) -> bool {
+        let ready = |l: &TcpListener| self.ready.contains(&l.as_raw_fd());
+        if !self.listener.as_ref().is_some_and(ready) {
+            return false;
+        }
+        // Out of `self` while it accepts, which may close waiting connections.
         let Some(listener) = self.listener.take() else {
             return false;
         };
@@ -382,9 +387,6 @@ impl Nic {
     }
 
     fn accept_from(&mut self, listener: &TcpListener) -> bool {
-        if !self.ready.contains(&listener.as_raw_fd()) {
-            return false;
-        }
         let mut accepted = Vec::new();
         while let Ok((stream, _)) = listener.accept() {
             // At the cap, silent connections make room for new ones (oldest first), so a
