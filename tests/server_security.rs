@@ -980,11 +980,14 @@ fn the_server_is_not_dumpable_unless_asked() {
     }
 }
 
-/// An AddStorage body for an NFS storage whose `root_path` is `root` as written (no '/'
-/// added: without a trailing '/' the root is a prefix of file names in its parent).
-fn nfs_prefix_storage(name: &str, root: &str) -> Value {
-    json!({"global_unique_name": name,
-           "nfs": {"root_path": root, "key_count_per_file": 1}})
+/// AddStorage of an NFS storage whose `root_path` is `root` as written (no '/' added:
+/// without a trailing '/' the root is a prefix of file names in its parent).
+async fn add_prefix_storage(server: &TestServer, name: &str, root: &str) -> Value {
+    let storage = json!({"global_unique_name": name,
+                         "nfs": {"root_path": root, "key_count_per_file": 1}});
+    server
+        .admin_http("addStorage", json!({ "storage": storage }))
+        .await
 }
 
 #[tokio::test]
@@ -993,24 +996,14 @@ async fn an_nfs_prefix_root_is_checked_where_its_files_land_and_kept_at_restore(
     // instance "tc" would write under /etc/.
     let server = TestServer::start().await;
     for root in ["/e", "/us", "/kvcm-prefix-test"] {
-        let refused = server
-            .admin_http(
-                "addStorage",
-                json!({"storage": nfs_prefix_storage("p", root)}),
-            )
-            .await;
+        let refused = add_prefix_storage(&server, "p", root).await;
         assert_invalid(&refused, "trailing '/'", root);
     }
     // Accepted before a list that its files' directory lies outside of; kept (with a
     // warning) when the server restarts under that list, and refused when added anew.
     let outer = tempfile::tempdir().expect("temp dir");
     let listed = outer.path().join("kv").display().to_string();
-    let before = server
-        .admin_http(
-            "addStorage",
-            json!({"storage": nfs_prefix_storage("pre", &listed)}),
-        )
-        .await;
+    let before = add_prefix_storage(&server, "pre", &listed).await;
     assert_eq!(code(&before), "OK", "{before}");
     let list = format!(
         "kvcm.service.storage_root_allow_list={},{listed}",
@@ -1023,24 +1016,14 @@ async fn an_nfs_prefix_root_is_checked_where_its_files_land_and_kept_at_restore(
         server.log().contains("AddStorage would refuse today"),
         "the restore warns"
     );
-    let anew = server
-        .admin_http(
-            "addStorage",
-            json!({"storage": nfs_prefix_storage("new", &listed)}),
-        )
-        .await;
+    let anew = add_prefix_storage(&server, "new", &listed).await;
     assert_invalid(
         &anew,
         "kvcm.service.storage_root_allow_list",
         "a prefix root anew",
     );
     let inside = format!("{listed}/prefix_");
-    let ok = server
-        .admin_http(
-            "addStorage",
-            json!({"storage": nfs_prefix_storage("in", &inside)}),
-        )
-        .await;
+    let ok = add_prefix_storage(&server, "in", &inside).await;
     assert_eq!(
         code(&ok),
         "OK",
