@@ -1,48 +1,74 @@
 //! `file://<dir>`: a lease lock shared by the processes of one machine.
 //!
-//! The record `<dir>/leader.record` (holder, fencing token, wall-clock lease expiry, the
-//! holder's endpoint; text, one `key value` per line) changes only while the changer holds
-//! an exclusive `flock` on `<dir>/leader.guard`, so read-decide-write is atomic across
-//! processes. A change is written to `leader.record.tmp`, fsynced, renamed over the record
-//! and the directory fsynced: a reader (who needs no guard) sees the old or the new record,
-//! never a torn one, and a crash keeps one of them. Leases are wall-clock, so every process
-//! must share the machine's clock (they do on one machine). Deleting the record by hand
-//! resets the fencing tokens to 1.
+//! The lock is a numbered series of immutable records, `<dir>/leader.<seq>` (holder, fencing
+//! token, wall-clock lease expiry, the holder's endpoint; text, one `key value` per line);
+//! the record with the greatest number is the current one. A change is a compare-and-swap
+//! without any lock: read the current record `n`, write the changed record to a private
+//! temporary file, fsync it, and `link(2)` it as `leader.<n+1>`, which fails when another
+//! process published `n+1` first (then the change is re-read and retried). So no process
+//! ever holds anything another one waits for: a holder paused or killed in the middle of a
+//! change stops nobody (an `flock` guard held across a SIGSTOP blocked every failover).
+//!
+//! Invariants:
+//! - records are created in order (`n+1` is only published on top of a read `n`) and never
+//!   rewritten, so a reader sees whole records;
+//! - after publishing `m` a writer removes the records below `m-1`; the greatest two are
+//!   never removed, so the current record never disappears;
+//! - a writer that read `n` and paused while others published up to `n+3` (pruning `n+1`)
+//!   can link `n+1` again, so a publish of `n+1` counts only when no record above `n+2`
+//!   exists right after the link. A change judged lost that way may in truth have taken
+//!   effect just before others built on it; that only makes a node believe it lost a
+//!   lease it held (safe), never the reverse.
+//!
+//! Leases are wall-clock, so every process must share the machine's clock (they do on one
+//! machine). Removing records by hand makes the lock hand out fencing tokens again: removing
+//! every record restarts them at 1, removing a corrupt current record falls back to the
+//! record before it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use super::lock::{HolderRecord, LockError, LockResult, NodeEndpoint, Slot, SlotStore};
 
-/// How long an operation waits for another process to drop the guard.
-const GUARD_WAIT: Duration = Duration::from_millis(500);
 /// First line of a record: format name and version.
 const MAGIC: &str = "kvcm-lease-lock 1";
+/// Records are `leader.<seq>`, the number in this many digits.
+const RECORD_PREFIX: &str = "leader.";
+const SEQ_DIGITS: usize = 20;
+/// Temporary files are `leader.tmp.<pid>.<n>`; one left by a crash is removed once older
+/// than [`STALE_TEMPORARY`].
+const TEMPORARY_PREFIX: &str = "leader.tmp.";
+const STALE_TEMPORARY: Duration = Duration::from_secs(60);
+/// The record an earlier kvcm kept (one file rewritten under an `flock`): read once, for
+/// its tokens, when a directory holds no numbered record yet.
+const LEGACY_RECORD: &str = "leader.record";
+/// How many times a change is retried when other processes keep publishing first.
+const CHANGE_TRIES: u32 = 64;
+
+/// Numbers this process's temporary files.
+static TEMPORARIES: AtomicU64 = AtomicU64::new(0);
 
 /// A lease lock in a directory.
 #[derive(Debug)]
 pub struct FileLock {
     dir: PathBuf,
-    guard: PathBuf,
-    record: PathBuf,
-    partial: PathBuf,
+}
+
+/// The current record: its number (0 when there is none yet) and its slot.
+struct Current {
+    seq: u64,
+    slot: Slot,
 }
 
 impl FileLock {
     /// The lock in `dir` (created if missing).
     pub fn open(dir: &Path) -> LockResult<FileLock> {
-        std::fs::create_dir_all(dir).map_err(|source| LockError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(Self::io(dir))?;
         let lock = FileLock {
             dir: dir.to_path_buf(),
-            guard: dir.join("leader.guard"),
-            record: dir.join("leader.record"),
-            partial: dir.join("leader.record.tmp"),
         };
         lock.read()?;
         Ok(lock)
@@ -55,88 +81,152 @@ impl FileLock {
         }
     }
 
-    /// Runs `change` on the record under the guard; writes the record back if it changed.
-    fn with_guard<T>(&self, change: impl FnOnce(&mut Slot) -> T) -> LockResult<T> {
-        let guard = self.take_guard()?;
-        let mut slot = self.read_record()?;
-        let before = slot.clone();
-        let outcome = change(&mut slot);
-        if slot != before {
-            self.write(&slot)?;
-        }
-        // Closing the file drops the flock.
-        drop(guard);
-        Ok(outcome)
+    fn record_path(&self, seq: u64) -> PathBuf {
+        self.dir
+            .join(format!("{RECORD_PREFIX}{seq:0width$}", width = SEQ_DIGITS))
     }
 
-    /// The guard file, exclusively flocked (waits at most [`GUARD_WAIT`]).
-    fn take_guard(&self) -> LockResult<File> {
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&self.guard)
-            .map_err(Self::io(&self.guard))?;
-        let deadline = Instant::now() + GUARD_WAIT;
-        loop {
-            match try_flock(&file) {
-                Ok(true) => return Ok(file),
-                Ok(false) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Ok(false) => return Err(LockError::Busy(self.guard.clone())),
-                Err(source) => return Err(Self::io(&self.guard)(source)),
+    /// The numbers of the records in the directory, ascending.
+    fn record_numbers(&self) -> LockResult<Vec<u64>> {
+        let entries = std::fs::read_dir(&self.dir).map_err(Self::io(&self.dir))?;
+        let mut numbers = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(Self::io(&self.dir))?;
+            if let Some(seq) = entry.file_name().to_str().and_then(record_number) {
+                numbers.push(seq);
             }
         }
+        numbers.sort_unstable();
+        Ok(numbers)
     }
 
-    fn read_record(&self) -> LockResult<Slot> {
-        match std::fs::read_to_string(&self.record) {
-            Ok(text) => decode(&text).map_err(|reason| LockError::Corrupt {
-                path: self.record.clone(),
-                reason,
-            }),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Slot::default()),
-            Err(source) => Err(Self::io(&self.record)(source)),
+    /// The current record; a record pruned between listing and reading is listed again.
+    fn current(&self) -> LockResult<Current> {
+        for _ in 0..CHANGE_TRIES {
+            let Some(&seq) = self.record_numbers()?.last() else {
+                let slot = self.read_slot(&self.dir.join(LEGACY_RECORD))?;
+                return Ok(Current {
+                    seq: 0,
+                    slot: slot.unwrap_or_default(),
+                });
+            };
+            if let Some(slot) = self.read_slot(&self.record_path(seq))? {
+                return Ok(Current { seq, slot });
+            }
+        }
+        Err(LockError::Busy(self.dir.clone()))
+    }
+
+    /// The slot a record holds; `None` when the file does not exist.
+    fn read_slot(&self, path: &Path) -> LockResult<Option<Slot>> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => decode(&text)
+                .map(Some)
+                .map_err(|reason| LockError::Corrupt {
+                    path: path.to_path_buf(),
+                    reason,
+                }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Self::io(path)(source)),
         }
     }
 
-    fn write(&self, slot: &Slot) -> LockResult<()> {
-        let mut file = File::create(&self.partial).map_err(Self::io(&self.partial))?;
-        file.write_all(encode(slot).as_bytes())
-            .and_then(|()| file.sync_all())
-            .map_err(Self::io(&self.partial))?;
-        std::fs::rename(&self.partial, &self.record).map_err(Self::io(&self.record))?;
+    /// Publishes `slot` as record `seq`: true when this process's record is now current
+    /// (see the module invariants), false when another process published first.
+    fn publish(&self, seq: u64, slot: &Slot) -> LockResult<bool> {
+        let temporary = self.write_temporary(slot)?;
+        let record = self.record_path(seq);
+        let linked = std::fs::hard_link(&temporary, &record);
+        let _ = std::fs::remove_file(&temporary);
+        match linked {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(source) => return Err(Self::io(&record)(source)),
+        }
+        let newest = self.record_numbers()?.last().copied().unwrap_or(seq);
+        if newest > seq + 1 {
+            // A paused writer re-created a pruned number: its record was never current.
+            let _ = std::fs::remove_file(&record);
+            return Ok(false);
+        }
         File::open(&self.dir)
             .and_then(|dir| dir.sync_all())
-            .map_err(Self::io(&self.dir))
+            .map_err(Self::io(&self.dir))?;
+        Ok(true)
+    }
+
+    /// Writes `slot` to a new temporary file, fsynced; returns its path.
+    fn write_temporary(&self, slot: &Slot) -> LockResult<PathBuf> {
+        let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
+        let path = self
+            .dir
+            .join(format!("{TEMPORARY_PREFIX}{}.{n}", std::process::id()));
+        let written = File::create(&path).and_then(|mut file| {
+            file.write_all(encode(slot).as_bytes())?;
+            file.sync_all()
+        });
+        if let Err(source) = written {
+            let _ = std::fs::remove_file(&path);
+            return Err(Self::io(&path)(source));
+        }
+        Ok(path)
+    }
+
+    /// Removes the records below `newest - 1` (oldest first) and temporary files a crash
+    /// left behind. Best effort: what is left is removed by a later change.
+    fn prune(&self, newest: u64) {
+        let Ok(numbers) = self.record_numbers() else {
+            return;
+        };
+        for seq in numbers.into_iter().filter(|&seq| seq + 1 < newest) {
+            let _ = std::fs::remove_file(self.record_path(seq));
+        }
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let is_temporary = name
+                .to_str()
+                .is_some_and(|n| n.starts_with(TEMPORARY_PREFIX));
+            let stale = entry
+                .metadata()
+                .and_then(|meta| meta.modified())
+                .is_ok_and(|at| at.elapsed().is_ok_and(|age| age > STALE_TEMPORARY));
+            if is_temporary && stale {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 
 impl SlotStore for FileLock {
     fn change<T>(&self, change: impl Fn(&mut Slot) -> T) -> LockResult<T> {
-        self.with_guard(change)
+        for _ in 0..CHANGE_TRIES {
+            let Current { seq, slot } = self.current()?;
+            let mut changed = slot.clone();
+            let outcome = change(&mut changed);
+            if changed == slot {
+                return Ok(outcome);
+            }
+            if self.publish(seq + 1, &changed)? {
+                self.prune(seq + 1);
+                return Ok(outcome);
+            }
+        }
+        Err(LockError::Busy(self.dir.clone()))
     }
 
     fn read(&self) -> LockResult<Slot> {
-        self.read_record()
+        Ok(self.current()?.slot)
     }
 }
 
-/// Takes an exclusive `flock` on `file` without waiting: false when another open file
-/// description holds it. The lock lasts until `file` is closed.
-fn try_flock(file: &File) -> std::io::Result<bool> {
-    // SAFETY: flock only reads the descriptor number; `file` keeps it open for the call.
-    let outcome = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if outcome == 0 {
-        return Ok(true);
-    }
-    let error = std::io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EWOULDBLOCK) => Ok(false),
-        Some(libc::EINTR) => try_flock(file),
-        _ => Err(error),
-    }
+/// The number in a record's file name; `None` for any other file.
+fn record_number(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(RECORD_PREFIX)?;
+    let all_digits = digits.len() == SEQ_DIGITS && digits.bytes().all(|b| b.is_ascii_digit());
+    all_digits.then(|| digits.parse().ok()).flatten()
 }
 
 /// The record's text (also what the Redis lock stores).
@@ -248,7 +338,7 @@ fn unescape(value: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::lock::{conformance, LeaseLock};
+    use super::super::lock::{conformance, now_ms, LeaseLock};
     use super::*;
 
     fn two(dir: &Path) -> (FileLock, FileLock) {
@@ -319,27 +409,149 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(second.fencing_token > first.fencing_token);
-        std::fs::write(dir.path().join("leader.record"), "garbage").unwrap();
+        let newest = *lock.record_numbers().unwrap().last().unwrap();
+        std::fs::write(lock.record_path(newest), "garbage").unwrap();
         let error = lock.current_holder().unwrap_err().to_string();
         assert!(
-            error.contains("leader.record") && error.contains("corrupt"),
+            error.contains(&format!("leader.{newest:020}")) && error.contains("corrupt"),
             "{error}"
         );
+        // Removing the corrupt record falls back to the one before it (a token may be
+        // handed out again, as the module docs warn).
+        std::fs::remove_file(lock.record_path(newest)).unwrap();
+        assert!(lock.current_holder().unwrap().is_none());
+        assert!(lock
+            .try_acquire(&node, Duration::from_secs(60))
+            .unwrap()
+            .is_some());
     }
 
     #[test]
-    fn a_held_guard_makes_changes_wait_then_fail_busy() {
+    fn only_the_two_newest_records_are_kept_and_crash_leftovers_go() {
         let dir = tempfile::tempdir().unwrap();
         let lock = FileLock::open(dir.path()).unwrap();
-        let held = lock.take_guard().unwrap();
-        let other = FileLock::open(dir.path()).unwrap();
-        let refused = other.try_acquire(&conformance::node("b"), Duration::from_secs(1));
-        assert!(matches!(refused, Err(LockError::Busy(_))), "{refused:?}");
-        drop(held);
-        assert!(other
-            .try_acquire(&conformance::node("b"), Duration::from_secs(1))
+        let leftover = dir.path().join(format!("{TEMPORARY_PREFIX}1.0"));
+        std::fs::write(&leftover, "half").unwrap();
+        let old = std::time::SystemTime::now() - STALE_TEMPORARY * 2;
+        File::options()
+            .write(true)
+            .open(&leftover)
             .unwrap()
-            .is_some());
+            .set_modified(old)
+            .unwrap();
+        for _ in 0..3 {
+            acquire_and_release(&lock);
+        }
+        assert_eq!(lock.record_numbers().unwrap(), vec![5, 6]);
+        assert!(!leftover.exists(), "a stale temporary file is removed");
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "nothing but the records: {names:?}");
+    }
+
+    #[test]
+    fn a_writer_that_lost_the_race_or_paused_past_a_prune_does_not_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = FileLock::open(dir.path()).unwrap();
+        let paused = lock.current().unwrap();
+        let mut stale = paused.slot.clone();
+        stale.acquire(
+            &conformance::node("late"),
+            Duration::from_secs(60),
+            now_ms(),
+        );
+        let token = lock
+            .try_acquire(&conformance::node("a"), Duration::from_secs(60))
+            .unwrap()
+            .unwrap();
+        // Another writer published the number first.
+        assert!(!lock.publish(paused.seq + 1, &stale).unwrap());
+        // Others published three more and pruned the number the paused writer wants.
+        assert!(lock.release("a", token.fencing_token).unwrap());
+        acquire_and_release(&lock);
+        assert!(!lock.record_path(paused.seq + 1).exists());
+        assert!(!lock.publish(paused.seq + 1, &stale).unwrap());
+        assert!(
+            !lock.record_path(paused.seq + 1).exists(),
+            "the re-created record is removed"
+        );
+        assert!(
+            lock.current_holder().unwrap().is_none(),
+            "the late acquire never counted"
+        );
+        assert_eq!(lock.record_numbers().unwrap(), vec![3, 4]);
+    }
+
+    /// Two records: `a` acquires, then releases.
+    fn acquire_and_release(lock: &FileLock) {
+        let token = lock
+            .try_acquire(&conformance::node("a"), Duration::from_secs(60))
+            .unwrap()
+            .expect("a free lock");
+        assert!(lock.release("a", token.fencing_token).unwrap());
+    }
+
+    #[test]
+    fn a_holder_paused_in_the_middle_of_a_renewal_blocks_nobody() {
+        let dir = tempfile::tempdir().unwrap();
+        let (holder, rival) = two(dir.path());
+        let short = Duration::from_millis(30);
+        let token = holder
+            .try_acquire(&conformance::node("a"), short)
+            .unwrap()
+            .unwrap();
+        let (paused_tx, paused_rx) = std::sync::mpsc::channel();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+        let resume_rx = std::sync::Mutex::new(resume_rx);
+        let first_run = std::sync::atomic::AtomicBool::new(true);
+        std::thread::scope(|scope| {
+            let renewal = scope.spawn(|| {
+                holder.change(|slot| {
+                    // The first run pauses between reading the record and publishing.
+                    if first_run.swap(false, Ordering::SeqCst) {
+                        paused_tx.send(()).unwrap();
+                        resume_rx.lock().unwrap().recv().unwrap();
+                    }
+                    slot.renew(
+                        &conformance::node("a"),
+                        token.fencing_token,
+                        short,
+                        now_ms(),
+                    )
+                })
+            });
+            paused_rx.recv().unwrap();
+            std::thread::sleep(short * 2); // the paused holder's lease runs out
+            let taken = rival
+                .try_acquire(&conformance::node("b"), Duration::from_secs(60))
+                .unwrap()
+                .expect("the rival takes the lock while the holder is paused");
+            resume_tx.send(()).unwrap();
+            let renewed = renewal.join().unwrap().unwrap();
+            assert!(matches!(renewed, Err(LockError::Lost)), "{renewed:?}");
+            assert_eq!(
+                holder.current_holder().unwrap().unwrap().fencing_token,
+                taken.fencing_token
+            );
+        });
+    }
+
+    #[test]
+    fn a_directory_an_earlier_kvcm_wrote_keeps_its_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let legacy = Slot {
+            last_token: 41,
+            holder: None,
+        };
+        std::fs::write(dir.path().join(LEGACY_RECORD), encode(&legacy)).unwrap();
+        let lock = FileLock::open(dir.path()).unwrap();
+        let token = lock
+            .try_acquire(&conformance::node("a"), Duration::from_secs(60))
+            .unwrap()
+            .unwrap();
+        assert_eq!(token.fencing_token, 42);
     }
 
     #[test]

@@ -79,8 +79,8 @@ pub enum LockError {
         /// What is wrong.
         reason: String,
     },
-    /// Another process held the guard longer than the caller waits.
-    #[error("lock guard {0} stayed busy")]
+    /// Other processes changed the lock first at every try.
+    #[error("lock {0} stayed busy: other nodes changed it first at every try")]
     Busy(PathBuf),
     /// The URI names no backend this build has.
     #[error("{0}")]
