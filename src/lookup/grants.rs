@@ -9,10 +9,12 @@
 //! checks again every sweep: a queue pair whose credentials no longer pass (a revoked or
 //! expired key, an instance removed) is torn down.
 //!
-//! Invariants: at most [`MAX_PENDING`] tokens wait at once (expired ones are dropped
-//! first; beyond that a bootstrap is refused, so unredeemed tokens cannot grow memory);
-//! tokens come from the kernel's random pool and are compared by map lookup of the whole
-//! value.
+//! Invariants: at most [`MAX_PENDING`] tokens wait at once, holding at most
+//! [`MAX_PENDING_BYTES`] of credentials and instance ids (expired ones are dropped first;
+//! beyond that a bootstrap is refused, so unredeemed tokens cannot grow memory, however long
+//! the headers they keep); a grant keeps the `Authorization` header in its one canonical
+//! spelling (`Bearer <token>`, see `canonical_authorization`) or not at all; tokens come
+//! from the kernel's random pool and are compared by map lookup of the whole value.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -20,12 +22,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::{AccessCheck, LookupError};
-use crate::service::auth::CertIdentity;
+use crate::service::auth::{canonical_authorization, CertIdentity};
 
 /// How long a token may wait for its hello.
 pub const TOKEN_TTL: Duration = Duration::from_secs(30);
 /// Most tokens waiting for a hello at once.
 pub const MAX_PENDING: usize = 65_536;
+/// Most bytes of credentials and instance ids the waiting tokens' grants hold together.
+pub const MAX_PENDING_BYTES: usize = 64 << 20;
 /// Bytes of a token.
 pub const TOKEN_LEN: usize = 16;
 
@@ -39,7 +43,8 @@ pub struct Grant {
     pub instance_id: Arc<str>,
     /// The bootstrap caller's address.
     pub peer: Option<SocketAddr>,
-    /// The bootstrap's `Authorization` header.
+    /// The bootstrap's `Authorization` header, canonical (`Bearer <token>`); `None` when
+    /// it carried no bearer token.
     pub authorization: Option<String>,
     /// The bootstrap connection's client certificate identity.
     pub certificate: Option<Arc<CertIdentity>>,
@@ -51,9 +56,20 @@ impl Grant {
         Grant {
             instance_id: check.instance_id.into(),
             peer: check.peer,
-            authorization: check.authorization.map(str::to_string),
+            authorization: check
+                .authorization
+                .and_then(|value| canonical_authorization(value.as_bytes()))
+                .and_then(|value| String::from_utf8(value).ok()),
             certificate: check.certificate.cloned().map(Arc::new),
         }
+    }
+
+    /// Bytes this grant holds beyond its fixed size (counted against [`MAX_PENDING_BYTES`]).
+    fn held_bytes(&self) -> usize {
+        let certificate = self.certificate.as_ref().map_or(0, |c| {
+            c.account.len() + c.instances.iter().map(String::len).sum::<usize>()
+        });
+        self.instance_id.len() + self.authorization.as_ref().map_or(0, String::len) + certificate
     }
 
     /// The access check this grant passes again.
@@ -70,7 +86,38 @@ impl Grant {
 /// Tokens issued and not yet redeemed.
 #[derive(Debug, Default)]
 pub struct Grants {
-    pending: Mutex<HashMap<Token, (Instant, Grant)>>,
+    pending: Mutex<Pending>,
+}
+
+/// The waiting tokens, their deadlines and grants, and the bytes those grants hold.
+#[derive(Debug, Default)]
+struct Pending {
+    tokens: HashMap<Token, (Instant, Grant)>,
+    held_bytes: usize,
+}
+
+impl Pending {
+    fn is_full(&self, adding: usize) -> bool {
+        self.tokens.len() >= MAX_PENDING || self.held_bytes + adding > MAX_PENDING_BYTES
+    }
+
+    fn drop_expired(&mut self) {
+        let now = Instant::now();
+        let held_bytes = &mut self.held_bytes;
+        self.tokens.retain(|_, (deadline, grant)| {
+            let live = *deadline > now;
+            if !live {
+                *held_bytes -= grant.held_bytes();
+            }
+            live
+        });
+    }
+
+    fn remove(&mut self, token: &Token) -> Option<(Instant, Grant)> {
+        let (deadline, grant) = self.tokens.remove(token)?;
+        self.held_bytes -= grant.held_bytes();
+        Some((deadline, grant))
+    }
 }
 
 impl Grants {
@@ -79,17 +126,23 @@ impl Grants {
         let mut token = [0u8; TOKEN_LEN];
         getrandom::fill(&mut token)
             .map_err(|e| LookupError::Listener(std::io::Error::other(e.to_string())))?;
+        let adding = grant.held_bytes();
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        if pending.len() >= MAX_PENDING {
-            let now = Instant::now();
-            pending.retain(|_, (deadline, _)| *deadline > now);
+        if pending.is_full(adding) {
+            pending.drop_expired();
         }
-        if pending.len() >= MAX_PENDING {
+        if pending.is_full(adding) {
             return Err(LookupError::Busy(format!(
-                "{MAX_PENDING} queue-pair tokens wait for their hello; try again later"
+                "{} queue-pair tokens ({} bytes of credentials) wait for their hello; \
+                 try again later",
+                pending.tokens.len(),
+                pending.held_bytes
             )));
         }
-        pending.insert(token, (Instant::now() + TOKEN_TTL, grant));
+        pending.held_bytes += adding;
+        pending
+            .tokens
+            .insert(token, (Instant::now() + TOKEN_TTL, grant));
         Ok(token)
     }
 
@@ -150,10 +203,51 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_keeps_only_the_canonical_bearer_header() {
+        let with = |authorization| {
+            Grant::of(&AccessCheck {
+                instance_id: "a",
+                peer: None,
+                authorization: Some(authorization),
+                certificate: None,
+            })
+            .authorization
+        };
+        assert_eq!(with("bEaReR \t k").as_deref(), Some("Bearer k"));
+        assert_eq!(with("Basic dXNlcjpwdw=="), None);
+    }
+
+    #[test]
+    fn long_credentials_fill_the_byte_budget_before_the_count() {
+        let grants = Grants::default();
+        let long = format!("Bearer {}", "k".repeat(1 << 20));
+        let big = || {
+            Grant::of(&AccessCheck {
+                instance_id: "a",
+                peer: None,
+                authorization: Some(&long),
+                certificate: None,
+            })
+        };
+        let fit = MAX_PENDING_BYTES / big().held_bytes();
+        let tokens: Vec<Token> = (0..fit).map(|_| grants.issue(big()).unwrap()).collect();
+        let refused = grants.issue(big()).unwrap_err().to_string();
+        assert!(refused.contains("bytes of credentials"), "{refused}");
+        assert!(grants.issue(grant("a")).is_ok(), "a short grant still fits");
+        assert!(grants.redeem(&tokens[0]).is_some());
+        assert!(
+            grants.issue(big()).is_ok(),
+            "a redeemed token frees its bytes"
+        );
+    }
+
+    #[test]
     fn an_expired_token_is_refused() {
         let grants = Grants::default();
         let token = grants.issue(grant("a")).unwrap();
-        grants.pending.lock().unwrap().get_mut(&token).unwrap().0 = Instant::now();
+        let mut pending = grants.pending.lock().unwrap();
+        pending.tokens.get_mut(&token).unwrap().0 = Instant::now();
+        drop(pending);
         assert!(grants.redeem(&token).is_none());
     }
 }
