@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+
 /// Longest a handshake's handler may use its connection: the reads of a hello, a ticket
 /// and an endpoint, a queue pair's connect (5 s at most on soft-TCP) and a heartbeat
 /// awaited by a runs request (1 s at most) all fit, with room for a loaded machine.
@@ -48,7 +50,15 @@ fn serve_within(
         .name(name.to_string())
         .spawn(move || {
             let in_flight = Arc::new(AtomicUsize::new(0));
-            for stream in listener.incoming().flatten() {
+            let mut out_of_descriptors = false;
+            for accepted in listener.incoming() {
+                let stream = match accepted {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        out_of_descriptors = back_off(&error, out_of_descriptors);
+                        continue;
+                    }
+                };
                 if in_flight.fetch_add(1, Ordering::SeqCst) >= max {
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     continue; // dropped: closed at once
@@ -72,6 +82,28 @@ fn serve_within(
         })?;
     Ok(())
 }
+
+/// After a failed accept: when the process or the system is out of descriptors or memory
+/// (the connection stays queued in the kernel), waits [`EXHAUSTED_PAUSE`] instead of
+/// spinning on the error, and says so once per episode; other errors (a connection that
+/// aborted before it was accepted) are passed over at once. Returns whether the process is
+/// still out of descriptors.
+fn back_off(error: &std::io::Error, already_said: bool) -> bool {
+    let exhausted = matches!(
+        error.raw_os_error().map(Errno::from_raw),
+        Some(Errno::EMFILE | Errno::ENFILE | Errno::ENOBUFS | Errno::ENOMEM)
+    );
+    if exhausted {
+        if !already_said {
+            tracing::warn!(%error, "queue-pair listener cannot accept: pausing between tries");
+        }
+        std::thread::sleep(EXHAUSTED_PAUSE);
+    }
+    exhausted
+}
+
+/// How long a listener out of descriptors waits before it accepts again.
+const EXHAUSTED_PAUSE: Duration = Duration::from_millis(50);
 
 /// A handshake's place among the `max`: given back when dropped, also when its handler
 /// panics or its thread could not start.
@@ -210,6 +242,16 @@ mod tests {
         })
         .unwrap();
         (addr, heard)
+    }
+
+    #[test]
+    fn an_accept_out_of_descriptors_pauses_and_an_aborted_one_does_not() {
+        let started = Instant::now();
+        let emfile = std::io::Error::from_raw_os_error(Errno::EMFILE as i32);
+        assert!(back_off(&emfile, false), "still out of descriptors");
+        assert!(started.elapsed() >= EXHAUSTED_PAUSE, "it paused");
+        let aborted = std::io::Error::from_raw_os_error(Errno::ECONNABORTED as i32);
+        assert!(!back_off(&aborted, true), "the episode is over");
     }
 
     #[test]

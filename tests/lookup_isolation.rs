@@ -245,6 +245,34 @@ fn a_queue_pair_opens_only_with_a_fresh_bootstrap_token() {
     );
 }
 
+#[test]
+fn queue_pairs_beyond_an_instances_share_or_the_total_are_refused() {
+    let runtime = runtime();
+    let server = runtime.block_on(server_with(&[
+        "kvcm.lookup.max_queue_pairs=3",
+        "kvcm.lookup.max_queue_pairs_per_instance=2",
+    ]));
+    let try_open = |instance: &str| {
+        let answer = runtime.block_on(bootstrap(&server, instance, "none"));
+        let token = parse_token(&answer.qp_token).expect("token");
+        let hello = kvcm::lookup::qp_hello(Wire::Tcp.index() as u8, &token);
+        connect_raw(&answer.connect, Wire::Tcp, &hello).map(|qp| (qp, answer))
+    };
+    let mine: Vec<_> = (0..2)
+        .map(|_| try_open(MINE).expect("within the instance's share"))
+        .collect();
+    assert!(try_open(MINE).is_err(), "a third of one instance");
+    let (theirs, answer) = try_open(THEIRS).expect("another instance has room");
+    assert!(theirs.read(header_of(&answer, Wire::Tcp)), "and it reads");
+    assert!(try_open(THEIRS).is_err(), "a fourth in all");
+    for (qp, answer) in &mine {
+        assert!(
+            qp.read(header_of(answer, Wire::Tcp)),
+            "the admitted still read"
+        );
+    }
+}
+
 fn reads_only_its_instance(wire: Wire, settings: &[&str]) {
     let runtime = runtime();
     let server = runtime.block_on(server_with(settings));

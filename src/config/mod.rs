@@ -148,7 +148,7 @@ impl Default for ServerConfig {
 
 /// Every key except those of the logs, journal, metrics, reclaimer and security, in the
 /// order they are documented.
-pub const KEYS: [&str; 25] = [
+pub const KEYS: [&str; 27] = [
     "kvcm.service.rpc_port",
     "kvcm.service.admin_rpc_port",
     "kvcm.service.http_port",
@@ -167,6 +167,8 @@ pub const KEYS: [&str; 25] = [
     "kvcm.lookup.bind",
     "kvcm.lookup.verbs_device",
     "kvcm.lookup.verbs_gid_index",
+    "kvcm.lookup.max_queue_pairs",
+    "kvcm.lookup.max_queue_pairs_per_instance",
     "kvcm.pool.heartbeat_ms",
     "kvcm.pool.rejoin_ramp_ms",
     "kvcm.pool.resume_window_ms",
@@ -220,6 +222,10 @@ impl ServerConfig {
                 self.lookup.verbs_device = Some(value.to_string()).filter(|d| !d.is_empty())
             }
             "kvcm.lookup.verbs_gid_index" => self.lookup.verbs_gid_index = parse(key, value)?,
+            "kvcm.lookup.max_queue_pairs" => self.lookup.queue_pairs.total = parse(key, value)?,
+            "kvcm.lookup.max_queue_pairs_per_instance" => {
+                self.lookup.queue_pairs.per_instance = parse(key, value)?
+            }
             "kvcm.pool.heartbeat_ms" => self.pool.heartbeat_ms = parse(key, value)?,
             "kvcm.pool.rejoin_ramp_ms" => self.pool.rejoin_ramp_ms = parse(key, value)?,
             "kvcm.pool.resume_window_ms" => self.pool.resume_window_ms = parse(key, value)?,
@@ -336,6 +342,13 @@ impl ServerConfig {
             return Err(invalid(
                 "kvcm.lookup.bind",
                 "must be an address clients can reach (it is handed to them), not 0.0.0.0 or ::",
+            ));
+        }
+        let queue_pairs = self.lookup.queue_pairs;
+        if queue_pairs.per_instance == 0 || queue_pairs.per_instance > queue_pairs.total {
+            return Err(invalid(
+                "kvcm.lookup.max_queue_pairs_per_instance",
+                "must be positive and at most kvcm.lookup.max_queue_pairs",
             ));
         }
         if self.lookup.verbs_device.is_some() && !kvcm_transport::ProviderKind::Verbs.is_built() {
@@ -590,6 +603,27 @@ mod tests {
         config.set("kvcm.lookup.verbs_device", "").unwrap();
         assert_eq!(config.lookup.verbs_device, None, "empty turns verbs off");
         config.validate().unwrap();
+    }
+
+    #[test]
+    fn an_instances_queue_pair_share_is_positive_and_within_the_total() {
+        let mut config = ServerConfig::default();
+        config.set("kvcm.lookup.max_queue_pairs", "8").unwrap();
+        for bad in ["0", "9"] {
+            config
+                .set("kvcm.lookup.max_queue_pairs_per_instance", bad)
+                .unwrap();
+            let error = config.validate().unwrap_err().to_string();
+            assert!(
+                error.contains("kvcm.lookup.max_queue_pairs_per_instance"),
+                "{error}"
+            );
+        }
+        config
+            .set("kvcm.lookup.max_queue_pairs_per_instance", "8")
+            .unwrap();
+        config.validate().unwrap();
+        assert!(config.set("kvcm.lookup.max_queue_pairs", "-1").is_err());
     }
 
     #[test]

@@ -31,7 +31,7 @@ use kvcm_transport::{
 
 use super::grants::Grant;
 use super::messages::{self, Op, Reply, Request, Status, MAX_MESSAGE};
-use super::LookupError;
+use super::{LookupError, QueuePairLimits};
 use crate::proto::meta::{
     CommonResponse, ErrorCode, StartWriteCacheRequest, StartWriteCacheResponse,
 };
@@ -93,6 +93,7 @@ pub(super) struct CoreHandle {
     new_peers: Sender<(usize, Peer)>,
     closing: Sender<(PeerKey, Arc<Grant>)>,
     bindings: Bindings,
+    limits: QueuePairLimits,
     doorbell: Arc<Doorbell>,
     counts: Arc<MessageCounts>,
 }
@@ -146,8 +147,16 @@ impl CoreHandle {
         Ok(pd.create_qp(&queues.send_cq, &queues.recv_cq, config)?)
     }
 
+    /// Refuses a queue pair of `instance` when the core holds as many as its limits allow
+    /// (checked at the hello, before any queue pair is made, and again when one is adopted).
+    pub(super) fn has_room(&self, instance: &str) -> Result<(), LookupError> {
+        room_for(&lock(&self.bindings), self.limits, instance)
+    }
+
     /// Hands a connected queue pair of protection domain `pd` to the polling thread, its
     /// receive buffers posted, bound to `grant`'s instance; returns its key and grant.
+    /// Refused beyond the limits (the place is taken before the buffers are made, so
+    /// concurrent handshakes cannot overshoot them).
     pub(super) fn adopt(
         &self,
         wire: usize,
@@ -155,26 +164,21 @@ impl CoreHandle {
         qp: AnyQp,
         grant: Grant,
     ) -> Result<(PeerKey, Arc<Grant>), LookupError> {
-        let memory = pd.alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
-        let region = pd.register(&memory, 0, memory.len(), Access::LOCAL_WRITE)?;
-        for slot in 0..RECV_SLOTS {
-            post_recv(&qp, &region, slot)?;
-        }
-        let peer = Peer {
-            qp,
-            memory,
-            region,
-            free_sends: (0..SEND_SLOTS).collect(),
-            waiting: VecDeque::new(),
-            credential: None,
-            instance: grant.instance_id.clone(),
-        };
-        let key = (wire, peer.qp.qpn());
+        let key = (wire, qp.qpn());
         let grant = Arc::new(grant);
-        lock(&self.bindings).insert(key, Arc::clone(&grant));
-        if self.new_peers.send((wire, peer)).is_err() {
+        {
+            let mut bindings = lock(&self.bindings);
+            room_for(&bindings, self.limits, &grant.instance_id)?;
+            bindings.insert(key, Arc::clone(&grant));
+        }
+        let handed = peer_of(pd, qp, &grant).and_then(|peer| {
+            self.new_peers
+                .send((wire, peer))
+                .map_err(|_| LookupError::NoWire)
+        });
+        if let Err(error) = handed {
             lock(&self.bindings).remove(&key);
-            return Err(LookupError::NoWire);
+            return Err(error);
         }
         self.doorbell.ring();
         Ok((key, grant))
@@ -225,6 +229,49 @@ fn lock(bindings: &Bindings) -> std::sync::MutexGuard<'_, HashMap<PeerKey, Arc<G
     bindings.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A queue pair of `grant`'s instance, its receive buffers posted.
+fn peer_of(pd: &AnyDomain, qp: AnyQp, grant: &Grant) -> Result<Peer, LookupError> {
+    let memory = pd.alloc((RECV_SLOTS + SEND_SLOTS) * MAX_MESSAGE)?;
+    let region = pd.register(&memory, 0, memory.len(), Access::LOCAL_WRITE)?;
+    for slot in 0..RECV_SLOTS {
+        post_recv(&qp, &region, slot)?;
+    }
+    Ok(Peer {
+        qp,
+        memory,
+        region,
+        free_sends: (0..SEND_SLOTS).collect(),
+        waiting: VecDeque::new(),
+        credential: None,
+        instance: grant.instance_id.clone(),
+    })
+}
+
+/// Whether `bindings` leave room for one more queue pair of `instance` under `limits`.
+fn room_for(
+    bindings: &HashMap<PeerKey, Arc<Grant>>,
+    limits: QueuePairLimits,
+    instance: &str,
+) -> Result<(), LookupError> {
+    if bindings.len() >= limits.total {
+        return Err(LookupError::Busy(format!(
+            "{} lookup queue pairs are connected (kvcm.lookup.max_queue_pairs)",
+            bindings.len()
+        )));
+    }
+    let of_instance = bindings
+        .values()
+        .filter(|grant| &*grant.instance_id == instance)
+        .count();
+    if of_instance >= limits.per_instance {
+        return Err(LookupError::Busy(format!(
+            "{of_instance} lookup queue pairs of instance {instance:?} are connected \
+             (kvcm.lookup.max_queue_pairs_per_instance)"
+        )));
+    }
+    Ok(())
+}
+
 /// Whether `key` is bound to `grant` in `bindings`.
 fn bound_to(bindings: &Bindings, key: PeerKey, grant: &Arc<Grant>) -> bool {
     lock(bindings)
@@ -257,6 +304,7 @@ struct Work {
 pub(super) fn start(
     domains: &[(usize, AnyDomain)],
     meta: MetaHandler,
+    limits: QueuePairLimits,
 ) -> Result<CoreHandle, LookupError> {
     let wires = domains
         .iter()
@@ -315,6 +363,7 @@ pub(super) fn start(
         new_peers,
         closing,
         bindings,
+        limits,
         doorbell,
         counts,
     })

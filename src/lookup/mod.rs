@@ -122,6 +122,29 @@ pub struct LookupConfig {
     /// `kvcm.lookup.verbs_gid_index`: the device's GID table index for RoCE addressing
     /// (1 is RoCE v2 on rxe).
     pub verbs_gid_index: u8,
+    /// `kvcm.lookup.max_queue_pairs`, `kvcm.lookup.max_queue_pairs_per_instance`.
+    pub queue_pairs: QueuePairLimits,
+}
+
+/// How many queue pairs the core holds at once (each holds 2 MiB of message buffers,
+/// registered — pinned — on verbs): in all, and of one instance, so that one tenant
+/// cannot take every place. A queue pair beyond either is refused at its hello (its client
+/// uses gRPC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePairLimits {
+    /// `kvcm.lookup.max_queue_pairs`.
+    pub total: usize,
+    /// `kvcm.lookup.max_queue_pairs_per_instance`.
+    pub per_instance: usize,
+}
+
+impl Default for QueuePairLimits {
+    fn default() -> Self {
+        QueuePairLimits {
+            total: 1024,
+            per_instance: 256,
+        }
+    }
 }
 
 impl LookupConfig {
@@ -141,6 +164,7 @@ impl Default for LookupConfig {
             bind: IpAddr::from([127, 0, 0, 1]),
             verbs_device: None,
             verbs_gid_index: 0,
+            queue_pairs: QueuePairLimits::default(),
         }
     }
 }
@@ -187,7 +211,7 @@ impl LookupService {
     ) -> Result<Arc<LookupService>, LookupError> {
         let verbs = config.verbs();
         let domains = open_wires(config.bind, verbs.as_ref(), "kvcm.lookup.verbs_device")?;
-        let core = core::start(&domains, meta)?;
+        let core = core::start(&domains, meta, config.queue_pairs)?;
         let listener = peers::bind(config.bind)?;
         let connect_addr = peers::local_addr(&listener)?;
         let hangups = watch_hangups(core.clone()).map_err(LookupError::Listener)?;

@@ -98,6 +98,7 @@ fn connect(
         .redeem(&token)
         .ok_or_else(|| LookupError::Refused("unknown, used or expired queue-pair token".into()))?;
     (service.access)(&grant.check()).map_err(LookupError::Refused)?;
+    service.core.has_room(&grant.instance_id)?;
     let table = service.table_for(&grant.instance_id)?;
     let pd = table.domain(wire).ok_or(LookupError::NoWire)?;
     let qp = service.core.create_qp(wire, pd)?;
