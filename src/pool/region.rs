@@ -11,7 +11,7 @@
 //! the heartbeats the listener asks for when a client needs ownership newer than the
 //! node's.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
@@ -177,6 +177,69 @@ pub const MAX_ISOLATING_BYTES: u64 =
 
 /// Most queue pairs kept.
 const MAX_PEERS: usize = 1024;
+/// Most queue pairs of one share (an instance's tenant, or a credential's grant) kept: a
+/// share at its limit makes room among its own queue pairs, so one tenant opening queue
+/// pairs in a loop never drops another's.
+const MAX_PEERS_PER_SHARE: usize = 256;
+
+/// Whose share a queue pair counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Share {
+    /// Its ticket names an instance: that instance's tenant.
+    Tenant(u32),
+    /// Its ticket names none: the credential's grant.
+    Grant(u64),
+    /// No ticket (the server issues none): one share, limited by [`MAX_PEERS`] only.
+    Open,
+}
+
+impl Share {
+    fn of(admit: Option<Admit>) -> Share {
+        match admit {
+            Some(Admit {
+                tenant: Some(tenant),
+                ..
+            }) => Share::Tenant(tenant),
+            Some(Admit { grant, .. }) => Share::Grant(grant),
+            None => Share::Open,
+        }
+    }
+
+    fn limit(self) -> usize {
+        match self {
+            Share::Open => MAX_PEERS,
+            _ => MAX_PEERS_PER_SHARE,
+        }
+    }
+}
+
+/// Makes room among `peers` for one more queue pair of `share`: drops broken ones, then the
+/// oldest of `share` when it is at its limit, else (all places taken) the oldest of the
+/// largest share.
+fn make_room(peers: &mut Vec<Peer>, share: Share) {
+    let of = |peer: &Peer| Share::of(peer.admit);
+    let count = |peers: &[Peer], share| peers.iter().filter(|&p| of(p) == share).count();
+    if peers.len() >= MAX_PEERS || count(peers, share) >= share.limit() {
+        peers.retain(|peer| peer.qp.state() != QpState::Error);
+    }
+    let evicted = if count(peers, share) >= share.limit() {
+        Some(share)
+    } else if peers.len() >= MAX_PEERS {
+        let mut sizes: HashMap<Share, usize> = HashMap::new();
+        for peer in peers.iter() {
+            *sizes.entry(of(peer)).or_default() += 1;
+        }
+        sizes
+            .into_iter()
+            .max_by_key(|&(_, size)| size)
+            .map(|(s, _)| s)
+    } else {
+        None
+    };
+    if let Some(at) = evicted.and_then(|evicted| peers.iter().position(|p| of(p) == evicted)) {
+        peers.remove(at);
+    }
+}
 
 impl PoolRegion {
     /// Allocates the memory of `spec` (backed at once when it says so) and registers it on
@@ -477,7 +540,8 @@ impl PoolRegion {
     }
 
     /// Keeps a connected queue pair admitted at `epoch` (see [`Self::epoch`]), making room
-    /// by dropping broken ones, then the oldest; returns its id. Refused (and the queue pair
+    /// by dropping broken ones, then the oldest of its own share, or of the largest share
+    /// when every place is taken ([`make_room`]); returns its id. Refused (and the queue pair
     /// dropped) when an incarnation was recorded since: its policy may not have admitted it.
     pub(super) fn keep(
         &self,
@@ -492,12 +556,7 @@ impl PoolRegion {
                 "the node joined its server again during this hello: say hello again".into(),
             ));
         }
-        if peers.len() >= MAX_PEERS {
-            peers.retain(|peer| peer.qp.state() != QpState::Error);
-        }
-        if peers.len() >= MAX_PEERS {
-            peers.remove(0);
-        }
+        make_room(&mut peers, Share::of(admit));
         peers.push(Peer { id, qp, admit });
         Ok(id)
     }
@@ -612,6 +671,45 @@ mod tests {
             assert!(waiter.join().unwrap());
         }
         assert_eq!(region.beat_state().waiting, 0);
+    }
+
+    #[test]
+    fn a_share_opening_queue_pairs_in_a_loop_drops_only_its_own() {
+        let spec = RegionSpec {
+            size: 4 << 20,
+            huge_pages: HugePages::Off,
+            prefault: false,
+        };
+        let region = PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap();
+        region.set_incarnation(7, None, false);
+        let keep = |grant: u64| {
+            let admit = Some(Admit {
+                grant,
+                tenant: None,
+            });
+            let opened = region.create_qp(WIRE_SOFT_TCP, admit).unwrap();
+            region.keep(opened.qp, admit, region.epoch()).unwrap()
+        };
+        let victim = keep(1);
+        let flood: Vec<u64> = (0..MAX_PEERS_PER_SHARE + 44).map(|_| keep(2)).collect();
+        assert!(region.holds(victim), "another share's queue pair stays");
+        assert!(
+            !flood[..44].iter().any(|&id| region.holds(id)),
+            "its oldest go"
+        );
+        assert!(flood[44..].iter().all(|&id| region.holds(id)));
+        // Every place taken: the largest share gives one up, never the small one.
+        for grant in 3.. {
+            if region.peers().len() == MAX_PEERS {
+                break;
+            }
+            keep(grant);
+        }
+        let oldest_of_largest = flood[44];
+        keep(1);
+        assert_eq!(region.peers().len(), MAX_PEERS);
+        assert!(region.holds(victim));
+        assert!(!region.holds(oldest_of_largest));
     }
 
     #[test]
