@@ -338,8 +338,12 @@ impl AdminHandler {
             if request.instance_id.is_empty() {
                 return Err(missing("instance_id"));
             }
-            core.manager.remove_instance(&request.instance_id)?;
-            core.metrics.forget_instance(&request.instance_id);
+            let removed = core.manager.remove_instance(&request.instance_id);
+            // Its figures go once it is gone, also when the removal's record then failed.
+            if core.manager.require_instance(&request.instance_id).is_err() {
+                core.metrics.forget_instance(&request.instance_id);
+            }
+            removed?;
             done("Instance removed successfully")
         })
     }

@@ -251,7 +251,9 @@ impl Manager {
         Ok(self.storages.statuses(&group.storage_candidates))
     }
 
-    /// Unregisters an instance and deletes all its cache.
+    /// Unregisters an instance and deletes all its cache. Once its removal is recorded it
+    /// is removed: a failure to delete its cache then (an index outage) is retried in the
+    /// background until it succeeds, not answered.
     pub fn remove_instance(&self, instance_id: &str) -> ManagerResult<()> {
         let mut instances = write_lock(&self.instances);
         if !instances.contains_key(instance_id) {
@@ -269,12 +271,16 @@ impl Manager {
         };
         instances.remove(instance_id);
         drop(instances);
-        self.journal_wait(ticket)?;
+        // Gone from the map: nothing of it stays published or reported, whatever the wait
+        // says.
         if let Some(publication) = self.publication.get() {
             publication.instance_removed(instance_id);
         }
         self.reports.forget_instance(instance_id);
-        self.remove_all(&instance)
+        // A record not known durable keeps the blocks: a restart may bring the instance back.
+        self.journal_wait(ticket)?;
+        self.delete_removed(instance);
+        Ok(())
     }
 
     /// The registrations of a group's instances, by id.

@@ -186,6 +186,10 @@ pub struct Manager {
     reports: reports::Reports,
     /// The shared store's URI, once connected (groups may then name the `redis` backend).
     shared_store_uri: std::sync::OnceLock<String>,
+    /// Removed instances whose cache is still to be deleted (`remove::retry_removals`).
+    removals_left: Mutex<Vec<Arc<Instance>>>,
+    /// Itself, for the threads it starts on demand.
+    this: Weak<Manager>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -207,7 +211,9 @@ impl Manager {
         deleter::spawn_deleter(jobs, storages.clone(), feed.clone())
             .map_err(ManagerError::Thread)?;
         let sessions = Arc::new(SessionTable::default());
-        let manager = Arc::new(Manager {
+        let leadership = Leadership::new(deps.node_id).map_err(ManagerError::Thread)?;
+        let manager = Arc::new_cyclic(|this| Manager {
+            this: this.clone(),
             storages,
             groups: RwLock::default(),
             instances: RwLock::default(),
@@ -216,7 +222,7 @@ impl Manager {
             sessions: sessions.clone(),
             deletes,
             feed,
-            leadership: Leadership::new(deps.node_id).map_err(ManagerError::Thread)?,
+            leadership,
             open_index: deps.open_index,
             nonces: std::sync::atomic::AtomicU32::new(1),
             publication: std::sync::OnceLock::new(),
@@ -229,6 +235,7 @@ impl Manager {
             limits: deps.limits,
             reports: reports::Reports::default(),
             shared_store_uri: std::sync::OnceLock::new(),
+            removals_left: Mutex::default(),
         });
         if let Some(period) = deps.reclaim_period {
             reclaimer::spawn_reclaimer(Arc::downgrade(&manager), period)

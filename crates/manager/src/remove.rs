@@ -2,7 +2,8 @@
 //! instance). Locations flip to DELETING synchronously, so reads stop seeing them at once;
 //! the deleter frees bytes and index entries afterwards.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, Weak};
+use std::time::Duration;
 
 use kvcm_index::{BlockKey, ScanCursor};
 
@@ -14,6 +15,8 @@ use super::Manager;
 
 /// Keys per page when trimming an instance.
 const TRIM_PAGE: usize = 64;
+/// First and longest wait between tries to delete a removed instance's cache.
+const REMOVAL_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(30));
 
 /// TrimCache strategies (wire `TrimStrategy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +92,40 @@ impl Manager {
         }
     }
 
+    /// Deletes every block of `instance`, which was just removed; on failure keeps it in
+    /// `removals_left` for [`retry_removals`] (a thread started when the list stops being
+    /// empty, ending when it is empty again), so no block of a removed instance is left.
+    pub(crate) fn delete_removed(&self, instance: Arc<Instance>) {
+        let Err(error) = self.remove_all(&instance) else {
+            return;
+        };
+        tracing::warn!(%error, instance = %instance.id(),
+            "deleting a removed instance's cache failed: retrying in the background");
+        let mut left = self.removals_left();
+        left.push(instance);
+        if left.len() == 1 {
+            let manager = self.this.clone();
+            let started = std::thread::Builder::new()
+                .name("kvcm-removals".into())
+                .spawn(move || retry_removals(&manager));
+            if let Err(error) = started {
+                tracing::warn!(%error, "no thread to retry removals: the next removal tries again");
+                left.pop();
+            }
+        }
+    }
+
+    fn removals_left(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Instance>>> {
+        self.removals_left
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Removed instances whose cache is still being deleted.
+    pub fn removals_pending(&self) -> usize {
+        self.removals_left().len()
+    }
+
     /// Removes every key of an instance, page by page.
     pub(crate) fn remove_all(&self, instance: &Arc<Instance>) -> ManagerResult<()> {
         let mut cursor = Some(ScanCursor::START);
@@ -98,5 +135,30 @@ impl Manager {
             cursor = page.next;
         }
         Ok(())
+    }
+}
+
+/// Tries the removals left again, waiting longer after each round that fails (up to
+/// [`REMOVAL_RETRY`]'s longest), until none is left or the manager is gone.
+fn retry_removals(manager: &Weak<Manager>) {
+    super::background::lower_priority();
+    let (mut wait, longest) = REMOVAL_RETRY;
+    loop {
+        std::thread::sleep(wait);
+        let Some(manager) = manager.upgrade() else {
+            return;
+        };
+        let left = std::mem::take(&mut *manager.removals_left());
+        let failed: Vec<Arc<Instance>> = left
+            .into_iter()
+            .filter(|instance| manager.remove_all(instance).is_err())
+            .collect();
+        let mut left = manager.removals_left();
+        left.extend(failed);
+        if left.is_empty() {
+            tracing::info!("every removed instance's cache is deleted");
+            return;
+        }
+        wait = (wait * 2).min(longest);
     }
 }
