@@ -215,6 +215,13 @@ async fn hosts_count_their_reported_prefix_by_tier_medium_and_order() {
         host_state(&server, &keys, json!({"medium": ["gpu"]})).await,
         gpu_only
     );
+    // At most 64 mediums named.
+    let mediums: Vec<String> = (0..65).map(|m| format!("m{m}")).collect();
+    let body = json!({"trace_id": "hs", "instance_id": "inst", "query_type": "QT_PREFIX_MATCH",
+                      "block_cache_keys": keys, "medium": mediums});
+    let refused = server.meta_http("getHostCacheState", body).await;
+    assert_eq!(code(&refused), "INVALID_ARGUMENT", "{refused}");
+    assert!(refused.to_string().contains("65 mediums"), "{refused}");
     // Order matters: a prefix starts at the first key.
     assert_eq!(
         host_state(&server, &[2, 1], json!({})).await,

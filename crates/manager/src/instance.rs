@@ -1,6 +1,7 @@
 //! A registered inference instance: its registration, its own index key space, its usage
 //! per storage type and the access clock of its keys.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvcm_index::{BlockKey, MetaIndex};
@@ -26,6 +27,8 @@ pub struct Instance {
     pub index: Arc<dyn MetaIndex<Entry>>,
     /// The change log its index writes to, closed when the instance is removed.
     log: Option<Arc<InstanceLog>>,
+    /// Each spec's position in `info.specs`, by name.
+    spec_positions: HashMap<String, usize>,
 }
 
 impl std::fmt::Debug for Instance {
@@ -45,8 +48,15 @@ impl Instance {
         max_key_count: i64,
         policy: LivePolicy,
     ) -> Self {
+        let spec_positions = info
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(at, spec)| (spec.name.clone(), at))
+            .collect();
         Instance {
             id: info.instance_id.as_str().into(),
+            spec_positions,
             info,
             usage: TypeUsage::default(),
             pending_keys: std::sync::atomic::AtomicU64::new(0),
@@ -89,6 +99,11 @@ impl Instance {
     /// The parts of every block, in registration order.
     pub fn specs(&self) -> &[BlockSpec] {
         &self.info.specs
+    }
+
+    /// The position of the spec named `name` among [`Self::specs`].
+    pub fn spec_position(&self, name: &str) -> Option<usize> {
+        self.spec_positions.get(name).copied()
     }
 
     /// Bytes stored per storage type.

@@ -216,7 +216,8 @@ fn normalised_spec_groups(
     mut groups: Vec<SpecGroup>,
     specs: &[BlockSpec],
 ) -> Option<Vec<SpecGroup>> {
-    let known = |name: &String| specs.iter().any(|s| &s.name == name);
+    let registered: HashSet<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    let known = |name: &String| registered.contains(name.as_str());
     for group in &mut groups {
         group.spec_names.sort();
         if group.name.is_empty()

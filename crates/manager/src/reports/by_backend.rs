@@ -201,7 +201,7 @@ fn location<'s>(
     let stored = state.blocks.get(&key)?;
     let holding = stored
         .iter()
-        .filter(|medium| spec.is_none_or(|name| medium.specs.iter().any(|s| s.name == name)));
+        .filter(|medium| spec.is_none_or(|name| medium.holds(name)));
     holding.min_by(|a, b| a.medium.cmp(&b.medium))
 }
 

@@ -30,8 +30,8 @@ use std::time::Instant;
 use kvcm_index::BlockKey;
 use kvcm_storage::{ReportTier, ReportTimings};
 
-use super::lock_available;
 use super::reporter::ReporterState;
+use super::{lock_available, MAX_MEDIUMS};
 use crate::error::{ManagerError, ManagerResult};
 use crate::instance::Instance;
 use crate::Manager;
@@ -104,10 +104,7 @@ impl<'i> HybridSpecs<'i> {
             let why = format!("QT_PREFIX_MATCH_WITH_MAMBA on instance {id:?}: {why}");
             ManagerError::invalid_because("query_type", why)
         };
-        let index = |name: &str| {
-            let mut specs = instance.specs().iter();
-            specs.position(|s| s.name == name).map(|i| i as u16)
-        };
+        let index = |name: &str| instance.spec_position(name).map(|i| i as u16);
         let mut hybrid = HybridSpecs {
             full: Vec::new(),
             state: Vec::new(),
@@ -181,6 +178,15 @@ impl Manager {
         instance: &Instance,
         query: HostStateQuery<'_>,
     ) -> ManagerResult<Vec<HostCacheState>> {
+        if query.mediums.len() > MAX_MEDIUMS {
+            return Err(ManagerError::invalid_because(
+                "medium",
+                format!(
+                    "{} mediums: name at most {MAX_MEDIUMS}",
+                    query.mediums.len()
+                ),
+            ));
+        }
         let hybrid = match query.matching {
             HostMatch::Prefix => None,
             HostMatch::PrefixWithMamba => Some(HybridSpecs::of(instance)?),

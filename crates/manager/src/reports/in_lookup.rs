@@ -109,13 +109,15 @@ impl<'r> ReportedSources<'r> {
         let others = mediums.iter().enumerate();
         let others = others.filter(|(i, _)| *i != choice.medium).map(|(_, m)| m);
         let mut parts: Vec<(u16, String)> = Vec::new();
-        let mut answered: Vec<&str> = Vec::new();
+        // One bit per registered spec: answered already (from an earlier medium).
+        let mut answered = vec![0u64; instance.specs().len().div_ceil(64)];
         for spec in std::iter::once(drawn).chain(others).flat_map(|m| &m.specs) {
-            if answered.contains(&spec.name.as_str()) {
+            let Some(index) = instance.spec_position(&spec.name) else {
                 continue;
-            }
-            answered.push(&spec.name);
-            if let Some(index) = instance.specs().iter().position(|s| s.name == spec.name) {
+            };
+            let (word, bit) = (index / 64, 1u64 << (index % 64));
+            if answered[word] & bit == 0 {
+                answered[word] |= bit;
                 parts.push((index as u16, spec.uri.clone()));
             }
         }

@@ -15,7 +15,10 @@
 //!   never wait for each other;
 //! - a query sees a reporter only while it is live and within its heartbeat timeout; past
 //!   timeout + cleanup grace the reporter is unregistered (checked when its reporter or
-//!   any query of its instance touches it, and by the background [`sweep`]).
+//!   any query of its instance touches it, and by the background [`sweep`]);
+//! - at most [`MAX_MEDIUMS`] mediums: registered by one reporter, holding one block of one
+//!   reporter, and named by one GetHostCacheState — so no check or query scans a list a
+//!   client can grow without bound.
 
 mod by_backend;
 mod gate;
@@ -36,6 +39,10 @@ use kvcm_index::BlockKey;
 use kvcm_storage::{ReportTier, ReportTimings, StorageSpec};
 
 use crate::error::{ManagerError, ManagerResult};
+
+/// Most mediums a reporter registers, one block is reported on by one reporter, and one
+/// GetHostCacheState names.
+pub const MAX_MEDIUMS: usize = 64;
 use crate::instance::Instance;
 use crate::sync::{lock, read_lock, write_lock};
 use crate::Manager;

@@ -17,7 +17,7 @@ use kvcm_index::{BlockKey, BuildMixHasher};
 use kvcm_storage::ReportTimings;
 
 use super::uri;
-use super::{ReportedBlock, ReportedSpec};
+use super::{ReportedBlock, ReportedSpec, MAX_MEDIUMS};
 
 /// A reporter's blocks: per key, one entry per medium.
 pub type Blocks = HashMap<BlockKey, Vec<MediumSpecs>, BuildMixHasher>;
@@ -53,6 +53,14 @@ pub struct MediumSpecs {
     pub medium: String,
     /// Specs sorted by name, never empty.
     pub specs: Vec<StoredSpec>,
+}
+
+impl MediumSpecs {
+    /// Whether it holds the spec named `name`.
+    pub fn holds(&self, name: &str) -> bool {
+        let by_name = |s: &StoredSpec| s.name.as_str().cmp(name);
+        self.specs.binary_search_by(by_name).is_ok()
+    }
 }
 
 /// A reporter's state (guarded by its mutex).
@@ -121,13 +129,22 @@ impl ReporterState {
     }
 
     /// REGISTER: (re)starts the lifecycle after a tombstone, refreshes liveness, merges
-    /// mediums.
-    pub fn register(&mut self, now: Instant, mediums: &[String]) {
+    /// mediums; refused (nothing changes) when the reporter would know more than
+    /// [`MAX_MEDIUMS`].
+    pub fn register(&mut self, now: Instant, mediums: &[String]) -> Result<(), String> {
+        let new = mediums.iter().filter(|m| !self.mediums.contains(*m));
+        let known = self.mediums.len() + new.collect::<BTreeSet<_>>().len();
+        if known > MAX_MEDIUMS {
+            return Err(format!(
+                "a reporter registers at most {MAX_MEDIUMS} mediums; this would make {known}"
+            ));
+        }
         if self.lifecycle == Lifecycle::Tombstone {
             self.epoch += 1;
         }
         self.lifecycle = Lifecycle::Live { heartbeat: now };
         self.mediums.extend(mediums.iter().cloned());
+        Ok(())
     }
 
     /// HEARTBEAT (and the lazy start of a mutation): false for a tombstone. A mutation
@@ -152,12 +169,19 @@ impl ReporterState {
         *self.generation.get_or_insert_with(new_generation)
     }
 
-    /// ADD: merges `specs` into the block's specs on `medium` by name.
-    pub fn add(&mut self, block: &ReportedBlock) {
+    /// ADD: merges `specs` into the block's specs on `medium` by name; refused (nothing
+    /// changes) when the block would be on more than [`MAX_MEDIUMS`] mediums.
+    pub fn add(&mut self, block: &ReportedBlock) -> Result<(), String> {
         let generation = self.generation();
         let stored = self.blocks.entry(block.key).or_default();
         let position = match stored.iter().position(|m| m.medium == block.medium) {
             Some(position) => position,
+            None if stored.len() >= MAX_MEDIUMS => {
+                return Err(format!(
+                    "block {} is reported on {MAX_MEDIUMS} mediums already: delete one first",
+                    block.key
+                ))
+            }
             None => {
                 stored.push(MediumSpecs {
                     medium: block.medium.clone(),
@@ -174,6 +198,7 @@ impl ReporterState {
                 Err(at) => specs.insert(at, stored_spec),
             }
         }
+        Ok(())
     }
 
     /// DELETE: removes the named specs of the block on `medium`; missing ones are fine.
@@ -231,7 +256,7 @@ impl ReporterState {
             let mut allowed = stored
                 .iter()
                 .filter(|m| mediums.is_empty() || mediums.contains(&m.medium));
-            allowed.any(|m| m.specs.iter().any(|s| s.name == spec))
+            allowed.any(|m| m.holds(spec))
         })
     }
 }

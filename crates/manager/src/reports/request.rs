@@ -1,13 +1,19 @@
 //! ReportEvent: the request rules (which events may share a request, what each event must
 //! carry) and the application of each event to its reporter.
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
+
+use kvcm_index::BlockKey;
 
 use kvcm_storage::ReportTimings;
 
 use super::gate::GateRefusal;
 use super::reporter::Lifecycle;
-use super::{uri, ItemResult, ReportEvent, ReportOutcome, ReportRequest, ReportedBlock, Reporter};
+use super::{
+    uri, ItemResult, ReportEvent, ReportOutcome, ReportRequest, ReportedBlock, Reporter,
+    MAX_MEDIUMS,
+};
 use crate::error::{ManagerError, ManagerResult};
 use crate::instance::Instance;
 use crate::sync::lock;
@@ -117,9 +123,10 @@ impl Apply<'_> {
         }
         match event {
             ReportEvent::Register { mediums } => {
-                let mut state = self.state();
-                state.register(Instant::now(), mediums);
-                ItemResult::Ok
+                match self.state().register(Instant::now(), mediums) {
+                    Ok(()) => ItemResult::Ok,
+                    Err(why) => ItemResult::Invalid(why),
+                }
             }
             ReportEvent::Heartbeat => match self.state().touch(Instant::now(), true) {
                 true => ItemResult::Ok,
@@ -134,7 +141,10 @@ impl Apply<'_> {
                 key,
                 medium,
                 spec_names,
-            } => self.delta(|state| state.delete(*key, medium, spec_names)),
+            } => self.delta(|state| {
+                state.delete(*key, medium, spec_names);
+                Ok(())
+            }),
             ReportEvent::Snapshot(blocks) => self.snapshot(blocks),
             ReportEvent::Unreadable(why) => ItemResult::Invalid(why.clone()),
         }
@@ -153,7 +163,10 @@ impl Apply<'_> {
 
     /// ADD / DELETE: admitted by the gate, applied unless the reporter is tombstoned (a
     /// fresh one starts now; a mutation never refreshes liveness).
-    fn delta(&self, change: impl FnOnce(&mut super::reporter::ReporterState)) -> ItemResult {
+    fn delta(
+        &self,
+        change: impl FnOnce(&mut super::reporter::ReporterState) -> Result<(), String>,
+    ) -> ItemResult {
         let Ok(_turn) = self.reporter.gate.delta(self.drain_timeout()) else {
             return ItemResult::SnapshotInProgress;
         };
@@ -161,8 +174,10 @@ impl Apply<'_> {
         if !state.touch(Instant::now(), false) {
             return ItemResult::NotRegistered;
         }
-        change(&mut state);
-        ItemResult::Ok
+        match change(&mut state) {
+            Ok(()) => ItemResult::Ok,
+            Err(why) => ItemResult::Invalid(why),
+        }
     }
 
     /// SNAPSHOT: the gate's exclusive turn, the rate limit, then the replacement.
@@ -213,9 +228,11 @@ impl Apply<'_> {
             .try_for_each(|spec| uri::check(&spec.uri))
     }
 
-    /// SNAPSHOT: every item valid, each `block_key + medium` once.
+    /// SNAPSHOT: every item valid, each `block_key + medium` once, each block on at most
+    /// [`MAX_MEDIUMS`] mediums.
     fn check_snapshot(&self, blocks: &[ReportedBlock]) -> Result<(), String> {
-        let mut seen = std::collections::HashSet::with_capacity(blocks.len());
+        let mut seen = HashSet::with_capacity(blocks.len());
+        let mut mediums_of: HashMap<BlockKey, usize> = HashMap::new();
         for block in blocks {
             self.check_block(block)?;
             if !seen.insert((block.key, block.medium.as_str())) {
@@ -224,24 +241,31 @@ impl Apply<'_> {
                     block.key, block.medium
                 ));
             }
+            let mediums = mediums_of.entry(block.key).or_default();
+            *mediums += 1;
+            if *mediums > MAX_MEDIUMS {
+                return Err(format!(
+                    "block {} is listed on more than {MAX_MEDIUMS} mediums",
+                    block.key
+                ));
+            }
         }
         Ok(())
     }
 
     /// At least one name; each non-empty, registered by the instance, and listed once.
     fn check_spec_names<'n>(&self, names: impl Iterator<Item = &'n String>) -> Result<(), String> {
-        let mut seen: Vec<&str> = Vec::new();
+        let mut seen: HashSet<&str> = HashSet::new();
         for name in names {
-            if !self.instance.specs().iter().any(|spec| spec.name == *name) {
+            if self.instance.spec_position(name).is_none() {
                 return Err(format!(
                     "spec {name:?} is not registered by instance {:?}",
                     self.instance.id()
                 ));
             }
-            if seen.contains(&name.as_str()) {
+            if !seen.insert(name) {
                 return Err(format!("spec {name:?} is listed twice"));
             }
-            seen.push(name);
         }
         match seen.is_empty() {
             true => Err("no spec names".to_string()),

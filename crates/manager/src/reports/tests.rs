@@ -121,11 +121,61 @@ fn stored_uris_keep_the_reporters_text_and_carry_the_generation() {
 }
 
 #[test]
+fn mediums_beyond_the_limit_are_refused_and_change_nothing() {
+    let (manager, instance) = reporting_manager();
+    let on = |key: BlockKey, medium: String| ReportedBlock {
+        medium,
+        ..block(key, "e://h/1")
+    };
+    let mediums = |range: std::ops::Range<usize>| range.map(|m| format!("m{m}")).collect();
+    let report = |events| {
+        manager
+            .report_event(&instance, &request("h:1", events))
+            .expect("report")
+            .results
+    };
+    // Registration: 64 are fine (repeats count once); a 65th is refused.
+    let register = |mediums| ReportEvent::Register { mediums };
+    assert_eq!(report(vec![register(mediums(0..64))]), [ItemResult::Ok]);
+    assert_eq!(report(vec![register(mediums(0..64))]), [ItemResult::Ok]);
+    assert!(matches!(
+        report(vec![register(mediums(60..65))])[..],
+        [ItemResult::Invalid(ref why)] if why.contains("64 mediums")
+    ));
+    // One block on 64 mediums; a 65th ADD is refused, an ADD on a known medium is not.
+    let adds = (0..64)
+        .map(|m| ReportEvent::Add(on(5, format!("m{m}"))))
+        .collect();
+    assert!(report(adds).iter().all(|r| *r == ItemResult::Ok));
+    assert!(matches!(
+        report(vec![ReportEvent::Add(on(5, "m64".into()))])[..],
+        [ItemResult::Invalid(ref why)] if why.contains("64 mediums already")
+    ));
+    assert_eq!(
+        report(vec![ReportEvent::Add(on(5, "m3".into()))]),
+        [ItemResult::Ok]
+    );
+    let reporter = manager
+        .reports
+        .reporter(&Arc::from("i"), ReportTier::L1p5, "h:1", 1)
+        .expect("known")
+        .0;
+    assert_eq!(crate::sync::lock(&reporter.state).blocks[&5].len(), 64);
+    // A snapshot listing one block on 65 mediums is refused whole.
+    let snapshot = (0..65).map(|m| on(6, format!("m{m}"))).collect();
+    assert!(matches!(
+        report(vec![ReportEvent::Snapshot(snapshot)])[..],
+        [ItemResult::Invalid(ref why)] if why.contains("more than 64 mediums")
+    ));
+    assert!(crate::sync::lock(&reporter.state).blocks.contains_key(&5));
+}
+
+#[test]
 fn unregistering_forgets_blocks_mediums_and_generation() {
     let mut state = ReporterState::fresh();
     let now = std::time::Instant::now();
-    state.register(now, &["gpu".to_string()]);
-    state.add(&block(1, "e://h/1"));
+    state.register(now, &["gpu".to_string()]).unwrap();
+    state.add(&block(1, "e://h/1")).unwrap();
     assert!(state.holds(1, &[]));
     assert!(!state.holds(1, &["disk".to_string()]));
     let epoch = state.epoch;
@@ -135,7 +185,7 @@ fn unregistering_forgets_blocks_mediums_and_generation() {
         !state.touch(now, true),
         "a tombstone is not revived by a heartbeat"
     );
-    state.register(now, &[]);
+    state.register(now, &[]).unwrap();
     assert!(
         state.epoch > epoch + 1,
         "unregister and revival each start a new lifecycle"
