@@ -149,8 +149,6 @@ pub struct MemberConfig {
     pub endpoint: String,
     /// Bytes of the region.
     pub capacity: u64,
-    /// Whether the node can isolate instances ([`PoolRegion::can_isolate`]).
-    pub isolates: bool,
     /// The pool and how to reach the server ([`Channel`]).
     pub joining: Joining,
 }
@@ -171,7 +169,7 @@ impl Member {
                 "--server: at least one address is needed".into(),
             ));
         }
-        if !config.isolates {
+        if !region.can_isolate() {
             tracing::warn!(
                 bytes = region.len(),
                 "this pool region is too large to isolate instances (at most about 32 GiB): \
@@ -205,7 +203,7 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
     let mut had: Option<u64> = None;
     loop {
         let membership = loop {
-            match join(config, &mut server, had) {
+            match join(config, region, &mut server, had) {
                 Ok(answer) => break answer,
                 Err(error) => {
                     note_error(error);
@@ -231,7 +229,16 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
         }
         had = Some(membership.range_id);
         let (range_id, isolated) = (membership.range_id, membership.isolated);
-        region.set_incarnation(range_id, ticket_key.flatten(), isolated);
+        if let Err(error) = region.set_incarnation(range_id, ticket_key.flatten(), isolated) {
+            // It serves no one now; its next join says it cannot isolate, which the server
+            // refuses, and says why, at every try.
+            tracing::error!(%error, "pool membership");
+            had = None;
+            if region.pause(JOIN_RETRY, false) == Wake::Stopped {
+                return;
+            }
+            continue;
+        }
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
         let mut last_beat = Instant::now();
         loop {
@@ -269,14 +276,19 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
 }
 
 /// One join attempt on the current server, naming the incarnation this process `had`.
-fn join(config: &MemberConfig, server: &mut usize, had: Option<u64>) -> Result<JoinAnswer, String> {
+fn join(
+    config: &MemberConfig,
+    region: &PoolRegion,
+    server: &mut usize,
+    had: Option<u64>,
+) -> Result<JoinAnswer, String> {
     let request = JoinRequest {
         storage: config.joining.storage.clone(),
         node_id: config.node_id.clone(),
         endpoint: config.endpoint.clone(),
         capacity: config.capacity,
         resume_range_id: had,
-        isolates: config.isolates,
+        isolates: region.may_isolate(),
     };
     config.joining.channel.join(&request, server)
 }

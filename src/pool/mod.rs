@@ -177,7 +177,6 @@ impl PoolNode {
                 node_id: node_id.unwrap_or_else(|| listen_addr.to_string()),
                 endpoint: listen_addr.to_string(),
                 capacity: spec.size,
-                isolates: region.can_isolate(),
                 joining,
             },
             region.clone(),

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,10 @@ pub struct PoolRegion {
     revoked: Mutex<Vec<(u64, Instant)>>,
     /// Each instance's access, while the server has this incarnation isolate them.
     isolation: Mutex<Option<Isolation>>,
+    /// Whether a shared-memory queue pair was ever made (set under the `isolation` lock):
+    /// its client may map the whole region, and no mapping can be taken back, so from then
+    /// on this node can never isolate instances.
+    shared_on_shm: AtomicBool,
     /// The membership thread's wake-ups.
     beats: Beats,
 }
@@ -297,6 +301,7 @@ impl PoolRegion {
             epoch: AtomicU64::new(0),
             revoked: Mutex::new(Vec::new()),
             isolation: Mutex::new(None),
+            shared_on_shm: AtomicBool::new(false),
             beats: Beats::default(),
         })
     }
@@ -321,22 +326,42 @@ impl PoolRegion {
         self.range_id.load(Ordering::Acquire)
     }
 
+    /// Whether this node can isolate instances: its region is small enough
+    /// ([`Self::can_isolate`]) and it never shared its memory on the shared-memory wire.
+    pub(super) fn may_isolate(&self) -> bool {
+        self.can_isolate() && !self.shared_on_shm.load(Ordering::Acquire)
+    }
+
     /// Records a new incarnation, its ticket key and whether it isolates instances (the
     /// key and the isolation first: a hello that sees the new incarnation checks its
     /// ticket with the new key; an isolating incarnation starts with no instance reaching
-    /// anything until its first ownership answer).
+    /// anything until its first ownership answer). Refused when told to isolate after its
+    /// memory was shared on the shared-memory wire: the node then admits no one
+    /// ([`Self::forget_incarnation`]) until it joins again (saying it cannot isolate).
     pub(super) fn set_incarnation(
         &self,
         range_id: u64,
         ticket_key: Option<NodeKey>,
         isolated: bool,
-    ) {
+    ) -> Result<(), PoolError> {
+        let mut isolation = self.isolation();
+        if isolated && self.shared_on_shm.load(Ordering::Acquire) {
+            drop(isolation);
+            self.forget_incarnation();
+            return Err(PoolError::Refused(
+                "told to isolate instances after its memory was shared on the shared-memory \
+                 wire, whose mappings cannot be taken back: restart this node (it starts with \
+                 fresh memory)"
+                    .into(),
+            ));
+        }
         let demands_tickets = ticket_key.is_some();
         *self
             .ticket_key
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = ticket_key;
-        let before = std::mem::replace(&mut *self.isolation(), isolated.then(Isolation::default));
+        let before = std::mem::replace(&mut *isolation, isolated.then(Isolation::default));
+        drop(isolation);
         // Dropped after the lock (each registration's drop waits for the NIC's fence).
         drop(before);
         self.range_id.store(range_id, Ordering::Release);
@@ -346,6 +371,7 @@ impl PoolRegion {
         let mut peers = self.peers();
         self.epoch.fetch_add(1, Ordering::AcqRel);
         peers.retain(|peer| !isolated && (!demands_tickets || peer.admit.is_some()));
+        Ok(())
     }
 
     /// Forgets the incarnation (the server no longer knows it): no hello is admitted and
@@ -354,7 +380,8 @@ impl PoolRegion {
     pub(super) fn forget_incarnation(&self) {
         // Range id 0 admits no hello; a hello admitted before is refused by `keep` (the
         // epoch moved), so the queue pairs kept until now are all there is to drop.
-        self.set_incarnation(0, None, false);
+        let unisolated = self.set_incarnation(0, None, false);
+        debug_assert!(unisolated.is_ok(), "isolating nothing is never refused");
         self.peers().clear();
     }
 
@@ -607,6 +634,12 @@ impl PoolRegion {
         let refused = |why: &str| PoolError::Refused(why.to_string());
         let isolating_wires = self.isolating_wires();
         let tenant_domain = match self.isolation().as_mut() {
+            // Under the isolation lock, so that no incarnation starts isolating between
+            // this check and the mark (`set_incarnation` reads it under the same lock).
+            None if wire == WIRE_SOFT_SHM => {
+                self.shared_on_shm.store(true, Ordering::Release);
+                None
+            }
             None => None,
             Some(_) if wire == WIRE_SOFT_SHM => {
                 return Err(refused(
@@ -681,7 +714,7 @@ mod tests {
             prefault: false,
         };
         let region = PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap();
-        region.set_incarnation(7, None, false);
+        region.set_incarnation(7, None, false).unwrap();
         let keep = |grant: u64| {
             let admit = Some(Admit {
                 grant,
@@ -713,6 +746,37 @@ mod tests {
     }
 
     #[test]
+    fn a_node_that_shared_its_memory_on_shm_never_isolates() {
+        let spec = RegionSpec {
+            size: 4 << 20,
+            huge_pages: HugePages::Off,
+            prefault: false,
+        };
+        let region = PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap();
+        region.set_incarnation(7, None, false).unwrap();
+        assert!(region.may_isolate());
+        // A TCP queue pair shares nothing a later isolation cannot take back.
+        region.create_qp(WIRE_SOFT_TCP, None).unwrap();
+        assert!(region.may_isolate());
+        let shm = region
+            .create_qp(crate::lookup::WIRE_SOFT_SHM, None)
+            .unwrap();
+        let id = region.keep(shm.qp, None, region.epoch()).unwrap();
+        assert!(
+            !region.may_isolate(),
+            "its next join says it cannot isolate"
+        );
+        let refused = region
+            .set_incarnation(8, None, true)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("restart this node"), "{refused}");
+        assert!(!region.holds(id), "it serves no one");
+        assert_eq!(region.range_id(), 0);
+        assert!(matches!(region.admit(None), Err(PoolError::Refused(_))));
+    }
+
+    #[test]
     fn a_queue_pair_admitted_before_the_node_joined_again_is_not_kept() {
         let spec = RegionSpec {
             size: 4 << 20,
@@ -720,7 +784,7 @@ mod tests {
             prefault: false,
         };
         let region = PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap();
-        region.set_incarnation(7, None, false);
+        region.set_incarnation(7, None, false).unwrap();
         // A hello is admitted under a policy that isolates nothing...
         let epoch = region.epoch();
         let admit = region.admit(None).unwrap();
@@ -728,7 +792,7 @@ mod tests {
         assert!(!opened.isolated);
         // ...the node joins again and now isolates instances, before the hello keeps its
         // queue pair (which reaches the whole region): it is refused.
-        region.set_incarnation(7, None, true);
+        region.set_incarnation(7, None, true).unwrap();
         let kept = region.keep(opened.qp, None, epoch);
         assert!(matches!(kept, Err(PoolError::Refused(_))), "{kept:?}");
         assert!(region.live_grants().is_empty());
@@ -748,7 +812,7 @@ mod tests {
         region.forget_incarnation();
         assert!(!region.holds(id));
         assert!(matches!(region.admit(None), Err(PoolError::Refused(_))));
-        region.set_incarnation(8, None, false);
+        region.set_incarnation(8, None, false).unwrap();
         assert!(region.admit(None).is_ok());
     }
 }

@@ -249,8 +249,9 @@ impl Registrar {
             return Err(ManagerError::Refused(format!(
                 "this server requires meta auth (kvcm.auth.meta), so its pool nodes must \
                  isolate instances, which node {:?} cannot: a region of more than {} bytes \
-                 (about 32 GiB), or a node of an earlier release; run nodes of at most that \
-                 size",
+                 (about 32 GiB), a node that shared its memory on the shared-memory wire \
+                 before (restart it), or a node of an earlier release; run nodes of at most \
+                 that size",
                 request.node_id,
                 super::region::MAX_ISOLATING_BYTES
             )));
