@@ -636,17 +636,19 @@ fn a_client_awaiting_a_slow_reply_sleeps_instead_of_spinning() {
     }
 }
 
-/// A peer that sends malformed messages gets a "malformed" answer; the server keeps serving
-/// and counts them in its metrics. (Its handshake also pins the order: the server answers
-/// with its endpoint only after the client's.)
-#[test]
-fn malformed_rdma_messages_are_answered_and_harm_no_one() {
+/// A queue pair opened by hand on soft-TCP, as a hostile client would (1 MiB registered).
+struct RawPeer {
+    qp: kvcm_transport::any::AnyQp,
+    cq: kvcm_transport::any::AnyCq,
+    memory: kvcm_transport::HostMemory,
+    region: kvcm_transport::any::AnyRegion,
+    _domain: kvcm_transport::any::AnyDomain,
+    _stream: TcpStream,
+}
+
+fn raw_peer(runtime: &tokio::runtime::Runtime, server: &TestServer) -> RawPeer {
     use kvcm_transport::soft::{SoftConfig, SoftDomain};
-    use kvcm_transport::{
-        exchange_endpoints, Access, CompletionQueue, Domain, Memory, QpConfig, QueuePair, RecvWr,
-        Region, SendOp, SendWr,
-    };
-    let (runtime, server) = start_server();
+    use kvcm_transport::{exchange_endpoints, Access, Domain, QpConfig, QueuePair};
     let (status, body) = runtime.block_on(server.post_raw(
         "http",
         kvcm::lookup::ROUTE,
@@ -654,7 +656,9 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
     ));
     assert_eq!(status, 200);
     let answer: kvcm::lookup::BootstrapAnswer = serde_json::from_slice(&body).expect("answer");
-    let domain = SoftDomain::open(SoftConfig::default()).expect("domain");
+    let domain: kvcm_transport::any::AnyDomain = SoftDomain::open(SoftConfig::default())
+        .expect("domain")
+        .into();
     let cq = domain.create_cq().expect("cq");
     let qp = domain.create_qp(&cq, &cq, QpConfig::default()).expect("qp");
     let mut stream = TcpStream::connect(&answer.connect).expect("connect");
@@ -670,6 +674,31 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
     let region = domain
         .register(&memory, 0, 1 << 20, Access::LOCAL_WRITE)
         .expect("region");
+    RawPeer {
+        qp,
+        cq,
+        memory,
+        region,
+        _domain: domain,
+        _stream: stream,
+    }
+}
+
+/// Malformed write-path messages on a queue pair opened by hand: each is answered
+/// MALFORMED (nothing applied), the queue pair and the core keep serving a real client,
+/// and counts them in its metrics. (Its handshake also pins the order: the server answers
+/// with its endpoint only after the client's.)
+#[test]
+fn malformed_rdma_messages_are_answered_and_harm_no_one() {
+    use kvcm_transport::{CompletionQueue, Memory, QueuePair, RecvWr, Region, SendOp, SendWr};
+    let (runtime, server) = start_server();
+    let RawPeer {
+        qp,
+        cq,
+        memory,
+        region,
+        ..
+    } = raw_peer(&runtime, &server);
     let garbage: [&[u8]; 3] = [
         b"\x01",
         b"\x07\x00\x00\x00\x01\x00\x00\x00\xff\xff",
@@ -744,6 +773,64 @@ fn malformed_rdma_messages_are_answered_and_harm_no_one() {
         .find(|m| m["metric_name"] == "lookup.messages_malformed")
         .unwrap_or_else(|| panic!("lookup series in GetMetrics: {metrics}"));
     assert_eq!(malformed["metric_value"]["int_value"], "3", "{malformed}");
+}
+
+/// A peer that sends requests but posts no receive for their replies: the server keeps its
+/// 4 send buffers in flight and queues 256 more replies, then drops the queue pair rather
+/// than let the queue grow (`MAX_WAITING_REPLIES` in src/lookup/core.rs).
+#[test]
+fn a_peer_that_takes_no_replies_is_dropped_beyond_256_waiting() {
+    use kvcm_transport::{CompletionQueue, Memory, QueuePair, Region, SendOp, SendWr};
+    let (runtime, server) = start_server();
+    let peer = raw_peer(&runtime, &server);
+    let queue_pairs = || {
+        runtime
+            .block_on(server.prometheus_value("kvcm_lookup_queue_pairs"))
+            .expect("queue pairs")
+    };
+    peer.memory.write(0, b"\x01").expect("write");
+    // Sends one malformed request (each answered at once) and waits for it to be taken.
+    let send = |i: usize| {
+        let posted = peer.qp.post_send(&[SendWr {
+            wr_id: i as u64,
+            op: SendOp::Send { imm: None },
+            sg_list: &[peer.region.sge(0, 1)],
+            signaled: true,
+        }]);
+        posted.expect("send");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut completion = [kvcm_transport::WorkCompletion::EMPTY];
+        while peer.cq.poll(&mut completion) == 0 {
+            assert!(Instant::now() < deadline, "request {i} never taken");
+        }
+        completion[0].status
+    };
+    for i in 0..4 + 256 {
+        assert_eq!(send(i), kvcm_transport::WcStatus::Success, "request {i}");
+    }
+    common::wait_until_blocking(Duration::from_secs(10), || {
+        (runtime.block_on(server.prometheus_value("kvcm_lookup_messages")) == Some(260.0))
+            .then_some(())
+    })
+    .expect("260 requests received");
+    assert_eq!(
+        queue_pairs(),
+        1.0,
+        "4 replies in flight and 256 waiting are kept"
+    );
+    send(260);
+    common::wait_until_blocking(Duration::from_secs(10), || {
+        (queue_pairs() == 0.0).then_some(())
+    })
+    .expect("a 257th waiting reply drops the queue pair");
+    // A well-behaved client is still served.
+    let client = client(&server, Wire::Tcp);
+    let written = client.start_write(meta::StartWriteCacheRequest {
+        block_keys: vec![1],
+        write_timeout_seconds: 30,
+        ..Default::default()
+    });
+    assert_eq!(written.expect("served").locations.len(), 1);
 }
 
 /// With an unreachable server listed first, the client connects its fast path to the next
