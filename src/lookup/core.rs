@@ -60,6 +60,11 @@ const PARK: Duration = Duration::from_millis(250);
 /// A peer: (wire index, queue pair number).
 pub(super) type PeerKey = (usize, u32);
 
+/// A connected peer on its way to the polling thread: its wire, itself, and the grant it
+/// was bound to (adopted only if still bound to it: the sweep may have closed it while its
+/// buffers were made).
+type NewPeer = (usize, Peer, Arc<Grant>);
+
 /// The grant of every peer the polling thread holds.
 type Bindings = Arc<Mutex<HashMap<PeerKey, Arc<Grant>>>>;
 
@@ -90,7 +95,7 @@ pub(super) struct WireQueues {
 #[derive(Clone)]
 pub(super) struct CoreHandle {
     wires: Vec<WireQueues>,
-    new_peers: Sender<(usize, Peer)>,
+    new_peers: Sender<NewPeer>,
     closing: Sender<(PeerKey, Arc<Grant>)>,
     bindings: Bindings,
     limits: QueuePairLimits,
@@ -173,7 +178,7 @@ impl CoreHandle {
         }
         let handed = peer_of(pd, qp, &grant).and_then(|peer| {
             self.new_peers
-                .send((wire, peer))
+                .send((wire, peer, Arc::clone(&grant)))
                 .map_err(|_| LookupError::NoWire)
         });
         if let Err(error) = handed {
@@ -462,7 +467,7 @@ fn start_write(meta: &MetaHandler, id: u32, op: u8, request: StartWriteCacheRequ
 struct Poller {
     wires: Vec<WireQueues>,
     peers: HashMap<PeerKey, Peer>,
-    adopted: Receiver<(usize, Peer)>,
+    adopted: Receiver<NewPeer>,
     closed: Receiver<(PeerKey, Arc<Grant>)>,
     bindings: Bindings,
     work: Sender<Work>,
@@ -664,8 +669,12 @@ impl Poller {
         // New peers first: a close sent after its peer's adoption then finds the peer.
         let alive = loop {
             match self.adopted.try_recv() {
-                Ok((wire, peer)) => {
-                    self.peers.insert((wire, peer.qp.qpn()), peer);
+                Ok((wire, peer, grant)) => {
+                    let key = (wire, peer.qp.qpn());
+                    // Closed (and unbound) while its buffers were made: dropped, never served.
+                    if bound_to(&self.bindings, key, &grant) {
+                        self.peers.insert(key, peer);
+                    }
                     changed = true;
                 }
                 Err(crossbeam_channel::TryRecvError::Empty) => break true,
