@@ -14,6 +14,8 @@
 //!   rewritten, so a reader sees whole records;
 //! - after publishing `m` a writer removes the records below `m-1`; the greatest two are
 //!   never removed, so the current record never disappears;
+//! - a reader takes record `n` for current only when no record above `n+1` exists once it
+//!   has read it, so a paused writer's re-created number (below) is never read;
 //! - a writer that read `n` and paused while others published up to `n+3` (pruning `n+1`)
 //!   can link `n+1` again, so a publish of `n+1` counts only when no record above `n+2`
 //!   exists right after the link. A change judged lost that way may in truth have taken
@@ -28,7 +30,6 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::lock::{HolderRecord, LockError, LockResult, NodeEndpoint, Slot, SlotStore};
@@ -38,8 +39,9 @@ const MAGIC: &str = "kvcm-lease-lock 1";
 /// Records are `leader.<seq>`, the number in this many digits.
 const RECORD_PREFIX: &str = "leader.";
 const SEQ_DIGITS: usize = 20;
-/// Temporary files are `leader.tmp.<pid>.<n>`; one left by a crash is removed once older
-/// than [`STALE_TEMPORARY`].
+/// Temporary files are `leader.tmp.<16 random hex digits>`, created only if new (processes
+/// in separate PID namespaces may share the directory); one left by a crash is removed once
+/// older than [`STALE_TEMPORARY`].
 const TEMPORARY_PREFIX: &str = "leader.tmp.";
 const STALE_TEMPORARY: Duration = Duration::from_secs(60);
 /// The record an earlier kvcm kept (one file rewritten under an `flock`): read once, for
@@ -47,9 +49,6 @@ const STALE_TEMPORARY: Duration = Duration::from_secs(60);
 const LEGACY_RECORD: &str = "leader.record";
 /// How many times a change is retried when other processes keep publishing first.
 const CHANGE_TRIES: u32 = 64;
-
-/// Numbers this process's temporary files.
-static TEMPORARIES: AtomicU64 = AtomicU64::new(0);
 
 /// A lease lock in a directory.
 #[derive(Debug)]
@@ -100,7 +99,10 @@ impl FileLock {
         Ok(numbers)
     }
 
-    /// The current record; a record pruned between listing and reading is listed again.
+    /// The current record. A record pruned between listing and reading is listed again,
+    /// and so is one read while two newer ones appeared: it may have been a paused writer's
+    /// re-created number, never current (the module invariants), whose slot must not be
+    /// taken for the holder.
     fn current(&self) -> LockResult<Current> {
         for _ in 0..CHANGE_TRIES {
             let Some(&seq) = self.record_numbers()?.last() else {
@@ -110,11 +112,19 @@ impl FileLock {
                     slot: slot.unwrap_or_default(),
                 });
             };
-            if let Some(slot) = self.read_slot(&self.record_path(seq))? {
+            let Some(slot) = self.read_slot(&self.record_path(seq))? else {
+                continue;
+            };
+            if self.newest()?.unwrap_or(seq) <= seq + 1 {
                 return Ok(Current { seq, slot });
             }
         }
         Err(LockError::Busy(self.dir.clone()))
+    }
+
+    /// The greatest record number, if any.
+    fn newest(&self) -> LockResult<Option<u64>> {
+        Ok(self.record_numbers()?.last().copied())
     }
 
     /// The slot a record holds; `None` when the file does not exist.
@@ -143,7 +153,12 @@ impl FileLock {
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
             Err(source) => return Err(Self::io(&record)(source)),
         }
-        let newest = self.record_numbers()?.last().copied().unwrap_or(seq);
+        // The record is out now: a listing that fails is tried again rather than report a
+        // change that took effect as failed.
+        let newest = (0..3)
+            .find_map(|_| self.newest().ok())
+            .ok_or_else(|| LockError::Busy(self.dir.clone()))?
+            .unwrap_or(seq);
         if newest > seq + 1 {
             // A paused writer re-created a pruned number: its record was never current.
             let _ = std::fs::remove_file(&record);
@@ -155,16 +170,21 @@ impl FileLock {
         Ok(true)
     }
 
-    /// Writes `slot` to a new temporary file, fsynced; returns its path.
+    /// Writes `slot` to a new temporary file of its own, fsynced; returns its path.
     fn write_temporary(&self, slot: &Slot) -> LockResult<PathBuf> {
-        let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
-        let path = self
-            .dir
-            .join(format!("{TEMPORARY_PREFIX}{}.{n}", std::process::id()));
-        let written = File::create(&path).and_then(|mut file| {
-            file.write_all(encode(slot).as_bytes())?;
-            file.sync_all()
-        });
+        let (path, created) = loop {
+            let path = self
+                .dir
+                .join(format!("{TEMPORARY_PREFIX}{:016x}", fastrand::u64(..)));
+            match File::options().write(true).create_new(true).open(&path) {
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                created => break (path, created),
+            }
+        };
+        let mut file = created.map_err(Self::io(&path))?;
+        let written = file
+            .write_all(encode(slot).as_bytes())
+            .and_then(|()| file.sync_all());
         if let Err(source) = written {
             let _ = std::fs::remove_file(&path);
             return Err(Self::io(&path)(source));
@@ -430,7 +450,9 @@ mod tests {
     fn only_the_two_newest_records_are_kept_and_crash_leftovers_go() {
         let dir = tempfile::tempdir().unwrap();
         let lock = FileLock::open(dir.path()).unwrap();
-        let leftover = dir.path().join(format!("{TEMPORARY_PREFIX}1.0"));
+        let leftover = dir
+            .path()
+            .join(format!("{TEMPORARY_PREFIX}0000000000000001"));
         std::fs::write(&leftover, "half").unwrap();
         let old = std::time::SystemTime::now() - STALE_TEMPORARY * 2;
         File::options()
@@ -510,7 +532,7 @@ mod tests {
             let renewal = scope.spawn(|| {
                 holder.change(|slot| {
                     // The first run pauses between reading the record and publishing.
-                    if first_run.swap(false, Ordering::SeqCst) {
+                    if first_run.swap(false, std::sync::atomic::Ordering::SeqCst) {
                         paused_tx.send(()).unwrap();
                         resume_rx.lock().unwrap().recv().unwrap();
                     }
