@@ -187,7 +187,7 @@ pub struct Manager {
     /// The shared store's URI, once connected (groups may then name the `redis` backend).
     shared_store_uri: std::sync::OnceLock<String>,
     /// Removed instances whose cache is still to be deleted (`remove::retry_removals`).
-    removals_left: Mutex<Vec<Arc<Instance>>>,
+    removals_left: Mutex<remove::RemovalsLeft>,
     /// Itself, for the threads it starts on demand.
     this: Weak<Manager>,
 }

@@ -93,29 +93,31 @@ impl Manager {
     }
 
     /// Deletes every block of `instance`, which was just removed; on failure keeps it in
-    /// `removals_left` for [`retry_removals`] (a thread started when the list stops being
-    /// empty, ending when it is empty again), so no block of a removed instance is left.
+    /// `removals_left` for [`retry_removals`], so no block of a removed instance is left
+    /// while the process runs.
     pub(crate) fn delete_removed(&self, instance: Arc<Instance>) {
-        let Err(error) = self.remove_all(&instance) else {
-            return;
-        };
-        tracing::warn!(%error, instance = %instance.id(),
-            "deleting a removed instance's cache failed: retrying in the background");
+        let deleted = self.remove_all(&instance);
         let mut left = self.removals_left();
-        left.push(instance);
-        if left.len() == 1 {
-            let manager = self.this.clone();
-            let started = std::thread::Builder::new()
-                .name("kvcm-removals".into())
-                .spawn(move || retry_removals(&manager));
-            if let Err(error) = started {
-                tracing::warn!(%error, "no thread to retry removals: the next removal tries again");
-                left.pop();
-            }
+        if let Err(error) = deleted {
+            tracing::warn!(%error, instance = %instance.id(),
+                "deleting a removed instance's cache failed: retrying in the background");
+            left.instances.push(instance);
+        }
+        if left.instances.is_empty() || left.retrying {
+            return;
+        }
+        let manager = self.this.clone();
+        let started = std::thread::Builder::new()
+            .name("kvcm-removals".into())
+            .spawn(move || retry_removals(&manager));
+        match started {
+            Ok(_) => left.retrying = true,
+            Err(error) => tracing::warn!(%error,
+                "no thread to retry removals: the next removal starts one"),
         }
     }
 
-    fn removals_left(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Instance>>> {
+    fn removals_left(&self) -> std::sync::MutexGuard<'_, RemovalsLeft> {
         self.removals_left
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -123,7 +125,7 @@ impl Manager {
 
     /// Removed instances whose cache is still being deleted.
     pub fn removals_pending(&self) -> usize {
-        self.removals_left().len()
+        self.removals_left().instances.len()
     }
 
     /// Removes every key of an instance, page by page.
@@ -138,6 +140,14 @@ impl Manager {
     }
 }
 
+/// Removed instances whose cache is still to be deleted, and whether a thread retries them
+/// (at most one does; it ends once none is left).
+#[derive(Default)]
+pub(crate) struct RemovalsLeft {
+    instances: Vec<Arc<Instance>>,
+    retrying: bool,
+}
+
 /// Tries the removals left again, waiting longer after each round that fails (up to
 /// [`REMOVAL_RETRY`]'s longest), until none is left or the manager is gone.
 fn retry_removals(manager: &Weak<Manager>) {
@@ -148,14 +158,17 @@ fn retry_removals(manager: &Weak<Manager>) {
         let Some(manager) = manager.upgrade() else {
             return;
         };
-        let left = std::mem::take(&mut *manager.removals_left());
-        let failed: Vec<Arc<Instance>> = left
+        // Listed, not taken: they count as pending until deleted.
+        let round = manager.removals_left().instances.clone();
+        let deleted: Vec<Arc<Instance>> = round
             .into_iter()
-            .filter(|instance| manager.remove_all(instance).is_err())
+            .filter(|instance| manager.remove_all(instance).is_ok())
             .collect();
         let mut left = manager.removals_left();
-        left.extend(failed);
-        if left.is_empty() {
+        left.instances
+            .retain(|instance| !deleted.iter().any(|done| Arc::ptr_eq(done, instance)));
+        if left.instances.is_empty() {
+            left.retrying = false;
             tracing::info!("every removed instance's cache is deleted");
             return;
         }
