@@ -53,7 +53,10 @@ fn serve_within(
             let mut out_of_descriptors = false;
             for accepted in listener.incoming() {
                 let stream = match accepted {
-                    Ok(stream) => stream,
+                    Ok(stream) => {
+                        out_of_descriptors = false;
+                        stream
+                    }
                     Err(error) => {
                         out_of_descriptors = back_off(&error, out_of_descriptors);
                         continue;

@@ -789,6 +789,9 @@ fn a_peer_that_takes_no_replies_is_dropped_beyond_256_waiting() {
             .expect("queue pairs")
     };
     peer.memory.write(0, b"\x01").expect("write");
+    // The server's link also gives up on replies nobody takes after its response timeout
+    // (10 s): the drop below must come well before it to be the waiting replies' doing.
+    let started = Instant::now();
     // Sends one malformed request (each answered at once) and waits for it to be taken.
     let send = |i: usize| {
         let posted = peer.qp.post_send(&[SendWr {
@@ -819,10 +822,15 @@ fn a_peer_that_takes_no_replies_is_dropped_beyond_256_waiting() {
         "4 replies in flight and 256 waiting are kept"
     );
     send(260);
-    common::wait_until_blocking(Duration::from_secs(10), || {
+    common::wait_until_blocking(Duration::from_secs(2), || {
         (queue_pairs() == 0.0).then_some(())
     })
     .expect("a 257th waiting reply drops the queue pair");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "dropped after {:?}: maybe by the response timeout instead",
+        started.elapsed()
+    );
     // A well-behaved client is still served.
     let client = client(&server, Wire::Tcp);
     let written = client.start_write(meta::StartWriteCacheRequest {
