@@ -442,18 +442,25 @@ impl Nic {
     }
 
     /// Closes the oldest waiting connection that has not sent its whole hello; false when
-    /// there is none.
+    /// there is none. A hello the kernel holds counts as sent: each candidate's bytes are
+    /// read before it is judged, so a peer is never closed for the NIC's own lag.
     fn close_oldest_silent(&mut self) -> bool {
-        let silent = self
-            .handshakes
-            .iter()
-            .position(|(conn, _)| conn.input().len() < frame::HELLO_LEN);
-        let Some(at) = silent else {
-            return false;
-        };
-        let (conn, _) = self.handshakes.remove(at);
-        let _ = self.epoll.delete(conn.raw_fd());
-        true
+        for at in 0..self.handshakes.len() {
+            let conn = &mut self.handshakes[at].0;
+            if conn.input().len() >= frame::HELLO_LEN {
+                continue;
+            }
+            let gone = conn.fill().is_err();
+            let completed = !gone && conn.input().len() >= frame::HELLO_LEN;
+            // As in `handshake`: a complete hello leaves the epoll set until bound.
+            if completed && self.epoll.delete(conn.raw_fd()).is_ok() {
+                continue;
+            }
+            let (conn, _) = self.handshakes.remove(at);
+            let _ = self.epoll.delete(conn.raw_fd());
+            return true;
+        }
+        false
     }
 
     /// What to do with an accepted connection, given its input so far.
