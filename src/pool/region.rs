@@ -671,16 +671,20 @@ mod tests {
     use super::*;
     use crate::lookup::WIRE_SOFT_TCP;
 
-    #[test]
-    fn while_heartbeats_are_slow_only_a_few_callers_wait_for_one() {
+    /// A 4 MiB region on regular pages, joined to no server.
+    fn small_region() -> PoolRegion {
         let spec = RegionSpec {
             size: 4 << 20,
             huge_pages: HugePages::Off,
             prefault: false,
         };
+        PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap()
+    }
+
+    #[test]
+    fn while_heartbeats_are_slow_only_a_few_callers_wait_for_one() {
         // No membership thread: no heartbeat is answered until the test says so.
-        let region =
-            std::sync::Arc::new(PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap());
+        let region = std::sync::Arc::new(small_region());
         let long = Duration::from_secs(60);
         let waiters: Vec<_> = (0..MAX_BEAT_WAITERS)
             .map(|_| {
@@ -708,12 +712,7 @@ mod tests {
 
     #[test]
     fn a_share_opening_queue_pairs_in_a_loop_drops_only_its_own() {
-        let spec = RegionSpec {
-            size: 4 << 20,
-            huge_pages: HugePages::Off,
-            prefault: false,
-        };
-        let region = PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap();
+        let region = small_region();
         region.set_incarnation(7, None, false).unwrap();
         let keep = |grant: u64| {
             let admit = Some(Admit {
@@ -747,12 +746,7 @@ mod tests {
 
     #[test]
     fn a_node_that_shared_its_memory_on_shm_never_isolates() {
-        let spec = RegionSpec {
-            size: 4 << 20,
-            huge_pages: HugePages::Off,
-            prefault: false,
-        };
-        let region = PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap();
+        let region = small_region();
         region.set_incarnation(7, None, false).unwrap();
         assert!(region.may_isolate());
         // A TCP queue pair shares nothing a later isolation cannot take back.
@@ -778,12 +772,7 @@ mod tests {
 
     #[test]
     fn a_queue_pair_admitted_before_the_node_joined_again_is_not_kept() {
-        let spec = RegionSpec {
-            size: 4 << 20,
-            huge_pages: HugePages::Off,
-            prefault: false,
-        };
-        let region = PoolRegion::open(spec, [127, 0, 0, 1].into(), None).unwrap();
+        let region = small_region();
         region.set_incarnation(7, None, false).unwrap();
         // A hello is admitted under a policy that isolates nothing...
         let epoch = region.epoch();
