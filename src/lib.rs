@@ -21,5 +21,6 @@ pub mod proto;
 pub mod server;
 pub mod service;
 pub mod tls_client;
+pub mod tls_provider;
 
 pub use kvcm_manager as manager;

@@ -102,7 +102,7 @@ impl TlsClient {
         if roots.is_empty() {
             return Err(pem_error("CA", NoCertificate.into()));
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(crate::tls_provider::ring_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots);

@@ -210,7 +210,7 @@ async fn lookup_as(http: SocketAddr, ca: &str, identity: Option<&Pem>) -> Result
 }
 
 fn rustls_client(ca: &str, identity: Option<&Pem>) -> Arc<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(kvcm::tls_provider::ring_provider());
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
         roots.add(cert.expect("ca pem")).expect("root");

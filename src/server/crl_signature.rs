@@ -123,7 +123,7 @@ pub(super) mod tests {
 
     /// `list` checked with `key` by the algorithms of the server's TLS provider.
     fn check(list: &[u8], key: &[u8]) -> Result<(), String> {
-        let provider = tokio_rustls::rustls::crypto::ring::default_provider();
+        let provider = crate::tls_provider::ring_provider();
         verify(list, key, provider.signature_verification_algorithms.all)
     }
 

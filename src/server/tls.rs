@@ -89,7 +89,7 @@ impl Tls {
         let (Some(cert), Some(key)) = (&settings.cert_file, &settings.key_file) else {
             return Ok(None);
         };
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(crate::tls_provider::ring_provider());
         let pair = {
             let (cert, key, provider) = (cert.clone(), key.clone(), provider.clone());
             move || load_pair(&cert, &key, &provider)
@@ -617,7 +617,7 @@ mod tests {
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, ours.pem()).expect("write");
         let crl = dir.path().join("revoked.pem");
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(crate::tls_provider::ring_provider());
         let (first, newer) = (revocation_list(&ours, 1), revocation_list(&ours, 2));
         // Another CA of the same name (a re-keyed one) signed this list, not ours.
         let impostor = revocation_list(&authority("client CA"), 3);
@@ -657,7 +657,7 @@ mod tests {
         std::fs::write(&ca, format!("{}{}", ours.pem(), listless.pem())).expect("write");
         let roots = read_roots("ca", &ca).expect("CAs");
         let lists = read_crls("crl", &crl).expect("lists");
-        let algorithms = rustls::crypto::ring::default_provider()
+        let algorithms = crate::tls_provider::ring_provider()
             .signature_verification_algorithms
             .all;
         let uncovered = check_issuers(&lists, &roots, algorithms).expect("usable lists");
@@ -676,7 +676,7 @@ mod tests {
             let loaded = client_verifier(
                 &ca,
                 Some(&crl),
-                Arc::new(rustls::crypto::ring::default_provider()),
+                Arc::new(crate::tls_provider::ring_provider()),
             );
             assert!(loaded.is_ok(), "{:?}", loaded.err().map(|e| e.to_string()));
         }
