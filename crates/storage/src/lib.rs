@@ -20,6 +20,7 @@ mod registry;
 mod test_support;
 mod uri;
 mod validate;
+pub use validate::check_block_file_path;
 
 pub use backends::open;
 pub use registry::{HealthListener, StorageRegistry, StorageStatus};

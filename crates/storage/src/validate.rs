@@ -34,6 +34,13 @@ fn absolute_path(field: &str, value: &str) -> Result<(), String> {
 /// Top-level directories no storage root may be or lie under (besides `/` and `/lib*`).
 const SYSTEM_DIRS: [&str; 8] = ["proc", "sys", "dev", "etc", "boot", "bin", "sbin", "usr"];
 
+/// A block file a client may read or write at a server's word: absolute, free of `..`,
+/// and not under a system directory (the rule storage roots follow), so a server's URI
+/// cannot aim an engine's writes at `/etc`, `/dev` or `/proc`.
+pub fn check_block_file_path(path: &str) -> Result<(), String> {
+    storage_root("the block file", path)
+}
+
 /// An absolute path that is not `/`, a system directory or under one.
 fn storage_root(field: &str, value: &str) -> Result<(), String> {
     absolute_path(field, value)?;

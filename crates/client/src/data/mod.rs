@@ -42,6 +42,7 @@ mod staged;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use kvcm::proto::meta;
@@ -73,6 +74,10 @@ pub struct TransferConfig {
     pub write_timeout_seconds: i32,
     /// Whether puts send checksums of the parts they write (gets verify any they find).
     pub checksums: bool,
+    /// Directories the file tier's blocks must lie under (the storages' mounts); empty
+    /// allows any path outside the system directories. The server names every file an
+    /// engine reads and writes: list the mounts so that no server can aim it elsewhere.
+    pub file_roots: Vec<PathBuf>,
 }
 
 impl Default for TransferConfig {
@@ -84,6 +89,7 @@ impl Default for TransferConfig {
             file_io: FileIoConfig::default(),
             write_timeout_seconds: 30,
             checksums: true,
+            file_roots: Vec::new(),
         }
     }
 }
@@ -539,7 +545,7 @@ impl TransferEngine {
                 put.failed[block] = Some("the server gave no location".into());
                 continue;
             };
-            match plan(location, &sizes[block], block) {
+            match plan(location, &sizes[block], block, &self.config.file_roots) {
                 Ok(planned) => put.planned.extend(planned),
                 Err(reason) => put.failed[block] = Some(reason),
             }
@@ -669,7 +675,7 @@ impl TransferEngine {
             if is_miss(location) {
                 continue;
             }
-            match plan(location, &sizes[block], block) {
+            match plan(location, &sizes[block], block, &self.config.file_roots) {
                 Ok(planned) => get.planned.extend(planned),
                 Err(reason) => get.outcomes[block] = GetOutcome::Miss(Some(reason)),
             }
@@ -1093,6 +1099,7 @@ fn plan(
     location: &meta::CacheLocation,
     sizes: &[usize],
     block: usize,
+    file_roots: &[PathBuf],
 ) -> Result<Vec<Planned>, String> {
     if sizes.len() != location.location_specs.len() {
         return Err(format!(
@@ -1110,7 +1117,7 @@ fn plan(
             Ok(Planned {
                 block,
                 spec,
-                target: target_of(&located.uri, len)?,
+                target: target_of(&located.uri, len, file_roots)?,
                 len,
                 checksum: located.checksum,
             })

@@ -7,11 +7,17 @@
 //! * when the file system refuses O_DIRECT at open (EINVAL), the file is opened buffered and
 //!   [`OpenedFile::direct`] says so; the caller reports it per op;
 //! * for writing, missing parent directories are created (mode 0755) and a missing file is
-//!   created (mode 0644), both subject to the umask; an existing file is never truncated.
+//!   created (mode 0644), both subject to the umask; an existing file is never truncated;
+//! * only a regular file of a storage file system is used: a path the server named that
+//!   leads to a FIFO, a device, a socket, or a file of procfs, sysfs or another kernel file
+//!   system (`/proc/self/mem`, through any symlink) is refused before any byte moves, and
+//!   the open never blocks on a FIFO (it is made non-blocking, which is cleared again once
+//!   the file proves regular).
 
 use std::collections::HashMap;
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -125,22 +131,76 @@ fn open_block_file(
     if access == Access::Write {
         create_parent_directories(path)?;
     }
-    let opened = open_with_flags(path, access, want_direct);
-    match opened {
-        Ok(file) => Ok(OpenedFile {
-            file,
-            direct: want_direct,
-        }),
+    let (file, direct) = open_preferring_direct(path, access, want_direct).map_err(open_failure)?;
+    let file = storage_file(file).map_err(open_failure)?;
+    Ok(OpenedFile { file, direct })
+}
+
+/// Opens `path` with O_DIRECT when `want_direct`, buffered when the file system refuses it
+/// (EINVAL); says which.
+fn open_preferring_direct(
+    path: &Path,
+    access: Access,
+    want_direct: bool,
+) -> io::Result<(File, bool)> {
+    match open_with_flags(path, access, want_direct) {
+        Ok(file) => Ok((file, want_direct)),
         Err(error) if want_direct && error.raw_os_error() == Some(libc::EINVAL) => {
-            open_with_flags(path, access, false)
-                .map(|file| OpenedFile {
-                    file,
-                    direct: false,
-                })
-                .map_err(open_failure)
+            Ok((open_with_flags(path, access, false)?, false))
         }
-        Err(error) => Err(open_failure(error)),
+        Err(error) => Err(error),
     }
+}
+
+/// Kernel file systems whose files are no block storage (`statfs(2)` magic numbers): proc,
+/// sysfs, debugfs, securityfs, tracefs, configfs, cgroup, cgroup2, bpf, devpts, pstore,
+/// efivarfs.
+const KERNEL_FILE_SYSTEMS: [i64; 12] = [
+    0x9fa0,
+    0x6265_6572,
+    0x6462_6720,
+    0x7363_6673,
+    0x7472_6163,
+    0x6265_6570,
+    0x0027_e0eb,
+    0x6367_7270,
+    0xcafe_4a11,
+    0x1cd1,
+    0x6165_676c,
+    0xde5e_81e4,
+];
+
+/// `file` when it is a regular file of a storage file system, made blocking again; an
+/// `InvalidInput` error naming what it is otherwise.
+fn storage_file(file: File) -> io::Result<File> {
+    let refused = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+    if !file.metadata()?.file_type().is_file() {
+        return Err(refused("not a regular file (a FIFO, device or socket)"));
+    }
+    let mut stats = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `file` keeps the descriptor open for the call; `stats` is a writable statfs
+    // the kernel fills completely on success (read only then).
+    let stats = unsafe {
+        if libc::fstatfs(file.as_raw_fd(), stats.as_mut_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        stats.assume_init()
+    };
+    #[allow(clippy::unnecessary_cast)] // f_type is i64 on x86_64, other widths elsewhere
+    if KERNEL_FILE_SYSTEMS.contains(&(stats.f_type as i64)) {
+        return Err(refused(
+            "a file of a kernel file system (procfs, sysfs, ...)",
+        ));
+    }
+    // SAFETY: fcntl on a descriptor `file` keeps open; F_GETFL / F_SETFL take no pointers.
+    let cleared = unsafe {
+        let flags = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        flags >= 0 && libc::fcntl(file.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !cleared {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
 }
 
 fn open_failure(source: io::Error) -> OpenFailure {
@@ -176,9 +236,9 @@ fn open_with_flags(path: &Path, access: Access, direct: bool) -> io::Result<File
         Access::Read => options.read(true),
         Access::Write => options.write(true).create(true).mode(0o644),
     };
-    if direct {
-        options.custom_flags(libc::O_DIRECT);
-    }
+    // Non-blocking until `storage_file` has seen a regular file: opening a FIFO would wait.
+    let direct = if direct { libc::O_DIRECT } else { 0 };
+    options.custom_flags(libc::O_NONBLOCK | direct);
     options.open(path)
 }
 
@@ -186,14 +246,52 @@ fn open_with_flags(path: &Path, access: Access, direct: bool) -> io::Result<File
 mod tests {
     use super::*;
 
-    /// procfs has no O_DIRECT: the open is refused with EINVAL and must fall back.
+    /// procfs has no O_DIRECT: the open is refused with EINVAL and must fall back (procfs
+    /// itself is then refused as no storage, by `storage_file`).
     #[test]
     fn a_file_system_refusing_o_direct_gets_a_buffered_file() {
         let path = Path::new("/proc/sys/kernel/ostype");
-        let opened = open_block_file(path, Access::Read, true).unwrap_or_else(|failure| {
-            panic!("open of {path:?} failed: {}", failure.source);
-        });
-        assert!(!opened.direct);
+        let (_, direct) = open_preferring_direct(path, Access::Read, true)
+            .unwrap_or_else(|error| panic!("open of {path:?} failed: {error}"));
+        assert!(!direct);
+    }
+
+    fn refusal(path: &Path, access: Access) -> String {
+        match open_block_file(path, access, false) {
+            Ok(_) => panic!("{path:?} was opened as a block file"),
+            Err(failure) => {
+                assert_eq!(
+                    failure.source.kind(),
+                    io::ErrorKind::InvalidInput,
+                    "{path:?}"
+                );
+                failure.source.to_string()
+            }
+        }
+    }
+
+    #[test]
+    fn only_regular_files_of_storage_file_systems_are_opened() {
+        // Through the /proc/self symlink, as a hostile URI would name it.
+        let memory = refusal(Path::new("/proc/self/mem"), Access::Write);
+        assert!(memory.contains("kernel file system"), "{memory}");
+        let sysfs = refusal(Path::new("/sys/kernel/uevent_seqnum"), Access::Read);
+        assert!(sysfs.contains("kernel file system"), "{sysfs}");
+        let device = refusal(Path::new("/dev/null"), Access::Write);
+        assert!(device.contains("not a regular file"), "{device}");
+        // A FIFO with no writer: refused at once, not waited on.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("fifo");
+        let name = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: `name` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
+        assert!(refusal(&fifo, Access::Read).contains("not a regular file"));
+        // A regular file is opened, and blocking.
+        let opened = open_block_file(&dir.path().join("block"), Access::Write, false)
+            .unwrap_or_else(|failure| panic!("{}", failure.source));
+        // SAFETY: F_GETFL on a descriptor `opened` keeps open; no pointers.
+        let flags = unsafe { libc::fcntl(opened.file.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_NONBLOCK, 0);
     }
 
     #[test]
