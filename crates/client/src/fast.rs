@@ -18,7 +18,7 @@ use kvcm::proto::meta;
 use kvcm::service::convert::{mask_from_wire, query_kind};
 use kvcm_lookup::avail::Availability;
 use kvcm_lookup::header::{
-    candidates, Header, FORMAT_VERSION, HEADER_BLOCK, OLDEST_READABLE_VERSION,
+    candidates, layout_version, Header, FORMAT_VERSION, HEADER_BLOCK, OLDEST_READABLE_VERSION,
 };
 use kvcm_lookup::reader::{self, Copy};
 use kvcm_lookup::slot::SlotRef;
@@ -36,6 +36,10 @@ use kvcm::lookup::messages::{self, Reply, Request};
 const MAX_ATTEMPTS: usize = 16;
 /// Bytes read per cold template (a longer entry costs one more read).
 const TEMPLATE_READ: usize = 256;
+/// Longest string entry a reader takes (the longest a server writes — a spec list of 64
+/// names of 255 bytes, a template of two long paths — is far below): a longer one is a
+/// broken table, not a reason to read gigabytes.
+const MAX_ENTRY_BYTES: usize = 256 << 10;
 
 /// A connection to one instance's table.
 pub(crate) struct FastPath {
@@ -197,7 +201,7 @@ impl FastPath {
 
     /// Bytes of the header page and the current generation.
     pub(crate) fn table_bytes(&self) -> u64 {
-        4096 + self.header.generation_len
+        self.header.generation_len.saturating_add(4096)
     }
 
     /// The epoch of the header last read.
@@ -238,7 +242,13 @@ impl FastPath {
                     .fetch_entries(&[header.spec_list])?
                     .remove(&header.spec_list)
                 {
-                    Some(Entry::Specs(specs)) => specs,
+                    // As many specs as the header's slots have parts, in the layout it says.
+                    Some(Entry::Specs(specs))
+                        if (1..=header.max_parts as usize).contains(&specs.len())
+                            && layout_version(&specs) == header.layout_version =>
+                    {
+                        specs
+                    }
                     _ => return Err(FastError::Broken("the spec list entry is missing".into())),
                 };
             }
@@ -511,6 +521,11 @@ impl FastPath {
             let copy = &bytes[at..at + read.len];
             at += read.len;
             let len = strings::entry_len(copy)?;
+            if len > MAX_ENTRY_BYTES {
+                return Err(FastError::Broken(format!(
+                    "string entry {id} claims {len} bytes"
+                )));
+            }
             let entry = if len <= copy.len() {
                 strings::decode(copy)?
             } else {

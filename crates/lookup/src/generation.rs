@@ -539,6 +539,35 @@ mod tests {
         }
     }
 
+    /// A header whose availability block could not belong to u16 storage handles, or whose
+    /// generation wraps the address space, is refused (a reader would size buffers or form
+    /// addresses from it).
+    #[test]
+    fn headers_with_huge_availability_or_wrapping_addresses_are_refused() {
+        let generation = generation(16, 4096);
+        let sound = generation.header(1, 7, 9, 16, [0; WIRES]);
+        // An availability block just past the cap, everything after it moved along.
+        let mut huge = sound;
+        let cap = crate::avail::block_bytes(1 << 16) as u64;
+        huge.avail_bytes = u32::try_from(cap + 64).unwrap();
+        let shift = u64::from(huge.avail_bytes) - sound.bucket_offset.min(cap);
+        huge.bucket_offset += shift;
+        huge.strings_offset += shift;
+        huge.generation_len += shift;
+        let mut wrapping = sound;
+        wrapping.generation_addr = u64::MAX - 8;
+        for (what, header) in [("sound", sound), ("huge", huge), ("wrapping", wrapping)] {
+            let opened = Header::open(&seqlock::seal(header.to_body(), 2));
+            match what {
+                "sound" => assert!(matches!(opened, Ok(Some(_))), "{opened:?}"),
+                _ => assert!(
+                    matches!(opened, Err(FormatError::Corrupt(_))),
+                    "{what}: {opened:?}"
+                ),
+            }
+        }
+    }
+
     /// A generation for two specs with slots of `max_parts` records.
     fn generation_of(max_parts: usize, buckets: u64, heap: usize) -> Generation<HostMemory> {
         let domain = SoftDomain::open(SoftConfig::default()).unwrap();

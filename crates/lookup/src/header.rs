@@ -147,6 +147,10 @@ impl Header {
             && self.bucket_count >= 2
             && u64::from(self.avail_bytes) <= self.bucket_offset
             && self.avail_bytes as usize >= seqlock::OVERHEAD + 8
+            // Storage handles are u16: no availability block is larger than theirs.
+            && self.avail_bytes as usize <= crate::avail::block_bytes(1 << 16)
+            // Every address a reader forms (generation + an offset inside it) fits 64 bits.
+            && self.generation_addr.checked_add(self.generation_len).is_some()
             && fits(buckets_end)
             && fits(strings_end)
             && self.strings_len <= u64::from(u32::MAX) * 8;

@@ -114,6 +114,13 @@ impl PoolLink {
         qp.connect(&remote).map_err(|e| e.to_string())?;
         let mut info = [0u8; RegionInfo::SIZE];
         stream.read_exact(&mut info).map_err(io)?;
+        let info = RegionInfo::decode(&info);
+        // Every address formed (region + an in-bounds offset) must fit 64 bits.
+        if info.addr.checked_add(info.len).is_none() {
+            return Err(format!(
+                "pool node {endpoint}: a region that wraps the address space"
+            ));
+        }
         // After a ticket hello, whether the queue pair reaches only the instance's runs.
         let mut isolated = [0u8; 1];
         if ticket.is_some() {
@@ -136,7 +143,7 @@ impl PoolLink {
             staging: staging_memory,
             staging_region,
             caller_regions: Vec::new(),
-            info: RegionInfo::decode(&info),
+            info,
             runs: (isolated[0] == 1).then(RunKeys::default),
             endpoint,
             ticket: ticket.copied(),
