@@ -886,6 +886,63 @@ fn the_client_fails_over_past_an_unreachable_server() {
     assert!(fast.prefix_match(&keys).expect("fast").is_empty());
 }
 
+/// A server that accepts connections and never answers (hung, or hostile) fails the call
+/// within the client's call timeout (30 s), which then fails over to the next server; before
+/// the timeout, such a server held the client for good.
+#[test]
+fn a_server_that_never_answers_is_failed_over_within_the_call_timeout() {
+    use std::io::Read;
+    let (runtime, server) = start_server();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let silent_addr = silent.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for stream in silent.incoming().flatten() {
+            // Reads whatever comes, answers nothing, closes nothing.
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut sink = [0u8; 4096];
+                while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+                std::thread::sleep(Duration::from_secs(120));
+            });
+        }
+    });
+    let keys = [8i64, 9];
+    runtime.block_on(async {
+        let started = start(&server, &keys, &[], 30).await;
+        finish(&server, &started["write_session_id"], vec![true; 2]).await;
+    });
+    let config = ClientConfig {
+        servers: vec![
+            ServerAddress {
+                grpc: format!("http://{silent_addr}"),
+                http: silent_addr,
+            },
+            ServerAddress {
+                grpc: format!("http://{}", server.address("grpc")),
+                http: server.address("http"),
+            },
+        ],
+        instance_id: INSTANCE.into(),
+        wire: None,
+        api_key: None,
+        tls: None,
+    };
+    let (answered, answer) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let client = Client::connect(config).expect("client");
+        let _ = answered.send(client.prefix_match(&keys).map(|found| found.len()));
+    });
+    let found = answer
+        .recv_timeout(Duration::from_secs(90))
+        .expect("the call came back: the silent server did not hold it");
+    assert_eq!(found.expect("failed over"), 2);
+    eprintln!(
+        "failed over past the silent server in {:?}",
+        started.elapsed()
+    );
+}
+
 /// A client with read reports on: every lookup its fast path answers is counted by the
 /// server — in the live capacity curve and the event log — though none reached it as a
 /// GetCacheLocation.

@@ -4,6 +4,7 @@
 
 use kvcm::proto::meta;
 use kvcm::proto::meta::meta_service_client::MetaServiceClient;
+use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig};
@@ -14,6 +15,15 @@ use crate::error::ClientError;
 const OK: i32 = 1;
 /// `ErrorCode::ServerNotLeader`.
 const SERVER_NOT_LEADER: i32 = 9;
+/// Longest a connection to a server may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest one call may take (the server's own limit, `kvcm.service.grpc_request_timeout_ms`,
+/// is as long): a server that accepts and never answers fails the call, which moves on to
+/// the next server, instead of holding the client for good.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// HTTP/2 pings on an idle connection, and how long one may go unanswered: a server that
+/// vanished without closing is noticed.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 /// A meta client whose calls carry the API key.
 pub(crate) type MetaClient = MetaServiceClient<InterceptedService<Channel, Bearer>>;
@@ -173,8 +183,12 @@ impl Grpc {
         if let Some(client) = &self.channels[index] {
             return Ok(client.clone());
         }
-        let mut endpoint =
-            Channel::from_shared(self.endpoints[index].clone()).map_err(|e| e.to_string())?;
+        let mut endpoint = Channel::from_shared(self.endpoints[index].clone())
+            .map_err(|e| e.to_string())?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(CALL_TIMEOUT)
+            .http2_keep_alive_interval(KEEP_ALIVE)
+            .keep_alive_timeout(KEEP_ALIVE);
         if let Some(tls) = &self.tls {
             endpoint = endpoint
                 .tls_config(tls.clone())
