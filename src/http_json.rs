@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -82,11 +82,49 @@ pub fn post_json_with<A: DeserializeOwned>(
         "POST {route} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{authorization}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
+    // Each read also has `deadline` of its own, so the whole exchange ends within about
+    // twice `deadline` however slowly the server trickles its answer.
+    let end = Instant::now() + deadline;
     let answer = match tls {
-        Some(tls) => exchange(tls.wrap(stream).map_err(io("TLS"))?, &head, &body),
-        None => exchange(stream, &head, &body),
+        Some(tls) => exchange(
+            By::new(tls.wrap(stream).map_err(io("TLS"))?, end),
+            &head,
+            &body,
+        ),
+        None => exchange(By::new(stream, end), &head, &body),
     }?;
     parse_response(&answer)
+}
+
+/// A stream whose reads fail with `TimedOut` once `end` has passed.
+struct By<S> {
+    stream: S,
+    end: Instant,
+}
+
+impl<S> By<S> {
+    fn new(stream: S, end: Instant) -> By<S> {
+        By { stream, end }
+    }
+}
+
+impl<S: Read> Read for By<S> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if Instant::now() >= self.end {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.read(buf)
+    }
+}
+
+impl<S: Write> Write for By<S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
 }
 
 /// Sends `head` and `body` on `stream`, then reads the answer to its end.
@@ -159,5 +197,33 @@ mod tests {
         }
         let chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{}";
         assert!(parse_response::<serde_json::Value>(chunked.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_server_trickling_its_answer_runs_out_of_about_twice_the_deadline() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let trickler = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            // One byte every 50 ms: every read is quick, the answer never ends.
+            for _ in 0..200 {
+                std::thread::sleep(Duration::from_millis(50));
+                if stream.write_all(b"H").is_err() {
+                    return;
+                }
+            }
+        });
+        let deadline = Duration::from_millis(400);
+        let started = Instant::now();
+        let answer = post_json::<serde_json::Value>(addr, "/r", &serde_json::json!({}), deadline);
+        assert!(
+            matches!(&answer, Err(PostError::Io { what: "read", source })
+                if source.kind() == std::io::ErrorKind::TimedOut),
+            "{answer:?}"
+        );
+        assert!(started.elapsed() < deadline * 3, "{:?}", started.elapsed());
+        trickler.join().unwrap();
     }
 }

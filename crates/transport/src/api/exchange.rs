@@ -3,6 +3,7 @@
 use crate::{Result, TransportError};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::time::Instant;
 
 /// Largest endpoint accepted from a peer.
 const MAX_ENDPOINT_LEN: usize = 4096;
@@ -32,10 +33,23 @@ pub fn write_endpoint(stream: &mut TcpStream, local: &QpEndpoint) -> Result<()> 
 }
 
 /// Receives the peer's endpoint on `stream`.
+///
+/// The stream's read timeout, when set, bounds the whole endpoint, not each read: a peer
+/// trickling its bytes cannot stretch the exchange past it.
 pub fn read_endpoint(stream: &mut TcpStream) -> Result<QpEndpoint> {
     let io = |e| TransportError::io("endpoint exchange", e);
+    let limit = stream.read_timeout().map_err(io)?;
+    let read = read_endpoint_by(stream, limit.map(|limit| Instant::now() + limit));
+    // The caller's per-read timeout again, for what it reads next.
+    stream.set_read_timeout(limit).map_err(io)?;
+    read
+}
+
+/// [`read_endpoint`] with every byte in by `end`.
+fn read_endpoint_by(stream: &mut TcpStream, end: Option<Instant>) -> Result<QpEndpoint> {
+    let io = |e| TransportError::io("endpoint exchange", e);
     let mut len_bytes = [0u8; 4];
-    stream.read_exact(&mut len_bytes).map_err(io)?;
+    read_exact_by(stream, &mut len_bytes, end).map_err(io)?;
     let remote_len = u32::from_le_bytes(len_bytes) as usize;
     if remote_len > MAX_ENDPOINT_LEN {
         return Err(TransportError::BadEndpoint(format!(
@@ -43,8 +57,35 @@ pub fn read_endpoint(stream: &mut TcpStream) -> Result<QpEndpoint> {
         )));
     }
     let mut remote = vec![0u8; remote_len];
-    stream.read_exact(&mut remote).map_err(io)?;
+    read_exact_by(stream, &mut remote, end).map_err(io)?;
     Ok(QpEndpoint(remote))
+}
+
+/// Fills `buf` from `stream`, giving each read what is left until `end` (no bound: as
+/// `read_exact`); `TimedOut` once `end` has passed.
+fn read_exact_by(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    end: Option<Instant>,
+) -> std::io::Result<()> {
+    let Some(end) = end else {
+        return stream.read_exact(buf);
+    };
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -64,6 +105,37 @@ mod tests {
         let got = exchange_endpoints(&mut client, &QpEndpoint(b"client".to_vec())).unwrap();
         assert_eq!(got.0, b"server");
         assert_eq!(server.join().unwrap().0, b"client");
+    }
+
+    #[test]
+    fn a_peer_trickling_its_endpoint_runs_out_of_one_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let trickler = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            // A length of 64, then one byte every 100 ms: each read is quick, the whole slow.
+            stream.write_all(&64u32.to_le_bytes()).unwrap();
+            for _ in 0..64 {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                if stream.write_all(b"x").is_err() {
+                    return;
+                }
+            }
+        });
+        let mut client = TcpStream::connect(addr).unwrap();
+        let limit = std::time::Duration::from_millis(500);
+        client.set_read_timeout(Some(limit)).unwrap();
+        let started = Instant::now();
+        let refused = read_endpoint(&mut client).unwrap_err().to_string();
+        assert!(started.elapsed() < limit * 3, "{:?}", started.elapsed());
+        assert!(refused.contains("endpoint exchange"), "{refused}");
+        assert_eq!(
+            client.read_timeout().unwrap(),
+            Some(limit),
+            "the caller's timeout is back"
+        );
+        drop(client);
+        trickler.join().unwrap();
     }
 
     #[test]
