@@ -12,6 +12,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
 
+use kvcm_transport::DeadlineStream;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -164,9 +165,9 @@ impl TlsClient {
         tls
     }
 
-    /// `tcp` after a TLS handshake (run on the first read or write, within the socket's
-    /// timeouts).
-    pub fn wrap(&self, tcp: TcpStream) -> io::Result<TlsStream> {
+    /// `tcp` after a TLS handshake (run on the first read or write, within the stream's
+    /// deadline like every byte after it).
+    pub fn wrap(&self, tcp: DeadlineStream<TcpStream>) -> io::Result<TlsStream> {
         let connection =
             rustls::ClientConnection::new(self.config.clone(), self.server_name.clone())
                 .map_err(io::Error::other)?;
@@ -175,7 +176,7 @@ impl TlsClient {
 }
 
 /// A blocking TLS connection made by [`TlsClient::wrap`].
-pub struct TlsStream(rustls::StreamOwned<rustls::ClientConnection, TcpStream>);
+pub struct TlsStream(rustls::StreamOwned<rustls::ClientConnection, DeadlineStream<TcpStream>>);
 
 impl Read for TlsStream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {

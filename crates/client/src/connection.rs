@@ -22,9 +22,10 @@ use crate::Wire;
 
 /// Most READs posted at once (within the queue depth).
 const BATCH: usize = 512;
-/// Most bytes one call reads (a prefix-128 lookup reads well under 1 MiB): beyond, the
-/// server's table is broken, and no buffer grows for it.
-const MAX_READ_BYTES: usize = 16 << 20;
+/// Most bytes one call reads (a prefix-128 lookup reads well under 1 MiB; each read's length
+/// is bounded by the header's checks, so only the number of keys asked can reach this):
+/// beyond, the lookup is asked over gRPC, and no buffer grows for it.
+const MAX_READ_BYTES: usize = 64 << 20;
 /// How long a batch may take before the connection is given up.
 const DEADLINE: Duration = Duration::from_secs(2);
 /// How long a message call polls for its reply, yielding the CPU between polls, before it
@@ -205,7 +206,9 @@ impl Connection {
             .iter()
             .try_fold(0usize, |sum, r| sum.checked_add(r.len))
             .filter(|&total| total <= MAX_READ_BYTES)
-            .ok_or_else(|| FastError::Broken("a lookup would read more than 16 MiB".into()))?;
+            .ok_or(FastError::AskServer(
+                "a lookup this large would read more than 64 MiB",
+            ))?;
         bytes.resize(total, 0);
         if let (Wire::Shm, Some(qp)) = (self.wire, self.qp.as_soft()) {
             let remote = |r: &Read| {

@@ -140,6 +140,17 @@ impl Manager {
     }
 }
 
+/// Clears `retrying` when the retry thread panics.
+struct Retired(Weak<Manager>);
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        if let Some(manager) = std::thread::panicking().then(|| self.0.upgrade()).flatten() {
+            manager.removals_left().retrying = false;
+        }
+    }
+}
+
 /// Removed instances whose cache is still to be deleted, and whether a thread retries them
 /// (at most one does; it ends once none is left).
 #[derive(Default)]
@@ -152,6 +163,9 @@ pub(crate) struct RemovalsLeft {
 /// [`REMOVAL_RETRY`]'s longest), until none is left or the manager is gone.
 fn retry_removals(manager: &Weak<Manager>) {
     super::background::lower_priority();
+    // A panic in a round leaves the flag clear, so the next removal that fails starts
+    // another thread.
+    let _retired = Retired(manager.clone());
     let (mut wait, longest) = REMOVAL_RETRY;
     loop {
         std::thread::sleep(wait);
@@ -168,6 +182,7 @@ fn retry_removals(manager: &Weak<Manager>) {
         left.instances
             .retain(|instance| !deleted.iter().any(|done| Arc::ptr_eq(done, instance)));
         if left.instances.is_empty() {
+            // Under the lock: a removal failing from now on starts a thread of its own.
             left.retrying = false;
             tracing::info!("every removed instance's cache is deleted");
             return;

@@ -54,7 +54,7 @@ pub use self::cuda::{cuda_present, CudaDevice};
 pub use self::device::{Device, DeviceRange, HostStaging};
 use self::directory::Directory;
 use self::pool_link::PoolLink;
-use self::route::{target_of, Target};
+use self::route::{target_of, FilePolicy, Target};
 use crate::{Client, ClientConfig, ClientError, Wire};
 
 /// How the engine moves bytes.
@@ -540,12 +540,13 @@ impl TransferEngine {
             present,
             absent,
         };
+        let mut files = FilePolicy::new(&self.config.file_roots);
         for (position, &block) in put.absent.iter().enumerate() {
             let Some(location) = start.locations.get(position) else {
                 put.failed[block] = Some("the server gave no location".into());
                 continue;
             };
-            match plan(location, &sizes[block], block, &self.config.file_roots) {
+            match plan(location, &sizes[block], block, &mut files) {
                 Ok(planned) => put.planned.extend(planned),
                 Err(reason) => put.failed[block] = Some(reason),
             }
@@ -671,11 +672,12 @@ impl TransferEngine {
             corrupt: Vec::new(),
             planned: Vec::new(),
         };
+        let mut files = FilePolicy::new(&self.config.file_roots);
         for (block, location) in locations.iter().enumerate().take(keys.len()) {
             if is_miss(location) {
                 continue;
             }
-            match plan(location, &sizes[block], block, &self.config.file_roots) {
+            match plan(location, &sizes[block], block, &mut files) {
                 Ok(planned) => get.planned.extend(planned),
                 Err(reason) => get.outcomes[block] = GetOutcome::Miss(Some(reason)),
             }
@@ -1099,7 +1101,7 @@ fn plan(
     location: &meta::CacheLocation,
     sizes: &[usize],
     block: usize,
-    file_roots: &[PathBuf],
+    files: &mut FilePolicy,
 ) -> Result<Vec<Planned>, String> {
     if sizes.len() != location.location_specs.len() {
         return Err(format!(
@@ -1117,7 +1119,7 @@ fn plan(
             Ok(Planned {
                 block,
                 spec,
-                target: target_of(&located.uri, len, file_roots)?,
+                target: target_of(&located.uri, len, files)?,
                 len,
                 checksum: located.checksum,
             })

@@ -112,8 +112,10 @@ impl PoolLink {
         stream.write_all(&hello).map_err(io)?;
         let remote = exchange_endpoints(&mut stream, &qp.endpoint()).map_err(|e| e.to_string())?;
         qp.connect(&remote).map_err(|e| e.to_string())?;
+        // The region's description and the isolation byte: all in by one deadline.
+        let mut answer = kvcm_transport::DeadlineStream::new(&mut stream, timeout);
         let mut info = [0u8; RegionInfo::SIZE];
-        stream.read_exact(&mut info).map_err(io)?;
+        answer.read_exact(&mut info).map_err(io)?;
         let info = RegionInfo::decode(&info);
         // Every address formed (region + an in-bounds offset) must fit 64 bits.
         if info.addr.checked_add(info.len).is_none() {
@@ -124,7 +126,7 @@ impl PoolLink {
         // After a ticket hello, whether the queue pair reaches only the instance's runs.
         let mut isolated = [0u8; 1];
         if ticket.is_some() {
-            stream.read_exact(&mut isolated).map_err(io)?;
+            answer.read_exact(&mut isolated).map_err(io)?;
         }
         let staging_memory = domain
             .alloc(staging.max(1 << 20))

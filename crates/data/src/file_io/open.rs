@@ -8,6 +8,9 @@
 //!   [`OpenedFile::direct`] says so; the caller reports it per op;
 //! * for writing, missing parent directories are created (mode 0755) and a missing file is
 //!   created (mode 0644), both subject to the umask; an existing file is never truncated;
+//! * no symlink is followed on the way to a file (`openat2` with `RESOLVE_NO_SYMLINKS`):
+//!   callers pass real paths (the client library resolves and checks them first), so a
+//!   link on the storage fails the open instead of leading elsewhere;
 //! * only a regular file of a storage file system is used: a path the server named that
 //!   leads to a FIFO, a device, a socket, or a file of procfs, sysfs or another kernel file
 //!   system (`/proc/self/mem`, through any symlink) is refused before any byte moves, and
@@ -154,8 +157,8 @@ fn open_preferring_direct(
 
 /// Kernel file systems whose files are no block storage (`statfs(2)` magic numbers): proc,
 /// sysfs, debugfs, securityfs, tracefs, configfs, cgroup, cgroup2, bpf, devpts, pstore,
-/// efivarfs.
-const KERNEL_FILE_SYSTEMS: [i64; 12] = [
+/// efivarfs, binfmt_misc, selinuxfs.
+const KERNEL_FILE_SYSTEMS: [i64; 14] = [
     0x9fa0,
     0x6265_6572,
     0x6462_6720,
@@ -168,6 +171,8 @@ const KERNEL_FILE_SYSTEMS: [i64; 12] = [
     0x1cd1,
     0x6165_676c,
     0xde5e_81e4,
+    0x4249_4e4d,
+    0xf97c_ff8c,
 ];
 
 /// `file` when it is a regular file of a storage file system, made blocking again; an
@@ -230,16 +235,71 @@ fn create_parent_directories(path: &Path) -> Result<(), OpenFailure> {
         })
 }
 
+/// Opens `path` following no symlink on the way (the caller resolved the path it checked:
+/// a link planted or swapped in since fails the open instead of leading elsewhere), and
+/// non-blocking until `storage_file` has seen a regular file (opening a FIFO would wait).
+/// A kernel without `openat2` (before 5.6) refuses only a link as the last component.
 fn open_with_flags(path: &Path, access: Access, direct: bool) -> io::Result<File> {
-    let mut options = OpenOptions::new();
-    match access {
-        Access::Read => options.read(true),
-        Access::Write => options.write(true).create(true).mode(0o644),
+    let mut flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+    flags |= match access {
+        Access::Read => libc::O_RDONLY,
+        Access::Write => libc::O_WRONLY | libc::O_CREAT,
     };
-    // Non-blocking until `storage_file` has seen a regular file: opening a FIFO would wait.
-    let direct = if direct { libc::O_DIRECT } else { 0 };
-    options.custom_flags(libc::O_NONBLOCK | direct);
-    options.open(path)
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    let opened = match open_beneath_no_links(path, flags) {
+        Err(error) if error.raw_os_error() == Some(libc::ENOSYS) => {
+            let mut options = OpenOptions::new();
+            options.read(access == Access::Read);
+            options
+                .write(access == Access::Write)
+                .create(access == Access::Write);
+            options.mode(0o644).custom_flags(flags | libc::O_NOFOLLOW);
+            options.open(path)
+        }
+        opened => opened,
+    };
+    match opened {
+        // A lease (an NFS delegation, an oplock) makes a non-blocking open refuse to wait:
+        // a regular file may wait for it.
+        Err(error)
+            if error.kind() == io::ErrorKind::WouldBlock
+                && fs::symlink_metadata(path).is_ok_and(|meta| meta.is_file()) =>
+        {
+            open_beneath_no_links(path, flags & !libc::O_NONBLOCK)
+        }
+        opened => opened,
+    }
+}
+
+/// `openat2(AT_FDCWD, path, flags, 0644)` resolving no symlink (nor /proc magic link).
+fn open_beneath_no_links(path: &Path, flags: i32) -> io::Result<File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    // SAFETY: open_how is plain old data; all-zero is a valid value, filled in below.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.mode = if flags & libc::O_CREAT != 0 { 0o644 } else { 0 };
+    how.resolve = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: `name` is NUL-terminated and `how` a valid open_how of the size passed; both
+    // outlive the call, which only reads them.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            libc::AT_FDCWD,
+            name.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor, owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]
@@ -272,9 +332,12 @@ mod tests {
 
     #[test]
     fn only_regular_files_of_storage_file_systems_are_opened() {
-        // Through the /proc/self symlink, as a hostile URI would name it.
-        let memory = refusal(Path::new("/proc/self/mem"), Access::Write);
+        // The process's own memory, by its real path (through the /proc/self link the open
+        // itself is refused).
+        let mem = PathBuf::from(format!("/proc/{}/mem", std::process::id()));
+        let memory = refusal(&mem, Access::Write);
         assert!(memory.contains("kernel file system"), "{memory}");
+        assert!(open_block_file(Path::new("/proc/self/mem"), Access::Write, false).is_err());
         let sysfs = refusal(Path::new("/sys/kernel/uevent_seqnum"), Access::Read);
         assert!(sysfs.contains("kernel file system"), "{sysfs}");
         let device = refusal(Path::new("/dev/null"), Access::Write);
@@ -286,6 +349,12 @@ mod tests {
         // SAFETY: `name` is a NUL-terminated path that outlives the call.
         assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0, "mkfifo");
         assert!(refusal(&fifo, Access::Read).contains("not a regular file"));
+        // A directory on the way that is a link: refused, not followed.
+        std::fs::create_dir(dir.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("link")).unwrap();
+        let through = open_block_file(&dir.path().join("link/block"), Access::Write, false);
+        assert!(through.is_err(), "a path through a link was opened");
+        assert!(!dir.path().join("real/block").exists());
         // A regular file is opened, and blocking.
         let opened = open_block_file(&dir.path().join("block"), Access::Write, false)
             .unwrap_or_else(|failure| panic!("{}", failure.source));

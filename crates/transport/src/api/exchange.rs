@@ -1,9 +1,9 @@
 //! Out-of-band exchange of queue-pair endpoints over a TCP stream.
 
+use super::DeadlineStream;
 use crate::{Result, TransportError};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Instant;
 
 /// Largest endpoint accepted from a peer.
 const MAX_ENDPOINT_LEN: usize = 4096;
@@ -38,18 +38,20 @@ pub fn write_endpoint(stream: &mut TcpStream, local: &QpEndpoint) -> Result<()> 
 /// trickling its bytes cannot stretch the exchange past it.
 pub fn read_endpoint(stream: &mut TcpStream) -> Result<QpEndpoint> {
     let io = |e| TransportError::io("endpoint exchange", e);
-    let limit = stream.read_timeout().map_err(io)?;
-    let read = read_endpoint_by(stream, limit.map(|limit| Instant::now() + limit));
+    let Some(limit) = stream.read_timeout().map_err(io)? else {
+        return read_endpoint_from(stream);
+    };
+    let read = read_endpoint_from(&mut DeadlineStream::new(&mut *stream, limit));
     // The caller's per-read timeout again, for what it reads next.
-    stream.set_read_timeout(limit).map_err(io)?;
+    stream.set_read_timeout(Some(limit)).map_err(io)?;
     read
 }
 
-/// [`read_endpoint`] with every byte in by `end`.
-fn read_endpoint_by(stream: &mut TcpStream, end: Option<Instant>) -> Result<QpEndpoint> {
+/// [`read_endpoint`] from any reader.
+fn read_endpoint_from(stream: &mut impl Read) -> Result<QpEndpoint> {
     let io = |e| TransportError::io("endpoint exchange", e);
     let mut len_bytes = [0u8; 4];
-    read_exact_by(stream, &mut len_bytes, end).map_err(io)?;
+    stream.read_exact(&mut len_bytes).map_err(io)?;
     let remote_len = u32::from_le_bytes(len_bytes) as usize;
     if remote_len > MAX_ENDPOINT_LEN {
         return Err(TransportError::BadEndpoint(format!(
@@ -57,35 +59,8 @@ fn read_endpoint_by(stream: &mut TcpStream, end: Option<Instant>) -> Result<QpEn
         )));
     }
     let mut remote = vec![0u8; remote_len];
-    read_exact_by(stream, &mut remote, end).map_err(io)?;
+    stream.read_exact(&mut remote).map_err(io)?;
     Ok(QpEndpoint(remote))
-}
-
-/// Fills `buf` from `stream`, giving each read what is left until `end` (no bound: as
-/// `read_exact`); `TimedOut` once `end` has passed.
-fn read_exact_by(
-    stream: &mut TcpStream,
-    buf: &mut [u8],
-    end: Option<Instant>,
-) -> std::io::Result<()> {
-    let Some(end) = end else {
-        return stream.read_exact(buf);
-    };
-    let mut filled = 0;
-    while filled < buf.len() {
-        let left = end.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::ErrorKind::TimedOut.into());
-        }
-        stream.set_read_timeout(Some(left))?;
-        match stream.read(&mut buf[filled..]) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -125,7 +100,7 @@ mod tests {
         let mut client = TcpStream::connect(addr).unwrap();
         let limit = std::time::Duration::from_millis(500);
         client.set_read_timeout(Some(limit)).unwrap();
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         let refused = read_endpoint(&mut client).unwrap_err().to_string();
         assert!(started.elapsed() < limit * 3, "{:?}", started.elapsed());
         assert!(refused.contains("endpoint exchange"), "{refused}");

@@ -13,10 +13,12 @@
 //! - work requests of one queue pair execute in order (reliable connected).
 
 mod access;
+mod deadline;
 mod exchange;
 mod work;
 
 pub use access::Access;
+pub use deadline::DeadlineStream;
 pub use exchange::{exchange_endpoints, read_endpoint, write_endpoint, QpEndpoint};
 pub use work::{
     QpState, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,

@@ -1,0 +1,95 @@
+//! A TCP stream with one deadline for everything read and written on it: before each
+//! socket read or write the stream's timeout is set to what is left, and once the deadline
+//! has passed every call fails with `TimedOut`. So a peer that trickles its bytes (each
+//! read quick, the whole slow) cannot stretch a handshake, a TLS negotiation run inside
+//! the first read or write, or an answer, past the deadline.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// `stream`, with every byte in or out by `end` (see the module docs).
+#[derive(Debug)]
+pub struct DeadlineStream<S> {
+    stream: S,
+    end: Instant,
+}
+
+impl<S: std::borrow::BorrowMut<TcpStream>> DeadlineStream<S> {
+    /// `stream` (owned or borrowed) with a deadline of `limit` from now.
+    pub fn new(stream: S, limit: Duration) -> DeadlineStream<S> {
+        DeadlineStream {
+            stream,
+            end: Instant::now() + limit,
+        }
+    }
+
+    /// The stream.
+    pub fn into_inner(self) -> S {
+        self.stream
+    }
+
+    /// What is left until the deadline; `TimedOut` once none is.
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        Ok(left)
+    }
+}
+
+impl<S: std::borrow::BorrowMut<TcpStream>> Read for DeadlineStream<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        let stream = self.stream.borrow_mut();
+        stream.set_read_timeout(Some(left))?;
+        stream.read(buf)
+    }
+}
+
+impl<S: std::borrow::BorrowMut<TcpStream>> Write for DeadlineStream<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        let stream = self.stream.borrow_mut();
+        stream.set_write_timeout(Some(left))?;
+        stream.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.borrow_mut().flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_peer_trickling_bytes_runs_out_of_one_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let trickler = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            // One byte every 50 ms: each read is quick, the whole never ends.
+            for _ in 0..200 {
+                std::thread::sleep(Duration::from_millis(50));
+                if stream.write_all(b"x").is_err() {
+                    return;
+                }
+            }
+        });
+        let client = TcpStream::connect(addr).unwrap();
+        let limit = Duration::from_millis(300);
+        let started = Instant::now();
+        let mut stream = DeadlineStream::new(client, limit);
+        let mut all = Vec::new();
+        let error = stream.read_to_end(&mut all).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < limit * 2, "{:?}", started.elapsed());
+        assert!(!all.is_empty(), "it read what came in time");
+        drop(stream);
+        trickler.join().unwrap();
+    }
+}
