@@ -842,6 +842,31 @@ fn a_peer_that_takes_no_replies_is_dropped_beyond_256_waiting() {
     assert_eq!(written.expect("served").locations.len(), 1);
 }
 
+/// A client of [`INSTANCE`] on `wire` whose server list names `first` (an address that
+/// fails) before `server`.
+fn listed_after(
+    first: std::net::SocketAddr,
+    server: &TestServer,
+    wire: Option<Wire>,
+) -> ClientConfig {
+    ClientConfig {
+        servers: vec![
+            ServerAddress {
+                grpc: format!("http://{first}"),
+                http: first,
+            },
+            ServerAddress {
+                grpc: format!("http://{}", server.address("grpc")),
+                http: server.address("http"),
+            },
+        ],
+        instance_id: INSTANCE.into(),
+        wire,
+        api_key: None,
+        tls: None,
+    }
+}
+
 /// With an unreachable server listed first, the client connects its fast path to the next
 /// one and its gRPC calls fail over to it.
 #[test]
@@ -850,25 +875,7 @@ fn the_client_fails_over_past_an_unreachable_server() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
     let dead_addr = dead.local_addr().expect("addr");
     drop(dead);
-    let live = |wire| {
-        Client::connect(ClientConfig {
-            servers: vec![
-                ServerAddress {
-                    grpc: format!("http://{dead_addr}"),
-                    http: dead_addr,
-                },
-                ServerAddress {
-                    grpc: format!("http://{}", server.address("grpc")),
-                    http: server.address("http"),
-                },
-            ],
-            instance_id: INSTANCE.into(),
-            wire,
-            api_key: None,
-            tls: None,
-        })
-        .expect("client")
-    };
+    let live = |wire| Client::connect(listed_after(dead_addr, &server, wire)).expect("client");
     let keys = [5i64, 6, 7];
     runtime.block_on(async {
         let started = start(&server, &keys, &[], 30).await;
@@ -912,22 +919,7 @@ fn a_server_that_never_answers_is_failed_over_within_the_call_timeout() {
         let started = start(&server, &keys, &[], 30).await;
         finish(&server, &started["write_session_id"], vec![true; 2]).await;
     });
-    let config = ClientConfig {
-        servers: vec![
-            ServerAddress {
-                grpc: format!("http://{silent_addr}"),
-                http: silent_addr,
-            },
-            ServerAddress {
-                grpc: format!("http://{}", server.address("grpc")),
-                http: server.address("http"),
-            },
-        ],
-        instance_id: INSTANCE.into(),
-        wire: None,
-        api_key: None,
-        tls: None,
-    };
+    let config = listed_after(silent_addr, &server, None);
     let (answered, answer) = std::sync::mpsc::channel();
     let started = Instant::now();
     std::thread::spawn(move || {
