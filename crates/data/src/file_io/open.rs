@@ -248,7 +248,7 @@ fn open_with_flags(path: &Path, access: Access, direct: bool) -> io::Result<File
     if direct {
         flags |= libc::O_DIRECT;
     }
-    let opened = match open_beneath_no_links(path, flags) {
+    let open = |flags: i32| match open_beneath_no_links(path, flags) {
         Err(error) if error.raw_os_error() == Some(libc::ENOSYS) => {
             let mut options = OpenOptions::new();
             options.read(access == Access::Read);
@@ -260,14 +260,14 @@ fn open_with_flags(path: &Path, access: Access, direct: bool) -> io::Result<File
         }
         opened => opened,
     };
-    match opened {
+    match open(flags) {
         // A lease (an NFS delegation, an oplock) makes a non-blocking open refuse to wait:
         // a regular file may wait for it.
         Err(error)
             if error.kind() == io::ErrorKind::WouldBlock
                 && fs::symlink_metadata(path).is_ok_and(|meta| meta.is_file()) =>
         {
-            open_beneath_no_links(path, flags & !libc::O_NONBLOCK)
+            open(flags & !libc::O_NONBLOCK)
         }
         opened => opened,
     }

@@ -24,11 +24,6 @@ impl<S: std::borrow::BorrowMut<TcpStream>> DeadlineStream<S> {
         }
     }
 
-    /// The stream.
-    pub fn into_inner(self) -> S {
-        self.stream
-    }
-
     /// What is left until the deadline; `TimedOut` once none is.
     fn left(&self) -> io::Result<Duration> {
         let left = self.end.saturating_duration_since(Instant::now());
