@@ -160,6 +160,7 @@ fn report_recovery(report: &kvcm_manager::RecoveryReport) {
         entries = report.entries,
         dropped_locations = report.dropped_locations,
         cleaned_locations = report.cleaned_locations,
+        removed_locations = report.removed_locations,
         "journal recovered"
     );
     for cut in &report.cut {

@@ -255,6 +255,20 @@ impl Manager {
     /// is removed: a failure to delete its cache then (an index outage) is retried in the
     /// background until it succeeds, not answered.
     pub fn remove_instance(&self, instance_id: &str) -> ManagerResult<()> {
+        let (instance, ticket) = self.record_removal(instance_id)?;
+        // A record not known durable keeps the blocks: a restart may bring the instance back.
+        self.journal_wait(ticket)?;
+        self.delete_removed(instance);
+        Ok(())
+    }
+
+    /// RemoveInstance up to its deletion: the removal record is appended (its ticket
+    /// returned), the instance leaves the map, is unpublished and counts as unfinished (a
+    /// snapshot records it as removed with its entries, so a restart deletes them).
+    pub(crate) fn record_removal(
+        &self,
+        instance_id: &str,
+    ) -> ManagerResult<(Arc<Instance>, Option<kvcm_index::LogTicket>)> {
         let mut instances = write_lock(&self.instances);
         if !instances.contains_key(instance_id) {
             return Err(ManagerError::InstanceNotExist(instance_id.to_string()));
@@ -270,6 +284,8 @@ impl Manager {
             }
         };
         instances.remove(instance_id);
+        // Under the map's lock: a snapshot sees the instance registered or unfinished.
+        self.track_unfinished(instance.clone());
         drop(instances);
         // Gone from the map: nothing of it stays published or reported, whatever the wait
         // says.
@@ -277,10 +293,7 @@ impl Manager {
             publication.instance_removed(instance_id);
         }
         self.reports.forget_instance(instance_id);
-        // A record not known durable keeps the blocks: a restart may bring the instance back.
-        self.journal_wait(ticket)?;
-        self.delete_removed(instance);
-        Ok(())
+        Ok((instance, ticket))
     }
 
     /// The registrations of a group's instances, by id.

@@ -188,6 +188,9 @@ pub struct Manager {
     shared_store_uri: std::sync::OnceLock<String>,
     /// Removed instances whose cache is still to be deleted (`remove::retry_removals`).
     removals_left: Mutex<remove::RemovalsLeft>,
+    /// Removed instances whose blocks may not all be deleted yet (see
+    /// `Manager::unfinished_removals`).
+    unfinished_removals: Mutex<Vec<Arc<Instance>>>,
     /// Itself, for the threads it starts on demand.
     this: Weak<Manager>,
 }
@@ -236,6 +239,7 @@ impl Manager {
             reports: reports::Reports::default(),
             shared_store_uri: std::sync::OnceLock::new(),
             removals_left: Mutex::default(),
+            unfinished_removals: Mutex::default(),
         });
         if let Some(period) = deps.reclaim_period {
             reclaimer::spawn_reclaimer(Arc::downgrade(&manager), period)

@@ -123,6 +123,29 @@ impl Manager {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Counts a removed instance as unfinished until its index is empty.
+    pub(crate) fn track_unfinished(&self, instance: Arc<Instance>) {
+        let mut unfinished = self.unfinished_removals_locked();
+        unfinished.retain(holds_blocks);
+        unfinished.push(instance);
+    }
+
+    /// Removed instances whose index may still hold blocks (an index that cannot say counts
+    /// as holding): their clean-up is not logged, so snapshots record them as removed with
+    /// their entries, and a restart deletes what is left (`journal::recover`). Call it under
+    /// the instances' lock, as removals track under it.
+    pub(crate) fn unfinished_removals(&self) -> Vec<Arc<Instance>> {
+        let mut unfinished = self.unfinished_removals_locked();
+        unfinished.retain(holds_blocks);
+        unfinished.clone()
+    }
+
+    fn unfinished_removals_locked(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Instance>>> {
+        self.unfinished_removals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Removed instances whose cache is still being deleted.
     pub fn removals_pending(&self) -> usize {
         self.removals_left().instances.len()
@@ -138,6 +161,10 @@ impl Manager {
         }
         Ok(())
     }
+}
+
+fn holds_blocks(instance: &Arc<Instance>) -> bool {
+    instance.index.len().map_or(true, |len| len > 0)
 }
 
 /// Clears `retrying` when the retry thread panics.

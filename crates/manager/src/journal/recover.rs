@@ -6,6 +6,11 @@
 //! file-tier parts are adopted by their object names (one reference each, as if allocated);
 //! SERVING locations are kept and counted in the instance's quota usage; WRITING locations
 //! (sessions open at the crash) and DELETING ones are freed on their storage and dropped.
+//! Entries of an instance removed before the crash (a RemoveInstance whose deletion had not
+//! finished: its clean-up is not logged) are adopted and freed the same way, after every
+//! registered instance's entries are restored, so a later instance of the same id keeps what
+//! it holds (file blocks are counted per allocation); a removed instance's pool parts are left
+//! unadopted, which frees them.
 //! Locations whose storage is gone, or whose parts cannot be adopted, are dropped and counted;
 //! locations written under another config of their storage (an UpdateStorage that moved its
 //! root) are dropped from the index and counted as stale, their bytes left where they are.
@@ -14,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use kvcm_index::BlockKey;
-use kvcm_storage::{DataStorage, NamedPart, PartAddress, PartRef, StorageConfig};
+use kvcm_storage::{DataStorage, NamedPart, PartAddress, PartRef, StorageConfig, StorageKind};
 
 use super::files::{self, ReadEnd, SNAPSHOT_MAGIC};
 use super::record::{DurableEntry, Record};
@@ -53,6 +58,9 @@ pub struct RecoveryReport {
     pub stale_locations: u64,
     /// WRITING or DELETING locations whose bytes were freed.
     pub cleaned_locations: u64,
+    /// Locations of removed instances whose bytes were freed (a removal the earlier process
+    /// did not finish).
+    pub removed_locations: u64,
     /// The sequence the log continues at.
     pub(crate) next_sequence: u64,
 }
@@ -69,6 +77,8 @@ pub(crate) struct Replay {
     accounts: BTreeMap<String, Account>,
     api_keys: BTreeMap<String, ApiKey>,
     entries: HashMap<String, HashMap<BlockKey, DurableEntry>>,
+    /// Removed instances' registrations and the entries they still had, in removal order.
+    removed: Vec<(InstanceInfo, HashMap<BlockKey, DurableEntry>)>,
 }
 
 impl Replay {
@@ -116,8 +126,11 @@ impl Replay {
                 self.instances.insert(info.instance_id.clone(), info);
             }
             Record::InstanceRemoved(id) => {
-                self.instances.remove(&id);
-                self.entries.remove(&id);
+                let info = self.instances.remove(&id);
+                let entries = self.entries.remove(&id).filter(|e| !e.is_empty());
+                if let (Some(info), Some(entries)) = (info, entries) {
+                    self.removed.push((info, entries));
+                }
             }
             Record::Account(account) => {
                 self.accounts.insert(account.user_name.clone(), account);
@@ -319,6 +332,7 @@ impl Manager {
             accounts,
             api_keys,
             mut entries,
+            removed,
         } = replay;
         let mut restored = |what: String, result: ManagerResult<()>| match result {
             Ok(()) => report.registry_objects += 1,
@@ -352,6 +366,10 @@ impl Manager {
             let nonce = self.restore_entries(&instance, entries, &handles, report);
             max_nonce = max_nonce.max(nonce);
         }
+        for (info, entries) in removed {
+            let nonce = self.free_removed(&info, entries, &handles, report);
+            max_nonce = max_nonce.max(nonce);
+        }
         self.nonces.fetch_max(
             max_nonce.saturating_add(1),
             std::sync::atomic::Ordering::AcqRel,
@@ -373,18 +391,18 @@ impl Manager {
             let mut kept = Vec::new();
             for location in durable.entry.locations() {
                 max_nonce = max_nonce.max(location.nonce);
-                let adopted = match self.adopt_location(instance, key, &location, &durable, handles)
-                {
-                    Adoption::Adopted(adopted) => adopted,
-                    Adoption::Stale => {
-                        report.stale_locations += 1;
-                        continue;
-                    }
-                    Adoption::Dropped => {
-                        report.dropped_locations += 1;
-                        continue;
-                    }
-                };
+                let adopted =
+                    match self.adopt_location(instance.info(), key, &location, &durable, handles) {
+                        Adoption::Adopted(adopted) => adopted,
+                        Adoption::Stale => {
+                            report.stale_locations += 1;
+                            continue;
+                        }
+                        Adoption::Dropped => {
+                            report.dropped_locations += 1;
+                            continue;
+                        }
+                    };
                 if adopted.location.state == LocationState::Serving {
                     let bytes = instance.location_bytes(&adopted.location.as_ref());
                     instance.usage().add(adopted.storage_type, bytes);
@@ -409,11 +427,44 @@ impl Manager {
             }
             self.published_keys_changed(instance, &keys);
         }
-        for (backend, uris) in freed {
-            if let Err(error) = backend.delete(&uris) {
-                report.skipped.push(format!("freeing {uris:?}: {error}"));
+        free_all(freed, report);
+        max_nonce
+    }
+
+    /// Adopts and frees every location of an instance that was removed before its blocks
+    /// were all deleted; returns the largest nonce seen.
+    fn free_removed(
+        &self,
+        info: &InstanceInfo,
+        entries: HashMap<BlockKey, DurableEntry>,
+        handles: &HashMap<StorageHandle, StorageConfig>,
+        report: &mut RecoveryReport,
+    ) -> u32 {
+        let mut max_nonce = 0;
+        let mut freed = Vec::new();
+        let in_pool = |storage| {
+            handles
+                .get(&storage)
+                .is_some_and(|config| config.spec.kind() == StorageKind::TairMemPool)
+        };
+        for (key, durable) in entries {
+            for location in durable.entry.locations() {
+                max_nonce = max_nonce.max(location.nonce);
+                // A pool part nobody adopts is free in this process already.
+                if in_pool(location.storage) {
+                    continue;
+                }
+                match self.adopt_location(info, key, &location, &durable, handles) {
+                    Adoption::Adopted(adopted) => {
+                        report.removed_locations += 1;
+                        freed.push((adopted.backend, adopted.uris));
+                    }
+                    Adoption::Stale => report.stale_locations += 1,
+                    Adoption::Dropped => report.dropped_locations += 1,
+                }
             }
         }
+        free_all(freed, report);
         max_nonce
     }
 
@@ -422,7 +473,7 @@ impl Manager {
     /// stale when the storage's config is no longer the one the location was written with.
     fn adopt_location(
         &self,
-        instance: &Instance,
+        instance: &InstanceInfo,
         key: BlockKey,
         location: &crate::entry::LocationRef<'_>,
         durable: &DurableEntry,
@@ -448,11 +499,11 @@ impl Manager {
                 .names
                 .iter()
                 .find(|n| n.names(location.storage, part.address));
-            let spec = instance.specs().get(usize::from(part.spec));
+            let spec = instance.specs.get(usize::from(part.spec));
             let address: Option<PartAddress> = match (named, spec) {
                 (Some(object), Some(spec)) => backend
                     .adopt(&NamedPart {
-                        instance_id: instance.id(),
+                        instance_id: &instance.instance_id,
                         name: &object.name,
                         block: part.address.block,
                         size: spec.size as u64,
@@ -464,7 +515,7 @@ impl Manager {
             let uri = address.and_then(|address| {
                 let spec = spec?;
                 let reference = PartRef {
-                    instance_id: instance.id(),
+                    instance_id: &instance.instance_id,
                     key,
                     spec,
                     address,
@@ -496,6 +547,15 @@ impl Manager {
             backend,
             uris,
         })
+    }
+}
+
+/// Frees the adopted locations' bytes; a failure is reported, not retried.
+fn free_all(freed: Vec<(Arc<dyn DataStorage>, Vec<String>)>, report: &mut RecoveryReport) {
+    for (backend, uris) in freed {
+        if let Err(error) = backend.delete(&uris) {
+            report.skipped.push(format!("freeing {uris:?}: {error}"));
+        }
     }
 }
 

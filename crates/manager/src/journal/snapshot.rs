@@ -18,6 +18,8 @@ use super::record::Record;
 use super::sink::durable_entry;
 use super::{Journal, JournalError};
 use crate::entry::StorageHandle;
+use crate::instance::Instance;
+use crate::storages::Incarnations;
 use crate::sync::{lock, read_lock};
 use crate::Manager;
 
@@ -85,36 +87,56 @@ impl Manager {
         for key in self.list_api_keys() {
             out.record(&Record::ApiKey(key))?;
         }
-        for instance in self.all_instances() {
-            out.record(&Record::Instance(instance.info().clone()))?;
-            let mut cursor = Some(ScanCursor::START);
-            while let Some(position) = cursor {
-                let page = instance
-                    .index
-                    .scan(position, KEYS_PER_RECORD)
-                    .map_err(std::io::Error::other)?;
-                let values = instance
-                    .index
-                    .get(&page.keys)
-                    .map_err(std::io::Error::other)?;
-                let changes = page
-                    .keys
-                    .iter()
-                    .zip(values)
-                    .filter_map(|(key, value)| {
-                        let durable = durable_entry(value.as_ref()?, &incarnations)?;
-                        Some((*key, Some(durable)))
-                    })
-                    .collect();
-                out.record(&Record::Entries {
-                    instance_id: instance.id().to_string(),
-                    changes,
-                })?;
-                cursor = page.next;
-            }
+        // Removed instances first: a registered one may have the same id.
+        let (registered, unfinished) = {
+            let instances = read_lock(&self.instances);
+            let registered: Vec<_> = instances.values().cloned().collect();
+            (registered, self.unfinished_removals())
+        };
+        for instance in unfinished {
+            write_instance(out, &instance, &incarnations)?;
+            out.record(&Record::InstanceRemoved(instance.id().to_string()))?;
+        }
+        for instance in registered {
+            write_instance(out, &instance, &incarnations)?;
         }
         Ok(())
     }
+}
+
+/// An instance's registration and entries, as records.
+fn write_instance(
+    out: &mut SnapshotWriter,
+    instance: &Instance,
+    incarnations: &Incarnations,
+) -> std::io::Result<()> {
+    out.record(&Record::Instance(instance.info().clone()))?;
+    let mut cursor = Some(ScanCursor::START);
+    while let Some(position) = cursor {
+        let page = instance
+            .index
+            .scan(position, KEYS_PER_RECORD)
+            .map_err(std::io::Error::other)?;
+        let values = instance
+            .index
+            .get(&page.keys)
+            .map_err(std::io::Error::other)?;
+        let changes = page
+            .keys
+            .iter()
+            .zip(values)
+            .filter_map(|(key, value)| {
+                let durable = durable_entry(value.as_ref()?, incarnations)?;
+                Some((*key, Some(durable)))
+            })
+            .collect();
+        out.record(&Record::Entries {
+            instance_id: instance.id().to_string(),
+            changes,
+        })?;
+        cursor = page.next;
+    }
+    Ok(())
 }
 
 /// A snapshot file being written.

@@ -216,6 +216,154 @@ fn a_reopened_manager_serves_what_was_acknowledged_and_cleans_open_writes() {
     assert_eq!(uris(&manager, &[100])[0], Some(new_uri));
 }
 
+/// The regular files below `dir/blocks`.
+fn block_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    fn walk(at: &Path, found: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(at).unwrap().map(Result::unwrap) {
+            let kind = entry.file_type().unwrap();
+            if kind.is_dir() {
+                walk(&entry.path(), found);
+            } else if kind.is_file() {
+                found.push(entry.path());
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(&dir.join("blocks"), &mut found);
+    found.sort();
+    found
+}
+
+/// Creates the files of `keys`' URIs, as the engine that wrote them would have.
+fn write_files(manager: &Manager, keys: &[i64]) {
+    for uri in uris(manager, keys) {
+        let uri = uri.expect("written");
+        let path = uri
+            .strip_prefix("file://s")
+            .and_then(|rest| rest.split('?').next())
+            .expect("a file URI");
+        let path = Path::new(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, [7u8; 200]).unwrap();
+    }
+}
+
+/// A manager whose instance `i` holds keys 1..=20 in files, then is removed durably and
+/// "crashes" before deleting anything (its clean-up is not logged); with `snapshot`, a
+/// snapshot is taken after the removal (its sequence returned).
+fn removed_before_its_deletion(
+    dir: &Path,
+    snapshot: bool,
+) -> (Arc<Manager>, Vec<std::path::PathBuf>, Option<u64>) {
+    let manager = registered(dir);
+    let instance = manager.instance("i").unwrap();
+    let keys: Vec<i64> = (1..=20).collect();
+    write(&manager, &instance, &keys);
+    write_files(&manager, &keys);
+    let files = block_files(dir);
+    assert_eq!(files.len(), 10, "two blocks per file: {files:?}");
+    let (removed, ticket) = manager.record_removal("i").unwrap();
+    manager.journal_wait(ticket).unwrap();
+    let sequence = snapshot.then(|| {
+        let journal = files_journal(&manager);
+        manager.take_snapshot(&journal).unwrap()
+    });
+    drop((instance, removed));
+    (manager, files, sequence)
+}
+
+#[test]
+fn a_removal_a_crash_left_unfinished_is_finished_at_restart() {
+    for snapshot in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (manager, files, sequence) = removed_before_its_deletion(dir.path(), snapshot);
+        drop(manager);
+        let (manager, report) = reopen(dir.path());
+        assert!(manager.instance("i").is_none(), "still removed");
+        if sequence.is_some() {
+            assert_eq!(
+                report.snapshot, sequence,
+                "recovered from the snapshot alone"
+            );
+        }
+        assert_eq!(report.removed_locations, 20, "{report:?}");
+        assert!(report.skipped.is_empty(), "{report:?}");
+        assert!(
+            block_files(dir.path()).is_empty(),
+            "every file of the removed instance is deleted (snapshot: {snapshot}); before: {files:?}"
+        );
+    }
+}
+
+#[test]
+fn a_new_instance_of_a_removed_id_keeps_its_blocks_while_the_removal_is_finished_at_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, _, _) = removed_before_its_deletion(dir.path(), false);
+    // An instance of the same id writes keys whose objects the removed one also named.
+    manager.register_instance(instance_info()).unwrap();
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2, 3, 4]);
+    write_files(&manager, &[1, 2, 3, 4]);
+    let before = uris(&manager, &[1, 2, 3, 4]);
+    assert!(before.iter().all(Option::is_some), "{before:?}");
+    // A snapshot now records the unfinished removal before the new instance.
+    let journal = files_journal(&manager);
+    manager.take_snapshot(&journal).unwrap();
+    drop((instance, journal, manager));
+    for round in 0..2 {
+        let (manager, report) = reopen(dir.path());
+        assert_eq!(uris(&manager, &[1, 2, 3, 4]), before, "round {round}");
+        assert_eq!(uris(&manager, &[5, 20]), [None, None], "round {round}");
+        let instance = manager.instance("i").unwrap();
+        assert_eq!(instance.index.len().unwrap(), 4, "round {round}");
+        let left = block_files(dir.path());
+        assert_eq!(
+            left.len(),
+            2,
+            "only the new instance's files, round {round}: {left:?}"
+        );
+        assert!(report.skipped.is_empty(), "round {round}: {report:?}");
+        if round == 0 {
+            assert_eq!(report.removed_locations, 20, "{report:?}");
+        }
+        // The next snapshot no longer holds the removed instance.
+        let journal = files_journal(&manager);
+        manager.take_snapshot(&journal).unwrap();
+        drop((instance, journal, manager));
+    }
+}
+
+#[test]
+fn a_removal_finished_before_the_restart_is_released_again_without_harm() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let old = manager.instance("i").unwrap();
+    let keys: Vec<i64> = (1..=20).collect();
+    write(&manager, &old, &keys);
+    write_files(&manager, &keys);
+    manager.remove_instance("i").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while old.index.len().unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the deleter finished");
+        std::thread::yield_now();
+    }
+    assert!(block_files(dir.path()).is_empty());
+    manager.register_instance(instance_info()).unwrap();
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2, 3, 4]);
+    write_files(&manager, &[1, 2, 3, 4]);
+    let before = uris(&manager, &[1, 2, 3, 4]);
+    drop((old, instance, manager));
+    let (manager, report) = reopen(dir.path());
+    assert_eq!(uris(&manager, &[1, 2, 3, 4]), before);
+    assert_eq!(
+        block_files(dir.path()).len(),
+        2,
+        "the new instance's files stay"
+    );
+    assert!(report.skipped.is_empty(), "{report:?}");
+}
+
 #[test]
 fn usage_is_recomputed_from_the_recovered_index() {
     let dir = tempfile::tempdir().unwrap();
