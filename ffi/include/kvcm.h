@@ -292,6 +292,18 @@ int32_t kvcm_engine_register_memory(const kvcm_engine *engine, void *addr, size_
 int32_t kvcm_engine_deregister_memory(const kvcm_engine *engine, const void *addr,
                                       char **error_message);
 
+/*
+ * The directories the engine's file-tier blocks must lie under (the storages' mounts) for
+ * later puts and gets; `count` 0 allows any path outside the system directories (the
+ * default). The server names every file an engine reads and writes: list the mounts so that
+ * no server can aim the engine elsewhere (a block outside them fails, as one in a system
+ * directory always does). Symlinks in a root are resolved. KVCM_E_NULL_ARGUMENT for a NULL
+ * engine, a NULL `roots` with `count` > 0 or a NULL root; KVCM_E_INVALID_ARGUMENT for a root
+ * that is not an absolute path or not UTF-8 (nothing changes).
+ */
+int32_t kvcm_engine_set_file_roots(const kvcm_engine *engine, const char *const *roots,
+                                   size_t count, char **error_message);
+
 /* Number of locations in a result (0 for NULL). */
 size_t kvcm_locations_count(const kvcm_locations *locations);
 

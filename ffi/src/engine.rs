@@ -209,6 +209,31 @@ pub unsafe extern "C" fn kvcm_engine_deregister_memory(
     }
 }
 
+/// Sets the directories the engine's file-tier blocks must lie under (see kvcm.h).
+///
+/// # Safety
+/// `engine` is NULL or a live engine; `roots` is NULL (with `count` 0) or points to `count`
+/// NUL-terminated strings; `error_message` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn kvcm_engine_set_file_roots(
+    engine: *const Engine,
+    roots: *const *const c_char,
+    count: usize,
+    error_message: *mut *mut c_char,
+) -> i32 {
+    // SAFETY: the caller's promises about every pointer are passed on unchanged.
+    unsafe {
+        guard(error_message, || {
+            let engine = args::object(engine, "engine")?;
+            let roots = args::slice(roots, count, "roots")?
+                .iter()
+                .map(|&root| args::text(root, "roots").map(std::path::PathBuf::from))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(engine.locked().set_file_roots(roots)?)
+        })
+    }
+}
+
 /// The `count × specs` buffer pointers and lengths of a call, checked.
 ///
 /// # Safety

@@ -486,6 +486,69 @@ fn memory_registers_and_deregisters_through_the_c_abi_with_documented_refusals()
     free(engine);
 }
 
+/// kvcm_engine_set_file_roots: the status and the message.
+fn set_file_roots(engine: *mut Engine, roots: &[&Path]) -> (i32, String) {
+    let roots: Vec<CString> = roots.iter().map(|root| c_path(root)).collect();
+    let pointers: Vec<*const c_char> = roots.iter().map(|root| root.as_ptr()).collect();
+    let mut message: *mut c_char = std::ptr::null_mut();
+    // SAFETY: a live engine, `pointers.len()` NUL-terminated strings, a local output.
+    let status = unsafe {
+        kvcm_engine_set_file_roots(engine, pointers.as_ptr(), pointers.len(), &mut message)
+    };
+    (status, take_message(message))
+}
+
+/// File roots through the C ABI: a put outside them fails that block; a bad list is refused
+/// with the documented codes and leaves the roots as they were; the server's storage
+/// directory admits the blocks; an empty list lifts the confinement.
+#[test]
+fn file_roots_confine_an_engine_through_the_c_abi_and_bad_ones_change_nothing() {
+    let harness = Harness::start();
+    harness.register("engine");
+    let engine = connect(&harness, "engine");
+    let elsewhere = tempfile::tempdir().unwrap();
+    assert_eq!(set_file_roots(engine, &[elsewhere.path()]).0, KVCM_OK);
+    let (status, outcomes, _, message) = put(engine, &[31], &[pattern(31)]);
+    assert_eq!(
+        (status, outcomes),
+        (KVCM_OK, vec![KVCM_PUT_FAILED]),
+        "{message}"
+    );
+
+    let (status, message) = set_file_roots(engine, &[Path::new("relative/dir")]);
+    assert_eq!(status, KVCM_E_INVALID_ARGUMENT);
+    assert!(message.contains("not an absolute path"), "{message}");
+    // SAFETY: NULL roots with a count, which the function refuses before reading.
+    let status =
+        unsafe { kvcm_engine_set_file_roots(engine, std::ptr::null(), 1, std::ptr::null_mut()) };
+    assert_eq!(status, KVCM_E_NULL_ARGUMENT);
+    let (status, _) = set_file_roots(std::ptr::null_mut(), &[]);
+    assert_eq!(status, KVCM_E_NULL_ARGUMENT, "NULL engine");
+    let (_, outcomes, ..) = put(engine, &[32], &[pattern(32)]);
+    assert_eq!(outcomes, [KVCM_PUT_FAILED], "the roots stayed as they were");
+
+    assert_eq!(set_file_roots(engine, &[harness.dir.path()]).0, KVCM_OK);
+    let (_, outcomes, paths, message) = put(engine, &[33], &[pattern(33)]);
+    assert_eq!(
+        (outcomes, paths),
+        (vec![KVCM_PUT_WRITTEN], vec![KVCM_PATH_FILE]),
+        "{message}"
+    );
+    let mut read = vec![vec![0u8; SPEC_BYTES]];
+    let (_, outcomes, _) = get(engine, &[33], &mut read);
+    assert_eq!(outcomes, [KVCM_GET_HIT]);
+    assert!(read[0] == pattern(33));
+
+    assert_eq!(set_file_roots(engine, &[]).0, KVCM_OK);
+    let (_, outcomes, ..) = put(engine, &[34], &[pattern(34)]);
+    assert_eq!(
+        outcomes,
+        [KVCM_PUT_WRITTEN],
+        "no roots: any path outside the system directories"
+    );
+    free(engine);
+}
+
 /// kvcm_engine_put of one-part blocks of `SPEC_BYTES` lying back to back at `base`.
 fn put_from(engine: *mut Engine, keys: &[i64], base: *mut u8) -> (i32, Vec<i32>, Vec<i32>, String) {
     let buffers: Vec<*const c_void> = (0..keys.len())

@@ -108,6 +108,7 @@ def _declare(lib):
         "kvcm_engine_get": (transfer, c_int32),
         "kvcm_engine_register_memory": ([c_void_p, c_void_p, c_size_t, out], c_int32),
         "kvcm_engine_deregister_memory": ([c_void_p, c_void_p, out], c_int32),
+        "kvcm_engine_set_file_roots": ([c_void_p, POINTER(c_char_p), c_size_t, out], c_int32),
     }
     for name, (argtypes, restype) in signatures.items():
         function = getattr(lib, name)

@@ -11,7 +11,8 @@ the GIL released.
 """
 
 import ctypes
-from ctypes import byref, c_int32, c_size_t, c_void_p
+import os
+from ctypes import byref, c_char_p, c_int32, c_size_t, c_void_p
 from typing import List, NamedTuple
 
 from . import _keys
@@ -125,6 +126,15 @@ class Engine(Connected):
         at, _, _ = _address(buffer, writable=True)
         self._registry_call(LIB.kvcm_engine_deregister_memory, at)
         getattr(self, "_registered", {}).pop(at, None)
+
+    def set_file_roots(self, roots):
+        """Confines later puts and gets to files below `roots` (absolute paths: the storages'
+        mounts); an empty list lifts it (any path outside the system directories). The server
+        names every file an engine reads and writes: list the mounts so that no server can aim
+        the engine elsewhere. A relative root raises InvalidArgumentError (nothing changes)."""
+        encoded = [os.fsencode(root) for root in roots]
+        array = (c_char_p * len(encoded))(*encoded)
+        self._registry_call(LIB.kvcm_engine_set_file_roots, array, len(encoded))
 
     def _registry_call(self, function, *args):
         if self._handle is None:

@@ -2,6 +2,7 @@
 ffi/tests/python.rs with the same KVCM_TEST_* variables as test_client.py."""
 
 import os
+import tempfile
 import unittest
 
 ENV = os.environ
@@ -74,6 +75,19 @@ class Transfers(unittest.TestCase):
         with self.assertRaises(kvcm.InvalidArgumentError):
             self.engine.deregister_memory(memory)
         memory.extend(b"x")  # released once deregistered
+
+    def test_file_roots_confine_the_engine(self):
+        elsewhere = tempfile.mkdtemp()
+        try:
+            self.engine.set_file_roots([elsewhere])
+            self.assertEqual(self.engine.put([7501], [[pattern(7501)]])[0].status, "failed")
+            with self.assertRaises(kvcm.InvalidArgumentError):
+                self.engine.set_file_roots(["relative/dir"])
+            self.assertEqual(self.engine.put([7502], [[pattern(7502)]])[0].status, "failed")
+            self.engine.set_file_roots([])
+            self.assertEqual(self.engine.put([7503], [[pattern(7503)]]), [kvcm.Outcome("written", "file")])
+        finally:
+            os.rmdir(elsewhere)
 
     def test_bad_buffers_are_refused_before_the_call(self):
         with self.assertRaises(ValueError):

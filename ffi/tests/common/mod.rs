@@ -19,7 +19,8 @@ use tonic::transport::Channel;
 pub struct Harness {
     runtime: tokio::runtime::Runtime,
     server: Option<kvcm::server::RunningServer>,
-    _dir: tempfile::TempDir,
+    /// The server's data directory (its embedded file storage lies below it).
+    pub dir: tempfile::TempDir,
     /// `http://127.0.0.1:<port>` of the gRPC listener.
     pub grpc: String,
     /// `127.0.0.1:<port>` of the meta HTTP listener.
@@ -189,7 +190,7 @@ impl Harness {
             tls_client,
             runtime,
             server: Some(server),
-            _dir: dir,
+            dir,
         }
     }
 

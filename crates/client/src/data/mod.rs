@@ -262,6 +262,17 @@ impl GetSession {
     }
 }
 
+/// File roots must be absolute: a relative one would depend on the engine's working
+/// directory.
+fn check_file_roots(roots: &[PathBuf]) -> Result<(), ClientError> {
+    match roots.iter().find(|root| !root.is_absolute()) {
+        Some(root) => Err(ClientError::InvalidArgument(format!(
+            "file root {root:?} is not an absolute path"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The checksum of a part's bytes.
 fn checksum_of(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
@@ -363,6 +374,7 @@ impl TransferEngine {
         let servers = client.servers.iter().map(|s| s.http).collect();
         let credentials = (client.tls.clone(), client.api_key.clone());
         let directory = Directory::new(servers, credentials, client.instance_id.clone());
+        check_file_roots(&config.file_roots)?;
         Ok(TransferEngine {
             client: Client::connect(client)?,
             files: FileIo::new(config.file_io.clone()),
@@ -455,6 +467,15 @@ impl TransferEngine {
             }
             self.file_ranges.insert(base, offered.is_ok());
         }
+    }
+
+    /// Replaces [`TransferConfig::file_roots`] for later puts and gets: each root must be an
+    /// absolute path (refused, nothing changed, otherwise); none allows any path outside the
+    /// system directories.
+    pub fn set_file_roots(&mut self, roots: Vec<PathBuf>) -> Result<(), ClientError> {
+        check_file_roots(&roots)?;
+        self.config.file_roots = roots;
+        Ok(())
     }
 
     /// The control-plane client (lookups, removals).
