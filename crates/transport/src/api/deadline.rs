@@ -56,25 +56,38 @@ impl<S: std::borrow::BorrowMut<TcpStream>> Write for DeadlineStream<S> {
     }
 }
 
+/// A test peer that accepts one connection, writes `head`, then one byte every `every`
+/// (`count` of them, or until the reader hangs up): each read is quick, the whole slow.
+#[cfg(test)]
+pub(crate) fn trickler(
+    head: Vec<u8>,
+    every: Duration,
+    count: usize,
+) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let trickling = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        if stream.write_all(&head).is_err() {
+            return;
+        }
+        for _ in 0..count {
+            std::thread::sleep(every);
+            if stream.write_all(b"x").is_err() {
+                return;
+            }
+        }
+    });
+    (addr, trickling)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpListener;
 
     #[test]
     fn a_peer_trickling_bytes_runs_out_of_one_deadline() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let trickler = std::thread::spawn(move || {
-            let (mut stream, _) = listener.accept().unwrap();
-            // One byte every 50 ms: each read is quick, the whole never ends.
-            for _ in 0..200 {
-                std::thread::sleep(Duration::from_millis(50));
-                if stream.write_all(b"x").is_err() {
-                    return;
-                }
-            }
-        });
+        let (addr, trickler) = trickler(Vec::new(), Duration::from_millis(50), 200);
         let client = TcpStream::connect(addr).unwrap();
         let limit = Duration::from_millis(300);
         let started = Instant::now();

@@ -84,19 +84,10 @@ mod tests {
 
     #[test]
     fn a_peer_trickling_its_endpoint_runs_out_of_one_timeout() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let trickler = std::thread::spawn(move || {
-            let (mut stream, _) = listener.accept().unwrap();
-            // A length of 64, then one byte every 100 ms: each read is quick, the whole slow.
-            stream.write_all(&64u32.to_le_bytes()).unwrap();
-            for _ in 0..64 {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-                if stream.write_all(b"x").is_err() {
-                    return;
-                }
-            }
-        });
+        // A length of 64, then one byte every 100 ms.
+        let every = std::time::Duration::from_millis(100);
+        let head = 64u32.to_le_bytes().to_vec();
+        let (addr, trickler) = crate::api::deadline::trickler(head, every, 64);
         let mut client = TcpStream::connect(addr).unwrap();
         let limit = std::time::Duration::from_millis(500);
         client.set_read_timeout(Some(limit)).unwrap();
