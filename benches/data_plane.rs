@@ -2,8 +2,9 @@
 //! blocks of 64 KiB, 1 MiB and 4 MiB through the client's TransferEngine — to a pool node
 //! over soft-shm and soft-TCP, and to the file tier (O_DIRECT) — each beside its floor
 //! measured in the same run: memcpy of the same bytes (shm), a raw loopback TCP stream of
-//! the same bytes (TCP); the file tier's own floor is the `kvcm-data` bench
-//! (`cargo bench -p kvcm-data`, sequential O_DIRECT pwrite / pread). Rows: the default
+//! the same bytes (TCP), a sequential O_DIRECT `pwrite` / `pread` loop of the same bytes
+//! to one file in the server's data directory, where the file tier's blocks go (file: a
+//! write floor for puts, a read floor for gets). Rows: the default
 //! (checksums on), `shm-nosum` (checksums off: their cost), `shm-staged` (blocks in "device"
 //! memory through the staging ring, HostStaging with two slots of a quarter batch: the
 //! ring's cost without a GPU), `tcp-zc` / `tcp-zc-nosum` (the host buffers registered with
@@ -81,7 +82,8 @@ struct Server {
     grpc: u16,
     http: u16,
     key: Option<String>,
-    _dir: tempfile::TempDir,
+    /// The data directory (the embedded file storage lies below it).
+    dir: tempfile::TempDir,
 }
 
 /// `kvcm serve --pool-size 1G` (its region backed at start when `prefault`; requiring meta
@@ -162,7 +164,7 @@ fn start_server(sizes: &[usize], prefault: bool, isolated: bool) -> Server {
         grpc,
         http,
         key,
-        _dir: dir,
+        dir,
     }
 }
 
@@ -343,6 +345,42 @@ fn in_flight(
     (put, get, path)
 }
 
+/// Seconds of a sequential O_DIRECT `pwrite` of `blocks` back to back into a new file below
+/// `dir`, and of a `pread` of them back (best of 3 each). Each round writes a file of its
+/// own, removed after it, so that the floor allocates its blocks as a put does.
+fn direct_floor(dir: &std::path::Path, blocks: &mut [AlignedBuf]) -> Floor {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let (mut put, mut get) = (f64::MAX, f64::MAX);
+    for round in 0..3 {
+        let path = dir.join(format!("direct-floor-{round}"));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .expect("a new O_DIRECT file in the data directory");
+        let started = Instant::now();
+        let mut offset = 0u64;
+        for block in blocks.iter() {
+            file.write_all_at(block.as_slice(), offset).expect("pwrite");
+            offset += block.len() as u64;
+        }
+        put = put.min(started.elapsed().as_secs_f64());
+        let started = Instant::now();
+        let mut offset = 0u64;
+        for block in blocks.iter_mut() {
+            file.read_exact_at(block.as_mut_slice(), offset)
+                .expect("pread");
+            offset += block.len() as u64;
+        }
+        get = get.min(started.elapsed().as_secs_f64());
+        drop(file);
+        std::fs::remove_file(&path).expect("remove the floor's file");
+    }
+    Floor { put, get }
+}
+
 /// Seconds to memcpy `bytes` bytes (best of 3).
 fn memcpy_floor(bytes: usize) -> f64 {
     let source = vec![7u8; bytes];
@@ -413,29 +451,51 @@ fn gbps(bytes: usize, seconds: f64) -> f64 {
 }
 
 /// One row of the table: blocks of `size` bytes, `bytes` moved per put (and per get), the
-/// floor's seconds for them.
+/// floors' seconds for them (a put's, a get's).
 struct Row<'a> {
     size: usize,
     name: &'a str,
     bytes: usize,
-    floor: f64,
+    floor: Floor,
+}
+
+/// Seconds of a floor's put and get of the same bytes (the same for memcpy and a stream).
+#[derive(Clone, Copy)]
+struct Floor {
+    put: f64,
+    get: f64,
+}
+
+impl Floor {
+    fn both(seconds: f64) -> Floor {
+        Floor {
+            put: seconds,
+            get: seconds,
+        }
+    }
 }
 
 impl Row<'_> {
     /// Prints the row for the best put and get and the slowest put (seconds; `None`:
     /// not measured, printed as `-`).
     fn print(&self, (put, get, put_worst): (f64, f64, Option<f64>), path: Option<TransferPath>) {
-        let (bytes, floor_gbps) = (self.bytes, gbps(self.bytes, self.floor));
+        let bytes = self.bytes;
+        let (put_floor, get_floor) = (gbps(bytes, self.floor.put), gbps(bytes, self.floor.get));
+        let floor = if self.floor.put == self.floor.get {
+            format!("{put_floor:.2}")
+        } else {
+            format!("{put_floor:.2}/{get_floor:.2}")
+        };
         let worst = put_worst.map_or("-".to_string(), |w| format!("{:.2}", gbps(bytes, w)));
         println!(
-            "{:<8} {:<12} {:>9.2} {:>9.2} {:>9.2} {:>8.2} {:>8.2} {:>9}  {}",
+            "{:<8} {:<12} {:>9.2} {:>9.2} {:>11} {:>8.2} {:>8.2} {:>9}  {}",
             format!("{}K", self.size >> 10),
             self.name,
             gbps(bytes, put),
             gbps(bytes, get),
-            floor_gbps,
-            gbps(bytes, put) / floor_gbps,
-            gbps(bytes, get) / floor_gbps,
+            floor,
+            gbps(bytes, put) / put_floor,
+            gbps(bytes, get) / get_floor,
             worst,
             path.map_or("-".to_string(), |p| p.to_string()),
         );
@@ -460,7 +520,7 @@ fn main() {
         "data plane, batches of {BATCH} blocks, best of {rounds} rounds and the slowest put (GB/s; ratio to the floor; {pool})"
     );
     println!(
-        "{:<8} {:<12} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}  path taken",
+        "{:<8} {:<12} {:>9} {:>9} {:>11} {:>8} {:>8} {:>9}  path taken",
         "block", "case", "put", "get", "floor", "put/fl", "get/fl", "put worst"
     );
     let mut next_key = 1i64;
@@ -476,8 +536,9 @@ fn main() {
         // Device memory of the staged case: two slots of a quarter batch each.
         let mut device = HostStaging::new(bytes, 2, bytes / 4);
         device.memory().fill(7);
-        let memcpy = memcpy_floor(bytes);
-        let tcp = tcp_floor(bytes);
+        let memcpy = Floor::both(memcpy_floor(bytes));
+        let tcp = Floor::both(tcp_floor(bytes));
+        let direct = direct_floor(open.dir.path(), &mut buffers);
         let (shm, tcp_zc, zc_nosum) = (Wire::Shm, Case::Registered, Case::RegisteredNoChecksums);
         let cases = [
             ("pool-shm", &open, "pool", shm, memcpy, Case::Host),
@@ -488,13 +549,13 @@ fn main() {
             ("tcp-zc-nosum", &open, "pool", Wire::Tcp, tcp, zc_nosum),
             ("tcp-iso", &isolated, "pool", Wire::Tcp, tcp, Case::Host),
             ("tcp-zc-iso", &isolated, "pool", Wire::Tcp, tcp, tcp_zc),
-            ("file", &open, "file", Wire::Tcp, f64::NAN, Case::Host),
+            ("file", &open, "file", Wire::Tcp, direct, Case::Host),
             (
                 "file-reg",
                 &open,
                 "file",
                 Wire::Tcp,
-                f64::NAN,
+                direct,
                 Case::Registered,
             ),
         ];
@@ -541,12 +602,12 @@ fn main() {
                 size,
                 name: "shm-x4",
                 bytes,
-                floor: memcpy_floor(bytes),
+                floor: Floor::both(memcpy_floor(bytes)),
             };
             row.print((put, get, None), Some(path));
         }
     }
     println!(
-        "file rows: floor = `cargo bench -p kvcm-data` (sequential O_DIRECT of the same bytes)"
+        "file rows: floor = sequential O_DIRECT pwrite / pread of the same bytes (write/read)"
     );
 }
