@@ -424,7 +424,8 @@ impl FastPath {
     }
 
     /// Writes the answered slots into `out` as wire locations (a miss as the server's
-    /// placeholder), reusing the vectors and strings `out` already holds.
+    /// placeholder), reusing the vectors and strings `out` already holds; templates not
+    /// cached yet are read first (one extra round trip).
     fn render(
         &mut self,
         answered: &[Option<SlotRef<'_>>],
@@ -432,20 +433,24 @@ impl FastPath {
         out: &mut Vec<meta::CacheLocation>,
         metrics: &Metrics,
     ) -> Result<(), FastError> {
-        let missing: Vec<u32> = answered
-            .iter()
-            .flatten()
-            .flat_map(|slot| slot.parts().map(|p| p.template))
-            .filter(|id| !self.templates.contains_key(id))
-            .collect();
-        if !missing.is_empty() {
-            metrics.extra_round_trip();
-            for (id, entry) in self.fetch_entries(&missing)? {
-                if let Entry::Template(template) = entry {
-                    self.templates.insert(id, template);
-                }
-            }
+        if self.render_cached(answered, spec_names, out) {
+            return Ok(());
         }
+        self.fetch_missing_templates(answered, metrics)?;
+        match self.render_cached(answered, spec_names, out) {
+            true => Ok(()),
+            false => Err(FastError::Broken("a template entry is missing".into())),
+        }
+    }
+
+    /// [`FastPath::render`] from the cached templates alone: false (`out` half written) when
+    /// a part's template is not cached.
+    fn render_cached(
+        &self,
+        answered: &[Option<SlotRef<'_>>],
+        spec_names: &[String],
+        out: &mut Vec<meta::CacheLocation>,
+    ) -> bool {
         let specs = &self.specs;
         let kept = |spec: usize| spec_names.is_empty() || spec_names.contains(&specs[spec].0);
         out.resize_with(answered.len(), Default::default);
@@ -467,10 +472,9 @@ impl FastPath {
                 continue;
             };
             for (i, part) in slot.parts().enumerate() {
-                let template = self
-                    .templates
-                    .get(&part.template)
-                    .ok_or(FastError::Broken("a template entry is missing".into()))?;
+                let Some(template) = self.templates.get(&part.template) else {
+                    return false;
+                };
                 let spec_index = usize::from(template.spec);
                 if spec_index >= specs.len() || !kept(spec_index) {
                     continue;
@@ -484,6 +488,33 @@ impl FastPath {
             location.location_specs.truncate(filled);
             location.r#type = i32::from(self.availability.get(slot.head.storage).storage_type);
             location.spec_size = slot.parts().len() as i32;
+        }
+        true
+    }
+
+    /// Reads the templates of `answered`'s parts this client has not cached (one extra round
+    /// trip when any is missing; none, and no allocation, when all are cached).
+    fn fetch_missing_templates(
+        &mut self,
+        answered: &[Option<SlotRef<'_>>],
+        metrics: &Metrics,
+    ) -> Result<(), FastError> {
+        let templates = &self.templates;
+        let mut parts = answered.iter().flatten().flat_map(|slot| slot.parts());
+        let Some(first) = parts.find(|part| !templates.contains_key(&part.template)) else {
+            return Ok(());
+        };
+        let mut missing = vec![first.template];
+        missing.extend(
+            parts
+                .map(|part| part.template)
+                .filter(|id| !templates.contains_key(id)),
+        );
+        metrics.extra_round_trip();
+        for (id, entry) in self.fetch_entries(&missing)? {
+            if let Entry::Template(template) = entry {
+                self.templates.insert(id, template);
+            }
         }
         Ok(())
     }
