@@ -284,8 +284,11 @@ impl Manager {
             }
         };
         instances.remove(instance_id);
-        // Under the map's lock: a snapshot sees the instance registered or unfinished.
-        self.track_unfinished(instance.clone());
+        // Under the map's lock: a snapshot sees the instance registered or unfinished. Only
+        // the local journal's snapshots need them.
+        if self.journal_takes_snapshots() {
+            self.track_unfinished(instance.clone());
+        }
         drop(instances);
         // Gone from the map: nothing of it stays published or reported, whatever the wait
         // says.

@@ -83,12 +83,18 @@ impl Manager {
         true
     }
 
-    /// Tells the publisher that `keys` changed (no-op without one).
+    /// Tells the publisher that `keys` changed (no-op without one). Only the registered
+    /// instance of an id publishes: a removed one's clean-up (its table went with its
+    /// removal) must not change what readers of a later instance of the same id see.
     pub(crate) fn published_keys_changed(&self, instance: &Instance, keys: &[BlockKey]) {
-        if let Some(publication) = self.publication.get() {
-            if !keys.is_empty() {
-                publication.keys_changed(instance, keys);
-            }
+        let Some(publication) = self.publication.get() else {
+            return;
+        };
+        let registered = self
+            .instance(instance.id())
+            .is_some_and(|kept| std::ptr::eq(Arc::as_ptr(&kept), instance));
+        if registered && !keys.is_empty() {
+            publication.keys_changed(instance, keys);
         }
     }
 

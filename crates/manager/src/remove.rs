@@ -130,6 +130,12 @@ impl Manager {
         unfinished.push(instance);
     }
 
+    /// Forgets the unfinished removals that finished (the snapshot thread calls it, so that
+    /// a removed instance's memory goes soon after its blocks).
+    pub(crate) fn prune_unfinished(&self) {
+        self.unfinished_removals_locked().retain(holds_blocks);
+    }
+
     /// Removed instances whose index may still hold blocks (an index that cannot say counts
     /// as holding): their clean-up is not logged, so snapshots record them as removed with
     /// their entries, and a restart deletes what is left (`journal::recover`). Call it under

@@ -647,6 +647,66 @@ fn a_removed_instance_whose_cache_deletion_fails_is_deleted_in_the_background() 
     assert_eq!(instance.index.len().expect("len"), 0, "every block deleted");
 }
 
+/// A publisher that records which instance object each key change came from.
+#[derive(Default)]
+struct RecordedPublication {
+    changes: Mutex<Vec<(usize, Vec<BlockKey>)>>,
+}
+
+impl crate::publication::Publication for RecordedPublication {
+    fn keys_changed(&self, instance: &Instance, keys: &[BlockKey]) {
+        let from = instance as *const Instance as usize;
+        self.changes.lock().unwrap().push((from, keys.to_vec()));
+    }
+    fn storages_changed(&self) {}
+    fn instance_removed(&self, _instance_id: &str) {}
+}
+
+#[test]
+fn a_removed_instances_clean_up_publishes_nothing_for_a_later_instance_of_its_id() {
+    let (fx, old) = fixture(i64::MAX, PREFER_3FS);
+    let written = fx
+        .manager
+        .start_write(&old, vec![1, 2], &[], 600)
+        .expect("start");
+    let all = BlockMask::Offset(2);
+    fx.manager
+        .finish_write(&old, &written.session_id, &all)
+        .expect("finish");
+    // Removed, its deletion not run yet; the id registered again.
+    let (removed, _) = fx.manager.record_removal(old.id()).expect("removed");
+    fx.manager
+        .register_instance(old.info().clone())
+        .expect("registered again");
+    let new = fx.manager.instance(old.id()).expect("the new instance");
+    let recorded = Arc::new(RecordedPublication::default());
+    assert!(fx.manager.set_publication(recorded.clone()));
+    fx.manager.delete_removed(removed);
+    let started = fx
+        .manager
+        .start_write(&new, vec![1], &[], 600)
+        .expect("start");
+    let one = BlockMask::Offset(1);
+    fx.manager
+        .finish_write(&new, &started.session_id, &one)
+        .expect("finish");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while old.index.len().expect("len") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the removed instance's blocks are deleted"
+        );
+        std::thread::yield_now();
+    }
+    let changes = recorded.changes.lock().unwrap().clone();
+    let new_ptr = Arc::as_ptr(&new) as usize;
+    assert!(!changes.is_empty(), "the new instance's write is published");
+    assert!(
+        changes.iter().all(|(from, _)| *from == new_ptr),
+        "only the registered instance publishes: {changes:?}"
+    );
+}
+
 #[test]
 fn enqueue_hands_the_deleter_one_callers_jobs_in_order_in_pieces_of_at_most_a_pass() {
     let (fx, instance) = fixture(i64::MAX, PREFER_3FS);

@@ -304,6 +304,18 @@ impl UriTemplate {
     }
 }
 
+impl From<live_blocks::OtherBlockSize> for StorageError {
+    /// Refused like a full storage: the blocks go to the group's next storage, or the call
+    /// fails naming this.
+    fn from(other: live_blocks::OtherBlockSize) -> Self {
+        StorageError::Full(format!(
+            "{} still holds blocks of {} bytes (an earlier instance of this id, not deleted yet), \
+             not {}",
+            other.name, other.tracked, other.asked
+        ))
+    }
+}
+
 impl From<live_blocks::TooManyReferences> for StorageError {
     fn from(_: live_blocks::TooManyReferences) -> Self {
         StorageError::InvalidRequest(

@@ -21,7 +21,11 @@
 //!   lock, so a file being allocated anew is never unlinked by a stale count.
 //!
 //! Files are tracked by their name below the storage's base path (the base is the same for
-//! every file of a storage, so it is not stored per file).
+//! every file of a storage, so it is not stored per file), with the size of their blocks: a
+//! block id names a byte range only for one size, so an allocation or adoption of another
+//! size is refused while the file is tracked (an instance re-registered under the same id
+//! with other spec sizes names the same files; freeing one of the earlier instance's blocks
+//! would punch a range inside one of the later's).
 //!
 //! The counts live in memory; after a restart the journal's recovery adopts every logged
 //! block again (one reference each). A file with no count is `Untracked`: not kvcm's.
@@ -39,6 +43,8 @@ const SHARD_COUNT: usize = 64;
 struct FileRecord {
     /// The file's name below the storage's base path.
     name: Box<str>,
+    /// The bytes of each of its blocks.
+    block_size: u64,
     /// References per block id (dense: block ids are small, 0..blocks per file).
     counts: Box<[u16]>,
 }
@@ -170,19 +176,27 @@ impl LiveBlocks {
     }
 
     /// Runs `create` (directories, touch; told whether the file is tracked already) and adds
-    /// one reference to each of `blkids` of the file `name`, under its shard lock; returns the
-    /// file's id and generation. A failed `create`, or counts that would overflow, track
-    /// nothing new.
-    pub(crate) fn allocate<E: From<TooManyReferences>>(
+    /// one reference to each of `blkids` (blocks of `block_size` bytes) of the file `name`,
+    /// under its shard lock; returns the file's id and generation. A failed `create`, counts
+    /// that would overflow, or a file tracked with blocks of another size, track nothing new.
+    pub(crate) fn allocate<E: From<TooManyReferences> + From<OtherBlockSize>>(
         &self,
         name: &str,
         blkids: &[u64],
+        block_size: u64,
         create: impl FnOnce(bool) -> Result<(), E>,
     ) -> Result<(u32, u16), E> {
         let (hash, index) = self.place(name);
         let mut shard = lock(&self.shards[index]);
         let found = shard.find(hash, name);
         let current = found.and_then(|slot| shard.files[slot as usize].file.as_ref());
+        if let Some(file) = current.filter(|file| file.block_size != block_size) {
+            return Err(E::from(OtherBlockSize {
+                name: name.to_string(),
+                tracked: file.block_size,
+                asked: block_size,
+            }));
+        }
         let current = current.map(|file| &*file.counts);
         let counts = add_references(current.unwrap_or(&[]), blkids)?;
         let slot = found.unwrap_or_else(|| shard.next_slot());
@@ -193,6 +207,7 @@ impl LiveBlocks {
             None => {
                 let record = FileRecord {
                     name: name.into(),
+                    block_size,
                     counts,
                 };
                 shard.insert(hash, record, &self.hasher);
@@ -259,6 +274,14 @@ impl LiveBlocks {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TooManyReferences;
 
+/// The file is tracked with blocks of `tracked` bytes, not `asked`; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OtherBlockSize {
+    pub name: String,
+    pub tracked: u64,
+    pub asked: u64,
+}
+
 /// `counts` with one more reference per block id.
 fn add_references(counts: &[u16], blkids: &[u64]) -> Result<Box<[u16]>, TooManyReferences> {
     let mut updated = counts.to_vec();
@@ -318,9 +341,20 @@ mod tests {
     }
 
     #[test]
+    fn a_tracked_file_refuses_blocks_of_another_size_and_keeps_its_counts() {
+        let live = LiveBlocks::default();
+        live.allocate("/f", &[0], 100, created).expect("ok");
+        let refused = live.allocate("/f", &[1], 200, created);
+        assert!(matches!(refused, Err(StorageError::Full(why)) if why.contains("100 bytes")));
+        assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld, "block 1 was not taken");
+        assert_eq!(release(&live, "/f", 0), Remaining::FileFreed);
+        live.allocate("/f", &[1], 200, created).expect("free again: any size");
+    }
+
+    #[test]
     fn a_file_is_released_once_per_held_block() {
         let live = LiveBlocks::default();
-        live.allocate("/f", &[0, 1, 2], created).expect("ok");
+        live.allocate("/f", &[0, 1, 2], 100, created).expect("ok");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
         assert_eq!(release(&live, "/f", 0), Remaining::BlockHeld, "repeat");
         assert_eq!(release(&live, "/f", 7), Remaining::BlockHeld, "unknown");
@@ -333,8 +367,8 @@ mod tests {
     #[test]
     fn each_allocation_of_a_block_is_released_by_one_delete() {
         let live = LiveBlocks::default();
-        live.allocate("/f", &[0, 1], created).expect("winner");
-        live.allocate("/f", &[0, 1], created).expect("loser");
+        live.allocate("/f", &[0, 1], 100, created).expect("winner");
+        live.allocate("/f", &[0, 1], 100, created).expect("loser");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockHeld, "loser");
         assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld, "loser");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed, "winner");
@@ -346,8 +380,8 @@ mod tests {
     #[test]
     fn single_block_files_count_as_block_zero() {
         let live = LiveBlocks::default();
-        live.allocate("/single", &[0], created).expect("a");
-        live.allocate("/single", &[0], created).expect("b");
+        live.allocate("/single", &[0], 100, created).expect("a");
+        live.allocate("/single", &[0], 100, created).expect("b");
         assert_eq!(release(&live, "/single", 0), Remaining::BlockHeld);
         assert_eq!(release(&live, "/single", 0), Remaining::FileFreed);
         assert_eq!(live.tracked_files(), 0);
@@ -362,7 +396,7 @@ mod tests {
     #[test]
     fn a_failed_create_tracks_nothing() {
         let live = LiveBlocks::default();
-        let failed = live.allocate("/f", &[0, 1], |_| {
+        let failed = live.allocate("/f", &[0, 1], 100, |_| {
             Err(StorageError::InvalidRequest("no space".into()))
         });
         assert!(matches!(failed, Err(StorageError::InvalidRequest(_))));
@@ -372,7 +406,7 @@ mod tests {
     #[test]
     fn a_failed_unlink_keeps_the_entry_for_a_retry() {
         let live = LiveBlocks::default();
-        live.allocate("/f", &[0], created).expect("ok");
+        live.allocate("/f", &[0], 100, created).expect("ok");
         let failed = live.release("/f", 0, |_| Err("EIO"));
         assert_eq!(failed, Err("EIO"));
         assert_eq!(live.tracked_files(), 1);
@@ -383,9 +417,9 @@ mod tests {
     #[test]
     fn reallocation_adds_references() {
         let live = LiveBlocks::default();
-        live.allocate("/f", &[0, 1], created).expect("ok");
+        live.allocate("/f", &[0, 1], 100, created).expect("ok");
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
-        live.allocate("/f", &[0, 1], created).expect("ok");
+        live.allocate("/f", &[0, 1], 100, created).expect("ok");
         assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld);
         assert_eq!(release(&live, "/f", 0), Remaining::BlockFreed);
         assert_eq!(release(&live, "/f", 1), Remaining::FileFreed);
@@ -394,13 +428,13 @@ mod tests {
     #[test]
     fn a_reused_id_does_not_render_the_old_file() {
         let live = LiveBlocks::default();
-        let (id, generation) = live.allocate("/old", &[0], created).expect("old");
+        let (id, generation) = live.allocate("/old", &[0], 100, created).expect("old");
         assert_eq!(release(&live, "/old", 0), Remaining::FileFreed);
         // Some new file lands in the freed slot (1 in 64 names share its shard).
         let reused = (0..10_000)
             .map(|i| format!("/new{i}"))
             .find_map(|name| {
-                let placed = live.allocate(&name, &[0], created).expect("new");
+                let placed = live.allocate(&name, &[0], 100, created).expect("new");
                 (placed.0 == id).then_some((name, placed.1))
             })
             .expect("a new file reused the id");
@@ -413,7 +447,7 @@ mod tests {
     fn concurrent_releases_unlink_exactly_once() {
         let live = LiveBlocks::default();
         let blkids: Vec<u64> = (0..64).collect();
-        live.allocate("/f", &blkids, created).expect("ok");
+        live.allocate("/f", &blkids, 100, created).expect("ok");
         let unlinks = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|scope| {
             for thread in 0..8u64 {

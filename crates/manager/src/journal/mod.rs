@@ -286,6 +286,11 @@ impl Manager {
         Ok(report)
     }
 
+    /// Whether the local journal is open (it takes snapshots; the shared store does not).
+    pub(crate) fn journal_takes_snapshots(&self) -> bool {
+        matches!(self.journal.get(), Some(Durable::Files(_)))
+    }
+
     /// The journal's counters, when one is open.
     pub fn journal_stats(&self) -> Option<JournalStats> {
         self.journal.get().map(Durable::stats)

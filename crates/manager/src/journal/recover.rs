@@ -7,10 +7,10 @@
 //! SERVING locations are kept and counted in the instance's quota usage; WRITING locations
 //! (sessions open at the crash) and DELETING ones are freed on their storage and dropped.
 //! Entries of an instance removed before the crash (a RemoveInstance whose deletion had not
-//! finished: its clean-up is not logged) are adopted and freed the same way, after every
-//! registered instance's entries are restored, so a later instance of the same id keeps what
-//! it holds (file blocks are counted per allocation); a removed instance's pool parts are left
-//! unadopted, which frees them.
+//! finished: its clean-up is not logged) are adopted after every registered instance's
+//! entries are restored, so a later instance of the same id keeps what it holds (file blocks
+//! are counted per allocation and tracked with their size), and handed to the removal's
+//! background deletion; a removed instance's pool parts are left unadopted, which frees them.
 //! Locations whose storage is gone, or whose parts cannot be adopted, are dropped and counted;
 //! locations written under another config of their storage (an UpdateStorage that moved its
 //! root) are dropped from the index and counted as stale, their bytes left where they are.
@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kvcm_index::BlockKey;
+use kvcm_index::{BlockKey, LocalIndex, LocalIndexConfig, MetaIndex};
 use kvcm_storage::{DataStorage, NamedPart, PartAddress, PartRef, StorageConfig, StorageKind};
 
 use super::files::{self, ReadEnd, SNAPSHOT_MAGIC};
@@ -58,8 +58,9 @@ pub struct RecoveryReport {
     pub stale_locations: u64,
     /// WRITING or DELETING locations whose bytes were freed.
     pub cleaned_locations: u64,
-    /// Locations of removed instances whose bytes were freed (a removal the earlier process
-    /// did not finish).
+    /// File-tier locations of removed instances handed to the background deletion (a
+    /// removal the earlier process may not have finished; releasing what it did finish
+    /// frees nothing twice).
     pub removed_locations: u64,
     /// The sequence the log continues at.
     pub(crate) next_sequence: u64,
@@ -367,7 +368,7 @@ impl Manager {
             max_nonce = max_nonce.max(nonce);
         }
         for (info, entries) in removed {
-            let nonce = self.free_removed(&info, entries, &handles, report);
+            let nonce = self.restore_removed(info, entries, &handles, report);
             max_nonce = max_nonce.max(nonce);
         }
         self.nonces.fetch_max(
@@ -431,41 +432,94 @@ impl Manager {
         max_nonce
     }
 
-    /// Adopts and frees every location of an instance that was removed before its blocks
-    /// were all deleted; returns the largest nonce seen.
-    fn free_removed(
+    /// Adopts every file-tier location of an instance that was removed before its blocks
+    /// were all deleted, and hands them to the removal's own machinery: they are deleted in
+    /// the background (retried while the index or storage fails) and, until they are, every
+    /// snapshot records them. Returns the largest nonce seen.
+    fn restore_removed(
         &self,
-        info: &InstanceInfo,
+        info: InstanceInfo,
         entries: HashMap<BlockKey, DurableEntry>,
         handles: &HashMap<StorageHandle, StorageConfig>,
         report: &mut RecoveryReport,
     ) -> u32 {
         let mut max_nonce = 0;
-        let mut freed = Vec::new();
+        let mut adopted_entries = Vec::new();
         let in_pool = |storage| {
             handles
                 .get(&storage)
                 .is_some_and(|config| config.spec.kind() == StorageKind::TairMemPool)
         };
         for (key, durable) in entries {
+            let mut kept = Vec::new();
             for location in durable.entry.locations() {
                 max_nonce = max_nonce.max(location.nonce);
                 // A pool part nobody adopts is free in this process already.
                 if in_pool(location.storage) {
                     continue;
                 }
-                match self.adopt_location(info, key, &location, &durable, handles) {
+                match self.adopt_location(&info, key, &location, &durable, handles) {
                     Adoption::Adopted(adopted) => {
                         report.removed_locations += 1;
-                        freed.push((adopted.backend, adopted.uris));
+                        // SERVING, so that the removal moves it to DELETING and deletes it.
+                        let location = Location {
+                            state: LocationState::Serving,
+                            ..adopted.location
+                        };
+                        kept.push((location, adopted.backend, adopted.uris));
                     }
                     Adoption::Stale => report.stale_locations += 1,
                     Adoption::Dropped => report.dropped_locations += 1,
                 }
             }
+            if !kept.is_empty() {
+                adopted_entries.push((key, kept));
+            }
         }
-        free_all(freed, report);
+        if adopted_entries.is_empty() {
+            return max_nonce;
+        }
+        let id = info.instance_id.clone();
+        match self.removed_instance_holding(info, &adopted_entries) {
+            Ok(instance) => {
+                self.track_unfinished(instance.clone());
+                self.delete_removed(instance);
+            }
+            Err(error) => {
+                // No index to hand them over in: freed now, once.
+                report.skipped.push(format!(
+                    "entries of removed instance {id:?}, freed at once: {error}"
+                ));
+                let freed = adopted_entries
+                    .into_iter()
+                    .flat_map(|(_, kept)| kept)
+                    .map(|(_, backend, uris)| (backend, uris));
+                free_all(freed.collect(), report);
+            }
+        }
         max_nonce
+    }
+
+    /// A removed instance (unregistered, its index in memory and logged nowhere) holding the
+    /// adopted locations of `entries`.
+    fn removed_instance_holding(
+        &self,
+        info: InstanceInfo,
+        entries: &[(BlockKey, Vec<(Location, Arc<dyn DataStorage>, Vec<String>)>)],
+    ) -> ManagerResult<Arc<Instance>> {
+        let index = LocalIndex::new(LocalIndexConfig::default())?;
+        let batch: Vec<(BlockKey, Entry)> = entries
+            .iter()
+            .map(|(key, kept)| {
+                let locations = kept.iter().map(|(l, _, _)| l.clone()).collect();
+                (*key, Entry::new(locations))
+            })
+            .collect();
+        for chunk in batch.chunks(4096) {
+            index.put(chunk.to_vec())?;
+        }
+        let index: Arc<dyn MetaIndex<Entry>> = Arc::new(index);
+        Ok(Arc::new(Instance::new(info, index, 0, self.reclaim_policy)))
     }
 
     /// Finds a logged location's storage now and adopts its parts there. Dropped when the

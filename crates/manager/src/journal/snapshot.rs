@@ -32,7 +32,15 @@ impl Manager {
     /// Takes a snapshot now; returns its sequence.
     pub(crate) fn take_snapshot(&self, journal: &Journal) -> Result<u64, JournalError> {
         let _one_at_a_time = lock(&journal.snapshotting);
-        let sequence = journal.writer.rotate()?;
+        // The instances as of the rotation (under the lock registrations and removals append
+        // their records under): a removal and a new registration of the same id after it are
+        // in the new segment only, and replay after the snapshot in order.
+        let (sequence, registered, unfinished) = {
+            let instances = read_lock(&self.instances);
+            let sequence = journal.writer.rotate()?;
+            let registered: Vec<_> = instances.values().cloned().collect();
+            (sequence, registered, self.unfinished_removals())
+        };
         let dir = &journal.config.dir;
         let path = files::snapshot_path(dir, sequence);
         let temporary = path.with_extension("snap.tmp");
@@ -45,7 +53,7 @@ impl Manager {
         };
         let written = out
             .header(sequence)
-            .and_then(|()| self.write_state(&mut out))
+            .and_then(|()| self.write_state(&mut out, &registered, &unfinished))
             .and_then(|()| out.finish());
         let file = written.map_err(|e| JournalError::io(&temporary, e))?;
         file.sync_data()
@@ -56,8 +64,14 @@ impl Manager {
         Ok(sequence)
     }
 
-    /// Every registry object and every instance's entries, as records.
-    fn write_state(&self, out: &mut SnapshotWriter) -> std::io::Result<()> {
+    /// Every registry object, the `registered` instances' entries and the `unfinished`
+    /// removals, as records.
+    fn write_state(
+        &self,
+        out: &mut SnapshotWriter,
+        registered: &[Arc<Instance>],
+        unfinished: &[Arc<Instance>],
+    ) -> std::io::Result<()> {
         let incarnations = self.storages.incarnations();
         for handle in 0..incarnations.len() {
             let handle = StorageHandle(handle as u16);
@@ -88,17 +102,12 @@ impl Manager {
             out.record(&Record::ApiKey(key))?;
         }
         // Removed instances first: a registered one may have the same id.
-        let (registered, unfinished) = {
-            let instances = read_lock(&self.instances);
-            let registered: Vec<_> = instances.values().cloned().collect();
-            (registered, self.unfinished_removals())
-        };
         for instance in unfinished {
-            write_instance(out, &instance, &incarnations)?;
+            write_instance(out, instance, &incarnations)?;
             out.record(&Record::InstanceRemoved(instance.id().to_string()))?;
         }
         for instance in registered {
-            write_instance(out, &instance, &incarnations)?;
+            write_instance(out, instance, &incarnations)?;
         }
         Ok(())
     }
@@ -196,6 +205,7 @@ pub(crate) fn spawn_snapshotter(
         let Some(manager) = manager.upgrade() else {
             return;
         };
+        manager.prune_unfinished();
         if journal.stats().log_bytes_since_snapshot < limit {
             continue;
         }

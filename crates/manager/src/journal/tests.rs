@@ -244,7 +244,45 @@ fn write_files(manager: &Manager, keys: &[i64]) {
             .expect("a file URI");
         let path = Path::new(path);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, [7u8; 200]).unwrap();
+        std::fs::write(path, FILE_BYTES).unwrap();
+    }
+}
+
+/// What [`write_files`] puts in every file (two blocks of up to 500 bytes).
+const FILE_BYTES: [u8; 1000] = [7; 1000];
+
+/// Awaits the block files below `dir/blocks` numbering `count` (the background deletion of
+/// a removed instance's blocks).
+fn await_block_files(dir: &Path, count: usize) -> Vec<std::path::PathBuf> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let files = block_files(dir);
+        if files.len() == count {
+            return files;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{count} block files expected: {files:?}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Awaits every removal's blocks being deleted (index entries included).
+fn await_unfinished_removals(manager: &Manager) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !manager.unfinished_removals().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "removals finished");
+        std::thread::yield_now();
+    }
+}
+
+/// Awaits the deleter emptying `instance`'s index.
+fn await_deleted(instance: &Instance) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while instance.index.len().unwrap() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the deleter finished");
+        std::thread::yield_now();
     }
 }
 
@@ -288,10 +326,10 @@ fn a_removal_a_crash_left_unfinished_is_finished_at_restart() {
         }
         assert_eq!(report.removed_locations, 20, "{report:?}");
         assert!(report.skipped.is_empty(), "{report:?}");
-        assert!(
-            block_files(dir.path()).is_empty(),
-            "every file of the removed instance is deleted (snapshot: {snapshot}); before: {files:?}"
-        );
+        assert_eq!(files.len(), 10);
+        // Every file of the removed instance is deleted, in the background.
+        await_block_files(dir.path(), 0);
+        assert_eq!(manager.removals_pending(), 0);
     }
 }
 
@@ -316,16 +354,17 @@ fn a_new_instance_of_a_removed_id_keeps_its_blocks_while_the_removal_is_finished
         assert_eq!(uris(&manager, &[5, 20]), [None, None], "round {round}");
         let instance = manager.instance("i").unwrap();
         assert_eq!(instance.index.len().unwrap(), 4, "round {round}");
-        let left = block_files(dir.path());
-        assert_eq!(
-            left.len(),
-            2,
-            "only the new instance's files, round {round}: {left:?}"
-        );
-        assert!(report.skipped.is_empty(), "round {round}: {report:?}");
-        if round == 0 {
-            assert_eq!(report.removed_locations, 20, "{report:?}");
+        // Only the new instance's files stay, whole.
+        for file in await_block_files(dir.path(), 2) {
+            assert_eq!(std::fs::read(&file).unwrap(), FILE_BYTES, "{file:?}");
         }
+        await_unfinished_removals(&manager);
+        assert!(report.skipped.is_empty(), "round {round}: {report:?}");
+        let expected = if round == 0 { 20 } else { 0 };
+        assert_eq!(
+            report.removed_locations, expected,
+            "round {round}: {report:?}"
+        );
         // The next snapshot no longer holds the removed instance.
         let journal = files_journal(&manager);
         manager.take_snapshot(&journal).unwrap();
@@ -342,11 +381,7 @@ fn a_removal_finished_before_the_restart_is_released_again_without_harm() {
     write(&manager, &old, &keys);
     write_files(&manager, &keys);
     manager.remove_instance("i").unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while old.index.len().unwrap() > 0 {
-        assert!(std::time::Instant::now() < deadline, "the deleter finished");
-        std::thread::yield_now();
-    }
+    await_deleted(&old);
     assert!(block_files(dir.path()).is_empty());
     manager.register_instance(instance_info()).unwrap();
     let instance = manager.instance("i").unwrap();
@@ -362,6 +397,51 @@ fn a_removal_finished_before_the_restart_is_released_again_without_harm() {
         "the new instance's files stay"
     );
     assert!(report.skipped.is_empty(), "{report:?}");
+}
+
+#[test]
+fn a_removed_instances_blocks_of_another_size_never_punch_a_later_instances_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let old = manager.instance("i").unwrap();
+    write(&manager, &old, &[1, 2]);
+    manager.remove_instance("i").unwrap();
+    await_deleted(&old);
+    // The same id again, its spec twice as large: keys 1 and 2 name the same file, whose
+    // block 0 now spans the bytes the removed instance's blocks 0 and 1 had.
+    let mut larger = instance_info();
+    larger.specs[0].size = 200;
+    manager.register_instance(larger).unwrap();
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2]);
+    write_files(&manager, &[1]);
+    manager.remove_cache(&instance, &[2]).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while instance.index.get(&[2]).unwrap()[0].is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleter removed key 2"
+        );
+        std::thread::yield_now();
+    }
+    let uri = uris(&manager, &[1])[0].clone().expect("key 1");
+    let path = uri
+        .strip_prefix("file://s")
+        .and_then(|r| r.split('?').next())
+        .unwrap()
+        .to_string();
+    drop((old, instance, manager));
+    // Recovery releases the removed instance's blocks 0 and 1 (100 bytes each) again: its
+    // adoptions are refused (another block size), so no hole is punched in key 1's block.
+    let (manager, report) = reopen(dir.path());
+    assert_eq!(uris(&manager, &[1])[0].as_deref(), Some(uri.as_str()));
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(
+        bytes[..200].iter().all(|&b| b == 7),
+        "key 1's block is whole"
+    );
+    assert_eq!(report.removed_locations, 0, "{report:?}");
+    assert_eq!(report.dropped_locations, 2, "{report:?}");
 }
 
 #[test]

@@ -64,8 +64,9 @@ struct PackedBlock {
 /// single-block file), the URIs of its parts, and per part the index of its file.
 #[derive(Debug)]
 struct Plan {
-    /// Per file: its name below the base, and the block ids allocated in it.
-    files: Vec<(String, Vec<u64>)>,
+    /// Per file: its name below the base, the size of its blocks, and the block ids
+    /// allocated in it.
+    files: Vec<(String, u64, Vec<u64>)>,
     placed: Vec<Vec<AllocatedSpec>>,
     file_of_part: Vec<Vec<usize>>,
 }
@@ -174,18 +175,21 @@ impl BlockFileStorage {
             })
             .collect();
         let mut file_of_part: Vec<Vec<usize>> = placed.iter().map(|p| vec![0; p.len()]).collect();
-        let mut files: Vec<(String, Vec<u64>)> = Vec::with_capacity(packed.len());
+        let mut files: Vec<(String, u64, Vec<u64>)> = Vec::with_capacity(packed.len());
         for file in packed {
             let mut blkids = Vec::with_capacity(file.members.len());
+            // Every member of a file has one size (packing chunks each size on its own).
+            let mut block_size = 0;
             for (blkid, member) in file.members.iter().enumerate() {
                 let size = request.specs[member.spec].size;
+                block_size = size as u64;
                 let part = &mut placed[member.block][member.slot];
                 part.uri = self.uri(&file.name, blkid as u64, size);
                 part.address.block = blkid as u32;
                 file_of_part[member.block][member.slot] = files.len();
                 blkids.push(blkid as u64);
             }
-            files.push((file.name, blkids));
+            files.push((file.name, block_size, blkids));
         }
         Ok(Plan {
             files,
@@ -263,8 +267,8 @@ impl BlockFileStorage {
 
     /// Drops the counts of an allocation that failed part-way: its URIs were never handed
     /// out, so nobody will delete them. The files (if touched, empty) are left in place.
-    fn forget_counts(&self, files: &[(String, Vec<u64>)]) {
-        for (name, blkids) in files {
+    fn forget_counts(&self, files: &[(String, u64, Vec<u64>)]) {
+        for (name, _, blkids) in files {
             for &blkid in blkids {
                 let Ok(()) = self.live.release::<Infallible>(name, blkid, |_| Ok(()));
             }
@@ -345,12 +349,11 @@ impl DataStorage for BlockFileStorage {
     ) -> Result<Vec<Vec<AllocatedSpec>>, StorageError> {
         let mut plan = self.plan(request)?;
         let mut file_ids = Vec::with_capacity(plan.files.len());
-        for (done, (name, blkids)) in plan.files.iter().enumerate() {
+        for (done, (name, block_size, blkids)) in plan.files.iter().enumerate() {
             let path = self.path(name);
-            match self
-                .live
-                .allocate(name, blkids, |tracked| self.create_file(&path, tracked))
-            {
+            match self.live.allocate(name, blkids, *block_size, |tracked| {
+                self.create_file(&path, tracked)
+            }) {
                 Ok(id_and_generation) => file_ids.push(id_and_generation),
                 Err(error) => {
                     self.forget_counts(&plan.files[..done]);
@@ -425,7 +428,7 @@ impl DataStorage for BlockFileStorage {
         let blocks = [u64::from(part.block)];
         let (object, generation) =
             self.live
-                .allocate::<StorageError>(part.name, &blocks, |_| Ok(()))?;
+                .allocate::<StorageError>(part.name, &blocks, part.size, |_| Ok(()))?;
         Ok(PartAddress {
             object,
             block: part.block,
