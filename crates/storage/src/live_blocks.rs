@@ -346,9 +346,14 @@ mod tests {
         live.allocate("/f", &[0], 100, created).expect("ok");
         let refused = live.allocate("/f", &[1], 200, created);
         assert!(matches!(refused, Err(StorageError::Full(why)) if why.contains("100 bytes")));
-        assert_eq!(release(&live, "/f", 1), Remaining::BlockHeld, "block 1 was not taken");
+        assert_eq!(
+            release(&live, "/f", 1),
+            Remaining::BlockHeld,
+            "block 1 was not taken"
+        );
         assert_eq!(release(&live, "/f", 0), Remaining::FileFreed);
-        live.allocate("/f", &[1], 200, created).expect("free again: any size");
+        live.allocate("/f", &[1], 200, created)
+            .expect("free again: any size");
     }
 
     #[test]

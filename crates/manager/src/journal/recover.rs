@@ -459,14 +459,11 @@ impl Manager {
                     continue;
                 }
                 match self.adopt_location(&info, key, &location, &durable, handles) {
-                    Adoption::Adopted(adopted) => {
+                    Adoption::Adopted(mut adopted) => {
                         report.removed_locations += 1;
                         // SERVING, so that the removal moves it to DELETING and deletes it.
-                        let location = Location {
-                            state: LocationState::Serving,
-                            ..adopted.location
-                        };
-                        kept.push((location, adopted.backend, adopted.uris));
+                        adopted.location.state = LocationState::Serving;
+                        kept.push(adopted);
                     }
                     Adoption::Stale => report.stale_locations += 1,
                     Adoption::Dropped => report.dropped_locations += 1,
@@ -493,7 +490,7 @@ impl Manager {
                 let freed = adopted_entries
                     .into_iter()
                     .flat_map(|(_, kept)| kept)
-                    .map(|(_, backend, uris)| (backend, uris));
+                    .map(|adopted| (adopted.backend, adopted.uris));
                 free_all(freed.collect(), report);
             }
         }
@@ -505,13 +502,13 @@ impl Manager {
     fn removed_instance_holding(
         &self,
         info: InstanceInfo,
-        entries: &[(BlockKey, Vec<(Location, Arc<dyn DataStorage>, Vec<String>)>)],
+        entries: &[(BlockKey, Vec<Adopted>)],
     ) -> ManagerResult<Arc<Instance>> {
         let index = LocalIndex::new(LocalIndexConfig::default())?;
         let batch: Vec<(BlockKey, Entry)> = entries
             .iter()
             .map(|(key, kept)| {
-                let locations = kept.iter().map(|(l, _, _)| l.clone()).collect();
+                let locations = kept.iter().map(|a| a.location.clone()).collect();
                 (*key, Entry::new(locations))
             })
             .collect();
