@@ -17,6 +17,11 @@ fn capacity_samples(manager: &Manager, curves: &LiveCurves) -> Vec<Sample> {
     let mut out = vec![
         counter("capacity.reclaim_passes", Vec::new(), stats.passes()),
         counter(
+            "capacity.reclaim_passes_held_back",
+            Vec::new(),
+            stats.held_back(),
+        ),
+        counter(
             "capacity.reclaim_evicted_blocks",
             Vec::new(),
             stats.evicted(),

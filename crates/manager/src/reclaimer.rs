@@ -55,6 +55,7 @@ pub struct ReclaimStats {
     passes: AtomicU64,
     evicted: AtomicU64,
     busy_us: AtomicU64,
+    held_back: AtomicU64,
 }
 
 impl ReclaimStats {
@@ -71,6 +72,11 @@ impl ReclaimStats {
     /// Time spent in passes, in microseconds.
     pub fn busy_us(&self) -> u64 {
         self.busy_us.load(Ordering::Acquire)
+    }
+
+    /// Passes not run because a recovery was restoring state.
+    pub fn held_back(&self) -> u64 {
+        self.held_back.load(Ordering::Acquire)
     }
 }
 
@@ -151,6 +157,15 @@ impl Manager {
 
     /// One pass: hands due deletes to the deleter, then (on the leader) reclaims every group.
     fn reclaim_pass(&self, state: &mut ReclaimState) {
+        // Nothing while a recovery restores state: its evictions would not be logged.
+        let _not_recovering = match self.recovery_gate.try_read() {
+            Ok(gate) => gate,
+            Err(std::sync::TryLockError::Poisoned(gate)) => gate.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.reclaim_stats.held_back.fetch_add(1, Ordering::AcqRel);
+                return;
+            }
+        };
         let now = Instant::now();
         let (due, waiting) = std::mem::take(&mut state.delayed)
             .into_iter()

@@ -269,6 +269,8 @@ impl Manager {
             return Err(JournalError::AlreadyOpen.into());
         }
         std::fs::create_dir_all(&config.dir).map_err(|e| JournalError::io(&config.dir, e))?;
+        // No eviction until the recovered state is in the startup snapshot.
+        let _recovering = crate::sync::write_lock(&self.recovery_gate);
         let mut report = RecoveryReport::default();
         let replay = recover::read_journal(&config.dir, &mut report)?;
         self.restore(replay, &mut report);

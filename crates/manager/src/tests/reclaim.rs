@@ -116,6 +116,23 @@ fn a_lowered_watermark_frees_room_for_the_17th_block_within_2_s() {
 }
 
 #[test]
+fn nothing_is_evicted_while_a_recovery_restores_state() {
+    let (fx, instance) = capped();
+    write_all(&fx, &instance, (1..=16).collect());
+    let recovering = crate::sync::write_lock(&fx.manager.recovery_gate);
+    set_watermark(&fx, 0.1, 0);
+    let held_back = fx.manager.reclaim_stats().held_back();
+    await_that(TAKES_EFFECT, "three passes held back", || {
+        fx.manager.reclaim_stats().held_back() >= held_back + 3
+    });
+    assert_eq!(fx.manager.reclaim_stats().evicted(), 0);
+    drop(recovering);
+    await_that(TAKES_EFFECT, "evictions once recovered", || {
+        fx.manager.reclaim_stats().evicted() >= 15
+    });
+}
+
+#[test]
 fn writing_blocks_are_never_evicted() {
     let (fx, instance) = capped();
     let open = fx

@@ -60,6 +60,8 @@ impl Manager {
         if self.journal.get().is_some() {
             return Err(JournalError::AlreadyOpen.into());
         }
+        // No eviction until what the store held is restored and written back.
+        let _recovering = crate::sync::write_lock(&self.recovery_gate);
         let mut report = RecoveryReport::default();
         store.take_over(token)?;
         let mut replay = store.read_registry(&mut report)?;
