@@ -359,14 +359,19 @@ impl Manager {
         for (id, key) in api_keys {
             restored(format!("API key {id:?}"), self.restore_api_key(key));
         }
+        // Every instance's SERVING locations are adopted before any location that is freed:
+        // a pool part freed and placed again before the crash is adopted for the block that
+        // holds it now (a freed one's adoption is then refused as overlapping, and dropped).
         let mut max_nonce = 0;
+        let mut to_free = Vec::new();
         for (id, entries) in entries.drain() {
             let Some(instance) = self.instance(&id) else {
                 continue;
             };
-            let nonce = self.restore_entries(&instance, entries, &handles, report);
+            let nonce = self.restore_entries(&instance, entries, &handles, report, &mut to_free);
             max_nonce = max_nonce.max(nonce);
         }
+        self.free_unfinished(to_free, &handles, report);
         for (info, entries) in removed {
             let nonce = self.restore_removed(info, entries, &handles, report);
             max_nonce = max_nonce.max(nonce);
@@ -384,14 +389,19 @@ impl Manager {
         entries: HashMap<BlockKey, DurableEntry>,
         handles: &HashMap<StorageHandle, StorageConfig>,
         report: &mut RecoveryReport,
+        to_free: &mut Vec<(Arc<Instance>, BlockKey, DurableEntry)>,
     ) -> u32 {
         let mut max_nonce = 0;
         let mut batch: Vec<(BlockKey, Entry)> = Vec::new();
-        let mut freed: Vec<(Arc<dyn DataStorage>, Vec<String>)> = Vec::new();
         for (key, durable) in entries {
             let mut kept = Vec::new();
+            let mut unfinished = false;
             for location in durable.entry.locations() {
                 max_nonce = max_nonce.max(location.nonce);
+                if location.state != LocationState::Serving {
+                    unfinished = true;
+                    continue;
+                }
                 let adopted =
                     match self.adopt_location(instance.info(), key, &location, &durable, handles) {
                         Adoption::Adopted(adopted) => adopted,
@@ -404,17 +414,15 @@ impl Manager {
                             continue;
                         }
                     };
-                if adopted.location.state == LocationState::Serving {
-                    let bytes = instance.location_bytes(&adopted.location.as_ref());
-                    instance.usage().add(adopted.storage_type, bytes);
-                    kept.push(adopted.location);
-                } else {
-                    report.cleaned_locations += 1;
-                    freed.push((adopted.backend, adopted.uris));
-                }
+                let bytes = instance.location_bytes(&adopted.location.as_ref());
+                instance.usage().add(adopted.storage_type, bytes);
+                kept.push(adopted.location);
             }
             if !kept.is_empty() {
                 batch.push((key, Entry::new(kept)));
+            }
+            if unfinished {
+                to_free.push((instance.clone(), key, durable));
             }
         }
         report.entries += batch.len() as u64;
@@ -428,8 +436,35 @@ impl Manager {
             }
             self.published_keys_changed(instance, &keys);
         }
-        free_all(freed, report);
         max_nonce
+    }
+
+    /// Adopts and frees the WRITING and DELETING locations of `to_free` (sessions open at
+    /// the crash, deletions not finished), once every SERVING location is adopted.
+    fn free_unfinished(
+        &self,
+        to_free: Vec<(Arc<Instance>, BlockKey, DurableEntry)>,
+        handles: &HashMap<StorageHandle, StorageConfig>,
+        report: &mut RecoveryReport,
+    ) {
+        let mut freed = Vec::new();
+        for (instance, key, durable) in &to_free {
+            let unfinished = durable
+                .entry
+                .locations()
+                .filter(|l| l.state != LocationState::Serving);
+            for location in unfinished {
+                match self.adopt_location(instance.info(), *key, &location, durable, handles) {
+                    Adoption::Adopted(adopted) => {
+                        report.cleaned_locations += 1;
+                        freed.push((adopted.backend, adopted.uris));
+                    }
+                    Adoption::Stale => report.stale_locations += 1,
+                    Adoption::Dropped => report.dropped_locations += 1,
+                }
+            }
+        }
+        free_all(freed, report);
     }
 
     /// Adopts every file-tier location of an instance that was removed before its blocks

@@ -445,6 +445,82 @@ fn a_removed_instances_blocks_of_another_size_never_punch_a_later_instances_bloc
 }
 
 #[test]
+fn a_pool_part_freed_and_placed_again_before_a_crash_is_restored_for_its_new_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let pool = kvcm_storage::StorageConfig {
+        global_unique_name: "pool".into(),
+        spec: kvcm_storage::StorageSpec::TairMemPool {
+            domain: "pool.domain".into(),
+            timeout: 100,
+            enable_vipserver: false,
+            service_discovery_url: String::new(),
+            media_type: 0,
+        },
+        check_storage_available_when_open: false,
+    };
+    manager.add_storage(pool).unwrap();
+    let handle = manager
+        .storages
+        .current_handle("pool")
+        .expect("pool handle");
+    let location = |state, nonce, granule: u32| {
+        let address = kvcm_storage::PartAddress {
+            object: 0,
+            block: granule,
+            generation: 0,
+        };
+        let parts = vec![crate::entry::Part { spec: 0, address }];
+        crate::entry::Location {
+            storage: handle,
+            state,
+            nonce,
+            parts,
+            checksums: Vec::new(),
+        }
+    };
+    let named = |location| super::record::DurableEntry {
+        entry: crate::entry::Entry::new(vec![location]),
+        names: vec![super::record::ObjectName {
+            storage: handle,
+            object: 0,
+            generation: 0,
+            name: format!("{:016x}/node-a", 7),
+        }],
+    };
+    // 32 granules each freed by a deletion whose removal record never became durable, and
+    // placed again for a block whose write was acknowledged.
+    let changes: Vec<_> = (0..32u32)
+        .flat_map(|granule| {
+            let deleted = location(crate::entry::LocationState::Deleting, 1 + granule, granule);
+            let serving = location(crate::entry::LocationState::Serving, 100 + granule, granule);
+            [
+                (1000 + i64::from(granule), Some(named(deleted))),
+                (2000 + i64::from(granule), Some(named(serving))),
+            ]
+        })
+        .collect();
+    let record = Record::Entries {
+        instance_id: "i".into(),
+        changes,
+    };
+    let ticket = manager.journal_append(&record).unwrap();
+    manager.journal_wait(ticket).unwrap();
+    drop(manager);
+    let (manager, report) = reopen(dir.path());
+    let instance = manager.instance("i").unwrap();
+    let restored: Vec<bool> = (0..32)
+        .map(|g| instance.index.get(&[2000 + g]).unwrap()[0].is_some())
+        .collect();
+    assert!(
+        restored.iter().all(|r| *r),
+        "every acknowledged block: {restored:?}"
+    );
+    assert_eq!(report.entries, 32, "{report:?}");
+    assert_eq!(report.dropped_locations, 32, "the freed parts: {report:?}");
+}
+
+#[test]
 fn usage_is_recomputed_from_the_recovered_index() {
     let dir = tempfile::tempdir().unwrap();
     let manager = registered(dir.path());
