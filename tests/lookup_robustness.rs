@@ -436,6 +436,64 @@ fn a_restarted_server_is_never_answered_for_by_the_old_table() {
     }
 }
 
+/// A node that no longer leads stops serving its tables at once (the leader's changes no
+/// longer reach its index): they are retired, its queue pairs torn down and bootstraps
+/// refused; readers fall back to gRPC, which names the leader. Leading again, it serves
+/// fresh tables.
+#[test]
+fn a_demoted_node_serves_no_table_and_refuses_bootstraps() {
+    let (runtime, server) = start_server();
+    let keys: Vec<i64> = (0..8).collect();
+    runtime.block_on(async {
+        let started = start(&server, &keys, &[], 30).await;
+        finish(&server, &started["write_session_id"], vec![true; 8]).await;
+    });
+    let clients = [client(&server, Wire::Tcp), client(&server, Wire::Shm)];
+    for client in &clients {
+        assert_eq!(client.batch_get(&keys).expect("served").len(), 8);
+    }
+    let admin = |rpc: &str, body: serde_json::Value| runtime.block_on(server.admin_http(rpc, body));
+    let delay = serde_json::json!({"campaign_delay_time_ms": 60_000});
+    assert_eq!(
+        common::code(&admin("updateLeaderElectorConfig", delay)),
+        "OK"
+    );
+    let demoted = admin("leaderDemote", serde_json::json!({}));
+    assert_eq!(common::code(&demoted), "OK", "{demoted}");
+    for client in &clients {
+        let hits = client.metrics().hits;
+        // The gRPC fallback is refused (SERVER_NOT_LEADER) and no other server is listed.
+        match client.batch_get(&keys) {
+            Err(kvcm_client::ClientError::Unreachable(why)) => {
+                assert!(why.contains("not leader"), "{why}")
+            }
+            other => panic!("a demoted node answered {other:?}"),
+        }
+        assert_eq!(client.metrics().hits, hits, "no table answered");
+    }
+    let body = format!(r#"{{"instance_id":"{INSTANCE}"}}"#);
+    let (status, answer) =
+        runtime.block_on(server.post_raw("http", kvcm::lookup::ROUTE, body.as_bytes()));
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&answer));
+    assert!(String::from_utf8_lossy(&answer).contains("not the leader"));
+    // Leading again (the campaign delay lifted), it serves fresh tables.
+    let delay = serde_json::json!({"campaign_delay_time_ms": 0});
+    assert_eq!(
+        common::code(&admin("updateLeaderElectorConfig", delay)),
+        "OK"
+    );
+    let served = common::wait_until_blocking(Duration::from_secs(10), || {
+        let client = &clients[0];
+        let hits = client.metrics().hits;
+        let answered = client.batch_get(&keys).ok()?;
+        (answered.len() == 8 && client.metrics().hits > hits).then_some(())
+    });
+    assert!(
+        served.is_some(),
+        "the fast path serves again once the node leads"
+    );
+}
+
 #[test]
 fn bad_bootstrap_and_queue_pair_input_is_refused_and_harms_no_one() {
     let (runtime, server) = start_server();

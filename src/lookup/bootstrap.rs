@@ -69,7 +69,20 @@ impl LookupService {
     /// first use.
     pub fn bootstrap(&self, check: &AccessCheck<'_>) -> Result<BootstrapAnswer, LookupError> {
         (self.access)(check).map_err(LookupError::Refused)?;
+        let leading = || {
+            self.manager
+                .upgrade()
+                .is_some_and(|m| m.leadership().is_leader())
+        };
+        if !leading() {
+            return Err(LookupError::NotLeader);
+        }
         let table = self.table_for(check.instance_id)?;
+        // A demotion while the table was built retired the others, not this one.
+        if !leading() {
+            self.drop_table(check.instance_id, &LookupError::NotLeader);
+            return Err(LookupError::NotLeader);
+        }
         let token = self.grants.issue(Grant::of(check))?;
         let address = table.address();
         Ok(BootstrapAnswer {

@@ -93,6 +93,9 @@ pub enum LookupError {
     /// The access check refused the request.
     #[error("lookup bootstrap refused: {0}")]
     Refused(String),
+    /// This node does not lead: its tables would not follow the leader's changes.
+    #[error("this node is not the leader: its lookup tables are not served")]
+    NotLeader,
     /// Too many requests wait (try again later).
     #[error("lookup busy: {0}")]
     Busy(String),
@@ -229,6 +232,12 @@ impl LookupService {
             tables_dropped: AtomicU64::new(0),
         });
         peers::serve(listener, Arc::downgrade(&service))?;
+        let demoted = Arc::downgrade(&service);
+        manager.leadership().add_on_demote(Arc::new(move || {
+            if let Some(service) = demoted.upgrade() {
+                service.retire_all("this node is no longer the leader");
+            }
+        }));
         manager.set_publication(service.clone());
         spawn_availability_ticks(Arc::downgrade(&service))?;
         Ok(service)
@@ -286,6 +295,23 @@ impl LookupService {
             return Err(error);
         }
         Ok(table)
+    }
+
+    /// Retires and forgets every table and tears down every queue pair (a demoted node: the
+    /// leader's changes no longer reach its index, so its tables must not answer). Readers
+    /// fall back to gRPC, which sends them to the leader; a later bootstrap (once this node
+    /// leads again) builds the tables anew.
+    fn retire_all(&self, why: &str) {
+        let tables: Vec<(String, Arc<InstanceTable>)> = self.tables().drain().collect();
+        for (id, table) in tables {
+            if let Err(error) = table.retire() {
+                tracing::error!(instance = id, %error, "retiring a lookup table failed");
+            }
+        }
+        for (key, grant) in self.core.bound() {
+            self.core.close(key, grant);
+        }
+        tracing::info!(why, "lookup tables retired and queue pairs torn down");
     }
 
     /// Retires and forgets a table that could not be kept in step.
@@ -367,9 +393,11 @@ impl LookupService {
             let registered = manager
                 .as_ref()
                 .is_some_and(|m| m.instance(&grant.instance_id).is_some());
+            let leading = manager.as_ref().is_some_and(|m| m.leadership().is_leader());
             let refusal = match (self.access)(&grant.check()) {
                 Err(why) => why,
                 Ok(()) if !registered => "the instance was removed".to_string(),
+                Ok(()) if !leading => "this node is no longer the leader".to_string(),
                 Ok(()) => continue,
             };
             tracing::info!(instance = &*grant.instance_id, wire = key.0, qpn = key.1, %refusal, "lookup queue pair torn down");
