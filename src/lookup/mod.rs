@@ -294,6 +294,14 @@ impl LookupService {
             self.drop_table(instance_id, &error);
             return Err(error);
         }
+        // Removed (and perhaps registered again) while its table was built: the removal
+        // found no table to retire, so this one goes now.
+        let current = manager.instance(instance_id);
+        if !current.is_some_and(|kept| Arc::ptr_eq(&kept, &instance)) {
+            let gone = LookupError::UnknownInstance(instance_id.to_string());
+            self.drop_this_table(instance_id, &table, &gone);
+            return Err(gone);
+        }
         Ok(table)
     }
 

@@ -647,6 +647,31 @@ fn a_removed_instance_whose_cache_deletion_fails_is_deleted_in_the_background() 
     assert_eq!(instance.index.len().expect("len"), 0, "every block deleted");
 }
 
+#[test]
+fn a_session_of_a_removed_instance_does_not_commit_into_a_later_instance_of_its_id() {
+    let (fx, old) = fixture(i64::MAX, PREFER_3FS);
+    let open = fx
+        .manager
+        .start_write(&old, vec![1], &[], 600)
+        .expect("start");
+    fx.manager.remove_instance(old.id()).expect("removed");
+    fx.manager
+        .register_instance(old.info().clone())
+        .expect("registered again");
+    let new = fx.manager.instance(old.id()).expect("the new instance");
+    let refused = fx
+        .manager
+        .finish_write(&new, &open.session_id, &BlockMask::Offset(1));
+    let error = refused
+        .expect_err("an earlier instance's session")
+        .to_string();
+    assert!(error.contains("earlier instance"), "{error}");
+    assert!(
+        new.index.get(&[1]).expect("get")[0].is_none(),
+        "nothing committed"
+    );
+}
+
 /// A publisher that records which instance object each key change came from.
 #[derive(Default)]
 struct RecordedPublication {

@@ -243,6 +243,17 @@ impl Manager {
                     format!("session belongs to {}", session.instance.id()),
                 ));
             }
+            // A session of an earlier instance of this id (removed since): committing would
+            // put blocks in an index nothing deletes any more. It fails at its deadline.
+            if !std::ptr::eq(Arc::as_ptr(&session.instance), instance) {
+                return Err(ManagerError::invalid_because(
+                    "write_session_id",
+                    format!(
+                        "the session belongs to an earlier instance of {}, removed since",
+                        instance.id()
+                    ),
+                ));
+            }
             check_checksums(&session.writes, checksums)
                 .map_err(|detail| ManagerError::invalid_because("locations", detail))?;
             success
