@@ -23,23 +23,27 @@ impl Manager {
     /// Registers and opens a storage.
     pub fn add_storage(&self, config: StorageConfig) -> ManagerResult<()> {
         self.storages.check_files_dir(&config)?;
-        self.register_storage(config)
+        self.register_storage(config, false)
     }
 
-    /// [`Manager::add_storage`] for a storage the journal registered: an NFS root without a
-    /// trailing `/` whose files land where a root may not be (accepted before that check
-    /// existed) is kept, with a warning, rather than dropped with its blocks.
+    /// [`Manager::add_storage`] for a storage the journal registered, kept rather than
+    /// dropped with its blocks: an NFS root without a trailing `/` whose files land where a
+    /// root may not be (accepted before that check existed) with a warning; one whose
+    /// availability probe fails (a mount not up yet) unhealthy until a probe passes.
     pub(crate) fn restore_storage(&self, config: StorageConfig) -> ManagerResult<()> {
         if let Err(error) = self.storages.check_files_dir(&config) {
             tracing::warn!(storage = %config.global_unique_name, %error,
                 "restored a storage that AddStorage would refuse today: update its root_path");
         }
-        self.register_storage(config)
+        self.register_storage(config, true)
     }
 
-    fn register_storage(&self, config: StorageConfig) -> ManagerResult<()> {
+    fn register_storage(&self, config: StorageConfig, recovered: bool) -> ManagerResult<()> {
         let _ordered = lock(&self.storage_admin);
-        self.storages.add(config.clone())?;
+        match recovered {
+            true => self.storages.add_recovered(config.clone())?,
+            false => self.storages.add(config.clone())?,
+        }
         self.published_storages_changed();
         self.log_storage(config)
     }

@@ -91,11 +91,26 @@ impl StorageTable {
 
     /// Validates, opens and registers a storage (available at once).
     pub fn add(&self, config: StorageConfig) -> ManagerResult<()> {
+        self.add_as(config, false)
+    }
+
+    /// [`StorageTable::add`] of a storage recovered from the journal: registered even when
+    /// the probe its config asks for fails, unhealthy until a probe passes (its blocks are
+    /// restored either way).
+    pub fn add_recovered(&self, config: StorageConfig) -> ManagerResult<()> {
+        self.add_as(config, true)
+    }
+
+    fn add_as(&self, config: StorageConfig, recovered: bool) -> ManagerResult<()> {
         self.validate(&config)?;
         let mut current = write_lock(&self.current);
         self.check_handles_left()?;
         let name = config.global_unique_name.clone();
-        self.registry.add(config).map_err(already_exists)?;
+        let added = match recovered {
+            true => self.registry.add_recovered(config),
+            false => self.registry.add(config),
+        };
+        added.map_err(already_exists)?;
         let handle = self.new_incarnation(&name)?;
         current.insert(name, handle);
         Ok(())

@@ -521,6 +521,39 @@ fn a_pool_part_freed_and_placed_again_before_a_crash_is_restored_for_its_new_blo
 }
 
 #[test]
+fn a_storage_whose_probe_fails_at_restart_keeps_its_blocks_unhealthy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (manager, _) = reopen(dir.path());
+    let root = dir.path().join("blocks");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut probed = storage("s", &root);
+    probed.check_storage_available_when_open = true;
+    manager.add_storage(probed).unwrap();
+    manager.create_group(group(i64::MAX, PREFER_3FS)).unwrap();
+    manager.register_instance(instance_info()).unwrap();
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2, 3]);
+    let before = uris(&manager, &[1, 2, 3]);
+    drop((instance, manager));
+    // The mount is not up when the server restarts.
+    std::fs::rename(&root, dir.path().join("unmounted")).unwrap();
+    let (manager, report) = reopen(dir.path());
+    assert!(report.skipped.is_empty(), "{report:?}");
+    assert_eq!(report.entries, 3, "{report:?}");
+    let health = manager.storage_health();
+    let s = health
+        .iter()
+        .find(|h| h.name == "s")
+        .expect("the storage is kept");
+    assert!(!s.healthy && s.last_error.is_some(), "{health:?}");
+    drop(manager);
+    // Mounted again: the blocks are where they were, after another restart too.
+    std::fs::rename(dir.path().join("unmounted"), &root).unwrap();
+    let (manager, _) = reopen(dir.path());
+    assert_eq!(uris(&manager, &[1, 2, 3]), before);
+}
+
+#[test]
 fn usage_is_recomputed_from_the_recovered_index() {
     let dir = tempfile::tempdir().unwrap();
     let manager = registered(dir.path());

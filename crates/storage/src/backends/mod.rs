@@ -19,8 +19,23 @@ use crate::{DataStorage, StorageConfig, StorageError, StorageSpec};
 /// Validates `config`, opens its backend and, when `check_storage_available_when_open` is
 /// set, probes it (memory pools excepted: their nodes join later). VCNS 3FS is `Unsupported` in this build.
 pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError> {
+    let storage = open_unprobed(config)?;
+    if wants_probe(storage.as_ref()) {
+        storage.check_health()?;
+    }
+    Ok(storage)
+}
+
+/// Whether opening `storage` probes it: its config asks to
+/// (`check_storage_available_when_open`) and it is not a memory pool, which has no member
+/// before its nodes join.
+pub(crate) fn wants_probe(storage: &dyn DataStorage) -> bool {
+    storage.config().check_storage_available_when_open && storage.as_pool().is_none()
+}
+
+/// Validates `config` and opens its backend without probing it.
+pub(crate) fn open_unprobed(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError> {
     config.validate()?;
-    let probe = config.check_storage_available_when_open;
     let storage: Arc<dyn DataStorage> = match &config.spec {
         StorageSpec::Nfs { .. } | StorageSpec::ThreeFs { .. } => {
             Arc::new(block_files::BlockFileStorage::new(config)?)
@@ -34,9 +49,5 @@ pub fn open(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError>
             return Err(StorageError::Unsupported(config.spec.kind()));
         }
     };
-    // A pool has no member before its nodes join, so there is nothing to probe at open.
-    if probe && storage.as_pool().is_none() {
-        storage.check_health()?;
-    }
     Ok(storage)
 }

@@ -96,12 +96,40 @@ impl StorageRegistry {
         if self.read().contains_key(&name) {
             return Err(StorageError::DuplicateStorage(name));
         }
-        let storage = open(config)?;
+        self.insert(name, open(config)?, None)
+    }
+
+    /// Registers `config` as recovered from the journal: opened even when the probe its
+    /// config asks for fails (a mount not up yet), then enabled but unhealthy until a health
+    /// probe passes, so that its blocks stay known. An existing name is refused.
+    pub fn add_recovered(
+        &self,
+        config: StorageConfig,
+    ) -> Result<Arc<dyn DataStorage>, StorageError> {
+        let name = config.global_unique_name.clone();
+        if self.read().contains_key(&name) {
+            return Err(StorageError::DuplicateStorage(name));
+        }
+        let storage = crate::backends::open_unprobed(config)?;
+        let probed = crate::backends::wants_probe(storage.as_ref())
+            .then(|| storage.check_health())
+            .and_then(Result::err)
+            .map(|error| error.to_string());
+        self.insert(name, storage, probed)
+    }
+
+    /// Registers an opened storage, enabled, healthy unless `failed_probe` says why not.
+    fn insert(
+        &self,
+        name: String,
+        storage: Arc<dyn DataStorage>,
+        failed_probe: Option<String>,
+    ) -> Result<Arc<dyn DataStorage>, StorageError> {
         let status = StorageStatus {
             storage: storage.clone(),
             enabled: true,
-            healthy: true,
-            last_error: None,
+            healthy: failed_probe.is_none(),
+            last_error: failed_probe,
         };
         match self.write().entry(name) {
             std::collections::btree_map::Entry::Occupied(taken) => {
