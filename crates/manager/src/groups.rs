@@ -131,11 +131,29 @@ impl Manager {
         self.journal_wait(ticket)
     }
 
-    /// Removes a group (its instances stay registered).
+    /// Removes a group that no registered instance belongs to (INVALID_ARGUMENT naming them
+    /// otherwise: an instance without its group could not be restored after a restart, and
+    /// its blocks would be lost with it).
     pub fn remove_group(&self, name: &str) -> ManagerResult<()> {
         let mut groups = write_lock(&self.groups);
         if !groups.contains_key(name) {
             return Err(unknown_group(name));
+        }
+        let mut members: Vec<String> = read_lock(&self.instances)
+            .values()
+            .filter(|instance| instance.group() == name)
+            .map(|instance| instance.id().to_string())
+            .collect();
+        if !members.is_empty() {
+            members.sort();
+            return Err(ManagerError::invalid_because(
+                "name",
+                format!(
+                    "instance group {name:?} still has {} registered instance(s) ({}): remove them first",
+                    members.len(),
+                    members.join(", ")
+                ),
+            ));
         }
         let ticket = self.journal_append(&Record::GroupRemoved(name.to_string()))?;
         groups.remove(name);
@@ -201,7 +219,12 @@ impl Manager {
     /// registered storages of its group.
     pub fn register_instance(&self, info: InstanceInfo) -> ManagerResult<StorageStatuses> {
         let info = info.validated()?;
-        let group = self.group(&info.instance_group_name)?;
+        // Held until the instance is in the map: its group is not removed meanwhile.
+        let groups = read_lock(&self.groups);
+        let group = groups
+            .get(&info.instance_group_name)
+            .cloned()
+            .ok_or_else(|| unknown_group(&info.instance_group_name))?;
         let mut instances = write_lock(&self.instances);
         if let Some(existing) = instances.get(&info.instance_id) {
             if let Some(field) = existing.info().identity_difference(&info) {
@@ -210,7 +233,7 @@ impl Manager {
                     info.instance_id
                 )));
             }
-            let group = self.group(existing.group()).unwrap_or(group);
+            let group = groups.get(existing.group()).cloned().unwrap_or(group);
             return Ok(self.storages.statuses(&group.storage_candidates));
         }
         let limit = self.limits.max_instances_per_group;
@@ -250,7 +273,7 @@ impl Manager {
             .logged_by(log),
         );
         instances.insert(instance.id().to_string(), instance);
-        drop(instances);
+        drop((instances, groups));
         self.journal_wait(ticket)?;
         Ok(self.storages.statuses(&group.storage_candidates))
     }

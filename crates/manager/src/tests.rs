@@ -672,6 +672,31 @@ fn a_session_of_a_removed_instance_does_not_commit_into_a_later_instance_of_its_
     );
 }
 
+#[test]
+fn a_group_with_registered_instances_is_not_removed() {
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let refused = fx
+        .manager
+        .remove_group(instance.group())
+        .expect_err("in use");
+    assert!(
+        matches!(refused, ManagerError::InvalidField { field: "name", .. }),
+        "{refused:?}"
+    );
+    assert!(
+        refused.to_string().contains(instance.id().as_ref()),
+        "{refused}"
+    );
+    assert!(
+        fx.manager.group(instance.group()).is_ok(),
+        "the group stays"
+    );
+    fx.manager.remove_instance(instance.id()).expect("removed");
+    fx.manager
+        .remove_group(instance.group())
+        .expect("no instance left");
+}
+
 /// A publisher that records which instance object each key change came from.
 #[derive(Default)]
 struct RecordedPublication {
