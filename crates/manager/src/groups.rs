@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use kvcm_storage::StorageConfig;
 
+use super::entry::StorageHandle;
 use super::error::{ManagerError, ManagerResult};
 use super::group_config::{revisit_buckets, GroupConfig, PreferStrategy, ReclaimStrategy};
 use super::instance::Instance;
@@ -40,21 +41,34 @@ impl Manager {
 
     fn register_storage(&self, config: StorageConfig, recovered: bool) -> ManagerResult<()> {
         let _ordered = lock(&self.storage_admin);
+        let log = self.storage_logger(&config);
         match recovered {
-            true => self.storages.add_recovered(config.clone())?,
-            false => self.storages.add(config.clone())?,
+            true => self.storages.add_recovered(config.clone(), &log)?,
+            false => self.storages.add(config.clone(), &log)?,
         }
         self.published_storages_changed();
-        self.log_storage(config)
+        Ok(())
     }
 
     /// Replaces a storage's config.
     pub fn update_storage(&self, config: StorageConfig) -> ManagerResult<()> {
         self.storages.check_files_dir(&config)?;
         let _ordered = lock(&self.storage_admin);
-        self.storages.update(config.clone())?;
+        self.storages
+            .update(config.clone(), &self.storage_logger(&config))?;
         self.published_storages_changed();
-        self.log_storage(config)
+        Ok(())
+    }
+
+    /// Logs `config` with the handle of its new incarnation (before it takes writes).
+    fn storage_logger<'a>(
+        &'a self,
+        config: &'a StorageConfig,
+    ) -> impl Fn(StorageHandle) -> ManagerResult<()> + 'a {
+        move |handle| {
+            let config = config.clone();
+            self.journal_log(&Record::Storage { handle, config })
+        }
     }
 
     /// Forgets a storage.
@@ -63,14 +77,6 @@ impl Manager {
         self.storages.remove(name)?;
         self.published_storages_changed();
         self.journal_log(&Record::StorageRemoved(name.to_string()))
-    }
-
-    /// Logs a storage's config with its current incarnation.
-    fn log_storage(&self, config: StorageConfig) -> ManagerResult<()> {
-        match self.storages.current_handle(&config.global_unique_name) {
-            Some(handle) => self.journal_log(&Record::Storage { handle, config }),
-            None => Ok(()),
-        }
     }
 
     /// Enables or disables a storage (journaled: the choice survives a restart).

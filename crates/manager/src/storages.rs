@@ -49,6 +49,9 @@ pub struct StorageHealth {
     pub last_error: Option<String>,
 }
 
+/// Records a storage's new incarnation (its handle) in the journal.
+pub(crate) type LogIncarnation<'a> = dyn Fn(StorageHandle) -> ManagerResult<()> + 'a;
+
 /// All registered storages.
 #[derive(Debug)]
 pub struct StorageTable {
@@ -90,18 +93,31 @@ impl StorageTable {
     }
 
     /// Validates, opens and registers a storage (available at once).
-    pub fn add(&self, config: StorageConfig) -> ManagerResult<()> {
-        self.add_as(config, false)
+    ///
+    /// `log` records the new incarnation's handle before any write can be placed on it
+    /// (a location logged before its storage could not be restored); if it fails, the
+    /// storage is not added.
+    pub fn add(&self, config: StorageConfig, log: &LogIncarnation<'_>) -> ManagerResult<()> {
+        self.add_as(config, false, log)
     }
 
     /// [`StorageTable::add`] of a storage recovered from the journal: registered even when
     /// the probe its config asks for fails, unhealthy until a probe passes (its blocks are
     /// restored either way).
-    pub fn add_recovered(&self, config: StorageConfig) -> ManagerResult<()> {
-        self.add_as(config, true)
+    pub fn add_recovered(
+        &self,
+        config: StorageConfig,
+        log: &LogIncarnation<'_>,
+    ) -> ManagerResult<()> {
+        self.add_as(config, true, log)
     }
 
-    fn add_as(&self, config: StorageConfig, recovered: bool) -> ManagerResult<()> {
+    fn add_as(
+        &self,
+        config: StorageConfig,
+        recovered: bool,
+        log: &LogIncarnation<'_>,
+    ) -> ManagerResult<()> {
         self.validate(&config)?;
         let mut current = write_lock(&self.current);
         self.check_handles_left()?;
@@ -111,16 +127,30 @@ impl StorageTable {
             false => self.registry.add(config),
         };
         added.map_err(already_exists)?;
-        let handle = self.new_incarnation(&name)?;
-        current.insert(name, handle);
-        Ok(())
+        let logged = self.new_incarnation(&name).and_then(|handle| {
+            log(handle)?;
+            Ok(handle)
+        });
+        match logged {
+            Ok(handle) => {
+                current.insert(name, handle);
+                Ok(())
+            }
+            Err(error) => {
+                let _ = self.registry.remove(&name);
+                Err(error)
+            }
+        }
     }
 
     /// Replaces a registered storage. The new config is validated and opened first, so a
     /// config that cannot be opened changes nothing; only then is the old one swapped out
     /// (remove + add). Should the add still fail, the old one is restored, or, if even that
     /// fails, forgotten (never a stale entry).
-    pub fn update(&self, config: StorageConfig) -> ManagerResult<()> {
+    ///
+    /// `log` records the new incarnation before it takes writes (see [`StorageTable::add`]);
+    /// if it fails, the old incarnation stays current.
+    pub fn update(&self, config: StorageConfig, log: &LogIncarnation<'_>) -> ManagerResult<()> {
         self.validate(&config)?;
         let name = config.global_unique_name.clone();
         let mut current = write_lock(&self.current);
@@ -139,9 +169,25 @@ impl StorageTable {
             }
             return Err(error.into());
         }
-        let handle = self.new_incarnation(&name)?;
-        current.insert(name, handle);
-        Ok(())
+        let logged = self.new_incarnation(&name).and_then(|handle| {
+            log(handle)?;
+            Ok(handle)
+        });
+        match logged {
+            Ok(handle) => {
+                current.insert(name, handle);
+                Ok(())
+            }
+            Err(error) => {
+                // The old incarnation (still current) serves on with its config.
+                let _ = self.registry.remove(&name);
+                if let Err(restore) = self.registry.add(old.config().clone()) {
+                    tracing::warn!(%restore, storage = %name, "restoring a storage after a failed update");
+                    current.remove(&name);
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Forgets a storage (its incarnations stay for the blocks they hold).

@@ -893,6 +893,16 @@ fn a_full_disk_refuses_writes_with_a_clear_error_and_reads_go_on() {
         .unwrap_err();
     assert!(again.to_string().contains("No space left"), "{again}");
     assert!(uris(&manager, &[1])[0].is_some(), "reads are served");
+    // A storage whose record cannot be logged is not added: no write could be placed on it
+    // before its record.
+    let other = storage("t", &dir.path().join("blocks"));
+    assert!(manager.add_storage(other).is_err());
+    let names: Vec<String> = manager
+        .list_storages()
+        .into_iter()
+        .map(|c| c.global_unique_name)
+        .collect();
+    assert_eq!(names, ["s"], "the unlogged storage is not registered");
     let stats = manager.journal_stats().unwrap();
     assert!(stats.failure.is_some(), "{stats:?}");
     drop((instance, manager));
