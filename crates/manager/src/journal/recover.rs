@@ -215,6 +215,23 @@ pub(crate) fn read_journal(
             Err(reason) => report.cut.push(format!("{}: {reason}", path.display())),
         }
     }
+    // Segments older than a snapshot are removed once it is written: without a readable
+    // snapshot the log holds only the changes after it, and replaying them over nothing
+    // (then snapshotting that) would lose the rest for good.
+    if report.snapshot.is_none() {
+        if let Some((_, newest)) = listing.snapshots.last() {
+            return Err(JournalError::Damaged {
+                path: newest.clone(),
+                reason: format!(
+                    "no snapshot is readable ({}) and the log alone holds only the changes \
+                     after them; kvcm does not start from it. Restore the snapshot from a \
+                     backup, or move the snapshot files aside to start from the log alone \
+                     (losing what only they held)",
+                    report.cut.join("; ")
+                ),
+            });
+        }
+    }
     let mut last = start.max(listing.snapshots.last().map_or(0, |(s, _)| *s));
     let mut segments = listing.segments.iter().filter(|(s, _)| *s >= start);
     for (sequence, path) in segments.by_ref() {

@@ -725,6 +725,40 @@ fn an_incomplete_snapshot_is_not_trusted() {
 }
 
 #[test]
+fn without_a_readable_snapshot_recovery_refuses_rather_than_replay_a_log_suffix() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = registered(dir.path());
+    let instance = first.instance("i").unwrap();
+    write(&first, &instance, &[1]);
+    let journal = files_journal(&first);
+    first.take_snapshot(&journal).unwrap();
+    write(&first, &instance, &[2]);
+    drop((instance, journal, first));
+    let meta = dir.path().join("meta");
+    let listing = files::list(&meta).unwrap();
+    assert_eq!(listing.snapshots.len(), 1, "{listing:?}");
+    let snapshot = listing.snapshots[0].1.clone();
+    let mut bytes = std::fs::read(&snapshot).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&snapshot, &bytes).unwrap();
+    let error = manager().open_journal(config(dir.path())).unwrap_err();
+    assert!(
+        error.to_string().contains("no snapshot is readable"),
+        "{error}"
+    );
+    assert!(
+        snapshot.exists(),
+        "the damaged snapshot is left for the operator"
+    );
+    assert_eq!(
+        files::list(&meta).unwrap().segments,
+        listing.segments,
+        "nothing removed"
+    );
+}
+
+#[test]
 fn a_newer_format_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(registered(dir.path()));
