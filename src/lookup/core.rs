@@ -81,7 +81,13 @@ pub(super) struct Peer {
     credential: Option<Arc<[u8]>>,
     /// The only instance its messages may name.
     instance: Arc<str>,
+    /// Which queue pair this is among those that had its key (queue pair numbers are
+    /// reused): a worker's reply goes only to the queue pair that asked.
+    serial: u64,
 }
+
+/// A reply a worker made: to whom (key and serial) and its bytes.
+type Answer = (PeerKey, u64, Vec<u8>);
 
 /// One domain's completion queues, shared by every peer queue pair of that wire.
 #[derive(Clone)]
@@ -249,6 +255,7 @@ fn peer_of(pd: &AnyDomain, qp: AnyQp, grant: &Grant) -> Result<Peer, LookupError
         waiting: VecDeque::new(),
         credential: None,
         instance: grant.instance_id.clone(),
+        serial: 0,
     })
 }
 
@@ -296,6 +303,8 @@ fn post_recv(qp: &AnyQp, region: &AnyRegion, slot: usize) -> Result<(), LookupEr
 /// A request on its way to a worker, and its answer on the way back.
 struct Work {
     peer: PeerKey,
+    /// The asking queue pair's serial (see [`Peer::serial`]).
+    serial: u64,
     id: u32,
     op: u8,
     request: Request,
@@ -334,7 +343,7 @@ pub(super) fn start(
     let bindings = Bindings::default();
     let counts = Arc::new(MessageCounts::default());
     let (work, jobs) = crossbeam_channel::bounded::<Work>(WORK_QUEUE);
-    let (answers, replies) = crossbeam_channel::unbounded::<(PeerKey, Vec<u8>)>();
+    let (answers, replies) = crossbeam_channel::unbounded::<Answer>();
     for n in 0..WORKERS {
         let (jobs, answers, meta, doorbell) = (
             jobs.clone(),
@@ -356,6 +365,7 @@ pub(super) fn start(
         work,
         replies,
         in_flight: 0,
+        next_serial: 1,
         doorbell: doorbell.clone(),
         counts: counts.clone(),
     };
@@ -377,14 +387,14 @@ pub(super) fn start(
 /// A manager worker: answers requests until the polling thread is gone.
 fn serve(
     jobs: &Receiver<Work>,
-    answers: &Sender<(PeerKey, Vec<u8>)>,
+    answers: &Sender<Answer>,
     meta: &MetaHandler,
     doorbell: &Doorbell,
 ) {
     for job in jobs {
-        let (peer, id, op) = (job.peer, job.id, job.op);
+        let (peer, serial, id, op) = (job.peer, job.serial, job.id, job.op);
         let bytes = answer_or_internal_error(id, op, || answer(meta, job));
-        if answers.send((peer, bytes)).is_err() {
+        if answers.send((peer, serial, bytes)).is_err() {
             return;
         }
         doorbell.ring();
@@ -471,9 +481,11 @@ struct Poller {
     closed: Receiver<(PeerKey, Arc<Grant>)>,
     bindings: Bindings,
     work: Sender<Work>,
-    replies: Receiver<(PeerKey, Vec<u8>)>,
+    replies: Receiver<Answer>,
     /// Requests handed to the workers whose replies have not come back.
     in_flight: usize,
+    /// The serial the next adopted queue pair gets.
+    next_serial: u64,
     doorbell: Arc<Doorbell>,
     counts: Arc<MessageCounts>,
 }
@@ -499,9 +511,12 @@ impl Poller {
                 }
                 worked |= count + sent > 0;
             }
-            while let Ok((peer, bytes)) = self.replies.try_recv() {
+            while let Ok((peer, serial, bytes)) = self.replies.try_recv() {
                 self.in_flight -= 1;
-                self.reply(peer, bytes);
+                // To the queue pair that asked, not to a later one given its number.
+                if self.peers.get(&peer).is_some_and(|p| p.serial == serial) {
+                    self.reply(peer, bytes);
+                }
                 worked = true;
             }
             let spin = if self.in_flight > 0 {
@@ -570,8 +585,10 @@ impl Poller {
         }
         let credential = peer.credential.clone();
         let instance = peer.instance.clone();
+        let serial = peer.serial;
         match self.work.try_send(Work {
             peer: key,
+            serial,
             id,
             op,
             request,
@@ -669,10 +686,12 @@ impl Poller {
         // New peers first: a close sent after its peer's adoption then finds the peer.
         let alive = loop {
             match self.adopted.try_recv() {
-                Ok((wire, peer, grant)) => {
+                Ok((wire, mut peer, grant)) => {
                     let key = (wire, peer.qp.qpn());
                     // Closed (and unbound) while its buffers were made: dropped, never served.
                     if bound_to(&self.bindings, key, &grant) {
+                        peer.serial = self.next_serial;
+                        self.next_serial += 1;
                         self.peers.insert(key, peer);
                     }
                     changed = true;
