@@ -436,6 +436,39 @@ fn a_restarted_server_is_never_answered_for_by_the_old_table() {
     }
 }
 
+/// A lookup over more keys than `kvcm.service.max_keys_per_request` is refused as the
+/// server refuses it (the fast path sends it there), one within the limit answered locally.
+#[test]
+fn a_lookup_over_the_servers_key_limit_is_refused_as_grpc_refuses_it() {
+    let (runtime, server) = start_server_with(&["kvcm.service.max_keys_per_request=8"]);
+    runtime.block_on(async {
+        for keys in [(0..8).collect::<Vec<i64>>(), vec![8]] {
+            let started = start(&server, &keys, &[], 30).await;
+            finish(
+                &server,
+                &started["write_session_id"],
+                vec![true; keys.len()],
+            )
+            .await;
+        }
+    });
+    let keys: Vec<i64> = (0..9).collect();
+    for wire in [Wire::Tcp, Wire::Shm] {
+        let client = client(&server, wire);
+        let hits = client.metrics().hits;
+        assert_eq!(client.batch_get(&keys[..8]).expect("8 keys").len(), 8);
+        assert_eq!(client.metrics().hits, hits + 1, "answered by the table");
+        match client.batch_get(&keys) {
+            Err(kvcm_client::ClientError::Server { code, message }) => {
+                assert_eq!(code, meta::ErrorCode::InvalidArgument as i32, "{message}");
+                assert!(message.contains("max_keys_per_request"), "{message}");
+            }
+            other => panic!("9 keys answered {other:?} on {wire:?}"),
+        }
+        assert_eq!(client.metrics().hits, hits + 1, "9 keys went to the server");
+    }
+}
+
 /// A node that no longer leads stops serving its tables at once (the leader's changes no
 /// longer reach its index): they are retired, its queue pairs torn down and bootstraps
 /// refused; readers fall back to gRPC, which names the leader. Leading again, it serves

@@ -62,6 +62,11 @@ pub struct BootstrapAnswer {
     /// The single-use token the queue-pair hello must carry (32 hex digits; valid for
     /// `grants::TOKEN_TTL`), binding the queue pair to this instance.
     pub qp_token: String,
+    /// `kvcm.service.max_keys_per_request`: a lookup over more keys is refused by the
+    /// server, so the fast path sends it there rather than answer it (absent from servers
+    /// before it was added: no limit known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_keys_per_request: Option<u64>,
 }
 
 impl LookupService {
@@ -102,6 +107,7 @@ impl LookupService {
                 })
                 .collect(),
             qp_token: token_hex(&token),
+            max_keys_per_request: Some(self.max_keys_per_request as u64),
         })
     }
 }

@@ -385,12 +385,7 @@ pub(super) fn start(
 }
 
 /// A manager worker: answers requests until the polling thread is gone.
-fn serve(
-    jobs: &Receiver<Work>,
-    answers: &Sender<Answer>,
-    meta: &MetaHandler,
-    doorbell: &Doorbell,
-) {
+fn serve(jobs: &Receiver<Work>, answers: &Sender<Answer>, meta: &MetaHandler, doorbell: &Doorbell) {
     for job in jobs {
         let (peer, serial, id, op) = (job.peer, job.serial, job.id, job.op);
         let bytes = answer_or_internal_error(id, op, || answer(meta, job));

@@ -30,6 +30,11 @@ impl MetaHandler {
         MetaHandler { core }
     }
 
+    /// `kvcm.service.max_keys_per_request`.
+    pub fn max_keys_per_request(&self) -> usize {
+        self.core.limits.max_keys_per_request
+    }
+
     /// The answer to a message-path Authenticate: OK when `credential` (an API key or admin
     /// token) is valid now (or none is required), INVALID_ARGUMENT saying why not.
     pub fn check_credential(&self, credential: Option<&[u8]>) -> meta::CommonResponse {

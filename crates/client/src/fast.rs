@@ -278,6 +278,13 @@ impl FastPath {
         } else {
             return Err(ask("no keys, or token ids without a block size"));
         };
+        let limit = self.bootstrap.max_keys_per_request;
+        if limit.is_some_and(|limit| keys.len() as u64 > limit) {
+            // The server refuses it (INVALID_ARGUMENT): its answer is the answer.
+            return Err(ask(
+                "more keys than the server's kvcm.service.max_keys_per_request",
+            ));
+        }
         let kind = query_kind(query.query_type, query.sw_size).map_err(|_| ask("query type"))?;
         let mask = mask_from_wire(query.block_mask, "block_mask").map_err(|_| ask("mask"))?;
         if let QueryKind::SlidingWindow { sw_size } = kind {
