@@ -85,7 +85,7 @@ impl LookupService {
         let table = self.table_for(check.instance_id)?;
         // A demotion while the table was built retired the others, not this one.
         if !leading() {
-            self.drop_table(check.instance_id, &LookupError::NotLeader);
+            self.drop_this_table(check.instance_id, &table, &LookupError::NotLeader);
             return Err(LookupError::NotLeader);
         }
         let token = self.grants.issue(Grant::of(check))?;

@@ -53,6 +53,12 @@ impl IncarnationTable {
             .collect()
     }
 
+    /// The handle the next [`Incarnations::push`] returns (`None` once they are used up).
+    pub fn next_handle(&self) -> Option<StorageHandle> {
+        let index = self.len.load(Ordering::Acquire);
+        u16::try_from(index).ok().map(StorageHandle)
+    }
+
     /// Stores a new incarnation under the next handle; `None` when every handle is taken.
     /// Callers serialise pushes (the storage table's write lock).
     pub fn push(&self, incarnation: Incarnation) -> Option<StorageHandle> {

@@ -123,27 +123,33 @@ impl Manager {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts a removed instance as unfinished until its index is empty.
+    /// Counts a removed instance as unfinished until [`Manager::prune_unfinished`] finds
+    /// its index empty.
     pub(crate) fn track_unfinished(&self, instance: Arc<Instance>) {
-        let mut unfinished = self.unfinished_removals_locked();
-        unfinished.retain(holds_blocks);
-        unfinished.push(instance);
+        self.unfinished_removals_locked().push(instance);
     }
 
     /// Forgets the unfinished removals that finished (the snapshot thread calls it, so that
-    /// a removed instance's memory goes soon after its blocks).
+    /// a removed instance's memory goes soon after its blocks). Their indexes are asked
+    /// outside every lock (a Redis index asks its server).
     pub(crate) fn prune_unfinished(&self) {
-        self.unfinished_removals_locked().retain(holds_blocks);
+        let listed = self.unfinished_removals();
+        let finished: Vec<Arc<Instance>> = listed
+            .into_iter()
+            .filter(|instance| !holds_blocks(instance))
+            .collect();
+        if !finished.is_empty() {
+            self.unfinished_removals_locked()
+                .retain(|instance| !finished.iter().any(|done| Arc::ptr_eq(done, instance)));
+        }
     }
 
-    /// Removed instances whose index may still hold blocks (an index that cannot say counts
-    /// as holding): their clean-up is not logged, so snapshots record them as removed with
-    /// their entries, and a restart deletes what is left (`journal::recover`). Call it under
-    /// the instances' lock, as removals track under it.
+    /// Removed instances whose index may still hold blocks (pruned by
+    /// [`Manager::prune_unfinished`]): their clean-up is not logged, so snapshots record them
+    /// as removed with their entries, and a restart deletes what is left
+    /// (`journal::recover`). Call it under the instances' lock, as removals track under it.
     pub(crate) fn unfinished_removals(&self) -> Vec<Arc<Instance>> {
-        let mut unfinished = self.unfinished_removals_locked();
-        unfinished.retain(holds_blocks);
-        unfinished.clone()
+        self.unfinished_removals_locked().clone()
     }
 
     fn unfinished_removals_locked(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Instance>>> {

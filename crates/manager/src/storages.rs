@@ -94,11 +94,19 @@ impl StorageTable {
 
     /// Validates, opens and registers a storage (available at once).
     ///
-    /// `log` records the new incarnation's handle before any write can be placed on it
-    /// (a location logged before its storage could not be restored); if it fails, the
-    /// storage is not added.
+    /// The backend is opened first, then `log` records it with the handle its incarnation
+    /// gets, and only then is it registered and made current: no write can be placed on it
+    /// before its record (a location logged before its storage could not be restored), and a
+    /// failure anywhere before that changes nothing. The caller serialises storage changes
+    /// (the manager's storage-admin lock): the handle `log` is given is the next one.
     pub fn add(&self, config: StorageConfig, log: &LogIncarnation<'_>) -> ManagerResult<()> {
-        self.add_as(config, false, log)
+        self.validate(&config)?;
+        let name = config.global_unique_name.clone();
+        if self.registry.get(&name).is_some() {
+            return Err(already_exists(StorageError::DuplicateStorage(name)));
+        }
+        let opened = kvcm_storage::open(config)?;
+        self.install(name, opened, None, log)
     }
 
     /// [`StorageTable::add`] of a storage recovered from the journal: registered even when
@@ -109,85 +117,53 @@ impl StorageTable {
         config: StorageConfig,
         log: &LogIncarnation<'_>,
     ) -> ManagerResult<()> {
-        self.add_as(config, true, log)
-    }
-
-    fn add_as(
-        &self,
-        config: StorageConfig,
-        recovered: bool,
-        log: &LogIncarnation<'_>,
-    ) -> ManagerResult<()> {
         self.validate(&config)?;
-        let mut current = write_lock(&self.current);
-        self.check_handles_left()?;
         let name = config.global_unique_name.clone();
-        let added = match recovered {
-            true => self.registry.add_recovered(config),
-            false => self.registry.add(config),
-        };
-        added.map_err(already_exists)?;
-        let logged = self.new_incarnation(&name).and_then(|handle| {
-            log(handle)?;
-            Ok(handle)
-        });
-        match logged {
-            Ok(handle) => {
-                current.insert(name, handle);
-                Ok(())
-            }
-            Err(error) => {
-                let _ = self.registry.remove(&name);
-                Err(error)
-            }
+        if self.registry.get(&name).is_some() {
+            return Err(already_exists(StorageError::DuplicateStorage(name)));
         }
+        let (opened, failed_probe) = kvcm_storage::open_recovered(config)?;
+        self.install(name, opened, failed_probe, log)
     }
 
-    /// Replaces a registered storage. The new config is validated and opened first, so a
-    /// config that cannot be opened changes nothing; only then is the old one swapped out
-    /// (remove + add). Should the add still fail, the old one is restored, or, if even that
-    /// fails, forgotten (never a stale entry).
-    ///
-    /// `log` records the new incarnation before it takes writes (see [`StorageTable::add`]);
-    /// if it fails, the old incarnation stays current.
+    /// Replaces a registered storage: the new config is validated and opened, its record
+    /// logged (see [`StorageTable::add`]), and only then is the old backend swapped out; a
+    /// config that cannot be opened or logged changes nothing.
     pub fn update(&self, config: StorageConfig, log: &LogIncarnation<'_>) -> ManagerResult<()> {
         self.validate(&config)?;
         let name = config.global_unique_name.clone();
-        let mut current = write_lock(&self.current);
-        if !current.contains_key(&name) {
+        if !read_lock(&self.current).contains_key(&name) {
             return Err(ManagerError::NotFound(format!(
                 "storage {name:?} does not exist"
             )));
         }
+        let opened = kvcm_storage::open(config)?;
+        self.install(name, opened, None, log)
+    }
+
+    /// Logs `opened` with its incarnation's handle (outside the lock readers take: the log
+    /// may wait for a sync), then registers it in place of any earlier backend of `name`,
+    /// records the incarnation and makes it current.
+    fn install(
+        &self,
+        name: String,
+        opened: Arc<dyn DataStorage>,
+        failed_probe: Option<String>,
+        log: &LogIncarnation<'_>,
+    ) -> ManagerResult<()> {
         self.check_handles_left()?;
-        drop(kvcm_storage::open(config.clone())?);
-        let old = self.registry.remove(&name)?;
-        if let Err(error) = self.registry.add(config) {
-            if let Err(restore) = self.registry.add(old.config().clone()) {
-                tracing::warn!(%restore, storage = %name, "restoring a storage after a failed update");
-                current.remove(&name);
-            }
-            return Err(error.into());
-        }
-        let logged = self.new_incarnation(&name).and_then(|handle| {
-            log(handle)?;
-            Ok(handle)
-        });
-        match logged {
-            Ok(handle) => {
-                current.insert(name, handle);
-                Ok(())
-            }
-            Err(error) => {
-                // The old incarnation (still current) serves on with its config.
-                let _ = self.registry.remove(&name);
-                if let Err(restore) = self.registry.add(old.config().clone()) {
-                    tracing::warn!(%restore, storage = %name, "restoring a storage after a failed update");
-                    current.remove(&name);
-                }
-                Err(error)
-            }
-        }
+        let handle = self
+            .incarnations
+            .next_handle()
+            .ok_or_else(handles_exhausted)?;
+        log(handle)?;
+        let mut current = write_lock(&self.current);
+        let _ = self.registry.remove(&name);
+        self.registry.insert(name.clone(), opened, failed_probe)?;
+        let pushed = self.new_incarnation(&name)?;
+        debug_assert_eq!(pushed, handle, "storage changes are serialised");
+        current.insert(name, pushed);
+        Ok(())
     }
 
     /// Forgets a storage (its incarnations stay for the blocks they hold).

@@ -22,7 +22,7 @@ mod uri;
 mod validate;
 pub use validate::check_block_file_path;
 
-pub use backends::open;
+pub use backends::{open, open_recovered};
 pub use registry::{HealthListener, StorageRegistry, StorageStatus};
 pub use uri::BlockUri;
 

@@ -133,6 +133,8 @@ class Engine(Connected):
         names every file an engine reads and writes: list the mounts so that no server can aim
         the engine elsewhere. A relative root raises InvalidArgumentError (nothing changes)."""
         encoded = [os.fsencode(root) for root in roots]
+        if any(b"\0" in root for root in encoded):
+            raise ValueError("a file root holds a NUL byte")
         array = (c_char_p * len(encoded))(*encoded)
         self._registry_call(LIB.kvcm_engine_set_file_roots, array, len(encoded))
 

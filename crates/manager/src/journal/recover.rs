@@ -366,8 +366,15 @@ impl Manager {
         for (name, group) in groups {
             restored(format!("group {name:?}"), self.create_group(group));
         }
+        // Instances whose group is gone (a journal from before RemoveInstanceGroup kept
+        // groups in use) cannot be registered: their entries are deleted like a removed
+        // instance's rather than leaked. Other refusals are reported and left alone.
+        let mut refused = HashMap::new();
         for (id, info) in instances {
-            let result = self.register_instance(info).map(drop);
+            let result = self.register_instance(info.clone()).map(drop);
+            if result.is_err() && self.shared_group(&info.instance_group_name).is_none() {
+                refused.insert(id.clone(), info);
+            }
             restored(format!("instance {id:?}"), result);
         }
         for (name, account) in accounts {
@@ -381,15 +388,19 @@ impl Manager {
         // holds it now (a freed one's adoption is then refused as overlapping, and dropped).
         let mut max_nonce = 0;
         let mut to_free = Vec::new();
+        let mut unregistered = Vec::new();
         for (id, entries) in entries.drain() {
             let Some(instance) = self.instance(&id) else {
+                if let Some(info) = refused.remove(&id) {
+                    unregistered.push((info, entries));
+                }
                 continue;
             };
             let nonce = self.restore_entries(&instance, entries, &handles, report, &mut to_free);
             max_nonce = max_nonce.max(nonce);
         }
         self.free_unfinished(to_free, &handles, report);
-        for (info, entries) in removed {
+        for (info, entries) in removed.into_iter().chain(unregistered) {
             let nonce = self.restore_removed(info, entries, &handles, report);
             max_nonce = max_nonce.max(nonce);
         }

@@ -32,14 +32,17 @@ impl Manager {
     /// Takes a snapshot now; returns its sequence.
     pub(crate) fn take_snapshot(&self, journal: &Journal) -> Result<u64, JournalError> {
         let _one_at_a_time = lock(&journal.snapshotting);
-        // The instances as of the rotation (under the lock registrations and removals append
-        // their records under): a removal and a new registration of the same id after it are
-        // in the new segment only, and replay after the snapshot in order.
-        let (sequence, registered, unfinished) = {
+        let sequence = journal.writer.rotate()?;
+        // The instances after the rotation, both lists under one lock (a removal moves an
+        // instance from one to the other under it). Not under it across the rotation, whose
+        // sync would stall every reader of the map: a removal and a new registration of one
+        // id landing in between then replay over the snapshot's copy of the new instance,
+        // whose entries the new segment rebuilds; the copy, replayed as removed, releases
+        // blocks the restored instance holds too, which frees nothing.
+        let (registered, unfinished) = {
             let instances = read_lock(&self.instances);
-            let sequence = journal.writer.rotate()?;
             let registered: Vec<_> = instances.values().cloned().collect();
-            (sequence, registered, self.unfinished_removals())
+            (registered, self.unfinished_removals())
         };
         let dir = &journal.config.dir;
         let path = files::snapshot_path(dir, sequence);

@@ -271,7 +271,10 @@ fn await_block_files(dir: &Path, count: usize) -> Vec<std::path::PathBuf> {
 /// Awaits every removal's blocks being deleted (index entries included).
 fn await_unfinished_removals(manager: &Manager) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !manager.unfinished_removals().is_empty() {
+    while {
+        manager.prune_unfinished();
+        !manager.unfinished_removals().is_empty()
+    } {
         assert!(std::time::Instant::now() < deadline, "removals finished");
         std::thread::yield_now();
     }
@@ -391,12 +394,34 @@ fn a_removal_finished_before_the_restart_is_released_again_without_harm() {
     drop((old, instance, manager));
     let (manager, report) = reopen(dir.path());
     assert_eq!(uris(&manager, &[1, 2, 3, 4]), before);
-    assert_eq!(
-        block_files(dir.path()).len(),
-        2,
-        "the new instance's files stay"
-    );
+    await_unfinished_removals(&manager);
+    for file in await_block_files(dir.path(), 2) {
+        assert_eq!(std::fs::read(&file).unwrap(), FILE_BYTES, "{file:?}");
+    }
     assert!(report.skipped.is_empty(), "{report:?}");
+}
+
+#[test]
+fn an_instance_whose_group_an_older_build_removed_has_its_blocks_deleted_at_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2, 3, 4]);
+    write_files(&manager, &[1, 2, 3, 4]);
+    // As an earlier build let it: the group removed while its instance stays.
+    let ticket = manager
+        .journal_append(&Record::GroupRemoved("g".into()))
+        .unwrap();
+    manager.journal_wait(ticket).unwrap();
+    drop((instance, manager));
+    let (manager, report) = reopen(dir.path());
+    assert!(manager.instance("i").is_none());
+    assert!(
+        report.skipped.iter().any(|s| s.contains("instance \"i\"")),
+        "{report:?}"
+    );
+    assert_eq!(report.removed_locations, 4, "{report:?}");
+    await_block_files(dir.path(), 0);
 }
 
 #[test]

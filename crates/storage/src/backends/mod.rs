@@ -33,6 +33,19 @@ pub(crate) fn wants_probe(storage: &dyn DataStorage) -> bool {
     storage.config().check_storage_available_when_open && storage.as_pool().is_none()
 }
 
+/// Opens `config` as recovered from a journal: even when the probe its config asks for
+/// fails (a mount not up yet); returns the backend and why that probe failed, if it did.
+pub fn open_recovered(
+    config: StorageConfig,
+) -> Result<(Arc<dyn DataStorage>, Option<String>), StorageError> {
+    let storage = open_unprobed(config)?;
+    let failed_probe = wants_probe(storage.as_ref())
+        .then(|| storage.check_health())
+        .and_then(Result::err)
+        .map(|error| error.to_string());
+    Ok((storage, failed_probe))
+}
+
 /// Validates `config` and opens its backend without probing it.
 pub(crate) fn open_unprobed(config: StorageConfig) -> Result<Arc<dyn DataStorage>, StorageError> {
     config.validate()?;

@@ -99,27 +99,10 @@ impl StorageRegistry {
         self.insert(name, open(config)?, None)
     }
 
-    /// Registers `config` as recovered from the journal: opened even when the probe its
-    /// config asks for fails (a mount not up yet), then enabled but unhealthy until a health
-    /// probe passes, so that its blocks stay known. An existing name is refused.
-    pub fn add_recovered(
-        &self,
-        config: StorageConfig,
-    ) -> Result<Arc<dyn DataStorage>, StorageError> {
-        let name = config.global_unique_name.clone();
-        if self.read().contains_key(&name) {
-            return Err(StorageError::DuplicateStorage(name));
-        }
-        let storage = crate::backends::open_unprobed(config)?;
-        let probed = crate::backends::wants_probe(storage.as_ref())
-            .then(|| storage.check_health())
-            .and_then(Result::err)
-            .map(|error| error.to_string());
-        self.insert(name, storage, probed)
-    }
-
-    /// Registers an opened storage, enabled, healthy unless `failed_probe` says why not.
-    fn insert(
+    /// Registers an opened storage under `name`, enabled, healthy unless `failed_probe`
+    /// says why not (a storage recovered from a journal whose probe failed: unhealthy until
+    /// a health probe passes). An existing name is refused.
+    pub fn insert(
         &self,
         name: String,
         storage: Arc<dyn DataStorage>,
