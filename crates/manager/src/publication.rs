@@ -90,9 +90,10 @@ impl Manager {
         let Some(publication) = self.publication.get() else {
             return;
         };
-        let registered = self
-            .instance(instance.id())
-            .is_some_and(|kept| std::ptr::eq(Arc::as_ptr(&kept), instance));
+        // No Arc clone: this runs for every committed write batch.
+        let registered = crate::sync::read_lock(&self.instances)
+            .get(instance.id().as_ref())
+            .is_some_and(|kept| std::ptr::eq(Arc::as_ptr(kept), instance));
         if registered && !keys.is_empty() {
             publication.keys_changed(instance, keys);
         }

@@ -251,42 +251,40 @@ fn write_files(manager: &Manager, keys: &[i64]) {
 /// What [`write_files`] puts in every file (two blocks of up to 500 bytes).
 const FILE_BYTES: [u8; 1000] = [7; 1000];
 
-/// Awaits the block files below `dir/blocks` numbering `count` (the background deletion of
-/// a removed instance's blocks).
-fn await_block_files(dir: &Path, count: usize) -> Vec<std::path::PathBuf> {
+/// Polls `done` until it holds (background deletion); panics naming `what` after 10 s.
+fn await_that(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let files = block_files(dir);
-        if files.len() == count {
-            return files;
-        }
+    while !done() {
         assert!(
             std::time::Instant::now() < deadline,
-            "{count} block files expected: {files:?}"
+            "not within 10 s: {what}"
         );
         std::thread::yield_now();
     }
 }
 
+/// Awaits the block files below `dir/blocks` numbering `count` (the background deletion of
+/// a removed instance's blocks).
+fn await_block_files(dir: &Path, count: usize) -> Vec<std::path::PathBuf> {
+    await_that(&format!("{count} block files"), || {
+        block_files(dir).len() == count
+    });
+    block_files(dir)
+}
+
 /// Awaits every removal's blocks being deleted (index entries included).
 fn await_unfinished_removals(manager: &Manager) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while {
+    await_that("removals finished", || {
         manager.prune_unfinished();
-        !manager.unfinished_removals().is_empty()
-    } {
-        assert!(std::time::Instant::now() < deadline, "removals finished");
-        std::thread::yield_now();
-    }
+        manager.unfinished_removals().is_empty()
+    });
 }
 
 /// Awaits the deleter emptying `instance`'s index.
 fn await_deleted(instance: &Instance) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while instance.index.len().unwrap() > 0 {
-        assert!(std::time::Instant::now() < deadline, "the deleter finished");
-        std::thread::yield_now();
-    }
+    await_that("the deleter finished", || {
+        instance.index.len().unwrap() == 0
+    });
 }
 
 /// A manager whose instance `i` holds keys 1..=20 in files, then is removed durably and
@@ -441,14 +439,9 @@ fn a_removed_instances_blocks_of_another_size_never_punch_a_later_instances_bloc
     write(&manager, &instance, &[1, 2]);
     write_files(&manager, &[1]);
     manager.remove_cache(&instance, &[2]).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while instance.index.get(&[2]).unwrap()[0].is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the deleter removed key 2"
-        );
-        std::thread::yield_now();
-    }
+    await_that("the deleter removed key 2", || {
+        instance.index.get(&[2]).unwrap()[0].is_none()
+    });
     let uri = uris(&manager, &[1])[0].clone().expect("key 1");
     let path = uri
         .strip_prefix("file://s")
