@@ -39,7 +39,7 @@ impl<S: std::borrow::BorrowMut<TcpStream>> Read for DeadlineStream<S> {
         let left = self.left()?;
         let stream = self.stream.borrow_mut();
         stream.set_read_timeout(Some(left))?;
-        stream.read(buf)
+        stream.read(buf).map_err(timeout_as_timed_out)
     }
 }
 
@@ -48,12 +48,21 @@ impl<S: std::borrow::BorrowMut<TcpStream>> Write for DeadlineStream<S> {
         let left = self.left()?;
         let stream = self.stream.borrow_mut();
         stream.set_write_timeout(Some(left))?;
-        stream.write(buf)
+        stream.write(buf).map_err(timeout_as_timed_out)
     }
 
     fn flush(&mut self) -> io::Result<()> {
         self.stream.borrow_mut().flush()
     }
+}
+
+/// A blocking socket whose timeout runs out reports `WouldBlock` (EAGAIN) on Linux; the
+/// deadline has then passed, so it is reported as `TimedOut` like every later call.
+fn timeout_as_timed_out(error: io::Error) -> io::Error {
+    if error.kind() == io::ErrorKind::WouldBlock {
+        return io::ErrorKind::TimedOut.into();
+    }
+    error
 }
 
 /// A test peer that accepts one connection, writes `head`, then one byte every `every`
@@ -97,6 +106,19 @@ mod tests {
         assert_eq!(error.kind(), io::ErrorKind::TimedOut);
         assert!(started.elapsed() < limit * 2, "{:?}", started.elapsed());
         assert!(!all.is_empty(), "it read what came in time");
+        drop(stream);
+        trickler.join().unwrap();
+    }
+
+    #[test]
+    fn a_silent_peer_is_timed_out_not_would_block() {
+        // The socket's own timeout ends this read (EAGAIN on Linux); it still reads as
+        // the deadline passing, as callers match on `TimedOut`.
+        let (addr, trickler) = trickler(Vec::new(), Duration::from_millis(500), 1);
+        let client = TcpStream::connect(addr).unwrap();
+        let mut stream = DeadlineStream::new(client, Duration::from_millis(100));
+        let error = stream.read(&mut [0u8; 8]).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
         drop(stream);
         trickler.join().unwrap();
     }
