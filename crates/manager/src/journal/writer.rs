@@ -2,9 +2,11 @@
 //! whoever flushes writes whatever accumulated with one `write` and, under `fsync = always`,
 //! one `fdatasync`, then wakes every appender the flush covered (group commit). Under
 //! `always` and `never`, while writers come one at a time, that is the waiter itself (no
-//! hand-off between threads on a lone writer's path); the flusher thread flushes what no
-//! waiter took, gathers batches under concurrent writers, and owns every flush under
-//! `every N ms`.
+//! hand-off between threads on a lone writer's path: its appends do not even wake the
+//! flusher); the flusher thread flushes what a waiter that could not lead needs, gathers
+//! batches under concurrent writers, and owns every flush under `every N ms`. A record
+//! appended while writers come one at a time and never waited for reaches the file with the
+//! next flush (a later wait, a rotation or the writer's stop), like any unacknowledged one.
 //!
 //! Durability of a ticket: under `always` its record was fdatasync'ed; under `every N ms` and
 //! `never` it was written to the file (it survives a SIGKILL of the process, not an OS crash:
@@ -69,6 +71,9 @@ struct State {
     /// Waits that returned, under `always`, for a ticket not yet synced (must stay 0).
     early_acknowledgements: u64,
     stop: bool,
+    /// Idle waits the flusher began (a test knows it asleep from this).
+    #[cfg(test)]
+    flusher_idle_waits: u64,
 }
 
 #[derive(Debug)]
@@ -177,6 +182,8 @@ impl LogWriter {
                 last_writers: 0,
                 early_acknowledgements: 0,
                 stop: false,
+                #[cfg(test)]
+                flusher_idle_waits: 0,
             }),
             work: Condvar::new(),
             progress: Condvar::new(),
@@ -204,8 +211,15 @@ impl LogWriter {
         files::frame(payload, &mut state.buffer);
         state.appended += 1;
         let ticket = LogTicket(state.appended);
+        // A lone writer's wait flushes its own records: waking the flusher as well would
+        // cost a futex wake and a thread switch per record for nothing. A wait that finds
+        // it cannot lead wakes the flusher then (see `wait_counted`).
+        let waiter_flushes =
+            !matches!(self.shared.policy, FsyncPolicy::Every(_)) && state.last_writers <= 1;
         drop(state);
-        self.shared.work.notify_one();
+        if !waiter_flushes {
+            self.shared.work.notify_one();
+        }
         Ok(ticket)
     }
 
@@ -250,7 +264,14 @@ impl LogWriter {
             let lone = state.last_writers <= 1 && state.file.is_some() && !state.buffer.is_empty();
             state = match leads {
                 Some(sync) if lone => self.shared.flush(state, sync).0,
-                _ => wait_on(&self.shared.progress, state),
+                _ => {
+                    // The append may have left the flusher asleep (it expected a lone
+                    // writer to flush); the records this wait needs must not stay put.
+                    if !state.buffer.is_empty() {
+                        self.shared.work.notify_one();
+                    }
+                    wait_on(&self.shared.progress, state)
+                }
             };
         }
     }
@@ -390,6 +411,10 @@ fn flush_loop(shared: &Shared) {
         }
         let idle = state.buffer.is_empty() || state.file.is_none() || state.failed.is_some();
         state = if idle {
+            #[cfg(test)]
+            {
+                state.flusher_idle_waits += 1;
+            }
             flusher.idle(state)
         } else {
             let state = flusher.gather(state);
@@ -532,6 +557,33 @@ mod tests {
         assert_eq!((state.flushes, state.durable), (2, 5));
         assert_eq!(state.last_writers, 2);
         assert_eq!(state.waiting, 0);
+    }
+
+    #[test]
+    fn a_waiter_that_cannot_lead_gets_its_record_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = LogWriter::create(dir.path().into(), 1, FsyncPolicy::Never).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while writer.shared.lock().flusher_idle_waits == 0 {
+            assert!(Instant::now() < deadline, "the flusher goes idle");
+            std::thread::yield_now();
+        }
+        // Appended while writers came one at a time: the append leaves the flusher asleep.
+        let ticket = writer.append(b"r").unwrap();
+        // Concurrent writers since: the waiter does not lead, so it must wake the flusher.
+        writer.shared.lock().last_writers = 2;
+        let (done, waited) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            scope.spawn(|| done.send(writer.wait(ticket)).unwrap());
+            let answer = waited.recv_timeout(Duration::from_secs(10));
+            // Unstick a waiter left hanging before failing, so that the scope can end.
+            writer.shared.work.notify_all();
+            assert!(
+                matches!(answer, Ok(Ok(()))),
+                "the record is flushed: {answer:?}"
+            );
+        });
+        assert_eq!(writer.stats().durable, 1);
     }
 
     #[test]
