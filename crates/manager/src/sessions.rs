@@ -59,7 +59,21 @@ struct State {
     sessions: HashMap<String, Session>,
     deadlines: BTreeSet<(Instant, String)>,
     open_per_instance: HashMap<Arc<str>, usize>,
+    /// What the expiry thread waits for (it reads the deadlines again before every wait).
+    expiry: ExpiryWait,
     shutdown: bool,
+}
+
+/// The expiry thread's state, as far as a new deadline is concerned.
+#[derive(Default, Clone, Copy)]
+enum ExpiryWait {
+    /// Not waiting: it looks at the deadlines before it waits again.
+    #[default]
+    Running,
+    /// Asleep until this instant.
+    Until(Instant),
+    /// Asleep until woken (no deadline was pending).
+    Forever,
 }
 
 /// Why [`SessionTable::open`] refused a session (handed back with it).
@@ -72,13 +86,19 @@ pub enum OpenRefusal {
 }
 
 impl State {
-    /// Stores a session under a fresh random id.
-    fn insert(&mut self, session: Session) -> String {
+    /// Stores a session under a fresh random id; also says whether the expiry thread must be
+    /// woken for its deadline (it sleeps past it, or without a deadline).
+    fn insert(&mut self, session: Session) -> (String, bool) {
         let id = loop {
             let candidate = random_id(SESSION_ID_LEN);
             if !self.sessions.contains_key(&candidate) {
                 break candidate;
             }
+        };
+        let wake = match self.expiry {
+            ExpiryWait::Running => false,
+            ExpiryWait::Until(wakes_at) => session.deadline < wakes_at,
+            ExpiryWait::Forever => true,
         };
         self.deadlines.insert((session.deadline, id.clone()));
         *self
@@ -86,7 +106,7 @@ impl State {
             .entry(session.instance.id().clone())
             .or_default() += 1;
         self.sessions.insert(id.clone(), session);
-        id
+        (id, wake)
     }
 
     /// Removes session `id` (its deadline stays; expiry skips ids no longer present).
@@ -133,17 +153,21 @@ impl SessionTable {
         if state.open_of(session.instance.id()) >= per_instance {
             return Err((session, OpenRefusal::PerInstanceLimit(per_instance)));
         }
-        let id = state.insert(session);
+        let (id, wake) = state.insert(session);
         drop(state);
-        self.wake.notify_all();
+        if wake {
+            self.wake.notify_all();
+        }
         Ok(id)
     }
 
     /// Queues a consumed session again (its blocks could not be failed yet): the expiry
     /// thread hands it back at `session.deadline`.
     pub fn requeue(&self, session: Session) {
-        lock(&self.state).insert(session);
-        self.wake.notify_all();
+        let (_, wake) = lock(&self.state).insert(session);
+        if wake {
+            self.wake.notify_all();
+        }
     }
 
     /// Removes and returns session `id` if `check` accepts it; a rejected session stays open.
@@ -199,14 +223,19 @@ impl SessionTable {
                     }
                 }
                 Some((deadline, _)) => {
+                    state.expiry = ExpiryWait::Until(deadline);
                     state = self
                         .wake
                         .wait_timeout(state, deadline - now)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                 }
-                None => state = self.wake.wait(state).unwrap_or_else(|p| p.into_inner()),
+                None => {
+                    state.expiry = ExpiryWait::Forever;
+                    state = self.wake.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
             }
+            state.expiry = ExpiryWait::Running;
         }
     }
 }

@@ -226,6 +226,34 @@ fn an_expired_session_fails_within_100ms_of_its_deadline() {
 }
 
 #[test]
+fn a_session_due_before_every_open_one_expires_on_time() {
+    // The expiry thread sleeps until the first deadline; only a session that becomes the
+    // first wakes it, and this one must.
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let feed = fx.manager.subscribe();
+    fx.manager
+        .start_write(&instance, vec![1], &[], 30)
+        .expect("start a late session");
+    let started = Instant::now();
+    fx.manager
+        .start_write(&instance, vec![2], &[], 1)
+        .expect("start an early session");
+    let failed = loop {
+        let change = feed.recv().expect("feed");
+        if change.to == Some(LocationState::Deleting) {
+            break change;
+        }
+    };
+    let elapsed = started.elapsed();
+    assert_eq!(failed.key, 2);
+    assert!(elapsed >= Duration::from_secs(1), "{elapsed:?}");
+    assert!(
+        elapsed <= Duration::from_millis(1100),
+        "expiry lagged: {elapsed:?}"
+    );
+}
+
+#[test]
 fn the_change_feed_follows_a_block_through_its_life() {
     let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     let feed = fx.manager.subscribe();
