@@ -6,10 +6,13 @@
 //! nothing to punch (the client may never have written it). When to unlink a file is the
 //! caller's decision (`live_blocks`); these functions only act.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 #[cfg(test)]
 use nix::errno::Errno;
@@ -34,10 +37,65 @@ fn io_error(path: &Path, source: std::io::Error) -> StorageError {
 }
 
 /// Creates the parent directories of `path`.
-pub(crate) fn create_parents(path: &Path) -> Result<(), StorageError> {
+fn create_parents(path: &Path) -> Result<(), StorageError> {
     match path.parent() {
         Some(parent) => fs::create_dir_all(parent).map_err(|e| io_error(parent, e)),
         None => Ok(()),
+    }
+}
+
+/// How long a directory seen to exist is trusted without looking again.
+const KNOWN_FOR: Duration = Duration::from_secs(1);
+/// Directories remembered at most (a storage has one per instance and spec); past it the
+/// memory starts afresh.
+const MAX_KNOWN: usize = 4096;
+
+/// The parent directories of block files seen to exist in the last [`KNOWN_FOR`]: every
+/// block of an instance's spec lies in one directory, and without this memory each
+/// allocation would look it up again (a `stat` per block). A directory removed behind
+/// kvcm's back is created again once its entry is older than [`KNOWN_FOR`].
+#[derive(Debug)]
+pub(crate) struct KnownDirs {
+    seen: Mutex<HashMap<PathBuf, Instant>>,
+    known_for: Duration,
+}
+
+impl Default for KnownDirs {
+    fn default() -> Self {
+        KnownDirs::trusted_for(KNOWN_FOR)
+    }
+}
+
+impl KnownDirs {
+    /// A memory trusting what it saw for `known_for`.
+    fn trusted_for(known_for: Duration) -> Self {
+        KnownDirs {
+            seen: Mutex::default(),
+            known_for,
+        }
+    }
+
+    /// [`create_parents`], skipped while the parent was seen within the trusted time.
+    pub(crate) fn create_parents(&self, path: &Path) -> Result<(), StorageError> {
+        let Some(parent) = path.parent() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let fresh = |seen: &Instant| now.saturating_duration_since(*seen) < self.known_for;
+        if self.lock().get(parent).is_some_and(fresh) {
+            return Ok(());
+        }
+        create_parents(path)?;
+        let mut seen = self.lock();
+        if seen.len() >= MAX_KNOWN {
+            seen.clear();
+        }
+        seen.insert(parent.to_path_buf(), now);
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Instant>> {
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -129,4 +187,33 @@ fn write_and_read_back(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
         return Err(io_error(path, mismatch));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_known_directory_is_trusted_for_a_while_then_looked_at_again() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("instance/tp0");
+        let known = KnownDirs::trusted_for(Duration::from_millis(200));
+        known.create_parents(&dir.join("7b")).expect("create");
+        assert!(dir.is_dir(), "the parent is created");
+
+        fs::remove_dir(&dir).expect("remove it behind the memory's back");
+        let trusted_until = Instant::now() + Duration::from_millis(150);
+        known.create_parents(&dir.join("7c")).expect("trusted");
+        if Instant::now() < trusted_until {
+            assert!(!dir.exists(), "within the trusted time no lookup is made");
+        }
+
+        // Time passing is what is tested here, not a condition to await.
+        std::thread::sleep(Duration::from_millis(200));
+        known.create_parents(&dir.join("7d")).expect("create again");
+        assert!(
+            dir.is_dir(),
+            "past the trusted time the directory is created again"
+        );
+    }
 }

@@ -3,7 +3,8 @@
 //!
 //! The base is the string every object name is appended to: NFS `root_path` verbatim (plain
 //! concatenation, §14); 3FS `mountpoint/root_dir/` (a filesystem join). Allocation creates
-//! the files' directories (and, with `touch_file_when_create`, the empty files).
+//! the files' directories (one seen to exist within the last second is not looked up again:
+//! `KnownDirs`) and, with `touch_file_when_create`, the empty files.
 //!
 //! Delete punches the block's hole and unlinks the file once no block of it is allocated any
 //! more (`live_blocks`). Only allocations kvcm tracks are ever freed: a delete of a block
@@ -17,7 +18,7 @@
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 
-use crate::block_file::{self, BlockRange};
+use crate::block_file::{self, BlockRange, KnownDirs};
 use crate::live_blocks::{LiveBlocks, Remaining};
 use crate::names::check_name;
 use crate::packing::{check_request, pack};
@@ -41,6 +42,8 @@ pub(crate) struct BlockFileStorage {
     touch_files: bool,
     /// References to each allocated block of each file (not persisted).
     live: LiveBlocks,
+    /// Parent directories of block files seen to exist lately.
+    known_dirs: KnownDirs,
 }
 
 /// The file and block a URI names.
@@ -86,6 +89,7 @@ impl BlockFileStorage {
                 key_count_per_file: *key_count_per_file,
                 touch_files: false,
                 live: LiveBlocks::default(),
+                known_dirs: KnownDirs::default(),
                 config: config.clone(),
             }),
             StorageSpec::ThreeFs {
@@ -106,6 +110,7 @@ impl BlockFileStorage {
                 key_count_per_file: *key_count_per_file,
                 touch_files: *touch_file_when_create,
                 live: LiveBlocks::default(),
+                known_dirs: KnownDirs::default(),
                 config: config.clone(),
             }),
             other => Err(StorageError::Unsupported(other.kind())),
@@ -258,7 +263,7 @@ impl BlockFileStorage {
         if !tracked && path.exists() {
             return Err(StorageError::Foreign(path.display().to_string()));
         }
-        block_file::create_parents(path)?;
+        self.known_dirs.create_parents(path)?;
         if self.touch_files {
             block_file::touch(path)?;
         }
