@@ -440,7 +440,25 @@ fn a_restarted_server_is_never_answered_for_by_the_old_table() {
 /// server refuses it (the fast path sends it there), one within the limit answered locally.
 #[test]
 fn a_lookup_over_the_servers_key_limit_is_refused_as_grpc_refuses_it() {
-    let (runtime, server) = start_server_with(&["kvcm.service.max_keys_per_request=8"]);
+    a_lookup_over_9_keys_is_refused_as_grpc_refuses_it(
+        "kvcm.service.max_keys_per_request=8",
+        "max_keys_per_request",
+    );
+}
+
+/// The same where `kvcm.service.max_response_bytes` is what refuses the 9th key: an answer
+/// for this instance (ids and spec names of 6 + 3 bytes, two specs) is estimated at 274
+/// bytes per key, so 2200 bytes allow 8 keys.
+#[test]
+fn a_lookup_over_the_servers_answer_size_limit_is_refused_as_grpc_refuses_it() {
+    a_lookup_over_9_keys_is_refused_as_grpc_refuses_it(
+        "kvcm.service.max_response_bytes=2200",
+        "max_response_bytes",
+    );
+}
+
+fn a_lookup_over_9_keys_is_refused_as_grpc_refuses_it(setting: &str, named: &str) {
+    let (runtime, server) = start_server_with(&[setting]);
     runtime.block_on(async {
         for keys in [(0..8).collect::<Vec<i64>>(), vec![8]] {
             let started = start(&server, &keys, &[], 30).await;
@@ -461,7 +479,7 @@ fn a_lookup_over_the_servers_key_limit_is_refused_as_grpc_refuses_it() {
         match client.batch_get(&keys) {
             Err(kvcm_client::ClientError::Server { code, message }) => {
                 assert_eq!(code, meta::ErrorCode::InvalidArgument as i32, "{message}");
-                assert!(message.contains("max_keys_per_request"), "{message}");
+                assert!(message.contains(named), "{message}");
             }
             other => panic!("9 keys answered {other:?} on {wire:?}"),
         }

@@ -62,9 +62,11 @@ pub struct BootstrapAnswer {
     /// The single-use token the queue-pair hello must carry (32 hex digits; valid for
     /// `grants::TOKEN_TTL`), binding the queue pair to this instance.
     pub qp_token: String,
-    /// `kvcm.service.max_keys_per_request`: a lookup over more keys is refused by the
-    /// server, so the fast path sends it there rather than answer it (absent from servers
-    /// before it was added: no limit known).
+    /// The most keys a lookup of this instance may have: the server refuses one over
+    /// `kvcm.service.max_keys_per_request`, or over fewer keys where its answer's estimated
+    /// size passes `kvcm.service.max_response_bytes`, so the fast path sends a larger one
+    /// there rather than answer it (absent from servers before it was added: no limit
+    /// known).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_keys_per_request: Option<u64>,
 }
@@ -88,6 +90,12 @@ impl LookupService {
             self.drop_this_table(check.instance_id, &table, &LookupError::NotLeader);
             return Err(LookupError::NotLeader);
         }
+        let keys_allowed = self
+            .manager
+            .upgrade()
+            .and_then(|m| m.instance(check.instance_id))
+            .map(|instance| self.meta.lookup_keys_allowed(&instance))
+            .ok_or_else(|| LookupError::UnknownInstance(check.instance_id.to_string()))?;
         let token = self.grants.issue(Grant::of(check))?;
         let address = table.address();
         Ok(BootstrapAnswer {
@@ -107,7 +115,7 @@ impl LookupService {
                 })
                 .collect(),
             qp_token: token_hex(&token),
-            max_keys_per_request: Some(self.max_keys_per_request as u64),
+            max_keys_per_request: Some(keys_allowed as u64),
         })
     }
 }

@@ -189,8 +189,8 @@ pub struct LookupService {
     grants: grants::Grants,
     /// The polling-thread core (queue pairs are handed to it).
     core: core::CoreHandle,
-    /// `kvcm.service.max_keys_per_request`, told to clients at bootstrap.
-    max_keys_per_request: usize,
+    /// The meta service's handlers: what it refuses is told to clients at bootstrap.
+    meta: MetaHandler,
     /// Tears verbs queue pairs down when their client hangs up.
     hangups: HangupWatcher<(core::PeerKey, Arc<grants::Grant>)>,
     /// Tables retired because they could not be kept in step.
@@ -216,8 +216,7 @@ impl LookupService {
     ) -> Result<Arc<LookupService>, LookupError> {
         let verbs = config.verbs();
         let domains = open_wires(config.bind, verbs.as_ref(), "kvcm.lookup.verbs_device")?;
-        let max_keys_per_request = meta.max_keys_per_request();
-        let core = core::start(&domains, meta, config.queue_pairs)?;
+        let core = core::start(&domains, meta.clone(), config.queue_pairs)?;
         let listener = peers::bind(config.bind)?;
         let connect_addr = peers::local_addr(&listener)?;
         let hangups = watch_hangups(core.clone()).map_err(LookupError::Listener)?;
@@ -233,7 +232,7 @@ impl LookupService {
             hangups,
             core,
             tables_dropped: AtomicU64::new(0),
-            max_keys_per_request,
+            meta,
         });
         peers::serve(listener, Arc::downgrade(&service))?;
         let demoted = Arc::downgrade(&service);

@@ -223,6 +223,24 @@ impl Core {
 /// it repeats: the URI's scheme, root, key and query, and the JSON around them.
 const LOCATION_OVERHEAD: usize = 128;
 
+/// The estimated bytes one key of `instance` adds to an answer with one location per spec.
+fn answer_bytes_per_key(instance: &Instance) -> usize {
+    instance
+        .specs()
+        .iter()
+        .map(|spec| spec.name.len() + instance.id().len() + LOCATION_OVERHEAD)
+        .sum()
+}
+
+/// The most keys a GetCacheLocation of `instance` may ask for before [`Core::located_keys`]
+/// refuses it: `kvcm.service.max_keys_per_request`, or fewer where the answer's estimated
+/// size would pass `kvcm.service.max_response_bytes` first (told to fast-path clients, which
+/// send larger lookups to the server so that its refusal is the answer).
+pub fn lookup_keys_allowed(limits: &RequestLimits, instance: &Instance) -> usize {
+    let by_bytes = limits.max_response_bytes / answer_bytes_per_key(instance).max(1);
+    limits.max_keys_per_request.min(by_bytes)
+}
+
 impl Core {
     /// Counts a served GetCacheLocation in the event log and the live capacity curves.
     pub fn record_lookup(&self, instance: &Instance, keys: &[BlockKey], token_ids: &[i64]) {
@@ -275,12 +293,7 @@ impl Core {
         answers: usize,
     ) -> ManagerResult<Vec<BlockKey>> {
         let keys = self.request_keys(instance, block_keys, token_ids)?;
-        let per_key: usize = instance
-            .specs()
-            .iter()
-            .map(|spec| spec.name.len() + instance.id().len() + LOCATION_OVERHEAD)
-            .sum();
-        let estimate = per_key
+        let estimate = answer_bytes_per_key(instance)
             .saturating_mul(keys.len())
             .saturating_mul(answers.max(1));
         let limit = self.limits.max_response_bytes;

@@ -30,9 +30,10 @@ impl MetaHandler {
         MetaHandler { core }
     }
 
-    /// `kvcm.service.max_keys_per_request`.
-    pub fn max_keys_per_request(&self) -> usize {
-        self.core.limits.max_keys_per_request
+    /// The most keys a GetCacheLocation of `instance` may ask for before it is refused
+    /// (see [`super::core::lookup_keys_allowed`]).
+    pub fn lookup_keys_allowed(&self, instance: &Instance) -> usize {
+        super::core::lookup_keys_allowed(&self.core.limits, instance)
     }
 
     /// The answer to a message-path Authenticate: OK when `credential` (an API key or admin
