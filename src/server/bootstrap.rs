@@ -161,6 +161,7 @@ fn report_recovery(report: &kvcm_manager::RecoveryReport) {
         dropped_locations = report.dropped_locations,
         cleaned_locations = report.cleaned_locations,
         removed_locations = report.removed_locations,
+        over_cap_entries = report.over_cap_entries,
         "journal recovered"
     );
     for cut in &report.cut {

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kvcm_index::{BlockKey, LocalIndex, LocalIndexConfig, MetaIndex};
+use kvcm_index::{BlockKey, IndexError, LocalIndex, LocalIndexConfig, MetaIndex};
 use kvcm_storage::{DataStorage, NamedPart, PartAddress, PartRef, StorageConfig, StorageKind};
 
 use super::files::{self, ReadEnd, SNAPSHOT_MAGIC};
@@ -62,6 +62,9 @@ pub struct RecoveryReport {
     /// removal the earlier process may not have finished; releasing what it did finish
     /// frees nothing twice).
     pub removed_locations: u64,
+    /// Entries the index refused to take back (more keys than a lowered `max_key_count`
+    /// allows): their locations' bytes were freed.
+    pub over_cap_entries: u64,
     /// The sequence the log continues at.
     pub(crate) next_sequence: u64,
 }
@@ -421,8 +424,10 @@ impl Manager {
     ) -> u32 {
         let mut max_nonce = 0;
         let mut batch: Vec<(BlockKey, Entry)> = Vec::new();
+        let mut taken_back: Vec<Vec<TakenBack>> = Vec::new();
         for (key, durable) in entries {
             let mut kept = Vec::new();
+            let mut undo = Vec::new();
             let mut unfinished = false;
             for location in durable.entry.locations() {
                 max_nonce = max_nonce.max(location.nonce);
@@ -445,23 +450,23 @@ impl Manager {
                 let bytes = instance.location_bytes(&adopted.location.as_ref());
                 instance.usage().add(adopted.storage_type, bytes);
                 kept.push(adopted.location);
+                undo.push(TakenBack {
+                    storage_type: adopted.storage_type,
+                    bytes,
+                    backend: adopted.backend,
+                    uris: adopted.uris,
+                });
             }
             if !kept.is_empty() {
                 batch.push((key, Entry::new(kept)));
+                taken_back.push(undo);
             }
             if unfinished {
                 to_free.push((instance.clone(), key, durable));
             }
         }
-        report.entries += batch.len() as u64;
-        for chunk in batch.chunks(4096) {
-            let keys: Vec<BlockKey> = chunk.iter().map(|(key, _)| *key).collect();
-            if let Err(error) = instance.index.put(chunk.to_vec()) {
-                report
-                    .skipped
-                    .push(format!("entries of instance {:?}: {error}", instance.id()));
-                continue;
-            }
+        for (chunk, undo) in batch.chunks(4096).zip(taken_back.chunks(4096)) {
+            let keys = put_restored(instance, chunk, undo, report);
             self.published_keys_changed(instance, &keys);
         }
         max_nonce
@@ -665,6 +670,58 @@ impl Manager {
 }
 
 /// Frees the adopted locations' bytes; a failure is reported, not retried.
+/// Puts restored entries (`undo`: per entry, what restoring its locations took) into
+/// `instance`'s index and returns the keys stored. An entry the index refuses is not kept:
+/// its locations are uncounted and their bytes freed (nothing else would ever free them).
+/// Refused for its key count (a `max_key_count` lowered since the entries were written),
+/// the chunk is put entry by entry, so that the index fills up to its cap.
+fn put_restored(
+    instance: &Instance,
+    chunk: &[(BlockKey, Entry)],
+    undo: &[Vec<TakenBack>],
+    report: &mut RecoveryReport,
+) -> Vec<BlockKey> {
+    let (stored, over_cap): (Vec<bool>, bool) = match instance.index.put(chunk.to_vec()) {
+        Ok(()) => (vec![true; chunk.len()], false),
+        Err(IndexError::Full { .. }) => {
+            let one_by_one = chunk
+                .iter()
+                .map(|entry| instance.index.put(vec![entry.clone()]).is_ok());
+            (one_by_one.collect(), true)
+        }
+        Err(error) => {
+            report
+                .skipped
+                .push(format!("entries of instance {:?}: {error}", instance.id()));
+            (vec![false; chunk.len()], false)
+        }
+    };
+    let mut keys = Vec::with_capacity(chunk.len());
+    let mut freed = Vec::new();
+    for ((key, _), (stored, undo)) in chunk.iter().zip(stored.into_iter().zip(undo)) {
+        if stored {
+            keys.push(*key);
+            continue;
+        }
+        report.over_cap_entries += u64::from(over_cap);
+        for taken in undo {
+            instance.usage().add(taken.storage_type, -taken.bytes);
+            freed.push((taken.backend.clone(), taken.uris.clone()));
+        }
+    }
+    report.entries += keys.len() as u64;
+    free_all(freed, report);
+    keys
+}
+
+/// What restoring one location took: its bytes in the usage, a reference on its storage.
+struct TakenBack {
+    storage_type: crate::storage_type::StorageType,
+    bytes: i64,
+    backend: Arc<dyn DataStorage>,
+    uris: Vec<String>,
+}
+
 fn free_all(freed: Vec<(Arc<dyn DataStorage>, Vec<String>)>, report: &mut RecoveryReport) {
     for (backend, uris) in freed {
         if let Err(error) = backend.delete(&uris) {

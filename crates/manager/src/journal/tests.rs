@@ -595,6 +595,47 @@ fn usage_is_recomputed_from_the_recovered_index() {
     );
 }
 
+#[test]
+fn entries_over_a_lowered_key_cap_are_freed_at_restart_and_the_rest_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    let keys: Vec<i64> = (1..=10).collect();
+    write(&manager, &instance, &keys);
+    write_files(&manager, &keys);
+    let mut lowered = group(i64::MAX, PREFER_3FS);
+    lowered.cache.indexer.max_key_count = 4;
+    lowered.version += 1;
+    manager.update_group(lowered, 1).expect("lower the cap");
+    drop((instance, manager));
+
+    let (manager, report) = reopen(dir.path());
+    assert_eq!(
+        (report.entries, report.over_cap_entries),
+        (4, 6),
+        "{report:?}"
+    );
+    let instance = manager.instance("i").unwrap();
+    assert_eq!(instance.index.len().unwrap(), 4);
+    assert_eq!(instance.usage().total(), 400, "only the kept blocks count");
+    let readable: Vec<String> = uris(&manager, &keys).into_iter().flatten().collect();
+    assert_eq!(readable.len(), 4);
+    // The files of the kept blocks stay (several blocks share a file); every other file
+    // is freed, not left to no one.
+    let kept: std::collections::BTreeSet<std::path::PathBuf> = readable
+        .iter()
+        .map(|uri| {
+            let path = uri
+                .strip_prefix("file://s")
+                .and_then(|r| r.split('?').next());
+            std::path::PathBuf::from(path.expect("a file URI"))
+        })
+        .collect();
+    let left: std::collections::BTreeSet<std::path::PathBuf> =
+        block_files(dir.path()).into_iter().collect();
+    assert_eq!(left, kept);
+}
+
 fn meta_id(manager: &Manager, instance: &Arc<Instance>, key: i64) -> String {
     let meta = manager
         .get_cache_meta(instance, &[key], &BlockMask::default())
