@@ -2,9 +2,10 @@
 //! expiry thread consumes it exactly once. The expiry thread sleeps until the earliest
 //! deadline (or a newer, earlier one), so a session fails within milliseconds of its deadline.
 //!
-//! Invariant: `open_per_instance` counts, per instance id, the sessions in `sessions` (every
-//! insertion and removal goes through [`State::insert`] and [`State::remove`]), so the
-//! per-instance limit is checked in O(1).
+//! Invariant: `open_per_instance` counts, per instance object, the sessions in `sessions`
+//! (every insertion and removal goes through [`State::insert`] and [`State::remove`]), so the
+//! per-instance limit is checked in O(1). Sessions of a removed instance do not count against
+//! a later instance registered under its id.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex};
@@ -58,7 +59,7 @@ pub struct Session {
 struct State {
     sessions: HashMap<String, Session>,
     deadlines: BTreeSet<(Instant, String)>,
-    open_per_instance: HashMap<Arc<str>, usize>,
+    open_per_instance: HashMap<InstanceKey, usize>,
     /// What the expiry thread waits for (it reads the deadlines again before every wait).
     expiry: ExpiryWait,
     shutdown: bool,
@@ -103,7 +104,7 @@ impl State {
         self.deadlines.insert((session.deadline, id.clone()));
         *self
             .open_per_instance
-            .entry(session.instance.id().clone())
+            .entry(InstanceKey::of(&session.instance))
             .or_default() += 1;
         self.sessions.insert(id.clone(), session);
         (id, wake)
@@ -112,19 +113,31 @@ impl State {
     /// Removes session `id` (its deadline stays; expiry skips ids no longer present).
     fn remove(&mut self, id: &str) -> Option<Session> {
         let session = self.sessions.remove(id)?;
-        let instance = session.instance.id();
-        if let Some(count) = self.open_per_instance.get_mut(instance) {
+        let instance = InstanceKey::of(&session.instance);
+        if let Some(count) = self.open_per_instance.get_mut(&instance) {
             *count -= 1;
             if *count == 0 {
-                self.open_per_instance.remove(instance);
+                self.open_per_instance.remove(&instance);
             }
         }
         Some(session)
     }
 
-    /// Open sessions of instance `id`.
-    fn open_of(&self, id: &str) -> usize {
-        self.open_per_instance.get(id).copied().unwrap_or(0)
+    /// Open sessions of `instance`.
+    fn open_of(&self, instance: &Arc<Instance>) -> usize {
+        let key = InstanceKey::of(instance);
+        self.open_per_instance.get(&key).copied().unwrap_or(0)
+    }
+}
+
+/// An instance object's identity: its address, unique among live objects (a counted session
+/// holds its instance alive, so no other instance can take the address meanwhile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct InstanceKey(usize);
+
+impl InstanceKey {
+    fn of(instance: &Arc<Instance>) -> InstanceKey {
+        InstanceKey(Arc::as_ptr(instance) as usize)
     }
 }
 
@@ -150,7 +163,7 @@ impl SessionTable {
         if !may_open() {
             return Err((session, OpenRefusal::NotAllowed));
         }
-        if state.open_of(session.instance.id()) >= per_instance {
+        if state.open_of(&session.instance) >= per_instance {
             return Err((session, OpenRefusal::PerInstanceLimit(per_instance)));
         }
         let (id, wake) = state.insert(session);

@@ -118,12 +118,20 @@ fn fixture_with(
     prefer: PreferStrategy,
     open_index: IndexFactory,
 ) -> (Fixture, Arc<Instance>) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let manager = Manager::new(ManagerDeps {
+    let deps = ManagerDeps {
         open_index,
         ..test_deps()
-    })
-    .expect("manager");
+    };
+    fixture_with_deps(capacity, prefer, deps)
+}
+
+fn fixture_with_deps(
+    capacity: i64,
+    prefer: PreferStrategy,
+    deps: ManagerDeps,
+) -> (Fixture, Arc<Instance>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manager = Manager::new(deps).expect("manager");
     manager
         .add_storage(storage("s", dir.path()))
         .expect("storage");
@@ -697,6 +705,38 @@ fn a_session_of_a_removed_instance_does_not_commit_into_a_later_instance_of_its_
     assert!(
         new.index.get(&[1]).expect("get")[0].is_none(),
         "nothing committed"
+    );
+}
+
+#[test]
+fn sessions_of_a_removed_instance_do_not_count_against_a_later_instance_of_its_id() {
+    let limits = crate::ManagerLimits {
+        max_sessions_per_instance: 1,
+        ..Default::default()
+    };
+    let deps = ManagerDeps {
+        limits,
+        ..test_deps()
+    };
+    let (fx, old) = fixture_with_deps(i64::MAX, PREFER_3FS, deps);
+    fx.manager
+        .start_write(&old, vec![1], &[], 600)
+        .expect("the old instance's one session");
+    fx.manager.remove_instance(old.id()).expect("removed");
+    fx.manager
+        .register_instance(old.info().clone())
+        .expect("registered again");
+    let new = fx.manager.instance(old.id()).expect("the new instance");
+    fx.manager
+        .start_write(&new, vec![2], &[], 600)
+        .expect("the new instance's own first session");
+    let refused = fx
+        .manager
+        .start_write(&new, vec![3], &[], 600)
+        .expect_err("its second is over the limit");
+    assert!(
+        refused.to_string().contains("max_sessions_per_instance"),
+        "{refused}"
     );
 }
 
