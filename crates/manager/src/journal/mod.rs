@@ -273,7 +273,7 @@ impl Manager {
         let _recovering = crate::sync::write_lock(&self.recovery_gate);
         let mut report = RecoveryReport::default();
         let replay = recover::read_journal(&config.dir, &mut report)?;
-        self.restore(replay, &mut report);
+        let over_cap = self.restore(replay, &mut report);
         let writer = LogWriter::create(config.dir.clone(), report.next_sequence, config.fsync)?;
         let journal = Arc::new(Journal {
             writer,
@@ -284,6 +284,7 @@ impl Manager {
             .set(Durable::Files(journal.clone()))
             .map_err(|_| JournalError::AlreadyOpen)?;
         self.take_snapshot(&journal)?;
+        over_cap.free(&mut report);
         snapshot::spawn_snapshotter(Arc::downgrade(self), journal)?;
         Ok(report)
     }

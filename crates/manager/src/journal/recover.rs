@@ -343,7 +343,8 @@ fn read_snapshot(path: &std::path::Path) -> Result<Vec<Record>, String> {
 impl Manager {
     /// Registers the replayed registry and restores the entries (the journal is not open yet:
     /// nothing of this is logged; the snapshot taken next records the result).
-    pub(crate) fn restore(&self, replay: Replay, report: &mut RecoveryReport) {
+    /// Returns the bytes of entries not kept, to free once the recovered state is durable.
+    pub(crate) fn restore(&self, replay: Replay, report: &mut RecoveryReport) -> DeferredFrees {
         let Replay {
             storages,
             disabled,
@@ -391,6 +392,7 @@ impl Manager {
         // holds it now (a freed one's adoption is then refused as overlapping, and dropped).
         let mut max_nonce = 0;
         let mut to_free = Vec::new();
+        let mut over_cap = DeferredFrees::default();
         let mut unregistered = Vec::new();
         for (id, entries) in entries.drain() {
             let Some(instance) = self.instance(&id) else {
@@ -399,7 +401,8 @@ impl Manager {
                 }
                 continue;
             };
-            let nonce = self.restore_entries(&instance, entries, &handles, report, &mut to_free);
+            let unkept = (&mut to_free, &mut over_cap);
+            let nonce = self.restore_entries(&instance, entries, &handles, report, unkept);
             max_nonce = max_nonce.max(nonce);
         }
         self.free_unfinished(to_free, &handles, report);
@@ -411,17 +414,21 @@ impl Manager {
             max_nonce.saturating_add(1),
             std::sync::atomic::Ordering::AcqRel,
         );
+        over_cap
     }
 
-    /// Restores one instance's entries; returns the largest nonce seen.
+    /// Restores one instance's entries; returns the largest nonce seen. Keys with WRITING
+    /// or DELETING locations go to `unkept.0` (freed after every SERVING one is adopted), the
+    /// bytes of entries the index refused to `unkept.1`.
     fn restore_entries(
         &self,
         instance: &Arc<Instance>,
         entries: HashMap<BlockKey, DurableEntry>,
         handles: &HashMap<StorageHandle, StorageConfig>,
         report: &mut RecoveryReport,
-        to_free: &mut Vec<(Arc<Instance>, BlockKey, DurableEntry)>,
+        unkept: (&mut Vec<Unfinished>, &mut DeferredFrees),
     ) -> u32 {
+        let (to_free, over_cap) = unkept;
         let mut max_nonce = 0;
         let mut batch: Vec<(BlockKey, Entry)> = Vec::new();
         let mut taken_back: Vec<Vec<TakenBack>> = Vec::new();
@@ -466,7 +473,7 @@ impl Manager {
             }
         }
         for (chunk, undo) in batch.chunks(4096).zip(taken_back.chunks(4096)) {
-            let keys = put_restored(instance, chunk, undo, report);
+            let keys = put_restored(instance, chunk, undo, report, over_cap);
             self.published_keys_changed(instance, &keys);
         }
         max_nonce
@@ -476,7 +483,7 @@ impl Manager {
     /// the crash, deletions not finished), once every SERVING location is adopted.
     fn free_unfinished(
         &self,
-        to_free: Vec<(Arc<Instance>, BlockKey, DurableEntry)>,
+        to_free: Vec<Unfinished>,
         handles: &HashMap<StorageHandle, StorageConfig>,
         report: &mut RecoveryReport,
     ) {
@@ -669,50 +676,71 @@ impl Manager {
     }
 }
 
-/// Frees the adopted locations' bytes; a failure is reported, not retried.
 /// Puts restored entries (`undo`: per entry, what restoring its locations took) into
 /// `instance`'s index and returns the keys stored. An entry the index refuses is not kept:
-/// its locations are uncounted and their bytes freed (nothing else would ever free them).
-/// Refused for its key count (a `max_key_count` lowered since the entries were written),
-/// the chunk is put entry by entry, so that the index fills up to its cap.
+/// its locations are uncounted, and their bytes go to `over_cap` — freed by the caller once
+/// the recovered state without them is durable (freed before, a failed startup would bring
+/// them back as SERVING at the next, pointing at freed bytes). Refused for its key count (a
+/// `max_key_count` lowered since the entries were written), the chunk is put entry by entry,
+/// so that the index fills up to its cap.
 fn put_restored(
     instance: &Instance,
     chunk: &[(BlockKey, Entry)],
     undo: &[Vec<TakenBack>],
     report: &mut RecoveryReport,
+    over_cap: &mut DeferredFrees,
 ) -> Vec<BlockKey> {
-    let (stored, over_cap): (Vec<bool>, bool) = match instance.index.put(chunk.to_vec()) {
-        Ok(()) => (vec![true; chunk.len()], false),
-        Err(IndexError::Full { .. }) => {
-            let one_by_one = chunk
-                .iter()
-                .map(|entry| instance.index.put(vec![entry.clone()]).is_ok());
-            (one_by_one.collect(), true)
-        }
-        Err(error) => {
-            report
-                .skipped
-                .push(format!("entries of instance {:?}: {error}", instance.id()));
-            (vec![false; chunk.len()], false)
-        }
+    let refused = |error: IndexError, report: &mut RecoveryReport| {
+        report
+            .skipped
+            .push(format!("entries of instance {:?}: {error}", instance.id()));
+        false
+    };
+    let stored: Vec<bool> = match instance.index.put(chunk.to_vec()) {
+        Ok(()) => vec![true; chunk.len()],
+        Err(IndexError::Full { .. }) => chunk
+            .iter()
+            .map(|entry| match instance.index.put(vec![entry.clone()]) {
+                Ok(()) => true,
+                Err(IndexError::Full { .. }) => {
+                    report.over_cap_entries += 1;
+                    false
+                }
+                Err(error) => refused(error, report),
+            })
+            .collect(),
+        Err(error) => vec![refused(error, report); chunk.len()],
     };
     let mut keys = Vec::with_capacity(chunk.len());
-    let mut freed = Vec::new();
     for ((key, _), (stored, undo)) in chunk.iter().zip(stored.into_iter().zip(undo)) {
         if stored {
             keys.push(*key);
             continue;
         }
-        report.over_cap_entries += u64::from(over_cap);
         for taken in undo {
             instance.usage().add(taken.storage_type, -taken.bytes);
-            freed.push((taken.backend.clone(), taken.uris.clone()));
+            over_cap.0.push((taken.backend.clone(), taken.uris.clone()));
         }
     }
     report.entries += keys.len() as u64;
-    free_all(freed, report);
     keys
 }
+
+/// Bytes of restored locations that were not kept, to free once the recovered state is
+/// durable (the startup snapshot written, or the shared store written back).
+#[derive(Default)]
+#[must_use = "the bytes are freed by DeferredFrees::free once the recovered state is durable"]
+pub(crate) struct DeferredFrees(Vec<(Arc<dyn DataStorage>, Vec<String>)>);
+
+impl DeferredFrees {
+    /// Frees them; a failure is reported, not retried.
+    pub(crate) fn free(self, report: &mut RecoveryReport) {
+        free_all(self.0, report);
+    }
+}
+
+/// A key of an instance whose WRITING or DELETING locations recovery frees.
+type Unfinished = (Arc<Instance>, BlockKey, DurableEntry);
 
 /// What restoring one location took: its bytes in the usage, a reference on its storage.
 struct TakenBack {
@@ -722,6 +750,7 @@ struct TakenBack {
     uris: Vec<String>,
 }
 
+/// Frees the adopted locations' bytes; a failure is reported, not retried.
 fn free_all(freed: Vec<(Arc<dyn DataStorage>, Vec<String>)>, report: &mut RecoveryReport) {
     for (backend, uris) in freed {
         if let Err(error) = backend.delete(&uris) {

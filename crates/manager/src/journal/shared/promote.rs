@@ -99,11 +99,12 @@ impl Manager {
             }
         }
         let in_clear = replay.accounts_in_clear();
-        self.restore(replay, &mut report);
+        let over_cap = self.restore(replay, &mut report);
         self.journal
             .set(Durable::Shared(store.clone()))
             .map_err(|_| JournalError::AlreadyOpen)?;
         self.write_back(store, read_keys)?;
+        over_cap.free(&mut report);
         self.rewrite_accounts(&in_clear)?;
         Ok(report)
     }
