@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::grants::{token_hex, Grant};
 use super::{wire_name, AccessCheck, LookupError, LookupService};
+use crate::service::core::lookup_keys_allowed;
 use crate::service::http::{
     own_answer, own_refusal, read_body, ClientAddr, ClientCertificate, HttpLimits,
 };
@@ -94,7 +95,7 @@ impl LookupService {
             .manager
             .upgrade()
             .and_then(|m| m.instance(check.instance_id))
-            .map(|instance| self.meta.lookup_keys_allowed(&instance))
+            .map(|instance| lookup_keys_allowed(&self.request_limits, &instance))
             .ok_or_else(|| LookupError::UnknownInstance(check.instance_id.to_string()))?;
         let token = self.grants.issue(Grant::of(check))?;
         let address = table.address();

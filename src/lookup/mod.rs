@@ -44,6 +44,7 @@ use kvcm_transport::any::{AnyDomain, VerbsDevice};
 use kvcm_transport::soft::{SoftConfig, SoftDomain, Wire};
 use kvcm_transport::TransportError;
 
+use crate::config::RequestLimits;
 use crate::hangups::HangupWatcher;
 use crate::service::meta::MetaHandler;
 
@@ -189,8 +190,9 @@ pub struct LookupService {
     grants: grants::Grants,
     /// The polling-thread core (queue pairs are handed to it).
     core: core::CoreHandle,
-    /// The meta service's handlers: what it refuses is told to clients at bootstrap.
-    meta: MetaHandler,
+    /// What one meta request may ask for: the lookups the server refuses are told to
+    /// clients at bootstrap.
+    request_limits: RequestLimits,
     /// Tears verbs queue pairs down when their client hangs up.
     hangups: HangupWatcher<(core::PeerKey, Arc<grants::Grant>)>,
     /// Tables retired because they could not be kept in step.
@@ -216,7 +218,8 @@ impl LookupService {
     ) -> Result<Arc<LookupService>, LookupError> {
         let verbs = config.verbs();
         let domains = open_wires(config.bind, verbs.as_ref(), "kvcm.lookup.verbs_device")?;
-        let core = core::start(&domains, meta.clone(), config.queue_pairs)?;
+        let request_limits = meta.request_limits();
+        let core = core::start(&domains, meta, config.queue_pairs)?;
         let listener = peers::bind(config.bind)?;
         let connect_addr = peers::local_addr(&listener)?;
         let hangups = watch_hangups(core.clone()).map_err(LookupError::Listener)?;
@@ -232,7 +235,7 @@ impl LookupService {
             hangups,
             core,
             tables_dropped: AtomicU64::new(0),
-            meta,
+            request_limits,
         });
         peers::serve(listener, Arc::downgrade(&service))?;
         let demoted = Arc::downgrade(&service);

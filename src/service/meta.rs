@@ -30,10 +30,9 @@ impl MetaHandler {
         MetaHandler { core }
     }
 
-    /// The most keys a GetCacheLocation of `instance` may ask for before it is refused
-    /// (see [`super::core::lookup_keys_allowed`]).
-    pub fn lookup_keys_allowed(&self, instance: &Instance) -> usize {
-        super::core::lookup_keys_allowed(&self.core.limits, instance)
+    /// What one request may ask for (`kvcm.service.max_keys_per_request`, ...).
+    pub fn request_limits(&self) -> crate::config::RequestLimits {
+        self.core.limits
     }
 
     /// The answer to a message-path Authenticate: OK when `credential` (an API key or admin
