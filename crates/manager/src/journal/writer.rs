@@ -70,6 +70,9 @@ struct State {
     last_writers: u64,
     /// Waits that returned, under `always`, for a ticket not yet synced (must stay 0).
     early_acknowledgements: u64,
+    /// Records were appended without waking the flusher (a lone writer's: its wait
+    /// flushes); a wait that cannot lead wakes it then.
+    unannounced: bool,
     stop: bool,
     /// Idle waits the flusher began (a test knows it asleep from this).
     #[cfg(test)]
@@ -108,6 +111,7 @@ impl Shared {
             return (state, None);
         };
         let batch = std::mem::take(&mut state.buffer);
+        state.unannounced = false;
         let upto = state.appended;
         let records = upto - state.durable;
         let writers = state.waiting.max(1);
@@ -181,6 +185,7 @@ impl LogWriter {
                 waiting: 0,
                 last_writers: 0,
                 early_acknowledgements: 0,
+                unannounced: false,
                 stop: false,
                 #[cfg(test)]
                 flusher_idle_waits: 0,
@@ -216,6 +221,7 @@ impl LogWriter {
         // it cannot lead wakes the flusher then (see `wait_counted`).
         let waiter_flushes =
             !matches!(self.shared.policy, FsyncPolicy::Every(_)) && state.last_writers <= 1;
+        state.unannounced = waiter_flushes;
         drop(state);
         if !waiter_flushes {
             self.shared.work.notify_one();
@@ -267,7 +273,8 @@ impl LogWriter {
                 _ => {
                     // The append may have left the flusher asleep (it expected a lone
                     // writer to flush); the records this wait needs must not stay put.
-                    if !state.buffer.is_empty() {
+                    if state.unannounced && !state.buffer.is_empty() {
+                        state.unannounced = false;
                         self.shared.work.notify_one();
                     }
                     wait_on(&self.shared.progress, state)
