@@ -255,8 +255,9 @@ fn a_session_due_before_every_open_one_expires_on_time() {
     let elapsed = started.elapsed();
     assert_eq!(failed.key, 2);
     assert!(elapsed >= Duration::from_secs(1), "{elapsed:?}");
+    // Not woken, the thread would sleep until the 30 s session's deadline.
     assert!(
-        elapsed <= Duration::from_millis(1100),
+        elapsed <= Duration::from_secs(5),
         "expiry lagged: {elapsed:?}"
     );
 }
