@@ -338,9 +338,12 @@ pub fn wire_status(failure: &Failure, api: &str, rules: Rules) -> (ErrorCode, St
 /// The wire code of a manager error under a service's rules.
 fn status_code(error: &ManagerError, rules: Rules) -> ErrorCode {
     match (error, rules) {
-        (ManagerError::InvalidField { .. } | ManagerError::InvalidStorage(_), _) => {
-            ErrorCode::InvalidArgument
-        }
+        (
+            ManagerError::InvalidField { .. }
+            | ManagerError::InvalidStorage(_)
+            | ManagerError::Index(IndexError::InvalidArgument(_)),
+            _,
+        ) => ErrorCode::InvalidArgument,
         // A write refused by the shared store's fence: a newer leader took over.
         (
             ManagerError::NotLeader

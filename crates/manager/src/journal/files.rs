@@ -26,8 +26,8 @@ pub(crate) const SNAPSHOT_MAGIC: [u8; 8] = *b"KVCMSNP\0";
 pub(crate) const HEADER_BYTES: u64 = 20;
 /// Bytes of a frame header.
 const FRAME_BYTES: usize = 8;
-/// The largest record accepted when reading (a batch of ~100k entries).
-const MAX_RECORD_BYTES: usize = 256 << 20;
+/// The largest record accepted when reading (a batch of ~100k entries), and so when writing.
+pub(crate) const MAX_RECORD_BYTES: usize = 256 << 20;
 
 /// The header of a new file.
 pub(crate) fn header(magic: [u8; 8], sequence: u64) -> Vec<u8> {
@@ -38,12 +38,20 @@ pub(crate) fn header(magic: [u8; 8], sequence: u64) -> Vec<u8> {
     bytes
 }
 
-/// Appends one framed record to `out`.
-pub(crate) fn frame(payload: &[u8], out: &mut Vec<u8>) {
-    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+/// Appends one framed record to `out`; refuses (appending nothing) a record larger than
+/// recovery reads.
+pub(crate) fn frame(payload: &[u8], out: &mut Vec<u8>) -> Result<(), JournalError> {
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|&len| len as usize <= MAX_RECORD_BYTES)
+        .ok_or(JournalError::RecordTooLarge {
+            bytes: payload.len(),
+            max: MAX_RECORD_BYTES,
+        })?;
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
     out.extend_from_slice(payload);
+    Ok(())
 }
 
 /// How reading a file ended.

@@ -152,6 +152,15 @@ pub enum JournalError {
         /// This node's token.
         token: u64,
     },
+    /// A record larger than recovery reads: written, it would read as damage there and cut
+    /// the log (every later record with it), so it is refused and its change not made.
+    #[error("a journal record of {bytes} bytes exceeds the {max}-byte limit; the change is refused (split the request)")]
+    RecordTooLarge {
+        /// The record's size.
+        bytes: usize,
+        /// The largest record recovery reads.
+        max: usize,
+    },
 }
 
 impl JournalError {

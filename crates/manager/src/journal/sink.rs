@@ -82,6 +82,9 @@ impl ChangeLog<Entry> for InstanceLog {
 fn index_error(error: JournalError) -> IndexError {
     match error {
         JournalError::Fenced { token } => IndexError::Fenced { token },
+        too_large @ JournalError::RecordTooLarge { .. } => {
+            IndexError::InvalidArgument(too_large.to_string())
+        }
         other => IndexError::Backend(other.to_string()),
     }
 }

@@ -165,7 +165,8 @@ impl SnapshotWriter {
 
     fn record(&mut self, record: &Record) -> std::io::Result<()> {
         self.frame.clear();
-        files::frame(&record.encode(), &mut self.frame);
+        files::frame(&record.encode(), &mut self.frame)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         self.records += 1;
         self.out.write_all(&self.frame)
     }

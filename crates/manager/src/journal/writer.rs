@@ -213,7 +213,7 @@ impl LogWriter {
         if let Some(failed) = &state.failed {
             return Err(JournalError::Failed(failed.clone()));
         }
-        files::frame(payload, &mut state.buffer);
+        files::frame(payload, &mut state.buffer)?;
         state.appended += 1;
         let ticket = LogTicket(state.appended);
         // A lone writer's wait flushes its own records: waking the flusher as well would
@@ -591,6 +591,26 @@ mod tests {
             );
         });
         assert_eq!(writer.stats().durable, 1);
+    }
+
+    #[test]
+    fn a_record_larger_than_recovery_reads_is_refused_and_the_writer_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = LogWriter::create(dir.path().into(), 1, FsyncPolicy::Never).unwrap();
+        let huge = vec![0u8; files::MAX_RECORD_BYTES + 1];
+        let refused = writer.append(&huge);
+        assert!(
+            matches!(refused, Err(JournalError::RecordTooLarge { bytes, .. }) if bytes == huge.len()),
+            "{refused:?}"
+        );
+        let ticket = writer.append(b"after").unwrap();
+        writer.wait(ticket).unwrap();
+        let stats = writer.stats();
+        assert_eq!((stats.appended, stats.durable), (1, 1), "{stats:?}");
+        assert_eq!(
+            stats.failure, None,
+            "a refused record does not fail the writer"
+        );
     }
 
     #[test]
