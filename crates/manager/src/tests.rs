@@ -742,6 +742,26 @@ fn sessions_of_a_removed_instance_do_not_count_against_a_later_instance_of_its_i
 }
 
 #[test]
+fn an_abandoned_session_of_more_keys_than_one_unwrite_batch_leaves_nothing() {
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    let keys: Vec<i64> = (0..2500).collect();
+    let started = fx
+        .manager
+        .start_write(&instance, keys, &[], 30)
+        .expect("start");
+    assert_eq!(started.locations.len(), 2500);
+    fx.manager
+        .abandon_write(&instance, &started.session_id)
+        .expect("abandoned");
+    assert_eq!(
+        instance.index.len().unwrap(),
+        0,
+        "every batch failed and deleted"
+    );
+    assert_eq!(instance.usage().total(), 0);
+}
+
+#[test]
 fn a_group_with_registered_instances_is_not_removed() {
     let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
     let refused = fx

@@ -28,6 +28,9 @@ const EMPTY_SESSION_LIFETIME: Duration = Duration::from_secs(10);
 
 /// When failing a session's blocks failed, how long until the next attempt.
 const FAIL_RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Keys per journal record when writes are failed (a record far below the journal's limit
+/// whatever a location holds).
+const UNWRITE_BATCH: usize = 1024;
 
 /// A new WRITING location of a key and the location as handed out.
 type NewLocation = (BlockKey, Location, BlockLocation);
@@ -310,9 +313,12 @@ impl Manager {
             Ok(())
         })?;
         let writes: Vec<&PendingWrite> = session.writes.iter().collect();
-        let moved = self.unwrite(&session.instance, &writes)?;
+        let (moved, unwritten) = self.unwrite(&session.instance, &writes);
         self.delete_at_once(&session.instance, moved);
-        Ok(())
+        if unwritten.is_err() {
+            self.retry_failing(&session.instance, &writes);
+        }
+        unwritten
     }
 
     /// Fails every block of an expired or abandoned session.
@@ -332,31 +338,41 @@ impl Manager {
     ) -> ManagerResult<()> {
         let failed = self.fail_writes(instance, writes);
         if failed.is_err() {
-            self.sessions.requeue(Session {
-                instance: instance.clone(),
-                writes: writes.iter().map(|w| (*w).clone()).collect(),
-                deadline: Instant::now() + FAIL_RETRY_DELAY,
-            });
+            self.retry_failing(instance, writes);
         }
         failed
     }
 
-    /// WRITING → DELETING for these writes, then queues their deletion.
-    fn fail_writes(&self, instance: &Arc<Instance>, writes: &[&PendingWrite]) -> ManagerResult<()> {
-        let moved = self.unwrite(instance, writes)?;
-        self.delete_later(instance, moved);
-        Ok(())
+    /// Queues `writes` as a session that expires after [`FAIL_RETRY_DELAY`], to be failed
+    /// again (those already failed are not selected twice: they are no longer WRITING).
+    fn retry_failing(&self, instance: &Arc<Instance>, writes: &[&PendingWrite]) {
+        self.sessions.requeue(Session {
+            instance: instance.clone(),
+            writes: writes.iter().map(|w| (*w).clone()).collect(),
+            deadline: Instant::now() + FAIL_RETRY_DELAY,
+        });
     }
 
-    /// Moves the WRITING locations of `writes` to DELETING; returns those that moved.
+    /// WRITING → DELETING for these writes, then queues the deletion of those that moved
+    /// (durably, even when a later batch failed).
+    fn fail_writes(&self, instance: &Arc<Instance>, writes: &[&PendingWrite]) -> ManagerResult<()> {
+        let (moved, unwritten) = self.unwrite(instance, writes);
+        self.delete_later(instance, moved);
+        unwritten
+    }
+
+    /// Moves the WRITING locations of `writes` to DELETING, [`UNWRITE_BATCH`] keys per
+    /// journal record (failing a session whose commit record was too large must not need
+    /// one as large); returns those that moved durably and, when a batch failed, its error.
     fn unwrite(
         &self,
         instance: &Instance,
         writes: &[&PendingWrite],
-    ) -> ManagerResult<Vec<(BlockKey, Location)>> {
+    ) -> (Vec<(BlockKey, Location)>, ManagerResult<()>) {
         let (keys, ids) = writes_by_key(writes);
+        let batches: Vec<Vec<BlockKey>> = keys.chunks(UNWRITE_BATCH).map(<[_]>::to_vec).collect();
         let to = LocationState::Deleting;
-        self.move_locations(instance, &keys, to, &mut |key, location| {
+        self.move_locations_in_batches(instance, &batches, to, &mut |key, location| {
             location.state == LocationState::Writing
                 && ids
                     .get(&key)
