@@ -636,6 +636,33 @@ fn entries_over_a_lowered_key_cap_are_freed_at_restart_and_the_rest_restored() {
     assert_eq!(left, kept);
 }
 
+#[test]
+fn a_record_of_many_deletions_replays() {
+    let deletions = Record::Entries {
+        instance_id: "i".into(),
+        changes: (0..4096).map(|key| (key, None)).collect(),
+    };
+    let decoded = Record::decode(&deletions.encode()).expect("decodes");
+    assert_eq!(decoded, deletions);
+
+    // End to end: the deleter's records of a large removal replay, nothing is skipped.
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    let keys: Vec<i64> = (1..=3000).collect();
+    write(&manager, &instance, &keys);
+    manager.remove_cache(&instance, &keys).expect("remove");
+    await_deleted(&instance);
+    drop((instance, manager));
+    let (manager, report) = reopen(dir.path());
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(
+        report.cleaned_locations, 0,
+        "no deletion is done twice: {report:?}"
+    );
+    assert!(uris(&manager, &keys).iter().all(Option::is_none));
+}
+
 fn meta_id(manager: &Manager, instance: &Arc<Instance>, key: i64) -> String {
     let meta = manager
         .get_cache_meta(instance, &[key], &BlockMask::default())
