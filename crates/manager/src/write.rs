@@ -28,8 +28,8 @@ const EMPTY_SESSION_LIFETIME: Duration = Duration::from_secs(10);
 
 /// When failing a session's blocks failed, how long until the next attempt.
 const FAIL_RETRY_DELAY: Duration = Duration::from_millis(200);
-/// Keys per journal record when writes are failed (a record far below the journal's limit
-/// whatever a location holds).
+/// Keys per journal record when writes are failed: bounded records, since failing follows
+/// a commit whose one record may have been refused as too large.
 const UNWRITE_BATCH: usize = 1024;
 
 /// A new WRITING location of a key and the location as handed out.
@@ -369,7 +369,9 @@ impl Manager {
         instance: &Instance,
         writes: &[&PendingWrite],
     ) -> (Vec<(BlockKey, Location)>, ManagerResult<()>) {
-        let (keys, ids) = writes_by_key(writes);
+        let (mut keys, ids) = writes_by_key(writes);
+        // Keys of one lock group together: each batch locks as few shards as it can.
+        keys.sort_unstable_by_key(|&key| (instance.index.lock_group(key), key));
         let batches: Vec<Vec<BlockKey>> = keys.chunks(UNWRITE_BATCH).map(<[_]>::to_vec).collect();
         let to = LocationState::Deleting;
         self.move_locations_in_batches(instance, &batches, to, &mut |key, location| {

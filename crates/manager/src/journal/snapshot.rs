@@ -11,10 +11,10 @@ use std::io::{BufWriter, Write};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use kvcm_index::ScanCursor;
+use kvcm_index::{BlockKey, ScanCursor};
 
 use super::files::{self, SNAPSHOT_MAGIC};
-use super::record::Record;
+use super::record::{DurableEntry, Record};
 use super::sink::durable_entry;
 use super::{Journal, JournalError};
 use crate::entry::StorageHandle;
@@ -58,9 +58,12 @@ impl Manager {
             .header(sequence)
             .and_then(|()| self.write_state(&mut out, &registered, &unfinished))
             .and_then(|()| out.finish());
-        let file = written.map_err(|e| JournalError::io(&temporary, e))?;
-        file.sync_data()
-            .map_err(|e| JournalError::io(&temporary, e))?;
+        written.and_then(|file| file.sync_data()).map_err(|e| {
+            // A partial snapshot is never read; it would only hold the disk until the
+            // next snapshot succeeds.
+            let _ = std::fs::remove_file(&temporary);
+            JournalError::io(&temporary, e)
+        })?;
         std::fs::rename(&temporary, &path).map_err(|e| JournalError::io(&path, e))?;
         files::sync_dir(&path)?;
         remove_before(dir, sequence)?;
@@ -142,13 +145,50 @@ fn write_instance(
                 Some((*key, Some(durable)))
             })
             .collect();
-        out.record(&Record::Entries {
-            instance_id: instance.id().to_string(),
-            changes,
-        })?;
+        write_entries(out, instance.id(), changes)?;
         cursor = page.next;
     }
     Ok(())
+}
+
+/// Writes `changes` as `Entries` records within the journal's record limit (see
+/// [`split_entries`]).
+fn write_entries(
+    out: &mut SnapshotWriter,
+    instance_id: &str,
+    changes: Vec<(BlockKey, Option<DurableEntry>)>,
+) -> std::io::Result<()> {
+    let limit = files::MAX_RECORD_BYTES;
+    split_entries(instance_id, changes, limit, &mut |payload| {
+        out.payload(payload)
+    })
+}
+
+/// Encodes `changes` as one `Entries` record or, when that record would pass `limit`
+/// bytes, as two halves (recursively), handing each encoded record to `emit`: only a single
+/// entry over the limit — which the live log refused — is handed on too large (and refused
+/// by the frame: the snapshot fails).
+fn split_entries(
+    instance_id: &str,
+    mut changes: Vec<(BlockKey, Option<DurableEntry>)>,
+    limit: usize,
+    emit: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let record = Record::Entries {
+        instance_id: instance_id.to_string(),
+        changes,
+    };
+    let payload = record.encode();
+    if payload.len() <= limit {
+        return emit(&payload);
+    }
+    match record {
+        Record::Entries { changes: all, .. } if all.len() >= 2 => changes = all,
+        _ => return emit(&payload),
+    }
+    let second = changes.split_off(changes.len() / 2);
+    split_entries(instance_id, changes, limit, emit)?;
+    split_entries(instance_id, second, limit, emit)
 }
 
 /// A snapshot file being written.
@@ -164,8 +204,13 @@ impl SnapshotWriter {
     }
 
     fn record(&mut self, record: &Record) -> std::io::Result<()> {
+        self.payload(&record.encode())
+    }
+
+    /// Writes one encoded record.
+    fn payload(&mut self, payload: &[u8]) -> std::io::Result<()> {
         self.frame.clear();
-        files::frame(&record.encode(), &mut self.frame)
+        files::frame(payload, &mut self.frame)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
         self.records += 1;
         self.out.write_all(&self.frame)
@@ -220,4 +265,40 @@ pub(crate) fn spawn_snapshotter(
     spawned
         .map(drop)
         .map_err(|e| JournalError::Thread(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_past_the_record_limit_are_split_into_records_within_it() {
+        let changes: Vec<(BlockKey, Option<DurableEntry>)> = (0..20).map(|k| (k, None)).collect();
+        let mut payloads: Vec<Vec<u8>> = Vec::new();
+        split_entries("i", changes, 64, &mut |payload| {
+            payloads.push(payload.to_vec());
+            Ok(())
+        })
+        .unwrap();
+        assert!(payloads.len() > 1, "split");
+        let mut keys = Vec::new();
+        for payload in &payloads {
+            assert!(payload.len() <= 64, "{} bytes", payload.len());
+            match Record::decode(payload).unwrap() {
+                Record::Entries {
+                    instance_id,
+                    changes,
+                } => {
+                    assert_eq!(instance_id, "i");
+                    keys.extend(changes.into_iter().map(|(key, _)| key));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            keys,
+            (0..20).collect::<Vec<BlockKey>>(),
+            "every change, in order"
+        );
+    }
 }
