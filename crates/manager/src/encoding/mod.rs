@@ -11,9 +11,9 @@
 //! every location with parts in strictly increasing spec order). Registry objects decode as
 //! data: whoever restores them registers them through the same validation as a client's
 //! request (AddStorage, CreateInstanceGroup, RegisterInstance), so a damaged record is refused
-//! there, with the reason. Known limit of the allocation budget: a list of many strings of one
-//! or two bytes costs more memory (24 B per `String`) than 4× its encoding earns, so a group
-//! with ~100 one-letter storage candidates and little else would be refused as `TooLarge`.
+//! there, with the reason. The allocation budget fits the densest lists the journal writes: a
+//! `String` (24 B) costs at least 4 bytes of length, a deletion in an `Entries` record (a
+//! 56-byte element) 9 bytes.
 //!
 //! Versions: v1 is the first format; v2 adds the writer's checksums to entry locations and
 //! upstream trunk's `extra_info` / `revisit_interval_buckets` to instance groups; v3 adds
