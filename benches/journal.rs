@@ -3,7 +3,8 @@
 //! storage, the journal under a temp data directory on this machine's disk), with fsync
 //! `always`, `10ms` and `never`, by 1 and 8 concurrent writers — beside a bare loop that
 //! appends one record of the journal's mean record size and fdatasyncs it, in the same
-//! directory.
+//! directory (the issue's floor), and the same loop over zeros written ahead (what the
+//! disk does for a sync that commits no file size: the journal's segments are written so).
 //!
 //! `cargo bench --bench journal` (`KVCM_BENCH_WRITES` sets the writes per case, default 2000).
 //! Targets (issue 10): one writer's acknowledged call p50 ≤ 1.2× one bare fdatasync; 8
@@ -17,6 +18,7 @@
 mod redis_support;
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -182,16 +184,23 @@ fn shared_store(writes: usize) {
     print("shared store, 8 writers", &on_fresh_redis(8), &floor);
 }
 
-/// The floor: append `record_bytes` and fdatasync, `count` times, one record per sync.
-fn bare_fdatasync(record_bytes: u64, count: usize) -> Run {
+/// The floor: write `record_bytes` and fdatasync, `count` times, one record per sync —
+/// appended to a growing file (`ahead` false: each sync commits the new size too), or over
+/// zeros written ahead (`ahead` true: the data alone, as the journal's segments do).
+fn bare_fdatasync(record_bytes: u64, count: usize, ahead: bool) -> Run {
     let dir = tempfile::tempdir_in(".").expect("temp dir");
     let mut file = std::fs::File::create(dir.path().join("bare.log")).expect("file");
+    if ahead {
+        file.write_all(&vec![0; record_bytes as usize * count])
+            .and_then(|()| file.sync_all())
+            .expect("zeros ahead");
+    }
     let record = vec![0x5a; record_bytes as usize];
     let began = Instant::now();
-    let calls = (0..count)
-        .map(|_| {
+    let calls = (0..count as u64)
+        .map(|i| {
             let timed = Instant::now();
-            file.write_all(&record).expect("write");
+            file.write_all_at(&record, i * record_bytes).expect("write");
             file.sync_data().expect("fdatasync");
             timed.elapsed()
         })
@@ -221,15 +230,19 @@ fn main() {
         .unwrap_or(2000);
     let journal = |fsync| Keeping::Journal(fsync);
     let one_always = journaled(journal(FsyncPolicy::Always), 1, writes);
-    let floor = bare_fdatasync(one_always.mean_record_bytes, writes);
-    println!(
-        "floor: bare append of {} B + fdatasync, one record per sync: {:.0} records/s, p50 {:.1} us, p99 {:.1} us",
-        floor.mean_record_bytes,
-        floor.per_second(),
-        floor.percentile(0.5).as_secs_f64() * 1e6,
-        floor.percentile(0.99).as_secs_f64() * 1e6,
-    );
+    let floor = bare_fdatasync(one_always.mean_record_bytes, writes, false);
+    let ahead = bare_fdatasync(one_always.mean_record_bytes, writes, true);
+    for (how, run) in [("append", &floor), ("write over zeros", &ahead)] {
+        println!(
+            "floor: bare {how} of {} B + fdatasync, one record per sync: {:.0} records/s, p50 {:.1} us, p99 {:.1} us",
+            run.mean_record_bytes,
+            run.per_second(),
+            run.percentile(0.5).as_secs_f64() * 1e6,
+            run.percentile(0.99).as_secs_f64() * 1e6,
+        );
+    }
     print("always, 1 writer", &one_always, &floor);
+    print("  against zeros ahead", &one_always, &ahead);
     print(
         "always, 8 writers",
         &journaled(journal(FsyncPolicy::Always), 8, writes),

@@ -4,11 +4,15 @@
 //! Header (20 bytes): an 8-byte magic (`KVCMWAL\0` for a log segment, `KVCMSNP\0` for a
 //! snapshot), the format version (`u32` LE) and the file's sequence number (`u64` LE).
 //! Record frame: payload length (`u32` LE), CRC-32 (IEEE) of the payload (`u32` LE), payload.
+//! A frame header of eight zero bytes ends the records like the end of the file: from
+//! version 2 on a log segment is written ahead with zeros (see [`super::segment`]), and no
+//! record is empty (each starts with its tag byte).
 //!
 //! Invariants: [`FORMAT_VERSION`] is the only version written; a file of a newer version is
-//! refused (a downgrade is refused, never misread), older versions are read. Reading stops at
-//! the first frame that is incomplete or fails its checksum and reports where the valid
-//! prefix ends, so a torn tail is cut there and nothing after it is trusted.
+//! refused (a downgrade is refused, never misread: a version-1 reader would take the zeros
+//! for records), older versions are read. Reading stops at the first frame that is
+//! incomplete or fails its checksum and reports where the valid prefix ends, so a torn tail
+//! is cut there and nothing after it is trusted.
 
 use std::fs::File;
 use std::io::{BufReader, ErrorKind, Read, Write};
@@ -17,7 +21,7 @@ use std::path::{Path, PathBuf};
 use super::JournalError;
 
 /// The format version this build writes (and the newest it reads).
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub(crate) const FORMAT_VERSION: u32 = 2;
 /// Magic of a log segment.
 pub(crate) const LOG_MAGIC: [u8; 8] = *b"KVCMWAL\0";
 /// Magic of a snapshot.
@@ -26,6 +30,8 @@ pub(crate) const SNAPSHOT_MAGIC: [u8; 8] = *b"KVCMSNP\0";
 pub(crate) const HEADER_BYTES: u64 = 20;
 /// Bytes of a frame header.
 const FRAME_BYTES: usize = 8;
+/// The frame header that ends a file's records (zeros written ahead of them).
+const END_OF_RECORDS: [u8; FRAME_BYTES] = [0; FRAME_BYTES];
 /// The largest record accepted when reading (a batch of ~100k entries), and so when writing.
 pub(crate) const MAX_RECORD_BYTES: usize = 256 << 20;
 
@@ -39,8 +45,11 @@ pub(crate) fn header(magic: [u8; 8], sequence: u64) -> Vec<u8> {
 }
 
 /// Appends one framed record to `out`; refuses (appending nothing) a record larger than
-/// recovery reads.
+/// recovery reads, and an empty one (its frame would read as the end of the records).
 pub(crate) fn frame(payload: &[u8], out: &mut Vec<u8>) -> Result<(), JournalError> {
+    if payload.is_empty() {
+        return Err(JournalError::EmptyRecord);
+    }
     let len = u32::try_from(payload.len())
         .ok()
         .filter(|&len| len as usize <= MAX_RECORD_BYTES)
@@ -66,8 +75,8 @@ pub(crate) struct ReadEnd {
 }
 
 /// Reads the records of `path` (a file with `magic`), calling `record` on each payload in
-/// order. A damaged header is an error; a damaged or torn record ends the read (reported in
-/// [`ReadEnd::damage`]).
+/// order, up to the end of the file or a zero frame header. A damaged header is an error; a
+/// damaged or torn record ends the read (reported in [`ReadEnd::damage`]).
 pub(crate) fn read_records(
     path: &Path,
     magic: [u8; 8],
@@ -86,6 +95,7 @@ pub(crate) fn read_records(
         let mut frame_header = [0u8; FRAME_BYTES];
         match read_full(&mut input, &mut frame_header).map_err(|e| JournalError::io(path, e))? {
             0 => return Ok(end),
+            FRAME_BYTES if frame_header == END_OF_RECORDS => return Ok(end),
             FRAME_BYTES => {}
             partial => {
                 end.damage = Some(format!("a torn frame header ({partial} bytes)"));

@@ -30,6 +30,7 @@
 mod files;
 mod record;
 mod recover;
+mod segment;
 mod shared;
 mod sink;
 mod snapshot;
@@ -161,6 +162,10 @@ pub enum JournalError {
         /// The largest record recovery reads.
         max: usize,
     },
+    /// An empty record: its frame would read as the end of the log (every record starts
+    /// with its tag byte, so only a bug gets here).
+    #[error("an empty journal record is refused (it would read as the end of the log)")]
+    EmptyRecord,
 }
 
 impl JournalError {

@@ -687,7 +687,9 @@ fn a_torn_or_flipped_tail_is_cut_at_the_last_valid_record_and_reported() {
         drop((instance, manager));
         let segment = last_segment(dir.path());
         let mut bytes = std::fs::read(&segment).unwrap();
-        let len = bytes.len();
+        // The records end before the zeros written ahead of them.
+        let end = files::read_records(&segment, files::LOG_MAGIC, |_| {}).unwrap();
+        let len = end.valid_bytes as usize;
         match damage {
             "torn" => bytes.truncate(len - 3),
             _ => bytes[len - 3] ^= 0x10,
@@ -854,6 +856,24 @@ fn a_newer_format_is_refused() {
     std::fs::write(&segment, &bytes).unwrap();
     let error = manager().open_journal(config(dir.path())).unwrap_err();
     assert!(error.to_string().contains("downgrade"), "{error}");
+}
+
+#[test]
+fn a_version_1_segment_without_zeros_written_ahead_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2]);
+    drop((instance, manager));
+    let segment = last_segment(dir.path());
+    let end = files::read_records(&segment, files::LOG_MAGIC, |_| {}).unwrap();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes.truncate(end.valid_bytes as usize);
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&segment, &bytes).unwrap();
+    let (manager, report) = reopen(dir.path());
+    assert!(report.cut.is_empty(), "{report:?}");
+    assert!(uris(&manager, &[1, 2]).iter().all(Option::is_some));
 }
 
 #[test]

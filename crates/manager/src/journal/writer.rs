@@ -22,8 +22,8 @@
 //!   ticket gets the error (writes are refused; reads go on), and what reaches the disk is a
 //!   prefix of the appends. A restart replays that prefix.
 
+#[cfg(test)]
 use std::fs::File;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 
 use kvcm_index::LogTicket;
 
-use super::files::{self, LOG_MAGIC};
+use super::files;
+use super::segment::Segment;
 use super::{FsyncPolicy, JournalError, JournalStats};
 
 /// The appended, not yet flushed records and the writer's progress.
@@ -45,7 +46,7 @@ struct State {
     /// Why the writer failed, once it did.
     failed: Option<String>,
     /// The open segment, `None` while a flush or a rotation holds it.
-    file: Option<File>,
+    file: Option<Segment>,
     /// Sequence number of the open segment.
     segment: u64,
     /// Bytes written to segments since the last rotation.
@@ -115,11 +116,11 @@ impl Shared {
         let upto = state.appended;
         let records = upto - state.durable;
         let writers = state.waiting.max(1);
-        let segment = state.segment;
         drop(state);
         let written = file
-            .write_all(&batch)
-            .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+            .write(&batch)
+            .and_then(|()| if sync { file.sync() } else { Ok(()) })
+            .map_err(|error| format!("writing {}: {error}", file.path().display()));
         let mut state = self.lock();
         state.file = Some(file);
         state.flushes += 1;
@@ -136,8 +137,7 @@ impl Shared {
                 Some(records)
             }
             Err(error) => {
-                let path = files::segment_path(&self.dir, segment);
-                state.failed = Some(format!("writing {}: {error}", path.display()));
+                state.failed = Some(error);
                 None
             }
         };
@@ -165,8 +165,7 @@ pub(crate) struct LogWriter {
 impl LogWriter {
     /// Creates segment `segment` in `dir` and starts the flusher.
     pub fn create(dir: PathBuf, segment: u64, policy: FsyncPolicy) -> Result<Self, JournalError> {
-        let path = files::segment_path(&dir, segment);
-        let file = files::create_durable(&path, &files::header(LOG_MAGIC, segment))?;
+        let file = Segment::create(&dir, segment)?;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 buffer: Vec::with_capacity(1 << 16),
@@ -299,13 +298,11 @@ impl LogWriter {
         };
         let next = state.segment + 1;
         let rotated = (|| {
-            let old = files::segment_path(&self.shared.dir, state.segment);
-            file.write_all(&state.buffer)
-                .and_then(|()| file.sync_data())
-                .map_err(|e| JournalError::io(&old, e))?;
+            file.write(&state.buffer)
+                .and_then(|()| file.close())
+                .map_err(|e| JournalError::io(file.path(), e))?;
             state.bytes += state.buffer.len() as u64;
-            let path = files::segment_path(&self.shared.dir, next);
-            files::create_durable(&path, &files::header(LOG_MAGIC, next))
+            Segment::create(&self.shared.dir, next)
         })();
         match rotated {
             Ok(new_file) => {
@@ -351,12 +348,12 @@ impl LogWriter {
     #[cfg(test)]
     pub fn replace_file(&self, file: File) {
         drop(self.hold_file());
-        self.put_back(file);
+        self.put_back(Segment::over(file));
     }
 
     /// Takes the segment out of the writer (no flush can run) until [`LogWriter::put_back`].
     #[cfg(test)]
-    fn hold_file(&self) -> File {
+    fn hold_file(&self) -> Segment {
         let mut state = self.shared.lock();
         loop {
             if let Some(file) = state.file.take() {
@@ -368,7 +365,7 @@ impl LogWriter {
 
     /// Gives the writer `file` to flush to, and wakes whoever waits for one.
     #[cfg(test)]
-    fn put_back(&self, file: File) {
+    fn put_back(&self, file: Segment) {
         self.shared.lock().file = Some(file);
         self.shared.progress.notify_all();
         self.shared.work.notify_all();
@@ -381,6 +378,14 @@ impl Drop for LogWriter {
         self.shared.work.notify_all();
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
+        }
+        // A clean stop cuts the segment's zeros (a failed one leaves the file as it is: the
+        // zeros read as the end of the log all the same).
+        let mut state = self.shared.lock();
+        if state.failed.is_none() && state.buffer.is_empty() {
+            if let Some(file) = state.file.as_mut() {
+                let _ = file.close();
+            }
         }
     }
 }
@@ -447,7 +452,7 @@ impl<'a> Flusher<'a> {
             .unwrap_or_else(PoisonError::into_inner);
         if self.last_sync.elapsed() >= period {
             if let Some(file) = &state.file {
-                match file.sync_data() {
+                match file.sync() {
                     Ok(()) => state.synced = state.durable,
                     Err(error) => {
                         state.failed = Some(format!("syncing the journal: {error}"));
