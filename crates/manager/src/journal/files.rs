@@ -29,7 +29,7 @@ pub(crate) const SNAPSHOT_MAGIC: [u8; 8] = *b"KVCMSNP\0";
 /// Bytes of a file header.
 pub(crate) const HEADER_BYTES: u64 = 20;
 /// Bytes of a frame header.
-const FRAME_BYTES: usize = 8;
+pub(crate) const FRAME_BYTES: usize = 8;
 /// The frame header that ends a file's records (zeros written ahead of them).
 const END_OF_RECORDS: [u8; FRAME_BYTES] = [0; FRAME_BYTES];
 /// The largest record accepted when reading (a batch of ~100k entries), and so when writing.
@@ -72,11 +72,15 @@ pub(crate) struct ReadEnd {
     pub valid_bytes: u64,
     /// Why reading stopped before the end of the file, if it did.
     pub damage: Option<String>,
+    /// The records ended at zeros written ahead of them (only zeros follow to the end of
+    /// the file), not at the end of the file.
+    pub zeros_after: bool,
 }
 
 /// Reads the records of `path` (a file with `magic`), calling `record` on each payload in
-/// order, up to the end of the file or a zero frame header. A damaged header is an error; a
-/// damaged or torn record ends the read (reported in [`ReadEnd::damage`]).
+/// order, up to the end of the file or, from version 2 on, a zero frame header followed by
+/// nothing but zeros ([`ReadEnd::zeros_after`]). A damaged header is an error; a damaged or
+/// torn record, or data after such zeros, ends the read (reported in [`ReadEnd::damage`]).
 pub(crate) fn read_records(
     path: &Path,
     magic: [u8; 8],
@@ -84,18 +88,26 @@ pub(crate) fn read_records(
 ) -> Result<ReadEnd, JournalError> {
     let file = File::open(path).map_err(|e| JournalError::io(path, e))?;
     let mut input = BufReader::with_capacity(1 << 20, file);
-    let sequence = read_header(&mut input, path, magic)?;
+    let (sequence, version) = read_header(&mut input, path, magic)?;
     let mut end = ReadEnd {
         sequence,
         valid_bytes: HEADER_BYTES,
         damage: None,
+        zeros_after: false,
     };
     let mut payload = Vec::new();
     loop {
         let mut frame_header = [0u8; FRAME_BYTES];
         match read_full(&mut input, &mut frame_header).map_err(|e| JournalError::io(path, e))? {
             0 => return Ok(end),
-            FRAME_BYTES if frame_header == END_OF_RECORDS => return Ok(end),
+            FRAME_BYTES if version >= 2 && frame_header == END_OF_RECORDS => {
+                if only_zeros_left(&mut input).map_err(|e| JournalError::io(path, e))? {
+                    end.zeros_after = true;
+                } else {
+                    end.damage = Some("data after zeros that end the records".to_string());
+                }
+                return Ok(end);
+            }
             FRAME_BYTES => {}
             partial => {
                 end.damage = Some(format!("a torn frame header ({partial} bytes)"));
@@ -123,7 +135,26 @@ pub(crate) fn read_records(
     }
 }
 
-fn read_header(input: &mut impl Read, path: &Path, magic: [u8; 8]) -> Result<u64, JournalError> {
+/// Whether everything left in `input` is zero bytes.
+fn only_zeros_left(input: &mut impl Read) -> std::io::Result<bool> {
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        let read = read_full(input, &mut chunk)?;
+        if chunk[..read].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        if read < chunk.len() {
+            return Ok(true);
+        }
+    }
+}
+
+/// The header's sequence number and format version.
+fn read_header(
+    input: &mut impl Read,
+    path: &Path,
+    magic: [u8; 8],
+) -> Result<(u64, u32), JournalError> {
     let mut bytes = [0u8; HEADER_BYTES as usize];
     let read = read_full(input, &mut bytes).map_err(|e| JournalError::io(path, e))?;
     let damaged = |why: &str| JournalError::Damaged {
@@ -144,7 +175,10 @@ fn read_header(input: &mut impl Read, path: &Path, magic: [u8; 8]) -> Result<u64
             newest: FORMAT_VERSION,
         });
     }
-    Ok(u64::from_le_bytes(bytes[12..].try_into().expect("8 bytes")))
+    Ok((
+        u64::from_le_bytes(bytes[12..].try_into().expect("8 bytes")),
+        version,
+    ))
 }
 
 /// Reads until `buf` is full or the input ends; returns the bytes read.

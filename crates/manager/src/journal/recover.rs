@@ -236,14 +236,26 @@ pub(crate) fn read_journal(
         }
     }
     let mut last = start.max(listing.snapshots.last().map_or(0, |(s, _)| *s));
+    let newest_file = listing.segments.last().map_or(0, |(s, _)| *s);
     let mut segments = listing.segments.iter().filter(|(s, _)| *s >= start);
     for (sequence, path) in segments.by_ref() {
         last = last.max(*sequence);
         report.segments += 1;
-        let end = read_segment(path, &mut replay, report)?;
+        let mut end = read_segment(path, &mut replay, report)?;
+        // Only the newest segment is ever left with zeros after its records (a rotation
+        // cuts them before the next segment exists, and so does this recovery, below):
+        // zeros ending an older one are lost records.
+        if end.zeros_after && *sequence != newest_file {
+            end.damage = Some("zeros before the end of a segment that is not the last".into());
+        }
         if let Some(damage) = &end.damage {
             cut_tail(path, &end, damage, report)?;
             break;
+        }
+        if end.zeros_after {
+            // The zeros a crash left after the newest segment's records go before a new
+            // segment follows it.
+            truncate_durably(path, end.valid_bytes)?;
         }
     }
     for (sequence, path) in segments {
@@ -256,7 +268,6 @@ pub(crate) fn read_journal(
             aside.display()
         ));
     }
-    let newest_file = listing.segments.last().map_or(0, |(s, _)| *s);
     report.next_sequence = last.max(newest_file) + 1;
     Ok(replay)
 }
@@ -282,9 +293,21 @@ fn read_segment(
             sequence: 0,
             valid_bytes: 0,
             damage: Some(reason),
+            zeros_after: false,
         }),
         other => other,
     }
+}
+
+/// Truncates `path` to `len` bytes, durably.
+fn truncate_durably(path: &std::path::Path, len: u64) -> Result<(), JournalError> {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| JournalError::io(path, e))?;
+    file.set_len(len)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| JournalError::io(path, e))
 }
 
 /// Truncates a damaged segment to its valid prefix (a file whose header is damaged is set
@@ -299,13 +322,7 @@ fn cut_tail(
         let aside = path.with_extension("log.discarded");
         std::fs::rename(path, &aside).map_err(|e| JournalError::io(path, e))?;
     } else {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(|e| JournalError::io(path, e))?;
-        file.set_len(end.valid_bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| JournalError::io(path, e))?;
+        truncate_durably(path, end.valid_bytes)?;
     }
     report.cut.push(format!(
         "{}: {damage}; cut at byte {}",

@@ -11,19 +11,22 @@
 //! changes the file's block map.
 //!
 //! Readers see the zeros as the end of the log: a frame header of eight zero bytes (an empty
-//! record with the checksum of nothing, which the writer never writes) ends a segment's
-//! records like the end of the file (see [`super::files::read_records`]).
+//! record with the checksum of nothing, which the writer never writes) followed by nothing
+//! but zeros ends a segment's records like the end of the file (see
+//! [`super::files::read_records`]).
 //!
-//! Invariants: records are written at [`Segment::written`], in order, and never past the
-//! zeros' end without extending them in the same flush; a closed segment is cut at the end
-//! of its records (a crash before the cut leaves zeros, which read the same).
+//! Invariants: records are written at `written`, in order, always followed by at least one
+//! zero frame header before the end of the file (extended in the same flush otherwise); a
+//! rotated segment is cut at the end of its records before the next one exists, and
+//! recovery cuts the newest one's zeros before it starts a new one — so only the newest
+//! segment ever ends in zeros, and zeros ending any other are damage.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::files::{self, HEADER_BYTES, LOG_MAGIC};
+use super::files::{self, FRAME_BYTES, HEADER_BYTES, LOG_MAGIC};
 use super::JournalError;
 
 /// Zeros written ahead of the records, at creation and at each extension.
@@ -60,7 +63,9 @@ impl Segment {
     /// them when they would reach the end of the zeros.
     pub fn write(&mut self, records: &[u8]) -> io::Result<()> {
         let end = self.written + records.len() as u64;
-        if end > self.allocated {
+        // A whole zero frame header must follow the records: fewer zeros before the end of
+        // the file would read as a torn frame.
+        if end + FRAME_BYTES as u64 > self.allocated {
             let zeros = vec![0u8; PREALLOCATED_BYTES as usize];
             self.file.write_all_at(&zeros, end)?;
             self.allocated = end + PREALLOCATED_BYTES;
@@ -75,8 +80,8 @@ impl Segment {
         self.file.sync_data()
     }
 
-    /// Cuts the zeros after the records and syncs: the segment is done (a later write
-    /// would extend it again).
+    /// Cuts the zeros after the records and syncs (a rotation: the segment is done; a later
+    /// write would extend it again).
     pub fn close(&mut self) -> io::Result<()> {
         self.file.set_len(self.written)?;
         self.allocated = self.written;
@@ -164,6 +169,58 @@ mod tests {
             read_back(&path).0.len(),
             4,
             "a write after close extends again"
+        );
+    }
+
+    #[test]
+    fn records_ending_within_a_frame_header_of_the_zeros_end_extend_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 1).unwrap();
+        let path = segment.path().to_path_buf();
+        // One record whose frame ends 3 bytes before the end of the file.
+        let payload = vec![1u8; PREALLOCATED_BYTES as usize - 3 - FRAME_BYTES];
+        segment.write(&framed(&[&payload])).unwrap();
+        let written = HEADER_BYTES + PREALLOCATED_BYTES - 3;
+        assert_eq!(file_len(&path), written + PREALLOCATED_BYTES);
+        let (payloads, end) = read_back(&path);
+        assert_eq!(payloads.len(), 1);
+        assert_eq!((end.damage, end.zeros_after), (None, true));
+    }
+
+    #[test]
+    fn data_after_the_zeros_that_end_the_records_is_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 1).unwrap();
+        let path = segment.path().to_path_buf();
+        let records = framed(&[b"kept"]);
+        segment.write(&records).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(b"stray", HEADER_BYTES + records.len() as u64 + 4096)
+            .unwrap();
+        let (payloads, end) = read_back(&path);
+        assert_eq!(payloads, [b"kept".to_vec()]);
+        assert_eq!(end.valid_bytes, HEADER_BYTES + records.len() as u64);
+        assert!(!end.zeros_after);
+        assert_eq!(
+            end.damage.as_deref(),
+            Some("data after zeros that end the records")
+        );
+    }
+
+    #[test]
+    fn zeros_end_the_records_of_version_2_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 1).unwrap();
+        let path = segment.path().to_path_buf();
+        segment.write(&framed(&[b"kept"])).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&1u32.to_le_bytes(), 8).unwrap();
+        let (payloads, end) = read_back(&path);
+        assert!(!end.zeros_after, "version 1 wrote no zeros ahead");
+        assert_eq!(payloads[0], b"kept");
+        assert!(
+            payloads[1..].iter().all(Vec::is_empty),
+            "a version-1 file reads zeros as it always did: empty records"
         );
     }
 

@@ -859,6 +859,36 @@ fn a_newer_format_is_refused() {
 }
 
 #[test]
+fn zeros_ending_a_segment_that_is_not_the_newest_are_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = registered(dir.path());
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, &[1, 2]);
+    drop((instance, manager));
+    // The newest segment still ends in the zeros written ahead (no rotation cut them); a
+    // later segment beside it can only mean its records were lost.
+    let (sequence, _) = *files::list(&dir.path().join("meta"))
+        .unwrap()
+        .segments
+        .last()
+        .unwrap();
+    let later = files::segment_path(&dir.path().join("meta"), sequence + 1);
+    std::fs::write(&later, files::header(files::LOG_MAGIC, sequence + 1)).unwrap();
+    let (manager, report) = reopen(dir.path());
+    assert_eq!(report.cut.len(), 2, "{report:?}");
+    assert!(
+        report.cut[0].contains("zeros before the end of a segment that is not the last"),
+        "{report:?}"
+    );
+    assert!(report.cut[1].contains("set aside"), "{report:?}");
+    assert!(later.with_extension("log.discarded").exists());
+    assert!(
+        uris(&manager, &[1, 2]).iter().all(Option::is_some),
+        "the records before the zeros are restored"
+    );
+}
+
+#[test]
 fn a_version_1_segment_without_zeros_written_ahead_is_read() {
     let dir = tempfile::tempdir().unwrap();
     let manager = registered(dir.path());

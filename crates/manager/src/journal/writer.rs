@@ -379,14 +379,6 @@ impl Drop for LogWriter {
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
-        // A clean stop cuts the segment's zeros (a failed one leaves the file as it is: the
-        // zeros read as the end of the log all the same).
-        let mut state = self.shared.lock();
-        if state.failed.is_none() && state.buffer.is_empty() {
-            if let Some(file) = state.file.as_mut() {
-                let _ = file.close();
-            }
-        }
     }
 }
 
