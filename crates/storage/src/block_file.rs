@@ -132,6 +132,14 @@ fn punch(file: &File, range: BlockRange) -> nix::Result<()> {
 thread_local! {
     /// Test seam: makes this thread's punches fail as on a mount without hole punching.
     static PUNCH_UNSUPPORTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Test seam: makes this thread's unlinks fail with `EIO`.
+    static UNLINK_FAILS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Test seam: while `failing`, unlinks on this thread fail with `EIO`.
+#[cfg(test)]
+pub(crate) fn set_unlink_fails(failing: bool) {
+    UNLINK_FAILS.set(failing);
 }
 
 /// Test seam: while `unsupported`, punches on this thread fail with `EOPNOTSUPP` (as on
@@ -143,6 +151,13 @@ pub(crate) fn set_punch_unsupported(unsupported: bool) {
 
 /// Unlinks `path`; a missing file is fine.
 pub(crate) fn remove_if_present(path: &Path) -> Result<(), StorageError> {
+    #[cfg(test)]
+    if UNLINK_FAILS.get() {
+        return Err(io_error(
+            path,
+            std::io::Error::from_raw_os_error(Errno::EIO as i32),
+        ));
+    }
     match fs::remove_file(path) {
         Err(e) if e.kind() != ErrorKind::NotFound => Err(io_error(path, e)),
         _ => Ok(()),

@@ -241,6 +241,28 @@ impl LiveBlocks {
         Ok(())
     }
 
+    /// Calls `finish` for the file `name` if it is still tracked with no block held (its
+    /// unlink failed on the release that freed it) and stops tracking it when `finish`
+    /// succeeds; `Ok(false)` without calling it when there is nothing to finish (the file is
+    /// not tracked, or an allocation took a block of it again).
+    pub(crate) fn finish_unreferenced<E>(
+        &self,
+        name: &str,
+        finish: impl FnOnce() -> Result<(), E>,
+    ) -> Result<bool, E> {
+        let (hash, index) = self.place(name);
+        let mut shard = lock(&self.shards[index]);
+        let Some(slot) = shard.find(hash, name) else {
+            return Ok(false);
+        };
+        if !shard.record(slot).is_unreferenced() {
+            return Ok(false);
+        }
+        finish()?;
+        shard.remove(hash, slot);
+        Ok(true)
+    }
+
     /// Calls `with` on the name of the file tracked under `id` in `generation` (`None` when
     /// that file is no longer tracked, even if another file now has the id).
     pub(crate) fn with_name<T>(

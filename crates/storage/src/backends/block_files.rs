@@ -12,11 +12,17 @@
 //! on recovery) touches nothing, and an allocation refuses a file that exists untracked
 //! (`StorageError::Foreign`) instead of writing into someone else's bytes.
 //!
+//! An unlink that fails (an I/O error, a mount gone read-only) leaves the file tracked with
+//! no block held; it is tried again after each healthy probe until it succeeds or an
+//! allocation takes a block of the file again (not across a restart: the journal holds no
+//! record of such a file).
+//!
 //! Invariant: `delete` only touches paths below the base, named by URIs with this backend's
 //! scheme and storage name; all URIs are checked before any is acted on.
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use crate::block_file::{self, BlockRange, KnownDirs};
 use crate::live_blocks::{LiveBlocks, Remaining};
@@ -44,6 +50,8 @@ pub(crate) struct BlockFileStorage {
     live: LiveBlocks,
     /// Parent directories of block files seen to exist lately.
     known_dirs: KnownDirs,
+    /// Files whose unlink failed: their names below the base and paths.
+    failed_unlinks: Mutex<Vec<(String, PathBuf)>>,
 }
 
 /// The file and block a URI names.
@@ -90,6 +98,7 @@ impl BlockFileStorage {
                 touch_files: false,
                 live: LiveBlocks::default(),
                 known_dirs: KnownDirs::default(),
+                failed_unlinks: Mutex::default(),
                 config: config.clone(),
             }),
             StorageSpec::ThreeFs {
@@ -111,6 +120,7 @@ impl BlockFileStorage {
                 touch_files: *touch_file_when_create,
                 live: LiveBlocks::default(),
                 known_dirs: KnownDirs::default(),
+                failed_unlinks: Mutex::default(),
                 config: config.clone(),
             }),
             other => Err(StorageError::Unsupported(other.kind())),
@@ -293,7 +303,7 @@ impl BlockFileStorage {
             return self
                 .live
                 .release(&located.name, 0, |remaining| match remaining {
-                    Remaining::FileFreed => block_file::remove_if_present(path),
+                    Remaining::FileFreed => self.unlink(located),
                     Remaining::BlockHeld | Remaining::BlockFreed | Remaining::Untracked => Ok(()),
                 });
         };
@@ -301,8 +311,39 @@ impl BlockFileStorage {
             .release(&located.name, block.blkid, |remaining| match remaining {
                 Remaining::BlockHeld | Remaining::Untracked => Ok(()),
                 Remaining::BlockFreed => block_file::punch_hole(path, block.range).map(drop),
-                Remaining::FileFreed => block_file::remove_if_present(path),
+                Remaining::FileFreed => self.unlink(located),
             })
+    }
+
+    /// Unlinks a file no block of which is held; one that fails is noted to try again.
+    fn unlink(&self, located: &Located) -> Result<(), StorageError> {
+        let unlinked = block_file::remove_if_present(&located.path);
+        if unlinked.is_err() {
+            self.failed_unlinks()
+                .push((located.name.clone(), located.path.clone()));
+        }
+        unlinked
+    }
+
+    /// Tries the failed unlinks again; keeps those that fail again.
+    fn retry_unlinks(&self) {
+        let pending = std::mem::take(&mut *self.failed_unlinks());
+        let failing: Vec<_> = pending
+            .into_iter()
+            .filter(|(name, path)| {
+                let finished = self
+                    .live
+                    .finish_unreferenced(name, || block_file::remove_if_present(path));
+                finished.is_err()
+            })
+            .collect();
+        self.failed_unlinks().extend(failing);
+    }
+
+    fn failed_unlinks(&self) -> std::sync::MutexGuard<'_, Vec<(String, PathBuf)>> {
+        self.failed_unlinks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -417,8 +458,11 @@ impl DataStorage for BlockFileStorage {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Probes the anchor directory; when it is healthy, tries the failed unlinks again.
     fn check_health(&self) -> Result<(), StorageError> {
-        block_file::probe_directory(&self.anchor)
+        block_file::probe_directory(&self.anchor)?;
+        self.retry_unlinks();
+        Ok(())
     }
 
     fn durable_address(&self, address: PartAddress) -> DurableAddress {
@@ -516,6 +560,44 @@ mod tests {
         last.expect("the last block unlinks the file without punching");
         assert!(!path.exists(), "no block referenced: unlinked");
         assert_eq!(storage.live.tracked_files(), 0);
+    }
+
+    #[test]
+    fn a_failed_unlink_is_tried_again_after_a_healthy_probe() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let storage = nfs_at(&format!("{}/", root.path().display()), 1);
+        let uris = allocate_uris(&storage, &[1, 2]);
+        let paths: Vec<PathBuf> = uris
+            .iter()
+            .map(|uri| PathBuf::from(BlockUri::parse(uri).expect("uri").path))
+            .collect();
+        for path in &paths {
+            std::fs::write(path, vec![1; 1024]).expect("write the block");
+        }
+
+        block_file::set_unlink_fails(true);
+        let failed = storage.delete(&uris);
+        storage.retry_unlinks();
+        block_file::set_unlink_fails(false);
+        assert!(
+            matches!(failed, Err(StorageError::Io { .. })),
+            "the failed unlink is reported: {failed:?}"
+        );
+        assert!(paths.iter().all(|p| p.exists()), "nothing unlinked yet");
+        assert_eq!(storage.live.tracked_files(), 2, "kept to try again");
+        assert_eq!(
+            storage.failed_unlinks().len(),
+            2,
+            "a failing retry keeps them"
+        );
+
+        // Key 2's file is allocated again meanwhile: it is in use, not to be unlinked.
+        allocate_uris(&storage, &[2]);
+        storage.check_health().expect("healthy");
+        assert!(!paths[0].exists(), "the next healthy probe unlinks it");
+        assert!(paths[1].exists(), "a file allocated again stays");
+        assert_eq!(storage.live.tracked_files(), 1);
+        assert!(storage.failed_unlinks().is_empty(), "nothing left to try");
     }
 
     #[test]
