@@ -77,10 +77,14 @@ impl KnownDirs {
 
     /// [`create_parents`], skipped while the parent was seen within the trusted time.
     pub(crate) fn create_parents(&self, path: &Path) -> Result<(), StorageError> {
+        self.create_parents_at(path, Instant::now())
+    }
+
+    /// [`KnownDirs::create_parents`] as of `now`.
+    fn create_parents_at(&self, path: &Path, now: Instant) -> Result<(), StorageError> {
         let Some(parent) = path.parent() else {
             return Ok(());
         };
-        let now = Instant::now();
         let fresh = |seen: &Instant| now.saturating_duration_since(*seen) < self.known_for;
         if self.lock().get(parent).is_some_and(fresh) {
             return Ok(());
@@ -213,19 +217,22 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         let dir = root.path().join("instance/tp0");
         let known = KnownDirs::trusted_for(Duration::from_millis(200));
-        known.create_parents(&dir.join("7b")).expect("create");
+        let seen = Instant::now();
+        let at = |ms| seen + Duration::from_millis(ms);
+        known
+            .create_parents_at(&dir.join("7b"), seen)
+            .expect("create");
         assert!(dir.is_dir(), "the parent is created");
 
         fs::remove_dir(&dir).expect("remove it behind the memory's back");
-        let trusted_until = Instant::now() + Duration::from_millis(150);
-        known.create_parents(&dir.join("7c")).expect("trusted");
-        if Instant::now() < trusted_until {
-            assert!(!dir.exists(), "within the trusted time no lookup is made");
-        }
+        known
+            .create_parents_at(&dir.join("7c"), at(199))
+            .expect("trusted");
+        assert!(!dir.exists(), "within the trusted time no lookup is made");
 
-        // Time passing is what is tested here, not a condition to await.
-        std::thread::sleep(Duration::from_millis(200));
-        known.create_parents(&dir.join("7d")).expect("create again");
+        known
+            .create_parents_at(&dir.join("7d"), at(200))
+            .expect("create again");
         assert!(
             dir.is_dir(),
             "past the trusted time the directory is created again"
