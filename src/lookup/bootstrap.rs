@@ -85,18 +85,13 @@ impl LookupService {
         if !leading() {
             return Err(LookupError::NotLeader);
         }
-        let table = self.table_for(check.instance_id)?;
+        let (table, instance) = self.table_for(check.instance_id)?;
         // A demotion while the table was built retired the others, not this one.
         if !leading() {
             self.drop_this_table(check.instance_id, &table, &LookupError::NotLeader);
             return Err(LookupError::NotLeader);
         }
-        let keys_allowed = self
-            .manager
-            .upgrade()
-            .and_then(|m| m.instance(check.instance_id))
-            .map(|instance| lookup_keys_allowed(&self.request_limits, &instance))
-            .ok_or_else(|| LookupError::UnknownInstance(check.instance_id.to_string()))?;
+        let keys_allowed = lookup_keys_allowed(&self.request_limits, &instance);
         let token = self.grants.issue(Grant::of(check))?;
         let address = table.address();
         Ok(BootstrapAnswer {

@@ -267,8 +267,11 @@ impl LookupService {
         self.tables().get(instance_id).cloned()
     }
 
-    /// The table of `instance_id`, built on first use.
-    pub fn table_for(&self, instance_id: &str) -> Result<Arc<InstanceTable>, LookupError> {
+    /// The table of `instance_id`, built on first use, and the instance it was built for.
+    pub fn table_for(
+        &self,
+        instance_id: &str,
+    ) -> Result<(Arc<InstanceTable>, Arc<Instance>), LookupError> {
         let manager = self.manager.upgrade().ok_or(LookupError::NoWire)?;
         let instance = manager
             .instance(instance_id)
@@ -308,7 +311,7 @@ impl LookupService {
             self.drop_this_table(instance_id, &table, &gone);
             return Err(gone);
         }
-        Ok(table)
+        Ok((table, instance))
     }
 
     /// Retires and forgets every table and tears down every queue pair (a demoted node: the

@@ -99,7 +99,7 @@ fn connect(
         .ok_or_else(|| LookupError::Refused("unknown, used or expired queue-pair token".into()))?;
     (service.access)(&grant.check()).map_err(LookupError::Refused)?;
     service.core.has_room(&grant.instance_id)?;
-    let table = service.table_for(&grant.instance_id)?;
+    let (table, _) = service.table_for(&grant.instance_id)?;
     let pd = table.domain(wire).ok_or(LookupError::NoWire)?;
     let qp = service.core.create_qp(wire, pd)?;
     let remote = read_endpoint(&mut stream)?;
