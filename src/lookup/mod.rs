@@ -267,7 +267,8 @@ impl LookupService {
         self.tables().get(instance_id).cloned()
     }
 
-    /// The table of `instance_id`, built on first use, and the instance it was built for.
+    /// The table of `instance_id`, built on first use, and the registered instance it was
+    /// checked against (after publishing, the instance of that id, the same object).
     pub fn table_for(
         &self,
         instance_id: &str,

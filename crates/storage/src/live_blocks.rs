@@ -15,8 +15,8 @@
 //! Invariants:
 //! - a block's count and the punch of its hole change under the same shard lock; a tracked
 //!   file's entry is removed in the same critical section as its unlink, and only then; an
-//!   entry with no referenced block is a file whose unlink failed, retried on the next
-//!   release;
+//!   entry with no referenced block is a file whose unlink failed (the backend tries it
+//!   again: [`LiveBlocks::finish_unreferenced`]);
 //! - allocation (directories, touch) and every release of one file run under the same shard
 //!   lock, so a file being allocated anew is never unlinked by a stale count.
 //!

@@ -750,7 +750,8 @@ fn put_restored(
 pub(crate) struct DeferredFrees(Vec<(Arc<dyn DataStorage>, Vec<String>)>);
 
 impl DeferredFrees {
-    /// Frees them; a failure is reported, not retried.
+    /// Frees them; a failure is reported (the file tier tries a failed unlink again after
+    /// its storage's next healthy probe).
     pub(crate) fn free(self, report: &mut RecoveryReport) {
         free_all(self.0, report);
     }
@@ -767,7 +768,8 @@ struct TakenBack {
     uris: Vec<String>,
 }
 
-/// Frees the adopted locations' bytes; a failure is reported, not retried.
+/// Frees the adopted locations' bytes; a failure is reported (the file tier tries a failed
+/// unlink again after its storage's next healthy probe).
 fn free_all(freed: Vec<(Arc<dyn DataStorage>, Vec<String>)>, report: &mut RecoveryReport) {
     for (backend, uris) in freed {
         if let Err(error) = backend.delete(&uris) {

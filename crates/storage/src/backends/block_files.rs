@@ -13,13 +13,15 @@
 //! (`StorageError::Foreign`) instead of writing into someone else's bytes.
 //!
 //! An unlink that fails (an I/O error, a mount gone read-only) leaves the file tracked with
-//! no block held; it is tried again after each healthy probe until it succeeds or an
-//! allocation takes a block of the file again (not across a restart: the journal holds no
-//! record of such a file).
+//! no block held; it is tried again after each healthy probe (up to [`RETRIES_PER_PROBE`]
+//! files a probe) until it succeeds or an allocation takes a block of the file again. Not
+//! retried: across a restart (the journal holds no record of such a file), by a backend an
+//! UpdateStorage or RemoveStorage replaced (no longer probed), or with probes off.
 //!
 //! Invariant: `delete` only touches paths below the base, named by URIs with this backend's
 //! scheme and storage name; all URIs are checked before any is acted on.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -33,6 +35,9 @@ use crate::{
     AllocatedSpec, AllocationRequest, DataStorage, DurableAddress, NamedPart, PartAddress, PartRef,
     StorageConfig, StorageError, StorageKind, StorageSpec, UriTemplate,
 };
+
+/// Failed unlinks tried again per healthy probe (the probe's answer waits for them).
+const RETRIES_PER_PROBE: usize = 256;
 
 /// A storage of blocks in files below a base path.
 #[derive(Debug)]
@@ -50,8 +55,8 @@ pub(crate) struct BlockFileStorage {
     live: LiveBlocks,
     /// Parent directories of block files seen to exist lately.
     known_dirs: KnownDirs,
-    /// Files whose unlink failed: their names below the base and paths.
-    failed_unlinks: Mutex<Vec<(String, PathBuf)>>,
+    /// Files whose unlink failed: their paths by name below the base.
+    failed_unlinks: Mutex<HashMap<String, PathBuf>>,
 }
 
 /// The file and block a URI names.
@@ -320,15 +325,23 @@ impl BlockFileStorage {
         let unlinked = block_file::remove_if_present(&located.path);
         if unlinked.is_err() {
             self.failed_unlinks()
-                .push((located.name.clone(), located.path.clone()));
+                .insert(located.name.clone(), located.path.clone());
         }
         unlinked
     }
 
-    /// Tries the failed unlinks again; keeps those that fail again.
+    /// Tries up to [`RETRIES_PER_PROBE`] failed unlinks again; keeps those that fail again
+    /// (and the rest for the next probe).
     fn retry_unlinks(&self) {
-        let pending = std::mem::take(&mut *self.failed_unlinks());
-        let failing: Vec<_> = pending
+        let due: Vec<(String, PathBuf)> = {
+            let mut failed = self.failed_unlinks();
+            let names: Vec<String> = failed.keys().take(RETRIES_PER_PROBE).cloned().collect();
+            names
+                .into_iter()
+                .filter_map(|name| failed.remove_entry(&name))
+                .collect()
+        };
+        let failing: Vec<_> = due
             .into_iter()
             .filter(|(name, path)| {
                 let finished = self
@@ -337,10 +350,13 @@ impl BlockFileStorage {
                 finished.is_err()
             })
             .collect();
-        self.failed_unlinks().extend(failing);
+        let mut failed = self.failed_unlinks();
+        for (name, path) in failing {
+            failed.entry(name).or_insert(path);
+        }
     }
 
-    fn failed_unlinks(&self) -> std::sync::MutexGuard<'_, Vec<(String, PathBuf)>> {
+    fn failed_unlinks(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
         self.failed_unlinks
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
