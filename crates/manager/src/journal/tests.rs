@@ -670,6 +670,13 @@ fn meta_id(manager: &Manager, instance: &Arc<Instance>, key: i64) -> String {
     format!("{:?}", meta[0])
 }
 
+/// A journal in `dir` that logged the writes of `keys` (instance `i`), its manager gone.
+fn wrote_and_stopped(dir: &Path, keys: &[i64]) {
+    let manager = registered(dir);
+    let instance = manager.instance("i").unwrap();
+    write(&manager, &instance, keys);
+}
+
 /// The newest log segment of a journal.
 fn last_segment(dir: &Path) -> std::path::PathBuf {
     let listing = files::list(&dir.join("meta")).unwrap();
@@ -861,10 +868,7 @@ fn a_newer_format_is_refused() {
 #[test]
 fn zeros_ending_a_segment_that_is_not_the_newest_are_damage() {
     let dir = tempfile::tempdir().unwrap();
-    let manager = registered(dir.path());
-    let instance = manager.instance("i").unwrap();
-    write(&manager, &instance, &[1, 2]);
-    drop((instance, manager));
+    wrote_and_stopped(dir.path(), &[1, 2]);
     // The newest segment still ends in the zeros written ahead (no rotation cut them); a
     // later segment beside it can only mean its records were lost.
     let (sequence, _) = *files::list(&dir.path().join("meta"))
@@ -891,10 +895,7 @@ fn zeros_ending_a_segment_that_is_not_the_newest_are_damage() {
 #[test]
 fn a_version_1_segment_without_zeros_written_ahead_is_read() {
     let dir = tempfile::tempdir().unwrap();
-    let manager = registered(dir.path());
-    let instance = manager.instance("i").unwrap();
-    write(&manager, &instance, &[1, 2]);
-    drop((instance, manager));
+    wrote_and_stopped(dir.path(), &[1, 2]);
     let segment = last_segment(dir.path());
     let end = files::read_records(&segment, files::LOG_MAGIC, |_| {}).unwrap();
     let mut bytes = std::fs::read(&segment).unwrap();
