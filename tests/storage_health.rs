@@ -2,8 +2,9 @@
 //! storages made unwritable for root by a read-only bind mount is marked down by the
 //! background probes, its blocks read as misses, new writes go to the other storage, and
 //! once the mount is gone it serves again with the same URIs — on the server and on the fast
-//! lookup path alike. Needs `mount` (root, as CI runs); without it the test says so loudly
-//! and fails nothing it did not check.
+//! lookup path alike; and a storage whose mount goes away is marked down and frees nothing
+//! until it is back. Needs `mount` (root, as CI runs); without it the tests say so loudly
+//! and fail nothing they did not check.
 
 mod common;
 
@@ -18,30 +19,44 @@ use serde_json::json;
 
 const PROBE_MS: u64 = 100;
 
-/// A read-only bind mount of a directory over itself, undone on drop.
-struct ReadOnly(PathBuf);
+/// A bind mount, undone on drop.
+struct Mount(PathBuf);
 
-impl ReadOnly {
-    fn mount(dir: &Path) -> Result<ReadOnly, String> {
-        let run = |args: &[&str]| {
-            let output = Command::new("mount").args(args).output();
-            match output {
-                Ok(out) if out.status.success() => Ok(()),
-                Ok(out) => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
-                Err(error) => Err(error.to_string()),
-            }
-        };
-        let path = dir.to_str().expect("utf-8 path");
-        run(&["--bind", path, path])?;
-        let mounted = ReadOnly(dir.to_path_buf());
-        run(&["-o", "remount,bind,ro", path])?;
+impl Mount {
+    /// `source` bound over `target`.
+    fn bind(source: &Path, target: &Path) -> Result<Mount, String> {
+        let (source, target) = (utf8(source), utf8(target));
+        run_mount(&["--bind", source, target])?;
+        Ok(Mount(PathBuf::from(target)))
+    }
+
+    /// `dir` bound over itself, read-only.
+    fn read_only(dir: &Path) -> Result<Mount, String> {
+        let mounted = Mount::bind(dir, dir)?;
+        run_mount(&["-o", "remount,bind,ro", utf8(dir)])?;
         Ok(mounted)
     }
 }
 
-impl Drop for ReadOnly {
+fn utf8(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+fn run_mount(args: &[&str]) -> Result<(), String> {
+    let output = Command::new("mount").args(args).output();
+    match output {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+impl Drop for Mount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
+        let output = Command::new("umount").arg(&self.0).output();
+        if !output.as_ref().is_ok_and(|out| out.status.success()) {
+            eprintln!("umount {}: {output:?}", self.0.display());
+        }
     }
 }
 
@@ -165,7 +180,7 @@ async fn an_unwritable_storage_fails_over_and_comes_back() {
     let client = fast_client(&server).await;
     assert_eq!(fast_uris(&client, &old_keys).await, written);
 
-    let mount = match ReadOnly::mount(down_root) {
+    let mount = match Mount::read_only(down_root) {
         Ok(mount) => mount,
         Err(why) => {
             eprintln!("*** SKIPPED: a read-only bind mount is not possible here ({why}) ***");
@@ -198,4 +213,119 @@ async fn an_unwritable_storage_fails_over_and_comes_back() {
     tokio::task::spawn_blocking(move || drop(client))
         .await
         .expect("drop");
+}
+
+/// A storage's file system is unmounted under a running `kvcm serve` (a bind mount stands in
+/// for NFS): the bare mount point left behind fails the probes, the blocks removed meanwhile
+/// are not taken as freed because their files are missing there, and once it is mounted
+/// again the files are unlinked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmounted_storage_is_down_and_its_files_are_freed_once_it_is_back() {
+    let server =
+        TestServer::start_with(&[&format!("kvcm.storage.probe_interval_ms={PROBE_MS}")]).await;
+    let (backing, root) = (server.dir.path().join("nfs"), server.dir.path().join("mnt"));
+    std::fs::create_dir_all(&backing).unwrap();
+    std::fs::create_dir_all(&root).unwrap();
+    let mount = match Mount::bind(&backing, &root) {
+        Ok(mount) => mount,
+        Err(why) => {
+            eprintln!("*** SKIPPED: a bind mount is not possible here ({why}) ***");
+            return;
+        }
+    };
+    let added = server
+        .admin_http(
+            "addStorage",
+            json!({"storage": nfs_storage("nfs_m", &root)}),
+        )
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let created = server
+        .admin_http(
+            "createInstanceGroup",
+            json!({"instance_group": nfs_group("gm", &["nfs_m"])}),
+        )
+        .await;
+    assert_eq!(code(&created), "OK", "{created}");
+    let mut registration = common::registration("inst", 16);
+    registration["instance_group"] = json!("gm");
+    let registered = server.meta_http("registerInstance", registration).await;
+    assert_eq!(code(&registered), "OK", "{registered}");
+    // A probe made kvcm's directory on the mounted file system.
+    let probed = wait_until(Duration::from_secs(10), async || {
+        backing.join(".kvcm").is_dir().then_some(())
+    })
+    .await;
+    assert!(probed.is_some(), "no probe of nfs_m ran");
+    await_health(&server, "nfs_m", true).await;
+
+    let keys: Vec<i64> = (1..=4).collect();
+    let written = uris(&server.write_keys("inst", &keys).await["locations"]);
+    // What the client would write: each block's file (the URI's path, before its query),
+    // through the mount, seen in the backing directory.
+    let through_mount: Vec<&Path> = written
+        .iter()
+        .map(|uri| {
+            let rest = uri
+                .strip_prefix("file://nfs_m")
+                .expect("a file URI of nfs_m");
+            Path::new(rest.split('?').next().unwrap())
+        })
+        .collect();
+    let on_backing: Vec<PathBuf> = through_mount
+        .iter()
+        .map(|path| backing.join(path.strip_prefix(&root).expect("below the root")))
+        .collect();
+    for (path, backed) in through_mount.iter().zip(&on_backing) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, vec![7u8; 1024]).unwrap();
+        assert!(backed.exists(), "{backed:?} written through the mount");
+    }
+
+    drop(mount);
+    let took = await_health(&server, "nfs_m", false).await;
+    eprintln!("nfs_m marked down {took:?} after the unmount (probe period {PROBE_MS} ms)");
+    let removed = server
+        .meta_http(
+            "removeCache",
+            json!({"instance_id": "inst", "block_keys": keys}),
+        )
+        .await;
+    assert_eq!(code(&removed), "OK", "{removed}");
+    // The deleter takes the locations out of the index once it has tried to free them.
+    let gone = wait_until(Duration::from_secs(10), async || {
+        let answer = server
+            .meta_http(
+                "getCacheMeta",
+                json!({"instance_id": "inst", "block_keys": keys}),
+            )
+            .await;
+        let metas = answer["metas"].as_array().cloned().unwrap_or_default();
+        metas
+            .iter()
+            .all(|meta| meta["locations"].as_array().is_none_or(Vec::is_empty))
+            .then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the removed blocks left the index");
+    assert!(
+        on_backing.iter().all(|path| path.exists()),
+        "nothing on the unmounted file system was touched"
+    );
+    assert!(
+        !root.join(".kvcm").exists(),
+        "the probes did not take the bare mount point for the storage"
+    );
+
+    let _mount = Mount::bind(&backing, &root).expect("mount again");
+    let took = await_health(&server, "nfs_m", true).await;
+    eprintln!("nfs_m back {took:?} after the mount");
+    let freed = wait_until(Duration::from_secs(10), async || {
+        on_backing.iter().all(|path| !path.exists()).then_some(())
+    })
+    .await;
+    assert!(
+        freed.is_some(),
+        "the files are unlinked once the storage is back"
+    );
 }

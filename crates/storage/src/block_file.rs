@@ -155,6 +155,11 @@ pub(crate) fn set_punch_unsupported(unsupported: bool) {
 
 /// Unlinks `path`; a missing file is fine.
 pub(crate) fn remove_if_present(path: &Path) -> Result<(), StorageError> {
+    remove_file(path).map(drop)
+}
+
+/// Unlinks `path`: whether it existed.
+pub(crate) fn remove_file(path: &Path) -> Result<bool, StorageError> {
     #[cfg(test)]
     if UNLINK_FAILS.get() {
         return Err(io_error(
@@ -163,8 +168,9 @@ pub(crate) fn remove_if_present(path: &Path) -> Result<(), StorageError> {
         ));
     }
     match fs::remove_file(path) {
-        Err(e) if e.kind() != ErrorKind::NotFound => Err(io_error(path, e)),
-        _ => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_error(path, e)),
     }
 }
 
@@ -173,8 +179,9 @@ pub(crate) const PROBE_SUBDIR: &str = ".kvcm";
 
 /// Fails unless `dir` is a directory in which a file can be created, written, read back
 /// with the same bytes and removed; the probe file is created in kvcm's own subdirectory
-/// [`PROBE_SUBDIR`] (created when missing), never among other files of `dir`.
-pub(crate) fn probe_directory(dir: &Path) -> Result<(), StorageError> {
+/// [`PROBE_SUBDIR`] (created when missing, unless `own_exists`: then a missing one fails the
+/// probe), never among other files of `dir`.
+pub(crate) fn probe_directory(dir: &Path, own_exists: bool) -> Result<(), StorageError> {
     static PROBES: AtomicU64 = AtomicU64::new(0);
     let metadata = fs::metadata(dir).map_err(|e| io_error(dir, e))?;
     if !metadata.is_dir() {
@@ -182,7 +189,9 @@ pub(crate) fn probe_directory(dir: &Path) -> Result<(), StorageError> {
         return Err(io_error(dir, not_dir));
     }
     let own = dir.join(PROBE_SUBDIR);
-    fs::create_dir_all(&own).map_err(|e| io_error(&own, e))?;
+    if !own_exists {
+        fs::create_dir_all(&own).map_err(|e| io_error(&own, e))?;
+    }
     let probe_number = PROBES.fetch_add(1, Ordering::Relaxed);
     let probe = own.join(format!("probe-{}-{probe_number}", std::process::id()));
     let written = format!("kvcm health probe {probe_number}\n");

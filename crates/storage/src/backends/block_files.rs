@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::block_file::{self, BlockRange, KnownDirs};
@@ -57,6 +58,8 @@ pub(crate) struct BlockFileStorage {
     known_dirs: KnownDirs,
     /// Files whose unlink failed: their paths by name below the base.
     failed_unlinks: Mutex<HashMap<String, PathBuf>>,
+    /// A probe of this process succeeded (so kvcm's own directory existed under the anchor).
+    probed: AtomicBool,
 }
 
 /// The file and block a URI names.
@@ -104,6 +107,7 @@ impl BlockFileStorage {
                 live: LiveBlocks::default(),
                 known_dirs: KnownDirs::default(),
                 failed_unlinks: Mutex::default(),
+                probed: AtomicBool::new(false),
                 config: config.clone(),
             }),
             StorageSpec::ThreeFs {
@@ -126,6 +130,7 @@ impl BlockFileStorage {
                 live: LiveBlocks::default(),
                 known_dirs: KnownDirs::default(),
                 failed_unlinks: Mutex::default(),
+                probed: AtomicBool::new(false),
                 config: config.clone(),
             }),
             other => Err(StorageError::Unsupported(other.kind())),
@@ -320,9 +325,11 @@ impl BlockFileStorage {
             })
     }
 
-    /// Unlinks a file no block of which is held; one that fails is noted to try again.
+    /// Unlinks a file no block of which is held; one that fails is noted to try again. A
+    /// file missing from a storage that looks unmounted ([`BlockFileStorage::vanished`])
+    /// fails: its bytes may be on the mount when it is back.
     fn unlink(&self, located: &Located) -> Result<(), StorageError> {
-        let unlinked = block_file::remove_if_present(&located.path);
+        let unlinked = self.remove_unless_vanished(&located.path);
         if unlinked.is_err() {
             self.failed_unlinks()
                 .insert(located.name.clone(), located.path.clone());
@@ -344,16 +351,38 @@ impl BlockFileStorage {
         let failing: Vec<_> = due
             .into_iter()
             .filter(|(name, path)| {
-                let finished = self
-                    .live
-                    .finish_unreferenced(name, || block_file::remove_if_present(path));
-                finished.is_err()
+                let unlink = || self.remove_unless_vanished(path);
+                self.live.finish_unreferenced(name, unlink).is_err()
             })
             .collect();
         let mut failed = self.failed_unlinks();
         for (name, path) in failing {
             failed.entry(name).or_insert(path);
         }
+    }
+
+    /// Unlinks `path`; a missing file is fine unless the storage looks unmounted.
+    fn remove_unless_vanished(&self, path: &Path) -> Result<(), StorageError> {
+        match block_file::remove_file(path) {
+            Ok(false) => self.vanished().map_or(Ok(()), Err),
+            other => other.map(drop),
+        }
+    }
+
+    /// Why the storage looks unmounted or replaced, if it does: a probe of this process
+    /// made kvcm's own directory under the anchor, and it is gone (the probe would make it
+    /// again on a bare mount point).
+    fn vanished(&self) -> Option<StorageError> {
+        let own = self.anchor.join(block_file::PROBE_SUBDIR);
+        if !self.probed.load(Ordering::Acquire) || own.is_dir() {
+            return None;
+        }
+        Some(StorageError::Unavailable(format!(
+            "{} is gone (an earlier probe made it): the storage looks unmounted or replaced, \
+             and its files are not freed meanwhile; create the directory again to take the \
+             storage as it is",
+            own.display()
+        )))
     }
 
     fn failed_unlinks(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
@@ -474,9 +503,18 @@ impl DataStorage for BlockFileStorage {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Probes the anchor directory; when it is healthy, tries the failed unlinks again.
+    /// Probes the anchor directory (refused while the storage looks unmounted); when it is
+    /// healthy, tries the failed unlinks again.
     fn check_health(&self) -> Result<(), StorageError> {
-        block_file::probe_directory(&self.anchor)?;
+        if let Some(vanished) = self.vanished() {
+            return Err(vanished);
+        }
+        // Once made, kvcm's directory is not made again: an unmount between the check
+        // above and the probe must not leave it on the bare mount point.
+        let probed = self.probed.load(Ordering::Acquire);
+        block_file::probe_directory(&self.anchor, probed)
+            .map_err(|error| self.vanished().unwrap_or(error))?;
+        self.probed.store(true, Ordering::Release);
         self.retry_unlinks();
         Ok(())
     }
@@ -614,6 +652,58 @@ mod tests {
         assert!(paths[1].exists(), "a file allocated again stays");
         assert_eq!(storage.live.tracked_files(), 1);
         assert!(storage.failed_unlinks().is_empty(), "nothing left to try");
+    }
+
+    #[test]
+    fn a_storage_whose_own_directory_vanished_is_unavailable_and_frees_nothing_until_back() {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let root = parent.path().join("mnt");
+        std::fs::create_dir(&root).expect("mount point");
+        let storage = nfs_at(&format!("{}/", root.display()), 1);
+        storage
+            .check_health()
+            .expect("healthy: kvcm's directory made");
+        let uris = allocate_uris(&storage, &[1]);
+        let path = PathBuf::from(BlockUri::parse(&uris[0]).expect("uri").path);
+        std::fs::write(&path, vec![1; 1024]).expect("write the block");
+
+        // The file system under the mount point goes away: a bare, empty directory is left.
+        let mounted = parent.path().join("mounted");
+        std::fs::rename(&root, &mounted).expect("unmount");
+        std::fs::create_dir(&root).expect("the bare mount point");
+        let down = storage.check_health();
+        assert!(
+            matches!(&down, Err(StorageError::Unavailable(why)) if why.contains("unmounted")),
+            "{down:?}"
+        );
+        assert!(
+            !root.join(block_file::PROBE_SUBDIR).exists(),
+            "the probe does not make its directory on the bare mount point"
+        );
+        let freed = storage.delete(&uris);
+        assert!(
+            matches!(freed, Err(StorageError::Unavailable(_))),
+            "a missing file is not taken as freed: {freed:?}"
+        );
+
+        // Mounted again: the next healthy probe frees the file.
+        std::fs::remove_dir(&root).expect("bare mount point");
+        std::fs::rename(&mounted, &root).expect("mount again");
+        assert!(path.exists(), "nothing was freed meanwhile");
+        storage.check_health().expect("healthy again");
+        assert!(!path.exists(), "unlinked once the storage is back");
+        assert_eq!(storage.live.tracked_files(), 0);
+    }
+
+    #[test]
+    fn a_missing_file_is_freed_when_no_probe_ever_ran() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let storage = nfs_at(&format!("{}/", root.path().display()), 1);
+        let uris = allocate_uris(&storage, &[1]);
+        storage
+            .delete(&uris)
+            .expect("never written: nothing to unlink");
+        assert_eq!(storage.live.tracked_files(), 0);
     }
 
     #[test]
