@@ -53,7 +53,8 @@ fn run_mount(args: &[&str]) -> Result<(), String> {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        let output = Command::new("umount").arg(&self.0).output();
+        // Lazily: a probe file open at this instant must not keep the mount (EBUSY).
+        let output = Command::new("umount").arg("-l").arg(&self.0).output();
         if !output.as_ref().is_ok_and(|out| out.status.success()) {
             eprintln!("umount {}: {output:?}", self.0.display());
         }
@@ -251,9 +252,9 @@ async fn an_unmounted_storage_is_down_and_its_files_are_freed_once_it_is_back() 
     registration["instance_group"] = json!("gm");
     let registered = server.meta_http("registerInstance", registration).await;
     assert_eq!(code(&registered), "OK", "{registered}");
-    // A probe made kvcm's directory on the mounted file system.
+    // A probe wrote the storage's identity on the mounted file system.
     let probed = wait_until(Duration::from_secs(10), async || {
-        backing.join(".kvcm").is_dir().then_some(())
+        backing.join(".kvcm/id").is_file().then_some(())
     })
     .await;
     assert!(probed.is_some(), "no probe of nfs_m ran");
@@ -292,26 +293,15 @@ async fn an_unmounted_storage_is_down_and_its_files_are_freed_once_it_is_back() 
         )
         .await;
     assert_eq!(code(&removed), "OK", "{removed}");
-    // The deleter takes the locations out of the index once it has tried to free them.
-    let gone = wait_until(Duration::from_secs(10), async || {
-        let answer = server
-            .meta_http(
-                "getCacheMeta",
-                json!({"instance_id": "inst", "block_keys": keys}),
-            )
-            .await;
-        let metas = answer["metas"].as_array().cloned().unwrap_or_default();
-        metas
-            .iter()
-            .all(|meta| meta["locations"].as_array().is_none_or(Vec::is_empty))
-            .then_some(())
+    // The deleter tried to free each block, and failed: its file is missing from the bare
+    // mount point, which is not taken as freed.
+    let tried = wait_until(Duration::from_secs(10), async || {
+        let log = server.log();
+        let failed = log.matches("freeing block bytes failed").count();
+        (failed >= keys.len()).then_some(())
     })
     .await;
-    assert!(gone.is_some(), "the removed blocks left the index");
-    assert!(
-        on_backing.iter().all(|path| path.exists()),
-        "nothing on the unmounted file system was touched"
-    );
+    assert!(tried.is_some(), "the deleter never tried: {}", server.log());
     assert!(
         !root.join(".kvcm").exists(),
         "the probes did not take the bare mount point for the storage"

@@ -200,6 +200,34 @@ pub(crate) fn probe_directory(dir: &Path, own_exists: bool) -> Result<(), Storag
     outcome.and(removed)
 }
 
+/// `dir/.kvcm/id`: a random identity the first probe of a storage writes, which later
+/// probes check to tell the storage's file system from a bare mount point.
+pub(crate) fn identity_path(dir: &Path) -> PathBuf {
+    dir.join(PROBE_SUBDIR).join("id")
+}
+
+/// The identity in `dir/.kvcm/id`.
+pub(crate) fn read_identity(dir: &Path) -> Result<String, StorageError> {
+    let path = identity_path(dir);
+    fs::read_to_string(&path)
+        .map(|id| id.trim().to_string())
+        .map_err(|e| io_error(&path, e))
+}
+
+/// The identity in `dir/.kvcm/id`, written first (a random one) when there is none.
+pub(crate) fn read_or_create_identity(dir: &Path) -> Result<String, StorageError> {
+    let path = identity_path(dir);
+    let fresh = format!("{:016x}{:016x}\n", fastrand::u64(..), fastrand::u64(..));
+    match write_and_read_back(&path, fresh.as_bytes()) {
+        Ok(()) => Ok(fresh.trim().to_string()),
+        // Written before (by an earlier probe or process): that identity it is.
+        Err(StorageError::Io { source, .. }) if source.kind() == ErrorKind::AlreadyExists => {
+            read_identity(dir)
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// Creates `path` with `bytes` and checks that reading it gives them back.
 fn write_and_read_back(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
     let mut file = OpenOptions::new()

@@ -18,13 +18,18 @@
 //! retried: across a restart (the journal holds no record of such a file), by a backend an
 //! UpdateStorage or RemoveStorage replaced (no longer probed), or with probes off.
 //!
+//! A storage whose file system went away (an unmount leaves a bare mount point) is told by
+//! the identity its first healthy probe read in `.kvcm/id` under the anchor: while that is
+//! gone or another, probes fail and an unlink that finds its file missing fails and is noted
+//! as above, instead of counting as done (see `vanished`).
+//!
 //! Invariant: `delete` only touches paths below the base, named by URIs with this backend's
 //! scheme and storage name; all URIs are checked before any is acted on.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::block_file::{self, BlockRange, KnownDirs};
@@ -58,8 +63,8 @@ pub(crate) struct BlockFileStorage {
     known_dirs: KnownDirs,
     /// Files whose unlink failed: their paths by name below the base.
     failed_unlinks: Mutex<HashMap<String, PathBuf>>,
-    /// A probe of this process succeeded (so kvcm's own directory existed under the anchor).
-    probed: AtomicBool,
+    /// What `.kvcm/id` under the anchor held at the first healthy probe (`None` before).
+    identity: Mutex<Option<String>>,
 }
 
 /// The file and block a URI names.
@@ -107,7 +112,7 @@ impl BlockFileStorage {
                 live: LiveBlocks::default(),
                 known_dirs: KnownDirs::default(),
                 failed_unlinks: Mutex::default(),
-                probed: AtomicBool::new(false),
+                identity: Mutex::default(),
                 config: config.clone(),
             }),
             StorageSpec::ThreeFs {
@@ -130,7 +135,7 @@ impl BlockFileStorage {
                 live: LiveBlocks::default(),
                 known_dirs: KnownDirs::default(),
                 failed_unlinks: Mutex::default(),
-                probed: AtomicBool::new(false),
+                identity: Mutex::default(),
                 config: config.clone(),
             }),
             other => Err(StorageError::Unsupported(other.kind())),
@@ -369,20 +374,38 @@ impl BlockFileStorage {
         }
     }
 
-    /// Why the storage looks unmounted or replaced, if it does: a probe of this process
-    /// made kvcm's own directory under the anchor, and it is gone (the probe would make it
-    /// again on a bare mount point).
+    /// Why the storage looks unmounted or replaced, if it does: the identity its first
+    /// healthy probe read (or wrote) in `.kvcm/id` is not what the file says now (gone on a
+    /// bare mount point, or another one: a `.kvcm/id` a probe once left on the bare mount
+    /// point, or another file system); a file that cannot be read fails safe (its error).
     fn vanished(&self) -> Option<StorageError> {
-        let own = self.anchor.join(block_file::PROBE_SUBDIR);
-        if !self.probed.load(Ordering::Acquire) || own.is_dir() {
-            return None;
-        }
+        let expected = self.identity()?;
+        let found = block_file::read_identity(&self.anchor);
+        let path = block_file::identity_path(&self.anchor);
+        let why = match found {
+            Ok(found) if found == expected => return None,
+            Ok(_) => "names another storage than the one probed before",
+            Err(StorageError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
+                "is gone"
+            }
+            Err(error) => return Some(error),
+        };
         Some(StorageError::Unavailable(format!(
-            "{} is gone (an earlier probe made it): the storage looks unmounted or replaced, \
-             and its files are not freed meanwhile; create the directory again to take the \
-             storage as it is",
-            own.display()
+            "{} {why}: the file system under {} looks unmounted or replaced, and the \
+             storage's files are not freed meanwhile; it comes back by itself once that file \
+             system is mounted again (to take the storage as it is now, update it or restart \
+             kvcm)",
+            path.display(),
+            self.anchor.display()
         )))
+    }
+
+    /// The identity of the storage seen by its first healthy probe.
+    fn identity(&self) -> Option<String> {
+        self.identity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn failed_unlinks(&self) -> std::sync::MutexGuard<'_, HashMap<String, PathBuf>> {
@@ -509,12 +532,15 @@ impl DataStorage for BlockFileStorage {
         if let Some(vanished) = self.vanished() {
             return Err(vanished);
         }
-        // Once made, kvcm's directory is not made again: an unmount between the check
-        // above and the probe must not leave it on the bare mount point.
-        let probed = self.probed.load(Ordering::Acquire);
-        block_file::probe_directory(&self.anchor, probed)
+        // Once the identity is known kvcm's directory is not made again: an unmount between
+        // the check above and the probe must not leave it on the bare mount point.
+        let known = self.identity().is_some();
+        block_file::probe_directory(&self.anchor, known)
             .map_err(|error| self.vanished().unwrap_or(error))?;
-        self.probed.store(true, Ordering::Release);
+        if !known {
+            let identity = block_file::read_or_create_identity(&self.anchor)?;
+            *self.identity.lock().unwrap_or_else(PoisonError::into_inner) = Some(identity);
+        }
         self.retry_unlinks();
         Ok(())
     }
@@ -685,6 +711,15 @@ mod tests {
             matches!(freed, Err(StorageError::Unavailable(_))),
             "a missing file is not taken as freed: {freed:?}"
         );
+        // A `.kvcm/id` an earlier probe left on the bare mount point does not fool it.
+        std::fs::create_dir(root.join(block_file::PROBE_SUBDIR)).expect("stale dir");
+        std::fs::write(block_file::identity_path(&root), "0123\n").expect("stale id");
+        let still = storage.check_health();
+        assert!(
+            matches!(&still, Err(StorageError::Unavailable(why)) if why.contains("another storage")),
+            "{still:?}"
+        );
+        std::fs::remove_dir_all(root.join(block_file::PROBE_SUBDIR)).expect("stale dir");
 
         // Mounted again: the next healthy probe frees the file.
         std::fs::remove_dir(&root).expect("bare mount point");
