@@ -145,29 +145,38 @@ async fn await_fast_path(server: &TestServer, client: &Arc<Client>, keys: &[i64]
     begun.elapsed()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unwritable_storage_fails_over_and_comes_back() {
-    let server =
-        TestServer::start_with(&[&format!("kvcm.storage.probe_interval_ms={PROBE_MS}")]).await;
-    let (root_a, root_b) = (server.dir.path().join("a"), server.dir.path().join("b"));
-    for (name, root) in [("nfs_a", &root_a), ("nfs_b", &root_b)] {
-        std::fs::create_dir_all(root).unwrap();
+/// Adds file storages `storages` (name, root), a group `g` over them, and registers `inst`
+/// in it.
+async fn register_on(server: &TestServer, storages: &[(&str, &Path)]) {
+    for (name, root) in storages {
         let added = server
             .admin_http("addStorage", json!({"storage": nfs_storage(name, root)}))
             .await;
         assert_eq!(code(&added), "OK", "{added}");
     }
+    let names: Vec<&str> = storages.iter().map(|(name, _)| *name).collect();
     let created = server
         .admin_http(
             "createInstanceGroup",
-            json!({"instance_group": nfs_group("gh", &["nfs_a", "nfs_b"])}),
+            json!({"instance_group": nfs_group("g", &names)}),
         )
         .await;
     assert_eq!(code(&created), "OK", "{created}");
     let mut registration = common::registration("inst", 16);
-    registration["instance_group"] = json!("gh");
+    registration["instance_group"] = json!("g");
     let registered = server.meta_http("registerInstance", registration).await;
     assert_eq!(code(&registered), "OK", "{registered}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwritable_storage_fails_over_and_comes_back() {
+    let server =
+        TestServer::start_with(&[&format!("kvcm.storage.probe_interval_ms={PROBE_MS}")]).await;
+    let (root_a, root_b) = (server.dir.path().join("a"), server.dir.path().join("b"));
+    for root in [&root_a, &root_b] {
+        std::fs::create_dir_all(root).unwrap();
+    }
+    register_on(&server, &[("nfs_a", &root_a), ("nfs_b", &root_b)]).await;
 
     let old_keys: Vec<i64> = (1..=8).collect();
     let written = uris(&server.write_keys("inst", &old_keys).await["locations"]);
@@ -234,24 +243,7 @@ async fn an_unmounted_storage_is_down_and_its_files_are_freed_once_it_is_back() 
             return;
         }
     };
-    let added = server
-        .admin_http(
-            "addStorage",
-            json!({"storage": nfs_storage("nfs_m", &root)}),
-        )
-        .await;
-    assert_eq!(code(&added), "OK", "{added}");
-    let created = server
-        .admin_http(
-            "createInstanceGroup",
-            json!({"instance_group": nfs_group("gm", &["nfs_m"])}),
-        )
-        .await;
-    assert_eq!(code(&created), "OK", "{created}");
-    let mut registration = common::registration("inst", 16);
-    registration["instance_group"] = json!("gm");
-    let registered = server.meta_http("registerInstance", registration).await;
-    assert_eq!(code(&registered), "OK", "{registered}");
+    register_on(&server, &[("nfs_m", &root)]).await;
     // A probe wrote the storage's identity on the mounted file system.
     let probed = wait_until(Duration::from_secs(10), async || {
         backing.join(".kvcm/id").is_file().then_some(())
