@@ -609,6 +609,16 @@ mod tests {
             .collect()
     }
 
+    /// An NFS storage on the directory `root` with `key_count_per_file` keys per file.
+    fn nfs_in(root: &Path, key_count_per_file: i32) -> BlockFileStorage {
+        nfs_at(&format!("{}/", root.display()), key_count_per_file)
+    }
+
+    /// The file a block URI names.
+    fn block_path(uri: &str) -> PathBuf {
+        PathBuf::from(BlockUri::parse(uri).expect("uri").path)
+    }
+
     /// Allocates `keys` (one part of 1024 bytes) for instance `i`; one URI per key.
     fn allocate_uris(storage: &BlockFileStorage, keys: &[i64]) -> Vec<String> {
         let (specs, blocks) = (specs(&[1024]), blocks(keys, &[0]));
@@ -624,9 +634,9 @@ mod tests {
     #[test]
     fn a_file_goes_with_its_last_block_even_when_punching_fails() {
         let root = tempfile::tempdir().expect("tempdir");
-        let storage = nfs_at(&format!("{}/", root.path().display()), 4);
+        let storage = nfs_in(root.path(), 4);
         let uris = allocate_uris(&storage, &[1, 2]);
-        let path = PathBuf::from(BlockUri::parse(&uris[0]).expect("uri").path);
+        let path = block_path(&uris[0]);
         std::fs::write(&path, vec![1; 2048]).expect("write both blocks");
 
         block_file::set_punch_unsupported(true);
@@ -645,12 +655,9 @@ mod tests {
     #[test]
     fn a_failed_unlink_is_tried_again_after_a_healthy_probe() {
         let root = tempfile::tempdir().expect("tempdir");
-        let storage = nfs_at(&format!("{}/", root.path().display()), 1);
+        let storage = nfs_in(root.path(), 1);
         let uris = allocate_uris(&storage, &[1, 2]);
-        let paths: Vec<PathBuf> = uris
-            .iter()
-            .map(|uri| PathBuf::from(BlockUri::parse(uri).expect("uri").path))
-            .collect();
+        let paths: Vec<PathBuf> = uris.iter().map(|uri| block_path(uri)).collect();
         for path in &paths {
             std::fs::write(path, vec![1; 1024]).expect("write the block");
         }
@@ -685,12 +692,12 @@ mod tests {
         let parent = tempfile::tempdir().expect("tempdir");
         let root = parent.path().join("mnt");
         std::fs::create_dir(&root).expect("mount point");
-        let storage = nfs_at(&format!("{}/", root.display()), 1);
+        let storage = nfs_in(&root, 1);
         storage
             .check_health()
             .expect("healthy: kvcm's directory made");
         let uris = allocate_uris(&storage, &[1]);
-        let path = PathBuf::from(BlockUri::parse(&uris[0]).expect("uri").path);
+        let path = block_path(&uris[0]);
         std::fs::write(&path, vec![1; 1024]).expect("write the block");
 
         // The file system under the mount point goes away: a bare, empty directory is left.
@@ -733,7 +740,7 @@ mod tests {
     #[test]
     fn a_missing_file_is_freed_when_no_probe_ever_ran() {
         let root = tempfile::tempdir().expect("tempdir");
-        let storage = nfs_at(&format!("{}/", root.path().display()), 1);
+        let storage = nfs_in(root.path(), 1);
         let uris = allocate_uris(&storage, &[1]);
         storage
             .delete(&uris)
@@ -802,7 +809,7 @@ mod tests {
     fn addresses_render_the_allocated_uris_until_their_file_is_freed() {
         let root = tempfile::tempdir().expect("tempdir");
         for key_count_per_file in [1, 4] {
-            let storage = nfs_at(&format!("{}/", root.path().display()), key_count_per_file);
+            let storage = nfs_in(root.path(), key_count_per_file);
             let specs = specs(&[1024, 2048]);
             let blocks = blocks(&[1, 2, 3, 4, 5], &[0, 1]);
             let request = AllocationRequest {
@@ -853,7 +860,7 @@ mod tests {
     #[test]
     fn counts_are_dropped_with_their_files() {
         let root = tempfile::tempdir().expect("tempdir");
-        let storage = nfs_at(&format!("{}/", root.path().display()), 4);
+        let storage = nfs_in(root.path(), 4);
         let uris = allocate_uris(&storage, &[1, 2, 3, 4, 5]);
         assert_eq!(
             storage.live.tracked_files(),
@@ -871,7 +878,7 @@ mod tests {
         let root = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir(root.path().join("i")).expect("mkdir");
         std::fs::write(root.path().join("i/tp1"), b"not a directory").expect("write");
-        let storage = nfs_at(&format!("{}/", root.path().display()), 4);
+        let storage = nfs_in(root.path(), 4);
         // Different sizes: each part has its own files, tp0's in i/tp0, tp1's in i/tp1.
         let (specs, blocks) = (specs(&[1024, 2048]), blocks(&[1, 2], &[0, 1]));
         let request = AllocationRequest {
