@@ -15,7 +15,8 @@
 //! 64-byte READs between two raw queue pairs of that device (no lookup logic).
 //! `KVCM_BENCH_TABLE_BYTES=0` skips the table-size measurement (minutes in a TCG VM).
 //! `KVCM_BENCH_ONLY=<text>` runs the floors and the lookup cases whose name contains the
-//! text; the write pairs too when the text contains `write`.
+//! text (or one of several texts separated by `|`); the write pairs too when the text
+//! contains `write`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -567,13 +568,15 @@ fn main() {
         } else {
             println!("*** redis-server not found: the Redis GET floor is not measured ***");
         }
-        // KVCM_BENCH_ONLY=<text>: only the cases whose name contains it (and the floors).
+        // KVCM_BENCH_ONLY=<text>[|<text>…]: only the cases whose name contains one of the
+        // texts (and the floors).
         if let Ok(only) = std::env::var("KVCM_BENCH_ONLY") {
             let floors = 1 + usize::from(verbs.is_some());
             let mut index = 0;
             cases.retain(|case| {
                 index += 1;
-                index <= floors || case.name().contains(&only)
+                let name = case.name();
+                index <= floors || only.split('|').any(|text| name.contains(text))
             });
         }
         let figures = measure(&mut cases, rounds);
