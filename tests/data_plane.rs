@@ -771,6 +771,11 @@ fn blocks_in_registered_memory_move_zero_copy_over_tcp_and_say_so() {
     let mut engine = engine(&server, "on_pool", TransferConfig::default());
     let keys: Vec<i64> = (1..=32).collect();
     round_trip_in_registered_memory(&mut engine, &keys, TransferPath::PoolSoftTcpZeroCopy);
+    // 800 parts to one node: more than the 768 zero-copy requests kept in flight, so later
+    // batches wait for a few completions while others are still coming (a wait once took
+    // more than it asked for and the put then timed out with every transfer done).
+    let many: Vec<i64> = (1_000..1_200).collect();
+    round_trip_in_registered_memory(&mut engine, &many, TransferPath::PoolSoftTcpZeroCopy);
     let staged = get_checked(&mut engine, &keys);
     assert_eq!(
         staged,
@@ -1119,15 +1124,7 @@ fn device_blocks_round_trip_through_the_staging_ring_to_the_pool_and_to_files() 
     let mut device = kvcm_client::HostStaging::new(2 * count * block_bytes, 2, 3 * block_bytes);
     let sources = device_blocks(0, count);
     let targets = device_blocks((count * block_bytes) as u64, count);
-    {
-        let mut memory = device.memory();
-        for (block, key) in keys.iter().enumerate() {
-            for spec in 0..SPECS {
-                let at = (block * SPECS + spec) * SPEC_BYTES;
-                memory[at..at + SPEC_BYTES].copy_from_slice(&pattern(*key, spec));
-            }
-        }
-    }
+    fill_device(&device, &keys);
     for (instance, wire, half) in [
         ("on_pool", Wire::Tcp, 0..count / 2),
         ("on_pool", Wire::Shm, count / 2..count),
@@ -1159,15 +1156,11 @@ fn device_blocks_round_trip_through_the_staging_ring_to_the_pool_and_to_files() 
             "{instance} {wire:?}: {:?}",
             &got[..2]
         );
-        let memory = device.memory();
         for block in half.clone() {
-            for (spec, range) in targets[block].iter().enumerate() {
-                let at = range.addr as usize;
-                assert!(
-                    memory[at..at + range.len] == pattern(keys[block], spec),
-                    "{instance} {wire:?}: block {block} spec {spec} landed wrong"
-                );
-            }
+            assert!(
+                landed(&device, &targets[block], keys[block]),
+                "{instance} {wire:?}: block {block} landed wrong"
+            );
         }
     }
     // A block larger than a slot fails alone; the session still finishes.
@@ -1182,6 +1175,95 @@ fn device_blocks_round_trip_through_the_staging_ring_to_the_pool_and_to_files() 
     );
     let got = get_checked(&mut engine, &[7777]);
     assert_eq!(got, vec![GetOutcome::Miss(None)], "nothing was committed");
+}
+
+/// Writes the pattern of `keys[i]` into device memory as block `i` of `device_blocks(0, ..)`.
+fn fill_device(device: &kvcm_client::HostStaging, keys: &[i64]) {
+    let mut memory = device.memory();
+    for (block, key) in keys.iter().enumerate() {
+        for spec in 0..SPECS {
+            let at = (block * SPECS + spec) * SPEC_BYTES;
+            memory[at..at + SPEC_BYTES].copy_from_slice(&pattern(*key, spec));
+        }
+    }
+}
+
+/// Whether the device ranges `ranges` (one per spec) hold block `key`'s pattern.
+fn landed(
+    device: &kvcm_client::HostStaging,
+    ranges: &[kvcm_client::DeviceRange],
+    key: i64,
+) -> bool {
+    let memory = device.memory();
+    ranges.iter().enumerate().all(|(spec, range)| {
+        let at = range.addr as usize;
+        memory[at..at + range.len] == pattern(key, spec)
+    })
+}
+
+/// A device with one staging slot writes each chunk from the slot before it stages the next
+/// one there (it once staged chunk `i` over chunk `i - 1` first, so the next chunk's bytes
+/// were committed, checksummed, under the earlier chunk's keys); and a copy into device
+/// memory that fails during a get makes its block a miss, never a hit — whichever later
+/// wait the device reports it at (it once failed the chunk at hand instead).
+#[test]
+fn device_blocks_through_one_staging_slot_and_a_failing_copy() {
+    let (_runtime, server, _node) = prepare(200, "80M");
+    let count = 10;
+    let keys: Vec<i64> = (9500..9500 + count as i64).collect();
+    let block_bytes = SPECS * SPEC_BYTES;
+    let memory_bytes = 2 * count * block_bytes;
+    let sources = device_blocks(0, count);
+    let targets = device_blocks((count * block_bytes) as u64, count);
+    // One slot of three blocks: four chunks.
+    let mut one_slot = kvcm_client::HostStaging::new(memory_bytes, 1, 3 * block_bytes);
+    fill_device(&one_slot, &keys);
+    let mut engine = engine(&server, "on_pool", TransferConfig::default());
+    let put = engine
+        .put_device_blocks(&keys, &sources, &mut one_slot)
+        .expect("put");
+    assert_eq!(written_by(&put).len(), count);
+    assert_eq!(
+        hits(&get_checked(&mut engine, &keys)),
+        count,
+        "each key's own bytes"
+    );
+    let got = engine
+        .get_device_blocks(&keys, &targets, &mut one_slot)
+        .expect("get");
+    assert_eq!(hits(&got), count, "{got:?}");
+    for block in 0..count {
+        assert!(
+            landed(&one_slot, &targets[block], keys[block]),
+            "block {block}"
+        );
+    }
+
+    // Two slots of one block; block 4's first range lies outside the device memory, so its
+    // copy fails on the copy thread and is reported at a later wait.
+    let mut two_slots = kvcm_client::HostStaging::new(memory_bytes, 2, block_bytes);
+    let mut bad = targets.clone();
+    bad[4][0].addr = memory_bytes as u64;
+    let got = engine
+        .get_device_blocks(&keys, &bad, &mut two_slots)
+        .expect("get");
+    assert!(
+        matches!(&got[4], GetOutcome::Miss(Some(reason)) if reason.contains("outside")),
+        "{:?}",
+        got[4]
+    );
+    for (block, outcome) in got.iter().enumerate() {
+        if matches!(outcome, GetOutcome::Hit(_)) {
+            assert!(
+                landed(&two_slots, &bad[block], keys[block]),
+                "block {block}"
+            );
+        }
+    }
+    assert!(
+        hits(&got) >= count - 3,
+        "only blocks near the failed copy miss: {got:?}"
+    );
 }
 
 /// `kvcm.auth.meta = required` with an admin token.

@@ -504,7 +504,10 @@ impl PoolLink {
         let deadline = Instant::now() + self.deadline;
         let mut completions = [WorkCompletion::EMPTY; 64];
         while count > 0 {
-            let got = self.cq.poll(&mut completions);
+            // Never more than `count`: the completions past it belong to the caller's next
+            // wait (`post_all` waits for a few while later requests are still in flight).
+            let room = count.min(completions.len());
+            let got = self.cq.poll(&mut completions[..room]);
             if let Some(bad) = completions[..got]
                 .iter()
                 .find(|c| c.status != WcStatus::Success)
@@ -512,7 +515,7 @@ impl PoolLink {
                 self.failed_with.set(Some(bad.status));
                 return Err(format!("pool transfer failed: {:?}", bad.status));
             }
-            count -= got.min(count);
+            count -= got;
             if got == 0 {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {

@@ -3,13 +3,17 @@
 //! a time (whole blocks, at most one slot of bytes per chunk).
 //!
 //! - put: the device copies chunk `i` into slot `i mod slots` while chunk `i − 1` is written
-//!   from its slot to pool nodes and files;
+//!   from its slot to pool nodes and files (with one slot, a chunk is written before the
+//!   next is copied into the slot);
 //! - get: chunk `i` is read into slot `i mod slots` while the device copies chunk `i − 1`
 //!   from its slot into the caller's device ranges; the last copies are awaited before the
 //!   outcomes are returned.
 //!
 //! A block larger than a slot fails (put) or misses (get) with the reason; a device error
-//! fails the blocks it touched, never the session: FinishWriteCache still runs.
+//! fails the blocks it may have touched, never the session: FinishWriteCache still runs. A
+//! device may report a failed copy at a later wait on any slot, so a get's error fails every
+//! block whose copies were queued and not yet known to be done (and a put's fails every
+//! chunk not yet written).
 
 use super::device::{Device, DeviceRange};
 use super::{GetOutcome, Part, Planned, PutOutcome, TransferEngine};
@@ -30,29 +34,34 @@ impl TransferEngine {
         for (block, reason) in too_big {
             put.failed[block] = Some(reason);
         }
-        let slots = device.slots();
+        // A device claiming no slot gets errors from them, not a division by zero.
+        let slots = device.slots().max(1);
+        // With two slots or more chunk `i` is staged while chunk `i - 1` is written; with
+        // one, each chunk is written from the slot before the next is staged into it.
+        let lag = usize::from(slots > 1);
         let mut broken: Option<String> = None;
-        for i in 0..=chunks.len() {
+        for i in 0..chunks.len() + lag {
             if let (Some(chunk), None) = (chunks.get(i), &broken) {
                 let ranges = ranges_of(&put.planned, chunk, blocks);
                 if let Err(error) = device.stage_out(i % slots, &ranges) {
                     broken = Some(error.to_string());
                 }
             }
-            let Some(previous) = i.checked_sub(1).map(|p| &chunks[p]) else {
+            let Some(w) = i.checked_sub(lag) else {
                 continue;
             };
+            let written = &chunks[w];
             if broken.is_none() {
-                match device.slot((i - 1) % slots) {
+                match device.slot(w % slots) {
                     Ok(bytes) => {
-                        let parts = views(&put.planned, previous, bytes);
+                        let parts = views(&put.planned, written, bytes);
                         self.write_recorded(&mut put, &parts);
                     }
                     Err(error) => broken = Some(error.to_string()),
                 }
             }
             if let Some(reason) = &broken {
-                for &part in previous {
+                for &part in written {
                     let block = put.planned[part].block;
                     put.failed[block].get_or_insert_with(|| reason.clone());
                 }
@@ -76,22 +85,35 @@ impl TransferEngine {
         for (block, reason) in too_big {
             get.failed[block] = Some(reason);
         }
-        let slots = device.slots();
+        let slots = device.slots().max(1);
+        // Per slot, the parts whose copies from it into device memory are queued and not yet
+        // known to be done. A device may report a copy's error at any later wait, so an
+        // error fails every such part, not only the chunk at hand.
+        let mut copying: Vec<Vec<usize>> = vec![Vec::new(); slots];
         for (i, chunk) in chunks.iter().enumerate() {
-            let staged = device.slot(i % slots).map(|bytes| {
+            let slot = i % slots;
+            let staged = device.slot(slot).map(|bytes| {
                 let mut parts = views_mut(&get.planned, chunk, bytes);
                 let results = self.read_parts(&mut parts);
                 get.record(&parts, results);
             });
+            if staged.is_ok() {
+                // The slot's earlier copies completed without error.
+                copying[slot].clear();
+            }
             let ranges = ranges_of(&get.planned, chunk, blocks);
-            let copied = staged.and_then(|()| device.stage_in(i % slots, &ranges));
-            if let Err(error) = copied {
-                fail(&mut get.failed, &get.planned, chunk, &error);
+            match staged.and_then(|()| device.stage_in(slot, &ranges)) {
+                Ok(()) => copying[slot].clone_from(chunk),
+                Err(error) => {
+                    let mut unsure = copying.concat();
+                    unsure.extend_from_slice(chunk);
+                    copying.iter_mut().for_each(Vec::clear);
+                    fail(&mut get.failed, &get.planned, &unsure, &error);
+                }
             }
         }
         if let Err(error) = device.sync() {
-            let all: Vec<usize> = (0..get.planned.len()).collect();
-            fail(&mut get.failed, &get.planned, &all, &error);
+            fail(&mut get.failed, &get.planned, &copying.concat(), &error);
         }
         Ok(self.finish_get(keys, get))
     }
