@@ -64,7 +64,7 @@ pub struct TransferConfig {
     /// an RDMA device.
     pub pool_wire: Wire,
     /// Registered staging bytes per pool node link (TCP and verbs transfers of buffers
-    /// outside registered memory go through it).
+    /// outside registered memory go through it): 4 KiB to 2 GiB.
     pub staging_bytes: usize,
     /// How long a pool node may take to answer before its transfers fail.
     pub timeout: Duration,
@@ -273,6 +273,21 @@ fn check_file_roots(roots: &[PathBuf]) -> Result<(), ClientError> {
     }
 }
 
+/// Fewest and most staging bytes per link: a chunk must hold bytes (an empty one never
+/// advances), and one work request moves at most a chunk, whose length is 32 bits.
+const STAGING_BYTES: std::ops::RangeInclusive<usize> = 4 << 10..=2 << 30;
+
+fn check_staging_bytes(bytes: usize) -> Result<(), ClientError> {
+    if STAGING_BYTES.contains(&bytes) {
+        return Ok(());
+    }
+    Err(ClientError::InvalidArgument(format!(
+        "staging_bytes {bytes} is outside {} to {}",
+        STAGING_BYTES.start(),
+        STAGING_BYTES.end()
+    )))
+}
+
 /// The checksum of a part's bytes.
 fn checksum_of(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
@@ -375,6 +390,7 @@ impl TransferEngine {
         let credentials = (client.tls.clone(), client.api_key.clone());
         let directory = Directory::new(servers, credentials, client.instance_id.clone());
         check_file_roots(&config.file_roots)?;
+        check_staging_bytes(config.staging_bytes)?;
         Ok(TransferEngine {
             client: Client::connect(client)?,
             files: FileIo::new(config.file_io.clone()),
@@ -970,6 +986,28 @@ impl TransferEngine {
                 Err(reason) => results[i] = Err(reason),
             }
         }
+        // Two incarnations at one endpoint in one call (a node restarted under another id
+        // before the server declared the old one dead): the link serves the one connected
+        // last, so the parts placed on the other fail here rather than move bytes at their
+        // offsets in the wrong region.
+        placed.retain(|&(i, endpoint, _)| {
+            let Target::Pool {
+                range_id, node_id, ..
+            } = places[i].0
+            else {
+                return false;
+            };
+            let served = self
+                .links
+                .get(&endpoint)
+                .is_some_and(|link| link.info.range_id == *range_id);
+            if !served {
+                results[i] = Err(format!(
+                    "pool node {node_id} at {endpoint} serves another incarnation now"
+                ));
+            }
+            served
+        });
         placed
     }
 
@@ -1002,10 +1040,13 @@ impl TransferEngine {
                 self.config.timeout,
             )
             .inspect_err(|_| self.failed_this_call.push(place.endpoint))?;
-            if link.info.range_id != range_id {
+            // The link is kept whichever incarnation it reached: parts placed on that one
+            // (by an earlier resolution of this call) still use it.
+            let serves = link.info.range_id;
+            self.links.insert(place.endpoint, link);
+            if serves != range_id {
                 return Err(format!("pool node {node_id} is on another incarnation now"));
             }
-            self.links.insert(place.endpoint, link);
         }
         Ok(place.endpoint)
     }
@@ -1263,6 +1304,20 @@ mod tests {
         assert_eq!(waves(&parts_of(&[(MIB, 4); 3], Some(1))), [12]);
         assert_eq!(waves(&parts_of(&[(MIB, 4); 64], None)), [256]);
         assert_eq!(waves::<Vec<u8>>(&[]), [0]);
+    }
+
+    #[test]
+    fn staging_bytes_outside_4_kib_to_2_gib_are_refused_with_the_field_named() {
+        for bad in [0, 1, (4 << 10) - 1, (2 << 30) + 1, 8 << 30] {
+            let refused = check_staging_bytes(bad);
+            assert!(
+                matches!(&refused, Err(ClientError::InvalidArgument(m)) if m.contains("staging_bytes")),
+                "{bad}: {refused:?}"
+            );
+        }
+        for good in [4 << 10, 16 << 20, 2 << 30] {
+            assert!(check_staging_bytes(good).is_ok(), "{good}");
+        }
     }
 
     #[test]
