@@ -210,6 +210,35 @@ fn prefix(manager: &Manager, instance: &Instance, keys: &[i64]) -> usize {
         .len()
 }
 
+/// Location nonces skip 0 (an empty lookup-table slot) when the lifetime counter wraps: a
+/// SERVING location with nonce 0 once made every table build of its instance fail.
+#[test]
+fn location_nonces_skip_zero_when_the_counter_wraps() {
+    let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
+    fx.manager
+        .nonces
+        .store(u32::MAX - 1, std::sync::atomic::Ordering::Relaxed);
+    let started = fx
+        .manager
+        .start_write(&instance, vec![1, 2, 3], &[], 60)
+        .expect("start");
+    let nonces: Vec<u32> = instance
+        .index
+        .get(&[1, 2, 3])
+        .expect("get")
+        .into_iter()
+        .map(|entry| {
+            entry
+                .expect("written")
+                .locations()
+                .next()
+                .expect("one")
+                .nonce
+        })
+        .collect();
+    assert_eq!(nonces, [u32::MAX - 1, u32::MAX, 1], "{started:?}");
+}
+
 #[test]
 fn an_expired_session_fails_within_100ms_of_its_deadline() {
     let (fx, instance) = fixture(i64::MAX, PREFER_3FS);
@@ -933,10 +962,7 @@ fn allocated(
     let location = Location {
         storage: handle,
         state: LocationState::Serving,
-        nonce: fx
-            .manager
-            .nonces
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        nonce: crate::write::next_nonce(&fx.manager.nonces),
         parts: vec![Part {
             spec: 0,
             address: part.address,

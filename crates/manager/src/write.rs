@@ -998,13 +998,25 @@ fn allocate(
             let location = Location {
                 storage: handle,
                 state: LocationState::Writing,
-                nonce: nonces.fetch_add(1, Ordering::Relaxed),
+                nonce: next_nonce(nonces),
                 parts,
                 checksums: Vec::new(),
             };
             (block.key, location, rendered)
         })
         .collect())
+}
+
+/// The next location nonce from `nonces`: never 0 (an empty slot of the lookup table), also
+/// once the counter wraps after 2^32 allocations (a server's lifetime count: recovery carries
+/// it on).
+pub(crate) fn next_nonce(nonces: &AtomicU32) -> u32 {
+    loop {
+        let nonce = nonces.fetch_add(1, Ordering::Relaxed);
+        if nonce != 0 {
+            return nonce;
+        }
+    }
 }
 
 /// The keys of `writes` and the ids of their locations per key.
