@@ -283,11 +283,13 @@ impl LookupService {
         // Entered in the map at once (empty, not yet readable), then filled under its own
         // lock: publication calls for this instance wait for the fill, other instances' do
         // not, and a concurrent bootstrap waits for the same fill.
-        let table = {
+        let (table, stale) = {
             let mut tables = self.tables();
             match tables.get(instance_id) {
-                Some(table) => table.clone(),
-                None => {
+                Some(table) if table.is_of(&instance) => (table.clone(), None),
+                // None, or a removed instance's table its removal has not retired yet.
+                kept => {
+                    let stale = kept.cloned();
                     let table = InstanceTable::create(
                         &manager,
                         &instance,
@@ -296,12 +298,15 @@ impl LookupService {
                     )?;
                     let table = Arc::new(table);
                     tables.insert(instance_id.to_string(), table.clone());
-                    table
+                    (table, stale)
                 }
             }
         };
+        if let Some(stale) = stale {
+            retire(instance_id, &stale);
+        }
         if let Err(error) = table.ensure_published(&manager, &instance) {
-            self.drop_table(instance_id, &error);
+            self.drop_this_table(instance_id, &table, &error);
             return Err(error);
         }
         // Removed (and perhaps registered again) while its table was built: the removal
@@ -322,9 +327,7 @@ impl LookupService {
     fn retire_all(&self, why: &str) {
         let tables: Vec<(String, Arc<InstanceTable>)> = self.tables().drain().collect();
         for (id, table) in tables {
-            if let Err(error) = table.retire() {
-                tracing::error!(instance = id, %error, "retiring a lookup table failed");
-            }
+            retire(&id, &table);
         }
         for (key, grant) in self.core.bound() {
             self.core.close(key, grant);
@@ -355,9 +358,7 @@ impl LookupService {
                 self.tables_dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
-        if let Err(error) = table.retire() {
-            tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
-        }
+        retire(instance_id, table);
     }
 
     fn refresh_availability(&self) {
@@ -370,11 +371,11 @@ impl LookupService {
             .map(|(id, table)| (id.clone(), table.clone()))
             .collect();
         for (id, table) in tables {
-            let Some(instance) = manager.instance(&id) else {
+            let Some(instance) = manager.instance(&id).filter(|i| table.is_of(i)) else {
                 continue;
             };
             if let Err(error) = table.refresh_availability(&manager, &instance) {
-                self.drop_table(&id, &error);
+                self.drop_this_table(&id, &table, &error);
             }
         }
     }
@@ -433,7 +434,8 @@ impl LookupService {
 
 impl Publication for LookupService {
     fn keys_changed(&self, instance: &Instance, keys: &[BlockKey]) {
-        let Some(table) = self.table(instance.id()) else {
+        // A removed instance's late changes never reach a later instance's table.
+        let Some(table) = self.table(instance.id()).filter(|t| t.is_of(instance)) else {
             return;
         };
         let Some(manager) = self.manager.upgrade() else {
@@ -447,7 +449,7 @@ impl Publication for LookupService {
                 _ => table.abandon_growth(&growth),
             },
             Ok(None) => {}
-            Err(error) => self.drop_table(instance.id(), &error),
+            Err(error) => self.drop_this_table(instance.id(), &table, &error),
         }
     }
 
@@ -456,11 +458,20 @@ impl Publication for LookupService {
     }
 
     fn instance_removed(&self, instance_id: &str) {
-        if let Some(table) = self.tables().remove(instance_id) {
-            if let Err(error) = table.retire() {
-                tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
-            }
+        // Out of the map first, the map's lock released: retiring waits for the table's own
+        // lock (a fill or a rebuild may hold it for a while), and other instances' changes
+        // must not wait for that.
+        let removed = self.tables().remove(instance_id);
+        if let Some(table) = removed {
+            retire(instance_id, &table);
         }
+    }
+}
+
+/// Retires `table` of `instance_id` (readers refuse it from now on), logging a failure.
+fn retire(instance_id: &str, table: &InstanceTable) {
+    if let Err(error) = table.retire() {
+        tracing::error!(instance = instance_id, %error, "retiring a lookup table failed");
     }
 }
 

@@ -32,7 +32,7 @@
 //!   wire, [`InstanceTable::domain`]): only queue pairs created in them can read it.
 
 use std::collections::HashSet;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use kvcm_index::{BlockKey, ScanCursor};
@@ -169,6 +169,9 @@ pub struct Grown {
 /// The published table of one instance.
 pub struct InstanceTable {
     instance_id: String,
+    /// The instance object it was built for: one of a later registration of the same id
+    /// is another table's (see [`InstanceTable::is_of`]).
+    instance: Weak<Instance>,
     /// (wire index, the instance's protection domain on that wire).
     domains: Vec<(usize, AnyDomain)>,
     header: HostMemory,
@@ -237,7 +240,7 @@ impl InstanceTable {
     /// domains of `wires` (`(wire index, domain)`).
     pub fn create(
         manager: &Manager,
-        instance: &Instance,
+        instance: &Arc<Instance>,
         wires: &[(usize, AnyDomain)],
         incarnation: u64,
     ) -> Result<InstanceTable, LookupError> {
@@ -259,6 +262,7 @@ impl InstanceTable {
         let current = empty(domains, &specs, &availability, sizes)?;
         Ok(InstanceTable {
             instance_id: instance.id().to_string(),
+            instance: Arc::downgrade(instance),
             domains: domains.to_vec(),
             header,
             header_regions,
@@ -285,6 +289,14 @@ impl InstanceTable {
             growth_ended: Condvar::new(),
             growth_stall: GROWTH_STALL,
         })
+    }
+
+    /// Whether this is the table of `instance` (the object, not only its id): a removed
+    /// instance's changes must not reach the table of a later instance of its id, nor may a
+    /// later instance be answered from a removed one's table. (The weak reference keeps the
+    /// allocation, so no other instance can take its address while the table lives.)
+    pub fn is_of(&self, instance: &Instance) -> bool {
+        std::ptr::eq(self.instance.as_ptr(), instance)
     }
 
     /// Fills the table from the index and writes its header, once (later calls return at
@@ -548,13 +560,17 @@ impl InstanceTable {
         }
     }
 
-    /// Re-publishes the availability block if the weights changed.
+    /// Re-publishes the availability block if the weights changed (and releases the
+    /// generations whose grace passed).
     pub fn refresh_availability(
         &self,
         manager: &Manager,
         instance: &Instance,
     ) -> Result<(), LookupError> {
         let mut state = self.lock();
+        // This runs every tick of the availability thread: generations replaced by a growth
+        // or a rebuild are released once their grace passed, writes or not.
+        self.expire_retired(&mut state);
         let availability = availability(manager, instance);
         if !state.published || availability == state.availability {
             return Ok(());
@@ -1110,6 +1126,45 @@ mod tests {
         for key in 1..next + 8 {
             assert_eq!(is_published(&table, key), key > 4, "after install: {key}");
         }
+    }
+
+    #[test]
+    fn a_replaced_generation_is_released_after_its_grace_without_further_writes() {
+        let (_dir, manager, instance, table, _next, growth) = nearly_full();
+        let grown = table
+            .build_grown(&manager, &instance, &growth)
+            .expect("build");
+        assert!(table
+            .install_grown(&manager, &instance, grown)
+            .expect("install"));
+        assert_eq!(
+            table.lock().retiring.len(),
+            1,
+            "kept registered for its grace"
+        );
+        // The grace has passed; no write comes, only the availability thread's tick (it
+        // once waited for the next successful write, however long that took).
+        table.lock().retiring[0].0 = Instant::now();
+        table
+            .refresh_availability(&manager, &instance)
+            .expect("tick");
+        assert!(table.lock().retiring.is_empty(), "released on the tick");
+    }
+
+    #[test]
+    fn a_table_is_of_the_instance_object_it_was_built_for_not_of_a_later_one_of_its_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (manager, instance, table) = setup(dir.path());
+        assert!(table.is_of(&instance));
+        let info = instance.info().clone();
+        manager.remove_instance("i").expect("remove");
+        manager.register_instance(info).expect("register again");
+        let again = manager.instance("i").expect("registered");
+        assert!(
+            !table.is_of(&again),
+            "the removed instance's table is not the later instance's"
+        );
+        assert!(table.is_of(&instance));
     }
 
     #[test]
