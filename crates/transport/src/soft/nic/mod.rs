@@ -524,6 +524,9 @@ impl Nic {
     fn park(&mut self) {
         let parked = self.shared.registry.table().parked();
         parked.store(1, Ordering::SeqCst);
+        // Pairs with the fence in `kick`: either a poster sees the NIC parked and rings, or
+        // `has_work` sees what it posted.
+        fence(Ordering::SeqCst);
         if !self.has_work() && !self.shared.stop.load(Ordering::Acquire) {
             let mut park = self.shared.idle.park_timeout;
             if self.requesters.iter().any(|link| link.needs_recheck()) || self.sends_stalled() {

@@ -138,10 +138,13 @@ impl ResponderLink {
         Ok(progress)
     }
 
-    /// Whether output is waiting that could be written now (the NIC must not park);
-    /// blocked output waits for epoll to report the socket writable.
+    /// Whether output is waiting that could be written now, or a receive was posted for a
+    /// message this link waits to place (the NIC must not park: while it waits for a
+    /// receive the socket is out of the epoll set, so only this check sees a receive posted
+    /// as the NIC goes to park); blocked output waits for epoll to report the socket
+    /// writable.
     pub(crate) fn busy(&self) -> bool {
-        self.conn.output_ready()
+        self.conn.output_ready() || (self.awaiting_receive && !self.qp.lock_rq().is_empty())
     }
 
     fn serve(&mut self, registry: &Registry, readable: bool) -> Result<bool, LinkClosed> {
