@@ -217,10 +217,15 @@ impl Device for HostStaging {
     }
 
     fn sync(&mut self) -> Result<(), ClientError> {
+        // Every slot is waited for even after an error, so that no copy of this call
+        // reports its failure at the next call's first wait.
+        let mut first = Ok(());
         for slot in 0..self.slots.len() {
-            self.wait_for(slot)?;
+            if let Err(error) = self.wait_for(slot) {
+                first = first.and(Err(error));
+            }
         }
-        Ok(())
+        first
     }
 }
 
@@ -262,5 +267,21 @@ mod tests {
             device.stage_out(1, &too_big),
             Err(ClientError::InvalidArgument(_))
         ));
+    }
+
+    /// A sync waits for every slot even after an error, so no failed copy of one call is
+    /// reported at the next call's first wait (it once returned at the first slot's error).
+    #[test]
+    fn a_sync_that_fails_leaves_no_error_for_the_next_wait() {
+        let mut device = HostStaging::new(64, 2, 16);
+        let outside = [DeviceRange { addr: 60, len: 8 }];
+        device.stage_in(0, &outside).unwrap();
+        device.stage_in(1, &outside).unwrap();
+        assert!(matches!(device.sync(), Err(ClientError::Device(_))));
+        assert!(
+            device.slot(1).is_ok(),
+            "nothing left over from the failed sync"
+        );
+        assert!(device.slot(0).is_ok());
     }
 }
