@@ -457,13 +457,20 @@ impl Publication for LookupService {
         self.refresh_availability();
     }
 
-    fn instance_removed(&self, instance_id: &str) {
-        // Out of the map first, the map's lock released: retiring waits for the table's own
-        // lock (a fill or a rebuild may hold it for a while), and other instances' changes
-        // must not wait for that.
-        let removed = self.tables().remove(instance_id);
+    fn instance_removed(&self, instance: &Instance) {
+        // Only its own table: a later instance of the id may have been registered, and its
+        // table built, before this call. Out of the map first, the map's lock released:
+        // retiring waits for the table's own lock (a fill or a rebuild may hold it for a
+        // while), and other instances' changes must not wait for that.
+        let removed = {
+            let mut tables = self.tables();
+            let own = tables
+                .get(instance.id().as_ref())
+                .is_some_and(|table| table.is_of(instance));
+            own.then(|| tables.remove(instance.id().as_ref())).flatten()
+        };
         if let Some(table) = removed {
-            retire(instance_id, &table);
+            retire(instance.id(), &table);
         }
     }
 }
@@ -588,4 +595,72 @@ fn spawn_availability_ticks(service: Weak<LookupService>) -> Result<(), LookupEr
         })
         .map(drop)
         .map_err(LookupError::Listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use kvcm_manager::registration::{InstanceInfo, ModelDeployment};
+    use kvcm_storage::BlockSpec;
+
+    use super::*;
+    use crate::config::ServerConfig;
+
+    /// The registration of instance `i`: one spec of 4 KiB, blocks of 4 tokens.
+    pub(crate) fn info() -> InstanceInfo {
+        InstanceInfo {
+            quota_group_name: String::new(),
+            instance_group_name: "default".into(),
+            instance_id: "i".into(),
+            block_size: 4,
+            specs: vec![BlockSpec {
+                name: "tp0".into(),
+                size: 4096,
+            }],
+            model: ModelDeployment {
+                model_name: "m".into(),
+                dtype: "fp8".into(),
+                ..Default::default()
+            },
+            spec_groups: Vec::new(),
+            default_query: Default::default(),
+        }
+    }
+
+    /// An instance removed and registered again under its id before its removal reached the
+    /// lookup service (or was even recorded there): a bootstrap of the later instance gets a
+    /// table of its own, not the removed instance's, and the removal's late notice retires
+    /// only the removed instance's table (it once retired whatever table the id had).
+    #[test]
+    fn a_removed_instance_never_touches_the_table_of_a_later_instance_of_its_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = ServerConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..ServerConfig::default()
+        };
+        let manager = crate::server::embedded_manager(&config).expect("manager");
+        manager.register_instance(info()).expect("register");
+        let handlers = crate::service::Handlers::new(manager.clone(), None);
+        let access: LookupAccess = Arc::new(|_| Ok(()));
+        let service = LookupService::start(&manager, handlers.meta.clone(), &config.lookup, access)
+            .expect("lookup service");
+        let (removed_table, first) = service.table_for("i").expect("bootstrap");
+        manager.remove_instance("i").expect("remove");
+        manager.register_instance(info()).expect("register again");
+        // The removal not retired yet: its table still kept under the id.
+        service
+            .tables()
+            .insert("i".into(), Arc::clone(&removed_table));
+        let (table, later) = service.table_for("i").expect("bootstrap again");
+        assert!(!Arc::ptr_eq(&first, &later));
+        assert!(
+            !Arc::ptr_eq(&table, &removed_table) && table.is_of(&later),
+            "the later instance's own table"
+        );
+        service.instance_removed(&first);
+        let kept = service.table("i").expect("kept");
+        assert!(
+            Arc::ptr_eq(&kept, &table),
+            "the removal's notice leaves the later instance's table"
+        );
+    }
 }

@@ -966,8 +966,6 @@ mod tests {
     use kvcm_lookup::header::candidates;
     use kvcm_lookup::reader::{key_slots, Copy};
     use kvcm_manager::mask::BlockMask;
-    use kvcm_manager::registration::{InstanceInfo, ModelDeployment};
-    use kvcm_storage::BlockSpec;
     use kvcm_transport::soft::{SoftConfig, SoftDomain};
 
     use super::*;
@@ -981,23 +979,7 @@ mod tests {
         };
         let manager = crate::server::embedded_manager(&config).expect("manager");
         manager
-            .register_instance(InstanceInfo {
-                quota_group_name: String::new(),
-                instance_group_name: "default".into(),
-                instance_id: "i".into(),
-                block_size: 4,
-                specs: vec![BlockSpec {
-                    name: "tp0".into(),
-                    size: 4096,
-                }],
-                model: ModelDeployment {
-                    model_name: "m".into(),
-                    dtype: "fp8".into(),
-                    ..Default::default()
-                },
-                spec_groups: Vec::new(),
-                default_query: Default::default(),
-            })
+            .register_instance(crate::lookup::tests::info())
             .expect("register");
         let instance = manager.instance("i").expect("registered");
         let domain = AnyDomain::Soft(SoftDomain::open(SoftConfig::default()).expect("domain"));

@@ -326,7 +326,7 @@ impl Manager {
         // Gone from the map: nothing of it stays published or reported, whatever the wait
         // says.
         if let Some(publication) = self.publication.get() {
-            publication.instance_removed(instance_id);
+            publication.instance_removed(&instance);
         }
         self.reports.forget_instance(instance_id);
         Ok((instance, ticket))

@@ -28,8 +28,8 @@ pub trait Publication: Send + Sync {
     fn keys_changed(&self, instance: &Instance, keys: &[BlockKey]);
     /// Storages, their availability or groups' candidates may have changed.
     fn storages_changed(&self);
-    /// The instance was removed.
-    fn instance_removed(&self, instance_id: &str);
+    /// `instance` was removed (a later instance of its id, registered since, is another).
+    fn instance_removed(&self, instance: &Instance);
 }
 
 /// A SERVING location as the lookup table publishes it.

@@ -827,7 +827,7 @@ impl crate::publication::Publication for RecordedPublication {
         self.changes.lock().unwrap().push((from, keys.to_vec()));
     }
     fn storages_changed(&self) {}
-    fn instance_removed(&self, _instance_id: &str) {}
+    fn instance_removed(&self, _instance: &Instance) {}
 }
 
 #[test]
