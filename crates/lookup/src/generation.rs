@@ -284,14 +284,28 @@ impl<M: Memory> Generation<M> {
             }
         }
         let additions: Vec<Slot> = if fits {
-            let new = locations.iter().filter(|l| !kept.contains(&l.nonce));
-            new.map(|l| self.intern(key, l)).collect::<Result<_>>()?
+            let mut additions = Vec::new();
+            for location in locations.iter().filter(|l| !kept.contains(&l.nonce)) {
+                match self.intern(key, location) {
+                    Ok(slot) => additions.push(slot),
+                    Err(error) => {
+                        // Refused (the heap is full): the removals are written all the same
+                        // (no stale slot stays readable, and the counts match the buckets),
+                        // and what was interned for this key is released.
+                        additions.iter().for_each(|slot| self.release(slot));
+                        self.flush(&buckets, &images, touched)?;
+                        return Err(error);
+                    }
+                }
+            }
+            additions
         } else if kept.is_empty() && !locations.is_empty() {
             vec![Slot::overflow(key)]
         } else {
             Vec::new()
         };
-        for slot in additions {
+        let mut additions = additions.into_iter();
+        while let Some(slot) = additions.next() {
             let free = |image: &Vec<Option<Slot>>| image.iter().filter(|s| s.is_none()).count();
             if free(&images[0]) + free(&images[1]) == 0 {
                 // Both full: move other slots forward to make room, then read them again.
@@ -302,6 +316,7 @@ impl<M: Memory> Generation<M> {
                 images = [self.read_bucket(buckets[0])?, self.read_bucket(buckets[1])?];
                 if !made {
                     self.release(&slot);
+                    additions.for_each(|left| self.release(&left));
                     return Err(FormatError::Full(Full::Buckets));
                 }
             }
@@ -439,23 +454,30 @@ impl<M: Memory> Generation<M> {
         if shifts.max().unwrap_or(0) > strings::MAX_BLOCK_SHIFT {
             return Err(FormatError::Corrupt("a template's block shift is over 32"));
         }
-        let mut parts = Vec::with_capacity(location.parts.len());
-        for (template, block) in &location.parts {
-            parts.push(PartRecord {
-                template: self.reference(template)?,
-                block: *block,
-            });
-        }
-        Ok(Slot {
+        let mut slot = Slot {
             head: SlotHead {
                 key,
                 nonce: location.nonce,
                 storage: location.storage,
-                part_count: Slot::part_count(parts.len(), !location.checksums.is_empty()),
+                part_count: Slot::part_count(location.parts.len(), !location.checksums.is_empty()),
             },
-            parts,
+            parts: Vec::with_capacity(location.parts.len()),
             checksums: location.checksums.clone(),
-        })
+        };
+        for (template, block) in &location.parts {
+            match self.reference(template) {
+                Ok(template) => slot.parts.push(PartRecord {
+                    template,
+                    block: *block,
+                }),
+                Err(error) => {
+                    // The parts referenced so far are released: a refused slot holds none.
+                    self.release(&slot);
+                    return Err(error);
+                }
+            }
+        }
+        Ok(slot)
     }
 
     fn reference(&mut self, template: &Template) -> Result<u32> {
@@ -712,6 +734,26 @@ mod tests {
         wide.publish(9, &[plain]).unwrap();
         let slots = slots_of(&wide, 9);
         assert!(slots.len() == 1 && slots[0].head.nonce == 1, "{slots:?}");
+    }
+
+    /// A publish the heap refuses still writes its removals and keeps no references of
+    /// what it could not place: the key's old slot is gone from the bucket (it stayed
+    /// readable, with the slot count already lowered, until a later change or a rebuild).
+    #[test]
+    fn a_publish_the_heap_refuses_still_removes_the_keys_old_slots() {
+        let mut generation = generation(64, 512);
+        generation.publish(1, &[location(1, "a")]).unwrap();
+        assert_eq!(slots_of(&generation, 1).len(), 1);
+        let error = generation
+            .publish(1, &[location(2, &"x".repeat(600))])
+            .unwrap_err();
+        assert!(matches!(error, FormatError::Full(Full::Heap)), "{error}");
+        assert!(
+            slots_of(&generation, 1).is_empty(),
+            "the old slot was removed"
+        );
+        assert_eq!(generation.slots_used(), 0);
+        assert!(generation.strings.is_empty() && generation.by_id.is_empty());
     }
 
     #[test]
