@@ -8,9 +8,10 @@
 //!   [`OpenedFile::direct`] says so; the caller reports it per op;
 //! * for writing, missing parent directories are created (mode 0755) and a missing file is
 //!   created (mode 0644), both subject to the umask; an existing file is never truncated;
-//! * no symlink is followed on the way to a file (`openat2` with `RESOLVE_NO_SYMLINKS`):
-//!   callers pass real paths (the client library resolves and checks them first), so a
-//!   link on the storage fails the open instead of leading elsewhere;
+//! * no symlink is followed on the way to a file (`openat2` with `RESOLVE_NO_SYMLINKS`), nor
+//!   while its missing directories are made (`mkdirat` and `O_NOFOLLOW` one component at a
+//!   time): callers pass real paths (the client library resolves and checks them first), so
+//!   a link on the storage fails the write instead of leading elsewhere;
 //! * only a regular file of a storage file system is used: a path the server named that
 //!   leads to a FIFO, a device, a socket, or a file of procfs, sysfs or another kernel file
 //!   system (`/proc/self/mem`, through any symlink) is refused before any byte moves, and
@@ -18,11 +19,11 @@
 //!   the file proves regular).
 
 use std::collections::HashMap;
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
 
 use super::{DirectMode, DIRECT_IO_ALIGN};
 use crate::error::copy_io_error;
@@ -215,6 +216,10 @@ fn open_failure(source: io::Error) -> OpenFailure {
     }
 }
 
+/// Creates the missing directories above `path` (mode 0755, subject to the umask), one at a
+/// time from the root (or the working directory) and following no symlink: a link on the
+/// way fails the write, as the open itself would, instead of making directories wherever it
+/// leads.
 fn create_parent_directories(path: &Path) -> Result<(), OpenFailure> {
     let Some(parent) = path
         .parent()
@@ -222,17 +227,60 @@ fn create_parent_directories(path: &Path) -> Result<(), OpenFailure> {
     else {
         return Ok(());
     };
-    if fs::metadata(parent).is_ok_and(|metadata| metadata.is_dir()) {
+    if fs::symlink_metadata(parent).is_ok_and(|metadata| metadata.is_dir()) {
         return Ok(());
     }
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(parent)
-        .map_err(|source| OpenFailure {
-            directory: Some(parent.to_owned()),
-            source,
-        })
+    let failed = |source| OpenFailure {
+        directory: Some(parent.to_owned()),
+        source,
+    };
+    let start = if parent.is_absolute() { "/" } else { "." };
+    let mut dir = open_directory(None, Path::new(start)).map_err(failed)?;
+    for component in parent.components() {
+        let name = match component {
+            Component::RootDir | Component::CurDir => continue,
+            Component::Normal(name) => Path::new(name),
+            Component::ParentDir | Component::Prefix(_) => {
+                let why = "a `..` on the way to a block file";
+                return Err(failed(io::Error::new(io::ErrorKind::InvalidInput, why)));
+            }
+        };
+        let name_c = c_path(name).map_err(failed)?;
+        // SAFETY: `dir` is an open directory descriptor and `name_c` a NUL-terminated name,
+        // both alive for the call.
+        if unsafe { libc::mkdirat(dir.as_raw_fd(), name_c.as_ptr(), 0o755) } != 0 {
+            let error = io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EEXIST) {
+                return Err(failed(error));
+            }
+        }
+        dir = open_directory(Some(&dir), name).map_err(failed)?;
+    }
+    Ok(())
+}
+
+/// Opens directory `name` (in `dir`, else from the working directory) as a path
+/// descriptor, refusing a symlink (ELOOP) or anything else that is no directory (ENOTDIR).
+fn open_directory(dir: Option<&File>, name: &Path) -> io::Result<File> {
+    use std::os::fd::FromRawFd;
+    let name = c_path(name)?;
+    let at = dir.map_or(libc::AT_FDCWD, |dir| dir.as_raw_fd());
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `at` is AT_FDCWD or a descriptor `dir` keeps open, `name` NUL-terminated;
+    // both outlive the call.
+    let fd = unsafe { libc::openat(at, name.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor, owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// `path` as a C string (refused with a NUL in it).
+fn c_path(path: &Path) -> io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))
 }
 
 /// Opens `path` following no symlink on the way (the caller resolved the path it checked:
@@ -276,9 +324,7 @@ fn open_with_flags(path: &Path, access: Access, direct: bool) -> io::Result<File
 /// `openat2(AT_FDCWD, path, flags, 0644)` resolving no symlink (nor /proc magic link).
 fn open_beneath_no_links(path: &Path, flags: i32) -> io::Result<File> {
     use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let name = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    let name = c_path(path)?;
     // SAFETY: open_how is plain old data; all-zero is a valid value, filled in below.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = flags as u64;
@@ -355,6 +401,18 @@ mod tests {
         let through = open_block_file(&dir.path().join("link/block"), Access::Write, false);
         assert!(through.is_err(), "a path through a link was opened");
         assert!(!dir.path().join("real/block").exists());
+        // Nor are missing directories made where such a link leads (they once were, with
+        // only the file's own open refused).
+        let below = open_block_file(&dir.path().join("link/sub/block"), Access::Write, false);
+        assert!(below.is_err(), "a path through a link was opened");
+        assert!(
+            !dir.path().join("real/sub").exists(),
+            "a directory made through a link"
+        );
+        // Missing directories of a real path are made.
+        let deep = dir.path().join("a/b/c/block");
+        assert!(open_block_file(&deep, Access::Write, false).is_ok());
+        assert!(deep.is_file());
         // A regular file is opened, and blocking.
         let opened = open_block_file(&dir.path().join("block"), Access::Write, false)
             .unwrap_or_else(|failure| panic!("{}", failure.source));
