@@ -86,10 +86,14 @@ impl TransferEngine {
             get.failed[block] = Some(reason);
         }
         let slots = device.slots().max(1);
-        // Per slot, the parts whose copies from it into device memory are queued and not yet
+        // Per slot, the chunk whose copies from it into device memory are queued and not yet
         // known to be done. A device may report a copy's error at any later wait, so an
-        // error fails every such part, not only the chunk at hand.
-        let mut copying: Vec<Vec<usize>> = vec![Vec::new(); slots];
+        // error fails every such chunk, not only the chunk at hand.
+        let mut copying: Vec<Option<usize>> = vec![None; slots];
+        let unsure = |copying: &mut [Option<usize>]| -> Vec<usize> {
+            let queued = copying.iter_mut().filter_map(Option::take);
+            queued.flat_map(|c| chunks[c].iter().copied()).collect()
+        };
         for (i, chunk) in chunks.iter().enumerate() {
             let slot = i % slots;
             let staged = device.slot(slot).map(|bytes| {
@@ -99,21 +103,20 @@ impl TransferEngine {
             });
             if staged.is_ok() {
                 // The slot's earlier copies completed without error.
-                copying[slot].clear();
+                copying[slot] = None;
             }
             let ranges = ranges_of(&get.planned, chunk, blocks);
             match staged.and_then(|()| device.stage_in(slot, &ranges)) {
-                Ok(()) => copying[slot].clone_from(chunk),
+                Ok(()) => copying[slot] = Some(i),
                 Err(error) => {
-                    let mut unsure = copying.concat();
-                    unsure.extend_from_slice(chunk);
-                    copying.iter_mut().for_each(Vec::clear);
-                    fail(&mut get.failed, &get.planned, &unsure, &error);
+                    let mut failed = unsure(&mut copying);
+                    failed.extend_from_slice(chunk);
+                    fail(&mut get.failed, &get.planned, &failed, &error);
                 }
             }
         }
         if let Err(error) = device.sync() {
-            fail(&mut get.failed, &get.planned, &copying.concat(), &error);
+            fail(&mut get.failed, &get.planned, &unsure(&mut copying), &error);
         }
         Ok(self.finish_get(keys, get))
     }
