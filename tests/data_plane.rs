@@ -1029,9 +1029,10 @@ fn a_flipped_byte_in_a_file_block_is_a_miss_and_the_block_is_removed() {
 
 #[test]
 fn a_torn_pool_block_is_a_miss_and_the_block_is_removed() {
-    let (runtime, server, _node) = prepare(200, "64M");
-    // A writer commits a block whose bytes it never wrote (as after a torn write), with the
-    // checksums of the bytes it meant to write.
+    let (runtime, server, _node) = prepare(200, "96M");
+    // A writer commits two blocks whose bytes it never wrote (as after a torn write), with
+    // the checksums of the bytes it meant to write.
+    let torn = [7, 8];
     let checksums: Vec<u64> = (0..SPECS)
         .map(|s| xxhash_rust::xxh3::xxh3_64(&pattern(7, s)))
         .collect();
@@ -1040,26 +1041,28 @@ fn a_torn_pool_block_is_a_miss_and_the_block_is_removed() {
         let started = grpc
             .start_write_cache(meta::StartWriteCacheRequest {
                 instance_id: "on_pool".into(),
-                block_keys: vec![7],
+                block_keys: torn.to_vec(),
                 write_timeout_seconds: 30,
                 ..Default::default()
             })
             .await
             .expect("start")
             .into_inner();
-        assert_eq!(started.locations.len(), 1, "{started:?}");
-        let mut location = started.locations[0].clone();
-        for (spec, checksum) in location.location_specs.iter_mut().zip(&checksums) {
-            spec.checksum = Some(*checksum);
+        assert_eq!(started.locations.len(), 2, "{started:?}");
+        let mut locations = started.locations.clone();
+        for location in &mut locations {
+            for (spec, checksum) in location.location_specs.iter_mut().zip(&checksums) {
+                spec.checksum = Some(*checksum);
+            }
         }
         let finished = grpc
             .finish_write_cache(meta::FinishWriteCacheRequest {
                 instance_id: "on_pool".into(),
                 write_session_id: started.write_session_id,
                 success_blocks: Some(meta::BlockMask {
-                    info: Some(meta::block_mask::Info::Offset(1)),
+                    info: Some(meta::block_mask::Info::Offset(2)),
                 }),
-                locations: vec![location],
+                locations,
                 ..Default::default()
             })
             .await
@@ -1068,35 +1071,43 @@ fn a_torn_pool_block_is_a_miss_and_the_block_is_removed() {
         let code = finished.header.and_then(|h| h.status).map(|s| s.code);
         assert_eq!(code, Some(meta::ErrorCode::Ok as i32));
     });
-    let located = grpc_lookup(&runtime, &server, "on_pool", &[7]);
-    assert!(is_hit(&located[0]), "committed: {located:?}");
-    // Among 400 good blocks (25 MiB: the get reads and verifies it in waves), the torn one
-    // alone is a miss.
-    let good: Vec<i64> = (1000..1400).collect();
-    let mut keys = good.clone();
-    keys.insert(200, 7);
-    for wire in [Wire::Tcp, Wire::Shm] {
-        let config = TransferConfig {
-            pool_wire: wire,
-            ..TransferConfig::default()
-        };
-        let mut engine = engine(&server, "on_pool", config);
-        if wire == Wire::Tcp {
+    let located = grpc_lookup(&runtime, &server, "on_pool", &torn);
+    assert!(located.iter().all(is_hit), "committed: {located:?}");
+    // Each wire puts 400 good blocks (25 MiB: a get reads and verifies them in waves on
+    // TCP, as it copies them on shm); the other wire gets them with one torn block among
+    // them, so each wire verifies checksums the other computed. The torn one alone is a
+    // miss.
+    let engines: Vec<_> = [Wire::Tcp, Wire::Shm]
+        .into_iter()
+        .enumerate()
+        .map(|(i, wire)| {
+            let config = TransferConfig {
+                pool_wire: wire,
+                ..TransferConfig::default()
+            };
+            let mut engine = engine(&server, "on_pool", config);
+            let good: Vec<i64> = (1000 + 1000 * i as i64..1400 + 1000 * i as i64).collect();
             put(&mut engine, &good);
-            let got = get_checked(&mut engine, &keys);
-            assert!(
-                miss_reason(&got[200]).contains("do not match their checksum"),
-                "{:?}",
-                got[200]
-            );
-            assert_eq!(hits(&got), good.len(), "every good block is a hit");
-        } else {
-            let got = get_checked(&mut engine, &[7]);
-            assert_eq!(got, vec![GetOutcome::Miss(None)], "already removed");
-        }
+            (engine, good)
+        })
+        .collect::<Vec<_>>();
+    let [(mut tcp, tcp_put), (mut shm, shm_put)] = <[_; 2]>::try_from(engines).expect("two");
+    for (engine, good, torn_key) in [(&mut tcp, &shm_put, 7), (&mut shm, &tcp_put, 8)] {
+        let mut keys = good.clone();
+        keys.insert(200, torn_key);
+        let got = get_checked(engine, &keys);
+        assert!(
+            miss_reason(&got[200]).contains("do not match their checksum"),
+            "{:?}",
+            got[200]
+        );
+        assert_eq!(hits(&got), good.len(), "every good block is a hit");
     }
-    let after = grpc_lookup(&runtime, &server, "on_pool", &[7]);
-    assert!(!is_hit(&after[0]), "the torn block was removed: {after:?}");
+    let after = grpc_lookup(&runtime, &server, "on_pool", &torn);
+    assert!(
+        after.iter().all(|l| !is_hit(l)),
+        "the torn blocks were removed: {after:?}"
+    );
 }
 
 /// Device ranges of `count` blocks laid out from `base` in a device's memory (one range

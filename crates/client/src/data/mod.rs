@@ -28,7 +28,8 @@
 //! `LocationSpec.checksum` extension, outside the block's bytes, which stay exactly what
 //! reference connectors read); a get verifies every part that has one. A part whose bytes
 //! do not match makes its block a miss, and the block is removed (RemoveCache) so no later
-//! lookup returns it.
+//! lookup returns it. Soft-shm copies hash the bytes as they copy them (`shm_copy`); other
+//! paths hash beside or after the transfer.
 
 mod caller_memory;
 #[cfg(feature = "cuda")]
@@ -38,6 +39,7 @@ mod directory;
 mod pool_link;
 mod route;
 mod run_keys;
+mod shm_copy;
 mod staged;
 
 use std::collections::HashMap;
@@ -53,7 +55,7 @@ use self::caller_memory::CallerMemory;
 pub use self::cuda::{cuda_present, CudaDevice};
 pub use self::device::{Device, DeviceRange, HostStaging};
 use self::directory::Directory;
-use self::pool_link::PoolLink;
+use self::pool_link::{Moved, PoolLink};
 use self::route::{target_of, FilePolicy, Target};
 use crate::{Client, ClientConfig, ClientError, Wire};
 
@@ -196,28 +198,27 @@ struct PutSession {
 }
 
 impl PutSession {
-    /// Takes in the results of written parts, with the checksums of all `parts` when they
-    /// were computed beside the writes (else those of the written ones are computed here).
+    /// Takes in the results of written parts, with the checksums of the `parts` computed
+    /// already (as they were copied, or beside the writes); those of the other written parts
+    /// are computed here.
     fn record(
         &mut self,
         parts: &[Part<&[u8]>],
         results: Vec<Result<TransferPath, String>>,
-        sums: Option<Vec<u64>>,
+        mut sums: Vec<Option<u64>>,
     ) {
         if self.with_checksums {
-            let written: Vec<usize> = (0..parts.len()).filter(|&i| results[i].is_ok()).collect();
-            let written_sums = match sums {
-                Some(all) => written.iter().map(|&i| all[i]).collect(),
-                None => {
-                    let buffers: Vec<&[u8]> = written.iter().map(|&i| parts[i].buffer).collect();
-                    checksums_of(&buffers)
-                }
-            };
-            for (&i, sum) in written.iter().zip(written_sums) {
+            let written = (0..parts.len()).filter(|&i| results[i].is_ok());
+            let unknown: Vec<usize> = written.clone().filter(|&i| sums[i].is_none()).collect();
+            let buffers: Vec<&[u8]> = unknown.iter().map(|&i| parts[i].buffer).collect();
+            for (&i, sum) in unknown.iter().zip(checksums_of(&buffers)) {
+                sums[i] = Some(sum);
+            }
+            for i in written {
                 let part = &parts[i];
-                let sums = &mut self.checksums[part.block];
-                sums.resize(sums.len().max(part.spec + 1), 0);
-                sums[part.spec] = sum;
+                let block_sums = &mut self.checksums[part.block];
+                block_sums.resize(block_sums.len().max(part.spec + 1), 0);
+                block_sums[part.spec] = sums[i].unwrap_or_default();
             }
         }
         let failed = &mut self.failed;
@@ -237,13 +238,15 @@ struct GetSession {
 }
 
 impl GetSession {
-    /// Takes in the results of read parts (verifying their checksums).
+    /// Takes in the results of read parts (verifying their checksums; `sums`: those the
+    /// copies computed).
     fn record(
         &mut self,
         parts: &[Part<&mut [u8]>],
         mut results: Vec<Result<TransferPath, String>>,
+        sums: &[Option<u64>],
     ) {
-        let corrupt = verify(parts, &mut results);
+        let corrupt = verify(parts, &mut results, sums);
         self.take(parts, results, corrupt);
     }
 
@@ -300,12 +303,19 @@ const VERIFY_WAVE_BYTES: usize = 8 << 20;
 /// Most waves of one get.
 const MAX_WAVES: usize = 4;
 
-/// The lengths (in parts) of the waves a get reads `parts` in: whole blocks (parts are
-/// ordered by block), at least [`VERIFY_WAVE_BYTES`] each, at most [`MAX_WAVES`]; one wave
-/// when no part has a checksum to verify.
-fn waves<B: AsRef<[u8]>>(parts: &[Part<B>]) -> Vec<usize> {
+/// Whether a part's bytes are hashed as they are copied (soft-shm pool copies,
+/// `shm_copy`), so that no pass of its own checks them.
+fn hashed_in_copy(wire: Wire, target: &Target) -> bool {
+    wire == Wire::Shm && matches!(target, Target::Pool { .. })
+}
+
+/// The lengths (in parts) of the waves a get over `wire` reads `parts` in: whole blocks
+/// (parts are ordered by block), at least [`VERIFY_WAVE_BYTES`] each, at most
+/// [`MAX_WAVES`]; one wave when no part has a checksum to verify apart from its copy.
+fn waves<B: AsRef<[u8]>>(parts: &[Part<B>], wire: Wire) -> Vec<usize> {
     let total: usize = parts.iter().map(|p| p.buffer.as_ref().len()).sum();
-    if parts.iter().all(|p| p.checksum.is_none()) || total < 2 * VERIFY_WAVE_BYTES {
+    let verified_apart = |p: &Part<B>| p.checksum.is_some() && !hashed_in_copy(wire, &p.target);
+    if !parts.iter().any(verified_apart) || total < 2 * VERIFY_WAVE_BYTES {
         return vec![parts.len()];
     }
     let target = (total / MAX_WAVES).max(VERIFY_WAVE_BYTES);
@@ -533,26 +543,35 @@ impl TransferEngine {
         self.finish_put(put)
     }
 
-    /// Writes `parts` and records the results in `put`. With checksums on, a batch of at
-    /// least [`PARALLEL_HASH_BYTES`] is hashed on other threads while it is written (both
+    /// Writes `parts` and records the results in `put`. With checksums on, parts copied
+    /// into soft-shm pool nodes are hashed as they are copied; the others, when they hold at
+    /// least [`PARALLEL_HASH_BYTES`], on other threads while the batch is written (both
     /// only read the caller's bytes), so the hash pass costs no time of its own where a
     /// core is free.
     fn write_recorded(&mut self, put: &mut PutSession, parts: &[Part<&[u8]>]) {
-        let buffers: Vec<&[u8]> = parts.iter().map(|part| part.buffer).collect();
+        let hash = put.with_checksums;
+        let wire = self.config.pool_wire;
+        let apart: Vec<usize> = (0..parts.len())
+            .filter(|&i| hash && !hashed_in_copy(wire, &parts[i].target))
+            .collect();
+        let buffers: Vec<&[u8]> = apart.iter().map(|&i| parts[i].buffer).collect();
         let total: usize = buffers.iter().map(|b| b.len()).sum();
-        if !put.with_checksums || total < PARALLEL_HASH_BYTES {
-            let results = self.write_parts(parts);
-            return put.record(parts, results, None);
+        if total < PARALLEL_HASH_BYTES {
+            let (results, sums) = self.write_parts(parts, hash);
+            return put.record(parts, results, sums);
         }
-        let (results, sums) = std::thread::scope(|scope| {
+        let ((results, mut sums), apart_sums) = std::thread::scope(|scope| {
             let hashing = scope.spawn(|| checksums_of(&buffers));
-            let results = self.write_parts(parts);
-            let sums = hashing
+            let written = self.write_parts(parts, hash);
+            let apart_sums = hashing
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (results, sums)
+            (written, apart_sums)
         });
-        put.record(parts, results, Some(sums));
+        for (&i, sum) in apart.iter().zip(apart_sums) {
+            sums[i] = Some(sum);
+        }
+        put.record(parts, results, sums);
     }
 
     /// StartWriteCache for `keys` (`sizes[i]`: the bytes of each part of block `i`) and the
@@ -665,10 +684,10 @@ impl TransferEngine {
     /// [`VERIFY_WAVE_BYTES`] is read in waves of whole blocks, each verified on other
     /// threads while the next one is read, so the hash pass overlaps the transfers.
     fn read_recorded(&mut self, get: &mut GetSession, parts: &mut [Part<&mut [u8]>]) {
-        let waves = waves(parts);
+        let waves = waves(parts, self.config.pool_wire);
         if waves.len() < 2 {
-            let results = self.read_parts(parts);
-            return get.record(parts, results);
+            let (results, sums) = self.read_parts(parts);
+            return get.record(parts, results, &sums);
         }
         let verified = std::thread::scope(|scope| {
             let mut verifying = Vec::with_capacity(waves.len());
@@ -676,10 +695,10 @@ impl TransferEngine {
             for wave_len in waves {
                 let (wave, after) = rest.split_at_mut(wave_len);
                 rest = after;
-                let mut results = self.read_parts(wave);
+                let (mut results, sums) = self.read_parts(wave);
                 let wave = &*wave;
                 verifying.push(scope.spawn(move || {
-                    let corrupt = verify(wave, &mut results);
+                    let corrupt = verify(wave, &mut results, &sums);
                     (wave, results, corrupt)
                 }));
             }
@@ -754,8 +773,9 @@ impl TransferEngine {
         }
     }
 
-    /// Writes every part; one result per part.
-    fn write_parts(&mut self, parts: &[Part<&[u8]>]) -> Vec<Result<TransferPath, String>> {
+    /// Writes every part; one result per part, and with `hash` the checksums of the parts
+    /// whose copies computed them.
+    fn write_parts(&mut self, parts: &[Part<&[u8]>], hash: bool) -> Moves {
         let mut results = not_attempted(parts.len());
         let places: Vec<(&Target, usize)> =
             parts.iter().map(|p| (&p.target, p.buffer.len())).collect();
@@ -791,27 +811,31 @@ impl TransferEngine {
             })
             .collect();
         let caller = &self.caller;
-        let answers = across_links(&mut self.links, jobs, |link, ops| link.write(&ops, caller));
-        self.record_links(&groups, answers, &mut results);
-        results
+        let answers = across_links(&mut self.links, jobs, |link, ops| {
+            link.write(&ops, caller, hash)
+        });
+        let sums = self.record_links(&groups, answers, &mut results);
+        (results, sums)
     }
 
     /// Records the answers of the pool nodes' transfers (one per group) as their parts'
-    /// results, then tears down every link that failed. A transfer that found no link or
-    /// panicked (`None`) tears down all links: its work requests may still be posted.
+    /// results (and the checksums their copies computed, which it returns), then tears down
+    /// every link that failed. A transfer that found no link or panicked (`None`) tears
+    /// down all links: its work requests may still be posted.
     fn record_links(
         &mut self,
         groups: &[(SocketAddr, Vec<usize>)],
-        answers: Vec<Option<Result<Vec<bool>, String>>>,
+        answers: Vec<Option<Result<Vec<Moved>, String>>>,
         results: &mut [Result<TransferPath, String>],
-    ) {
+    ) -> Vec<Option<u64>> {
         let mut unsettled = false;
+        let mut sums = vec![None; results.len()];
         for ((_, members), done) in groups.iter().zip(answers) {
             let done = done.unwrap_or_else(|| {
                 unsettled = true;
                 Err("the transfer to this pool node was abandoned".into())
             });
-            record_pool(members, done, self.config.pool_wire, results);
+            record_pool(members, done, self.config.pool_wire, results, &mut sums);
         }
         if unsettled {
             let endpoints = self.links.keys().copied();
@@ -819,6 +843,7 @@ impl TransferEngine {
             self.links.clear();
         }
         self.drop_broken_links();
+        sums
     }
 
     /// Tears down the links whose transfers failed or timed out, so that none of their
@@ -834,8 +859,10 @@ impl TransferEngine {
         });
     }
 
-    /// Reads every part; one result per part.
-    fn read_parts(&mut self, parts: &mut [Part<&mut [u8]>]) -> Vec<Result<TransferPath, String>> {
+    /// Reads every part; one result per part, and the checksums of the parts whose copies
+    /// computed them (asked for when some part has a checksum to verify).
+    fn read_parts(&mut self, parts: &mut [Part<&mut [u8]>]) -> Moves {
+        let hash = parts.iter().any(|part| part.checksum.is_some());
         let mut results = not_attempted(parts.len());
         let places: Vec<(&Target, usize)> =
             parts.iter().map(|p| (&p.target, p.buffer.len())).collect();
@@ -878,10 +905,10 @@ impl TransferEngine {
             .collect();
         let caller = &self.caller;
         let answers = across_links(&mut self.links, jobs, |link, mut ops| {
-            link.read(&mut ops, caller)
+            link.read(&mut ops, caller, hash)
         });
-        self.record_links(&groups, answers, &mut results);
-        results
+        let sums = self.record_links(&groups, answers, &mut results);
+        (results, sums)
     }
 
     /// Groups the pool parts among `places` (target, length) by node endpoint, connecting
@@ -1061,6 +1088,10 @@ fn not_attempted(count: usize) -> Vec<Result<TransferPath, String>> {
 /// The operations of one pool node: a buffer per region offset.
 type NodeOps<B> = Vec<(u64, B)>;
 
+/// What moving a batch of parts came to: per part, the path its bytes took (or why they
+/// did not move) and the checksum of its bytes where the copy computed it.
+type Moves = (Vec<Result<TransferPath, String>>, Vec<Option<u64>>);
+
 /// Runs `transfer` with each job's link (`jobs`: one per node endpoint) and returns the
 /// answers in job order. Several nodes are served at once, one thread each: a batch spread
 /// over N nodes waits for the slowest node, not for the sum of them. `None` for a job
@@ -1118,16 +1149,20 @@ fn pool_path(wire: Wire, zero_copy: bool) -> TransferPath {
 }
 
 /// Records a pool link's answer for the parts `members` (its operations, in order): each
-/// part's path, or the link's error for all.
+/// part's path and the checksum its copy computed, or the link's error for all.
 fn record_pool(
     members: &[usize],
-    done: Result<Vec<bool>, String>,
+    done: Result<Vec<Moved>, String>,
     wire: Wire,
     results: &mut [Result<TransferPath, String>],
+    sums: &mut [Option<u64>],
 ) {
     for (k, &i) in members.iter().enumerate() {
         results[i] = match &done {
-            Ok(zero_copy) => Ok(pool_path(wire, zero_copy[k])),
+            Ok(moved) => {
+                sums[i] = moved[k].checksum;
+                Ok(pool_path(wire, moved[k].zero_copy))
+            }
             Err(reason) => Err(reason.clone()),
         };
     }
@@ -1238,17 +1273,32 @@ fn checksum_locations(
         .collect()
 }
 
-/// Checks every read part that has a checksum; a mismatch becomes that part's error.
-/// Returns the blocks found corrupt.
-fn verify(parts: &[Part<&mut [u8]>], results: &mut [Result<TransferPath, String>]) -> Vec<usize> {
+/// Checks every read part that has a checksum (`sums`: those its copy computed, the others
+/// are computed here); a mismatch becomes that part's error. Returns the blocks found
+/// corrupt.
+fn verify(
+    parts: &[Part<&mut [u8]>],
+    results: &mut [Result<TransferPath, String>],
+    sums: &[Option<u64>],
+) -> Vec<usize> {
     // The parts read whole that have a checksum, with it.
     let checked: Vec<(usize, u64)> = (0..parts.len())
         .filter(|&i| results[i].is_ok())
         .filter_map(|i| parts[i].checksum.map(|expected| (i, expected)))
         .collect();
-    let buffers: Vec<&[u8]> = checked.iter().map(|&(i, _)| &*parts[i].buffer).collect();
+    let unknown: Vec<usize> = checked
+        .iter()
+        .map(|&(i, _)| i)
+        .filter(|&i| sums[i].is_none())
+        .collect();
+    let buffers: Vec<&[u8]> = unknown.iter().map(|&i| &*parts[i].buffer).collect();
+    let mut found = sums.to_vec();
+    for (&i, sum) in unknown.iter().zip(checksums_of(&buffers)) {
+        found[i] = Some(sum);
+    }
     let mut corrupt = Vec::new();
-    for (&(i, expected), found) in checked.iter().zip(checksums_of(&buffers)) {
+    for &(i, expected) in &checked {
+        let found = found[i].unwrap_or_default();
         let (part, result) = (&parts[i], &mut results[i]);
         if found != expected {
             *result = Err(format!(
@@ -1290,20 +1340,49 @@ mod tests {
     fn waves_hold_whole_blocks_of_at_least_the_wave_size_and_at_most_four() {
         const MIB: usize = 1 << 20;
         // 64 blocks of 4 parts of 1 MiB (256 MiB): 4 waves of 16 blocks (64 parts).
-        assert_eq!(waves(&parts_of(&[(MIB, 4); 64], Some(1))), [64; 4]);
+        assert_eq!(
+            waves(&parts_of(&[(MIB, 4); 64], Some(1)), Wire::Tcp),
+            [64; 4]
+        );
         // 9 blocks of one 3 MiB part: waves of at least 8 MiB end at block ends.
-        assert_eq!(waves(&parts_of(&[(3 * MIB, 1); 9], Some(1))), [3, 3, 3]);
+        assert_eq!(
+            waves(&parts_of(&[(3 * MIB, 1); 9], Some(1)), Wire::Tcp),
+            [3, 3, 3]
+        );
         // Four blocks of exactly a quarter each and a 3-byte tail: the tail joins the last
         // wave (at most four).
         let mut with_tail = vec![(8 * MIB, 1); 4];
         with_tail.push((3, 1));
-        assert_eq!(waves(&parts_of(&with_tail, Some(1))), [1, 1, 1, 2]);
+        assert_eq!(
+            waves(&parts_of(&with_tail, Some(1)), Wire::Tcp),
+            [1, 1, 1, 2]
+        );
         // Blocks of 2 parts of 5 MiB: a wave never splits a block.
-        assert_eq!(waves(&parts_of(&[(5 * MIB, 2); 3], Some(1))), [2, 2, 2]);
+        assert_eq!(
+            waves(&parts_of(&[(5 * MIB, 2); 3], Some(1)), Wire::Tcp),
+            [2, 2, 2]
+        );
         // Under two waves' bytes, or nothing to verify: one wave.
-        assert_eq!(waves(&parts_of(&[(MIB, 4); 3], Some(1))), [12]);
-        assert_eq!(waves(&parts_of(&[(MIB, 4); 64], None)), [256]);
-        assert_eq!(waves::<Vec<u8>>(&[]), [0]);
+        assert_eq!(waves(&parts_of(&[(MIB, 4); 3], Some(1)), Wire::Tcp), [12]);
+        assert_eq!(waves(&parts_of(&[(MIB, 4); 64], None), Wire::Tcp), [256]);
+        assert_eq!(waves::<Vec<u8>>(&[], Wire::Tcp), [0]);
+        // Pool parts on soft-shm are verified as they are copied: one wave; file parts on
+        // the same engine are not.
+        let mut pool = parts_of(&[(MIB, 4); 64], Some(1));
+        for part in &mut pool {
+            part.target = Target::Pool {
+                storage: "pool".into(),
+                node_id: "n".into(),
+                range_id: 1,
+                offset: 0,
+            };
+        }
+        assert_eq!(waves(&pool, Wire::Shm), [256]);
+        assert_eq!(waves(&pool, Wire::Tcp), [64; 4]);
+        assert_eq!(
+            waves(&parts_of(&[(MIB, 4); 64], Some(1)), Wire::Shm),
+            [64; 4]
+        );
     }
 
     #[test]

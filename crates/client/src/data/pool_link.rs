@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use kvcm::pool::ticket::Ticket;
 use kvcm::pool::{RegionInfo, KEEPS_CONNECTION, POOL_HELLO};
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
-use kvcm_transport::soft::SoftQp;
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
     Region, RemoteAddr, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
@@ -35,6 +34,7 @@ use kvcm_transport::{
 
 use super::caller_memory::CallerMemory;
 use super::run_keys::RunKeys;
+use super::shm_copy;
 use crate::Wire;
 
 /// A shared-memory link whose queue pair is not the soft provider's (never: `Wire::Shm`
@@ -46,6 +46,16 @@ const POST_BATCH: usize = 256;
 const CHUNK_REQUESTS: usize = 384;
 /// Most zero-copy work requests outstanding at once (within the queue depth).
 const MAX_OUTSTANDING: usize = 2 * CHUNK_REQUESTS;
+/// How a link moved one operation of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Moved {
+    /// By the NIC straight from or into the caller's registered memory (no staging, no
+    /// CPU copy).
+    pub(crate) zero_copy: bool,
+    /// The xxh3-64 of the bytes moved, when the copy computed it (asked for, on soft-shm).
+    pub(crate) checksum: Option<u64>,
+}
+
 /// A connected queue pair to a pool node.
 pub(crate) struct PoolLink {
     qp: AnyQp,
@@ -217,37 +227,40 @@ impl PoolLink {
     }
 
     /// Writes each `(offset, bytes)` into the region (all in bounds); returns per operation
-    /// whether it went zero-copy from `caller` memory. On failure the link is broken and
-    /// none of them counts as written. A batch that failed on a stale run key is written
-    /// once more over a fresh link ([`PoolLink::renew`]).
+    /// how it moved (with `hash`, soft-shm copies also give the checksum of the bytes they
+    /// copied). On failure the link is broken and none of them counts as written. A batch
+    /// that failed on a stale run key is written once more over a fresh link
+    /// ([`PoolLink::renew`]).
     pub(crate) fn write(
         &mut self,
         ops: &[(u64, &[u8])],
         caller: &CallerMemory,
-    ) -> Result<Vec<bool>, String> {
-        let done = self.write_once(ops, caller);
+        hash: bool,
+    ) -> Result<Vec<Moved>, String> {
+        let done = self.write_once(ops, caller, hash);
         if !self.failed_on_stale_key() {
             return done;
         }
         self.renew(ops.iter().map(|(at, data)| (*at, data.len())))?;
-        self.write_once(ops, caller)
+        self.write_once(ops, caller, hash)
     }
 
     /// Reads each `(offset, buffer)` from the region (all in bounds); returns per operation
-    /// whether it went zero-copy into `caller` memory. On failure the link is broken and no
-    /// buffer is to be trusted. A batch that failed on a stale run key is read once more
-    /// over a fresh link ([`PoolLink::renew`]).
+    /// how it moved (with `hash`, soft-shm copies also give the checksum of the bytes they
+    /// read). On failure the link is broken and no buffer is to be trusted. A batch that
+    /// failed on a stale run key is read once more over a fresh link ([`PoolLink::renew`]).
     pub(crate) fn read(
         &mut self,
         ops: &mut [(u64, &mut [u8])],
         caller: &CallerMemory,
-    ) -> Result<Vec<bool>, String> {
-        let done = self.read_once(ops, caller);
+        hash: bool,
+    ) -> Result<Vec<Moved>, String> {
+        let done = self.read_once(ops, caller, hash);
         if !self.failed_on_stale_key() {
             return done;
         }
         self.renew(ops.iter().map(|(at, buf)| (*at, buf.len())))?;
-        self.read_once(ops, caller)
+        self.read_once(ops, caller, hash)
     }
 
     /// Whether a transfer on an isolating node's link failed for a bad remote key: one of
@@ -282,15 +295,15 @@ impl PoolLink {
         &mut self,
         ops: &[(u64, &[u8])],
         caller: &CallerMemory,
-    ) -> Result<Vec<bool>, String> {
+        hash: bool,
+    ) -> Result<Vec<Moved>, String> {
         let done = match (self.wire, self.qp.as_soft()) {
             (Wire::Shm, Some(qp)) => {
                 let writes: Vec<(RemoteAddr, &[u8])> = ops
                     .iter()
                     .map(|&(at, data)| (self.remote(at), data))
                     .collect();
-                let written = qp.write_direct(&writes).map_err(|e| e.to_string());
-                written.map(|()| vec![false; ops.len()])
+                shm_copy::write(qp, &writes, hash).map(copied)
             }
             (Wire::Shm, None) => Err(SHM_NOT_SOFT.to_string()),
             (Wire::Tcp | Wire::Verbs, _) => {
@@ -304,7 +317,7 @@ impl PoolLink {
                         let rest: Vec<(u64, &[u8])> = staged.iter().map(|&i| ops[i]).collect();
                         self.write_staged(&rest)
                     })
-                    .map(|()| zero_copy_mask(ops.len(), &staged))
+                    .map(|()| moved_by_nic(ops.len(), &staged))
             }
         };
         self.broken |= done.is_err();
@@ -315,9 +328,16 @@ impl PoolLink {
         &mut self,
         ops: &mut [(u64, &mut [u8])],
         caller: &CallerMemory,
-    ) -> Result<Vec<bool>, String> {
+        hash: bool,
+    ) -> Result<Vec<Moved>, String> {
         let done = match (self.wire, self.qp.as_soft()) {
-            (Wire::Shm, Some(qp)) => self.read_direct(qp, ops).map(|()| vec![false; ops.len()]),
+            (Wire::Shm, Some(qp)) => {
+                let mut reads: Vec<(RemoteAddr, &mut [u8])> = ops
+                    .iter_mut()
+                    .map(|(at, buf)| (self.remote(*at), &mut **buf))
+                    .collect();
+                shm_copy::read(qp, &mut reads, hash).map(copied)
+            }
             (Wire::Shm, None) => Err(SHM_NOT_SOFT.to_string()),
             (Wire::Tcp | Wire::Verbs, _) => {
                 let places = ops.iter().map(|(at, buf)| (*at, buf.as_ptr(), buf.len()));
@@ -333,7 +353,7 @@ impl PoolLink {
                             .collect();
                         self.read_staged(&mut rest)
                     })
-                    .map(|()| zero_copy_mask(count, &staged))
+                    .map(|()| moved_by_nic(count, &staged))
             }
         };
         self.broken |= done.is_err();
@@ -389,14 +409,6 @@ impl PoolLink {
     /// flight between engine calls).
     pub(crate) fn forget(&mut self, base: u64) {
         self.caller_regions.retain(|(at, _)| *at != base);
-    }
-
-    fn read_direct(&self, qp: &SoftQp, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
-        for (at, buf) in ops.iter_mut() {
-            let read = [(self.remote(*at), buf.len())];
-            qp.read_direct(&read, buf).map_err(|e| e.to_string())?;
-        }
-        Ok(())
     }
 
     /// TCP and verbs writes: chunks of the staging buffer's halves, the next copied while the
@@ -531,12 +543,27 @@ impl PoolLink {
 }
 
 /// Per operation of `count`: whether it went zero-copy (every one not in `staged`).
-fn zero_copy_mask(count: usize, staged: &[usize]) -> Vec<bool> {
-    let mut mask = vec![true; count];
+fn moved_by_nic(count: usize, staged: &[usize]) -> Vec<Moved> {
+    let mut moved = vec![
+        Moved {
+            zero_copy: true,
+            checksum: None
+        };
+        count
+    ];
     for &i in staged {
-        mask[i] = false;
+        moved[i].zero_copy = false;
     }
-    mask
+    moved
+}
+
+/// How a soft-shm copy moved each operation (never zero-copy: the CPU copied it).
+fn copied(sums: Vec<Option<u64>>) -> Vec<Moved> {
+    let moved = |checksum| Moved {
+        zero_copy: false,
+        checksum,
+    };
+    sums.into_iter().map(moved).collect()
 }
 
 /// One piece of an operation staged in one chunk.

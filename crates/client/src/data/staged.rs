@@ -98,8 +98,8 @@ impl TransferEngine {
             let slot = i % slots;
             let staged = device.slot(slot).map(|bytes| {
                 let mut parts = views_mut(&get.planned, chunk, bytes);
-                let results = self.read_parts(&mut parts);
-                get.record(&parts, results);
+                let (results, sums) = self.read_parts(&mut parts);
+                get.record(&parts, results, &sums);
             });
             if staged.is_ok() {
                 // The slot's earlier copies completed without error.
