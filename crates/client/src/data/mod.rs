@@ -291,9 +291,15 @@ fn check_staging_bytes(bytes: usize) -> Result<(), ClientError> {
     )))
 }
 
-/// The checksum of a part's bytes.
+/// The checksum of a part's bytes (xxh3-64, seed 0).
 fn checksum_of(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(bytes)
+    twox_hash::XxHash3_64::oneshot(bytes)
+}
+
+/// The cores this process may run on (asked once: each answer reads the cgroup's files).
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Bytes from which checksums are computed on several threads.
@@ -345,8 +351,7 @@ const HASH_THREADS: usize = 4;
 /// checksum pass costs about as much as the copy it checks).
 fn checksums_of(buffers: &[&[u8]]) -> Vec<u64> {
     let total: usize = buffers.iter().map(|b| b.len()).sum();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(HASH_THREADS).min(buffers.len());
+    let threads = cores().min(HASH_THREADS).min(buffers.len());
     if total < PARALLEL_HASH_BYTES || threads < 2 {
         return buffers.iter().map(|b| checksum_of(b)).collect();
     }

@@ -13,7 +13,8 @@
 
 use kvcm_transport::soft::SoftQp;
 use kvcm_transport::RemoteAddr;
-use xxhash_rust::xxh3::Xxh3;
+use std::hash::Hasher;
+use twox_hash::XxHash3_64;
 
 /// Bytes copied before the copied bytes are hashed (well inside a core's L2 cache).
 const CHUNK: usize = 64 << 10;
@@ -73,9 +74,8 @@ pub(crate) fn read(
 /// of about equal bytes; one share when the batch is small or there is one core.
 fn shares(lengths: &[usize]) -> Vec<usize> {
     let total: usize = lengths.iter().sum();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (total / SHARE_BYTES)
-        .min(cores)
+        .min(super::cores())
         .min(MAX_THREADS)
         .min(lengths.len())
         .max(1);
@@ -129,13 +129,13 @@ fn write_share(
         return qp.write_direct(ops).map_err(|e| e.to_string());
     }
     for ((remote, data), sum) in ops.iter().zip(sums) {
-        let mut hasher = Xxh3::new();
+        let mut hasher = XxHash3_64::new();
         for (at, chunk) in (0u64..).step_by(CHUNK).zip(data.chunks(CHUNK)) {
             qp.write_direct(&[(at_offset(*remote, at), chunk)])
                 .map_err(|e| e.to_string())?;
-            hasher.update(chunk);
+            hasher.write(chunk);
         }
-        *sum = Some(hasher.digest());
+        *sum = Some(hasher.finish());
     }
     Ok(())
 }
@@ -147,17 +147,17 @@ fn read_share(
     sums: &mut [Option<u64>],
 ) -> Result<(), String> {
     for ((remote, buf), sum) in ops.iter_mut().zip(sums) {
-        let mut hasher = hash.then(Xxh3::new);
+        let mut hasher = hash.then(XxHash3_64::new);
         let step = if hash { CHUNK } else { buf.len().max(1) };
         for (at, chunk) in (0u64..).step_by(step).zip(buf.chunks_mut(step)) {
             let len = chunk.len();
             qp.read_direct(&[(at_offset(*remote, at), len)], chunk)
                 .map_err(|e| e.to_string())?;
             if let Some(hasher) = hasher.as_mut() {
-                hasher.update(chunk);
+                hasher.write(chunk);
             }
         }
-        *sum = hasher.map(|h| h.digest());
+        *sum = hasher.map(|h| h.finish());
     }
     Ok(())
 }
@@ -173,12 +173,105 @@ fn at_offset(remote: RemoteAddr, by: u64) -> RemoteAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvcm_transport::soft::{SoftConfig, SoftCq, SoftDomain, SoftRegion, Wire};
+    use kvcm_transport::{Access, Domain, HostMemory, Memory, QueuePair, Region};
 
     const MIB: usize = 1 << 20;
 
+    /// A queue pair connected over soft-shm to a peer's registered region.
+    struct ShmPeer {
+        qp: SoftQp,
+        memory: HostMemory,
+        region: SoftRegion,
+        _kept: (SoftDomain, SoftDomain, SoftQp, [SoftCq; 2]),
+    }
+
+    fn shm_peer(len: usize) -> ShmPeer {
+        let open = || SoftDomain::open(SoftConfig::with_wire(Wire::Shm)).expect("soft-shm");
+        let (ours, theirs) = (open(), open());
+        let (cq, peer_cq) = (
+            ours.create_cq().expect("cq"),
+            theirs.create_cq().expect("cq"),
+        );
+        let qp = ours.create_qp(&cq, &cq, Default::default()).expect("qp");
+        let peer_qp = theirs
+            .create_qp(&peer_cq, &peer_cq, Default::default())
+            .expect("peer qp");
+        qp.connect(&peer_qp.endpoint()).expect("connect");
+        peer_qp.connect(&qp.endpoint()).expect("connect the peer");
+        let memory = theirs.alloc(len).expect("alloc");
+        let region = theirs
+            .register(&memory, 0, len, Access::ALL)
+            .expect("register");
+        ShmPeer {
+            qp,
+            memory,
+            region,
+            _kept: (ours, theirs, peer_qp, [cq, peer_cq]),
+        }
+    }
+
+    #[test]
+    fn copies_hash_what_they_move_exactly_as_a_one_shot_hash_on_one_thread_or_several() {
+        // Lengths around the chunk size, and a batch large enough for several shares.
+        let mut lengths = vec![0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * MIB + 7];
+        lengths.extend([2 * MIB; 8]);
+        let total: usize = lengths.iter().sum();
+        let peer = shm_peer(total);
+        let sources: Vec<Vec<u8>> = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (0..len).map(|b| (b * 31 + i * 7) as u8).collect())
+            .collect();
+        let mut at = 0u64;
+        let remotes: Vec<RemoteAddr> = lengths
+            .iter()
+            .map(|&len| {
+                let remote = at_offset(
+                    RemoteAddr {
+                        addr: peer.region.addr(),
+                        rkey: peer.region.rkey(),
+                    },
+                    at,
+                );
+                at += len as u64;
+                remote
+            })
+            .collect();
+        let expected: Vec<Option<u64>> = sources
+            .iter()
+            .map(|s| Some(twox_hash::XxHash3_64::oneshot(s)))
+            .collect();
+        for batch in [&lengths[..6], &lengths[..]] {
+            let count = batch.len();
+            let writes: Vec<(RemoteAddr, &[u8])> = remotes[..count]
+                .iter()
+                .zip(&sources)
+                .map(|(r, s)| (*r, &s[..]))
+                .collect();
+            assert_eq!(write(&peer.qp, &writes, true).unwrap(), expected[..count]);
+            assert_eq!(write(&peer.qp, &writes, false).unwrap(), vec![None; count]);
+            let mut landed = vec![0u8; at as usize];
+            peer.memory.read(0, &mut landed).unwrap();
+            let written: Vec<u8> = sources[..count].concat();
+            assert_eq!(&landed[..written.len()], &written[..]);
+            let mut buffers: Vec<Vec<u8>> = batch.iter().map(|&len| vec![0u8; len]).collect();
+            let mut reads: Vec<(RemoteAddr, &mut [u8])> = remotes[..count]
+                .iter()
+                .zip(buffers.iter_mut())
+                .map(|(r, b)| (*r, &mut b[..]))
+                .collect();
+            assert_eq!(read(&peer.qp, &mut reads, true).unwrap(), expected[..count]);
+            assert_eq!(buffers, sources[..count]);
+        }
+        // A copy outside the region fails the whole batch.
+        let past = [(at_offset(remotes[0], at), &sources[1][..])];
+        assert!(write(&peer.qp, &past, true).is_err());
+    }
+
     #[test]
     fn shares_split_large_batches_into_contiguous_parts_of_about_equal_bytes() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = crate::data::cores();
         assert_eq!(
             shares(&[MIB; 15]),
             [15],
