@@ -651,9 +651,10 @@ fn prepare_to_stop() -> (
     (runtime, server, node, config)
 }
 
-/// A get large enough to be read in waves (600 blocks, 39 MB) from a node that stopped
-/// answering waits for it once: the first wave gives up at the response timeout, the
-/// others do not try the node again in the same call; the next call, once it answers
+/// A get large enough to be read in waves (600 blocks, 39 MB, into registered memory: its
+/// zero-copy parts are verified apart from the transfers, in waves) from a node that
+/// stopped answering waits for it once: the first wave gives up at the response timeout,
+/// the others do not try the node again in the same call; the next call, once it answers
 /// again, hits every block.
 #[test]
 fn a_hung_node_costs_one_timeout_per_call_even_over_waves() {
@@ -661,9 +662,18 @@ fn a_hung_node_costs_one_timeout_per_call_even_over_waves() {
     let mut engine = engine(&server, "on_pool", config);
     let keys: Vec<i64> = (1..=600).collect();
     put(&mut engine, &keys);
+    let mut memory = vec![0u8; keys.len() * BLOCK_BYTES];
+    // SAFETY: `memory` outlives the engine's use of it (deregistered below) and is never
+    // reallocated.
+    unsafe { engine.register_memory(memory.as_mut_ptr(), memory.len()) }.expect("register");
     node.signal("STOP");
-    let gave_up = get_checked(&mut engine, &keys);
+    let gave_up = engine
+        .get_blocks(&keys, &mut parts_in(&mut memory, 0, keys.len()))
+        .expect("the lookup answers");
     node.signal("CONT");
+    engine
+        .deregister_memory(memory.as_mut_ptr())
+        .expect("deregister");
     let reasons: Vec<&str> = gave_up.iter().map(miss_reason).collect();
     assert!(
         reasons.iter().all(|r| !r.is_empty()),

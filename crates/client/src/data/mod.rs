@@ -309,18 +309,25 @@ const VERIFY_WAVE_BYTES: usize = 8 << 20;
 /// Most waves of one get.
 const MAX_WAVES: usize = 4;
 
-/// Whether a part's bytes are hashed as they are copied (soft-shm pool copies,
-/// `shm_copy`), so that no pass of its own checks them.
-fn hashed_in_copy(wire: Wire, target: &Target) -> bool {
-    wire == Wire::Shm && matches!(target, Target::Pool { .. })
+/// Whether a part's bytes (`bytes`) are hashed as the CPU copies them, so that no pass of
+/// its own checks them: pool parts on soft-shm (`shm_copy`), and on TCP or verbs those
+/// outside the caller's registered memory, which go through the link's staging buffer.
+fn hashed_in_copy(wire: Wire, caller: &CallerMemory, target: &Target, bytes: &[u8]) -> bool {
+    let staged = || {
+        caller
+            .containing(bytes.as_ptr() as u64, bytes.len())
+            .is_none()
+    };
+    matches!(target, Target::Pool { .. }) && (wire == Wire::Shm || staged())
 }
 
-/// The lengths (in parts) of the waves a get over `wire` reads `parts` in: whole blocks
-/// (parts are ordered by block), at least [`VERIFY_WAVE_BYTES`] each, at most
-/// [`MAX_WAVES`]; one wave when no part has a checksum to verify apart from its copy.
-fn waves<B: AsRef<[u8]>>(parts: &[Part<B>], wire: Wire) -> Vec<usize> {
+/// The lengths (in parts) of the waves a get reads `parts` in (`in_copy`: whether a part is
+/// hashed as it is copied): whole blocks (parts are ordered by block), at least
+/// [`VERIFY_WAVE_BYTES`] each, at most [`MAX_WAVES`]; one wave when no part has a checksum
+/// to verify apart from its copy.
+fn waves<B: AsRef<[u8]>>(parts: &[Part<B>], in_copy: impl Fn(&Part<B>) -> bool) -> Vec<usize> {
     let total: usize = parts.iter().map(|p| p.buffer.as_ref().len()).sum();
-    let verified_apart = |p: &Part<B>| p.checksum.is_some() && !hashed_in_copy(wire, &p.target);
+    let verified_apart = |p: &Part<B>| p.checksum.is_some() && !in_copy(p);
     if !parts.iter().any(verified_apart) || total < 2 * VERIFY_WAVE_BYTES {
         return vec![parts.len()];
     }
@@ -548,16 +555,17 @@ impl TransferEngine {
         self.finish_put(put)
     }
 
-    /// Writes `parts` and records the results in `put`. With checksums on, parts copied
-    /// into soft-shm pool nodes are hashed as they are copied; the others, when they hold at
-    /// least [`PARALLEL_HASH_BYTES`], on other threads while the batch is written (both
-    /// only read the caller's bytes), so the hash pass costs no time of its own where a
-    /// core is free.
+    /// Writes `parts` and records the results in `put`. With checksums on, parts the CPU
+    /// copies to pool nodes are hashed as they are copied ([`hashed_in_copy`]); the others,
+    /// when they hold at least [`PARALLEL_HASH_BYTES`], on other threads while the batch is
+    /// written (both only read the caller's bytes), so the hash pass costs no time of its
+    /// own where a core is free.
     fn write_recorded(&mut self, put: &mut PutSession, parts: &[Part<&[u8]>]) {
         let hash = put.with_checksums;
-        let wire = self.config.pool_wire;
+        let (wire, caller) = (self.config.pool_wire, &self.caller);
+        let in_copy = |part: &Part<&[u8]>| hashed_in_copy(wire, caller, &part.target, part.buffer);
         let apart: Vec<usize> = (0..parts.len())
-            .filter(|&i| hash && !hashed_in_copy(wire, &parts[i].target))
+            .filter(|&i| hash && !in_copy(&parts[i]))
             .collect();
         let buffers: Vec<&[u8]> = apart.iter().map(|&i| parts[i].buffer).collect();
         let total: usize = buffers.iter().map(|b| b.len()).sum();
@@ -689,7 +697,8 @@ impl TransferEngine {
     /// [`VERIFY_WAVE_BYTES`] is read in waves of whole blocks, each verified on other
     /// threads while the next one is read, so the hash pass overlaps the transfers.
     fn read_recorded(&mut self, get: &mut GetSession, parts: &mut [Part<&mut [u8]>]) {
-        let waves = waves(parts, self.config.pool_wire);
+        let (wire, caller) = (self.config.pool_wire, &self.caller);
+        let waves = waves(parts, |p| hashed_in_copy(wire, caller, &p.target, p.buffer));
         if waves.len() < 2 {
             let (results, sums) = self.read_parts(parts);
             return get.record(parts, results, &sums);
@@ -1344,35 +1353,35 @@ mod tests {
     #[test]
     fn waves_hold_whole_blocks_of_at_least_the_wave_size_and_at_most_four() {
         const MIB: usize = 1 << 20;
+        let apart = |_: &Part<Vec<u8>>| false;
         // 64 blocks of 4 parts of 1 MiB (256 MiB): 4 waves of 16 blocks (64 parts).
-        assert_eq!(
-            waves(&parts_of(&[(MIB, 4); 64], Some(1)), Wire::Tcp),
-            [64; 4]
-        );
+        assert_eq!(waves(&parts_of(&[(MIB, 4); 64], Some(1)), apart), [64; 4]);
         // 9 blocks of one 3 MiB part: waves of at least 8 MiB end at block ends.
         assert_eq!(
-            waves(&parts_of(&[(3 * MIB, 1); 9], Some(1)), Wire::Tcp),
+            waves(&parts_of(&[(3 * MIB, 1); 9], Some(1)), apart),
             [3, 3, 3]
         );
         // Four blocks of exactly a quarter each and a 3-byte tail: the tail joins the last
         // wave (at most four).
         let mut with_tail = vec![(8 * MIB, 1); 4];
         with_tail.push((3, 1));
-        assert_eq!(
-            waves(&parts_of(&with_tail, Some(1)), Wire::Tcp),
-            [1, 1, 1, 2]
-        );
+        assert_eq!(waves(&parts_of(&with_tail, Some(1)), apart), [1, 1, 1, 2]);
         // Blocks of 2 parts of 5 MiB: a wave never splits a block.
         assert_eq!(
-            waves(&parts_of(&[(5 * MIB, 2); 3], Some(1)), Wire::Tcp),
+            waves(&parts_of(&[(5 * MIB, 2); 3], Some(1)), apart),
             [2, 2, 2]
         );
         // Under two waves' bytes, or nothing to verify: one wave.
-        assert_eq!(waves(&parts_of(&[(MIB, 4); 3], Some(1)), Wire::Tcp), [12]);
-        assert_eq!(waves(&parts_of(&[(MIB, 4); 64], None), Wire::Tcp), [256]);
-        assert_eq!(waves::<Vec<u8>>(&[], Wire::Tcp), [0]);
-        // Pool parts on soft-shm are verified as they are copied: one wave; file parts on
-        // the same engine are not.
+        assert_eq!(waves(&parts_of(&[(MIB, 4); 3], Some(1)), apart), [12]);
+        assert_eq!(waves(&parts_of(&[(MIB, 4); 64], None), apart), [256]);
+        assert_eq!(waves::<Vec<u8>>(&[], apart), [0]);
+        // Pool parts the CPU copies (on soft-shm; on TCP, outside registered memory) are
+        // verified as they are copied: one wave. File parts are not.
+        let caller = CallerMemory::default();
+        let in_copy = |wire: Wire| {
+            let caller = &caller;
+            move |p: &Part<Vec<u8>>| hashed_in_copy(wire, caller, &p.target, &p.buffer)
+        };
         let mut pool = parts_of(&[(MIB, 4); 64], Some(1));
         for part in &mut pool {
             part.target = Target::Pool {
@@ -1382,12 +1391,10 @@ mod tests {
                 offset: 0,
             };
         }
-        assert_eq!(waves(&pool, Wire::Shm), [256]);
-        assert_eq!(waves(&pool, Wire::Tcp), [64; 4]);
-        assert_eq!(
-            waves(&parts_of(&[(MIB, 4); 64], Some(1)), Wire::Shm),
-            [64; 4]
-        );
+        assert_eq!(waves(&pool, in_copy(Wire::Shm)), [256]);
+        assert_eq!(waves(&pool, in_copy(Wire::Tcp)), [256], "staged on TCP");
+        let files = parts_of(&[(MIB, 4); 64], Some(1));
+        assert_eq!(waves(&files, in_copy(Wire::Shm)), [64; 4]);
     }
 
     #[test]

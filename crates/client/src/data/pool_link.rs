@@ -29,13 +29,15 @@ use kvcm::pool::{RegionInfo, KEEPS_CONNECTION, POOL_HELLO};
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
 use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
-    Region, RemoteAddr, SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    Region, RemoteAddr, SendOp, SendWr, Sge, TransportError, WcStatus, WorkCompletion,
 };
 
 use super::caller_memory::CallerMemory;
 use super::run_keys::RunKeys;
 use super::shm_copy;
 use crate::Wire;
+use std::hash::Hasher;
+use twox_hash::XxHash3_64;
 
 /// A shared-memory link whose queue pair is not the soft provider's (never: `Wire::Shm`
 /// opens a soft domain).
@@ -315,9 +317,9 @@ impl PoolLink {
                 self.post_all(&direct, write)
                     .and_then(|()| {
                         let rest: Vec<(u64, &[u8])> = staged.iter().map(|&i| ops[i]).collect();
-                        self.write_staged(&rest)
+                        self.write_staged(&rest, hash)
                     })
-                    .map(|()| moved_by_nic(ops.len(), &staged))
+                    .map(|sums| moved_by_nic(ops.len(), &staged, sums))
             }
         };
         self.broken |= done.is_err();
@@ -351,9 +353,9 @@ impl PoolLink {
                             .filter(|(i, _)| staged.binary_search(i).is_ok())
                             .map(|(_, (at, buf))| (*at, &mut **buf))
                             .collect();
-                        self.read_staged(&mut rest)
+                        self.read_staged(&mut rest, hash)
                     })
-                    .map(|()| moved_by_nic(count, &staged))
+                    .map(|sums| moved_by_nic(count, &staged, sums))
             }
         };
         self.broken |= done.is_err();
@@ -412,8 +414,14 @@ impl PoolLink {
     }
 
     /// TCP and verbs writes: chunks of the staging buffer's halves, the next copied while the
-    /// previous one's WRITEs are in flight.
-    fn write_staged(&mut self, ops: &[(u64, &[u8])]) -> Result<(), String> {
+    /// previous one's WRITEs are in flight; with `hash`, the checksum of each operation's
+    /// bytes, hashed as they are staged.
+    fn write_staged(
+        &mut self,
+        ops: &[(u64, &[u8])],
+        hash: bool,
+    ) -> Result<Vec<Option<u64>>, String> {
+        let mut hashers = hashers(ops.len(), hash);
         let half = self.staging.len() / 2;
         let mut in_flight = 0usize;
         let mut side = 0usize;
@@ -422,9 +430,17 @@ impl PoolLink {
             let mut wrs = Vec::with_capacity(chunk.len());
             for (staged, piece) in chunk.iter().enumerate() {
                 let data = &ops[piece.op].1[piece.from..piece.from + piece.len];
-                self.staging
-                    .write(base + piece.staged_at, data)
-                    .map_err(|e| e.to_string())?;
+                let at = base + piece.staged_at;
+                let hasher = hashers[piece.op].as_mut();
+                shm_copy::hashing(data.len(), hasher, |from, to, hasher| {
+                    let bytes = &data[from..to];
+                    self.staging.write(at + from, bytes)?;
+                    if let Some(hasher) = hasher {
+                        hasher.write(bytes);
+                    }
+                    Ok(())
+                })
+                .map_err(|e: TransportError| e.to_string())?;
                 wrs.push((staged, *piece));
             }
             // Wait for the WRITEs that used this half two chunks ago (the other half's may
@@ -433,11 +449,18 @@ impl PoolLink {
             in_flight = self.post(&wrs, base, |remote| SendOp::Write { remote, imm: None })?;
             side ^= 1;
         }
-        self.await_completions(in_flight)
+        self.await_completions(in_flight)?;
+        Ok(digests(hashers))
     }
 
-    /// TCP and verbs reads: chunks of READs into staging, then copied out.
-    fn read_staged(&mut self, ops: &mut [(u64, &mut [u8])]) -> Result<(), String> {
+    /// TCP and verbs reads: chunks of READs into staging, then copied out; with `hash`, the
+    /// checksum of each operation's bytes, hashed as they are copied out.
+    fn read_staged(
+        &mut self,
+        ops: &mut [(u64, &mut [u8])],
+        hash: bool,
+    ) -> Result<Vec<Option<u64>>, String> {
+        let mut hashers = hashers(ops.len(), hash);
         let sizes: Vec<(u64, usize)> = ops.iter().map(|(at, buf)| (*at, buf.len())).collect();
         for chunk in pieces(sizes.into_iter(), self.staging.len()) {
             let wrs: Vec<(usize, Piece)> = chunk.iter().copied().enumerate().collect();
@@ -445,12 +468,19 @@ impl PoolLink {
             self.await_completions(posted)?;
             for piece in &chunk {
                 let out = &mut ops[piece.op].1[piece.from..piece.from + piece.len];
-                self.staging
-                    .read(piece.staged_at, out)
-                    .map_err(|e| e.to_string())?;
+                let hasher = hashers[piece.op].as_mut();
+                shm_copy::hashing(out.len(), hasher, |from, to, hasher| {
+                    let bytes = &mut out[from..to];
+                    self.staging.read(piece.staged_at + from, bytes)?;
+                    if let Some(hasher) = hasher {
+                        hasher.write(bytes);
+                    }
+                    Ok(())
+                })
+                .map_err(|e: TransportError| e.to_string())?;
             }
         }
-        Ok(())
+        Ok(digests(hashers))
     }
 
     /// Posts one work request per piece (staged at `base + staged_at`), in batches; returns
@@ -542,8 +572,10 @@ impl PoolLink {
     }
 }
 
-/// Per operation of `count`: whether it went zero-copy (every one not in `staged`).
-fn moved_by_nic(count: usize, staged: &[usize]) -> Vec<Moved> {
+/// How each of `count` operations moved on TCP or verbs: zero-copy by the NIC, except those
+/// in `staged`, which were copied through staging (`sums[k]`: the checksum of operation
+/// `staged[k]`, when hashed as it was staged).
+fn moved_by_nic(count: usize, staged: &[usize], sums: Vec<Option<u64>>) -> Vec<Moved> {
     let mut moved = vec![
         Moved {
             zero_copy: true,
@@ -551,10 +583,22 @@ fn moved_by_nic(count: usize, staged: &[usize]) -> Vec<Moved> {
         };
         count
     ];
-    for &i in staged {
-        moved[i].zero_copy = false;
+    for (&i, checksum) in staged.iter().zip(sums) {
+        moved[i] = Moved {
+            zero_copy: false,
+            checksum,
+        };
     }
     moved
+}
+
+/// A hasher per operation of `count` when asked to hash.
+fn hashers(count: usize, hash: bool) -> Vec<Option<XxHash3_64>> {
+    (0..count).map(|_| hash.then(XxHash3_64::new)).collect()
+}
+
+fn digests(hashers: Vec<Option<XxHash3_64>>) -> Vec<Option<u64>> {
+    hashers.into_iter().map(|h| h.map(|h| h.finish())).collect()
 }
 
 /// How a soft-shm copy moved each operation (never zero-copy: the CPU copied it).

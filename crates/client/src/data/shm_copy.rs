@@ -12,7 +12,7 @@
 //! whole batch (the link is then broken by its caller), and no thread outlives the call.
 
 use kvcm_transport::soft::SoftQp;
-use kvcm_transport::RemoteAddr;
+use kvcm_transport::{RemoteAddr, TransportError};
 use std::hash::Hasher;
 use twox_hash::XxHash3_64;
 
@@ -119,6 +119,24 @@ where
     })
 }
 
+/// Runs `copy(from, to, hasher)` over the byte range `0..len` of one operation: in pieces
+/// of [`CHUNK`] when there is a `hasher` (which `copy` feeds each piece right after copying
+/// it, while it is in cache), in one piece otherwise.
+pub(crate) fn hashing<E>(
+    len: usize,
+    mut hasher: Option<&mut XxHash3_64>,
+    mut copy: impl FnMut(usize, usize, Option<&mut XxHash3_64>) -> Result<(), E>,
+) -> Result<(), E> {
+    let piece = if hasher.is_some() { CHUNK } else { len };
+    let mut from = 0;
+    while from < len {
+        let to = (from + piece).min(len);
+        copy(from, to, hasher.as_deref_mut())?;
+        from = to;
+    }
+    Ok(())
+}
+
 fn write_share(
     qp: &SoftQp,
     ops: &[(RemoteAddr, &[u8])],
@@ -130,11 +148,15 @@ fn write_share(
     }
     for ((remote, data), sum) in ops.iter().zip(sums) {
         let mut hasher = XxHash3_64::new();
-        for (at, chunk) in (0u64..).step_by(CHUNK).zip(data.chunks(CHUNK)) {
-            qp.write_direct(&[(at_offset(*remote, at), chunk)])
-                .map_err(|e| e.to_string())?;
-            hasher.write(chunk);
-        }
+        hashing(data.len(), Some(&mut hasher), |from, to, hasher| {
+            let bytes = &data[from..to];
+            qp.write_direct(&[(at_offset(*remote, from), bytes)])?;
+            if let Some(hasher) = hasher {
+                hasher.write(bytes);
+            }
+            Ok(())
+        })
+        .map_err(|e: TransportError| e.to_string())?;
         *sum = Some(hasher.finish());
     }
     Ok(())
@@ -148,24 +170,24 @@ fn read_share(
 ) -> Result<(), String> {
     for ((remote, buf), sum) in ops.iter_mut().zip(sums) {
         let mut hasher = hash.then(XxHash3_64::new);
-        let step = if hash { CHUNK } else { buf.len().max(1) };
-        for (at, chunk) in (0u64..).step_by(step).zip(buf.chunks_mut(step)) {
-            let len = chunk.len();
-            qp.read_direct(&[(at_offset(*remote, at), len)], chunk)
-                .map_err(|e| e.to_string())?;
-            if let Some(hasher) = hasher.as_mut() {
-                hasher.write(chunk);
+        hashing(buf.len(), hasher.as_mut(), |from, to, hasher| {
+            let bytes = &mut buf[from..to];
+            qp.read_direct(&[(at_offset(*remote, from), to - from)], bytes)?;
+            if let Some(hasher) = hasher {
+                hasher.write(bytes);
             }
-        }
+            Ok(())
+        })
+        .map_err(|e: TransportError| e.to_string())?;
         *sum = hasher.map(|h| h.finish());
     }
     Ok(())
 }
 
 /// `remote` moved `by` bytes on (same key).
-fn at_offset(remote: RemoteAddr, by: u64) -> RemoteAddr {
+fn at_offset(remote: RemoteAddr, by: usize) -> RemoteAddr {
     RemoteAddr {
-        addr: remote.addr + by,
+        addr: remote.addr + by as u64,
         rkey: remote.rkey,
     }
 }
@@ -223,7 +245,7 @@ mod tests {
             .enumerate()
             .map(|(i, &len)| (0..len).map(|b| (b * 31 + i * 7) as u8).collect())
             .collect();
-        let mut at = 0u64;
+        let mut at = 0usize;
         let remotes: Vec<RemoteAddr> = lengths
             .iter()
             .map(|&len| {
@@ -234,7 +256,7 @@ mod tests {
                     },
                     at,
                 );
-                at += len as u64;
+                at += len;
                 remote
             })
             .collect();
@@ -251,7 +273,7 @@ mod tests {
                 .collect();
             assert_eq!(write(&peer.qp, &writes, true).unwrap(), expected[..count]);
             assert_eq!(write(&peer.qp, &writes, false).unwrap(), vec![None; count]);
-            let mut landed = vec![0u8; at as usize];
+            let mut landed = vec![0u8; at];
             peer.memory.read(0, &mut landed).unwrap();
             let written: Vec<u8> = sources[..count].concat();
             assert_eq!(&landed[..written.len()], &written[..]);
