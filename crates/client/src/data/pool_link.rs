@@ -54,7 +54,8 @@ pub(crate) struct Moved {
     /// By the NIC straight from or into the caller's registered memory (no staging, no
     /// CPU copy).
     pub(crate) zero_copy: bool,
-    /// The xxh3-64 of the bytes moved, when the copy computed it (asked for, on soft-shm).
+    /// The xxh3-64 of the bytes moved, when the CPU copied them and was asked to hash (on
+    /// soft-shm, and through staging on TCP and verbs).
     pub(crate) checksum: Option<u64>,
 }
 

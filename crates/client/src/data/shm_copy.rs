@@ -121,20 +121,23 @@ where
 
 /// Runs `copy(from, to, hasher)` over the byte range `0..len` of one operation: in pieces
 /// of [`CHUNK`] when there is a `hasher` (which `copy` feeds each piece right after copying
-/// it, while it is in cache), in one piece otherwise.
+/// it, while it is in cache), in one piece otherwise. An empty operation is one empty
+/// piece: its copy is still checked (peer alive, key) like any other.
 pub(crate) fn hashing<E>(
     len: usize,
     mut hasher: Option<&mut XxHash3_64>,
     mut copy: impl FnMut(usize, usize, Option<&mut XxHash3_64>) -> Result<(), E>,
 ) -> Result<(), E> {
-    let piece = if hasher.is_some() { CHUNK } else { len };
+    let piece = if hasher.is_some() { CHUNK } else { len.max(1) };
     let mut from = 0;
-    while from < len {
+    loop {
         let to = (from + piece).min(len);
         copy(from, to, hasher.as_deref_mut())?;
         from = to;
+        if from >= len {
+            return Ok(());
+        }
     }
-    Ok(())
 }
 
 fn write_share(
