@@ -298,8 +298,9 @@ int32_t kvcm_engine_deregister_memory(const kvcm_engine *engine, const void *add
  * default). The server names every file an engine reads and writes: list the mounts so that
  * no server can aim the engine elsewhere (a block outside them fails, as one in a system
  * directory always does). Symlinks in a root are resolved. KVCM_E_NULL_ARGUMENT for a NULL
- * engine, a NULL `roots` with `count` > 0 or a NULL root; KVCM_E_INVALID_ARGUMENT for a root
- * that is not an absolute path or not UTF-8 (nothing changes).
+ * engine, a NULL `roots` with `count` > 0 or a NULL root; KVCM_E_INVALID_UTF8 for a root that
+ * is not UTF-8 and KVCM_E_INVALID_ARGUMENT for one that is not an absolute path (nothing
+ * changes either way).
  */
 int32_t kvcm_engine_set_file_roots(const kvcm_engine *engine, const char *const *roots,
                                    size_t count, char **error_message);

@@ -12,7 +12,8 @@ use common::{Harness, TlsFiles};
 use kvcm_ffi::client::{KvcmTls, KVCM_WIRE_SOFT_TCP};
 use kvcm_ffi::engine::*;
 use kvcm_ffi::error::{
-    KVCM_E_INVALID_ARGUMENT, KVCM_E_NULL_ARGUMENT, KVCM_E_UNAUTHORIZED, KVCM_E_UNREACHABLE, KVCM_OK,
+    KVCM_E_INVALID_ARGUMENT, KVCM_E_INVALID_UTF8, KVCM_E_NULL_ARGUMENT, KVCM_E_UNAUTHORIZED,
+    KVCM_E_UNREACHABLE, KVCM_OK,
 };
 
 const SPEC_BYTES: usize = 1024;
@@ -45,7 +46,7 @@ fn connect(harness: &Harness, instance: &str) -> *mut Engine {
 }
 
 fn c_path(path: &Path) -> CString {
-    CString::new(path.to_str().expect("UTF-8 path")).unwrap()
+    CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str())).unwrap()
 }
 
 /// The `kvcm_tls` fields of a TLS harness's files (`cert` false: no client certificate).
@@ -518,6 +519,9 @@ fn file_roots_confine_an_engine_through_the_c_abi_and_bad_ones_change_nothing() 
     let (status, message) = set_file_roots(engine, &[Path::new("relative/dir")]);
     assert_eq!(status, KVCM_E_INVALID_ARGUMENT);
     assert!(message.contains("not an absolute path"), "{message}");
+    let not_utf8: &std::ffi::OsStr = std::os::unix::ffi::OsStrExt::from_bytes(b"/tmp/\xff");
+    let (status, message) = set_file_roots(engine, &[Path::new(not_utf8)]);
+    assert_eq!(status, KVCM_E_INVALID_UTF8, "as the header says: {message}");
     // SAFETY: NULL roots with a count, which the function refuses before reading.
     let status =
         unsafe { kvcm_engine_set_file_roots(engine, std::ptr::null(), 1, std::ptr::null_mut()) };

@@ -4,6 +4,7 @@ the API key, the TLS settings as a kvcm_tls), raising a failed call's error, and
 """
 
 import os
+import threading
 from ctypes import byref, c_void_p, string_at
 
 from ._lib import LIB, Tls
@@ -60,6 +61,9 @@ class Connected:
 
     _connect = None
     _free = None
+    # Held while a handle is taken for freeing, so that two threads closing at once free it
+    # once (a class attribute, like `_free`, for `__del__` at shutdown).
+    _closing = threading.Lock()
 
     def __init__(
         self,
@@ -87,8 +91,9 @@ class Connected:
         self.instance_id = instance_id
 
     def close(self):
-        """Frees the object (idempotent)."""
-        handle, self._handle = getattr(self, "_handle", None), None
+        """Frees the object (idempotent, and safe from several threads at once)."""
+        with self._closing:
+            handle, self._handle = getattr(self, "_handle", None), None
         if handle is not None:
             self._free(handle)
 

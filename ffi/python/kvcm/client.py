@@ -7,6 +7,7 @@ first access to a location decodes the whole result in one pass from a single fl
 one copy of the strings. The C result is freed then, or when the sequence is dropped.
 """
 
+import threading
 from collections.abc import Sequence
 from ctypes import byref, c_uint64, c_void_p, string_at
 from itertools import islice, repeat
@@ -56,8 +57,15 @@ _new_location = tuple.__new__
 def _decode(result):
     """The locations of a result, in one pass over its flat view."""
     view = FlatView()
-    LIB.kvcm_locations_view(result, byref(view))
+    if LIB.kvcm_locations_view(result, byref(view)):
+        raise RuntimeError("kvcm_locations_view refused a live result")
     return _locations(view)
+
+
+# Held while a result is decoded and freed: ctypes releases the GIL in every call, so two
+# threads reading a fresh `Locations` at once would otherwise decode memory the other frees
+# (and free it twice).
+_DECODING = threading.Lock()
 
 
 def _locations(view):
@@ -87,12 +95,16 @@ class Locations(Sequence):
         self._decoded = None
 
     def _items(self):
-        if self._decoded is None:
-            try:
+        decoded = self._decoded
+        if decoded is not None:
+            return decoded
+        with _DECODING:
+            if self._decoded is None:
+                # A decode that fails keeps the result: the next access tries again, and
+                # `__del__` frees it.
                 self._decoded = _decode(self._result)
-            finally:
-                LIB.kvcm_locations_free(self._result)
-                self._result = None
+                result, self._result = self._result, None
+                LIB.kvcm_locations_free(result)
         return self._decoded
 
     def __len__(self):
@@ -113,9 +125,11 @@ class Locations(Sequence):
         return f"Locations({self._items()!r})"
 
     def __del__(self):
-        if getattr(self, "_result", None) is not None and LIB is not None:
-            LIB.kvcm_locations_free(self._result)
-            self._result = None
+        # No other thread holds the object any more: no lock (which may be gone while the
+        # interpreter shuts down).
+        result, self._result = getattr(self, "_result", None), None
+        if result is not None and LIB is not None:
+            LIB.kvcm_locations_free(result)
 
 
 class Client(Connected):

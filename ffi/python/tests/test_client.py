@@ -126,6 +126,32 @@ class Lookups(unittest.TestCase):
         self.assertEqual(lines(result), self.prefix)
         self.assertNotEqual(result, "not locations")
 
+    def test_a_result_read_by_several_threads_at_once_decodes_once(self):
+        # ctypes lets another thread run during each library call: threads that read the
+        # same fresh result must all see it whole (none reading what another freed, none
+        # freeing it twice).
+        import threading
+
+        want = lines(self.client.prefix_match(self.prefix_keys))
+        results = [self.client.prefix_match(self.prefix_keys) for _ in range(300)]
+        seen, errors = [], []
+
+        def read_all():
+            try:
+                seen.append([lines(result) for result in results])
+            except Exception as error:  # noqa: BLE001 (reported below)
+                errors.append(error)
+
+        threads = [threading.Thread(target=read_all) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(len(seen), 4)
+        for answers in seen:
+            self.assertTrue(all(answer == want for answer in answers))
+
     def test_result_shape(self):
         location = self.client.prefix_match(self.prefix_keys)[0]
         self.assertIsInstance(location, kvcm.Location)
