@@ -13,8 +13,8 @@ use kvcm::lookup::messages::MAX_MESSAGE;
 use kvcm_transport::any::{AnyCq, AnyDomain, AnyQp, AnyRegion};
 use kvcm_transport::soft::SoftConfig;
 use kvcm_transport::{
-    exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
-    RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QpState,
+    QueuePair, RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::error::FastError;
@@ -123,6 +123,11 @@ impl Connection {
                 "message too large",
             )));
         }
+        if self.qp.state() != QpState::ReadyToSend {
+            return Err(CallError::NotSent(FastError::Broken(
+                "the queue pair failed".into(),
+            )));
+        }
         let not_sent = |e: kvcm_transport::TransportError| CallError::NotSent(e.into());
         memory.write(MAX_MESSAGE, request).map_err(not_sent)?;
         let reply_sge = region.sge(0, MAX_MESSAGE as u32);
@@ -150,14 +155,14 @@ impl Connection {
             let mut completions = [WorkCompletion::EMPTY; 2];
             let count = self.cq.poll(&mut completions);
             for completion in &completions[..count] {
+                // Posted, then failed: the server may have applied the request before the
+                // link broke (a send completes only once the peer acknowledges it, and a
+                // flushed one may have been delivered), so its outcome is unknown.
                 if completion.status != WcStatus::Success {
-                    let error =
-                        FastError::Broken(format!("message failed: {:?}", completion.status));
-                    return Err(if sent {
-                        CallError::Lost(error)
-                    } else {
-                        CallError::NotSent(error)
-                    });
+                    return Err(CallError::Lost(FastError::Broken(format!(
+                        "message failed: {:?}",
+                        completion.status
+                    ))));
                 }
                 match completion.opcode {
                     WcOpcode::Recv => reply_len = Some(completion.byte_len as usize),
