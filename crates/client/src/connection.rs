@@ -62,6 +62,10 @@ pub(crate) struct Connection {
     sges: Vec<Sge>,
     /// Round trips made (batches posted).
     pub round_trips: u64,
+    /// Whether a batch was given up on while still posted: its completion may come at any
+    /// later wait, so the queue pair can no longer tell its completions apart and serves
+    /// nothing more.
+    gave_up: bool,
     /// On verbs, the handshake connection, kept open: its closing (this connection
     /// dropped, or the process gone) tells the server to tear its queue pair down.
     _hangup: Option<TcpStream>,
@@ -111,6 +115,7 @@ impl Connection {
             direct: Vec::new(),
             sges: Vec::new(),
             round_trips: 0,
+            gave_up: false,
             _hangup: (wire == Wire::Verbs).then_some(stream),
         })
     }
@@ -123,9 +128,9 @@ impl Connection {
                 "message too large",
             )));
         }
-        if self.qp.state() != QpState::ReadyToSend {
+        if self.qp.state() != QpState::ReadyToSend || self.gave_up {
             return Err(CallError::NotSent(FastError::Broken(
-                "the queue pair failed".into(),
+                "the queue pair failed or gave up on a transfer".into(),
             )));
         }
         let not_sent = |e: kvcm_transport::TransportError| CallError::NotSent(e.into());
@@ -174,6 +179,7 @@ impl Connection {
             }
             let now = Instant::now();
             if now > deadline {
+                self.gave_up = true;
                 return Err(CallError::Lost(FastError::Broken(
                     "no reply to a message".into(),
                 )));
@@ -214,6 +220,11 @@ impl Connection {
             .ok_or(FastError::AskServer(
                 "a lookup this large would read more than 64 MiB",
             ))?;
+        if self.gave_up {
+            return Err(FastError::Broken(
+                "this queue pair gave up on an earlier transfer".into(),
+            ));
+        }
         bytes.resize(total, 0);
         if let (Wire::Shm, Some(qp)) = (self.wire, self.qp.as_soft()) {
             let remote = |r: &Read| {
@@ -270,8 +281,9 @@ impl Connection {
         Ok(())
     }
 
-    /// Busy-polls for the batch's one signaled completion.
-    fn wait(&self) -> Result<(), FastError> {
+    /// Busy-polls for the batch's one signaled completion; a batch given up on at the
+    /// deadline leaves the connection unusable ([`Connection::gave_up`]).
+    fn wait(&mut self) -> Result<(), FastError> {
         let deadline = Instant::now() + DEADLINE;
         let mut completions = [WorkCompletion::EMPTY; 4];
         loop {
@@ -289,6 +301,7 @@ impl Connection {
                 return Ok(());
             }
             if Instant::now() > deadline {
+                self.gave_up = true;
                 return Err(FastError::Broken("lookup read timed out".into()));
             }
             std::hint::spin_loop();
