@@ -103,6 +103,51 @@ async fn a_killed_node_takes_its_blocks_and_a_rejoined_one_starts_empty() {
     );
 }
 
+/// A node that knows two servers stays with the one that issued its incarnation through a
+/// passing failure (a heartbeat timed out while that server was stopped). It used to turn
+/// to the other server at once, whose "unknown incarnation" made it drop the incarnation
+/// and join there: the issuer then declared it dead and swept its blocks.
+#[tokio::test]
+async fn a_passing_heartbeat_failure_keeps_the_incarnation_of_a_node_that_knows_two_servers() {
+    let server = TestServer::start_with(&["kvcm.pool.heartbeat_ms=2000"]).await;
+    let other = TestServer::start().await;
+    // Both servers have the storage (the same configuration), each its own registry.
+    for each in [&server, &other] {
+        let added = each
+            .admin_http("addStorage", json!({"storage": pool_storage("pool_a")}))
+            .await;
+        assert_eq!(code(&added), "OK", "{added}");
+    }
+    let second = other.address("http").to_string();
+    let _node =
+        PoolProcess::start_with(&server, "pool_a", "node-2", "4M", &["--server", &second]).await;
+    let range = live_range(&server, "pool_a", Some("node-2"), 1).await;
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &server.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {name}");
+    };
+    // A heartbeat times out (a membership request waits 2 s; one goes every 2 s) while the
+    // server is stopped for 4.5 s, under the 6 s after which it declares the node dead. How
+    // long it stays stopped, and how long the node is watched after (two more heartbeats),
+    // are the measurement.
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    signal("-CONT");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let elsewhere = members(&other, "pool_a").await;
+    assert!(
+        elsewhere.is_empty(),
+        "the node joined the other server: {elsewhere:?}"
+    );
+    let nodes = members(&server, "pool_a").await;
+    assert_eq!(nodes.len(), 1, "no second incarnation: {nodes:?}");
+    assert_eq!(nodes[0]["range_id"], range, "{nodes:?}");
+    assert_eq!(nodes[0]["live"], true, "{nodes:?}");
+}
+
 #[tokio::test]
 async fn the_embedded_pool_takes_writes_first_and_a_full_one_passes_them_to_the_file_storage() {
     let server = TestServer::start_custom(&["--pool-size", "64K"], &[]).await;

@@ -38,6 +38,11 @@ const JOIN_RETRY: Duration = Duration::from_millis(200);
 /// Least time between two heartbeats (those clients ask for come early, but not more often:
 /// a client cannot flood the server through a node).
 const ASKED_BEAT_GAP: Duration = Duration::from_millis(5);
+/// Heartbeats that fail in a row before a node turns to its next server: as many as the
+/// server that issued its incarnation misses before it declares the node dead. A passing
+/// failure must not take the node to a server that never knew the incarnation, whose
+/// "unknown" answer would make the node drop it (and the issuer then sweep its blocks).
+const FAILED_BEATS_BEFORE_MOVING: u32 = 3;
 
 /// What a node joins and how it talks to the server side of membership.
 #[derive(Clone)]
@@ -61,7 +66,8 @@ pub enum Channel {
 /// The meta HTTP of the kvcm servers a node joins.
 #[derive(Clone)]
 pub struct MetaHttp {
-    /// Their addresses, tried in order (a failing one passes to the next).
+    /// Their addresses, tried in order (a join that fails passes to the next; heartbeats
+    /// pass on after [`FAILED_BEATS_BEFORE_MOVING`] failures in a row).
     pub servers: Vec<SocketAddr>,
     /// TLS towards them (when they serve it).
     pub tls: Option<TlsClient>,
@@ -99,6 +105,13 @@ enum BeatError {
 }
 
 impl Channel {
+    /// Passes from server number `server` to the next (the in-process channel has one).
+    fn next(&self, server: &mut usize) {
+        if let Channel::Http(http) = self {
+            http.next(server);
+        }
+    }
+
     /// A join attempt on the current server (moving to the next on failure).
     fn join(&self, request: &JoinRequest, server: &mut usize) -> Result<JoinAnswer, String> {
         match self {
@@ -115,18 +128,17 @@ impl Channel {
         }
     }
 
-    /// A heartbeat on the current server (moving to the next when it fails).
+    /// A heartbeat on the current server.
     fn heartbeat(
         &self,
         request: &HeartbeatRequest,
-        server: &mut usize,
+        server: usize,
     ) -> Result<HeartbeatAnswer, BeatError> {
         match self {
-            Channel::Http(http) => match http.post(*server, HEARTBEAT_ROUTE, request) {
+            Channel::Http(http) => match http.post(server, HEARTBEAT_ROUTE, request) {
                 (_, Ok(answer)) => Ok(answer),
                 (_, Err(PostError::Status { status: 404, .. })) => Err(BeatError::Forgotten),
                 (address, Err(error)) => {
-                    http.next(server);
                     let error = format!("heartbeat at {address}: {error}");
                     Err(BeatError::Failed(error))
                 }
@@ -241,6 +253,7 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
         }
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
         let mut last_beat = Instant::now();
+        let mut failed_beats = 0;
         loop {
             if region.pause(interval, true) == Wake::Stopped {
                 return;
@@ -259,11 +272,21 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
                 grants: region.live_grants(),
                 applied: region.applied(),
             };
-            let answer = config.joining.channel.heartbeat(&beat, &mut server);
+            let answer = config.joining.channel.heartbeat(&beat, server);
             let forgotten = matches!(answer, Err(BeatError::Forgotten));
             match answer {
-                Ok(answer) => take_answer(region, &answer),
-                Err(BeatError::Failed(error)) => note_error(error),
+                Ok(answer) => {
+                    failed_beats = 0;
+                    take_answer(region, &answer);
+                }
+                Err(BeatError::Failed(error)) => {
+                    note_error(error);
+                    failed_beats += 1;
+                    if failed_beats == FAILED_BEATS_BEFORE_MOVING {
+                        config.joining.channel.next(&mut server);
+                        failed_beats = 0;
+                    }
+                }
                 Err(BeatError::Forgotten) => {}
             }
             region.beat_finished(started);
