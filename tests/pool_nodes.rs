@@ -103,6 +103,69 @@ async fn a_killed_node_takes_its_blocks_and_a_rejoined_one_starts_empty() {
     );
 }
 
+/// Replacing a pool storage (UpdateStorage) retires the node incarnations of its old
+/// backend at once, as if they had died: their blocks become misses, a write session opened
+/// on them cannot commit, and the node joins the new backend afresh. Removing the storage
+/// then does the same to the new backend's incarnation.
+#[tokio::test]
+async fn a_replaced_or_removed_pool_storage_takes_its_blocks_with_it() {
+    let server = TestServer::start_with(&["kvcm.pool.heartbeat_ms=100"]).await;
+    let added = server
+        .admin_http("addStorage", json!({"storage": pool_storage("pool_a")}))
+        .await;
+    assert_eq!(code(&added), "OK", "{added}");
+    let created = server
+        .admin_http(
+            "createInstanceGroup",
+            json!({"instance_group": group("g", &["pool_a", "default_file"])}),
+        )
+        .await;
+    assert_eq!(code(&created), "OK", "{created}");
+    let _node = PoolProcess::start(&server, "pool_a", "node-u", "4M").await;
+    let first_range = live_range(&server, "pool_a", Some("node-u"), 1).await;
+    register(&server, "inst", "g").await;
+    let on_pool = |uris: &[String]| uris.iter().all(|uri| uri.starts_with("pace://pool_a/"));
+    let committed = start_write(&server, "inst", &[1, 2]).await;
+    assert_eq!(code(&finish(&server, "inst", &committed).await), "OK");
+    assert!(on_pool(&batch_get(&server, "inst", &[1, 2]).await));
+    let open = start_write(&server, "inst", &[3]).await;
+    assert!(on_pool(&uris(&open["locations"])), "{open}");
+
+    let updated = server
+        .admin_http("updateStorage", json!({"storage": pool_storage("pool_a")}))
+        .await;
+    assert_eq!(code(&updated), "OK", "{updated}");
+    let after = batch_get(&server, "inst", &[1, 2]).await;
+    assert!(
+        after.iter().all(String::is_empty),
+        "old incarnation's blocks: {after:?}"
+    );
+    let refused = finish(&server, "inst", &open).await;
+    assert_ne!(
+        code(&refused),
+        "OK",
+        "a commit on a retired incarnation: {refused}"
+    );
+    let second_range = live_range(&server, "pool_a", Some("node-u"), 1).await;
+    assert_ne!(
+        first_range, second_range,
+        "the node joined the new backend afresh"
+    );
+
+    let again = start_write(&server, "inst", &[4]).await;
+    assert_eq!(code(&finish(&server, "inst", &again).await), "OK");
+    assert!(on_pool(&batch_get(&server, "inst", &[4]).await));
+    let removed = server
+        .admin_http("removeStorage", json!({"storage_unique_name": "pool_a"}))
+        .await;
+    assert_eq!(code(&removed), "OK", "{removed}");
+    let gone = batch_get(&server, "inst", &[4]).await;
+    assert!(
+        gone.iter().all(String::is_empty),
+        "removed storage's blocks: {gone:?}"
+    );
+}
+
 /// A node that knows two servers stays with the one that issued its incarnation through a
 /// passing failure (a heartbeat timed out while that server was stopped). It used to turn
 /// to the other server at once, whose "unknown incarnation" made it drop the incarnation

@@ -50,14 +50,16 @@ impl Manager {
         Ok(())
     }
 
-    /// Replaces a storage's config.
+    /// Replaces a storage's config (a pool's old node incarnations die with their blocks:
+    /// `Manager::retire_pool`).
     pub fn update_storage(&self, config: StorageConfig) -> ManagerResult<()> {
         self.storages.check_files_dir(&config)?;
         let _ordered = lock(&self.storage_admin);
+        let replaced = self.storages.backend(&config.global_unique_name);
         self.storages
             .update(config.clone(), &self.storage_logger(&config))?;
         self.published_storages_changed();
-        Ok(())
+        self.retire_pool(replaced)
     }
 
     /// Logs `config` with the handle of its new incarnation (before it takes writes).
@@ -71,12 +73,15 @@ impl Manager {
         }
     }
 
-    /// Forgets a storage.
+    /// Forgets a storage (a pool's node incarnations die with their blocks:
+    /// `Manager::retire_pool`).
     pub fn remove_storage(&self, name: &str) -> ManagerResult<()> {
         let _ordered = lock(&self.storage_admin);
+        let removed = self.storages.backend(name);
         self.storages.remove(name)?;
         self.published_storages_changed();
-        self.journal_log(&Record::StorageRemoved(name.to_string()))
+        self.journal_log(&Record::StorageRemoved(name.to_string()))?;
+        self.retire_pool(removed)
     }
 
     /// Enables or disables a storage (journaled: the choice survives a restart).

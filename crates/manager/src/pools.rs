@@ -84,6 +84,24 @@ impl Manager {
         died
     }
 
+    /// After a pool storage was replaced (UpdateStorage) or removed: every node incarnation
+    /// of its `old` backend dies and its blocks are removed, as if the nodes had died —
+    /// nothing more heartbeats to that backend (the nodes join the storage's new backend
+    /// afresh, if there is one), and its entries must not go on reading as hits.
+    pub(crate) fn retire_pool(&self, old: Option<Arc<dyn DataStorage>>) -> ManagerResult<()> {
+        let Some(old) = old else {
+            return Ok(());
+        };
+        let Some(pool) = old.as_pool() else {
+            return Ok(());
+        };
+        let dead = pool.retire_all();
+        if dead.is_empty() {
+            return Ok(());
+        }
+        self.sweep_slots(&old, &dead)
+    }
+
     /// The current backend of a registered storage.
     fn pool_backend(&self, storage: &str) -> ManagerResult<Arc<dyn DataStorage>> {
         self.storages

@@ -94,6 +94,12 @@ impl MemPool {
         self.write().reap(Instant::now())
     }
 
+    /// Declares every live or awaited incarnation dead (the pool storage was replaced or
+    /// removed); returns their slots, whose blocks the caller removes.
+    pub fn retire_all(&self) -> Vec<u32> {
+        self.write().retire_all()
+    }
+
     /// Every incarnation that ever joined, in slot order.
     pub fn nodes(&self) -> Vec<PoolNodeStatus> {
         self.read().statuses()

@@ -355,6 +355,17 @@ impl Nodes {
     /// Declares dead every live slot whose last heartbeat is older than
     /// [`MISSED_HEARTBEATS`] intervals, and every awaiting slot older than the resume
     /// window; returns their indexes.
+    /// Every slot that was live or awaited, now dead.
+    pub(crate) fn retire_all(&mut self) -> Vec<u32> {
+        let mut died = Vec::new();
+        for (index, slot) in self.slots.iter_mut().enumerate() {
+            if slot.die() {
+                died.push(index as u32);
+            }
+        }
+        died
+    }
+
     pub(crate) fn reap(&mut self, now: Instant) -> Vec<u32> {
         let limit = self.timing.heartbeat * MISSED_HEARTBEATS;
         let window = self.timing.resume_window;
