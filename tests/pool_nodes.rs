@@ -40,9 +40,8 @@ async fn batch_get(server: &TestServer, instance: &str, keys: &[i64]) -> Vec<Str
     uris(&answer["locations"])
 }
 
-#[tokio::test]
-async fn a_killed_node_takes_its_blocks_and_a_rejoined_one_starts_empty() {
-    let server = TestServer::start_with(&["kvcm.pool.heartbeat_ms=100"]).await;
+/// Adds pool storage `pool_a` and group `g` preferring it over the default file storage.
+async fn add_pool_and_group(server: &TestServer) {
     let added = server
         .admin_http("addStorage", json!({"storage": pool_storage("pool_a")}))
         .await;
@@ -54,6 +53,12 @@ async fn a_killed_node_takes_its_blocks_and_a_rejoined_one_starts_empty() {
         )
         .await;
     assert_eq!(code(&created), "OK", "{created}");
+}
+
+#[tokio::test]
+async fn a_killed_node_takes_its_blocks_and_a_rejoined_one_starts_empty() {
+    let server = TestServer::start_with(&["kvcm.pool.heartbeat_ms=100"]).await;
+    add_pool_and_group(&server).await;
     let mut node = PoolProcess::start(&server, "pool_a", "node-1", "4M").await;
     let first_range = live_range(&server, "pool_a", Some("node-1"), 1).await;
     register(&server, "inst", "g").await;
@@ -110,17 +115,7 @@ async fn a_killed_node_takes_its_blocks_and_a_rejoined_one_starts_empty() {
 #[tokio::test]
 async fn a_replaced_or_removed_pool_storage_takes_its_blocks_with_it() {
     let server = TestServer::start_with(&["kvcm.pool.heartbeat_ms=100"]).await;
-    let added = server
-        .admin_http("addStorage", json!({"storage": pool_storage("pool_a")}))
-        .await;
-    assert_eq!(code(&added), "OK", "{added}");
-    let created = server
-        .admin_http(
-            "createInstanceGroup",
-            json!({"instance_group": group("g", &["pool_a", "default_file"])}),
-        )
-        .await;
-    assert_eq!(code(&created), "OK", "{created}");
+    add_pool_and_group(&server).await;
     let _node = PoolProcess::start(&server, "pool_a", "node-u", "4M").await;
     let first_range = live_range(&server, "pool_a", Some("node-u"), 1).await;
     register(&server, "inst", "g").await;

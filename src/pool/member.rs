@@ -38,10 +38,12 @@ const JOIN_RETRY: Duration = Duration::from_millis(200);
 /// Least time between two heartbeats (those clients ask for come early, but not more often:
 /// a client cannot flood the server through a node).
 const ASKED_BEAT_GAP: Duration = Duration::from_millis(5);
-/// Heartbeats that fail in a row before a node turns to its next server: as many as the
-/// server that issued its incarnation misses before it declares the node dead. A passing
-/// failure must not take the node to a server that never knew the incarnation, whose
-/// "unknown" answer would make the node drop it (and the issuer then sweep its blocks).
+/// Heartbeats that fail in a row before a node turns to its next server — and then only once
+/// its last answered beat is as many heartbeat intervals old (beats clients ask for come
+/// early, and fail fast against a refused connection): the time the server that issued its
+/// incarnation waits before declaring the node dead. A passing failure must not take the
+/// node to a server that never knew the incarnation, whose "unknown" answer would make the
+/// node drop it (and the issuer then sweep its blocks).
 const FAILED_BEATS_BEFORE_MOVING: u32 = 3;
 
 /// What a node joins and how it talks to the server side of membership.
@@ -253,7 +255,7 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
         }
         let interval = Duration::from_millis(membership.heartbeat_ms.max(1));
         let mut last_beat = Instant::now();
-        let mut failed_beats = 0;
+        let (mut failed_beats, mut last_answered) = (0, Instant::now());
         loop {
             if region.pause(interval, true) == Wake::Stopped {
                 return;
@@ -276,15 +278,18 @@ fn run(config: &MemberConfig, region: &PoolRegion) {
             let forgotten = matches!(answer, Err(BeatError::Forgotten));
             match answer {
                 Ok(answer) => {
-                    failed_beats = 0;
+                    (failed_beats, last_answered) = (0, Instant::now());
                     take_answer(region, &answer);
                 }
                 Err(BeatError::Failed(error)) => {
                     note_error(error);
                     failed_beats += 1;
-                    if failed_beats == FAILED_BEATS_BEFORE_MOVING {
+                    let silent = last_answered.elapsed();
+                    if failed_beats >= FAILED_BEATS_BEFORE_MOVING
+                        && silent >= interval * FAILED_BEATS_BEFORE_MOVING
+                    {
                         config.joining.channel.next(&mut server);
-                        failed_beats = 0;
+                        (failed_beats, last_answered) = (0, Instant::now());
                     }
                 }
                 Err(BeatError::Forgotten) => {}

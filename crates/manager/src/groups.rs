@@ -80,8 +80,10 @@ impl Manager {
         let removed = self.storages.backend(name);
         self.storages.remove(name)?;
         self.published_storages_changed();
-        self.journal_log(&Record::StorageRemoved(name.to_string()))?;
-        self.retire_pool(removed)
+        let logged = self.journal_log(&Record::StorageRemoved(name.to_string()));
+        // Retired even when the record failed: the storage is gone from this process.
+        let retired = self.retire_pool(removed);
+        logged.and(retired)
     }
 
     /// Enables or disables a storage (journaled: the choice survives a restart).

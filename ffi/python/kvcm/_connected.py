@@ -94,6 +94,9 @@ class Connected:
         """Frees the object (idempotent, and safe from several threads at once)."""
         with self._closing:
             handle, self._handle = getattr(self, "_handle", None), None
+        self._release(handle)
+
+    def _release(self, handle):
         if handle is not None:
             self._free(handle)
 
@@ -104,4 +107,7 @@ class Connected:
         self.close()
 
     def __del__(self):
-        self.close()
+        # No lock: no other thread holds the object any more, and a collection that runs
+        # this while the same thread is inside `close()` would wait on that lock for ever.
+        handle, self._handle = getattr(self, "_handle", None), None
+        self._release(handle)

@@ -352,9 +352,6 @@ impl Nodes {
         }
     }
 
-    /// Declares dead every live slot whose last heartbeat is older than
-    /// [`MISSED_HEARTBEATS`] intervals, and every awaiting slot older than the resume
-    /// window; returns their indexes.
     /// Every slot that was live or awaited, now dead.
     pub(crate) fn retire_all(&mut self) -> Vec<u32> {
         let mut died = Vec::new();
@@ -366,6 +363,9 @@ impl Nodes {
         died
     }
 
+    /// Declares dead every live slot whose last heartbeat is older than
+    /// [`MISSED_HEARTBEATS`] intervals, and every awaiting slot older than the resume
+    /// window; returns their indexes.
     pub(crate) fn reap(&mut self, now: Instant) -> Vec<u32> {
         let limit = self.timing.heartbeat * MISSED_HEARTBEATS;
         let window = self.timing.resume_window;
