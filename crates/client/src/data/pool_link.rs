@@ -11,6 +11,8 @@
 //! with this link's domain on first use). Other buffers go through a registered staging
 //! buffer in chunks; while the WRITEs of one half of it are in flight the next chunk is
 //! copied into the other half.
+//! Asked to hash, every copy the CPU makes (soft-shm, and into or out of staging) hashes
+//! each piece right after copying it (`shm_copy::hashing`).
 //!
 //! Invariants: an operation outside the region is refused before anything is posted (one
 //! bad URI never fails the queue pair for the others); a batch that fails marks the link
@@ -20,6 +22,7 @@
 //! after the call that posted it returned.
 
 use std::cell::Cell;
+use std::hash::Hasher;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -31,13 +34,12 @@ use kvcm_transport::{
     exchange_endpoints, Access, CompletionQueue, Domain, HostMemory, Memory, QpConfig, QueuePair,
     Region, RemoteAddr, SendOp, SendWr, Sge, TransportError, WcStatus, WorkCompletion,
 };
+use twox_hash::XxHash3_64;
 
 use super::caller_memory::CallerMemory;
 use super::run_keys::RunKeys;
 use super::shm_copy;
 use crate::Wire;
-use std::hash::Hasher;
-use twox_hash::XxHash3_64;
 
 /// A shared-memory link whose queue pair is not the soft provider's (never: `Wire::Shm`
 /// opens a soft domain).
@@ -230,8 +232,8 @@ impl PoolLink {
     }
 
     /// Writes each `(offset, bytes)` into the region (all in bounds); returns per operation
-    /// how it moved (with `hash`, soft-shm copies also give the checksum of the bytes they
-    /// copied). On failure the link is broken and none of them counts as written. A batch
+    /// how it moved (with `hash`, the copies the CPU makes — soft-shm, staging — also give
+    /// the checksum of the bytes they copied). On failure the link is broken and none of them counts as written. A batch
     /// that failed on a stale run key is written once more over a fresh link
     /// ([`PoolLink::renew`]).
     pub(crate) fn write(
@@ -249,8 +251,8 @@ impl PoolLink {
     }
 
     /// Reads each `(offset, buffer)` from the region (all in bounds); returns per operation
-    /// how it moved (with `hash`, soft-shm copies also give the checksum of the bytes they
-    /// read). On failure the link is broken and no buffer is to be trusted. A batch that
+    /// how it moved (with `hash`, the copies the CPU makes — soft-shm, staging — also give
+    /// the checksum of the bytes they read). On failure the link is broken and no buffer is to be trusted. A batch that
     /// failed on a stale run key is read once more over a fresh link ([`PoolLink::renew`]).
     pub(crate) fn read(
         &mut self,
