@@ -304,11 +304,11 @@ impl PoolLink {
     ) -> Result<Vec<Moved>, String> {
         let done = match (self.wire, self.qp.as_soft()) {
             (Wire::Shm, Some(qp)) => {
-                let writes: Vec<(RemoteAddr, &[u8])> = ops
+                let mut writes: Vec<(RemoteAddr, &[u8])> = ops
                     .iter()
                     .map(|&(at, data)| (self.remote(at), data))
                     .collect();
-                shm_copy::write(qp, &writes, hash).map(copied)
+                shm_copy::write(qp, &mut writes, hash).map(copied)
             }
             (Wire::Shm, None) => Err(SHM_NOT_SOFT.to_string()),
             (Wire::Tcp | Wire::Verbs, _) => {

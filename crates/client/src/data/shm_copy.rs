@@ -28,23 +28,14 @@ const MAX_THREADS: usize = 4;
 /// every operation's bytes, in operation order.
 pub(crate) fn write(
     qp: &SoftQp,
-    writes: &[(RemoteAddr, &[u8])],
+    writes: &mut [(RemoteAddr, &[u8])],
     hash: bool,
 ) -> Result<Vec<Option<u64>>, String> {
-    let lengths: Vec<usize> = writes.iter().map(|(_, data)| data.len()).collect();
-    let shares = shares(&lengths);
-    let mut sums = vec![None; writes.len()];
-    let mut rest_ops = writes;
-    let mut rest_sums = &mut sums[..];
-    let mut jobs = Vec::with_capacity(shares.len());
-    for count in shares {
-        let (ops, after) = rest_ops.split_at(count);
-        let (out, after_sums) = rest_sums.split_at_mut(count);
-        (rest_ops, rest_sums) = (after, after_sums);
-        jobs.push(move || write_share(qp, ops, hash, out));
-    }
-    run_all(jobs)?;
-    Ok(sums)
+    in_shares(
+        writes,
+        |(_, data)| data.len(),
+        |ops, sums| write_share(qp, ops, hash, sums),
+    )
 }
 
 /// Reads into each `(remote, buffer)`, in order within each share; with `hash`, the xxh3-64
@@ -54,17 +45,31 @@ pub(crate) fn read(
     reads: &mut [(RemoteAddr, &mut [u8])],
     hash: bool,
 ) -> Result<Vec<Option<u64>>, String> {
-    let lengths: Vec<usize> = reads.iter().map(|(_, buf)| buf.len()).collect();
+    in_shares(
+        reads,
+        |(_, buf)| buf.len(),
+        |ops, sums| read_share(qp, ops, hash, sums),
+    )
+}
+
+/// Runs `copy` over the [`shares`] of `ops` (`len_of`: an operation's bytes), each with
+/// its slice of the per-operation checksums, which it returns in operation order.
+fn in_shares<T: Send>(
+    ops: &mut [T],
+    len_of: impl Fn(&T) -> usize,
+    copy: impl Fn(&mut [T], &mut [Option<u64>]) -> Result<(), String> + Sync,
+) -> Result<Vec<Option<u64>>, String> {
+    let lengths: Vec<usize> = ops.iter().map(len_of).collect();
     let shares = shares(&lengths);
-    let mut sums = vec![None; reads.len()];
-    let mut rest_ops = reads;
-    let mut rest_sums = &mut sums[..];
+    let mut sums = vec![None; ops.len()];
+    let (mut rest_ops, mut rest_sums) = (ops, &mut sums[..]);
+    let copy = &copy;
     let mut jobs = Vec::with_capacity(shares.len());
     for count in shares {
-        let (ops, after) = rest_ops.split_at_mut(count);
+        let (share, after) = rest_ops.split_at_mut(count);
         let (out, after_sums) = rest_sums.split_at_mut(count);
         (rest_ops, rest_sums) = (after, after_sums);
-        jobs.push(move || read_share(qp, ops, hash, out));
+        jobs.push(move || copy(share, out));
     }
     run_all(jobs)?;
     Ok(sums)
@@ -269,13 +274,19 @@ mod tests {
             .collect();
         for batch in [&lengths[..6], &lengths[..]] {
             let count = batch.len();
-            let writes: Vec<(RemoteAddr, &[u8])> = remotes[..count]
+            let mut writes: Vec<(RemoteAddr, &[u8])> = remotes[..count]
                 .iter()
                 .zip(&sources)
                 .map(|(r, s)| (*r, &s[..]))
                 .collect();
-            assert_eq!(write(&peer.qp, &writes, true).unwrap(), expected[..count]);
-            assert_eq!(write(&peer.qp, &writes, false).unwrap(), vec![None; count]);
+            assert_eq!(
+                write(&peer.qp, &mut writes, true).unwrap(),
+                expected[..count]
+            );
+            assert_eq!(
+                write(&peer.qp, &mut writes, false).unwrap(),
+                vec![None; count]
+            );
             let mut landed = vec![0u8; at];
             peer.memory.read(0, &mut landed).unwrap();
             let written: Vec<u8> = sources[..count].concat();
@@ -290,8 +301,8 @@ mod tests {
             assert_eq!(buffers, sources[..count]);
         }
         // A copy outside the region fails the whole batch.
-        let past = [(at_offset(remotes[0], at), &sources[1][..])];
-        assert!(write(&peer.qp, &past, true).is_err());
+        let mut past = [(at_offset(remotes[0], at), &sources[1][..])];
+        assert!(write(&peer.qp, &mut past, true).is_err());
     }
 
     #[test]
