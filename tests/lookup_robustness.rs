@@ -10,7 +10,7 @@ mod lookup_common;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,15 +71,40 @@ struct Serving {
     until: Option<Instant>,
 }
 
+/// Per key, a token of the location that is surely SERVING (set after its FinishWriteCache
+/// was answered, cleared before its RemoveCache is sent), 0 when none is: a read that sees
+/// the same non-zero token before it begins and after it ends must not miss the key.
+struct Surely(Vec<AtomicU64>);
+
+impl Surely {
+    fn new() -> Surely {
+        Surely((0..TORTURE_KEYS).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    fn set(&self, key: i64, token: u64) {
+        self.0[key as usize].store(token, Ordering::SeqCst);
+    }
+
+    fn tokens(&self) -> Vec<u64> {
+        self.0.iter().map(|t| t.load(Ordering::SeqCst)).collect()
+    }
+}
+
 /// Writes and removes single keys as fast as it can until `stop`; returns every location's
 /// serving interval.
-fn write_and_remove(client: &Client, stop: &AtomicBool) -> HashMap<(i64, String), Vec<Serving>> {
+fn write_and_remove(
+    client: &Client,
+    stop: &AtomicBool,
+    surely: &Surely,
+) -> HashMap<(i64, String), Vec<Serving>> {
     let mut intervals: HashMap<(i64, String), Vec<Serving>> = HashMap::new();
     let mut live: HashMap<i64, String> = HashMap::new();
     let mut rng = fastrand::Rng::with_seed(7);
+    let mut tokens = 0;
     while !stop.load(Ordering::Relaxed) {
         let key = rng.i64(0..TORTURE_KEYS);
         if let Some(uri) = live.remove(&key) {
+            surely.set(key, 0);
             let request = meta::RemoveCacheRequest {
                 block_keys: vec![key],
                 ..Default::default()
@@ -112,6 +137,8 @@ fn write_and_remove(client: &Client, stop: &AtomicBool) -> HashMap<(i64, String)
                 ..Default::default()
             })
             .expect("finish");
+        tokens += 1;
+        surely.set(key, tokens);
         intervals
             .entry((key, uri.clone()))
             .or_default()
@@ -124,26 +151,48 @@ fn write_and_remove(client: &Client, stop: &AtomicBool) -> HashMap<(i64, String)
 /// A reader's hits: (key, URI, read start, read end).
 type Hits = Vec<(i64, String, Instant, Instant)>;
 
-fn read_until(client: &Client, stop: &AtomicBool) -> (Hits, usize) {
+/// What a reader saw: its hits, its lookups, the keys it read while they were surely
+/// SERVING throughout the read, and those of them it missed (wrong answers).
+struct Seen {
+    hits: Hits,
+    lookups: usize,
+    surely_serving: usize,
+    wrong_misses: Vec<i64>,
+}
+
+fn read_until(client: &Client, stop: &AtomicBool, surely: &Surely) -> Seen {
     let keys: Vec<i64> = (0..TORTURE_KEYS).collect();
-    let mut hits = Vec::new();
-    let mut lookups = 0;
+    let mut seen = Seen {
+        hits: Vec::new(),
+        lookups: 0,
+        surely_serving: 0,
+        wrong_misses: Vec::new(),
+    };
     while !stop.load(Ordering::Relaxed) {
+        let before = surely.tokens();
         let begun = Instant::now();
         let locations = client.batch_get(&keys).expect("batch get");
         let ended = Instant::now();
-        lookups += 1;
+        let after = surely.tokens();
+        seen.lookups += 1;
         for (key, location) in keys.iter().zip(&locations) {
-            if let Some(spec) = location
+            let spec = location
                 .location_specs
                 .first()
-                .filter(|s| !s.uri.is_empty())
-            {
-                hits.push((*key, spec.uri.clone(), begun, ended));
+                .filter(|s| !s.uri.is_empty());
+            let token = before[*key as usize];
+            if token != 0 && token == after[*key as usize] {
+                seen.surely_serving += 1;
+                if spec.is_none() {
+                    seen.wrong_misses.push(*key);
+                }
+            }
+            if let Some(spec) = spec {
+                seen.hits.push((*key, spec.uri.clone(), begun, ended));
             }
         }
     }
-    (hits, lookups)
+    seen
 }
 
 /// `writer_wire`: the writer's path (`None`: gRPC, else RDMA messages on that wire);
@@ -152,35 +201,45 @@ fn torture_on(wire: Wire, writer_wire: Option<Wire>, seconds: u64, settings: &[&
     let _heavy = heavy();
     let (_runtime, server) = start_server_with(settings);
     let stop = Arc::new(AtomicBool::new(false));
+    let surely = Arc::new(Surely::new());
     let writer_client = match writer_wire {
         None => grpc_client(&server),
         Some(writer_wire) => client(&server, writer_wire),
     };
     let writer = {
-        let (client, stop) = (writer_client, stop.clone());
-        std::thread::spawn(move || write_and_remove(&client, &stop))
+        let (client, stop, surely) = (writer_client, stop.clone(), surely.clone());
+        std::thread::spawn(move || write_and_remove(&client, &stop, &surely))
     };
     let readers: Vec<_> = (0..4)
         .map(|_| {
-            let (client, stop) = (client(&server, wire), stop.clone());
+            let (client, stop, surely) = (client(&server, wire), stop.clone(), surely.clone());
             std::thread::spawn(move || {
-                let (hits, lookups) = read_until(&client, &stop);
-                (hits, lookups, client.metrics())
+                let seen = read_until(&client, &stop, &surely);
+                (seen, client.metrics())
             })
         })
         .collect();
     std::thread::sleep(Duration::from_secs(seconds));
     stop.store(true, Ordering::Relaxed);
     let intervals = writer.join().expect("writer");
-    let mut checked = 0;
+    let (mut checked, mut surely_serving) = (0, 0);
     for reader in readers {
-        let (hits, lookups, metrics) = reader.join().expect("reader");
+        let (seen, metrics) = reader.join().expect("reader");
         eprintln!(
-            "{wire:?} reader: {lookups} lookups, {} hits, {metrics:?}",
-            hits.len()
+            "{wire:?} reader: {} lookups, {} hits, {} reads of surely SERVING keys, {metrics:?}",
+            seen.lookups,
+            seen.hits.len(),
+            seen.surely_serving
         );
         assert!(metrics.hits > 0, "the reader used the fast path");
-        for (key, uri, begun, ended) in hits {
+        assert!(
+            seen.wrong_misses.is_empty(),
+            "{} reads missed a key surely SERVING throughout the read (first keys: {:?})",
+            seen.wrong_misses.len(),
+            &seen.wrong_misses[..seen.wrong_misses.len().min(10)]
+        );
+        surely_serving += seen.surely_serving;
+        for (key, uri, begun, ended) in seen.hits {
             let list = intervals.get(&(key, uri.clone()));
             let serving = list.is_some_and(|list| {
                 list.iter()
@@ -191,10 +250,12 @@ fn torture_on(wire: Wire, writer_wire: Option<Wire>, seconds: u64, settings: &[&
         }
     }
     let writes: usize = intervals.values().map(Vec::len).sum();
-    eprintln!("{wire:?}: {writes} locations written, {checked} hits checked, 0 wrong");
+    eprintln!(
+        "{wire:?}: {writes} locations written, {checked} hits checked, {surely_serving} reads of surely SERVING keys, 0 wrong"
+    );
     assert!(
-        writes > 100 && checked > 100,
-        "too little happened: {writes} writes, {checked} hits"
+        writes > 100 && checked > 100 && surely_serving > 100,
+        "too little happened: {writes} writes, {checked} hits, {surely_serving} surely SERVING"
     );
 }
 

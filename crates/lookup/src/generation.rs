@@ -7,6 +7,9 @@
 //!   forward (from its key's first candidate to its second, destination written first), to
 //!   make room, so a reader that copies the first bucket and then the second sees each
 //!   location unless it was added or removed meanwhile; growth builds a new generation;
+//! - a key with a slot in its second bucket gains new slots only there, and a change to
+//!   both of a key's buckets writes the second first, so that reader never misses a key
+//!   that had a location throughout its two copies;
 //! - a string id, once written, names the same bytes for the whole generation (dead
 //!   entries are not reused; the publisher compacts by building a new generation);
 //! - every entry a slot names is written before the slot.
@@ -133,6 +136,9 @@ pub struct Generation<M: Memory> {
     /// Test probe called with (key, phase) around each write of a move.
     #[cfg(test)]
     probe: Option<Box<dyn FnMut(i64, MovePhase)>>,
+    /// Test probe called after each bucket write.
+    #[cfg(test)]
+    written: Option<Box<dyn FnMut()>>,
     /// String id of the spec list.
     spec_list: u32,
 }
@@ -179,6 +185,8 @@ impl<M: Memory> Generation<M> {
             slots_used: 0,
             #[cfg(test)]
             probe: None,
+            #[cfg(test)]
+            written: None,
             spec_list: 0,
         };
         generation.spec_list =
@@ -253,6 +261,10 @@ impl<M: Memory> Generation<M> {
         let buckets = candidates(key, self.seed, self.layout.bucket_count);
         let mut images = [self.read_bucket(buckets[0])?, self.read_bucket(buckets[1])?];
         let mut touched = [false; 2];
+        // A key with a slot in its second bucket gains slots only there: a reader copies the
+        // first bucket before the second, so a slot gained in the first while one leaves the
+        // second could be missed by a reader whose copies straddle both changes.
+        let second_only = images[1].iter().flatten().any(|s| s.head.key == key);
         // A location with more records than a slot holds needs wider slots, as long as
         // there can be such slots; beyond that the key is an overflow marker.
         let records = locations.iter().map(PublishedLocation::records).max();
@@ -307,11 +319,12 @@ impl<M: Memory> Generation<M> {
         let mut additions = additions.into_iter();
         while let Some(slot) = additions.next() {
             let free = |image: &Vec<Option<Slot>>| image.iter().filter(|s| s.is_none()).count();
-            if free(&images[0]) + free(&images[1]) == 0 {
-                // Both full: move other slots forward to make room, then read them again.
+            let room = free(&images[1]) + if second_only { 0 } else { free(&images[0]) };
+            if room == 0 {
+                // Full: move other slots forward to make room, then read them again.
                 self.flush(&buckets, &images, touched)?;
                 touched = [false; 2];
-                let made = self.make_room(buckets[0], MOVE_DEPTH)?
+                let made = (!second_only && self.make_room(buckets[0], MOVE_DEPTH)?)
                     || self.make_room(buckets[1], MOVE_DEPTH)?;
                 images = [self.read_bucket(buckets[0])?, self.read_bucket(buckets[1])?];
                 if !made {
@@ -320,7 +333,7 @@ impl<M: Memory> Generation<M> {
                     return Err(FormatError::Full(Full::Buckets));
                 }
             }
-            let b = usize::from(free(&images[1]) > free(&images[0]));
+            let b = usize::from(second_only || free(&images[1]) > free(&images[0]));
             let place = images[b]
                 .iter_mut()
                 .find(|s| s.is_none())
@@ -417,19 +430,21 @@ impl<M: Memory> Generation<M> {
     }
 
     fn flush(
-        &self,
+        &mut self,
         buckets: &[u64; 2],
         images: &[Vec<Option<Slot>>; 2],
         touched: [bool; 2],
     ) -> Result<()> {
-        for b in (0..2).filter(|&b| touched[b]) {
+        // The second bucket first, as for a move: a slot gained there is written before one
+        // leaving the first is cleared.
+        for b in [1, 0].into_iter().filter(|&b| touched[b]) {
             self.write_bucket(buckets[b], &images[b])?;
         }
         Ok(())
     }
 
     /// Rewrites bucket `index` with `image`'s slots.
-    fn write_bucket(&self, index: u64, image: &[Option<Slot>]) -> Result<()> {
+    fn write_bucket(&mut self, index: u64, image: &[Option<Slot>]) -> Result<()> {
         let g = self.layout.geometry;
         let mut body = vec![0u8; g.bucket_bytes - OVERHEAD];
         for (i, slot) in image.iter().enumerate() {
@@ -437,7 +452,12 @@ impl<M: Memory> Generation<M> {
                 slot.encode(&mut body[i * g.slot_bytes..(i + 1) * g.slot_bytes]);
             }
         }
-        seqlock::rewrite(&self.memory, self.layout.bucket_at(index), &body)
+        seqlock::rewrite(&self.memory, self.layout.bucket_at(index), &body)?;
+        #[cfg(test)]
+        if let Some(written) = self.written.as_mut() {
+            written();
+        }
+        Ok(())
     }
 
     /// The slot of `location`, its templates interned (written to the heap when new).
@@ -832,7 +852,7 @@ mod move_tests {
     use kvcm_transport::soft::{SoftConfig, SoftDomain};
     use kvcm_transport::{Domain, Memory};
 
-    fn location(nonce: u32) -> PublishedLocation {
+    pub(super) fn location(nonce: u32) -> PublishedLocation {
         let template = Template {
             spec: 0,
             head: "h".into(),
@@ -910,6 +930,111 @@ mod move_tests {
         assert!(
             backward_misses > 0,
             "the check would not catch the wrong order"
+        );
+    }
+}
+
+#[cfg(test)]
+mod straddle_tests {
+    use super::*;
+    use crate::reader::{key_slots, Copy};
+    use kvcm_transport::soft::{SoftConfig, SoftDomain};
+    use kvcm_transport::{Domain, Memory};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// A key that had a location at every moment from bucket write `i` to bucket write `j`
+    /// is found by a reader that copied its first bucket after write `i` and its second
+    /// after write `j`: a slot the key gains never lands in its first bucket while one it
+    /// loses leaves its second, whatever the writes in between. Random publish sequences
+    /// over a crowded table, many seeds.
+    #[test]
+    fn a_reader_straddling_changes_of_a_key_that_stays_published_finds_it() {
+        let domain = SoftDomain::open(SoftConfig::default()).unwrap();
+        let layout = Layout::new(1, 8, 4, 1 << 20).unwrap();
+        let specs = [("a".to_string(), 8)];
+        let keys = 5i64;
+        let mut straddles = 0;
+        for seed in 0..300u64 {
+            let memory = domain
+                .alloc(layout.total_len().next_multiple_of(4096))
+                .unwrap();
+            let mut generation = Generation::create(
+                memory.clone(),
+                layout,
+                seed,
+                &specs,
+                &Availability::default(),
+            )
+            .unwrap();
+            // The whole bucket array after each bucket write.
+            let copies: Rc<RefCell<Vec<Vec<u8>>>> = Default::default();
+            let seen = copies.clone();
+            let source = memory.clone();
+            generation.written = Some(Box::new(move || {
+                let mut buckets = vec![0u8; layout.strings_offset - layout.bucket_offset];
+                source.read(layout.bucket_offset, &mut buckets).unwrap();
+                seen.borrow_mut().push(buckets);
+            }));
+            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            // After each bucket write: whether each key was published throughout it (a key
+            // being published or unpublished counts as not published during its writes).
+            let mut published_at: Vec<Vec<bool>> = Vec::new();
+            let mut published = vec![false; keys as usize];
+            for _ in 0..40 {
+                let key = (next() % keys as u64) as i64;
+                let count = (next() % 3) as usize;
+                let mut locations: Vec<PublishedLocation> = (0..count)
+                    .map(|_| super::move_tests::location(1 + (next() % 6) as u32))
+                    .collect();
+                locations.sort_by_key(|l| l.nonce);
+                locations.dedup_by_key(|l| l.nonce);
+                if generation.publish(key, &locations).is_err() {
+                    break;
+                }
+                let mut during = published.clone();
+                during[key as usize] &= !locations.is_empty();
+                published[key as usize] = !locations.is_empty();
+                published_at.resize(copies.borrow().len(), during);
+                if let Some(last) = published_at.last_mut() {
+                    last.clone_from(&published);
+                }
+            }
+            let snapshots: Vec<(Vec<u8>, Vec<bool>)> =
+                copies.borrow().iter().cloned().zip(published_at).collect();
+            let bucket_bytes = layout.geometry.bucket_bytes;
+            let has = |buckets: &[u8], index: u64, key: i64| {
+                let at = index as usize * bucket_bytes;
+                match key_slots(&buckets[at..at + bucket_bytes], &layout.geometry, key) {
+                    Copy::Good(mut slots) => slots.next().is_some(),
+                    other => panic!("{other:?}"),
+                }
+            };
+            for key in 0..keys {
+                let [first, second] = candidates(key, seed, layout.bucket_count);
+                for i in 0..snapshots.len() {
+                    for j in i..snapshots.len() {
+                        if !snapshots[i..=j].iter().all(|(_, p)| p[key as usize]) {
+                            break;
+                        }
+                        straddles += usize::from(i < j);
+                        assert!(
+                            has(&snapshots[i].0, first, key) || has(&snapshots[j].0, second, key),
+                            "seed {seed}, key {key}: first bucket after write {i}, second after write {j}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(
+            straddles > 1000,
+            "only {straddles} straddling reads checked"
         );
     }
 }
