@@ -3,11 +3,15 @@
 //! Invariants: a `kvcm_client*` is a `Box<Client>` from [`kvcm_client_connect_tls`] (which
 //! the other connects call), freed once by [`kvcm_client_free`]; it is `Send + Sync`, so C
 //! may share it across threads (calls serialise inside the client). Each lookup hands out a
-//! new, independent result.
+//! new, independent result; the client's answer it is flattened from is kept per calling
+//! thread and reused by that thread's next lookup (its locations and strings are
+//! overwritten, not allocated again).
 
+use std::cell::RefCell;
 use std::ffi::c_char;
 use std::path::Path;
 
+use kvcm::proto::meta::CacheLocation;
 use kvcm::tls_client::TlsClientError;
 use kvcm_client::{Client, ClientConfig, ServerAddress, TlsClient, Wire};
 
@@ -301,6 +305,11 @@ enum Query {
     SlidingWindow(i32),
 }
 
+thread_local! {
+    /// This thread's last client answer, reused by its next lookup (see the module doc).
+    static ANSWER: RefCell<Vec<CacheLocation>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Runs one lookup and hands its result out through `out`.
 ///
 /// # Safety
@@ -319,12 +328,14 @@ unsafe fn lookup(
             args::store(out, "out", std::ptr::null_mut())?;
             let client = args::object(client, "client")?;
             let keys = args::keys(keys, count)?;
-            let answer = match query {
-                Query::PrefixMatch => client.prefix_match(keys),
-                Query::BatchGet => client.batch_get(keys),
-                Query::SlidingWindow(size) => client.sliding_window(keys, size),
-            }?;
-            let result = Box::new(Locations::new(&answer));
+            let result = ANSWER.with_borrow_mut(|answer| {
+                match query {
+                    Query::PrefixMatch => client.prefix_match_into(keys, answer),
+                    Query::BatchGet => client.batch_get_into(keys, answer),
+                    Query::SlidingWindow(size) => client.sliding_window_into(keys, size, answer),
+                }?;
+                Ok::<_, FfiError>(Box::new(Locations::new(answer)))
+            })?;
             args::store(out, "out", Box::into_raw(result))
         })
     }

@@ -262,6 +262,15 @@ impl Client {
         self.collect(&Query::over_keys(meta::QueryType::QtBatchGet, keys, 0))
     }
 
+    /// Batch get over block keys into `out` (see [`Client::get_cache_location_into`]).
+    pub fn batch_get_into(
+        &self,
+        keys: &[i64],
+        out: &mut Vec<meta::CacheLocation>,
+    ) -> Result<(), ClientError> {
+        self.query_into(&Query::over_keys(meta::QueryType::QtBatchGet, keys, 0), out)
+    }
+
     /// Reverse rolling sliding-window match over block keys.
     pub fn sliding_window(
         &self,
@@ -270,6 +279,18 @@ impl Client {
     ) -> Result<Vec<meta::CacheLocation>, ClientError> {
         let kind = meta::QueryType::QtReverseRollSwMatch;
         self.collect(&Query::over_keys(kind, keys, sw_size))
+    }
+
+    /// Sliding-window match over block keys into `out` (see
+    /// [`Client::get_cache_location_into`]).
+    pub fn sliding_window_into(
+        &self,
+        keys: &[i64],
+        sw_size: i32,
+        out: &mut Vec<meta::CacheLocation>,
+    ) -> Result<(), ClientError> {
+        let kind = meta::QueryType::QtReverseRollSwMatch;
+        self.query_into(&Query::over_keys(kind, keys, sw_size), out)
     }
 
     /// The answer to `query` in a new vector.
