@@ -59,7 +59,8 @@ impl Manager {
         self.storages
             .update(config.clone(), &self.storage_logger(&config))?;
         self.published_storages_changed();
-        self.retire_pool(replaced)
+        self.retire_pool(replaced);
+        Ok(())
     }
 
     /// Logs `config` with the handle of its new incarnation (before it takes writes).
@@ -82,8 +83,8 @@ impl Manager {
         self.published_storages_changed();
         let logged = self.journal_log(&Record::StorageRemoved(name.to_string()));
         // Retired even when the record failed: the storage is gone from this process.
-        let retired = self.retire_pool(removed);
-        logged.and(retired)
+        self.retire_pool(removed);
+        logged
     }
 
     /// Enables or disables a storage (journaled: the choice survives a restart).

@@ -191,6 +191,8 @@ pub struct Manager {
     /// Removed instances whose blocks may not all be deleted yet (see
     /// `Manager::unfinished_removals`).
     unfinished_removals: Mutex<Vec<Arc<Instance>>>,
+    /// Dead pool slots whose sweep failed, swept again by the next reap (see `pools`).
+    unswept: Mutex<Vec<pools::Unswept>>,
     /// Held for writing while recovery or a promotion restores state (until what it restored
     /// is durable in the new process's terms); a reclaim pass runs only with it for reading,
     /// so nothing is evicted while it would not be logged.
@@ -244,6 +246,7 @@ impl Manager {
             shared_store_uri: std::sync::OnceLock::new(),
             removals_left: Mutex::default(),
             unfinished_removals: Mutex::default(),
+            unswept: Mutex::default(),
             recovery_gate: std::sync::RwLock::new(()),
         });
         if let Some(period) = deps.reclaim_period {

@@ -6,6 +6,11 @@
 //! false from then on, and FinishWriteCache checks it under each key's lock), then its
 //! locations are swept. A location committed before the death is therefore found by the
 //! sweep's scan, and one committed after it is refused: none survives.
+//!
+//! A sweep that fails (an index or journal error) is kept and tried again by every later
+//! [`Manager::reap_pool_nodes`] until it succeeds, so a dead node's locations never stay
+//! SERVING for good; the call that caused it (a join, a reap, a storage update) is not
+//! failed for it.
 
 use std::sync::Arc;
 
@@ -19,6 +24,7 @@ use super::entry::{Location, LocationState, StorageHandle};
 use super::error::{ManagerError, ManagerResult};
 use super::instance::Instance;
 use super::Manager;
+use crate::sync::lock;
 
 /// Keys per page when sweeping an instance.
 const SWEEP_PAGE: usize = 256;
@@ -30,7 +36,7 @@ impl Manager {
         let backend = self.pool_backend(storage)?;
         let pool = backend.as_pool().ok_or_else(|| not_a_pool(storage))?;
         let (membership, retired) = pool.join(join)?;
-        self.after_pool_change(storage, &backend, &retired)?;
+        self.after_pool_change(storage, &backend, &retired);
         Ok(membership)
     }
 
@@ -63,9 +69,13 @@ impl Manager {
         Ok(pool.nodes())
     }
 
-    /// Declares dead the nodes of every pool that missed their heartbeats and removes their
-    /// blocks; returns how many died.
+    /// Sweeps again the dead slots whose sweep failed, then declares dead the nodes of every
+    /// pool that missed their heartbeats and removes their blocks; returns how many died.
     pub fn reap_pool_nodes(&self) -> usize {
+        let unswept = std::mem::take(&mut *lock(&self.unswept));
+        for Unswept { backend, slots } in unswept {
+            self.sweep_slots(&backend, &slots);
+        }
         let mut died = 0;
         for config in self.storages.list() {
             let name = &config.global_unique_name;
@@ -77,29 +87,31 @@ impl Manager {
             };
             let dead = pool.reap();
             died += dead.len();
-            if let Err(error) = self.after_pool_change(name, &backend, &dead) {
-                tracing::warn!(%error, storage = %name, "removing the blocks of dead pool nodes");
-            }
+            self.after_pool_change(name, &backend, &dead);
         }
         died
+    }
+
+    /// Dead slots whose sweep failed and waits for the next reap.
+    pub fn pool_sweeps_pending(&self) -> usize {
+        lock(&self.unswept).len()
     }
 
     /// After a pool storage was replaced (UpdateStorage) or removed: every node incarnation
     /// of its `old` backend dies and its blocks are removed, as if the nodes had died —
     /// nothing more heartbeats to that backend (the nodes join the storage's new backend
     /// afresh, if there is one), and its entries must not go on reading as hits.
-    pub(crate) fn retire_pool(&self, old: Option<Arc<dyn DataStorage>>) -> ManagerResult<()> {
+    pub(crate) fn retire_pool(&self, old: Option<Arc<dyn DataStorage>>) {
         let Some(old) = old else {
-            return Ok(());
+            return;
         };
         let Some(pool) = old.as_pool() else {
-            return Ok(());
+            return;
         };
         let dead = pool.retire_all();
-        if dead.is_empty() {
-            return Ok(());
+        if !dead.is_empty() {
+            self.sweep_slots(&old, &dead);
         }
-        self.sweep_slots(&old, &dead)
     }
 
     /// The current backend of a registered storage.
@@ -111,24 +123,18 @@ impl Manager {
 
     /// After joins and deaths: removes the blocks of the `dead` slots, refreshes the
     /// storage's health and republishes availability.
-    fn after_pool_change(
-        &self,
-        storage: &str,
-        backend: &Arc<dyn DataStorage>,
-        dead: &[u32],
-    ) -> ManagerResult<()> {
-        let swept = if dead.is_empty() {
-            Ok(())
-        } else {
-            self.sweep_slots(backend, dead)
-        };
+    fn after_pool_change(&self, storage: &str, backend: &Arc<dyn DataStorage>, dead: &[u32]) {
+        if !dead.is_empty() {
+            self.sweep_slots(backend, dead);
+        }
         self.storages.probe(storage);
         self.published_storages_changed();
-        swept
     }
 
-    /// Removes, in every instance, each location with a part on one of `slots` of `backend`.
-    fn sweep_slots(&self, backend: &Arc<dyn DataStorage>, slots: &[u32]) -> ManagerResult<()> {
+    /// Removes, in every instance, each location with a part on one of `slots` of `backend`;
+    /// when an instance's sweep fails, the others are still swept and the whole sweep is
+    /// kept for the next reap.
+    fn sweep_slots(&self, backend: &Arc<dyn DataStorage>, slots: &[u32]) {
         let handles = self.storages.handles_of(backend);
         let on_dead = |location: &Location| {
             handles.contains(&location.storage)
@@ -139,10 +145,19 @@ impl Manager {
                     .any(|part| slots.contains(&MemPool::slot_of(&part.address)))
         };
         let instances: Vec<Arc<Instance>> = self.all_instances();
+        let mut failed = false;
         for instance in instances {
-            self.sweep_instance(&instance, &handles, &on_dead)?;
+            if let Err(error) = self.sweep_instance(&instance, &handles, &on_dead) {
+                tracing::warn!(%error, instance = %instance.id(), "removing the blocks of dead pool nodes; tried again at the next reap");
+                failed = true;
+            }
         }
-        Ok(())
+        if failed {
+            lock(&self.unswept).push(Unswept {
+                backend: backend.clone(),
+                slots: slots.to_vec(),
+            });
+        }
     }
 
     fn sweep_instance(
@@ -180,6 +195,12 @@ impl Manager {
             None => true,
         }
     }
+}
+
+/// Dead slots of a pool backend whose sweep failed (see the module doc).
+pub(crate) struct Unswept {
+    backend: Arc<dyn DataStorage>,
+    slots: Vec<u32>,
 }
 
 fn not_a_pool(storage: &str) -> ManagerError {

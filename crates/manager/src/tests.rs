@@ -570,6 +570,18 @@ fn flaky_fixture() -> (
     Arc<std::sync::atomic::AtomicUsize>,
     GetHook,
 ) {
+    flaky_fixture_with(test_deps())
+}
+
+/// A [`flaky_fixture`] on `deps` (their index factory is replaced).
+fn flaky_fixture_with(
+    deps: ManagerDeps,
+) -> (
+    Fixture,
+    Arc<Instance>,
+    Arc<std::sync::atomic::AtomicUsize>,
+    GetHook,
+) {
     let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let on_get = GetHook::default();
     let local = local_index_factory();
@@ -582,7 +594,11 @@ fn flaky_fixture() -> (
         });
         Ok(index)
     });
-    let (fx, instance) = fixture_with(i64::MAX, PREFER_3FS, flaky);
+    let deps = ManagerDeps {
+        open_index: flaky,
+        ..deps
+    };
+    let (fx, instance) = fixture_with_deps(i64::MAX, PREFER_3FS, deps);
     (fx, instance, failures, on_get)
 }
 
@@ -711,6 +727,87 @@ fn a_removed_instance_whose_cache_deletion_fails_is_deleted_in_the_background() 
     }
     assert_eq!(fx.manager.removals_pending(), 0, "retried");
     assert_eq!(instance.index.len().expect("len"), 0, "every block deleted");
+}
+
+/// A dead pool node's sweep that fails (an index outage) is kept and done by a later reap:
+/// the node's locations do not stay SERVING, and the reap that found the death is not
+/// failed for it.
+#[test]
+fn a_failed_sweep_of_a_dead_pool_node_is_done_by_a_later_reap() {
+    use kvcm_storage::pool::{PoolNodeJoin, PoolTiming};
+    let deps = ManagerDeps {
+        pool_timing: PoolTiming {
+            heartbeat: Duration::from_millis(1),
+            ..Default::default()
+        },
+        ..test_deps()
+    };
+    let (fx, instance, failures, _) = flaky_fixture_with(deps);
+    let pool = StorageConfig {
+        global_unique_name: "p".into(),
+        spec: StorageSpec::TairMemPool {
+            domain: "d".into(),
+            timeout: 100,
+            enable_vipserver: false,
+            service_discovery_url: String::new(),
+            media_type: 0,
+        },
+        check_storage_available_when_open: false,
+    };
+    fx.manager.add_storage(pool).expect("pool storage");
+    let mut on_pool = group(i64::MAX, PreferStrategy::Always(StorageType::TairMemPool));
+    on_pool.storage_candidates = vec!["p".into()];
+    on_pool.version = 2;
+    fx.manager
+        .update_group(on_pool, 1)
+        .expect("group on the pool");
+    let join = PoolNodeJoin {
+        node_id: "n".into(),
+        endpoint: "127.0.0.1:9".into(),
+        capacity: 1 << 20,
+        resume_range_id: None,
+        isolated: false,
+    };
+    fx.manager.pool_join("p", join).expect("join");
+    let keys: Vec<BlockKey> = (1000..1008).collect();
+    let started = fx
+        .manager
+        .start_write(&instance, keys.clone(), &[], 600)
+        .expect("start");
+    let all = BlockMask::Offset(keys.len());
+    fx.manager
+        .finish_write(&instance, &started.session_id, &all)
+        .expect("finish");
+    let states = || -> Vec<LocationState> {
+        let entries = instance.index.get(&keys).expect("get");
+        let entries = entries.into_iter().flatten();
+        entries
+            .flat_map(|e| e.locations().map(|l| l.state).collect::<Vec<_>>())
+            .collect()
+    };
+    assert_eq!(states(), vec![LocationState::Serving; keys.len()]);
+
+    // The node never heartbeats: dead after 3 missed 1-ms beats, swept during an outage.
+    std::thread::sleep(Duration::from_millis(20));
+    failures.store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(fx.manager.reap_pool_nodes(), 1, "the node died");
+    assert_eq!(
+        fx.manager.pool_sweeps_pending(),
+        1,
+        "the failed sweep is kept"
+    );
+    assert!(
+        states().contains(&LocationState::Serving),
+        "the outage held"
+    );
+    failures.store(0, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(fx.manager.reap_pool_nodes(), 0, "nothing more died");
+    assert_eq!(fx.manager.pool_sweeps_pending(), 0);
+    assert!(
+        !states().contains(&LocationState::Serving),
+        "the dead node's locations were swept: {:?}",
+        states()
+    );
 }
 
 #[test]
