@@ -32,8 +32,8 @@
  * Thread safety. A kvcm_client may be shared by any number of threads; its calls serialise on
  * one connection, so give each thread its own client for parallel lookups. Results are
  * independent of the client and of each other: a result may be read from any thread, and may
- * outlive the client (each thread that looks up keeps the library's working copy of its last
- * answer, reused by its next lookup, until the thread exits). Do not free a client while a
+ * outlive the client (each thread that looks up keeps the library's working copy of its
+ * answers, as large as its largest, reused by its next lookup until the thread exits). Do not free a client while a
  * call on it is in flight. A kvcm_engine
  * may be shared too; its calls run one at a time (one engine per thread for parallelism).
  *

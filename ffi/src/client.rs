@@ -328,14 +328,18 @@ unsafe fn lookup(
             args::store(out, "out", std::ptr::null_mut())?;
             let client = args::object(client, "client")?;
             let keys = args::keys(keys, count)?;
-            let result = ANSWER.with_borrow_mut(|answer| {
+            let mut flat = |answer: &mut Vec<CacheLocation>| {
                 match query {
                     Query::PrefixMatch => client.prefix_match_into(keys, answer),
                     Query::BatchGet => client.batch_get_into(keys, answer),
                     Query::SlidingWindow(size) => client.sliding_window_into(keys, size, answer),
                 }?;
                 Ok::<_, FfiError>(Box::new(Locations::new(answer)))
-            })?;
+            };
+            // A thread that is exiting (a TLS destructor looking up) has no working copy left.
+            let result = ANSWER
+                .try_with(|answer| flat(&mut answer.borrow_mut()))
+                .unwrap_or_else(|_| flat(&mut Vec::new()))?;
             args::store(out, "out", Box::into_raw(result))
         })
     }

@@ -1,6 +1,6 @@
-//! The lookup entry points (`kvcm_prefix_match`, `kvcm_batch_get`) called through the ABI
-//! against an in-process server: every result is the caller's own, although the library
-//! reuses one client answer per thread to build them.
+//! The lookup entry points (`kvcm_prefix_match`, `kvcm_batch_get`, `kvcm_sliding_window`)
+//! called through the ABI against an in-process server: every result is the caller's own,
+//! although the library reuses one client answer per thread to build them.
 
 mod common;
 
@@ -89,6 +89,18 @@ fn look_up(client: *const Client, lookup: Lookup, keys: &[i64]) -> *mut Location
     out
 }
 
+/// `kvcm_sliding_window` with window 2, in the shape of the other lookups.
+unsafe extern "C" fn window_of_two(
+    client: *const Client,
+    keys: *const i64,
+    count: usize,
+    out: *mut *mut Locations,
+    message: *mut *mut std::ffi::c_char,
+) -> i32 {
+    // SAFETY: the caller's promises are passed on unchanged.
+    unsafe { kvcm_sliding_window(client, keys, count, 2, out, message) }
+}
+
 #[test]
 fn a_result_stays_as_it_was_through_later_lookups_on_the_same_thread() {
     let harness = Harness::start();
@@ -98,19 +110,22 @@ fn a_result_stays_as_it_was_through_later_lookups_on_the_same_thread() {
     let whole = common::uris(&rust.prefix_match(&WRITTEN).unwrap());
     let some = common::uris(&rust.batch_get(&[999, WRITTEN[3]]).unwrap());
     let one = common::uris(&rust.prefix_match(&WRITTEN[1..2]).unwrap());
+    let window = common::uris(&rust.sliding_window(&WRITTEN, 2).unwrap());
     assert_eq!(whole.len(), WRITTEN.len());
     let client = connect(&harness, "ffi-own");
     let first = look_up(client, kvcm_prefix_match, &WRITTEN);
     let second = look_up(client, kvcm_batch_get, &[999, WRITTEN[3]]);
     let third = look_up(client, kvcm_prefix_match, &WRITTEN[1..2]);
+    let fourth = look_up(client, window_of_two, &WRITTEN);
     assert_eq!(uris(first), whole);
     assert_eq!(uris(second), some);
     assert_eq!(uris(third), one);
+    assert_eq!(uris(fourth), window);
     // SAFETY: results and client from this test, each freed once.
     unsafe {
-        kvcm_locations_free(first);
-        kvcm_locations_free(second);
-        kvcm_locations_free(third);
+        for result in [first, second, third, fourth] {
+            kvcm_locations_free(result);
+        }
         kvcm_client_free(client);
     }
 }

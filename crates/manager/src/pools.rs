@@ -145,18 +145,45 @@ impl Manager {
                     .any(|part| slots.contains(&MemPool::slot_of(&part.address)))
         };
         let instances: Vec<Arc<Instance>> = self.all_instances();
-        let mut failed = false;
+        let mut failed = None;
         for instance in instances {
             if let Err(error) = self.sweep_instance(&instance, &handles, &on_dead) {
-                tracing::warn!(%error, instance = %instance.id(), "removing the blocks of dead pool nodes; tried again at the next reap");
-                failed = true;
+                failed.get_or_insert(error);
             }
         }
-        if failed {
-            lock(&self.unswept).push(Unswept {
-                backend: backend.clone(),
-                slots: slots.to_vec(),
-            });
+        if let Some(error) = failed {
+            self.keep_unswept(backend, slots, &error);
+        }
+    }
+
+    /// Keeps `slots` of `backend` for the next reap, merged with what is kept for that
+    /// backend already (one scan per backend and reap while an outage lasts); warns when they
+    /// are new.
+    fn keep_unswept(&self, backend: &Arc<dyn DataStorage>, slots: &[u32], error: &ManagerError) {
+        let mut unswept = lock(&self.unswept);
+        let kept = unswept
+            .iter_mut()
+            .find(|kept| Arc::ptr_eq(&kept.backend, backend));
+        let new = match kept {
+            Some(kept) => {
+                let fresh: Vec<u32> = slots
+                    .iter()
+                    .copied()
+                    .filter(|s| !kept.slots.contains(s))
+                    .collect();
+                kept.slots.extend(&fresh);
+                !fresh.is_empty()
+            }
+            None => {
+                unswept.push(Unswept {
+                    backend: backend.clone(),
+                    slots: slots.to_vec(),
+                });
+                true
+            }
+        };
+        if new {
+            tracing::warn!(%error, ?slots, "removing the blocks of dead pool nodes failed; tried again at each reap");
         }
     }
 

@@ -796,6 +796,8 @@ fn a_failed_sweep_of_a_dead_pool_node_is_done_by_a_later_reap() {
         1,
         "the failed sweep is kept"
     );
+    assert_eq!(fx.manager.reap_pool_nodes(), 0, "a retry during the outage");
+    assert_eq!(fx.manager.pool_sweeps_pending(), 1, "kept once, not twice");
     assert!(
         states().contains(&LocationState::Serving),
         "the outage held"
