@@ -328,7 +328,7 @@ unsafe fn lookup(
             args::store(out, "out", std::ptr::null_mut())?;
             let client = args::object(client, "client")?;
             let keys = args::keys(keys, count)?;
-            let mut flat = |answer: &mut Vec<CacheLocation>| {
+            let flat = |answer: &mut Vec<CacheLocation>| {
                 match query {
                     Query::PrefixMatch => client.prefix_match_into(keys, answer),
                     Query::BatchGet => client.batch_get_into(keys, answer),
