@@ -857,7 +857,28 @@ mod move_tests {
     use super::*;
     use crate::reader::{key_slots, Copy};
     use kvcm_transport::soft::{SoftConfig, SoftDomain};
-    use kvcm_transport::{Domain, Memory};
+    use kvcm_transport::{Domain, HostMemory, Memory};
+
+    /// A generation of `layout` for one spec, in memory of `domain`, and that memory.
+    pub(super) fn one_spec_generation(
+        domain: &SoftDomain,
+        layout: Layout,
+        seed: u64,
+    ) -> (HostMemory, Generation<HostMemory>) {
+        let memory = domain
+            .alloc(layout.total_len().next_multiple_of(4096))
+            .unwrap();
+        let specs = [("a".to_string(), 8)];
+        let generation = Generation::create(
+            memory.clone(),
+            layout,
+            seed,
+            &specs,
+            &Availability::default(),
+        )
+        .unwrap();
+        (memory, generation)
+    }
 
     pub(super) fn location(nonce: u32) -> PublishedLocation {
         let template = Template {
@@ -882,19 +903,8 @@ mod move_tests {
     fn a_reader_copying_first_then_second_never_misses_a_moved_key() {
         let domain = SoftDomain::open(SoftConfig::default()).unwrap();
         let layout = Layout::new(1, 64, 4, 1 << 20).unwrap();
-        let memory = domain
-            .alloc(layout.total_len().next_multiple_of(4096))
-            .unwrap();
-        let specs = [("a".to_string(), 8)];
         let seed = 5;
-        let mut generation = Generation::create(
-            memory.clone(),
-            layout,
-            seed,
-            &specs,
-            &Availability::default(),
-        )
-        .unwrap();
+        let (memory, mut generation) = one_spec_generation(&domain, layout, seed);
         type Copies = Vec<(i64, MovePhase, [Vec<u8>; 2])>;
         let copies: std::rc::Rc<std::cell::RefCell<Copies>> = Default::default();
         let seen = copies.clone();
@@ -946,7 +956,7 @@ mod straddle_tests {
     use super::*;
     use crate::reader::{key_slots, Copy};
     use kvcm_transport::soft::{SoftConfig, SoftDomain};
-    use kvcm_transport::{Domain, Memory};
+    use kvcm_transport::Memory;
     use std::cell::RefCell;
     use std::rc::Rc;
 
@@ -959,21 +969,11 @@ mod straddle_tests {
     fn a_reader_straddling_changes_of_a_key_that_stays_published_finds_it() {
         let domain = SoftDomain::open(SoftConfig::default()).unwrap();
         let layout = Layout::new(1, 8, 4, 1 << 20).unwrap();
-        let specs = [("a".to_string(), 8)];
         let keys = 6i64;
         let mut straddles = 0;
         for seed in 0..2000u64 {
-            let memory = domain
-                .alloc(layout.total_len().next_multiple_of(4096))
-                .unwrap();
-            let mut generation = Generation::create(
-                memory.clone(),
-                layout,
-                seed,
-                &specs,
-                &Availability::default(),
-            )
-            .unwrap();
+            let (memory, mut generation) =
+                super::move_tests::one_spec_generation(&domain, layout, seed);
             // The whole bucket array after each bucket write.
             let copies: Rc<RefCell<Vec<Vec<u8>>>> = Default::default();
             let seen = copies.clone();

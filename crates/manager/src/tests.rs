@@ -611,15 +611,19 @@ fn flaky_with_512_served() -> (
 ) {
     let (fx, instance, failures, _) = flaky_fixture();
     let keys: Vec<BlockKey> = (0..512).collect();
-    let started = fx
-        .manager
-        .start_write(&instance, keys.clone(), &[], 600)
+    write_and_commit(&fx.manager, &instance, &keys);
+    (fx, instance, failures, keys)
+}
+
+/// StartWriteCache + FinishWriteCache of every key of `keys`.
+fn write_and_commit(manager: &Manager, instance: &Arc<Instance>, keys: &[BlockKey]) {
+    let started = manager
+        .start_write(instance, keys.to_vec(), &[], 600)
         .expect("start");
     let all = BlockMask::Offset(keys.len());
-    fx.manager
-        .finish_write(&instance, &started.session_id, &all)
+    manager
+        .finish_write(instance, &started.session_id, &all)
         .expect("finish");
-    (fx, instance, failures, keys)
 }
 
 impl MetaIndex<Entry> for FlakyIndex {
@@ -770,14 +774,7 @@ fn a_failed_sweep_of_a_dead_pool_node_is_done_by_a_later_reap() {
     };
     fx.manager.pool_join("p", join).expect("join");
     let keys: Vec<BlockKey> = (1000..1008).collect();
-    let started = fx
-        .manager
-        .start_write(&instance, keys.clone(), &[], 600)
-        .expect("start");
-    let all = BlockMask::Offset(keys.len());
-    fx.manager
-        .finish_write(&instance, &started.session_id, &all)
-        .expect("finish");
+    write_and_commit(&fx.manager, &instance, &keys);
     let states = || -> Vec<LocationState> {
         let entries = instance.index.get(&keys).expect("get");
         let entries = entries.into_iter().flatten();
