@@ -74,7 +74,9 @@ impl Manager {
     pub fn reap_pool_nodes(&self) -> usize {
         let unswept = std::mem::take(&mut *lock(&self.unswept));
         for Unswept { backend, slots } in unswept {
-            self.sweep_slots(&backend, &slots);
+            if self.sweep_slots(&backend, &slots).is_some() {
+                self.keep_unswept(&backend, &slots);
+            }
         }
         let mut died = 0;
         for config in self.storages.list() {
@@ -92,7 +94,7 @@ impl Manager {
         died
     }
 
-    /// Dead slots whose sweep failed and waits for the next reap.
+    /// Pool backends with dead slots whose sweep failed (swept again at each reap).
     pub fn pool_sweeps_pending(&self) -> usize {
         lock(&self.unswept).len()
     }
@@ -110,7 +112,7 @@ impl Manager {
         };
         let dead = pool.retire_all();
         if !dead.is_empty() {
-            self.sweep_slots(&old, &dead);
+            self.sweep_or_keep(&old, &dead);
         }
     }
 
@@ -125,16 +127,25 @@ impl Manager {
     /// storage's health and republishes availability.
     fn after_pool_change(&self, storage: &str, backend: &Arc<dyn DataStorage>, dead: &[u32]) {
         if !dead.is_empty() {
-            self.sweep_slots(backend, dead);
+            self.sweep_or_keep(backend, dead);
         }
         self.storages.probe(storage);
         self.published_storages_changed();
     }
 
+    /// Sweeps `slots` of `backend` (see [`Self::sweep_slots`]); a sweep that fails is kept
+    /// for the next reap, with a warning.
+    fn sweep_or_keep(&self, backend: &Arc<dyn DataStorage>, slots: &[u32]) {
+        if let Some(error) = self.sweep_slots(backend, slots) {
+            tracing::warn!(%error, ?slots, "removing the blocks of dead pool nodes failed; tried again at each reap");
+            self.keep_unswept(backend, slots);
+        }
+    }
+
     /// Removes, in every instance, each location with a part on one of `slots` of `backend`;
-    /// when an instance's sweep fails, the others are still swept and the whole sweep is
-    /// kept for the next reap.
-    fn sweep_slots(&self, backend: &Arc<dyn DataStorage>, slots: &[u32]) {
+    /// when an instance's sweep fails, the others are still swept and the first error is
+    /// returned.
+    fn sweep_slots(&self, backend: &Arc<dyn DataStorage>, slots: &[u32]) -> Option<ManagerError> {
         let handles = self.storages.handles_of(backend);
         let on_dead = |location: &Location| {
             handles.contains(&location.storage)
@@ -151,39 +162,29 @@ impl Manager {
                 failed.get_or_insert(error);
             }
         }
-        if let Some(error) = failed {
-            self.keep_unswept(backend, slots, &error);
-        }
+        failed
     }
 
     /// Keeps `slots` of `backend` for the next reap, merged with what is kept for that
-    /// backend already (one scan per backend and reap while an outage lasts); warns when they
-    /// are new.
-    fn keep_unswept(&self, backend: &Arc<dyn DataStorage>, slots: &[u32], error: &ManagerError) {
+    /// backend already (one scan per backend and reap while an outage lasts).
+    fn keep_unswept(&self, backend: &Arc<dyn DataStorage>, slots: &[u32]) {
         let mut unswept = lock(&self.unswept);
-        let kept = unswept
+        match unswept
             .iter_mut()
-            .find(|kept| Arc::ptr_eq(&kept.backend, backend));
-        let new = match kept {
+            .find(|kept| Arc::ptr_eq(&kept.backend, backend))
+        {
             Some(kept) => {
                 let fresh: Vec<u32> = slots
                     .iter()
                     .copied()
                     .filter(|s| !kept.slots.contains(s))
                     .collect();
-                kept.slots.extend(&fresh);
-                !fresh.is_empty()
+                kept.slots.extend(fresh);
             }
-            None => {
-                unswept.push(Unswept {
-                    backend: backend.clone(),
-                    slots: slots.to_vec(),
-                });
-                true
-            }
-        };
-        if new {
-            tracing::warn!(%error, ?slots, "removing the blocks of dead pool nodes failed; tried again at each reap");
+            None => unswept.push(Unswept {
+                backend: backend.clone(),
+                slots: slots.to_vec(),
+            }),
         }
     }
 
