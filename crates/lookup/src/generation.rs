@@ -351,10 +351,11 @@ impl<M: Memory> Generation<M> {
 
     /// Frees a slot of bucket `index` by moving one of its slots (not of key `publishing`)
     /// forward — from that slot key's first candidate bucket to its second — after making
-    /// room there the same way (at most `depth` moves deep); false when no such move exists. Each move writes the
-    /// destination before the source, and a reader copies a key's first bucket before its
-    /// second (one queue pair executes its READs in order), so it sees the slot in one of
-    /// them. Slots never move backwards: that order would let a reader miss them.
+    /// room there the same way (at most `depth` moves deep); false when no such move exists.
+    /// Each move writes the destination before the source, and a reader copies a key's first
+    /// bucket before its second (one queue pair executes its READs in order), so it sees the
+    /// slot in one of them. Slots never move backwards: that order would let a reader miss
+    /// them.
     fn make_room(&mut self, index: u64, depth: usize, publishing: i64) -> Result<bool> {
         let image = self.read_bucket(index)?;
         if image.iter().any(Option::is_none) {

@@ -137,7 +137,11 @@ impl Manager {
     /// for the next reap, with a warning.
     fn sweep_or_keep(&self, backend: &Arc<dyn DataStorage>, slots: &[u32]) {
         if let Some(error) = self.sweep_slots(backend, slots) {
-            tracing::warn!(%error, ?slots, "removing the blocks of dead pool nodes failed; tried again at each reap");
+            tracing::warn!(
+                %error,
+                ?slots,
+                "removing the blocks of dead pool nodes failed; tried again at each reap"
+            );
             self.keep_unswept(backend, slots);
         }
     }
