@@ -145,6 +145,20 @@ fn bad_input_gives_the_documented_codes() {
 /// median) through the C ABI and through the Rust client, in one run. A benchmark, not a
 /// check: run it with `cargo test --release -p kvcm-ffi --test c_abi -- --ignored
 /// --nocapture`.
+/// The median time in ns of `iterations` calls of `lookup`, each of which must find 128
+/// locations.
+fn p50_ns(iterations: usize, mut lookup: impl FnMut() -> usize) -> f64 {
+    let mut times: Vec<u128> = (0..iterations)
+        .map(|_| {
+            let begun = std::time::Instant::now();
+            assert_eq!(lookup(), 128);
+            begun.elapsed().as_nanos()
+        })
+        .collect();
+    times.sort_unstable();
+    times[iterations / 2] as f64
+}
+
 #[test]
 #[ignore = "a benchmark: run with --release --ignored --nocapture"]
 fn c_vs_rust_prefix_128_report() {
@@ -162,23 +176,14 @@ fn c_vs_rust_prefix_128_report() {
         for _ in 0..1000 {
             assert_eq!(rust.prefix_match(&keys).expect("warm-up").len(), 128);
         }
-        let p50 = |mut lookup: Box<dyn FnMut() -> usize + '_>| {
-            let mut times: Vec<u128> = (0..ITERATIONS)
-                .map(|_| {
-                    let begun = std::time::Instant::now();
-                    assert_eq!(lookup(), 128);
-                    begun.elapsed().as_nanos()
-                })
-                .collect();
-            times.sort_unstable();
-            times[ITERATIONS / 2] as f64
-        };
-        let rust_p50 = p50(Box::new(|| rust.prefix_match(&keys).expect("lookup").len()));
+        let rust_p50 = p50_ns(ITERATIONS, || {
+            rust.prefix_match(&keys).expect("lookup").len()
+        });
         let mut answer = Vec::new();
-        let rust_into_p50 = p50(Box::new(|| {
+        let rust_into_p50 = p50_ns(ITERATIONS, || {
             rust.prefix_match_into(&keys, &mut answer).expect("lookup");
             answer.len()
-        }));
+        });
         let mut args = vec![
             harness.grpc.clone(),
             harness.http.clone(),

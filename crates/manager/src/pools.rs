@@ -95,7 +95,8 @@ impl Manager {
     }
 
     /// Pool backends with dead slots whose sweep failed (swept again at each reap).
-    pub fn pool_sweeps_pending(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pool_sweeps_pending(&self) -> usize {
         lock(&self.unswept).len()
     }
 
